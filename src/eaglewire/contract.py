@@ -1,0 +1,362 @@
+"""The wiring contract: the one frozen record of how a draft is wired to its target.
+
+Every artifact (capture dump, feature shard, checkpoint, export) carries a `WiringContract`, and every
+loader compares the one it finds with the one it needs. This module is also the ONLY place that knows
+how engines number layers: `_id_offset` holds the off-by-one, nothing else in eaglewire does.
+
+Canonical taps are residual-stream **boundaries** b in [0, L] of a target with L decoder layers:
+
+    b = 0   embedding output (= input of decoder layer 0)
+    b = k   output of decoder layer k-1 (= input of decoder layer k), un-normed residual stream
+    b = L   output of the last decoder layer BEFORE the final norm
+
+How engines write the same physical state (read from their source; shared/research/conventions.md §9):
+
+    convention      id written for boundary b        expressible b     why the range
+    hf              b  (output_hidden_states index)   0 .. L-1          entry L is post-final-norm
+    vllm            b                                 0 .. L            EagleModelMixin: before layer b,
+    speculators     b                                 0 .. L              final boundary after the loop
+    vllm-legacy     b                                 1 .. L-1          old loops add a None residual
+                                                                          at 0, never see the end
+    sglang-legacy   b - 1  (SGLang adds +1)           1 .. L-1          captured before layer id+1
+    sglang          b - 1 if b[0]==2, else b          1 .. L-1, b[0]!=1 PR #25454: +1 only if first id 1
+                                                                          (seen in DeepSeek-V2-family code)
+    specforge       b - 1  (hook on layer id)         1 .. L            HF backend hooks layer id's output
+    modelopt        b - 1  (hook on layer id)         1 .. L            forward hook = output of layer id
+    eagle           hard-coded (2, L//2, L-3)         default only      SafeAILab EAGLE has no setting
+
+Taps are concatenated in ascending order by every engine, so a tap list must be strictly ascending.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal, Sequence
+
+from eaglewire.errors import ContractMismatch, TranslationError
+
+SCHEMA = "eaglewire.wiring/1"
+CANONICAL = "boundary"
+CAPTURE_POINTS = ("residual_pre_norm",)  # the only capture point eaglewire produces
+
+
+# --------------------------------------------------------------------------------------------------
+# Conventions and translation
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Convention:
+    name: str
+    summary: str
+    min_boundary: int  # 0 if the engine can tap the embedding output
+    reaches_final: bool  # True if the engine can tap boundary L (last layer output, pre-norm)
+
+
+CONVENTIONS: dict[str, Convention] = {
+    c.name: c
+    for c in [
+        Convention(CANONICAL, "eaglewire boundaries (b=0 embedding, b=k output of layer k-1)", 0, True),
+        Convention("hf", "transformers output_hidden_states index (entry L is post-norm)", 0, False),
+        Convention("vllm", "vLLM eagle_aux_hidden_state_layer_ids, used raw (EagleModelMixin)", 0, True),
+        Convention("speculators", "speculators eagle_aux_hidden_state_layer_ids (vLLM meaning)", 0, True),
+        Convention("vllm-legacy", "vLLM before EagleModelMixin: raw ids, 1..L-1 only", 1, False),
+        Convention("sglang", "SGLang eagle_config ids, PR #25454 rule (+1 only if first id is 1)", 1, False),
+        Convention("sglang-legacy", "SGLang eagle_config ids before PR #25454 (always +1)", 1, False),
+        # SpecForge's HF backend hooks the output of layer id (so L is reachable there); its SGLang
+        # backend cannot capture b=L, which the sglang conventions refuse at export time.
+        Convention("specforge", "SpecForge ids (output of layer id; HF backend forward hooks)", 1, True),
+        Convention("modelopt", "ModelOpt ids (forward hook on decoder layer id)", 1, True),
+        Convention("eagle", "SafeAILab EAGLE: hard-coded hidden_states[2, L//2, L-3]", 1, False),
+    ]
+}
+
+
+def _id_offset(convention: str, first: int, direction: Literal["encode", "decode"]) -> int:
+    """THE off-by-one: engine id = boundary - offset. Nothing else in eaglewire shifts a layer id.
+
+    `first` is the first boundary (encode) or the first engine id (decode); only SGLang's newer rule
+    depends on it: SGLang adds +1 to configured ids only when the first id is 1 (PR #25454). We encode
+    taps starting at boundary 2 as ids starting at 1, which legacy SGLang (always +1) reads identically.
+    """
+    if convention in ("sglang-legacy", "specforge", "modelopt"):
+        return 1
+    if convention == "sglang":
+        return int(first == 2) if direction == "encode" else int(first == 1)
+    return 0
+
+
+def default_taps(num_layers: int) -> tuple[int, ...]:
+    """Boundaries [2, L//2, L-3]: the physical states every engine's default lands on.
+
+    For shallow targets these collide and engines would silently capture fewer states; we refuse.
+    """
+    taps = (2, num_layers // 2, num_layers - 3)
+    if not 0 < taps[0] < taps[1] < taps[2] < num_layers:
+        raise TranslationError(
+            f"the default taps [2, L//2, L-3] are not distinct and ascending for L={num_layers}",
+            expected="a target with at least 8 decoder layers, or explicit taps",
+            found=f"L={num_layers} gives boundaries {list(taps)}",
+            fix="pass explicit taps, e.g. --taps 1,2,3 (boundaries, ascending)",
+        )
+    return taps
+
+
+def validate_boundaries(taps: Sequence[int], num_layers: int) -> tuple[int, ...]:
+    """Canonical taps must be non-empty, strictly ascending, and inside [0, L]."""
+    taps = tuple(int(t) for t in taps)
+    if not taps:
+        raise TranslationError("empty tap list", expected="at least one boundary", found="[]")
+    if any(b < 0 or b > num_layers for b in taps):
+        raise TranslationError(
+            "tap outside the residual stream",
+            expected=f"boundaries in [0, {num_layers}] for a target with L={num_layers} layers",
+            found=str(list(taps)),
+            fix="boundary b = output of decoder layer b-1; b=0 is the embedding, b=L the last layer",
+        )
+    if any(a >= b for a, b in zip(taps, taps[1:])):
+        raise TranslationError(
+            "taps must be strictly ascending and distinct",
+            expected="ascending order (every engine concatenates taps in layer order)",
+            found=str(list(taps)),
+            fix=f"use {sorted(set(taps))}; a draft trained on another order must be retrained",
+        )
+    return taps
+
+
+def _refuse(engine: str, tap: int, why: str, fix: str) -> TranslationError:
+    return TranslationError(
+        f"{engine} cannot express tap boundary {tap}: {why}",
+        expected=f"taps that {engine} can capture",
+        found=f"boundary {tap}",
+        fix=fix,
+    )
+
+
+def _check_expressible(conv: Convention, taps: tuple[int, ...], num_layers: int) -> None:
+    """Raise naming the tap, the engine and the reason if `conv` cannot capture `taps`."""
+    name = conv.name
+    if taps[0] < conv.min_boundary:
+        raise _refuse(name, taps[0], "boundary 0 is the embedding output, and this engine's capture "
+                      "loop records hidden + residual before each layer (residual is None before layer 0)",
+                      "tap boundaries >= 1, or serve on vLLM (EagleModelMixin captures id 0)")
+    if taps[-1] == num_layers and not conv.reaches_final:
+        why = (f"output_hidden_states[{num_layers}] is AFTER the final norm, not the residual boundary"
+               if name == "hf" else "its capture loop records states before each decoder layer and "
+               "never after the last one")
+        raise _refuse(name, num_layers, why, f"tap boundaries <= {num_layers - 1}, or serve on vLLM "
+                      "(id L captures the final boundary) / use eaglewire's hook capture")
+    if name == "sglang" and taps[0] == 1:
+        raise _refuse(name, 1, "under the PR #25454 rule a first id of 1 is shifted to boundary 2, and "
+                      "a first id of 0 is not shifted (embedding)", "use --to sglang-legacy for SGLang "
+                      "before PR #25454, or start the taps at boundary >= 2")
+    if name == "eagle" and taps != default_taps(num_layers):
+        raise _refuse(name, taps[0], f"SafeAILab EAGLE hard-codes boundaries "
+                      f"{list(default_taps(num_layers))} and has no layer-id setting",
+                      "export to sglang or vllm, which read layer ids from the config")
+
+
+def get_convention(name: str) -> Convention:
+    if name not in CONVENTIONS:
+        raise TranslationError(f"unknown layer-id convention {name!r}",
+                               expected=", ".join(CONVENTIONS), found=name)
+    return CONVENTIONS[name]
+
+
+def to_engine(taps: Sequence[int], engine: str, num_layers: int) -> tuple[int, ...]:
+    """Canonical boundaries -> the ids `engine` must be configured with to capture the same states."""
+    conv = get_convention(engine)
+    taps = validate_boundaries(taps, num_layers)
+    _check_expressible(conv, taps, num_layers)
+    offset = _id_offset(engine, taps[0], "encode")
+    return tuple(b - offset for b in taps)
+
+
+def from_engine(ids: Sequence[int], engine: str, num_layers: int) -> tuple[int, ...]:
+    """Ids in `engine`'s convention -> canonical boundaries (validated and checked expressible)."""
+    conv = get_convention(engine)
+    ids = tuple(int(i) for i in ids)
+    if not ids:
+        raise TranslationError(f"empty {engine} layer-id list", expected="at least one id", found="[]")
+    offset = _id_offset(engine, ids[0], "decode")
+    taps = validate_boundaries([i + offset for i in ids], num_layers)
+    _check_expressible(conv, taps, num_layers)
+    return taps
+
+
+def translate(ids: Sequence[int], source: str, target: str, num_layers: int) -> tuple[int, ...]:
+    """Ids in convention `source` -> ids in convention `target` for the same physical states."""
+    return to_engine(from_engine(ids, source, num_layers), target, num_layers)
+
+
+def describe_boundary(b: int, num_layers: int) -> str:
+    if b == 0:
+        return "embedding output"
+    if b == num_layers:
+        return f"output of decoder layer {b - 1} (the last, before the final norm)"
+    return f"output of decoder layer {b - 1}"
+
+
+# --------------------------------------------------------------------------------------------------
+# The contract
+# --------------------------------------------------------------------------------------------------
+
+
+def sha256_text(text: str | None) -> str | None:
+    return None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def canonical_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class TargetIdentity:
+    """What a draft was built for. `name` is a label; the rest must match the target at load time."""
+
+    name: str
+    architecture: str
+    config_sha256: str
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+
+
+@dataclass(frozen=True)
+class NormFlags:
+    """EAGLE-3.1 switches; all False is plain EAGLE-3 (what SGLang and vLLM assume when absent)."""
+
+    norm_before_fc: bool = False  # one RMSNorm over the n*H concatenation before fc
+    fc_norm: bool = False  # one RMSNorm per tap chunk before fc
+    norm_output: bool = False  # feed the post-norm hidden (not pre-norm) to the next draft step
+    norm_before_residual: bool = False  # residual taken after hidden_norm (speculators' default True)
+
+    def __post_init__(self) -> None:
+        if self.norm_before_fc and self.fc_norm:
+            raise ContractMismatch("norm_before_fc and fc_norm are mutually exclusive",
+                                   expected="at most one of them true", found="both true")
+
+
+@dataclass(frozen=True)
+class WiringContract:
+    target: TargetIdentity
+    taps: tuple[int, ...]
+    capture: str = "residual_pre_norm"
+    draft_vocab_size: int | None = None  # None until a vocab map exists (e.g. a bare capture dump)
+    vocab_map_sha256: str | None = None
+    chat_template_sha256: str | None = None
+    norm: NormFlags = field(default_factory=NormFlags)
+    schema: str = SCHEMA
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "taps", validate_boundaries(self.taps, self.target.num_layers))
+        if self.capture not in CAPTURE_POINTS:
+            raise ContractMismatch("unknown capture point", expected=" or ".join(CAPTURE_POINTS),
+                                   found=self.capture)
+        if self.schema != SCHEMA:
+            raise ContractMismatch("unsupported wiring-contract schema", expected=SCHEMA, found=self.schema,
+                                   fix="re-create the artifact with this version of eaglewire")
+
+    # ---- derived -------------------------------------------------------------------------------
+    @property
+    def num_taps(self) -> int:
+        return len(self.taps)
+
+    @property
+    def tap_width(self) -> int:
+        """Width of the concatenated tap tensor the draft's fc expects: n * H_target."""
+        return self.num_taps * self.target.hidden_size
+
+    def engine_ids(self, engine: str) -> tuple[int, ...]:
+        return to_engine(self.taps, engine, self.target.num_layers)
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(canonical_json(self.to_dict()).encode()).hexdigest()[:16]
+
+    # ---- JSON ----------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["taps"] = list(self.taps)
+        return d
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "WiringContract":
+        data = dict(data)
+        _exact_keys("wiring contract", data, cls)
+        data["target"] = _build_exact("wiring contract target", data["target"], TargetIdentity)
+        data["norm"] = _build_exact("wiring contract norm", data["norm"], NormFlags)
+        data["taps"] = tuple(data["taps"])
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, text: str) -> "WiringContract":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ContractMismatch("wiring contract is not valid JSON", found=str(err)) from None
+        return cls.from_dict(data)
+
+    # ---- comparison ----------------------------------------------------------------------------
+    def differences(self, other: "WiringContract", *, ignore: Sequence[str] = ()) -> list[tuple[str, Any, Any]]:
+        """(field, self value, other value) for each differing leaf field, dotted names."""
+        a, b = _flatten(self.to_dict()), _flatten(other.to_dict())
+        return [(k, a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys())
+                if k not in ignore and a.get(k) != b.get(k)]
+
+    def require_compatible(self, found: "WiringContract", *, where: str,
+                           ignore: Sequence[str] = ("target.name",)) -> None:
+        """Raise ContractMismatch naming every differing field (self = expected, found = artifact's)."""
+        diffs = self.differences(found, ignore=ignore)
+        if diffs:
+            raise ContractMismatch(
+                f"{where} was made for another wiring contract ({len(diffs)} field(s) differ)",
+                expected="; ".join(f"{k}={v!r}" for k, v, _ in diffs),
+                found="; ".join(f"{k}={w!r}" for k, _, w in diffs),
+                fix="rebuild the artifact for this target/taps, or use the target it was made for",
+            )
+
+    def require_target(self, target: TargetIdentity, *, where: str) -> None:
+        """Raise if `target` is not the model this contract was made for (name is only a label)."""
+        mine, theirs = dataclasses.asdict(self.target), dataclasses.asdict(target)
+        diffs = [(k, mine[k], theirs[k]) for k in mine if k != "name" and mine[k] != theirs[k]]
+        if diffs:
+            raise ContractMismatch(
+                f"{where} was made for target {self.target.name!r}, not {target.name!r}",
+                expected="; ".join(f"target.{k}={v!r}" for k, v, _ in diffs),
+                found="; ".join(f"target.{k}={w!r}" for k, _, w in diffs),
+                fix="use the target the draft was trained for, or train a draft for this target",
+            )
+
+
+def _exact_keys(what: str, data: dict[str, Any], cls: type) -> None:
+    names = {f.name for f in dataclasses.fields(cls)}
+    required = {f.name for f in dataclasses.fields(cls)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    unknown, missing = sorted(data.keys() - names), sorted(required - data.keys())
+    if unknown or missing:
+        raise ContractMismatch(f"{what} has the wrong fields", expected=f"fields {sorted(names)}",
+                               found=f"unknown {unknown}, missing {missing}",
+                               fix="the artifact was written by another tool or version; re-create it")
+
+
+def _build_exact(what: str, data: Any, cls: type) -> Any:
+    if not isinstance(data, dict):
+        raise ContractMismatch(f"{what} must be an object", found=type(data).__name__)
+    _exact_keys(what, data, cls)
+    return cls(**data)
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out

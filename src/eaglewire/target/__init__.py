@@ -1,0 +1,1 @@
+"""Target models: loading, locating the decoder stack, and capturing tapped hidden states."""
