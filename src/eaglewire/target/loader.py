@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from eaglewire.cache import cache_root, ensure_dir
-from eaglewire.contract import TargetIdentity, canonical_json, sha256_text
+from eaglewire.contract import NormFlags, TargetIdentity, WiringContract, canonical_json, sha256_text
 from eaglewire.errors import TargetError
 
 log = logging.getLogger(__name__)
@@ -88,6 +88,15 @@ class Target:
         return TargetIdentity(name=self.name, architecture=arch, config_sha256=config_sha256(self.text_config),
                               num_layers=self.num_layers, hidden_size=self.hidden_size,
                               vocab_size=self.vocab_size)
+
+    def contract(self, taps: tuple[int, ...], *, norm: NormFlags | None = None,
+                 vocab_map: Any | None = None) -> WiringContract:
+        """A wiring contract for this target (vocab_map: an eaglewire.vocab.VocabMap, once built)."""
+        return WiringContract(
+            target=self.identity, taps=tuple(taps), norm=norm or NormFlags(),
+            draft_vocab_size=vocab_map.draft_vocab_size if vocab_map is not None else None,
+            vocab_map_sha256=vocab_map.sha256() if vocab_map is not None else None,
+            chat_template_sha256=sha256_text(self.chat_template))
 
     def info(self) -> dict[str, Any]:
         ident = self.identity

@@ -1,0 +1,172 @@
+"""Native draft checkpoint: a directory with `model.safetensors` + `config.json` embedding the contract.
+
+Loading is strict: exact key set (no missing, no unexpected: a renamed key is reported with the
+closest expected name), exact shapes, dtypes, the d2t/t2d invariants and their hash, the config
+against the contract, and the contract against the target it is used with. The model is built with
+every weight set to NaN first, so a weight that was not loaded cannot go unnoticed. No pickle.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+import eaglewire
+from eaglewire.contract import WiringContract
+from eaglewire.draft.config import DraftConfig
+from eaglewire.draft.model import Eagle3Draft
+from eaglewire.errors import CheckpointError, EaglewireError
+from eaglewire.safeio import atomic_save_safetensors, atomic_write_json
+from eaglewire.target.loader import Target
+from eaglewire.vocab import validate_vocab_map, vocab_map_sha256
+
+FORMAT = "eaglewire.draft/1"
+WEIGHTS, CONFIG = "model.safetensors", "config.json"
+EMBED_KEY = "embed_tokens.weight"
+_CONFIG_KEYS = {"format", "eaglewire_version", "draft", "contract", "saved_embedding", "dtype"}
+
+
+def _replace_dir(tmp: Path, out: Path) -> None:
+    """Move a finished temp dir into place; an existing checkpoint is swapped out, then removed."""
+    old = None
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+        os.rename(out, old)
+    os.rename(tmp, out)
+    if old is not None:
+        shutil.rmtree(old)
+
+
+def save_checkpoint(draft: Eagle3Draft, contract: WiringContract, out: Path, *,
+                    save_embedding: bool = False, dtype: torch.dtype | None = None) -> Path:
+    """Write `out/` atomically. Float weights are cast to `dtype` if given (e.g. bf16 for release)."""
+    draft.cfg.require_matches(contract)
+    validate_vocab_map(draft.d2t, draft.t2d, draft.cfg.vocab_size)
+    if contract.vocab_map_sha256 != vocab_map_sha256(draft.d2t, draft.cfg.vocab_size):
+        raise CheckpointError("the draft's vocab map is not the one named by the contract",
+                              expected=f"vocab_map_sha256={contract.vocab_map_sha256}",
+                              found=vocab_map_sha256(draft.d2t, draft.cfg.vocab_size))
+    state = {k: v for k, v in draft.state_dict().items() if save_embedding or k != EMBED_KEY}
+    if dtype is not None:
+        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+    float_dtype = next(v.dtype for v in state.values() if v.is_floating_point())
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        atomic_save_safetensors(state, tmp / WEIGHTS, metadata={"format": FORMAT})
+        atomic_write_json(tmp / CONFIG, {
+            "format": FORMAT, "eaglewire_version": eaglewire.__version__, "draft": draft.cfg.to_dict(),
+            "contract": contract.to_dict(), "saved_embedding": save_embedding,
+            "dtype": str(float_dtype).removeprefix("torch."),
+        })
+        _replace_dir(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return out
+
+
+def read_checkpoint_config(path: Path) -> tuple[DraftConfig, WiringContract, dict]:
+    cfg_path = Path(path) / CONFIG
+    if not cfg_path.is_file():
+        raise CheckpointError(f"{path} is not an eaglewire checkpoint", expected=f"{CONFIG} and {WEIGHTS}",
+                              found=f"no {CONFIG}", fix="point at the directory `eaglewire train` wrote")
+    try:
+        meta = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{cfg_path} is not valid JSON", found=str(err)) from None
+    if meta.get("format") != FORMAT or set(meta) != _CONFIG_KEYS:
+        raise CheckpointError(f"{cfg_path} is not an eaglewire native checkpoint config",
+                              expected=f"format={FORMAT} with keys {sorted(_CONFIG_KEYS)}",
+                              found=f"format={meta.get('format')!r}, keys {sorted(meta)}",
+                              fix="use `eaglewire import` for SGLang/vLLM/EAGLE/SpecForge layouts")
+    contract = WiringContract.from_dict(meta["contract"])
+    cfg = DraftConfig.from_dict(meta["draft"])
+    cfg.require_matches(contract)
+    return cfg, contract, meta
+
+
+def _check_keys(expected: dict[str, torch.Tensor], found: set[str], where: str) -> None:
+    missing, unexpected = sorted(expected.keys() - found), sorted(found - expected.keys())
+    if not (missing or unexpected):
+        return
+    hints = []
+    for k in unexpected:
+        close = difflib.get_close_matches(k, missing, n=1)
+        hints.append(f"{k!r} -> did you mean {close[0]!r}?" if close else f"{k!r} is not a draft weight")
+    raise CheckpointError(f"{where} has the wrong set of tensors",
+                          expected=f"missing {missing}" if missing else "no missing keys",
+                          found=f"unexpected {unexpected}" if unexpected else "no unexpected keys",
+                          fix="; ".join(hints) or "re-export the checkpoint; nothing is loaded non-strictly")
+
+
+def _check_tensor(key: str, t: torch.Tensor, ref: torch.Tensor, float_dtype: str, where: str) -> None:
+    if tuple(t.shape) != tuple(ref.shape):
+        raise CheckpointError(f"{where}: tensor {key!r} has the wrong shape",
+                              expected=str(tuple(ref.shape)), found=str(tuple(t.shape)))
+    want = str(ref.dtype).removeprefix("torch.") if not ref.is_floating_point() else float_dtype
+    got = str(t.dtype).removeprefix("torch.")
+    if got != want:
+        raise CheckpointError(f"{where}: tensor {key!r} has the wrong dtype", expected=want, found=got)
+
+
+def load_checkpoint(path: Path, *, target: Target | None = None, dtype: torch.dtype = torch.float32) -> Eagle3Draft:
+    """Load strictly. With `target`, also require the contract to be for it and attach its embedding."""
+    path = Path(path)
+    cfg, contract, meta = read_checkpoint_config(path)
+    if target is not None:
+        contract.require_target(target.identity, where=f"checkpoint {path}")
+        _require_template(contract, target, path)
+    draft = Eagle3Draft(cfg).fill_nan()
+    expected = {k: v for k, v in draft.state_dict().items() if meta["saved_embedding"] or k != EMBED_KEY}
+    where = f"checkpoint {path / WEIGHTS}"
+    with safe_open(str(path / WEIGHTS), framework="pt") as f:
+        _check_keys(expected, set(f.keys()), where)
+        tensors = {k: f.get_tensor(k) for k in expected}
+    for k, t in tensors.items():
+        _check_tensor(k, t, expected[k], meta["dtype"], where)
+    validate_vocab_map(tensors["d2t"], tensors["t2d"], cfg.vocab_size)
+    if vocab_map_sha256(tensors["d2t"], cfg.vocab_size) != contract.vocab_map_sha256:
+        raise CheckpointError(f"{where}: d2t is not the vocab map named by the contract",
+                              expected=f"vocab_map_sha256={contract.vocab_map_sha256}",
+                              found=vocab_map_sha256(tensors["d2t"], cfg.vocab_size))
+    own = draft.state_dict()  # detached views sharing storage with the parameters and buffers
+    with torch.no_grad():
+        for k, t in tensors.items():  # the key set was checked exactly above
+            own[k].copy_(t)
+    draft.to(dtype)
+    if meta["saved_embedding"]:
+        draft.embedding_attached = True
+    elif target is not None:
+        draft.attach_embedding(target.embed_tokens.weight.to(dtype))
+    _require_no_nan(draft, skip_embedding=not meta["saved_embedding"] and target is None, where=where)
+    draft.contract = contract  # type: ignore[attr-defined]  # carried for later loaders/exporters
+    return draft.eval()
+
+
+def _require_template(contract: WiringContract, target: Target, path: Path) -> None:
+    from eaglewire.contract import sha256_text
+
+    found = sha256_text(target.chat_template)
+    if contract.chat_template_sha256 is not None and found != contract.chat_template_sha256:
+        raise CheckpointError(f"checkpoint {path} was trained with another chat template",
+                              expected=f"chat_template_sha256={contract.chat_template_sha256}",
+                              found=f"chat_template_sha256={found}",
+                              fix="serve with the template used in training, or retrain on this one")
+
+
+def _require_no_nan(draft: Eagle3Draft, *, skip_embedding: bool, where: str) -> None:
+    for name, p in draft.named_parameters():
+        if skip_embedding and name == EMBED_KEY:
+            continue
+        if torch.isnan(p).any():
+            raise EaglewireError(f"{where}: weight {name!r} was never loaded (NaN sentinel remains)")

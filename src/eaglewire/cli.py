@@ -1,0 +1,197 @@
+"""`eaglewire` command line. Each command parses, calls one library function, and prints.
+
+Errors from eaglewire (EaglewireError) are printed as their what/expected/found/fix message and exit
+with code 2, never as a bare stack trace.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.table import Table
+
+from eaglewire.contract import CANONICAL, CONVENTIONS, default_taps, describe_boundary, from_engine, to_engine
+from eaglewire.errors import EaglewireError
+
+app = typer.Typer(help="Train, export, check and run EAGLE-3 draft models.", no_args_is_help=True,
+                  pretty_exceptions_enable=False)
+target_app = typer.Typer(help="Inspect target models.", no_args_is_help=True)
+wiring_app = typer.Typer(help="Layer-id conventions and the wiring contract.", no_args_is_help=True)
+app.add_typer(target_app, name="target")
+app.add_typer(wiring_app, name="wiring")
+
+err_console = Console(stderr=True)
+out_console = Console()
+
+TARGET_HELP = "Local HF model directory, or 'smollm2-135m' (the embedded default) when omitted."
+CONV_NAMES = ", ".join(CONVENTIONS)
+
+
+def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Print EaglewireError as a message (exit 2) instead of a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except EaglewireError as err:
+            err_console.print(f"[bold red]error:[/] {err}", highlight=False, markup=True)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+@app.callback()
+def _setup(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging.")) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(message)s",
+                        handlers=[RichHandler(console=err_console, show_path=False)])
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own status lines replace transformers' tqdm bars
+
+
+def parse_ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.replace(" ", "").split(",") if x)
+    except ValueError:
+        raise EaglewireError("could not parse a list of layer ids", expected="comma-separated ints, e.g. 2,15,27",
+                             found=text) from None
+
+
+def _load(target: Optional[str]):
+    from eaglewire.target.loader import load_target
+
+    with err_console.status("loading target (the first run converts the embedded GGUF, ~30 s)"):
+        return load_target(target)
+
+
+# ---- target -------------------------------------------------------------------------------------
+
+
+@target_app.command("info")
+@friendly
+def target_info(target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_HELP),
+                as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Architecture, decoder layers, hidden size, vocab, dtype, tied embeddings, chat template."""
+    info = _load(target).info()
+    if as_json:
+        print(json.dumps(info, indent=2))
+        return
+    table = Table(title=f"target {info['name']}", show_header=False)
+    for k, v in info.items():
+        table.add_row(k, str(v))
+    out_console.print(table)
+
+
+# ---- wiring -------------------------------------------------------------------------------------
+
+
+@wiring_app.command("translate")
+@friendly
+def wiring_translate(
+    layers: int = typer.Option(..., "--layers", "-L", help="Number of decoder layers L of the target."),
+    to: str = typer.Option(..., "--to", help=f"Convention to write: {CONV_NAMES}."),
+    taps: Optional[str] = typer.Option(None, "--taps", help="Comma-separated ids; default: boundaries "
+                                       "[2, L//2, L-3] (the state every engine's default lands on)."),
+    source: str = typer.Option(CANONICAL, "--from", help=f"Convention of --taps: {CONV_NAMES}."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Translate tap ids between engines' layer-id conventions (exit 2 if one cannot express them)."""
+    ids_in = parse_ints(taps) if taps is not None else default_taps(layers)
+    src = source if taps is not None else CANONICAL
+    boundaries = from_engine(ids_in, src, layers)
+    ids_out = to_engine(boundaries, to, layers)
+    result: dict[str, Any] = {
+        "num_layers": layers, "from": src, "to": to, "input_ids": list(ids_in),
+        "boundaries": list(boundaries), "ids": list(ids_out),
+        "states": [describe_boundary(b, layers) for b in boundaries],
+    }
+    if to in ("sglang", "sglang-legacy"):
+        other = "sglang-legacy" if to == "sglang" else "sglang"
+        try:
+            result["same_in_" + other.replace("-", "_")] = from_engine(ids_out, other, layers) == boundaries
+        except EaglewireError:
+            result["same_in_" + other.replace("-", "_")] = False
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return
+    table = Table(title=f"L={layers}: {src} -> {to}")
+    for col in ("boundary", "physical state", f"{to} id"):
+        table.add_column(col)
+    for b, i in zip(boundaries, ids_out):
+        table.add_row(str(b), describe_boundary(b, layers), str(i))
+    out_console.print(table)
+    out_console.print(f"{to} ids: [bold]{list(ids_out)}[/]")
+    for k, v in result.items():
+        if k.startswith("same_in_"):
+            out_console.print(f"{'also valid' if v else 'NOT valid'} for {k[8:].replace('_', '-')}")
+
+
+@wiring_app.command("conventions")
+@friendly
+def wiring_conventions() -> None:
+    """List the layer-id conventions eaglewire translates between."""
+    table = Table(title="layer-id conventions")
+    for col in ("name", "meaning", "embedding (b=0)", "final boundary (b=L)"):
+        table.add_column(col)
+    for c in CONVENTIONS.values():
+        table.add_row(c.name, c.summary, "yes" if c.min_boundary == 0 else "no", "yes" if c.reaches_final else "no")
+    out_console.print(table)
+
+
+# ---- capture ------------------------------------------------------------------------------------
+
+
+@app.command("capture")
+@friendly
+def capture_cmd(
+    text: str = typer.Option(..., "--text", help="Text to run through the target."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output .safetensors file (carries the contract)."),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_HELP),
+    taps: Optional[str] = typer.Option(None, "--taps", help="Comma-separated tap ids (default [2, L//2, L-3])."),
+    source: str = typer.Option(CANONICAL, "--taps-from", help=f"Convention of --taps: {CONV_NAMES}."),
+    chat: bool = typer.Option(False, "--chat", help="Wrap the text as a user turn with the chat template."),
+    logits: bool = typer.Option(False, "--logits", help="Also store the target's logits [1, T, V]."),
+) -> None:
+    """Capture the tapped hidden states of one text and write them with the wiring contract."""
+    import torch
+
+    from eaglewire.target.capture import capture, save_capture
+
+    tgt = _load(target)
+    boundaries = from_engine(parse_ints(taps), source, tgt.num_layers) if taps else default_taps(tgt.num_layers)
+    if chat:
+        if tgt.chat_template is None:
+            raise EaglewireError("--chat needs a chat template", expected="tokenizer.chat_template",
+                                 found="none", fix="drop --chat")
+        ids = tgt.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                return_dict=True, return_tensors="pt")["input_ids"]
+    else:
+        ids = tgt.tokenizer(text, return_tensors="pt")["input_ids"]
+    contract = tgt.contract(boundaries)
+    cap = capture(tgt, boundaries, ids, logits=logits)
+    save_capture(out, cap, contract, ids)
+    per_tap = cap.taps.split(tgt.hidden_size, dim=-1)
+    table = Table(title=f"captured {ids.shape[1]} tokens -> {out}")
+    for col in ("boundary", "state", "mean", "std"):
+        table.add_column(col)
+    for b, t in zip(boundaries, per_tap):
+        table.add_row(str(b), describe_boundary(b, tgt.num_layers), f"{t.mean():.4f}", f"{t.std():.4f}")
+    out_console.print(table)
+    out_console.print(f"taps {tuple(cap.taps.shape)}  final_hidden {tuple(cap.final_hidden.shape)}  "
+                      f"contract {contract.fingerprint()}  (dtype {cap.taps.dtype}, torch {torch.__version__})")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

