@@ -190,6 +190,9 @@ def capture_cmd(
 
 
 def main() -> None:
+    from eaglewire.cli_data import register
+
+    register(app)
     app()
 
 

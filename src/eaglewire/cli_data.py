@@ -1,0 +1,82 @@
+"""`eaglewire data ...`: regenerate, show, capture features. Parse, call the library, print."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from eaglewire.data.conversations import DEFAULT_SOURCE, ReadStats
+from eaglewire.data.regenerate import GenerationSettings, RegenStats, regenerate
+
+data_app = typer.Typer(help="Training data: regenerate answers, inspect loss masks, capture features.",
+                       no_args_is_help=True)
+G = GenerationSettings()  # the one place the generation defaults live
+
+
+def _cli():  # late import: cli imports this module
+    from eaglewire import cli
+
+    return cli
+
+
+@data_app.command("regenerate")
+def regenerate_cmd(
+    out: Path = typer.Option(..., "--out", "-o", help="Output .jsonl.gz (appended; resumes if it exists)."),
+    source: str = typer.Option(DEFAULT_SOURCE, "--source", help="'sharegpt' (package) or a JSON/JSONL file."),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help="Target dir or 'smollm2-135m'."),
+    limit: int = typer.Option(1000, "--limit", help="Total conversations wanted in --out (done ones count)."),
+    max_new_tokens: int = typer.Option(G.max_new_tokens, "--max-new-tokens"),
+    temperature: float = typer.Option(G.temperature, "--temperature", help="0 = greedy."),
+    top_p: float = typer.Option(G.top_p, "--top-p"),
+    seed: int = typer.Option(G.seed, "--seed"),
+    max_turns: int = typer.Option(G.max_turns, "--max-turns", help="User turns answered per conversation."),
+    max_prompt_tokens: int = typer.Option(G.max_prompt_tokens, "--max-prompt-tokens"),
+    batch_size: int = typer.Option(G.batch_size, "--batch-size"),
+    server: Optional[str] = typer.Option(None, "--server", help="OpenAI-compatible base URL (e.g. SGLang/vLLM) "
+                                         "instead of the local target, e.g. http://127.0.0.1:30000/v1"),
+    model: Optional[str] = typer.Option(None, "--model", help="Model name to send to --server."),
+) -> None:
+    """Re-answer every assistant turn with the target (resumable, append-only)."""
+    cli = _cli()
+
+    @cli.friendly
+    def run() -> None:
+        s = GenerationSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                               max_turns=max_turns, max_prompt_tokens=max_prompt_tokens, batch_size=batch_size)
+        if server:
+            from eaglewire.data.server_client import ServerGenerator
+
+            from transformers import AutoTokenizer
+
+            from eaglewire.target.loader import resolve_target
+
+            # The target's tokenizer measures prompts exactly as the local path does (max_prompt_tokens).
+            gen = ServerGenerator(server, model, s, tokenizer=AutoTokenizer.from_pretrained(resolve_target(target)[1]))
+        else:
+            from eaglewire.data.regenerate import LocalGenerator
+
+            gen = LocalGenerator(cli._load(target), s)
+        read_stats = ReadStats()
+        cols = [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} conv"),
+                TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn()]
+        with Progress(*cols, console=cli.err_console) as progress:
+            task = progress.add_task("regenerating", total=limit, rate="")
+
+            def on_batch(st: RegenStats, _n: int) -> None:
+                progress.update(task, completed=st.conversations,
+                                rate=f"{st.tokens_per_s:.1f} tok/s, {st.new_tokens} tokens")
+
+            stats = regenerate(source, out, gen, s, limit=limit, on_batch=on_batch, read_stats=read_stats)
+        cli.out_console.print(f"{stats.conversations} conversations in {out} ({stats.turns} turns, "
+                              f"{stats.new_tokens} new tokens this run, {stats.tokens_per_s:.1f} tok/s, "
+                              f"{stats.skipped_long} skipped as too long)")
+        cli.out_console.print(f"source: {read_stats.summary()}")
+
+    run()
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(data_app, name="data")

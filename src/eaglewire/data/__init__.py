@@ -1,0 +1,1 @@
+"""Training data: conversations, regeneration by the target, chat-template loss masks, features."""

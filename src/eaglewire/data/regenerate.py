@@ -1,0 +1,242 @@
+"""Re-answer every assistant turn with the target itself (EAGLE-3/HASS/SpecForge all train on the
+target's own answers: raw ShareGPT answers stall acceptance).
+
+Turn k of a conversation is generated conditioned on the *regenerated* history. Output is an
+append-only gzip JSONL (one gzip member per batch) keyed by conversation id, in OpenAI `messages`
+form, with a `.meta.json` sidecar naming the target and the settings. Killing the run and starting it
+again continues where it stopped: a cut-off final member is dropped (atomically rewritten), finished ids
+are skipped, nothing is duplicated or lost.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import time
+import zlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Protocol
+
+import torch
+
+from eaglewire.data.conversations import Conversation, ReadStats, read_conversations
+from eaglewire.errors import EaglewireError
+from eaglewire.safeio import atomic_write_json
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    max_new_tokens: int = 256
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    seed: int = 0
+    max_turns: int = 2  # user turns answered per conversation (more distinct prompts beat long chats)
+    max_prompt_tokens: int = 1024  # a turn whose rendered prompt is longer ends the conversation there
+    batch_size: int = 8
+
+
+@dataclass
+class Reply:
+    text: str
+    new_tokens: int
+    finish: str  # "stop" | "length"
+
+
+class Generator(Protocol):
+    def prompt_tokens(self, messages: list[dict[str, str]]) -> int: ...
+
+    def generate(self, prompts: list[list[dict[str, str]]], seed: int) -> list[Reply]: ...
+
+    def identity(self) -> dict: ...
+
+
+# --------------------------------------------------------------------------------------------------
+# The output file
+# --------------------------------------------------------------------------------------------------
+
+
+def read_done(path: Path, *, repair: bool = False) -> list[dict]:
+    """All complete records of a regeneration file; a cut-off trailing gzip member (killed run) is
+    ignored. With `repair` (only the process that will append next), the file is atomically rewritten
+    without it. Readers must not repair: a writer may be mid-append."""
+    if not path.exists():
+        return []
+    raw = path.read_bytes()
+    records, good_end, pos = [], 0, 0
+    while pos < len(raw):
+        d = zlib.decompressobj(wbits=31)  # one gzip member
+        try:
+            text = d.decompress(raw[pos:])
+        except zlib.error:
+            break
+        if not d.eof:
+            break
+        try:
+            batch = [json.loads(line) for line in text.decode("utf-8").splitlines() if line]
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            break
+        records.extend(batch)
+        pos = len(raw) - len(d.unused_data)
+        good_end = pos
+    if repair and good_end != len(raw):
+        tmp = path.with_name(f".{path.name}.repair-{os.getpid()}")
+        tmp.write_bytes(raw[:good_end])
+        os.replace(tmp, path)
+    return records
+
+
+def append_records(path: Path, records: list[dict]) -> None:
+    """Append one gzip member and fsync: a kill leaves at most this member cut off (repaired on resume)."""
+    payload = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode("utf-8")
+    with open(path, "ab") as f:
+        f.write(gzip.compress(payload, mtime=0))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _check_meta(path: Path, meta: dict) -> None:
+    side = path.with_name(path.name + ".meta.json")
+    if side.exists():
+        found = json.loads(side.read_text())
+        if found != meta:
+            diff = sorted(k for k in meta.keys() | found.keys() if meta.get(k) != found.get(k))
+            raise EaglewireError(f"{path} was regenerated with other settings or another target",
+                                 expected=json.dumps({k: meta.get(k) for k in diff}),
+                                 found=json.dumps({k: found.get(k) for k in diff}),
+                                 fix="use another --out, or the same target and settings to resume")
+    else:
+        atomic_write_json(side, meta)
+
+
+# --------------------------------------------------------------------------------------------------
+# The loop
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RegenStats:
+    conversations: int = 0
+    turns: int = 0
+    new_tokens: int = 0
+    skipped_long: int = 0
+    seconds: float = 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds else 0.0
+
+
+def _batches(convs: Iterable[Conversation], size: int, window: int = 8) -> Iterator[list[Conversation]]:
+    """Group conversations of similar first-prompt length (less padding), in a bounded window."""
+    pool: list[Conversation] = []
+    for c in convs:
+        pool.append(c)
+        if len(pool) == size * window:
+            pool.sort(key=lambda c: len(c.user_turns[0]))
+            yield from (pool[i:i + size] for i in range(0, len(pool), size))
+            pool = []
+    pool.sort(key=lambda c: len(c.user_turns[0]))
+    yield from (pool[i:i + size] for i in range(0, len(pool), size) if pool[i:i + size])
+
+
+def _regenerate_batch(gen: Generator, batch: list[Conversation], s: GenerationSettings, seed: int,
+                      stats: RegenStats) -> list[dict]:
+    history: dict[str, list[dict]] = {c.id: [t.__dict__ for t in c.turns if t.role == "system"] for c in batch}
+    finish: dict[str, list[str]] = {c.id: [] for c in batch}
+    active = list(batch)
+    for k in range(s.max_turns):
+        prompts, owners = [], []
+        for c in active:
+            if k >= len(c.user_turns):
+                continue
+            msgs = history[c.id] + [{"role": "user", "content": c.user_turns[k]}]
+            if gen.prompt_tokens(msgs) <= s.max_prompt_tokens:
+                prompts.append(msgs)
+                owners.append(c)
+        if not prompts:
+            break
+        for c, msgs, reply in zip(owners, prompts, gen.generate(prompts, seed=seed * 1000 + k)):
+            history[c.id] = msgs + [{"role": "assistant", "content": reply.text}]
+            finish[c.id].append(reply.finish)
+            stats.turns += 1
+            stats.new_tokens += reply.new_tokens
+        active = owners
+    out = []
+    for c in batch:
+        if finish[c.id]:
+            out.append({"id": c.id, "messages": history[c.id], "finish": finish[c.id]})
+        else:
+            stats.skipped_long += 1
+            out.append({"id": c.id, "skipped": "prompt too long"})  # recorded so a resume does not retry
+    return out
+
+
+def regenerate(source: str, out: Path, gen: Generator, s: GenerationSettings, *, limit: int,
+               on_batch: Callable[[RegenStats, int], None] | None = None,
+               read_stats: ReadStats | None = None) -> RegenStats:
+    """Regenerate up to `limit` conversations of `source` into `out` (resuming if it exists)."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _check_meta(out, {"source": str(source), "settings": asdict(s), "generator": gen.identity()})
+    done = {r["id"] for r in read_done(out, repair=True)}
+    stats = RegenStats(conversations=len(done))
+    todo = (c for c in read_conversations(source, read_stats) if c.id not in done)
+    todo = (c for _, c in zip(range(max(0, limit - len(done))), todo))
+    start = time.perf_counter()
+    for i, batch in enumerate(_batches(todo, s.batch_size)):
+        records = _regenerate_batch(gen, batch, s, seed=s.seed + len(done) + i, stats=stats)
+        append_records(out, records)
+        stats.conversations += len(records)
+        stats.seconds = time.perf_counter() - start
+        if on_batch:
+            on_batch(stats, len(records))
+    return stats
+
+
+# --------------------------------------------------------------------------------------------------
+# Generators
+# --------------------------------------------------------------------------------------------------
+
+
+class LocalGenerator:
+    """Batched HF `generate` on the local target (left padding, per-batch seed)."""
+
+    def __init__(self, target, s: GenerationSettings) -> None:
+        self.t, self.s = target, s
+        tok = target.tokenizer
+        if tok is None or target.chat_template is None:
+            raise EaglewireError("regeneration needs the target's tokenizer and chat template",
+                                 expected="tokenizer.chat_template", found="none")
+        self.pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        self.eos = tok.eos_token_id
+
+    def identity(self) -> dict:
+        return {"kind": "local", "target": self.t.identity.config_sha256, "name": self.t.name}
+
+    def _encode(self, messages: list[dict[str, str]]) -> list[int]:
+        return list(self.t.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                         return_dict=True)["input_ids"])
+
+    def prompt_tokens(self, messages: list[dict[str, str]]) -> int:
+        return len(self._encode(messages))
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[dict[str, str]]], seed: int) -> list[Reply]:
+        enc = [self._encode(m) for m in prompts]
+        width = max(map(len, enc))
+        ids = torch.tensor([[self.pad] * (width - len(e)) + e for e in enc])
+        mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in enc])
+        torch.manual_seed(seed)
+        sample = self.s.temperature > 0
+        out = self.t.model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=self.s.max_new_tokens, do_sample=sample,
+            temperature=self.s.temperature if sample else None, top_p=self.s.top_p if sample else None,
+            top_k=None, pad_token_id=self.pad, eos_token_id=self.eos)
+        replies = []
+        for row in out[:, width:].tolist():
+            n = row.index(self.eos) + 1 if self.eos in row else len(row)
+            text = self.t.tokenizer.decode(row[:n], skip_special_tokens=True)
+            replies.append(Reply(text=text, new_tokens=n, finish="stop" if self.eos in row[:n] else "length"))
+        return replies

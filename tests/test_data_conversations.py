@@ -1,0 +1,67 @@
+"""Conversation readers: three formats, JSON and JSONL, truncated arrays, malformed records counted."""
+
+import gzip
+import json
+
+import pytest
+
+from eaglewire.data.conversations import ReadStats, read_conversations
+
+
+def _write(path, text):
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_three_formats_jsonl(tmp_path):
+    lines = [
+        {"id": "a", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]},
+        {"id": "b", "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "q"},
+                                 {"role": "assistant", "content": "a"}]},
+        {"question_id": 81, "turns": ["first", "second"]},
+    ]
+    p = _write(tmp_path / "c.jsonl", "\n".join(json.dumps(x) for x in lines))
+    convs = list(read_conversations(p))
+    assert [c.id for c in convs] == ["a", "b", "81"]
+    assert convs[1].turns[0].role == "system" and convs[2].user_turns == ["first", "second"]
+
+
+def test_truncated_json_array_keeps_complete_records(tmp_path):
+    good = [{"id": str(i), "conversations": [{"from": "human", "value": f"q{i}"}]} for i in range(3)]
+    text = json.dumps(good, indent=2)
+    p = _write(tmp_path / "t.json", text[: text.rindex('"q2"')])  # cut inside the last record
+    stats = ReadStats()
+    assert [c.id for c in read_conversations(p, stats)] == ["0", "1"]
+    assert stats.skipped == {"truncated": 1} and stats.read == 3
+
+
+def test_malformed_records_counted_and_skipped(tmp_path):
+    recs = [
+        {"id": "ok", "conversations": [{"from": "human", "value": "x"}, {"from": "gpt", "value": "y"}]},
+        {"id": "empty", "conversations": [{"from": "human", "value": "  "}]},
+        {"id": "role", "conversations": [{"from": "robot", "value": "x"}]},
+        {"id": "twice", "conversations": [{"from": "human", "value": "x"}, {"from": "human", "value": "y"}]},
+        {"id": "enc", "conversations": [{"from": "human", "value": "bad \ud800 text"}]},
+        {"id": "first", "conversations": [{"from": "gpt", "value": "x"}]},
+        {"nothing": 1},
+    ]
+    body = "\n".join(json.dumps(r) for r in recs) + "\n{not json\n"
+    p = tmp_path / "m.jsonl.gz"
+    with gzip.open(p, "wt", encoding="utf-8") as f:
+        f.write(body)
+    stats = ReadStats()
+    assert [c.id for c in read_conversations(p, stats)] == ["ok"]
+    assert stats.skipped == {"empty turn": 1, "unknown role": 1, "two user turns in a row": 1, "bad encoding": 1,
+                             "starts with assistant": 1, "unknown format": 1, "invalid JSON": 1}
+    assert "kept 1" in stats.summary() and stats.read == 8
+
+
+def test_embedded_sharegpt_source_parses():
+    stats = ReadStats()
+    first = [c for _, c in zip(range(50), read_conversations("sharegpt", stats))]
+    assert len(first) == 50 and all(c.user_turns for c in first)
+
+
+def test_missing_source(tmp_path):
+    with pytest.raises(Exception, match="not found"):
+        list(read_conversations(tmp_path / "nope.json"))
