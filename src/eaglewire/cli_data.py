@@ -80,3 +80,42 @@ def regenerate_cmd(
 
 def register(app: typer.Typer) -> None:
     app.add_typer(data_app, name="data")
+
+
+@data_app.command("show")
+def show_cmd(
+    data: str = typer.Option(DEFAULT_SOURCE, "--data", help="Regenerated .jsonl.gz, any conversation file, or 'sharegpt'."),
+    index: int = typer.Option(0, "--index", help="Which conversation (0-based, among valid ones)."),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help="Whose tokenizer and chat template."),
+    split_turns: bool = typer.Option(False, "--split-turns", help="One sample per assistant turn."),
+    template_kwargs: str = typer.Option("{}", "--template-kwargs", help='JSON, e.g. \'{"enable_thinking": false}\''),
+) -> None:
+    """Print one rendered conversation with the loss-masked (trained) tokens highlighted."""
+    cli = _cli()
+
+    @cli.friendly
+    def run() -> None:
+        import json
+
+        from rich.text import Text
+        from transformers import AutoTokenizer
+
+        from eaglewire.data.conversations import read_conversations
+        from eaglewire.data.template import render_with_mask
+        from eaglewire.target.loader import resolve_target
+
+        tok = AutoTokenizer.from_pretrained(resolve_target(target)[1])
+        conv = next((c for i, c in enumerate(read_conversations(data)) if i == index), None)
+        if conv is None:
+            raise cli.EaglewireError(f"no conversation {index} in {data}", expected=f"index < number of "
+                                     "valid conversations", found=str(index))
+        for sample in render_with_mask(tok, conv.messages(), split_turns=split_turns,
+                                       template_kwargs=json.loads(template_kwargs)):
+            text = Text()
+            for tid, m in zip(sample.input_ids, sample.loss_mask):
+                text.append(tok.decode([tid]), style="bold green on grey15" if m else "dim")
+            cli.out_console.print(text)
+            cli.out_console.print(f"[bold]{conv.id}[/]: {len(sample.input_ids)} tokens, {sample.num_masked} "
+                                  "trained on (highlighted)\n")
+
+    run()

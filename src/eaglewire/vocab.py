@@ -92,3 +92,60 @@ def vocab_map_sha256(d2t: torch.Tensor, vocab_size: int) -> str:
     h = hashlib.sha256(f"V={vocab_size};".encode())
     h.update((torch.arange(d2t.numel()) + d2t).to(torch.int64).numpy().tobytes())
     return h.hexdigest()
+
+
+# --------------------------------------------------------------------------------------------------
+# Building from data
+# --------------------------------------------------------------------------------------------------
+
+
+def count_masked_tokens(samples, vocab_size: int) -> torch.Tensor:
+    """int64 [V]: how often each target id is a trained (loss-masked) token."""
+    counts = torch.zeros(vocab_size, dtype=torch.int64)
+    for s in samples:
+        counts += torch.bincount(s.input_ids[s.loss_mask.bool()], minlength=vocab_size)
+    return counts
+
+
+def build_vocab_map(counts: torch.Tensor, draft_vocab_size: int) -> VocabMap:
+    """Keep the V_d most frequent ids (ties by lower id), ordered by ascending target id."""
+    if not 0 < draft_vocab_size <= counts.numel():
+        raise VocabMapError("draft vocab size out of range", expected=f"1 .. {counts.numel()}",
+                            found=str(draft_vocab_size))
+    # Stable descending sort keeps ascending id order among equal counts: ties go to the lower id.
+    order = torch.sort(counts, descending=True, stable=True).indices
+    return VocabMap.from_target_ids(order[:draft_vocab_size], counts.numel())
+
+
+def coverage(vmap: VocabMap, counts: torch.Tensor) -> float:
+    """Share of the counted tokens whose target id is inside the draft vocabulary."""
+    total = int(counts.sum())
+    return float(counts[vmap.t2d].sum()) / total if total else float("nan")
+
+
+def save_vocab(path, vmap: VocabMap, counts: torch.Tensor, meta: dict) -> None:
+    import json
+
+    from eaglewire.safeio import atomic_save_safetensors
+
+    atomic_save_safetensors({"d2t": vmap.d2t, "t2d": vmap.t2d, "counts": counts}, path,
+                            metadata={"format": "eaglewire.vocab/1", "sha256": vmap.sha256(), "meta": json.dumps(meta)})
+
+
+def load_vocab(path) -> tuple[VocabMap, torch.Tensor, dict]:
+    """Read and re-validate a vocab map (invariants and its recorded hash)."""
+    import json
+
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        md = f.metadata() or {}
+        if md.get("format") != "eaglewire.vocab/1":
+            raise VocabMapError(f"{path} is not an eaglewire vocab map", expected="format eaglewire.vocab/1",
+                                found=str(md.get("format")))
+        vmap = VocabMap(d2t=f.get_tensor("d2t"), t2d=f.get_tensor("t2d"))
+        counts = f.get_tensor("counts")
+    if vmap.sha256() != md.get("sha256"):
+        raise VocabMapError(f"{path}: vocab map does not match its recorded hash", expected=md.get("sha256"),
+                            found=vmap.sha256())
+    return vmap, counts, json.loads(md.get("meta", "{}"))

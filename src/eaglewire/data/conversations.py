@@ -81,6 +81,8 @@ def _turns_from_record(rec: Any) -> list[Turn]:
         raise Malformed("invalid JSON")
     if not isinstance(rec, dict):
         raise Malformed("not an object")
+    if "skipped" in rec and "messages" not in rec:  # a regeneration record for a skipped conversation
+        raise Malformed(f"skipped at regeneration ({rec['skipped']})")
     if "conversations" in rec:
         raw = [(t.get("from"), t.get("value")) if isinstance(t, dict) else (None, None) for t in rec["conversations"]]
     elif "messages" in rec:

@@ -1,0 +1,76 @@
+"""Tokenised training samples: conversations -> (input_ids, loss_mask), and the train/held-out split."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import torch
+
+from eaglewire.data.conversations import Conversation, read_conversations
+from eaglewire.data.template import TemplateMismatch, render_with_mask
+
+
+@dataclass
+class Sample:
+    id: str
+    input_ids: torch.Tensor  # int64 [T]
+    loss_mask: torch.Tensor  # int64 [T], 1 on target-generated (assistant) tokens
+
+
+@dataclass
+class TokenizeStats:
+    conversations: int = 0
+    samples: int = 0
+    tokens: int = 0
+    masked_tokens: int = 0
+    truncated: int = 0
+    template_mismatch: int = 0
+    no_answer: int = 0
+
+    def summary(self) -> str:
+        return (f"{self.samples} samples from {self.conversations} conversations, {self.tokens} tokens "
+                f"({self.masked_tokens} trained on); truncated {self.truncated}, skipped: template mismatch "
+                f"{self.template_mismatch}, no answer tokens {self.no_answer}")
+
+
+def is_held_out(sample_id: str, fraction: float) -> bool:
+    """Deterministic split by id hash: stable across runs, resumes and data growth."""
+    h = int(hashlib.sha256(sample_id.encode()).hexdigest()[:8], 16)
+    return h < fraction * 0x100000000
+
+
+def tokenize_conversations(tok: Any, convs: Iterable[Conversation], *, max_length: int,
+                           split_turns: bool = False, template_kwargs: dict | None = None,
+                           stats: TokenizeStats | None = None) -> list[Sample]:
+    """Render with the target's own chat template; truncate to max_length; skip (and count) samples
+    without any trained token and templates that rewrite history (unless split_turns)."""
+    stats = stats if stats is not None else TokenizeStats()
+    out = []
+    for conv in convs:
+        stats.conversations += 1
+        try:
+            rendered = render_with_mask(tok, conv.messages(), split_turns=split_turns, template_kwargs=template_kwargs)
+        except TemplateMismatch:
+            stats.template_mismatch += 1
+            continue
+        for j, r in enumerate(rendered):
+            ids, mask = r.input_ids[:max_length], r.loss_mask[:max_length]
+            stats.truncated += len(r.input_ids) > max_length
+            if not any(mask):
+                stats.no_answer += 1
+                continue
+            out.append(Sample(id=f"{conv.id}#{j}", input_ids=torch.tensor(ids), loss_mask=torch.tensor(mask)))
+            stats.samples += 1
+            stats.tokens += len(ids)
+            stats.masked_tokens += sum(mask)
+    return out
+
+
+def load_samples(data: str, tok: Any, *, max_length: int, limit: int | None = None, **kw: Any) -> tuple[list[Sample], TokenizeStats]:
+    stats = TokenizeStats()
+    convs = read_conversations(data)
+    if limit is not None:
+        convs = (c for _, c in zip(range(limit), convs))
+    return tokenize_conversations(tok, convs, max_length=max_length, stats=stats, **kw), stats
