@@ -89,3 +89,19 @@ def build_draft(target: Target, taps=(1, 2, 3), draft_vocab: int = 128, seed: in
     draft.t2d.copy_(vmap.t2d)
     draft.attach_embedding(target.embed_tokens.weight)
     return draft, contract
+
+
+def tiny_samples(n: int = 24, seed: int = 0, min_len: int = 12, max_len: int = 24):
+    """Token sequences with a repeating structure (learnable) and a loss mask on their second half."""
+    from eaglewire.data.samples import Sample
+
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        T = int(torch.randint(min_len, max_len + 1, (1,), generator=g))
+        start = int(torch.randint(0, VOCAB - 40, (1,), generator=g))
+        ids = (start + torch.arange(T) * 3) % VOCAB  # an arithmetic pattern the draft can learn
+        mask = torch.zeros(T, dtype=torch.long)
+        mask[T // 2:] = 1
+        out.append(Sample(id=f"s{i}", input_ids=ids, loss_mask=mask))
+    return out

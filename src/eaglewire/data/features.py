@@ -1,0 +1,203 @@
+"""Target features for training: online (target runs inside training) or offline (sharded safetensors).
+
+Offline layout (`eaglewire data capture`):
+    DIR/manifest.json        {"format", "contract", "shards": [...], "tokens", "tap_stats": {mean, std}}
+    DIR/shard-00000.safetensors
+        input_ids int64 [N], loss_mask int64 [N], offsets int64 [S+1] (sample k = [offsets[k], offsets[k+1]))
+        taps [N, n*H] and final_hidden [N, H] (the target's final-norm state; logits = lm_head(final_hidden))
+        stat_sum / stat_sumsq float64 [n*H]  (per-channel sums over this shard, for the tap fingerprint)
+        metadata: contract fingerprint, sample ids
+Shard k always holds samples [k*S, (k+1)*S) of the deterministic sample order; each is written to a
+temp name and renamed, so a killed capture resumes at the first missing shard. A shard or manifest
+made for another contract is refused, naming the differing fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from safetensors import safe_open
+
+from eaglewire.contract import NormFlags, WiringContract
+from eaglewire.data.samples import Sample
+from eaglewire.errors import ContractMismatch
+from eaglewire.safeio import atomic_save_safetensors, atomic_write_json
+from eaglewire.target.capture import capture
+from eaglewire.target.loader import Target
+
+FORMAT = "eaglewire.features/1"
+
+
+@dataclass
+class FeatureBatch:
+    input_ids: torch.Tensor  # [B, T] right-padded
+    loss_mask: torch.Tensor  # [B, T] 1 on trained tokens
+    attention_mask: torch.Tensor  # [B, T] 1 on real tokens
+    taps: torch.Tensor  # [B, T, n*H_t]
+    final_hidden: torch.Tensor  # [B, T, H_t] target final-norm hidden (logits = lm_head of it)
+
+
+def features_view(contract: WiringContract) -> WiringContract:
+    """The part of a contract features depend on: target, taps, capture point, chat template —
+    not the vocab map or the draft's norm flags, which are chosen after capture."""
+    return dataclasses.replace(contract, draft_vocab_size=None, vocab_map_sha256=None, norm=NormFlags())
+
+
+def collate(samples: list[Sample], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-pad to the longest sample: (input_ids, loss_mask, attention_mask), each [B, T]."""
+    width = max(len(s.input_ids) for s in samples)
+    ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
+    loss = torch.zeros(len(samples), width, dtype=torch.long)
+    attn = torch.zeros(len(samples), width, dtype=torch.long)
+    for i, s in enumerate(samples):
+        n = len(s.input_ids)
+        ids[i, :n], loss[i, :n], attn[i, :n] = s.input_ids, s.loss_mask, 1
+    return ids, loss, attn
+
+
+class OnlineFeatures:
+    """Runs the target on each batch (no disk; costs one target forward per batch per epoch)."""
+
+    def __init__(self, target: Target, contract: WiringContract, pad_id: int) -> None:
+        self.target, self.contract, self.pad_id = target, contract, pad_id
+
+    def batch(self, samples: list[Sample]) -> FeatureBatch:
+        ids, loss, attn = collate(samples, self.pad_id)
+        cap = capture(self.target, self.contract.taps, ids, attn)
+        return FeatureBatch(ids, loss, attn, cap.taps, cap.final_hidden)
+
+
+def _shard_path(out: Path, k: int) -> Path:
+    return out / f"shard-{k:05d}.safetensors"
+
+
+def _shard_ok(path: Path, fingerprint: str, ids: list[str]) -> bool:
+    if not path.exists():
+        return False
+    with safe_open(str(path), framework="pt") as f:
+        md = f.metadata() or {}
+    if md.get("contract") != fingerprint:
+        raise ContractMismatch(f"{path} was captured for another wiring contract",
+                               expected=f"contract {fingerprint}", found=f"contract {md.get('contract')}",
+                               fix="capture into a new --out directory")
+    return json.loads(md.get("sample_ids", "[]")) == ids
+
+
+def capture_shard(target: Target, contract: WiringContract, samples: list[Sample], pad_id: int,
+                  batch_size: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    online = OnlineFeatures(target, contract, pad_id)
+    parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("input_ids", "loss_mask", "taps", "final_hidden")}
+    for i in range(0, len(samples), batch_size):
+        fb = online.batch(samples[i:i + batch_size])
+        real = fb.attention_mask.bool()
+        parts["input_ids"].append(fb.input_ids[real])
+        parts["loss_mask"].append(fb.loss_mask[real])
+        parts["taps"].append(fb.taps[real].to(dtype))
+        parts["final_hidden"].append(fb.final_hidden[real].to(dtype))
+    out = {k: torch.cat(v) for k, v in parts.items()}
+    lengths = torch.tensor([len(s.input_ids) for s in samples])
+    out["offsets"] = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    taps64 = out["taps"].double()
+    out["stat_sum"], out["stat_sumsq"] = taps64.sum(0), (taps64 ** 2).sum(0)
+    return out
+
+
+def capture_features(target: Target, contract: WiringContract, samples: list[Sample], out: Path, *,
+                     pad_id: int, shard_samples: int = 256, batch_size: int = 4,
+                     dtype: torch.dtype = torch.float32,
+                     on_shard: Callable[[int, int, int], None] | None = None) -> dict:
+    """Write (or resume) offline feature shards and the manifest; returns the manifest."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    view = features_view(contract)
+    fp = view.fingerprint()
+    manifest_path = out / "manifest.json"
+    if manifest_path.exists():
+        view.require_compatible(WiringContract.from_dict(json.loads(manifest_path.read_text())["contract"]),
+                                where=f"features in {out}")
+    shards = []
+    n_shards = (len(samples) + shard_samples - 1) // shard_samples
+    for k in range(n_shards):
+        chunk = samples[k * shard_samples:(k + 1) * shard_samples]
+        ids = [s.id for s in chunk]
+        path = _shard_path(out, k)
+        if not _shard_ok(path, fp, ids):
+            tensors = capture_shard(target, contract, chunk, pad_id, batch_size, dtype)
+            atomic_save_safetensors(tensors, path, {"format": FORMAT, "contract": fp, "sample_ids": json.dumps(ids)})
+        shards.append({"file": path.name, "samples": len(chunk), "tokens": sum(len(s.input_ids) for s in chunk)})
+        if on_shard:
+            on_shard(k + 1, n_shards, shards[-1]["tokens"])
+    manifest = {"format": FORMAT, "contract": view.to_dict(), "shards": shards,
+                "tokens": sum(s["tokens"] for s in shards), "samples": len(samples),
+                "tap_stats": _tap_stats(out, shards, view.taps)}
+    atomic_write_json(manifest_path, manifest)
+    return manifest
+
+
+def _tap_stats(out: Path, shards: list[dict], taps: tuple[int, ...]) -> dict:
+    """Per-tap, per-channel mean/std over every captured token: the doctor's fingerprint of the wiring."""
+    total, s1, s2 = 0, None, None
+    for sh in shards:
+        with safe_open(str(out / sh["file"]), framework="pt") as f:
+            a, b = f.get_tensor("stat_sum"), f.get_tensor("stat_sumsq")
+        s1, s2 = (a, b) if s1 is None else (s1 + a, s2 + b)
+        total += sh["tokens"]
+    mean = s1 / total
+    std = (s2 / total - mean ** 2).clamp(min=0).sqrt()
+    n = len(taps)
+    return {"taps": list(taps), "tokens": total,
+            "mean": [c.tolist() for c in mean.float().chunk(n)], "std": [c.tolist() for c in std.float().chunk(n)]}
+
+
+class OfflineFeatures:
+    """Serves FeatureBatches from shards; refuses shards made for another contract."""
+
+    def __init__(self, directory: Path, contract: WiringContract, pad_id: int) -> None:
+        self.dir, self.pad_id = Path(directory), pad_id
+        manifest = json.loads((self.dir / "manifest.json").read_text())
+        if manifest.get("format") != FORMAT:
+            raise ContractMismatch(f"{directory} is not an eaglewire feature directory", expected=FORMAT,
+                                   found=str(manifest.get("format")))
+        self.view = features_view(contract)
+        self.view.require_compatible(WiringContract.from_dict(manifest["contract"]), where=f"features in {directory}")
+        self.manifest = manifest
+        self.index: dict[str, tuple[int, int]] = {}
+        for k, sh in enumerate(manifest["shards"]):
+            with safe_open(str(self.dir / sh["file"]), framework="pt") as f:
+                md = f.metadata() or {}
+            if md.get("contract") != self.view.fingerprint():
+                raise ContractMismatch(f"shard {sh['file']} was captured for another wiring contract",
+                                       expected=self.view.fingerprint(), found=str(md.get("contract")))
+            for j, sid in enumerate(json.loads(md["sample_ids"])):
+                self.index[sid] = (k, j)
+        self._cache: tuple[int, dict[str, torch.Tensor]] | None = None
+
+    def _shard(self, k: int) -> dict[str, torch.Tensor]:
+        if self._cache is None or self._cache[0] != k:
+            with safe_open(str(self.dir / self.manifest["shards"][k]["file"]), framework="pt") as f:
+                self._cache = (k, {n: f.get_tensor(n) for n in ("input_ids", "loss_mask", "taps", "final_hidden", "offsets")})
+        return self._cache[1]
+
+    def sample_ids(self) -> list[str]:
+        return list(self.index)
+
+    def batch(self, samples: list[Sample]) -> FeatureBatch:
+        rows = []
+        for s in samples:
+            k, j = self.index[s.id]
+            sh = self._shard(k)
+            a, b = int(sh["offsets"][j]), int(sh["offsets"][j + 1])
+            rows.append({n: sh[n][a:b] for n in ("input_ids", "loss_mask", "taps", "final_hidden")})
+        ids, loss, attn = collate([Sample("", r["input_ids"], r["loss_mask"]) for r in rows], self.pad_id)
+        B, T = ids.shape
+        taps = torch.zeros(B, T, rows[0]["taps"].shape[-1])
+        hid = torch.zeros(B, T, rows[0]["final_hidden"].shape[-1])
+        for i, r in enumerate(rows):
+            n = len(r["input_ids"])
+            taps[i, :n], hid[i, :n] = r["taps"].float(), r["final_hidden"].float()
+        return FeatureBatch(ids, loss, attn, taps, hid)

@@ -1,0 +1,250 @@
+"""The training loop (nanoGPT-shaped): TTT loss, AdamW, warm-up + cosine, grad-clip, eval, resume.
+
+One process (CPU, fp32):
+    eaglewire train --data regenerated.jsonl.gz --vocab vocab.safetensors --out runs/d1
+
+Several processes on one machine (DDP; gloo on CPU, nccl on GPUs; bf16 autocast on GPU):
+    torchrun --standalone --nproc-per-node 8 -m eaglewire.cli train --data ... --out runs/d1
+
+Several nodes (run on every node; same --out on shared storage; rank 0 logs and saves):
+    torchrun --nnodes 2 --nproc-per-node 8 --node-rank $NODE_RANK \\
+        --rdzv-backend c10d --rdzv-endpoint $HEAD_NODE:29500 -m eaglewire.cli train --data ... --out runs/d1
+
+Each rank takes its own `batch_size` slice of every global batch; the TTT loss is normalised by the
+supervised-position count over all ranks, so the DDP update equals a single process on the global
+batch (tested). Resume (`--resume`) restores weights, AdamW state and step; the data order is a pure
+function of (seed, epoch), so the loss curve continues bit-exactly (tested).
+
+Large targets (e.g. a 7168-wide MoE target, 3x7168 taps): the draft is ~1-2 B parameters with a 32k
+head; wrap `TTTModel` in FSDP (`torch.distributed.fsdp.fully_shard` on each draft layer and the
+head) instead of DDP, capture features offline with the serving engine (SGLang/vLLM hidden-state
+export) so the target never sits in the trainer's memory, and read shards per rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from eaglewire.contract import WiringContract
+from eaglewire.data.samples import Sample
+from eaglewire.draft.config import DraftConfig
+from eaglewire.draft.model import Eagle3Draft
+from eaglewire.checkpoint import save_checkpoint
+from eaglewire.train import state as trainer_state
+from eaglewire.train.dist import DistInfo, all_reduce_sum, barrier
+from eaglewire.train.ttt import TTTModel, TTTStats
+from eaglewire.vocab import VocabMap
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    max_steps: int = 300
+    batch_size: int = 4  # samples per micro-batch per rank
+    grad_accum: int = 1
+    lr: float = 1e-3  # small drafts on little data like a high peak lr (measured, see README)
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 20
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 0.5
+    ttt_steps: int = 7
+    ttt_decay: float = 0.8
+    loss: str = "soft_ce"  # or "forward_kl"
+    num_layers: int = 1
+    eval_every: int = 50
+    eval_batches: int = 8
+    ckpt_every: int = 100
+    seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def lr_at(step: int, c: TrainConfig) -> float:
+    """Linear warm-up to lr, then cosine down to lr * min_lr_ratio at max_steps."""
+    if step < c.warmup_steps:
+        return c.lr * (step + 1) / c.warmup_steps
+    progress = min(1.0, (step - c.warmup_steps) / max(1, c.max_steps - c.warmup_steps))
+    return c.lr * (c.min_lr_ratio + (1 - c.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def build_draft(target: Any, contract: WiringContract, vmap: VocabMap, c: TrainConfig) -> Eagle3Draft:
+    """Random draft; lm_head rows and final norm start from the target's (for the kept ids): the
+    draft then begins by predicting what the target's head would from a similar state, which matters
+    when CPU data is scarce."""
+    draft = Eagle3Draft(DraftConfig.from_target(target.text_config, contract, num_layers=c.num_layers)).init_random(c.seed)
+    with torch.no_grad():
+        draft.d2t.copy_(vmap.d2t)
+        draft.t2d.copy_(vmap.t2d)
+        head = target.model.get_output_embeddings().weight
+        draft.lm_head.weight.copy_(head[vmap.target_ids])
+        norm_w = getattr(target.final_norm, "weight", None)
+        if norm_w is not None and norm_w.shape == draft.norm.weight.shape:
+            draft.norm.weight.copy_(norm_w)
+    draft.attach_embedding(target.embed_tokens.weight)
+    return draft
+
+
+def global_batches(samples: list[Sample], c: TrainConfig, info: DistInfo, epoch: int) -> list[list[Sample]]:
+    """This rank's micro-batches for one epoch: a seeded permutation, length-sorted in windows of
+    8 global batches (less padding), sliced per rank. A pure function of (seed, epoch)."""
+    g = torch.Generator().manual_seed(c.seed * 1000 + epoch)
+    order = [samples[i] for i in torch.randperm(len(samples), generator=g).tolist()]
+    gb = c.batch_size * info.world_size
+    window = gb * 8
+    for w in range(0, len(order), window):
+        order[w:w + window] = sorted(order[w:w + window], key=lambda s: len(s.input_ids))
+    batches = [order[i:i + gb] for i in range(0, len(order) - gb + 1, gb)]
+    perm = torch.randperm(len(batches), generator=g).tolist()
+    return [batches[i][info.rank * c.batch_size:(info.rank + 1) * c.batch_size] for i in perm]
+
+
+class MicroBatches:
+    """Endless, resumable stream of this rank's micro-batches across epochs."""
+
+    def __init__(self, samples: list[Sample], c: TrainConfig, info: DistInfo) -> None:
+        self.samples, self.c, self.info = samples, c, info
+        self.per_epoch = len(global_batches(samples, c, info, 0))
+        if self.per_epoch == 0:
+            raise ValueError(f"{len(samples)} training samples cannot fill one global batch of "
+                             f"{c.batch_size * info.world_size}")
+        self._epoch, self._cache = -1, []
+
+    def get(self, index: int) -> list[Sample]:
+        epoch = index // self.per_epoch
+        if epoch != self._epoch:
+            self._epoch, self._cache = epoch, global_batches(self.samples, self.c, self.info, epoch)
+        return self._cache[index % self.per_epoch]
+
+
+def _log_line(path: Path, record: dict, info: DistInfo) -> None:
+    if info.is_main:
+        with open(path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """On resume, drop lines logged after the checkpoint so the curve continues without duplicates."""
+    if path.exists():
+        keep = [l for l in path.read_text().splitlines() if l and json.loads(l)["step"] <= step]
+        path.write_text("".join(l + "\n" for l in keep))
+
+
+def _acc(stats_list: list[TTTStats], info: DistInfo) -> tuple[list[float], list[int]]:
+    steps = len(stats_list[0].correct)
+    correct = torch.tensor([sum(s.correct[k] for s in stats_list) for k in range(steps)], dtype=torch.float64)
+    counts = torch.tensor([sum(s.counts[k] for s in stats_list) for k in range(steps)], dtype=torch.float64)
+    correct, counts = all_reduce_sum(correct, info), all_reduce_sum(counts, info)
+    return [float(a / n) if n else float("nan") for a, n in zip(correct, counts)], [int(n) for n in counts]
+
+
+@torch.no_grad()
+def evaluate(model: TTTModel, features: Any, heldout: list[Sample], c: TrainConfig, info: DistInfo) -> dict:
+    """Held-out per-position top-1 accuracy and loss over the first eval_batches of this rank's share."""
+    mine = heldout[info.rank::info.world_size]
+    stats, losses = [], []
+    for i in range(0, min(len(mine), c.eval_batches * c.batch_size), c.batch_size):
+        loss, st = model(features.batch(mine[i:i + c.batch_size]))
+        stats.append(st)
+        losses.append(float(loss))
+    if not stats:
+        return {}
+    acc, counts = _acc(stats, info)
+    return {"loss": sum(losses) / len(losses), "acc": acc, "positions": counts}
+
+
+def train(target: Any, contract: WiringContract, vmap: VocabMap, features: Any, train_samples: list[Sample],
+          heldout: list[Sample], c: TrainConfig, out: Path, info: DistInfo = DistInfo(), *, resume: bool = False,
+          on_step: Callable[[dict], None] | None = None, stop_at: int | None = None) -> dict:
+    """Train a draft; returns the last held-out evaluation. `stop_at` simulates a kill (tests)."""
+    out = Path(out)
+    metrics = out / "metrics.jsonl"
+    torch.manual_seed(c.seed)
+    draft = build_draft(target, contract, vmap, c)
+    head = target.model.get_output_embeddings().weight.detach()
+    model = TTTModel(draft, head, steps=c.ttt_steps, decay=c.ttt_decay, loss=c.loss, world_size=info.world_size,
+                     reduce_count=lambda x: all_reduce_sum(x, info))
+    names = [n for n, p in draft.named_parameters() if p.requires_grad]
+    params = [p for p in draft.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=c.lr, betas=(c.beta1, c.beta2), weight_decay=c.weight_decay, eps=1e-8)
+    step = 0
+    latest = trainer_state.latest_state(out) if resume else None
+    if latest is not None:
+        step = trainer_state.load_state(latest, draft, target, opt, names, c.to_dict())
+        if info.is_main:
+            _truncate_metrics(metrics, step)
+    elif info.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        metrics.unlink(missing_ok=True)
+    ddp = DDP(model) if info.enabled else model
+    stream = MicroBatches(train_samples, c, info)
+    last_eval: dict = {}
+    t0, tokens = time.perf_counter(), 0
+    while step < c.max_steps:
+        if stop_at is not None and step >= stop_at:
+            return last_eval
+        record = _train_step(ddp, model, opt, params, stream, features, step, c, info)
+        tokens += record.pop("_tokens")
+        step += 1
+        record.update(step=step, split="train", tok_per_s=tokens / (time.perf_counter() - t0))
+        _log_line(metrics, record, info)
+        if on_step:
+            on_step(record)
+        if step % c.eval_every == 0 or step == c.max_steps:
+            model.eval()
+            last_eval = {"step": step, "split": "heldout", **evaluate(model, features, heldout, c, info)}
+            model.train()
+            _log_line(metrics, last_eval, info)
+            if on_step:
+                on_step(last_eval)
+        if info.is_main and (step % c.ckpt_every == 0 or step == c.max_steps):
+            trainer_state.save_state(out, step, draft, contract, opt, names, c.to_dict())
+        barrier(info)
+    if info.is_main:
+        save_checkpoint(draft, contract, out / "draft")
+    return last_eval
+
+
+def _train_step(ddp: Any, model: TTTModel, opt: torch.optim.Optimizer, params: list, stream: MicroBatches,
+                features: Any, step: int, c: TrainConfig, info: DistInfo) -> dict:
+    lr = lr_at(step, c)
+    for g in opt.param_groups:
+        g["lr"] = lr
+    opt.zero_grad(set_to_none=True)
+    stats, loss_sum, tokens = [], 0.0, 0
+    for micro in range(c.grad_accum):
+        fb = features.batch(stream.get(step * c.grad_accum + micro))
+        tokens += int(fb.attention_mask.sum())
+        sync = micro == c.grad_accum - 1 or not info.enabled
+        ctx = ddp.no_sync() if not sync else _null()
+        with ctx:
+            loss, st = ddp(fb)
+            (loss / c.grad_accum).backward()
+        stats.append(st)
+        loss_sum += float(loss.detach()) / c.grad_accum
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, c.grad_clip))
+    opt.step()
+    acc, counts = _acc(stats, info)
+    losses = [sum(s.losses[k] for s in stats) / len(stats) for k in range(c.ttt_steps)]
+    # Each rank's loss is its share of the global-batch loss (times world size): average for the log.
+    loss_sum = float(all_reduce_sum(torch.tensor(loss_sum, dtype=torch.float64), info)) / info.world_size
+    return {"lr": lr, "loss": loss_sum, "loss_k": losses, "acc": acc, "positions": counts,
+            "grad_norm": grad_norm, "_tokens": tokens * info.world_size}
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None

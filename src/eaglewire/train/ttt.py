@@ -1,0 +1,103 @@
+"""Training-time test (EAGLE-3): unroll the draft k steps on its own hidden states, as at inference.
+
+Notation: tokens x_0..x_{T-1}; target taps f_t (seen x_0..x_t); target logits p_t predict x_{t+1}.
+Step k at position t feeds the draft (state, x_{t+1+k}) at position id t+k, where state is fc(f_t) for
+k = 0 and the draft's own output of step k-1 at t otherwise, and supervises it with p_{t+1+k}
+(the target's distribution for x_{t+2+k}). Keys visible to step k at t: step-0 keys of every j <= t
+(the accepted prefix) plus the step-1..k keys of position t itself (its own draft chain) — exactly
+the draft's KV at inference after accepting x_0..x_{t+1} and drafting k tokens.
+
+Loss per step: soft cross-entropy  -sum_v p'(v) log q(v)  where p' = softmax(p_{t+1+k}[t2d]) is the
+target's distribution renormalised over the draft vocab (or forward KL = CE - H(p')), on positions whose
+predicted token x_{t+2+k} is trained (loss mask) and whose target top-1 lies in the draft vocab;
+step weight decay**k.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from eaglewire.data.features import FeatureBatch
+from eaglewire.draft.model import Eagle3Draft
+
+
+def shift_left(x: torch.Tensor, k: int, fill: float | int | bool = 0) -> torch.Tensor:
+    """x[:, k:] padded at the end with `fill` back to length T (dim 1)."""
+    if k == 0:
+        return x
+    pad = torch.full_like(x[:, :k], fill)
+    return torch.cat([x[:, k:], pad], dim=1)
+
+
+def ttt_attention_mask(T: int, step: int, device: torch.device | str = "cpu") -> torch.Tensor | None:
+    """bool [1, 1, T, (step+1)*T]: block 0 causal (j <= t), blocks 1..step diagonal (j == t)."""
+    if step == 0:
+        return None  # plain causal
+    idx = torch.arange(T, device=device)
+    blocks = [idx[None, :] <= idx[:, None]] + [torch.eye(T, dtype=torch.bool, device=device)] * step
+    return torch.cat(blocks, dim=1)[None, None]
+
+
+@dataclass
+class TTTStats:
+    losses: list[float] = field(default_factory=list)  # per step, normalised like the loss
+    correct: list[int] = field(default_factory=list)  # per step, draft top-1 == target top-1
+    counts: list[int] = field(default_factory=list)  # per step, supervised positions (this rank)
+
+
+Reducer = Callable[[torch.Tensor], torch.Tensor]  # sums a count over ranks (identity on one process)
+
+
+class TTTModel(nn.Module):
+    """The draft plus its TTT loss, as one module so DDP sees a single forward."""
+
+    def __init__(self, draft: Eagle3Draft, target_head: torch.Tensor, *, steps: int, decay: float,
+                 loss: str = "soft_ce", world_size: int = 1, reduce_count: Reducer | None = None) -> None:
+        super().__init__()
+        if loss not in ("soft_ce", "forward_kl"):
+            raise ValueError(f"loss must be soft_ce or forward_kl, not {loss!r}")
+        self.draft, self.steps, self.decay, self.loss_kind = draft, steps, decay, loss
+        self.target_head = target_head  # [V, H_t] frozen target lm_head (not a parameter)
+        self.world_size, self.reduce_count = world_size, reduce_count or (lambda x: x)
+
+    def forward(self, fb: FeatureBatch) -> tuple[torch.Tensor, TTTStats]:
+        d = self.draft
+        B, T = fb.input_ids.shape
+        with torch.no_grad():
+            logits = fb.final_hidden @ self.target_head.T  # [B, T, V]; p_t predicts x_{t+1}
+            in_vocab = d.t2d[logits.argmax(-1)]  # [B, T] target top-1 representable by the draft
+            p_draft = logits[..., d.t2d]  # [B, T, V_d]; columns in ascending target id = draft order
+        hidden, past = d.fuse(fb.taps), None  # [B, T, H]
+        total, stats = fb.taps.new_zeros(()), TTTStats()
+        base_pos = torch.arange(T, device=fb.input_ids.device).expand(B, T)
+        for k in range(self.steps):
+            out = d.step(shift_left(fb.input_ids, 1 + k), hidden, base_pos + k,
+                         ttt_attention_mask(T, k, fb.input_ids.device), past)
+            hidden, past = out.hidden, out.kv
+            target = shift_left(p_draft, 1 + k)  # [B, T, V_d]
+            mask = (shift_left(fb.loss_mask, 2 + k) > 0) & shift_left(in_vocab, 1 + k, False)
+            loss_k, correct = self._step_loss(out.logits, target, mask)
+            total = total + self.decay**k * loss_k
+            stats.losses.append(float(loss_k.detach()))
+            stats.correct.append(correct)
+            stats.counts.append(int(mask.sum()))
+        return total, stats
+
+    def _step_loss(self, draft_logits: torch.Tensor, target_logits: torch.Tensor,
+                   mask: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Sum over supervised positions / their count over ALL ranks, times world size: DDP's
+        gradient averaging then yields exactly the single-process gradient of the global batch."""
+        p = F.softmax(target_logits.float(), dim=-1)
+        logq = F.log_softmax(draft_logits.float(), dim=-1)
+        per_pos = -(p * logq).sum(-1)  # [B, T] soft cross-entropy
+        if self.loss_kind == "forward_kl":
+            per_pos = per_pos + (p * torch.log(p.clamp_min(1e-30))).sum(-1)
+        n = self.reduce_count(mask.sum().detach().double()).clamp_min(1)
+        loss = (per_pos * mask).sum() / n.to(per_pos.dtype) * self.world_size
+        correct = int(((draft_logits.argmax(-1) == target_logits.argmax(-1)) & mask).sum())
+        return loss, correct
