@@ -118,11 +118,12 @@ def test_nan_weight_never_loaded(saved, target):
 
 def test_no_pickle_anywhere():
     import pathlib
+    import re
 
     src = pathlib.Path(__file__).parents[1] / "src"
     for f in src.rglob("*.py"):
         text = f.read_text()
-        assert "pickle" not in text.replace("No pickle", ""), f
+        assert not re.search(r"^\s*(import|from)\s+pickle|pickle\.(loads?|dumps?)\(|torch\.save\(", text, re.M), f
         for line in text.splitlines():
             if "torch.load(" in line:
                 assert "weights_only=True" in line, f"{f}: {line}"

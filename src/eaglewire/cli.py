@@ -189,10 +189,17 @@ def capture_cmd(
                       f"contract {contract.fingerprint()}  (dtype {cap.taps.dtype}, torch {torch.__version__})")
 
 
-def main() -> None:
-    from eaglewire.cli_data import register
+def _register_subcommands() -> None:
+    from eaglewire import cli_data, cli_train
 
-    register(app)
+    cli_data.register(app)
+    cli_train.register(app)
+
+
+_register_subcommands()
+
+
+def main() -> None:
     app()
 
 

@@ -186,6 +186,16 @@ class OfflineFeatures:
     def sample_ids(self) -> list[str]:
         return list(self.index)
 
+    def samples(self) -> list[Sample]:
+        """The captured samples themselves (tokens and loss masks come from the shards)."""
+        out = []
+        for k, sh in enumerate(self.manifest["shards"]):
+            with safe_open(str(self.dir / sh["file"]), framework="pt") as f:
+                ids, mask, off = f.get_tensor("input_ids"), f.get_tensor("loss_mask"), f.get_tensor("offsets")
+                names = json.loads((f.metadata() or {})["sample_ids"])
+            out += [Sample(n, ids[off[j]:off[j + 1]], mask[off[j]:off[j + 1]]) for j, n in enumerate(names)]
+        return out
+
     def batch(self, samples: list[Sample]) -> FeatureBatch:
         rows = []
         for s in samples:

@@ -1,0 +1,86 @@
+"""The training pipeline through the CLI: vocab build -> data capture -> train (offline and online).
+
+A tiny random Llama with the real SmolLM2 tokenizer and chat template stands in for the target, so the
+whole CLI path runs in seconds; one short run uses the real embedded target.
+"""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from typer.testing import CliRunner
+
+from eaglewire.cli import app
+from eaglewire.target.loader import resolve_target
+
+CONVS = [
+    {"id": f"c{i}", "messages": [{"role": "user", "content": f"Count from {i} to {i + 5}."},
+                                 {"role": "assistant", "content": " ".join(str(j) for j in range(i, i + 6))}]}
+    for i in range(40)
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny_target")
+    tok = AutoTokenizer.from_pretrained(resolve_target(None)[1])
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=8,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    LlamaForCausalLM(cfg).save_pretrained(d)
+    tok.save_pretrained(d)
+    data = d / "convs.jsonl"
+    data.write_text("\n".join(json.dumps(c) for c in CONVS))
+    return d
+
+
+def _run(*args):
+    r = CliRunner().invoke(app, [str(a) for a in args])
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    return r
+
+
+def test_vocab_capture_train_offline_and_online(tiny_dir, tmp_path):
+    data = tiny_dir / "convs.jsonl"
+    r = _run("vocab", "build", "--target", tiny_dir, "--data", data, "--out", tmp_path / "v.safetensors",
+             "--draft-vocab-size", 512)
+    assert "coverage train 100.00%" in r.output
+    _run("data", "capture", "--target", tiny_dir, "--data", data, "--out", tmp_path / "feat", "--shard-samples", 16)
+    manifest = json.loads((tmp_path / "feat" / "manifest.json").read_text())
+    assert manifest["samples"] == 40 and manifest["contract"]["taps"] == [2, 4, 5]
+    common = ["--target", tiny_dir, "--vocab", tmp_path / "v.safetensors", "--max-steps", 6, "--eval-every", 3,
+              "--batch-size", 4, "--ttt-steps", 2, "--heldout-fraction", 0.2]
+    _run("train", "--features", tmp_path / "feat", "--out", tmp_path / "off", *common)
+    _run("train", "--data", data, "--out", tmp_path / "on", *common)
+    off = json.loads((tmp_path / "off" / "summary.json").read_text())
+    on = json.loads((tmp_path / "on" / "summary.json").read_text())
+    assert off["heldout_samples"] > 0 and len(off["heldout"]["acc"]) == 2
+    # same samples, same order, same features up to batching noise -> the same training curve
+    assert off["heldout"]["loss"] == pytest.approx(on["heldout"]["loss"], rel=1e-3)
+    assert (tmp_path / "off" / "training.png").stat().st_size > 10_000
+    assert (tmp_path / "off" / "draft" / "model.safetensors").exists()
+
+
+def test_train_refuses_features_of_other_taps(tiny_dir, tmp_path):
+    data = tiny_dir / "convs.jsonl"
+    _run("vocab", "build", "--target", tiny_dir, "--data", data, "--out", tmp_path / "v.safetensors",
+         "--draft-vocab-size", 512)
+    _run("data", "capture", "--target", tiny_dir, "--data", data, "--out", tmp_path / "feat", "--limit", 8)
+    r = CliRunner().invoke(app, ["train", "--target", str(tiny_dir), "--features", str(tmp_path / "feat"),
+                                 "--vocab", str(tmp_path / "v.safetensors"), "--out", str(tmp_path / "o"),
+                                 "--taps", "1,2,3"])
+    assert r.exit_code == 2 and "another wiring contract" in r.output and "taps" in r.output
+
+
+@pytest.mark.real_target
+def test_short_real_target_training_run(tmp_path):
+    """Two TTT steps on the real SmolLM2 target, online features: the real path cannot rot."""
+    data = tmp_path / "convs.jsonl"
+    data.write_text("\n".join(json.dumps(c) for c in CONVS[:6]))
+    _run("vocab", "build", "--data", data, "--out", tmp_path / "v.safetensors", "--draft-vocab-size", 2048)
+    _run("train", "--data", data, "--vocab", tmp_path / "v.safetensors", "--out", tmp_path / "run", "--max-steps", 2,
+         "--batch-size", 2, "--ttt-steps", 2, "--eval-every", 2, "--heldout-fraction", 0.3)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["contract"]["target"]["num_layers"] == 30 and summary["contract"]["draft_vocab_size"] == 2048
