@@ -24,10 +24,13 @@ def _cli():
 
 
 def prepare_samples(target: Any, data: str, max_length: int, limit: Optional[int], split_turns: bool):
+    from eaglewire.data.conversations import ReadStats
     from eaglewire.data.samples import load_samples
 
-    samples, stats = load_samples(data, target.tokenizer, max_length=max_length, limit=limit, split_turns=split_turns)
-    _cli().err_console.print(f"data: {stats.summary()}")
+    read = ReadStats()
+    samples, stats = load_samples(data, target.tokenizer, max_length=max_length, limit=limit, split_turns=split_turns,
+                                  read_stats=read)
+    _cli().err_console.print(f"source: {read.summary()}\ndata: {stats.summary()}")
     return samples
 
 
@@ -164,6 +167,7 @@ def _train(cli, cfg, data, features, vocab, out, target, taps, taps_from, max_le
                              found=f"--data={data}, --features={features}")
     info = dist.setup()
     tgt = cli._load(target)
+    tgt.model.to(info.device)
     vmap, _, _ = load_vocab(vocab)
     contract = tgt.contract(_taps(tgt, taps, taps_from), vocab_map=vmap)
     if features is not None:

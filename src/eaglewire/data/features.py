@@ -41,6 +41,10 @@ class FeatureBatch:
     taps: torch.Tensor  # [B, T, n*H_t]
     final_hidden: torch.Tensor  # [B, T, H_t] target final-norm hidden (logits = lm_head of it)
 
+    def to(self, device: torch.device | str) -> "FeatureBatch":
+        return FeatureBatch(*(t.to(device) for t in (self.input_ids, self.loss_mask, self.attention_mask,
+                                                      self.taps, self.final_hidden)))
+
 
 def features_view(contract: WiringContract) -> WiringContract:
     """The part of a contract features depend on: target, taps, capture point, chat template —
@@ -68,7 +72,8 @@ class OnlineFeatures:
 
     def batch(self, samples: list[Sample]) -> FeatureBatch:
         ids, loss, attn = collate(samples, self.pad_id)
-        cap = capture(self.target, self.contract.taps, ids, attn)
+        dev = next(self.target.model.parameters()).device
+        cap = capture(self.target, self.contract.taps, ids.to(dev), attn.to(dev))
         return FeatureBatch(ids, loss, attn, cap.taps, cap.final_hidden)
 
 

@@ -8,7 +8,7 @@ from typing import Any, Iterable
 
 import torch
 
-from eaglewire.data.conversations import Conversation, read_conversations
+from eaglewire.data.conversations import Conversation, ReadStats, read_conversations
 from eaglewire.data.template import TemplateMismatch, render_with_mask
 
 
@@ -68,9 +68,10 @@ def tokenize_conversations(tok: Any, convs: Iterable[Conversation], *, max_lengt
     return out
 
 
-def load_samples(data: str, tok: Any, *, max_length: int, limit: int | None = None, **kw: Any) -> tuple[list[Sample], TokenizeStats]:
+def load_samples(data: str, tok: Any, *, max_length: int, limit: int | None = None,
+                 read_stats: ReadStats | None = None, **kw: Any) -> tuple[list[Sample], TokenizeStats]:
     stats = TokenizeStats()
-    convs = read_conversations(data)
+    convs = read_conversations(data, read_stats)
     if limit is not None:
         convs = (c for _, c in zip(range(limit), convs))
     return tokenize_conversations(tok, convs, max_length=max_length, stats=stats, **kw), stats

@@ -154,7 +154,8 @@ def evaluate(model: TTTModel, features: Any, heldout: list[Sample], c: TrainConf
     mine = heldout[info.rank::info.world_size]
     stats, losses = [], []
     for i in range(0, min(len(mine), c.eval_batches * c.batch_size), c.batch_size):
-        loss, st = model(features.batch(mine[i:i + c.batch_size]))
+        with _autocast(info):
+            loss, st = model(features.batch(mine[i:i + c.batch_size]).to(info.device))
         stats.append(st)
         losses.append(float(loss))
     if not stats:
@@ -170,8 +171,8 @@ def train(target: Any, contract: WiringContract, vmap: VocabMap, features: Any, 
     out = Path(out)
     metrics = out / "metrics.jsonl"
     torch.manual_seed(c.seed)
-    draft = build_draft(target, contract, vmap, c)
-    head = target.model.get_output_embeddings().weight.detach()
+    draft = build_draft(target, contract, vmap, c).to(info.device)
+    head = target.model.get_output_embeddings().weight.detach().to(info.device)
     model = TTTModel(draft, head, steps=c.ttt_steps, decay=c.ttt_decay, loss=c.loss, world_size=info.world_size,
                      reduce_count=lambda x: all_reduce_sum(x, info))
     names = [n for n, p in draft.named_parameters() if p.requires_grad]
@@ -186,7 +187,8 @@ def train(target: Any, contract: WiringContract, vmap: VocabMap, features: Any, 
     elif info.is_main:
         out.mkdir(parents=True, exist_ok=True)
         metrics.unlink(missing_ok=True)
-    ddp = DDP(model) if info.enabled else model
+    ddp = (DDP(model, device_ids=[info.local_rank]) if info.device.startswith("cuda") else DDP(model)) \
+        if info.enabled else model
     stream = MicroBatches(train_samples, c, info)
     last_eval: dict = {}
     t0, tokens = time.perf_counter(), 0
@@ -223,11 +225,11 @@ def _train_step(ddp: Any, model: TTTModel, opt: torch.optim.Optimizer, params: l
     opt.zero_grad(set_to_none=True)
     stats, loss_sum, tokens = [], 0.0, 0
     for micro in range(c.grad_accum):
-        fb = features.batch(stream.get(step * c.grad_accum + micro))
+        fb = features.batch(stream.get(step * c.grad_accum + micro)).to(info.device)
         tokens += int(fb.attention_mask.sum())
         sync = micro == c.grad_accum - 1 or not info.enabled
         ctx = ddp.no_sync() if not sync else _null()
-        with ctx:
+        with ctx, _autocast(info):
             loss, st = ddp(fb)
             (loss / c.grad_accum).backward()
         stats.append(st)
@@ -240,6 +242,11 @@ def _train_step(ddp: Any, model: TTTModel, opt: torch.optim.Optimizer, params: l
     loss_sum = float(all_reduce_sum(torch.tensor(loss_sum, dtype=torch.float64), info)) / info.world_size
     return {"lr": lr, "loss": loss_sum, "loss_k": losses, "acc": acc, "positions": counts,
             "grad_norm": grad_norm, "_tokens": tokens * info.world_size}
+
+
+def _autocast(info: DistInfo):
+    """bf16 autocast on GPU (weights and optimizer stay fp32); plain fp32 on CPU, which has no fast bf16 here."""
+    return torch.autocast("cuda", dtype=torch.bfloat16) if info.device.startswith("cuda") else _null()
 
 
 class _null:
