@@ -117,8 +117,9 @@ class DraftLayer(nn.Module):
 
 @dataclass
 class DraftOutput:
-    logits: torch.Tensor  # [B, T, V_d] over the draft vocabulary
+    logits: torch.Tensor | None  # [B, T, V_d] over the draft vocabulary (None if not requested)
     hidden: torch.Tensor  # [B, T, H] what the next draft step is fed (pre- or post-norm per norm_output)
+    normed: torch.Tensor  # [B, T, H] final-norm output: logits = lm_head(normed)
     kv: list[KV]  # per layer, keys/values including `past`
 
 
@@ -190,7 +191,8 @@ class Eagle3Draft(nn.Module):
         return self.fc(taps)
 
     def step(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor | None = None,
-             mask: torch.Tensor | None = None, past: list[KV] | None = None) -> DraftOutput:
+             mask: torch.Tensor | None = None, past: list[KV] | None = None, *,
+             compute_logits: bool = True) -> DraftOutput:
         """One draft pass on H-wide states (fused taps, or the draft's own previous output).
 
         input_ids [B, T] target ids (token t+1 paired with state t); hidden [B, T, H];
@@ -214,7 +216,10 @@ class Eagle3Draft(nn.Module):
             h, layer_kv = layer(h, embeds if i == 0 else None, position_ids, mask, past[i] if past else None)
             kv.append(layer_kv)
         normed = self.norm(h)
-        return DraftOutput(logits=self.lm_head(normed), hidden=normed if self.cfg.norm.norm_output else h, kv=kv)
+        # Training computes the head only where it is supervised (compute_logits=False): the V_d-wide head
+        # is most of a small draft's cost.
+        return DraftOutput(logits=self.lm_head(normed) if compute_logits else None,
+                           hidden=normed if self.cfg.norm.norm_output else h, normed=normed, kv=kv)
 
     def forward(self, input_ids: torch.Tensor, taps: torch.Tensor, position_ids: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None, past: list[KV] | None = None) -> DraftOutput:

@@ -77,27 +77,27 @@ class TTTModel(nn.Module):
         base_pos = torch.arange(T, device=fb.input_ids.device).expand(B, T)
         for k in range(self.steps):
             out = d.step(shift_left(fb.input_ids, 1 + k), hidden, base_pos + k,
-                         ttt_attention_mask(T, k, fb.input_ids.device), past)
+                         ttt_attention_mask(T, k, fb.input_ids.device), past, compute_logits=False)
             hidden, past = out.hidden, out.kv
-            target = shift_left(p_draft, 1 + k)  # [B, T, V_d]
-            mask = (shift_left(fb.loss_mask, 2 + k) > 0) & shift_left(in_vocab, 1 + k, False)
-            loss_k, correct = self._step_loss(out.logits, target, mask)
+            mask = (shift_left(fb.loss_mask, 2 + k) > 0) & shift_left(in_vocab, 1 + k, False)  # [B, T]
+            rows = mask.nonzero(as_tuple=True)
+            # head and softmax only at supervised positions: p_{t+1+k} sits at column t+1+k of p_draft
+            loss_k, correct = self._step_loss(d.lm_head(out.normed[rows]), p_draft[rows[0], rows[1] + 1 + k])
             total = total + self.decay**k * loss_k
             stats.losses.append(float(loss_k.detach()))
             stats.correct.append(correct)
-            stats.counts.append(int(mask.sum()))
+            stats.counts.append(int(rows[0].numel()))
         return total, stats
 
-    def _step_loss(self, draft_logits: torch.Tensor, target_logits: torch.Tensor,
-                   mask: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """Sum over supervised positions / their count over ALL ranks, times world size: DDP's
+    def _step_loss(self, draft_logits: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Rows are the supervised positions, [N, V_d] each. Sum / (N over ALL ranks) * world size: DDP's
         gradient averaging then yields exactly the single-process gradient of the global batch."""
         p = F.softmax(target_logits.float(), dim=-1)
         logq = F.log_softmax(draft_logits.float(), dim=-1)
-        per_pos = -(p * logq).sum(-1)  # [B, T] soft cross-entropy
+        per_pos = -(p * logq).sum(-1)  # [N] soft cross-entropy
         if self.loss_kind == "forward_kl":
             per_pos = per_pos + (p * torch.log(p.clamp_min(1e-30))).sum(-1)
-        n = self.reduce_count(mask.sum().detach().double()).clamp_min(1)
-        loss = (per_pos * mask).sum() / n.to(per_pos.dtype) * self.world_size
-        correct = int(((draft_logits.argmax(-1) == target_logits.argmax(-1)) & mask).sum())
+        n = self.reduce_count(torch.tensor(float(per_pos.numel()), dtype=torch.float64)).clamp_min(1)
+        loss = per_pos.sum() / n.to(per_pos.dtype) * self.world_size
+        correct = int((draft_logits.argmax(-1) == target_logits.argmax(-1)).sum())
         return loss, correct
