@@ -1,0 +1,1 @@
+"""Speculative decoding: lean target runtime, tree drafting and verification, the engine."""
