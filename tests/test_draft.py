@@ -116,3 +116,15 @@ def test_vocab_map_invariants():
     bad[0] = True
     with pytest.raises(VocabMapError, match="t2d.sum"):
         VocabMap(d2t=vm.d2t, t2d=bad)
+
+
+def test_static_cache_matches_full_sequence(target):
+    from eaglewire.draft.model import DraftCache
+
+    draft, _ = build_draft(target, num_layers=2)
+    ids, taps = _inputs(b=1, t=6)
+    full = draft(ids, taps)
+    cache = DraftCache(draft.cfg, batch=1, max_len=16)
+    first = draft(ids[:, :4], taps[:, :4], cache=cache, start=0)  # prefix in one call
+    rest = [draft(ids[:, t:t + 1], taps[:, t:t + 1], cache=cache, start=t).logits for t in (4, 5)]
+    torch.testing.assert_close(torch.cat([first.logits] + rest, 1), full.logits, atol=1e-5, rtol=1e-5)

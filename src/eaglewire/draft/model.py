@@ -25,6 +25,29 @@ from eaglewire.errors import CheckpointError, TapWidthError
 KV = tuple[torch.Tensor, torch.Tensor]  # ([B, kv_heads, S, head_dim], same)
 
 
+@dataclass
+class SlotWrite:
+    """One layer's view of a preallocated cache: write the new keys at slots start.., attend [0, start+T)."""
+
+    k: torch.Tensor  # [B, kv_heads, max_len, head_dim]
+    v: torch.Tensor
+    start: int
+
+
+class DraftCache:
+    """The draft's KV cache for decoding, allocated once ([layers, B, kv_heads, max_len, head_dim])."""
+
+    def __init__(self, cfg: "DraftConfig", batch: int, max_len: int, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu") -> None:
+        shape = (cfg.num_layers, batch, cfg.num_key_value_heads, max_len, cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_len = max_len
+
+    def layer(self, i: int, start: int) -> SlotWrite:
+        return SlotWrite(self.k[i], self.v[i], start)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -60,13 +83,21 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.num_attention_heads * hd, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None,
-                past: KV | None) -> tuple[torch.Tensor, KV]:
+                past: KV | SlotWrite | None) -> tuple[torch.Tensor, KV]:
         """x: [B, T, in]; mask: bool [B, 1, T, S] (True = may attend) or None for plain causal."""
         b, t, _ = x.shape
         hd, theta = self.cfg.head_dim, self.cfg.rope_theta
         q = rope(self.q_proj(x).view(b, t, -1, hd).transpose(1, 2), position_ids, theta)
         k = rope(self.k_proj(x).view(b, t, -1, hd).transpose(1, 2), position_ids, theta)
         v = self.v_proj(x).view(b, t, -1, hd).transpose(1, 2)
+        if isinstance(past, SlotWrite):  # decoding: static cache, no re-allocation
+            end = past.start + t
+            past.k[:b, :, past.start:end], past.v[:b, :, past.start:end] = k, v
+            k, v = past.k[:b, :, :end], past.v[:b, :, :end]
+            if mask is None:
+                mask = torch.ones(t, end, dtype=torch.bool, device=x.device).tril(past.start)[None, None]
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+            return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), (k, v)
         if past is not None:
             k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
         causal = mask is None and past is None
@@ -102,7 +133,7 @@ class DraftLayer(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, hidden: torch.Tensor, embeds: torch.Tensor | None, position_ids: torch.Tensor,
-                mask: torch.Tensor | None, past: KV | None) -> tuple[torch.Tensor, KV]:
+                mask: torch.Tensor | None, past: KV | SlotWrite | None) -> tuple[torch.Tensor, KV]:
         if self.first:
             normed = self.hidden_norm(hidden)
             # EAGLE-3 keeps the un-normed hidden as residual; speculators' norm_before_residual does not.
@@ -192,7 +223,7 @@ class Eagle3Draft(nn.Module):
 
     def step(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor | None = None,
              mask: torch.Tensor | None = None, past: list[KV] | None = None, *,
-             compute_logits: bool = True) -> DraftOutput:
+             compute_logits: bool = True, cache: DraftCache | None = None, start: int = 0) -> DraftOutput:
         """One draft pass on H-wide states (fused taps, or the draft's own previous output).
 
         input_ids [B, T] target ids (token t+1 paired with state t); hidden [B, T, H];
@@ -207,13 +238,14 @@ class Eagle3Draft(nn.Module):
                                   expected="the target's embedding (EAGLE-3 drafts share it, frozen)",
                                   found="a placeholder", fix="load with target=... or call attach_embedding()")
         if position_ids is None:
-            start = 0 if past is None else past[0][0].shape[2]
-            position_ids = torch.arange(start, start + input_ids.shape[1]).expand(input_ids.shape[0], -1)
+            first = start if cache is not None else (0 if past is None else past[0][0].shape[2])
+            position_ids = torch.arange(first, first + input_ids.shape[1]).expand(input_ids.shape[0], -1)
         embeds = self.embed_tokens(input_ids)
         kv: list[KV] = []
         h = hidden
         for i, layer in enumerate(self.layers):
-            h, layer_kv = layer(h, embeds if i == 0 else None, position_ids, mask, past[i] if past else None)
+            layer_past = cache.layer(i, start) if cache is not None else (past[i] if past else None)
+            h, layer_kv = layer(h, embeds if i == 0 else None, position_ids, mask, layer_past)
             kv.append(layer_kv)
         normed = self.norm(h)
         # Training computes the head only where it is supervised (compute_logits=False): the V_d-wide head
@@ -222,9 +254,10 @@ class Eagle3Draft(nn.Module):
                            hidden=normed if self.cfg.norm.norm_output else h, normed=normed, kv=kv)
 
     def forward(self, input_ids: torch.Tensor, taps: torch.Tensor, position_ids: torch.Tensor | None = None,
-                mask: torch.Tensor | None = None, past: list[KV] | None = None) -> DraftOutput:
+                mask: torch.Tensor | None = None, past: list[KV] | None = None, *,
+                cache: DraftCache | None = None, start: int = 0) -> DraftOutput:
         """First draft step from target taps [B, T, n*H_t]."""
-        return self.step(input_ids, self.fuse(taps), position_ids, mask, past)
+        return self.step(input_ids, self.fuse(taps), position_ids, mask, past, cache=cache, start=start)
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft vocabulary ids -> target ids (d2t holds offsets)."""

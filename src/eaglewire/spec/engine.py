@@ -1,0 +1,126 @@
+"""Speculative decoding, greedy, batch 1. The whole algorithm:
+
+    prefill:  target(prompt) -> logits, taps;  x = argmax(last)      (x is "pending": not in the KV cache)
+              proposer.start(prompt, taps, x)
+    loop:     tree  = proposer.propose()                             M drafted nodes after x
+              g     = argmax target([x] + tree) in ONE forward        tree mask; cache slots n .. n+M
+              path  = longest root-to-node walk with tree.token == g[parent]
+              bonus = g[last node on the path]
+              commit x and the path's KV to slots n .. n+a (one gather), n += a + 1
+              proposer.accept(taps of x and the path, path tokens + [bonus]);  x = bonus
+    stop at EOS (anything after it is dropped) or max_new_tokens.
+Every emitted token is a target argmax given the tokens before it, so the output equals plain greedy
+decoding token for token whatever the proposer does (tested with always-right and random drafts).
+tau = mean over verify steps of (accepted drafts + 1).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from eaglewire.spec.propose import Proposer
+from eaglewire.spec.runtime import LeanTarget
+
+
+@dataclass
+class SpecStats:
+    verify_steps: int = 0
+    accepted: list[int] = field(default_factory=list)  # accepted drafts per verify step
+    new_tokens: int = 0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    total_s: float = 0.0
+
+    @property
+    def tau(self) -> float:
+        return (sum(self.accepted) + len(self.accepted)) / len(self.accepted) if self.accepted else float("nan")
+
+    def per_position(self, depth: int) -> list[float]:
+        """Share of verify steps that accepted at least i+1 drafts, i = 0..depth-1."""
+        n = max(1, len(self.accepted))
+        return [sum(a > i for a in self.accepted) / n for i in range(depth)]
+
+    def as_dict(self, depth: int) -> dict:
+        return {"tau": self.tau, "verify_steps": self.verify_steps, "new_tokens": self.new_tokens,
+                "per_position": self.per_position(depth), "tokens_per_s": self.new_tokens / self.total_s if self.total_s else 0,
+                "draft_s": self.draft_s, "verify_s": self.verify_s, "other_s": self.total_s - self.draft_s - self.verify_s}
+
+
+class SpecDecoder:
+    def __init__(self, runtime: LeanTarget, proposer: Proposer) -> None:
+        self.rt, self.proposer = runtime, proposer
+
+    @torch.no_grad()
+    def generate(self, prompt: torch.Tensor, max_new_tokens: int, eos: set[int] | None = None) -> tuple[list[int], SpecStats]:
+        """prompt [1, P] -> (new tokens, stats)."""
+        eos, st, t0 = eos or set(), SpecStats(), time.perf_counter()
+        taps = self.proposer.taps
+        P = prompt.shape[1]
+        logits, prompt_taps = self.rt.forward(prompt, torch.arange(P)[None], 0, taps=taps,
+                                              logit_rows=torch.tensor([P - 1]))
+        x, n, out = int(logits[0, -1].argmax()), P, []
+        t = time.perf_counter()
+        self.proposer.start(prompt, prompt_taps, x)
+        st.draft_s += time.perf_counter() - t
+        while True:
+            out.append(x)
+            if x in eos or len(out) >= max_new_tokens:
+                break
+            t = time.perf_counter()
+            tree = self.proposer.propose()
+            t2 = time.perf_counter()
+            ids, pos, mask = tree.verify_inputs(x, n)
+            vlogits, vtaps = self.rt.forward(ids, pos, n, mask, taps=taps)
+            g = vlogits[0].argmax(-1).tolist()
+            path, bonus = _greedy_path(tree, g)
+            slots = [n] + [n + 1 + i for i in path]
+            if slots != list(range(n, n + len(slots))):
+                self.rt.commit(torch.tensor(slots), n)  # tree: move the accepted branch into place
+            st.verify_steps += 1
+            st.accepted.append(len(path))
+            accepted = [tree.tokens[i] for i in path]
+            t3 = time.perf_counter()
+            stop = _stop_index(accepted, eos, max_new_tokens - len(out))
+            if stop is not None:
+                out.extend(accepted[: stop + 1])
+                st.draft_s, st.verify_s = st.draft_s + t2 - t, st.verify_s + t3 - t2
+                break
+            out.extend(accepted)
+            rows = torch.tensor([0] + [1 + i for i in path])  # the root and the path in the verify batch
+            n += len(slots)
+            self.proposer.accept(vtaps[:, rows] if vtaps is not None else None, accepted + [bonus])
+            x = bonus
+            st.draft_s += (t2 - t) + (time.perf_counter() - t3)
+            st.verify_s += t3 - t2
+        st.new_tokens, st.total_s = len(out), time.perf_counter() - t0
+        return out, st
+
+
+def _greedy_path(tree, g: list[int]) -> tuple[list[int], int]:
+    from eaglewire.spec.tree import greedy_accept
+
+    return greedy_accept(tree, g)
+
+
+def _stop_index(tokens: list[int], eos: set[int], room: int) -> int | None:
+    """Index of the last token to emit if EOS or the token budget falls inside `tokens`, else None."""
+    for i, tok in enumerate(tokens):
+        if tok in eos or i + 1 >= room:
+            return i
+    return None
+
+
+@torch.no_grad()
+def greedy_reference(runtime: LeanTarget, prompt: torch.Tensor, max_new_tokens: int, eos: set[int] | None = None) -> list[int]:
+    """Plain greedy decoding on the same runtime (one token per forward): the lossless reference."""
+    eos, P = eos or set(), prompt.shape[1]
+    logits, _ = runtime.forward(prompt, torch.arange(P)[None], 0, logit_rows=torch.tensor([P - 1]))
+    out = [int(logits[0, -1].argmax())]
+    while out[-1] not in eos and len(out) < max_new_tokens:
+        n = P + len(out) - 1
+        logits, _ = runtime.forward(torch.tensor([[out[-1]]]), torch.tensor([[n]]), n)
+        out.append(int(logits[0, -1].argmax()))
+    return out

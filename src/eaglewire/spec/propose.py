@@ -1,0 +1,177 @@
+"""Proposers: who drafts the candidate tree each round (transformers-style protocol).
+
+    start(prompt_ids, prompt_taps, first_token)   after prefill; first_token is pending (not verified yet)
+    propose() -> DraftTree                         candidates to verify after the pending token
+    accept(taps, tokens)                           the round's committed positions: taps [1, a+1, n*H] of the
+                                                   root and the accepted nodes, tokens = accepted + bonus
+`taps` names the target boundaries a proposer needs from every verify forward (EAGLE-3: the contract's).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from eaglewire.contract import WiringContract
+from eaglewire.draft.model import DraftCache, Eagle3Draft
+from eaglewire.spec.tree import DraftTree, TreeShape
+
+
+class Proposer(Protocol):
+    taps: tuple[int, ...]
+
+    def start(self, prompt_ids: torch.Tensor, prompt_taps: torch.Tensor | None, first_token: int) -> None: ...
+
+    def propose(self) -> DraftTree: ...
+
+    def accept(self, taps: torch.Tensor | None, tokens: list[int]) -> None: ...
+
+
+class EagleProposer:
+    """EAGLE-3 drafting. Committed draft entries j pair the target's taps at position j with token x_{j+1}
+    (as in training); they live in a static DraftCache. Each round's tree nodes are written after them and
+    overwritten by the next round's committed entries."""
+
+    def __init__(self, draft: Eagle3Draft, contract: WiringContract, shape: TreeShape, max_len: int) -> None:
+        draft.cfg.require_matches(contract)  # the taps we will ask the target for are the draft's
+        self.d, self.shape = draft, shape
+        self.taps = contract.taps
+        self.cache = DraftCache(draft.cfg, 1, max_len + shape.num_draft_tokens * shape.num_steps + 8,
+                                dtype=draft.fc.weight.dtype, device=draft.fc.weight.device)
+        self.n = 0  # committed draft entries (= target tokens in the target's cache)
+
+    @torch.no_grad()
+    def _extend(self, taps: torch.Tensor, tokens: list[int]) -> None:
+        """Append entries for positions n..n+T-1: (taps[t], tokens[t]); keep the last one's output."""
+        ids = torch.tensor([tokens], device=taps.device)
+        out = self.d(ids, taps, cache=self.cache, start=self.n)
+        self.n += len(tokens)
+        self.last_logits, self.last_hidden = out.logits[0, -1], out.hidden[:, -1:]  # [V_d], [1, 1, H]
+
+    def start(self, prompt_ids: torch.Tensor, prompt_taps: torch.Tensor | None, first_token: int) -> None:
+        self.n = 0
+        self._extend(prompt_taps, prompt_ids[0, 1:].tolist() + [first_token])
+
+    def accept(self, taps: torch.Tensor | None, tokens: list[int]) -> None:
+        self._extend(taps, tokens)
+
+    @torch.no_grad()
+    def propose(self) -> DraftTree:
+        K, S = self.shape.topk, self.shape.num_steps
+        logp = torch.log_softmax(self.last_logits.float(), -1)
+        top = logp.topk(K)
+        # candidate nodes: (score, parent, draft id); frontier nodes also carry the hidden they are fed with
+        scores, parents, ids = top.values.tolist(), [-1] * K, top.indices.tolist()
+        frontier = list(range(K))
+        hidden = self.last_hidden.expand(1, K, -1)  # every level-1 node is fed the root step's output
+        slot = self.n  # first free cache slot; node fed at level d sits at position n - 2 + d
+        fed: dict[int, int] = {}  # node -> cache slot it was fed at (for descendants' masks)
+        for level in range(2, S + 1):
+            toks = torch.tensor([[self.d.to_target_ids(torch.tensor(ids[f])).item() for f in frontier]])
+            mask = self._mask(frontier, parents, fed, slot)
+            for j, f in enumerate(frontier):
+                fed[f] = slot + j
+            pos = torch.full((1, len(frontier)), self.n - 2 + level)
+            out = self.d.step(toks, hidden, pos, mask, cache=self.cache, start=slot)
+            slot += len(frontier)
+            child = torch.log_softmax(out.logits[0].float(), -1).topk(K)  # [F, K]
+            cand = (torch.tensor([scores[f] for f in frontier])[:, None] + child.values).flatten()
+            base = len(scores)
+            for j, f in enumerate(frontier):
+                for c in range(K):
+                    scores.append(float(cand[j * K + c]))
+                    parents.append(f)
+                    ids.append(int(child.indices[j, c]))
+            best = cand.topk(min(K, cand.numel())).indices.tolist()
+            frontier = [base + b for b in best]
+            hidden = out.hidden[:, [b // K for b in best]]  # children are fed their parent's output
+        return self._select(scores, parents, ids)
+
+    def _mask(self, frontier: list[int], parents: list[int], fed: dict[int, int], slot: int) -> torch.Tensor:
+        """Frontier node j (written at slot+j) sees the committed entries, itself, and its fed ancestors."""
+        F_ = len(frontier)
+        mask = torch.zeros(F_, slot + F_, dtype=torch.bool)
+        mask[:, : self.n] = True
+        for j, f in enumerate(frontier):
+            mask[j, slot + j] = True
+            p = parents[f]
+            while p >= 0:
+                mask[j, fed[p]] = True
+                p = parents[p]
+        return mask[None, None]
+
+    def _select(self, scores: list[float], parents: list[int], ids: list[int]) -> DraftTree:
+        """Keep the N-1 best-scoring nodes (a child never outscores its parent; ties go to the shallower),
+        re-indexed in topological order, as target ids."""
+        n_keep = self.shape.num_draft_tokens - 1
+        depth: list[int] = []
+        for p in parents:
+            depth.append(1 if p < 0 else depth[p] + 1)
+        keep = sorted(sorted(range(len(scores)), key=lambda i: (-scores[i], depth[i]))[:n_keep], key=lambda i: (depth[i], i))
+        kept = set(keep)
+        keep = [i for i in keep if all(a in kept for a in _ancestors(i, parents))]
+        index = {old: new for new, old in enumerate(keep)}
+        target_ids = self.d.to_target_ids(torch.tensor([ids[i] for i in keep])).tolist()
+        return DraftTree(tokens=target_ids, parents=[index[parents[i]] if parents[i] >= 0 else -1 for i in keep])
+
+
+def _ancestors(i: int, parents: list[int]) -> list[int]:
+    out, p = [], parents[i]
+    while p >= 0:
+        out.append(p)
+        p = parents[p]
+    return out
+
+
+class OracleProposer:
+    """Knows the greedy continuation: proposes the next tokens exactly (every draft accepted). With
+    topk > 1 it adds wrong siblings, so tree acceptance walks past decoys."""
+
+    taps: tuple[int, ...] = ()
+
+    def __init__(self, reference: list[int], shape: TreeShape, wrong: int = 0) -> None:
+        self.ref, self.shape, self.wrong = reference, shape, wrong
+
+    def start(self, prompt_ids: torch.Tensor, prompt_taps: torch.Tensor | None, first_token: int) -> None:
+        self.done = 1  # tokens of the continuation committed or pending
+
+    def accept(self, taps: torch.Tensor | None, tokens: list[int]) -> None:
+        self.done += len(tokens)
+
+    def propose(self) -> DraftTree:
+        nxt = self.ref[self.done: self.done + self.shape.num_steps] or [self.wrong]
+        tokens, parents = [], []
+        for d, tok in enumerate(nxt):
+            if self.shape.topk > 1 and len(tokens) + 2 <= self.shape.num_draft_tokens - 1:
+                tokens.append((tok + 1) % 50)  # a wrong sibling first
+                parents.append(parents[-1] if parents else -1)  # placeholder fixed below
+                parents[-1] = -1 if d == 0 else last
+            tokens.append(tok)
+            parents.append(-1 if d == 0 else last)
+            last = len(tokens) - 1
+            if len(tokens) >= self.shape.num_draft_tokens - 1:
+                break
+        return DraftTree(tokens=tokens, parents=parents)
+
+
+class RandomProposer:
+    """Random drafts (almost never accepted)."""
+
+    taps: tuple[int, ...] = ()
+
+    def __init__(self, vocab: int, shape: TreeShape, seed: int = 0) -> None:
+        self.vocab, self.shape = vocab, shape
+        self.g = torch.Generator().manual_seed(seed)
+
+    def start(self, prompt_ids: torch.Tensor, prompt_taps: torch.Tensor | None, first_token: int) -> None:
+        pass
+
+    def accept(self, taps: torch.Tensor | None, tokens: list[int]) -> None:
+        pass
+
+    def propose(self) -> DraftTree:
+        m = self.shape.num_draft_tokens - 1
+        toks = torch.randint(0, self.vocab, (m,), generator=self.g).tolist()
+        parents = [-1 if i < self.shape.topk else (i - self.shape.topk) for i in range(m)]
+        return DraftTree(tokens=toks, parents=parents)

@@ -1,0 +1,94 @@
+"""Draft trees: their shape knobs (SGLang's and vLLM's spelling), verification masks, greedy acceptance.
+
+SGLang:  --speculative-num-steps S  --speculative-eagle-topk K  --speculative-num-draft-tokens N
+         N counts the ROOT (the last accepted token, verified with the drafts): N-1 drafted nodes.
+vLLM:    num_speculative_tokens k  ==  a chain: S = k, K = 1, N = k + 1.
+A tree of S levels with top-K expansion can hold at most K + (S-1)*K*K drafted nodes, and needs at
+least S of them to reach depth S.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from eaglewire.errors import EaglewireError
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    num_steps: int = 4  # S: draft depth (draft forwards per round)
+    topk: int = 1  # K: branching per node (1 = chain)
+    num_draft_tokens: int = 5  # N: verified tokens per round INCLUDING the root (SGLang's meaning)
+
+    def __post_init__(self) -> None:
+        S, K, N = self.num_steps, self.topk, self.num_draft_tokens
+        capacity = K + (S - 1) * K * K
+        if S < 1 or K < 1 or N < 2:
+            raise EaglewireError("invalid tree shape", expected="num_steps >= 1, topk >= 1, num_draft_tokens >= 2",
+                                 found=f"num_steps={S}, topk={K}, num_draft_tokens={N}")
+        if N - 1 > capacity:
+            raise EaglewireError("more draft tokens than the tree can hold",
+                                 expected=f"num_draft_tokens - 1 <= topk + (num_steps-1)*topk^2 = {capacity}",
+                                 found=f"num_draft_tokens={N} (N counts the root, as in SGLang)",
+                                 fix=f"lower --num-draft-tokens to <= {capacity + 1} or raise --num-steps/--topk")
+        if K == 1 and N - 1 != S:
+            raise EaglewireError("a chain (topk=1) verifies exactly num_steps drafted tokens",
+                                 expected=f"num_draft_tokens = num_steps + 1 = {S + 1}", found=f"num_draft_tokens={N}",
+                                 fix="use --num-speculative-tokens k for a chain")
+
+    @classmethod
+    def chain(cls, num_speculative_tokens: int) -> "TreeShape":
+        """vLLM's `num_speculative_tokens` = k: a chain of k drafted tokens."""
+        return cls(num_steps=num_speculative_tokens, topk=1, num_draft_tokens=num_speculative_tokens + 1)
+
+    @property
+    def is_chain(self) -> bool:
+        return self.topk == 1
+
+
+@dataclass
+class DraftTree:
+    """Drafted nodes in topological order (parents first). Target ids."""
+
+    tokens: list[int]
+    parents: list[int]  # index of the parent node, -1 = the root (the pending token)
+
+    @property
+    def depths(self) -> list[int]:
+        d: list[int] = []
+        for p in self.parents:
+            d.append(1 if p < 0 else d[p] + 1)
+        return d
+
+    def verify_inputs(self, root: int, n: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(ids [1, 1+M], positions [1, 1+M], mask bool [1, 1, 1+M, n+1+M]) for a target whose cache holds n
+        tokens: the root is slot n at position n, node i is slot n+1+i at position n+depth_i; every slot sees
+        the prefix, itself and its ancestors."""
+        M = len(self.tokens)
+        ids = torch.tensor([[root] + self.tokens], device=device)
+        pos = torch.tensor([[n] + [n + d for d in self.depths]], device=device)
+        mask = torch.zeros(1 + M, n + 1 + M, dtype=torch.bool, device=device)
+        mask[:, : n + 1] = True  # prefix and root
+        for i, p in enumerate(self.parents):
+            row = 1 + i
+            mask[row, n + 1 + i] = True
+            if p >= 0:
+                mask[row, n + 1:] |= mask[1 + p, n + 1:]  # the parent's ancestors (and the parent)
+        return ids, pos, mask[None, None]
+
+
+def greedy_accept(tree: DraftTree, target_argmax: list[int]) -> tuple[list[int], int]:
+    """Walk from the root: follow the child whose token is the target's argmax. target_argmax[0] is the
+    root's, [1+i] node i's. Returns (accepted node indices along the path, bonus token)."""
+    children: dict[int, list[int]] = {}
+    for i, p in enumerate(tree.parents):
+        children.setdefault(p, []).append(i)
+    path, cur_pred, cur = [], target_argmax[0], -1
+    while True:
+        nxt = next((c for c in children.get(cur, []) if tree.tokens[c] == cur_pred), None)
+        if nxt is None:
+            return path, cur_pred
+        path.append(nxt)
+        cur, cur_pred = nxt, target_argmax[1 + nxt]

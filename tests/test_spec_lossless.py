@@ -1,0 +1,78 @@
+"""Speculative output == plain greedy output, token for token: always-right, random and EAGLE drafts,
+chain and tree, every lean-runtime architecture, EOS and max-tokens inside an accepted run."""
+
+import pytest
+import torch
+from tiny import VOCAB, build_draft, build_target
+
+from eaglewire.spec.engine import SpecDecoder, greedy_reference
+from eaglewire.spec.propose import EagleProposer, OracleProposer, RandomProposer
+from eaglewire.spec.runtime import LeanTarget
+from eaglewire.spec.tree import DraftTree, TreeShape, greedy_accept
+
+CHAIN, TREE = TreeShape.chain(3), TreeShape(num_steps=3, topk=2, num_draft_tokens=6)
+PROMPT = torch.randint(0, VOCAB, (1, 7), generator=torch.Generator().manual_seed(3))
+
+
+def _setup(arch="llama"):
+    target = build_target(arch)
+    return target, LeanTarget(target, max_len=128)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize("shape", [CHAIN, TREE], ids=["chain", "tree"])
+def test_oracle_draft_everything_accepted(arch, shape):
+    target, rt = _setup(arch)
+    ref = greedy_reference(rt, PROMPT, 40)
+    out, st = SpecDecoder(rt, OracleProposer(ref, shape)).generate(PROMPT, 40)
+    assert out == ref
+    assert st.accepted[:-1] == [shape.num_steps] * (len(st.accepted) - 1)  # all but the clipped last round
+    assert st.tau > shape.num_steps
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize("shape", [CHAIN, TREE], ids=["chain", "tree"])
+def test_random_draft_still_lossless(arch, shape):
+    target, rt = _setup(arch)
+    ref = greedy_reference(rt, PROMPT, 30)
+    out, st = SpecDecoder(rt, RandomProposer(VOCAB, shape)).generate(PROMPT, 30)
+    assert out == ref and st.tau < 1.3
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("shape", [CHAIN, TREE, TreeShape(num_steps=4, topk=3, num_draft_tokens=10)],
+                         ids=["chain", "tree", "wide"])
+def test_eagle_draft_lossless(arch, shape):
+    target, rt = _setup(arch)
+    draft, contract = build_draft(target, taps=(1, 2, 3))
+    ref = greedy_reference(rt, PROMPT, 30)
+    out, st = SpecDecoder(rt, EagleProposer(draft, contract, shape, max_len=128)).generate(PROMPT, 30)
+    assert out == ref
+
+
+def test_eos_and_max_tokens_inside_an_accepted_run():
+    target, rt = _setup("llama")
+    ref = greedy_reference(rt, PROMPT, 40)
+    eos_tok = ref[9]  # falls inside an oracle round (rounds cover 4 tokens each)
+    out, _ = SpecDecoder(rt, OracleProposer(ref, CHAIN)).generate(PROMPT, 40, eos={eos_tok})
+    assert out == greedy_reference(rt, PROMPT, 40, eos={eos_tok}) and out[-1] == eos_tok
+    for budget in (1, 2, 6, 11):  # budgets landing on every offset of a 4-token round
+        out, _ = SpecDecoder(rt, OracleProposer(ref, CHAIN)).generate(PROMPT, budget)
+        assert out == ref[:budget]
+
+
+def test_tree_shape_rules():
+    with pytest.raises(Exception, match="more draft tokens than the tree can hold"):
+        TreeShape(num_steps=2, topk=2, num_draft_tokens=8)  # capacity 2 + 4 = 6 nodes
+    with pytest.raises(Exception, match="chain"):
+        TreeShape(num_steps=4, topk=1, num_draft_tokens=3)
+    assert TreeShape.chain(4) == TreeShape(num_steps=4, topk=1, num_draft_tokens=5)
+
+
+def test_greedy_accept_walks_the_matching_branch():
+    tree = DraftTree(tokens=[5, 6, 7, 8], parents=[-1, -1, 1, 1])  # root -> {5, 6}; 6 -> {7, 8}
+    path, bonus = greedy_accept(tree, [6, 0, 8, 0, 9])  # root predicts 6; node 1 (6) predicts 8; 8 -> 9
+    assert path == [1, 3] and bonus == 9
+    ids, pos, mask = tree.verify_inputs(root=4, n=10)
+    assert pos.tolist() == [[10, 11, 11, 12, 12]]
+    assert mask[0, 0, 3, 10:].tolist() == [True, False, True, True, False]  # node 2 sees root, 6, itself
