@@ -61,6 +61,15 @@ def test_vocab_capture_train_offline_and_online(tiny_dir, tmp_path):
     assert off["heldout"]["loss"] == pytest.approx(on["heldout"]["loss"], rel=1e-3)
     assert (tmp_path / "off" / "training.png").stat().st_size > 10_000
     assert (tmp_path / "off" / "draft" / "model.safetensors").exists()
+    # the trained draft runs speculative decoding and the benchmark (lossless: same tokens as vanilla)
+    r = _run("generate", "--target", tiny_dir, "--draft", tmp_path / "off" / "draft", "-p", "Count from 3 to 8.",
+             "--max-new-tokens", 12, "--num-speculative-tokens", 2, "--json")
+    assert len(json.loads(r.stdout)["tokens"]) <= 12
+    _run("bench", "--target", tiny_dir, "--draft", tmp_path / "off" / "draft", "--questions", data, "--limit", 2,
+         "--max-new-tokens", 8, "--out", tmp_path / "bench", "--num-steps", 2, "--topk", 2, "--num-draft-tokens", 4)
+    result = json.loads((tmp_path / "bench" / "bench.json").read_text())
+    assert all(m["matches_vanilla"] == 2 for n, m in result["methods"].items() if n.startswith("eagle"))
+    assert (tmp_path / "bench" / "bench.png").exists() and "eagle_tree" in (tmp_path / "bench" / "bench.md").read_text()
 
 
 def test_train_refuses_features_of_other_taps(tiny_dir, tmp_path):

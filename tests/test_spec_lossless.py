@@ -76,3 +76,28 @@ def test_greedy_accept_walks_the_matching_branch():
     ids, pos, mask = tree.verify_inputs(root=4, n=10)
     assert pos.tolist() == [[10, 11, 11, 12, 12]]
     assert mask[0, 0, 3, 10:].tolist() == [True, False, True, True, False]  # node 2 sees root, 6, itself
+
+
+def test_proposer_drafts_what_the_training_forward_predicts():
+    """Engine and training agree: the chain EagleProposer drafts after prefill equals unrolling the draft
+    the way TTT does (step 0 on (f_t, x_{t+1}) for every t, then its own hidden at positions P, P+1)."""
+    target, rt = _setup("llama")
+    draft, contract = build_draft(target, taps=(1, 2, 3), seed=5)
+    P = PROMPT.shape[1]
+    logits, taps = rt.forward(PROMPT, torch.arange(P)[None], 0, taps=contract.taps)
+    x = int(logits[0, -1].argmax())
+    prop = EagleProposer(draft, contract, CHAIN, max_len=64)
+    prop.start(PROMPT, taps, x)
+    drafted = prop.propose().tokens
+    with torch.no_grad():
+        ids = torch.cat([PROMPT[:, 1:], torch.tensor([[x]])], 1)
+        out = draft(ids, taps)  # step 0 over every position
+        expect, hidden, past = [], out.hidden[:, -1:], out.kv
+        tok = int(draft.to_target_ids(out.logits[0, -1].argmax()))
+        for k in range(1, CHAIN.num_steps):
+            expect.append(tok)
+            nxt = draft.step(torch.tensor([[tok]]), hidden, torch.tensor([[P - 1 + k]]), None, past)
+            hidden, past = nxt.hidden, nxt.kv
+            tok = int(draft.to_target_ids(nxt.logits[0, -1].argmax()))
+        expect.append(tok)
+    assert drafted == expect

@@ -190,10 +190,11 @@ def capture_cmd(
 
 
 def _register_subcommands() -> None:
-    from eaglewire import cli_data, cli_train
+    from eaglewire import cli_data, cli_spec, cli_train
 
     cli_data.register(app)
     cli_train.register(app)
+    cli_spec.register(app)
 
 
 _register_subcommands()

@@ -1,0 +1,123 @@
+"""`eaglewire generate`: speculative decoding on the local target with an EAGLE-3 draft."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from eaglewire.spec.tree import TreeShape
+
+SHAPE = TreeShape()  # the one place the tree defaults live
+
+TREE_HELP = ("Tree knobs use SGLang's meaning: --num-steps S (draft depth), --topk K (branching), "
+             "--num-draft-tokens N (verified tokens per round INCLUDING the root/last accepted token). "
+             "vLLM's chain spelling: --num-speculative-tokens k  ==  S=k, K=1, N=k+1.")
+
+
+def _cli():
+    from eaglewire import cli
+
+    return cli
+
+
+def tree_shape(num_steps: Optional[int], topk: Optional[int], num_draft_tokens: Optional[int],
+               num_speculative_tokens: Optional[int]) -> TreeShape:
+    from eaglewire.errors import EaglewireError
+
+    if num_speculative_tokens is not None:
+        if any(v is not None for v in (num_steps, topk, num_draft_tokens)):
+            raise EaglewireError("give either the chain knob or the tree knobs",
+                                 expected="--num-speculative-tokens alone, or --num-steps/--topk/--num-draft-tokens",
+                                 found="both")
+        return TreeShape.chain(num_speculative_tokens)
+    return TreeShape(num_steps=num_steps or SHAPE.num_steps, topk=topk or SHAPE.topk,
+                     num_draft_tokens=num_draft_tokens or SHAPE.num_draft_tokens)
+
+
+def generate_cmd(
+    prompt: str = typer.Option(..., "--prompt", "-p", help="User message (rendered with the chat template)."),
+    draft: Path = typer.Option(..., "--draft", "-d", help="Native draft checkpoint directory."),
+    target: Optional[str] = typer.Option(None, "--target", "-t"),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens"),
+    num_steps: Optional[int] = typer.Option(None, "--num-steps", help=f"S (default {SHAPE.num_steps}). " + TREE_HELP),
+    topk: Optional[int] = typer.Option(None, "--topk", help=f"K (default {SHAPE.topk})."),
+    num_draft_tokens: Optional[int] = typer.Option(None, "--num-draft-tokens",
+                                                   help=f"N incl. the root (default {SHAPE.num_draft_tokens})."),
+    num_speculative_tokens: Optional[int] = typer.Option(None, "--num-speculative-tokens", help="vLLM chain k."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Greedy speculative decoding (lossless: the text equals plain greedy decoding)."""
+    cli = _cli()
+
+    @cli.friendly
+    def run() -> None:
+        from eaglewire.checkpoint import load_checkpoint
+        from eaglewire.spec.engine import SpecDecoder
+        from eaglewire.spec.propose import EagleProposer
+        from eaglewire.spec.runtime import LeanTarget
+
+        shape = tree_shape(num_steps, topk, num_draft_tokens, num_speculative_tokens)
+        tgt = cli._load(target)
+        d = load_checkpoint(draft, target=tgt)
+        ids = tgt.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                                return_dict=True, return_tensors="pt")["input_ids"]
+        max_len = ids.shape[1] + max_new_tokens + shape.num_draft_tokens + 8
+        dec = SpecDecoder(LeanTarget(tgt, max_len=max_len), EagleProposer(d, d.contract, shape, max_len))
+        out, st = dec.generate(ids, max_new_tokens, eos={tgt.tokenizer.eos_token_id})
+        text = tgt.tokenizer.decode(out, skip_special_tokens=True)
+        stats = st.as_dict(shape.num_steps)
+        if as_json:
+            print(json.dumps({"text": text, "tokens": out, "stats": stats}, indent=2))
+            return
+        cli.out_console.print(text, markup=False, highlight=False)
+        cli.err_console.print(f"tau {stats['tau']:.2f}  per-position {[round(p, 2) for p in stats['per_position']]}  "
+                              f"{stats['tokens_per_s']:.1f} tok/s  ({st.verify_steps} verify steps, draft "
+                              f"{st.draft_s:.1f}s / verify {st.verify_s:.1f}s)")
+
+    run()
+
+
+def register(app: typer.Typer) -> None:
+    app.command("generate", help="Speculative decoding with an EAGLE-3 draft. " + TREE_HELP)(generate_cmd)
+    app.command("bench")(bench_cmd)
+
+
+def bench_cmd(
+    draft: Path = typer.Option(..., "--draft", "-d", help="Native draft checkpoint directory."),
+    out: Path = typer.Option(Path("out/bench"), "--out", "-o", help="Writes bench.json, bench.md, bench.png."),
+    target: Optional[str] = typer.Option(None, "--target", "-t"),
+    questions: str = typer.Option("mtbench", "--questions", help="'mtbench' or a FastChat/any conversation file."),
+    limit: int = typer.Option(8, "--limit", help="Number of prompts (first user turns)."),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens"),
+    chain_k: int = typer.Option(3, "--num-speculative-tokens", help="Chain length for the chain run (vLLM's k)."),
+    num_steps: int = typer.Option(SHAPE.num_steps, "--num-steps", help="Tree run: S. " + TREE_HELP),
+    topk: int = typer.Option(2, "--topk", help="Tree run: K."),
+    num_draft_tokens: int = typer.Option(8, "--num-draft-tokens", help="Tree run: N including the root."),
+) -> None:
+    """HF generate vs vanilla vs prompt lookup vs EAGLE-3 chain vs tree, interleaved in one process."""
+    cli = _cli()
+
+    @cli.friendly
+    def run() -> None:
+        from eaglewire.checkpoint import load_checkpoint
+        from eaglewire.data.conversations import read_conversations
+        from eaglewire.spec import bench
+
+        tgt = cli._load(target)
+        d = load_checkpoint(draft, target=tgt)
+        convs = [c for _, c in zip(range(limit), read_conversations(questions))]
+        prompts = [tgt.tokenizer.apply_chat_template([{"role": "user", "content": c.user_turns[0]}],
+                                                     add_generation_prompt=True, return_dict=True,
+                                                     return_tensors="pt")["input_ids"] for c in convs]
+        result = bench.run_bench(tgt, d, prompts, max_new_tokens, TreeShape.chain(chain_k),
+                                 TreeShape(num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens),
+                                 log=lambda s: cli.err_console.print(s, highlight=False))
+        result["questions"], result["draft"] = questions, str(draft)
+        bench.write(result, out)
+        cli.out_console.print(bench.markdown(result), markup=False, highlight=False)
+        cli.out_console.print(f"-> {out}/bench.json, bench.md, bench.png")
+
+    run()
