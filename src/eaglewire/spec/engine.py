@@ -11,6 +11,8 @@
     stop at EOS (anything after it is dropped) or max_new_tokens.
 Every emitted token is a target argmax given the tokens before it, so the output equals plain greedy
 decoding token for token whatever the proposer does (tested with always-right and random drafts).
+With temperature > 0 the walk uses `sample_accept` (rejection sampling against point-mass proposals),
+so every emitted token is an exact sample of the target's distribution (statistical test).
 tau = mean over verify steps of (accepted drafts + 1).
 """
 
@@ -23,6 +25,7 @@ import torch
 
 from eaglewire.spec.propose import Proposer
 from eaglewire.spec.runtime import LeanTarget
+from eaglewire.spec.tree import greedy_accept, sample_accept, target_probs
 
 
 @dataclass
@@ -54,14 +57,24 @@ class SpecDecoder:
         self.rt, self.proposer = runtime, proposer
 
     @torch.no_grad()
-    def generate(self, prompt: torch.Tensor, max_new_tokens: int, eos: set[int] | None = None) -> tuple[list[int], SpecStats]:
-        """prompt [1, P] -> (new tokens, stats)."""
+    def generate(self, prompt: torch.Tensor, max_new_tokens: int, eos: set[int] | None = None, *,
+                 temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> tuple[list[int], SpecStats]:
+        """prompt [1, P] -> (new tokens, stats). temperature 0 = greedy; else lossless rejection sampling."""
         eos, st, t0 = eos or set(), SpecStats(), time.perf_counter()
+        gen = torch.Generator().manual_seed(seed)
+
+        def choose(tree, vlogits):  # -> (accepted node path, bonus token)
+            if temperature <= 0:
+                return greedy_accept(tree, vlogits[0].argmax(-1).tolist())
+            return sample_accept(tree, target_probs(vlogits[0], temperature, top_p), gen)
+
         taps = self.proposer.taps
         P = prompt.shape[1]
         logits, prompt_taps = self.rt.forward(prompt, torch.arange(P)[None], 0, taps=taps,
                                               logit_rows=torch.tensor([P - 1]))
-        x, n, out = int(logits[0, -1].argmax()), P, []
+        x = int(logits[0, -1].argmax()) if temperature <= 0 else \
+            int(torch.multinomial(target_probs(logits[0, -1], temperature, top_p), 1, generator=gen))
+        n, out = P, []
         t = time.perf_counter()
         self.proposer.start(prompt, prompt_taps, x)
         st.draft_s += time.perf_counter() - t
@@ -74,8 +87,7 @@ class SpecDecoder:
             t2 = time.perf_counter()
             ids, pos, mask = tree.verify_inputs(x, n)
             vlogits, vtaps = self.rt.forward(ids, pos, n, mask, taps=taps)
-            g = vlogits[0].argmax(-1).tolist()
-            path, bonus = _greedy_path(tree, g)
+            path, bonus = choose(tree, vlogits)
             slots = [n] + [n + 1 + i for i in path]
             if slots != list(range(n, n + len(slots))):
                 self.rt.commit(torch.tensor(slots), n)  # tree: move the accepted branch into place
@@ -97,12 +109,6 @@ class SpecDecoder:
             st.verify_s += t3 - t2
         st.new_tokens, st.total_s = len(out), time.perf_counter() - t0
         return out, st
-
-
-def _greedy_path(tree, g: list[int]) -> tuple[list[int], int]:
-    from eaglewire.spec.tree import greedy_accept
-
-    return greedy_accept(tree, g)
 
 
 def _stop_index(tokens: list[int], eos: set[int], room: int) -> int | None:

@@ -92,3 +92,41 @@ def greedy_accept(tree: DraftTree, target_argmax: list[int]) -> tuple[list[int],
             return path, cur_pred
         path.append(nxt)
         cur, cur_pred = nxt, target_argmax[1 + nxt]
+
+
+def target_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """[..., V] logits -> the target's sampling distribution (temperature, then nucleus top-p)."""
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_p, idx = probs.sort(dim=-1, descending=True)
+        drop = sorted_p.cumsum(-1) - sorted_p >= top_p  # keep the smallest prefix reaching top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, idx, sorted_p)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample_accept(tree: DraftTree, probs: torch.Tensor, gen: torch.Generator) -> tuple[list[int], int]:
+    """Lossless acceptance for sampling. Drafted children are deterministic proposals (top-k), i.e. point
+    masses, so at a node with target distribution p the children c1, c2, ... are tried in turn: accept c
+    with probability r(c)/sum(r), else set r(c) = 0; if all are rejected, draw the bonus from r/sum(r).
+    Then P(emit c1) = p(c1), P(emit c2) = (1-p(c1)) * p(c2)/(1-p(c1)) = p(c2), and every other token
+    keeps p(x): the emitted token is an exact sample of p (statistical test in the suite).
+    probs: [1+M, V], row 0 the root's, row 1+i node i's."""
+    children: dict[int, list[int]] = {}
+    for i, p in enumerate(tree.parents):
+        children.setdefault(p, []).append(i)
+    path, cur = [], -1
+    while True:
+        r = probs[0 if cur < 0 else 1 + cur].clone()
+        nxt = None
+        for c in children.get(cur, []):
+            tok = tree.tokens[c]
+            if r[tok] > 0 and float(torch.rand((), generator=gen)) * float(r.sum()) < float(r[tok]):
+                nxt = c
+                break
+            r[tok] = 0.0
+        if nxt is None:
+            return path, int(torch.multinomial(r / r.sum(), 1, generator=gen))
+        path.append(nxt)
+        cur = nxt
