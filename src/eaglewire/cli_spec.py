@@ -83,6 +83,7 @@ def generate_cmd(
 def register(app: typer.Typer) -> None:
     app.command("generate", help="Speculative decoding with an EAGLE-3 draft. " + TREE_HELP)(generate_cmd)
     app.command("bench")(bench_cmd)
+    app.command("serve")(serve_cmd)
 
 
 def bench_cmd(
@@ -121,3 +122,51 @@ def bench_cmd(
         cli.out_console.print(f"-> {out}/bench.json, bench.md, bench.png")
 
     run()
+
+
+def serve_cmd(
+    draft: Path = typer.Option(..., "--draft", "-d", help="Native draft checkpoint directory."),
+    target: Optional[str] = typer.Option(None, "--target", "-t"),
+    host: str = typer.Option("127.0.0.1", "--host", help="Bind address (loopback by default)."),
+    port: int = typer.Option(8000, "--port"),
+    model_name: Optional[str] = typer.Option(None, "--model-name", help="Name clients must send (default: target name)."),
+    max_context: int = typer.Option(4096, "--max-context", help="Prompt + generated tokens per request."),
+    max_tokens_limit: int = typer.Option(1024, "--max-tokens-limit"),
+    num_steps: Optional[int] = typer.Option(None, "--num-steps", help=TREE_HELP),
+    topk: Optional[int] = typer.Option(None, "--topk"),
+    num_draft_tokens: Optional[int] = typer.Option(None, "--num-draft-tokens"),
+    num_speculative_tokens: Optional[int] = typer.Option(None, "--num-speculative-tokens"),
+) -> None:
+    """OpenAI-compatible server (/v1/chat/completions, /v1/completions, /metrics) with speculative decoding."""
+    cli = _cli()
+
+    @cli.friendly
+    def run() -> None:
+        server = build_server(cli._load(target), draft, tree_shape(num_steps, topk, num_draft_tokens,
+                              num_speculative_tokens), model_name, max_context, max_tokens_limit, host, port)
+        cli.err_console.print(f"serving on http://{host}:{server.server_address[1]}/v1 (Ctrl-C to stop)")
+        server.serve_forever()
+
+    run()
+
+
+def build_server(tgt, draft: Path, shape: TreeShape, model_name: Optional[str], max_context: int,
+                 max_tokens_limit: int, host: str, port: int):
+    from eaglewire.checkpoint import load_checkpoint
+    from eaglewire.spec.engine import SpecDecoder
+    from eaglewire.spec.propose import EagleProposer
+    from eaglewire.spec.runtime import LeanTarget
+    from eaglewire.spec.server import SpecServer, serve
+
+    d = load_checkpoint(draft, target=tgt)
+    rt = LeanTarget(tgt, max_len=max_context + shape.num_draft_tokens + 8)
+    decoder = SpecDecoder(rt, EagleProposer(d, d.contract, shape, max_context))
+    eos = {tgt.tokenizer.eos_token_id}
+
+    def generate(job, on_tokens):  # runs on the server's single worker thread
+        _, stats = decoder.generate(job.prompt_ids, job.max_tokens, eos, temperature=job.temperature,
+                                    top_p=job.top_p, seed=job.seed, on_tokens=on_tokens)
+        return stats
+
+    srv = SpecServer(generate, tgt.tokenizer, model_name or tgt.name, max_tokens_limit, max_context)
+    return serve(srv, host, port)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -58,8 +59,10 @@ class SpecDecoder:
 
     @torch.no_grad()
     def generate(self, prompt: torch.Tensor, max_new_tokens: int, eos: set[int] | None = None, *,
-                 temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> tuple[list[int], SpecStats]:
-        """prompt [1, P] -> (new tokens, stats). temperature 0 = greedy; else lossless rejection sampling."""
+                 temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
+                 on_tokens: Callable[[list[int]], None] | None = None) -> tuple[list[int], SpecStats]:
+        """prompt [1, P] -> (new tokens, stats). temperature 0 = greedy; else lossless rejection sampling.
+        `on_tokens` receives each round's newly committed tokens (streaming)."""
         eos, st, t0 = eos or set(), SpecStats(), time.perf_counter()
         gen = torch.Generator().manual_seed(seed)
 
@@ -78,8 +81,13 @@ class SpecDecoder:
         t = time.perf_counter()
         self.proposer.start(prompt, prompt_taps, x)
         st.draft_s += time.perf_counter() - t
+        def emit(toks: list[int]) -> None:
+            out.extend(toks)
+            if on_tokens and toks:
+                on_tokens(toks)
+
         while True:
-            out.append(x)
+            emit([x])
             if x in eos or len(out) >= max_new_tokens:
                 break
             t = time.perf_counter()
@@ -97,10 +105,10 @@ class SpecDecoder:
             t3 = time.perf_counter()
             stop = _stop_index(accepted, eos, max_new_tokens - len(out))
             if stop is not None:
-                out.extend(accepted[: stop + 1])
+                emit(accepted[: stop + 1])
                 st.draft_s, st.verify_s = st.draft_s + t2 - t, st.verify_s + t3 - t2
                 break
-            out.extend(accepted)
+            emit(accepted)
             rows = torch.tensor([0] + [1 + i for i in path])  # the root and the path in the verify batch
             n += len(slots)
             self.proposer.accept(vtaps[:, rows] if vtaps is not None else None, accepted + [bonus])
