@@ -101,3 +101,24 @@ def test_proposer_drafts_what_the_training_forward_predicts():
             tok = int(draft.to_target_ids(nxt.logits[0, -1].argmax()))
         expect.append(tok)
     assert drafted == expect
+
+
+@pytest.mark.parametrize("arch", ["deepseek_v3", "qwen3_moe", "nested_kimi_like"])
+@pytest.mark.parametrize("shape", [CHAIN, TREE], ids=["chain", "tree"])
+def test_hf_fallback_runtime_lossless(arch, shape):
+    from eaglewire.spec.hf_runtime import HFRuntime, make_runtime
+
+    target = build_target(arch)
+    rt = make_runtime(target, 128)
+    assert isinstance(rt, HFRuntime)
+    hf = getattr(target.model, "language_model", target.model)  # the wrapper has no generate(); its LM does
+    with torch.no_grad():  # plain HF greedy as the reference
+        ref = hf.generate(input_ids=PROMPT, attention_mask=torch.ones_like(PROMPT), max_new_tokens=20,
+                                    do_sample=False, eos_token_id=None, pad_token_id=0)[0, PROMPT.shape[1]:].tolist()
+    out, _ = SpecDecoder(rt, OracleProposer(ref, shape)).generate(PROMPT, 20)
+    assert out == ref
+    out, _ = SpecDecoder(make_runtime(target, 128), RandomProposer(VOCAB, shape)).generate(PROMPT, 20)
+    assert out == ref
+    draft, contract = build_draft(target, taps=(1, 2, 3))
+    out, _ = SpecDecoder(make_runtime(target, 128), EagleProposer(draft, contract, shape, 128)).generate(PROMPT, 20)
+    assert out == ref

@@ -57,7 +57,7 @@ def generate_cmd(
         from eaglewire.checkpoint import load_checkpoint
         from eaglewire.spec.engine import SpecDecoder
         from eaglewire.spec.propose import EagleProposer
-        from eaglewire.spec.runtime import LeanTarget
+        from eaglewire.spec.hf_runtime import make_runtime
 
         shape = tree_shape(num_steps, topk, num_draft_tokens, num_speculative_tokens)
         tgt = cli._load(target)
@@ -65,7 +65,7 @@ def generate_cmd(
         ids = tgt.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                                 return_dict=True, return_tensors="pt")["input_ids"]
         max_len = ids.shape[1] + max_new_tokens + shape.num_draft_tokens + 8
-        dec = SpecDecoder(LeanTarget(tgt, max_len=max_len), EagleProposer(d, d.contract, shape, max_len))
+        dec = SpecDecoder(make_runtime(tgt, max_len), EagleProposer(d, d.contract, shape, max_len))
         out, st = dec.generate(ids, max_new_tokens, eos={tgt.tokenizer.eos_token_id})
         text = tgt.tokenizer.decode(out, skip_special_tokens=True)
         stats = st.as_dict(shape.num_steps)
@@ -155,11 +155,11 @@ def build_server(tgt, draft: Path, shape: TreeShape, model_name: Optional[str], 
     from eaglewire.checkpoint import load_checkpoint
     from eaglewire.spec.engine import SpecDecoder
     from eaglewire.spec.propose import EagleProposer
-    from eaglewire.spec.runtime import LeanTarget
+    from eaglewire.spec.hf_runtime import make_runtime
     from eaglewire.spec.server import SpecServer, serve
 
     d = load_checkpoint(draft, target=tgt)
-    rt = LeanTarget(tgt, max_len=max_context + shape.num_draft_tokens + 8)
+    rt = make_runtime(tgt, max_context + shape.num_draft_tokens + 8)
     decoder = SpecDecoder(rt, EagleProposer(d, d.contract, shape, max_context))
     eos = {tgt.tokenizer.eos_token_id}
 

@@ -18,7 +18,7 @@ import torch
 
 from eaglewire.spec.engine import SpecDecoder, SpecStats, greedy_reference
 from eaglewire.spec.propose import EagleProposer
-from eaglewire.spec.runtime import LeanTarget
+from eaglewire.spec.hf_runtime import make_runtime
 from eaglewire.spec.tree import TreeShape
 
 METHODS = ("hf_generate", "vanilla", "prompt_lookup", "eagle_chain", "eagle_tree")
@@ -42,7 +42,7 @@ def _hf(target: Any, ids: torch.Tensor, max_new: int, eos: int, **kw: Any) -> Ru
 
 def make_methods(target: Any, draft: Any, chain: TreeShape, tree: TreeShape, max_len: int,
                  eos: int) -> dict[str, Callable[[torch.Tensor, int], Run]]:
-    rt = LeanTarget(target, max_len=max_len)  # one static cache, reused by every lean method
+    rt = make_runtime(target, max_len)  # one cache, reused by every method on our runtime
 
     def vanilla(ids: torch.Tensor, n: int) -> Run:
         t0 = time.perf_counter()

@@ -1,0 +1,67 @@
+"""Fallback runtime for architectures the lean runtime does not cover (DeepSeek-V3/MLA, MoE, ...): HF
+transformers' own forward with a DynamicCache, explicit position ids and a 4-D boolean attention mask,
+behind the same interface as `LeanTarget` (forward / commit). Slower, same results; taps come from the
+same forward hooks as training capture.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from eaglewire.target.capture import _hooks
+from eaglewire.target.loader import Target
+
+
+class HFRuntime:
+    def __init__(self, target: Target, max_len: int, batch: int = 1) -> None:
+        from transformers import DynamicCache
+
+        self.target, self.max_len = target, max_len
+        self.cache = DynamicCache(config=target.model.config)
+
+    def _length(self) -> int:
+        return self.cache.get_seq_length()
+
+    @torch.no_grad()
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, start: int, mask: torch.Tensor | None = None,
+                taps: tuple[int, ...] = (), logit_rows: torch.Tensor | None = None):
+        """Same contract as LeanTarget.forward: the cache is cut back to `start` entries first (slots a
+        previous tree verify wrote beyond the accepted path are dropped)."""
+        B, T = ids.shape
+        if start + T > self.max_len:
+            raise ValueError(f"KV cache full: {start}+{T} > max_len {self.max_len}")
+        if self._length() > start:
+            self.cache.crop(start - self._length())  # negative: number of entries to remove
+        if mask is None:
+            mask = torch.ones(T, start + T, dtype=torch.bool, device=ids.device).tril(start)[None, None]
+        store: dict = {}
+        with _hooks(self.target, taps, store) if taps else _nullctx():
+            out = self.target.model(input_ids=ids, position_ids=positions, attention_mask=mask,
+                                    past_key_values=self.cache, use_cache=True)
+        logits = out.logits if logit_rows is None else out.logits[:, logit_rows]
+        tapped = torch.cat([store[b][0] for b in taps], dim=-1) if taps else None
+        return logits, tapped
+
+    def commit(self, src: torch.Tensor, dst_start: int) -> None:
+        """Move accepted slots into place in every layer's keys and values."""
+        dst = torch.arange(dst_start, dst_start + src.numel())
+        for layer in self.cache.layers:
+            for name in ("keys", "values"):
+                t = getattr(layer, name, None)
+                if t is not None and t.numel():
+                    t[:, :, dst] = t[:, :, src]
+
+
+class _nullctx:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *a: object) -> None:
+        return None
+
+
+def make_runtime(target: Target, max_len: int):
+    """The lean runtime where it applies, else the HF fallback."""
+    from eaglewire.spec.runtime import SUPPORTED, LeanTarget
+
+    return LeanTarget(target, max_len) if target.text_config.model_type in SUPPORTED else HFRuntime(target, max_len)
