@@ -1,5 +1,5 @@
 """Verify cost on the embedded target: one forward over k new tokens (tree mask) on top of a ~100-token
-cache, lean runtime (auto layout) vs lean 'nt' layout (what nn.Linear does) vs HF transformers.
+cache: lean runtime calibrated per row count, each fixed layout, and HF transformers.
 Interleaved rounds, medians, ratio to the 1-token decode step of the same runtime.
 
     python benchmarks/bench_verify.py --rounds 8 --out benchmarks/results/verify.json
@@ -29,7 +29,9 @@ def main() -> None:
     torch.set_num_threads(2)
     target = load_target()
     prefix = torch.randint(0, 49152, (1, 100), generator=torch.Generator().manual_seed(0))
-    runtimes = {"lean_auto": LeanTarget(target, 256, layout="auto"), "lean_nt": LeanTarget(target, 256, layout="nt")}
+    runtimes = {f"lean_{lay}": LeanTarget(target, 256, layout=lay) for lay in ("nt", "tn", "wx")}
+    runtimes["lean_calibrated"] = LeanTarget(target, 256)
+    print("calibrated layouts:", runtimes["lean_calibrated"].calibrate(ks=KS))
     for rt in runtimes.values():
         rt.forward(prefix, torch.arange(100)[None], 0)
     from transformers import DynamicCache
@@ -52,7 +54,7 @@ def main() -> None:
                 rt.forward(ids, pos, 100)
                 times[name][k].append(time.perf_counter() - t0)
             times["hf"][k].append(hf_verify(k))
-        print(f"round {r + 1}: " + " ".join(f"k{k}={statistics.median(times['lean_auto'][k]) * 1e3:.0f}ms" for k in KS),
+        print(f"round {r + 1}: " + " ".join(f"k{k}={statistics.median(times['lean_calibrated'][k]) * 1e3:.0f}ms" for k in KS),
               flush=True)
     result = {}
     for name, per_k in times.items():

@@ -9,7 +9,7 @@ from eaglewire.target.capture import capture
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
-@pytest.mark.parametrize("layout", ["auto", "nt", "wx"])
+@pytest.mark.parametrize("layout", ["auto", "nt", "tn", "wx"])
 def test_prefill_decode_and_taps_match_hf(arch, layout):
     target = build_target(arch)
     ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(0))
@@ -56,3 +56,15 @@ def test_tree_mask_and_commit():
 def test_unsupported_architecture_refused():
     with pytest.raises(Exception, match="does not support model_type 'deepseek_v3'"):
         LeanTarget(build_target("deepseek_v3"), max_len=8)
+
+
+def test_calibrate_picks_a_layout_per_row_count_and_keeps_results():
+    target = build_target("llama")
+    lean = LeanTarget(target, max_len=64)
+    policy = lean.calibrate(ks=(1, 4), reps=1)
+    assert set(policy) == {1, 4} and set(policy.values()) <= {"nt", "tn", "wx"}
+    ids = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = target.model(input_ids=ids).logits
+    logits, _ = lean.forward(ids, torch.arange(6)[None], 0)
+    torch.testing.assert_close(logits, ref, atol=1e-4, rtol=1e-4)

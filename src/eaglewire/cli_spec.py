@@ -159,7 +159,7 @@ def build_server(tgt, draft: Path, shape: TreeShape, model_name: Optional[str], 
     from eaglewire.spec.server import SpecServer, serve
 
     d = load_checkpoint(draft, target=tgt)
-    rt = make_runtime(tgt, max_context + shape.num_draft_tokens + 8)
+    rt = make_runtime(tgt, max_context + shape.num_draft_tokens + 8, calibrate=True)
     decoder = SpecDecoder(rt, EagleProposer(d, d.contract, shape, max_context))
     eos = {tgt.tokenizer.eos_token_id}
 

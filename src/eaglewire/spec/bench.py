@@ -42,7 +42,7 @@ def _hf(target: Any, ids: torch.Tensor, max_new: int, eos: int, **kw: Any) -> Ru
 
 def make_methods(target: Any, draft: Any, chain: TreeShape, tree: TreeShape, max_len: int,
                  eos: int) -> dict[str, Callable[[torch.Tensor, int], Run]]:
-    rt = make_runtime(target, max_len)  # one cache, reused by every method on our runtime
+    rt = make_runtime(target, max_len, calibrate=True)  # one cache, reused by every method on our runtime
 
     def vanilla(ids: torch.Tensor, n: int) -> Run:
         t0 = time.perf_counter()

@@ -60,8 +60,13 @@ class _nullctx:
         return None
 
 
-def make_runtime(target: Target, max_len: int):
-    """The lean runtime where it applies, else the HF fallback."""
+def make_runtime(target: Target, max_len: int, *, calibrate: bool = False):
+    """The lean runtime where it applies (optionally calibrated: ~5 s), else the HF fallback."""
     from eaglewire.spec.runtime import SUPPORTED, LeanTarget
 
-    return LeanTarget(target, max_len) if target.text_config.model_type in SUPPORTED else HFRuntime(target, max_len)
+    if target.text_config.model_type not in SUPPORTED:
+        return HFRuntime(target, max_len)
+    rt = LeanTarget(target, max_len)
+    if calibrate:
+        rt.calibrate()
+    return rt
