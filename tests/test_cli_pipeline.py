@@ -70,6 +70,13 @@ def test_vocab_capture_train_offline_and_online(tiny_dir, tmp_path):
     result = json.loads((tmp_path / "bench" / "bench.json").read_text())
     assert all(m["matches_vanilla"] == 2 for n, m in result["methods"].items() if n.startswith("eagle"))
     assert (tmp_path / "bench" / "bench.png").exists() and "eagle_tree" in (tmp_path / "bench" / "bench.md").read_text()
+    qa = tmp_path / "qa.jsonl"  # second turns are asked after the target's regenerated first answer
+    qa.write_text("\n".join(json.dumps({"id": f"q{i}", "messages": [
+        {"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."},
+        {"role": "user", "content": "Another one?"}, {"role": "assistant", "content": "Red."}]}) for i in range(2)))
+    _run("bench", "--target", tiny_dir, "--draft", tmp_path / "off" / "draft", "--questions", qa, "--answers", qa,
+         "--turns", 2, "--limit", 2, "--max-new-tokens", 4, "--out", tmp_path / "bench2")
+    assert json.loads((tmp_path / "bench2" / "bench.json").read_text())["prompts"] == 4
 
 
 def test_train_refuses_features_of_other_taps(tiny_dir, tmp_path):

@@ -91,7 +91,11 @@ def bench_cmd(
     out: Path = typer.Option(Path("out/bench"), "--out", "-o", help="Writes bench.json, bench.md, bench.png."),
     target: Optional[str] = typer.Option(None, "--target", "-t"),
     questions: str = typer.Option("mtbench", "--questions", help="'mtbench' or a FastChat/any conversation file."),
-    limit: int = typer.Option(8, "--limit", help="Number of prompts (first user turns)."),
+    limit: int = typer.Option(8, "--limit", help="Number of questions."),
+    turns: int = typer.Option(1, "--turns", help="1: first turns. 2: also second turns, after the target's own "
+                              "regenerated first answer (from --answers)."),
+    answers: str = typer.Option("smollm2-mtbench-regen", "--answers", help="Regenerated answers for --turns 2 "
+                                "(`data regenerate --source mtbench` output)."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens"),
     chain_k: int = typer.Option(3, "--num-speculative-tokens", help="Chain length for the chain run (vLLM's k)."),
     num_steps: int = typer.Option(SHAPE.num_steps, "--num-steps", help="Tree run: S. " + TREE_HELP),
@@ -110,13 +114,21 @@ def bench_cmd(
         tgt = cli._load(target)
         d = load_checkpoint(draft, target=tgt)
         convs = [c for _, c in zip(range(limit), read_conversations(questions))]
-        prompts = [tgt.tokenizer.apply_chat_template([{"role": "user", "content": c.user_turns[0]}],
-                                                     add_generation_prompt=True, return_dict=True,
-                                                     return_tensors="pt")["input_ids"] for c in convs]
+        chats = [[{"role": "user", "content": c.user_turns[0]}] for c in convs]
+        if turns == 2:
+            regen = {c.id: c for c in read_conversations(answers)}
+            missing = [c.id for c in convs if c.id not in regen or len(regen[c.id].turns) < 3]
+            if missing:
+                raise cli.EaglewireError("--turns 2 needs the target's regenerated first answers",
+                                         expected=f"answers for ids {missing[:5]} in {answers}", found="missing",
+                                         fix="eaglewire data regenerate --source mtbench --out FILE, then --answers FILE")
+            chats += [regen[c.id].messages()[:2] + [{"role": "user", "content": c.user_turns[1]}] for c in convs]
+        prompts = [tgt.tokenizer.apply_chat_template(m, add_generation_prompt=True, return_dict=True,
+                                                     return_tensors="pt")["input_ids"] for m in chats]
         result = bench.run_bench(tgt, d, prompts, max_new_tokens, TreeShape.chain(chain_k),
                                  TreeShape(num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens),
                                  log=lambda s: cli.err_console.print(s, highlight=False))
-        result["questions"], result["draft"] = questions, str(draft)
+        result["questions"], result["draft"], result["turns"] = questions, str(draft), turns
         bench.write(result, out)
         cli.out_console.print(bench.markdown(result), markup=False, highlight=False)
         cli.out_console.print(f"-> {out}/bench.json, bench.md, bench.png")

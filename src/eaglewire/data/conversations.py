@@ -157,6 +157,7 @@ PACKAGED_SOURCES = {
                 "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"),
     # ShareGPT prompts answered by the embedded SmolLM2 target, shipped with eaglewire (grows by sittings)
     "smollm2-regen": ("eaglewire", "pip install -e .", "assets/regenerated/smollm2-135m-sharegpt.jsonl.gz"),
+    "smollm2-mtbench-regen": ("eaglewire", "pip install -e .", "assets/regenerated/smollm2-135m-mtbench.jsonl.gz"),
 }
 
 
