@@ -14,7 +14,8 @@ _COMMON = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128, num_
                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False)
 
 
-def _configs() -> dict[str, PretrainedConfig]:
+def _configs(layers: int = LAYERS) -> dict[str, PretrainedConfig]:
+    _COMMON = {**globals()["_COMMON"], "num_hidden_layers": layers}
     return {
         "llama": LlamaConfig(**_COMMON),
         "qwen2": Qwen2Config(**_COMMON),  # q/k/v biases
@@ -59,18 +60,18 @@ class KimiLikeForConditionalGeneration(PreTrainedModel):
         return self.language_model(input_ids=input_ids, **kwargs)
 
 
-def build_model(arch: str, seed: int = 0) -> nn.Module:
+def build_model(arch: str, seed: int = 0, layers: int = LAYERS) -> nn.Module:
     torch.manual_seed(seed)
     if arch == "nested_kimi_like":
-        cfg = KimiLikeConfig(text_config=_configs()["deepseek_v3"], architectures=["KimiLikeForConditionalGeneration"])
+        cfg = KimiLikeConfig(text_config=_configs(layers)["deepseek_v3"], architectures=["KimiLikeForConditionalGeneration"])
         model = KimiLikeForConditionalGeneration(cfg)
     else:
-        model = AutoModelForCausalLM.from_config(_configs()[arch])
+        model = AutoModelForCausalLM.from_config(_configs(layers)[arch])
     return model.float().eval()
 
 
-def build_target(arch: str = "llama", seed: int = 0) -> Target:
-    return wrap_model(build_model(arch, seed), name=f"tiny-{arch}")
+def build_target(arch: str = "llama", seed: int = 0, layers: int = LAYERS) -> Target:
+    return wrap_model(build_model(arch, seed, layers), name=f"tiny-{arch}")
 
 
 def build_draft(target: Target, taps=(1, 2, 3), draft_vocab: int = 128, seed: int = 0, **draft_kw):

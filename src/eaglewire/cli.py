@@ -190,8 +190,9 @@ def capture_cmd(
 
 
 def _register_subcommands() -> None:
-    from eaglewire import cli_data, cli_spec, cli_train
+    from eaglewire import cli_data, cli_formats, cli_spec, cli_train
 
+    cli_formats.register(app)
     cli_data.register(app)
     cli_train.register(app)
     cli_spec.register(app)

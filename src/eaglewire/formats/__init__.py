@@ -1,0 +1,1 @@
+"""Draft checkpoint formats of the engines: SGLang, vLLM/speculators, SafeAILab EAGLE, SpecForge."""

@@ -1,0 +1,102 @@
+"""What every format shares: strict key renaming, the contract side file, atomic export directories.
+
+Native eaglewire names (eaglewire.draft.model): fc.weight, layers.{i}.*, norm.weight, lm_head.weight,
+d2t, t2d, optional input_norm.weight / fc_norm.{i}.weight, optional embed_tokens.weight.
+A format module supplies `to_format(native_name) -> name` and `from_format(name) -> native_name`; both
+raise on a name they do not know (nothing is ever dropped or loaded non-strictly). Every export also
+writes `eaglewire_contract.json` (engines ignore it), so import and the doctor know the truth.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from safetensors import safe_open
+
+from eaglewire.contract import WiringContract
+from eaglewire.errors import CheckpointError
+from eaglewire.safeio import atomic_save_safetensors, atomic_write_json
+
+CONTRACT_FILE = "eaglewire_contract.json"
+WEIGHTS = "model.safetensors"
+
+
+def rename_all(tensors: dict[str, torch.Tensor], fn: Callable[[str], str], where: str) -> dict[str, torch.Tensor]:
+    """Rename every key with `fn`; an unknown key or two keys landing on one name stops the conversion."""
+    out: dict[str, torch.Tensor] = {}
+    for k, v in tensors.items():
+        try:
+            new = fn(k)
+        except KeyError:
+            raise CheckpointError(f"{where}: unexpected tensor {k!r}", expected="only draft weights this format "
+                                  "defines", found=k, fix="the checkpoint is not of this format, or is damaged") from None
+        if new in out:
+            raise CheckpointError(f"{where}: two tensors map to {new!r}", found=k)
+        out[new] = v
+    return out
+
+
+def require_exact(tensors: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], where: str,
+                  optional: set[str] = frozenset()) -> None:
+    """Exact key set (modulo `optional`) and shapes against a reference state dict."""
+    missing = sorted(set(expected) - set(tensors) - set(optional))
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(f"{where} has the wrong set of tensors", expected=f"missing {missing}",
+                              found=f"unexpected {unexpected}", fix="re-export; nothing is loaded non-strictly")
+    for k, t in tensors.items():
+        if tuple(t.shape) != tuple(expected[k].shape):
+            raise CheckpointError(f"{where}: tensor {k!r} has the wrong shape", expected=str(tuple(expected[k].shape)),
+                                  found=str(tuple(t.shape)))
+
+
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise CheckpointError(f"no weights at {path}", expected=f"{path.name} (safetensors)", found="missing",
+                              fix="point at the exported draft directory")
+    with safe_open(str(path), framework="pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise CheckpointError(f"missing {path.name} in {path.parent}", expected=path.name, found="no such file")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{path} is not valid JSON", found=str(err)) from None
+
+
+def read_contract(directory: Path) -> WiringContract | None:
+    p = Path(directory) / CONTRACT_FILE
+    return WiringContract.from_json(p.read_text()) if p.is_file() else None
+
+
+def write_dir(out: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor], contract: WiringContract,
+              weights_name: str = WEIGHTS) -> Path:
+    """Write config.json + weights + contract side file into a temp dir, then swap it into place."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        atomic_save_safetensors(tensors, tmp / weights_name, metadata={"format": "pt"})
+        atomic_write_json(tmp / "config.json", config)
+        atomic_write_json(tmp / CONTRACT_FILE, contract.to_dict())
+        if out.exists():
+            shutil.rmtree(out)
+        os.rename(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return out
+
+
+def cast_floats(tensors: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    return {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).contiguous() for k, v in tensors.items()}

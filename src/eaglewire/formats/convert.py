@@ -1,0 +1,107 @@
+"""Export a native draft to an engine layout and import it back, strictly.
+
+Export -> import is bit-identical for every format (tested), so any-to-any conversion is import A then
+export B. A missing or unexpected key, a wrong shape, a layer-id list that was lost or disagrees with
+the contract, or a missing vocab map stops the conversion with a message.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eaglewire.contract import NormFlags, WiringContract, default_taps, from_engine
+from eaglewire.draft.model import Eagle3Draft
+from eaglewire.errors import CheckpointError, ContractMismatch
+from eaglewire.formats.base import cast_floats, read_contract, read_json, read_safetensors, rename_all, require_exact, \
+    write_dir, WEIGHTS
+from eaglewire.formats.layouts import LAYOUTS, check_exportable, config_ids, draft_config_from, from_native, \
+    make_config, native_to
+from eaglewire.vocab import VocabMap, validate_vocab_map, vocab_map_sha256
+
+EMBED = "embed_tokens.weight"
+FORMATS = tuple(LAYOUTS)
+
+
+def _layout(fmt: str):
+    if fmt not in LAYOUTS:
+        raise CheckpointError(f"unknown format {fmt!r}", expected=", ".join(LAYOUTS), found=fmt)
+    return LAYOUTS[fmt]
+
+
+def export_draft(draft: Eagle3Draft, contract: WiringContract, out: Path, fmt: str, *,
+                 dtype: torch.dtype | None = None, with_embedding: bool | None = None) -> Path:
+    layout = _layout(fmt)
+    draft.cfg.require_matches(contract)
+    check_exportable(layout, draft.cfg)
+    keep_embed = layout.with_embedding if with_embedding is None else with_embedding
+    state = {k: v for k, v in draft.state_dict().items() if keep_embed or k != EMBED}
+    tensors = rename_all(cast_floats(state, dtype), lambda k: native_to(layout, k), f"export to {fmt}")
+    float_dtype = next(v.dtype for v in tensors.values() if v.is_floating_point())
+    config = make_config(layout, draft.cfg, contract, str(float_dtype).removeprefix("torch."))
+    return write_dir(out, config, tensors, contract)
+
+
+def _contract_for(layout, config: dict[str, Any], native: dict[str, torch.Tensor], directory: Path,
+                  target: Any, flags: NormFlags) -> WiringContract:
+    ids = config_ids(layout, config)
+    if ids is None and layout.name != "eagle":
+        raise CheckpointError(f"{directory}: the layer-id list is missing from config.json",
+                              expected="eagle_config.eagle_aux_hidden_state_layer_ids" if layout.name != "vllm"
+                              else "eagle_aux_hidden_state_layer_ids", found="absent",
+                              fix="without it the engine silently uses its default taps; re-export with eaglewire")
+    side = read_contract(directory)
+    if side is not None:
+        if layout.name != "eagle" and list(side.engine_ids(layout.convention)) != list(ids):
+            raise ContractMismatch(f"{directory}: config.json layer ids disagree with the wiring contract",
+                                   expected=f"{layout.convention} ids {list(side.engine_ids(layout.convention))} "
+                                   f"(taps {list(side.taps)})", found=f"config ids {ids}",
+                                   fix="the config was edited after export; re-export from the native draft")
+        return side
+    if target is None:
+        raise CheckpointError(f"{directory} has no {'eaglewire_contract.json'}", expected="the contract side file, "
+                              "or --target to rebuild the contract", found="neither")
+    L = target.num_layers
+    taps = default_taps(L) if layout.name == "eagle" else from_engine(ids, layout.convention, L)
+    if "d2t" not in native or "t2d" not in native:
+        raise CheckpointError(f"{directory}: the vocab map is missing", expected="d2t and t2d tensors",
+                              found=f"{'d2t' in native=}, {'t2d' in native=}",
+                              fix="without d2t engines map draft id i to target id i")
+    return target.contract(taps, norm=flags, vocab_map=VocabMap(d2t=native["d2t"], t2d=native["t2d"]))
+
+
+def import_draft(directory: Path, fmt: str, *, target: Any = None) -> tuple[Eagle3Draft, WiringContract]:
+    """Load an exported draft strictly into the native model (float weights keep the file's dtype)."""
+    layout, directory = _layout(fmt), Path(directory)
+    config = read_json(directory / "config.json")
+    where = f"{fmt} export {directory}"
+    native = rename_all(read_safetensors(directory / WEIGHTS), lambda k: from_native(layout, k), where)
+    flags = NormFlags(**{k: bool(config.get(k, False)) for k in NormFlags.__dataclass_fields__})
+    contract = _contract_for(layout, config, native, directory, target, flags)
+    cfg = draft_config_from(layout, config, contract.num_taps)
+    cfg.require_matches(contract)
+    draft = Eagle3Draft(cfg).fill_nan()
+    require_exact(native, draft.state_dict(), where, optional={EMBED})
+    floats = {v.dtype for v in native.values() if v.is_floating_point()}
+    if len(floats) != 1:
+        raise CheckpointError(f"{where}: mixed float dtypes", expected="one dtype", found=str(sorted(map(str, floats))))
+    validate_vocab_map(native["d2t"], native["t2d"], cfg.vocab_size)
+    if vocab_map_sha256(native["d2t"], cfg.vocab_size) != contract.vocab_map_sha256:
+        raise ContractMismatch(f"{where}: d2t is not the vocab map named by the contract",
+                               expected=str(contract.vocab_map_sha256), found=vocab_map_sha256(native["d2t"], cfg.vocab_size))
+    draft.to(floats.pop())
+    own = draft.state_dict()
+    with torch.no_grad():
+        for k, v in native.items():
+            own[k].copy_(v)
+    if EMBED in native:
+        draft.embedding_attached = True
+    elif target is not None:
+        draft.attach_embedding(target.embed_tokens.weight.to(draft.fc.weight.dtype))
+    for name, p in draft.named_parameters():
+        if name != EMBED and torch.isnan(p).any():
+            raise CheckpointError(f"{where}: weight {name!r} was never loaded (NaN sentinel remains)")
+    draft.contract = contract  # type: ignore[attr-defined]
+    return draft.eval(), contract

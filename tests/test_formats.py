@@ -1,0 +1,123 @@
+"""Formats: export -> import bit-identical for every layout, any-to-any, and every broken export refused."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from tiny import build_draft, build_target
+
+from eaglewire.contract import NormFlags
+from eaglewire.errors import CheckpointError, ContractMismatch, TranslationError
+from eaglewire.formats.base import CONTRACT_FILE
+from eaglewire.formats.convert import export_draft, import_draft
+
+FORMATS = ["sglang", "sglang-legacy", "vllm", "eagle", "specforge"]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return build_target("llama", layers=8)  # deep enough for the default taps [2, 4, 5]
+
+
+@pytest.fixture(scope="module")
+def drafted(target):
+    return build_draft(target, taps=(2, 4, 5), seed=7)
+
+
+def _same(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(sa[k].dtype == sb[k].dtype and torch.equal(sa[k], sb[k]) for k in sa)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_export_import_bit_identical(tmp_path, target, drafted, fmt):
+    draft, contract = drafted
+    out = export_draft(draft, contract, tmp_path / fmt, fmt)
+    back, c2 = import_draft(out, fmt, target=target)
+    assert c2 == contract and _same(draft, back)
+    keys = set(load_file(str(out / "model.safetensors")))
+    assert ("midlayer.self_attn.q_proj.weight" in keys) == (fmt != "vllm")
+    assert "embed_tokens.weight" not in keys and {"d2t", "t2d"} <= keys
+
+
+def test_engine_specific_configs(tmp_path, drafted):
+    draft, contract = drafted
+    sg = json.loads((export_draft(draft, contract, tmp_path / "s", "sglang") / "config.json").read_text())
+    assert sg["architectures"] == ["LlamaForCausalLMEagle3"] and sg["tie_word_embeddings"] is False
+    assert sg["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [1, 3, 4], "use_aux_hidden_state": True}
+    assert "eagle_aux_hidden_state_layer_ids" not in sg  # SGLang reads only the nested key
+    vl = json.loads((export_draft(draft, contract, tmp_path / "v", "vllm") / "config.json").read_text())
+    assert vl["speculators_model_type"] == "eagle3" and "model_type" not in vl
+    assert vl["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5] and vl["norm_before_residual"] is False
+    assert vl["transformer_layer_config"]["hidden_act"] == "silu"  # full layer config, no class defaults
+
+
+def test_any_to_any_and_bf16(tmp_path, target, drafted):
+    draft, contract = drafted
+    a = export_draft(draft, contract, tmp_path / "a", "sglang", dtype=torch.bfloat16)
+    mid, c = import_draft(a, "sglang", target=target)
+    b = export_draft(mid, c, tmp_path / "b", "vllm")
+    back, c2 = import_draft(b, "vllm", target=target)
+    assert c2 == contract and back.fc.weight.dtype == torch.bfloat16
+    assert torch.equal(back.fc.weight, draft.fc.weight.to(torch.bfloat16))
+
+
+def test_contract_rebuilt_from_config_when_side_file_absent(tmp_path, target, drafted):
+    draft, contract = drafted
+    out = export_draft(draft, contract, tmp_path / "v", "vllm")
+    (out / CONTRACT_FILE).unlink()
+    with pytest.raises(CheckpointError, match="--target"):
+        import_draft(out, "vllm")
+    back, c2 = import_draft(out, "vllm", target=target)
+    assert c2.taps == contract.taps and c2.vocab_map_sha256 == contract.vocab_map_sha256 and _same(draft, back)
+
+
+def _edit_weights(out, fn):
+    t = load_file(str(out / "model.safetensors"))
+    save_file(fn(t), str(out / "model.safetensors"))
+
+
+@pytest.mark.parametrize("damage,error,match", [
+    (lambda t: {k: v for k, v in t.items() if k != "d2t"}, CheckpointError, r"missing \['d2t'\]"),
+    (lambda t: {**t, "extra.weight": torch.zeros(2)}, CheckpointError, r"unexpected \['extra.weight'\]"),
+    (lambda t: {**t, "fc.weight": t["fc.weight"][:, :10].contiguous()}, CheckpointError, "'fc.weight' has the wrong shape"),
+    (lambda t: {("layers.0." + k[9:] if k.startswith("midlayer.") else k): v for k, v in t.items()},
+     CheckpointError, "unexpected tensor 'layers.0."),
+])
+def test_broken_weights_refused(tmp_path, target, drafted, damage, error, match):
+    draft, contract = drafted
+    out = export_draft(draft, contract, tmp_path / "s", "sglang")
+    _edit_weights(out, damage)
+    with pytest.raises(error, match=match):
+        import_draft(out, "sglang", target=target)
+
+
+def test_lost_or_edited_layer_ids_refused(tmp_path, target, drafted):
+    draft, contract = drafted
+    out = export_draft(draft, contract, tmp_path / "s", "sglang")
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [2, 4, 5]  # vLLM's ids pasted into SGLang's config
+    (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ContractMismatch, match="disagree with the wiring contract"):
+        import_draft(out, "sglang", target=target)
+    del cfg["eagle_config"]
+    (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="layer-id list is missing"):
+        import_draft(out, "sglang", target=target)
+
+
+def test_exports_the_engine_would_run_differently_are_refused(tmp_path, target):
+    multi, c = build_draft(target, taps=(2, 4, 5), num_layers=2)
+    with pytest.raises(CheckpointError, match="cannot hold a 2-layer draft"):
+        export_draft(multi, c, tmp_path / "m", "sglang")
+    export_draft(multi, c, tmp_path / "m", "vllm")  # vLLM takes layers.N.*
+    nbf, c = build_draft(target, taps=(2, 4, 5), norm=NormFlags(norm_before_fc=True))
+    with pytest.raises(CheckpointError, match="does not implement \\['norm_before_fc'\\]"):
+        export_draft(nbf, c, tmp_path / "n", "sglang")
+    off, c = build_draft(target, taps=(1, 4, 5))
+    with pytest.raises(TranslationError, match="hard-codes"):
+        export_draft(off, c, tmp_path / "e", "eagle")
+    emb, c = build_draft(target, taps=(0, 4, 5))
+    with pytest.raises(TranslationError, match="embedding"):
+        export_draft(emb, c, tmp_path / "g", "sglang")
