@@ -104,7 +104,10 @@ def make_config(layout: Layout, cfg: DraftConfig, contract: WiringContract, dtyp
                                                     "architectures": [contract.target.architecture]}}}
     out = {**llama_fields(cfg, dtype), "architectures": ["LlamaForCausalLM" if layout.name == "eagle"
                                                          else "LlamaForCausalLMEagle3"],
-           "draft_vocab_size": cfg.draft_vocab_size, "target_hidden_size": cfg.target_hidden_size, "bias": False}
+           "draft_vocab_size": cfg.draft_vocab_size, "bias": False}
+    if cfg.target_hidden_size != cfg.hidden_size:
+        # EAGLE (and SGLang) then stop taking the embedding from the target: it must be in the checkpoint.
+        out["target_hidden_size"] = cfg.target_hidden_size
     if layout.name != "eagle":
         out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True}
         out.update(num_aux_hidden_states=cfg.num_taps, fc_norm=norm["fc_norm"], norm_output=norm["norm_output"])

@@ -250,5 +250,6 @@ def load_target(spec: str | None = None, *, dtype: torch.dtype = torch.float32,
         raise TargetError(f"transformers cannot load target {str(path)!r} as a causal LM",
                           expected="a checkpoint AutoModelForCausalLM can load",
                           found=f"model_type={cfg.get('model_type')!r}: {err}") from None
-    tok = AutoTokenizer.from_pretrained(path) if with_tokenizer else None
+    has_tok = any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
+    tok = AutoTokenizer.from_pretrained(path) if with_tokenizer and has_tok else None
     return wrap_model(model, name, tok, path)

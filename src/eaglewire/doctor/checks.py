@@ -1,0 +1,310 @@
+"""Doctor checks. Each takes the inspection and the target and returns findings:
+level (error / warn / info) · what · why it matters · how to fix. Errors are things that make an engine
+run the draft at acceptance ~1 (or not at all); a healthy export of any format yields no error (tested).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+import torch
+
+from eaglewire.contract import CONVENTIONS, default_taps, from_engine, sha256_text
+from eaglewire.doctor.inspect import Inspection
+from eaglewire.errors import EaglewireError
+
+
+@dataclass(frozen=True)
+class Finding:
+    level: str  # "error" | "warn" | "info"
+    check: str
+    what: str
+    why: str
+    fix: str
+
+
+Check = Callable[[Inspection, Any], list[Finding]]
+CHECKS: list[Check] = []
+
+
+def check(fn: Check) -> Check:
+    CHECKS.append(fn)
+    return fn
+
+
+def _f(level: str, name: str, what: str, why: str, fix: str) -> Finding:
+    return Finding(level, name, what, why, fix)
+
+
+@check
+def key_naming(ins: Inspection, target: Any) -> list[Finding]:
+    layer_keys = [k for k in ins.shapes if k.startswith(("midlayer.", "layers."))]
+    wrong = [k for k in layer_keys if not k.startswith(ins.engine.layer0_prefixes) and not
+             (ins.engine.name == "vllm" and k.startswith("layers."))]
+    if not wrong:
+        return []
+    return [_f("error", "key_naming", f"{len(wrong)} decoder-layer weights are named for another engine "
+               f"(e.g. {wrong[0]!r}); {ins.engine.name} expects {list(ins.engine.layer0_prefixes)}",
+               "this engine " + ("drops unknown names silently: the layer stays randomly initialised"
+                                 if ins.engine.skips_unknown_keys else "refuses to load them"),
+               f"eaglewire import DIR --format <source> then eaglewire export --format {ins.engine.name}")]
+
+
+@check
+def heads_and_embeddings(ins: Inspection, target: Any) -> list[Finding]:
+    out = []
+    if "lm_head.weight" not in ins.shapes:
+        out.append(_f("error", "lm_head", "lm_head.weight is missing",
+                      "the engine keeps a random head, or (SGLang with draft_vocab_size null) the target's "
+                      "full-vocab head, which the draft was not trained with", "re-export from the trained draft"))
+    if ins.config.get("tie_word_embeddings") and ins.engine.name.startswith(("sglang", "specforge")):
+        out.append(_f("error", "tie_word_embeddings", "config has tie_word_embeddings: true",
+                      "SGLang then uses the embedding as the draft head and ignores the trained reduced-vocab lm_head",
+                      "set tie_word_embeddings: false (eaglewire export does)"))
+    has_embed = "embed_tokens.weight" in ins.shapes
+    ths = ins.layer_config.get("target_hidden_size") or ins.config.get("target_hidden_size")
+    if ins.engine.name == "eagle" and ths is not None and not has_embed:
+        out.append(_f("error", "embed_tokens", "target_hidden_size is set but embed_tokens.weight is missing",
+                      "SafeAILab EAGLE then does not take the target's embedding and loads non-strictly: the "
+                      "embedding stays randomly initialised", "remove target_hidden_size or export --with-embedding"))
+    if has_embed and target is not None and ins.shapes["embed_tokens.weight"] != tuple(target.embed_tokens.weight.shape):
+        out.append(_f("error", "embed_tokens", f"embed_tokens has shape {ins.shapes['embed_tokens.weight']}, the "
+                      f"target's is {tuple(target.embed_tokens.weight.shape)}", "the draft embeds tokens with "
+                      "another vocabulary", "drop embed_tokens from the export (engines share the target's)"))
+    return out
+
+
+@check
+def vocab_map(ins: Inspection, target: Any) -> list[Finding]:
+    V = target.vocab_size if target is not None else ins.layer_config.get("vocab_size")
+    vd = ins.config.get("draft_vocab_size")
+    head = ins.shapes.get("lm_head.weight")
+    out = []
+    if vd is not None and V is not None and vd > V:
+        out.append(_f("error", "draft_vocab_size", f"draft_vocab_size {vd} > target vocab {V}",
+                      "the draft can name tokens the target does not have", "rebuild the vocab map"))
+    if head is not None and vd is not None and head[0] != vd:
+        out.append(_f("error", "draft_vocab_size", f"lm_head has {head[0]} rows but draft_vocab_size is {vd}",
+                      "the engine sizes its head from the config: loading fails or rows are misread", "re-export"))
+    d2t, t2d = ins.small.get("d2t"), ins.small.get("t2d")
+    if d2t is None:
+        if vd is not None and V is not None and vd < V:
+            out.append(_f("error", "d2t", "d2t is missing for a reduced draft vocabulary",
+                          "vLLM then maps draft id i to target id i (zeros), SGLang fails: every drafted token is "
+                          "wrong", "export the vocab map (eaglewire export writes d2t and t2d)"))
+        return out
+    ids = torch.arange(d2t.numel()) + d2t
+    if V is not None and (int(ids.max()) >= V or int(ids.min()) < 0):
+        absolute = int(d2t.max()) < V and bool((d2t[1:] > d2t[:-1]).all())
+        out.append(_f("error", "d2t", "d2t maps draft ids outside the target vocabulary" +
+                      (" — it holds ABSOLUTE target ids, not offsets" if absolute else ""),
+                      "engines compute target = i + d2t[i]", "store offsets: d2t[i] = target_id[i] - i"))
+    elif not bool((ids[1:] > ids[:-1]).all()):
+        out.append(_f("warn", "d2t", "draft ids are not in ascending target-id order",
+                      "trainers that slice target logits with t2d assume ascending order; the rows would not align",
+                      "rebuild the vocab map sorted by target id"))
+    if t2d is not None:
+        if vd is not None and int(t2d.sum()) != vd:
+            out.append(_f("error", "t2d", f"t2d.sum() = {int(t2d.sum())} but draft_vocab_size = {vd}",
+                          "the map does not describe this draft's vocabulary", "rebuild the vocab map"))
+        elif V is not None and t2d.numel() == V and int(ids.max()) < V and not bool(t2d[ids].all()):
+            out.append(_f("error", "t2d", "d2t and t2d disagree on which target ids are in the draft vocab",
+                          "one of them belongs to another vocab map", "rebuild the vocab map"))
+    return out
+
+
+def _ids(ins: Inspection) -> tuple[list[int] | None, str | None, list[str]]:
+    """(ids the engine reads, the key it read them from, keys that hold ids it does NOT read)."""
+    found = None
+    for key in ins.engine.id_keys:
+        v = ins.get(key)
+        if v is not None:
+            found = (list(v), key)
+            break
+    others = [k for k in ("eagle_aux_hidden_state_layer_ids", "eagle_config.eagle_aux_hidden_state_layer_ids")
+              if ins.get(k) is not None and k not in ins.engine.id_keys]
+    return (found[0], found[1], others) if found else (None, None, others)
+
+
+@check
+def layer_ids(ins: Inspection, target: Any) -> list[Finding]:
+    if ins.engine.name == "eagle":
+        return _eagle_taps(ins, target)
+    L = target.num_layers if target is not None else None
+    ids, key, ignored = _ids(ins)
+    trained = ins.contract.taps if ins.contract else None
+    if ids is None:
+        default = default_taps(L) if L and L >= 8 else None
+        same = trained is not None and default == tuple(trained)
+        return [_f("warn" if same else "error", "layer_ids", "no layer ids where " + ins.engine.name + " reads them"
+                   + (f" ({', '.join(ignored)} is present but not read)" if ignored else ""),
+                   f"the engine silently uses its default taps {list(default) if default else '?'}"
+                   + ("" if same else f"; the draft was trained on boundaries {list(trained) if trained else '?'}"),
+                   f"write {ins.engine.id_keys[0]} (eaglewire export does)")]
+    out = []
+    if len(set(ids)) != len(ids) or ids != sorted(ids):
+        out.append(_f("error", "layer_ids", f"layer ids {ids} are duplicated or not ascending",
+                      "engines capture in layer order and deduplicate, so the concatenation differs from training",
+                      "write strictly ascending ids"))
+        return out
+    if L is None:
+        return out
+    try:
+        delivered = from_engine(ids, ins.engine.convention, L)
+    except EaglewireError as err:
+        return out + [_f("error", "layer_ids", f"{key}={ids} cannot be captured by {ins.engine.name}: {err.what}",
+                         "the engine would capture fewer or other states than the draft needs", err.fix or "")]
+    n_fc = ins.shapes.get("fc.weight", (0, 0))[1] // max(1, target.hidden_size)
+    if n_fc and n_fc != len(ids):
+        out.append(_f("error", "layer_ids", f"{len(ids)} layer ids but fc reads {n_fc} taps",
+                      "the fc input width will not match what the engine concatenates", "fix the id list"))
+    if ins.engine.name in ("sglang", "sglang-legacy"):
+        other = "sglang-legacy" if ins.engine.name == "sglang" else "sglang"
+        if _decodes(ids, other, L) != tuple(delivered):
+            out.append(_f("warn", "layer_ids", f"ids {ids} mean boundaries {list(delivered)} under the {ins.engine.name} "
+                          f"rule but {list(_decodes(ids, other, L) or [])} under {other}",
+                          "SGLang changed the +1 rule in PR #25454: the same config taps other layers across versions",
+                          "pin the SGLang version, or train taps starting at boundary 2 (portable ids start at 1)"))
+    if trained is not None and tuple(delivered) != tuple(trained):
+        other = [c for c in CONVENTIONS if c not in ("boundary", ins.engine.convention) and _decodes(ids, c, L) == tuple(trained)]
+        out.append(_f("error", "layer_ids", f"{ins.engine.name} will deliver boundaries {list(delivered)}; the draft "
+                      f"was trained on {list(trained)}" + (f" (these are the right ids in the {', '.join(other)} convention)" if other else ""),
+                      "every tap is off: acceptance falls to ~1 token with no error",
+                      f"write {list(ins.contract.engine_ids(ins.engine.convention))} "
+                      f"(eaglewire wiring translate --layers {L} --taps {','.join(map(str, trained))} --to {ins.engine.convention})"))
+    return out
+
+
+def _decodes(ids: list[int], conv: str, L: int) -> tuple[int, ...] | None:
+    try:
+        return from_engine(ids, conv, L)
+    except EaglewireError:
+        return None
+
+
+def _eagle_taps(ins: Inspection, target: Any) -> list[Finding]:
+    if ins.contract is None or target is None or target.num_layers < 8:
+        return []
+    if tuple(ins.contract.taps) != default_taps(target.num_layers):
+        return [_f("error", "layer_ids", f"SafeAILab EAGLE taps boundaries {list(default_taps(target.num_layers))}, "
+                   f"the draft was trained on {list(ins.contract.taps)}", "EAGLE hard-codes its taps",
+                   "serve on sglang or vllm, which read layer ids from the config")]
+    return []
+
+
+@check
+def fc_width(ins: Inspection, target: Any) -> list[Finding]:
+    fc = ins.shapes.get("fc.weight")
+    if fc is None:
+        return [_f("error", "fc", "fc.weight is missing", "the taps cannot be fused", "re-export")]
+    out = []
+    H = ins.layer_config.get("hidden_size")
+    Ht = target.hidden_size if target is not None else H
+    n = ins.contract.num_taps if ins.contract else (len(_ids(ins)[0] or []) or 3)
+    if fc[1] != n * Ht:
+        out.append(_f("error", "fc", f"fc reads {fc[1]} channels; {n} taps x {Ht} = {n * Ht} are delivered",
+                      "the engine's fc cannot take the concatenated taps", "retrain/re-export for this target and taps"))
+    if H is not None and n * Ht == H:
+        out.append(_f("error", "fc", f"the concatenated taps ({n * Ht}) are as wide as the draft hidden size ({H})",
+                      "EAGLE and SGLang apply fc only when widths differ, so they would skip fc silently",
+                      "use more taps or a different draft width"))
+    return out
+
+
+@check
+def norm_flags(ins: Inspection, target: Any) -> list[Finding]:
+    trained = ins.contract.norm.__dict__ if ins.contract else {k: bool(ins.config.get(k)) for k in
+                                                              ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")}
+    out = []
+    for flag, on in trained.items():
+        if on and flag not in ins.engine.norms:
+            out.append(_f("error", "norm_flags", f"the draft was trained with {flag} but {ins.engine.name} does not "
+                          "implement it", "the engine runs a different function with no error", "serve on vllm or retrain"))
+    if ins.is_speculators and "norm_before_residual" not in ins.config:
+        out.append(_f("error" if not trained.get("norm_before_residual") else "warn", "norm_flags",
+                      "norm_before_residual is absent from the speculators config",
+                      "vLLM's speculators path defaults it to True", "write it explicitly (eaglewire export does)"))
+    if ins.is_speculators:
+        layer = ins.config.get("transformer_layer_config", {})
+        for flag in ("fc_norm", "norm_output"):
+            if trained.get(flag) and not layer.get(flag):
+                out.append(_f("warn", "norm_flags", f"{flag} is only at the top level of the speculators config",
+                              "some vLLM versions copy only norm_before_fc/norm_before_residual from there",
+                              f"also write {flag} inside transformer_layer_config (eaglewire export does)"))
+    return out
+
+
+@check
+def target_match(ins: Inspection, target: Any) -> list[Finding]:
+    if target is None:
+        return []
+    out, lc = [], ins.layer_config
+    tc = target.text_config
+    if lc.get("hidden_size") != target.hidden_size:
+        out.append(_f("error", "target", f"draft hidden size {lc.get('hidden_size')} != target {target.hidden_size}",
+                      "the draft shares the target's embedding and reads its hidden states", "train for this target"))
+    rope = getattr(tc, "rope_parameters", None) or {}
+    theta = (rope.get("rope_theta") if isinstance(rope, dict) else None) or getattr(tc, "rope_theta", None)
+    if theta is not None and lc.get("rope_theta") is not None and float(lc["rope_theta"]) != float(theta):
+        out.append(_f("warn", "rope", f"draft rope_theta {lc['rope_theta']} != target {theta}",
+                      "positions are encoded differently from what the target uses", "check the draft config"))
+    if lc.get("rope_scaling"):
+        out.append(_f("warn", "rope", f"draft config has rope_scaling {lc['rope_scaling']}",
+                      "the draft was trained without scaling; engines would apply it", "remove rope_scaling"))
+    tmax = getattr(tc, "max_position_embeddings", None)
+    if tmax and lc.get("max_position_embeddings") and lc["max_position_embeddings"] < tmax:
+        out.append(_f("warn", "max_positions", f"draft max_position_embeddings {lc['max_position_embeddings']} < "
+                      f"target {tmax}", "some engines cap the usable context at the draft's", "raise it in the config"))
+    if ins.contract is not None:
+        ident = target.identity
+        if ins.contract.target.config_sha256 != ident.config_sha256 or ins.contract.target.num_layers != ident.num_layers:
+            out.append(_f("error", "target", f"the draft was trained for {ins.contract.target.name!r} "
+                          f"(config {ins.contract.target.config_sha256[:12]}), not this target "
+                          f"({ident.config_sha256[:12]})", "its taps describe another model's hidden states",
+                          "use the target it was trained for, or train a draft for this one"))
+        tmpl = sha256_text(target.chat_template)
+        if ins.contract.chat_template_sha256 and tmpl != ins.contract.chat_template_sha256:
+            out.append(_f("error", "chat_template", "the target's chat template differs from the one the draft was "
+                          "trained with", "the draft sees token contexts it never saw: acceptance drops",
+                          "serve with the training template or retrain"))
+    return out
+
+
+@check
+def dtype_and_contract(ins: Inspection, target: Any) -> list[Finding]:
+    out = []
+    floats = {d for k, d in ins.dtypes.items() if k not in ("d2t", "t2d")}
+    if len(floats) > 1:
+        out.append(_f("warn", "dtype", f"mixed weight dtypes {sorted(floats)}", "engines cast on load; precision "
+                      "may differ from training", "export with one --dtype"))
+    if ins.dtypes.get("d2t") not in (None, "I64"):
+        out.append(_f("error", "d2t", f"d2t is {ins.dtypes['d2t']}, not int64", "engines add it to int64 ids",
+                      "re-export"))
+    if ins.contract is None:
+        out.append(_f("info", "contract", "no eaglewire_contract.json: the training-side truth is unknown",
+                      "layer ids, taps and norms can only be checked for internal consistency",
+                      "export with eaglewire, or import with --target to record the contract"))
+    return out
+
+
+@dataclass
+class Report:
+    directory: str
+    engine: str
+    findings: list[Finding]
+
+    @property
+    def errors(self) -> int:
+        return sum(f.level == "error" for f in self.findings)
+
+    def to_json(self) -> str:
+        return json.dumps({"directory": self.directory, "engine": self.engine, "errors": self.errors,
+                           "findings": [asdict(f) for f in self.findings]}, indent=2)
+
+
+def run_checks(ins: Inspection, target: Any) -> Report:
+    findings = [f for c in CHECKS for f in c(ins, target)]
+    order = {"error": 0, "warn": 1, "info": 2}
+    return Report(str(ins.directory), ins.engine.name, sorted(findings, key=lambda f: order[f.level]))

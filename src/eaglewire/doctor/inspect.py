@@ -1,0 +1,114 @@
+"""What the doctor looks at: an exported (or native) draft directory, read without trusting it.
+
+Nothing here raises on a broken draft: every oddity becomes data the checks turn into findings.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from eaglewire.contract import WiringContract
+from eaglewire.errors import EaglewireError
+from eaglewire.formats.base import CONTRACT_FILE
+
+
+@dataclass(frozen=True)
+class EngineRules:
+    """How one engine (version) loads an EAGLE-3 draft — the facts each check compares against."""
+
+    name: str
+    convention: str  # layer-id convention of the ids it reads
+    id_keys: tuple[str, ...]  # where it reads the ids, in order ("eagle_config." = nested)
+    layer0_prefixes: tuple[str, ...]  # weight prefixes it maps onto decoder layer 0
+    norms: frozenset[str]  # norm flags it implements
+    replaces_embedding: bool  # uses the target's embedding whatever the checkpoint holds
+    skips_unknown_keys: bool  # drops names it does not know without a word
+
+
+ENGINES: dict[str, EngineRules] = {
+    "sglang": EngineRules("sglang", "sglang", ("eagle_config.eagle_aux_hidden_state_layer_ids",), ("midlayer.",),
+                          frozenset({"fc_norm", "norm_output"}), True, True),
+    "sglang-legacy": EngineRules("sglang-legacy", "sglang-legacy", ("eagle_config.eagle_aux_hidden_state_layer_ids",),
+                                 ("midlayer.",), frozenset({"fc_norm", "norm_output"}), True, True),
+    "vllm": EngineRules("vllm", "vllm", ("eagle_aux_hidden_state_layer_ids", "eagle_config.eagle_aux_hidden_state_layer_ids"),
+                        ("layers.0.", "midlayer."),
+                        frozenset({"norm_before_fc", "fc_norm", "norm_output", "norm_before_residual"}), False, False),
+    "eagle": EngineRules("eagle", "eagle", (), ("midlayer.",), frozenset(), False, True),
+    "specforge": EngineRules("specforge", "specforge", ("eagle_config.eagle_aux_hidden_state_layer_ids",),
+                             ("midlayer.",), frozenset({"fc_norm", "norm_output"}), True, True),
+}
+
+
+@dataclass
+class Inspection:
+    directory: Path
+    config: dict[str, Any]
+    shapes: dict[str, tuple[int, ...]]
+    dtypes: dict[str, str]
+    small: dict[str, torch.Tensor]  # d2t, t2d (read fully)
+    contract: WiringContract | None
+    contract_source: str  # "side file", "native config", "none"
+    engine: EngineRules
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def is_speculators(self) -> bool:
+        return "speculators_model_type" in self.config
+
+    @property
+    def layer_config(self) -> dict[str, Any]:
+        return self.config.get("transformer_layer_config", self.config) if self.is_speculators else \
+            self.config.get("draft", self.config)
+
+    def get(self, dotted: str) -> Any:
+        node: Any = self.config
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return None
+            node = node[part]
+        return node
+
+
+def detect_engine(config: dict[str, Any]) -> str:
+    if "speculators_model_type" in config:
+        return "vllm"
+    archs = config.get("architectures") or []
+    if "LlamaForCausalLMEagle3" in archs:
+        return "sglang"
+    if config.get("format") == "eaglewire.draft/1":
+        raise EaglewireError("this is a native eaglewire checkpoint, not an engine export",
+                             expected="an exported directory, or --engine to check it as that engine would load it",
+                             found="format eaglewire.draft/1", fix="eaglewire export DIR --format sglang|vllm ...")
+    return "eagle"
+
+
+def inspect_dir(directory: Path, engine: str | None) -> Inspection:
+    directory = Path(directory)
+    cfg_path = directory / "config.json"
+    if not cfg_path.is_file():
+        raise EaglewireError(f"{directory} has no config.json", expected="a draft directory", found="no config.json")
+    config = json.loads(cfg_path.read_text())
+    name = engine or detect_engine(config)
+    if name not in ENGINES:
+        raise EaglewireError(f"unknown engine {name!r}", expected=", ".join(ENGINES), found=name)
+    shapes, dtypes, small = {}, {}, {}
+    weights = directory / "model.safetensors"
+    if weights.is_file():
+        with safe_open(str(weights), framework="pt") as f:
+            for k in f.keys():
+                sl = f.get_slice(k)
+                shapes[k], dtypes[k] = tuple(sl.get_shape()), sl.get_dtype()
+                if k in ("d2t", "t2d"):
+                    small[k] = f.get_tensor(k)
+    contract, source = None, "none"
+    if (directory / CONTRACT_FILE).is_file():
+        contract, source = WiringContract.from_json((directory / CONTRACT_FILE).read_text()), "side file"
+    elif "contract" in config and config.get("format") == "eaglewire.draft/1":
+        contract, source = WiringContract.from_dict(config["contract"]), "native config"
+    return Inspection(directory, config, shapes, dtypes, small, contract, source, ENGINES[name])

@@ -1,0 +1,190 @@
+"""Doctor: healthy exports of every format raise no error; each broken fixture gets the right error."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from tiny import build_draft, build_target
+
+from eaglewire.contract import NormFlags
+from eaglewire.doctor.checks import run_checks
+from eaglewire.doctor.inspect import inspect_dir
+from eaglewire.formats.convert import export_draft
+
+
+@pytest.fixture(scope="module")
+def target():
+    return build_target("llama", layers=8)
+
+
+@pytest.fixture(scope="module")
+def drafted(target):
+    return build_draft(target, taps=(2, 4, 5), seed=7)
+
+
+def _doctor(path, target, engine=None):
+    return run_checks(inspect_dir(path, engine), target)
+
+
+def _errors(report):
+    return [f for f in report.findings if f.level == "error"]
+
+
+@pytest.mark.parametrize("fmt", ["sglang", "sglang-legacy", "vllm", "eagle", "specforge"])
+def test_healthy_exports_have_no_error(tmp_path, target, drafted, fmt):
+    draft, contract = drafted
+    out = export_draft(draft, contract, tmp_path / fmt, fmt)
+    report = _doctor(out, target, fmt)
+    assert _errors(report) == [], report.to_json()
+
+
+def _export(tmp_path, drafted, fmt="sglang"):
+    draft, contract = drafted
+    return export_draft(draft, contract, tmp_path / fmt, fmt)
+
+
+def _edit_config(out, fn):
+    cfg = json.loads((out / "config.json").read_text())
+    fn(cfg)
+    (out / "config.json").write_text(json.dumps(cfg))
+
+
+def _edit_weights(out, fn):
+    save_file(fn(load_file(str(out / "model.safetensors"))), str(out / "model.safetensors"))
+
+
+def _expect(report, check, fragment):
+    hits = [f for f in _errors(report) if f.check == check and fragment in f.what]
+    assert hits, f"no {check} error containing {fragment!r}: {report.to_json()}"
+
+
+def test_speculators_names_served_by_sglang(tmp_path, target, drafted):
+    out = _export(tmp_path, drafted, "vllm")
+    _expect(_doctor(out, target, "sglang"), "key_naming", "named for another engine")
+
+
+def test_missing_lm_head_and_tied_embeddings(tmp_path, target, drafted):
+    out = _export(tmp_path, drafted)
+    _edit_weights(out, lambda t: {k: v for k, v in t.items() if k != "lm_head.weight"})
+    _edit_config(out, lambda c: c.update(tie_word_embeddings=True))
+    report = _doctor(out, target)
+    _expect(report, "lm_head", "missing")
+    _expect(report, "tie_word_embeddings", "tie_word_embeddings")
+
+
+def test_eagle_embedding_would_stay_random(tmp_path, target, drafted):
+    out = _export(tmp_path, drafted, "eagle")
+    _edit_config(out, lambda c: c.update(target_hidden_size=64))
+    _expect(_doctor(out, target, "eagle"), "embed_tokens", "missing")
+
+
+@pytest.mark.parametrize("damage,check,fragment", [
+    (lambda t: {k: v for k, v in t.items() if k != "d2t"}, "d2t", "missing"),
+    (lambda t: {**t, "d2t": torch.arange(128) * 2 + 1}, "d2t", "ABSOLUTE"),  # absolute ids, not offsets
+    (lambda t: {**t, "t2d": torch.ones(256, dtype=torch.bool)}, "t2d", "t2d.sum()"),
+])
+def test_vocab_map_failures(tmp_path, target, drafted, damage, check, fragment):
+    out = _export(tmp_path, drafted)
+    _edit_weights(out, damage)
+    _expect(_doctor(out, target), check, fragment)
+
+
+def test_draft_vocab_larger_than_target(tmp_path, target, drafted):
+    out = _export(tmp_path, drafted)
+    _edit_config(out, lambda c: c.update(draft_vocab_size=1000))
+    _expect(_doctor(out, target), "draft_vocab_size", "> target vocab")
+
+
+def test_single_state_fed_to_a_three_tap_draft(tmp_path, target, drafted):
+    """Real case (a): the engine delivers one hidden state while fc expects three taps."""
+    out = _export(tmp_path, drafted)
+    _edit_config(out, lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[4]))
+    report = _doctor(out, target)
+    _expect(report, "layer_ids", "1 layer ids but fc reads 3 taps")
+
+
+def test_fc_width_that_would_be_skipped(tmp_path, target):
+    draft, contract = build_draft(target, taps=(5,))  # one tap of width H: fc input == draft hidden size
+    out = export_draft(draft, contract, tmp_path / "v", "vllm")
+    _expect(_doctor(out, target, "vllm"), "fc", "as wide as the draft hidden size")
+
+
+def test_embedding_tap_delivered_to_draft_trained_on_later_layers(tmp_path, target, drafted):
+    """Real case (b): [embed, l2, l4]-style ids delivered to a draft trained on [2, 4, 5]."""
+    out = _export(tmp_path, drafted, "vllm")
+    _edit_config(out, lambda c: c.update(eagle_aux_hidden_state_layer_ids=[0, 2, 4]))
+    _expect(_doctor(out, target, "vllm"), "layer_ids", "will deliver boundaries [0, 2, 4]; the draft was trained on [2, 4, 5]")
+
+
+def test_layer_ids_in_the_other_engines_convention(tmp_path, target, drafted):
+    out = _export(tmp_path, drafted, "sglang")
+    _edit_config(out, lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[2, 4, 5]))  # vLLM's
+    _expect(_doctor(out, target, "sglang-legacy"), "layer_ids", "right ids in the")
+    assert "vllm" in _errors(_doctor(out, target, "sglang-legacy"))[0].what
+    # under the PR #25454 rule the same ids happen to be right, but they are not portable: a warning
+    report = _doctor(out, target, "sglang")
+    assert not _errors(report) and any("PR #25454" in f.why for f in report.findings if f.level == "warn")
+
+
+@pytest.mark.parametrize("edit,fragment", [
+    (lambda c: c.pop("eagle_config"), "no layer ids"),
+    (lambda c: c.update(eagle_aux_hidden_state_layer_ids=c.pop("eagle_config")["eagle_aux_hidden_state_layer_ids"]),
+     "is present but not read"),
+    (lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[3, 1, 4]), "not ascending"),
+    (lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[1, 3, 3]), "duplicated"),
+    (lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[1, 3, 7]), "cannot be captured"),
+])
+def test_layer_id_failures(tmp_path, target, edit, fragment):
+    off_default = build_draft(target, taps=(3, 4, 6), seed=7)  # a missing list falls back to [2, 4, 5]: wrong
+    out = _export(tmp_path, off_default, "sglang")
+    _edit_config(out, edit)
+    _expect(_doctor(out, target, "sglang"), "layer_ids", fragment)
+
+
+def test_norm_flags_the_engine_ignores(tmp_path, target):
+    draft, contract = build_draft(target, taps=(2, 4, 5), norm=NormFlags(norm_before_fc=True))
+    out = export_draft(draft, contract, tmp_path / "v", "vllm")
+    _expect(_doctor(out, target, "sglang"), "norm_flags", "norm_before_fc")
+    _edit_config(out, lambda c: c.pop("norm_before_residual"))
+    _expect(_doctor(out, target, "vllm"), "norm_flags", "norm_before_residual is absent")
+
+
+def test_other_target_and_chat_template(tmp_path, drafted, target):
+    out = _export(tmp_path, drafted)
+    other = build_target("qwen2", layers=8)
+    _expect(_doctor(out, other), "target", "trained for")
+    target.tokenizer = type("T", (), {"chat_template": "{{ messages }}"})()
+    try:
+        contract_file = out / "eaglewire_contract.json"
+        c = json.loads(contract_file.read_text())
+        c["chat_template_sha256"] = "0" * 64
+        contract_file.write_text(json.dumps(c))
+        _expect(_doctor(out, target), "chat_template", "chat template differs")
+    finally:
+        target.tokenizer = None
+
+
+def test_rope_and_positions_warn(tmp_path, target, drafted):
+    out = _export(tmp_path, drafted)
+    _edit_config(out, lambda c: c.update(rope_theta=1.0, max_position_embeddings=16, rope_scaling={"type": "linear"}))
+    checks = {f.check for f in _doctor(out, target).findings if f.level == "warn"}
+    assert {"rope", "max_positions"} <= checks
+
+
+def test_doctor_cli_exit_codes(tmp_path, drafted):
+    from typer.testing import CliRunner
+
+    from eaglewire.cli import app
+
+    draft, contract = drafted
+    # the CLI loads the target by path: save the tiny 8-layer target to disk
+    t = build_target("llama", layers=8)
+    t.model.save_pretrained(tmp_path / "target")
+    out = _export(tmp_path, drafted)
+    r = CliRunner().invoke(app, ["doctor", str(out), "--target", str(tmp_path / "target"), "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["errors"] == 0
+    _edit_weights(out, lambda t: {k: v for k, v in t.items() if k != "d2t"})
+    r = CliRunner().invoke(app, ["doctor", str(out), "--target", str(tmp_path / "target")])
+    assert r.exit_code == 1 and "ERROR" in r.output
