@@ -162,7 +162,8 @@ def _tap_stats(out: Path, shards: list[dict], taps: tuple[int, ...]) -> dict:
 class OfflineFeatures:
     """Serves FeatureBatches from shards; refuses shards made for another contract."""
 
-    def __init__(self, directory: Path, contract: WiringContract, pad_id: int) -> None:
+    def __init__(self, directory: Path, contract: WiringContract, pad_id: int,
+                 max_cached_shards: int | None = None) -> None:
         self.dir, self.pad_id = Path(directory), pad_id
         manifest = json.loads((self.dir / "manifest.json").read_text())
         if manifest.get("format") != FORMAT:
@@ -180,13 +181,20 @@ class OfflineFeatures:
                                        expected=self.view.fingerprint(), found=str(md.get("contract")))
             for j, sid in enumerate(json.loads(md["sample_ids"])):
                 self.index[sid] = (k, j)
-        self._cache: tuple[int, dict[str, torch.Tensor]] | None = None
+        # Batches draw samples from random shards, so shards stay in memory once read (a few GB on CPU
+        # runs); `max_cached_shards` bounds that for large captures (least recently used are dropped).
+        self._cache: dict[int, dict[str, torch.Tensor]] = {}
+        self.max_cached_shards = max_cached_shards
 
     def _shard(self, k: int) -> dict[str, torch.Tensor]:
-        if self._cache is None or self._cache[0] != k:
+        if k not in self._cache:
+            if self.max_cached_shards is not None and len(self._cache) >= self.max_cached_shards:
+                self._cache.pop(next(iter(self._cache)))
             with safe_open(str(self.dir / self.manifest["shards"][k]["file"]), framework="pt") as f:
-                self._cache = (k, {n: f.get_tensor(n) for n in ("input_ids", "loss_mask", "taps", "final_hidden", "offsets")})
-        return self._cache[1]
+                self._cache[k] = {n: f.get_tensor(n) for n in ("input_ids", "loss_mask", "taps", "final_hidden", "offsets")}
+        else:
+            self._cache[k] = self._cache.pop(k)  # most recently used last
+        return self._cache[k]
 
     def sample_ids(self) -> list[str]:
         return list(self.index)
