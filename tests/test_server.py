@@ -19,17 +19,22 @@ from eaglewire.spec.tree import TreeShape
 from eaglewire.target.loader import load_target, resolve_target
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    from tiny import build_draft
-
-    d = tmp_path_factory.mktemp("srv")
+def _tiny_target_dir(d):
+    """A tiny random Llama on disk with the real SmolLM2 tokenizer and chat template."""
     tok = AutoTokenizer.from_pretrained(resolve_target(None)[1])
     torch.manual_seed(0)
     LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                                  num_attention_heads=4, num_key_value_heads=2)).save_pretrained(d / "target")
     tok.save_pretrained(d / "target")
-    target = load_target(str(d / "target"))
+    return d / "target"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from tiny import build_draft
+
+    d = tmp_path_factory.mktemp("srv")
+    target = load_target(str(_tiny_target_dir(d)))
     draft, contract = build_draft(target, taps=(1, 2, 3))
     save_checkpoint(draft, contract, d / "draft")
     httpd = build_server(target, d / "draft", TreeShape(num_steps=3, topk=2, num_draft_tokens=5), "tiny", 256, 64,

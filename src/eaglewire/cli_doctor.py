@@ -19,6 +19,17 @@ def doctor_cmd(
     contract_path: Optional[Path] = typer.Option(None, "--contract", help="probe: eaglewire_contract.json or a "
                                                  "draft directory holding one."),
     ids: Optional[str] = typer.Option(None, "--ids", help="probe: token ids if the dump lacks them."),
+    draft_dir: Optional[Path] = typer.Option(None, "--draft", help="expect: the draft (native or any export)."),
+    measured_tau: Optional[float] = typer.Option(None, "--measured-tau", help="expect: the engine's accept length."),
+    log: Optional[Path] = typer.Option(None, "--log", help="expect: an SGLang/vLLM log to read accept lengths from."),
+    num_steps: Optional[int] = typer.Option(None, "--num-steps", help="expect: SGLang --speculative-num-steps."),
+    topk: Optional[int] = typer.Option(None, "--topk", help="expect: SGLang --speculative-eagle-topk."),
+    num_draft_tokens: Optional[int] = typer.Option(None, "--num-draft-tokens",
+                                                   help="expect: SGLang --speculative-num-draft-tokens (counts the root)."),
+    num_speculative_tokens: Optional[int] = typer.Option(None, "--num-speculative-tokens", help="expect: vLLM k."),
+    questions: str = typer.Option("mtbench", "--questions", help="expect: prompts (first user turns)."),
+    limit: int = typer.Option(4, "--limit", help="expect: number of prompts."),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="expect: tokens per prompt."),
     target: Optional[str] = typer.Option(None, "--target", "-t", help="The target it will be served with."),
     engine: Optional[str] = typer.Option(None, "--engine", "-e", help=f"{', '.join(ENGINES)} (default: detected "
                                          "from config.json; sglang = the PR #25454 layer-id rule)"),
@@ -31,6 +42,12 @@ def doctor_cmd(
 
     if draft == "probe":
         raise typer.Exit(_probe(cli, dump, contract_path, target, ids, as_json))
+    if draft == "expect":
+        from eaglewire.cli_spec import tree_shape
+
+        shape = cli.friendly(tree_shape)(num_steps, topk, num_draft_tokens, num_speculative_tokens)
+        raise typer.Exit(_expect(cli, draft_dir, target, shape, questions, limit, max_new_tokens, measured_tau, log,
+                                 as_json))
 
     @cli.friendly
     def run() -> int:
@@ -76,6 +93,42 @@ def _probe(cli, dump: Optional[Path], contract_path: Optional[Path], target: Opt
         else:
             cli.out_console.print(("[green]OK[/] " if res.ok else "[bold red]ERROR[/] ") + res.message, highlight=False)
         return 0 if res.ok else 1
+
+    return run()
+
+
+def _expect(cli, draft_dir, target, shape, questions, limit, max_new_tokens, measured_tau, log, as_json) -> int:
+    @cli.friendly
+    def run() -> int:
+        import dataclasses
+        import json
+
+        from eaglewire.data.conversations import read_conversations
+        from eaglewire.doctor.expect import judge, load_any_draft, parse_log, predict
+        from eaglewire.errors import EaglewireError
+
+        if draft_dir is None:
+            raise EaglewireError("doctor expect needs --draft", expected="a draft directory", found="none")
+        tgt = cli._load(target)
+        draft, contract = load_any_draft(draft_dir, tgt)
+        convs = [c for _, c in zip(range(limit), read_conversations(questions))]
+        prompts = [tgt.tokenizer.apply_chat_template([{"role": "user", "content": c.user_turns[0]}],
+                                                     add_generation_prompt=True, return_dict=True,
+                                                     return_tensors="pt")["input_ids"] for c in convs]
+        tau, per_pos = predict(tgt, draft, contract, shape, prompts, max_new_tokens)
+        measured = measured_tau if measured_tau is not None else (parse_log(log.read_text()) if log else None)
+        if log is not None and measured is None:
+            raise EaglewireError(f"no acceptance length found in {log}", expected="SGLang 'accept len: X' or vLLM "
+                                 "'Mean acceptance length: X' lines", found="none")
+        res = judge(tau, per_pos, measured)
+        if as_json:
+            print(json.dumps(dataclasses.asdict(res), indent=2))
+        else:
+            cli.out_console.print(("[bold red]ERROR[/] " if res.flagged else "") + res.message, highlight=False)
+            cli.out_console.print(f"predicted per-position acceptance: {[round(p, 2) for p in per_pos]}")
+            for i, cause in enumerate(res.causes, 1):
+                cli.out_console.print(f"  {i}. {cause}", highlight=False)
+        return 1 if res.flagged else 0
 
     return run()
 
