@@ -27,6 +27,8 @@ def export_cmd(
     target: Optional[str] = typer.Option(None, "--target", "-t", help="Checks the draft belongs to this target."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 | fp16 | fp32 (default: as trained)."),
     with_embedding: bool = typer.Option(False, "--with-embedding", help="Also write the (frozen) target embedding."),
+    verifier: Optional[str] = typer.Option(None, "--verifier", help="vllm/speculators: the target path or hub id "
+                                           "vLLM should load (default: the --target path, else its name)."),
 ) -> None:
     """Write a draft in an engine's layout, plus eaglewire_contract.json (engines ignore it)."""
     cli = _cli()
@@ -43,7 +45,8 @@ def export_cmd(
         if dtype is not None and dtype not in DTYPES:
             raise cli.EaglewireError("unknown --dtype", expected=", ".join(DTYPES), found=dtype)
         path = export_draft(d, d.contract, out, fmt, dtype=getattr(torch, DTYPES[dtype]) if dtype else None,
-                            with_embedding=with_embedding)
+                            with_embedding=with_embedding,
+                            verifier=verifier or (str(tgt.path) if tgt is not None and tgt.path else None))
         from eaglewire.formats.layouts import LAYOUTS
 
         ids = d.contract.engine_ids(LAYOUTS[fmt].convention)

@@ -32,7 +32,8 @@ def _layout(fmt: str):
 
 
 def export_draft(draft: Eagle3Draft, contract: WiringContract, out: Path, fmt: str, *,
-                 dtype: torch.dtype | None = None, with_embedding: bool | None = None) -> Path:
+                 dtype: torch.dtype | None = None, with_embedding: bool | None = None,
+                 verifier: str | None = None) -> Path:
     layout = _layout(fmt)
     draft.cfg.require_matches(contract)
     check_exportable(layout, draft.cfg)
@@ -40,7 +41,7 @@ def export_draft(draft: Eagle3Draft, contract: WiringContract, out: Path, fmt: s
     state = {k: v for k, v in draft.state_dict().items() if keep_embed or k != EMBED}
     tensors = rename_all(cast_floats(state, dtype), lambda k: native_to(layout, k), f"export to {fmt}")
     float_dtype = next(v.dtype for v in tensors.values() if v.is_floating_point())
-    config = make_config(layout, draft.cfg, contract, str(float_dtype).removeprefix("torch."))
+    config = make_config(layout, draft.cfg, contract, str(float_dtype).removeprefix("torch."), verifier)
     return write_dir(out, config, tensors, contract)
 
 

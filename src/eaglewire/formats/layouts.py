@@ -88,7 +88,9 @@ def llama_fields(cfg: DraftConfig, dtype: str) -> dict[str, Any]:
             "tie_word_embeddings": False, "torch_dtype": dtype, "pretraining_tp": 1}
 
 
-def make_config(layout: Layout, cfg: DraftConfig, contract: WiringContract, dtype: str) -> dict[str, Any]:
+def make_config(layout: Layout, cfg: DraftConfig, contract: WiringContract, dtype: str,
+                verifier: str | None = None) -> dict[str, Any]:
+    """`verifier`: what vLLM/speculators load as the target (path or hub id); default the target's name."""
     ids = list(contract.engine_ids(layout.convention))
     norm = cfg.norm.__dict__
     if layout.name == "vllm":
@@ -100,7 +102,7 @@ def make_config(layout: Layout, cfg: DraftConfig, contract: WiringContract, dtyp
                 "eagle_aux_hidden_state_layer_ids": ids, **norm, "torch_dtype": dtype,
                 "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
                                        "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
-                                       "verifier": {"name_or_path": contract.target.name,
+                                       "verifier": {"name_or_path": verifier or contract.target.name,
                                                     "architectures": [contract.target.architecture]}}}
     out = {**llama_fields(cfg, dtype), "architectures": ["LlamaForCausalLM" if layout.name == "eagle"
                                                          else "LlamaForCausalLMEagle3"],

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# A second venv with the real `speculators` package (it needs transformers <= 5.19, eaglewire uses newer),
+# used by tests/test_real_clients.py to load our vLLM/speculators export with speculators' own Eagle3 class.
+#   bash scripts/speculators_venv.sh .venv-speculators && export EAGLEWIRE_SPECULATORS_PYTHON=.venv-speculators/bin/python
+set -euo pipefail
+V="${1:-.venv-speculators}"
+python3 -m venv "$V"
+"$V/bin/pip" install -q torch==2.13.0
+"$V/bin/pip" install -q "transformers==5.19.0" safetensors pydantic pydantic-settings loguru openai "datasets>=4.0,<=5.1"
+"$V/bin/pip" install -q --no-deps speculators==0.9.0 hs-connectors==0.9.0
