@@ -56,3 +56,23 @@ def test_capture_cli_writes_contract(tmp_path):
     tensors, contract = load_capture(out)
     assert contract.taps == (2, 15, 27) and contract.target.num_layers == 30
     assert tensors["taps"].shape[-1] == 3 * 576 and contract.chat_template_sha256 is not None
+
+
+def test_released_draft_runs_lossless_on_the_real_target(smollm):
+    """The shipped draft loads strictly for the embedded target and speculative output == greedy."""
+    from eaglewire.checkpoint import load_checkpoint
+    from eaglewire.cli_spec import resolve_draft
+    from eaglewire.spec.engine import SpecDecoder, greedy_reference
+    from eaglewire.spec.propose import EagleProposer
+    from eaglewire.spec.runtime import LeanTarget
+    from eaglewire.spec.tree import TreeShape
+
+    draft = load_checkpoint(resolve_draft(None), target=smollm)
+    ids = smollm.tokenizer.apply_chat_template([{"role": "user", "content": "Name three colours."}],
+                                               add_generation_prompt=True, return_dict=True,
+                                               return_tensors="pt")["input_ids"]
+    eos = {smollm.tokenizer.eos_token_id}
+    ref = greedy_reference(LeanTarget(smollm, 256), ids, 24, eos)
+    shape = TreeShape(num_steps=3, topk=2, num_draft_tokens=6)
+    out, stats = SpecDecoder(LeanTarget(smollm, 256), EagleProposer(draft, draft.contract, shape, 256)).generate(ids, 24, eos)
+    assert out == ref and stats.verify_steps >= 1

