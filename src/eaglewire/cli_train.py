@@ -128,6 +128,8 @@ def train_cmd(
     max_length: int = typer.Option(DEFAULT_MAX_LENGTH, "--max-length"),
     limit: Optional[int] = typer.Option(None, "--limit"),
     heldout_fraction: float = typer.Option(0.05, "--heldout-fraction"),
+    train_limit: Optional[int] = typer.Option(None, "--train-limit", help="Train on only the first N training "
+                                              "samples (held-out set unchanged): data-scaling experiments."),
     split_turns: bool = typer.Option(False, "--split-turns"),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoints/latest."),
     max_steps: int = typer.Option(T.max_steps, "--max-steps"),
@@ -149,11 +151,11 @@ def train_cmd(
                       warmup_steps=warmup_steps, ttt_steps=ttt_steps, ttt_decay=ttt_decay, loss=loss,
                       num_layers=num_layers, eval_every=eval_every, ckpt_every=ckpt_every, seed=seed)
     cli.friendly(_train)(cli, cfg, data, features, vocab, out, target, taps, taps_from, max_length, limit,
-                         heldout_fraction, split_turns, resume)
+                         heldout_fraction, split_turns, resume, train_limit)
 
 
 def _train(cli, cfg, data, features, vocab, out, target, taps, taps_from, max_length, limit, heldout_fraction,
-           split_turns, resume) -> None:
+           split_turns, resume, train_limit=None) -> None:
     from eaglewire.data.features import OfflineFeatures, OnlineFeatures
     from eaglewire.data.samples import is_held_out
     from eaglewire.errors import EaglewireError
@@ -177,7 +179,7 @@ def _train(cli, cfg, data, features, vocab, out, target, taps, taps_from, max_le
         samples = prepare_samples(tgt, data, max_length, limit, split_turns)
         source = OnlineFeatures(tgt, contract, pad_id=_pad_id(tgt))
     heldout = [s for s in samples if is_held_out(s.id, heldout_fraction)]
-    train_samples = [s for s in samples if not is_held_out(s.id, heldout_fraction)]
+    train_samples = [s for s in samples if not is_held_out(s.id, heldout_fraction)][:train_limit]
     cli.err_console.print(f"{len(train_samples)} training / {len(heldout)} held-out samples; taps "
                           f"{list(contract.taps)}; contract {contract.fingerprint()}; rank {info.rank}/{info.world_size}")
 
