@@ -6,6 +6,8 @@ same forward hooks as training capture.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 
 from eaglewire.target.capture import _hooks
@@ -35,7 +37,7 @@ class HFRuntime:
         if mask is None:
             mask = torch.ones(T, start + T, dtype=torch.bool, device=ids.device).tril(start)[None, None]
         store: dict = {}
-        with _hooks(self.target, taps, store) if taps else _nullctx():
+        with _hooks(self.target, taps, store) if taps else nullcontext():
             out = self.target.model(input_ids=ids, position_ids=positions, attention_mask=mask,
                                     past_key_values=self.cache, use_cache=True)
         logits = out.logits if logit_rows is None else out.logits[:, logit_rows]
@@ -50,14 +52,6 @@ class HFRuntime:
                 t = getattr(layer, name, None)
                 if t is not None and t.numel():
                     t[:, :, dst] = t[:, :, src]
-
-
-class _nullctx:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *a: object) -> None:
-        return None
 
 
 def make_runtime(target: Target, max_len: int, *, calibrate: bool = False):

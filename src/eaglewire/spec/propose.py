@@ -68,7 +68,7 @@ class EagleProposer:
         slot = self.n  # first free cache slot; node fed at level d sits at position n - 2 + d
         fed: dict[int, int] = {}  # node -> cache slot it was fed at (for descendants' masks)
         for level in range(2, S + 1):
-            toks = torch.tensor([[self.d.to_target_ids(torch.tensor(ids[f])).item() for f in frontier]])
+            toks = self.d.to_target_ids(torch.tensor([ids[f] for f in frontier]))[None]  # [1, F] target ids
             mask = self._mask(frontier, parents, fed, slot)
             for j, f in enumerate(frontier):
                 fed[f] = slot + j

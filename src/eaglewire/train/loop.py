@@ -27,6 +27,7 @@ import dataclasses
 import json
 import math
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -228,7 +229,7 @@ def _train_step(ddp: Any, model: TTTModel, opt: torch.optim.Optimizer, params: l
         fb = features.batch(stream.get(step * c.grad_accum + micro)).to(info.device)
         tokens += int(fb.attention_mask.sum())
         sync = micro == c.grad_accum - 1 or not info.enabled
-        ctx = ddp.no_sync() if not sync else _null()
+        ctx = ddp.no_sync() if not sync else nullcontext()
         with ctx, _autocast(info):
             loss, st = ddp(fb)
             (loss / c.grad_accum).backward()
@@ -246,12 +247,4 @@ def _train_step(ddp: Any, model: TTTModel, opt: torch.optim.Optimizer, params: l
 
 def _autocast(info: DistInfo):
     """bf16 autocast on GPU (weights and optimizer stay fp32); plain fp32 on CPU, which has no fast bf16 here."""
-    return torch.autocast("cuda", dtype=torch.bfloat16) if info.device.startswith("cuda") else _null()
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
+    return torch.autocast("cuda", dtype=torch.bfloat16) if info.device.startswith("cuda") else nullcontext()
