@@ -14,6 +14,7 @@ boundaries cannot shift the mask. Text after the tokenizer's end-of-turn token i
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,12 +87,18 @@ def _trim_glue(text: str, span: tuple[int, int], end_tokens: list[str]) -> tuple
     return (start, start + max(cuts)) if cuts else span
 
 
+_END_TOKENS: "weakref.WeakKeyDictionary[Any, list[str]]" = weakref.WeakKeyDictionary()
+
+
 def _end_tokens(tok: Any) -> list[str]:
-    ends = {tok.eos_token} if getattr(tok, "eos_token", None) else set()
-    for t in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>"):  # common end-of-turn specials
-        if t in tok.get_vocab():
-            ends.add(t)
-    return sorted(ends)
+    # Cached per tokenizer: get_vocab() builds a dict of the whole vocabulary on every call, which made
+    # tokenizing thousands of conversations take minutes.
+    if tok not in _END_TOKENS:
+        vocab = tok.get_vocab()
+        ends = {tok.eos_token} if getattr(tok, "eos_token", None) else set()
+        ends |= {t for t in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>") if t in vocab}  # end-of-turn specials
+        _END_TOKENS[tok] = sorted(ends)
+    return _END_TOKENS[tok]
 
 
 def _tokenize_with_mask(tok: Any, text: str, spans: list[tuple[int, int]]) -> Rendered:
