@@ -190,13 +190,14 @@ def capture_cmd(
 
 
 def _register_subcommands() -> None:
-    from eaglewire import cli_data, cli_doctor, cli_formats, cli_spec, cli_train
+    from eaglewire import cli_data, cli_doctor, cli_formats, cli_run, cli_spec, cli_train
 
     cli_formats.register(app)
     cli_doctor.register(app)
     cli_data.register(app)
     cli_train.register(app)
     cli_spec.register(app)
+    cli_run.register(app)
 
 
 _register_subcommands()

@@ -27,7 +27,7 @@ def regenerate_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="Output .jsonl.gz (appended; resumes if it exists)."),
     source: str = typer.Option(DEFAULT_SOURCE, "--source", help="'sharegpt' (package) or a JSON/JSONL file."),
     target: Optional[str] = typer.Option(None, "--target", "-t", help="Target dir or 'smollm2-135m'."),
-    limit: int = typer.Option(1000, "--limit", help="Total conversations wanted in --out (done ones count)."),
+    limit: int = typer.Option(1000, "--limit", help="Regenerate the first N conversations of the source (those already in --out are kept)."),
     max_new_tokens: int = typer.Option(G.max_new_tokens, "--max-new-tokens"),
     temperature: float = typer.Option(G.temperature, "--temperature", help="0 = greedy."),
     top_p: float = typer.Option(G.top_p, "--top-p"),

@@ -124,23 +124,11 @@ def bench_cmd(
     @cli.friendly
     def run() -> None:
         from eaglewire.checkpoint import load_checkpoint
-        from eaglewire.data.conversations import read_conversations
         from eaglewire.spec import bench
 
         tgt = cli._load(target)
         d = load_checkpoint(resolve_draft(draft), target=tgt)
-        convs = [c for _, c in zip(range(limit), read_conversations(questions))]
-        chats = [[{"role": "user", "content": c.user_turns[0]}] for c in convs]
-        if turns == 2:
-            regen = {c.id: c for c in read_conversations(answers)}
-            missing = [c.id for c in convs if c.id not in regen or len(regen[c.id].turns) < 3]
-            if missing:
-                raise cli.EaglewireError("--turns 2 needs the target's regenerated first answers",
-                                         expected=f"answers for ids {missing[:5]} in {answers}", found="missing",
-                                         fix="eaglewire data regenerate --source mtbench --out FILE, then --answers FILE")
-            chats += [regen[c.id].messages()[:2] + [{"role": "user", "content": c.user_turns[1]}] for c in convs]
-        prompts = [tgt.tokenizer.apply_chat_template(m, add_generation_prompt=True, return_dict=True,
-                                                     return_tensors="pt")["input_ids"] for m in chats]
+        prompts = bench.bench_prompts(tgt, questions, limit, turns, answers)
         result = bench.run_bench(tgt, d, prompts, max_new_tokens, TreeShape.chain(chain_k),
                                  TreeShape(num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens),
                                  log=lambda s: cli.err_console.print(s, highlight=False))

@@ -26,6 +26,18 @@ def atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def atomic_copy(src: Path, dst: Path) -> None:
+    """Copy a file (and a `.meta.json` sidecar next to it, if any) so a kill never leaves half a copy."""
+    import shutil
+
+    for a, b in ((Path(src), Path(dst)), (Path(f"{src}.meta.json"), Path(f"{dst}.meta.json"))):
+        if a.is_file():
+            b.parent.mkdir(parents=True, exist_ok=True)
+            tmp = _tmp_for(b)
+            shutil.copyfile(a, tmp)
+            os.replace(tmp, b)
+
+
 def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 

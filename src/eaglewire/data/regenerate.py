@@ -173,19 +173,26 @@ def _regenerate_batch(gen: Generator, batch: list[Conversation], s: GenerationSe
     return out
 
 
+def regen_meta(source: str | Path, s: GenerationSettings, gen: Generator) -> dict:
+    """What identifies a regeneration file's contents (its `.meta.json` sidecar)."""
+    # batch_size is a throughput knob, not part of the data's identity: a resume may change it.
+    settings = {k: v for k, v in asdict(s).items() if k != "batch_size"}
+    return {"source": str(source), "settings": settings, "generator": gen.identity()}
+
+
 def regenerate(source: str, out: Path, gen: Generator, s: GenerationSettings, *, limit: int,
                on_batch: Callable[[RegenStats, int], None] | None = None,
                read_stats: ReadStats | None = None) -> RegenStats:
-    """Regenerate up to `limit` conversations of `source` into `out` (resuming if it exists)."""
+    """Regenerate the first `limit` conversations of `source` into `out` (resuming if it exists)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    # batch_size is a throughput knob, not part of the data's identity: a resume may change it.
-    settings = {k: v for k, v in asdict(s).items() if k != "batch_size"}
-    _check_meta(out, {"source": str(source), "settings": settings, "generator": gen.identity()})
+    _check_meta(out, regen_meta(source, s, gen))
     done = {r["id"] for r in read_done(out, repair=True)}
     stats = RegenStats(conversations=len(done))
-    todo = (c for c in read_conversations(source, read_stats) if c.id not in done)
-    todo = (c for _, c in zip(range(max(0, limit - len(done))), todo))
+    # The first `limit` conversations of the source, minus those already in the file: which conversations
+    # a file holds depends only on `limit`, never on how often the run was killed and resumed.
+    first = (c for _, c in zip(range(limit), read_conversations(source, read_stats)))
+    todo = (c for c in first if c.id not in done)
     start = time.perf_counter()
     for i, batch in enumerate(_batches(todo, s.batch_size)):
         records = _regenerate_batch(gen, batch, s, seed=s.seed + len(done) + i, stats=stats)

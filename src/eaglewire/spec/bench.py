@@ -12,10 +12,12 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
+from eaglewire.data.conversations import read_conversations
+from eaglewire.errors import EaglewireError
 from eaglewire.spec.engine import SpecDecoder, SpecStats, greedy_reference
 from eaglewire.spec.propose import EagleProposer
 from eaglewire.spec.hf_runtime import make_runtime
@@ -40,8 +42,8 @@ def _hf(target: Any, ids: torch.Tensor, max_new: int, eos: int, **kw: Any) -> Ru
     return Run(out[0, ids.shape[1]:].tolist(), time.perf_counter() - t0)
 
 
-def make_methods(target: Any, draft: Any, chain: TreeShape, tree: TreeShape, max_len: int,
-                 eos: int) -> dict[str, Callable[[torch.Tensor, int], Run]]:
+def make_methods(target: Any, draft: Any, chain: TreeShape, tree: TreeShape, max_len: int, eos: int,
+                 names: Sequence[str] = METHODS) -> dict[str, Callable[[torch.Tensor, int], Run]]:
     rt = make_runtime(target, max_len, calibrate=True)  # one cache, reused by every method on our runtime
 
     def vanilla(ids: torch.Tensor, n: int) -> Run:
@@ -57,17 +59,41 @@ def make_methods(target: Any, draft: Any, chain: TreeShape, tree: TreeShape, max
             return Run(toks, st.total_s, st)
         return run
 
-    return {"hf_generate": lambda ids, n: _hf(target, ids, n, eos),
-            "vanilla": vanilla,
-            "prompt_lookup": lambda ids, n: _hf(target, ids, n, eos, prompt_lookup_num_tokens=10),
-            "eagle_chain": eagle(chain), "eagle_tree": eagle(tree)}
+    unknown = [n for n in names if n not in METHODS]
+    if unknown or "vanilla" not in names:
+        raise EaglewireError("unknown benchmark methods", expected=f"a subset of {METHODS} including vanilla "
+                             "(the lossless reference)", found=str(list(names)))
+    make = {"hf_generate": lambda: lambda ids, n: _hf(target, ids, n, eos),
+            "vanilla": lambda: vanilla,
+            "prompt_lookup": lambda: lambda ids, n: _hf(target, ids, n, eos, prompt_lookup_num_tokens=10),
+            "eagle_chain": lambda: eagle(chain), "eagle_tree": lambda: eagle(tree)}
+    return {n: make[n]() for n in METHODS if n in names}
+
+
+def bench_prompts(target: Any, questions: str, limit: int, turns: int = 1,
+                  answers: str = "smollm2-mtbench-regen") -> list[torch.Tensor]:
+    """Chat-templated prompts [1, P]: first turns of `questions`; with turns=2 also the second turns after
+    the target's own regenerated first answers (from `answers`)."""
+    convs = [c for _, c in zip(range(limit), read_conversations(questions))]
+    chats = [[{"role": "user", "content": c.user_turns[0]}] for c in convs]
+    if turns == 2:
+        regen = {c.id: c for c in read_conversations(answers)}
+        missing = [c.id for c in convs if c.id not in regen or len(regen[c.id].turns) < 3]
+        if missing:
+            raise EaglewireError("--turns 2 needs the target's regenerated first answers",
+                                 expected=f"answers for ids {missing[:5]} in {answers}", found="missing",
+                                 fix="eaglewire data regenerate --source mtbench --out FILE, then --answers FILE")
+        chats += [regen[c.id].messages()[:2] + [{"role": "user", "content": c.user_turns[1]}] for c in convs]
+    return [target.tokenizer.apply_chat_template(m, add_generation_prompt=True, return_dict=True,
+                                                 return_tensors="pt")["input_ids"] for m in chats]
 
 
 def run_bench(target: Any, draft: Any, prompts: list[torch.Tensor], max_new: int, chain: TreeShape,
-              tree: TreeShape, log: Callable[[str], None] = print) -> dict:
+              tree: TreeShape, log: Callable[[str], None] = print, methods: Sequence[str] = METHODS,
+              on_prompt: Callable[[int, int], None] | None = None) -> dict:
     eos = target.tokenizer.eos_token_id
     max_len = max(p.shape[1] for p in prompts) + max_new + tree.num_draft_tokens + 16
-    methods = make_methods(target, draft, chain, tree, max_len, eos)
+    methods = make_methods(target, draft, chain, tree, max_len, eos, methods)
     for name, fn in methods.items():  # warm-up, not counted
         fn(prompts[0], min(16, max_new))
     runs: dict[str, list[Run]] = {m: [] for m in methods}
@@ -78,6 +104,8 @@ def run_bench(target: Any, draft: Any, prompts: list[torch.Tensor], max_new: int
             runs[name].append(methods[name](ids, max_new))
         log(f"prompt {i + 1}/{len(prompts)}: " + ", ".join(
             f"{m} {len(runs[m][-1].tokens) / runs[m][-1].seconds:.1f}" for m in names) + " tok/s")
+        if on_prompt:
+            on_prompt(i + 1, len(prompts))
     return summarize(runs, chain, tree, max_new)
 
 
@@ -99,19 +127,31 @@ def summarize(runs: dict[str, list[Run]], chain: TreeShape, tree: TreeShape, max
             m["verify_s"] = sum(r.stats.verify_s for r in rs)
             m["total_s"] = sum(r.seconds for r in rs)
         out["methods"][name] = m
-        base = base or (m["median_tok_s"] if name == "hf_generate" else None)
-    for m in out["methods"].values():
-        m["speedup_vs_hf_generate"] = m["median_tok_s"] / base
+    for base in ("hf_generate", "vanilla", "prompt_lookup"):  # ratios of medians measured in this run
+        if base in out["methods"]:
+            for m in out["methods"].values():
+                m[f"speedup_vs_{base}"] = m["median_tok_s"] / out["methods"][base]["median_tok_s"]
     return out
 
 
+def label(name: str, result: dict) -> str:
+    """'eagle_tree (S=4, K=2, N=6)' etc.: the knobs belong next to the numbers."""
+    c, t = result["chain"], result["tree"]
+    knobs = {"eagle_chain": f" (k={c['num_steps']})",
+             "eagle_tree": f" (S={t['num_steps']}, K={t['topk']}, N={t['num_draft_tokens']})"}
+    return name + knobs.get(name, "")
+
+
 def markdown(result: dict) -> str:
-    lines = ["| method | median tok/s | speedup vs HF generate | τ | per-position acceptance | same tokens as vanilla |",
-             "|---|---|---|---|---|---|"]
+    bases = [b for b in ("hf_generate", "vanilla", "prompt_lookup") if b in result["methods"]]
+    lines = ["| method | median tok/s | " + " | ".join(f"speedup vs {b}" for b in bases)
+             + " | τ | per-position acceptance | same tokens as vanilla |",
+             "|---|---|" + "---|" * len(bases) + "---|---|---|"]
     for name, m in result["methods"].items():
         tau = f"{m['tau']:.2f}" if "tau" in m else "–"
         pp = ", ".join(f"{p:.2f}" for p in m.get("per_position", [])) or "–"
-        lines.append(f"| {name} | {m['median_tok_s']:.2f} | {m['speedup_vs_hf_generate']:.2f}× | {tau} | {pp} | "
+        ratios = " | ".join(f"{m[f'speedup_vs_{b}']:.2f}×" for b in bases)
+        lines.append(f"| {label(name, result)} | {m['median_tok_s']:.2f} | {ratios} | {tau} | {pp} | "
                      f"{m['matches_vanilla']}/{result['prompts']} |")
     return "\n".join(lines) + "\n"
 
@@ -124,8 +164,9 @@ def plot(result: dict, png: Path) -> None:
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for name in ("eagle_chain", "eagle_tree"):
-        pp = result["methods"][name].get("per_position", [])
-        a.plot(range(1, len(pp) + 1), pp, "o-", label=name)
+        pp = result["methods"].get(name, {}).get("per_position", [])
+        if pp:
+            a.plot(range(1, len(pp) + 1), pp, "o-", label=label(name, result))
     a.set(xlabel="draft position", ylabel="accepted at this depth / verify steps", ylim=(0, 1),
           title="per-position acceptance")
     a.legend()

@@ -1,0 +1,214 @@
+"""The run report: OUT/summary.json (machine-readable), OUT/report.md and a self-contained
+OUT/report.html (pictures inlined as PNG data URIs; no scripts, no external files).
+
+Both documents are rendered from the same list of sections (title, paragraphs, tables, images), so
+they can never disagree.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eaglewire.contract import WiringContract, describe_boundary, to_engine
+from eaglewire.errors import TranslationError
+from eaglewire.pipeline.stages import Ctx, copy_into
+from eaglewire.safeio import atomic_write_json, atomic_write_text
+
+ENGINE_IDS = ("sglang", "vllm")
+
+
+@dataclass
+class Section:
+    title: str
+    text: list[str] = field(default_factory=list)  # paragraphs (plain text)
+    tables: list[tuple[list[str], list[list[str]]]] = field(default_factory=list)
+    images: list[tuple[str, Path]] = field(default_factory=list)  # (caption, png)
+    code: list[str] = field(default_factory=list)
+
+
+def wiring_words(ctx: Ctx) -> tuple[str, dict[str, list[int] | str]]:
+    """'the draft reads the outputs of decoder layers 1, 14 and 26 of X' + each engine's ids."""
+    L, taps = ctx.target.num_layers, ctx.contract.taps
+    parts = [describe_boundary(b, L) for b in taps]
+    layers = [p.removeprefix("output of decoder layer ") for p in parts]
+    if all(p.startswith("output of decoder layer") for p in parts):
+        said = ", ".join(layers[:-1]) + f" and {layers[-1]}" if len(layers) > 1 else layers[0]
+        words = f"the draft reads the outputs of decoder layers {said} (0-based) of {ctx.target.name}"
+    else:
+        words = f"the draft reads: {'; '.join(parts)} of {ctx.target.name}"
+    ids: dict[str, list[int] | str] = {}
+    for eng in ENGINE_IDS:
+        try:
+            ids[eng] = list(to_engine(taps, eng, L))
+        except TranslationError as err:
+            ids[eng] = f"not expressible: {err.what}"
+    return words, ids
+
+
+def launch_commands(ctx: Ctx) -> dict[str, str]:
+    """Engine launch lines for the exports, with the knobs the benchmark measured."""
+    b, exports = ctx.cfg.bench, ctx.results["export"]["exports"]
+    target = str(ctx.target.path) if ctx.target.path else ctx.target.name
+    out = {}
+    if "sglang" in exports:
+        out["sglang"] = " ".join([
+            "python -m sglang.launch_server", f"--model-path {shlex.quote(target)}",
+            "--speculative-algorithm EAGLE3", f"--speculative-draft-model-path {shlex.quote(exports['sglang'])}",
+            f"--speculative-num-steps {b.num_steps}", f"--speculative-eagle-topk {b.topk}",
+            f"--speculative-num-draft-tokens {b.num_draft_tokens}", "--dtype float32"])
+    if "vllm" in exports:
+        spec = json.dumps({"method": "eagle3", "model": exports["vllm"], "num_speculative_tokens": b.chain_k})
+        out["vllm"] = f"vllm serve {shlex.quote(target)} --speculative-config {shlex.quote(spec)} --dtype float32"
+    return out
+
+
+def _bench_rows(res: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    from eaglewire.spec.bench import label
+
+    bases = [b for b in ("vanilla", "prompt_lookup", "hf_generate") if b in res["methods"]]
+    head = ["method", "median tok/s"] + [f"× {b}" for b in bases] + ["τ", "per-position acceptance", "= vanilla"]
+    rows = []
+    for name, m in res["methods"].items():
+        rows.append([label(name, res), f"{m['median_tok_s']:.2f}"] + [f"{m[f'speedup_vs_{b}']:.2f}×" for b in bases]
+                    + [f"{m['tau']:.2f}" if "tau" in m else "–",
+                       ", ".join(f"{p:.2f}" for p in m.get("per_position", [])) or "–",
+                       f"{m['matches_vanilla']}/{res['prompts']}"])
+    return head, rows
+
+
+def verdict(res: dict[str, Any]) -> str:
+    m = res["methods"]
+    best = max((n for n in m if n.startswith("eagle")), key=lambda n: m[n]["median_tok_s"])
+    r = m[best]["speedup_vs_vanilla"]
+    from eaglewire.spec.bench import label
+
+    word = "faster" if r > 1 else "slower"
+    return (f"Best EAGLE-3 setting: {label(best, res)} at {m[best]['median_tok_s']:.2f} tok/s = {r:.2f}× the "
+            f"tokens/s of vanilla decoding ({word}), τ {m[best]['tau']:.2f}" +
+            (f", {m[best]['speedup_vs_prompt_lookup']:.2f}× prompt lookup" if "prompt_lookup" in m else "") + ".")
+
+
+def _sections(ctx: Ctx, timings: dict[str, dict[str, Any]], pngs: dict[str, Path]) -> list[Section]:
+    r, cfg = ctx.results, ctx.cfg
+    words, ids = wiring_words(ctx)
+    sec = [Section("Wiring contract", [
+        f"{words[0].upper()}{words[1:]}: residual-stream boundaries {list(ctx.contract.taps)} of "
+        f"{ctx.target.num_layers} layers (hidden {ctx.target.hidden_size}, so fc reads "
+        f"{len(ctx.contract.taps)}×{ctx.target.hidden_size} = {len(ctx.contract.taps) * ctx.target.hidden_size}).",
+        "; ".join(f"{e} ids {v}" for e, v in ids.items()) + ".",
+        f"Draft vocabulary {cfg.vocab.draft_vocab_size} of {ctx.target.vocab_size} tokens "
+        f"(vocab map {r['vocab']['sha256'][:16]}); contract fingerprint "
+        f"{WiringContract.from_dict(r['train']['contract']).fingerprint()} (eaglewire_contract.json in every export)."])]
+    v = r["vocab"]
+    sec.append(Section("Data", [
+        f"{r['regenerate']['conversations']} conversations from {cfg.data.source} answered by the target "
+        f"(its regeneration file holds {r['regenerate']['in_file']}, {r['regenerate']['from_shipped']} of them "
+        f"shipped from earlier sittings; {r['regenerate']['new_tokens_this_run']} tokens generated in this run); "
+        f"{v['samples']} samples, "
+        f"{v['tokens']} tokens, {v['trained_tokens']} trained (assistant) tokens.",
+        "Vocab coverage: " + ", ".join(f"{k} {c:.2%}" for k, c in v["coverage"].items())
+        + f" of trained tokens ({v['distinct_trained_tokens']} distinct)."]))
+    h = r["train"]["heldout"]
+    sec.append(Section("Training", [
+        f"{cfg.train.max_steps} steps, batch {cfg.train.batch_size}, TTT {cfg.train.ttt_steps} steps, lr {cfg.train.lr}, "
+        f"features {cfg.train.features}; {r['train']['train_samples']} training / {r['train']['heldout_samples']} "
+        f"held-out samples.",
+        "Held-out top-1 accuracy per TTT position: " + ", ".join(f"{a:.3f}" for a in h.get("acc", []))],
+        images=[("loss and per-position accuracy", pngs["training"])]))
+    reps = r["doctor"]["reports"]
+    rows = [[f["level"], fmt, f["name"], f["what"], f["fix"]] for fmt, rep in reps.items() for f in rep["findings"]]
+    sec.append(Section("Doctor", [f"{r['doctor']['errors']} error(s): " + "; ".join(
+        f"{fmt} export ({rep['directory']}) checked as {rep['engine']}: {rep['errors']} error(s), "
+        f"{len(rep['findings'])} finding(s)" for fmt, rep in reps.items()) + "."],
+        tables=[(["level", "export", "check", "what", "fix"], rows)] if rows else []))
+    res = r["bench"]["result"]
+    sec.append(Section("Benchmark", [
+        f"{res['prompts']} prompts from {res['questions']} (first turns), {res['max_new_tokens']} new tokens, greedy, "
+        "one process, methods interleaved, medians; every method's tokens are compared with vanilla's.", verdict(res)],
+        tables=[_bench_rows(res)], images=[("per-position acceptance and tokens/s", pngs["bench"])]))
+    sec.append(Section("Deploy", ["Launch commands with the exported drafts and the benchmark's knobs "
+                                  "(check first: eaglewire doctor DIR --engine sglang|vllm):"],
+                       code=list(launch_commands(ctx).values())))
+    sec.append(Section("Stages", tables=[(["stage", "seconds", "status", "directory"],
+                                          [[n, f"{t['seconds']:.0f}", "kept from earlier run" if t["reused"] else "ran",
+                                            t["dir"]] for n, t in timings.items()])]))
+    return sec
+
+
+def _md(title: str, sections: list[Section], out: Path) -> str:
+    lines = [f"# {title}", ""]
+    for s in sections:
+        lines += [f"## {s.title}", ""]
+        for p in s.text:
+            lines += [p, ""]
+        for head, rows in s.tables:
+            lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+            lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows] + [""]
+        for cap, png in s.images:
+            lines += [f"![{cap}]({png.relative_to(out)})", ""]
+        for c in s.code:
+            lines += ["```bash", c, "```", ""]
+    return "\n".join(lines)
+
+
+CSS = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
+       "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left}"
+       "th{background:#f3f3f3}pre{background:#f6f8fa;padding:.8em;overflow-x:auto;white-space:pre-wrap}"
+       "img{max-width:100%}.error{color:#b00020;font-weight:bold}")
+
+
+def _html(title: str, sections: list[Section]) -> str:
+    e = html.escape
+    parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{e(title)}</title>"
+             f"<style>{CSS}</style></head><body><h1>{e(title)}</h1>"]
+    for s in sections:
+        parts.append(f"<h2>{e(s.title)}</h2>")
+        parts += [f"<p>{e(p)}</p>" for p in s.text]
+        for head, rows in s.tables:
+            parts.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>")
+            for row in rows:
+                cls = " class='error'" if row and row[0] == "error" else ""
+                parts.append(f"<tr{cls}>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>")
+            parts.append("</table>")
+        for cap, png in s.images:
+            data = base64.b64encode(png.read_bytes()).decode()
+            parts.append(f"<figure><img alt='{e(cap)}' src='data:image/png;base64,{data}'>"
+                         f"<figcaption>{e(cap)}</figcaption></figure>")
+        parts += [f"<pre><code>{e(c)}</code></pre>" for c in s.code]
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def summary(ctx: Ctx, timings: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    words, ids = wiring_words(ctx)
+    res = ctx.results["bench"]["result"]
+    return {"format": "eaglewire.run-summary/1", "target": ctx.target.identity.__dict__,
+            "taps": list(ctx.contract.taps), "wiring": words, "engine_ids": ids,
+            "config": ctx.cfg.model_dump(mode="json"),
+            "data": {k: ctx.results["regenerate"][k] for k in ("conversations", "from_shipped", "new_tokens_this_run")},
+            "vocab": {k: ctx.results["vocab"][k] for k in ("coverage", "sha256", "samples", "tokens", "trained_tokens")},
+            "heldout": ctx.results["train"]["heldout"], "draft": ctx.results["train"]["draft"],
+            "exports": ctx.results["export"]["exports"],
+            "doctor_errors": {f: r["errors"] for f, r in ctx.results["doctor"]["reports"].items()},
+            "bench": {n: {k: m[k] for k in m if k not in ("tok_s",)} for n, m in res["methods"].items()},
+            "verdict": verdict(res), "launch": launch_commands(ctx), "stages": timings}
+
+
+def write_report(ctx: Ctx, timings: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    out = ctx.out
+    pngs = {"training": out / "report-training.png", "bench": out / "report-bench.png"}
+    copy_into(Path(ctx.results["train"]["png"]), pngs["training"])
+    copy_into(Path(ctx.results["bench"]["png"]), pngs["bench"])
+    title = f"eaglewire run: EAGLE-3 draft for {ctx.target.name}"
+    sections = _sections(ctx, timings, pngs)
+    data = summary(ctx, timings)
+    atomic_write_json(out / "summary.json", data)
+    atomic_write_text(out / "report.md", _md(title, sections, out))
+    atomic_write_text(out / "report.html", _html(title, sections))
+    return data

@@ -1,0 +1,131 @@
+"""`eaglewire run`: the stages in order, with a resumable state file.
+
+Every stage has a key: the sha256 of the config fields it reads plus its upstream stages' keys. Its
+outputs live in OUT/work/<stage>-<key>/, so two configurations never share a directory, and a
+finished stage whose key is unchanged is never redone. State (OUT/state.json, written atomically after
+every stage) records finished stages and their small JSON results. Killing a run loses at most the
+current stage's unfinished part; the long stages resume inside their own directory too.
+
+Regeneration keys its directory without the conversation count, so asking for more conversations
+continues the same file instead of starting over (downstream stages still see the new count).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from eaglewire.contract import default_taps
+from eaglewire.errors import EaglewireError
+from eaglewire.pipeline import stages as S
+from eaglewire.pipeline.config import RunConfig
+from eaglewire.safeio import atomic_write_json
+from eaglewire.target.loader import Target, load_target
+
+STATE_FORMAT = "eaglewire.run/1"
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    title: str
+    fn: Callable[[S.Ctx, Path], dict[str, Any]]
+    deps: tuple[str, ...]
+    inputs: Callable[[RunConfig], Any]  # the config fields this stage reads
+    dir_inputs: Callable[[RunConfig], Any] | None = None  # what names its directory (default: inputs)
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("prompts", "check the prompt source", S.prompts, (), lambda c: (c.data.source, c.data.conversations)),
+    Stage("regenerate", "regenerate answers with the target", S.regenerate, (),
+          lambda c: (c.data.model_dump(exclude={"batch_size"}),),
+          lambda c: (c.data.model_dump(exclude={"batch_size", "conversations"}),)),
+    Stage("vocab", "build the draft vocabulary", S.vocab, ("regenerate",),
+          lambda c: (c.vocab.model_dump(), c.data.max_length, c.train.heldout_fraction)),
+    Stage("features", "capture target features", S.features, ("regenerate",),
+          lambda c: (c.data.max_length, c.train.features)),
+    Stage("train", "train the draft (TTT)", S.train, ("vocab", "features"), lambda c: c.train.model_dump()),
+    Stage("export", "export for the engines", S.export, ("train",), lambda c: list(c.formats)),
+    Stage("doctor", "doctor every export", S.doctor, ("export",), lambda c: None),
+    Stage("bench", "benchmark", S.bench, ("train",), lambda c: c.bench.model_dump()),
+)
+
+
+def _sha(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def stage_keys(cfg: RunConfig, target: Target, taps: tuple[int, ...]) -> dict[str, tuple[str, str]]:
+    """{stage: (key, directory key)}; both chain the target identity and the taps in."""
+    root = {"target": target.identity.__dict__, "taps": list(taps)}
+    keys: dict[str, tuple[str, str]] = {}
+    for st in STAGES:
+        up = [keys[d][0] for d in st.deps]
+        key = _sha([root, st.name, st.inputs(cfg), up])
+        dkey = _sha([root, st.name, st.dir_inputs(cfg), up]) if st.dir_inputs else key
+        keys[st.name] = (key, dkey)
+    return keys
+
+
+class RunState:
+    def __init__(self, out: Path) -> None:
+        self.path = Path(out) / "state.json"
+        self.data: dict[str, Any] = {"format": STATE_FORMAT, "stages": {}}
+        if self.path.is_file():
+            found = json.loads(self.path.read_text())
+            if found.get("format") != STATE_FORMAT:
+                raise EaglewireError(f"{self.path} is not an eaglewire run state", expected=STATE_FORMAT,
+                                     found=str(found.get("format")), fix="use another --out directory")
+            self.data = found
+
+    def finished(self, name: str, key: str) -> dict[str, Any] | None:
+        rec = self.data["stages"].get(name)
+        return rec if rec is not None and rec["key"] == key else None
+
+    def record(self, name: str, key: str, directory: Path, result: dict[str, Any], seconds: float) -> None:
+        self.data["stages"][name] = {"key": key, "dir": str(directory), "result": result, "seconds": seconds}
+        atomic_write_json(self.path, self.data)
+
+
+def resolve_taps(cfg: RunConfig, target: Target) -> tuple[int, ...]:
+    return tuple(cfg.taps) if cfg.taps is not None else default_taps(target.num_layers)
+
+
+def run_pipeline(cfg: RunConfig, out: Path, *, progress: Callable[[str, float, float | None, str], None],
+                 log: Callable[[str], None], target: Target | None = None) -> dict[str, Any]:
+    """Run (or resume) every stage, then write the report. Returns summary.json's content."""
+    from eaglewire.pipeline.report import write_report
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "run_config.json", cfg.model_dump(mode="json"))
+    target = target or load_target(cfg.target)
+    taps = resolve_taps(cfg, target)
+    keys, state = stage_keys(cfg, target, taps), RunState(out)
+    ctx = S.Ctx(cfg, out, target, target.contract(taps), log=log)
+    timings: dict[str, dict[str, Any]] = {}
+    for i, st in enumerate(STAGES):
+        key, dkey = keys[st.name]
+        work = out / "work" / f"{st.name}-{dkey[:12]}"
+        done = state.finished(st.name, key)
+        ctx.progress = lambda a, b, detail, _n=st.name: progress(_n, a, b, detail)
+        if done is not None:
+            log(f"[{i + 1}/{len(STAGES)}] {st.title}: done earlier ({done['seconds']:.0f} s), kept")
+            result, secs, reused = done["result"], done["seconds"], True
+        else:
+            log(f"[{i + 1}/{len(STAGES)}] {st.title} …")
+            progress(st.name, 0, None, "")
+            work.mkdir(parents=True, exist_ok=True)
+            t0 = time.perf_counter()
+            result = st.fn(ctx, work)
+            secs = time.perf_counter() - t0
+            state.record(st.name, key, work, result, secs)
+            reused = False
+        ctx.results[st.name], ctx.dirs[st.name] = result, work
+        timings[st.name] = {"seconds": secs, "reused": reused, "dir": str(work)}
+        progress(st.name, 1, 1, "done")
+    return write_report(ctx, timings)
