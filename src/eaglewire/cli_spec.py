@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from eaglewire.spec import bench as B
 from eaglewire.spec.tree import TreeShape
 
 SHAPE = TreeShape()  # the one place the tree defaults live
@@ -106,17 +107,17 @@ def bench_cmd(
     draft: Optional[Path] = typer.Option(None, "--draft", "-d", help=DRAFT_HELP),
     out: Path = typer.Option(Path("out/bench"), "--out", "-o", help="Writes bench.json, bench.md, bench.png."),
     target: Optional[str] = typer.Option(None, "--target", "-t"),
-    questions: str = typer.Option("mtbench", "--questions", help="'mtbench' or a FastChat/any conversation file."),
-    limit: int = typer.Option(8, "--limit", help="Number of questions."),
+    questions: str = typer.Option(B.QUESTIONS, "--questions", help="'mtbench' or a FastChat/any conversation file."),
+    limit: int = typer.Option(B.PROMPTS, "--limit", help="Number of questions."),
     turns: int = typer.Option(1, "--turns", help="1: first turns. 2: also second turns, after the target's own "
                               "regenerated first answer (from --answers)."),
     answers: str = typer.Option("smollm2-mtbench-regen", "--answers", help="Regenerated answers for --turns 2 "
                                 "(`data regenerate --source mtbench` output)."),
-    max_new_tokens: int = typer.Option(128, "--max-new-tokens"),
-    chain_k: int = typer.Option(3, "--num-speculative-tokens", help="Chain length for the chain run (vLLM's k)."),
-    num_steps: int = typer.Option(SHAPE.num_steps, "--num-steps", help="Tree run: S. " + TREE_HELP),
-    topk: int = typer.Option(2, "--topk", help="Tree run: K."),
-    num_draft_tokens: int = typer.Option(8, "--num-draft-tokens", help="Tree run: N including the root."),
+    max_new_tokens: int = typer.Option(B.MAX_NEW_TOKENS, "--max-new-tokens"),
+    chain_k: int = typer.Option(B.CHAIN_K, "--num-speculative-tokens", help="Chain length for the chain run (vLLM's k)."),
+    num_steps: int = typer.Option(B.TREE.num_steps, "--num-steps", help="Tree run: S. " + TREE_HELP),
+    topk: int = typer.Option(B.TREE.topk, "--topk", help="Tree run: K."),
+    num_draft_tokens: int = typer.Option(B.TREE.num_draft_tokens, "--num-draft-tokens", help="Tree run: N including the root."),
 ) -> None:
     """HF generate vs vanilla vs prompt lookup vs EAGLE-3 chain vs tree, interleaved in one process."""
     cli = _cli()

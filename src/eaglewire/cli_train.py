@@ -12,8 +12,8 @@ from eaglewire.train.loop import TrainConfig
 
 vocab_app = typer.Typer(help="The reduced draft vocabulary (d2t/t2d).", no_args_is_help=True)
 T = TrainConfig()  # the one place the training defaults live
-DEFAULT_DRAFT_VOCAB = 16000  # ~1.5x cheaper draft head than 32k on CPU; coverage is reported by vocab build
-DEFAULT_MAX_LENGTH = 1024
+from eaglewire.data.samples import DEFAULT_HELDOUT_FRACTION, DEFAULT_MAX_LENGTH
+from eaglewire.vocab import DEFAULT_DRAFT_VOCAB
 DATA_HELP = "Regenerated conversations (.jsonl.gz from `data regenerate`) or any conversation file."
 
 
@@ -127,7 +127,7 @@ def train_cmd(
     taps_from: str = typer.Option("boundary", "--taps-from"),
     max_length: int = typer.Option(DEFAULT_MAX_LENGTH, "--max-length"),
     limit: Optional[int] = typer.Option(None, "--limit"),
-    heldout_fraction: float = typer.Option(0.05, "--heldout-fraction"),
+    heldout_fraction: float = typer.Option(DEFAULT_HELDOUT_FRACTION, "--heldout-fraction"),
     train_limit: Optional[int] = typer.Option(None, "--train-limit", help="Train on only the first N training "
                                               "samples (held-out set unchanged): data-scaling experiments."),
     split_turns: bool = typer.Option(False, "--split-turns"),

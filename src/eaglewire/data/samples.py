@@ -35,6 +35,10 @@ class TokenizeStats:
                 f"{self.template_mismatch}, no answer tokens {self.no_answer}")
 
 
+DEFAULT_MAX_LENGTH = 1024  # tokens per training sample (longer ones are truncated)
+DEFAULT_HELDOUT_FRACTION = 0.05  # share of sample ids held out for evaluation (by hash: stable as data grows)
+
+
 def is_held_out(sample_id: str, fraction: float) -> bool:
     """Deterministic split by id hash: stable across runs, resumes and data growth."""
     h = int(hashlib.sha256(sample_id.encode()).hexdigest()[:8], 16)

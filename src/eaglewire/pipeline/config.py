@@ -17,13 +17,14 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from eaglewire.data.regenerate import GenerationSettings
+from eaglewire.data.samples import DEFAULT_HELDOUT_FRACTION, DEFAULT_MAX_LENGTH
 from eaglewire.errors import EaglewireError
 from eaglewire.spec.tree import TreeShape
+from eaglewire.spec import bench as B
 from eaglewire.train.loop import TrainConfig
+from eaglewire.vocab import DEFAULT_DRAFT_VOCAB
 
-G, T, S = GenerationSettings(), TrainConfig(), TreeShape()
-DRAFT_VOCAB = 16000  # ~1.5x cheaper draft head than 32k on CPU; coverage is in the report
-MAX_LENGTH = 1024  # training sample length (tokens)
+G, T = GenerationSettings(), TrainConfig()
 FORMATS = ("sglang", "vllm")
 
 
@@ -41,7 +42,7 @@ class DataCfg(_Strict):
     max_turns: int = G.max_turns
     max_prompt_tokens: int = G.max_prompt_tokens
     batch_size: int = Field(16, ge=1, description="regeneration batch (throughput only)")
-    max_length: int = MAX_LENGTH
+    max_length: int = DEFAULT_MAX_LENGTH
     use_shipped: bool = Field(True, description="start from the regenerated conversations shipped for the "
                               "embedded target when target, source and settings are the same (a resume)")
 
@@ -52,7 +53,7 @@ class DataCfg(_Strict):
 
 
 class VocabCfg(_Strict):
-    draft_vocab_size: int = Field(DRAFT_VOCAB, ge=1)
+    draft_vocab_size: int = Field(DEFAULT_DRAFT_VOCAB, ge=1)
 
 
 class TrainCfg(_Strict):
@@ -67,7 +68,7 @@ class TrainCfg(_Strict):
     num_layers: int = T.num_layers
     eval_every: int = T.eval_every
     ckpt_every: int = T.ckpt_every
-    heldout_fraction: float = Field(0.05, ge=0.0, lt=1.0)
+    heldout_fraction: float = Field(DEFAULT_HELDOUT_FRACTION, ge=0.0, lt=1.0)
     seed: int = T.seed
 
     def train_config(self) -> TrainConfig:
@@ -78,13 +79,13 @@ class TrainCfg(_Strict):
 
 
 class BenchCfg(_Strict):
-    source: str = Field("mtbench", description="question file (FastChat/MT-bench format) or 'mtbench'")
-    prompts: int = Field(6, ge=1)
-    max_new_tokens: int = Field(128, ge=1)
-    chain_k: int = Field(2, ge=1, description="vLLM num_speculative_tokens of the chain run")
-    num_steps: int = S.num_steps
-    topk: int = 2
-    num_draft_tokens: int = 6
+    source: str = Field(B.QUESTIONS, description="question file (FastChat/MT-bench format) or 'mtbench'")
+    prompts: int = Field(B.PROMPTS, ge=1)
+    max_new_tokens: int = Field(B.MAX_NEW_TOKENS, ge=1)
+    chain_k: int = Field(B.CHAIN_K, ge=1, description="vLLM num_speculative_tokens of the chain run")
+    num_steps: int = B.TREE.num_steps
+    topk: int = B.TREE.topk
+    num_draft_tokens: int = B.TREE.num_draft_tokens
     hf_generate: bool = Field(False, description="also time HF transformers generate (slower to run)")
 
     @model_validator(mode="after")
