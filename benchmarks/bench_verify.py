@@ -18,7 +18,7 @@ import torch
 from eaglewire.spec.runtime import LeanTarget
 from eaglewire.target.loader import load_target
 
-KS = (1, 2, 4, 8, 16, 32, 64)
+KS = (1, 2, 3, 4, 8, 16, 32, 64)
 
 
 def main() -> None:

@@ -150,6 +150,20 @@ def test_norm_flags_the_engine_ignores(tmp_path, target):
     _expect(_doctor(out, target, "vllm"), "norm_flags", "norm_before_residual is absent")
 
 
+def test_sglang_norm_output_read_by_specforge(tmp_path, target, drafted):
+    """SGLang's norm_output: false ('feed the pre-norm state back') is 'no final norm' to SpecForge."""
+    out = _export(tmp_path, drafted)  # an SGLang export
+    _expect(_doctor(out, target, "specforge"), "norm_flags", "norm_output: false")
+    assert not _errors(_doctor(out, target, "sglang"))
+
+
+def test_specforge_ids_that_depend_on_its_capture_backend(tmp_path, target):
+    draft, contract = build_draft(target, taps=(3, 5, 6))  # first tap not boundary 2: readings differ
+    rep = _doctor(export_draft(draft, contract, tmp_path / "sf", "specforge"), target, "specforge")
+    assert not _errors(rep)
+    assert any(f.check == "layer_ids" and "through SGLang" in f.what for f in rep.findings)
+
+
 def test_other_target_and_chat_template(tmp_path, drafted, target):
     out = _export(tmp_path, drafted)
     other = build_target("qwen2", layers=8)

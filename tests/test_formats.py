@@ -121,3 +121,21 @@ def test_exports_the_engine_would_run_differently_are_refused(tmp_path, target):
     emb, c = build_draft(target, taps=(0, 4, 5))
     with pytest.raises(TranslationError, match="embedding"):
         export_draft(emb, c, tmp_path / "g", "sglang")
+    four, c = build_draft(target, taps=(2, 3, 4, 5))
+    with pytest.raises(CheckpointError, match="exactly 3 taps"):
+        export_draft(four, c, tmp_path / "f", "specforge")
+    post, c = build_draft(target, taps=(2, 4, 5), norm=NormFlags(norm_output=True))
+    with pytest.raises(CheckpointError, match="does not implement \\['norm_output'\\]"):
+        export_draft(post, c, tmp_path / "p", "specforge")  # SpecForge always feeds the pre-norm state back
+
+
+def test_norm_output_in_specforge_meaning(tmp_path, target, drafted):
+    draft, contract = drafted
+    sf = export_draft(draft, contract, tmp_path / "sf", "specforge")
+    assert json.loads((sf / "config.json").read_text())["norm_output"] is True  # final norm before lm_head
+    sg = export_draft(draft, contract, tmp_path / "sg", "sglang")
+    assert json.loads((sg / "config.json").read_text())["norm_output"] is False  # pre-norm fed back
+    cfg = json.loads((sg / "config.json").read_text())
+    (sf / "config.json").write_text(json.dumps(cfg))  # an SGLang config where SpecForge reads one
+    with pytest.raises(CheckpointError, match="no final norm before lm_head"):
+        import_draft(sf, "specforge", target=target)

@@ -22,6 +22,8 @@ How engines write the same physical state (read from their source; shared/resear
     sglang          b - 1 if b[0]==2, else b          1 .. L-1, b[0]!=1 PR #25454: +1 only if first id 1
                                                                           (seen in DeepSeek-V2-family code)
     specforge       b - 1  (hook on layer id)         1 .. L            HF backend hooks layer id's output
+                                                                          (SpecForge <= 0.1; 0.2 captures
+                                                                          through SGLang: see the doctor)
     modelopt        b - 1  (hook on layer id)         1 .. L            forward hook = output of layer id
     eagle           hard-coded (2, L//2, L-3)         default only      SafeAILab EAGLE has no setting
 
@@ -67,7 +69,10 @@ CONVENTIONS: dict[str, Convention] = {
         Convention("sglang", "SGLang eagle_config ids, PR #25454 rule (+1 only if first id is 1)", 1, False),
         Convention("sglang-legacy", "SGLang eagle_config ids before PR #25454 (always +1)", 1, False),
         # SpecForge's HF backend hooks the output of layer id (so L is reachable there); its SGLang
-        # backend cannot capture b=L, which the sglang conventions refuse at export time.
+        # backend cannot capture b=L, which the sglang conventions refuse at export time. SpecForge 0.2.0
+        # removed the HF backend and captures through SGLang's set_eagle3_layers_to_capture, so its ids
+        # then follow the pinned SGLang's rule; both readings agree when the first tap is boundary 2
+        # (id 1), the default. The doctor warns when they would not.
         Convention("specforge", "SpecForge ids (output of layer id; HF backend forward hooks)", 1, True),
         Convention("modelopt", "ModelOpt ids (forward hook on decoder layer id)", 1, True),
         Convention("eagle", "SafeAILab EAGLE: hard-coded hidden_states[2, L//2, L-3]", 1, False),

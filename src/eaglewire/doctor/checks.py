@@ -160,6 +160,11 @@ def layer_ids(ins: Inspection, target: Any) -> list[Finding]:
     if n_fc and n_fc != len(ids):
         out.append(_f("error", "layer_ids", f"{len(ids)} layer ids but fc reads {n_fc} taps",
                       "the fc input width will not match what the engine concatenates", "fix the id list"))
+    if ins.engine.name == "specforge" and _decodes(ids, "sglang", L) != tuple(delivered):
+        out.append(_f("warn", "layer_ids", f"ids {ids} mean boundaries {list(delivered)} when hooked on layer outputs "
+                      f"(SpecForge <= 0.1) but {list(_decodes(ids, 'sglang', L) or [])} when captured through SGLang "
+                      "(SpecForge 0.2)", "the same config taps other layers depending on SpecForge's capture backend",
+                      "train taps starting at boundary 2 (ids starting at 1 read the same in both)"))
     if ins.engine.name in ("sglang", "sglang-legacy"):
         other = "sglang-legacy" if ins.engine.name == "sglang" else "sglang"
         if _decodes(ids, other, L) != tuple(delivered):
@@ -222,6 +227,11 @@ def norm_flags(ins: Inspection, target: Any) -> list[Finding]:
         if on and flag not in ins.engine.norms:
             out.append(_f("error", "norm_flags", f"the draft was trained with {flag} but {ins.engine.name} does not "
                           "implement it", "the engine runs a different function with no error", "serve on vllm or retrain"))
+    if ins.engine.name == "specforge" and ins.config.get("norm_output", True) is False:
+        out.append(_f("error", "norm_flags", "norm_output: false in a config SpecForge reads",
+                      "SpecForge reads it as 'no final norm before lm_head' (SGLang: 'feed the pre-norm state "
+                      "back'), so an SGLang export warm-started in SpecForge is trained/scored without the final norm",
+                      "eaglewire export --format specforge (writes norm_output: true)"))
     if ins.is_speculators and "norm_before_residual" not in ins.config:
         out.append(_f("error" if not trained.get("norm_before_residual") else "warn", "norm_flags",
                       "norm_before_residual is absent from the speculators config",

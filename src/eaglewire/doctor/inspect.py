@@ -40,8 +40,9 @@ ENGINES: dict[str, EngineRules] = {
                         ("layers.0.", "midlayer."),
                         frozenset({"norm_before_fc", "fc_norm", "norm_output", "norm_before_residual"}), False, False),
     "eagle": EngineRules("eagle", "eagle", (), ("midlayer.",), frozenset(), False, True),
+    # SpecForge 0.2.0: norm_output means "final norm before lm_head" there (see formats/layouts.py)
     "specforge": EngineRules("specforge", "specforge", ("eagle_config.eagle_aux_hidden_state_layer_ids",),
-                             ("midlayer.",), frozenset({"fc_norm", "norm_output"}), True, True),
+                             ("midlayer.",), frozenset({"fc_norm"}), True, True),
 }
 
 

@@ -9,9 +9,17 @@ and the loader facts gathered for this module):
                 eagle_aux_hidden_state_layer_ids in vLLM's meaning, every norm flag written explicitly
                 (vLLM's speculators path defaults norm_before_residual to True), layers.N.*
     eagle       SafeAILab EAGLE: plain Llama config + draft_vocab_size, midlayer.*, taps hard-coded
-    specforge   SpecForge's export: LlamaForCausalLMEagle3, midlayer.*, ids in SpecForge's meaning
+    specforge   SpecForge's export: LlamaForCausalLMEagle3, midlayer.*, ids in SpecForge's meaning, exactly
+                3 taps (its fc is hard-coded to 3*H), norm_output in SpecForge's meaning (below)
 Limits that would make an engine silently compute something else are refused at export (e.g. SGLang
 never reads norm_before_fc or norm_before_residual; SafeAILab EAGLE has no norm flags at all).
+
+`norm_output` means two different things: in SGLang and vLLM it is "feed the POST-norm state to the
+next draft step" (default false); in SpecForge 0.2.0 (llama3_eagle.py compute_logits) it is "apply the
+final norm before lm_head" (default true), and its TTT always feeds the pre-norm state. Every eaglewire
+draft applies the final norm, so SpecForge exports say norm_output: true, eaglewire's own norm_output
+(post-norm feedback) cannot be exported to SpecForge, and an SGLang export (norm_output: false) is not a
+SpecForge export (found by loading our exports with SpecForge's own class: tests/test_real_clients.py).
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ LAYOUTS = {
     "vllm": Layout("vllm", "vllm", "layers.0.", True,
                    frozenset({"norm_before_fc", "fc_norm", "norm_output", "norm_before_residual"}), False),
     "eagle": Layout("eagle", "eagle", "midlayer.", False, frozenset(), False),
-    "specforge": Layout("specforge", "specforge", "midlayer.", False, frozenset({"fc_norm", "norm_output"}), False),
+    "specforge": Layout("specforge", "specforge", "midlayer.", False, frozenset({"fc_norm"}), False),
 }
 LAYOUTS["speculators"] = LAYOUTS["vllm"]
 
@@ -56,6 +64,10 @@ def check_exportable(layout: Layout, cfg: DraftConfig) -> None:
                               found=f"num_layers={cfg.num_layers}",
                               fix="export to vllm/speculators (layers.N.*); SGLang versions name extra layers "
                               "differently (additional_layers.* vs layers.N.*)")
+    if layout.name == "specforge" and cfg.num_taps != 3:
+        raise CheckpointError("SpecForge drafts read exactly 3 taps", expected="3 taps (its fc is 3*H wide and it "
+                              "demands three layer ids)", found=f"{cfg.num_taps} taps",
+                              fix="export to vllm/speculators or sglang, or retrain with 3 taps")
     used = {k for k, v in cfg.norm.__dict__.items() if v}
     missing = sorted(used - layout.norms)
     if missing:
@@ -113,6 +125,8 @@ def make_config(layout: Layout, cfg: DraftConfig, contract: WiringContract, dtyp
     if layout.name != "eagle":
         out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True}
         out.update(num_aux_hidden_states=cfg.num_taps, fc_norm=norm["fc_norm"], norm_output=norm["norm_output"])
+    if layout.name == "specforge":
+        out["norm_output"] = True  # SpecForge's meaning: final norm before lm_head (see the module docstring)
     return out
 
 
@@ -129,6 +143,13 @@ def draft_config_from(layout: Layout, config: dict[str, Any], num_taps: int) -> 
     """DraftConfig from an exported config (the inverse of make_config)."""
     base = config["transformer_layer_config"] if layout.name == "vllm" else config
     flags = {k: bool(config.get(k, base.get(k, False))) for k in NormFlags.__dataclass_fields__}
+    if layout.name == "specforge":
+        if not config.get("norm_output", True):
+            raise CheckpointError("SpecForge norm_output: false means no final norm before lm_head",
+                                  expected="norm_output true or absent (SpecForge's default)", found="false",
+                                  fix="eaglewire drafts always apply the final norm; an SGLang export's "
+                                  "norm_output: false means something else: import it with --format sglang")
+        flags["norm_output"] = False  # SpecForge always feeds the pre-norm state to the next step
     try:
         return DraftConfig(hidden_size=base["hidden_size"], intermediate_size=base["intermediate_size"],
                            num_attention_heads=base["num_attention_heads"],

@@ -121,8 +121,8 @@ class RunConfig(_Strict):
 
 # Budgets: measured on 2 CPU cores with the embedded target (README). Each is a partial RunConfig.
 BUDGETS: dict[str, dict[str, Any]] = {
-    "quick": {"data": {"conversations": 292},
-              "train": {"max_steps": 120, "ttt_steps": 3, "warmup_steps": 10, "eval_every": 40, "ckpt_every": 40},
+    "quick": {"data": {"conversations": 292}, "vocab": {"draft_vocab_size": 8000},
+              "train": {"max_steps": 100, "ttt_steps": 2, "warmup_steps": 10, "eval_every": 50, "ckpt_every": 25},
               "bench": {"prompts": 4, "max_new_tokens": 96}},
     "standard": {"data": {"conversations": 1000},
                  "train": {"max_steps": 600, "ttt_steps": 4, "eval_every": 100, "ckpt_every": 100},
