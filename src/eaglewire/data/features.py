@@ -96,14 +96,19 @@ def _shard_ok(path: Path, fingerprint: str, ids: list[str]) -> bool:
 def capture_shard(target: Target, contract: WiringContract, samples: list[Sample], pad_id: int,
                   batch_size: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     online = OnlineFeatures(target, contract, pad_id)
-    parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("input_ids", "loss_mask", "taps", "final_hidden")}
-    for i in range(0, len(samples), batch_size):
-        fb = online.batch(samples[i:i + batch_size])
-        real = fb.attention_mask.bool()
-        parts["input_ids"].append(fb.input_ids[real])
-        parts["loss_mask"].append(fb.loss_mask[real])
-        parts["taps"].append(fb.taps[real].to(dtype))
-        parts["final_hidden"].append(fb.final_hidden[real].to(dtype))
+    keys = ("input_ids", "loss_mask", "taps", "final_hidden")
+    rows: list[dict[str, torch.Tensor] | None] = [None] * len(samples)
+    # Batches of similar length (sorted), rows stored back in sample order: padding a 60-token sample to
+    # its 1000-token neighbour cost ~3x the target forwards on ShareGPT-like data.
+    order = sorted(range(len(samples)), key=lambda j: len(samples[j].input_ids))
+    for i in range(0, len(order), batch_size):
+        idx = order[i:i + batch_size]
+        fb = online.batch([samples[j] for j in idx])
+        for r, j in enumerate(idx):
+            n = len(samples[j].input_ids)  # right padding: the first n positions are real
+            rows[j] = {"input_ids": fb.input_ids[r, :n], "loss_mask": fb.loss_mask[r, :n],
+                       "taps": fb.taps[r, :n].to(dtype), "final_hidden": fb.final_hidden[r, :n].to(dtype)}
+    parts = {k: [row[k] for row in rows] for k in keys}
     out = {k: torch.cat(v) for k, v in parts.items()}
     lengths = torch.tensor([len(s.input_ids) for s in samples])
     out["offsets"] = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])

@@ -25,7 +25,7 @@ from eaglewire.spec.tree import TreeShape
 
 METHODS = ("hf_generate", "vanilla", "prompt_lookup", "eagle_chain", "eagle_tree")
 # Defaults of `eaglewire bench` and of the run config's bench section (defined here only). Small shapes:
-# on a CPU a verify of 1-3 tokens costs about one decode step and 4+ cost 1.4-1.8x (benchmarks/bench_verify.py).
+# on a CPU a verify of 1-3 tokens costs about one decode step and 4-16 cost 1.6-2.2x (benchmarks/bench_verify.py).
 QUESTIONS, PROMPTS, MAX_NEW_TOKENS = "mtbench", 8, 128
 CHAIN_K = 1
 TREE = TreeShape(num_steps=2, topk=2, num_draft_tokens=3)

@@ -107,9 +107,10 @@ class LeanTarget:
         return self.policy[max(k for k in self.policy if k <= rows)]
 
     @torch.no_grad()
-    def calibrate(self, ks: tuple[int, ...] = (1, 2, 4, 8, 16, 32), reps: int = 3) -> dict[int, str]:
+    def calibrate(self, ks: tuple[int, ...] = (1, 2, 3, 4, 8, 16, 32), reps: int = 5) -> dict[int, str]:
         """Time a whole verify forward per layout and row count on this machine; keep the fastest.
-        MKL's small-M GEMM speed depends on orientation, and which one wins differs between machines."""
+        MKL's small-M GEMM speed depends on orientation, and which one wins differs between machines.
+        Layouts alternate within each repetition (machine noise drifts; back-to-back blocks biased it)."""
         import time
 
         best: dict[int, str] = {}
@@ -117,15 +118,14 @@ class LeanTarget:
         for k in ks:
             ids = torch.zeros(1, prefix + k, dtype=torch.long, device=self.embed.device)
             pos = torch.arange(prefix + k, device=ids.device)[None]
-            timing = {}
-            for lay in LAYOUTS:
-                self.policy = {1: lay}
-                samples = []
-                for _ in range(reps):
+            samples: dict[str, list[float]] = {lay: [] for lay in LAYOUTS}
+            for _ in range(reps):
+                for lay in LAYOUTS:
+                    self.policy = {1: lay}
                     t0 = time.perf_counter()
                     self.forward(ids[:, prefix:], pos[:, prefix:], prefix)
-                    samples.append(time.perf_counter() - t0)
-                timing[lay] = sorted(samples)[len(samples) // 2]
+                    samples[lay].append(time.perf_counter() - t0)
+            timing = {lay: sorted(v)[len(v) // 2] for lay, v in samples.items()}
             best[k] = min(timing, key=timing.get)
         self.policy = best
         return best
