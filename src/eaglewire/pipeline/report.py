@@ -133,7 +133,9 @@ def _sections(ctx: Ctx, timings: dict[str, dict[str, Any]], pngs: dict[str, Path
         "one process, methods interleaved, medians; every method's tokens are compared with vanilla's.", verdict(res)],
         tables=[_bench_rows(res)], images=[("per-position acceptance and tokens/s", pngs["bench"])]))
     sec.append(Section("Deploy", ["Launch commands with the exported drafts and the benchmark's knobs "
-                                  "(check first: eaglewire doctor DIR --engine sglang|vllm):"],
+                                  "(check first: eaglewire doctor DIR --engine sglang|vllm). On a GPU a verify "
+                                  "of many tokens costs about one decode step, so deeper knobs pay off there; "
+                                  "eaglewire doctor expect --draft DIR predicts τ for any knobs."],
                        code=list(launch_commands(ctx).values())))
     sec.append(Section("Stages", tables=[(["stage", "seconds", "status", "directory"],
                                           [[n, f"{t['seconds']:.0f}", "kept from earlier run" if t["reused"] else "ran",
