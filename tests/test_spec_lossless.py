@@ -122,3 +122,12 @@ def test_hf_fallback_runtime_lossless(arch, shape):
     draft, contract = build_draft(target, taps=(1, 2, 3))
     out, _ = SpecDecoder(make_runtime(target, 128), EagleProposer(draft, contract, shape, 128)).generate(PROMPT, 20)
     assert out == ref
+
+
+def test_cli_tree_knob_defaults():
+    from eaglewire.cli_spec import tree_shape
+    from eaglewire.spec.bench import TREE
+
+    assert tree_shape(None, None, None, None) == TREE
+    assert tree_shape(4, 1, None, None) == TreeShape(num_steps=4, topk=1, num_draft_tokens=5)  # a chain: N = S+1
+    assert tree_shape(None, None, None, 3) == TreeShape.chain(3)

@@ -11,7 +11,7 @@ import typer
 from eaglewire.spec import bench as B
 from eaglewire.spec.tree import TreeShape
 
-SHAPE = TreeShape()  # the one place the tree defaults live
+SHAPE = B.TREE  # generate/serve use the benchmark's tree knobs (defined once, in spec/bench.py)
 DRAFT_HELP = "Native draft checkpoint directory (default: the draft shipped for the embedded SmolLM2 target)."
 
 
@@ -50,8 +50,10 @@ def tree_shape(num_steps: Optional[int], topk: Optional[int], num_draft_tokens: 
                                  expected="--num-speculative-tokens alone, or --num-steps/--topk/--num-draft-tokens",
                                  found="both")
         return TreeShape.chain(num_speculative_tokens)
-    return TreeShape(num_steps=num_steps or SHAPE.num_steps, topk=topk or SHAPE.topk,
-                     num_draft_tokens=num_draft_tokens or SHAPE.num_draft_tokens)
+    steps, k = num_steps or SHAPE.num_steps, topk or SHAPE.topk
+    # a chain (K=1) verifies exactly S drafted tokens: --topk 1 --num-steps S alone means N = S+1
+    n = num_draft_tokens or (steps + 1 if k == 1 else SHAPE.num_draft_tokens)
+    return TreeShape(num_steps=steps, topk=k, num_draft_tokens=n)
 
 
 def generate_cmd(
