@@ -2,11 +2,12 @@
 # A second venv with the real SpecForge package, used by tests/test_real_clients.py to load our SpecForge and
 # SGLang exports the way SpecForge warm-starts an EAGLE-3 draft (its own config resolver, builder, weight
 # loader and LlamaForCausalLMEagle3) and compare its logits with ours, on CPU.
-#   bash scripts/specforge_venv.sh .venv-specforge && export EAGLEWIRE_SPECFORGE_PYTHON=.venv-specforge/bin/python
+#   bash scripts/specforge_venv.sh && export EAGLEWIRE_SPECFORGE_PYTHON=~/.cache/eaglewire/client-venvs/specforge/bin/python
+# The venv lives in the user cache (a third-party tree does not belong in the repository).
 # specforge 0.2.0 pins torch==2.11.0 and sglang==0.5.14 (CUDA builds, GBs; sglang is only its capture
 # server), so it is installed with --no-deps and only what the draft-model path imports is added.
 set -euo pipefail
-V="${1:-.venv-specforge}"
+V="${1:-"${EAGLEWIRE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/eaglewire}/client-venvs/specforge}"
 python3 -m venv "$V"
 # The CPU wheel on local disk (the same torch as eaglewire's venv); any other version pulls a CUDA build.
 "$V/bin/pip" install -q torch==2.13.0

@@ -31,3 +31,18 @@ def test_readme_main_job_is_a_valid_run_command():
     r = CliRunner().invoke(app, main[1:] + ["--show-config"])
     assert r.exit_code == 0, r.output
     assert '"conversations"' in r.output
+
+
+def test_no_third_party_tree_is_tracked():
+    """A venv committed by accident (it happened once: 20k files of .venv-specforge) bloats every clone and
+    drags other projects' code into our checks. Client venvs live in the user cache instead."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout (an sdist/wheel install has no history to check)")
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    bad = [p for p in tracked.splitlines() if "site-packages/" in p or p.split("/")[0].startswith(".venv")]
+    assert not bad, f"{len(bad)} third-party files tracked, e.g. {bad[:3]}"
