@@ -7,7 +7,8 @@
 # specforge 0.2.0 pins torch==2.11.0 and sglang==0.5.14 (CUDA builds, GBs; sglang is only its capture
 # server), so it is installed with --no-deps and only what the draft-model path imports is added.
 set -euo pipefail
-V="${1:-"${EAGLEWIRE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/eaglewire}/client-venvs/specforge}"
+DEFAULT="${EAGLEWIRE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/eaglewire}/client-venvs/specforge"
+V="${1:-$DEFAULT}"
 python3 -m venv "$V"
 # The CPU wheel on local disk (the same torch as eaglewire's venv); any other version pulls a CUDA build.
 "$V/bin/pip" install -q torch==2.13.0

@@ -4,7 +4,8 @@
 #   bash scripts/speculators_venv.sh && export EAGLEWIRE_SPECULATORS_PYTHON=~/.cache/eaglewire/client-venvs/speculators/bin/python
 # The venv lives in the user cache (a third-party tree does not belong in the repository).
 set -euo pipefail
-V="${1:-"${EAGLEWIRE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/eaglewire}/client-venvs/speculators}"
+DEFAULT="${EAGLEWIRE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/eaglewire}/client-venvs/speculators"
+V="${1:-$DEFAULT}"
 python3 -m venv "$V"
 "$V/bin/pip" install -q torch==2.13.0
 "$V/bin/pip" install -q "transformers==5.19.0" safetensors pydantic pydantic-settings loguru openai "datasets>=4.0,<=5.1"
