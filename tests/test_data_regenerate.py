@@ -119,3 +119,16 @@ def test_server_client_against_loopback_http(tmp_path, source):
     dead = ServerGenerator(url, "smol", S, tokenizer=FakeTok(), timeout=2)
     with pytest.raises(EaglewireError, match="failed"):
         dead.generate([[{"role": "user", "content": "x"}]], seed=0)
+
+
+def test_unicode_line_separators_inside_answers_survive(tmp_path):
+    from eaglewire.data.regenerate import append_records
+
+    out = tmp_path / "r.jsonl.gz"
+    odd = [{"id": "a", "messages": [{"role": "assistant", "content": "one\u2028two\x85three\u2029"}]},
+           {"id": "b", "messages": [{"role": "assistant", "content": "plain"}]}]
+    append_records(out, odd)
+    append_records(out, [{"id": "c", "messages": []}])
+    got = read_done(out, repair=True)
+    assert [r["id"] for r in got] == ["a", "b", "c"] and got[0] == odd[0]
+    assert len(read_done(out)) == 3  # repair kept every member

@@ -102,7 +102,9 @@ def _ddp_worker(rank: int, world: int, port: int, out: str) -> None:
     info = setup()
     target, vmap, contract, feats = _setup()
     samples = tiny_samples(16)
-    c = TrainConfig(max_steps=2, batch_size=2, warmup_steps=1, eval_every=2, ckpt_every=2, ttt_steps=2)
+    # fp32 on every CPU: the equality below is exact arithmetic; bf16 autocast (on CPUs with native bf16)
+    # rounds each rank's half-batch differently from the whole batch
+    c = TrainConfig(max_steps=2, batch_size=2, warmup_steps=1, eval_every=2, ckpt_every=2, ttt_steps=2, dtype="fp32")
     train(target, contract, vmap, feats, samples[:12], samples[12:], c, out, info)
     teardown(info)
 
@@ -111,7 +113,7 @@ def test_ddp_two_processes_equal_single_process_global_batch(tmp_path):
     mp.spawn(_ddp_worker, args=(2, _free_port(), str(tmp_path / "ddp")), nprocs=2, join=True)
     target, vmap, contract, feats = _setup()
     samples = tiny_samples(16)
-    c = TrainConfig(max_steps=2, batch_size=4, warmup_steps=1, eval_every=2, ckpt_every=2, ttt_steps=2)
+    c = TrainConfig(max_steps=2, batch_size=4, warmup_steps=1, eval_every=2, ckpt_every=2, ttt_steps=2, dtype="fp32")
     # one process, global batch 4 = 2 ranks x 2; DistInfo(world_size=1) sees the same global batches
     train(target, contract, vmap, feats, samples[:12], samples[12:], c, tmp_path / "one", DistInfo())
     wd = load_checkpoint(tmp_path / "ddp" / "draft", target=target).state_dict()

@@ -170,3 +170,14 @@ def _require_no_nan(draft: Eagle3Draft, *, skip_embedding: bool, where: str) -> 
             continue
         if torch.isnan(p).any():
             raise EaglewireError(f"{where}: weight {name!r} was never loaded (NaN sentinel remains)")
+
+
+def released_draft_dir() -> Path:
+    """The draft released inside the package for the embedded default target (SmolLM2-135M)."""
+    from importlib.resources import files
+
+    shipped = Path(str(files("eaglewire") / "assets" / "drafts" / "smollm2-135m"))
+    if not (shipped / "model.safetensors").is_file():
+        raise CheckpointError("no released draft in this install", expected=str(shipped),
+                              found="missing", fix="pass --draft DIR (from `eaglewire train`)")
+    return shipped

@@ -17,17 +17,9 @@ DRAFT_HELP = "Native draft checkpoint directory (default: the draft shipped for 
 
 def resolve_draft(draft: Optional[Path]) -> Path:
     """--draft, or the released draft inside the package for the embedded default target."""
-    if draft is not None:
-        return draft
-    from importlib.resources import files
+    from eaglewire.checkpoint import released_draft_dir
 
-    from eaglewire.errors import EaglewireError
-
-    shipped = Path(str(files("eaglewire") / "assets" / "drafts" / "smollm2-135m"))
-    if not (shipped / "model.safetensors").is_file():
-        raise EaglewireError("no --draft given and no released draft in this install", expected=str(shipped),
-                             found="missing", fix="pass --draft DIR (from `eaglewire train`)")
-    return shipped
+    return draft if draft is not None else released_draft_dir()
 
 TREE_HELP = ("Tree knobs use SGLang's meaning: --num-steps S (draft depth), --topk K (branching), "
              "--num-draft-tokens N (verified tokens per round INCLUDING the root/last accepted token). "
@@ -120,8 +112,12 @@ def bench_cmd(
     num_steps: int = typer.Option(B.TREE.num_steps, "--num-steps", help="Tree run: S. " + TREE_HELP),
     topk: int = typer.Option(B.TREE.topk, "--topk", help="Tree run: K."),
     num_draft_tokens: int = typer.Option(B.TREE.num_draft_tokens, "--num-draft-tokens", help="Tree run: N including the root."),
+    methods: str = typer.Option(",".join(B.METHODS), "--methods", help="Comma list of " + ", ".join(B.METHODS) +
+                                " (vanilla is always needed: the lossless reference and the speedup base)."),
 ) -> None:
-    """HF generate vs vanilla vs prompt lookup vs EAGLE-3 chain vs tree, interleaved in one process."""
+    """HF generate vs vanilla vs prompt lookup vs EAGLE-3 chain vs tree, interleaved in one process.
+
+    Questions are taken round-robin over the file's categories (MT-bench: one of each of its 8 first)."""
     cli = _cli()
 
     @cli.friendly
@@ -134,7 +130,8 @@ def bench_cmd(
         prompts = bench.bench_prompts(tgt, questions, limit, turns, answers)
         result = bench.run_bench(tgt, d, prompts, max_new_tokens, TreeShape.chain(chain_k),
                                  TreeShape(num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens),
-                                 log=lambda s: cli.err_console.print(s, highlight=False))
+                                 log=lambda s: cli.err_console.print(s, highlight=False),
+                                 methods=[m.strip() for m in methods.split(",") if m.strip()])
         result["questions"], result["draft"], result["turns"] = questions, str(resolve_draft(draft)), turns
         bench.write(result, out)
         cli.out_console.print(bench.markdown(result), markup=False, highlight=False)

@@ -4,7 +4,11 @@ Offline layout (`eaglewire data capture`):
     DIR/manifest.json        {"format", "contract", "shards": [...], "tokens", "tap_stats": {mean, std}}
     DIR/shard-00000.safetensors
         input_ids int64 [N], loss_mask int64 [N], offsets int64 [S+1] (sample k = [offsets[k], offsets[k+1]))
-        taps [N, n*H] and final_hidden [N, H] (the target's final-norm state; logits = lm_head(final_hidden))
+        taps [N, n*H] and final_hidden [N, H] (the target's final-norm state; logits = lm_head(final_hidden)),
+            stored in bf16 by default (2 bytes a channel; the loss reads them back in fp32)
+        target_top1 int32 [N]  the target's fp32 argmax at each position (training masks positions whose
+            top-1 the draft vocab lacks; storing it spares training the full V-wide head: it then needs only
+            the V_d head rows). Bytes per token, 3 taps of H=576, bf16: 3456 + 1152 + 4 + 16 = 4628.
         stat_sum / stat_sumsq float64 [n*H]  (per-channel sums over this shard, for the tap fingerprint)
         metadata: contract fingerprint, sample ids
 Shard k always holds samples [k*S, (k+1)*S) of the deterministic sample order; each is written to a
@@ -31,6 +35,7 @@ from eaglewire.target.capture import capture
 from eaglewire.target.loader import Target
 
 FORMAT = "eaglewire.features/1"
+DEFAULT_STORE_DTYPE = torch.bfloat16  # half the bytes of fp32; top-1 agreement of the draft unchanged (README)
 
 
 @dataclass
@@ -40,10 +45,12 @@ class FeatureBatch:
     attention_mask: torch.Tensor  # [B, T] 1 on real tokens
     taps: torch.Tensor  # [B, T, n*H_t]
     final_hidden: torch.Tensor  # [B, T, H_t] target final-norm hidden (logits = lm_head of it)
+    target_top1: torch.Tensor | None = None  # [B, T] the target's argmax token (stored at capture), or None
 
     def to(self, device: torch.device | str) -> "FeatureBatch":
-        return FeatureBatch(*(t.to(device) for t in (self.input_ids, self.loss_mask, self.attention_mask,
-                                                      self.taps, self.final_hidden)))
+        return FeatureBatch(*(t.to(device) if t is not None else None
+                              for t in (self.input_ids, self.loss_mask, self.attention_mask, self.taps,
+                                        self.final_hidden, self.target_top1)))
 
 
 def features_view(contract: WiringContract) -> WiringContract:
@@ -96,7 +103,8 @@ def _shard_ok(path: Path, fingerprint: str, ids: list[str]) -> bool:
 def capture_shard(target: Target, contract: WiringContract, samples: list[Sample], pad_id: int,
                   batch_size: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     online = OnlineFeatures(target, contract, pad_id)
-    keys = ("input_ids", "loss_mask", "taps", "final_hidden")
+    keys = ("input_ids", "loss_mask", "taps", "final_hidden", "target_top1")
+    head = target.model.get_output_embeddings().weight.detach().float()  # [V, H]
     rows: list[dict[str, torch.Tensor] | None] = [None] * len(samples)
     # Batches of similar length (sorted), rows stored back in sample order: padding a 60-token sample to
     # its 1000-token neighbour cost ~3x the target forwards on ShareGPT-like data.
@@ -106,8 +114,11 @@ def capture_shard(target: Target, contract: WiringContract, samples: list[Sample
         fb = online.batch([samples[j] for j in idx])
         for r, j in enumerate(idx):
             n = len(samples[j].input_ids)  # right padding: the first n positions are real
+            hid = fb.final_hidden[r, :n]
+            top1 = torch.cat([(h.float() @ head.T).argmax(-1) for h in hid.split(512)])  # fp32, before storage
             rows[j] = {"input_ids": fb.input_ids[r, :n], "loss_mask": fb.loss_mask[r, :n],
-                       "taps": fb.taps[r, :n].to(dtype), "final_hidden": fb.final_hidden[r, :n].to(dtype)}
+                       "taps": fb.taps[r, :n].to(dtype), "final_hidden": hid.to(dtype),
+                       "target_top1": top1.to(torch.int32)}
     parts = {k: [row[k] for row in rows] for k in keys}
     out = {k: torch.cat(v) for k, v in parts.items()}
     lengths = torch.tensor([len(s.input_ids) for s in samples])
@@ -119,7 +130,7 @@ def capture_shard(target: Target, contract: WiringContract, samples: list[Sample
 
 def capture_features(target: Target, contract: WiringContract, samples: list[Sample], out: Path, *,
                      pad_id: int, shard_samples: int = 256, batch_size: int = 4,
-                     dtype: torch.dtype = torch.float32,
+                     dtype: torch.dtype = DEFAULT_STORE_DTYPE,
                      on_shard: Callable[[int, int, int], None] | None = None) -> dict:
     """Write (or resume) offline feature shards and the manifest; returns the manifest."""
     out = Path(out)
@@ -196,7 +207,9 @@ class OfflineFeatures:
             if self.max_cached_shards is not None and len(self._cache) >= self.max_cached_shards:
                 self._cache.pop(next(iter(self._cache)))
             with safe_open(str(self.dir / self.manifest["shards"][k]["file"]), framework="pt") as f:
-                self._cache[k] = {n: f.get_tensor(n) for n in ("input_ids", "loss_mask", "taps", "final_hidden", "offsets")}
+                # target_top1 is absent from shards captured before it was stored (training then
+                # computes it from the full head: same result, slower)
+                self._cache[k] = {n: f.get_tensor(n) for n in (*_ROW_KEYS, "offsets") if n in f.keys()}
         else:
             self._cache[k] = self._cache.pop(k)  # most recently used last
         return self._cache[k]
@@ -220,12 +233,18 @@ class OfflineFeatures:
             k, j = self.index[s.id]
             sh = self._shard(k)
             a, b = int(sh["offsets"][j]), int(sh["offsets"][j + 1])
-            rows.append({n: sh[n][a:b] for n in ("input_ids", "loss_mask", "taps", "final_hidden")})
+            rows.append({n: sh[n][a:b] for n in _ROW_KEYS if n in sh})
         ids, loss, attn = collate([Sample("", r["input_ids"], r["loss_mask"]) for r in rows], self.pad_id)
         B, T = ids.shape
         taps = torch.zeros(B, T, rows[0]["taps"].shape[-1])
         hid = torch.zeros(B, T, rows[0]["final_hidden"].shape[-1])
+        top1 = torch.zeros(B, T, dtype=torch.long) if all("target_top1" in r for r in rows) else None
         for i, r in enumerate(rows):
             n = len(r["input_ids"])
             taps[i, :n], hid[i, :n] = r["taps"].float(), r["final_hidden"].float()
-        return FeatureBatch(ids, loss, attn, taps, hid)
+            if top1 is not None:
+                top1[i, :n] = r["target_top1"].long()
+        return FeatureBatch(ids, loss, attn, taps, hid, top1)
+
+
+_ROW_KEYS = ("input_ids", "loss_mask", "taps", "final_hidden", "target_top1")

@@ -74,7 +74,9 @@ def read_done(path: Path, *, repair: bool = False) -> list[dict]:
         if not d.eof:
             break
         try:
-            batch = [json.loads(line) for line in text.decode("utf-8").splitlines() if line]
+            # split on "\n" only: str.splitlines also breaks at U+2028, U+0085, ... which json.dumps
+            # (ensure_ascii=False) leaves raw inside strings; that once made a reader stop at such a record
+            batch = [json.loads(line) for line in text.decode("utf-8").split("\n") if line]
         except (UnicodeDecodeError, json.JSONDecodeError):
             break
         records.extend(batch)
@@ -173,32 +175,44 @@ def _regenerate_batch(gen: Generator, batch: list[Conversation], s: GenerationSe
     return out
 
 
-def regen_meta(source: str | Path, s: GenerationSettings, gen: Generator) -> dict:
+def regen_meta(source: str | Path, s: GenerationSettings, gen: Generator, start: int = 0) -> dict:
     """What identifies a regeneration file's contents (its `.meta.json` sidecar)."""
     # batch_size is a throughput knob, not part of the data's identity: a resume may change it.
     settings = {k: v for k, v in asdict(s).items() if k != "batch_size"}
-    return {"source": str(source), "settings": settings, "generator": gen.identity()}
+    meta = {"source": str(source), "settings": settings, "generator": gen.identity()}
+    if start:  # a file of conversations [start, start + limit) (another file holds the ones before)
+        meta["start"] = start
+    return meta
 
 
-def regenerate(source: str, out: Path, gen: Generator, s: GenerationSettings, *, limit: int,
+def _todo(source: str, done: set[str], limit: int, start: int, read_stats: ReadStats | None) -> Iterator[Conversation]:
+    # Conversations [start, start + limit) of the source minus those already in the file: which
+    # conversations a file holds depends only on (start, limit), never on how often it was resumed.
+    first = (c for i, c in zip(range(start + limit), read_conversations(source, read_stats)) if i >= start)
+    return (c for c in first if c.id not in done)
+
+
+def regenerate(source: str, out: Path, gen: Generator, s: GenerationSettings, *, limit: int, start: int = 0,
                on_batch: Callable[[RegenStats, int], None] | None = None,
                read_stats: ReadStats | None = None) -> RegenStats:
-    """Regenerate the first `limit` conversations of `source` into `out` (resuming if it exists)."""
+    """Regenerate conversations [start, start + limit) of `source` into `out` (resuming if it exists).
+    A generator with `chat_one` (a serving engine) is kept full by a rolling pool instead of batches."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    _check_meta(out, regen_meta(source, s, gen))
+    _check_meta(out, regen_meta(source, s, gen, start))
     done = {r["id"] for r in read_done(out, repair=True)}
     stats = RegenStats(conversations=len(done))
-    # The first `limit` conversations of the source, minus those already in the file: which conversations
-    # a file holds depends only on `limit`, never on how often the run was killed and resumed.
-    first = (c for _, c in zip(range(limit), read_conversations(source, read_stats)))
-    todo = (c for c in first if c.id not in done)
-    start = time.perf_counter()
+    todo = _todo(source, done, limit, start, read_stats)
+    if hasattr(gen, "chat_one"):
+        from eaglewire.data.regen_pool import regenerate_rolling
+
+        return regenerate_rolling(gen, todo, out, s, stats, on_batch)
+    t0 = time.perf_counter()
     for i, batch in enumerate(_batches(todo, s.batch_size)):
         records = _regenerate_batch(gen, batch, s, seed=s.seed + len(done) + i, stats=stats)
         append_records(out, records)
         stats.conversations += len(records)
-        stats.seconds = time.perf_counter() - start
+        stats.seconds = time.perf_counter() - t0
         if on_batch:
             on_batch(stats, len(records))
     return stats

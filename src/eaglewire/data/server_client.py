@@ -17,18 +17,21 @@ from eaglewire.errors import EaglewireError
 
 class ServerGenerator:
     def __init__(self, base_url: str, model: str | None, s: GenerationSettings, tokenizer: Any,
-                 timeout: float = 600.0) -> None:
+                 timeout: float = 600.0, identity: dict | None = None) -> None:
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model, self.s, self.tok, self.timeout = model or "default", s, tokenizer, timeout
+        # An engine started by eaglewire names itself by what it runs (engine, version, dtype, target),
+        # not by its port, so a file regenerated through it resumes in a later sitting.
+        self._identity = identity or {"kind": "server", "url": self.url, "model": self.model}
 
     def identity(self) -> dict:
-        return {"kind": "server", "url": self.url, "model": self.model}
+        return self._identity
 
     def prompt_tokens(self, messages: list[dict[str, str]]) -> int:
         return len(self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                                 return_dict=True)["input_ids"])
 
-    def _one(self, messages: list[dict[str, str]], seed: int) -> Reply:
+    def chat_one(self, messages: list[dict[str, str]], seed: int) -> Reply:
         body = {"model": self.model, "messages": messages, "max_tokens": self.s.max_new_tokens,
                 "temperature": self.s.temperature, "top_p": self.s.top_p, "seed": seed}
         req = urllib.request.Request(self.url, data=json.dumps(body).encode(),
@@ -51,4 +54,4 @@ class ServerGenerator:
 
     def generate(self, prompts: list[list[dict[str, str]]], seed: int) -> list[Reply]:
         with ThreadPoolExecutor(max_workers=self.s.batch_size) as pool:
-            return list(pool.map(lambda im: self._one(im[1], seed + im[0]), enumerate(prompts)))
+            return list(pool.map(lambda im: self.chat_one(im[1], seed + im[0]), enumerate(prompts)))

@@ -45,6 +45,9 @@ class DataCfg(_Strict):
     max_length: int = DEFAULT_MAX_LENGTH
     use_shipped: bool = Field(True, description="start from the regenerated conversations shipped for the "
                               "embedded target when target, source and settings are the same (a resume)")
+    engine: Literal["auto", "local", "vllm"] = Field("auto", description="who regenerates what is missing: "
+                                                     "vLLM's CPU build when installed (auto), or HF generate")
+    engine_dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="vLLM's dtype for regeneration")
 
     def generation(self) -> GenerationSettings:
         return GenerationSettings(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
@@ -70,12 +73,15 @@ class TrainCfg(_Strict):
     ckpt_every: int = T.ckpt_every
     heldout_fraction: float = Field(DEFAULT_HELDOUT_FRACTION, ge=0.0, lt=1.0)
     seed: int = T.seed
+    dtype: Literal["auto", "fp32", "bf16"] = Field(T.dtype, description="autocast: auto = bf16 where native")
+    init_from: str = Field(T.init_from, description="warm start from this draft dir ('' = fresh; 'released' = "
+                           "the draft shipped for the embedded target)")
 
     def train_config(self) -> TrainConfig:
         return TrainConfig(max_steps=self.max_steps, batch_size=self.batch_size, lr=self.lr,
                            warmup_steps=self.warmup_steps, ttt_steps=self.ttt_steps, ttt_decay=self.ttt_decay,
                            loss=self.loss, num_layers=self.num_layers, eval_every=self.eval_every,
-                           ckpt_every=self.ckpt_every, seed=self.seed)
+                           ckpt_every=self.ckpt_every, seed=self.seed, dtype=self.dtype, init_from=self.init_from)
 
 
 class BenchCfg(_Strict):

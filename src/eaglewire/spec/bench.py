@@ -75,11 +75,39 @@ def make_methods(target: Any, draft: Any, chain: TreeShape, tree: TreeShape, max
     return {n: make[n]() for n in METHODS if n in names}
 
 
+def spread_over_categories(questions: str, limit: int) -> list[Any]:
+    """`limit` questions taken round-robin over the file's categories (in file order within each), so 8
+    MT-bench prompts are one of each category, not the first 8 (all "writing"). A file without a
+    `category` field gives its first `limit` questions."""
+    import json
+
+    from eaglewire.data.conversations import resolve_source
+
+    convs = list(read_conversations(questions))
+    categories: dict[str, str] = {}
+    try:
+        with open(resolve_source(questions), encoding="utf-8") as f:
+            for line in f:
+                rec = json.loads(line) if line.strip() else {}
+                if "category" in rec:
+                    categories[str(rec.get("id", rec.get("question_id")))] = rec["category"]
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        categories = {}  # not a JSONL question file: no categories to spread over
+    groups: dict[str, list[Any]] = {}
+    for c in convs:
+        groups.setdefault(categories.get(c.id, ""), []).append(c)
+    picked, rank = [], 0
+    while len(picked) < min(limit, len(convs)):
+        picked += [g[rank] for g in groups.values() if rank < len(g)][: limit - len(picked)]
+        rank += 1
+    return picked
+
+
 def bench_prompts(target: Any, questions: str, limit: int, turns: int = 1,
                   answers: str = "smollm2-mtbench-regen") -> list[torch.Tensor]:
-    """Chat-templated prompts [1, P]: first turns of `questions`; with turns=2 also the second turns after
-    the target's own regenerated first answers (from `answers`)."""
-    convs = [c for _, c in zip(range(limit), read_conversations(questions))]
+    """Chat-templated prompts [1, P]: first turns of `limit` questions spread over the categories; with
+    turns=2 also the second turns after the target's own regenerated first answers (from `answers`)."""
+    convs = spread_over_categories(questions, limit)
     chats = [[{"role": "user", "content": c.user_turns[0]}] for c in convs]
     if turns == 2:
         regen = {c.id: c for c in read_conversations(answers)}
@@ -115,8 +143,10 @@ def run_bench(target: Any, draft: Any, prompts: list[torch.Tensor], max_new: int
 
 
 def summarize(runs: dict[str, list[Run]], chain: TreeShape, tree: TreeShape, max_new: int) -> dict:
+    from eaglewire.hw import describe_cpu
+
     ref = [r.tokens for r in runs["vanilla"]]
-    out: dict[str, Any] = {"max_new_tokens": max_new, "prompts": len(ref),
+    out: dict[str, Any] = {"max_new_tokens": max_new, "prompts": len(ref), "cpu": describe_cpu(),
                            "chain": chain.__dict__, "tree": tree.__dict__, "methods": {}}
     base = None
     for name, rs in runs.items():
@@ -158,6 +188,10 @@ def markdown(result: dict) -> str:
         ratios = " | ".join(f"{m[f'speedup_vs_{b}']:.2f}×" for b in bases)
         lines.append(f"| {label(name, result)} | {m['median_tok_s']:.2f} | {ratios} | {tau} | {pp} | "
                      f"{m['matches_vanilla']}/{result['prompts']} |")
+    cpu = result.get("cpu")
+    if cpu:
+        lines.append(f"\n{result['prompts']} prompts, {result['max_new_tokens']} new tokens, greedy; CPU: {cpu['model']}, "
+                     f"{cpu['threads']} threads, native bf16 {'yes' if cpu['native_bf16'] else 'no'}")
     return "\n".join(lines) + "\n"
 
 

@@ -66,6 +66,8 @@ class TrainConfig:
     eval_batches: int = 8
     ckpt_every: int = 100
     seed: int = 0
+    dtype: str = "auto"  # autocast: auto = bf16 on GPUs and on CPUs with native bf16 (AVX512-BF16/AMX), else fp32
+    init_from: str = ""  # warm start from this native draft (same taps): training that adds up across sittings
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -82,7 +84,7 @@ def lr_at(step: int, c: TrainConfig) -> float:
 def build_draft(target: Any, contract: WiringContract, vmap: VocabMap, c: TrainConfig) -> Eagle3Draft:
     """Random draft; lm_head rows and final norm start from the target's (for the kept ids): the
     draft then begins by predicting what the target's head would from a similar state, which matters
-    when CPU data is scarce."""
+    when CPU data is scarce. With `init_from`, the weights then come from that draft (warm start)."""
     draft = Eagle3Draft(DraftConfig.from_target(target.text_config, contract, num_layers=c.num_layers)).init_random(c.seed)
     with torch.no_grad():
         draft.d2t.copy_(vmap.d2t)
@@ -93,7 +95,44 @@ def build_draft(target: Any, contract: WiringContract, vmap: VocabMap, c: TrainC
         if norm_w is not None and norm_w.shape == draft.norm.weight.shape:
             draft.norm.weight.copy_(norm_w)
     draft.attach_embedding(target.embed_tokens.weight)
+    if c.init_from:
+        warm_start(draft, Path(c.init_from), target, vmap, tuple(contract.taps))
     return draft
+
+
+def warm_start(draft: Eagle3Draft, path: Path, target: Any, vmap: VocabMap, taps: tuple[int, ...]) -> dict[str, int]:
+    """Copy a trained draft's weights into `draft` (a sitting continues the last one's training).
+
+    Everything but the head is copied as is; the taps and layer shapes must match (refused otherwise:
+    a draft trained on other boundaries is no warm start). The head is remapped by target id: rows of
+    ids both vocabularies keep are copied, rows of ids new to this vocab keep the target's head row
+    (as a fresh draft starts). The optimizer state and the lr schedule start afresh."""
+    from eaglewire.checkpoint import load_checkpoint
+    from eaglewire.errors import CheckpointError
+
+    src = load_checkpoint(path, target=target)
+    if tuple(src.contract.taps) != taps:
+        raise CheckpointError(f"cannot warm-start from {path}: it reads other target boundaries",
+                              expected=f"taps {list(taps)}", found=f"taps {list(src.contract.taps)}",
+                              fix="train with the warm-start draft's taps, or drop init_from")
+    mine, theirs = draft.state_dict(), src.state_dict()
+    skip = {"lm_head.weight", "d2t", "t2d", "embed_tokens.weight"}
+    bad = sorted(k for k in mine if k not in skip and (k not in theirs or theirs[k].shape != mine[k].shape))
+    if bad or src.cfg.num_layers != draft.cfg.num_layers or src.cfg.num_taps != draft.cfg.num_taps:
+        raise CheckpointError(f"cannot warm-start from {path}", expected=f"a draft of the same shape "
+                              f"({draft.cfg.num_layers} layer(s), {draft.cfg.num_taps} taps)",
+                              found=f"{src.cfg.num_layers} layer(s), {src.cfg.num_taps} taps; differing: {bad[:5]}",
+                              fix="drop init_from, or train with the warm-start draft's shape")
+    with torch.no_grad():
+        for k in mine:
+            if k not in skip:
+                mine[k].copy_(theirs[k].to(mine[k].dtype))
+        old_rows = {int(t): i for i, t in enumerate(src.to_target_ids(torch.arange(src.cfg.draft_vocab_size)))}
+        kept = [(i, old_rows[int(t)]) for i, t in enumerate(vmap.target_ids) if int(t) in old_rows]
+        if kept:
+            new_idx, old_idx = map(torch.tensor, zip(*kept))
+            draft.lm_head.weight[new_idx] = theirs["lm_head.weight"][old_idx].to(draft.lm_head.weight.dtype)
+    return {"head_rows_copied": len(kept), "head_rows_from_target": draft.cfg.draft_vocab_size - len(kept)}
 
 
 def global_batches(samples: list[Sample], c: TrainConfig, info: DistInfo, epoch: int) -> list[list[Sample]]:
@@ -155,7 +194,7 @@ def evaluate(model: TTTModel, features: Any, heldout: list[Sample], c: TrainConf
     mine = heldout[info.rank::info.world_size]
     stats, losses = [], []
     for i in range(0, min(len(mine), c.eval_batches * c.batch_size), c.batch_size):
-        with _autocast(info):
+        with _autocast(info, c.dtype):
             loss, st = model(features.batch(mine[i:i + c.batch_size]).to(info.device))
         stats.append(st)
         losses.append(float(loss))
@@ -230,7 +269,7 @@ def _train_step(ddp: Any, model: TTTModel, opt: torch.optim.Optimizer, params: l
         tokens += int(fb.attention_mask.sum())
         sync = micro == c.grad_accum - 1 or not info.enabled
         ctx = ddp.no_sync() if not sync else nullcontext()
-        with ctx, _autocast(info):
+        with ctx, _autocast(info, c.dtype):
             loss, st = ddp(fb)
             (loss / c.grad_accum).backward()
         stats.append(st)
@@ -245,6 +284,12 @@ def _train_step(ddp: Any, model: TTTModel, opt: torch.optim.Optimizer, params: l
             "grad_norm": grad_norm, "_tokens": tokens * info.world_size}
 
 
-def _autocast(info: DistInfo):
-    """bf16 autocast on GPU (weights and optimizer stay fp32); plain fp32 on CPU, which has no fast bf16 here."""
-    return torch.autocast("cuda", dtype=torch.bfloat16) if info.device.startswith("cuda") else nullcontext()
+def _autocast(info: DistInfo, dtype: str = "auto"):
+    """bf16 autocast (weights, optimizer and the loss' targets stay fp32) on GPUs and on CPUs whose bf16 is
+    native (detected, never assumed: hw.native_bf16); plain fp32 elsewhere, where bf16 is emulated and slower."""
+    from eaglewire.hw import autocast_dtype
+
+    low = autocast_dtype(info.device, dtype)
+    if low is None:
+        return nullcontext()
+    return torch.autocast("cuda" if info.device.startswith("cuda") else "cpu", dtype=low)

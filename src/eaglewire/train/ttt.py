@@ -63,16 +63,26 @@ class TTTModel(nn.Module):
             raise ValueError(f"loss must be soft_ce or forward_kl, not {loss!r}")
         self.draft, self.steps, self.decay, self.loss_kind = draft, steps, decay, loss
         self.target_head = target_head  # [V, H_t] frozen target lm_head (not a parameter)
+        # The loss reads the target's logits over the draft vocab only: slicing the head to those rows
+        # once (ascending target id = draft order) costs V_d/V of the full [B, T, V] product (1/6 here).
+        self.draft_head = target_head[torch.arange(draft.cfg.draft_vocab_size, device=target_head.device)
+                                      + draft.d2t.to(target_head.device)]  # [V_d, H_t]
         self.world_size, self.reduce_count = world_size, reduce_count or (lambda x: x)
+
+    def target_top1(self, fb: FeatureBatch) -> torch.Tensor:
+        """[B, T] the target's greedy token after each position: stored at capture, else the full head."""
+        if fb.target_top1 is not None:
+            return fb.target_top1.long()
+        return (fb.final_hidden.float() @ self.target_head.float().T).argmax(-1)
 
     def forward(self, fb: FeatureBatch) -> tuple[torch.Tensor, TTTStats]:
         d = self.draft
         B, T = fb.input_ids.shape
-        with torch.no_grad():
-            logits = fb.final_hidden @ self.target_head.T  # [B, T, V]; p_t predicts x_{t+1}
-            in_vocab = d.t2d[logits.argmax(-1)]  # [B, T] target top-1 representable by the draft
-            p_draft = logits[..., d.t2d]  # [B, T, V_d]; columns in ascending target id = draft order
-        hidden, past = d.fuse(fb.taps), None  # [B, T, H]
+        # Targets in fp32 whatever the autocast dtype: soft labels are compared across TTT steps and runs.
+        with torch.no_grad(), torch.autocast(fb.input_ids.device.type, enabled=False):
+            in_vocab = d.t2d[self.target_top1(fb)]  # [B, T] target top-1 representable by the draft
+            p_draft = fb.final_hidden.float() @ self.draft_head.float().T  # [B, T, V_d]; p_t predicts x_{t+1}
+        hidden, past = d.fuse(fb.taps.to(d.fc.weight.dtype)), None  # [B, T, H]
         total, stats = fb.taps.new_zeros(()), TTTStats()
         base_pos = torch.arange(T, device=fb.input_ids.device).expand(B, T)
         for k in range(self.steps):

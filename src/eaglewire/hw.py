@@ -1,0 +1,73 @@
+"""What this machine's CPU can do, read at run time (machines change between sittings: one had AVX2
+only, another AVX-512 with AVX512-BF16). Never assumed: fp32 is the default wherever bf16 is emulated.
+
+Why it matters: on a CPU with AVX512-BF16 or AMX, a bf16 GEMM measured ~4.5x the fp32 one (2 cores,
+576-wide, 2048 rows); without them PyTorch emulates bf16 and it is slower than fp32.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo names of native bf16 dot products
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (Linux /proc/cpuinfo); empty where that file does not exist."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def native_bf16() -> bool:
+    """True when bf16 matrix products run natively on this CPU (AVX512-BF16 or AMX-BF16).
+    `EAGLEWIRE_NO_BF16=1` forces False (to measure fp32 on such a machine)."""
+    if os.environ.get("EAGLEWIRE_NO_BF16") == "1":
+        return False
+    return any(f in cpu_flags() for f in BF16_FLAGS)
+
+
+def describe_cpu() -> dict:
+    """For benchmark files: which CPU an absolute number was measured on."""
+    isa = sorted(f for f in cpu_flags() if f.startswith(("avx", "amx")) or f in ("fma", "f16c"))
+    return {"model": cpu_model(), "isa": isa, "threads": torch.get_num_threads(), "native_bf16": native_bf16(),
+            "torch_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def autocast_dtype(device: str, dtype: str) -> torch.dtype | None:
+    """The autocast dtype for training/capture: 'fp32' -> None; 'bf16' -> bf16 (refused on a CPU
+    without native bf16, where it would be slower and is never what the user wants); 'auto' -> bf16 on
+    CUDA and on native-bf16 CPUs, else None."""
+    if dtype not in ("auto", "fp32", "bf16"):
+        raise ValueError(f"dtype must be auto, fp32 or bf16, not {dtype!r}")
+    if dtype == "fp32":
+        return None
+    native = device.startswith("cuda") or native_bf16()
+    if dtype == "bf16" and not native:
+        from eaglewire.errors import EaglewireError
+
+        raise EaglewireError("bf16 asked for on a CPU without native bf16", expected="a CPU with AVX512-BF16 or "
+                             "AMX (or a GPU)", found=f"{cpu_model()}: flags {sorted(cpu_flags() & set(BF16_FLAGS)) or 'none'}",
+                             fix="use --dtype auto or fp32")
+    return torch.bfloat16 if native else None

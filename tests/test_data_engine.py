@@ -1,0 +1,169 @@
+"""The data engine's parts: rolling-pool regeneration, [start, start+limit) files, CPU-feature-driven
+dtype, stored target top-1 and the sliced head, warm start, benchmark questions spread over categories."""
+
+import json
+import threading
+import time
+
+import pytest
+import torch
+from test_data_regenerate import S, EchoGenerator, source  # noqa: F401 (fixture)
+from tiny import build_target, tiny_samples
+
+from eaglewire import hw
+from eaglewire.checkpoint import load_checkpoint
+from eaglewire.data.features import OfflineFeatures, OnlineFeatures, capture_features
+from eaglewire.data.regenerate import Reply, read_done, regen_meta, regenerate
+from eaglewire.errors import CheckpointError, EaglewireError
+from eaglewire.train.loop import TrainConfig, build_draft, train
+from eaglewire.train.ttt import TTTModel
+from eaglewire.vocab import VocabMap
+
+
+class ChatEcho(EchoGenerator):
+    """A serving engine's shape: one request at a time from many threads, replies of varying latency."""
+
+    def __init__(self, die_after=None):
+        super().__init__(die_after)
+        self.in_flight = self.peak = 0
+        self.lock = threading.Lock()
+
+    def chat_one(self, messages, seed):
+        with self.lock:
+            self.calls += 1
+            if self.die_after is not None and self.calls > self.die_after:
+                raise KeyboardInterrupt
+            self.in_flight += 1
+            self.peak = max(self.peak, self.in_flight)
+        time.sleep(0.001 * (len(messages[-1]["content"]) % 5))
+        with self.lock:
+            self.in_flight -= 1
+        return Reply(text=f"answer {len(messages)} to {messages[-1]['content']}", new_tokens=3, finish="stop")
+
+
+def _by_id(records):
+    return sorted(records, key=lambda r: r["id"])
+
+
+def test_rolling_pool_equals_batches_and_keeps_the_engine_full(tmp_path, source):  # noqa: F811
+    batch, pool = tmp_path / "b.jsonl.gz", tmp_path / "p.jsonl.gz"
+    regenerate(source, batch, EchoGenerator(), S, limit=100)
+    gen = ChatEcho()
+    stats = regenerate(source, pool, gen, S, limit=100)
+    assert _by_id(read_done(pool)) == _by_id(read_done(batch))  # same content, completion order
+    assert stats.conversations == 21 and stats.skipped_long == 1 and stats.turns == 40
+    assert gen.peak == S.batch_size  # as many requests in flight as asked for
+
+
+def test_rolling_pool_kill_and_resume_loses_nothing(tmp_path, source):  # noqa: F811
+    ref, out = tmp_path / "ref.jsonl.gz", tmp_path / "r.jsonl.gz"
+    regenerate(source, ref, ChatEcho(), S, limit=100)
+    with pytest.raises(KeyboardInterrupt):
+        regenerate(source, out, ChatEcho(die_after=20), S, limit=100)
+    assert 0 < len(read_done(out)) < 21
+    regenerate(source, out, ChatEcho(), S, limit=100)
+    got = read_done(out)
+    assert len(got) == len({r["id"] for r in got}) == 21 and _by_id(got) == _by_id(read_done(ref))
+
+
+def test_start_offset_selects_a_range_and_is_part_of_the_identity(tmp_path, source):  # noqa: F811
+    out = tmp_path / "r.jsonl.gz"
+    regenerate(source, out, ChatEcho(), S, limit=5, start=10)
+    assert sorted(r["id"] for r in read_done(out)) == sorted(f"c{i}" for i in range(10, 15))
+    meta = json.loads((tmp_path / "r.jsonl.gz.meta.json").read_text())
+    assert meta["start"] == 10 and "start" not in regen_meta(source, S, ChatEcho())
+    with pytest.raises(EaglewireError, match="other settings"):
+        regenerate(source, out, ChatEcho(), S, limit=5)  # the same file cannot silently become [0, 5)
+
+
+def test_autocast_dtype_follows_the_cpu(monkeypatch):
+    monkeypatch.setattr(hw, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
+    assert not hw.native_bf16()
+    assert hw.autocast_dtype("cpu", "auto") is None and hw.autocast_dtype("cpu", "fp32") is None
+    with pytest.raises(EaglewireError, match="without native bf16"):
+        hw.autocast_dtype("cpu", "bf16")
+    assert hw.autocast_dtype("cuda:0", "auto") is torch.bfloat16
+    monkeypatch.setattr(hw, "cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
+    assert hw.native_bf16() and hw.autocast_dtype("cpu", "auto") is torch.bfloat16
+    monkeypatch.setenv("EAGLEWIRE_NO_BF16", "1")
+    assert hw.autocast_dtype("cpu", "auto") is None
+    with pytest.raises(ValueError):
+        hw.autocast_dtype("cpu", "fp16")
+
+
+def _setup():
+    target = build_target("llama")
+    with torch.no_grad():
+        target.model.lm_head.weight.mul_(30)  # a peaked target, so top-1 and the vocab mask matter
+    vmap = VocabMap.from_target_ids(torch.arange(0, 256, 2), 256)
+    return target, vmap, target.contract((1, 2, 3), vocab_map=vmap)
+
+
+def test_stored_top1_and_sliced_head_give_the_full_head_loss(tmp_path):
+    target, vmap, contract = _setup()
+    samples = tiny_samples(6)
+    capture_features(target, contract, samples, tmp_path, pad_id=0, dtype=torch.float32)
+    off, on = OfflineFeatures(tmp_path, contract, pad_id=0), OnlineFeatures(target, contract, pad_id=0)
+    a, b = off.batch(samples[:3]), on.batch(samples[:3])
+    real = b.attention_mask.bool()
+    head = target.model.get_output_embeddings().weight
+    assert torch.equal(a.target_top1[real], (b.final_hidden @ head.T).argmax(-1)[real])
+    assert b.target_top1 is None  # online: computed by the loss from the full head
+    draft = build_draft(target, contract, vmap, TrainConfig(ttt_steps=3))
+    model = TTTModel(draft, head.detach(), steps=3, decay=0.8)
+    (la, sa), (lb, sb) = model(a), model(b)
+    # the old loss, written out: full [B, T, V] logits, columns of the draft vocab
+    assert model.draft_head.shape == (128, target.hidden_size)
+    torch.testing.assert_close(model.draft_head, head[vmap.target_ids])
+    torch.testing.assert_close(la, lb, atol=1e-5, rtol=1e-5)
+    assert sa.counts == sb.counts and sa.correct == sb.correct
+
+
+def test_bf16_storage_keeps_training_signal(tmp_path):
+    target, vmap, contract = _setup()
+    samples = tiny_samples(6)
+    capture_features(target, contract, samples, tmp_path / "f32", pad_id=0, dtype=torch.float32)
+    capture_features(target, contract, samples, tmp_path / "bf16", pad_id=0)  # the default
+    a = OfflineFeatures(tmp_path / "f32", contract, pad_id=0).batch(samples[:4])
+    b = OfflineFeatures(tmp_path / "bf16", contract, pad_id=0).batch(samples[:4])
+    assert torch.equal(a.target_top1, b.target_top1)  # argmax taken in fp32 before storage
+    torch.testing.assert_close(b.taps, a.taps, atol=0.05, rtol=0.01)
+    head = target.model.get_output_embeddings().weight.detach()
+    draft = build_draft(target, contract, vmap, TrainConfig(ttt_steps=2))
+    model = TTTModel(draft, head, steps=2, decay=0.8)
+    la, lb = model(a)[0].detach(), model(b)[0].detach()
+    assert abs(float(la) - float(lb)) < 0.01 * float(la)
+
+
+def test_warm_start_copies_weights_and_remaps_the_head(tmp_path):
+    target, vmap, contract = _setup()
+    samples = tiny_samples(12)
+    c = TrainConfig(max_steps=3, batch_size=4, warmup_steps=1, eval_every=3, ckpt_every=3, ttt_steps=1, dtype="fp32")
+    train(target, contract, vmap, OnlineFeatures(target, contract, pad_id=0), samples[:8], samples[8:], c, tmp_path / "a")
+    first = load_checkpoint(tmp_path / "a" / "draft", target=target)
+    other = VocabMap.from_target_ids(torch.arange(0, 192, 1)[::3].sort().values, 256)  # overlaps vmap on multiples of 6
+    c2 = TrainConfig(init_from=str(tmp_path / "a" / "draft"), ttt_steps=1)
+    warm = build_draft(target, target.contract((1, 2, 3), vocab_map=other), other, c2)
+    ws, fs = warm.state_dict(), first.state_dict()
+    assert torch.equal(ws["fc.weight"], fs["fc.weight"].float())
+    assert torch.equal(ws["layers.0.mlp.down_proj.weight"], fs["layers.0.mlp.down_proj.weight"].float())
+    head = target.model.get_output_embeddings().weight
+    for i, t in enumerate(other.target_ids.tolist()):
+        want = fs["lm_head.weight"][t // 2] if t % 2 == 0 else head[t]  # vmap keeps the even ids, in order
+        assert torch.equal(ws["lm_head.weight"][i], want.float()), t
+    with pytest.raises(CheckpointError, match="other target boundaries"):
+        build_draft(target, target.contract((1, 2, 4), vocab_map=vmap), vmap, c2)
+
+
+def test_bench_questions_spread_over_categories(tmp_path):
+    from eaglewire.spec.bench import spread_over_categories
+
+    rows = [{"question_id": i, "category": ["a", "b", "c"][i // 4], "turns": [f"q{i}"]} for i in range(12)]
+    path = tmp_path / "q.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    assert [c.id for c in spread_over_categories(str(path), 5)] == ["0", "4", "8", "1", "5"]
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text("\n".join(json.dumps({"question_id": i, "turns": [f"q{i}"]}) for i in range(5)))
+    assert [c.id for c in spread_over_categories(str(plain), 3)] == ["0", "1", "2"]
+    mt = spread_over_categories("mtbench", 8)
+    assert len({c.id for c in mt}) == 8 and [int(c.id) for c in mt] == list(range(81, 160, 10))
