@@ -167,3 +167,15 @@ def test_bench_questions_spread_over_categories(tmp_path):
     assert [c.id for c in spread_over_categories(str(plain), 3)] == ["0", "1", "2"]
     mt = spread_over_categories("mtbench", 8)
     assert len({c.id for c in mt}) == 8 and [int(c.id) for c in mt] == list(range(81, 160, 10))
+
+
+def test_snapshots_are_kept_at_the_asked_steps(tmp_path):
+    target, vmap, contract = _setup()
+    samples = tiny_samples(12)
+    c = TrainConfig(max_steps=4, batch_size=4, warmup_steps=1, eval_every=4, ckpt_every=4, ttt_steps=1,
+                    snapshot_steps=(1, 3))
+    train(target, contract, vmap, OnlineFeatures(target, contract, pad_id=0), samples[:8], samples[8:], c, tmp_path)
+    assert sorted(p.name for p in (tmp_path / "snapshots").iterdir()) == ["step-000001", "step-000003"]
+    a = load_checkpoint(tmp_path / "snapshots" / "step-000001", target=target).state_dict()
+    b = load_checkpoint(tmp_path / "draft", target=target).state_dict()
+    assert not torch.equal(a["fc.weight"], b["fc.weight"])  # a real earlier state, not the final one

@@ -71,16 +71,6 @@ def regenerate_cmd(
             from eaglewire.data.regenerate import LocalGenerator
 
             gen = LocalGenerator(cli._load(target), s)
-        read_stats = ReadStats()
-        cols = [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} conv"),
-                TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn()]
-        with Progress(*cols, console=cli.err_console) as progress:
-            task = progress.add_task("regenerating", total=limit, rate="")
-
-            def on_batch(st: RegenStats, _n: int) -> None:
-                progress.update(task, completed=st.conversations,
-                                rate=f"{st.tokens_per_s:.1f} tok/s, {st.new_tokens} tokens")
-
         _run_regen(gen, s, source, out, limit, start)
 
     run()

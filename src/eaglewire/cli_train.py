@@ -88,6 +88,8 @@ def capture_cmd(
     shard_samples: int = typer.Option(256, "--shard-samples"),
     batch_size: int = typer.Option(4, "--batch-size"),
     split_turns: bool = typer.Option(False, "--split-turns"),
+    target_dtype: str = typer.Option("float32", "--target-dtype", help="Run the target in float32 or bfloat16 "
+                                     "(AVX512-BF16/AMX CPUs: ~3x faster; taps within ~0.5%, top-1 agrees 99%)."),
     store_dtype: str = typer.Option("bfloat16", "--store-dtype", help="bfloat16 (4.6 KB/token for 3 taps of 576) "
                                     "or float32 (twice that) for the stored taps and final state."),
 ) -> None:
@@ -101,13 +103,16 @@ def capture_cmd(
 
         from eaglewire.data.features import capture_features
 
-        tgt = cli._load(target)
+        from eaglewire.target.loader import load_target
+
+        for name in (store_dtype, target_dtype):
+            if name not in ("bfloat16", "float32"):
+                raise cli.EaglewireError("unknown dtype", expected="bfloat16 or float32", found=name)
+        tgt = load_target(target, dtype=getattr(torch, target_dtype))
         samples = prepare_samples(tgt, data, max_length, limit, split_turns)
         contract = tgt.contract(_taps(tgt, taps, taps_from))
         with Progress(console=cli.err_console) as progress:
             task = progress.add_task("capturing shards", total=None)
-            if store_dtype not in ("bfloat16", "float32"):
-                raise cli.EaglewireError("unknown --store-dtype", expected="bfloat16 or float32", found=store_dtype)
             manifest = capture_features(tgt, contract, samples, out, pad_id=_pad_id(tgt), shard_samples=shard_samples,
                                         batch_size=batch_size, dtype=getattr(torch, store_dtype),
                                         on_shard=lambda k, n, _t: progress.update(task, completed=k, total=n))
@@ -151,6 +156,8 @@ def train_cmd(
     seed: int = typer.Option(T.seed, "--seed"),
     dtype: str = typer.Option(T.dtype, "--dtype", help="auto (bf16 autocast on GPUs and on CPUs with native bf16: "
                               "AVX512-BF16/AMX, detected), fp32, or bf16 (refused where bf16 is emulated)."),
+    snapshot_steps: str = typer.Option("", "--snapshot-steps", help="Comma list of steps at which the draft is also "
+                                       "kept (OUT/snapshots/step-N): a one-pass run's data-scaling curve."),
     init_from: Optional[Path] = typer.Option(None, "--init-from", help="Warm start from this draft (same taps; "
                                              "head rows remapped by target id; optimizer and lr schedule fresh)."),
 ) -> None:
@@ -159,7 +166,8 @@ def train_cmd(
     cfg = TrainConfig(max_steps=max_steps, batch_size=batch_size, grad_accum=grad_accum, lr=lr,
                       warmup_steps=warmup_steps, ttt_steps=ttt_steps, ttt_decay=ttt_decay, loss=loss,
                       num_layers=num_layers, eval_every=eval_every, ckpt_every=ckpt_every, seed=seed,
-                      dtype=dtype, init_from=str(init_from) if init_from else "")
+                      dtype=dtype, init_from=str(init_from) if init_from else "",
+                      snapshot_steps=tuple(cli.parse_ints(snapshot_steps)) if snapshot_steps else ())
     cli.friendly(_train)(cli, cfg, data, features, vocab, out, target, taps, taps_from, max_length, limit,
                          heldout_fraction, split_turns, resume, train_limit)
 

@@ -43,6 +43,16 @@ def vllm_python() -> Path:
     return path
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to send SIGTERM when the parent exits (prctl PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except OSError:
+        pass  # not Linux/glibc: stop() in __exit__ remains the way the server ends
+
+
 def vllm_available() -> bool:
     try:
         vllm_python()
@@ -105,8 +115,10 @@ class VllmServer:
                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         log = open(self.log_path, "wb")
         # Own session: stop() signals the whole group (the API server spawns an engine-core process).
+        # Parent-death signal: if this process is killed without running stop() (SIGKILL, a SIGTERM with
+        # no handler), the server still goes down instead of living on as an orphan holding the CPU.
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=_die_with_parent)
         log.close()
         try:
             self._wait_ready()

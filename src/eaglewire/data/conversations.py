@@ -158,6 +158,8 @@ PACKAGED_SOURCES = {
     # ShareGPT prompts answered by the embedded SmolLM2 target, shipped with eaglewire (grows by sittings)
     "smollm2-regen": ("eaglewire", "pip install -e .", "assets/regenerated/smollm2-135m-sharegpt.jsonl.gz"),
     "smollm2-mtbench-regen": ("eaglewire", "pip install -e .", "assets/regenerated/smollm2-135m-mtbench.jsonl.gz"),
+    # ShareGPT conversations 640.. answered by the same target served by vLLM's CPU build (bf16, greedy)
+    "smollm2-regen-vllm": ("eaglewire", "pip install -e .", "assets/regenerated/smollm2-135m-sharegpt-vllm.jsonl.gz"),
 }
 
 
@@ -179,8 +181,14 @@ def resolve_source(source: str) -> Path:
 
 
 def read_conversations(source: str | Path, stats: ReadStats | None = None) -> Iterator[Conversation]:
-    """Yield valid conversations; count every skipped record in `stats` by reason."""
+    """Yield valid conversations; count every skipped record in `stats` by reason. Named sources joined
+    by '+' (e.g. 'smollm2-regen+smollm2-regen-vllm') are read one after the other."""
     stats = stats if stats is not None else ReadStats()
+    parts = str(source).split("+")
+    if len(parts) > 1 and all(p in PACKAGED_SOURCES for p in parts):
+        for p in parts:
+            yield from read_conversations(p, stats)
+        return
     path = resolve_source(str(source))
     with _open_text(path) as f:
         first = f.read(1)

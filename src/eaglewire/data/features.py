@@ -6,7 +6,7 @@ Offline layout (`eaglewire data capture`):
         input_ids int64 [N], loss_mask int64 [N], offsets int64 [S+1] (sample k = [offsets[k], offsets[k+1]))
         taps [N, n*H] and final_hidden [N, H] (the target's final-norm state; logits = lm_head(final_hidden)),
             stored in bf16 by default (2 bytes a channel; the loss reads them back in fp32)
-        target_top1 int32 [N]  the target's fp32 argmax at each position (training masks positions whose
+        target_top1 int32 [N]  the target's argmax at each position (in the dtype the target ran in) (training masks positions whose
             top-1 the draft vocab lacks; storing it spares training the full V-wide head: it then needs only
             the V_d head rows). Bytes per token, 3 taps of H=576, bf16: 3456 + 1152 + 4 + 16 = 4628.
         stat_sum / stat_sumsq float64 [n*H]  (per-channel sums over this shard, for the tap fingerprint)
@@ -104,7 +104,9 @@ def capture_shard(target: Target, contract: WiringContract, samples: list[Sample
                   batch_size: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     online = OnlineFeatures(target, contract, pad_id)
     keys = ("input_ids", "loss_mask", "taps", "final_hidden", "target_top1")
-    head = target.model.get_output_embeddings().weight.detach().float()  # [V, H]
+    # [V, H] in the target's own dtype: the full-vocab argmax costs a quarter of a 135M target's forward in
+    # fp32, and a bf16 target's top-1 is its bf16 logits' argmax anyway
+    head = target.model.get_output_embeddings().weight.detach()
     rows: list[dict[str, torch.Tensor] | None] = [None] * len(samples)
     # Batches of similar length (sorted), rows stored back in sample order: padding a 60-token sample to
     # its 1000-token neighbour cost ~3x the target forwards on ShareGPT-like data.
@@ -115,7 +117,7 @@ def capture_shard(target: Target, contract: WiringContract, samples: list[Sample
         for r, j in enumerate(idx):
             n = len(samples[j].input_ids)  # right padding: the first n positions are real
             hid = fb.final_hidden[r, :n]
-            top1 = torch.cat([(h.float() @ head.T).argmax(-1) for h in hid.split(512)])  # fp32, before storage
+            top1 = torch.cat([(h @ head.T).argmax(-1) for h in hid.split(512)])  # before storage
             rows[j] = {"input_ids": fb.input_ids[r, :n], "loss_mask": fb.loss_mask[r, :n],
                        "taps": fb.taps[r, :n].to(dtype), "final_hidden": hid.to(dtype),
                        "target_top1": top1.to(torch.int32)}
@@ -138,9 +140,16 @@ def capture_features(target: Target, contract: WiringContract, samples: list[Sam
     view = features_view(contract)
     fp = view.fingerprint()
     manifest_path = out / "manifest.json"
+    # The dtype the target ran in is part of what the shards hold (bf16 taps differ from fp32 ones by
+    # ~0.5% relative): a directory never mixes the two.
+    target_dtype = str(next(target.model.parameters()).dtype).removeprefix("torch.")
     if manifest_path.exists():
-        view.require_compatible(WiringContract.from_dict(json.loads(manifest_path.read_text())["contract"]),
-                                where=f"features in {out}")
+        old = json.loads(manifest_path.read_text())
+        view.require_compatible(WiringContract.from_dict(old["contract"]), where=f"features in {out}")
+        if old.get("target_dtype", "float32") != target_dtype:
+            raise ContractMismatch(f"features in {out} were captured with the target in another dtype",
+                                   expected=old.get("target_dtype", "float32"), found=target_dtype,
+                                   fix="capture into a new --out, or load the target in the same dtype")
     shards = []
     n_shards = (len(samples) + shard_samples - 1) // shard_samples
     for k in range(n_shards):
@@ -153,7 +162,8 @@ def capture_features(target: Target, contract: WiringContract, samples: list[Sam
         shards.append({"file": path.name, "samples": len(chunk), "tokens": sum(len(s.input_ids) for s in chunk)})
         if on_shard:
             on_shard(k + 1, n_shards, shards[-1]["tokens"])
-    manifest = {"format": FORMAT, "contract": view.to_dict(), "shards": shards,
+    manifest = {"format": FORMAT, "contract": view.to_dict(), "shards": shards, "target_dtype": target_dtype,
+                "store_dtype": str(dtype).removeprefix("torch."),
                 "tokens": sum(s["tokens"] for s in shards), "samples": len(samples),
                 "tap_stats": _tap_stats(out, shards, view.taps)}
     atomic_write_json(manifest_path, manifest)

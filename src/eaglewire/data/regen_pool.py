@@ -74,7 +74,8 @@ def regenerate_rolling(gen: ChatGenerator, todo: Iterator[Conversation], out: Pa
         if len(buffer) >= flush_every:
             flush()
 
-    with ThreadPoolExecutor(max_workers=s.batch_size) as pool:
+    pool = ThreadPoolExecutor(max_workers=s.batch_size)
+    try:
         for c in todo:
             index += 1
             pending.add(pool.submit(regenerate_conversation, gen, c, s, s.seed + index, lock))
@@ -84,6 +85,10 @@ def regenerate_rolling(gen: ChatGenerator, todo: Iterator[Conversation], out: Pa
         while pending:
             finished, pending = wait(pending, return_when=FIRST_COMPLETED)
             collect(finished)
-    if buffer:
-        flush()
+    finally:
+        # On a kill (Ctrl-C) or a failed request: keep what finished, drop what is in flight (a resume
+        # redoes it) instead of waiting for up to batch_size long answers.
+        pool.shutdown(wait=False, cancel_futures=True)
+        if buffer:
+            flush()
     return stats

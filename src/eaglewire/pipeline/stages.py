@@ -220,13 +220,7 @@ def train(ctx: Ctx, work: Path) -> dict[str, Any]:
     if resume:
         ctx.log("resuming training from its last checkpoint")
     t0 = time.perf_counter()
-    cfg = t.train_config()
-    if cfg.init_from == "released":  # the draft shipped for the embedded target: work of earlier sittings
-        from dataclasses import replace
-
-        from eaglewire.checkpoint import released_draft_dir
-
-        cfg = replace(cfg, init_from=str(released_draft_dir()))
+    cfg = _resolve_init(ctx, t.train_config())
     if cfg.init_from:
         ctx.log(f"warm start from {cfg.init_from} (weights; head rows remapped to this vocab; optimizer fresh)")
     last = train_loop(ctx.target, contract, vmap, source, train_samples, heldout, cfg, work,
@@ -236,6 +230,23 @@ def train(ctx: Ctx, work: Path) -> dict[str, Any]:
             "heldout_samples": len(heldout), "train_tokens": int(sum(len(s.input_ids) for s in train_samples)),
             "seconds_this_run": time.perf_counter() - t0, "metrics": str(work / "metrics.jsonl"),
             "png": str(work / "training.png"), "contract": contract.to_dict()}
+
+
+def _resolve_init(ctx: Ctx, cfg: Any) -> Any:
+    """init_from 'released': the draft shipped for this target (the work of earlier sittings) when the
+    package has one for it and the run's taps; otherwise a fresh draft, said in the log."""
+    from dataclasses import replace
+
+    from eaglewire.checkpoint import read_checkpoint_config, released_draft_dir
+
+    if cfg.init_from != "released":
+        return cfg
+    path = released_draft_dir()
+    _, contract, _ = read_checkpoint_config(path)
+    if contract.target.config_sha256 != ctx.target.identity.config_sha256 or tuple(contract.taps) != ctx.contract.taps:
+        ctx.log("no released draft for this target and taps: training starts from a fresh draft")
+        return replace(cfg, init_from="")
+    return replace(cfg, init_from=str(path))
 
 
 def _train_progress(ctx: Ctx, r: dict[str, Any], total: int) -> None:

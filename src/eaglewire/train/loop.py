@@ -68,9 +68,12 @@ class TrainConfig:
     seed: int = 0
     dtype: str = "auto"  # autocast: auto = bf16 on GPUs and on CPUs with native bf16 (AVX512-BF16/AMX), else fp32
     init_from: str = ""  # warm start from this native draft (same taps): training that adds up across sittings
+    snapshot_steps: tuple[int, ...] = ()  # also keep the draft at these steps (OUT/snapshots/step-N): one pass
+    # over fresh data makes them a data-scaling curve for the price of one run
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        # through JSON, so it compares equal to the copy a checkpoint stored (tuples come back as lists)
+        return json.loads(json.dumps(dataclasses.asdict(self)))
 
 
 def lr_at(step: int, c: TrainConfig) -> float:
@@ -251,6 +254,8 @@ def train(target: Any, contract: WiringContract, vmap: VocabMap, features: Any, 
                 on_step(last_eval)
         if info.is_main and (step % c.ckpt_every == 0 or step == c.max_steps):
             trainer_state.save_state(out, step, draft, contract, opt, names, c.to_dict())
+        if info.is_main and step in c.snapshot_steps:
+            save_checkpoint(draft, contract, out / "snapshots" / f"step-{step:06d}")
         barrier(info)
     if info.is_main:
         save_checkpoint(draft, contract, out / "draft")

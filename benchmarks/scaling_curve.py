@@ -1,0 +1,90 @@
+"""Data-scaling curve from one training pass: τ (chain k, greedy, same prompts) of each snapshot a run kept
+(`eaglewire train --snapshot-steps ...`) against the tokens it had been trained on. In a run's first epoch
+every batch is fresh data, so step N's draft has seen exactly the first N batches (data and compute grow
+together; the lr schedule is the full run's, so early points are slightly pessimistic).
+
+    python benchmarks/scaling_curve.py RUN_DIR --prompts 8 --max-new-tokens 128 --k 3 \\
+        --out benchmarks/results/scaling
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from eaglewire.checkpoint import load_checkpoint
+from eaglewire.hw import describe_cpu
+from eaglewire.spec.bench import bench_prompts
+from eaglewire.spec.engine import SpecDecoder
+from eaglewire.spec.hf_runtime import make_runtime
+from eaglewire.spec.propose import EagleProposer
+from eaglewire.spec.tree import TreeShape
+from eaglewire.target.loader import load_target
+
+
+def trained_tokens(metrics: Path) -> dict[int, int]:
+    """step -> supervised positions (first TTT step) summed over steps 1..step, from metrics.jsonl."""
+    total, out = 0, {}
+    for line in metrics.read_text().splitlines():
+        r = json.loads(line)
+        if r["split"] == "train":
+            total += r["positions"][0]
+            out[r["step"]] = total
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("run", type=Path)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--also", type=Path, nargs="*", default=[], help="other drafts to measure (e.g. the released one)")
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/scaling"))
+    a = ap.parse_args()
+    target = load_target()
+    prompts = bench_prompts(target, "mtbench", a.prompts)  # spread over MT-bench's categories
+    max_len = max(p.shape[1] for p in prompts) + a.max_new_tokens + a.k + 16
+    rt = make_runtime(target, max_len, calibrate=False)  # tau does not depend on the GEMM layout
+    seen = trained_tokens(a.run / "metrics.jsonl")
+    drafts = sorted((a.run / "snapshots").glob("step-*")) + [a.run / "draft"] + list(a.also)
+    eos = {target.tokenizer.eos_token_id}
+    rows = []
+    for d in drafts:
+        draft = load_checkpoint(d, target=target)
+        prop = EagleProposer(draft, draft.contract, TreeShape.chain(a.k), max_len)
+        acc = []
+        for p in prompts:
+            acc += SpecDecoder(rt, prop).generate(p, a.max_new_tokens, eos=eos)[1].accepted
+        step = int(d.name.split("-")[1]) if d.name.startswith("step-") else (max(seen) if d == a.run / "draft" else None)
+        row = {"draft": str(d), "step": step, "trained_tokens": seen.get(step) if step else None,
+               "tau": 1 + sum(acc) / len(acc), "per_position": [sum(x > i for x in acc) / len(acc) for i in range(a.k)],
+               "verify_steps": len(acc)}
+        rows.append(row)
+        print(json.dumps(row))
+    a.out.mkdir(parents=True, exist_ok=True)
+    result = {"cpu": describe_cpu(), "prompts": a.prompts, "max_new_tokens": a.max_new_tokens, "k": a.k, "rows": rows}
+    (a.out / "scaling.json").write_text(json.dumps(result, indent=2))
+    _plot(rows, a.out / "scaling.png", a.k)
+
+
+def _plot(rows: list[dict], png: Path, k: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = sorted((r["trained_tokens"], r["tau"], r["per_position"][0]) for r in rows if r["trained_tokens"])
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.semilogx([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"τ (chain k={k})")
+    ax.semilogx([p[0] for p in pts], [1 + p[2] for p in pts], "s--", label="1 + first-position acceptance")
+    ax.set(xlabel="trained tokens (one pass, fresh data)", ylabel="τ", title="MT-bench turn 1, greedy")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
