@@ -57,11 +57,18 @@ def _ours(target, draft, prompts):
     return vanilla, tau, per_pos
 
 
-def test_vllm_runs_our_export_losslessly_with_our_acceptance(setup):
+@pytest.fixture(scope="module")
+def vanilla(setup):
+    """One plain vLLM server for the module (each start costs ~1 min on 2 cores)."""
+    with VllmServer(setup[4], dtype="float32") as srv:
+        yield srv
+    assert srv.proc.poll() is not None  # stopped when the block ends
+
+
+def test_vllm_runs_our_export_losslessly_with_our_acceptance(setup, vanilla):
     target, draft, export, prompts, target_dir = setup
     ids = [p[0].tolist() for p in prompts]
-    with VllmServer(target_dir, dtype="float32") as srv:
-        vllm_vanilla = [complete_ids(srv.base_url, srv.model_name, p, MAX_NEW) for p in ids]
+    vllm_vanilla = [complete_ids(vanilla.base_url, vanilla.model_name, p, MAX_NEW) for p in ids]
     spec = {"method": "eagle3", "model": str(export), "num_speculative_tokens": K}
     with VllmServer(target_dir, dtype="float32", speculative_config=spec, max_num_seqs=1) as srv:
         vllm_spec = [complete_ids(srv.base_url, srv.model_name, p, MAX_NEW) for p in ids]
@@ -79,20 +86,13 @@ def test_vllm_runs_our_export_losslessly_with_our_acceptance(setup):
     assert abs(metrics["per_position"][0] - per_pos[0]) < 0.1, (metrics, per_pos)
 
 
-def test_vllm_regenerates_through_our_client(tmp_path):
-    from transformers import AutoTokenizer
-
+def test_vllm_regenerates_through_our_rolling_pool(tmp_path, setup, vanilla):
     from eaglewire.data.regenerate import GenerationSettings, read_done, regenerate
     from eaglewire.data.server_client import ServerGenerator
-    from eaglewire.target.loader import resolve_target
 
-    path = resolve_target(None)[1]
     s = GenerationSettings(max_new_tokens=24, max_turns=2, batch_size=4)
-    with VllmServer(path, dtype="float32", max_model_len=2048) as srv:
-        gen = ServerGenerator(srv.base_url, srv.model_name, s, AutoTokenizer.from_pretrained(path),
-                              identity={"kind": "vllm-test"})
-        stats = regenerate("mtbench", tmp_path / "r.jsonl.gz", gen, s, limit=4)
+    gen = ServerGenerator(vanilla.base_url, vanilla.model_name, s, setup[0].tokenizer, identity={"kind": "vllm-test"})
+    stats = regenerate("mtbench", tmp_path / "r.jsonl.gz", gen, s, limit=4)
     recs = read_done(tmp_path / "r.jsonl.gz")
     assert len(recs) == 4 and stats.turns == 8 and 0 < stats.new_tokens <= 8 * 24
-    assert all(len(r["messages"]) == 4 and r["messages"][1]["content"] for r in recs)
-    assert srv.proc.poll() is not None  # the server is stopped when the block ends
+    assert all(len(r["messages"]) == 4 and r["messages"][1]["content"] and r["messages"][3]["content"] for r in recs)

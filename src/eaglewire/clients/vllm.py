@@ -165,7 +165,7 @@ def complete_ids(base_url: str, model: str, prompt_ids: list[int], max_tokens: i
     """Greedy completion of a token-id prompt (no template re-rendering: the exact ids our engine used);
     returns the generated token ids."""
     body = {"model": model, "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": 0.0,
-            "return_token_ids": True, "logprobs": 0}
+            "return_token_ids": True}
     req = urllib.request.Request(base_url + "/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as r:
