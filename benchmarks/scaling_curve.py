@@ -16,7 +16,7 @@ from pathlib import Path
 from eaglewire.checkpoint import load_checkpoint
 from eaglewire.hw import describe_cpu
 from eaglewire.spec.bench import bench_prompts
-from eaglewire.spec.engine import SpecDecoder
+from eaglewire.spec.engine import SpecDecoder, SpecStats
 from eaglewire.spec.hf_runtime import make_runtime
 from eaglewire.spec.propose import EagleProposer
 from eaglewire.spec.tree import TreeShape
@@ -57,10 +57,10 @@ def main() -> None:
         acc = []
         for p in prompts:
             acc += SpecDecoder(rt, prop).generate(p, a.max_new_tokens, eos=eos)[1].accepted
+        st = SpecStats(accepted=acc)  # all prompts' verify steps together
         step = int(d.name.split("-")[1]) if d.name.startswith("step-") else (max(seen) if d == a.run / "draft" else None)
         row = {"draft": str(d), "step": step, "trained_tokens": seen.get(step) if step else None,
-               "tau": 1 + sum(acc) / len(acc), "per_position": [sum(x > i for x in acc) / len(acc) for i in range(a.k)],
-               "verify_steps": len(acc)}
+               "tau": st.tau, "per_position": st.per_position(a.k), "verify_steps": len(acc)}
         rows.append(row)
         print(json.dumps(row))
     a.out.mkdir(parents=True, exist_ok=True)

@@ -37,7 +37,7 @@ def setup(tmp_path_factory):
 
 
 def _ours(target, draft, prompts):
-    from eaglewire.spec.engine import SpecDecoder, greedy_reference
+    from eaglewire.spec.engine import SpecDecoder, SpecStats, greedy_reference
     from eaglewire.spec.hf_runtime import make_runtime
     from eaglewire.spec.propose import EagleProposer
     from eaglewire.spec.tree import TreeShape
@@ -52,9 +52,8 @@ def _ours(target, draft, prompts):
         toks, st = SpecDecoder(rt, prop).generate(p, MAX_NEW, eos=eos)
         assert toks == vanilla[-1]
         accepted += st.accepted
-    tau = 1 + sum(accepted) / len(accepted)
-    per_pos = [sum(a > i for a in accepted) / len(accepted) for i in range(K)]
-    return vanilla, tau, per_pos
+    st = SpecStats(accepted=accepted)
+    return vanilla, st.tau, st.per_position(K)
 
 
 @pytest.fixture(scope="module")

@@ -98,27 +98,14 @@ def _run_regen(gen, s: GenerationSettings, source: str, out: Path, limit: int, s
 def _regenerate_vllm(target: Optional[str], dtype: str, s: GenerationSettings, source: str, out: Path,
                      limit: int, start: int) -> None:
     """Serve the target with vLLM's CPU build for the run's duration and regenerate through it."""
-    from transformers import AutoTokenizer
-
-    from eaglewire.clients.vllm import VLLM_VERSION, VllmServer
-    from eaglewire.data.server_client import ServerGenerator
-    from eaglewire.target.loader import resolve_target
+    from eaglewire.clients.vllm import VLLM_VERSION, vllm_regenerator
 
     cli = _cli()
-    name, path = resolve_target(target)
-    ident = {"kind": "vllm", "version": VLLM_VERSION, "dtype": dtype, "name": name,
-             "target": cli._load(target).identity.config_sha256}
-    max_len = s.max_prompt_tokens + s.max_new_tokens + 16
-    with cli.err_console.status(f"starting vLLM {VLLM_VERSION} ({dtype}) for {name} (a first start compiles, ~1-2 min)"):
-        server = VllmServer(path, dtype=dtype, max_model_len=max_len, max_num_seqs=max(s.batch_size, 1))
-        server.start()
-    try:
-        cli.err_console.print(f"vLLM serving {name} at {server.base_url} (log {server.log_path})")
-        gen = ServerGenerator(server.base_url, server.model_name, s, identity=ident,
-                              tokenizer=AutoTokenizer.from_pretrained(path))
+    tgt = cli._load(target)  # its config identifies the file; its tokenizer measures prompts
+    cli.err_console.print(f"starting vLLM {VLLM_VERSION} ({dtype}) for {tgt.name} (a first start compiles, ~1-2 min)")
+    with vllm_regenerator(tgt, s, dtype) as gen:
+        cli.err_console.print(f"vLLM serving {tgt.name} at {gen.url}")
         _run_regen(gen, s, source, out, limit, start)
-    finally:
-        server.stop()
 
 
 def register(app: typer.Typer) -> None:

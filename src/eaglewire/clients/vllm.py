@@ -23,8 +23,9 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from eaglewire.cache import cache_root
 from eaglewire.errors import EaglewireError
@@ -159,6 +160,20 @@ class VllmServer:
             os.killpg(pgid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+@contextmanager
+def vllm_regenerator(target: Any, s: Any, dtype: str = "bfloat16") -> Iterator[Any]:
+    """A ServerGenerator on vLLM serving `target` (a loaded eaglewire Target with a model directory) for
+    the block's duration. Its identity names what runs (engine, version, dtype, target config), not the
+    port, so a file regenerated through it resumes in a later sitting."""
+    from eaglewire.data.server_client import ServerGenerator
+
+    ident = {"kind": "vllm", "version": VLLM_VERSION, "dtype": dtype, "name": target.name,
+             "target": target.identity.config_sha256}
+    with VllmServer(target.path, dtype=dtype, max_model_len=s.max_prompt_tokens + s.max_new_tokens + 16,
+                    max_num_seqs=s.batch_size) as srv:
+        yield ServerGenerator(srv.base_url, srv.model_name, s, target.tokenizer, identity=ident)
 
 
 def complete_ids(base_url: str, model: str, prompt_ids: list[int], max_tokens: int, timeout: float = 600.0) -> list[int]:

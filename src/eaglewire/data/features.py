@@ -6,9 +6,10 @@ Offline layout (`eaglewire data capture`):
         input_ids int64 [N], loss_mask int64 [N], offsets int64 [S+1] (sample k = [offsets[k], offsets[k+1]))
         taps [N, n*H] and final_hidden [N, H] (the target's final-norm state; logits = lm_head(final_hidden)),
             stored in bf16 by default (2 bytes a channel; the loss reads them back in fp32)
-        target_top1 int32 [N]  the target's argmax at each position (in the dtype the target ran in) (training masks positions whose
-            top-1 the draft vocab lacks; storing it spares training the full V-wide head: it then needs only
-            the V_d head rows). Bytes per token, 3 taps of H=576, bf16: 3456 + 1152 + 4 + 16 = 4628.
+        target_top1 int32 [N]  the target's argmax at each position, in the dtype the target ran in (training
+            masks positions whose top-1 the draft vocab lacks; storing it spares training the full V-wide
+            head: it then needs only the V_d head rows). Bytes per token, 3 taps of H=576, bf16:
+            3456 + 1152 + 4 + 16 = 4628.
         stat_sum / stat_sumsq float64 [n*H]  (per-channel sums over this shard, for the tap fingerprint)
         metadata: contract fingerprint, sample ids
 Shard k always holds samples [k*S, (k+1)*S) of the deterministic sample order; each is written to a
@@ -35,6 +36,7 @@ from eaglewire.target.capture import capture
 from eaglewire.target.loader import Target
 
 FORMAT = "eaglewire.features/1"
+_ROW_KEYS = ("input_ids", "loss_mask", "taps", "final_hidden", "target_top1")  # per-token tensors of a shard
 DEFAULT_STORE_DTYPE = torch.bfloat16  # half the bytes of fp32; top-1 agreement of the draft unchanged (README)
 
 
@@ -103,7 +105,6 @@ def _shard_ok(path: Path, fingerprint: str, ids: list[str]) -> bool:
 def capture_shard(target: Target, contract: WiringContract, samples: list[Sample], pad_id: int,
                   batch_size: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     online = OnlineFeatures(target, contract, pad_id)
-    keys = ("input_ids", "loss_mask", "taps", "final_hidden", "target_top1")
     # [V, H] in the target's own dtype: the full-vocab argmax costs a quarter of a 135M target's forward in
     # fp32, and a bf16 target's top-1 is its bf16 logits' argmax anyway
     head = target.model.get_output_embeddings().weight.detach()
@@ -121,7 +122,7 @@ def capture_shard(target: Target, contract: WiringContract, samples: list[Sample
             rows[j] = {"input_ids": fb.input_ids[r, :n], "loss_mask": fb.loss_mask[r, :n],
                        "taps": fb.taps[r, :n].to(dtype), "final_hidden": hid.to(dtype),
                        "target_top1": top1.to(torch.int32)}
-    parts = {k: [row[k] for row in rows] for k in keys}
+    parts = {k: [row[k] for row in rows] for k in _ROW_KEYS}
     out = {k: torch.cat(v) for k, v in parts.items()}
     lengths = torch.tensor([len(s.input_ids) for s in samples])
     out["offsets"] = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
@@ -256,5 +257,3 @@ class OfflineFeatures:
                 top1[i, :n] = r["target_top1"].long()
         return FeatureBatch(ids, loss, attn, taps, hid, top1)
 
-
-_ROW_KEYS = ("input_ids", "loss_mask", "taps", "final_hidden", "target_top1")

@@ -147,16 +147,11 @@ def _choose_engine(ctx: Ctx, missing: int) -> str:
 def _regen_vllm(ctx: Ctx, out: Path, s: Any, on_batch: Callable) -> Any:
     """The same file and identity rules as the local path; the file must be new or vLLM-made (its meta
     names the generator, so a file begun by HF generate is not silently continued by vLLM)."""
-    from eaglewire.clients.vllm import VLLM_VERSION, VllmServer
+    from eaglewire.clients.vllm import vllm_regenerator
     from eaglewire.data.regenerate import regenerate as regen
-    from eaglewire.data.server_client import ServerGenerator
 
-    d, dtype = ctx.cfg.data, ctx.cfg.data.engine_dtype
-    ident = {"kind": "vllm", "version": VLLM_VERSION, "dtype": dtype, "name": ctx.target.name,
-             "target": ctx.target.identity.config_sha256}
-    with VllmServer(ctx.target.path, dtype=dtype, max_model_len=s.max_prompt_tokens + s.max_new_tokens + 16,
-                    max_num_seqs=s.batch_size) as srv:
-        gen = ServerGenerator(srv.base_url, srv.model_name, s, ctx.target.tokenizer, identity=ident)
+    d = ctx.cfg.data
+    with vllm_regenerator(ctx.target, s, d.engine_dtype) as gen:
         return regen(d.source, out, gen, s, limit=d.conversations, on_batch=on_batch)
 
 

@@ -82,7 +82,7 @@ class TTTModel(nn.Module):
         with torch.no_grad(), torch.autocast(fb.input_ids.device.type, enabled=False):
             in_vocab = d.t2d[self.target_top1(fb)]  # [B, T] target top-1 representable by the draft
             p_draft = fb.final_hidden.float() @ self.draft_head.float().T  # [B, T, V_d]; p_t predicts x_{t+1}
-        hidden, past = d.fuse(fb.taps.to(d.fc.weight.dtype)), None  # [B, T, H]
+        hidden, past = d.fuse(fb.taps), None  # [B, T, H]
         total, stats = fb.taps.new_zeros(()), TTTStats()
         base_pos = torch.arange(T, device=fb.input_ids.device).expand(B, T)
         for k in range(self.steps):
