@@ -41,7 +41,7 @@ def regenerate_cmd(
     engine: str = typer.Option("local", "--engine", help="'local' (HF generate in this process) or 'vllm' "
                                "(starts vLLM's CPU build on 127.0.0.1 for the target: bash scripts/vllm_venv.sh)."),
     dtype: str = typer.Option("bfloat16", "--dtype", help="--engine vllm: float32 or bfloat16 (AVX512-BF16/AMX "
-                              "CPUs; measured 1.7x fp32 throughput)."),
+                              "CPUs; 384 vs 225 tok/s for fp32 in the research notes' measurement)."),
     start: int = typer.Option(0, "--start", help="Skip the first N conversations of the source (another file "
                               "holds them): this file holds conversations [start, start + limit)."),
 ) -> None:
