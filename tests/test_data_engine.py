@@ -179,3 +179,18 @@ def test_snapshots_are_kept_at_the_asked_steps(tmp_path):
     a = load_checkpoint(tmp_path / "snapshots" / "step-000001", target=target).state_dict()
     b = load_checkpoint(tmp_path / "draft", target=target).state_dict()
     assert not torch.equal(a["fc.weight"], b["fc.weight"])  # a real earlier state, not the final one
+
+
+def test_layers_start_from_the_targets_top_layers():
+    target, vmap, contract = _setup()
+    draft = build_draft(target, contract, vmap, TrainConfig(num_layers=2, init_layers_from_target=True))
+    top, below = target.layers[-1], target.layers[-2]
+    h = draft.cfg.hidden_size
+    first, second = draft.layers[0], draft.layers[1]
+    assert torch.equal(first.self_attn.q_proj.weight[:, h:], below.self_attn.q_proj.weight)  # hidden half
+    assert not torch.equal(first.self_attn.q_proj.weight[:, :h], torch.zeros_like(below.self_attn.q_proj.weight))
+    assert torch.equal(first.mlp.up_proj.weight, below.mlp.up_proj.weight)
+    assert torch.equal(second.self_attn.o_proj.weight, top.self_attn.o_proj.weight)
+    assert torch.equal(second.post_attention_layernorm.weight, top.post_attention_layernorm.weight)
+    plain = build_draft(target, contract, vmap, TrainConfig(num_layers=2))
+    assert not torch.equal(plain.layers[1].mlp.up_proj.weight, top.mlp.up_proj.weight)

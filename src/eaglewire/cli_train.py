@@ -151,6 +151,8 @@ def train_cmd(
     ttt_decay: float = typer.Option(T.ttt_decay, "--ttt-decay", help="Loss weight decay**position."),
     loss: str = typer.Option(T.loss, "--loss", help="soft_ce or forward_kl."),
     num_layers: int = typer.Option(T.num_layers, "--num-layers", help="Draft decoder layers."),
+    init_layers_from_target: bool = typer.Option(T.init_layers_from_target, "--init-layers-from-target",
+                                                 help="Start the draft's layers from the target's top layers."),
     eval_every: int = typer.Option(T.eval_every, "--eval-every"),
     ckpt_every: int = typer.Option(T.ckpt_every, "--ckpt-every"),
     seed: int = typer.Option(T.seed, "--seed"),
@@ -165,7 +167,7 @@ def train_cmd(
     cli = _cli()
     cfg = TrainConfig(max_steps=max_steps, batch_size=batch_size, grad_accum=grad_accum, lr=lr,
                       warmup_steps=warmup_steps, ttt_steps=ttt_steps, ttt_decay=ttt_decay, loss=loss,
-                      num_layers=num_layers, eval_every=eval_every, ckpt_every=ckpt_every, seed=seed,
+                      num_layers=num_layers, init_layers_from_target=init_layers_from_target, eval_every=eval_every, ckpt_every=ckpt_every, seed=seed,
                       dtype=dtype, init_from=str(init_from) if init_from else "",
                       snapshot_steps=tuple(cli.parse_ints(snapshot_steps)) if snapshot_steps else ())
     cli.friendly(_train)(cli, cfg, data, features, vocab, out, target, taps, taps_from, max_length, limit,

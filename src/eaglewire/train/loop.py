@@ -40,6 +40,7 @@ from eaglewire.data.samples import Sample
 from eaglewire.draft.config import DraftConfig
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.checkpoint import save_checkpoint
+from eaglewire.errors import CheckpointError
 from eaglewire.train import state as trainer_state
 from eaglewire.train.dist import DistInfo, all_reduce_sum, barrier
 from eaglewire.train.ttt import TTTModel, TTTStats
@@ -68,6 +69,8 @@ class TrainConfig:
     seed: int = 0
     dtype: str = "auto"  # autocast: auto = bf16 on GPUs and on CPUs with native bf16 (AVX512-BF16/AMX), else fp32
     init_from: str = ""  # warm start from this native draft (same taps): training that adds up across sittings
+    init_layers_from_target: bool = False  # draft layer i starts as target layer L - num_layers + i (measured:
+    # benchmarks/results/recipe); layer 0's embedding half of q/k/v stays random, since the target has none
     snapshot_steps: tuple[int, ...] = ()  # also keep the draft at these steps (OUT/snapshots/step-N): one pass
     # over fresh data makes them a data-scaling curve for the price of one run
 
@@ -98,9 +101,33 @@ def build_draft(target: Any, contract: WiringContract, vmap: VocabMap, c: TrainC
         if norm_w is not None and norm_w.shape == draft.norm.weight.shape:
             draft.norm.weight.copy_(norm_w)
     draft.attach_embedding(target.embed_tokens.weight)
+    if c.init_layers_from_target:
+        init_layers_from_target(draft, target)
     if c.init_from:
         warm_start(draft, Path(c.init_from), target, vmap, tuple(contract.taps))
     return draft
+
+
+def init_layers_from_target(draft: Eagle3Draft, target: Any) -> None:
+    """Start draft layer i from target decoder layer L - n + i (the top of the stack, whose input is closest
+    to the fused state the draft reads). Layer 0's q/k/v read [embed ; hidden] (2H wide): the hidden half
+    takes the target's projection, the embedding half keeps its random init. Refused where shapes differ."""
+    n, L = draft.cfg.num_layers, target.num_layers
+    with torch.no_grad():
+        for i, layer in enumerate(draft.layers):
+            src = dict(target.layers[L - n + i].named_parameters())
+            for name, p in layer.named_parameters():
+                if name not in src:
+                    continue  # hidden_norm: the draft's own (the target has one input norm per layer)
+                w = src[name]
+                if layer.first and name.split(".")[-2] in ("q_proj", "k_proj", "v_proj"):
+                    p[:, draft.cfg.hidden_size:].copy_(w)  # [out, 2H]: columns H: read hidden_norm(hidden)
+                elif p.shape == w.shape:
+                    p.copy_(w)
+                else:
+                    raise CheckpointError(f"cannot start draft layer {i} from target layer {L - n + i}",
+                                          expected=f"{name} of shape {tuple(p.shape)}", found=str(tuple(w.shape)),
+                                          fix="drop init_layers_from_target for this target")
 
 
 def warm_start(draft: Eagle3Draft, path: Path, target: Any, vmap: VocabMap, taps: tuple[int, ...]) -> dict[str, int]:
@@ -111,7 +138,6 @@ def warm_start(draft: Eagle3Draft, path: Path, target: Any, vmap: VocabMap, taps
     ids both vocabularies keep are copied, rows of ids new to this vocab keep the target's head row
     (as a fresh draft starts). The optimizer state and the lr schedule start afresh."""
     from eaglewire.checkpoint import load_checkpoint
-    from eaglewire.errors import CheckpointError
 
     src = load_checkpoint(path, target=target)
     if tuple(src.contract.taps) != taps:
