@@ -318,7 +318,7 @@ class LocalGenerator:
         if tok is None or target.chat_template is None:
             raise EaglewireError("regeneration needs the target's tokenizer and chat template",
                                  expected="tokenizer.chat_template", found="none")
-        self.pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        self.pad = target.pad_id
         self.eos = tok.eos_token_id
 
     def identity(self) -> dict:

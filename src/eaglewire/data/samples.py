@@ -45,6 +45,12 @@ def is_held_out(sample_id: str, fraction: float) -> bool:
     return h < fraction * 0x100000000
 
 
+def split_heldout(samples: list[Sample], fraction: float) -> tuple[list[Sample], list[Sample]]:
+    """(training, held-out) samples, in their order; the one split the vocab and training both use."""
+    held = [is_held_out(s.id, fraction) for s in samples]
+    return [s for s, h in zip(samples, held) if not h], [s for s, h in zip(samples, held) if h]
+
+
 def tokenize_conversations(tok: Any, convs: Iterable[Conversation], *, max_length: int,
                            split_turns: bool = False, template_kwargs: dict | None = None,
                            stats: TokenizeStats | None = None) -> list[Sample]:

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from eaglewire.data.regenerate import GenerationSettings
 from eaglewire.data.samples import DEFAULT_HELDOUT_FRACTION, DEFAULT_MAX_LENGTH
 from eaglewire.errors import EaglewireError
-from eaglewire.spec.tree import TreeShape
+from eaglewire.spec.tree import DEFAULT_TREE, TreeShape
 from eaglewire.spec import bench as B
 from eaglewire.train.loop import TrainConfig
 from eaglewire.vocab import DEFAULT_DRAFT_VOCAB
@@ -78,10 +78,9 @@ class TrainCfg(_Strict):
                            "the draft shipped for the embedded target)")
 
     def train_config(self) -> TrainConfig:
-        return TrainConfig(max_steps=self.max_steps, batch_size=self.batch_size, lr=self.lr,
-                           warmup_steps=self.warmup_steps, ttt_steps=self.ttt_steps, ttt_decay=self.ttt_decay,
-                           loss=self.loss, num_layers=self.num_layers, eval_every=self.eval_every,
-                           ckpt_every=self.ckpt_every, seed=self.seed, dtype=self.dtype, init_from=self.init_from)
+        # every field but the run's own (features, heldout_fraction) is a TrainConfig field of the same
+        # name: the schema picks which training knobs a run exposes, TrainConfig holds their defaults
+        return TrainConfig(**self.model_dump(exclude={"features", "heldout_fraction"}))
 
 
 class BenchCfg(_Strict):
@@ -89,9 +88,9 @@ class BenchCfg(_Strict):
     prompts: int = Field(B.PROMPTS, ge=1)
     max_new_tokens: int = Field(B.MAX_NEW_TOKENS, ge=1)
     chain_k: int = Field(B.CHAIN_K, ge=1, description="vLLM num_speculative_tokens of the chain run")
-    num_steps: int = B.TREE.num_steps
-    topk: int = B.TREE.topk
-    num_draft_tokens: int = B.TREE.num_draft_tokens
+    num_steps: int = DEFAULT_TREE.num_steps
+    topk: int = DEFAULT_TREE.topk
+    num_draft_tokens: int = DEFAULT_TREE.num_draft_tokens
     hf_generate: bool = Field(False, description="also time HF transformers generate (slower to run)")
 
     @model_validator(mode="after")

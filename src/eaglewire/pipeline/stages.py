@@ -33,11 +33,6 @@ class Ctx:
     progress: Progress = lambda done, total, detail: None
     log: Callable[[str], None] = print
 
-    @property
-    def pad_id(self) -> int:
-        tok = self.target.tokenizer
-        return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-
 
 def _regen_file(ctx: Ctx) -> Path:
     return ctx.dirs["regenerate"] / "regen.jsonl.gz"
@@ -156,25 +151,14 @@ def _regen_vllm(ctx: Ctx, out: Path, s: Any, on_batch: Callable) -> Any:
 
 
 def vocab(ctx: Ctx, work: Path) -> dict[str, Any]:
-    from eaglewire.vocab import build_vocab_map, count_masked_tokens, coverage, save_vocab
+    from eaglewire.workflows import build_vocab
 
-    from eaglewire.data.samples import is_held_out
-
-    samples, frac = _samples(ctx), ctx.cfg.train.heldout_fraction
-    train_s = [s for s in samples if not is_held_out(s.id, frac)]
-    held = [s for s in samples if is_held_out(s.id, frac)]
-    # Built from the training split only, so the held-out coverage is an honest estimate for new prompts.
-    counts = count_masked_tokens(train_s, ctx.target.vocab_size)
-    vmap = build_vocab_map(counts, ctx.cfg.vocab.draft_vocab_size)
-    cov = {"train": coverage(vmap, counts)}
-    if held:
-        cov["held-out"] = coverage(vmap, count_masked_tokens(held, ctx.target.vocab_size))
-    meta = {"target": ctx.target.identity.__dict__, "data": str(_regen_file(ctx)), "coverage": cov,
-            "draft_vocab_size": ctx.cfg.vocab.draft_vocab_size, "distinct_trained_tokens": int((counts > 0).sum())}
-    save_vocab(work / "vocab.safetensors", vmap, counts, meta)
-    return {"file": str(work / "vocab.safetensors"), "coverage": cov, "sha256": vmap.sha256(),
-            "heldout_samples": len(held),
-            "distinct_trained_tokens": meta["distinct_trained_tokens"], "samples": len(samples),
+    samples = _samples(ctx)
+    built = build_vocab(ctx.target, samples, ctx.cfg.vocab.draft_vocab_size, ctx.cfg.train.heldout_fraction,
+                        work / "vocab.safetensors", data=str(_regen_file(ctx)))
+    return {"file": str(work / "vocab.safetensors"), "coverage": built.coverage, "sha256": built.vmap.sha256(),
+            "heldout_samples": built.heldout_samples,
+            "distinct_trained_tokens": built.meta["distinct_trained_tokens"], "samples": len(samples),
             "trained_tokens": int(sum(int(s.loss_mask.sum()) for s in samples)),
             "tokens": int(sum(len(s.input_ids) for s in samples))}
 
@@ -184,7 +168,7 @@ def features(ctx: Ctx, work: Path) -> dict[str, Any]:
 
     if ctx.cfg.train.features == "online":
         return {"mode": "online"}
-    manifest = capture_features(ctx.target, ctx.contract, _samples(ctx), work, pad_id=ctx.pad_id,
+    manifest = capture_features(ctx.target, ctx.contract, _samples(ctx), work, pad_id=ctx.target.pad_id,
                                 on_shard=lambda k, n, _t: ctx.progress(k, n, "shards"))
     return {"mode": "offline", "dir": str(work), "tokens": manifest["tokens"], "samples": manifest["samples"]}
 
@@ -194,23 +178,17 @@ def features(ctx: Ctx, work: Path) -> dict[str, Any]:
 
 def train(ctx: Ctx, work: Path) -> dict[str, Any]:
     """TTT training in `work` (resumes from work/checkpoints when a previous run was killed)."""
-    from eaglewire.data.features import OfflineFeatures, OnlineFeatures
-    from eaglewire.data.samples import is_held_out
+    from eaglewire.data.samples import split_heldout
     from eaglewire.train import state as trainer_state
-    from eaglewire.train.loop import train as train_loop
-    from eaglewire.train.plot import plot_metrics
     from eaglewire.vocab import load_vocab
+    from eaglewire.workflows import feature_source, train_draft
 
     t = ctx.cfg.train
     vmap, _, _ = load_vocab(Path(ctx.results["vocab"]["file"]))
     contract = ctx.target.contract(ctx.contract.taps, vocab_map=vmap)
-    if t.features == "offline":
-        source = OfflineFeatures(ctx.dirs["features"], contract, pad_id=ctx.pad_id)
-        samples = source.samples()
-    else:
-        source, samples = OnlineFeatures(ctx.target, contract, pad_id=ctx.pad_id), _samples(ctx)
-    heldout = [s for s in samples if is_held_out(s.id, t.heldout_fraction)]
-    train_samples = [s for s in samples if not is_held_out(s.id, t.heldout_fraction)]
+    features_dir = ctx.dirs["features"] if t.features == "offline" else None
+    source, samples = feature_source(ctx.target, contract, features_dir, lambda: _samples(ctx))
+    train_samples, heldout = split_heldout(samples, t.heldout_fraction)
     resume = trainer_state.latest_state(work) is not None
     if resume:
         ctx.log("resuming training from its last checkpoint")
@@ -218,11 +196,10 @@ def train(ctx: Ctx, work: Path) -> dict[str, Any]:
     cfg = _resolve_init(ctx, t.train_config())
     if cfg.init_from:
         ctx.log(f"warm start from {cfg.init_from} (weights; head rows remapped to this vocab; optimizer fresh)")
-    last = train_loop(ctx.target, contract, vmap, source, train_samples, heldout, cfg, work,
-                      resume=resume, on_step=lambda r: _train_progress(ctx, r, t.max_steps))
-    plot_metrics(work / "metrics.jsonl", work / "training.png")
-    return {"draft": str(work / "draft"), "heldout": last, "train_samples": len(train_samples),
-            "heldout_samples": len(heldout), "train_tokens": int(sum(len(s.input_ids) for s in train_samples)),
+    summary = train_draft(ctx.target, contract, vmap, source, train_samples, heldout, cfg, work, resume=resume,
+                          on_step=lambda r: _train_progress(ctx, r, t.max_steps))
+    return {"draft": str(work / "draft"), "heldout": summary["heldout"], "train_samples": summary["train_samples"],
+            "heldout_samples": summary["heldout_samples"], "train_tokens": summary["train_tokens"],
             "seconds_this_run": time.perf_counter() - t0, "metrics": str(work / "metrics.jsonl"),
             "png": str(work / "training.png"), "contract": contract.to_dict()}
 

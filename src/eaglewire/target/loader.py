@@ -83,6 +83,12 @@ class Target:
         return getattr(self.tokenizer, "chat_template", None) if self.tokenizer is not None else None
 
     @property
+    def pad_id(self) -> int:
+        """The id batches are padded with: the tokenizer's pad token, else EOS (many chat models lack one)."""
+        tok = self.tokenizer
+        return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+
+    @property
     def identity(self) -> TargetIdentity:
         arch = (getattr(self.model.config, "architectures", None) or [type(self.model).__name__])[0]
         return TargetIdentity(name=self.name, architecture=arch, config_sha256=config_sha256(self.text_config),

@@ -1,0 +1,81 @@
+"""The workflows both the CLI (`eaglewire vocab build`, `eaglewire train`) and `eaglewire run`
+(pipeline/stages.py) call, so the two cannot drift apart: build the draft vocabulary from the training
+split, choose the feature source, train a draft and write its summary.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from eaglewire.contract import WiringContract
+from eaglewire.data.samples import Sample, split_heldout
+from eaglewire.train.dist import DistInfo
+from eaglewire.train.loop import TrainConfig
+from eaglewire.vocab import VocabMap
+
+
+@dataclass
+class VocabBuild:
+    vmap: VocabMap
+    counts: torch.Tensor  # int64 [V]: trained-token counts of the training split
+    coverage: dict[str, float]  # split name -> share of its trained tokens the draft vocab holds
+    meta: dict[str, Any]  # what save_vocab stored beside the map
+    train_samples: int
+    heldout_samples: int
+
+
+def build_vocab(target: Any, samples: list[Sample], draft_vocab_size: int, heldout_fraction: float, out: Path, *,
+                data: str, eval_samples: list[Sample] | None = None) -> VocabBuild:
+    """Count the trained tokens of the TRAINING split, keep the most frequent, save the map to `out`.
+
+    Held-out samples are never counted: the held-out coverage (and accuracy) then estimate new prompts
+    honestly. `eval_samples` (e.g. MT-bench answers) only report coverage."""
+    from eaglewire.vocab import build_vocab_map, count_masked_tokens, coverage, save_vocab
+
+    train_s, held = split_heldout(samples, heldout_fraction)
+    counts = count_masked_tokens(train_s, target.vocab_size)
+    vmap = build_vocab_map(counts, draft_vocab_size)
+    cov = {"train": coverage(vmap, counts)}
+    for name, extra in (("held-out", held), ("eval", eval_samples)):
+        if extra:
+            cov[name] = coverage(vmap, count_masked_tokens(extra, target.vocab_size))
+    meta = {"target": target.identity.__dict__, "data": data, "coverage": cov, "draft_vocab_size": draft_vocab_size,
+            "distinct_trained_tokens": int((counts > 0).sum())}
+    save_vocab(out, vmap, counts, meta)
+    return VocabBuild(vmap, counts, cov, meta, len(train_s), len(held))
+
+
+def feature_source(target: Any, contract: WiringContract, features: Path | None,
+                   samples: Callable[[], list[Sample]]) -> tuple[Any, list[Sample]]:
+    """Offline features from a `data capture` directory (its samples come with it), else online capture
+    of `samples()` through the target."""
+    from eaglewire.data.features import OfflineFeatures, OnlineFeatures
+
+    if features is not None:
+        source = OfflineFeatures(features, contract, pad_id=target.pad_id)
+        return source, source.samples()
+    return OnlineFeatures(target, contract, pad_id=target.pad_id), samples()
+
+
+def train_draft(target: Any, contract: WiringContract, vmap: VocabMap, source: Any, train_samples: list[Sample],
+                heldout: list[Sample], cfg: TrainConfig, out: Path, info: DistInfo = DistInfo(), *,
+                resume: bool = False, on_step: Callable[[dict], None] | None = None) -> dict[str, Any]:
+    """TTT training into `out` (draft/, checkpoints/, metrics.jsonl, training.png, summary.json on the
+    main rank); returns the summary."""
+    from eaglewire.train.loop import train
+    from eaglewire.train.plot import plot_metrics
+
+    last = train(target, contract, vmap, source, train_samples, heldout, cfg, out, info, resume=resume,
+                 on_step=on_step)
+    summary = {"heldout": last, "train_samples": len(train_samples), "heldout_samples": len(heldout),
+               "train_tokens": int(sum(len(s.input_ids) for s in train_samples)), "config": cfg.to_dict(),
+               "contract": contract.to_dict()}
+    if info.is_main:
+        plot_metrics(out / "metrics.jsonl", out / "training.png")
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
