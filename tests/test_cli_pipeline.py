@@ -11,7 +11,7 @@ import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 from typer.testing import CliRunner
 
-from eaglewire.cli import app
+from eaglewire.cli.app import app
 from eaglewire.target.loader import resolve_target
 
 CONVS = [

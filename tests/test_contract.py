@@ -145,7 +145,7 @@ def test_any_to_any_translation_preserves_physical_states(L, data):
 def test_cli_translate(tmp_path):
     from typer.testing import CliRunner
 
-    from eaglewire.cli import app
+    from eaglewire.cli.app import app
 
     r = CliRunner().invoke(app, ["wiring", "translate", "--layers", "30", "--to", "sglang", "--json"])
     assert r.exit_code == 0, r.output

@@ -108,7 +108,7 @@ def test_data_show_cli(tmp_path):
 
     from typer.testing import CliRunner
 
-    from eaglewire.cli import app
+    from eaglewire.cli.app import app
     p = tmp_path / "c.jsonl"
     p.write_text(json.dumps({"id": "x", "messages": CONV}))
     r = CliRunner().invoke(app, ["data", "show", "--data", str(p)])

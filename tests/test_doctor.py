@@ -189,7 +189,7 @@ def test_rope_and_positions_warn(tmp_path, target, drafted):
 def test_doctor_cli_exit_codes(tmp_path, drafted):
     from typer.testing import CliRunner
 
-    from eaglewire.cli import app
+    from eaglewire.cli.app import app
 
     draft, contract = drafted
     # the CLI loads the target by path: save the tiny 8-layer target to disk

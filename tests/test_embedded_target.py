@@ -10,7 +10,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from eaglewire.cli import app
+from eaglewire.cli.app import app
 from eaglewire.contract import default_taps, to_engine
 from eaglewire.target.capture import capture, forward_kwargs, load_capture
 
@@ -61,7 +61,7 @@ def test_capture_cli_writes_contract(tmp_path):
 def test_released_draft_runs_lossless_on_the_real_target(smollm):
     """The shipped draft loads strictly for the embedded target and speculative output == greedy."""
     from eaglewire.checkpoint import load_checkpoint
-    from eaglewire.cli_spec import resolve_draft
+    from eaglewire.checkpoint import resolve_draft
     from eaglewire.spec.engine import SpecDecoder, greedy_reference
     from eaglewire.spec.propose import EagleProposer
     from eaglewire.spec.runtime import LeanTarget

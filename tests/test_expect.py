@@ -27,7 +27,7 @@ def test_expect_cli_on_tiny_pipeline(tmp_path):
     from tiny import build_draft
 
     from eaglewire.checkpoint import save_checkpoint
-    from eaglewire.cli import app
+    from eaglewire.cli.app import app
     from eaglewire.target.loader import load_target
     from test_server import _tiny_target_dir
 

@@ -51,7 +51,7 @@ def test_single_state_means_aux_capture_off(tmp_path):
 def test_probe_cli_with_ids_option(tmp_path):
     from typer.testing import CliRunner
 
-    from eaglewire.cli import app
+    from eaglewire.cli.app import app
 
     target = build_target("llama", layers=8)
     target.model.save_pretrained(tmp_path / "t")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from eaglewire.cli import app
+from eaglewire.cli.app import app
 
 ROOT = Path(__file__).parents[1]
 

@@ -12,7 +12,7 @@ import yaml
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 from typer.testing import CliRunner
 
-from eaglewire.cli import app
+from eaglewire.cli.app import app
 from eaglewire.errors import EaglewireError
 from eaglewire.pipeline import runner, stages
 from eaglewire.pipeline.config import BUDGETS, RunConfig, resolve

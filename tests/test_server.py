@@ -12,7 +12,7 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 import torch
 
 from eaglewire.checkpoint import save_checkpoint
-from eaglewire.cli_spec import build_server
+from eaglewire.spec.server import build_server
 from eaglewire.spec.engine import greedy_reference
 from eaglewire.spec.runtime import LeanTarget
 from eaglewire.spec.tree import TreeShape

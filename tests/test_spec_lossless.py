@@ -125,8 +125,9 @@ def test_hf_fallback_runtime_lossless(arch, shape):
 
 
 def test_cli_tree_knob_defaults():
-    from eaglewire.cli_spec import tree_shape
-    from eaglewire.spec.bench import TREE
+    from eaglewire.spec.tree import DEFAULT_TREE as TREE
+
+    tree_shape = TreeShape.from_knobs
 
     assert tree_shape(None, None, None, None) == TREE
     assert tree_shape(4, 1, None, None) == TreeShape(num_steps=4, topk=1, num_draft_tokens=5)  # a chain: N = S+1

@@ -24,7 +24,7 @@ MAX_NEW, K = 48, 3
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     from eaglewire.checkpoint import load_checkpoint
-    from eaglewire.cli_spec import resolve_draft
+    from eaglewire.checkpoint import resolve_draft
     from eaglewire.formats.convert import export_draft
     from eaglewire.spec.bench import bench_prompts
     from eaglewire.target.loader import load_target, resolve_target

@@ -181,3 +181,8 @@ def released_draft_dir() -> Path:
         raise CheckpointError("no released draft in this install", expected=str(shipped),
                               found="missing", fix="pass --draft DIR (from `eaglewire train`)")
     return shipped
+
+
+def resolve_draft(draft: Path | None) -> Path:
+    """`draft`, or the released draft inside the package (for the embedded default target) when None."""
+    return Path(draft) if draft is not None else released_draft_dir()

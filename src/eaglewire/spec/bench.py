@@ -24,11 +24,10 @@ from eaglewire.spec.hf_runtime import make_runtime
 from eaglewire.spec.tree import TreeShape
 
 METHODS = ("hf_generate", "vanilla", "prompt_lookup", "eagle_chain", "eagle_tree")
-# Defaults of `eaglewire bench` and of the run config's bench section (defined here only). Small shapes:
-# on a CPU a verify of 1-3 tokens costs about one decode step and 4-16 cost 1.6-2.2x (benchmarks/bench_verify.py).
+# Defaults of `eaglewire bench` and of the run config's bench section (defined here only; the tree is
+# spec/tree.py's DEFAULT_TREE). A chain of 1: on a CPU a verify of 1-3 tokens costs about one decode step.
 QUESTIONS, PROMPTS, MAX_NEW_TOKENS = "mtbench", 8, 128
 CHAIN_K = 1
-TREE = TreeShape(num_steps=2, topk=2, num_draft_tokens=3)
 
 
 @dataclass

@@ -18,6 +18,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -230,3 +231,25 @@ def make_handler(srv: SpecServer) -> type[BaseHTTPRequestHandler]:
 def serve(srv: SpecServer, host: str = "127.0.0.1", port: int = 8000) -> ThreadingHTTPServer:
     """Create the HTTP server (call .serve_forever(); .server_address has the bound port)."""
     return ThreadingHTTPServer((host, port), make_handler(srv))
+
+
+def build_server(target: Any, draft: Path, shape: Any, model_name: str | None, max_context: int,
+                 max_tokens_limit: int, host: str, port: int) -> ThreadingHTTPServer:
+    """The `eaglewire serve` server: the native draft at `draft` on the target's runtime, bound to host:port."""
+    from eaglewire.checkpoint import load_checkpoint
+    from eaglewire.spec.engine import SpecDecoder
+    from eaglewire.spec.hf_runtime import make_runtime
+    from eaglewire.spec.propose import EagleProposer
+
+    d = load_checkpoint(draft, target=target)
+    rt = make_runtime(target, max_context + shape.num_draft_tokens + 8, calibrate=True)
+    decoder = SpecDecoder(rt, EagleProposer(d, d.contract, shape, max_context))
+    eos = {target.tokenizer.eos_token_id}
+
+    def generate(job: Job, on_tokens: Callable[[list[int]], None]) -> Any:  # on the server's single worker thread
+        _, stats = decoder.generate(job.prompt_ids, job.max_tokens, eos, temperature=job.temperature,
+                                    top_p=job.top_p, seed=job.seed, on_tokens=on_tokens)
+        return stats
+
+    srv = SpecServer(generate, target.tokenizer, model_name or target.name, max_tokens_limit, max_context)
+    return serve(srv, host, port)

@@ -47,6 +47,28 @@ class TreeShape:
     def is_chain(self) -> bool:
         return self.topk == 1
 
+    @classmethod
+    def from_knobs(cls, num_steps: int | None, topk: int | None, num_draft_tokens: int | None,
+                   num_speculative_tokens: int | None, default: "TreeShape | None" = None) -> "TreeShape":
+        """The shape the command-line knobs ask for: vLLM's chain k alone, or SGLang's S/K/N, each
+        omitted one from `default` (DEFAULT_TREE)."""
+        if num_speculative_tokens is not None:
+            if any(v is not None for v in (num_steps, topk, num_draft_tokens)):
+                raise EaglewireError("give either the chain knob or the tree knobs",
+                                     expected="--num-speculative-tokens alone, or --num-steps/--topk/--num-draft-tokens",
+                                     found="both")
+            return cls.chain(num_speculative_tokens)
+        base = default or DEFAULT_TREE
+        steps, k = num_steps or base.num_steps, topk or base.topk
+        # a chain (K=1) verifies exactly S drafted tokens: --topk 1 --num-steps S alone means N = S+1
+        n = num_draft_tokens or (steps + 1 if k == 1 else base.num_draft_tokens)
+        return cls(num_steps=steps, topk=k, num_draft_tokens=n)
+
+
+# The tree of `generate`, `serve`, `bench` and the run config's bench section (defined here only). Small:
+# on a CPU a verify of 1-3 tokens costs about one decode step and 4-16 cost 1.6-2.2x (benchmarks/bench_verify.py).
+DEFAULT_TREE = TreeShape(num_steps=2, topk=2, num_draft_tokens=3)
+
 
 @dataclass
 class DraftTree:

@@ -1,86 +1,24 @@
-"""`eaglewire` command line. Each command parses, calls one library function, and prints.
-
-Errors from eaglewire (EaglewireError) are printed as their what/expected/found/fix message and exit
-with code 2, never as a bare stack trace.
-"""
+"""`eaglewire target info`, `eaglewire wiring translate|conventions`, `eaglewire capture`."""
 
 from __future__ import annotations
 
-import functools
 import json
-import logging
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import typer
-from rich.console import Console
-from rich.logging import RichHandler
 from rich.table import Table
 
+from eaglewire.cli.common import CONV_NAMES, TARGET_HELP, add_command, load_target, out_console, parse_ints, \
+    parse_taps
 from eaglewire.contract import CANONICAL, CONVENTIONS, default_taps, describe_boundary, from_engine, to_engine
 from eaglewire.errors import EaglewireError
 
-app = typer.Typer(help="Train, export, check and run EAGLE-3 draft models.", no_args_is_help=True,
-                  pretty_exceptions_enable=False)
-target_app = typer.Typer(help="Inspect target models.", no_args_is_help=True)
-wiring_app = typer.Typer(help="Layer-id conventions and the wiring contract.", no_args_is_help=True)
-app.add_typer(target_app, name="target")
-app.add_typer(wiring_app, name="wiring")
 
-err_console = Console(stderr=True)
-out_console = Console()
-
-TARGET_HELP = "Local HF model directory, or 'smollm2-135m' (the embedded default) when omitted."
-CONV_NAMES = ", ".join(CONVENTIONS)
-
-
-def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Print EaglewireError as a message (exit 2) instead of a traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except EaglewireError as err:
-            err_console.print(f"[bold red]error:[/] {err}", highlight=False, markup=True)
-            raise typer.Exit(2) from None
-
-    return wrapper
-
-
-@app.callback()
-def _setup(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging.")) -> None:
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(message)s",
-                        handlers=[RichHandler(console=err_console, show_path=False)])
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # our own status lines replace transformers' tqdm bars
-
-
-def parse_ints(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.replace(" ", "").split(",") if x)
-    except ValueError:
-        raise EaglewireError("could not parse a list of layer ids", expected="comma-separated ints, e.g. 2,15,27",
-                             found=text) from None
-
-
-def _load(target: Optional[str]):
-    from eaglewire.target.loader import load_target
-
-    with err_console.status("loading target (the first run converts the embedded GGUF, ~30 s)"):
-        return load_target(target)
-
-
-# ---- target -------------------------------------------------------------------------------------
-
-
-@target_app.command("info")
-@friendly
 def target_info(target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_HELP),
                 as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Architecture, decoder layers, hidden size, vocab, dtype, tied embeddings, chat template."""
-    info = _load(target).info()
+    info = load_target(target).info()
     if as_json:
         print(json.dumps(info, indent=2))
         return
@@ -90,20 +28,7 @@ def target_info(target: Optional[str] = typer.Option(None, "--target", "-t", hel
     out_console.print(table)
 
 
-# ---- wiring -------------------------------------------------------------------------------------
-
-
-@wiring_app.command("translate")
-@friendly
-def wiring_translate(
-    layers: int = typer.Option(..., "--layers", "-L", help="Number of decoder layers L of the target."),
-    to: str = typer.Option(..., "--to", help=f"Convention to write: {CONV_NAMES}."),
-    taps: Optional[str] = typer.Option(None, "--taps", help="Comma-separated ids; default: boundaries "
-                                       "[2, L//2, L-3] (the state every engine's default lands on)."),
-    source: str = typer.Option(CANONICAL, "--from", help=f"Convention of --taps: {CONV_NAMES}."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-) -> None:
-    """Translate tap ids between engines' layer-id conventions (exit 2 if one cannot express them)."""
+def _translation(layers: int, to: str, taps: Optional[str], source: str) -> dict[str, Any]:
     ids_in = parse_ints(taps) if taps is not None else default_taps(layers)
     src = source if taps is not None else CANONICAL
     boundaries = from_engine(ids_in, src, layers)
@@ -114,28 +39,40 @@ def wiring_translate(
         "states": [describe_boundary(b, layers) for b in boundaries],
     }
     if to in ("sglang", "sglang-legacy"):
+        # the two SGLang rules disagree on some ids: say whether these ids mean the same layers in the other
         other = "sglang-legacy" if to == "sglang" else "sglang"
         try:
             result["same_in_" + other.replace("-", "_")] = from_engine(ids_out, other, layers) == boundaries
         except EaglewireError:
             result["same_in_" + other.replace("-", "_")] = False
+    return result
+
+
+def wiring_translate(
+    layers: int = typer.Option(..., "--layers", "-L", help="Number of decoder layers L of the target."),
+    to: str = typer.Option(..., "--to", help=f"Convention to write: {CONV_NAMES}."),
+    taps: Optional[str] = typer.Option(None, "--taps", help="Comma-separated ids; default: boundaries "
+                                       "[2, L//2, L-3] (the state every engine's default lands on)."),
+    source: str = typer.Option(CANONICAL, "--from", help=f"Convention of --taps: {CONV_NAMES}."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Translate tap ids between engines' layer-id conventions (exit 2 if one cannot express them)."""
+    result = _translation(layers, to, taps, source)
     if as_json:
         print(json.dumps(result, indent=2))
         return
-    table = Table(title=f"L={layers}: {src} -> {to}")
+    table = Table(title=f"L={layers}: {result['from']} -> {to}")
     for col in ("boundary", "physical state", f"{to} id"):
         table.add_column(col)
-    for b, i in zip(boundaries, ids_out):
+    for b, i in zip(result["boundaries"], result["ids"]):
         table.add_row(str(b), describe_boundary(b, layers), str(i))
     out_console.print(table)
-    out_console.print(f"{to} ids: [bold]{list(ids_out)}[/]")
+    out_console.print(f"{to} ids: [bold]{result['ids']}[/]")
     for k, v in result.items():
         if k.startswith("same_in_"):
             out_console.print(f"{'also valid' if v else 'NOT valid'} for {k[8:].replace('_', '-')}")
 
 
-@wiring_app.command("conventions")
-@friendly
 def wiring_conventions() -> None:
     """List the layer-id conventions eaglewire translates between."""
     table = Table(title="layer-id conventions")
@@ -146,11 +83,6 @@ def wiring_conventions() -> None:
     out_console.print(table)
 
 
-# ---- capture ------------------------------------------------------------------------------------
-
-
-@app.command("capture")
-@friendly
 def capture_cmd(
     text: str = typer.Option(..., "--text", help="Text to run through the target."),
     out: Path = typer.Option(..., "--out", "-o", help="Output .safetensors file (carries the contract)."),
@@ -165,8 +97,8 @@ def capture_cmd(
 
     from eaglewire.target.capture import capture, save_capture
 
-    tgt = _load(target)
-    boundaries = from_engine(parse_ints(taps), source, tgt.num_layers) if taps else default_taps(tgt.num_layers)
+    tgt = load_target(target)
+    boundaries = parse_taps(tgt, taps, source)
     if chat:
         if tgt.chat_template is None:
             raise EaglewireError("--chat needs a chat template", expected="tokenizer.chat_template",
@@ -189,23 +121,12 @@ def capture_cmd(
                       f"contract {contract.fingerprint()}  (dtype {cap.taps.dtype}, torch {torch.__version__})")
 
 
-def _register_subcommands() -> None:
-    from eaglewire import cli_data, cli_doctor, cli_formats, cli_run, cli_spec, cli_train
-
-    cli_formats.register(app)
-    cli_doctor.register(app)
-    cli_data.register(app)
-    cli_train.register(app)
-    cli_spec.register(app)
-    cli_run.register(app)
-
-
-_register_subcommands()
-
-
-def main() -> None:
-    app()
-
-
-if __name__ == "__main__":
-    main()
+def register(app: typer.Typer) -> None:
+    target_app = typer.Typer(help="Inspect target models.", no_args_is_help=True)
+    wiring_app = typer.Typer(help="Layer-id conventions and the wiring contract.", no_args_is_help=True)
+    add_command(target_app, target_info, "info")
+    add_command(wiring_app, wiring_translate, "translate")
+    add_command(wiring_app, wiring_conventions, "conventions")
+    app.add_typer(target_app, name="target")
+    app.add_typer(wiring_app, name="wiring")
+    add_command(app, capture_cmd, "capture")

@@ -1,0 +1,83 @@
+"""What every command module shares: the consoles, error formatting (applied once, where a command is
+registered), loading the target with a status line, and the option parsers.
+
+This module imports no command module and not the app: command modules import it, the app imports them.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Optional
+
+import typer
+from rich.console import Console
+
+from eaglewire.contract import CANONICAL, CONVENTIONS, default_taps, from_engine
+from eaglewire.errors import EaglewireError
+
+err_console = Console(stderr=True)
+out_console = Console()
+
+TARGET_HELP = "Local HF model directory, or 'smollm2-135m' (the embedded default) when omitted."
+CONV_NAMES = ", ".join(CONVENTIONS)
+DATA_HELP = "Regenerated conversations (.jsonl.gz from `data regenerate`) or any conversation file."
+
+
+def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Print EaglewireError as its what/expected/found/fix message (exit 2) instead of a traceback."""
+
+    @functools.wraps(fn)  # typer reads the wrapped signature through __wrapped__
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except EaglewireError as err:
+            err_console.print(f"[bold red]error:[/] {err}", highlight=False, markup=True)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+def add_command(group: typer.Typer, fn: Callable[..., Any], name: str, **kwargs: Any) -> None:
+    """Register `fn` as `name` on `group` with the error formatting every command gets."""
+    group.command(name, **kwargs)(friendly(fn))
+
+
+def load_target(target: Optional[str], **kwargs: Any) -> Any:
+    """The target, with a status line: the first use of the embedded default converts its GGUF."""
+    from eaglewire.target.loader import load_target as load
+
+    with err_console.status("loading target (the first run converts the embedded GGUF, ~30 s)"):
+        return load(target, **kwargs)
+
+
+def parse_ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.replace(" ", "").split(",") if x)
+    except ValueError:
+        raise EaglewireError("could not parse a list of layer ids", expected="comma-separated ints, e.g. 2,15,27",
+                             found=text) from None
+
+
+def parse_taps(target: Any, taps: Optional[str], source: str = CANONICAL) -> tuple[int, ...]:
+    """--taps in convention `source` as boundaries; the default taps when omitted."""
+    return from_engine(parse_ints(taps), source, target.num_layers) if taps else default_taps(target.num_layers)
+
+
+def parse_dtype(name: str, allowed: dict[str, str], option: str) -> str:
+    """The value of dtype option `option` (one of `allowed`'s keys) as a torch dtype name."""
+    if name not in allowed:
+        raise EaglewireError(f"unknown {option}", expected=" | ".join(allowed), found=name)
+    return allowed[name]
+
+
+def read_samples(target: Any, data: str, max_length: int, limit: Optional[int], split_turns: bool) -> list:
+    """Tokenized, loss-masked samples of `data`, with what was read and kept said on stderr."""
+    from eaglewire.data.conversations import ReadStats
+    from eaglewire.data.samples import load_samples
+
+    read = ReadStats()
+    samples, stats = load_samples(data, target.tokenizer, max_length=max_length, limit=limit, split_turns=split_turns,
+                                  read_stats=read)
+    err_console.print(f"source: {read.summary()}\ndata: {stats.summary()}")
+    return samples
+

@@ -1,0 +1,170 @@
+"""`eaglewire data regenerate|show|capture`: parse, call the library, print."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from eaglewire.cli.common import DATA_HELP, add_command, err_console, load_target, out_console, parse_dtype, \
+    parse_taps, read_samples
+from eaglewire.data.conversations import DEFAULT_SOURCE, ReadStats
+from eaglewire.data.regenerate import GenerationSettings, RegenStats, regenerate
+from eaglewire.data.samples import DEFAULT_MAX_LENGTH
+from eaglewire.errors import EaglewireError
+
+G = GenerationSettings()  # the one place the generation defaults live
+DTYPES = {"bfloat16": "bfloat16", "float32": "float32"}
+
+
+def regenerate_cmd(
+    out: Path = typer.Option(..., "--out", "-o", help="Output .jsonl.gz (appended; resumes if it exists)."),
+    source: str = typer.Option(DEFAULT_SOURCE, "--source", help="'sharegpt' (package) or a JSON/JSONL file."),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help="Target dir or 'smollm2-135m'."),
+    limit: int = typer.Option(1000, "--limit", help="Regenerate the first N conversations of the source (those already in --out are kept)."),
+    max_new_tokens: int = typer.Option(G.max_new_tokens, "--max-new-tokens"),
+    temperature: float = typer.Option(G.temperature, "--temperature", help="0 = greedy."),
+    top_p: float = typer.Option(G.top_p, "--top-p"),
+    seed: int = typer.Option(G.seed, "--seed"),
+    max_turns: int = typer.Option(G.max_turns, "--max-turns", help="User turns answered per conversation."),
+    max_prompt_tokens: int = typer.Option(G.max_prompt_tokens, "--max-prompt-tokens"),
+    batch_size: int = typer.Option(G.batch_size, "--batch-size"),
+    server: Optional[str] = typer.Option(None, "--server", help="OpenAI-compatible base URL (e.g. SGLang/vLLM) "
+                                         "instead of the local target, e.g. http://127.0.0.1:30000/v1"),
+    model: Optional[str] = typer.Option(None, "--model", help="Model name to send to --server."),
+    engine: str = typer.Option("local", "--engine", help="'local' (HF generate in this process) or 'vllm' "
+                               "(starts vLLM's CPU build on 127.0.0.1 for the target: bash scripts/vllm_venv.sh)."),
+    dtype: str = typer.Option("bfloat16", "--dtype", help="--engine vllm: float32 or bfloat16 (AVX512-BF16/AMX "
+                              "CPUs; 384 vs 225 tok/s for fp32 in the research notes' measurement)."),
+    start: int = typer.Option(0, "--start", help="Skip the first N conversations of the source (another file "
+                              "holds them): this file holds conversations [start, start + limit)."),
+) -> None:
+    """Re-answer every assistant turn with the target (resumable, append-only).
+
+    With --engine vllm or --server, `--batch-size` conversations are in flight at once (a rolling pool)."""
+    s = GenerationSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                           max_turns=max_turns, max_prompt_tokens=max_prompt_tokens, batch_size=batch_size)
+    if engine not in ("local", "vllm"):
+        raise EaglewireError(f"unknown --engine {engine!r}", expected="local or vllm", found=engine)
+    if engine == "vllm":
+        return _regenerate_vllm(target, dtype, s, source, out, limit, start)
+    if server:
+        from transformers import AutoTokenizer
+
+        from eaglewire.data.server_client import ServerGenerator
+        from eaglewire.target.loader import resolve_target
+
+        # The target's tokenizer measures prompts exactly as the local path does (max_prompt_tokens).
+        gen: Any = ServerGenerator(server, model, s, tokenizer=AutoTokenizer.from_pretrained(resolve_target(target)[1]))
+    else:
+        from eaglewire.data.regenerate import LocalGenerator
+
+        gen = LocalGenerator(load_target(target), s)
+    _run_regen(gen, s, source, out, limit, start)
+
+
+def _run_regen(gen: Any, s: GenerationSettings, source: str, out: Path, limit: int, start: int) -> None:
+    read_stats = ReadStats()
+    cols = [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} conv"),
+            TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn()]
+    with Progress(*cols, console=err_console) as progress:
+        task = progress.add_task("regenerating", total=limit, rate="")
+
+        def on_batch(st: RegenStats, _n: int) -> None:
+            progress.update(task, completed=st.conversations,
+                            rate=f"{st.tokens_per_s:.1f} tok/s, {st.new_tokens} tokens")
+
+        stats = regenerate(source, out, gen, s, limit=limit, start=start, on_batch=on_batch, read_stats=read_stats)
+    out_console.print(f"{stats.conversations} conversations in {out} ({stats.turns} turns, "
+                      f"{stats.new_tokens} new tokens this run, {stats.tokens_per_s:.1f} tok/s, "
+                      f"{stats.skipped_long} skipped as too long)")
+    out_console.print(f"source: {read_stats.summary()}")
+
+
+def _regenerate_vllm(target: Optional[str], dtype: str, s: GenerationSettings, source: str, out: Path,
+                     limit: int, start: int) -> None:
+    """Serve the target with vLLM's CPU build for the run's duration and regenerate through it."""
+    from eaglewire.clients.vllm import VLLM_VERSION, vllm_regenerator
+
+    tgt = load_target(target)  # its config identifies the file; its tokenizer measures prompts
+    err_console.print(f"starting vLLM {VLLM_VERSION} ({dtype}) for {tgt.name} (a first start compiles, ~1-2 min)")
+    with vllm_regenerator(tgt, s, dtype) as gen:
+        err_console.print(f"vLLM serving {tgt.name} at {gen.url}")
+        _run_regen(gen, s, source, out, limit, start)
+
+
+def show_cmd(
+    data: str = typer.Option(DEFAULT_SOURCE, "--data", help="Regenerated .jsonl.gz, any conversation file, or 'sharegpt'."),
+    index: int = typer.Option(0, "--index", help="Which conversation (0-based, among valid ones)."),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help="Whose tokenizer and chat template."),
+    split_turns: bool = typer.Option(False, "--split-turns", help="One sample per assistant turn."),
+    template_kwargs: str = typer.Option("{}", "--template-kwargs", help='JSON, e.g. \'{"enable_thinking": false}\''),
+) -> None:
+    """Print one rendered conversation with the loss-masked (trained) tokens highlighted."""
+    from rich.text import Text
+    from transformers import AutoTokenizer
+
+    from eaglewire.data.conversations import read_conversations
+    from eaglewire.data.template import render_with_mask
+    from eaglewire.target.loader import resolve_target
+
+    tok = AutoTokenizer.from_pretrained(resolve_target(target)[1])
+    conv = next((c for i, c in enumerate(read_conversations(data)) if i == index), None)
+    if conv is None:
+        raise EaglewireError(f"no conversation {index} in {data}", expected="index < number of "
+                             "valid conversations", found=str(index))
+    for sample in render_with_mask(tok, conv.messages(), split_turns=split_turns,
+                                   template_kwargs=json.loads(template_kwargs)):
+        text = Text()
+        for tid, m in zip(sample.input_ids, sample.loss_mask):
+            text.append(tok.decode([tid]), style="bold green on grey15" if m else "dim")
+        out_console.print(text)
+        out_console.print(f"[bold]{conv.id}[/]: {len(sample.input_ids)} tokens, {sample.num_masked} "
+                          "trained on (highlighted)\n")
+
+
+def capture_cmd(
+    data: str = typer.Option(..., "--data", help=DATA_HELP),
+    out: Path = typer.Option(..., "--out", "-o", help="Feature directory (resumes if it exists)."),
+    target: Optional[str] = typer.Option(None, "--target", "-t"),
+    taps: Optional[str] = typer.Option(None, "--taps", help="Tap ids (default boundaries [2, L//2, L-3])."),
+    taps_from: str = typer.Option("boundary", "--taps-from"),
+    max_length: int = typer.Option(DEFAULT_MAX_LENGTH, "--max-length"),
+    limit: Optional[int] = typer.Option(None, "--limit"),
+    shard_samples: int = typer.Option(256, "--shard-samples"),
+    batch_size: int = typer.Option(4, "--batch-size"),
+    split_turns: bool = typer.Option(False, "--split-turns"),
+    target_dtype: str = typer.Option("float32", "--target-dtype", help="Run the target in float32 or bfloat16 "
+                                     "(AVX512-BF16/AMX CPUs: ~3x faster; taps within ~0.5%, top-1 agrees 99%)."),
+    store_dtype: str = typer.Option("bfloat16", "--store-dtype", help="bfloat16 (4.6 KB/token for 3 taps of 576) "
+                                    "or float32 (twice that) for the stored taps and final state."),
+) -> None:
+    """Capture tapped target states for training into resumable safetensors shards + manifest."""
+    import torch
+
+    from eaglewire.data.features import capture_features
+
+    store = getattr(torch, parse_dtype(store_dtype, DTYPES, "--store-dtype"))
+    run_dtype = getattr(torch, parse_dtype(target_dtype, DTYPES, "--target-dtype"))
+    tgt = load_target(target, dtype=run_dtype)
+    samples = read_samples(tgt, data, max_length, limit, split_turns)
+    contract = tgt.contract(parse_taps(tgt, taps, taps_from))
+    with Progress(console=err_console) as progress:
+        task = progress.add_task("capturing shards", total=None)
+        manifest = capture_features(tgt, contract, samples, out, pad_id=tgt.pad_id, shard_samples=shard_samples,
+                                    batch_size=batch_size, dtype=store,
+                                    on_shard=lambda k, n, _t: progress.update(task, completed=k, total=n))
+    out_console.print(f"{manifest['samples']} samples, {manifest['tokens']} tokens in "
+                      f"{len(manifest['shards'])} shards -> {out} (contract {contract.fingerprint()})")
+
+
+def register(app: typer.Typer) -> None:
+    data_app = typer.Typer(help="Training data: regenerate answers, inspect loss masks, capture features.",
+                           no_args_is_help=True)
+    add_command(data_app, regenerate_cmd, "regenerate")
+    add_command(data_app, show_cmd, "show")
+    add_command(data_app, capture_cmd, "capture")
+    app.add_typer(data_app, name="data")

@@ -1,0 +1,139 @@
+"""`eaglewire doctor check|probe|expect`: findings about a draft's wiring, exit 1 on any error.
+
+`eaglewire doctor DIR ...` is `eaglewire doctor check DIR ...` (the common case keeps its short form):
+a first argument that is not a subcommand name (or --help) is taken as check's DRAFT directory. A
+draft directory literally named `probe` or `expect` needs the long form `doctor check probe`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import click
+import typer
+from typer.core import TyperGroup
+
+from eaglewire.cli.common import add_command, load_target, out_console, parse_ints
+from eaglewire.doctor.inspect import ENGINES
+from eaglewire.errors import EaglewireError
+
+STYLE = {"error": "bold red", "warn": "yellow", "info": "cyan"}
+TARGET_OPTION_HELP = "The target it will be served with."
+
+
+class _CheckByDefault(TyperGroup):
+    """Routes `doctor DIR ...` to `doctor check DIR ...`."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ctx.help_option_names:
+            args = ["check", *args]
+        return super().parse_args(ctx, args)
+
+
+def check_cmd(
+    draft: Path = typer.Argument(..., help="An exported draft directory (any engine layout)."),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_OPTION_HELP),
+    engine: Optional[str] = typer.Option(None, "--engine", "-e", help=f"{', '.join(ENGINES)} (default: detected "
+                                         "from config.json; sglang = the PR #25454 layer-id rule)"),
+    engine_version: Optional[str] = typer.Option(None, "--engine-version", help="Recorded in the report."),
+    as_json: bool = typer.Option(False, "--json", help="JSON for CI."),
+) -> None:
+    """Find silent wiring failures: key names, vocab map, fc width, layer ids, norm flags, target mismatch."""
+    from eaglewire.doctor.checks import run_checks
+    from eaglewire.doctor.inspect import inspect_dir
+
+    tgt = load_target(target)
+    report = run_checks(inspect_dir(draft, engine), tgt)
+    if as_json:
+        print(report.to_json())
+    else:
+        out_console.print(f"doctor: {draft} as loaded by {report.engine}"
+                          + (f" {engine_version}" if engine_version else "") + f" with target {tgt.name}")
+        for f in report.findings:
+            out_console.print(f"[{STYLE[f.level]}]{f.level.upper():5}[/] {f.what}\n"
+                              f"      why: {f.why}\n      fix: {f.fix}", highlight=False)
+        out_console.print(f"{report.errors} error(s), {len(report.findings) - report.errors} other finding(s)")
+    raise typer.Exit(1 if report.errors else 0)
+
+
+def probe_cmd(
+    dump: Path = typer.Option(..., "--dump", help="safetensors with `hidden` [T, W] (+ input_ids)."),
+    contract_path: Path = typer.Option(..., "--contract", help="eaglewire_contract.json or a draft directory "
+                                       "holding one."),
+    ids: Optional[str] = typer.Option(None, "--ids", help="Token ids if the dump lacks them."),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_OPTION_HELP),
+    as_json: bool = typer.Option(False, "--json", help="JSON for CI."),
+) -> None:
+    """Name the boundaries an engine delivered to the draft (from a dump of what it fed it)."""
+    from eaglewire.contract import WiringContract
+    from eaglewire.doctor.probe import probe
+    from eaglewire.formats.base import CONTRACT_FILE
+
+    path = contract_path / CONTRACT_FILE if contract_path.is_dir() else contract_path
+    contract = WiringContract.from_json(path.read_text())
+    res = probe(load_target(target), dump, contract, parse_ints(ids) if ids else None)
+    if as_json:
+        print(json.dumps(dataclasses.asdict(res), indent=2))
+    else:
+        out_console.print(("[green]OK[/] " if res.ok else "[bold red]ERROR[/] ") + res.message, highlight=False)
+    raise typer.Exit(0 if res.ok else 1)
+
+
+def _first_turn_prompts(tgt: Any, questions: str, limit: int) -> list[Any]:
+    from eaglewire.data.conversations import read_conversations
+
+    convs = [c for _, c in zip(range(limit), read_conversations(questions))]
+    return [tgt.tokenizer.apply_chat_template([{"role": "user", "content": c.user_turns[0]}],
+                                              add_generation_prompt=True, return_dict=True,
+                                              return_tensors="pt")["input_ids"] for c in convs]
+
+
+def expect_cmd(
+    draft_dir: Path = typer.Option(..., "--draft", help="The draft (native or any export)."),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_OPTION_HELP),
+    measured_tau: Optional[float] = typer.Option(None, "--measured-tau", help="The engine's accept length."),
+    log: Optional[Path] = typer.Option(None, "--log", help="An SGLang/vLLM log to read accept lengths from."),
+    num_steps: Optional[int] = typer.Option(None, "--num-steps", help="SGLang --speculative-num-steps."),
+    topk: Optional[int] = typer.Option(None, "--topk", help="SGLang --speculative-eagle-topk."),
+    num_draft_tokens: Optional[int] = typer.Option(None, "--num-draft-tokens",
+                                                   help="SGLang --speculative-num-draft-tokens (counts the root)."),
+    num_speculative_tokens: Optional[int] = typer.Option(None, "--num-speculative-tokens", help="vLLM k."),
+    questions: str = typer.Option("mtbench", "--questions", help="Prompts (first user turns)."),
+    limit: int = typer.Option(4, "--limit", help="Number of prompts."),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Tokens per prompt."),
+    as_json: bool = typer.Option(False, "--json", help="JSON for CI."),
+) -> None:
+    """Predict tau for the engine's knobs; flag a measured tau far below the prediction."""
+    from eaglewire.doctor.expect import judge, load_any_draft, parse_log, predict
+    from eaglewire.spec.tree import TreeShape
+
+    shape = TreeShape.from_knobs(num_steps, topk, num_draft_tokens, num_speculative_tokens)
+    tgt = load_target(target)
+    draft, contract = load_any_draft(draft_dir, tgt)
+    tau, per_pos = predict(tgt, draft, contract, shape, _first_turn_prompts(tgt, questions, limit), max_new_tokens)
+    measured = measured_tau if measured_tau is not None else (parse_log(log.read_text()) if log else None)
+    if log is not None and measured is None:
+        raise EaglewireError(f"no acceptance length found in {log}", expected="SGLang 'accept len: X' or vLLM "
+                             "'Mean acceptance length: X' lines", found="none")
+    res = judge(tau, per_pos, measured)
+    if as_json:
+        print(json.dumps(dataclasses.asdict(res), indent=2))
+    else:
+        out_console.print(("[bold red]ERROR[/] " if res.flagged else "") + res.message, highlight=False)
+        out_console.print(f"predicted per-position acceptance: {[round(p, 2) for p in per_pos]}")
+        for i, cause in enumerate(res.causes, 1):
+            out_console.print(f"  {i}. {cause}", highlight=False)
+    raise typer.Exit(1 if res.flagged else 0)
+
+
+def register(app: typer.Typer) -> None:
+    doctor_app = typer.Typer(cls=_CheckByDefault, no_args_is_help=True,
+                             help="Check a draft before deployment: `doctor DIR` (= `doctor check DIR`), "
+                             "`doctor probe` (delivered boundaries), `doctor expect` (predicted vs measured tau).")
+    add_command(doctor_app, check_cmd, "check")
+    add_command(doctor_app, probe_cmd, "probe")
+    add_command(doctor_app, expect_cmd, "expect")
+    app.add_typer(doctor_app, name="doctor")

@@ -1,0 +1,122 @@
+"""`eaglewire generate|bench|serve`: speculative decoding on the local target with an EAGLE-3 draft."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from eaglewire.checkpoint import resolve_draft
+from eaglewire.cli.common import add_command, err_console, load_target, out_console
+from eaglewire.spec import bench as B
+from eaglewire.spec.tree import DEFAULT_TREE as SHAPE
+from eaglewire.spec.tree import TreeShape
+
+DRAFT_HELP = "Native draft checkpoint directory (default: the draft shipped for the embedded SmolLM2 target)."
+TREE_HELP = ("Tree knobs use SGLang's meaning: --num-steps S (draft depth), --topk K (branching), "
+             "--num-draft-tokens N (verified tokens per round INCLUDING the root/last accepted token). "
+             "vLLM's chain spelling: --num-speculative-tokens k  ==  S=k, K=1, N=k+1.")
+
+
+def generate_cmd(
+    prompt: str = typer.Option(..., "--prompt", "-p", help="User message (rendered with the chat template)."),
+    draft: Optional[Path] = typer.Option(None, "--draft", "-d", help=DRAFT_HELP),
+    target: Optional[str] = typer.Option(None, "--target", "-t"),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens"),
+    num_steps: Optional[int] = typer.Option(None, "--num-steps", help=f"S (default {SHAPE.num_steps}). " + TREE_HELP),
+    topk: Optional[int] = typer.Option(None, "--topk", help=f"K (default {SHAPE.topk})."),
+    num_draft_tokens: Optional[int] = typer.Option(None, "--num-draft-tokens",
+                                                   help=f"N incl. the root (default {SHAPE.num_draft_tokens})."),
+    num_speculative_tokens: Optional[int] = typer.Option(None, "--num-speculative-tokens", help="vLLM chain k."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Greedy speculative decoding (lossless: the text equals plain greedy decoding)."""
+    from eaglewire.checkpoint import load_checkpoint
+    from eaglewire.spec.engine import SpecDecoder
+    from eaglewire.spec.hf_runtime import make_runtime
+    from eaglewire.spec.propose import EagleProposer
+
+    shape = TreeShape.from_knobs(num_steps, topk, num_draft_tokens, num_speculative_tokens)
+    tgt = load_target(target)
+    d = load_checkpoint(resolve_draft(draft), target=tgt)
+    ids = tgt.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                            return_dict=True, return_tensors="pt")["input_ids"]
+    max_len = ids.shape[1] + max_new_tokens + shape.num_draft_tokens + 8
+    dec = SpecDecoder(make_runtime(tgt, max_len), EagleProposer(d, d.contract, shape, max_len))
+    out, st = dec.generate(ids, max_new_tokens, eos={tgt.tokenizer.eos_token_id})
+    text = tgt.tokenizer.decode(out, skip_special_tokens=True)
+    stats = st.as_dict(shape.num_steps)
+    if as_json:
+        print(json.dumps({"text": text, "tokens": out, "stats": stats}, indent=2))
+        return
+    out_console.print(text, markup=False, highlight=False)
+    err_console.print(f"tau {stats['tau']:.2f}  per-position {[round(p, 2) for p in stats['per_position']]}  "
+                      f"{stats['tokens_per_s']:.1f} tok/s  ({st.verify_steps} verify steps, draft "
+                      f"{st.draft_s:.1f}s / verify {st.verify_s:.1f}s)")
+
+
+def bench_cmd(
+    draft: Optional[Path] = typer.Option(None, "--draft", "-d", help=DRAFT_HELP),
+    out: Path = typer.Option(Path("out/bench"), "--out", "-o", help="Writes bench.json, bench.md, bench.png."),
+    target: Optional[str] = typer.Option(None, "--target", "-t"),
+    questions: str = typer.Option(B.QUESTIONS, "--questions", help="'mtbench' or a FastChat/any conversation file."),
+    limit: int = typer.Option(B.PROMPTS, "--limit", help="Number of questions."),
+    turns: int = typer.Option(1, "--turns", help="1: first turns. 2: also second turns, after the target's own "
+                              "regenerated first answer (from --answers)."),
+    answers: str = typer.Option("smollm2-mtbench-regen", "--answers", help="Regenerated answers for --turns 2 "
+                                "(`data regenerate --source mtbench` output)."),
+    max_new_tokens: int = typer.Option(B.MAX_NEW_TOKENS, "--max-new-tokens"),
+    chain_k: int = typer.Option(B.CHAIN_K, "--num-speculative-tokens", help="Chain length for the chain run (vLLM's k)."),
+    num_steps: int = typer.Option(SHAPE.num_steps, "--num-steps", help="Tree run: S. " + TREE_HELP),
+    topk: int = typer.Option(SHAPE.topk, "--topk", help="Tree run: K."),
+    num_draft_tokens: int = typer.Option(SHAPE.num_draft_tokens, "--num-draft-tokens", help="Tree run: N including the root."),
+    methods: str = typer.Option(",".join(B.METHODS), "--methods", help="Comma list of " + ", ".join(B.METHODS) +
+                                " (vanilla is always needed: the lossless reference and the speedup base)."),
+) -> None:
+    """HF generate vs vanilla vs prompt lookup vs EAGLE-3 chain vs tree, interleaved in one process.
+
+    Questions are taken round-robin over the file's categories (MT-bench: one of each of its 8 first)."""
+    from eaglewire.checkpoint import load_checkpoint
+
+    tgt = load_target(target)
+    d = load_checkpoint(resolve_draft(draft), target=tgt)
+    prompts = B.bench_prompts(tgt, questions, limit, turns, answers)
+    result = B.run_bench(tgt, d, prompts, max_new_tokens, TreeShape.chain(chain_k),
+                         TreeShape(num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens),
+                         log=lambda s: err_console.print(s, highlight=False),
+                         methods=[m.strip() for m in methods.split(",") if m.strip()])
+    result["questions"], result["draft"], result["turns"] = questions, str(resolve_draft(draft)), turns
+    B.write(result, out)
+    out_console.print(B.markdown(result), markup=False, highlight=False)
+    out_console.print(f"-> {out}/bench.json, bench.md, bench.png")
+
+
+def serve_cmd(
+    draft: Optional[Path] = typer.Option(None, "--draft", "-d", help=DRAFT_HELP),
+    target: Optional[str] = typer.Option(None, "--target", "-t"),
+    host: str = typer.Option("127.0.0.1", "--host", help="Bind address (loopback by default)."),
+    port: int = typer.Option(8000, "--port"),
+    model_name: Optional[str] = typer.Option(None, "--model-name", help="Name clients must send (default: target name)."),
+    max_context: int = typer.Option(4096, "--max-context", help="Prompt + generated tokens per request."),
+    max_tokens_limit: int = typer.Option(1024, "--max-tokens-limit"),
+    num_steps: Optional[int] = typer.Option(None, "--num-steps", help=TREE_HELP),
+    topk: Optional[int] = typer.Option(None, "--topk"),
+    num_draft_tokens: Optional[int] = typer.Option(None, "--num-draft-tokens"),
+    num_speculative_tokens: Optional[int] = typer.Option(None, "--num-speculative-tokens"),
+) -> None:
+    """OpenAI-compatible server (/v1/chat/completions, /v1/completions, /metrics) with speculative decoding."""
+    from eaglewire.spec.server import build_server
+
+    shape = TreeShape.from_knobs(num_steps, topk, num_draft_tokens, num_speculative_tokens)
+    server = build_server(load_target(target), resolve_draft(draft), shape, model_name, max_context,
+                          max_tokens_limit, host, port)
+    err_console.print(f"serving on http://{host}:{server.server_address[1]}/v1 (Ctrl-C to stop)")
+    server.serve_forever()
+
+
+def register(app: typer.Typer) -> None:
+    add_command(app, generate_cmd, "generate", help="Speculative decoding with an EAGLE-3 draft. " + TREE_HELP)
+    add_command(app, bench_cmd, "bench")
+    add_command(app, serve_cmd, "serve")

@@ -1,0 +1,125 @@
+"""`eaglewire vocab build` and `eaglewire train`: parse, call, print."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from eaglewire.cli.common import DATA_HELP, add_command, err_console, load_target, out_console, parse_ints, \
+    parse_taps, read_samples
+from eaglewire.data.samples import DEFAULT_HELDOUT_FRACTION, DEFAULT_MAX_LENGTH
+from eaglewire.errors import EaglewireError
+from eaglewire.train.loop import TrainConfig
+from eaglewire.vocab import DEFAULT_DRAFT_VOCAB
+
+T = TrainConfig()  # the one place the training defaults live
+
+
+def vocab_build(
+    data: str = typer.Option(..., "--data", help=DATA_HELP),
+    out: Path = typer.Option(..., "--out", "-o", help="Output vocab map (.safetensors)."),
+    target: Optional[str] = typer.Option(None, "--target", "-t"),
+    draft_vocab_size: int = typer.Option(DEFAULT_DRAFT_VOCAB, "--draft-vocab-size"),
+    max_length: int = typer.Option(DEFAULT_MAX_LENGTH, "--max-length"),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Use the first N conversations."),
+    eval_data: Optional[str] = typer.Option(None, "--eval-data", help="Also report coverage on this data "
+                                            "(e.g. regenerated MT-bench answers)."),
+    split_turns: bool = typer.Option(False, "--split-turns"),
+) -> None:
+    """Count trained target tokens of the training split (held-out samples, as `train` splits them with the
+    default --heldout-fraction, are left out), keep the most frequent, write d2t/t2d, report coverage."""
+    from eaglewire.workflows import build_vocab
+
+    tgt = load_target(target)
+    samples = read_samples(tgt, data, max_length, limit, split_turns)
+    evals = read_samples(tgt, eval_data, max_length, None, split_turns) if eval_data else None
+    built = build_vocab(tgt, samples, draft_vocab_size, DEFAULT_HELDOUT_FRACTION, out, data=data, eval_samples=evals)
+    out_console.print(f"vocab map {built.vmap.sha256()[:16]} -> {out}: V_d={draft_vocab_size} of {tgt.vocab_size}; "
+                      f"{built.meta['distinct_trained_tokens']} distinct trained tokens; coverage " +
+                      ", ".join(f"{k} {v:.2%}" for k, v in built.coverage.items()))
+
+
+def train_cmd(
+    data: Optional[str] = typer.Option(None, "--data", help=DATA_HELP + " (online mode)."),
+    features: Optional[Path] = typer.Option(None, "--features", help="Offline feature dir from `data capture`."),
+    vocab: Path = typer.Option(..., "--vocab", help="Vocab map from `vocab build`."),
+    out: Path = typer.Option(..., "--out", "-o", help="Run directory: metrics, checkpoints, final draft."),
+    target: Optional[str] = typer.Option(None, "--target", "-t"),
+    taps: Optional[str] = typer.Option(None, "--taps"),
+    taps_from: str = typer.Option("boundary", "--taps-from"),
+    max_length: int = typer.Option(DEFAULT_MAX_LENGTH, "--max-length"),
+    limit: Optional[int] = typer.Option(None, "--limit"),
+    heldout_fraction: float = typer.Option(DEFAULT_HELDOUT_FRACTION, "--heldout-fraction"),
+    train_limit: Optional[int] = typer.Option(None, "--train-limit", help="Train on only the first N training "
+                                              "samples (held-out set unchanged): data-scaling experiments."),
+    split_turns: bool = typer.Option(False, "--split-turns"),
+    resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoints/latest."),
+    max_steps: int = typer.Option(T.max_steps, "--max-steps"),
+    batch_size: int = typer.Option(T.batch_size, "--batch-size", help="Samples per micro-batch per process."),
+    grad_accum: int = typer.Option(T.grad_accum, "--grad-accum"),
+    lr: float = typer.Option(T.lr, "--lr"),
+    warmup_steps: int = typer.Option(T.warmup_steps, "--warmup-steps"),
+    ttt_steps: int = typer.Option(T.ttt_steps, "--ttt-steps", help="Training-time-test unroll length."),
+    ttt_decay: float = typer.Option(T.ttt_decay, "--ttt-decay", help="Loss weight decay**position."),
+    loss: str = typer.Option(T.loss, "--loss", help="soft_ce or forward_kl."),
+    num_layers: int = typer.Option(T.num_layers, "--num-layers", help="Draft decoder layers."),
+    init_layers_from_target: bool = typer.Option(T.init_layers_from_target, "--init-layers-from-target",
+                                                 help="Start the draft's layers from the target's top layers."),
+    eval_every: int = typer.Option(T.eval_every, "--eval-every"),
+    ckpt_every: int = typer.Option(T.ckpt_every, "--ckpt-every"),
+    seed: int = typer.Option(T.seed, "--seed"),
+    dtype: str = typer.Option(T.dtype, "--dtype", help="auto (bf16 autocast on GPUs and on CPUs with native bf16: "
+                              "AVX512-BF16/AMX, detected), fp32, or bf16 (refused where bf16 is emulated)."),
+    snapshot_steps: str = typer.Option("", "--snapshot-steps", help="Comma list of steps at which the draft is also "
+                                       "kept (OUT/snapshots/step-N): a one-pass run's data-scaling curve."),
+    init_from: Optional[Path] = typer.Option(None, "--init-from", help="Warm start from this draft (same taps; "
+                                             "head rows remapped by target id; optimizer and lr schedule fresh)."),
+) -> None:
+    """Train an EAGLE-3 draft with training-time test (runs under torchrun for DDP)."""
+    from eaglewire.data.samples import split_heldout
+    from eaglewire.train import dist
+    from eaglewire.vocab import load_vocab
+    from eaglewire.workflows import feature_source, train_draft
+
+    cfg = TrainConfig(max_steps=max_steps, batch_size=batch_size, grad_accum=grad_accum, lr=lr,
+                      warmup_steps=warmup_steps, ttt_steps=ttt_steps, ttt_decay=ttt_decay, loss=loss,
+                      num_layers=num_layers, init_layers_from_target=init_layers_from_target, eval_every=eval_every,
+                      ckpt_every=ckpt_every, seed=seed, dtype=dtype, init_from=str(init_from) if init_from else "",
+                      snapshot_steps=tuple(parse_ints(snapshot_steps)) if snapshot_steps else ())
+    if (data is None) == (features is None):
+        raise EaglewireError("give exactly one data source", expected="--data (online) or --features (offline)",
+                             found=f"--data={data}, --features={features}")
+    info = dist.setup()
+    tgt = load_target(target)
+    tgt.model.to(info.device)
+    vmap, _, _ = load_vocab(vocab)
+    contract = tgt.contract(parse_taps(tgt, taps, taps_from), vocab_map=vmap)
+    source, samples = feature_source(tgt, contract, features,
+                                     lambda: read_samples(tgt, data, max_length, limit, split_turns))
+    train_samples, heldout = split_heldout(samples, heldout_fraction)
+    train_samples = train_samples[:train_limit]
+    err_console.print(f"{len(train_samples)} training / {len(heldout)} held-out samples; taps "
+                      f"{list(contract.taps)}; contract {contract.fingerprint()}; rank {info.rank}/{info.world_size}")
+    summary = train_draft(tgt, contract, vmap, source, train_samples, heldout, cfg, out, info, resume=resume,
+                          on_step=lambda r: _print_step(r, info.is_main))
+    if info.is_main:
+        acc = summary["heldout"].get("acc", [float("nan")])
+        out_console.print(f"draft -> {out / 'draft'}; held-out top-1 accuracy per position: "
+                          + ", ".join(f"{a:.3f}" for a in acc) + f"; curves -> {out / 'training.png'}")
+    dist.teardown(info)
+
+
+def _print_step(r: dict[str, Any], is_main: bool) -> None:
+    if is_main and (r["split"] == "heldout" or r["step"] % 10 == 0):
+        acc = " ".join(f"{a:.2f}" for a in r.get("acc", []))
+        extra = f" {r['tok_per_s']:.0f} tok/s" if "tok_per_s" in r else ""
+        err_console.print(f"\\[{r['split']}] step {r['step']} loss {r.get('loss', float('nan')):.3f} acc {acc}{extra}")
+
+
+def register(app: typer.Typer) -> None:
+    vocab_app = typer.Typer(help="The reduced draft vocabulary (d2t/t2d).", no_args_is_help=True)
+    add_command(vocab_app, vocab_build, "build")
+    app.add_typer(vocab_app, name="vocab")
+    add_command(app, train_cmd, "train")
