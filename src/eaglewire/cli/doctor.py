@@ -17,7 +17,7 @@ import typer
 from typer.core import TyperGroup
 
 from eaglewire.cli.common import add_command, load_target, out_console, parse_ints
-from eaglewire.doctor.inspect import ENGINES
+from eaglewire.engines import ENGINES
 from eaglewire.errors import EaglewireError
 
 STYLE = {"error": "bold red", "warn": "yellow", "info": "cyan"}

@@ -29,14 +29,14 @@ def export_cmd(
 
     from eaglewire.checkpoint import load_checkpoint
     from eaglewire.formats.convert import export_draft
-    from eaglewire.formats.layouts import LAYOUTS
+    from eaglewire.engines import engine_for
 
     tgt = load_target(target) if target else None
     d = load_checkpoint(draft, target=tgt)
     cast = getattr(torch, parse_dtype(dtype, DTYPES, "--dtype")) if dtype is not None else None
     path = export_draft(d, d.contract, out, fmt, dtype=cast, with_embedding=with_embedding,
                         verifier=verifier or (str(tgt.path) if tgt is not None and tgt.path else None))
-    ids = d.contract.engine_ids(LAYOUTS[fmt].convention)
+    ids = d.contract.engine_ids(engine_for(fmt).convention)
     out_console.print(f"{fmt} export -> {path} (layer ids {list(ids)}; taps {list(d.contract.taps)})")
 
 

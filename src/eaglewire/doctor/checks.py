@@ -13,6 +13,7 @@ import torch
 
 from eaglewire.contract import CONVENTIONS, default_taps, from_engine, sha256_text
 from eaglewire.doctor.inspect import Inspection
+from eaglewire.engines import IDS_KEY, NESTED_IDS_KEY
 from eaglewire.errors import EaglewireError
 
 
@@ -42,7 +43,7 @@ def _f(level: str, name: str, what: str, why: str, fix: str) -> Finding:
 def key_naming(ins: Inspection, target: Any) -> list[Finding]:
     layer_keys = [k for k in ins.shapes if k.startswith(("midlayer.", "layers."))]
     wrong = [k for k in layer_keys if not k.startswith(ins.engine.layer0_prefixes) and not
-             (ins.engine.name == "vllm" and k.startswith("layers."))]
+             (ins.engine.multi_layer and k.startswith("layers."))]
     if not wrong:
         return []
     return [_f("error", "key_naming", f"{len(wrong)} decoder-layer weights are named for another engine "
@@ -59,13 +60,13 @@ def heads_and_embeddings(ins: Inspection, target: Any) -> list[Finding]:
         out.append(_f("error", "lm_head", "lm_head.weight is missing",
                       "the engine keeps a random head, or (SGLang with draft_vocab_size null) the target's "
                       "full-vocab head, which the draft was not trained with", "re-export from the trained draft"))
-    if ins.config.get("tie_word_embeddings") and ins.engine.name.startswith(("sglang", "specforge")):
+    if ins.config.get("tie_word_embeddings") and ins.engine.tied_head_from_embedding:
         out.append(_f("error", "tie_word_embeddings", "config has tie_word_embeddings: true",
                       "SGLang then uses the embedding as the draft head and ignores the trained reduced-vocab lm_head",
                       "set tie_word_embeddings: false (eaglewire export does)"))
     has_embed = "embed_tokens.weight" in ins.shapes
     ths = ins.layer_config.get("target_hidden_size") or ins.config.get("target_hidden_size")
-    if ins.engine.name == "eagle" and ths is not None and not has_embed:
+    if ins.engine.embedding_needed_if_resized and ths is not None and not has_embed:
         out.append(_f("error", "embed_tokens", "target_hidden_size is set but embed_tokens.weight is missing",
                       "SafeAILab EAGLE then does not take the target's embedding and loads non-strictly: the "
                       "embedding stays randomly initialised", "remove target_hidden_size or export --with-embedding"))
@@ -123,14 +124,14 @@ def _ids(ins: Inspection) -> tuple[list[int] | None, str | None, list[str]]:
         if v is not None:
             found = (list(v), key)
             break
-    others = [k for k in ("eagle_aux_hidden_state_layer_ids", "eagle_config.eagle_aux_hidden_state_layer_ids")
+    others = [k for k in (IDS_KEY, NESTED_IDS_KEY)
               if ins.get(k) is not None and k not in ins.engine.id_keys]
     return (found[0], found[1], others) if found else (None, None, others)
 
 
 @check
 def layer_ids(ins: Inspection, target: Any) -> list[Finding]:
-    if ins.engine.name == "eagle":
+    if ins.engine.hard_coded_taps:
         return _eagle_taps(ins, target)
     L = target.num_layers if target is not None else None
     ids, key, ignored = _ids(ins)
@@ -160,18 +161,10 @@ def layer_ids(ins: Inspection, target: Any) -> list[Finding]:
     if n_fc and n_fc != len(ids):
         out.append(_f("error", "layer_ids", f"{len(ids)} layer ids but fc reads {n_fc} taps",
                       "the fc input width will not match what the engine concatenates", "fix the id list"))
-    if ins.engine.name == "specforge" and _decodes(ids, "sglang", L) != tuple(delivered):
-        out.append(_f("warn", "layer_ids", f"ids {ids} mean boundaries {list(delivered)} when hooked on layer outputs "
-                      f"(SpecForge <= 0.1) but {list(_decodes(ids, 'sglang', L) or [])} when captured through SGLang "
-                      "(SpecForge 0.2)", "the same config taps other layers depending on SpecForge's capture backend",
-                      "train taps starting at boundary 2 (ids starting at 1 read the same in both)"))
-    if ins.engine.name in ("sglang", "sglang-legacy"):
-        other = "sglang-legacy" if ins.engine.name == "sglang" else "sglang"
-        if _decodes(ids, other, L) != tuple(delivered):
-            out.append(_f("warn", "layer_ids", f"ids {ids} mean boundaries {list(delivered)} under the {ins.engine.name} "
-                          f"rule but {list(_decodes(ids, other, L) or [])} under {other}",
-                          "SGLang changed the +1 rule in PR #25454: the same config taps other layers across versions",
-                          "pin the SGLang version, or train taps starting at boundary 2 (portable ids start at 1)"))
+    alt = ins.engine.other_version
+    if alt is not None and _decodes(ids, alt.convention, L) != tuple(delivered):
+        out.append(_f("warn", "layer_ids", f"ids {ids} mean boundaries {list(delivered)} {alt.this_reading} but "
+                      f"{list(_decodes(ids, alt.convention, L) or [])} {alt.other_reading}", alt.why, alt.fix))
     if trained is not None and tuple(delivered) != tuple(trained):
         other = [c for c in CONVENTIONS if c not in ("boundary", ins.engine.convention) and _decodes(ids, c, L) == tuple(trained)]
         out.append(_f("error", "layer_ids", f"{ins.engine.name} will deliver boundaries {list(delivered)}; the draft "
@@ -227,7 +220,7 @@ def norm_flags(ins: Inspection, target: Any) -> list[Finding]:
         if on and flag not in ins.engine.norms:
             out.append(_f("error", "norm_flags", f"the draft was trained with {flag} but {ins.engine.name} does not "
                           "implement it", "the engine runs a different function with no error", "serve on vllm or retrain"))
-    if ins.engine.name == "specforge" and ins.config.get("norm_output", True) is False:
+    if ins.engine.norm_output_is_final_norm and ins.config.get("norm_output", True) is False:
         out.append(_f("error", "norm_flags", "norm_output: false in a config SpecForge reads",
                       "SpecForge reads it as 'no final norm before lm_head' (SGLang: 'feed the pre-norm state "
                       "back'), so an SGLang export warm-started in SpecForge is trained/scored without the final norm",

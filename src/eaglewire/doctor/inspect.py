@@ -1,6 +1,7 @@
 """What the doctor looks at: an exported (or native) draft directory, read without trusting it.
 
-Nothing here raises on a broken draft: every oddity becomes data the checks turn into findings.
+Nothing here raises on a broken draft: every oddity becomes data the checks turn into findings. What
+each engine reads is its record in eaglewire/engines.py (shared with the exporters and importers).
 """
 
 from __future__ import annotations
@@ -14,36 +15,9 @@ import torch
 from safetensors import safe_open
 
 from eaglewire.contract import WiringContract
+from eaglewire.engines import Engine, engine_for
 from eaglewire.errors import EaglewireError
 from eaglewire.formats.base import CONTRACT_FILE
-
-
-@dataclass(frozen=True)
-class EngineRules:
-    """How one engine (version) loads an EAGLE-3 draft — the facts each check compares against."""
-
-    name: str
-    convention: str  # layer-id convention of the ids it reads
-    id_keys: tuple[str, ...]  # where it reads the ids, in order ("eagle_config." = nested)
-    layer0_prefixes: tuple[str, ...]  # weight prefixes it maps onto decoder layer 0
-    norms: frozenset[str]  # norm flags it implements
-    replaces_embedding: bool  # uses the target's embedding whatever the checkpoint holds
-    skips_unknown_keys: bool  # drops names it does not know without a word
-
-
-ENGINES: dict[str, EngineRules] = {
-    "sglang": EngineRules("sglang", "sglang", ("eagle_config.eagle_aux_hidden_state_layer_ids",), ("midlayer.",),
-                          frozenset({"fc_norm", "norm_output"}), True, True),
-    "sglang-legacy": EngineRules("sglang-legacy", "sglang-legacy", ("eagle_config.eagle_aux_hidden_state_layer_ids",),
-                                 ("midlayer.",), frozenset({"fc_norm", "norm_output"}), True, True),
-    "vllm": EngineRules("vllm", "vllm", ("eagle_aux_hidden_state_layer_ids", "eagle_config.eagle_aux_hidden_state_layer_ids"),
-                        ("layers.0.", "midlayer."),
-                        frozenset({"norm_before_fc", "fc_norm", "norm_output", "norm_before_residual"}), False, False),
-    "eagle": EngineRules("eagle", "eagle", (), ("midlayer.",), frozenset(), False, True),
-    # SpecForge 0.2.0: norm_output means "final norm before lm_head" there (see formats/layouts.py)
-    "specforge": EngineRules("specforge", "specforge", ("eagle_config.eagle_aux_hidden_state_layer_ids",),
-                             ("midlayer.",), frozenset({"fc_norm"}), True, True),
-}
 
 
 @dataclass
@@ -55,7 +29,7 @@ class Inspection:
     small: dict[str, torch.Tensor]  # d2t, t2d (read fully)
     contract: WiringContract | None
     contract_source: str  # "side file", "native config", "none"
-    engine: EngineRules
+    engine: Engine  # how the engine it is checked for loads it
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -96,8 +70,7 @@ def inspect_dir(directory: Path, engine: str | None) -> Inspection:
         raise EaglewireError(f"{directory} has no config.json", expected="a draft directory", found="no config.json")
     config = json.loads(cfg_path.read_text())
     name = engine or detect_engine(config)
-    if name not in ENGINES:
-        raise EaglewireError(f"unknown engine {name!r}", expected=", ".join(ENGINES), found=name)
+    record = engine_for(name)
     shapes, dtypes, small = {}, {}, {}
     weights = directory / "model.safetensors"
     if weights.is_file():
@@ -112,4 +85,4 @@ def inspect_dir(directory: Path, engine: str | None) -> Inspection:
         contract, source = WiringContract.from_json((directory / CONTRACT_FILE).read_text()), "side file"
     elif "contract" in config and config.get("format") == "eaglewire.draft/1":
         contract, source = WiringContract.from_dict(config["contract"]), "native config"
-    return Inspection(directory, config, shapes, dtypes, small, contract, source, ENGINES[name])
+    return Inspection(directory, config, shapes, dtypes, small, contract, source, record)

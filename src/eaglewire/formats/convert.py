@@ -17,24 +17,19 @@ from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import CheckpointError, ContractMismatch
 from eaglewire.formats.base import cast_floats, read_contract, read_json, read_safetensors, rename_all, require_exact, \
     write_dir, WEIGHTS
-from eaglewire.formats.layouts import LAYOUTS, check_exportable, config_ids, draft_config_from, from_native, \
-    make_config, native_to
+from eaglewire.engines import FORMATS, Engine, engine_for
+from eaglewire.formats.layouts import check_exportable, config_ids, draft_config_from, from_native, make_config, \
+    native_to
 from eaglewire.vocab import VocabMap, validate_vocab_map, vocab_map_sha256
 
 EMBED = "embed_tokens.weight"
-FORMATS = tuple(LAYOUTS)
-
-
-def _layout(fmt: str):
-    if fmt not in LAYOUTS:
-        raise CheckpointError(f"unknown format {fmt!r}", expected=", ".join(LAYOUTS), found=fmt)
-    return LAYOUTS[fmt]
+__all__ = ["FORMATS", "export_draft", "import_draft"]
 
 
 def export_draft(draft: Eagle3Draft, contract: WiringContract, out: Path, fmt: str, *,
                  dtype: torch.dtype | None = None, with_embedding: bool | None = None,
                  verifier: str | None = None) -> Path:
-    layout = _layout(fmt)
+    layout = engine_for(fmt)
     draft.cfg.require_matches(contract)
     check_exportable(layout, draft.cfg)
     keep_embed = layout.with_embedding if with_embedding is None else with_embedding
@@ -45,17 +40,16 @@ def export_draft(draft: Eagle3Draft, contract: WiringContract, out: Path, fmt: s
     return write_dir(out, config, tensors, contract)
 
 
-def _contract_for(layout, config: dict[str, Any], native: dict[str, torch.Tensor], directory: Path,
+def _contract_for(layout: Engine, config: dict[str, Any], native: dict[str, torch.Tensor], directory: Path,
                   target: Any, flags: NormFlags) -> WiringContract:
     ids = config_ids(layout, config)
-    if ids is None and layout.name != "eagle":
+    if ids is None and not layout.hard_coded_taps:
         raise CheckpointError(f"{directory}: the layer-id list is missing from config.json",
-                              expected="eagle_config.eagle_aux_hidden_state_layer_ids" if layout.name != "vllm"
-                              else "eagle_aux_hidden_state_layer_ids", found="absent",
+                              expected=layout.id_keys[0], found="absent",
                               fix="without it the engine silently uses its default taps; re-export with eaglewire")
     side = read_contract(directory)
     if side is not None:
-        if layout.name != "eagle" and list(side.engine_ids(layout.convention)) != list(ids):
+        if not layout.hard_coded_taps and list(side.engine_ids(layout.convention)) != list(ids):
             raise ContractMismatch(f"{directory}: config.json layer ids disagree with the wiring contract",
                                    expected=f"{layout.convention} ids {list(side.engine_ids(layout.convention))} "
                                    f"(taps {list(side.taps)})", found=f"config ids {ids}",
@@ -65,7 +59,7 @@ def _contract_for(layout, config: dict[str, Any], native: dict[str, torch.Tensor
         raise CheckpointError(f"{directory} has no {'eaglewire_contract.json'}", expected="the contract side file, "
                               "or --target to rebuild the contract", found="neither")
     L = target.num_layers
-    taps = default_taps(L) if layout.name == "eagle" else from_engine(ids, layout.convention, L)
+    taps = default_taps(L) if layout.hard_coded_taps else from_engine(ids, layout.convention, L)
     if "d2t" not in native or "t2d" not in native:
         raise CheckpointError(f"{directory}: the vocab map is missing", expected="d2t and t2d tensors",
                               found=f"{'d2t' in native=}, {'t2d' in native=}",
@@ -75,7 +69,7 @@ def _contract_for(layout, config: dict[str, Any], native: dict[str, torch.Tensor
 
 def import_draft(directory: Path, fmt: str, *, target: Any = None) -> tuple[Eagle3Draft, WiringContract]:
     """Load an exported draft strictly into the native model (float weights keep the file's dtype)."""
-    layout, directory = _layout(fmt), Path(directory)
+    layout, directory = engine_for(fmt), Path(directory)
     config = read_json(directory / "config.json")
     where = f"{fmt} export {directory}"
     native = rename_all(read_safetensors(directory / WEIGHTS), lambda k: from_native(layout, k), where)

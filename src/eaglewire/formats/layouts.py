@@ -1,5 +1,6 @@
-"""The four on-disk layouts, written against the engines' loaders (see shared/research/conventions.md
-and the loader facts gathered for this module):
+"""Configs and weight names of each engine's layout, written and read from its record (eaglewire/engines.py:
+convention, where the ids live, layer-0 prefix, norms, config style), against the engines' loaders (see
+shared/research/conventions.md and the loader facts gathered for this module):
 
     sglang      LlamaForCausalLMEagle3, midlayer.*, eagle_config.eagle_aux_hidden_state_layer_ids (SGLang's
                 rule, chosen explicitly), use_aux_hidden_state, draft_vocab_size, tie_word_embeddings false
@@ -24,39 +25,17 @@ SpecForge export (found by loading our exports with SpecForge's own class: tests
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from eaglewire.contract import NormFlags, WiringContract
 from eaglewire.draft.config import DraftConfig
+from eaglewire.engines import IDS_KEY, Engine
 from eaglewire.errors import CheckpointError
 
 SPECULATORS_VERSION = "0.9.0"  # the speculators release whose config layout this writes
 
 
-@dataclass(frozen=True)
-class Layout:
-    name: str
-    convention: str  # layer-id convention (eaglewire.contract) of the ids written
-    prefix0: str  # name of layer 0 in the checkpoint
-    multi_layer: bool
-    norms: frozenset[str]  # norm flags the engine implements
-    with_embedding: bool  # embed_tokens written by default
-
-
-LAYOUTS = {
-    "sglang": Layout("sglang", "sglang", "midlayer.", False, frozenset({"fc_norm", "norm_output"}), False),
-    "sglang-legacy": Layout("sglang-legacy", "sglang-legacy", "midlayer.", False, frozenset({"fc_norm", "norm_output"}),
-                            False),
-    "vllm": Layout("vllm", "vllm", "layers.0.", True,
-                   frozenset({"norm_before_fc", "fc_norm", "norm_output", "norm_before_residual"}), False),
-    "eagle": Layout("eagle", "eagle", "midlayer.", False, frozenset(), False),
-    "specforge": Layout("specforge", "specforge", "midlayer.", False, frozenset({"fc_norm"}), False),
-}
-LAYOUTS["speculators"] = LAYOUTS["vllm"]
-
-
-def check_exportable(layout: Layout, cfg: DraftConfig) -> None:
+def check_exportable(layout: Engine, cfg: DraftConfig) -> None:
     """Refuse drafts the engine would load but run differently (a silent failure otherwise)."""
     if cfg.num_layers > 1 and not layout.multi_layer:
         raise CheckpointError(f"{layout.name} cannot hold a {cfg.num_layers}-layer draft",
@@ -64,9 +43,10 @@ def check_exportable(layout: Layout, cfg: DraftConfig) -> None:
                               found=f"num_layers={cfg.num_layers}",
                               fix="export to vllm/speculators (layers.N.*); SGLang versions name extra layers "
                               "differently (additional_layers.* vs layers.N.*)")
-    if layout.name == "specforge" and cfg.num_taps != 3:
-        raise CheckpointError("SpecForge drafts read exactly 3 taps", expected="3 taps (its fc is 3*H wide and it "
-                              "demands three layer ids)", found=f"{cfg.num_taps} taps",
+    if layout.num_taps is not None and cfg.num_taps != layout.num_taps:
+        n = layout.num_taps
+        raise CheckpointError(f"{layout.name} drafts read exactly {n} taps", expected=f"{n} taps (its fc is {n}*H "
+                              f"wide and it demands {n} layer ids)", found=f"{cfg.num_taps} taps",
                               fix="export to vllm/speculators or sglang, or retrain with 3 taps")
     used = {k for k, v in cfg.norm.__dict__.items() if v}
     missing = sorted(used - layout.norms)
@@ -76,13 +56,13 @@ def check_exportable(layout: Layout, cfg: DraftConfig) -> None:
                               fix="the engine would run the draft without these norms; serve it on vllm or retrain")
 
 
-def native_to(layout: Layout, name: str) -> str:
+def native_to(layout: Engine, name: str) -> str:
     if name.startswith("layers.0."):
         return layout.prefix0 + name[len("layers.0."):]
     return name
 
 
-def from_native(layout: Layout, name: str) -> str:
+def from_native(layout: Engine, name: str) -> str:
     if name.startswith(layout.prefix0):
         return "layers.0." + name[len(layout.prefix0):]
     if layout.prefix0 != "layers.0." and name.startswith("layers."):
@@ -100,50 +80,51 @@ def llama_fields(cfg: DraftConfig, dtype: str) -> dict[str, Any]:
             "tie_word_embeddings": False, "torch_dtype": dtype, "pretraining_tp": 1}
 
 
-def make_config(layout: Layout, cfg: DraftConfig, contract: WiringContract, dtype: str,
+def make_config(layout: Engine, cfg: DraftConfig, contract: WiringContract, dtype: str,
                 verifier: str | None = None) -> dict[str, Any]:
     """`verifier`: what vLLM/speculators load as the target (path or hub id); default the target's name."""
     ids = list(contract.engine_ids(layout.convention))
     norm = cfg.norm.__dict__
-    if layout.name == "vllm":
+    if layout.config_style == "speculators":
         layer = {**llama_fields(cfg, dtype), "architectures": ["LlamaForCausalLM"],
                  "num_aux_hidden_states": cfg.num_taps, "fc_norm": norm["fc_norm"], "norm_output": norm["norm_output"]}
         return {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
                 "speculators_version": SPECULATORS_VERSION, "transformer_layer_config": layer,
                 "draft_vocab_size": cfg.draft_vocab_size, "target_hidden_size": cfg.target_hidden_size,
-                "eagle_aux_hidden_state_layer_ids": ids, **norm, "torch_dtype": dtype,
+                IDS_KEY: ids, **norm, "torch_dtype": dtype,
                 "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
                                        "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
                                        "verifier": {"name_or_path": verifier or contract.target.name,
                                                     "architectures": [contract.target.architecture]}}}
-    out = {**llama_fields(cfg, dtype), "architectures": ["LlamaForCausalLM" if layout.name == "eagle"
-                                                         else "LlamaForCausalLMEagle3"],
+    plain = layout.config_style == "llama"
+    out = {**llama_fields(cfg, dtype), "architectures": ["LlamaForCausalLM" if plain else "LlamaForCausalLMEagle3"],
            "draft_vocab_size": cfg.draft_vocab_size, "bias": False}
     if cfg.target_hidden_size != cfg.hidden_size:
         # EAGLE (and SGLang) then stop taking the embedding from the target: it must be in the checkpoint.
         out["target_hidden_size"] = cfg.target_hidden_size
-    if layout.name != "eagle":
-        out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True}
+    if not plain:
+        out["eagle_config"] = {IDS_KEY: ids, "use_aux_hidden_state": True}
         out.update(num_aux_hidden_states=cfg.num_taps, fc_norm=norm["fc_norm"], norm_output=norm["norm_output"])
-    if layout.name == "specforge":
+    if layout.norm_output_is_final_norm:
         out["norm_output"] = True  # SpecForge's meaning: final norm before lm_head (see the module docstring)
     return out
 
 
-def config_ids(layout: Layout, config: dict[str, Any]) -> list[int] | None:
-    """Where each engine reads the layer ids (SGLang: ONLY the nested eagle_config)."""
-    if layout.name == "vllm":
-        return config.get("eagle_aux_hidden_state_layer_ids")
-    if layout.name == "eagle":
+def config_ids(layout: Engine, config: dict[str, Any]) -> list[int] | None:
+    """The layer ids where an export for this engine writes them (None: absent, or hard-coded taps)."""
+    if layout.hard_coded_taps:
         return None
-    return (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    node: Any = config
+    for part in layout.id_keys[0].split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
 
 
-def draft_config_from(layout: Layout, config: dict[str, Any], num_taps: int) -> DraftConfig:
+def draft_config_from(layout: Engine, config: dict[str, Any], num_taps: int) -> DraftConfig:
     """DraftConfig from an exported config (the inverse of make_config)."""
-    base = config["transformer_layer_config"] if layout.name == "vllm" else config
+    base = config["transformer_layer_config"] if layout.config_style == "speculators" else config
     flags = {k: bool(config.get(k, base.get(k, False))) for k in NormFlags.__dataclass_fields__}
-    if layout.name == "specforge":
+    if layout.norm_output_is_final_norm:
         if not config.get("norm_output", True):
             raise CheckpointError("SpecForge norm_output: false means no final norm before lm_head",
                                   expected="norm_output true or absent (SpecForge's default)", found="false",

@@ -17,6 +17,7 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from eaglewire.data.regenerate import GenerationSettings
+from eaglewire.engines import FORMATS
 from eaglewire.data.samples import DEFAULT_HELDOUT_FRACTION, DEFAULT_MAX_LENGTH
 from eaglewire.errors import EaglewireError
 from eaglewire.spec.tree import DEFAULT_TREE, TreeShape
@@ -25,7 +26,7 @@ from eaglewire.train.loop import TrainConfig
 from eaglewire.vocab import DEFAULT_DRAFT_VOCAB
 
 G, T = GenerationSettings(), TrainConfig()
-FORMATS = ("sglang", "vllm")
+DEFAULT_FORMATS = ("sglang", "vllm")  # the two engines a run exports for by default
 
 
 class _Strict(BaseModel):
@@ -116,7 +117,7 @@ class RunConfig(_Strict):
     vocab: VocabCfg = VocabCfg()
     train: TrainCfg = TrainCfg()
     bench: BenchCfg = BenchCfg()
-    formats: tuple[Literal["sglang", "sglang-legacy", "vllm", "speculators", "eagle", "specforge"], ...] = FORMATS
+    formats: tuple[Literal[FORMATS], ...] = DEFAULT_FORMATS  # type: ignore[valid-type]  # engines.py's names
 
     def digest(self, *parts: str) -> str:
         """sha256 of the named sections (all when none), canonical JSON."""

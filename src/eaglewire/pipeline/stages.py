@@ -253,8 +253,7 @@ def doctor(ctx: Ctx, work: Path) -> dict[str, Any]:
 
     reports = {}
     for fmt, path in ctx.results["export"]["exports"].items():
-        engine = {"speculators": "vllm", "sglang-legacy": "sglang-legacy"}.get(fmt, fmt)
-        rep = run_checks(inspect_dir(Path(path), engine), ctx.target)
+        rep = run_checks(inspect_dir(Path(path), fmt), ctx.target)  # each format is checked as its engine loads it
         reports[fmt] = {"engine": rep.engine, "directory": path, "errors": rep.errors,
                         "findings": [asdict(f) for f in rep.findings]}
     (work / "doctor.json").write_text(json.dumps(reports, indent=2))
