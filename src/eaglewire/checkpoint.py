@@ -1,14 +1,13 @@
 """Native draft checkpoint: a directory with `model.safetensors` + `config.json` embedding the contract.
 
-Loading is strict: exact key set (no missing, no unexpected: a renamed key is reported with the
-closest expected name), exact shapes, dtypes, the d2t/t2d invariants and their hash, the config
-against the contract, and the contract against the target it is used with. The model is built with
-every weight set to NaN first, so a weight that was not loaded cannot go unnoticed. No pickle.
+Loading is strict (eaglewire.draft.load, the loader every import shares): exact key set (a renamed key
+is reported with the closest expected name), exact shapes, dtypes, the d2t/t2d invariants and their
+hash, the config against the contract, and the contract against the target it is used with. Every
+weight starts as NaN, so one that was not loaded cannot go unnoticed. No pickle.
 """
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import shutil
@@ -21,15 +20,15 @@ from safetensors import safe_open
 import eaglewire
 from eaglewire.contract import WiringContract
 from eaglewire.draft.config import DraftConfig
+from eaglewire.draft.load import EMBED_KEY, load_strict
 from eaglewire.draft.model import Eagle3Draft
-from eaglewire.errors import CheckpointError, EaglewireError
+from eaglewire.errors import CheckpointError
 from eaglewire.safeio import atomic_save_safetensors, atomic_write_json
 from eaglewire.target.loader import Target
 from eaglewire.vocab import validate_vocab_map, vocab_map_sha256
 
 FORMAT = "eaglewire.draft/1"
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
-EMBED_KEY = "embed_tokens.weight"
 _CONFIG_KEYS = {"format", "eaglewire_version", "draft", "contract", "saved_embedding", "dtype"}
 
 
@@ -95,62 +94,18 @@ def read_checkpoint_config(path: Path) -> tuple[DraftConfig, WiringContract, dic
     return cfg, contract, meta
 
 
-def _check_keys(expected: dict[str, torch.Tensor], found: set[str], where: str) -> None:
-    missing, unexpected = sorted(expected.keys() - found), sorted(found - expected.keys())
-    if not (missing or unexpected):
-        return
-    hints = []
-    for k in unexpected:
-        close = difflib.get_close_matches(k, missing, n=1)
-        hints.append(f"{k!r} -> did you mean {close[0]!r}?" if close else f"{k!r} is not a draft weight")
-    raise CheckpointError(f"{where} has the wrong set of tensors",
-                          expected=f"missing {missing}" if missing else "no missing keys",
-                          found=f"unexpected {unexpected}" if unexpected else "no unexpected keys",
-                          fix="; ".join(hints) or "re-export the checkpoint; nothing is loaded non-strictly")
-
-
-def _check_tensor(key: str, t: torch.Tensor, ref: torch.Tensor, float_dtype: str, where: str) -> None:
-    if tuple(t.shape) != tuple(ref.shape):
-        raise CheckpointError(f"{where}: tensor {key!r} has the wrong shape",
-                              expected=str(tuple(ref.shape)), found=str(tuple(t.shape)))
-    want = str(ref.dtype).removeprefix("torch.") if not ref.is_floating_point() else float_dtype
-    got = str(t.dtype).removeprefix("torch.")
-    if got != want:
-        raise CheckpointError(f"{where}: tensor {key!r} has the wrong dtype", expected=want, found=got)
-
-
 def load_checkpoint(path: Path, *, target: Target | None = None, dtype: torch.dtype = torch.float32) -> Eagle3Draft:
-    """Load strictly. With `target`, also require the contract to be for it and attach its embedding."""
+    """Load strictly (the loader imports share). With `target`, also require the contract to be for it
+    and attach its embedding. The draft's `contract` is the one stored with it."""
     path = Path(path)
     cfg, contract, meta = read_checkpoint_config(path)
     if target is not None:
         contract.require_target(target.identity, where=f"checkpoint {path}")
         _require_template(contract, target, path)
-    draft = Eagle3Draft(cfg).fill_nan()
-    expected = {k: v for k, v in draft.state_dict().items() if meta["saved_embedding"] or k != EMBED_KEY}
-    where = f"checkpoint {path / WEIGHTS}"
     with safe_open(str(path / WEIGHTS), framework="pt") as f:
-        _check_keys(expected, set(f.keys()), where)
-        tensors = {k: f.get_tensor(k) for k in expected}
-    for k, t in tensors.items():
-        _check_tensor(k, t, expected[k], meta["dtype"], where)
-    validate_vocab_map(tensors["d2t"], tensors["t2d"], cfg.vocab_size)
-    if vocab_map_sha256(tensors["d2t"], cfg.vocab_size) != contract.vocab_map_sha256:
-        raise CheckpointError(f"{where}: d2t is not the vocab map named by the contract",
-                              expected=f"vocab_map_sha256={contract.vocab_map_sha256}",
-                              found=vocab_map_sha256(tensors["d2t"], cfg.vocab_size))
-    own = draft.state_dict()  # detached views sharing storage with the parameters and buffers
-    with torch.no_grad():
-        for k, t in tensors.items():  # the key set was checked exactly above
-            own[k].copy_(t)
-    draft.to(dtype)
-    if meta["saved_embedding"]:
-        draft.embedding_attached = True
-    elif target is not None:
-        draft.attach_embedding(target.embed_tokens.weight.to(dtype))
-    _require_no_nan(draft, skip_embedding=not meta["saved_embedding"] and target is None, where=where)
-    draft.contract = contract  # type: ignore[attr-defined]  # carried for later loaders/exporters
-    return draft.eval()
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    return load_strict(cfg, contract, tensors, f"checkpoint {path / WEIGHTS}", embedding=meta["saved_embedding"],
+                       float_dtype=meta["dtype"], target=target, dtype=dtype)
 
 
 def _require_template(contract: WiringContract, target: Target, path: Path) -> None:
@@ -162,14 +117,6 @@ def _require_template(contract: WiringContract, target: Target, path: Path) -> N
                               expected=f"chat_template_sha256={contract.chat_template_sha256}",
                               found=f"chat_template_sha256={found}",
                               fix="serve with the template used in training, or retrain on this one")
-
-
-def _require_no_nan(draft: Eagle3Draft, *, skip_embedding: bool, where: str) -> None:
-    for name, p in draft.named_parameters():
-        if skip_embedding and name == EMBED_KEY:
-            continue
-        if torch.isnan(p).any():
-            raise EaglewireError(f"{where}: weight {name!r} was never loaded (NaN sentinel remains)")
 
 
 def released_draft_dir() -> Path:

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from eaglewire.contract import WiringContract
 from eaglewire.draft.config import DraftConfig
 from eaglewire.errors import CheckpointError, TapWidthError
 
@@ -163,6 +164,7 @@ class Eagle3Draft(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, h)
         self.embed_tokens.weight.requires_grad_(False)
         self.embedding_attached = False  # step() refuses to run on a placeholder embedding
+        self.contract: WiringContract | None = None  # the wiring it was trained for; set by the loaders
         if cfg.norm.norm_before_fc:
             self.input_norm = RMSNorm(n * ht, cfg.rms_norm_eps)
         if cfg.norm.fc_norm:

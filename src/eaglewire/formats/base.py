@@ -42,20 +42,6 @@ def rename_all(tensors: dict[str, torch.Tensor], fn: Callable[[str], str], where
     return out
 
 
-def require_exact(tensors: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], where: str,
-                  optional: set[str] = frozenset()) -> None:
-    """Exact key set (modulo `optional`) and shapes against a reference state dict."""
-    missing = sorted(set(expected) - set(tensors) - set(optional))
-    unexpected = sorted(set(tensors) - set(expected))
-    if missing or unexpected:
-        raise CheckpointError(f"{where} has the wrong set of tensors", expected=f"missing {missing}",
-                              found=f"unexpected {unexpected}", fix="re-export; nothing is loaded non-strictly")
-    for k, t in tensors.items():
-        if tuple(t.shape) != tuple(expected[k].shape):
-            raise CheckpointError(f"{where}: tensor {k!r} has the wrong shape", expected=str(tuple(expected[k].shape)),
-                                  found=str(tuple(t.shape)))
-
-
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise CheckpointError(f"no weights at {path}", expected=f"{path.name} (safetensors)", found="missing",

@@ -13,16 +13,17 @@ from typing import Any
 import torch
 
 from eaglewire.contract import NormFlags, WiringContract, default_taps, from_engine
+from eaglewire.draft.load import EMBED_KEY as EMBED
+from eaglewire.draft.load import load_strict
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import CheckpointError, ContractMismatch
-from eaglewire.formats.base import cast_floats, read_contract, read_json, read_safetensors, rename_all, require_exact, \
-    write_dir, WEIGHTS
 from eaglewire.engines import FORMATS, Engine, engine_for
+from eaglewire.formats.base import cast_floats, read_contract, read_json, read_safetensors, rename_all, write_dir, \
+    WEIGHTS
 from eaglewire.formats.layouts import check_exportable, config_ids, draft_config_from, from_native, make_config, \
     native_to
-from eaglewire.vocab import VocabMap, validate_vocab_map, vocab_map_sha256
+from eaglewire.vocab import VocabMap
 
-EMBED = "embed_tokens.weight"
 __all__ = ["FORMATS", "export_draft", "import_draft"]
 
 
@@ -76,27 +77,5 @@ def import_draft(directory: Path, fmt: str, *, target: Any = None) -> tuple[Eagl
     flags = NormFlags(**{k: bool(config.get(k, False)) for k in NormFlags.__dataclass_fields__})
     contract = _contract_for(layout, config, native, directory, target, flags)
     cfg = draft_config_from(layout, config, contract.num_taps)
-    cfg.require_matches(contract)
-    draft = Eagle3Draft(cfg).fill_nan()
-    require_exact(native, draft.state_dict(), where, optional={EMBED})
-    floats = {v.dtype for v in native.values() if v.is_floating_point()}
-    if len(floats) != 1:
-        raise CheckpointError(f"{where}: mixed float dtypes", expected="one dtype", found=str(sorted(map(str, floats))))
-    validate_vocab_map(native["d2t"], native["t2d"], cfg.vocab_size)
-    if vocab_map_sha256(native["d2t"], cfg.vocab_size) != contract.vocab_map_sha256:
-        raise ContractMismatch(f"{where}: d2t is not the vocab map named by the contract",
-                               expected=str(contract.vocab_map_sha256), found=vocab_map_sha256(native["d2t"], cfg.vocab_size))
-    draft.to(floats.pop())
-    own = draft.state_dict()
-    with torch.no_grad():
-        for k, v in native.items():
-            own[k].copy_(v)
-    if EMBED in native:
-        draft.embedding_attached = True
-    elif target is not None:
-        draft.attach_embedding(target.embed_tokens.weight.to(draft.fc.weight.dtype))
-    for name, p in draft.named_parameters():
-        if name != EMBED and torch.isnan(p).any():
-            raise CheckpointError(f"{where}: weight {name!r} was never loaded (NaN sentinel remains)")
-    draft.contract = contract  # type: ignore[attr-defined]
-    return draft.eval(), contract
+    draft = load_strict(cfg, contract, native, where, embedding=None, target=target)
+    return draft, contract

@@ -1,0 +1,92 @@
+"""The one strict loader behind the native checkpoint (eaglewire.checkpoint) and every import
+(eaglewire.formats.convert): tensors already renamed to native names become an Eagle3Draft, or nothing.
+
+Checked, in order: the exact key set (a renamed key is reported with its likely intended name), shapes,
+dtypes (one float dtype), the d2t/t2d invariants and their hash against the contract. The model starts
+with every weight NaN, so a weight that was not loaded cannot pass. The draft carries its contract.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+import torch
+
+from eaglewire.contract import WiringContract
+from eaglewire.draft.config import DraftConfig
+from eaglewire.draft.model import Eagle3Draft
+from eaglewire.errors import CheckpointError, ContractMismatch
+from eaglewire.vocab import validate_vocab_map, vocab_map_sha256
+
+EMBED_KEY = "embed_tokens.weight"  # the target's frozen embedding: in a file only when saved with it
+
+
+def _check_keys(expected: set[str], found: set[str], optional: set[str], where: str) -> None:
+    missing, unexpected = sorted(expected - found - optional), sorted(found - expected)
+    if not (missing or unexpected):
+        return
+    hints = []
+    for k in unexpected:
+        close = difflib.get_close_matches(k, missing, n=1)
+        hints.append(f"{k!r} -> did you mean {close[0]!r}?" if close else f"{k!r} is not a draft weight")
+    raise CheckpointError(f"{where} has the wrong set of tensors",
+                          expected=f"missing {missing}" if missing else "no missing keys",
+                          found=f"unexpected {unexpected}" if unexpected else "no unexpected keys",
+                          fix="; ".join(hints) or "re-export the checkpoint; nothing is loaded non-strictly")
+
+
+def _float_dtype(tensors: dict[str, torch.Tensor], where: str) -> str:
+    floats = {str(v.dtype).removeprefix("torch.") for v in tensors.values() if v.is_floating_point()}
+    if len(floats) != 1:
+        raise CheckpointError(f"{where}: mixed float dtypes", expected="one dtype", found=str(sorted(floats)))
+    return floats.pop()
+
+
+def _check_tensor(key: str, t: torch.Tensor, ref: torch.Tensor, float_dtype: str, where: str) -> None:
+    if tuple(t.shape) != tuple(ref.shape):
+        raise CheckpointError(f"{where}: tensor {key!r} has the wrong shape",
+                              expected=str(tuple(ref.shape)), found=str(tuple(t.shape)))
+    want = str(ref.dtype).removeprefix("torch.") if not ref.is_floating_point() else float_dtype
+    got = str(t.dtype).removeprefix("torch.")
+    if got != want:
+        raise CheckpointError(f"{where}: tensor {key!r} has the wrong dtype", expected=want, found=got)
+
+
+def load_strict(cfg: DraftConfig, contract: WiringContract, tensors: dict[str, torch.Tensor], where: str, *,
+                embedding: bool | None, float_dtype: str | None = None, target: Any = None,
+                dtype: torch.dtype | None = None) -> Eagle3Draft:
+    """An Eagle3Draft holding exactly `tensors` (native names), in eval mode, with `contract` attached.
+
+    embedding: True = the tensors must hold embed_tokens, False = they must not, None = either.
+    float_dtype: the float dtype the tensors must have (None: any, as long as it is one).
+    target: supplies the embedding when the tensors do not. dtype: cast after loading (None: keep)."""
+    cfg.require_matches(contract)
+    draft = Eagle3Draft(cfg).fill_nan()
+    reference = draft.state_dict()  # detached views sharing storage with the parameters and buffers
+    expected = {k for k in reference if k != EMBED_KEY or embedding is not False}
+    _check_keys(expected, set(tensors), set() if embedding else {EMBED_KEY}, where)
+    floats = float_dtype or _float_dtype(tensors, where)
+    for k, t in tensors.items():
+        _check_tensor(k, t, reference[k], floats, where)
+    validate_vocab_map(tensors["d2t"], tensors["t2d"], cfg.vocab_size)
+    found = vocab_map_sha256(tensors["d2t"], cfg.vocab_size)
+    if found != contract.vocab_map_sha256:
+        raise ContractMismatch(f"{where}: d2t is not the vocab map named by the contract",
+                               expected=f"vocab_map_sha256={contract.vocab_map_sha256}", found=found)
+    draft.to(getattr(torch, floats))  # .to() replaces the parameters' storage: take fresh views after it
+    own = draft.state_dict()
+    with torch.no_grad():
+        for k, t in tensors.items():  # the key set was checked exactly above
+            own[k].copy_(t)
+    if dtype is not None:
+        draft.to(dtype)
+    if EMBED_KEY in tensors:
+        draft.embedding_attached = True
+    elif target is not None:
+        draft.attach_embedding(target.embed_tokens.weight.to(draft.fc.weight.dtype))
+    for name, p in draft.named_parameters():
+        if (name != EMBED_KEY or draft.embedding_attached) and torch.isnan(p).any():
+            raise CheckpointError(f"{where}: weight {name!r} was never loaded (NaN sentinel remains)")
+    draft.contract = contract
+    return draft.eval()
