@@ -60,18 +60,18 @@ def judge(predicted: float, per_position: list[float], measured: float | None) -
 
 def predict(target: Any, draft: Any, contract: Any, shape: Any, prompts: list[Any], max_new_tokens: int) -> tuple[float, list[float]]:
     """Run our engine with the engine's knobs on the prompts; tau and per-position acceptance."""
-    from eaglewire.spec.engine import SpecDecoder
+    from eaglewire.spec.engine import SpecDecoder, SpecStats
     from eaglewire.spec.hf_runtime import make_runtime
     from eaglewire.spec.propose import EagleProposer
 
     max_len = max(p.shape[1] for p in prompts) + max_new_tokens + shape.num_draft_tokens + 16
     dec = SpecDecoder(make_runtime(target, max_len), EagleProposer(draft, contract, shape, max_len))
     eos = {target.tokenizer.eos_token_id} if target.tokenizer is not None else set()
-    accepted: list[int] = []
+    pooled = SpecStats()
     for ids in prompts:
-        accepted += dec.generate(ids, max_new_tokens, eos)[1].accepted
-    n = max(1, len(accepted))
-    return (sum(accepted) + len(accepted)) / n, [sum(a > i for a in accepted) / n for i in range(shape.num_steps)]
+        pooled.accepted += dec.generate(ids, max_new_tokens, eos)[1].accepted
+    tau = pooled.tau if pooled.accepted else 0.0  # no verify step at all: nothing was predicted
+    return tau, pooled.per_position(shape.num_steps)
 
 
 def load_any_draft(path: Path, target: Any) -> tuple[Any, Any]:

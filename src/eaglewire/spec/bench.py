@@ -153,10 +153,9 @@ def summarize(runs: dict[str, list[Run]], chain: TreeShape, tree: TreeShape, max
         m: dict[str, Any] = {"median_tok_s": statistics.median(rates), "tok_s": rates,
                              "matches_vanilla": sum(r.tokens == t for r, t in zip(rs, ref))}
         if rs[0].stats is not None:
-            acc = [a for r in rs for a in r.stats.accepted]
-            depth = (chain if name == "eagle_chain" else tree).num_steps
-            m["tau"] = (sum(acc) + len(acc)) / len(acc)
-            m["per_position"] = [sum(a > i for a in acc) / len(acc) for i in range(depth)]
+            pooled = SpecStats(accepted=[a for r in rs for a in r.stats.accepted])  # every prompt's verify steps
+            m["tau"] = pooled.tau
+            m["per_position"] = pooled.per_position((chain if name == "eagle_chain" else tree).num_steps)
             m["draft_s"] = sum(r.stats.draft_s for r in rs)
             m["verify_s"] = sum(r.stats.verify_s for r in rs)
             m["total_s"] = sum(r.seconds for r in rs)

@@ -29,8 +29,16 @@ from eaglewire.spec.runtime import LeanTarget
 from eaglewire.spec.tree import greedy_accept, sample_accept, target_probs
 
 
+def acceptance_length(accepted_drafts: int, verify_steps: int) -> float:
+    """tau: tokens a verify step yields on average, the accepted drafts plus the target's own (bonus)
+    token; nan before any step. The one definition (SpecStats, the server's counters, bench, doctor)."""
+    return (accepted_drafts + verify_steps) / verify_steps if verify_steps else float("nan")
+
+
 @dataclass
 class SpecStats:
+    """Acceptance record of one or more generations (concatenate `accepted` to pool several)."""
+
     verify_steps: int = 0
     accepted: list[int] = field(default_factory=list)  # accepted drafts per verify step
     new_tokens: int = 0
@@ -40,7 +48,7 @@ class SpecStats:
 
     @property
     def tau(self) -> float:
-        return (sum(self.accepted) + len(self.accepted)) / len(self.accepted) if self.accepted else float("nan")
+        return acceptance_length(sum(self.accepted), len(self.accepted))
 
     def per_position(self, depth: int) -> list[float]:
         """Share of verify steps that accepted at least i+1 drafts, i = 0..depth-1."""

@@ -23,6 +23,8 @@ from typing import Any, Callable
 
 import torch
 
+from eaglewire.spec.engine import acceptance_length
+
 
 class BadRequest(Exception):
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
@@ -50,7 +52,7 @@ class Metrics:
     errors: int = 0
 
     def prometheus(self) -> str:
-        tau = (self.accepted + self.verify_steps) / self.verify_steps if self.verify_steps else 0.0
+        tau = acceptance_length(self.accepted, self.verify_steps) if self.verify_steps else 0.0  # a gauge needs a number
         rows = [("eaglewire_requests_total", "counter", self.requests),
                 ("eaglewire_generated_tokens_total", "counter", self.tokens),
                 ("eaglewire_verify_steps_total", "counter", self.verify_steps),
