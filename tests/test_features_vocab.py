@@ -102,3 +102,21 @@ def test_vocab_file_tamper_detected(tmp_path):
     with pytest.raises(VocabMapError, match="recorded hash"):
         load_vocab(tmp_path / "v.safetensors")
     json.dumps(md)
+
+
+def test_heldout_split_keeps_a_conversations_turns_together():
+    """With --split-turns every turn is a sample (`conv#j`): all turns of one conversation land on the same
+    side (a held-out answer must not be trained on through its sibling turns); `conv#0` and non-split
+    ids keep the side they always had."""
+    from eaglewire.data.samples import Sample, is_held_out, split_heldout
+
+    one = torch.tensor([1])
+    samples = [Sample(f"c{i}#{j}", one, one) for i in range(200) for j in range(3)] + [Sample("plain", one, one)]
+    train, held = split_heldout(samples, 0.3)
+    assert held and train and len(train) + len(held) == len(samples)
+    sides = {}
+    for s, side in [(s, "held") for s in held] + [(s, "train") for s in train]:
+        sides.setdefault(s.id.rsplit("#", 1)[0], set()).add(side)
+    assert all(len(v) == 1 for v in sides.values())
+    assert all(is_held_out(s.id, 0.3) for s in held if s.id.endswith("#0"))
+    assert ("plain" in {s.id for s in held}) == is_held_out("plain", 0.3)

@@ -3,10 +3,11 @@ chain and tree, every lean-runtime architecture, EOS and max-tokens inside an ac
 
 import pytest
 import torch
+from proposers import OracleProposer, RandomProposer
 from tiny import VOCAB, build_draft, build_target
 
 from eaglewire.spec.engine import SpecDecoder, greedy_reference
-from eaglewire.spec.propose import EagleProposer, OracleProposer, RandomProposer
+from eaglewire.spec.propose import EagleProposer
 from eaglewire.spec.runtime import LeanTarget
 from eaglewire.spec.tree import DraftTree, TreeShape, greedy_accept
 

@@ -1,10 +1,10 @@
 """Rejection sampling preserves the target distribution (statistical tests)."""
 
 import torch
+from proposers import OracleProposer, RandomProposer
 from tiny import VOCAB, build_target
 
 from eaglewire.spec.engine import SpecDecoder
-from eaglewire.spec.propose import OracleProposer, RandomProposer
 from eaglewire.spec.runtime import LeanTarget
 from eaglewire.spec.tree import DraftTree, TreeShape, sample_accept, target_probs
 

@@ -45,9 +45,18 @@ def is_held_out(sample_id: str, fraction: float) -> bool:
     return h < fraction * 0x100000000
 
 
+def _split_key(sample_id: str) -> str:
+    """The id a sample is split by: its conversation's, so all turns of one conversation (--split-turns)
+    land on the same side. Spelt as the conversation's first sample (`conv#0`), the key is exactly the
+    id that was hashed before turns were split by conversation: non-split data keeps its split."""
+    conv, sep, turn = sample_id.rpartition("#")
+    return f"{conv}#0" if sep and turn.isdigit() else sample_id
+
+
 def split_heldout(samples: list[Sample], fraction: float) -> tuple[list[Sample], list[Sample]]:
-    """(training, held-out) samples, in their order; the one split the vocab and training both use."""
-    held = [is_held_out(s.id, fraction) for s in samples]
+    """(training, held-out) samples, in their order, split by conversation; the one split the vocab and
+    training both use."""
+    held = [is_held_out(_split_key(s.id), fraction) for s in samples]
     return [s for s, h in zip(samples, held) if not h], [s for s, h in zip(samples, held) if h]
 
 

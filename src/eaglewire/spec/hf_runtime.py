@@ -10,7 +10,7 @@ from contextlib import nullcontext
 
 import torch
 
-from eaglewire.target.capture import _hooks
+from eaglewire.target.capture import tap_hooks
 from eaglewire.target.loader import Target
 
 
@@ -37,7 +37,7 @@ class HFRuntime:
         if mask is None:
             mask = torch.ones(T, start + T, dtype=torch.bool, device=ids.device).tril(start)[None, None]
         store: dict = {}
-        with _hooks(self.target, taps, store) if taps else nullcontext():
+        with tap_hooks(self.target, taps, store) if taps else nullcontext():
             out = self.target.model(input_ids=ids, position_ids=positions, attention_mask=mask,
                                     past_key_values=self.cache, use_cache=True)
         logits = out.logits if logit_rows is None else out.logits[:, logit_rows]

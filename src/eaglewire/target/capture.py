@@ -40,7 +40,9 @@ def _first_tensor(x: Any) -> torch.Tensor:
 
 
 @contextmanager
-def _hooks(target: Target, taps: Sequence[int], store: dict[int | str, list[torch.Tensor]]) -> Iterator[None]:
+def tap_hooks(target: Target, taps: Sequence[int], store: dict[int | str, list[torch.Tensor]]) -> Iterator[None]:
+    """Forward hooks recording boundary b's state into store[b] (and the final norm's) while active:
+    capture() and the HF fallback runtime (spec/hf_runtime.py) read taps through them."""
     handles = []
 
     def record(key: int | str, tensor: torch.Tensor) -> None:
@@ -91,7 +93,7 @@ def capture(target: Target, taps: Sequence[int], input_ids: torch.Tensor,
     """
     taps = validate_boundaries(taps, target.num_layers)
     store: dict[int | str, list[torch.Tensor]] = {}
-    with _hooks(target, taps, store):
+    with tap_hooks(target, taps, store):
         out = target.model(**forward_kwargs(target, input_ids, attention_mask, logits=logits))
     for key in (*taps, "final"):
         if len(store.get(key, [])) != 1:
