@@ -1,1 +1,6 @@
-"""The EAGLE-3 draft model and its configuration."""
+"""The EAGLE-3 draft model and its configuration.
+
+    config.py   DraftConfig derived from the target and the wiring contract
+    model.py    Eagle3Draft (its `contract` is set when loaded)
+    load.py     the one strict loader, shared by the native checkpoint and every import
+"""
