@@ -139,8 +139,10 @@ def train_cmd(
     limit: Optional[int] = typer.Option(None, "--limit"),
     heldout_fraction: float = typer.Option(DEFAULT_HELDOUT_FRACTION, "--heldout-fraction"),
     train_limit: Optional[int] = typer.Option(None, "--train-limit", help="Train on only the first N training "
-                                              "samples (held-out set unchanged): data-scaling experiments."),
+                                              "samples of --features (held-out set unchanged): data-scaling experiments."),
     split_turns: bool = typer.Option(False, "--split-turns"),
+    also_features: Optional[list[Path]] = typer.Option(None, "--also-features", help="Extra feature dirs (same "
+                                                      "taps): every sample trains; held-out comes from --features."),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoints/latest."),
     max_steps: int = typer.Option(T.max_steps, "--max-steps"),
     batch_size: int = typer.Option(T.batch_size, "--batch-size", help="Samples per micro-batch per process."),
@@ -150,6 +152,7 @@ def train_cmd(
     ttt_steps: int = typer.Option(T.ttt_steps, "--ttt-steps", help="Training-time-test unroll length."),
     ttt_decay: float = typer.Option(T.ttt_decay, "--ttt-decay", help="Loss weight decay**position."),
     loss: str = typer.Option(T.loss, "--loss", help="soft_ce or forward_kl."),
+    supervise: str = typer.Option(T.supervise, "--supervise", help="answers, or all (prompt tokens too)."),
     num_layers: int = typer.Option(T.num_layers, "--num-layers", help="Draft decoder layers."),
     init_layers_from_target: bool = typer.Option(T.init_layers_from_target, "--init-layers-from-target",
                                                  help="Start the draft's layers from the target's top layers."),
@@ -166,17 +169,17 @@ def train_cmd(
     """Train an EAGLE-3 draft with training-time test (runs under torchrun for DDP)."""
     cli = _cli()
     cfg = TrainConfig(max_steps=max_steps, batch_size=batch_size, grad_accum=grad_accum, lr=lr,
-                      warmup_steps=warmup_steps, ttt_steps=ttt_steps, ttt_decay=ttt_decay, loss=loss,
+                      warmup_steps=warmup_steps, ttt_steps=ttt_steps, ttt_decay=ttt_decay, loss=loss, supervise=supervise,
                       num_layers=num_layers, init_layers_from_target=init_layers_from_target, eval_every=eval_every, ckpt_every=ckpt_every, seed=seed,
                       dtype=dtype, init_from=str(init_from) if init_from else "",
                       snapshot_steps=tuple(cli.parse_ints(snapshot_steps)) if snapshot_steps else ())
     cli.friendly(_train)(cli, cfg, data, features, vocab, out, target, taps, taps_from, max_length, limit,
-                         heldout_fraction, split_turns, resume, train_limit)
+                         heldout_fraction, split_turns, resume, train_limit, also_features or [])
 
 
 def _train(cli, cfg, data, features, vocab, out, target, taps, taps_from, max_length, limit, heldout_fraction,
-           split_turns, resume, train_limit=None) -> None:
-    from eaglewire.data.features import OfflineFeatures, OnlineFeatures
+           split_turns, resume, train_limit=None, also_features=()) -> None:
+    from eaglewire.data.features import FeatureMix, OfflineFeatures, OnlineFeatures
     from eaglewire.data.samples import is_held_out
     from eaglewire.errors import EaglewireError
     from eaglewire.train import dist
@@ -200,6 +203,12 @@ def _train(cli, cfg, data, features, vocab, out, target, taps, taps_from, max_le
         source = OnlineFeatures(tgt, contract, pad_id=_pad_id(tgt))
     heldout = [s for s in samples if is_held_out(s.id, heldout_fraction)]
     train_samples = [s for s in samples if not is_held_out(s.id, heldout_fraction)][:train_limit]
+    if also_features:
+        if features is None:
+            raise EaglewireError("--also-features needs --features", expected="a primary feature dir",
+                                 found="--data (online mode)")
+        source = FeatureMix(source, [OfflineFeatures(d, contract, pad_id=_pad_id(tgt)) for d in also_features])
+        train_samples += [s for part in range(1, len(source.parts)) for s in source.samples(part)]
     cli.err_console.print(f"{len(train_samples)} training / {len(heldout)} held-out samples; taps "
                           f"{list(contract.taps)}; contract {contract.fingerprint()}; rank {info.rank}/{info.world_size}")
 
