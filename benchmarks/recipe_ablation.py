@@ -27,26 +27,42 @@ LEVERS: dict[str, list[str]] = {
     "vocab16k": [],  # --vocab replaced by the 16k map
     "ttt1": ["--ttt-steps", "1"],
     "lr3e-3": ["--lr", "3e-3"],
+    "supervise_all": ["--supervise", "all"],  # prompt tokens supervised too
+    "raw_mix": [],  # half the samples regenerated (first train_limit/2), half ShareGPT's own answers (--raw)
+    "raw_only": [],  # ShareGPT's own answers only, scored by the target; held-out stays regenerated
 }
+
+
+def lever_args(name: str, args: argparse.Namespace) -> list[str]:
+    """The command-line difference of one lever from the base run."""
+    if name == "vocab16k":
+        return ["--vocab", str(args.vocab16k)]
+    if name in ("raw_mix", "raw_only"):
+        if args.raw is None:
+            raise SystemExit(f"lever {name} needs --raw FEATURES (benchmarks/raw_text_features.sh)")
+        keep = args.train_limit // 2 if name == "raw_mix" else 0
+        return ["--train-limit", str(keep), "--also-features", str(args.raw)]
+    return LEVERS[name]
 
 
 def run_one(name: str, args: argparse.Namespace) -> dict:
     out = cache_root() / "recipe" / name
     summary = out / "summary.json"
     if not summary.exists():
-        vocab = args.vocab16k if name == "vocab16k" else args.vocab
-        extra = LEVERS[name]
-        cmd = ["eaglewire", "train", "--features", str(args.features), "--vocab", str(vocab), "--out", str(out),
-               "--max-steps", str(args.steps), "--batch-size", str(args.batch_size), "--warmup-steps", "20",
-               "--eval-every", str(args.steps), "--ckpt-every", str(args.steps), "--train-limit",
-               str(args.train_limit), *(["--ttt-steps", "3"] if "--ttt-steps" not in extra else []), *extra]
+        base = {"--vocab": str(args.vocab), "--train-limit": str(args.train_limit), "--ttt-steps": "3"}
+        extra = lever_args(name, args)
+        flags = [a for a in extra if a.startswith("--")]
+        defaults = [x for k, v in base.items() if k not in flags for x in (k, v)]  # those the lever keeps
+        cmd = ["eaglewire", "train", "--features", str(args.features), "--out", str(out), "--max-steps",
+               str(args.steps), "--batch-size", str(args.batch_size), "--warmup-steps", "20", "--eval-every",
+               str(args.steps), "--ckpt-every", str(args.steps), *defaults, *extra]
         t0 = time.perf_counter()
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         (out / "wall_s.txt").write_text(f"{time.perf_counter() - t0:.1f}\n")
     s = json.loads(summary.read_text())
     rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines() if l]
     train_rows = [r for r in rows if r["split"] == "train"]
-    return {"name": name, "args": LEVERS[name] or (["--vocab", "16k"] if name == "vocab16k" else []),
+    return {"name": name, "args": [a.replace(str(cache_root()), "~cache") for a in lever_args(name, args)],
             "heldout_acc": [round(a, 4) for a in s["heldout"]["acc"]],
             "wall_s": float((out / "wall_s.txt").read_text()), "tok_per_s": round(train_rows[-1]["tok_per_s"])}
 
@@ -56,6 +72,7 @@ def main() -> None:
     ap.add_argument("features", type=Path)
     ap.add_argument("vocab", type=Path)
     ap.add_argument("--vocab16k", type=Path, required=True)
+    ap.add_argument("--raw", type=Path, help="features of ShareGPT's own answers (for raw_mix, raw_only)")
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--train-limit", type=int, default=2600)

@@ -194,3 +194,35 @@ def test_layers_start_from_the_targets_top_layers():
     assert torch.equal(second.post_attention_layernorm.weight, top.post_attention_layernorm.weight)
     plain = build_draft(target, contract, vmap, TrainConfig(num_layers=2))
     assert not torch.equal(plain.layers[1].mlp.up_proj.weight, top.mlp.up_proj.weight)
+
+
+def test_feature_mix_serves_extra_directories_without_id_collisions(tmp_path):
+    from eaglewire.data.features import FeatureMix
+    from eaglewire.errors import ContractMismatch
+
+    target, vmap, contract = _setup()
+    a, b = tiny_samples(6), tiny_samples(10)[4:]  # ids 4 and 5 are in both: the prefix keeps them apart
+    capture_features(target, contract, a, tmp_path / "a", pad_id=0)
+    capture_features(target, contract, b, tmp_path / "b", pad_id=0)
+    fa, fb = (OfflineFeatures(tmp_path / d, contract, pad_id=0) for d in "ab")
+    mix = FeatureMix(fa, [fb])
+    extra = mix.samples(1)
+    assert [s.id for s in mix.samples(0)] == [s.id for s in fa.samples()]  # the primary's ids (its split) unchanged
+    assert all(s.id.startswith("+1/") for s in extra) and {s.id[3:] for s in extra} & {s.id for s in a}
+    both = mix.batch([fa.samples()[2], extra[0]])
+    alone_a, alone_b = fa.batch([fa.samples()[2]]), fb.batch([fb.samples()[0]])
+    n = alone_b.input_ids.shape[1]
+    assert torch.equal(both.taps[1, :n], alone_b.taps[0]) and torch.equal(both.taps[0, :alone_a.taps.shape[1]], alone_a.taps[0])
+    capture_features(target, contract, b, tmp_path / "c", pad_id=0, dtype=torch.float32)
+    with pytest.raises(ContractMismatch, match="store_dtype"):
+        FeatureMix(fa, [OfflineFeatures(tmp_path / "c", contract, pad_id=0)])
+
+
+def test_supervising_all_positions_adds_the_prompt_tokens():
+    target, vmap, contract = _setup()
+    fb = OnlineFeatures(target, contract, pad_id=0).batch(tiny_samples(3))
+    model = TTTModel(build_draft(target, contract, vmap, TrainConfig(ttt_steps=1)),
+                     target.model.get_output_embeddings().weight.detach(), steps=1, decay=0.8)
+    answers, everything = model(fb)[1].counts[0], model(fb, all_positions=True)[1].counts[0]
+    assert 0 < answers < everything
+    assert everything <= int(fb.attention_mask.sum()) - 2 * fb.attention_mask.shape[0]  # no label past the end

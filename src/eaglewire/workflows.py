@@ -62,6 +62,16 @@ def feature_source(target: Any, contract: WiringContract, features: Path | None,
     return OnlineFeatures(target, contract, pad_id=target.pad_id), samples()
 
 
+def mix_in_features(target: Any, contract: WiringContract, primary: Any,
+                    extra_dirs: list[Path]) -> tuple[Any, list[Sample]]:
+    """`primary` (offline features) plus extra directories of the same contract, served as one source;
+    returns it and the extras' samples (all of them train: held-out comes from the primary only)."""
+    from eaglewire.data.features import FeatureMix, OfflineFeatures
+
+    mix = FeatureMix(primary, [OfflineFeatures(d, contract, pad_id=target.pad_id) for d in extra_dirs])
+    return mix, [s for part in range(1, len(mix.parts)) for s in mix.samples(part)]
+
+
 def train_draft(target: Any, contract: WiringContract, vmap: VocabMap, source: Any, train_samples: list[Sample],
                 heldout: list[Sample], cfg: TrainConfig, out: Path, info: DistInfo = DistInfo(), *,
                 resume: bool = False, on_step: Callable[[dict], None] | None = None) -> dict[str, Any]:

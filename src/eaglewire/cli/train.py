@@ -53,8 +53,11 @@ def train_cmd(
     limit: Optional[int] = typer.Option(None, "--limit"),
     heldout_fraction: float = typer.Option(DEFAULT_HELDOUT_FRACTION, "--heldout-fraction"),
     train_limit: Optional[int] = typer.Option(None, "--train-limit", help="Train on only the first N training "
-                                              "samples (held-out set unchanged): data-scaling experiments."),
+                                              "samples of --features (held-out set unchanged): data-scaling "
+                                              "experiments."),
     split_turns: bool = typer.Option(False, "--split-turns"),
+    also_features: Optional[list[Path]] = typer.Option(None, "--also-features", help="Extra feature dirs (same "
+                                                      "taps): every sample trains; held-out comes from --features."),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoints/latest."),
     max_steps: int = typer.Option(T.max_steps, "--max-steps"),
     batch_size: int = typer.Option(T.batch_size, "--batch-size", help="Samples per micro-batch per process."),
@@ -64,6 +67,7 @@ def train_cmd(
     ttt_steps: int = typer.Option(T.ttt_steps, "--ttt-steps", help="Training-time-test unroll length."),
     ttt_decay: float = typer.Option(T.ttt_decay, "--ttt-decay", help="Loss weight decay**position."),
     loss: str = typer.Option(T.loss, "--loss", help="soft_ce or forward_kl."),
+    supervise: str = typer.Option(T.supervise, "--supervise", help="answers, or all (prompt tokens too)."),
     num_layers: int = typer.Option(T.num_layers, "--num-layers", help="Draft decoder layers."),
     init_layers_from_target: bool = typer.Option(T.init_layers_from_target, "--init-layers-from-target",
                                                  help="Start the draft's layers from the target's top layers."),
@@ -81,11 +85,11 @@ def train_cmd(
     from eaglewire.data.samples import split_heldout
     from eaglewire.train import dist
     from eaglewire.vocab import load_vocab
-    from eaglewire.workflows import feature_source, train_draft
+    from eaglewire.workflows import feature_source, mix_in_features, train_draft
 
     cfg = TrainConfig(max_steps=max_steps, batch_size=batch_size, grad_accum=grad_accum, lr=lr,
                       warmup_steps=warmup_steps, ttt_steps=ttt_steps, ttt_decay=ttt_decay, loss=loss,
-                      num_layers=num_layers, init_layers_from_target=init_layers_from_target, eval_every=eval_every,
+                      supervise=supervise, num_layers=num_layers, init_layers_from_target=init_layers_from_target, eval_every=eval_every,
                       ckpt_every=ckpt_every, seed=seed, dtype=dtype, init_from=str(init_from) if init_from else "",
                       snapshot_steps=tuple(parse_ints(snapshot_steps)) if snapshot_steps else ())
     if (data is None) == (features is None):
@@ -100,6 +104,12 @@ def train_cmd(
                                      lambda: read_samples(tgt, data, max_length, limit, split_turns))
     train_samples, heldout = split_heldout(samples, heldout_fraction)
     train_samples = train_samples[:train_limit]
+    if also_features:
+        if features is None:
+            raise EaglewireError("--also-features needs --features", expected="a primary feature dir",
+                                 found="--data (online mode)")
+        source, extra = mix_in_features(tgt, contract, source, also_features)
+        train_samples += extra
     err_console.print(f"{len(train_samples)} training / {len(heldout)} held-out samples; taps "
                       f"{list(contract.taps)}; contract {contract.fingerprint()}; rank {info.rank}/{info.world_size}")
     summary = train_draft(tgt, contract, vmap, source, train_samples, heldout, cfg, out, info, resume=resume,

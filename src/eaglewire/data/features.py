@@ -238,22 +238,65 @@ class OfflineFeatures:
             out += [Sample(n, ids[off[j]:off[j + 1]], mask[off[j]:off[j + 1]]) for j, n in enumerate(names)]
         return out
 
-    def batch(self, samples: list[Sample]) -> FeatureBatch:
+    def rows(self, samples: list[Sample]) -> list[dict[str, torch.Tensor]]:
+        """Each sample's per-token tensors, as stored (bf16 taps stay bf16 until collation)."""
         rows = []
         for s in samples:
             k, j = self.index[s.id]
             sh = self._shard(k)
             a, b = int(sh["offsets"][j]), int(sh["offsets"][j + 1])
             rows.append({n: sh[n][a:b] for n in _ROW_KEYS if n in sh})
-        ids, loss, attn = collate([Sample("", r["input_ids"], r["loss_mask"]) for r in rows], self.pad_id)
-        B, T = ids.shape
-        taps = torch.zeros(B, T, rows[0]["taps"].shape[-1])
-        hid = torch.zeros(B, T, rows[0]["final_hidden"].shape[-1])
-        top1 = torch.zeros(B, T, dtype=torch.long) if all("target_top1" in r for r in rows) else None
-        for i, r in enumerate(rows):
-            n = len(r["input_ids"])
-            taps[i, :n], hid[i, :n] = r["taps"].float(), r["final_hidden"].float()
-            if top1 is not None:
-                top1[i, :n] = r["target_top1"].long()
-        return FeatureBatch(ids, loss, attn, taps, hid, top1)
+        return rows
 
+    def batch(self, samples: list[Sample]) -> FeatureBatch:
+        return collate_rows(self.rows(samples), self.pad_id)
+
+
+def collate_rows(rows: list[dict[str, torch.Tensor]], pad_id: int) -> FeatureBatch:
+    """Stored rows -> one right-padded FeatureBatch (taps and final state back in fp32 for the loss)."""
+    ids, loss, attn = collate([Sample("", r["input_ids"], r["loss_mask"]) for r in rows], pad_id)
+    B, T = ids.shape
+    taps = torch.zeros(B, T, rows[0]["taps"].shape[-1])  # [B, T, n*H_t]
+    hid = torch.zeros(B, T, rows[0]["final_hidden"].shape[-1])  # [B, T, H_t]
+    top1 = torch.zeros(B, T, dtype=torch.long) if all("target_top1" in r for r in rows) else None
+    for i, r in enumerate(rows):
+        n = len(r["input_ids"])
+        taps[i, :n], hid[i, :n] = r["taps"].float(), r["final_hidden"].float()
+        if top1 is not None:
+            top1[i, :n] = r["target_top1"].long()
+    return FeatureBatch(ids, loss, attn, taps, hid, top1)
+
+
+class FeatureMix:
+    """A primary feature directory plus extra ones of the same contract and target dtype, served as one.
+
+    The primary's sample ids are kept as they are (its held-out split is unchanged); the extras' get a
+    `+N/` prefix (N = their position), so ids of two directories never collide. What is held out and
+    what trains is the caller's choice (`eaglewire train`: held-out from the primary only)."""
+
+    def __init__(self, primary: OfflineFeatures, extras: list[OfflineFeatures]) -> None:
+        for e in extras:
+            for key in ("target_dtype", "store_dtype"):
+                if e.manifest.get(key) != primary.manifest.get(key):
+                    raise ContractMismatch(f"features in {e.dir} and {primary.dir} differ in {key}",
+                                           expected=str(primary.manifest.get(key)), found=str(e.manifest.get(key)),
+                                           fix="capture the extra directory with the same --target-dtype/--store-dtype")
+        self.parts, self.pad_id = [primary, *extras], primary.pad_id
+
+    @staticmethod
+    def _split(sid: str) -> tuple[int, str]:
+        if sid.startswith("+") and "/" in sid:
+            n, rest = sid[1:].split("/", 1)
+            return int(n), rest
+        return 0, sid
+
+    def samples(self, part: int) -> list[Sample]:
+        prefix = f"+{part}/" if part else ""
+        return [Sample(prefix + s.id, s.input_ids, s.loss_mask) for s in self.parts[part].samples()]
+
+    def batch(self, samples: list[Sample]) -> FeatureBatch:
+        rows = []
+        for s in samples:
+            part, sid = self._split(s.id)
+            rows += self.parts[part].rows([Sample(sid, s.input_ids, s.loss_mask)])
+        return collate_rows(rows, self.pad_id)

@@ -62,6 +62,7 @@ class TrainConfig:
     ttt_steps: int = 7
     ttt_decay: float = 0.8
     loss: str = "soft_ce"  # or "forward_kl"
+    supervise: str = "answers"  # or "all": prompt tokens too (measured: benchmarks/results/recipe)
     num_layers: int = 1
     eval_every: int = 50
     eval_batches: int = 8
@@ -237,6 +238,8 @@ def train(target: Any, contract: WiringContract, vmap: VocabMap, features: Any, 
           heldout: list[Sample], c: TrainConfig, out: Path, info: DistInfo = DistInfo(), *, resume: bool = False,
           on_step: Callable[[dict], None] | None = None, stop_at: int | None = None) -> dict:
     """Train a draft; returns the last held-out evaluation. `stop_at` simulates a kill (tests)."""
+    if c.supervise not in ("answers", "all"):
+        raise ValueError(f"supervise must be 'answers' or 'all', not {c.supervise!r}")
     out = Path(out)
     metrics = out / "metrics.jsonl"
     torch.manual_seed(c.seed)
@@ -301,7 +304,7 @@ def _train_step(ddp: Any, model: TTTModel, opt: torch.optim.Optimizer, params: l
         sync = micro == c.grad_accum - 1 or not info.enabled
         ctx = ddp.no_sync() if not sync else nullcontext()
         with ctx, _autocast(info, c.dtype):
-            loss, st = ddp(fb)
+            loss, st = ddp(fb, all_positions=c.supervise == "all")
             (loss / c.grad_accum).backward()
         stats.append(st)
         loss_sum += float(loss.detach()) / c.grad_accum

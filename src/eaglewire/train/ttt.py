@@ -75,7 +75,9 @@ class TTTModel(nn.Module):
             return fb.target_top1.long()
         return (fb.final_hidden.float() @ self.target_head.float().T).argmax(-1)
 
-    def forward(self, fb: FeatureBatch) -> tuple[torch.Tensor, TTTStats]:
+    def forward(self, fb: FeatureBatch, all_positions: bool = False) -> tuple[torch.Tensor, TTTStats]:
+        """`all_positions` also supervises prompt tokens (the target's distribution there is as real; the
+        draft runs over them anyway): more signal per step. Evaluation always scores answers only."""
         d = self.draft
         B, T = fb.input_ids.shape
         # Targets in fp32 whatever the autocast dtype: soft labels are compared across TTT steps and runs.
@@ -89,7 +91,8 @@ class TTTModel(nn.Module):
             out = d.step(shift_left(fb.input_ids, 1 + k), hidden, base_pos + k,
                          ttt_attention_mask(T, k, fb.input_ids.device), past, compute_logits=False)
             hidden, past = out.hidden, out.kv
-            mask = (shift_left(fb.loss_mask, 2 + k) > 0) & shift_left(in_vocab, 1 + k, False)  # [B, T]
+            trained = fb.attention_mask if all_positions else fb.loss_mask
+            mask = (shift_left(trained, 2 + k) > 0) & shift_left(in_vocab, 1 + k, False)  # [B, T]
             rows = mask.nonzero(as_tuple=True)
             # head and softmax only at supervised positions: p_{t+1+k} sits at column t+1+k of p_draft
             loss_k, correct = self._step_loss(d.lm_head(out.normed[rows]), p_draft[rows[0], rows[1] + 1 + k])
