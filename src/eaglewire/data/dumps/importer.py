@@ -31,8 +31,9 @@ from eaglewire.contract import to_engine
 from eaglewire.data.dumps.readers import CONVENTION, POST_NORM, PRE_NORM, Dump, DumpSample, open_dump
 from eaglewire.data.dumps.report import declared_boundaries, describe_mismatch, expected_last, identify_sample
 from eaglewire.data.features import DEFAULT_STORE_DTYPE, features_view, pack_rows, target_top1, write_feature_dir
-from eaglewire.errors import ContractMismatch, EaglewireError
+from eaglewire.errors import ContractMismatch, EaglewireError, TranslationError
 from eaglewire.target.loader import Target
+
 
 def verify_sample(target: Target, sample: DumpSample, taps: tuple[int, ...], last: int | str) -> str | None:
     """None if the sample's stored states are the target's boundaries `taps` (and `last`), else why not."""
@@ -72,6 +73,23 @@ def _check_layout(dump: Dump, first: DumpSample, target: Target, taps: tuple[int
                                fix="pass --taps with the layer ids the dump was captured with, or re-capture")
 
 
+def _verify(dump: Dump, ids: list[str], first: DumpSample, target: Target, bounds: tuple[int, ...]) -> None:
+    """Refuse the dump unless these samples hold the declared taps and the format's last state."""
+    last = expected_last(dump, target.num_layers)
+    for sid in ids:
+        sample = first if sid == first.id else dump.read(sid)
+        why = verify_sample(target, sample, bounds, last)
+        if why:
+            try:
+                also = f" ({dump.format} ids {list(to_engine(bounds, CONVENTION[dump.format], target.num_layers))})"
+            except TranslationError:  # declared in another convention, inexpressible in the tool's own
+                also = ""
+            raise ContractMismatch(f"{sample.path}: the dump does not hold what was declared",
+                                   expected=f"taps {list(bounds)}{also}", found=why,
+                                   fix="inspect it (inspect_dump / eaglewire data inspect) and pass the taps "
+                                   "it really holds, or re-capture it")
+
+
 def import_dump(src: Path, fmt: str, target: Target, out: Path, *, taps: Sequence[int] | None = None,
                 taps_from: str | None = None, shard_samples: int = 256, dtype: torch.dtype = DEFAULT_STORE_DTYPE,
                 verify: int = 2, on_shard: Callable[[int, int, int], None] | None = None) -> dict:
@@ -93,16 +111,7 @@ def import_dump(src: Path, fmt: str, target: Target, out: Path, *, taps: Sequenc
     first = dump.read(ids[0])
     bounds = declared_boundaries(dump.format, target.num_layers, taps, taps_from, stored=first.taps.shape[1])
     _check_layout(dump, first, target, bounds)
-    last = expected_last(dump, target.num_layers)
-    for sid in ids[:verify]:
-        sample = first if sid == ids[0] else dump.read(sid)
-        why = verify_sample(target, sample, bounds, last)
-        if why:
-            ids_there = list(to_engine(bounds, CONVENTION[dump.format], target.num_layers))
-            raise ContractMismatch(f"{sample.path}: the dump does not hold what was declared",
-                                   expected=f"taps {list(bounds)} ({dump.format} ids {ids_there})", found=why,
-                                   fix="inspect it (inspect_dump / eaglewire data inspect) and pass the taps "
-                                   "it really holds, or re-capture it")
+    _verify(dump, ids[:verify], first, target, bounds)
     contract = target.contract(bounds)
     head = target.model.get_output_embeddings().weight.detach()  # [V, H]
     sids = {f"{dump.format}:{sid}": sid for sid in ids}  # feature sample id -> the dump's own id
