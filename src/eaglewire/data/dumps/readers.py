@@ -9,7 +9,7 @@ with what the tool says it is (after or before the target's final norm). What a 
 SpecForge (sgl-project/SpecForge), offline EAGLE-3 data: `DIR/rows_{g}-{g+N}/data_{i}.ckpt` (or
 `.ckpt.gz`), one `torch.save` dict per sample, verified in
     scripts/prepare_hidden_states.py (the writer: `DataPoint(input_ids [T], loss_mask [T],
-        hidden_state [1, T, H], aux_hidden_state [1, T, 3H])` saved with `torch.save(asdict(...))`, samples
+        hidden_state [1, T, H], aux_hidden_state [1, T, 3H])`, its `asdict` saved by torch's serializer, samples
         with NaN skipped, `rows_{g}-{g+file_group_size}` groups, `data_{idx}.ckpt`);
     site-packages/specforge/data/preprocessing.py (`OfflineEagle3Dataset`, `process_offline_eagle3_sample`:
         aux_hidden_state is the draft's input, hidden_state the `target` that only the LM head is applied
@@ -39,7 +39,6 @@ from __future__ import annotations
 import gzip
 import io
 import json
-import pickle
 import re
 import zipfile
 from dataclasses import dataclass
@@ -48,6 +47,7 @@ from typing import Protocol
 
 import torch
 from safetensors import SafetensorError, safe_open
+from torch.serialization import get_unsafe_globals_in_checkpoint
 
 from eaglewire.errors import EaglewireError
 
@@ -111,21 +111,26 @@ def _check_lengths(path: Path, shapes: dict[str, int]) -> None:
 
 
 def load_torch_file(path: Path) -> dict:
-    """`torch.load(..., weights_only=True)` only: tensors, dicts, lists and numbers; any other pickled
-    object is refused (a .ckpt is a pickle, and unpickling runs whatever it names)."""
+    """`torch.load(..., weights_only=True)` only: tensors, dicts, lists and numbers. A .ckpt is a pickle and
+    unpickling runs whatever it names, so the globals it would import are listed first (without building
+    anything) and a file that names any is refused with them."""
     try:
         if path.name.endswith(".gz"):
             with gzip.open(path, "rb") as f:  # torch.load needs the zip's central directory at the end
-                obj = torch.load(io.BytesIO(f.read()), map_location="cpu", weights_only=True)
+                src: Path | io.BytesIO = io.BytesIO(f.read())
         else:
-            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except pickle.UnpicklingError as err:
-        refused = [ln.strip() for ln in str(err).splitlines() if "GLOBAL" in ln]  # the object it would build
-        raise _bad(path, "refused: the file needs more than weights_only unpickling",
-                   "a torch.save dict of tensors (weights_only=True loads it)",
-                   refused[0] if refused else str(err).splitlines()[0],
-                   "re-create the sample with the tool's writer; eaglewire never unpickles arbitrary "
-                   "objects") from None
+            src = path
+        unsafe = get_unsafe_globals_in_checkpoint(src)
+        if unsafe:
+            raise _bad(path, "refused: the file needs more than weights_only unpickling",
+                       "a torch.save dict of tensors (weights_only=True loads it)",
+                       f"pickled objects of {unsafe}", "re-create the sample with the tool's writer; eaglewire "
+                       "never unpickles arbitrary objects")
+        if isinstance(src, io.BytesIO):
+            src.seek(0)
+            obj = torch.load(src, map_location="cpu", weights_only=True)
+        else:  # mmap: tensors are paged in when used, not all at once
+            obj = torch.load(src, map_location="cpu", weights_only=True, mmap=True)
     except (RuntimeError, EOFError, OSError, zipfile.BadZipFile) as err:
         raise _bad(path, "cannot be read (truncated or not a torch.save file)",
                    "a complete torch.save file", f"{type(err).__name__}: {str(err).splitlines()[0]}",
