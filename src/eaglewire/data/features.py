@@ -102,12 +102,29 @@ def _shard_ok(path: Path, fingerprint: str, ids: list[str]) -> bool:
     return json.loads(md.get("sample_ids", "[]")) == ids
 
 
+def target_top1(head: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """The target's argmax token at each position: head [V, H] x hidden [T, H] -> [T] int32.
+
+    In the target's own dtype: the full-vocab argmax costs a quarter of a 135M target's forward in fp32, and a
+    bf16 target's top-1 is its bf16 logits' argmax anyway. 512 rows at a time bound the [512, V] logits."""
+    hidden = hidden.to(head.dtype)
+    return torch.cat([(h @ head.T).argmax(-1) for h in hidden.split(512)]).to(torch.int32)
+
+
+def pack_rows(rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Per-sample rows (the _ROW_KEYS, each [T_k, ...]) -> one shard's tensors, with offsets and tap sums."""
+    out = {k: torch.cat([row[k] for row in rows]) for k in _ROW_KEYS}
+    lengths = torch.tensor([len(row["input_ids"]) for row in rows])
+    out["offsets"] = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    taps64 = out["taps"].double()  # [N, n*H]
+    out["stat_sum"], out["stat_sumsq"] = taps64.sum(0), (taps64 ** 2).sum(0)
+    return out
+
+
 def capture_shard(target: Target, contract: WiringContract, samples: list[Sample], pad_id: int,
                   batch_size: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     online = OnlineFeatures(target, contract, pad_id)
-    # [V, H] in the target's own dtype: the full-vocab argmax costs a quarter of a 135M target's forward in
-    # fp32, and a bf16 target's top-1 is its bf16 logits' argmax anyway
-    head = target.model.get_output_embeddings().weight.detach()
+    head = target.model.get_output_embeddings().weight.detach()  # [V, H] in the target's own dtype
     rows: list[dict[str, torch.Tensor] | None] = [None] * len(samples)
     # Batches of similar length (sorted), rows stored back in sample order: padding a 60-token sample to
     # its 1000-token neighbour cost ~3x the target forwards on ShareGPT-like data.
@@ -118,17 +135,10 @@ def capture_shard(target: Target, contract: WiringContract, samples: list[Sample
         for r, j in enumerate(idx):
             n = len(samples[j].input_ids)  # right padding: the first n positions are real
             hid = fb.final_hidden[r, :n]
-            top1 = torch.cat([(h @ head.T).argmax(-1) for h in hid.split(512)])  # before storage
             rows[j] = {"input_ids": fb.input_ids[r, :n], "loss_mask": fb.loss_mask[r, :n],
                        "taps": fb.taps[r, :n].to(dtype), "final_hidden": hid.to(dtype),
-                       "target_top1": top1.to(torch.int32)}
-    parts = {k: [row[k] for row in rows] for k in _ROW_KEYS}
-    out = {k: torch.cat(v) for k, v in parts.items()}
-    lengths = torch.tensor([len(s.input_ids) for s in samples])
-    out["offsets"] = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
-    taps64 = out["taps"].double()
-    out["stat_sum"], out["stat_sumsq"] = taps64.sum(0), (taps64 ** 2).sum(0)
-    return out
+                       "target_top1": target_top1(head, hid)}  # before storage
+    return pack_rows(rows)
 
 
 def capture_features(target: Target, contract: WiringContract, samples: list[Sample], out: Path, *,
@@ -136,14 +146,31 @@ def capture_features(target: Target, contract: WiringContract, samples: list[Sam
                      dtype: torch.dtype = DEFAULT_STORE_DTYPE,
                      on_shard: Callable[[int, int, int], None] | None = None) -> dict:
     """Write (or resume) offline feature shards and the manifest; returns the manifest."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    view = features_view(contract)
-    fp = view.fingerprint()
-    manifest_path = out / "manifest.json"
+    def build(k: int, _ids: list[str]) -> dict[str, torch.Tensor]:
+        chunk = samples[k * shard_samples:(k + 1) * shard_samples]
+        return capture_shard(target, contract, chunk, pad_id, batch_size, dtype)
+
     # The dtype the target ran in is part of what the shards hold (bf16 taps differ from fp32 ones by
     # ~0.5% relative): a directory never mixes the two.
     target_dtype = str(next(target.model.parameters()).dtype).removeprefix("torch.")
+    return write_feature_dir(Path(out), features_view(contract), [s.id for s in samples], build,
+                             shard_samples=shard_samples, target_dtype=target_dtype, store_dtype=dtype,
+                             on_shard=on_shard)
+
+
+def write_feature_dir(out: Path, view: WiringContract, sample_ids: list[str],
+                      build: Callable[[int, list[str]], dict[str, torch.Tensor]], *, shard_samples: int,
+                      target_dtype: str, store_dtype: torch.dtype,
+                      on_shard: Callable[[int, int, int], None] | None = None,
+                      extra: dict | None = None) -> dict:
+    """The shard loop and manifest every producer of feature shards shares (capture, dump import).
+
+    `build(k, ids)` returns shard k's tensors (`pack_rows`); shards already on disk for the same ids and
+    contract are kept, each new one is written to a temp name and renamed, and the manifest comes last, so
+    a killed or failed run leaves only whole shards and resumes at the first missing one. `extra` adds
+    keys to the manifest (an import's source)."""
+    fp = view.fingerprint()
+    manifest_path = out / "manifest.json"
     if manifest_path.exists():
         old = json.loads(manifest_path.read_text())
         view.require_compatible(WiringContract.from_dict(old["contract"]), where=f"features in {out}")
@@ -151,22 +178,24 @@ def capture_features(target: Target, contract: WiringContract, samples: list[Sam
             raise ContractMismatch(f"features in {out} were captured with the target in another dtype",
                                    expected=old.get("target_dtype", "float32"), found=target_dtype,
                                    fix="capture into a new --out, or load the target in the same dtype")
+    out.mkdir(parents=True, exist_ok=True)
     shards = []
-    n_shards = (len(samples) + shard_samples - 1) // shard_samples
+    n_shards = (len(sample_ids) + shard_samples - 1) // shard_samples
     for k in range(n_shards):
-        chunk = samples[k * shard_samples:(k + 1) * shard_samples]
-        ids = [s.id for s in chunk]
+        ids = sample_ids[k * shard_samples:(k + 1) * shard_samples]
         path = _shard_path(out, k)
         if not _shard_ok(path, fp, ids):
-            tensors = capture_shard(target, contract, chunk, pad_id, batch_size, dtype)
-            atomic_save_safetensors(tensors, path, {"format": FORMAT, "contract": fp, "sample_ids": json.dumps(ids)})
-        shards.append({"file": path.name, "samples": len(chunk), "tokens": sum(len(s.input_ids) for s in chunk)})
+            atomic_save_safetensors(build(k, ids), path,
+                                    {"format": FORMAT, "contract": fp, "sample_ids": json.dumps(ids)})
+        with safe_open(str(path), framework="pt") as f:
+            tokens = int(f.get_tensor("offsets")[-1])
+        shards.append({"file": path.name, "samples": len(ids), "tokens": tokens})
         if on_shard:
-            on_shard(k + 1, n_shards, shards[-1]["tokens"])
+            on_shard(k + 1, n_shards, tokens)
     manifest = {"format": FORMAT, "contract": view.to_dict(), "shards": shards, "target_dtype": target_dtype,
-                "store_dtype": str(dtype).removeprefix("torch."),
-                "tokens": sum(s["tokens"] for s in shards), "samples": len(samples),
-                "tap_stats": _tap_stats(out, shards, view.taps)}
+                "store_dtype": str(store_dtype).removeprefix("torch."),
+                "tokens": sum(s["tokens"] for s in shards), "samples": len(sample_ids),
+                "tap_stats": _tap_stats(out, shards, view.taps), **(extra or {})}
     atomic_write_json(manifest_path, manifest)
     return manifest
 

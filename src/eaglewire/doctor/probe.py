@@ -92,17 +92,18 @@ def probe(target: Any, dump: Path, contract: WiringContract, ids: list[int] | No
     if received == trained:
         return ProbeResult(received, trained, W, H, True, f"the draft received boundaries {trained}, as trained")
     if len(received) == 1 and len(trained) > 1:
-        msg = (f"the draft received ONE {W}-wide state ({_name(received[0])}) instead of {len(trained)} taps "
+        msg = (f"the draft received ONE {W}-wide state ({boundary_label(received[0])}) instead of {len(trained)} taps "
                f"({len(trained) * H} wide): aux hidden-state capture is off (use_aux_hidden_state / layer ids not "
                "applied); EAGLE/SGLang then skip fc silently because the width equals the draft hidden size")
     else:
-        names = "[" + ", ".join(_name(r) for r in received) + "]"
+        names = "[" + ", ".join(boundary_label(r) for r in received) + "]"
         msg = (f"the draft received boundaries {names}; it was trained on {trained}"
                + (" (same layers, other order)" if sorted(map(str, received)) == sorted(map(str, trained)) else ""))
     return ProbeResult(received, trained, W, H, False, msg)
 
 
-def _name(r: int | str | None) -> str:
+def boundary_label(r: int | str | None) -> str:
+    """How reports name an identified chunk: a boundary, "0 (embedding)", "post-norm" or "unrecognised"."""
     if r is None:
         return "unrecognised"
     if r == 0:
