@@ -100,3 +100,25 @@ def test_short_real_target_training_run(tmp_path):
          "--batch-size", 2, "--ttt-steps", 2, "--eval-every", 2, "--heldout-fraction", 0.3)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["contract"]["target"]["num_layers"] == 30 and summary["contract"]["draft_vocab_size"] == 2048
+
+
+def test_data_import_and_inspect_commands(tiny_dir, tmp_path):
+    from dump_writers import write_specforge
+
+    from eaglewire.data.samples import load_samples
+    from eaglewire.target.loader import load_target
+
+    tgt = load_target(str(tiny_dir))
+    samples = load_samples(str(tiny_dir / "convs.jsonl"), tgt.tokenizer, max_length=64, limit=4)[0]
+    write_specforge(tmp_path / "good", tgt, samples, stored=(2, 4, 5))  # SpecForge's default ids [1, 3, 4]
+    write_specforge(tmp_path / "seeds", tgt, samples, stored=(0, 2, 4))  # the embedding where l1 was meant
+    r = _run("data", "inspect", tmp_path / "good", "--target", tiny_dir)
+    assert "output of decoder layer 4" in r.output and r.output.rstrip().endswith("OK")
+    bad = CliRunner().invoke(app, ["data", "inspect", str(tmp_path / "seeds"), "--target", str(tiny_dir)])
+    assert bad.exit_code == 1 and "embedding" in bad.output, bad.output
+    _run("data", "import", tmp_path / "good", "--target", tiny_dir, "--out", tmp_path / "feat")
+    manifest = json.loads((tmp_path / "feat" / "manifest.json").read_text())
+    assert manifest["contract"]["taps"] == [2, 4, 5] and manifest["samples"] == len(samples)
+    refused = CliRunner().invoke(app, ["data", "import", str(tmp_path / "seeds"), "--target", str(tiny_dir),
+                                       "--out", str(tmp_path / "feat2")])
+    assert refused.exit_code != 0 and not (tmp_path / "feat2" / "manifest.json").exists()

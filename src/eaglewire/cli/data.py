@@ -1,4 +1,4 @@
-"""`eaglewire data regenerate|show|capture`: parse, call the library, print."""
+"""`eaglewire data regenerate|show|capture|import|inspect`: parse, call the library, print."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from eaglewire.cli.common import DATA_HELP, add_command, err_console, load_target, out_console, parse_dtype, \
-    parse_taps, read_samples
+    parse_ints, parse_taps, read_samples
 from eaglewire.data.conversations import DEFAULT_SOURCE, ReadStats
 from eaglewire.data.regenerate import GenerationSettings, RegenStats, regenerate
 from eaglewire.data.samples import DEFAULT_MAX_LENGTH
@@ -161,10 +161,70 @@ def capture_cmd(
                       f"{len(manifest['shards'])} shards -> {out} (contract {contract.fingerprint()})")
 
 
+def import_cmd(
+    src: Path = typer.Argument(..., help="The dump: SpecForge's rows_*/data_*.ckpt[.gz] dir, or speculators' "
+                               "Arrow dataset with hidden_states/hs_*.safetensors."),
+    fmt: str = typer.Option("auto", "--format", help="specforge, speculators or auto (from the layout)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Feature directory to write (resumes if it exists)."),
+    target: Optional[str] = typer.Option(None, "--target", "-t"),
+    taps: Optional[str] = typer.Option(None, "--taps", help="The layer ids the tool was run with (default: "
+                                       "its default ids for this target)."),
+    taps_from: Optional[str] = typer.Option(None, "--taps-from", help="Their convention (default: the "
+                                            "format's own: specforge, or vllm for speculators)."),
+    shard_samples: int = typer.Option(256, "--shard-samples"),
+    store_dtype: str = typer.Option("bfloat16", "--store-dtype"),
+    verify: int = typer.Option(2, "--verify", help="Samples checked against the target's own forward before "
+                               "anything is written (0 skips, for a target too large to run here)."),
+) -> None:
+    """Import a SpecForge or speculators hidden-state dump as eaglewire feature shards (streamed, resumable)."""
+    import torch
+
+    from eaglewire.data.dumps import import_dump
+
+    store = getattr(torch, parse_dtype(store_dtype, DTYPES, "--store-dtype"))
+    tgt = load_target(target)
+    with Progress(console=err_console) as progress:
+        task = progress.add_task("importing shards", total=None)
+        manifest = import_dump(src, fmt, tgt, out, taps=parse_ints(taps) if taps else None, taps_from=taps_from,
+                               shard_samples=shard_samples, dtype=store, verify=verify,
+                               on_shard=lambda k, n, _t: progress.update(task, completed=k, total=n))
+    out_console.print(f"{manifest['samples']} samples, {manifest['tokens']} tokens in {len(manifest['shards'])} "
+                      f"shards -> {out} (taps {manifest['contract']['taps']} as boundaries; from {src})")
+
+
+def inspect_cmd(
+    src: Path = typer.Argument(..., help="A SpecForge or speculators dump, or an eaglewire feature directory."),
+    fmt: str = typer.Option("auto", "--format", help="specforge, speculators, eaglewire or auto."),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help="Name the stored boundaries by comparing "
+                                         "a few samples with this target's own states."),
+    no_target: bool = typer.Option(False, "--no-target", help="Shapes, dtypes, counts and NaNs only."),
+    taps: Optional[str] = typer.Option(None, "--taps", help="The layer ids you believe the dump holds."),
+    taps_from: Optional[str] = typer.Option(None, "--taps-from", help="Their convention (specforge, speculators, "
+                                            "vllm, sglang, boundary; default: the format's own)."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Scan at most N samples for the statistics."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Say what a hidden-state dump holds; exit 1 when it is not what was declared or is damaged."""
+    from eaglewire.data.dumps import inspect_dump
+
+    tgt = None if no_target else load_target(target)
+    report = inspect_dump(src, fmt, tgt, declared_taps=parse_ints(taps) if taps else None, taps_from=taps_from,
+                          limit=limit)
+    if as_json:
+        out_console.print_json(json.dumps(report.to_dict()))
+    else:
+        out_console.print("\n".join(report.lines()))
+    if not report.ok:
+        raise typer.Exit(1)
+
+
 def register(app: typer.Typer) -> None:
-    data_app = typer.Typer(help="Training data: regenerate answers, inspect loss masks, capture features.",
+    data_app = typer.Typer(help="Training data: regenerate answers, inspect loss masks, capture features, "
+                           "import and inspect other tools' hidden-state dumps.",
                            no_args_is_help=True)
     add_command(data_app, regenerate_cmd, "regenerate")
     add_command(data_app, show_cmd, "show")
     add_command(data_app, capture_cmd, "capture")
+    add_command(data_app, import_cmd, "import")
+    add_command(data_app, inspect_cmd, "inspect")
     app.add_typer(data_app, name="data")
