@@ -7,7 +7,7 @@ draft vocab (all V rows only for shards without a stored target top-1), the fina
 target's safetensors files; the model itself is a skeleton on the meta device (module structure and
 config, no storage), so the names and the identity come from the same code as a loaded `Target`'s and
 the features' contract check stays exactly as strict. SpecForge's offline trainer does not load the
-target either. Memory: 135M SmolLM2 target, README "Training".
+target either. Peak memory of `eaglewire train --features` before and after: README, "Train a draft".
 """
 
 from __future__ import annotations

@@ -243,13 +243,7 @@ def train(target: Any, contract: WiringContract, vmap: VocabMap, features: Any, 
     metrics = out / "metrics.jsonl"
     torch.manual_seed(c.seed)
     draft = build_draft(target, contract, vmap, c).to(info.device)
-    # Shards that store the target's top-1 need only the draft vocab's head rows ([V_d, H]); the full
-    # [V, H] head (its argmax) only for shards captured before top-1 was stored, and online.
-    full = not getattr(features, "stores_target_top1", False)
-    head = target.head_rows(None if full else vmap.target_ids).detach().to(info.device)
-    model = TTTModel(draft, head if full else None, draft_head=None if full else head, steps=c.ttt_steps,
-                     decay=c.ttt_decay, loss=c.loss, world_size=info.world_size,
-                     reduce_count=lambda x: all_reduce_sum(x, info))
+    model = _ttt_model(draft, target, vmap, features, c, info)
     names = [n for n, p in draft.named_parameters() if p.requires_grad]
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=c.lr, betas=(c.beta1, c.beta2), weight_decay=c.weight_decay, eps=1e-8)
@@ -292,6 +286,17 @@ def train(target: Any, contract: WiringContract, vmap: VocabMap, features: Any, 
     if info.is_main:
         save_checkpoint(draft, contract, out / "draft")
     return last_eval
+
+
+def _ttt_model(draft: Eagle3Draft, target: Any, vmap: VocabMap, features: Any, c: TrainConfig,
+               info: DistInfo) -> TTTModel:
+    """The draft and its TTT loss. Shards that store the target's top-1 need only the draft vocab's head rows
+    ([V_d, H]); the full [V, H] head (its argmax) only for shards captured before top-1 was stored, and online."""
+    full = not getattr(features, "stores_target_top1", False)
+    head = target.head_rows(None if full else vmap.target_ids).detach().to(info.device)
+    return TTTModel(draft, head if full else None, draft_head=None if full else head, steps=c.ttt_steps,
+                    decay=c.ttt_decay, loss=c.loss, world_size=info.world_size,
+                    reduce_count=lambda x: all_reduce_sum(x, info))
 
 
 def _train_step(ddp: Any, model: TTTModel, opt: torch.optim.Optimizer, params: list, stream: MicroBatches,
