@@ -90,6 +90,30 @@ def test_train_refuses_features_of_other_taps(tiny_dir, tmp_path):
     assert r.exit_code == 2 and "another wiring contract" in r.output and "taps" in r.output
 
 
+def test_train_from_features_never_loads_the_target(tiny_dir, tmp_path, monkeypatch):
+    """Offline: the taps come from the manifest (non-default ones, no --taps given) and the target model is
+    never loaded; an explicit --taps that disagrees is refused naming both lists."""
+    import transformers
+
+    data = tiny_dir / "convs.jsonl"
+    _run("vocab", "build", "--target", tiny_dir, "--data", data, "--out", tmp_path / "v.safetensors",
+         "--draft-vocab-size", 512)
+    _run("data", "capture", "--target", tiny_dir, "--data", data, "--out", tmp_path / "feat", "--limit", 12,
+         "--taps", "1,3,6")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("offline training loaded the target model")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
+    common = ["--target", tiny_dir, "--features", tmp_path / "feat", "--vocab", tmp_path / "v.safetensors",
+              "--max-steps", 2, "--eval-every", 2, "--batch-size", 2, "--ttt-steps", 2, "--heldout-fraction", 0.2]
+    r = _run("train", "--out", tmp_path / "o", *common)
+    assert "taps [1, 3, 6]" in r.output
+    assert json.loads((tmp_path / "o" / "summary.json").read_text())["contract"]["taps"] == [1, 3, 6]
+    r = CliRunner().invoke(app, ["train", "--out", str(tmp_path / "o2"), "--taps", "2,4,5", *map(str, common)])
+    assert r.exit_code == 2 and "taps [2, 4, 5]" in r.output and "taps [1, 3, 6]" in r.output
+
+
 @pytest.mark.real_target
 def test_short_real_target_training_run(tmp_path):
     """Two TTT steps on the real SmolLM2 target, online features: the real path cannot rot."""

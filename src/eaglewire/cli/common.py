@@ -50,6 +50,16 @@ def load_target(target: Optional[str], **kwargs: Any) -> Any:
         return load(target, **kwargs)
 
 
+def load_target_weights(target: Optional[str]) -> Any:
+    """The target's config, tokenizer and weight index, not its weights (offline training reads a few
+    tensors by name): target.weights.load_target_weights, with the same status line."""
+    from eaglewire.target.weights import load_target_weights as load
+
+    with err_console.status("reading the target's config and weight index (the first run converts the embedded "
+                            "GGUF, ~30 s)"):
+        return load(target)
+
+
 def parse_ints(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in text.replace(" ", "").split(",") if x)

@@ -7,10 +7,10 @@ from typing import Any, Optional
 
 import typer
 
-from eaglewire.cli.common import DATA_HELP, add_command, err_console, load_target, out_console, parse_ints, \
-    parse_taps, read_samples
+from eaglewire.cli.common import DATA_HELP, add_command, err_console, load_target, load_target_weights, \
+    out_console, parse_ints, parse_taps, read_samples
 from eaglewire.data.samples import DEFAULT_HELDOUT_FRACTION, DEFAULT_MAX_LENGTH
-from eaglewire.errors import EaglewireError
+from eaglewire.errors import EaglewireError, TargetError
 from eaglewire.train.loop import TrainConfig
 from eaglewire.vocab import DEFAULT_DRAFT_VOCAB
 
@@ -47,7 +47,8 @@ def train_cmd(
     vocab: Path = typer.Option(..., "--vocab", help="Vocab map from `vocab build`."),
     out: Path = typer.Option(..., "--out", "-o", help="Run directory: metrics, checkpoints, final draft."),
     target: Optional[str] = typer.Option(None, "--target", "-t"),
-    taps: Optional[str] = typer.Option(None, "--taps"),
+    taps: Optional[str] = typer.Option(None, "--taps", help="Online: the taps to capture (default [2, L//2, L-3]). "
+                                       "Offline: read from the features' manifest; if given, it must agree."),
     taps_from: str = typer.Option("boundary", "--taps-from"),
     max_length: int = typer.Option(DEFAULT_MAX_LENGTH, "--max-length"),
     limit: Optional[int] = typer.Option(None, "--limit"),
@@ -96,10 +97,9 @@ def train_cmd(
         raise EaglewireError("give exactly one data source", expected="--data (online) or --features (offline)",
                              found=f"--data={data}, --features={features}")
     info = dist.setup()
-    tgt = load_target(target)
-    tgt.model.to(info.device)
+    tgt, tap_list = _target_and_taps(target, features, taps, taps_from, info.device)
     vmap, _, _ = load_vocab(vocab)
-    contract = tgt.contract(parse_taps(tgt, taps, taps_from), vocab_map=vmap)
+    contract = tgt.contract(tap_list, vocab_map=vmap)
     source, samples = feature_source(tgt, contract, features,
                                      lambda: read_samples(tgt, data, max_length, limit, split_turns))
     train_samples, heldout = split_heldout(samples, heldout_fraction)
@@ -119,6 +119,25 @@ def train_cmd(
         out_console.print(f"draft -> {out / 'draft'}; held-out top-1 accuracy per position: "
                           + ", ".join(f"{a:.3f}" for a in acc) + f"; curves -> {out / 'training.png'}")
     dist.teardown(info)
+
+
+def _target_and_taps(target: Optional[str], features: Optional[Path], taps: Optional[str], taps_from: str,
+                     device: str) -> tuple[Any, tuple[int, ...]]:
+    """Online: the loaded target and --taps (default taps when omitted). Offline: the target's config,
+    tokenizer and weight index only (the draft's few tensors are read by name; the model is never loaded)
+    and the taps of the features' manifest (an explicit --taps must agree)."""
+    from eaglewire.data.features import captured_taps
+
+    if features is None:
+        tgt = load_target(target)
+        tgt.model.to(device)
+        return tgt, parse_taps(tgt, taps, taps_from)
+    try:
+        tgt = load_target_weights(target)
+    except TargetError as err:  # no safetensors, or names only transformers' load-time mapping knows
+        err_console.print(f"note: loading the whole target, its tensors cannot be read by name: {err.what}")
+        tgt = load_target(target)
+    return tgt, captured_taps(features, parse_taps(tgt, taps, taps_from) if taps else None)
 
 
 def _print_step(r: dict[str, Any], is_main: bool) -> None:

@@ -76,6 +76,8 @@ def collate(samples: list[Sample], pad_id: int) -> tuple[torch.Tensor, torch.Ten
 class OnlineFeatures:
     """Runs the target on each batch (no disk; costs one target forward per batch per epoch)."""
 
+    stores_target_top1 = False  # batches bring no top-1: training computes it with the full head
+
     def __init__(self, target: Target, contract: WiringContract, pad_id: int) -> None:
         self.target, self.contract, self.pad_id = target, contract, pad_id
 
@@ -215,23 +217,47 @@ def _tap_stats(out: Path, shards: list[dict], taps: tuple[int, ...]) -> dict:
             "mean": [c.tolist() for c in mean.float().chunk(n)], "std": [c.tolist() for c in std.float().chunk(n)]}
 
 
+def read_manifest(directory: Path) -> dict:
+    """The manifest of a `data capture` directory (format checked)."""
+    path = Path(directory) / "manifest.json"
+    if not path.is_file():
+        raise ContractMismatch(f"{directory} is not an eaglewire feature directory", expected=f"{path} ({FORMAT})",
+                               found="no manifest.json", fix="point --features at the --out of `data capture`")
+    manifest = json.loads(path.read_text())
+    if manifest.get("format") != FORMAT:
+        raise ContractMismatch(f"{directory} is not an eaglewire feature directory", expected=FORMAT,
+                               found=str(manifest.get("format")))
+    return manifest
+
+
+def captured_taps(directory: Path, requested: tuple[int, ...] | None = None) -> tuple[int, ...]:
+    """The taps (boundaries) the features in `directory` were captured at, from its manifest. A
+    `requested` tap list (an explicit --taps) must be the same: features hold no other boundary."""
+    taps = tuple(read_manifest(directory)["contract"]["taps"])
+    if requested is not None and tuple(requested) != taps:
+        raise ContractMismatch(f"features in {directory} were captured for another wiring contract (taps differ)",
+                               expected=f"taps {list(requested)} (boundaries, from --taps)",
+                               found=f"taps {list(taps)} (the features' manifest)",
+                               fix="drop --taps (the manifest's are used), or capture features at these taps")
+    return taps
+
+
 class OfflineFeatures:
     """Serves FeatureBatches from shards; refuses shards made for another contract."""
 
     def __init__(self, directory: Path, contract: WiringContract, pad_id: int,
                  max_cached_shards: int | None = None) -> None:
         self.dir, self.pad_id = Path(directory), pad_id
-        manifest = json.loads((self.dir / "manifest.json").read_text())
-        if manifest.get("format") != FORMAT:
-            raise ContractMismatch(f"{directory} is not an eaglewire feature directory", expected=FORMAT,
-                                   found=str(manifest.get("format")))
+        manifest = read_manifest(self.dir)
         self.view = features_view(contract)
         self.view.require_compatible(WiringContract.from_dict(manifest["contract"]), where=f"features in {directory}")
         self.manifest = manifest
         self.index: dict[str, tuple[int, int]] = {}
+        self.stores_target_top1 = True  # every shard holds target_top1: training needs V_d head rows only
         for k, sh in enumerate(manifest["shards"]):
             with safe_open(str(self.dir / sh["file"]), framework="pt") as f:
                 md = f.metadata() or {}
+                self.stores_target_top1 &= "target_top1" in f.keys()
             if md.get("contract") != self.view.fingerprint():
                 raise ContractMismatch(f"shard {sh['file']} was captured for another wiring contract",
                                        expected=self.view.fingerprint(), found=str(md.get("contract")))
@@ -311,6 +337,7 @@ class FeatureMix:
                                            expected=str(primary.manifest.get(key)), found=str(e.manifest.get(key)),
                                            fix="capture the extra directory with the same --target-dtype/--store-dtype")
         self.parts, self.pad_id = [primary, *extras], primary.pad_id
+        self.stores_target_top1 = all(p.stores_target_top1 for p in self.parts)
 
     @staticmethod
     def _split(sid: str) -> tuple[int, str]:

@@ -84,7 +84,7 @@ def load_strict(cfg: DraftConfig, contract: WiringContract, tensors: dict[str, t
     if EMBED_KEY in tensors:
         draft.embedding_attached = True
     elif target is not None:
-        draft.attach_embedding(target.embed_tokens.weight.to(draft.fc.weight.dtype))
+        draft.attach_embedding(target.embedding().to(draft.fc.weight.dtype))
     for name, p in draft.named_parameters():
         if (name != EMBED_KEY or draft.embedding_attached) and torch.isnan(p).any():
             raise CheckpointError(f"{where}: weight {name!r} was never loaded (NaN sentinel remains)")

@@ -104,6 +104,24 @@ class Target:
             vocab_map_sha256=vocab_map.sha256() if vocab_map is not None else None,
             chat_template_sha256=sha256_text(self.chat_template))
 
+    # ---- the tensors a draft is built from (TargetWeights reads the same ones from the weight files) ----
+    def embedding(self) -> torch.Tensor:
+        """[V, H] the input embedding (the draft shares it, frozen)."""
+        return self.embed_tokens.weight
+
+    def head_rows(self, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """[len(ids), H] the output head's rows for target ids `ids` (all V rows when None)."""
+        head = self.model.get_output_embeddings().weight
+        return head if ids is None else head[ids]
+
+    def final_norm_weight(self) -> torch.Tensor | None:
+        """[H] the final norm's scale (None where the norm has none)."""
+        return getattr(self.final_norm, "weight", None)
+
+    def layer_parameters(self, index: int) -> dict[str, torch.Tensor]:
+        """Decoder layer `index`'s parameters by their name inside the layer (e.g. self_attn.q_proj.weight)."""
+        return dict(self.layers[index].named_parameters())
+
     def info(self) -> dict[str, Any]:
         ident = self.identity
         tied = bool(getattr(self.model.config, "tie_word_embeddings", False)
@@ -258,7 +276,7 @@ def resolve_target(spec: str | None) -> tuple[str, Path]:
 def load_target(spec: str | None = None, *, dtype: torch.dtype = torch.float32,
                 with_tokenizer: bool = True) -> Target:
     """Load a target for capture/drafting. fp32 by default: this CPU has no bf16 arithmetic."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     name, path = resolve_target(spec)
     try:
@@ -268,6 +286,12 @@ def load_target(spec: str | None = None, *, dtype: torch.dtype = torch.float32,
         raise TargetError(f"transformers cannot load target {str(path)!r} as a causal LM",
                           expected="a checkpoint AutoModelForCausalLM can load",
                           found=f"model_type={cfg.get('model_type')!r}: {err}") from None
+    return wrap_model(model, name, load_tokenizer(path) if with_tokenizer else None, path)
+
+
+def load_tokenizer(path: Path) -> Any | None:
+    """The tokenizer saved in HF dir `path` (its chat template and padding id), None where it has none."""
+    from transformers import AutoTokenizer
+
     has_tok = any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
-    tok = AutoTokenizer.from_pretrained(path) if with_tokenizer and has_tok else None
-    return wrap_model(model, name, tok, path)
+    return AutoTokenizer.from_pretrained(path) if has_tok else None

@@ -96,12 +96,11 @@ def build_draft(target: Any, contract: WiringContract, vmap: VocabMap, c: TrainC
     with torch.no_grad():
         draft.d2t.copy_(vmap.d2t)
         draft.t2d.copy_(vmap.t2d)
-        head = target.model.get_output_embeddings().weight
-        draft.lm_head.weight.copy_(head[vmap.target_ids])
-        norm_w = getattr(target.final_norm, "weight", None)
+        draft.lm_head.weight.copy_(target.head_rows(vmap.target_ids))  # [V_d, H]
+        norm_w = target.final_norm_weight()
         if norm_w is not None and norm_w.shape == draft.norm.weight.shape:
             draft.norm.weight.copy_(norm_w)
-    draft.attach_embedding(target.embed_tokens.weight)
+    draft.attach_embedding(target.embedding())
     if c.init_layers_from_target:
         init_layers_from_target(draft, target)
     if c.init_from:
@@ -116,7 +115,7 @@ def init_layers_from_target(draft: Eagle3Draft, target: Any) -> None:
     n, L = draft.cfg.num_layers, target.num_layers
     with torch.no_grad():
         for i, layer in enumerate(draft.layers):
-            src = dict(target.layers[L - n + i].named_parameters())
+            src = target.layer_parameters(L - n + i)
             for name, p in layer.named_parameters():
                 if name not in src:
                     continue  # hidden_norm: the draft's own (the target has one input norm per layer)
@@ -244,9 +243,7 @@ def train(target: Any, contract: WiringContract, vmap: VocabMap, features: Any, 
     metrics = out / "metrics.jsonl"
     torch.manual_seed(c.seed)
     draft = build_draft(target, contract, vmap, c).to(info.device)
-    head = target.model.get_output_embeddings().weight.detach().to(info.device)
-    model = TTTModel(draft, head, steps=c.ttt_steps, decay=c.ttt_decay, loss=c.loss, world_size=info.world_size,
-                     reduce_count=lambda x: all_reduce_sum(x, info))
+    model = _ttt_model(draft, target, vmap, features, c, info)
     names = [n for n, p in draft.named_parameters() if p.requires_grad]
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=c.lr, betas=(c.beta1, c.beta2), weight_decay=c.weight_decay, eps=1e-8)
@@ -289,6 +286,17 @@ def train(target: Any, contract: WiringContract, vmap: VocabMap, features: Any, 
     if info.is_main:
         save_checkpoint(draft, contract, out / "draft")
     return last_eval
+
+
+def _ttt_model(draft: Eagle3Draft, target: Any, vmap: VocabMap, features: Any, c: TrainConfig,
+               info: DistInfo) -> TTTModel:
+    """The draft and its TTT loss. Shards that store the target's top-1 need only the draft vocab's head rows
+    ([V_d, H]); the full [V, H] head (its argmax) only for shards captured before top-1 was stored, and online."""
+    full = not getattr(features, "stores_target_top1", False)
+    head = target.head_rows(None if full else vmap.target_ids).detach().to(info.device)
+    return TTTModel(draft, head if full else None, draft_head=None if full else head, steps=c.ttt_steps,
+                    decay=c.ttt_decay, loss=c.loss, world_size=info.world_size,
+                    reduce_count=lambda x: all_reduce_sum(x, info))
 
 
 def _train_step(ddp: Any, model: TTTModel, opt: torch.optim.Optimizer, params: list, stream: MicroBatches,

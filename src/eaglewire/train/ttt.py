@@ -56,23 +56,32 @@ Reducer = Callable[[torch.Tensor], torch.Tensor]  # sums a count over ranks (ide
 class TTTModel(nn.Module):
     """The draft plus its TTT loss, as one module so DDP sees a single forward."""
 
-    def __init__(self, draft: Eagle3Draft, target_head: torch.Tensor, *, steps: int, decay: float,
-                 loss: str = "soft_ce", world_size: int = 1, reduce_count: Reducer | None = None) -> None:
+    def __init__(self, draft: Eagle3Draft, target_head: torch.Tensor | None, *, steps: int, decay: float,
+                 loss: str = "soft_ce", world_size: int = 1, reduce_count: Reducer | None = None,
+                 draft_head: torch.Tensor | None = None) -> None:
+        """`target_head` [V, H_t] the full frozen head; or None with `draft_head` [V_d, H_t], its rows for
+        the draft vocab, when every batch brings the target's top-1 (offline training keeps V_d rows only)."""
         super().__init__()
         if loss not in ("soft_ce", "forward_kl"):
             raise ValueError(f"loss must be soft_ce or forward_kl, not {loss!r}")
+        if (target_head is None) == (draft_head is None):
+            raise ValueError("give the full target head or its draft-vocab rows, exactly one")
         self.draft, self.steps, self.decay, self.loss_kind = draft, steps, decay, loss
-        self.target_head = target_head  # [V, H_t] frozen target lm_head (not a parameter)
+        self.target_head = target_head  # [V, H_t] frozen target lm_head (not a parameter), or None
         # The loss reads the target's logits over the draft vocab only: slicing the head to those rows
         # once (ascending target id = draft order) costs V_d/V of the full [B, T, V] product (1/6 here).
-        self.draft_head = target_head[torch.arange(draft.cfg.draft_vocab_size, device=target_head.device)
-                                      + draft.d2t.to(target_head.device)]  # [V_d, H_t]
+        if draft_head is None:
+            draft_head = target_head[torch.arange(draft.cfg.draft_vocab_size, device=target_head.device)
+                                     + draft.d2t.to(target_head.device)]
+        self.draft_head = draft_head  # [V_d, H_t]
         self.world_size, self.reduce_count = world_size, reduce_count or (lambda x: x)
 
     def target_top1(self, fb: FeatureBatch) -> torch.Tensor:
         """[B, T] the target's greedy token after each position: stored at capture, else the full head."""
         if fb.target_top1 is not None:
             return fb.target_top1.long()
+        if self.target_head is None:
+            raise ValueError("this batch has no stored target top-1 and the model holds no full target head")
         return (fb.final_hidden.float() @ self.target_head.float().T).argmax(-1)
 
     def forward(self, fb: FeatureBatch, all_positions: bool = False) -> tuple[torch.Tensor, TTTStats]:
