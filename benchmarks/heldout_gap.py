@@ -1,0 +1,69 @@
+"""Where does first-position acceptance go between ShareGPT held-out (~0.40) and MT-bench (~0.30)?
+
+Teacher-forced top-1 agreement of a draft, per TTT position, on two sample sets and with the target in two
+dtypes, side by side:
+- ShareGPT held-out: the training data's held-out split (regenerated answers, never trained on);
+- MT-bench: the target's own regenerated answers to MT-bench (an evaluation set: used here to evaluate only).
+fp32 vs bf16 target separates a dtype mismatch (training features were captured with a bf16 target, serving
+runs fp32) from a distribution gap (the same fp32 target on both sets).
+
+    python benchmarks/heldout_gap.py --draft src/eaglewire/assets/drafts/smollm2-135m --samples 48
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from eaglewire.checkpoint import load_checkpoint
+from eaglewire.data.features import OnlineFeatures
+from eaglewire.data.samples import load_samples, split_heldout
+from eaglewire.hw import describe_cpu
+from eaglewire.target.loader import load_target
+from eaglewire.train.ttt import TTTModel
+
+
+@torch.no_grad()
+def agreement(draft, target, samples, steps: int, batch: int = 4) -> dict:
+    """Teacher-forced top-1 agreement per position over answer tokens (what `eaglewire train` reports)."""
+    feats = OnlineFeatures(target, draft.contract, pad_id=target.pad_id)
+    model = TTTModel(draft, target.model.get_output_embeddings().weight.detach().float(), steps=steps, decay=0.8)
+    correct, counts = [0] * steps, [0] * steps
+    for i in range(0, len(samples), batch):
+        fb = feats.batch(samples[i:i + batch])
+        fb.taps, fb.final_hidden = fb.taps.float(), fb.final_hidden.float()
+        _, st = model(fb)
+        correct = [a + b for a, b in zip(correct, st.correct)]
+        counts = [a + b for a, b in zip(counts, st.counts)]
+    return {"acc": [round(c / n, 4) for c, n in zip(correct, counts)], "positions": counts}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--draft", type=Path, default=Path("src/eaglewire/assets/drafts/smollm2-135m"))
+    ap.add_argument("--samples", type=int, default=48)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/recipe/heldout_gap.json"))
+    a = ap.parse_args()
+    targets = {"fp32": load_target(), "bf16": load_target(dtype=torch.bfloat16)}
+    tok = targets["fp32"].tokenizer
+    share, _ = load_samples("smollm2-regen+smollm2-regen-vllm", tok, max_length=1024)
+    sets = {"sharegpt_heldout": split_heldout(share, 0.05)[1][:a.samples],
+            "mtbench_answers": load_samples("smollm2-mtbench-regen", tok, max_length=1024)[0][:a.samples]}
+    out = {"cpu": describe_cpu(), "draft": str(a.draft), "results": {}}
+    for tname, target in targets.items():
+        draft = load_checkpoint(a.draft, target=targets["fp32"]).float()
+        for sname, samples in sets.items():
+            r = agreement(draft, target, samples, a.steps)
+            out["results"][f"{sname}/{tname}"] = r
+            print(f"{sname:18s} target {tname}: top-1 per position {r['acc']} over {r['positions'][0]} tokens",
+                  flush=True)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(out, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

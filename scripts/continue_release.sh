@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One more sitting of training for the released draft: warm-start from the committed release and train on
+# every shipped regenerated conversation (features captured once into the cache; the capture resumes).
+# Training adds up across sittings and machines this way: the state carried over is the committed draft
+# (optimizer and lr schedule start afresh, as `--init-from` documents).
+#   bash scripts/continue_release.sh [WORK_DIR] [MAX_STEPS]
+# Knobs by environment: LR (peak, default 5e-4), SUPERVISE (answers|all), VOCAB (a vocab map file).
+# Resumable: capture continues at the first missing shard, training with --resume from its checkpoint.
+set -euo pipefail
+W="${1:-${EAGLEWIRE_CACHE:-$HOME/.cache/eaglewire}/release-work}"
+STEPS="${2:-700}"
+DATA="smollm2-regen+smollm2-regen-vllm"
+RELEASED=src/eaglewire/assets/drafts/smollm2-135m
+VOCAB="${VOCAB:-$W/vocab.safetensors}"
+OUT="$W/continue-$(date +%Y%m%d)"
+TDTYPE=$(python -c "from eaglewire.hw import native_bf16; print('bfloat16' if native_bf16() else 'float32')")
+[ -f "$VOCAB" ] || eaglewire vocab build --data "$DATA" --limit 2817 --out "$VOCAB" --draft-vocab-size 8000
+eaglewire data capture --data "$DATA" --out "$W/features" --target-dtype "$TDTYPE" --batch-size 8
+RESUME=""; [ -f "$OUT/checkpoints/latest" ] && RESUME="--resume"
+# The warm start is copied once into the run dir: a resume must not read a release this run replaced.
+[ -d "$OUT/init" ] || { mkdir -p "$OUT" && cp -r "$RELEASED" "$OUT/init"; }
+eaglewire train --features "$W/features" --vocab "$VOCAB" --out "$OUT" $RESUME --init-from "$OUT/init" \
+  --max-steps "$STEPS" --batch-size 8 --ttt-steps 3 --lr "${LR:-5e-4}" --warmup-steps 20 \
+  --supervise "${SUPERVISE:-answers}" --eval-every 100 --ckpt-every 50
+echo "release with: python scripts/release_draft.py $OUT"
