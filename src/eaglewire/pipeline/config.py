@@ -69,6 +69,8 @@ class TrainCfg(_Strict):
     ttt_steps: int = Field(T.ttt_steps, ge=1)
     ttt_decay: float = T.ttt_decay
     loss: Literal["soft_ce", "forward_kl"] = T.loss
+    supervise: Literal["answers", "all"] = Field(T.supervise, description="answers, or all: prompt tokens "
+                                                 "supervised too (more signal per step; README, recipe levers)")
     num_layers: int = T.num_layers
     eval_every: int = T.eval_every
     ckpt_every: int = T.ckpt_every
@@ -133,13 +135,14 @@ class RunConfig(_Strict):
 _QUICK: dict[str, Any] = {
     "data": {"conversations": 292}, "vocab": {"draft_vocab_size": 8000},
     "train": {"max_steps": 120, "ttt_steps": 3, "lr": 2e-4, "warmup_steps": 10, "eval_every": 40, "ckpt_every": 40,
-              "init_from": "released"},
+              "init_from": "released", "supervise": "all"},
     "bench": {"prompts": 8, "max_new_tokens": 128, "chain_k": 3}}
 BUDGETS: dict[str, dict[str, Any]] = {
     "quick": _QUICK,
     # the released draft: quick's data and features, 2.5x the training, issue-4 benchmark protocol
     "standard": {**_QUICK,
-                 "train": {"max_steps": 400, "ttt_steps": 3, "warmup_steps": 20, "eval_every": 50, "ckpt_every": 50},
+                 "train": {"max_steps": 400, "ttt_steps": 3, "warmup_steps": 20, "eval_every": 50, "ckpt_every": 50,
+                           "supervise": "all"},
                  "bench": {"prompts": 6, "max_new_tokens": 256, "hf_generate": True}},
     # hours of regeneration on a CPU (a GPU or `data regenerate --server` makes it practical)
     "full": {"data": {"conversations": 4000}, "vocab": {"draft_vocab_size": 16000},
