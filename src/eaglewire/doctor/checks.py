@@ -215,6 +215,8 @@ def fc_width(ins: Inspection, target: Any) -> list[Finding]:
 def norm_flags(ins: Inspection, target: Any) -> list[Finding]:
     trained = ins.contract.norm.__dict__ if ins.contract else {k: bool(ins.config.get(k)) for k in
                                                               ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")}
+    if ins.contract is None and ins.engine.norm_output_is_final_norm:
+        trained["norm_output"] = False  # SpecForge's norm_output is its final norm, not post-norm feedback
     out = []
     for flag, on in trained.items():
         if on and flag not in ins.engine.norms:

@@ -31,8 +31,9 @@ def delivered_taps(ins: Inspection, L: int) -> tuple[Taps | None, str]:
     return decodes(list(ids), ins.engine.convention, L), f"{key}={list(ids)} read by {ins.engine.name}"
 
 
-def candidates(ins: Inspection, L: int, n: int) -> dict[Taps, list[str]]:
-    """Tap sets worth scoring, each with why it is a suspect (only sets of the draft's width n)."""
+def candidates(ins: Inspection, L: int, n: int) -> tuple[dict[Taps, list[str]], tuple[Taps, ...]]:
+    """Tap sets worth scoring, each with why it is a suspect (only sets of the draft's width n), and the
+    ones a reading of the config gives (delivered first: measure's tie-break)."""
     delivered, how = delivered_taps(ins, L)
     ids = engine_ids(ins)[0]
     out: dict[Taps, list[str]] = {}
@@ -47,13 +48,14 @@ def candidates(ins: Inspection, L: int, n: int) -> dict[Taps, list[str]]:
         for conv in CONVENTIONS:
             if conv not in (CANONICAL, ins.engine.convention):
                 add(decodes(list(ids), conv, L), f"the ids read in the {conv} convention")
+    if L >= 8:
+        add(default_taps(L), "the engines' default taps")
+    priors = tuple(out)  # what some reading of this config delivers; the perturbations below are not
     if delivered is not None:
         add(tuple(b + 1 for b in delivered), "delivered +1")
         add(tuple(b - 1 for b in delivered), "delivered -1")
         add((0, *delivered[1:]), "the embedding substituted for the first tap")
-    if L >= 8:
-        add(default_taps(L), "the engines' default taps")
-    return out
+    return out, priors
 
 
 def load_for_measure(ins: Inspection, target: Any, n: int) -> Eagle3Draft:
@@ -83,12 +85,12 @@ def run_measurement(ins: Inspection, target: Any, bounds: Boundaries | None = No
     except EaglewireError as err:
         return None, [Finding("warn", "measured_wiring", f"the wiring was not measured: the draft does not load "
                               f"({err.what})", "the empirical check runs the draft's own weights", err.fix or "")]
-    reasons = candidates(ins, L, n)
+    reasons, priors = candidates(ins, L, n)
     if not reasons:
         return None, [Finding("info", "measured_wiring", f"the wiring was not measured: no {n}-tap candidate",
                               "", "")]
     m = measure(draft, bounds if bounds is not None else sample_target(target), delivered_taps(ins, L)[0],
-                reasons, chain_steps)
+                reasons, chain_steps, priors)
     return m, [finding(m, ins.engine, L)]
 
 

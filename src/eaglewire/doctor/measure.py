@@ -201,8 +201,9 @@ class Measurement:
 
 
 def measure(draft: Eagle3Draft, bounds: Boundaries, delivered: Taps | None, reasons: dict[Taps, list[str]],
-            chain_steps: int = 3) -> Measurement:
-    """Score every labelled candidate, search around the best, and compare the delivered set with it."""
+            chain_steps: int = 3, priors: tuple[Taps, ...] = ()) -> Measurement:
+    """Score every labelled candidate, search around the best, and compare the delivered set with it.
+    `priors`: the sets a reading of the config gives (delivered, other conventions, defaults), in order."""
     L = bounds.num_layers
     pos = positions(bounds, draft, chain_steps)
     scores: dict[Taps, Score] = {}
@@ -214,13 +215,15 @@ def measure(draft: Eagle3Draft, bounds: Boundaries, delivered: Taps | None, reas
 
     for taps in (*reasons, *([delivered] if delivered is not None else [])):
         score(taps)
-    suspect = min(scores, key=lambda t: scores[t].mean_nll)  # the best of the known miswirings (and delivered)
-    search(score, suspect, L)
+    search(score, min(scores, key=lambda t: scores[t].mean_nll), L)
     best = min(scores, key=lambda t: scores[t].mean_nll)  # the search may have scored a better one on the way
-    # Neighbouring taps can be near-ties (the released draft: [2, 15, 27] vs [2, 17, 27], 0.02 nats): a
-    # known wiring that the search's best does not beat by MARGIN is named instead of a new set.
-    if best != suspect and paired_interval(scores[suspect], scores[best], pos)[1] <= MARGIN:
-        best = suspect
+    # Neighbouring taps can be near-ties (the released draft: [2, 15, 27] vs [2, 17, 27], 0.02 nats). A
+    # wiring some engine would really produce from these ids (`priors`: delivered first) that the search's
+    # best does not beat by MARGIN is named instead of a set no reading of the config gives.
+    for prior in priors if best not in priors else ():
+        if prior in scores and paired_interval(scores[prior], scores[best], pos)[1] <= MARGIN:
+            best = prior
+            break
     nlls = sorted(s.mean_nll for s in scores.values())
     gap = paired_interval(scores[delivered], scores[best], pos) if delivered is not None else None
     m = Measurement(delivered, best, scores, reasons, gap, nlls[-1] - nlls[0], pos.coverage,

@@ -82,7 +82,9 @@ def import_draft(directory: Path, fmt: str, *, target: Any = None,
     config = read_json(directory / "config.json")
     where = f"{fmt} export {directory}"
     native = rename_all(read_safetensors(directory / WEIGHTS), lambda k: from_native(layout, k), where)
-    flags = NormFlags(**{k: bool(config.get(k, False)) for k in NormFlags.__dataclass_fields__})
+    # the norm flags as this layout means them (SpecForge's norm_output is not SGLang's): a contract
+    # rebuilt from the raw config fields would disagree with the draft config read below
+    flags = draft_config_from(layout, config, 1).norm
     if taps is not None:
         if target is None:
             raise CheckpointError("measured taps need the target", expected="target=...", found="None")
