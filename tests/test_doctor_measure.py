@@ -169,3 +169,20 @@ def _released(tmp_path):
     m, f, report = _measured(_export(tmp_path / "b", released, "vllm"), smollm, sample, "vllm")
     assert f.level == "info" and m.delivered == m.best == (2, 15, 27), f
     assert [x for x in report.findings if x.level == "error"] == []
+
+
+def test_weights_nan_in_fc_zero_norm_and_copied_head(tmp_path, target):
+    from safetensors.torch import load_file, save_file
+    from tiny import build_draft
+
+    draft, contract = build_draft(target, taps=TRAINED)
+    out = export_draft(draft, contract, tmp_path / "v", "vllm")
+    t = load_file(str(out / "model.safetensors"))
+    t["fc.weight"][0, 0] = float("nan")
+    t["norm.weight"].zero_()
+    t["lm_head.weight"] = target.model.lm_head.weight.detach()[torch.arange(0, 256, 2)].clone()
+    save_file(t, str(out / "model.safetensors"))
+    found = {(f.level, f.what) for f in run_checks(inspect_dir(out, "vllm"), target).findings if f.check == "weights"}
+    assert ("error", "fc.weight holds 1 NaN/Inf value(s)") in found
+    assert ("error", "norm.weight is all zeros") in found
+    assert ("warn", "lm_head equals the target's lm_head rows bit for bit") in found

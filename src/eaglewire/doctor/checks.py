@@ -12,22 +12,15 @@ from typing import Any, Callable
 import torch
 
 from eaglewire.contract import CONVENTIONS, default_taps, from_engine, sha256_text
+from eaglewire.doctor.findings import Finding
 from eaglewire.doctor.inspect import Inspection
+from eaglewire.doctor.weights import weight_findings
 from eaglewire.engines import IDS_KEY, NESTED_IDS_KEY
 from eaglewire.errors import EaglewireError
 
 
-@dataclass(frozen=True)
-class Finding:
-    level: str  # "error" | "warn" | "info"
-    check: str
-    what: str
-    why: str
-    fix: str
-
-
 Check = Callable[[Inspection, Any], list[Finding]]
-CHECKS: list[Check] = []
+CHECKS: list[Check] = [weight_findings]
 
 
 def check(fn: Check) -> Check:

@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from eaglewire.contract import CANONICAL, CONVENTIONS, default_taps, to_engine
-from eaglewire.doctor.checks import Finding, decodes, engine_ids
+from eaglewire.doctor.checks import decodes, engine_ids
+from eaglewire.doctor.findings import Finding
 from eaglewire.doctor.inspect import Inspection, detect_engine
 from eaglewire.doctor.measure import LEVEL, MARGIN, Measurement, Taps, measure
 from eaglewire.doctor.sample import Boundaries, sample_target
