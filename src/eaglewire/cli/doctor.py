@@ -16,7 +16,7 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from eaglewire.cli.common import add_command, load_target, out_console, parse_ints
+from eaglewire.cli.common import add_command, err_console, load_target, out_console, parse_ints
 from eaglewire.engines import ENGINES
 from eaglewire.errors import EaglewireError
 
@@ -39,14 +39,27 @@ def check_cmd(
     engine: Optional[str] = typer.Option(None, "--engine", "-e", help=f"{', '.join(ENGINES)} (default: detected "
                                          "from config.json; sglang = the PR #25454 layer-id rule)"),
     engine_version: Optional[str] = typer.Option(None, "--engine-version", help="Recorded in the report."),
+    measure: Optional[bool] = typer.Option(None, "--measure/--no-measure", help="Measure which boundaries the "
+                                           "draft was trained on by running it on the target (default: on when "
+                                           "--target is given and the draft has no eaglewire_contract.json)."),
+    steps: int = typer.Option(3, "--steps", help="Drafts per round for the measured tau (vLLM "
+                              "num_speculative_tokens; SGLang --speculative-num-steps at topk 1)."),
     as_json: bool = typer.Option(False, "--json", help="JSON for CI."),
 ) -> None:
-    """Find silent wiring failures: key names, vocab map, fc width, layer ids, norm flags, target mismatch."""
-    from eaglewire.doctor.checks import run_checks
+    """Find silent wiring failures: key names, vocab map, fc width, layer ids, norm flags, target mismatch,
+    and (measured on the target) the boundaries the draft's weights were trained on."""
+    from eaglewire.doctor.checks import by_level, run_checks
+    from eaglewire.doctor.empirical import run_measurement
     from eaglewire.doctor.inspect import inspect_dir
 
     tgt = load_target(target)
-    report = run_checks(inspect_dir(draft, engine), tgt)
+    ins = inspect_dir(draft, engine)
+    report = run_checks(ins, tgt)
+    if measure or (measure is None and target is not None and ins.contract is None):
+        with err_console.status("measuring the wiring on the target (seconds on a CPU for a small target)"):
+            m, found = run_measurement(ins, tgt, chain_steps=steps)
+        report.findings = by_level(report.findings + found)
+        report.measurement = m.to_dict() if m is not None else None
     if as_json:
         print(report.to_json())
     else:

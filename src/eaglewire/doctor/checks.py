@@ -12,22 +12,15 @@ from typing import Any, Callable
 import torch
 
 from eaglewire.contract import CONVENTIONS, default_taps, from_engine, sha256_text
+from eaglewire.doctor.findings import Finding
 from eaglewire.doctor.inspect import Inspection
+from eaglewire.doctor.weights import weight_findings
 from eaglewire.engines import IDS_KEY, NESTED_IDS_KEY
 from eaglewire.errors import EaglewireError
 
 
-@dataclass(frozen=True)
-class Finding:
-    level: str  # "error" | "warn" | "info"
-    check: str
-    what: str
-    why: str
-    fix: str
-
-
 Check = Callable[[Inspection, Any], list[Finding]]
-CHECKS: list[Check] = []
+CHECKS: list[Check] = [weight_findings]
 
 
 def check(fn: Check) -> Check:
@@ -116,7 +109,7 @@ def vocab_map(ins: Inspection, target: Any) -> list[Finding]:
     return out
 
 
-def _ids(ins: Inspection) -> tuple[list[int] | None, str | None, list[str]]:
+def engine_ids(ins: Inspection) -> tuple[list[int] | None, str | None, list[str]]:
     """(ids the engine reads, the key it read them from, keys that hold ids it does NOT read)."""
     found = None
     for key in ins.engine.id_keys:
@@ -134,7 +127,7 @@ def layer_ids(ins: Inspection, target: Any) -> list[Finding]:
     if ins.engine.hard_coded_taps:
         return _eagle_taps(ins, target)
     L = target.num_layers if target is not None else None
-    ids, key, ignored = _ids(ins)
+    ids, key, ignored = engine_ids(ins)
     trained = ins.contract.taps if ins.contract else None
     if ids is None:
         default = default_taps(L) if L and L >= 8 else None
@@ -162,11 +155,11 @@ def layer_ids(ins: Inspection, target: Any) -> list[Finding]:
         out.append(_f("error", "layer_ids", f"{len(ids)} layer ids but fc reads {n_fc} taps",
                       "the fc input width will not match what the engine concatenates", "fix the id list"))
     alt = ins.engine.other_version
-    if alt is not None and _decodes(ids, alt.convention, L) != tuple(delivered):
+    if alt is not None and decodes(ids, alt.convention, L) != tuple(delivered):
         out.append(_f("warn", "layer_ids", f"ids {ids} mean boundaries {list(delivered)} {alt.this_reading} but "
-                      f"{list(_decodes(ids, alt.convention, L) or [])} {alt.other_reading}", alt.why, alt.fix))
+                      f"{list(decodes(ids, alt.convention, L) or [])} {alt.other_reading}", alt.why, alt.fix))
     if trained is not None and tuple(delivered) != tuple(trained):
-        other = [c for c in CONVENTIONS if c not in ("boundary", ins.engine.convention) and _decodes(ids, c, L) == tuple(trained)]
+        other = [c for c in CONVENTIONS if c not in ("boundary", ins.engine.convention) and decodes(ids, c, L) == tuple(trained)]
         out.append(_f("error", "layer_ids", f"{ins.engine.name} will deliver boundaries {list(delivered)}; the draft "
                       f"was trained on {list(trained)}" + (f" (these are the right ids in the {', '.join(other)} convention)" if other else ""),
                       "every tap is off: acceptance falls to ~1 token with no error",
@@ -175,7 +168,7 @@ def layer_ids(ins: Inspection, target: Any) -> list[Finding]:
     return out
 
 
-def _decodes(ids: list[int], conv: str, L: int) -> tuple[int, ...] | None:
+def decodes(ids: list[int], conv: str, L: int) -> tuple[int, ...] | None:
     try:
         return from_engine(ids, conv, L)
     except EaglewireError:
@@ -200,7 +193,7 @@ def fc_width(ins: Inspection, target: Any) -> list[Finding]:
     out = []
     H = ins.layer_config.get("hidden_size")
     Ht = target.hidden_size if target is not None else H
-    n = ins.contract.num_taps if ins.contract else (len(_ids(ins)[0] or []) or 3)
+    n = ins.contract.num_taps if ins.contract else (len(engine_ids(ins)[0] or []) or 3)
     if fc[1] != n * Ht:
         out.append(_f("error", "fc", f"fc reads {fc[1]} channels; {n} taps x {Ht} = {n * Ht} are delivered",
                       "the engine's fc cannot take the concatenated taps", "retrain/re-export for this target and taps"))
@@ -215,6 +208,8 @@ def fc_width(ins: Inspection, target: Any) -> list[Finding]:
 def norm_flags(ins: Inspection, target: Any) -> list[Finding]:
     trained = ins.contract.norm.__dict__ if ins.contract else {k: bool(ins.config.get(k)) for k in
                                                               ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")}
+    if ins.contract is None and ins.engine.norm_output_is_final_norm:
+        trained["norm_output"] = False  # SpecForge's norm_output is its final norm, not post-norm feedback
     out = []
     for flag, on in trained.items():
         if on and flag not in ins.engine.norms:
@@ -287,8 +282,9 @@ def dtype_and_contract(ins: Inspection, target: Any) -> list[Finding]:
                       "re-export"))
     if ins.contract is None:
         out.append(_f("info", "contract", "no eaglewire_contract.json: the training-side truth is unknown",
-                      "layer ids, taps and norms can only be checked for internal consistency",
-                      "export with eaglewire, or import with --target to record the contract"))
+                      "layer ids, taps and norms can only be checked for internal consistency, or measured",
+                      "give --target to measure the trained boundaries (eaglewire doctor DIR --target T), "
+                      "or import with --target to record them"))
     return out
 
 
@@ -297,6 +293,7 @@ class Report:
     directory: str
     engine: str
     findings: list[Finding]
+    measurement: dict[str, Any] | None = None  # the empirical wiring check's figures (doctor/measure.py)
 
     @property
     def errors(self) -> int:
@@ -304,10 +301,14 @@ class Report:
 
     def to_json(self) -> str:
         return json.dumps({"directory": self.directory, "engine": self.engine, "errors": self.errors,
-                           "findings": [asdict(f) for f in self.findings]}, indent=2)
+                           "findings": [asdict(f) for f in self.findings],
+                           "measurement": self.measurement}, indent=2)
 
 
 def run_checks(ins: Inspection, target: Any) -> Report:
-    findings = [f for c in CHECKS for f in c(ins, target)]
+    return Report(str(ins.directory), ins.engine.name, by_level([f for c in CHECKS for f in c(ins, target)]))
+
+
+def by_level(findings: list[Finding]) -> list[Finding]:
     order = {"error": 0, "warn": 1, "info": 2}
-    return Report(str(ins.directory), ins.engine.name, sorted(findings, key=lambda f: order[f.level]))
+    return sorted(findings, key=lambda f: order[f.level])

@@ -61,21 +61,36 @@ def _contract_for(layout: Engine, config: dict[str, Any], native: dict[str, torc
                               "or --target to rebuild the contract", found="neither")
     L = target.num_layers
     taps = default_taps(L) if layout.hard_coded_taps else from_engine(ids, layout.convention, L)
+    return target.contract(taps, norm=flags, vocab_map=_vocab_map(native, directory))
+
+
+def _vocab_map(native: dict[str, torch.Tensor], directory: Path) -> VocabMap:
     if "d2t" not in native or "t2d" not in native:
         raise CheckpointError(f"{directory}: the vocab map is missing", expected="d2t and t2d tensors",
                               found=f"{'d2t' in native=}, {'t2d' in native=}",
                               fix="without d2t engines map draft id i to target id i")
-    return target.contract(taps, norm=flags, vocab_map=VocabMap(d2t=native["d2t"], t2d=native["t2d"]))
+    return VocabMap(d2t=native["d2t"], t2d=native["t2d"])
 
 
-def import_draft(directory: Path, fmt: str, *, target: Any = None) -> tuple[Eagle3Draft, WiringContract]:
-    """Load an exported draft strictly into the native model (float weights keep the file's dtype)."""
+def import_draft(directory: Path, fmt: str, *, target: Any = None,
+                 taps: tuple[int, ...] | None = None) -> tuple[Eagle3Draft, WiringContract]:
+    """Load an exported draft strictly into the native model (float weights keep the file's dtype).
+
+    taps: boundaries measured by the caller (eaglewire.doctor): the contract is built from `target` with
+    them, and neither the config's layer ids nor a contract side file is read."""
     layout, directory = engine_for(fmt), Path(directory)
     config = read_json(directory / "config.json")
     where = f"{fmt} export {directory}"
     native = rename_all(read_safetensors(directory / WEIGHTS), lambda k: from_native(layout, k), where)
-    flags = NormFlags(**{k: bool(config.get(k, False)) for k in NormFlags.__dataclass_fields__})
-    contract = _contract_for(layout, config, native, directory, target, flags)
+    # the norm flags as this layout means them (SpecForge's norm_output is not SGLang's): a contract
+    # rebuilt from the raw config fields would disagree with the draft config read below
+    flags = draft_config_from(layout, config, 1).norm
+    if taps is not None:
+        if target is None:
+            raise CheckpointError("measured taps need the target", expected="target=...", found="None")
+        contract = target.contract(tuple(taps), norm=flags, vocab_map=_vocab_map(native, directory))
+    else:
+        contract = _contract_for(layout, config, native, directory, target, flags)
     cfg = draft_config_from(layout, config, contract.num_taps)
     draft = load_strict(cfg, contract, native, where, embedding=None, target=target)
     return draft, contract

@@ -1,0 +1,188 @@
+"""The measured wiring check: a draft's own weights name the boundaries it was trained on.
+
+The seeds' cases end to end: a draft trained by eaglewire on a tiny target, exported for each engine,
+its contract file removed, its ids broken the ways the seeds' were (SGLang numbering given to vLLM = -1,
+the embedding tap shifted in, missing ids, ids SGLang reads +1) — each diagnosed with the trained
+boundaries named; the healthy export without its contract gets no error. +1 on this tiny target is not
+asserted: its gap (0.075 nats, 99% low end 0.026) is inside the margin. The last test is the one
+real-target test of this file.
+"""
+
+import json
+
+import pytest
+import torch
+from tiny import build_target
+
+from eaglewire.data.features import OnlineFeatures
+from eaglewire.data.samples import Sample
+from eaglewire.doctor.checks import run_checks
+from eaglewire.doctor.empirical import run_measurement
+from eaglewire.doctor.inspect import inspect_dir
+from eaglewire.doctor.sample import sample_target
+from eaglewire.formats.convert import export_draft
+from eaglewire.train.loop import TrainConfig, train
+from eaglewire.vocab import VocabMap
+
+TRAINED = (2, 4, 6)
+
+
+def _random_samples(n, seed, T=24):
+    g = torch.Generator().manual_seed(seed)
+    return [Sample(id=f"r{i}", input_ids=torch.randint(0, 256, (T,), generator=g),
+                   loss_mask=torch.ones(T, dtype=torch.long)) for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def target():
+    t = build_target("llama", layers=8)
+    with torch.no_grad():
+        # A random tiny model barely changes its residual stream per layer (all boundaries look alike) and is
+        # nearly uniform: make each layer write strongly, as a trained model's do, and sharpen the head.
+        for layer in t.layers:
+            layer.self_attn.o_proj.weight.mul_(16)
+            layer.mlp.down_proj.weight.mul_(16)
+        t.model.lm_head.weight.mul_(30)
+    return t
+
+
+@pytest.fixture(scope="module")
+def trained(target, tmp_path_factory):
+    """A draft trained by eaglewire on TRAINED (random-token data, so it must read the taps: ~10 s)."""
+    from eaglewire.checkpoint import load_checkpoint
+
+    vmap = VocabMap.from_target_ids(torch.arange(0, 256, 2), 256)
+    contract = target.contract(TRAINED, vocab_map=vmap)
+    samples = _random_samples(1000, 0)
+    c = TrainConfig(max_steps=600, batch_size=8, lr=3e-3, warmup_steps=5, eval_every=10_000, ckpt_every=10_000,
+                    ttt_steps=2, loss="forward_kl", supervise="all")
+    out = tmp_path_factory.mktemp("trained")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the machine's other work makes two threads slower here, not faster
+    try:
+        train(target, contract, vmap, OnlineFeatures(target, contract, pad_id=0), samples[:-8], samples[-8:], c, out)
+    finally:
+        torch.set_num_threads(threads)
+    return load_checkpoint(out / "draft", target=target), contract
+
+
+@pytest.fixture(scope="module")
+def bounds(target):
+    """Held-out random prompts, every position scored (the draft's training distribution): ~6k tokens."""
+    return sample_target(target, [s.input_ids for s in _random_samples(256, 1)], new_tokens=0, score_prompt=True)
+
+
+def _export(tmp_path, trained, fmt, ids=None):
+    draft, contract = trained
+    out = export_draft(draft, contract, tmp_path / fmt, fmt)
+    (out / "eaglewire_contract.json").unlink()
+    cfg = json.loads((out / "config.json").read_text())
+    if ids == "drop":
+        (cfg.get("eagle_config") or cfg).pop("eagle_aux_hidden_state_layer_ids")
+    elif ids is not None:
+        (cfg.get("eagle_config") or cfg)["eagle_aux_hidden_state_layer_ids"] = ids
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
+def _measured(out, target, bounds, engine):
+    ins = inspect_dir(out, engine)
+    m, findings = run_measurement(ins, target, bounds, chain_steps=2)
+    return m, findings[0], run_checks(ins, target)
+
+
+@pytest.mark.parametrize("fmt,engine,ids,delivered", [
+    ("vllm", "vllm", [1, 3, 5], (1, 3, 5)),  # SGLang's numbering given to vLLM: every tap one layer early
+    ("vllm", "vllm", [0, 2, 4], (0, 2, 4)),  # the embedding shifted in ([embed, l3, l31] vs [l3, l31, l59])
+    ("vllm", "vllm", "drop", (2, 4, 5)),  # no ids: vLLM's default taps
+    ("sglang", "sglang-legacy", [1, 2, 4], (2, 3, 5)),  # vLLM-style ids off by one, read by SGLang's +1 rule
+    ("sglang", "sglang", [0, 1, 3], None),  # an embedding tap SGLang cannot capture
+])
+def test_broken_ids_are_diagnosed_with_the_trained_boundaries(tmp_path, target, trained, bounds, fmt, engine,
+                                                             ids, delivered):
+    m, f, _ = _measured(_export(tmp_path, trained, fmt, ids), target, bounds, engine)
+    assert m.best == TRAINED, m.to_dict()
+    assert m.delivered == delivered and f.level == "error", f
+    assert f"predicts best from boundaries {list(TRAINED)}" in f.what
+    if delivered is not None:
+        mean, lo, hi = m.gap
+        assert lo > 0.05 and lo <= mean <= hi and f"will deliver {list(delivered)}" in f.what
+        assert "99% paired block-bootstrap" in f.why
+
+
+@pytest.mark.parametrize("fmt", ["vllm", "sglang", "sglang-legacy", "specforge"])
+def test_healthy_export_without_contract_has_no_error(tmp_path, target, trained, bounds, fmt):
+    m, f, report = _measured(_export(tmp_path, trained, fmt), target, bounds, fmt)
+    assert m.delivered == m.best == TRAINED and f.level == "info", m.to_dict()
+    assert [x for x in report.findings if x.level == "error"] == []
+    assert m.tau["best"] == m.tau["delivered"] and m.tau["best"][0] > 1.3  # a 2-chain accepts something
+
+
+def test_an_untrained_draft_is_weak_evidence(tmp_path, target, bounds):
+    from tiny import build_draft
+
+    draft, contract = build_draft(target, taps=TRAINED, seed=3)
+    out = export_draft(draft, contract, tmp_path / "v", "vllm")
+    (out / "eaglewire_contract.json").unlink()
+    m, f, _ = _measured(out, target, bounds, "vllm")
+    assert m.weak and "Weak evidence" in f.why
+
+
+def test_cli_measures_by_default_with_a_target_and_not_without(tmp_path, target, trained):
+    from typer.testing import CliRunner
+
+    from eaglewire.cli.app import app
+
+    target.model.save_pretrained(tmp_path / "t")
+    out = _export(tmp_path, trained, "vllm", [0, 2, 4])
+    args = ["doctor", str(out), "--engine", "vllm", "--target", str(tmp_path / "t"), "--json", "--steps", "2"]
+    r = CliRunner().invoke(app, args)
+    report = json.loads(r.stdout)
+    assert r.exit_code == 1 and report["measurement"]["delivered"] == [0, 2, 4], r.output
+    assert any(f["check"] == "measured_wiring" and f["level"] == "error" for f in report["findings"])
+    r = CliRunner().invoke(app, args + ["--no-measure"])
+    assert json.loads(r.stdout)["measurement"] is None
+
+
+@pytest.mark.real_target
+def test_released_draft_on_the_embedded_target(tmp_path):
+    """The one real-target test here: the released draft (trained on [2, 15, 27]) exported for vLLM without
+    its contract; SGLang's numbering [1, 14, 26] is an error naming [2, 15, 27]; the healthy ids are not."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # two threads beside the machine's other work take 4x longer here
+    try:
+        _released(tmp_path)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _released(tmp_path):
+    from eaglewire.checkpoint import load_checkpoint, resolve_draft
+    from eaglewire.target.loader import load_target
+
+    smollm = load_target()
+    draft = load_checkpoint(resolve_draft(None), target=smollm)
+    released = (draft, draft.contract)
+    sample = sample_target(smollm)  # the built-in prompts and the target's greedy answers (~600 tokens)
+    m, f, _ = _measured(_export(tmp_path / "a", released, "vllm", [1, 14, 26]), smollm, sample, "vllm")
+    assert f.level == "error" and m.best == (2, 15, 27) and "will deliver [1, 14, 26]" in f.what, f
+    m, f, report = _measured(_export(tmp_path / "b", released, "vllm"), smollm, sample, "vllm")
+    assert f.level == "info" and m.delivered == m.best == (2, 15, 27), f
+    assert [x for x in report.findings if x.level == "error"] == []
+
+
+def test_weights_nan_in_fc_zero_norm_and_copied_head(tmp_path, target):
+    from safetensors.torch import load_file, save_file
+    from tiny import build_draft
+
+    draft, contract = build_draft(target, taps=TRAINED)
+    out = export_draft(draft, contract, tmp_path / "v", "vllm")
+    t = load_file(str(out / "model.safetensors"))
+    t["fc.weight"][0, 0] = float("nan")
+    t["norm.weight"].zero_()
+    t["lm_head.weight"] = target.model.lm_head.weight.detach()[torch.arange(0, 256, 2)].clone()
+    save_file(t, str(out / "model.safetensors"))
+    found = {(f.level, f.what) for f in run_checks(inspect_dir(out, "vllm"), target).findings if f.check == "weights"}
+    assert ("error", "fc.weight holds 1 NaN/Inf value(s)") in found
+    assert ("error", "norm.weight is all zeros") in found
+    assert ("warn", "lm_head equals the target's lm_head rows bit for bit") in found
