@@ -18,7 +18,7 @@ import torch
 
 from eaglewire.data.features import OfflineFeatures
 from eaglewire.hw import autocast_dtype, describe_cpu
-from eaglewire.target.loader import load_target
+from eaglewire.verifier.loader import load_target
 from eaglewire.train.loop import TrainConfig, build_draft
 from eaglewire.train.ttt import TTTModel
 from eaglewire.vocab import load_vocab

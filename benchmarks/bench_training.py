@@ -19,7 +19,7 @@ from eaglewire.data.conversations import read_conversations
 from eaglewire.data.features import OnlineFeatures
 from eaglewire.data.regenerate import GenerationSettings, LocalGenerator
 from eaglewire.data.samples import tokenize_conversations
-from eaglewire.target.loader import load_target
+from eaglewire.verifier.loader import load_target
 from eaglewire.train.loop import TrainConfig, build_draft
 from eaglewire.train.ttt import TTTModel
 from eaglewire.vocab import build_vocab_map, count_masked_tokens

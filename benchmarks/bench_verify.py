@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from eaglewire.spec.runtime import LeanTarget
-from eaglewire.target.loader import load_target
+from eaglewire.decoding.runtime import LeanTarget
+from eaglewire.verifier.loader import load_target
 
 KS = (1, 2, 3, 4, 8, 16, 32, 64)
 

@@ -22,7 +22,7 @@ from eaglewire.checkpoint import load_checkpoint
 from eaglewire.data.features import OnlineFeatures
 from eaglewire.data.samples import load_samples, split_heldout
 from eaglewire.hw import describe_cpu
-from eaglewire.target.loader import load_target
+from eaglewire.verifier.loader import load_target
 from eaglewire.train.ttt import TTTModel
 
 

@@ -15,12 +15,12 @@ from pathlib import Path
 
 from eaglewire.checkpoint import load_checkpoint
 from eaglewire.hw import describe_cpu
-from eaglewire.spec.bench import bench_prompts
-from eaglewire.spec.engine import SpecDecoder, SpecStats
-from eaglewire.spec.hf_runtime import make_runtime
-from eaglewire.spec.propose import EagleProposer
-from eaglewire.spec.tree import TreeShape
-from eaglewire.target.loader import load_target
+from eaglewire.decoding.bench import bench_prompts
+from eaglewire.decoding.engine import SpecDecoder, SpecStats
+from eaglewire.decoding.hf_runtime import make_runtime
+from eaglewire.decoding.propose import EagleProposer
+from eaglewire.decoding.tree import TreeShape
+from eaglewire.verifier.loader import load_target
 
 
 def trained_tokens(metrics: Path) -> dict[int, int]:

@@ -1,11 +1,11 @@
-"""Test doubles of the Proposer protocol (eaglewire.spec.propose): an always-right and a random drafter,
+"""Test doubles of the Proposer protocol (eaglewire.decoding.propose): an always-right and a random drafter,
 to check that speculative decoding is lossless whatever the drafts are."""
 
 from __future__ import annotations
 
 import torch
 
-from eaglewire.spec.tree import DraftTree, TreeShape
+from eaglewire.decoding.tree import DraftTree, TreeShape
 
 
 class OracleProposer:

@@ -156,7 +156,7 @@ def test_warm_start_copies_weights_and_remaps_the_head(tmp_path):
 
 
 def test_bench_questions_spread_over_categories(tmp_path):
-    from eaglewire.spec.bench import spread_over_categories
+    from eaglewire.decoding.bench import spread_over_categories
 
     rows = [{"question_id": i, "category": ["a", "b", "c"][i // 4], "turns": [f"q{i}"]} for i in range(12)]
     path = tmp_path / "q.jsonl"

@@ -12,14 +12,14 @@ from typer.testing import CliRunner
 
 from eaglewire.cli.app import app
 from eaglewire.contract import default_taps, to_engine
-from eaglewire.target.capture import capture, forward_kwargs, load_capture
+from eaglewire.verifier.capture import capture, forward_kwargs, load_capture
 
 pytestmark = pytest.mark.real_target
 
 
 @pytest.fixture(scope="module")
 def smollm():
-    from eaglewire.target.loader import load_target
+    from eaglewire.verifier.loader import load_target
 
     return load_target()
 
@@ -62,10 +62,10 @@ def test_released_draft_runs_lossless_on_the_real_target(smollm):
     """The shipped draft loads strictly for the embedded target and speculative output == greedy."""
     from eaglewire.checkpoint import load_checkpoint
     from eaglewire.checkpoint import resolve_draft
-    from eaglewire.spec.engine import SpecDecoder, greedy_reference
-    from eaglewire.spec.propose import EagleProposer
-    from eaglewire.spec.runtime import LeanTarget
-    from eaglewire.spec.tree import TreeShape
+    from eaglewire.decoding.engine import SpecDecoder, greedy_reference
+    from eaglewire.decoding.propose import EagleProposer
+    from eaglewire.decoding.runtime import LeanTarget
+    from eaglewire.decoding.tree import TreeShape
 
     draft = load_checkpoint(resolve_draft(None), target=smollm)
     ids = smollm.tokenizer.apply_chat_template([{"role": "user", "content": "Name three colours."}],

@@ -28,7 +28,7 @@ def test_expect_cli_on_tiny_pipeline(tmp_path):
 
     from eaglewire.checkpoint import save_checkpoint
     from eaglewire.cli.app import app
-    from eaglewire.target.loader import load_target
+    from eaglewire.verifier.loader import load_target
     from test_server import _tiny_target_dir
 
     tdir = _tiny_target_dir(tmp_path)

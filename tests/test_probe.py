@@ -8,7 +8,7 @@ from safetensors.torch import save_file
 from tiny import VOCAB, build_draft, build_target
 
 from eaglewire.doctor.probe import probe
-from eaglewire.spec.runtime import LeanTarget
+from eaglewire.decoding.runtime import LeanTarget
 
 IDS = torch.randint(0, VOCAB, (1, 10), generator=torch.Generator().manual_seed(0))
 

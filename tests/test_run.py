@@ -16,7 +16,7 @@ from eaglewire.cli.app import app
 from eaglewire.errors import EaglewireError
 from eaglewire.pipeline import runner, stages
 from eaglewire.pipeline.config import BUDGETS, RunConfig, resolve
-from eaglewire.target.loader import resolve_target
+from eaglewire.verifier.loader import resolve_target
 
 CONVS = [{"id": f"c{i}", "messages": [{"role": "user", "content": f"Count from {i} to {i + 5}."},
                                       {"role": "assistant", "content": "ok"}]} for i in range(24)]

@@ -4,8 +4,8 @@ import pytest
 import torch
 from tiny import VOCAB, build_target
 
-from eaglewire.spec.runtime import LeanTarget
-from eaglewire.target.capture import capture
+from eaglewire.decoding.runtime import LeanTarget
+from eaglewire.verifier.capture import capture
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])

@@ -12,11 +12,11 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 import torch
 
 from eaglewire.checkpoint import save_checkpoint
-from eaglewire.spec.server import build_server
-from eaglewire.spec.engine import greedy_reference
-from eaglewire.spec.runtime import LeanTarget
-from eaglewire.spec.tree import TreeShape
-from eaglewire.target.loader import load_target, resolve_target
+from eaglewire.decoding.server import build_server
+from eaglewire.decoding.engine import greedy_reference
+from eaglewire.decoding.runtime import LeanTarget
+from eaglewire.decoding.tree import TreeShape
+from eaglewire.verifier.loader import load_target, resolve_target
 
 
 def _tiny_target_dir(d):

@@ -6,10 +6,10 @@ import torch
 from proposers import OracleProposer, RandomProposer
 from tiny import VOCAB, build_draft, build_target
 
-from eaglewire.spec.engine import SpecDecoder, greedy_reference
-from eaglewire.spec.propose import EagleProposer
-from eaglewire.spec.runtime import LeanTarget
-from eaglewire.spec.tree import DraftTree, TreeShape, greedy_accept
+from eaglewire.decoding.engine import SpecDecoder, greedy_reference
+from eaglewire.decoding.propose import EagleProposer
+from eaglewire.decoding.runtime import LeanTarget
+from eaglewire.decoding.tree import DraftTree, TreeShape, greedy_accept
 
 CHAIN, TREE = TreeShape.chain(3), TreeShape(num_steps=3, topk=2, num_draft_tokens=6)
 PROMPT = torch.randint(0, VOCAB, (1, 7), generator=torch.Generator().manual_seed(3))
@@ -107,7 +107,7 @@ def test_proposer_drafts_what_the_training_forward_predicts():
 @pytest.mark.parametrize("arch", ["deepseek_v3", "qwen3_moe", "nested_kimi_like"])
 @pytest.mark.parametrize("shape", [CHAIN, TREE], ids=["chain", "tree"])
 def test_hf_fallback_runtime_lossless(arch, shape):
-    from eaglewire.spec.hf_runtime import HFRuntime, make_runtime
+    from eaglewire.decoding.hf_runtime import HFRuntime, make_runtime
 
     target = build_target(arch)
     rt = make_runtime(target, 128)
@@ -126,7 +126,7 @@ def test_hf_fallback_runtime_lossless(arch, shape):
 
 
 def test_cli_tree_knob_defaults():
-    from eaglewire.spec.tree import DEFAULT_TREE as TREE
+    from eaglewire.decoding.tree import DEFAULT_TREE as TREE
 
     tree_shape = TreeShape.from_knobs
 

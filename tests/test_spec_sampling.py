@@ -4,9 +4,9 @@ import torch
 from proposers import OracleProposer, RandomProposer
 from tiny import VOCAB, build_target
 
-from eaglewire.spec.engine import SpecDecoder
-from eaglewire.spec.runtime import LeanTarget
-from eaglewire.spec.tree import DraftTree, TreeShape, sample_accept, target_probs
+from eaglewire.decoding.engine import SpecDecoder
+from eaglewire.decoding.runtime import LeanTarget
+from eaglewire.decoding.tree import DraftTree, TreeShape, sample_accept, target_probs
 
 
 def _tv(counts: torch.Tensor, p: torch.Tensor) -> float:

@@ -26,8 +26,8 @@ def setup(tmp_path_factory):
     from eaglewire.checkpoint import load_checkpoint
     from eaglewire.checkpoint import resolve_draft
     from eaglewire.formats.convert import export_draft
-    from eaglewire.spec.bench import bench_prompts
-    from eaglewire.target.loader import load_target, resolve_target
+    from eaglewire.decoding.bench import bench_prompts
+    from eaglewire.verifier.loader import load_target, resolve_target
 
     target = load_target()
     draft = load_checkpoint(resolve_draft(None), target=target)
@@ -37,10 +37,10 @@ def setup(tmp_path_factory):
 
 
 def _ours(target, draft, prompts):
-    from eaglewire.spec.engine import SpecDecoder, SpecStats, greedy_reference
-    from eaglewire.spec.hf_runtime import make_runtime
-    from eaglewire.spec.propose import EagleProposer
-    from eaglewire.spec.tree import TreeShape
+    from eaglewire.decoding.engine import SpecDecoder, SpecStats, greedy_reference
+    from eaglewire.decoding.hf_runtime import make_runtime
+    from eaglewire.decoding.propose import EagleProposer
+    from eaglewire.decoding.tree import TreeShape
 
     eos = {target.tokenizer.eos_token_id}
     max_len = max(p.shape[1] for p in prompts) + MAX_NEW + K + 16

@@ -7,7 +7,7 @@ from torch import nn
 from transformers import (AutoModelForCausalLM, DeepseekV3Config, LlamaConfig, MistralConfig, PretrainedConfig,
                           PreTrainedModel, Qwen2Config, Qwen3Config, Qwen3MoeConfig)
 
-from eaglewire.target.loader import Target, wrap_model
+from eaglewire.verifier.loader import Target, wrap_model
 
 VOCAB, HIDDEN, LAYERS = 256, 64, 4
 _COMMON = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=LAYERS,

@@ -24,7 +24,7 @@ from eaglewire.draft.load import EMBED_KEY, load_strict
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import CheckpointError
 from eaglewire.safeio import atomic_save_safetensors, atomic_write_json
-from eaglewire.target.loader import Target
+from eaglewire.verifier.loader import Target
 from eaglewire.vocab import validate_vocab_map, vocab_map_sha256
 
 FORMAT = "eaglewire.draft/1"

@@ -5,7 +5,7 @@
     target.py   target info, wiring translate/conventions, capture
     data.py     data regenerate/show/capture        train.py   vocab build, train
     formats.py  export, import                      doctor.py  doctor check/probe/expect (`doctor DIR` = check)
-    spec.py     generate, bench, serve              run.py     run (the whole pipeline)
+    decoding.py generate, bench, serve              run.py     run (the whole pipeline)
 
 Each command parses its options, calls one library function and prints. Command modules import only
 `common` (never the app), so the import graph is one-way; `python -m eaglewire.cli` runs the app.

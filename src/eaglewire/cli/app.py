@@ -11,7 +11,7 @@ import logging
 import typer
 from rich.logging import RichHandler
 
-from eaglewire.cli import data, doctor, formats, run, spec, target, train
+from eaglewire.cli import data, decoding, doctor, formats, run, target, train
 from eaglewire.cli.common import err_console
 
 app = typer.Typer(help="Train, export, check and run EAGLE-3 draft models.", no_args_is_help=True,
@@ -28,7 +28,7 @@ def _setup(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug lo
 
 
 # the order of `eaglewire --help`
-for group in (target, formats, doctor, data, train, spec, run):
+for group in (target, formats, doctor, data, train, decoding, run):
     group.register(app)
 
 

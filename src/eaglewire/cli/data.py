@@ -55,7 +55,7 @@ def regenerate_cmd(
         from transformers import AutoTokenizer
 
         from eaglewire.data.server_client import ServerGenerator
-        from eaglewire.target.loader import resolve_target
+        from eaglewire.verifier.loader import resolve_target
 
         # The target's tokenizer measures prompts exactly as the local path does (max_prompt_tokens).
         gen: Any = ServerGenerator(server, model, s, tokenizer=AutoTokenizer.from_pretrained(resolve_target(target)[1]))
@@ -109,7 +109,7 @@ def show_cmd(
 
     from eaglewire.data.conversations import read_conversations
     from eaglewire.data.template import render_with_mask
-    from eaglewire.target.loader import resolve_target
+    from eaglewire.verifier.loader import resolve_target
 
     tok = AutoTokenizer.from_pretrained(resolve_target(target)[1])
     conv = next((c for i, c in enumerate(read_conversations(data)) if i == index), None)

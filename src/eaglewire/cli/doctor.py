@@ -121,7 +121,7 @@ def expect_cmd(
 ) -> None:
     """Predict tau for the engine's knobs; flag a measured tau far below the prediction."""
     from eaglewire.doctor.expect import judge, load_any_draft, parse_log, predict
-    from eaglewire.spec.tree import TreeShape
+    from eaglewire.decoding.tree import TreeShape
 
     shape = TreeShape.from_knobs(num_steps, topk, num_draft_tokens, num_speculative_tokens)
     tgt = load_target(target)

@@ -32,8 +32,8 @@ from eaglewire.contract import NormFlags, WiringContract
 from eaglewire.data.samples import Sample
 from eaglewire.errors import ContractMismatch
 from eaglewire.safeio import atomic_save_safetensors, atomic_write_json
-from eaglewire.target.capture import capture
-from eaglewire.target.loader import Target
+from eaglewire.verifier.capture import capture
+from eaglewire.verifier.loader import Target
 
 FORMAT = "eaglewire.features/1"
 _ROW_KEYS = ("input_ids", "loss_mask", "taps", "final_hidden", "target_top1")  # per-token tensors of a shard

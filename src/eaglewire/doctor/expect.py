@@ -60,9 +60,9 @@ def judge(predicted: float, per_position: list[float], measured: float | None) -
 
 def predict(target: Any, draft: Any, contract: Any, shape: Any, prompts: list[Any], max_new_tokens: int) -> tuple[float, list[float]]:
     """Run our engine with the engine's knobs on the prompts; tau and per-position acceptance."""
-    from eaglewire.spec.engine import SpecDecoder, SpecStats
-    from eaglewire.spec.hf_runtime import make_runtime
-    from eaglewire.spec.propose import EagleProposer
+    from eaglewire.decoding.engine import SpecDecoder, SpecStats
+    from eaglewire.decoding.hf_runtime import make_runtime
+    from eaglewire.decoding.propose import EagleProposer
 
     max_len = max(p.shape[1] for p in prompts) + max_new_tokens + shape.num_draft_tokens + 16
     dec = SpecDecoder(make_runtime(target, max_len), EagleProposer(draft, contract, shape, max_len))

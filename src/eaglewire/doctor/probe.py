@@ -34,7 +34,7 @@ from safetensors import safe_open
 
 from eaglewire.contract import WiringContract
 from eaglewire.errors import EaglewireError
-from eaglewire.target.capture import capture
+from eaglewire.verifier.capture import capture
 
 POST_NORM = "post-norm"
 

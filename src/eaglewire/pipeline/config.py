@@ -20,8 +20,8 @@ from eaglewire.data.regenerate import GenerationSettings
 from eaglewire.engines import FORMATS
 from eaglewire.data.samples import DEFAULT_HELDOUT_FRACTION, DEFAULT_MAX_LENGTH
 from eaglewire.errors import EaglewireError
-from eaglewire.spec.tree import DEFAULT_TREE, TreeShape
-from eaglewire.spec import bench as B
+from eaglewire.decoding.tree import DEFAULT_TREE, TreeShape
+from eaglewire.decoding import bench as B
 from eaglewire.train.loop import TrainConfig
 from eaglewire.vocab import DEFAULT_DRAFT_VOCAB
 

@@ -24,7 +24,7 @@ from eaglewire.errors import EaglewireError
 from eaglewire.pipeline import stages as S
 from eaglewire.pipeline.config import RunConfig
 from eaglewire.safeio import atomic_write_json
-from eaglewire.target.loader import Target, load_target
+from eaglewire.verifier.loader import Target, load_target
 
 STATE_FORMAT = "eaglewire.run/1"
 

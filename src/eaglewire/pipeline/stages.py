@@ -17,7 +17,7 @@ from typing import Any, Callable
 from eaglewire.contract import WiringContract
 from eaglewire.errors import EaglewireError
 from eaglewire.pipeline.config import RunConfig
-from eaglewire.target.loader import Target
+from eaglewire.verifier.loader import Target
 
 Progress = Callable[[float, float | None, str], None]  # (completed, total, detail)
 
@@ -265,7 +265,7 @@ def doctor(ctx: Ctx, work: Path) -> dict[str, Any]:
 
 def bench(ctx: Ctx, work: Path) -> dict[str, Any]:
     from eaglewire.checkpoint import load_checkpoint
-    from eaglewire.spec import bench as spec_bench
+    from eaglewire.decoding import bench as spec_bench
 
     b = ctx.cfg.bench
     draft = load_checkpoint(Path(ctx.results["train"]["draft"]), target=ctx.target)

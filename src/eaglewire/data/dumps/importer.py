@@ -32,7 +32,7 @@ from eaglewire.data.dumps.readers import CONVENTION, POST_NORM, PRE_NORM, Dump, 
 from eaglewire.data.dumps.report import declared_boundaries, describe_mismatch, expected_last, identify_sample
 from eaglewire.data.features import DEFAULT_STORE_DTYPE, features_view, pack_rows, target_top1, write_feature_dir
 from eaglewire.errors import ContractMismatch, EaglewireError, TranslationError
-from eaglewire.target.loader import Target
+from eaglewire.verifier.loader import Target
 
 
 def verify_sample(target: Target, sample: DumpSample, taps: tuple[int, ...], last: int | str) -> str | None:

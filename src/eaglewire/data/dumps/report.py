@@ -20,7 +20,7 @@ from eaglewire.contract import default_taps, describe_boundary, from_engine
 from eaglewire.data.dumps.readers import CONVENTION, POST_NORM, Dump, DumpSample, open_dump
 from eaglewire.doctor.probe import boundary_label, identify
 from eaglewire.errors import EaglewireError
-from eaglewire.target.loader import Target
+from eaglewire.verifier.loader import Target
 
 PROBE_TOKENS = 64  # positions compared per sample (causal: the first 64 states need only the first 64 tokens)
 

@@ -24,9 +24,9 @@ from typing import Callable
 
 import torch
 
-from eaglewire.spec.propose import Proposer
-from eaglewire.spec.runtime import LeanTarget
-from eaglewire.spec.tree import greedy_accept, sample_accept, target_probs
+from eaglewire.decoding.propose import Proposer
+from eaglewire.decoding.runtime import LeanTarget
+from eaglewire.decoding.tree import greedy_accept, sample_accept, target_probs
 
 
 def acceptance_length(accepted_drafts: int, verify_steps: int) -> float:

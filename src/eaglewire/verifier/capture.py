@@ -22,7 +22,7 @@ from safetensors import safe_open
 from eaglewire.contract import WiringContract, validate_boundaries
 from eaglewire.errors import ContractMismatch, EaglewireError
 from eaglewire.safeio import atomic_save_safetensors
-from eaglewire.target.loader import Target
+from eaglewire.verifier.loader import Target
 
 CAPTURE_FORMAT = "eaglewire.capture/1"
 
@@ -42,7 +42,7 @@ def _first_tensor(x: Any) -> torch.Tensor:
 @contextmanager
 def tap_hooks(target: Target, taps: Sequence[int], store: dict[int | str, list[torch.Tensor]]) -> Iterator[None]:
     """Forward hooks recording boundary b's state into store[b] (and the final norm's) while active:
-    capture() and the HF fallback runtime (spec/hf_runtime.py) read taps through them."""
+    capture() and the HF fallback runtime (decoding/hf_runtime.py) read taps through them."""
     handles = []
 
     def record(key: int | str, tensor: torch.Tensor) -> None:

@@ -20,7 +20,7 @@ import torch
 from safetensors import safe_open
 
 from eaglewire.errors import TargetError
-from eaglewire.target.loader import Target, load_tokenizer, resolve_target, wrap_model
+from eaglewire.verifier.loader import Target, load_tokenizer, resolve_target, wrap_model
 
 _HEAD_CHUNK_ROWS = 8192  # head rows read at once when gathering a few: bounds the transient to chunk x H
 

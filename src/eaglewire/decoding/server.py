@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import torch
 
-from eaglewire.spec.engine import acceptance_length
+from eaglewire.decoding.engine import acceptance_length
 
 
 class BadRequest(Exception):
@@ -239,9 +239,9 @@ def build_server(target: Any, draft: Path, shape: Any, model_name: str | None, m
                  max_tokens_limit: int, host: str, port: int) -> ThreadingHTTPServer:
     """The `eaglewire serve` server: the native draft at `draft` on the target's runtime, bound to host:port."""
     from eaglewire.checkpoint import load_checkpoint
-    from eaglewire.spec.engine import SpecDecoder
-    from eaglewire.spec.hf_runtime import make_runtime
-    from eaglewire.spec.propose import EagleProposer
+    from eaglewire.decoding.engine import SpecDecoder
+    from eaglewire.decoding.hf_runtime import make_runtime
+    from eaglewire.decoding.propose import EagleProposer
 
     d = load_checkpoint(draft, target=target)
     rt = make_runtime(target, max_context + shape.num_draft_tokens + 8, calibrate=True)

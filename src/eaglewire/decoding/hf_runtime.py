@@ -10,8 +10,8 @@ from contextlib import nullcontext
 
 import torch
 
-from eaglewire.target.capture import tap_hooks
-from eaglewire.target.loader import Target
+from eaglewire.verifier.capture import tap_hooks
+from eaglewire.verifier.loader import Target
 
 
 class HFRuntime:
@@ -56,7 +56,7 @@ class HFRuntime:
 
 def make_runtime(target: Target, max_len: int, *, calibrate: bool = False):
     """The lean runtime where it applies (optionally calibrated: ~5 s), else the HF fallback."""
-    from eaglewire.spec.runtime import SUPPORTED, LeanTarget
+    from eaglewire.decoding.runtime import SUPPORTED, LeanTarget
 
     if target.text_config.model_type not in SUPPORTED:
         return HFRuntime(target, max_len)

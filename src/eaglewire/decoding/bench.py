@@ -18,14 +18,14 @@ import torch
 
 from eaglewire.data.conversations import read_conversations
 from eaglewire.errors import EaglewireError
-from eaglewire.spec.engine import SpecDecoder, SpecStats, greedy_reference
-from eaglewire.spec.propose import EagleProposer
-from eaglewire.spec.hf_runtime import make_runtime
-from eaglewire.spec.tree import TreeShape
+from eaglewire.decoding.engine import SpecDecoder, SpecStats, greedy_reference
+from eaglewire.decoding.propose import EagleProposer
+from eaglewire.decoding.hf_runtime import make_runtime
+from eaglewire.decoding.tree import TreeShape
 
 METHODS = ("hf_generate", "vanilla", "prompt_lookup", "eagle_chain", "eagle_tree")
 # Defaults of `eaglewire bench` and of the run config's bench section (defined here only; the tree is
-# spec/tree.py's DEFAULT_TREE). A chain of 1: on a CPU a verify of 1-3 tokens costs about one decode step.
+# decoding/tree.py's DEFAULT_TREE). A chain of 1: on a CPU a verify of 1-3 tokens costs about one decode step.
 QUESTIONS, PROMPTS, MAX_NEW_TOKENS = "mtbench", 8, 128
 CHAIN_K = 1
 

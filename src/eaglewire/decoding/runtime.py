@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from eaglewire.errors import TargetError
-from eaglewire.target.loader import Target
+from eaglewire.verifier.loader import Target
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
 

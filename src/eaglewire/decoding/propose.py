@@ -16,7 +16,7 @@ import torch
 
 from eaglewire.contract import WiringContract
 from eaglewire.draft.model import DraftCache, Eagle3Draft
-from eaglewire.spec.tree import DraftTree, TreeShape
+from eaglewire.decoding.tree import DraftTree, TreeShape
 
 
 class Proposer(Protocol):

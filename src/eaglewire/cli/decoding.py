@@ -10,9 +10,9 @@ import typer
 
 from eaglewire.checkpoint import resolve_draft
 from eaglewire.cli.common import add_command, err_console, load_target, out_console
-from eaglewire.spec import bench as B
-from eaglewire.spec.tree import DEFAULT_TREE as SHAPE
-from eaglewire.spec.tree import TreeShape
+from eaglewire.decoding import bench as B
+from eaglewire.decoding.tree import DEFAULT_TREE as SHAPE
+from eaglewire.decoding.tree import TreeShape
 
 DRAFT_HELP = "Native draft checkpoint directory (default: the draft shipped for the embedded SmolLM2 target)."
 TREE_HELP = ("Tree knobs use SGLang's meaning: --num-steps S (draft depth), --topk K (branching), "
@@ -34,9 +34,9 @@ def generate_cmd(
 ) -> None:
     """Greedy speculative decoding (lossless: the text equals plain greedy decoding)."""
     from eaglewire.checkpoint import load_checkpoint
-    from eaglewire.spec.engine import SpecDecoder
-    from eaglewire.spec.hf_runtime import make_runtime
-    from eaglewire.spec.propose import EagleProposer
+    from eaglewire.decoding.engine import SpecDecoder
+    from eaglewire.decoding.hf_runtime import make_runtime
+    from eaglewire.decoding.propose import EagleProposer
 
     shape = TreeShape.from_knobs(num_steps, topk, num_draft_tokens, num_speculative_tokens)
     tgt = load_target(target)
@@ -107,7 +107,7 @@ def serve_cmd(
     num_speculative_tokens: Optional[int] = typer.Option(None, "--num-speculative-tokens"),
 ) -> None:
     """OpenAI-compatible server (/v1/chat/completions, /v1/completions, /metrics) with speculative decoding."""
-    from eaglewire.spec.server import build_server
+    from eaglewire.decoding.server import build_server
 
     shape = TreeShape.from_knobs(num_steps, topk, num_draft_tokens, num_speculative_tokens)
     server = build_server(load_target(target), resolve_draft(draft), shape, model_name, max_context,

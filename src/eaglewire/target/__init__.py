@@ -1,1 +1,0 @@
-"""Target models: loading, locating the decoder stack, and capturing tapped hidden states."""
