@@ -158,7 +158,7 @@ def test_released_draft_on_the_embedded_target(tmp_path):
 
 def _released(tmp_path):
     from eaglewire.checkpoint import load_checkpoint, resolve_draft
-    from eaglewire.target.loader import load_target
+    from eaglewire.verifier.loader import load_target
 
     smollm = load_target()
     draft = load_checkpoint(resolve_draft(None), target=smollm)

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import torch
 
-from eaglewire.target.capture import capture
+from eaglewire.verifier.capture import capture
 
 PROMPTS = (  # short, varied first turns (writing, reasoning, coding, facts): the draft's everyday diet
     "Write a short poem about the sea.",
