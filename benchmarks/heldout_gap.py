@@ -61,8 +61,8 @@ def main() -> None:
             out["results"][f"{sname}/{tname}"] = r
             print(f"{sname:18s} target {tname}: top-1 per position {r['acc']} over {r['positions'][0]} tokens",
                   flush=True)
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(out, indent=2) + "\n")
+            a.out.parent.mkdir(parents=True, exist_ok=True)
+            a.out.write_text(json.dumps(out, indent=2) + "\n")  # after each case: a cut-short run keeps its part
 
 
 if __name__ == "__main__":
