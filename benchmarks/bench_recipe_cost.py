@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from eaglewire.data.features import OfflineFeatures
+from eaglewire.data.features import OfflineFeatures, captured_taps
 from eaglewire.hw import autocast_dtype, describe_cpu
 from eaglewire.verifier.loader import load_target
 from eaglewire.train.loop import TrainConfig, build_draft
@@ -39,7 +39,8 @@ def main() -> None:
     a = ap.parse_args()
     target = load_target()
     vmaps = {"8k": load_vocab(a.vocab)[0], "16k": load_vocab(a.vocab16k)[0]}
-    contract = target.contract((2, 15, 27), vocab_map=vmaps["8k"])
+    taps = captured_taps(a.features)  # the boundaries the features hold, from their manifest
+    contract = target.contract(taps, vocab_map=vmaps["8k"])
     feats = OfflineFeatures(a.features, contract, pad_id=target.tokenizer.eos_token_id)
     batches = [feats.batch(feats.samples()[i:i + a.batch]) for i in range(0, 4 * a.batch, a.batch)]
     tokens = [int(b.attention_mask.sum()) for b in batches]
@@ -48,7 +49,7 @@ def main() -> None:
 
     def make(fields: dict, vocab: str):
         c = TrainConfig(**{"ttt_steps": 3, **fields})
-        contract = target.contract((2, 15, 27), vocab_map=vmaps[vocab])
+        contract = target.contract(taps, vocab_map=vmaps[vocab])
         model = TTTModel(build_draft(target, contract, vmaps[vocab], c), head, steps=c.ttt_steps, decay=0.8)
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
 
