@@ -28,6 +28,9 @@ LEVERS: dict[str, list[str]] = {
     "ttt1": ["--ttt-steps", "1"],
     "lr3e-3": ["--lr", "3e-3"],
     "supervise_all": ["--supervise", "all"],  # prompt tokens supervised too
+    "lk_hybrid": ["--loss", "lk_hybrid"],  # KL blended into TV by the overlap (LK losses)
+    "nla": ["--loss", "nla"],  # -log(overlap) (LK losses)
+    "greedy_ce": ["--loss", "greedy_ce"],  # CE on the target's top-1: what greedy verification accepts
     "raw_mix": [],  # half the samples regenerated (first train_limit/2), half ShareGPT's own answers (--raw)
     "raw_only": [],  # ShareGPT's own answers only, scored by the target; held-out stays regenerated
 }

@@ -12,7 +12,9 @@ from eaglewire.errors import CheckpointError, ContractMismatch, TranslationError
 from eaglewire.formats.base import CONTRACT_FILE
 from eaglewire.formats.convert import export_draft, import_draft
 
-FORMATS = ["sglang", "sglang-legacy", "vllm", "eagle", "specforge"]
+from eaglewire.engines import FORMATS
+
+assert set(FORMATS) >= {"native", "sglang", "sglang-legacy", "vllm", "speculators", "eagle", "specforge"}
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +39,20 @@ def test_export_import_bit_identical(tmp_path, target, drafted, fmt):
     back, c2 = import_draft(out, fmt, target=target)
     assert c2 == contract and _same(draft, back)
     keys = set(load_file(str(out / "model.safetensors")))
-    assert ("midlayer.self_attn.q_proj.weight" in keys) == (fmt != "vllm")
+    assert ("midlayer.self_attn.q_proj.weight" in keys) == (fmt not in ("vllm", "speculators", "native"))
     assert "embed_tokens.weight" not in keys and {"d2t", "t2d"} <= keys
+
+
+def test_native_is_a_format_with_its_own_contract(tmp_path, target, drafted):
+    """Any-to-any through the native checkpoint, keeping the file's dtype; measured taps are refused."""
+    draft, contract = drafted
+    a = export_draft(draft, contract, tmp_path / "a", "native", dtype=torch.bfloat16)
+    mid, c = import_draft(a, "native")  # no target needed: the checkpoint carries its contract
+    assert c == contract and mid.contract == contract and mid.fc.weight.dtype == torch.bfloat16
+    back, c2 = import_draft(export_draft(mid, c, tmp_path / "b", "sglang"), "sglang", target=target)
+    assert c2 == contract and torch.equal(back.fc.weight, draft.fc.weight.to(torch.bfloat16))
+    with pytest.raises(CheckpointError, match="carries its contract"):
+        import_draft(a, "native", target=target, taps=(1, 2, 3))
 
 
 def test_engine_specific_configs(tmp_path, drafted):

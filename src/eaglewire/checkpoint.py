@@ -94,9 +94,10 @@ def read_checkpoint_config(path: Path) -> tuple[DraftConfig, WiringContract, dic
     return cfg, contract, meta
 
 
-def load_checkpoint(path: Path, *, target: Target | None = None, dtype: torch.dtype = torch.float32) -> Eagle3Draft:
+def load_checkpoint(path: Path, *, target: Target | None = None,
+                    dtype: torch.dtype | None = torch.float32) -> Eagle3Draft:
     """Load strictly (the loader imports share). With `target`, also require the contract to be for it
-    and attach its embedding. The draft's `contract` is the one stored with it."""
+    and attach its embedding. The draft's `contract` is the one stored with it. dtype None: as saved."""
     path = Path(path)
     cfg, contract, meta = read_checkpoint_config(path)
     if target is not None:

@@ -86,13 +86,17 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
                                       "train taps starting at boundary 2 (ids starting at 1 read the same in both)")),
 )}
 ALIASES = {"speculators": "vllm"}  # the speculators format is what vLLM loads
-FORMATS = (*ENGINES, *ALIASES)  # every name `--format`, `--engine` and the run config's `formats` accept
+ENGINE_FORMATS = (*ENGINES, *ALIASES)  # every name `--engine` and the run config's `formats` accept
+NATIVE = "native"  # eaglewire's own checkpoint (eaglewire.checkpoint): a format with no engine behind it
+FORMATS = (NATIVE, *ENGINE_FORMATS)  # every name `eaglewire export` / `import --format` accept
 
 
 def engine_for(name: str) -> Engine:
     """The record for an engine or format name (aliases resolved)."""
     record = ENGINES.get(ALIASES.get(name, name))
     if record is None:
-        raise CheckpointError(f"unknown engine or format {name!r}", expected=", ".join(FORMATS), found=name,
-                             fix="pick one of the names listed")
+        fix = ("native is eaglewire's own checkpoint, not an engine: name the engine that will load the draft"
+               if name == NATIVE else "pick one of the names listed")
+        raise CheckpointError(f"unknown engine or format {name!r}", expected=", ".join(ENGINE_FORMATS), found=name,
+                              fix=fix)
     return record

@@ -10,7 +10,7 @@ import typer
 from eaglewire.cli.common import add_command, load_target, out_console, parse_dtype
 
 FORMAT_HELP = ("sglang (PR #25454 layer-id rule), sglang-legacy (always +1), vllm / speculators, eagle "
-               "(SafeAILab), specforge")
+               "(SafeAILab), specforge, native (eaglewire's own checkpoint)")
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
@@ -29,15 +29,15 @@ def export_cmd(
 
     from eaglewire.checkpoint import load_checkpoint
     from eaglewire.formats.convert import export_draft
-    from eaglewire.engines import engine_for
+    from eaglewire.engines import NATIVE, engine_for
 
     tgt = load_target(target) if target else None
     d = load_checkpoint(draft, target=tgt)
     cast = getattr(torch, parse_dtype(dtype, DTYPES, "--dtype")) if dtype is not None else None
     path = export_draft(d, d.contract, out, fmt, dtype=cast, with_embedding=with_embedding,
                         verifier=verifier or (str(tgt.path) if tgt is not None and tgt.path else None))
-    ids = d.contract.engine_ids(engine_for(fmt).convention)
-    out_console.print(f"{fmt} export -> {path} (layer ids {list(ids)}; taps {list(d.contract.taps)})")
+    ids = "" if fmt == NATIVE else f"layer ids {list(d.contract.engine_ids(engine_for(fmt).convention))}; "
+    out_console.print(f"{fmt} export -> {path} ({ids}taps {list(d.contract.taps)})")
 
 
 def import_cmd(

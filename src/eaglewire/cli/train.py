@@ -67,7 +67,8 @@ def train_cmd(
     warmup_steps: int = typer.Option(T.warmup_steps, "--warmup-steps"),
     ttt_steps: int = typer.Option(T.ttt_steps, "--ttt-steps", help="Training-time-test unroll length."),
     ttt_decay: float = typer.Option(T.ttt_decay, "--ttt-decay", help="Loss weight decay**position."),
-    loss: str = typer.Option(T.loss, "--loss", help="soft_ce or forward_kl."),
+    loss: str = typer.Option(T.loss, "--loss", help="soft_ce, forward_kl, nla, lk_hybrid or greedy_ce "
+                              "(train/ttt.py)."),
     supervise: str = typer.Option(T.supervise, "--supervise", help="answers, or all (prompt tokens too)."),
     num_layers: int = typer.Option(T.num_layers, "--num-layers", help="Draft decoder layers."),
     init_layers_from_target: bool = typer.Option(T.init_layers_from_target, "--init-layers-from-target",

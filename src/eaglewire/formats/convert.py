@@ -1,7 +1,7 @@
 """Export a native draft to an engine layout and import it back, strictly.
 
-Export -> import is bit-identical for every format (tested), so any-to-any conversion is import A then
-export B. A missing or unexpected key, a wrong shape, a layer-id list that was lost or disagrees with
+`native` (eaglewire.checkpoint) is one of the formats: the same strict loader reads it, so any-to-any
+conversion is import A then export B, and export -> import is bit-identical for every format (tested). A missing or unexpected key, a wrong shape, a layer-id list that was lost or disagrees with
 the contract, or a missing vocab map stops the conversion with a message.
 """
 
@@ -17,7 +17,7 @@ from eaglewire.draft.load import EMBED_KEY as EMBED
 from eaglewire.draft.load import load_strict
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import CheckpointError, ContractMismatch
-from eaglewire.engines import FORMATS, Engine, engine_for
+from eaglewire.engines import FORMATS, NATIVE, Engine, engine_for
 from eaglewire.formats.base import cast_floats, read_contract, read_json, read_safetensors, rename_all, write_dir, \
     WEIGHTS
 from eaglewire.formats.layouts import check_exportable, config_ids, draft_config_from, from_native, make_config, \
@@ -30,6 +30,11 @@ __all__ = ["FORMATS", "export_draft", "import_draft"]
 def export_draft(draft: Eagle3Draft, contract: WiringContract, out: Path, fmt: str, *,
                  dtype: torch.dtype | None = None, with_embedding: bool | None = None,
                  verifier: str | None = None) -> Path:
+    """Write `draft` in the layout `fmt` names (FORMATS) plus the contract side file; `verifier` is for vLLM."""
+    if fmt == NATIVE:
+        from eaglewire.checkpoint import save_checkpoint
+
+        return save_checkpoint(draft, contract, out, save_embedding=bool(with_embedding), dtype=dtype)
     layout = engine_for(fmt)
     draft.cfg.require_matches(contract)
     check_exportable(layout, draft.cfg)
@@ -78,6 +83,8 @@ def import_draft(directory: Path, fmt: str, *, target: Any = None,
 
     taps: boundaries measured by the caller (eaglewire.doctor): the contract is built from `target` with
     them, and neither the config's layer ids nor a contract side file is read."""
+    if fmt == NATIVE:
+        return _import_native(Path(directory), target, taps)
     layout, directory = engine_for(fmt), Path(directory)
     config = read_json(directory / "config.json")
     where = f"{fmt} export {directory}"
@@ -94,3 +101,14 @@ def import_draft(directory: Path, fmt: str, *, target: Any = None,
     cfg = draft_config_from(layout, config, contract.num_taps)
     draft = load_strict(cfg, contract, native, where, embedding=None, target=target)
     return draft, contract
+
+
+def _import_native(directory: Path, target: Any, taps: tuple[int, ...] | None) -> tuple[Eagle3Draft, WiringContract]:
+    from eaglewire.checkpoint import load_checkpoint
+
+    if taps is not None:
+        raise CheckpointError(f"{directory} is a native checkpoint: it carries its contract",
+                              expected="no measured taps", found=f"taps {list(taps)}",
+                              fix="measured taps are for drafts from other tools (engine layouts)")
+    draft = load_checkpoint(directory, target=target, dtype=None)
+    return draft, draft.contract

@@ -17,12 +17,13 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from eaglewire.data.regenerate import GenerationSettings
-from eaglewire.engines import FORMATS
+from eaglewire.engines import ENGINE_FORMATS
 from eaglewire.data.samples import DEFAULT_HELDOUT_FRACTION, DEFAULT_MAX_LENGTH
 from eaglewire.errors import EaglewireError
 from eaglewire.decoding.tree import DEFAULT_TREE, TreeShape
 from eaglewire.decoding import bench as B
 from eaglewire.train.loop import TrainConfig
+from eaglewire.train.ttt import LOSSES
 from eaglewire.vocab import DEFAULT_DRAFT_VOCAB
 
 G, T = GenerationSettings(), TrainConfig()
@@ -68,7 +69,7 @@ class TrainCfg(_Strict):
     warmup_steps: int = T.warmup_steps
     ttt_steps: int = Field(T.ttt_steps, ge=1)
     ttt_decay: float = T.ttt_decay
-    loss: Literal["soft_ce", "forward_kl"] = T.loss
+    loss: Literal[*LOSSES] = Field(T.loss, description="the step loss (train/ttt.py: LOSSES; README, recipe levers)")
     supervise: Literal["answers", "all"] = Field(T.supervise, description="answers, or all: prompt tokens "
                                                  "supervised too (more signal per step; README, recipe levers)")
     num_layers: int = T.num_layers
@@ -119,7 +120,7 @@ class RunConfig(_Strict):
     vocab: VocabCfg = VocabCfg()
     train: TrainCfg = TrainCfg()
     bench: BenchCfg = BenchCfg()
-    formats: tuple[Literal[FORMATS], ...] = DEFAULT_FORMATS  # type: ignore[valid-type]  # engines.py's names
+    formats: tuple[Literal[ENGINE_FORMATS], ...] = DEFAULT_FORMATS  # type: ignore[valid-type]  # engines.py
 
     def digest(self, *parts: str) -> str:
         """sha256 of the named sections (all when none), canonical JSON."""

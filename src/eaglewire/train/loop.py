@@ -61,7 +61,7 @@ class TrainConfig:
     grad_clip: float = 0.5
     ttt_steps: int = 7
     ttt_decay: float = 0.8
-    loss: str = "soft_ce"  # or "forward_kl"
+    loss: str = "soft_ce"  # any of ttt.LOSSES (measured: benchmarks/results/recipe)
     supervise: str = "answers"  # or "all": prompt tokens too (measured: benchmarks/results/recipe)
     num_layers: int = 1
     eval_every: int = 50

@@ -7,10 +7,14 @@ k = 0 and the draft's own output of step k-1 at t otherwise, and supervises it w
 (the accepted prefix) plus the step-1..k keys of position t itself (its own draft chain) — exactly
 the draft's KV at inference after accepting x_0..x_{t+1} and drafting k tokens.
 
-Loss per step: soft cross-entropy  -sum_v p'(v) log q(v)  where p' = softmax(p_{t+1+k}[t2d]) is the
-target's distribution renormalised over the draft vocab (or forward KL = CE - H(p')), on positions whose
-predicted token x_{t+2+k} is trained (loss mask) and whose target top-1 lies in the draft vocab;
-step weight decay**k.
+Loss per step (`LOSSES`), with p' = softmax(p_{t+1+k}[t2d]) the target's distribution renormalised over the
+draft vocab and q the draft's: soft cross-entropy -sum_v p'(v) log q(v) (default), forward KL = CE - H(p'),
+or one that aims at acceptance itself — `nla` -log alpha and `lk_hybrid` (KL blended into TV = 1 - alpha by
+exp(-eta sg[alpha])), alpha = sum_v min(p', q) the sampling acceptance rate (Samarin et al., "LK Losses",
+arXiv 2602.23881; the same definitions as speculators' losses/eager.py) — or `greedy_ce`, cross-entropy on the
+target's top-1 only: under greedy verification the target *is* that point mass, and -log alpha reduces to it.
+On positions whose predicted token x_{t+2+k} is trained (loss mask) and whose target top-1 lies in the draft
+vocab; step weight decay**k.
 """
 
 from __future__ import annotations
@@ -43,6 +47,53 @@ def ttt_attention_mask(T: int, step: int, device: torch.device | str = "cpu") ->
     return torch.cat(blocks, dim=1)[None, None]
 
 
+LK_ETA = 3.0  # lk_hybrid's blend temperature: the paper's best setting (and speculators' default)
+
+
+def _soft_ce(logq: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    return -(p * logq).sum(-1)
+
+
+def soft_ce_loss(draft: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """[N, V_d] logits each -> [N]: -sum p log q."""
+    return _soft_ce(F.log_softmax(draft, -1), F.softmax(target, -1))
+
+
+def forward_kl_loss(draft: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """KL(p || q) = CE - H(p): the same gradient as soft CE, a loss that reaches 0."""
+    p = F.softmax(target, -1)
+    return _soft_ce(F.log_softmax(draft, -1), p) + (p * torch.log(p.clamp_min(1e-30))).sum(-1)
+
+
+def _overlap(draft: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """[N] alpha = sum_v min(p, q): the acceptance probability of rejection sampling at temperature 1."""
+    return torch.minimum(F.softmax(draft, -1), F.softmax(target, -1)).sum(-1)
+
+
+def nla_loss(draft: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """-log alpha: TV's gradient scaled by 1/alpha, so it does not vanish while the overlap is small."""
+    return -torch.log(_overlap(draft, target).clamp_min(1e-6))
+
+
+def lk_hybrid_loss(draft: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """lambda KL + (1 - lambda) TV with lambda = exp(-eta sg[alpha]): KL's strong gradient while the
+    draft is far off, acceptance itself once it overlaps."""
+    alpha = _overlap(draft, target)
+    lam = torch.exp(-LK_ETA * alpha.detach())
+    return lam * forward_kl_loss(draft, target) + (1 - lam) * (1 - alpha)
+
+
+def greedy_ce_loss(draft: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy on the target's top-1: greedy verification accepts exactly when the argmaxes agree."""
+    return F.cross_entropy(draft, target.argmax(-1), reduction="none")
+
+
+LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "soft_ce": soft_ce_loss, "forward_kl": forward_kl_loss, "nla": nla_loss, "lk_hybrid": lk_hybrid_loss,
+    "greedy_ce": greedy_ce_loss,
+}
+
+
 @dataclass
 class TTTStats:
     losses: list[float] = field(default_factory=list)  # per step, normalised like the loss
@@ -62,8 +113,8 @@ class TTTModel(nn.Module):
         """`target_head` [V, H_t] the full frozen head; or None with `draft_head` [V_d, H_t], its rows for
         the draft vocab, when every batch brings the target's top-1 (offline training keeps V_d rows only)."""
         super().__init__()
-        if loss not in ("soft_ce", "forward_kl"):
-            raise ValueError(f"loss must be soft_ce or forward_kl, not {loss!r}")
+        if loss not in LOSSES:
+            raise ValueError(f"loss must be one of {', '.join(LOSSES)}, not {loss!r}")
         if (target_head is None) == (draft_head is None):
             raise ValueError("give the full target head or its draft-vocab rows, exactly one")
         self.draft, self.steps, self.decay, self.loss_kind = draft, steps, decay, loss
@@ -114,11 +165,7 @@ class TTTModel(nn.Module):
     def _step_loss(self, draft_logits: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Rows are the supervised positions, [N, V_d] each. Sum / (N over ALL ranks) * world size: DDP's
         gradient averaging then yields exactly the single-process gradient of the global batch."""
-        p = F.softmax(target_logits.float(), dim=-1)
-        logq = F.log_softmax(draft_logits.float(), dim=-1)
-        per_pos = -(p * logq).sum(-1)  # [N] soft cross-entropy
-        if self.loss_kind == "forward_kl":
-            per_pos = per_pos + (p * torch.log(p.clamp_min(1e-30))).sum(-1)
+        per_pos = LOSSES[self.loss_kind](draft_logits.float(), target_logits.float())  # [N]
         n = self.reduce_count(torch.tensor(float(per_pos.numel()), dtype=torch.float64)).clamp_min(1)
         loss = per_pos.sum() / n.to(per_pos.dtype) * self.world_size
         correct = int((draft_logits.argmax(-1) == target_logits.argmax(-1)).sum())
