@@ -186,3 +186,32 @@ def test_weights_nan_in_fc_zero_norm_and_copied_head(tmp_path, target):
     assert ("error", "fc.weight holds 1 NaN/Inf value(s)") in found
     assert ("error", "norm.weight is all zeros") in found
     assert ("warn", "lm_head equals the target's lm_head rows bit for bit") in found
+
+
+def test_import_records_the_measured_taps_and_exports_carry_them(tmp_path, target, trained, bounds):
+    """A foreign draft whose config gives the embedding tap: import with the target records the trained
+    boundaries as an inferred contract; the native checkpoint and a re-export carry it, and the re-export's
+    ids are the trained ones (the doctor then finds no error and says the contract was inferred)."""
+    from eaglewire.checkpoint import load_checkpoint, save_checkpoint
+    from eaglewire.workflows import import_any
+
+    broken = _export(tmp_path, trained, "vllm", [0, 2, 4])
+    draft, contract, m = import_any(broken, "vllm", target, bounds=bounds)
+    assert contract.taps == TRAINED and m.best == TRAINED and m.delivered == (0, 2, 4)
+    ev = contract.inferred
+    assert ev["source"] == "measured" and ev["best"] == list(TRAINED) and ev["delivered"] == [0, 2, 4]
+    assert ev["error"] is True and ev["tokens"] == m.tokens
+    assert contract == trained[1] and contract.fingerprint() == trained[1].fingerprint()  # provenance only
+    native = save_checkpoint(draft, contract, tmp_path / "native")
+    again = load_checkpoint(native, target=target)
+    assert again.contract.inferred == ev
+    fixed = export_draft(again, again.contract, tmp_path / "fixed", "vllm")
+    assert json.loads((fixed / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == list(TRAINED)
+    report = run_checks(inspect_dir(fixed, "vllm"), target)
+    assert report.errors == 0
+    assert any(f.check == "contract" and "were inferred" in f.what for f in report.findings), report.findings
+
+    d2, c2, m2 = import_any(broken, "vllm", target, measure=False)  # the config's ids, as vLLM reads them
+    assert m2 is None and c2.taps == (0, 2, 4) and c2.inferred == {"source": "engine_config", "engine": "vllm"}
+    d3, c3, m3 = import_any(fixed, "vllm", target)  # a contract file: imported as it is, nothing measured
+    assert m3 is None and c3.inferred == ev

@@ -43,6 +43,9 @@ from eaglewire.errors import ContractMismatch, TranslationError
 SCHEMA = "eaglewire.wiring/1"
 CANONICAL = "boundary"
 CAPTURE_POINTS = ("residual_pre_norm",)  # the only capture point eaglewire produces
+# How an inferred contract's taps were found: measured from the draft's weights on the target (the doctor's
+# empirical check), or read from the engine config's layer ids without a measurement.
+INFERRED_SOURCES = ("measured", "engine_config")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -255,8 +258,16 @@ class WiringContract:
     chat_template_sha256: str | None = None
     norm: NormFlags = field(default_factory=NormFlags)
     schema: str = SCHEMA
+    # Set when the taps were not known from training but measured or read from an engine config (a draft
+    # from another tool, `eaglewire import --target`): how, and the evidence. Provenance, not wiring: it is
+    # outside equality, the fingerprint and `differences`, and absent from the JSON when None.
+    inferred: dict[str, Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
+        if self.inferred is not None and self.inferred.get("source") not in INFERRED_SOURCES:
+            raise ContractMismatch("an inferred contract must say how it was inferred",
+                                   expected=f"inferred.source in {INFERRED_SOURCES}",
+                                   found=repr(self.inferred.get("source")))
         object.__setattr__(self, "taps", validate_boundaries(self.taps, self.target.num_layers))
         if self.capture not in CAPTURE_POINTS:
             raise ContractMismatch("unknown capture point", expected=" or ".join(CAPTURE_POINTS),
@@ -279,12 +290,20 @@ class WiringContract:
         return to_engine(self.taps, engine, self.target.num_layers)
 
     def fingerprint(self) -> str:
-        return hashlib.sha256(canonical_json(self.to_dict()).encode()).hexdigest()[:16]
+        return hashlib.sha256(canonical_json(self.wiring_dict()).encode()).hexdigest()[:16]
 
     # ---- JSON ----------------------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
+    def wiring_dict(self) -> dict[str, Any]:
+        """The wiring fields only (what equality, the fingerprint and `differences` compare)."""
         d = dataclasses.asdict(self)
+        d.pop("inferred")
         d["taps"] = list(self.taps)
+        return d
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self.wiring_dict()
+        if self.inferred is not None:
+            d["inferred"] = self.inferred
         return d
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -310,7 +329,7 @@ class WiringContract:
     # ---- comparison ----------------------------------------------------------------------------
     def differences(self, other: "WiringContract", *, ignore: Sequence[str] = ()) -> list[tuple[str, Any, Any]]:
         """(field, self value, other value) for each differing leaf field, dotted names."""
-        a, b = _flatten(self.to_dict()), _flatten(other.to_dict())
+        a, b = _flatten(self.wiring_dict()), _flatten(other.wiring_dict())
         return [(k, a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys())
                 if k not in ignore and a.get(k) != b.get(k)]
 

@@ -1,12 +1,13 @@
-"""The workflows both the CLI (`eaglewire vocab build`, `eaglewire train`) and `eaglewire run`
-(pipeline/stages.py) call, so the two cannot drift apart: build the draft vocabulary from the training
-split, choose the feature source, train a draft and write its summary.
+"""The workflows both the CLI (`eaglewire vocab build`, `eaglewire train`, `eaglewire import`) and
+`eaglewire run` (pipeline/stages.py) call, so the two cannot drift apart: build the draft vocabulary from
+the training split, choose the feature source, train a draft and write its summary, import a draft from
+another tool with its taps measured.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -89,3 +90,33 @@ def train_draft(target: Any, contract: WiringContract, vmap: VocabMap, source: A
         plot_metrics(out / "metrics.jsonl", out / "training.png")
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def import_any(directory: Path, fmt: str, target: Any = None, *, measure: bool = True,
+               bounds: Any = None) -> tuple[Any, WiringContract, Any]:
+    """(draft, contract, measurement or None). An export with its contract file (or a native checkpoint)
+    is imported as it is. Without one, the contract is inferred and says so (`WiringContract.inferred`):
+    with `measure`, from the boundaries the draft's own weights predict best on `target` (the doctor's
+    empirical check; the config's ids win any near-tie), else from the config's layer ids as the engine
+    reads them. Later checks and exports carry the evidence with the contract."""
+    from eaglewire.doctor.empirical import run_measurement
+    from eaglewire.doctor.inspect import inspect_dir
+    from eaglewire.engines import NATIVE
+    from eaglewire.errors import EaglewireError
+    from eaglewire.formats.base import read_contract
+    from eaglewire.formats.convert import import_draft
+
+    directory = Path(directory)
+    if fmt == NATIVE or read_contract(directory) is not None or target is None:
+        draft, contract = import_draft(directory, fmt, target=target)
+        return draft, contract, None
+    if not measure:
+        draft, contract = import_draft(directory, fmt, target=target)
+        return draft, replace(contract, inferred={"source": "engine_config", "engine": fmt}), None
+    m, findings = run_measurement(inspect_dir(directory, fmt), target, bounds)
+    if m is None:
+        raise EaglewireError(f"{directory}: the trained boundaries could not be measured", found=findings[0].what,
+                             fix=findings[0].fix or "import with --no-measure to take the config's ids as they are")
+    draft, contract = import_draft(directory, fmt, target=target, taps=m.best)
+    evidence = {"source": "measured", "engine": fmt, "target": target.name, **m.to_dict()}
+    return draft, replace(contract, inferred=evidence), m

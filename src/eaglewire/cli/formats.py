@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from eaglewire.cli.common import add_command, load_target, out_console, parse_dtype
+from eaglewire.cli.common import add_command, err_console, load_target, out_console, parse_dtype
 
 FORMAT_HELP = ("sglang (PR #25454 layer-id rule), sglang-legacy (always +1), vllm / speculators, eagle "
                "(SafeAILab), specforge, native (eaglewire's own checkpoint)")
@@ -44,17 +44,37 @@ def import_cmd(
     directory: Path = typer.Argument(..., help="An exported draft directory."),
     fmt: str = typer.Option(..., "--format", "-f", help=FORMAT_HELP),
     out: Path = typer.Option(..., "--out", "-o", help="Native checkpoint directory to write."),
-    target: Optional[str] = typer.Option(None, "--target", "-t", help="Needed when the export has no contract file."),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help="Needed when the export has no contract "
+                                         "file: the trained boundaries are then measured on it."),
+    measure: bool = typer.Option(True, "--measure/--no-measure", help="Without a contract file: measure the "
+                                 "trained boundaries (default), or take the config's layer ids as they are."),
 ) -> None:
-    """Read an engine-layout draft strictly into a native checkpoint."""
+    """Read an engine-layout draft strictly into a native checkpoint; a draft from another tool gets a
+    contract marked as inferred, with the evidence."""
     from eaglewire.checkpoint import save_checkpoint
-    from eaglewire.formats.convert import import_draft
+    from eaglewire.workflows import import_any
 
     tgt = load_target(target) if target else None
-    d, contract = import_draft(directory, fmt, target=tgt)
+    with err_console.status("importing (a draft without a contract file is measured on the target)"):
+        d, contract, m = import_any(directory, fmt, tgt, measure=measure)
     save_checkpoint(d, contract, out)
+    how = {None: "", "measured": "inferred by measurement, ", "engine_config": "inferred from the config's ids, "}
     out_console.print(f"imported {fmt} draft -> {out} (taps {list(contract.taps)}, "
-                      f"contract {contract.fingerprint()})")
+                      f"{how[(contract.inferred or {}).get('source')]}contract {contract.fingerprint()})")
+    if m is not None:
+        out_console.print(_measured_summary(m), highlight=False)
+
+
+def _measured_summary(m) -> str:
+    best = m.scores[m.best]
+    line = f"measured: the draft predicts best from boundaries {list(m.best)} (NLL {best.mean_nll:.2f}, " \
+           f"agreement {best.agreement:.2f}, {m.tokens} tokens)"
+    if m.delivered != m.best:
+        got = "cannot be captured" if m.delivered is None else f"deliver {list(m.delivered)}"
+        line += f"; the config's ids {got}: the imported contract records {list(m.best)}, and exports write those"
+    if m.weak:
+        line += f"; weak evidence (worst - best = {m.spread:.2f} nats)"
+    return line
 
 
 def register(app: typer.Typer) -> None:

@@ -285,6 +285,13 @@ def dtype_and_contract(ins: Inspection, target: Any) -> list[Finding]:
                       "layer ids, taps and norms can only be checked for internal consistency, or measured",
                       "give --target to measure the trained boundaries (eaglewire doctor DIR --target T), "
                       "or import with --target to record them"))
+    elif ins.contract.inferred is not None:
+        ev = ins.contract.inferred
+        how = (f"measured on the target ({ev.get('tokens')} tokens, weak evidence: {ev.get('weak_evidence')})"
+               if ev["source"] == "measured" else f"read from the {ev.get('engine')} config's layer ids, unmeasured")
+        out.append(_f("info", "contract", f"the contract's taps {list(ins.contract.taps)} were inferred, not "
+                      f"known from training: {how}", "the draft came from another tool (eaglewire import)",
+                      "nothing to fix; eaglewire doctor DIR --target T --measure measures again"))
     return out
 
 
