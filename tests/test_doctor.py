@@ -202,3 +202,37 @@ def test_doctor_cli_exit_codes(tmp_path, drafted):
     _edit_weights(out, lambda t: {k: v for k, v in t.items() if k != "d2t"})
     r = CliRunner().invoke(app, ["doctor", str(out), "--target", str(tmp_path / "target")])
     assert r.exit_code == 1 and "ERROR" in r.output
+
+
+def test_parts_still_at_a_known_init_are_named():
+    """PyTorch's Linear default and HF's N(0, 0.02) are recognised; the released draft's trained weights,
+    and a matrix trained a little away from either, are not."""
+    from safetensors import safe_open
+
+    from eaglewire.checkpoint import released_draft_dir
+    from eaglewire.doctor.weights import at_init
+
+    torch.manual_seed(0)
+    fresh = torch.nn.Linear(1728, 576).weight.detach()
+    assert "PyTorch's Linear default" in at_init("fc.weight", fresh)
+    assert "initializer_range" in at_init("layers.0.mlp.up_proj.weight", torch.randn(1536, 576) * 0.02)
+    assert "exactly 1.0" in at_init("norm.weight", torch.ones(576))
+    assert at_init("norm.weight", torch.ones(576) + 1e-3) is None
+    assert at_init("fc.weight", fresh + 0.01 * torch.randn_like(fresh)) is None  # moved off U: tails and kurtosis
+    assert at_init("fc.weight", torch.randn(576, 1728) * 0.021) is None  # 5% off 0.02
+    with safe_open(str(released_draft_dir() / "model.safetensors"), framework="pt") as f:
+        flagged = {k: at_init(k, f.get_tensor(k)) for k in f.keys() if f.get_tensor(k).is_floating_point()}
+    assert {k: v for k, v in flagged.items() if v} == {}
+
+
+def test_never_trained_layer_and_float16_overflow_in_an_export(tmp_path, target, drafted):
+    out = _export(tmp_path, drafted, "vllm")
+
+    def damage(t):
+        t["layers.0.mlp.up_proj.weight"] = torch.randn_like(t["layers.0.mlp.up_proj.weight"]).mul(0.02)
+        t["lm_head.weight"][0, 0] = 1e5
+        return t
+    _edit_weights(out, damage)
+    found = {(f.level, f.check, f.what.split(":")[0]) for f in _doctor(out, target, "vllm").findings}
+    assert ("warn", "weights", "layers.0.mlp.up_proj.weight looks never trained") in found  # 128 x 64
+    assert ("warn", "dtype", "lm_head.weight holds |w| up to 1e+05, beyond float16's 65504") in found

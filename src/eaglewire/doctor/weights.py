@@ -3,6 +3,15 @@
 Read tensor by tensor (a draft is small next to its target). A NaN or Inf anywhere poisons every draft
 token (the engine loads it without a word); a norm of zeros erases its input; an lm_head equal to the
 target's own rows is a head that was copied, not trained (EAGLE-3 trains its reduced-vocab head).
+
+Never-trained parts are recognised by their init's fingerprint, which training erases: PyTorch's default
+Linear init is U(-1/sqrt(fan_in), 1/sqrt(fan_in)) — no value outside the bound and the kurtosis of a
+uniform, 1.8 — and HF's `initializer_range` init is N(0, 0.02) — std 0.02 to a fraction of a percent and
+kurtosis 3. The released draft's trained matrices have 11-69% of their values outside the uniform bound,
+kurtosis 3.1-5.4 and stds 1.1-4.8x the uniform's; norms at exactly 1.0 everywhere were never moved.
+
+Engines run the draft in the serving dtype of the target (vLLM builds the draft's model config with the
+target's dtype; SGLang loads it with the server's --dtype): a float16 server turns |w| > 65504 into Inf.
 """
 
 from __future__ import annotations
@@ -39,7 +48,42 @@ def weight_findings(ins: Inspection, target: Any) -> list[Finding]:
                 out.append(Finding("warn", "weights", "lm_head equals the target's lm_head rows bit for bit",
                                    "a copied head, not a trained one: acceptance is that of the target's head on "
                                    "the draft's state", "train the draft head (eaglewire train)"))
+            elif (init := at_init(k, t)) is not None:
+                out.append(Finding("warn", "weights", f"{k} looks never trained: {init}", "training moves every "
+                                   "weight off its init's distribution; this one still has it, so the engine "
+                                   "runs a random part", "export from the trained checkpoint (or train it)"))
+            if bad == 0 and float(t.float().abs().max()) > FP16_MAX:
+                big = float(t.float().abs().max())
+                out.append(Finding("warn", "dtype", f"{k} holds |w| up to {big:.3g}, beyond float16's {FP16_MAX:g}",
+                                   "engines cast the draft to the target's serving dtype: a float16 server "
+                                   "turns these into Inf", "serve in bfloat16 or float32"))
     return out
+
+
+FP16_MAX = 65504.0
+HF_INIT_STD = 0.02  # transformers' default initializer_range
+
+
+def at_init(name: str, t: torch.Tensor) -> str | None:
+    """Which known init `t` still has (module docstring), or None. Matrices only from 4096 values, where
+    the statistics are sharp: a true init passes within 4 sigma of sampling error, training leaves it."""
+    x = t.float().flatten()
+    if name.endswith("norm.weight"):  # exact: no statistics needed
+        return "every value is exactly 1.0 (RMSNorm's init)" if bool((x == 1).all()) else None
+    if t.dim() != 2 or t.numel() < 4096:
+        return None
+    std = float(x.std())
+    if std == 0:
+        return None
+    kurt = float((((x - x.mean()) / std) ** 4).mean())
+    bound = t.shape[1] ** -0.5
+    if float(x.abs().max()) <= bound * 1.001 and kurt < 2.2:
+        return f"U(±1/sqrt({t.shape[1]})) (PyTorch's Linear default: max |w| {float(x.abs().max()):.4g}, kurtosis {kurt:.2f})"
+    n = x.numel()  # 4-sigma sampling tolerances of a true N(0, 0.02): std 1/sqrt(2n) relative, kurtosis sqrt(24/n)
+    if abs(std / HF_INIT_STD - 1) < 4 / (2 * n) ** 0.5 and abs(kurt - 3) < 4 * (24 / n) ** 0.5 \
+            and abs(float(x.mean())) < 4 * HF_INIT_STD / n ** 0.5:
+        return f"N(0, {HF_INIT_STD}) (transformers' initializer_range: std {std:.5f}, kurtosis {kurt:.2f})"
+    return None
 
 
 def _copied_head(head: torch.Tensor, ins: Inspection, target: Any) -> bool:

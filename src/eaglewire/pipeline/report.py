@@ -122,7 +122,7 @@ def _sections(ctx: Ctx, timings: dict[str, dict[str, Any]], pngs: dict[str, Path
         "Held-out top-1 accuracy per TTT position: " + ", ".join(f"{a:.3f}" for a in h.get("acc", []))],
         images=[("loss and per-position accuracy", pngs["training"])]))
     reps = r["doctor"]["reports"]
-    rows = [[f["level"], fmt, f["name"], f["what"], f["fix"]] for fmt, rep in reps.items() for f in rep["findings"]]
+    rows = [[f["level"], fmt, f["check"], f["what"], f["fix"]] for fmt, rep in reps.items() for f in rep["findings"]]
     sec.append(Section("Doctor", [f"{r['doctor']['errors']} error(s): " + "; ".join(
         f"{fmt} export ({rep['directory']}) checked as {rep['engine']}: {rep['errors']} error(s), "
         f"{len(rep['findings'])} finding(s)" for fmt, rep in reps.items()) + "."],
