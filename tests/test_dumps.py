@@ -114,6 +114,25 @@ def test_speculators_import_equals_our_capture(tmp_path, target, samples):
     _assert_same_features(tmp_path / "feat", _reference(tmp_path, target, samples[:4]), target, samples[:4])
 
 
+@needs_arrow
+def test_speculators_states_written_elsewhere(tmp_path, target, samples):
+    """speculators' generate step writes hs_*.safetensors to its --output when given: --states-dir reads them."""
+    import shutil
+
+    dump = tmp_path / "dump"
+    write_speculators_states(dump, target, samples[:3], TAPS)
+    write_speculators_arrow(dump, samples[:3], real_tool=False)
+    shutil.move(str(dump / "hidden_states"), str(tmp_path / "elsewhere"))
+    with pytest.raises(EaglewireError, match="no samples with hidden states"):
+        import_dump(dump, "speculators", target, tmp_path / "none", taps=[1, 2, 3, 4])
+    manifest = import_dump(dump, "speculators", target, tmp_path / "feat", taps=[1, 2, 3, 4], dtype=torch.float32,
+                           states_dir=tmp_path / "elsewhere")
+    assert manifest["samples"] == 3
+    _assert_same_features(tmp_path / "feat", _reference(tmp_path, target, samples[:3]), target, samples[:3])
+    with pytest.raises(EaglewireError, match="speculators layout"):
+        open_dump(dump, "specforge", tmp_path / "elsewhere")
+
+
 def test_import_resumes_and_keeps_finished_shards(tmp_path, target, samples):
     write_specforge(tmp_path / "dump", target, samples, TAPS)
     kw = dict(taps=[0, 1, 2], shard_samples=2)

@@ -156,7 +156,8 @@ def capture_cmd(
         task = progress.add_task("capturing shards", total=None)
         manifest = capture_features(tgt, contract, samples, out, pad_id=tgt.pad_id, shard_samples=shard_samples,
                                     batch_size=batch_size, dtype=store,
-                                    on_shard=lambda k, n, _t: progress.update(task, completed=k, total=n))
+                                    on_shard=lambda k, n, _t: progress.update(task, completed=k, total=n),
+                               states_dir=states_dir)
     out_console.print(f"{manifest['samples']} samples, {manifest['tokens']} tokens in "
                       f"{len(manifest['shards'])} shards -> {out} (contract {contract.fingerprint()})")
 
@@ -175,6 +176,8 @@ def import_cmd(
     store_dtype: str = typer.Option("bfloat16", "--store-dtype"),
     verify: int = typer.Option(2, "--verify", help="Samples checked against the target's own forward before "
                                "anything is written (0 skips, for a target too large to run here)."),
+    states_dir: Optional[Path] = typer.Option(None, "--states-dir", help="speculators: the hs_*.safetensors "
+                                              "directory when it is not DIR/hidden_states (its --output)."),
 ) -> None:
     """Import a SpecForge or speculators hidden-state dump as eaglewire feature shards (streamed, resumable)."""
     import torch
@@ -187,7 +190,8 @@ def import_cmd(
         task = progress.add_task("importing shards", total=None)
         manifest = import_dump(src, fmt, tgt, out, taps=parse_ints(taps) if taps else None, taps_from=taps_from,
                                shard_samples=shard_samples, dtype=store, verify=verify,
-                               on_shard=lambda k, n, _t: progress.update(task, completed=k, total=n))
+                               on_shard=lambda k, n, _t: progress.update(task, completed=k, total=n),
+                               states_dir=states_dir)
     out_console.print(f"{manifest['samples']} samples, {manifest['tokens']} tokens in {len(manifest['shards'])} "
                       f"shards -> {out} (taps {manifest['contract']['taps']} as boundaries; from {src})")
 
@@ -203,13 +207,15 @@ def inspect_cmd(
                                             "vllm, sglang, boundary; default: the format's own)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Scan at most N samples for the statistics."),
     as_json: bool = typer.Option(False, "--json"),
+    states_dir: Optional[Path] = typer.Option(None, "--states-dir", help="speculators: the hs_*.safetensors "
+                                              "directory when it is not DIR/hidden_states (its --output)."),
 ) -> None:
     """Say what a hidden-state dump holds; exit 1 when it is not what was declared or is damaged."""
     from eaglewire.data.dumps import inspect_dump
 
     tgt = None if no_target else load_target(target)
     report = inspect_dump(src, fmt, tgt, declared_taps=parse_ints(taps) if taps else None, taps_from=taps_from,
-                          limit=limit)
+                          limit=limit, states_dir=states_dir)
     if as_json:
         out_console.print_json(json.dumps(report.to_dict()))
     else:

@@ -92,15 +92,17 @@ def _verify(dump: Dump, ids: list[str], first: DumpSample, target: Target, bound
 
 def import_dump(src: Path, fmt: str, target: Target, out: Path, *, taps: Sequence[int] | None = None,
                 taps_from: str | None = None, shard_samples: int = 256, dtype: torch.dtype = DEFAULT_STORE_DTYPE,
-                verify: int = 2, on_shard: Callable[[int, int, int], None] | None = None) -> dict:
+                verify: int = 2, on_shard: Callable[[int, int, int], None] | None = None,
+                states_dir: Path | None = None) -> dict:
     """Convert (or resume converting) the dump at `src` into feature shards in `out`; returns the manifest.
 
     fmt: "specforge", "speculators" or "auto". taps: the layer ids the tool was configured with, in
     convention `taps_from` (default: the format's own, see contract.CONVENTIONS; SpecForge 0.2.0 captures
     through SGLang, so "sglang" may be the right reading of its ids when the first tap is not boundary 2).
     verify: how many samples to check against the target's own forward before writing (0 skips it, for a
-    target too large to run here; the manifest records how many were checked)."""
-    dump = open_dump(Path(src), fmt)
+    target too large to run here; the manifest records how many were checked). states_dir: speculators'
+    hs_*.safetensors when they are not under `src`/hidden_states (its generate step's --output)."""
+    dump = open_dump(Path(src), fmt, states_dir)
     if dump.format == "eaglewire":
         raise EaglewireError(f"{src} is already an eaglewire feature directory", expected="a tool's dump",
                              found="manifest.json", fix="use it directly (train --features DIR)")

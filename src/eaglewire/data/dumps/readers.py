@@ -331,9 +331,15 @@ def detect_format(src: Path) -> str:
                          fix="pass the dump's top directory (SpecForge --output-path, speculators --output)")
 
 
-def open_dump(src: Path, fmt: str = "auto") -> Dump:
+def open_dump(src: Path, fmt: str = "auto", states_dir: Path | None = None) -> Dump:
+    """states_dir: where speculators wrote hs_*.safetensors when not under the dataset (its --output)."""
     fmt = detect_format(src) if fmt == "auto" else fmt
     readers = {"specforge": SpecForgeDump, "speculators": SpeculatorsDump, "eaglewire": FeatureDirDump}
     if fmt not in readers:
         raise EaglewireError(f"unknown dump format {fmt!r}", expected=", ".join(FORMATS) + " or auto", found=fmt)
+    if states_dir is not None:
+        if fmt != "speculators":
+            raise EaglewireError(f"a separate hidden-state directory is a speculators layout, not {fmt}",
+                                 expected="--states-dir only with speculators dumps", found=str(states_dir))
+        return SpeculatorsDump(Path(src), states_dir)
     return readers[fmt](Path(src))

@@ -186,11 +186,12 @@ def _identify(dump: Dump, rep: DumpReport, target: Target, samples: int) -> None
 
 def inspect_dump(src: Path, fmt: str = "auto", target: Target | None = None,
                  declared_taps: Sequence[int] | None = None, taps_from: str | None = None, *,
-                 limit: int | None = None, probe_samples: int = 2) -> DumpReport:
+                 limit: int | None = None, probe_samples: int = 2, states_dir: Path | None = None) -> DumpReport:
     """Report what the dump at `src` holds. `declared_taps` are layer ids in `taps_from` (default: the
     format's own convention); our feature dirs declare their contract's taps themselves. `limit` caps the
-    samples scanned for statistics (None: all); `probe_samples` are compared with the target."""
-    dump = open_dump(Path(src), fmt)
+    samples scanned for statistics (None: all); `probe_samples` are compared with the target; `states_dir`
+    as in import_dump."""
+    dump = open_dump(Path(src), fmt, states_dir)
     rep = DumpReport(str(src), dump.format, dump.layout(), samples=len(dump.ids()),
                      rows_without_states=dump.missing_rows)
     first = _scan(dump, rep, limit)
