@@ -95,3 +95,20 @@ def test_vllm_regenerates_through_our_rolling_pool(tmp_path, setup, vanilla):
     recs = read_done(tmp_path / "r.jsonl.gz")
     assert len(recs) == 4 and stats.turns == 8 and 0 < stats.new_tokens <= 8 * 24
     assert all(len(r["messages"]) == 4 and r["messages"][1]["content"] and r["messages"][3]["content"] for r in recs)
+
+
+def test_bench_vllm_peer_rows_beside_ours(setup):
+    """`eaglewire bench --vllm`: the real engine's rows on the same prompts, draft, k and dtype."""
+    from eaglewire.decoding.bench import markdown, run_bench
+    from eaglewire.decoding.tree import TreeShape
+
+    target, draft, _export, prompts, _ = setup
+    res = run_bench(target, draft, prompts[:2], 32, TreeShape.chain(K), TreeShape.chain(K), log=lambda s: None,
+                    methods=["vanilla", "eagle_chain", "vllm_vanilla", "vllm_eagle_chain"])
+    m = res["methods"]
+    assert set(m) == {"vanilla", "eagle_chain", "vllm_vanilla", "vllm_eagle_chain"}
+    assert m["vllm_vanilla"]["matches_vanilla"] >= 1 and m["vllm_eagle_chain"]["matches_vanilla"] >= 1
+    assert abs(m["vllm_eagle_chain"]["tau"] - m["eagle_chain"]["tau"]) < 0.2, m
+    assert len(m["vllm_eagle_chain"]["per_position"]) == K
+    assert m["eagle_chain"]["speedup_vs_vllm_vanilla"] > 0
+    assert "vllm_eagle_chain (k=3)" in markdown(res) and "speedup vs vllm_vanilla" in markdown(res)

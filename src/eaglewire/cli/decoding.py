@@ -11,6 +11,7 @@ import typer
 from eaglewire.checkpoint import resolve_draft
 from eaglewire.cli.common import add_command, err_console, load_target, out_console
 from eaglewire.decoding import bench as B
+from eaglewire.decoding.peer import PEER_METHODS
 from eaglewire.decoding.tree import DEFAULT_TREE as SHAPE
 from eaglewire.decoding.tree import TreeShape
 
@@ -73,7 +74,10 @@ def bench_cmd(
     topk: int = typer.Option(SHAPE.topk, "--topk", help="Tree run: K."),
     num_draft_tokens: int = typer.Option(SHAPE.num_draft_tokens, "--num-draft-tokens", help="Tree run: N including the root."),
     methods: str = typer.Option(",".join(B.METHODS), "--methods", help="Comma list of " + ", ".join(B.METHODS) +
-                                " (vanilla is always needed: the lossless reference and the speedup base)."),
+                                ", " + ", ".join(PEER_METHODS) + " (vanilla is always needed: the lossless "
+                                "reference and the speedup base)."),
+    vllm: bool = typer.Option(False, "--vllm", help="Add the peer rows " + " and ".join(PEER_METHODS) + ": the "
+                              "real vLLM CPU build on the same prompts, draft, k and dtype (scripts/vllm_venv.sh)."),
 ) -> None:
     """HF generate vs vanilla vs prompt lookup vs EAGLE-3 chain vs tree, interleaved in one process.
 
@@ -86,7 +90,8 @@ def bench_cmd(
     result = B.run_bench(tgt, d, prompts, max_new_tokens, TreeShape.chain(chain_k),
                          TreeShape(num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens),
                          log=lambda s: err_console.print(s, highlight=False),
-                         methods=[m.strip() for m in methods.split(",") if m.strip()])
+                         methods=list(dict.fromkeys([m.strip() for m in methods.split(",") if m.strip()]
+                                                    + (list(PEER_METHODS) if vllm else []))))
     result["questions"], result["draft"], result["turns"] = questions, str(resolve_draft(draft)), turns
     B.write(result, out)
     out_console.print(B.markdown(result), markup=False, highlight=False)

@@ -3,6 +3,7 @@ same chat template, same max new tokens, greedy — interleaved in ONE process (
 per prompt, so machine noise hits every method alike). A warm-up prompt runs every method first and is
 not counted. Reported per method: median tokens/s over prompts, speedup vs HF generate (ratio of
 medians), tau and per-position acceptance for EAGLE, and whether the tokens equal our vanilla loop.
+Optional peer rows run the real vLLM CPU build on the same prompts first (decoding/peer.py).
 """
 
 from __future__ import annotations
@@ -21,13 +22,15 @@ from eaglewire.errors import EaglewireError
 from eaglewire.decoding.engine import SpecDecoder, SpecStats, greedy_reference
 from eaglewire.decoding.propose import EagleProposer
 from eaglewire.decoding.hf_runtime import make_runtime
+from eaglewire.decoding.peer import PEER_METHODS, peer_rows
 from eaglewire.decoding.tree import TreeShape
 
-METHODS = ("hf_generate", "vanilla", "prompt_lookup", "eagle_chain", "eagle_tree")
+METHODS = ("hf_generate", "vanilla", "prompt_lookup", "eagle_chain", "eagle_tree")  # on our runtime
 # Defaults of `eaglewire bench` and of the run config's bench section (defined here only; the tree is
 # decoding/tree.py's DEFAULT_TREE). A chain of 1: on a CPU a verify of 1-3 tokens costs about one decode step.
 QUESTIONS, PROMPTS, MAX_NEW_TOKENS = "mtbench", 8, 128
 CHAIN_K = 1
+BASES = ("hf_generate", "vanilla", "prompt_lookup", "vllm_vanilla")  # the rows speedups are quoted against
 
 
 @dataclass
@@ -63,10 +66,10 @@ def make_methods(target: Any, draft: Any, chain: TreeShape, tree: TreeShape, max
             return Run(toks, st.total_s, st)
         return run
 
-    unknown = [n for n in names if n not in METHODS]
+    unknown = [n for n in names if n not in METHODS + PEER_METHODS]
     if unknown or "vanilla" not in names:
-        raise EaglewireError("unknown benchmark methods", expected=f"a subset of {METHODS} including vanilla "
-                             "(the lossless reference)", found=str(list(names)))
+        raise EaglewireError("unknown benchmark methods", expected=f"a subset of {METHODS + PEER_METHODS} "
+                             "including vanilla (the lossless reference)", found=str(list(names)))
     make = {"hf_generate": lambda: lambda ids, n: _hf(target, ids, n, eos),
             "vanilla": lambda: vanilla,
             "prompt_lookup": lambda: lambda ids, n: _hf(target, ids, n, eos, prompt_lookup_num_tokens=10),
@@ -125,6 +128,9 @@ def run_bench(target: Any, draft: Any, prompts: list[torch.Tensor], max_new: int
               on_prompt: Callable[[int, int], None] | None = None) -> dict:
     eos = target.tokenizer.eos_token_id
     max_len = max(p.shape[1] for p in prompts) + max_new + tree.num_draft_tokens + 16
+    peers = [m for m in PEER_METHODS if m in methods]
+    dtype = str(next(target.model.parameters()).dtype).removeprefix("torch.")
+    peer = peer_rows(target, draft, prompts, max_new, chain.num_steps, peers, dtype, log) if peers else {}
     methods = make_methods(target, draft, chain, tree, max_len, eos, methods)
     for name, fn in methods.items():  # warm-up, not counted
         fn(prompts[0], min(16, max_new))
@@ -138,10 +144,13 @@ def run_bench(target: Any, draft: Any, prompts: list[torch.Tensor], max_new: int
             f"{m} {len(runs[m][-1].tokens) / runs[m][-1].seconds:.1f}" for m in names) + " tok/s")
         if on_prompt:
             on_prompt(i + 1, len(prompts))
-    return summarize(runs, chain, tree, max_new)
+    runs.update({name: [Run(t, sec) for t, sec in rows] for name, (rows, _) in peer.items()})
+    return summarize(runs, chain, tree, max_new, {name: acc for name, (_, acc) in peer.items()})
 
 
-def summarize(runs: dict[str, list[Run]], chain: TreeShape, tree: TreeShape, max_new: int) -> dict:
+def summarize(runs: dict[str, list[Run]], chain: TreeShape, tree: TreeShape, max_new: int,
+              reported: dict[str, dict] | None = None) -> dict:
+    """`reported`: tau / per-position counted by an engine itself (the vLLM rows), by method."""
     from eaglewire.hw import describe_cpu
 
     ref = [r.tokens for r in runs["vanilla"]]
@@ -159,8 +168,9 @@ def summarize(runs: dict[str, list[Run]], chain: TreeShape, tree: TreeShape, max
             m["draft_s"] = sum(r.stats.draft_s for r in rs)
             m["verify_s"] = sum(r.stats.verify_s for r in rs)
             m["total_s"] = sum(r.seconds for r in rs)
+        m.update((reported or {}).get(name, {}))
         out["methods"][name] = m
-    for base in ("hf_generate", "vanilla", "prompt_lookup"):  # ratios of medians measured in this run
+    for base in BASES:  # ratios of medians measured in this run
         if base in out["methods"]:
             for m in out["methods"].values():
                 m[f"speedup_vs_{base}"] = m["median_tok_s"] / out["methods"][base]["median_tok_s"]
@@ -170,13 +180,13 @@ def summarize(runs: dict[str, list[Run]], chain: TreeShape, tree: TreeShape, max
 def label(name: str, result: dict) -> str:
     """'eagle_tree (S=4, K=2, N=6)' etc.: the knobs belong next to the numbers."""
     c, t = result["chain"], result["tree"]
-    knobs = {"eagle_chain": f" (k={c['num_steps']})",
+    knobs = {"eagle_chain": f" (k={c['num_steps']})", "vllm_eagle_chain": f" (k={c['num_steps']})",
              "eagle_tree": f" (S={t['num_steps']}, K={t['topk']}, N={t['num_draft_tokens']})"}
     return name + knobs.get(name, "")
 
 
 def markdown(result: dict) -> str:
-    bases = [b for b in ("hf_generate", "vanilla", "prompt_lookup") if b in result["methods"]]
+    bases = [b for b in BASES if b in result["methods"]]
     lines = ["| method | median tok/s | " + " | ".join(f"speedup vs {b}" for b in bases)
              + " | τ | per-position acceptance | same tokens as vanilla |",
              "|---|---|" + "---|" * len(bases) + "---|---|---|"]
@@ -200,7 +210,7 @@ def plot(result: dict, png: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for name in ("eagle_chain", "eagle_tree"):
+    for name in ("eagle_chain", "eagle_tree", "vllm_eagle_chain"):
         pp = result["methods"].get(name, {}).get("per_position", [])
         if pp:
             a.plot(range(1, len(pp) + 1), pp, "o-", label=label(name, result))

@@ -1,0 +1,25 @@
+"""The vLLM peer rows' bookkeeping (decoding/peer.py), without vLLM: counters between two readings, EOS."""
+
+import pytest
+
+from eaglewire.decoding.peer import _with_eos, acceptance_between
+from eaglewire.errors import EaglewireError
+
+
+def test_acceptance_counts_only_the_requests_between_two_readings():
+    # warm-up: 4 drafts, 2 accepted (pos 1: 2, pos 2: 0); then 6 more drafts with 9 accepted (5, 3, 1)
+    before = {"num_drafts": 4.0, "num_accepted_tokens": 2.0, "per_position": [0.5, 0.0, 0.0]}
+    after = {"num_drafts": 10.0, "num_accepted_tokens": 11.0, "per_position": [0.7, 0.3, 0.1]}
+    tau, per = acceptance_between(before, after, 3)
+    assert tau == pytest.approx(1 + 9 / 6)
+    assert per == pytest.approx([5 / 6, 3 / 6, 1 / 6])
+    fresh = {"num_drafts": 0.0, "per_position": {}}  # spec_metrics before any drafts: no per-position list
+    assert acceptance_between(fresh, after, 3)[1] == pytest.approx([0.7, 0.3, 0.1])
+    with pytest.raises(EaglewireError, match="no speculative steps"):
+        acceptance_between(after, after, 3)
+
+
+def test_vllm_tokens_keep_the_eos_our_loops_keep():
+    assert _with_eos([5, 6, 2, 9], eos=2, max_new=8) == [5, 6, 2]
+    assert _with_eos([5, 6], eos=2, max_new=8) == [5, 6, 2]  # stopped early: at the EOS it left out
+    assert _with_eos([5, 6], eos=2, max_new=2) == [5, 6]  # stopped at the length limit
