@@ -31,6 +31,9 @@ LEVERS: dict[str, list[str]] = {
     "lk_hybrid": ["--loss", "lk_hybrid"],  # KL blended into TV by the overlap (LK losses)
     "nla": ["--loss", "nla"],  # -log(overlap) (LK losses)
     "greedy_ce": ["--loss", "greedy_ce"],  # CE on the target's top-1: what greedy verification accepts
+    # TTT 1 costs ~1/3 of TTT 3 per step (bench_recipe_cost.py): 3x the steps for the same CPU time, first
+    # position only (the later --max-steps wins over the base's)
+    "ttt1_same_cpu": ["--ttt-steps", "1", "--max-steps", "450"],
     "raw_mix": [],  # half the samples regenerated (first train_limit/2), half ShareGPT's own answers (--raw)
     "raw_only": [],  # ShareGPT's own answers only, scored by the target; held-out stays regenerated
 }

@@ -23,3 +23,21 @@ def test_vllm_tokens_keep_the_eos_our_loops_keep():
     assert _with_eos([5, 6, 2, 9], eos=2, max_new=8) == [5, 6, 2]
     assert _with_eos([5, 6], eos=2, max_new=8) == [5, 6, 2]  # stopped early: at the EOS it left out
     assert _with_eos([5, 6], eos=2, max_new=2) == [5, 6]  # stopped at the length limit
+
+
+def test_run_report_quotes_the_peer_rows():
+    from eaglewire.pipeline.report import _bench_rows, verdict
+
+    def row(tok_s, **kw):
+        return {"median_tok_s": tok_s, "matches_vanilla": 2, **kw}
+    res = {"prompts": 2, "chain": {"num_steps": 3}, "tree": {"num_steps": 2, "topk": 2, "num_draft_tokens": 4},
+           "methods": {"vanilla": row(20.0), "eagle_chain": row(30.0, tau=2.0, per_position=[0.6, 0.3, 0.1]),
+                       "vllm_vanilla": row(25.0), "vllm_eagle_chain": row(27.5, tau=2.0, per_position=[0.6, 0.3, 0.1])}}
+    for m in res["methods"].values():
+        for base in ("vanilla", "vllm_vanilla"):
+            m[f"speedup_vs_{base}"] = m["median_tok_s"] / res["methods"][base]["median_tok_s"]
+    text = verdict(res)
+    assert "eagle_chain (k=3) at 30.00 tok/s = 1.50×" in text
+    assert "vllm_eagle_chain (k=3) 27.50 tok/s (1.10× its vanilla, τ 2.00); ours is 1.09× its tok/s" in text
+    head, rows = _bench_rows(res)
+    assert "× vllm_vanilla" in head and rows[1][head.index("× vllm_vanilla")] == "1.20×"

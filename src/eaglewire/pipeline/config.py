@@ -96,6 +96,9 @@ class BenchCfg(_Strict):
     topk: int = DEFAULT_TREE.topk
     num_draft_tokens: int = DEFAULT_TREE.num_draft_tokens
     hf_generate: bool = Field(False, description="also time HF transformers generate (slower to run)")
+    vllm: Literal["auto", "on", "off"] = Field("off", description="peer rows on the real vLLM CPU build "
+                                               "(decoding/peer.py; ~1-2 min per server start): auto = when its "
+                                               "venv is installed; on = required")
 
     @model_validator(mode="after")
     def _shapes(self) -> "BenchCfg":
@@ -144,11 +147,11 @@ BUDGETS: dict[str, dict[str, Any]] = {
     "standard": {**_QUICK,
                  "train": {"max_steps": 400, "ttt_steps": 3, "warmup_steps": 20, "eval_every": 50, "ckpt_every": 50,
                            "supervise": "all"},
-                 "bench": {"prompts": 6, "max_new_tokens": 256, "hf_generate": True}},
+                 "bench": {"prompts": 6, "max_new_tokens": 256, "hf_generate": True, "vllm": "auto"}},
     # hours of regeneration on a CPU (a GPU or `data regenerate --server` makes it practical)
     "full": {"data": {"conversations": 4000}, "vocab": {"draft_vocab_size": 16000},
              "train": {"max_steps": 4000, "ttt_steps": 4, "eval_every": 250, "ckpt_every": 250},
-             "bench": {"prompts": 80, "max_new_tokens": 256, "hf_generate": True}},
+             "bench": {"prompts": 80, "max_new_tokens": 256, "hf_generate": True, "vllm": "auto"}},
 }
 
 

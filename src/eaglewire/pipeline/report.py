@@ -71,7 +71,7 @@ def launch_commands(ctx: Ctx) -> dict[str, str]:
 def _bench_rows(res: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     from eaglewire.decoding.bench import label
 
-    bases = [b for b in ("vanilla", "prompt_lookup", "hf_generate") if b in res["methods"]]
+    bases = [b for b in ("vanilla", "prompt_lookup", "hf_generate", "vllm_vanilla") if b in res["methods"]]
     head = ["method", "median tok/s"] + [f"× {b}" for b in bases] + ["τ", "per-position acceptance", "= vanilla"]
     rows = []
     for name, m in res["methods"].items():
@@ -91,7 +91,11 @@ def verdict(res: dict[str, Any]) -> str:
     word = "faster" if r > 1 else "slower"
     return (f"Best EAGLE-3 setting: {label(best, res)} at {m[best]['median_tok_s']:.2f} tok/s = {r:.2f}× the "
             f"tokens/s of vanilla decoding ({word}), τ {m[best]['tau']:.2f}" +
-            (f", {m[best]['speedup_vs_prompt_lookup']:.2f}× prompt lookup" if "prompt_lookup" in m else "") + ".")
+            (f", {m[best]['speedup_vs_prompt_lookup']:.2f}× prompt lookup" if "prompt_lookup" in m else "") + "." +
+            (f" The real vLLM CPU build with the same draft: {label('vllm_eagle_chain', res)} "
+             f"{m['vllm_eagle_chain']['median_tok_s']:.2f} tok/s ({m['vllm_eagle_chain']['speedup_vs_vllm_vanilla']:.2f}× "
+             f"its vanilla, τ {m['vllm_eagle_chain']['tau']:.2f}); ours is {m[best]['speedup_vs_vllm_vanilla'] / m['vllm_eagle_chain']['speedup_vs_vllm_vanilla']:.2f}× its tok/s."
+             if "vllm_eagle_chain" in m and "vllm_vanilla" in m else ""))
 
 
 def _sections(ctx: Ctx, timings: dict[str, dict[str, Any]], pngs: dict[str, Path]) -> list[Section]:

@@ -265,12 +265,20 @@ def doctor(ctx: Ctx, work: Path) -> dict[str, Any]:
 
 def bench(ctx: Ctx, work: Path) -> dict[str, Any]:
     from eaglewire.checkpoint import load_checkpoint
+    from eaglewire.clients.vllm import vllm_available
     from eaglewire.decoding import bench as spec_bench
+    from eaglewire.decoding.peer import PEER_METHODS
 
     b = ctx.cfg.bench
     draft = load_checkpoint(Path(ctx.results["train"]["draft"]), target=ctx.target)
     prompts = spec_bench.bench_prompts(ctx.target, b.source, b.prompts)
     methods = [m for m in spec_bench.METHODS if m != "hf_generate" or b.hf_generate]
+    if b.vllm == "on" or (b.vllm == "auto" and vllm_available()):
+        methods += list(PEER_METHODS)
+        ctx.log("bench: vLLM's CPU build is " + ("required (bench.vllm on)" if b.vllm == "on" else "installed") +
+                ": adding its peer rows")
+    elif b.vllm == "auto":
+        ctx.log("bench: vLLM's CPU build is not installed: no peer rows (bash scripts/vllm_venv.sh adds them)")
     result = spec_bench.run_bench(ctx.target, draft, prompts, b.max_new_tokens, b.chain(), b.tree(),
                                   log=lambda s: None, methods=methods,
                                   on_prompt=lambda i, n: ctx.progress(i, n, "prompts"))
