@@ -4,7 +4,7 @@ import json
 
 from typer.testing import CliRunner
 
-from eaglewire.doctor.expect import judge, parse_log
+from eaglewire.doctor.expect import Counts, judge, parse_log, parse_log_counts, wilson
 
 
 def test_judge_thresholds():
@@ -12,6 +12,40 @@ def test_judge_thresholds():
     assert not judge(2.4, [0.6], 2.2).flagged  # numerics / scheduling noise
     assert not judge(1.2, [0.1], 1.0).flagged  # within the margin when the prediction itself is low
     assert judge(2.4, [0.6], 1.05).causes[0].startswith("layer ids")
+
+
+def test_first_position_rule_catches_what_the_tau_rule_misses():
+    """The issue's case: a tau-1.30 draft predicted 0.24 at the first position; the embedding tap measured
+    tau 1.10 in real vLLM (first position ~0.08): inside the tau rule's bounds, outside the interval."""
+    assert not judge(1.30, [0.24, 0.05, 0.02], 1.10).flagged  # the tau rule alone
+    fault = Counts(drafts=400, accepted_per_position=[32, 6, 2])  # 0.08, tau 1.10
+    res = judge(1.30, [0.24, 0.05, 0.02], None, fault)
+    assert res.flagged and abs(res.measured_tau - 1.10) < 1e-9 and "below by more than the margin" in res.message
+    lo, hi = res.measured_first[1:]
+    assert lo < 0.08 < hi < 0.24 - 0.05
+    healthy = Counts(drafts=400, accepted_per_position=[94, 18, 7])  # 0.235 vs 0.24 predicted
+    assert not judge(1.30, [0.24, 0.05, 0.02], None, healthy).flagged
+    few = Counts(drafts=12, accepted_per_position=[1, 0, 0])  # too few drafts for a verdict on the position
+    assert not judge(1.30, [0.24, 0.05, 0.02], None, few).flagged
+
+
+def test_wilson_interval_against_the_normal_approximation():
+    lo, hi = wilson(0.5, 10_000)  # large n: the Wald interval 0.5 +- 2.5758 * 0.005
+    assert abs(lo - (0.5 - 2.575829 * 0.005)) < 1e-4 and abs(hi - (0.5 + 2.575829 * 0.005)) < 1e-4
+    lo, hi = wilson(0.0, 50)
+    assert lo == 0.0 or abs(lo) < 1e-12
+    assert 0 < hi < 0.15
+
+
+def test_parse_vllm_counts_pooled_over_intervals():
+    line = ("SpecDecoding metrics: Mean acceptance length: {tau}, Accepted throughput: 1.00 tokens/s, Drafted "
+            "throughput: 3.00 tokens/s, Accepted: {acc} tokens, Drafted: {drafted} tokens, Per-position acceptance "
+            "rate: {rates}, Avg Draft acceptance rate: 10.0%")
+    text = "\n".join([line.format(tau=1.5, acc=30, drafted=180, rates="0.300, 0.150, 0.050"),
+                      line.format(tau=1.2, acc=12, drafted=180, rates="0.150, 0.050, 0.000")])
+    c = parse_log_counts(text)
+    assert c.drafts == 120 and [round(a) for a in c.accepted_per_position] == [27, 12, 3]
+    assert parse_log_counts("nothing") is None
 
 
 def test_parse_engine_logs():

@@ -5,7 +5,14 @@ the tau and per-position acceptance a correctly wired engine reaches (up to nume
 A measured tau is flagged when it falls below `RATIO` x predicted AND more than `MARGIN` below it:
     RATIO = 0.75, MARGIN = 0.25
 (smaller gaps come from bf16 numerics, tree-building details and batch effects; a wiring fault drives
-tau towards 1.0, far below both bounds). Probable causes are listed most-likely first.
+tau towards 1.0, far below both bounds). That rule alone misses faults of a weak draft: with tau 1.30
+predicted, the embedding tap measured 1.10 in real vLLM. So when the engine's counts are known (vLLM logs
+"Accepted / Drafted tokens" and the per-position rates; its /metrics has them too), the first draft
+position is judged as a proportion over the drafts: flagged when the upper end of its `LEVEL` Wilson
+interval lies more than `POS_MARGIN` below our predicted first-position acceptance. A healthy vLLM export
+measures within 0.01 of our engine there (tests/test_vllm_client.py), and the interval shrinks with
+every draft, so a longer log sharpens the verdict instead of flagging noise.
+Probable causes are listed most-likely first.
 """
 
 from __future__ import annotations
@@ -17,6 +24,9 @@ from pathlib import Path
 from typing import Any
 
 RATIO, MARGIN = 0.75, 0.25
+LEVEL, POS_MARGIN = 0.99, 0.05
+Z = {0.95: 1.959964, 0.99: 2.575829}[LEVEL]
+VLLM_COUNTS = re.compile(r"Drafted: (\d+) tokens, Per-position acceptance rate: ([0-9., ]+?), Avg")
 LOG_PATTERNS = {  # what the engines print per decode batch / periodically
     "sglang": re.compile(r"accept len:\s*([0-9.]+)"),
     "vllm": re.compile(r"Mean acceptance length:\s*([0-9.]+)"),
@@ -40,6 +50,38 @@ class Expectation:
     flagged: bool
     message: str
     causes: list[str]
+    measured_first: tuple[float, float, float] | None = None  # first-position acceptance, LEVEL interval
+    drafts: float | None = None
+
+
+@dataclass
+class Counts:
+    """An engine's speculative counters: drafting rounds and tokens accepted at each draft position."""
+
+    drafts: float
+    accepted_per_position: list[float]
+
+    @property
+    def per_position(self) -> list[float]:
+        return [a / self.drafts for a in self.accepted_per_position]
+
+
+def parse_log_counts(text: str) -> Counts | None:
+    """vLLM's per-interval SpecDecoding lines pooled: drafts = drafted tokens / k per interval."""
+    drafts, acc = 0.0, []
+    for drafted, rates in VLLM_COUNTS.findall(text):
+        r = [float(x) for x in rates.split(",")]
+        d = int(drafted) / len(r)
+        acc = [a + p * d for a, p in zip(acc, r)] if acc else [p * d for p in r]
+        drafts += d
+    return Counts(drafts, acc) if drafts else None
+
+
+def wilson(p: float, n: float) -> tuple[float, float]:
+    """The LEVEL Wilson score interval of a proportion p over n trials."""
+    centre = (p + Z * Z / (2 * n)) / (1 + Z * Z / n)
+    half = Z * (p * (1 - p) / n + Z * Z / (4 * n * n)) ** 0.5 / (1 + Z * Z / n)
+    return centre - half, centre + half
 
 
 def parse_log(text: str) -> float | None:
@@ -48,14 +90,29 @@ def parse_log(text: str) -> float | None:
     return statistics.mean(values) if values else None
 
 
-def judge(predicted: float, per_position: list[float], measured: float | None) -> Expectation:
+def judge(predicted: float, per_position: list[float], measured: float | None,
+          counts: Counts | None = None) -> Expectation:
+    """The verdict (module docstring). `counts`: the engine's own counters, for the first-position rule."""
+    if measured is None and counts is not None:
+        measured = 1 + sum(counts.accepted_per_position) / counts.drafts
     if measured is None:
         return Expectation(predicted, per_position, None, False,
                            f"a correctly wired engine should measure tau ~ {predicted:.2f}", [])
     low = measured < RATIO * predicted and measured < predicted - MARGIN
-    msg = (f"measured tau {measured:.2f} vs predicted {predicted:.2f}: "
-           + ("far below the prediction — a wiring problem is likely" if low else "consistent with the prediction"))
-    return Expectation(predicted, per_position, measured, low, msg, CAUSES if low else [])
+    msg = f"measured tau {measured:.2f} vs predicted {predicted:.2f}"
+    first = None
+    if counts is not None and per_position:
+        p = counts.per_position[0]
+        lo, hi = wilson(p, counts.drafts)
+        first = (p, lo, hi)
+        pos_low = hi < per_position[0] - POS_MARGIN
+        msg += (f"; first-position acceptance {p:.3f} [{lo:.3f}, {hi:.3f}] at {LEVEL:.0%} over "
+                f"{counts.drafts:.0f} drafts vs predicted {per_position[0]:.3f}"
+                + (" (below by more than the margin)" if pos_low else ""))
+        low = low or pos_low
+    msg += ": " + ("far below the prediction — a wiring problem is likely" if low else "consistent with the prediction")
+    return Expectation(predicted, per_position, measured, low, msg, CAUSES if low else [], first,
+                       counts.drafts if counts else None)
 
 
 def predict(target: Any, draft: Any, contract: Any, shape: Any, prompts: list[Any], max_new_tokens: int) -> tuple[float, list[float]]:
