@@ -4,7 +4,8 @@
 # Training adds up across sittings and machines this way: the state carried over is the committed draft
 # (optimizer and lr schedule start afresh, as `--init-from` documents).
 #   bash scripts/continue_release.sh [WORK_DIR] [MAX_STEPS]
-# Knobs by environment: LR (peak, default 5e-4), SUPERVISE (answers|all), VOCAB (a vocab map file).
+# Knobs by environment: LR (peak, default 5e-4), SUPERVISE (answers|all), LOSS (train --loss), VOCAB (a vocab
+# map file), OUT (the run dir; default one per day, so a second sitting on one day needs its own).
 # Resumable: capture continues at the first missing shard, training with --resume from its checkpoint.
 set -euo pipefail
 W="${1:-${EAGLEWIRE_CACHE:-$HOME/.cache/eaglewire}/release-work}"
@@ -12,7 +13,7 @@ STEPS="${2:-700}"
 DATA="smollm2-regen+smollm2-regen-vllm"
 RELEASED=src/eaglewire/assets/drafts/smollm2-135m
 VOCAB="${VOCAB:-$W/vocab.safetensors}"
-OUT="$W/continue-$(date +%Y%m%d)"
+OUT="${OUT:-$W/continue-$(date +%Y%m%d)}"
 TDTYPE=$(python -c "from eaglewire.hw import native_bf16; print('bfloat16' if native_bf16() else 'float32')")
 [ -f "$VOCAB" ] || eaglewire vocab build --data "$DATA" --limit 2817 --out "$VOCAB" --draft-vocab-size 8000
 eaglewire data capture --data "$DATA" --out "$W/features" --target-dtype "$TDTYPE" --batch-size 8
@@ -21,5 +22,5 @@ RESUME=""; [ -f "$OUT/checkpoints/latest" ] && RESUME="--resume"
 [ -d "$OUT/init" ] || { mkdir -p "$OUT" && cp -r "$RELEASED" "$OUT/init"; }
 eaglewire train --features "$W/features" --vocab "$VOCAB" --out "$OUT" $RESUME --init-from "$OUT/init" \
   --max-steps "$STEPS" --batch-size 8 --ttt-steps 3 --lr "${LR:-5e-4}" --warmup-steps 20 \
-  --supervise "${SUPERVISE:-answers}" --eval-every 100 --ckpt-every 50
+  --supervise "${SUPERVISE:-answers}" --loss "${LOSS:-soft_ce}" --eval-every 100 --ckpt-every 50
 echo "release with: python scripts/release_draft.py $OUT"
