@@ -156,8 +156,7 @@ def capture_cmd(
         task = progress.add_task("capturing shards", total=None)
         manifest = capture_features(tgt, contract, samples, out, pad_id=tgt.pad_id, shard_samples=shard_samples,
                                     batch_size=batch_size, dtype=store,
-                                    on_shard=lambda k, n, _t: progress.update(task, completed=k, total=n),
-                               states_dir=states_dir)
+                                    on_shard=lambda k, n, _t: progress.update(task, completed=k, total=n))
     out_console.print(f"{manifest['samples']} samples, {manifest['tokens']} tokens in "
                       f"{len(manifest['shards'])} shards -> {out} (contract {contract.fingerprint()})")
 
