@@ -78,9 +78,15 @@ def _normed(draft: Eagle3Draft, bounds: Boundaries, taps: Taps, steps: int) -> l
     ids = bounds.input_ids
     B, T = ids.shape
     pos = torch.arange(T).expand(B, T)
-    hidden, past, out = draft.fuse(bounds.taps(taps)), None, []  # [B, T, H]
+    # The slots shifted in at the end are seen by no scored position (causal mask, chains end before them),
+    # so their token is free: one of the batch's own keeps every embedded id one the Boundaries hold, so a
+    # hidden-state dump's stand-in embedding (doctor/dump.py) covers every row read. Training pads with 0.
+    fill = int(ids[0, 0])
+    # a dump may hold bf16 states (big targets): the draft is scored in its own (fp32) dtype
+    hidden, past, out = draft.fuse(bounds.taps(taps).to(draft.fc.weight.dtype)), None, []  # [B, T, H]
     for k in range(steps):
-        o = draft.step(shift_left(ids, 1 + k), hidden, pos + k, ttt_attention_mask(T, k), past, compute_logits=False)
+        o = draft.step(shift_left(ids, 1 + k, fill), hidden, pos + k, ttt_attention_mask(T, k), past,
+                       compute_logits=False)
         hidden, past = o.hidden, o.kv
         out.append(o.normed)
     return out
