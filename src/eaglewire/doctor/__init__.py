@@ -6,4 +6,5 @@
     weights.py   NaN/Inf, zero norms, a copied lm_head                findings.py the Finding record
     sample.py    every target boundary, captured once; measure.py scores tap sets on them (paired NLL,
     bootstrap margin); empirical.py turns that into the `measured_wiring` finding
+    dump.py      those boundaries in a file and a stand-in target built from it (measure without the target)
 """

@@ -11,7 +11,8 @@ from typing import Any, Callable
 
 import torch
 
-from eaglewire.contract import CONVENTIONS, default_taps, from_engine, sha256_text
+from eaglewire.contract import CONVENTIONS, default_taps, from_engine
+from eaglewire.doctor.dump import DumpTarget, loaded
 from eaglewire.doctor.findings import Finding
 from eaglewire.doctor.inspect import Inspection
 from eaglewire.doctor.weights import weight_findings
@@ -63,7 +64,7 @@ def heads_and_embeddings(ins: Inspection, target: Any) -> list[Finding]:
         out.append(_f("error", "embed_tokens", "target_hidden_size is set but embed_tokens.weight is missing",
                       "SafeAILab EAGLE then does not take the target's embedding and loads non-strictly: the "
                       "embedding stays randomly initialised", "remove target_hidden_size or export --with-embedding"))
-    if has_embed and target is not None and ins.shapes["embed_tokens.weight"] != tuple(target.embed_tokens.weight.shape):
+    if has_embed and loaded(target) and ins.shapes["embed_tokens.weight"] != tuple(target.embed_tokens.weight.shape):
         out.append(_f("error", "embed_tokens", f"embed_tokens has shape {ins.shapes['embed_tokens.weight']}, the "
                       f"target's is {tuple(target.embed_tokens.weight.shape)}", "the draft embeds tokens with "
                       "another vocabulary", "drop embed_tokens from the export (engines share the target's)"))
@@ -239,10 +240,29 @@ def target_match(ins: Inspection, target: Any) -> list[Finding]:
     if target is None:
         return []
     out, lc = [], ins.layer_config
-    tc = target.text_config
     if lc.get("hidden_size") != target.hidden_size:
         out.append(_f("error", "target", f"draft hidden size {lc.get('hidden_size')} != target {target.hidden_size}",
                       "the draft shares the target's embedding and reads its hidden states", "train for this target"))
+    if loaded(target):
+        out += _config_match(lc, target.text_config)
+    if ins.contract is not None:
+        ident = target.identity
+        if ins.contract.target.config_sha256 != ident.config_sha256 or ins.contract.target.num_layers != ident.num_layers:
+            out.append(_f("error", "target", f"the draft was trained for {ins.contract.target.name!r} "
+                          f"(config {ins.contract.target.config_sha256[:12]}), not this target "
+                          f"({ident.config_sha256[:12]})", "its taps describe another model's hidden states",
+                          "use the target it was trained for, or train a draft for this one"))
+        tmpl = target.chat_template_sha256
+        if ins.contract.chat_template_sha256 and tmpl != ins.contract.chat_template_sha256:
+            out.append(_f("error", "chat_template", "the target's chat template differs from the one the draft was "
+                          "trained with", "the draft sees token contexts it never saw: acceptance drops",
+                          "serve with the training template or retrain"))
+    return out
+
+
+def _config_match(lc: dict[str, Any], tc: Any) -> list[Finding]:
+    """The draft config's rope and context length against the target's config (a dump has no config)."""
+    out = []
     rope = getattr(tc, "rope_parameters", None) or {}
     theta = (rope.get("rope_theta") if isinstance(rope, dict) else None) or getattr(tc, "rope_theta", None)
     if theta is not None and lc.get("rope_theta") is not None and float(lc["rope_theta"]) != float(theta):
@@ -255,19 +275,17 @@ def target_match(ins: Inspection, target: Any) -> list[Finding]:
     if tmax and lc.get("max_position_embeddings") and lc["max_position_embeddings"] < tmax:
         out.append(_f("warn", "max_positions", f"draft max_position_embeddings {lc['max_position_embeddings']} < "
                       f"target {tmax}", "some engines cap the usable context at the draft's", "raise it in the config"))
-    if ins.contract is not None:
-        ident = target.identity
-        if ins.contract.target.config_sha256 != ident.config_sha256 or ins.contract.target.num_layers != ident.num_layers:
-            out.append(_f("error", "target", f"the draft was trained for {ins.contract.target.name!r} "
-                          f"(config {ins.contract.target.config_sha256[:12]}), not this target "
-                          f"({ident.config_sha256[:12]})", "its taps describe another model's hidden states",
-                          "use the target it was trained for, or train a draft for this one"))
-        tmpl = sha256_text(target.chat_template)
-        if ins.contract.chat_template_sha256 and tmpl != ins.contract.chat_template_sha256:
-            out.append(_f("error", "chat_template", "the target's chat template differs from the one the draft was "
-                          "trained with", "the draft sees token contexts it never saw: acceptance drops",
-                          "serve with the training template or retrain"))
     return out
+
+
+@check
+def dump_scope(ins: Inspection, target: Any) -> list[Finding]:
+    if not isinstance(target, DumpTarget):
+        return []
+    return [_f("info", "target", f"checked against {target.name}, not the loaded target",
+               "the checks that read the target's weights or config were skipped: its rope_theta and "
+               "max_position_embeddings against the draft's, embed_tokens' shape, an lm_head copied from the "
+               "target's", "run eaglewire doctor DIR --target T where the target loads for those")]
 
 
 @check

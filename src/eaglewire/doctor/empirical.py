@@ -13,6 +13,7 @@ from typing import Any
 
 from eaglewire.contract import CANONICAL, CONVENTIONS, default_taps, to_engine
 from eaglewire.doctor.checks import decodes, engine_ids
+from eaglewire.doctor.dump import DumpTarget, require_finite_rows
 from eaglewire.doctor.findings import Finding
 from eaglewire.doctor.inspect import Inspection, detect_engine
 from eaglewire.doctor.measure import LEVEL, MARGIN, Measurement, Taps, measure
@@ -74,7 +75,8 @@ def load_for_measure(ins: Inspection, target: Any, n: int) -> Eagle3Draft:
 
 def run_measurement(ins: Inspection, target: Any, bounds: Boundaries | None = None,
                     chain_steps: int = 3) -> tuple[Measurement | None, list[Finding]]:
-    """Measure (capturing the target's boundaries unless given) and turn the result into findings."""
+    """Measure (capturing the target's boundaries unless given; a DumpTarget brings its own) and turn the
+    result into findings."""
     L, H = target.num_layers, target.hidden_size
     fc = ins.shapes.get("fc.weight")
     if fc is None or fc[1] % H:
@@ -90,8 +92,12 @@ def run_measurement(ins: Inspection, target: Any, bounds: Boundaries | None = No
     if not reasons:
         return None, [Finding("info", "measured_wiring", f"the wiring was not measured: no {n}-tap candidate",
                               "", "")]
-    m = measure(draft, bounds if bounds is not None else sample_target(target), delivered_taps(ins, L)[0],
-                reasons, chain_steps, priors)
+    if bounds is None:
+        bounds = target.bounds if isinstance(target, DumpTarget) else sample_target(target)
+    # every token the draft embeds is one of the Boundaries' own (measure._normed): a dump's stand-in
+    # holds exactly those rows, and a NaN row read anyway would poison every score without a word
+    require_finite_rows(draft.embed_tokens.weight, bounds.input_ids, str(ins.directory))
+    m = measure(draft, bounds, delivered_taps(ins, L)[0], reasons, chain_steps, priors)
     return m, [finding(m, ins.engine, L)]
 
 

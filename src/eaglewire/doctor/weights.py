@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from eaglewire.doctor.dump import loaded
 from eaglewire.doctor.findings import Finding
 from eaglewire.doctor.inspect import Inspection
 from eaglewire.formats.base import WEIGHTS
@@ -44,7 +45,7 @@ def weight_findings(ins: Inspection, target: Any) -> list[Finding]:
             elif k.endswith("norm.weight") and not bool(t.abs().gt(0).any()):
                 out.append(Finding("error", "weights", f"{k} is all zeros", "the norm erases its input: the "
                                    "draft sees nothing there", "re-export; the weight was never trained or set"))
-            elif k == "lm_head.weight" and target is not None and _copied_head(t, ins, target):
+            elif k == "lm_head.weight" and loaded(target) and _copied_head(t, ins, target):
                 out.append(Finding("warn", "weights", "lm_head equals the target's lm_head rows bit for bit",
                                    "a copied head, not a trained one: acceptance is that of the target's head on "
                                    "the draft's state", "train the draft head (eaglewire train)"))

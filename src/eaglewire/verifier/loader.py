@@ -83,6 +83,10 @@ class Target:
         return getattr(self.tokenizer, "chat_template", None) if self.tokenizer is not None else None
 
     @property
+    def chat_template_sha256(self) -> str | None:
+        return sha256_text(self.chat_template)
+
+    @property
     def pad_id(self) -> int:
         """The id batches are padded with: the tokenizer's pad token, else EOS (many chat models lack one)."""
         tok = self.tokenizer
@@ -102,7 +106,7 @@ class Target:
             target=self.identity, taps=tuple(taps), norm=norm or NormFlags(),
             draft_vocab_size=vocab_map.draft_vocab_size if vocab_map is not None else None,
             vocab_map_sha256=vocab_map.sha256() if vocab_map is not None else None,
-            chat_template_sha256=sha256_text(self.chat_template))
+            chat_template_sha256=self.chat_template_sha256)
 
     # ---- the tensors a draft is built from (TargetWeights reads the same ones from the weight files) ----
     def embedding(self) -> torch.Tensor:
