@@ -1,8 +1,8 @@
-"""`eaglewire doctor check|probe|expect|dump-vllm`: findings about a draft's wiring, exit 1 on any error.
+"""`eaglewire doctor check|sample|probe|expect|dump-vllm`: findings about a draft's wiring, exit 1 on any error.
 
 `eaglewire doctor DIR ...` is `eaglewire doctor check DIR ...` (the common case keeps its short form):
 a first argument that is not a subcommand name (or --help) is taken as check's DRAFT directory. A
-draft directory literally named `probe` or `expect` needs the long form `doctor check probe`.
+draft directory literally named `probe`, `sample`, ... needs the long form `doctor check probe`.
 """
 
 from __future__ import annotations
@@ -36,26 +36,30 @@ class _CheckByDefault(TyperGroup):
 def check_cmd(
     draft: Path = typer.Argument(..., help="An exported draft directory (any engine layout)."),
     target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_OPTION_HELP),
+    boundaries: Optional[Path] = typer.Option(None, "--boundaries", "-b", help="A dump of every boundary of the "
+                                              "target from `eaglewire doctor sample` (run where the target runs): "
+                                              "measure on it, no target loaded here. Not with --target."),
     engine: Optional[str] = typer.Option(None, "--engine", "-e", help=f"{', '.join(ENGINES)} (default: detected "
                                          "from config.json; sglang = the PR #25454 layer-id rule)"),
     engine_version: Optional[str] = typer.Option(None, "--engine-version", help="Recorded in the report."),
     measure: Optional[bool] = typer.Option(None, "--measure/--no-measure", help="Measure which boundaries the "
                                            "draft was trained on by running it on the target (default: on when "
-                                           "--target is given and the draft has no eaglewire_contract.json)."),
+                                           "--target is given and the draft has no eaglewire_contract.json, "
+                                           "always with --boundaries)."),
     steps: int = typer.Option(3, "--steps", help="Drafts per round for the measured tau (vLLM "
                               "num_speculative_tokens; SGLang --speculative-num-steps at topk 1)."),
     as_json: bool = typer.Option(False, "--json", help="JSON for CI."),
 ) -> None:
     """Find silent wiring failures: key names, vocab map, fc width, layer ids, norm flags, target mismatch,
-    and (measured on the target) the boundaries the draft's weights were trained on."""
+    and (measured on the target, or on its boundaries dump) the boundaries the draft's weights were trained on."""
     from eaglewire.doctor.checks import by_level, run_checks
     from eaglewire.doctor.empirical import run_measurement
     from eaglewire.doctor.inspect import inspect_dir
 
-    tgt = load_target(target)
+    tgt = _evidence(target, boundaries, measure)
     ins = inspect_dir(draft, engine)
     report = run_checks(ins, tgt)
-    if measure or (measure is None and target is not None and ins.contract is None):
+    if measure or boundaries is not None or (measure is None and target is not None and ins.contract is None):
         with err_console.status("measuring the wiring on the target (seconds on a CPU for a small target)"):
             m, found = run_measurement(ins, tgt, chain_steps=steps)
         report.findings = by_level(report.findings + found)
@@ -70,6 +74,49 @@ def check_cmd(
                               f"      why: {f.why}\n      fix: {f.fix}", highlight=False)
         out_console.print(f"{report.errors} error(s), {len(report.findings) - report.errors} other finding(s)")
     raise typer.Exit(1 if report.errors else 0)
+
+
+def _evidence(target: Optional[str], boundaries: Optional[Path], measure: Optional[bool]) -> Any:
+    """The loaded target, or the stand-in built from a boundaries dump (one source, never both)."""
+    if boundaries is None:
+        return load_target(target)
+    if target is not None:
+        raise EaglewireError("--target and --boundaries were both given", expected="one source of the target's "
+                             "states: --target T (loaded and run here) or --boundaries FILE (a dump of it)",
+                             found=f"--target {target} --boundaries {boundaries}",
+                             fix="drop --boundaries to measure on the target, or --target to measure on the dump")
+    if measure is False:
+        raise EaglewireError("--boundaries with --no-measure", expected="a dump is evidence for the measured check",
+                             found="--no-measure", fix="drop --no-measure, or --boundaries for the static checks")
+    from eaglewire.doctor.dump import DumpTarget
+
+    return DumpTarget.from_file(boundaries)
+
+
+def sample_cmd(
+    out: Path = typer.Option(..., "--out", "-o", help="The dump to write (safetensors)."),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help="The target to dump (it is loaded and run)."),
+    dtype: str = typer.Option("float32", "--dtype", help="float32 or bfloat16 (half the file; scores then "
+                              "differ from measuring on the target by bf16 rounding)."),
+) -> None:
+    """Dump every residual-stream boundary of the target on the doctor's built-in prompts and its greedy
+    answers, for `eaglewire doctor check DRAFT_DIR --boundaries FILE` where the target cannot be loaded.
+    Run this where the target does run (the machine that serves it: it is loaded as `--target` loads
+    everywhere); the file holds (L+1) x ~1000 positions x hidden floats (~1.7 GiB in float32 for 61 layers
+    of 7168)."""
+    import torch
+
+    from eaglewire.doctor.dump import capture_dump
+
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    if dtype not in dtypes:
+        raise EaglewireError(f"unsupported --dtype {dtype!r}", expected=" or ".join(dtypes), found=dtype)
+    tgt = load_target(target)
+    with err_console.status("capturing every boundary on the built-in prompts and the target's greedy answers"):
+        bounds = capture_dump(tgt, out, dtypes[dtype])
+    out_console.print(f"wrote {out}: boundaries 0..{bounds.num_layers} of {tgt.name} on {int(bounds.scored.sum())} "
+                      f"scored tokens ({out.stat().st_size / 2**20:.1f} MiB); next: eaglewire doctor check "
+                      f"DRAFT_DIR --boundaries {out}", highlight=False)
 
 
 def probe_cmd(
@@ -171,8 +218,10 @@ def register(app: typer.Typer) -> None:
     doctor_app = typer.Typer(cls=_CheckByDefault, no_args_is_help=True,
                              help="Check a draft before deployment: `doctor DIR` (= `doctor check DIR`), "
                              "`doctor probe` (delivered boundaries), `doctor expect` (predicted vs measured tau), "
-                             "`doctor dump-vllm` (what vLLM delivers, for probe).")
+                             "`doctor dump-vllm` (what vLLM delivers, for probe), `doctor sample` (the target's "
+                             "boundaries, for `doctor check DIR --boundaries FILE` where the target does not load).")
     add_command(doctor_app, check_cmd, "check")
+    add_command(doctor_app, sample_cmd, "sample")
     add_command(doctor_app, probe_cmd, "probe")
     add_command(doctor_app, expect_cmd, "expect")
     add_command(doctor_app, dump_vllm_cmd, "dump-vllm")
