@@ -65,15 +65,27 @@ def vanilla(setup):
     assert srv.proc.poll() is not None  # stopped when the block ends
 
 
-def test_vllm_runs_our_export_losslessly_with_our_acceptance(setup, vanilla):
-    target, draft, export, prompts, target_dir = setup
-    ids = [p[0].tolist() for p in prompts]
-    vllm_vanilla = [complete_ids(vanilla.base_url, vanilla.model_name, p, MAX_NEW) for p in ids]
-    spec = {"method": "eagle3", "model": str(export), "num_speculative_tokens": K}
-    with VllmServer(target_dir, dtype="float32", speculative_config=spec, max_num_seqs=1) as srv:
-        vllm_spec = [complete_ids(srv.base_url, srv.model_name, p, MAX_NEW) for p in ids]
+@pytest.fixture(scope="module")
+def vllm_vanilla_ids(setup, vanilla):
+    """vLLM's plain greedy completions of the prompts (the reference every speculative server must equal)."""
+    return [complete_ids(vanilla.base_url, vanilla.model_name, p[0].tolist(), MAX_NEW) for p in setup[3]]
+
+
+@pytest.fixture(scope="module")
+def ours(setup):
+    """Our engine on the same prompts and knobs: (vanilla ids, tau, per-position acceptance)."""
+    return _ours(setup[0], setup[1], setup[3])
+
+
+def _serve_and_check(setup, vllm_vanilla, ours, draft_dir, **server):
+    """Serve `draft_dir` as vLLM's EAGLE-3 speculator (k=K, fp32, one sequence at a time): its greedy output
+    equals vLLM's vanilla output, and vLLM's own tau / first-position acceptance equal our engine's."""
+    target, _draft, _export, prompts, target_dir = setup
+    spec = {"method": "eagle3", "model": str(draft_dir), "num_speculative_tokens": K}
+    with VllmServer(target_dir, dtype="float32", speculative_config=spec, max_num_seqs=1, **server) as srv:
+        vllm_spec = [complete_ids(srv.base_url, srv.model_name, p[0].tolist(), MAX_NEW) for p in prompts]
         metrics = spec_metrics(srv.base_url)
-    ours_vanilla, tau, per_pos = _ours(target, draft, prompts)
+    ours_vanilla, tau, per_pos = ours
     eos = target.tokenizer.eos_token_id
     strip = lambda t: t[:t.index(eos) + 1] if eos in t else t  # noqa: E731 (vLLM returns the EOS too, or not)
     assert [strip(t) for t in vllm_spec] == [strip(t) for t in vllm_vanilla]  # lossless in the real engine
@@ -84,6 +96,11 @@ def test_vllm_runs_our_export_losslessly_with_our_acceptance(setup, vanilla):
     # the rare greedy divergence between two fp32 kernels
     assert abs(metrics["tau"] - tau) < 0.15, (metrics, tau)
     assert abs(metrics["per_position"][0] - per_pos[0]) < 0.1, (metrics, per_pos)
+    return metrics
+
+
+def test_vllm_runs_our_export_losslessly_with_our_acceptance(setup, vllm_vanilla_ids, ours):
+    _serve_and_check(setup, vllm_vanilla_ids, ours, setup[2])
 
 
 def test_vllm_regenerates_through_our_rolling_pool(tmp_path, setup, vanilla):
