@@ -236,3 +236,16 @@ def test_never_trained_layer_and_float16_overflow_in_an_export(tmp_path, target,
     found = {(f.level, f.check, f.what.split(":")[0]) for f in _doctor(out, target, "vllm").findings}
     assert ("warn", "weights", "layers.0.mlp.up_proj.weight looks never trained") in found  # 128 x 64
     assert ("warn", "dtype", "lm_head.weight holds |w| up to 1e+05, beyond float16's 65504") in found
+
+
+def test_zero_embedding_as_speculators_resaves_it(tmp_path, target, drafted):
+    """speculators 0.9.0's save_pretrained of a draft without its embedding writes embed_tokens of zeros
+    (tests/test_vllm_client.py); vLLM would use them."""
+    out = _export(tmp_path, drafted, "vllm")
+
+    def zero_embedding(t):
+        t["embed_tokens.weight"] = torch.zeros(target.vocab_size, target.hidden_size)
+        return t
+    _edit_weights(out, zero_embedding)
+    errs = [f for f in _errors(_doctor(out, target, "vllm")) if f.check == "weights"]
+    assert any(f.what == "embed_tokens.weight is all zeros" and "speculators" in f.why for f in errs), errs

@@ -125,12 +125,12 @@ def bench_prompts(target: Any, questions: str, limit: int, turns: int = 1,
 
 def run_bench(target: Any, draft: Any, prompts: list[torch.Tensor], max_new: int, chain: TreeShape,
               tree: TreeShape, log: Callable[[str], None] = print, methods: Sequence[str] = METHODS,
-              on_prompt: Callable[[int, int], None] | None = None) -> dict:
+              on_prompt: Callable[[int, int], None] | None = None, peer_eager: bool = False) -> dict:
     eos = target.tokenizer.eos_token_id
     max_len = max(p.shape[1] for p in prompts) + max_new + tree.num_draft_tokens + 16
     peers = [m for m in PEER_METHODS if m in methods]
     dtype = str(next(target.model.parameters()).dtype).removeprefix("torch.")
-    peer = peer_rows(target, draft, prompts, max_new, chain.num_steps, peers, dtype, log) if peers else {}
+    peer = peer_rows(target, draft, prompts, max_new, chain.num_steps, peers, dtype, log, peer_eager) if peers else {}
     methods = make_methods(target, draft, chain, tree, max_len, eos, methods)
     for name, fn in methods.items():  # warm-up, not counted
         fn(prompts[0], min(16, max_new))

@@ -50,9 +50,11 @@ def _with_eos(tokens: list[int], eos: int, max_new: int) -> list[int]:
 
 
 def peer_rows(target: Any, draft: Any, prompts: list[torch.Tensor], max_new: int, k: int,
-              names: Sequence[str], dtype: str = "float32",
-              log: Callable[[str], None] = print) -> dict[str, tuple[list[tuple[list[int], float]], dict]]:
-    """{method: ([(tokens, seconds) per prompt], {"tau", "per_position"} or {})} for each vLLM row."""
+              names: Sequence[str], dtype: str = "float32", log: Callable[[str], None] = print,
+              enforce_eager: bool = False) -> dict[str, tuple[list[tuple[list[int], float]], dict]]:
+    """{method: ([(tokens, seconds) per prompt], {"tau", "per_position"} or {})} for each vLLM row.
+    enforce_eager skips vLLM's compile (start ~40 s instead of ~1-2 min) and slows its decode: for tests of
+    the rows' bookkeeping, never for a speed comparison."""
     from eaglewire.clients.vllm import BUILD_HINT, VllmServer, complete_ids, spec_metrics, vllm_available
     from eaglewire.formats.convert import export_draft
 
@@ -73,7 +75,7 @@ def peer_rows(target: Any, draft: Any, prompts: list[torch.Tensor], max_new: int
                 if name == "vllm_eagle_chain" else None
             log(f"{name}: starting vLLM {'with the EAGLE-3 draft' if spec else 'without a draft'} ({dtype})")
             with VllmServer(target.path, dtype=dtype, max_model_len=max_len, speculative_config=spec,
-                            max_num_seqs=1) as srv:
+                            max_num_seqs=1, enforce_eager=enforce_eager) as srv:
                 complete_ids(srv.base_url, srv.model_name, ids[0], min(16, max_new))  # warm-up, not counted
                 before = spec_metrics(srv.base_url) if spec else {}
                 runs = []

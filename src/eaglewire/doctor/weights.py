@@ -42,9 +42,15 @@ def weight_findings(ins: Inspection, target: Any) -> list[Finding]:
                 out.append(Finding("error", "weights", f"{k} holds {bad} NaN/Inf value(s)",
                                    "the engine loads them silently: every drafted token is garbage",
                                    "re-export from a healthy checkpoint (training diverged or the file is damaged)"))
-            elif k.endswith("norm.weight") and not bool(t.abs().gt(0).any()):
-                out.append(Finding("error", "weights", f"{k} is all zeros", "the norm erases its input: the "
-                                   "draft sees nothing there", "re-export; the weight was never trained or set"))
+            elif t.numel() and not bool(t.abs().gt(0).any()):
+                why = ("the norm erases its input: the draft sees nothing there" if k.endswith("norm.weight") else
+                       "an embedding of zeros (speculators' save_pretrained writes one for a draft saved without "
+                       "its embedding) is used as it is: vLLM takes the draft's own embed_tokens when the file "
+                       "has one" if k == "embed_tokens.weight" else "a matrix of zeros outputs zeros")
+                out.append(Finding("error", "weights", f"{k} is all zeros", why,
+                                   "re-export with the real weight (eaglewire export --with-embedding for the "
+                                   "embedding), or drop the tensor" if k == "embed_tokens.weight" else
+                                   "re-export; the weight was never trained or set"))
             elif k == "lm_head.weight" and loaded(target) and _copied_head(t, ins, target):
                 out.append(Finding("warn", "weights", "lm_head equals the target's lm_head rows bit for bit",
                                    "a copied head, not a trained one: acceptance is that of the target's head on "
