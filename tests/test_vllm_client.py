@@ -226,7 +226,7 @@ def test_bench_vllm_peer_rows_beside_ours(setup):
 REL_TOL, RTOL, ATOL = 1e-5, 1e-4, 1e-3
 
 
-def test_capture_through_vllm_equals_our_hf_capture(setup):
+def test_capture_through_vllm_equals_our_hf_capture(setup, tmp_path):
     """vLLM's own hidden-state extraction (speculators' path) at ids [2, 15, 27, 30] = our hook capture of
     boundaries [2, 15, 27, 30] (id = boundary; 30 = L, the last layer's output before the final norm)."""
     import torch
@@ -244,6 +244,36 @@ def test_capture_through_vllm_equals_our_hf_capture(setup):
         for j in range(4):
             assert float((g[:, j] - ref[:, j]).norm() / ref[:, j].norm()) < REL_TOL, j
         torch.testing.assert_close(g, ref, rtol=RTOL, atol=ATOL)
+    _import_as_speculators_dump(target, prompts, got, tmp_path)
+
+
+def _import_as_speculators_dump(target, prompts, got, tmp_path) -> None:
+    """vLLM's extracted states laid out as speculators writes them (hs_{i}.safetensors + Arrow), imported by
+    `eaglewire data import`: training gets what our own capture gives (taps [2, 15, 27], the final state from
+    boundary 30 through the target's final norm), within the fp32 tolerance above."""
+    import torch
+    from dump_writers import write_speculators_arrow
+    from safetensors.torch import save_file
+
+    from eaglewire.data.dumps import import_dump
+    from eaglewire.data.features import OfflineFeatures, capture_features
+    from eaglewire.data.samples import Sample
+
+    dump = tmp_path / "vllm-dump"
+    (dump / "hidden_states").mkdir(parents=True)
+    samples = [Sample(id=f"p{i}", input_ids=torch.tensor(p), loss_mask=torch.ones(len(p), dtype=torch.long))
+               for i, p in enumerate(prompts)]
+    for i, (s, g) in enumerate(zip(samples, got)):
+        save_file({"hidden_states": g.contiguous(), "token_ids": s.input_ids}, str(dump / "hidden_states" / f"hs_{i}.safetensors"))
+    write_speculators_arrow(dump, samples)
+    import_dump(dump, "speculators", target, tmp_path / "imported", taps=[2, 15, 27, 30], dtype=torch.float32)
+    contract = target.contract((2, 15, 27))
+    capture_features(target, contract, samples, tmp_path / "ours", pad_id=0, dtype=torch.float32)
+    a, b = OfflineFeatures(tmp_path / "imported", contract, 0), OfflineFeatures(tmp_path / "ours", contract, 0)
+    fa, fb = a.batch(a.samples()), b.batch(b.samples())
+    for name in ("taps", "final_hidden"):
+        torch.testing.assert_close(getattr(fa, name), getattr(fb, name), rtol=RTOL, atol=ATOL)
+    assert torch.equal(fa.input_ids, fb.input_ids)
 
 
 def test_probe_names_what_vllm_delivers(setup, tmp_path):
