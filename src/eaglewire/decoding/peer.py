@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from eaglewire.decoding.engine import acceptance_length
 from eaglewire.errors import EaglewireError
 
 PEER_METHODS = ("vllm_vanilla", "vllm_eagle_chain")
@@ -39,7 +40,7 @@ def acceptance_between(before: dict[str, Any], after: dict[str, Any], k: int) ->
         raise EaglewireError("vLLM ran no speculative steps", expected="spec_decode_num_drafts to grow",
                              found=f"{d0} -> {d1}", fix="check the server log: the draft may not have loaded")
     p0 = p0 + [0.0] * (k - len(p0))
-    return 1 + (a1 - a0) / drafts, [(b - a) / drafts for a, b in zip(p0, p1)]
+    return acceptance_length(a1 - a0, drafts), [(b - a) / drafts for a, b in zip(p0, p1)]
 
 
 def _with_eos(tokens: list[int], eos: int, max_new: int) -> list[int]:

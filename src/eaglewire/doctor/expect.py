@@ -94,7 +94,9 @@ def judge(predicted: float, per_position: list[float], measured: float | None,
           counts: Counts | None = None) -> Expectation:
     """The verdict (module docstring). `counts`: the engine's own counters, for the first-position rule."""
     if measured is None and counts is not None:
-        measured = 1 + sum(counts.accepted_per_position) / counts.drafts
+        from eaglewire.decoding.engine import acceptance_length
+
+        measured = acceptance_length(sum(counts.accepted_per_position), counts.drafts)
     if measured is None:
         return Expectation(predicted, per_position, None, False,
                            f"a correctly wired engine should measure tau ~ {predicted:.2f}", [])
