@@ -9,14 +9,15 @@ exported (with eaglewire_contract.json) and as a draft from another tool would a
 time): refused (the server does not start; the log's last error) or run, with tau and per-position
 acceptance from vLLM's own counters; then `doctor expect` judges those counts against our engine's
 prediction for the healthy draft on the same prompts. Resumable: each finished case is kept in
-OUT/cases.json (delete an entry to measure it again). Needs scripts/vllm_venv.sh. A vLLM start is ~1-2 min
-on 2 cores, so all cases take ~25 min.
+OUT/cases.json (delete an entry to measure it again). Needs scripts/vllm_venv.sh. Servers run eager (no
+compile: ~40 s a start on 2 cores), so all cases take ~15 min.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sys
 import time
@@ -122,14 +123,21 @@ def serve(directory: Path, target_dir: Path, prompts: list[list[int]], max_new: 
 
     spec = {"method": "eagle3", "model": str(directory), "num_speculative_tokens": k}
     t0 = time.perf_counter()
+    # enforce_eager: no compile (a start ~40 s instead of ~1-2 min); tau does not depend on it
+    srv = VllmServer(target_dir, dtype="float32", speculative_config=spec, max_num_seqs=1, startup_timeout=900,
+                     enforce_eager=True)
     try:
-        with VllmServer(target_dir, dtype="float32", speculative_config=spec, max_num_seqs=1,
-                        startup_timeout=900) as srv:
+        with srv:
             outs = [complete_ids(srv.base_url, srv.model_name, p, max_new) for p in prompts]
             m = spec_metrics(srv.base_url)
     except EaglewireError as err:
-        tail = [l for l in str(err).splitlines() if "Error" in l or "error" in l]
-        return {"vllm": "refused", "why": (tail[-1] if tail else err.what)[:300], "seconds": time.perf_counter() - t0}
+        # the root cause from the whole log, not the "initialization failed" wrapper that follows it
+        text = srv.log_path.read_text(errors="replace") if srv.log_path.is_file() else str(err)
+        lines = [l.strip() for l in text.splitlines() if re.search(r"\w+(Error|Exception): ", l)]
+        causes = [l.split("] ", 1)[-1] for l in lines if "Engine core initialization failed" not in l
+                  and "ulimit" not in l]
+        return {"vllm": "refused", "why": (causes[-1] if causes else err.what)[:300],
+                "seconds": time.perf_counter() - t0}
     return {"vllm": "ran", "tau": m.get("tau"), "per_position": m.get("per_position"),
             "drafts": m.get("num_drafts"), "accepted": m.get("num_accepted_tokens"), "outputs": outs,
             "seconds": time.perf_counter() - t0}
@@ -204,7 +212,7 @@ def table(done: dict) -> str:
             lines.append(f"| {r['case']} | ran | {r['tau']:.2f} | {', '.join(f'{p:.2f}' for p in r['per_position'])} | "
                          f"{same} | {doc(dc)} | {doc(df)} | {'flagged' if ex.get('flagged') else 'passed'} |")
         else:
-            lines.append(f"| {r['case']} | refused: {r['why'][:80]} | – | – | – | {doc(dc)} | {doc(df)} | – |")
+            lines.append(f"| {r['case']} | refused: {r["why"][:110]} | – | – | – | {doc(dc)} | {doc(df)} | – |")
     return "\n".join(lines) + "\n"
 
 
