@@ -212,7 +212,7 @@ def table(done: dict) -> str:
             lines.append(f"| {r['case']} | ran | {r['tau']:.2f} | {', '.join(f'{p:.2f}' for p in r['per_position'])} | "
                          f"{same} | {doc(dc)} | {doc(df)} | {'flagged' if ex.get('flagged') else 'passed'} |")
         else:
-            lines.append(f"| {r['case']} | refused: {r["why"][:110]} | – | – | – | {doc(dc)} | {doc(df)} | – |")
+            lines.append(f"| {r['case']} | refused: {r['why'][:110]} | – | – | – | {doc(dc)} | {doc(df)} | – |")
     return "\n".join(lines) + "\n"
 
 
