@@ -60,6 +60,16 @@ def test_measuring_on_the_dump_equals_measuring_with_the_target(tmp_path, target
     assert any(f.check == "target" and "skipped" in f.why for f in report.findings)
 
 
+
+def test_engine_knobs_on_a_dump_say_the_engine_did_not_run(tmp_path, trained, dump):  # noqa: F811
+    from eaglewire.decoding.tree import TreeShape
+
+    ins = inspect_dir(_export(tmp_path, trained, "vllm", [0, 2, 4]), "vllm")
+    m, (f,) = run_measurement(ins, DumpTarget.from_file(dump), chain_steps=2, shape=TreeShape(2, 2, 4))
+    assert m.engine.skipped and "not run (a boundaries dump holds no target" in f.what, f.what
+    assert m.to_dict()["tau"]["best_engine"] is None and m.tau["best"]  # the teacher-forced chain still there
+
+
 def _damage(src, dst, drop=None, meta=None, **replace):
     tensors = {k: v for k, v in load_file(str(src)).items() if k != drop}
     tensors.update(replace)

@@ -9,6 +9,7 @@ real-target test of this file.
 """
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -16,8 +17,11 @@ from tiny import build_target
 
 from eaglewire.data.features import OnlineFeatures
 from eaglewire.data.samples import Sample
+from eaglewire.decoding.propose import EagleProposer
+from eaglewire.decoding.tree import TreeShape
 from eaglewire.doctor.checks import run_checks
 from eaglewire.doctor.empirical import run_measurement
+from eaglewire.doctor.engine_tau import ENGINE_NEW_TOKENS, engine_prompts
 from eaglewire.doctor.inspect import inspect_dir
 from eaglewire.doctor.sample import sample_target
 from eaglewire.formats.convert import export_draft
@@ -142,6 +146,45 @@ def test_cli_measures_by_default_with_a_target_and_not_without(tmp_path, target,
     assert any(f["check"] == "measured_wiring" and f["level"] == "error" for f in report["findings"])
     r = CliRunner().invoke(app, args + ["--no-measure"])
     assert json.loads(r.stdout)["measurement"] is None
+
+
+TREE = TreeShape(num_steps=2, topk=2, num_draft_tokens=4)  # SGLang S=2 K=2 N=4: a tree no chain score predicts
+
+
+def test_engine_tau_at_a_tree_shape_from_our_engine(tmp_path, target, trained, bounds):
+    """At SGLang's tree knobs our engine decodes with the delivered and the trained boundaries: the
+    broken export's delivered set accepts less, the healthy one's the same; the figures are exactly what
+    doctor expect's runner gives for the same contract, prompts and shape."""
+    from eaglewire.doctor.expect import load_any_draft, predict
+
+    broken = _export(tmp_path / "b", trained, "vllm", [0, 2, 4])
+    m, (f,) = run_measurement(inspect_dir(broken, "vllm"), target, bounds, chain_steps=2, shape=TREE)
+    delivered, best = m.engine.tau["delivered"], m.engine.tau["best"]
+    assert m.best == TRAINED and best[0] > delivered[0] + 0.05, m.to_dict()["tau"]  # 1.91 vs 1.77
+    assert m.tau["best"] and m.tau["delivered"]  # the teacher-forced chain stays beside it
+    assert "--speculative-eagle-topk 2 --speculative-num-draft-tokens 4" in f.what
+    assert f"delivered {delivered[0]:.2f}" in f.what and f"best {best[0]:.2f}" in f.what
+    entry = m.to_dict()["tau"]["delivered_engine"]
+    assert entry["shape"] == {"num_steps": 2, "topk": 2, "num_draft_tokens": 4} and len(entry["per_position"]) == 2
+    # `doctor expect --draft broken`: the export as vLLM reads it (contract taps [0, 2, 4]), called directly
+    draft, contract = load_any_draft(broken, target)
+    assert contract.taps == (0, 2, 4)
+    assert predict(target, draft, contract, TREE, engine_prompts(target), ENGINE_NEW_TOKENS) == delivered
+    proposer = EagleProposer(draft, replace(contract, taps=TRAINED), TREE, 64)
+    assert proposer.taps == TRAINED  # the engine asks the target for the contract's taps
+
+    healthy = inspect_dir(_export(tmp_path / "h", trained, "vllm"), "vllm")
+    m, (f,) = run_measurement(healthy, target, bounds, chain_steps=2, shape=TREE)
+    assert m.delivered == m.best == TRAINED and f.level == "info"
+    assert m.engine.tau["delivered"] == m.engine.tau["best"] == best  # the same weights fed the same set
+
+
+def test_engine_tau_names_a_delivered_set_the_engine_cannot_capture(tmp_path, target, trained, bounds):
+    ins = inspect_dir(_export(tmp_path, trained, "sglang", [0, 1, 3]), "sglang")  # SGLang cannot tap the embedding
+    m, (f,) = run_measurement(ins, target, bounds, chain_steps=2, shape=TREE)
+    assert m.delivered is None and m.engine.tau["delivered"] is None and m.engine.tau["best"][0] > 1.3
+    assert "delivered: none (the engine cannot capture it)" in f.what, f.what
+    assert m.to_dict()["tau"]["delivered_engine"] is None
 
 
 @pytest.mark.real_target

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from eaglewire.contract import CANONICAL, CONVENTIONS, default_taps, to_engine
+from eaglewire.contract import CANONICAL, CONVENTIONS, WiringContract, default_taps, to_engine
+from eaglewire.decoding.tree import TreeShape
 from eaglewire.doctor.checks import decodes, engine_ids
 from eaglewire.doctor.dump import DumpTarget, require_finite_rows
+from eaglewire.doctor.engine_tau import EngineRun, run_engine
 from eaglewire.doctor.findings import Finding
 from eaglewire.doctor.inspect import Inspection, detect_engine
 from eaglewire.doctor.measure import LEVEL, MARGIN, Measurement, Taps, measure
@@ -60,23 +62,26 @@ def candidates(ins: Inspection, L: int, n: int) -> tuple[dict[Taps, list[str]], 
     return out, priors
 
 
-def load_for_measure(ins: Inspection, target: Any, n: int) -> Eagle3Draft:
+def load_for_measure(ins: Inspection, target: Any, n: int) -> tuple[Eagle3Draft, WiringContract]:
     """The draft's weights as the native model, fp32, whatever its config's ids say (they are what is
-    under test): read in the layout its files are written in, not the engine it is checked for."""
+    under test): read in the layout its files are written in, not the engine it is checked for. The
+    contract's taps are a placeholder (its vocab map and norm flags are the draft's): the engine run
+    replaces them with each set it feeds."""
     style = "speculators" if ins.is_speculators else \
         ("eagle3" if "LlamaForCausalLMEagle3" in (ins.config.get("architectures") or []) else "llama")
     # the engine it is checked for reads its config fields its own way (SpecForge's norm_output) when the
     # file is in that engine's style; otherwise the style the file is written in decides
     layout = ins.engine.name if ins.engine.config_style == style else detect_engine(ins.config)
     placeholder = default_taps(target.num_layers) if n == 3 and target.num_layers >= 8 else tuple(range(1, n + 1))
-    draft, _ = import_draft(ins.directory, layout, target=target, taps=placeholder)
-    return draft.float()
+    draft, contract = import_draft(ins.directory, layout, target=target, taps=placeholder)
+    return draft.float(), contract
 
 
-def run_measurement(ins: Inspection, target: Any, bounds: Boundaries | None = None,
-                    chain_steps: int = 3) -> tuple[Measurement | None, list[Finding]]:
+def run_measurement(ins: Inspection, target: Any, bounds: Boundaries | None = None, chain_steps: int = 3,
+                    shape: TreeShape | None = None) -> tuple[Measurement | None, list[Finding]]:
     """Measure (capturing the target's boundaries unless given; a DumpTarget brings its own) and turn the
-    result into findings."""
+    result into findings. `shape`: the engine's knobs; then our engine also runs on the target with the
+    delivered and the best set (doctor/engine_tau.py: ~40 s for the embedded target, so on request)."""
     L, H = target.num_layers, target.hidden_size
     fc = ins.shapes.get("fc.weight")
     if fc is None or fc[1] % H:
@@ -84,7 +89,7 @@ def run_measurement(ins: Inspection, target: Any, bounds: Boundaries | None = No
                               "target states", "see the fc finding", "fix fc first")]
     n = fc[1] // H
     try:
-        draft = load_for_measure(ins, target, n)
+        draft, contract = load_for_measure(ins, target, n)
     except EaglewireError as err:
         return None, [Finding("warn", "measured_wiring", f"the wiring was not measured: the draft does not load "
                               f"({err.what})", "the empirical check runs the draft's own weights", err.fix or "")]
@@ -98,7 +103,15 @@ def run_measurement(ins: Inspection, target: Any, bounds: Boundaries | None = No
     # holds exactly those rows, and a NaN row read anyway would poison every score without a word
     require_finite_rows(draft.embed_tokens.weight, bounds.input_ids, str(ins.directory))
     m = measure(draft, bounds, delivered_taps(ins, L)[0], reasons, chain_steps, priors)
+    if shape is not None:
+        m.engine = _engine(target, draft, contract, shape, m)
     return m, [finding(m, ins.engine, L)]
+
+
+def _engine(target: Any, draft: Eagle3Draft, contract: WiringContract, shape: TreeShape, m: Measurement) -> EngineRun:
+    if isinstance(target, DumpTarget):  # decoding needs the target's weights, which a dump does not hold
+        return EngineRun(shape, 0, 0, skipped="a boundaries dump holds no target to decode with: use --target")
+    return run_engine(target, draft, contract, shape, {"delivered": m.delivered, "best": m.best})
 
 
 def _fmt(m: Measurement, taps: Taps) -> str:
@@ -107,12 +120,14 @@ def _fmt(m: Measurement, taps: Taps) -> str:
 
 
 def _tau(m: Measurement) -> str:
+    """The teacher-forced chain's τ, then our engine's at the engine's knobs when it ran."""
+    engine = m.engine.text() if m.engine is not None else ""
     if not m.tau:
-        return ""
+        return engine
     parts = [f"{k} {v[0]:.2f}" for k, v in sorted(m.tau.items())]
     steps = len(next(iter(m.tau.values()))[1])
-    return (f"; predicted tau for a {steps}-draft greedy chain (vLLM num_speculative_tokens={steps}, SGLang "
-            f"topk 1): " + ", ".join(parts))
+    return (f"; predicted tau for a {steps}-draft greedy chain, teacher-forced (vLLM num_speculative_tokens="
+            f"{steps}, SGLang topk 1): " + ", ".join(parts) + engine)
 
 
 def _fix(m: Measurement, engine: Engine, L: int) -> str:
@@ -136,7 +151,7 @@ def finding(m: Measurement, engine: Engine, L: int) -> Finding:
     best = f"this draft predicts best from boundaries {_fmt(m, m.best)}"
     if m.delivered is None:
         return Finding("error", "measured_wiring", f"{best}; {engine_name} cannot capture the ids it is given"
-                       + where, "the engine feeds other or fewer states than the draft was trained on" + weak, fix)
+                       + where + _tau(m), "the engine feeds other or fewer states than the draft was trained on" + weak, fix)
     mean, lo, hi = m.gap or (0.0, 0.0, 0.0)
     gap = f"NLL gap {mean:.2f} [{lo:.2f}, {hi:.2f}] at {LEVEL:.0%}"
     if m.clearly_worse:

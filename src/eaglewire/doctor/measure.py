@@ -16,7 +16,7 @@ and its spread (worst minus best candidate) small; the report then says the evid
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +24,9 @@ import torch.nn.functional as F
 from eaglewire.doctor.sample import Boundaries
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.train.ttt import shift_left, ttt_attention_mask
+
+if TYPE_CHECKING:
+    from eaglewire.doctor.engine_tau import EngineRun
 
 MARGIN, LEVEL, BLOCK, RESAMPLES = 0.05, 0.99, 16, 2000
 WEAK_SPREAD = 0.5  # nats between the best and the worst candidate below which the evidence is weak
@@ -179,6 +182,7 @@ class Measurement:
     coverage: float
     tokens: int
     tau: dict[str, tuple[float, list[float]]] = field(default_factory=dict)  # "delivered"/"best": tau, per step
+    engine: EngineRun | None = None  # our engine's τ at the engine's knobs (doctor/engine_tau.py), when asked
 
     @property
     def weak(self) -> bool:
@@ -202,7 +206,8 @@ class Measurement:
                 "nll_gap": self.gap and [round(x, 3) for x in self.gap], "interval_level": LEVEL,
                 "margin": MARGIN, "spread": round(self.spread, 3), "weak_evidence": self.weak,
                 "coverage": round(self.coverage, 3), "tokens": self.tokens, "error": self.clearly_worse,
-                "tau": {k: {"tau": round(v[0], 3), "per_step": [round(x, 3) for x in v[1]]} for k, v in self.tau.items()},
+                "tau": {**{k: {"tau": round(v[0], 3), "per_step": [round(x, 3) for x in v[1]]}
+                           for k, v in self.tau.items()}, **(self.engine.to_dict() if self.engine else {})},
                 "candidates": [self.row(t) for t in order]}
 
 
