@@ -146,6 +146,12 @@ def test_cli_measures_by_default_with_a_target_and_not_without(tmp_path, target,
     assert any(f["check"] == "measured_wiring" and f["level"] == "error" for f in report["findings"])
     r = CliRunner().invoke(app, args + ["--no-measure"])
     assert json.loads(r.stdout)["measurement"] is None
+    r = CliRunner().invoke(app, args + ["--num-steps", "2", "--topk", "2", "--num-draft-tokens", "4"])
+    tau = json.loads(r.stdout)["measurement"]["tau"]  # SGLang's tree knobs: our engine at that shape
+    assert tau["best_engine"]["tau"] > tau["delivered_engine"]["tau"] and tau["best_engine"]["shape"]["topk"] == 2
+    assert len(tau["best"]["per_step"]) == 2  # --steps 2 still sets the teacher-forced chain beside it
+    r = CliRunner().invoke(app, args + ["--no-measure", "--num-speculative-tokens", "2"])
+    assert r.exit_code != 0 and "--no-measure" in r.output  # knobs are never silently ignored
 
 
 TREE = TreeShape(num_steps=2, topk=2, num_draft_tokens=4)  # SGLang S=2 K=2 N=4: a tree no chain score predicts

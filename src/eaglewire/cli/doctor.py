@@ -46,22 +46,36 @@ def check_cmd(
                                            "draft was trained on by running it on the target (default: on when "
                                            "--target is given and the draft has no eaglewire_contract.json, "
                                            "always with --boundaries)."),
-    steps: int = typer.Option(3, "--steps", help="Drafts per round for the measured tau (vLLM "
-                              "num_speculative_tokens; SGLang --speculative-num-steps at topk 1)."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Drafts per round for the teacher-forced tau "
+                                        "of a greedy chain (vLLM num_speculative_tokens; SGLang "
+                                        "--speculative-num-steps at topk 1). Default: the knobs' depth, else 3."),
+    num_steps: Optional[int] = typer.Option(None, "--num-steps", help="SGLang --speculative-num-steps: with "
+                                            "--topk/--num-draft-tokens, our engine predicts tau at this shape."),
+    topk: Optional[int] = typer.Option(None, "--topk", help="SGLang --speculative-eagle-topk (> 1: a tree)."),
+    num_draft_tokens: Optional[int] = typer.Option(None, "--num-draft-tokens",
+                                                   help="SGLang --speculative-num-draft-tokens (counts the root)."),
+    num_speculative_tokens: Optional[int] = typer.Option(None, "--num-speculative-tokens", help="vLLM k: our "
+                                                         "engine predicts tau for this chain."),
     as_json: bool = typer.Option(False, "--json", help="JSON for CI."),
 ) -> None:
     """Find silent wiring failures: key names, vocab map, fc width, layer ids, norm flags, target mismatch,
-    and (measured on the target, or on its boundaries dump) the boundaries the draft's weights were trained on."""
+    and (measured on the target, or on its boundaries dump) the boundaries the draft's weights were trained on.
+    Given the engine's knobs, our speculative engine also decodes on the target with the delivered and the
+    best boundaries at that shape (tens of seconds per set for a small target on a CPU)."""
     from eaglewire.doctor.checks import by_level, run_checks
     from eaglewire.doctor.empirical import run_measurement
     from eaglewire.doctor.inspect import inspect_dir
 
+    shape = _engine_shape((num_steps, topk, num_draft_tokens, num_speculative_tokens), measure)
     tgt = _evidence(target, boundaries, measure)
     ins = inspect_dir(draft, engine)
     report = run_checks(ins, tgt)
-    if measure or boundaries is not None or (measure is None and target is not None and ins.contract is None):
-        with err_console.status("measuring the wiring on the target (seconds on a CPU for a small target)"):
-            m, found = run_measurement(ins, tgt, chain_steps=steps)
+    if measure or boundaries is not None or shape is not None or (measure is None and target is not None
+                                                                   and ins.contract is None):
+        chain = steps if steps is not None else (shape.num_steps if shape is not None else 3)
+        with err_console.status("measuring the wiring on the target (seconds on a CPU for a small target"
+                                + (", and our engine decoding at the knobs: tens of seconds" if shape else "") + ")"):
+            m, found = run_measurement(ins, tgt, chain_steps=chain, shape=shape)
         report.findings = by_level(report.findings + found)
         report.measurement = m.to_dict() if m is not None else None
     if as_json:
@@ -74,6 +88,19 @@ def check_cmd(
                               f"      why: {f.why}\n      fix: {f.fix}", highlight=False)
         out_console.print(f"{report.errors} error(s), {len(report.findings) - report.errors} other finding(s)")
     raise typer.Exit(1 if report.errors else 0)
+
+
+def _engine_shape(knobs: tuple[Optional[int], ...], measure: Optional[bool]) -> Any:
+    """The TreeShape the engine's knobs give (None without any). They ask for the measured tau, so they
+    measure unless told not to, and are refused with --no-measure rather than silently ignored."""
+    if all(k is None for k in knobs):
+        return None
+    from eaglewire.decoding.tree import TreeShape
+
+    if measure is False:
+        raise EaglewireError("engine knobs with --no-measure", expected="the knobs shape the measured tau",
+                             found="--no-measure", fix="drop --no-measure, or the knobs")
+    return TreeShape.from_knobs(*knobs)
 
 
 def _evidence(target: Optional[str], boundaries: Optional[Path], measure: Optional[bool]) -> Any:
