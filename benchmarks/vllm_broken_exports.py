@@ -21,6 +21,7 @@ import re
 import shutil
 import sys
 import time
+import urllib.error
 from pathlib import Path
 from typing import Any, Callable
 
@@ -130,13 +131,14 @@ def serve(directory: Path, target_dir: Path, prompts: list[list[int]], max_new: 
         with srv:
             outs = [complete_ids(srv.base_url, srv.model_name, p, max_new) for p in prompts]
             m = spec_metrics(srv.base_url)
-    except EaglewireError as err:
+    except (EaglewireError, urllib.error.URLError) as err:  # refused at start, or crashed serving (HTTP 500)
+        state = "refused" if isinstance(err, EaglewireError) else "crashed on the first request"
         # the root cause from the whole log, not the "initialization failed" wrapper that follows it
         text = srv.log_path.read_text(errors="replace") if srv.log_path.is_file() else str(err)
         lines = [l.strip() for l in text.splitlines() if re.search(r"\w+(Error|Exception): ", l)]
         causes = [l.split("] ", 1)[-1] for l in lines if "Engine core initialization failed" not in l
                   and "ulimit" not in l]
-        return {"vllm": "refused", "why": (causes[-1] if causes else err.what)[:300],
+        return {"vllm": state, "why": (causes[-1] if causes else str(err))[:300],
                 "seconds": time.perf_counter() - t0}
     return {"vllm": "ran", "tau": m.get("tau"), "per_position": m.get("per_position"),
             "drafts": m.get("num_drafts"), "accepted": m.get("num_accepted_tokens"), "outputs": outs,
@@ -212,7 +214,7 @@ def table(done: dict) -> str:
             lines.append(f"| {r['case']} | ran | {r['tau']:.2f} | {', '.join(f'{p:.2f}' for p in r['per_position'])} | "
                          f"{same} | {doc(dc)} | {doc(df)} | {'flagged' if ex.get('flagged') else 'passed'} |")
         else:
-            lines.append(f"| {r['case']} | refused: {r['why'][:110]} | – | – | – | {doc(dc)} | {doc(df)} | – |")
+            lines.append(f"| {r['case']} | {r['vllm']}: {r['why'][:110]} | – | – | – | {doc(dc)} | {doc(df)} | – |")
     return "\n".join(lines) + "\n"
 
 

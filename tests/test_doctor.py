@@ -249,3 +249,14 @@ def test_zero_embedding_as_speculators_resaves_it(tmp_path, target, drafted):
     _edit_weights(out, zero_embedding)
     errs = [f for f in _errors(_doctor(out, target, "vllm")) if f.check == "weights"]
     assert any(f.what == "embed_tokens.weight is all zeros" and "speculators" in f.why for f in errs), errs
+
+
+def test_config_norm_flags_against_training_and_missing_draft_vocab_size(tmp_path, target, drafted):
+    """Reproduced in real vLLM (benchmarks/results/vllm_broken): norm_before_residual: true on a draft trained
+    without it ran silently at tau 1.11 (healthy 1.45); draft_vocab_size missing was refused by vLLM."""
+    out = _export(tmp_path, drafted, "vllm")
+    _edit_config(out, lambda c: c.update(norm_before_residual=True))
+    _expect(_doctor(out, target, "vllm"), "norm_flags", "config.json says norm_before_residual: True")
+    out = _export(tmp_path / "b", drafted, "vllm")
+    _edit_config(out, lambda c: c.pop("draft_vocab_size"))
+    _expect(_doctor(out, target, "vllm"), "draft_vocab_size", "draft_vocab_size is missing")

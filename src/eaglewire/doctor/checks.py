@@ -80,6 +80,11 @@ def vocab_map(ins: Inspection, target: Any) -> list[Finding]:
     if vd is not None and V is not None and vd > V:
         out.append(_f("error", "draft_vocab_size", f"draft_vocab_size {vd} > target vocab {V}",
                       "the draft can name tokens the target does not have", "rebuild the vocab map"))
+    if vd is None and head is not None and V is not None and head[0] != V:
+        out.append(_f("error", "draft_vocab_size", f"draft_vocab_size is missing but lm_head has {head[0]} of the "
+                      f"target's {V} rows", "the engine then sizes the draft's vocabulary as the target's: vLLM "
+                      "refuses the file (no draft_id_to_target_id parameter), others misread the head",
+                      f"write draft_vocab_size: {head[0]} (eaglewire export does)"))
     if head is not None and vd is not None and head[0] != vd:
         out.append(_f("error", "draft_vocab_size", f"lm_head has {head[0]} rows but draft_vocab_size is {vd}",
                       "the engine sizes its head from the config: loading fails or rows are misread", "re-export"))
@@ -216,6 +221,16 @@ def norm_flags(ins: Inspection, target: Any) -> list[Finding]:
         if on and flag not in ins.engine.norms:
             out.append(_f("error", "norm_flags", f"the draft was trained with {flag} but {ins.engine.name} does not "
                           "implement it", "the engine runs a different function with no error", "serve on vllm or retrain"))
+    if ins.contract is not None:  # what the engine will apply, read from the config, against training
+        for flag in sorted(ins.engine.norms):
+            said = ins.config.get(flag)
+            if ins.engine.norm_output_is_final_norm and flag == "norm_output":
+                continue  # SpecForge's norm_output means the final norm: checked below
+            if said is not None and bool(said) != bool(trained[flag]):
+                out.append(_f("error", "norm_flags", f"config.json says {flag}: {bool(said)}, but the draft was "
+                              f"trained with {flag}: {bool(trained[flag])}", f"{ins.engine.name} applies what the "
+                              "config says: a norm the weights never saw (or skips one they need), with no error",
+                              "re-export from the native draft (eaglewire export writes the trained flags)"))
     if ins.engine.norm_output_is_final_norm and ins.config.get("norm_output", True) is False:
         out.append(_f("error", "norm_flags", "norm_output: false in a config SpecForge reads",
                       "SpecForge reads it as 'no final norm before lm_head' (SGLang: 'feed the pre-norm state "
