@@ -164,7 +164,9 @@ def main() -> None:
 
     target, target_dir = load_target(), resolve_target(None)[1]
     draft = load_checkpoint(resolve_draft(None), target=target)
-    work = args.out / "work"
+    from eaglewire.cache import cache_root
+
+    work = cache_root() / "vllm_broken"  # damaged copies of a 20 MB export each: never in the repository
     base = export_draft(draft, draft.contract, work / "base", "vllm", verifier=str(target_dir))
     prompts = bench_prompts(target, "mtbench", args.prompts)
     tau, per_pos = predict(target, draft, draft.contract, TreeShape.chain(args.k), prompts, args.max_new_tokens)
