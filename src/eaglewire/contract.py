@@ -276,6 +276,16 @@ class WiringContract:
             raise ContractMismatch("unsupported wiring-contract schema", expected=SCHEMA, found=self.schema,
                                    fix="re-create the artifact with this version of eaglewire")
 
+    @classmethod
+    def for_target(cls, identity: TargetIdentity, taps: Sequence[int], *, norm: NormFlags | None = None,
+                   vocab_map: Any | None = None, chat_template_sha256: str | None = None) -> "WiringContract":
+        """The contract of a target (a loaded one, or one known from a dump): vocab_map is an
+        eaglewire.vocab.VocabMap once built, None before."""
+        return cls(target=identity, taps=tuple(taps), norm=norm or NormFlags(),
+                   draft_vocab_size=vocab_map.draft_vocab_size if vocab_map is not None else None,
+                   vocab_map_sha256=vocab_map.sha256() if vocab_map is not None else None,
+                   chat_template_sha256=chat_template_sha256)
+
     # ---- derived -------------------------------------------------------------------------------
     @property
     def num_taps(self) -> int:

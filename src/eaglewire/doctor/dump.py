@@ -167,11 +167,8 @@ class DumpTarget:
     def contract(self, taps: tuple[int, ...], *, norm: NormFlags | None = None,
                  vocab_map: Any | None = None) -> WiringContract:
         """The contract Target.contract gives for the dumped target (the same identity and template hash)."""
-        return WiringContract(
-            target=self.identity, taps=tuple(taps), norm=norm or NormFlags(),
-            draft_vocab_size=vocab_map.draft_vocab_size if vocab_map is not None else None,
-            vocab_map_sha256=vocab_map.sha256() if vocab_map is not None else None,
-            chat_template_sha256=self.chat_template_sha256)
+        return WiringContract.for_target(self.identity, taps, norm=norm, vocab_map=vocab_map,
+                                         chat_template_sha256=self.chat_template_sha256)
 
     def embedding(self) -> torch.Tensor:
         """[V, H] fp32: the dump's tokens' rows, NaN for every other token (a read of one cannot pass).

@@ -102,11 +102,8 @@ class Target:
     def contract(self, taps: tuple[int, ...], *, norm: NormFlags | None = None,
                  vocab_map: Any | None = None) -> WiringContract:
         """A wiring contract for this target (vocab_map: an eaglewire.vocab.VocabMap, once built)."""
-        return WiringContract(
-            target=self.identity, taps=tuple(taps), norm=norm or NormFlags(),
-            draft_vocab_size=vocab_map.draft_vocab_size if vocab_map is not None else None,
-            vocab_map_sha256=vocab_map.sha256() if vocab_map is not None else None,
-            chat_template_sha256=self.chat_template_sha256)
+        return WiringContract.for_target(self.identity, taps, norm=norm, vocab_map=vocab_map,
+                                         chat_template_sha256=self.chat_template_sha256)
 
     # ---- the tensors a draft is built from (TargetWeights reads the same ones from the weight files) ----
     def embedding(self) -> torch.Tensor:
