@@ -12,11 +12,7 @@ verify forward, so the draft is fed the delivered boundaries as the engine would
 Cost: one speculative generation per distinct tap set (the healthy case, delivered = best, runs once)
 of 8 built-in prompts x ENGINE_NEW_TOKENS tokens. Measured on the tiny test target (8 layers, one niced
 thread beside a training job): ~5 s per set at S=2 K=2 N=4 (the draft's Python tree building
-dominates), against 0.9 s for the whole teacher-forced measurement. Estimated for the embedded target
-(SmolLM2-135M, fp32, 2 cores; not run): ~30 tok/s greedy (README's benchmark: vanilla 29.7, the k=3
-chain 31.5; a 4-token tree verify costs ~1.6x a decode step, which τ ~1.5 repays), so 512 tokens take
-~20 s per set (up to twice that on one thread): a broken export adds ~40-80 s to the teacher-forced
-measurement's ~25 s (one thread, README). Hence only on request (the engine's knobs), not on every check.
+dominates), against 0.9 s for the whole teacher-forced measurement. Not yet timed on the embedded target (it decodes 512 tokens per set with our engine). Hence only on request (the engine's knobs), not on every check.
 """
 
 from __future__ import annotations
