@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from eaglewire import hw
 from eaglewire.decoding.engine import SpecDecoder, greedy_reference
 from eaglewire.decoding.propose import EagleProposer
-from eaglewire.decoding.runtime import LeanTarget
+from eaglewire.decoding.runtime import LeanTarget, candidate_layouts
 from eaglewire.decoding.tree import TreeShape
 from eaglewire.errors import EaglewireError
 
@@ -55,16 +55,19 @@ def _bf16_setup(arch: str = "llama"):
     target = build_target(arch)
     target.model.to(torch.bfloat16)
     draft, contract = build_draft(target, taps=(1, 2, 3))
-    return target, draft.to(torch.bfloat16), contract, LeanTarget(target, max_len=128)
+    return target, draft.to(torch.bfloat16), contract
 
 
 @needs_bf16
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("arch,layout", [("llama", "auto"), ("qwen3", "auto"), ("llama", "dnnl")])
 @pytest.mark.parametrize("shape", [CHAIN, TREE], ids=["chain", "tree"])
-def test_bf16_speculative_is_greedy_up_to_bf16_ties(arch, shape):
+def test_bf16_speculative_is_greedy_up_to_bf16_ties(arch, layout, shape):
     """Exact wherever the target's best token leads by more than a few ulps (so equal to bf16 vanilla up to
     its first near-tie); at most a few near-tie positions; the measured worst case here is 2 ulps."""
-    target, draft, contract, rt = _bf16_setup(arch)
+    if layout not in ("auto", *candidate_layouts(torch.bfloat16)):
+        pytest.skip("this torch build exposes no oneDNN prepacked linear (torch.ops.mkldnn._linear_pointwise)")
+    target, draft, contract = _bf16_setup(arch)
+    rt = LeanTarget(target, max_len=128, layout=layout)
     assert rt.k_cache.dtype == torch.bfloat16 and rt.layers[0].o.w.dtype == torch.bfloat16
     ref = greedy_reference(rt, PROMPT, 30)
     assert len(set(ref)) > 3  # a real continuation, not one repeated token
@@ -90,8 +93,12 @@ def test_bf16_speculative_is_greedy_up_to_bf16_ties(arch, shape):
 
 
 @needs_bf16
-def test_bf16_runtime_logits_close_to_hf_bf16():
-    target, _, _, rt = _bf16_setup()
+@pytest.mark.parametrize("layout", ["nt", "tn", "wx", "dnnl"])
+def test_bf16_runtime_logits_close_to_hf_bf16(layout):
+    if layout not in candidate_layouts(torch.bfloat16):
+        pytest.skip("this torch build exposes no oneDNN prepacked linear (torch.ops.mkldnn._linear_pointwise)")
+    target, _, _ = _bf16_setup()
+    rt = LeanTarget(target, max_len=128, layout=layout)
     with torch.no_grad():
         ref = target.model(input_ids=PROMPT).logits.float()
     logits, _ = rt.forward(PROMPT, torch.arange(PROMPT.shape[1])[None], 0)
