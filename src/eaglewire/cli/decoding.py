@@ -23,18 +23,23 @@ DTYPE_HELP = ("float32 | bfloat16 | auto: the target runs in it and the draft is
               "the CPU has native bf16 (AVX512-BF16/AMX), else float32; bfloat16 elsewhere is refused (emulated, slower).")
 
 
+def _say(message: str) -> None:
+    """A start-up / progress line on stderr (stdout stays the command's output)."""
+    err_console.print(message, highlight=False, markup=False, soft_wrap=True)  # one line per message, for logs
+
+
 def _load(target: Optional[str], draft: Optional[Path], dtype: str) -> tuple:
     """(target, draft) both in the --dtype, with a line on stderr for each."""
     from eaglewire.checkpoint import load_checkpoint
     from eaglewire.hw import RUNTIME_DTYPES, runtime_dtype
+    from eaglewire.verifier.loader import DEFAULT_TARGET
 
     dt = runtime_dtype(parse_dtype(dtype, {n: n for n in RUNTIME_DTYPES}, "--dtype"))
-    tgt = load_target(target, dtype=dt)
     name = str(dt).removeprefix("torch.")
-    err_console.print(f"loaded target {tgt.name} ({name}{', from --dtype auto' if dtype == 'auto' else ''})",
-                      highlight=False)
+    _say(f"loading target {target or DEFAULT_TARGET} ({name}{', from --dtype auto' if dtype == 'auto' else ''})")
+    tgt = load_target(target, dtype=dt)
     path = resolve_draft(draft)
-    err_console.print(f"loading draft {path} ({name})", highlight=False)
+    _say(f"loading draft {path} ({name})")
     return tgt, load_checkpoint(path, target=tgt, dtype=dt)
 
 
@@ -62,7 +67,7 @@ def generate_cmd(
     ids = tgt.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                             return_dict=True, return_tensors="pt")["input_ids"]
     max_len = ids.shape[1] + max_new_tokens + shape.num_draft_tokens + 8
-    dec = SpecDecoder(make_runtime(tgt, max_len), EagleProposer(d, d.contract, shape, max_len))
+    dec = SpecDecoder(make_runtime(tgt, max_len, calibrate=True, log=_say), EagleProposer(d, d.contract, shape, max_len))
     out, st = dec.generate(ids, max_new_tokens, eos={tgt.tokenizer.eos_token_id})
     text = tgt.tokenizer.decode(out, skip_special_tokens=True)
     stats = st.as_dict(shape.num_steps)
@@ -105,7 +110,7 @@ def bench_cmd(
     prompts = B.bench_prompts(tgt, questions, limit, turns, answers)
     result = B.run_bench(tgt, d, prompts, max_new_tokens, TreeShape.chain(chain_k),
                          TreeShape(num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens),
-                         log=lambda s: err_console.print(s, highlight=False),
+                         log=_say,
                          methods=list(dict.fromkeys([m.strip() for m in methods.split(",") if m.strip()]
                                                     + (list(PEER_METHODS) if vllm else []))))
     result["questions"], result["draft"], result["turns"] = questions, str(resolve_draft(draft)), turns
@@ -133,7 +138,7 @@ def serve_cmd(
 
     shape = TreeShape.from_knobs(num_steps, topk, num_draft_tokens, num_speculative_tokens)
     tgt, d = _load(target, draft, dtype)
-    server = build_server(tgt, d, shape, model_name, max_context, max_tokens_limit, host, port)
+    server = build_server(tgt, d, shape, model_name, max_context, max_tokens_limit, host, port, log=_say)
     err_console.print(f"serving on http://{host}:{server.server_address[1]}/v1 (Ctrl-C to stop)")
     server.serve_forever()
 

@@ -51,8 +51,9 @@ def _hf(target: Any, ids: torch.Tensor, max_new: int, eos: int, **kw: Any) -> Ru
 
 
 def make_methods(target: Any, draft: Any, chain: TreeShape, tree: TreeShape, max_len: int, eos: int,
-                 names: Sequence[str] = METHODS) -> dict[str, Callable[[torch.Tensor, int], Run]]:
-    rt = make_runtime(target, max_len, calibrate=True)  # one cache, reused by every method on our runtime
+                 names: Sequence[str] = METHODS,
+                 log: Callable[[str], None] | None = None) -> dict[str, Callable[[torch.Tensor, int], Run]]:
+    rt = make_runtime(target, max_len, calibrate=True, log=log)  # one KV cache, reused by every method on our runtime
 
     def vanilla(ids: torch.Tensor, n: int) -> Run:
         t0 = time.perf_counter()
@@ -132,7 +133,7 @@ def run_bench(target: Any, draft: Any, prompts: list[torch.Tensor], max_new: int
     peers = [m for m in PEER_METHODS if m in methods]
     dtype = str(target.dtype).removeprefix("torch.")  # every row runs in it: ours on the target, vLLM's told
     peer = peer_rows(target, draft, prompts, max_new, chain.num_steps, peers, dtype, log, peer_eager) if peers else {}
-    methods = make_methods(target, draft, chain, tree, max_len, eos, methods)
+    methods = make_methods(target, draft, chain, tree, max_len, eos, methods, log)
     for name, fn in methods.items():  # warm-up, not counted
         fn(prompts[0], min(16, max_new))
     runs: dict[str, list[Run]] = {m: [] for m in methods}

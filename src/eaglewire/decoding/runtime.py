@@ -34,6 +34,8 @@ SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
 
 LAYOUTS = ("nt", "tn", "wx")  # plain torch matmuls: always available
 PACKED = "dnnl"  # oneDNN's prepacked weight, where this torch build exposes it (candidate_layouts)
+CALIBRATION_KS, CALIBRATION_REPS = (1, 2, 3, 4, 8, 16, 32), 5  # verify row counts timed, repetitions each
+CALIBRATION_PREFIX = 16  # cached tokens each timed verify attends to (slots the calibration writes first)
 
 
 def candidate_layouts(dtype: torch.dtype) -> tuple[str, ...]:
@@ -131,6 +133,7 @@ class LeanTarget:
         self.embed = target.embed_tokens.weight.detach()
         self.head = Linear(target.model.get_output_embeddings().weight, None, PACKED in self.candidates)
         self.policy: dict[int, str] = {1: "tn", 2: "nt"} if layout == "auto" else {1: layout}
+        self.calibration_ms: dict[int, dict[str, float]] = {}  # {rows: {layout: median ms}} of the last calibrate()
         self.rotary = _find_rotary(target)
         p = self.embed
         shape = (len(self.layers), batch, self.kv_heads, max_len, self.head_dim)
@@ -142,14 +145,19 @@ class LeanTarget:
         return self.policy[max(k for k in self.policy if k <= rows)]
 
     @torch.no_grad()
-    def calibrate(self, ks: tuple[int, ...] = (1, 2, 3, 4, 8, 16, 32), reps: int = 5) -> dict[int, str]:
+    def calibrate(self, ks: tuple[int, ...] = CALIBRATION_KS, reps: int = CALIBRATION_REPS) -> dict[int, str]:
         """Time a whole verify forward per layout and row count on this machine; keep the fastest.
         Small-M GEMM speed depends on the weight's layout, and which one wins differs between machines.
-        Layouts alternate within each repetition (machine noise drifts; back-to-back blocks biased it)."""
+        Layouts alternate within each repetition (machine noise drifts; back-to-back blocks biased it).
+        The medians are kept in `calibration_ms` {rows: {layout: ms}} (decoding/calibration.py stores them)."""
         import time
 
+        prefix = CALIBRATION_PREFIX
+        if prefix + max(ks) > self.max_len:
+            raise ValueError(f"calibrate() writes {prefix}+{max(ks)} cache slots; this runtime has max_len "
+                             f"{self.max_len} (make_runtime allocates the room)")
         best: dict[int, str] = {}
-        prefix = 16
+        self.calibration_ms = {}
         for k in ks:
             ids = torch.zeros(1, prefix + k, dtype=torch.long, device=self.embed.device)
             pos = torch.arange(prefix + k, device=ids.device)[None]
@@ -162,6 +170,7 @@ class LeanTarget:
                     samples[lay].append(time.perf_counter() - t0)
             timing = {lay: sorted(v)[len(v) // 2] for lay, v in samples.items()}
             best[k] = min(timing, key=timing.get)
+            self.calibration_ms[k] = {lay: t * 1e3 for lay, t in timing.items()}
         self.policy = best
         return best
 

@@ -235,14 +235,15 @@ def serve(srv: SpecServer, host: str = "127.0.0.1", port: int = 8000) -> Threadi
 
 
 def build_server(target: Any, draft: Any, shape: Any, model_name: str | None, max_context: int,
-                 max_tokens_limit: int, host: str, port: int) -> ThreadingHTTPServer:
+                 max_tokens_limit: int, host: str, port: int,
+                 log: Callable[[str], None] | None = None) -> ThreadingHTTPServer:
     """The `eaglewire serve` server: a loaded draft (in the target's dtype) on the target's runtime, bound to
-    host:port."""
+    host:port. `log` hears what the start does (GEMM layout calibration measured, or reused from the cache)."""
     from eaglewire.decoding.engine import SpecDecoder
     from eaglewire.decoding.hf_runtime import make_runtime
     from eaglewire.decoding.propose import EagleProposer
 
-    rt = make_runtime(target, max_context + shape.num_draft_tokens + 8, calibrate=True)
+    rt = make_runtime(target, max_context + shape.num_draft_tokens + 8, calibrate=True, log=log)
     decoder = SpecDecoder(rt, EagleProposer(draft, draft.contract, shape, max_context))
     eos = {target.tokenizer.eos_token_id}
 
