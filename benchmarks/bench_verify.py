@@ -1,8 +1,10 @@
 """Verify cost on the embedded target: one forward over k new tokens (tree mask) on top of a ~100-token
-cache: lean runtime calibrated per row count, each fixed layout, and HF transformers.
-Interleaved rounds, medians, ratio to the 1-token decode step of the same runtime.
+cache: lean runtime calibrated per row count, each fixed layout this machine offers (nt, tn, wx, and
+dnnl where torch exposes oneDNN's prepacked linear: decoding/runtime.candidate_layouts), and HF
+transformers, all in --dtype. Interleaved rounds, medians, ratio to the 1-token decode step of the same
+runtime.
 
-    python benchmarks/bench_verify.py --rounds 8 --out benchmarks/results/verify.json
+    python benchmarks/bench_verify.py --rounds 8 --dtype float32 --out benchmarks/results/verify.json
 """
 
 from __future__ import annotations
@@ -15,54 +17,64 @@ from pathlib import Path
 
 import torch
 
-from eaglewire.decoding.runtime import LeanTarget
+from eaglewire.decoding.runtime import LeanTarget, candidate_layouts
+from eaglewire.hw import RUNTIME_DTYPES, describe_cpu, runtime_dtype
+from eaglewire.safeio import atomic_write_text
 from eaglewire.verifier.loader import load_target
 
 KS = (1, 2, 3, 4, 8, 16, 32, 64)
+CACHED = 100  # tokens already in the KV cache when a verify runs
+
+
+def _hf_verify(target, prefix: torch.Tensor, k: int) -> float:
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=target.model.config)
+    with torch.no_grad():
+        target.model(input_ids=prefix, past_key_values=cache, use_cache=True)
+        t0 = time.perf_counter()
+        target.model(input_ids=torch.ones(1, k, dtype=torch.long), past_key_values=cache, use_cache=True)
+    return time.perf_counter() - t0
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", choices=RUNTIME_DTYPES, default="float32")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/verify.json"))
     a = ap.parse_args()
-    torch.set_num_threads(2)
-    target = load_target()
-    prefix = torch.randint(0, 49152, (1, 100), generator=torch.Generator().manual_seed(0))
-    runtimes = {f"lean_{lay}": LeanTarget(target, 256, layout=lay) for lay in ("nt", "tn", "wx")}
+    torch.set_num_threads(a.threads)
+    dtype = runtime_dtype(a.dtype)
+    target = load_target(dtype=dtype)
+    prefix = torch.randint(0, target.vocab_size, (1, CACHED), generator=torch.Generator().manual_seed(0))
+    runtimes = {f"lean_{lay}": LeanTarget(target, 256, layout=lay) for lay in candidate_layouts(dtype)}
     runtimes["lean_calibrated"] = LeanTarget(target, 256)
-    print("calibrated layouts:", runtimes["lean_calibrated"].calibrate(ks=KS))
+    policy = runtimes["lean_calibrated"].calibrate(ks=KS)
+    print("calibrated layouts:", policy)
     for rt in runtimes.values():
-        rt.forward(prefix, torch.arange(100)[None], 0)
-    from transformers import DynamicCache
-
-    def hf_verify(k: int) -> None:
-        cache = DynamicCache(config=target.model.config)
-        with torch.no_grad():
-            target.model(input_ids=prefix, past_key_values=cache, use_cache=True)
-            t0 = time.perf_counter()
-            target.model(input_ids=torch.ones(1, k, dtype=torch.long), past_key_values=cache, use_cache=True)
-        return time.perf_counter() - t0
+        rt.forward(prefix, torch.arange(CACHED)[None], 0)
 
     times: dict[str, dict[int, list[float]]] = {n: {k: [] for k in KS} for n in (*runtimes, "hf")}
     for r in range(a.rounds):
         for k in KS:
             ids = torch.ones(1, k, dtype=torch.long)
-            pos = torch.arange(100, 100 + k)[None]
+            pos = torch.arange(CACHED, CACHED + k)[None]
             for name, rt in runtimes.items():
                 t0 = time.perf_counter()
-                rt.forward(ids, pos, 100)
+                rt.forward(ids, pos, CACHED)
                 times[name][k].append(time.perf_counter() - t0)
-            times["hf"][k].append(hf_verify(k))
-        print(f"round {r + 1}: " + " ".join(f"k{k}={statistics.median(times['lean_calibrated'][k]) * 1e3:.0f}ms" for k in KS),
-              flush=True)
-    result = {}
+            times["hf"][k].append(_hf_verify(target, prefix, k))
+        print(f"round {r + 1}: " + " ".join(f"k{k}={statistics.median(times['lean_calibrated'][k]) * 1e3:.0f}ms"
+                                            for k in KS), flush=True)
+    result: dict = {}
     for name, per_k in times.items():
         med = {k: statistics.median(v) * 1e3 for k, v in per_k.items()}
         result[name] = {"median_ms": med, "ratio_to_decode": {k: med[k] / med[1] for k in KS}}
-    result["setup"] = {"rounds": a.rounds, "cache_tokens": 100, "dtype": "float32", "threads": 2}
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(result, indent=2))
+    result["setup"] = {"rounds": a.rounds, "cache_tokens": CACHED, "dtype": str(dtype).removeprefix("torch."),
+                       "threads": a.threads, "layouts": list(candidate_layouts(dtype)), "calibrated": policy,
+                       "fused": "q/k/v and gate/up one GEMM each", "cpu": describe_cpu()}
+    atomic_write_text(a.out, json.dumps(result, indent=2))
     for name in times:
         print(name, {k: f"{result[name]['median_ms'][k]:.0f}ms x{result[name]['ratio_to_decode'][k]:.2f}" for k in KS})
 

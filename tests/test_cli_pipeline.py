@@ -68,6 +68,7 @@ def test_vocab_capture_train_offline_and_online(tiny_dir, tmp_path):
     _run("bench", "--target", tiny_dir, "--draft", tmp_path / "off" / "draft", "--questions", data, "--limit", 2,
          "--max-new-tokens", 8, "--out", tmp_path / "bench", "--num-steps", 2, "--topk", 2, "--num-draft-tokens", 4)
     result = json.loads((tmp_path / "bench" / "bench.json").read_text())
+    assert result["dtype"] == "float32"  # the --dtype default
     assert all(m["matches_vanilla"] == 2 for n, m in result["methods"].items() if n.startswith("eagle"))
     assert (tmp_path / "bench" / "bench.png").exists() and "eagle_tree" in (tmp_path / "bench" / "bench.md").read_text()
     qa = tmp_path / "qa.jsonl"  # second turns are asked after the target's regenerated first answer

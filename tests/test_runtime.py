@@ -1,16 +1,19 @@
-"""The lean runtime equals HF transformers within 1e-4 (fp32) on every supported architecture."""
+"""The lean runtime (q/k/v and gate/up fused into one GEMM each) equals HF transformers' unfused forward
+within 1e-4 (fp32) on every supported architecture and every GEMM layout."""
 
 import pytest
 import torch
 from tiny import VOCAB, build_target
 
-from eaglewire.decoding.runtime import LeanTarget
+from eaglewire.decoding.runtime import LAYOUTS, PACKED, LeanTarget, candidate_layouts
 from eaglewire.verifier.capture import capture
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
-@pytest.mark.parametrize("layout", ["auto", "nt", "tn", "wx"])
+@pytest.mark.parametrize("layout", ["auto", *LAYOUTS, PACKED])
 def test_prefill_decode_and_taps_match_hf(arch, layout):
+    if layout == PACKED and PACKED not in candidate_layouts(torch.float32):
+        pytest.skip("this torch build exposes no oneDNN prepacked linear (torch.ops.mkldnn._linear_pointwise)")
     target = build_target(arch)
     ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -62,9 +65,33 @@ def test_calibrate_picks_a_layout_per_row_count_and_keeps_results():
     target = build_target("llama")
     lean = LeanTarget(target, max_len=64)
     policy = lean.calibrate(ks=(1, 4), reps=1)
-    assert set(policy) == {1, 4} and set(policy.values()) <= {"nt", "tn", "wx"}
+    assert set(policy) == {1, 4} and set(policy.values()) <= set(candidate_layouts(torch.float32))
     ids = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ref = target.model(input_ids=ids).logits
     logits, _ = lean.forward(ids, torch.arange(6)[None], 0)
     torch.testing.assert_close(logits, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_fused_projections_are_one_gemm_each():
+    """q/k/v share one weight [(heads + 2 kv_heads) * head_dim, H] and gate/up one [2 I, H]; Qwen2's q/k/v
+    biases are fused alongside."""
+    target = build_target("qwen2")
+    lean = LeanTarget(target, max_len=8)
+    cfg, a = target.text_config, target.layers[0].self_attn
+    hd = cfg.hidden_size // cfg.num_attention_heads
+    L = lean.layers[0]
+    assert L.qkv.w.shape == ((cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * hd, cfg.hidden_size)
+    assert L.gate_up.w.shape == (2 * cfg.intermediate_size, cfg.hidden_size)
+    torch.testing.assert_close(L.qkv.b, torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]).detach())
+
+
+def test_unavailable_layout_refused(monkeypatch):
+    from eaglewire import hw
+
+    monkeypatch.setattr(hw, "native_bf16", lambda: False)
+    target = build_target("llama")
+    target.model.to(torch.bfloat16)
+    assert PACKED not in candidate_layouts(torch.bfloat16)  # oneDNN bf16 on a CPU that emulates it: not offered
+    with pytest.raises(Exception, match="GEMM layout 'dnnl' is not available here"):
+        LeanTarget(target, max_len=8, layout=PACKED)

@@ -11,7 +11,7 @@ import pytest
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 import torch
 
-from eaglewire.checkpoint import save_checkpoint
+from eaglewire.checkpoint import load_checkpoint, save_checkpoint
 from eaglewire.decoding.server import build_server
 from eaglewire.decoding.engine import greedy_reference
 from eaglewire.decoding.runtime import LeanTarget
@@ -29,6 +29,9 @@ def _tiny_target_dir(d):
     return d / "target"
 
 
+STARTED: list[str] = []  # what the server's start said (build_server's log)
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     from tiny import build_draft
@@ -37,11 +40,17 @@ def server(tmp_path_factory):
     target = load_target(str(_tiny_target_dir(d)))
     draft, contract = build_draft(target, taps=(1, 2, 3))
     save_checkpoint(draft, contract, d / "draft")
-    httpd = build_server(target, d / "draft", TreeShape(num_steps=3, topk=2, num_draft_tokens=5), "tiny", 256, 64,
-                         "127.0.0.1", 0)
+    httpd = build_server(target, load_checkpoint(d / "draft", target=target),
+                         TreeShape(num_steps=3, topk=2, num_draft_tokens=5), "tiny", 256, 64, "127.0.0.1", 0,
+                         log=STARTED.append)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}", target
     httpd.shutdown()
+
+
+def test_start_says_how_the_gemm_layouts_were_chosen(server):
+    assert any(m.startswith(("calibrating GEMM layouts", "reusing GEMM layout calibration from"))
+               for m in STARTED), STARTED
 
 
 def _post(url, body, raw=None):

@@ -40,6 +40,22 @@ def test_random_draft_still_lossless(arch, shape):
     assert out == ref and st.tau < 1.3
 
 
+@pytest.mark.parametrize("shape", [CHAIN, TREE], ids=["chain", "tree"])
+def test_prepacked_layout_lossless(shape):
+    """The oneDNN prepacked layout (what calibrate() picks on an AVX-512 EPYC) keeps fp32 greedy exact."""
+    from eaglewire.decoding.runtime import PACKED, candidate_layouts
+
+    if PACKED not in candidate_layouts(torch.float32):
+        pytest.skip("this torch build exposes no oneDNN prepacked linear (torch.ops.mkldnn._linear_pointwise)")
+    target = build_target("llama")
+    rt = LeanTarget(target, max_len=128, layout=PACKED)
+    ref = greedy_reference(LeanTarget(target, max_len=128, layout="nt"), PROMPT, 40)  # another kernel's greedy
+    assert greedy_reference(rt, PROMPT, 40) == ref
+    for proposer in (OracleProposer(ref, shape), RandomProposer(VOCAB, shape)):
+        out, _ = SpecDecoder(rt, proposer).generate(PROMPT, 40)
+        assert out == ref
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 @pytest.mark.parametrize("shape", [CHAIN, TREE, TreeShape(num_steps=4, topk=3, num_draft_tokens=10)],
                          ids=["chain", "tree", "wide"])

@@ -55,19 +55,35 @@ def describe_cpu() -> dict:
             "torch_capability": torch.backends.cpu.get_cpu_capability()}
 
 
-def autocast_dtype(device: str, dtype: str) -> torch.dtype | None:
-    """The autocast dtype for training/capture: 'fp32' -> None; 'bf16' -> bf16 (refused on a CPU
-    without native bf16, where it would be slower and is never what the user wants); 'auto' -> bf16 on
-    CUDA and on native-bf16 CPUs, else None."""
-    if dtype not in ("auto", "fp32", "bf16"):
-        raise ValueError(f"dtype must be auto, fp32 or bf16, not {dtype!r}")
-    if dtype == "fp32":
-        return None
+def _use_bf16(device: str, choice: str, names: tuple[str, str]) -> bool:
+    """The one bf16 decision: choice is "auto" or one of names = (fp32 spelling, bf16 spelling). The bf16
+    spelling is refused on a CPU without native bf16, where it would be slower and is never what the user
+    wants; "auto" means bf16 on CUDA and on native-bf16 CPUs."""
+    fp32, bf16 = names
+    if choice not in ("auto", fp32, bf16):
+        raise ValueError(f"dtype must be auto, {fp32} or {bf16}, not {choice!r}")
+    if choice == fp32:
+        return False
     native = device.startswith("cuda") or native_bf16()
-    if dtype == "bf16" and not native:
+    if choice == bf16 and not native:
         from eaglewire.errors import EaglewireError
 
-        raise EaglewireError("bf16 asked for on a CPU without native bf16", expected="a CPU with AVX512-BF16 or "
+        raise EaglewireError(f"{bf16} asked for on a CPU without native bf16", expected="a CPU with AVX512-BF16 or "
                              "AMX (or a GPU)", found=f"{cpu_model()}: flags {sorted(cpu_flags() & set(BF16_FLAGS)) or 'none'}",
-                             fix="use --dtype auto or fp32")
-    return torch.bfloat16 if native else None
+                             fix=f"use --dtype auto or {fp32}")
+    return native
+
+
+def autocast_dtype(device: str, dtype: str) -> torch.dtype | None:
+    """The autocast dtype for training/capture: 'fp32' -> None; 'bf16' -> bf16 (refused on a CPU
+    without native bf16); 'auto' -> bf16 on CUDA and on native-bf16 CPUs, else None."""
+    return torch.bfloat16 if _use_bf16(device, dtype, ("fp32", "bf16")) else None
+
+
+RUNTIME_DTYPES = ("float32", "bfloat16", "auto")  # `--dtype` of generate / bench / serve
+
+
+def runtime_dtype(choice: str, device: str = "cpu") -> torch.dtype:
+    """The dtype the target and draft decode in: 'float32', 'bfloat16' (refused on a CPU without native
+    bf16) or 'auto' (bfloat16 where native, else float32)."""
+    return torch.bfloat16 if _use_bf16(device, choice, ("float32", "bfloat16")) else torch.float32

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from eaglewire.checkpoint import resolve_draft
-from eaglewire.cli.common import add_command, err_console, load_target, out_console
+from eaglewire.cli.common import add_command, err_console, load_target, out_console, parse_dtype
 from eaglewire.decoding import bench as B
 from eaglewire.decoding.peer import PEER_METHODS
 from eaglewire.decoding.tree import DEFAULT_TREE as SHAPE
@@ -19,6 +19,28 @@ DRAFT_HELP = "Native draft checkpoint directory (default: the draft shipped for 
 TREE_HELP = ("Tree knobs use SGLang's meaning: --num-steps S (draft depth), --topk K (branching), "
              "--num-draft-tokens N (verified tokens per round INCLUDING the root/last accepted token). "
              "vLLM's chain spelling: --num-speculative-tokens k  ==  S=k, K=1, N=k+1.")
+DTYPE_HELP = ("float32 | bfloat16 | auto: the target runs in it and the draft is cast to it. auto = bfloat16 where "
+              "the CPU has native bf16 (AVX512-BF16/AMX), else float32; bfloat16 elsewhere is refused (emulated, slower).")
+
+
+def _say(message: str) -> None:
+    """A start-up / progress line on stderr (stdout stays the command's output)."""
+    err_console.print(message, highlight=False, markup=False, soft_wrap=True)  # one line per message, for logs
+
+
+def _load(target: Optional[str], draft: Optional[Path], dtype: str) -> tuple:
+    """(target, draft) both in the --dtype, with a line on stderr for each."""
+    from eaglewire.checkpoint import load_checkpoint
+    from eaglewire.hw import RUNTIME_DTYPES, runtime_dtype
+    from eaglewire.verifier.loader import DEFAULT_TARGET
+
+    dt = runtime_dtype(parse_dtype(dtype, {n: n for n in RUNTIME_DTYPES}, "--dtype"))
+    name = str(dt).removeprefix("torch.")
+    _say(f"loading target {target or DEFAULT_TARGET} ({name}{', from --dtype auto' if dtype == 'auto' else ''})")
+    tgt = load_target(target, dtype=dt)
+    path = resolve_draft(draft)
+    _say(f"loading draft {path} ({name})")
+    return tgt, load_checkpoint(path, target=tgt, dtype=dt)
 
 
 def generate_cmd(
@@ -32,20 +54,20 @@ def generate_cmd(
                                                    help=f"N incl. the root (default {SHAPE.num_draft_tokens})."),
     num_speculative_tokens: Optional[int] = typer.Option(None, "--num-speculative-tokens", help="vLLM chain k."),
     as_json: bool = typer.Option(False, "--json"),
+    dtype: str = typer.Option("float32", "--dtype", help=DTYPE_HELP),
 ) -> None:
-    """Greedy speculative decoding (lossless: the text equals plain greedy decoding)."""
-    from eaglewire.checkpoint import load_checkpoint
+    """Greedy speculative decoding (lossless: in float32 the text equals plain greedy decoding; in bfloat16
+    every token is a greedy choice up to bf16 rounding, so the texts may part where two tokens tie)."""
     from eaglewire.decoding.engine import SpecDecoder
     from eaglewire.decoding.hf_runtime import make_runtime
     from eaglewire.decoding.propose import EagleProposer
 
     shape = TreeShape.from_knobs(num_steps, topk, num_draft_tokens, num_speculative_tokens)
-    tgt = load_target(target)
-    d = load_checkpoint(resolve_draft(draft), target=tgt)
+    tgt, d = _load(target, draft, dtype)
     ids = tgt.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                             return_dict=True, return_tensors="pt")["input_ids"]
     max_len = ids.shape[1] + max_new_tokens + shape.num_draft_tokens + 8
-    dec = SpecDecoder(make_runtime(tgt, max_len), EagleProposer(d, d.contract, shape, max_len))
+    dec = SpecDecoder(make_runtime(tgt, max_len, calibrate=True, log=_say), EagleProposer(d, d.contract, shape, max_len))
     out, st = dec.generate(ids, max_new_tokens, eos={tgt.tokenizer.eos_token_id})
     text = tgt.tokenizer.decode(out, skip_special_tokens=True)
     stats = st.as_dict(shape.num_steps)
@@ -78,18 +100,17 @@ def bench_cmd(
                                 "reference and the speedup base)."),
     vllm: bool = typer.Option(False, "--vllm", help="Add the peer rows " + " and ".join(PEER_METHODS) + ": the "
                               "real vLLM CPU build on the same prompts, draft, k and dtype (scripts/vllm_venv.sh)."),
+    dtype: str = typer.Option("float32", "--dtype", help=DTYPE_HELP + " Every row runs in it (HF generate, vanilla, "
+                              "EAGLE, vLLM's); bench.json records it."),
 ) -> None:
     """HF generate vs vanilla vs prompt lookup vs EAGLE-3 chain vs tree, interleaved in one process.
 
     Questions are taken round-robin over the file's categories (MT-bench: one of each of its 8 first)."""
-    from eaglewire.checkpoint import load_checkpoint
-
-    tgt = load_target(target)
-    d = load_checkpoint(resolve_draft(draft), target=tgt)
+    tgt, d = _load(target, draft, dtype)
     prompts = B.bench_prompts(tgt, questions, limit, turns, answers)
     result = B.run_bench(tgt, d, prompts, max_new_tokens, TreeShape.chain(chain_k),
                          TreeShape(num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens),
-                         log=lambda s: err_console.print(s, highlight=False),
+                         log=_say,
                          methods=list(dict.fromkeys([m.strip() for m in methods.split(",") if m.strip()]
                                                     + (list(PEER_METHODS) if vllm else []))))
     result["questions"], result["draft"], result["turns"] = questions, str(resolve_draft(draft)), turns
@@ -110,13 +131,14 @@ def serve_cmd(
     topk: Optional[int] = typer.Option(None, "--topk"),
     num_draft_tokens: Optional[int] = typer.Option(None, "--num-draft-tokens"),
     num_speculative_tokens: Optional[int] = typer.Option(None, "--num-speculative-tokens"),
+    dtype: str = typer.Option("float32", "--dtype", help=DTYPE_HELP),
 ) -> None:
     """OpenAI-compatible server (/v1/chat/completions, /v1/completions, /metrics) with speculative decoding."""
     from eaglewire.decoding.server import build_server
 
     shape = TreeShape.from_knobs(num_steps, topk, num_draft_tokens, num_speculative_tokens)
-    server = build_server(load_target(target), resolve_draft(draft), shape, model_name, max_context,
-                          max_tokens_limit, host, port)
+    tgt, d = _load(target, draft, dtype)
+    server = build_server(tgt, d, shape, model_name, max_context, max_tokens_limit, host, port, log=_say)
     err_console.print(f"serving on http://{host}:{server.server_address[1]}/v1 (Ctrl-C to stop)")
     server.serve_forever()
 

@@ -24,6 +24,7 @@ from eaglewire.decoding.propose import EagleProposer
 from eaglewire.decoding.hf_runtime import make_runtime
 from eaglewire.decoding.peer import PEER_METHODS, peer_rows
 from eaglewire.decoding.tree import TreeShape
+from eaglewire.safeio import atomic_write_text
 
 METHODS = ("hf_generate", "vanilla", "prompt_lookup", "eagle_chain", "eagle_tree")  # on our runtime
 # Defaults of `eaglewire bench` and of the run config's bench section (defined here only; the tree is
@@ -50,8 +51,9 @@ def _hf(target: Any, ids: torch.Tensor, max_new: int, eos: int, **kw: Any) -> Ru
 
 
 def make_methods(target: Any, draft: Any, chain: TreeShape, tree: TreeShape, max_len: int, eos: int,
-                 names: Sequence[str] = METHODS) -> dict[str, Callable[[torch.Tensor, int], Run]]:
-    rt = make_runtime(target, max_len, calibrate=True)  # one cache, reused by every method on our runtime
+                 names: Sequence[str] = METHODS,
+                 log: Callable[[str], None] | None = None) -> dict[str, Callable[[torch.Tensor, int], Run]]:
+    rt = make_runtime(target, max_len, calibrate=True, log=log)  # one KV cache, reused by every method on our runtime
 
     def vanilla(ids: torch.Tensor, n: int) -> Run:
         t0 = time.perf_counter()
@@ -129,9 +131,9 @@ def run_bench(target: Any, draft: Any, prompts: list[torch.Tensor], max_new: int
     eos = target.tokenizer.eos_token_id
     max_len = max(p.shape[1] for p in prompts) + max_new + tree.num_draft_tokens + 16
     peers = [m for m in PEER_METHODS if m in methods]
-    dtype = str(next(target.model.parameters()).dtype).removeprefix("torch.")
+    dtype = str(target.dtype).removeprefix("torch.")  # every row runs in it: ours on the target, vLLM's told
     peer = peer_rows(target, draft, prompts, max_new, chain.num_steps, peers, dtype, log, peer_eager) if peers else {}
-    methods = make_methods(target, draft, chain, tree, max_len, eos, methods)
+    methods = make_methods(target, draft, chain, tree, max_len, eos, methods, log)
     for name, fn in methods.items():  # warm-up, not counted
         fn(prompts[0], min(16, max_new))
     runs: dict[str, list[Run]] = {m: [] for m in methods}
@@ -145,7 +147,7 @@ def run_bench(target: Any, draft: Any, prompts: list[torch.Tensor], max_new: int
         if on_prompt:
             on_prompt(i + 1, len(prompts))
     runs.update({name: [Run(t, sec) for t, sec in rows] for name, (rows, _) in peer.items()})
-    return summarize(runs, chain, tree, max_new, {name: acc for name, (_, acc) in peer.items()})
+    return {**summarize(runs, chain, tree, max_new, {name: acc for name, (_, acc) in peer.items()}), "dtype": dtype}
 
 
 def summarize(runs: dict[str, list[Run]], chain: TreeShape, tree: TreeShape, max_new: int,
@@ -198,8 +200,12 @@ def markdown(result: dict) -> str:
                      f"{m['matches_vanilla']}/{result['prompts']} |")
     cpu = result.get("cpu")
     if cpu:
-        lines.append(f"\n{result['prompts']} prompts, {result['max_new_tokens']} new tokens, greedy; CPU: {cpu['model']}, "
+        lines.append(f"\n{result['prompts']} prompts, {result['max_new_tokens']} new tokens, greedy, {result['dtype']}; "
+                     f"CPU: {cpu['model']}, "
                      f"{cpu['threads']} threads, native bf16 {'yes' if cpu['native_bf16'] else 'no'}")
+    if result["dtype"] == "bfloat16":
+        lines.append("bfloat16: 'same tokens as vanilla' can fall short of all without a loss: a verify of k rows "
+                     "rounds unlike a 1-row step, and where two tokens tie in bf16 the runs may take different ones.")
     return "\n".join(lines) + "\n"
 
 
@@ -228,6 +234,6 @@ def plot(result: dict, png: Path) -> None:
 
 def write(result: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.json").write_text(json.dumps(result, indent=2))
-    (out / "bench.md").write_text(markdown(result))
+    atomic_write_text(out / "bench.json", json.dumps(result, indent=2))
+    atomic_write_text(out / "bench.md", markdown(result))
     plot(result, out / "bench.png")

@@ -7,6 +7,7 @@ same forward hooks as training capture.
 from __future__ import annotations
 
 from contextlib import nullcontext
+from typing import Callable
 
 import torch
 
@@ -54,13 +55,21 @@ class HFRuntime:
                     t[:, :, dst] = t[:, :, src]
 
 
-def make_runtime(target: Target, max_len: int, *, calibrate: bool = False):
-    """The lean runtime where it applies (optionally calibrated: ~5 s), else the HF fallback."""
-    from eaglewire.decoding.runtime import SUPPORTED, LeanTarget
+def make_runtime(target: Target, max_len: int, *, calibrate: bool = False, log: Callable[[str], None] | None = None):
+    """The lean runtime where it applies, else the HF fallback. calibrate: set the lean runtime's GEMM
+    layouts from this machine's cached calibration, measuring it (seconds) the first time
+    (decoding/calibration.py); `log` hears what the start does."""
+    from eaglewire.decoding.calibration import calibrate_cached
+    from eaglewire.decoding.runtime import CALIBRATION_KS, CALIBRATION_PREFIX, SUPPORTED, LeanTarget
 
     if target.text_config.model_type not in SUPPORTED:
+        if log and calibrate:
+            log(f"model_type {target.text_config.model_type!r}: HF transformers' forward (the fallback runtime), "
+                "no GEMM layouts to calibrate")
         return HFRuntime(target, max_len)
-    rt = LeanTarget(target, max_len)
+    # a calibration times verifies of up to max(CALIBRATION_KS) rows after a prefix: room for them even
+    # where the requests need less (a short `generate`); the extra slots are a few KB per token
+    rt = LeanTarget(target, max(max_len, CALIBRATION_PREFIX + max(CALIBRATION_KS)) if calibrate else max_len)
     if calibrate:
-        rt.calibrate()
+        calibrate_cached(rt, log)
     return rt

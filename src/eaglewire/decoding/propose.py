@@ -16,6 +16,7 @@ import torch
 
 from eaglewire.contract import WiringContract
 from eaglewire.draft.model import DraftCache, Eagle3Draft
+from eaglewire.errors import EaglewireError
 from eaglewire.decoding.tree import DraftTree, TreeShape
 
 
@@ -51,6 +52,10 @@ class EagleProposer:
         self.last_logits, self.last_hidden = out.logits[0, -1], out.hidden[:, -1:]  # [V_d], [1, 1, H]
 
     def start(self, prompt_ids: torch.Tensor, prompt_taps: torch.Tensor | None, first_token: int) -> None:
+        if prompt_taps is not None and prompt_taps.dtype != self.cache.k.dtype:  # a matmul error otherwise, deep inside
+            raise EaglewireError("the target's taps and the draft are in different dtypes",
+                                 expected=f"taps in the draft's {self.cache.k.dtype}", found=str(prompt_taps.dtype),
+                                 fix="load the draft in the target's dtype (load_checkpoint(..., dtype=target.dtype))")
         self.n = 0
         self._extend(prompt_taps, prompt_ids[0, 1:].tolist() + [first_token])
 

@@ -4,10 +4,14 @@ Supported: Llama (SmolLM2), Mistral, Qwen2 (q/k/v bias), Qwen3 (q/k RMSNorm per 
 weights of the loaded HF model (no copy of HF's modeling code) and reuses the model's own rotary
 embedding module, so every RoPE scaling type HF supports is computed by HF.
 
-Why it exists: for small row counts MKL's GEMM speed depends on weight orientation, and the fastest one
-differs by row count and machine (research notes found `(W @ x.T).T` best for 2..16 rows; a later
-measurement here found `x @ W.t()` best there and `x @ Wt` best for 1 row). The runtime keeps both
-orientations, `calibrate()` measures each per row count, and every call uses the winner.
+Why it exists: for small row counts the GEMM's speed depends on how the weight is laid out, and the
+fastest layout differs by row count, dtype and machine (research notes found `(W @ x.T).T` best for 2..16
+rows; a later measurement here found `x @ W.t()` best there and `x @ Wt` best for 1 row; on an AMD EPYC with
+AVX512-BF16, oneDNN's prepacked weight ran SmolLM2's GEMMs of 4-16 rows 2-3x faster than any MKL
+orientation in fp32 and faster at every row count in bf16; a whole fp32 verify of 4 tokens took ~28 ms
+against ~53 ms, 1 thread, contended machine). The runtime keeps every candidate layout, `calibrate()`
+measures each per row count, and every call uses the winner. q/k/v are one GEMM and gate/up another (one
+weight each, the output split with views): one call per projection group instead of three or two.
 
 KV cache: [L, B, kv_heads, max_len, head_dim], allocated once. `forward(..., start=s)` writes the T new
 keys/values into slots s..s+T-1 and attends to slots [0, s+T) under `mask`; positions (RoPE) are given
@@ -28,19 +32,50 @@ from eaglewire.verifier.loader import Target
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
 
 
-LAYOUTS = ("nt", "tn", "wx")
+LAYOUTS = ("nt", "tn", "wx")  # plain torch matmuls: always available
+PACKED = "dnnl"  # oneDNN's prepacked weight, where this torch build exposes it (candidate_layouts)
+CALIBRATION_KS, CALIBRATION_REPS = (1, 2, 3, 4, 8, 16, 32), 5  # verify row counts timed, repetitions each
+CALIBRATION_PREFIX = 16  # cached tokens each timed verify attends to (slots the calibration writes first)
+
+
+def candidate_layouts(dtype: torch.dtype) -> tuple[str, ...]:
+    """The layouts a runtime in `dtype` can use here: LAYOUTS, plus "dnnl" where torch exposes oneDNN's
+    prepacked linear (the ops inductor's CPU freezing uses) and the CPU runs `dtype` natively in it."""
+    from eaglewire.hw import native_bf16
+
+    ops = torch.ops.mkldnn
+    exposed = torch.backends.mkldnn.is_available() and all(
+        hasattr(ops, op) for op in ("_reorder_linear_weight", "_linear_pointwise"))
+    native = dtype == torch.float32 or (dtype == torch.bfloat16 and native_bf16())
+    return LAYOUTS + ((PACKED,) if exposed and native else ())
 
 
 class Linear:
-    """A weight [out, in] (+ bias) kept in both orientations, so each call can use the faster GEMM:
-    "nt" x @ W.t() (nn.Linear's), "tn" x @ Wt with Wt contiguous, "wx" (W @ x.T).T."""
+    """A weight [out, in] (+ bias) kept in every candidate layout, so each call can use the fastest GEMM:
+    "nt" x @ W.t() (nn.Linear's), "tn" x @ Wt with Wt contiguous, "wx" (W @ x.T).T, "dnnl" oneDNN's
+    prepacked weight (bias fused). Memory: up to three copies of the weight (W, Wt, packed) beside HF's."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed: bool = False) -> None:
         self.w = weight.detach().contiguous()  # [out, in]
         self.wt = self.w.t().contiguous()  # [in, out]
         self.b = None if bias is None else bias.detach()
+        # an opaque oneDNN tensor, blocked for its GEMM kernels; None = "dnnl" is not a candidate here
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.w, None) if packed else None
+
+    @classmethod
+    def fused(cls, mods: list[torch.nn.Module], packed: bool = False) -> "Linear":
+        """One Linear computing every module's output side by side ([..., sum of outs]): one GEMM, not n.
+        A module without bias gets zeros in the fused bias (its output is then exactly unchanged)."""
+        weight = torch.cat([m.weight.detach() for m in mods])  # [sum out, in]
+        if all(m.bias is None for m in mods):
+            return cls(weight, None, packed)
+        bias = torch.cat([m.bias.detach() if m.bias is not None else weight.new_zeros(m.weight.shape[0])
+                          for m in mods])
+        return cls(weight, bias, packed)
 
     def __call__(self, x: torch.Tensor, layout: str) -> torch.Tensor:  # x [..., in] -> [..., out]
+        if layout == PACKED:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.b, "none", [], "")
         if layout == "tn":
             y = x @ self.wt
         elif layout == "nt":
@@ -65,12 +100,9 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 @dataclass
 class _Layer:
-    q: Linear
-    k: Linear
-    v: Linear
+    qkv: Linear  # q, k, v side by side: [..., (heads + 2 kv_heads) * head_dim]
     o: Linear
-    gate: Linear
-    up: Linear
+    gate_up: Linear  # gate, up side by side: [..., 2 * intermediate]
     down: Linear
     ln1: torch.Tensor
     ln2: torch.Tensor
@@ -80,13 +112,18 @@ class _Layer:
 
 class LeanTarget:
     def __init__(self, target: Target, max_len: int, batch: int = 1, layout: str = "auto") -> None:
-        """layout: one of LAYOUTS for every call, or "auto": tn for one row, nt otherwise, until
-        `calibrate()` measures the fastest per row count on this machine."""
+        """layout: one of `candidate_layouts(target.dtype)` for every call, or "auto": tn for one row, nt
+        otherwise, until `calibrate()` measures the fastest per row count on this machine."""
         cfg = target.text_config
         if cfg.model_type not in SUPPORTED:
             raise TargetError(f"the lean runtime does not support model_type {cfg.model_type!r}",
                               expected=" / ".join(SUPPORTED), found=cfg.model_type,
                               fix="use the HF fallback runtime (same results, slower)")
+        self.candidates = candidate_layouts(target.dtype)
+        if layout != "auto" and layout not in self.candidates:
+            raise TargetError(f"GEMM layout {layout!r} is not available here", expected=" / ".join(
+                ("auto",) + self.candidates), found=layout, fix="dnnl needs a torch build with oneDNN (mkldnn) and, "
+                "in bf16, a CPU with native bf16" if layout == PACKED else None)
         self.target, self.cfg, self.max_len = target, cfg, max_len
         self.eps = float(cfg.rms_norm_eps)
         self.heads, self.kv_heads = int(cfg.num_attention_heads), int(cfg.num_key_value_heads)
@@ -94,8 +131,9 @@ class LeanTarget:
         self.layers = [self._layer(m) for m in target.layers]
         self.norm = target.final_norm.weight.detach()
         self.embed = target.embed_tokens.weight.detach()
-        self.head = Linear(target.model.get_output_embeddings().weight, None)
+        self.head = Linear(target.model.get_output_embeddings().weight, None, PACKED in self.candidates)
         self.policy: dict[int, str] = {1: "tn", 2: "nt"} if layout == "auto" else {1: layout}
+        self.calibration_ms: dict[int, dict[str, float]] = {}  # {rows: {layout: median ms}} of the last calibrate()
         self.rotary = _find_rotary(target)
         p = self.embed
         shape = (len(self.layers), batch, self.kv_heads, max_len, self.head_dim)
@@ -107,35 +145,42 @@ class LeanTarget:
         return self.policy[max(k for k in self.policy if k <= rows)]
 
     @torch.no_grad()
-    def calibrate(self, ks: tuple[int, ...] = (1, 2, 3, 4, 8, 16, 32), reps: int = 5) -> dict[int, str]:
+    def calibrate(self, ks: tuple[int, ...] = CALIBRATION_KS, reps: int = CALIBRATION_REPS) -> dict[int, str]:
         """Time a whole verify forward per layout and row count on this machine; keep the fastest.
-        MKL's small-M GEMM speed depends on orientation, and which one wins differs between machines.
-        Layouts alternate within each repetition (machine noise drifts; back-to-back blocks biased it)."""
+        Small-M GEMM speed depends on the weight's layout, and which one wins differs between machines.
+        Layouts alternate within each repetition (machine noise drifts; back-to-back blocks biased it).
+        The medians are kept in `calibration_ms` {rows: {layout: ms}} (decoding/calibration.py stores them)."""
         import time
 
+        prefix = CALIBRATION_PREFIX
+        if prefix + max(ks) > self.max_len:
+            raise ValueError(f"calibrate() writes {prefix}+{max(ks)} cache slots; this runtime has max_len "
+                             f"{self.max_len} (make_runtime allocates the room)")
         best: dict[int, str] = {}
-        prefix = 16
+        self.calibration_ms = {}
         for k in ks:
             ids = torch.zeros(1, prefix + k, dtype=torch.long, device=self.embed.device)
             pos = torch.arange(prefix + k, device=ids.device)[None]
-            samples: dict[str, list[float]] = {lay: [] for lay in LAYOUTS}
+            samples: dict[str, list[float]] = {lay: [] for lay in self.candidates}
             for _ in range(reps):
-                for lay in LAYOUTS:
+                for lay in self.candidates:
                     self.policy = {1: lay}
                     t0 = time.perf_counter()
                     self.forward(ids[:, prefix:], pos[:, prefix:], prefix)
                     samples[lay].append(time.perf_counter() - t0)
             timing = {lay: sorted(v)[len(v) // 2] for lay, v in samples.items()}
             best[k] = min(timing, key=timing.get)
+            self.calibration_ms[k] = {lay: t * 1e3 for lay, t in timing.items()}
         self.policy = best
         return best
 
     def _layer(self, m: torch.nn.Module) -> _Layer:
         a, f = m.self_attn, m.mlp
-        lin = lambda mod: Linear(mod.weight, mod.bias)  # noqa: E731
+        pk = PACKED in self.candidates
         qn, kn = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
-        return _Layer(lin(a.q_proj), lin(a.k_proj), lin(a.v_proj), lin(a.o_proj), lin(f.gate_proj), lin(f.up_proj),
-                      lin(f.down_proj), m.input_layernorm.weight.detach(), m.post_attention_layernorm.weight.detach(),
+        return _Layer(Linear.fused([a.q_proj, a.k_proj, a.v_proj], pk), Linear(a.o_proj.weight, a.o_proj.bias, pk),
+                      Linear.fused([f.gate_proj, f.up_proj], pk), Linear(f.down_proj.weight, f.down_proj.bias, pk),
+                      m.input_layernorm.weight.detach(), m.post_attention_layernorm.weight.detach(),
                       None if qn is None else qn.weight.detach(), None if kn is None else kn.weight.detach())
 
     @torch.no_grad()
@@ -156,7 +201,8 @@ class LeanTarget:
         for i, L in enumerate(self.layers):
             h = h + self._attention(L, i, rms_norm(h, L.ln1, self.eps), cos, sin, start, mask, lay)
             x = rms_norm(h, L.ln2, self.eps)
-            h = h + L.down(F.silu(L.gate(x, lay)) * L.up(x, lay), lay)
+            gate, up = L.gate_up(x, lay).chunk(2, dim=-1)  # [B, T, I] views of one [B, T, 2I] GEMM output
+            h = h + L.down(F.silu(gate) * up, lay)
             if i + 1 in taps:
                 collected.append(h)
         h = rms_norm(h if logit_rows is None else h[:, logit_rows], self.norm, self.eps)
@@ -166,12 +212,12 @@ class LeanTarget:
                    mask: torch.Tensor, lay: str) -> torch.Tensor:
         B, T, _ = x.shape
         hd = self.head_dim
-        q = L.q(x, lay).view(B, T, self.heads, hd)
-        k = L.k(x, lay).view(B, T, self.kv_heads, hd)
+        q, k, v = L.qkv(x, lay).split([self.heads * hd, self.kv_heads * hd, self.kv_heads * hd], dim=-1)  # views
+        q, k = q.view(B, T, self.heads, hd), k.view(B, T, self.kv_heads, hd)
         if L.q_norm is not None:  # Qwen3: RMSNorm over each head before RoPE
             q, k = rms_norm(q, L.q_norm, self.eps), rms_norm(k, L.k_norm, self.eps)
         q, k = rotate(q.transpose(1, 2), cos, sin), rotate(k.transpose(1, 2), cos, sin)
-        v = L.v(x, lay).view(B, T, self.kv_heads, hd).transpose(1, 2)
+        v = v.view(B, T, self.kv_heads, hd).transpose(1, 2)
         self.k_cache[i, :B, :, start:start + T] = k
         self.v_cache[i, :B, :, start:start + T] = v
         keys, values = self.k_cache[i, :B, :, :start + T], self.v_cache[i, :B, :, :start + T]

@@ -18,7 +18,6 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -235,17 +234,17 @@ def serve(srv: SpecServer, host: str = "127.0.0.1", port: int = 8000) -> Threadi
     return ThreadingHTTPServer((host, port), make_handler(srv))
 
 
-def build_server(target: Any, draft: Path, shape: Any, model_name: str | None, max_context: int,
-                 max_tokens_limit: int, host: str, port: int) -> ThreadingHTTPServer:
-    """The `eaglewire serve` server: the native draft at `draft` on the target's runtime, bound to host:port."""
-    from eaglewire.checkpoint import load_checkpoint
+def build_server(target: Any, draft: Any, shape: Any, model_name: str | None, max_context: int,
+                 max_tokens_limit: int, host: str, port: int,
+                 log: Callable[[str], None] | None = None) -> ThreadingHTTPServer:
+    """The `eaglewire serve` server: a loaded draft (in the target's dtype) on the target's runtime, bound to
+    host:port. `log` hears what the start does (GEMM layout calibration measured, or reused from the cache)."""
     from eaglewire.decoding.engine import SpecDecoder
     from eaglewire.decoding.hf_runtime import make_runtime
     from eaglewire.decoding.propose import EagleProposer
 
-    d = load_checkpoint(draft, target=target)
-    rt = make_runtime(target, max_context + shape.num_draft_tokens + 8, calibrate=True)
-    decoder = SpecDecoder(rt, EagleProposer(d, d.contract, shape, max_context))
+    rt = make_runtime(target, max_context + shape.num_draft_tokens + 8, calibrate=True, log=log)
+    decoder = SpecDecoder(rt, EagleProposer(draft, draft.contract, shape, max_context))
     eos = {target.tokenizer.eos_token_id}
 
     def generate(job: Job, on_tokens: Callable[[list[int]], None]) -> Any:  # on the server's single worker thread

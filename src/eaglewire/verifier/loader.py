@@ -79,6 +79,11 @@ class Target:
         return int(self.text_config.vocab_size)
 
     @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the target computes in (that of its parameters)."""
+        return next(self.model.parameters()).dtype
+
+    @property
     def chat_template(self) -> str | None:
         return getattr(self.tokenizer, "chat_template", None) if self.tokenizer is not None else None
 
@@ -131,7 +136,7 @@ class Target:
             "name": self.name, "path": str(self.path) if self.path else None,
             "architecture": ident.architecture, "model_type": self.text_config.model_type,
             "num_layers": ident.num_layers, "hidden_size": ident.hidden_size, "vocab_size": ident.vocab_size,
-            "dtype": str(next(self.model.parameters()).dtype).removeprefix("torch."),
+            "dtype": str(self.dtype).removeprefix("torch."),
             "tie_word_embeddings": tied, "has_chat_template": self.chat_template is not None,
             "chat_template_sha256": sha256_text(self.chat_template),
             "decoder_layers": self.layers_path, "config_sha256": ident.config_sha256,
@@ -276,7 +281,8 @@ def resolve_target(spec: str | None) -> tuple[str, Path]:
 
 def load_target(spec: str | None = None, *, dtype: torch.dtype = torch.float32,
                 with_tokenizer: bool = True) -> Target:
-    """Load a target for capture/drafting. fp32 by default: this CPU has no bf16 arithmetic."""
+    """Load a target for capture/drafting. fp32 by default: bf16 pays only where the CPU has it natively
+    (hw.native_bf16; `eaglewire.hw.runtime_dtype` makes that choice for the decoding commands)."""
     from transformers import AutoModelForCausalLM
 
     name, path = resolve_target(spec)

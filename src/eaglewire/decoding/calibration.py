@@ -1,0 +1,106 @@
+"""The lean runtime's GEMM layout calibration, measured once per machine and reused by the next start.
+
+`calibrate()` takes seconds (a few hundred verify forwards) and its answer depends only on what is
+keyed here: the CPU (model, ISA flags, whether bf16 is native), torch's version and CPU capability, the
+thread count, the target's shapes and dtype, the candidate layouts and the row counts / repetitions
+timed. The answer goes to `<cache_root>/calibration/<hash of the key>.json` (written to a temporary file,
+then renamed) with the key itself and the medians measured, so a reader can see why a layout won.
+
+An unreadable or inconsistent file (truncated, hand-edited, a layout this build no longer offers) is
+recalibrated and rewritten, with a message naming the file and the problem: the file is derived data
+rebuilt in seconds, so refusing to start a server over it would help nobody, and the message keeps the
+rebuild from being silent. A calibration measured on a busy machine stays until its file is deleted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from eaglewire.cache import cache_root
+from eaglewire.contract import canonical_json
+from eaglewire.decoding.runtime import CALIBRATION_KS, CALIBRATION_REPS, LeanTarget
+from eaglewire.hw import describe_cpu
+from eaglewire.safeio import atomic_write_text
+
+FORMAT = 1  # bump when the file's meaning changes: older files then miss (another key), never misread
+
+
+class _Unusable(Exception):
+    """A calibration file that cannot be used as it is (the reason is the message)."""
+
+
+def calibration_key(rt: LeanTarget, ks: tuple[int, ...], reps: int) -> dict[str, Any]:
+    """Everything the measured policy depends on (and nothing it does not: weights, max_len)."""
+    cpu = describe_cpu()  # model, isa, threads, native_bf16, torch_capability
+    cfg = rt.cfg
+    target = {"model_type": cfg.model_type, "hidden_size": int(cfg.hidden_size),
+              "intermediate_size": int(cfg.intermediate_size), "num_layers": len(rt.layers),
+              "heads": rt.heads, "kv_heads": rt.kv_heads, "head_dim": rt.head_dim,
+              "vocab_size": int(rt.head.w.shape[0]), "dtype": str(rt.embed.dtype).removeprefix("torch."),
+              "qkv_bias": rt.layers[0].qkv.b is not None}
+    return {"format": FORMAT, "cpu": cpu, "torch": torch.__version__, "target": target,
+            "layouts": list(rt.candidates), "ks": list(ks), "reps": reps}
+
+
+def calibration_dir() -> Path:
+    return cache_root() / "calibration"
+
+
+def calibration_path(key: dict[str, Any]) -> Path:
+    digest = hashlib.sha256(canonical_json(key).encode()).hexdigest()[:16]
+    return calibration_dir() / f"{digest}.json"
+
+
+def _read(path: Path, key: dict[str, Any]) -> dict[int, str]:
+    """The stored policy {rows: layout}, or _Unusable saying why not."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise _Unusable(f"not readable JSON: {err}") from None
+    if not isinstance(data, dict) or data.get("key") != key:
+        raise _Unusable("its key is not this machine/target/torch's (a hash collision or an edited file)")
+    raw = data.get("policy")
+    try:
+        policy = {int(k): v for k, v in raw.items()}
+    except (AttributeError, TypeError, ValueError):
+        raise _Unusable(f"policy is not a {{rows: layout}} mapping: {raw!r}") from None
+    if sorted(policy) != sorted(key["ks"]) or not set(policy.values()) <= set(key["layouts"]):
+        raise _Unusable(f"policy {raw!r} does not cover rows {key['ks']} with layouts {key['layouts']}")
+    return policy
+
+
+def calibrate_cached(rt: LeanTarget, log: Callable[[str], None] | None = None, ks: tuple[int, ...] = CALIBRATION_KS,
+                     reps: int = CALIBRATION_REPS) -> tuple[dict[int, str], Path, bool]:
+    """Set rt's layout policy from this machine's cached calibration, measuring (and caching) it when
+    there is none. Returns (policy, cache file, reused). `log` hears which of the two happened."""
+    say = log or (lambda _msg: None)
+    key = calibration_key(rt, ks, reps)
+    path = calibration_path(key)
+    if path.exists():
+        try:
+            rt.policy = _read(path, key)
+        except _Unusable as why:
+            say(f"calibration cache {path} is unusable ({why}): calibrating again")
+        else:
+            say(f"reusing GEMM layout calibration from {path}: {_describe(rt.policy)}")
+            return rt.policy, path, True
+    say(f"calibrating GEMM layouts {', '.join(key['layouts'])} for {len(ks)} row counts (one-off for this "
+        f"machine; cached at {path})")
+    t0 = time.perf_counter()
+    policy = rt.calibrate(ks, reps)
+    record = {"key": key, "policy": {str(k): v for k, v in policy.items()},
+              "median_ms": {str(k): v for k, v in rt.calibration_ms.items()},
+              "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "seconds": round(time.perf_counter() - t0, 2)}
+    atomic_write_text(path, json.dumps(record, indent=2, sort_keys=True))
+    say(f"calibrated in {record['seconds']:.1f} s: {_describe(policy)} (delete {path} to measure again)")
+    return policy, path, False
+
+
+def _describe(policy: dict[int, str]) -> str:
+    return " ".join(f"{k}:{v}" for k, v in sorted(policy.items()))

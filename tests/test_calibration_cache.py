@@ -1,0 +1,127 @@
+"""GEMM layout calibration persisted across processes: measured once per machine/torch/threads/target
+shape+dtype/candidate set and reused by the next start without a single timing forward; a changed key
+measures again; an unusable file is measured again and rewritten, with a message saying so."""
+
+import json
+
+import pytest
+import torch
+from tiny import build_target
+from typer.testing import CliRunner
+
+from eaglewire.decoding import calibration as C
+from eaglewire.decoding.hf_runtime import make_runtime
+from eaglewire.decoding.runtime import LeanTarget
+
+KS = (1, 2, 4)  # a short calibration: these tests are about the cache, not the timings
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A fresh user cache, found by the real rule (conftest points calibrations at a session temp dir)."""
+    from eaglewire import cache as user_cache
+
+    monkeypatch.setenv("EAGLEWIRE_CACHE", str(tmp_path))
+    monkeypatch.setattr(C, "cache_root", user_cache.cache_root)
+    return tmp_path
+
+
+@pytest.fixture
+def forwards(monkeypatch):
+    """Counts LeanTarget forwards (calibration is nothing but timed forwards)."""
+    calls = []
+    real = LeanTarget.forward
+
+    def counted(self, *a, **k):
+        calls.append(1)
+        return real(self, *a, **k)
+    monkeypatch.setattr(LeanTarget, "forward", counted)
+    return calls
+
+
+def _start(target, log):
+    rt = LeanTarget(target, max_len=32)
+    policy, path, reused = C.calibrate_cached(rt, log.append, ks=KS, reps=1)
+    assert rt.policy == policy
+    return policy, path, reused
+
+
+def test_second_start_reuses_the_cache_without_timing(cache, forwards):
+    target, log = build_target("llama"), []
+    policy, path, reused = _start(target, log)
+    assert not reused and len(forwards) == len(KS) * len(C.calibration_key(LeanTarget(target, 8), KS, 1)["layouts"])
+    assert path.parent == cache / "calibration" and "calibrating GEMM layouts" in log[0] and str(path) in log[0]
+    record = json.loads(path.read_text())
+    assert record["key"]["target"]["dtype"] == "float32" and set(record["median_ms"]) == {"1", "2", "4"}
+    forwards.clear()
+    again, path2, reused = _start(target, log)
+    assert reused and again == policy and path2 == path and forwards == []
+    assert log[-1].startswith(f"reusing GEMM layout calibration from {path}")
+
+
+def test_a_changed_key_measures_again(cache, forwards):
+    target, log = build_target("llama"), []
+    _, path, _ = _start(target, log)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1 if threads != 1 else 2)
+    try:
+        forwards.clear()
+        _, other, reused = _start(target, log)
+    finally:
+        torch.set_num_threads(threads)
+    assert not reused and other != path and forwards
+    forwards.clear()
+    _, deeper, reused = _start(build_target("llama", layers=2), log)  # another target shape
+    assert not reused and deeper not in (path, other) and forwards
+    target.model.to(torch.bfloat16)  # another dtype (also another candidate set where bf16 is not native)
+    _, low, reused = _start(target, log)
+    assert not reused and low not in (path, other, deeper)
+
+
+@pytest.mark.parametrize("content", ["{not json", "", json.dumps({"key": "someone else's", "policy": {}}),
+                                     "POLICY"], ids=["truncated", "empty", "wrong-key", "bad-policy"])
+def test_an_unusable_file_is_measured_again_with_a_message(cache, forwards, content):
+    target, log = build_target("llama"), []
+    policy, path, _ = _start(target, log)
+    if content == "POLICY":  # the right key, a layout that is no candidate
+        record = json.loads(path.read_text())
+        record["policy"]["1"] = "fortran"
+        content = json.dumps(record)
+    path.write_text(content)
+    forwards.clear()
+    again, path2, reused = _start(target, log)
+    assert not reused and path2 == path and forwards
+    assert log[-3].startswith(f"calibration cache {path} is unusable (") and "calibrating again" in log[-3]
+    assert json.loads(path.read_text())["policy"] == {str(k): v for k, v in again.items()}  # rewritten, valid
+
+
+def test_make_runtime_calibrates_through_the_cache(cache, forwards):
+    target, log = build_target("llama"), []
+    make_runtime(target, 32, calibrate=True, log=log.append)
+    forwards.clear()
+    rt = make_runtime(target, 32, calibrate=True, log=log.append)
+    assert forwards == [] and log[-1].startswith("reusing GEMM layout calibration from")
+    assert set(rt.policy) == {1, 2, 3, 4, 8, 16, 32}
+    log.clear()
+    make_runtime(build_target("deepseek_v3"), 32, calibrate=True, log=log.append)
+    assert "no GEMM layouts to calibrate" in log[0]
+
+
+def test_generate_says_what_its_start_does(cache, tmp_path):
+    from test_server import _tiny_target_dir
+
+    from eaglewire.checkpoint import save_checkpoint
+    from eaglewire.cli.app import app
+    from eaglewire.verifier.loader import load_target
+    from tiny import build_draft
+
+    tdir = _tiny_target_dir(tmp_path)
+    draft, contract = build_draft(load_target(str(tdir)), taps=(1, 2, 3))
+    save_checkpoint(draft, contract, tmp_path / "draft")
+    args = ["generate", "--target", str(tdir), "--draft", str(tmp_path / "draft"), "-p", "Hi.", "--max-new-tokens", "4"]
+    first = CliRunner().invoke(app, args)
+    assert first.exit_code == 0, first.output + repr(first.exception)
+    assert "loading target" in first.stderr and "loading draft" in first.stderr
+    assert "calibrating GEMM layouts" in first.stderr and str(cache / "calibration") in first.stderr
+    second = CliRunner().invoke(app, args)
+    assert second.exit_code == 0 and "reusing GEMM layout calibration from" in second.stderr
