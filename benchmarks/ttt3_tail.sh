@@ -36,3 +36,7 @@ for r in rows:
 print(f"{d.name}: wall {(d / 'wall_s.txt').read_text().strip()} s")
 PY
 done | tee "$R/summary.txt"
+# The bench of each (τ at MT-bench 8 prompts spread over the categories, 128 tokens, chain k=3):
+#   eaglewire bench --draft WORK/ttt3-tail/NAME/draft --limit 8 --max-new-tokens 128 --num-speculative-tokens 3 \
+#     --methods vanilla,eagle_chain --out WORK/ttt3-tail/bench-NAME
+# Results: benchmarks/results/recipe/ttt3_tail.txt
