@@ -170,13 +170,28 @@ def summarize(runs: dict[str, list[Run]], chain: TreeShape, tree: TreeShape, max
             m["draft_s"] = sum(r.stats.draft_s for r in rs)
             m["verify_s"] = sum(r.stats.verify_s for r in rs)
             m["total_s"] = sum(r.seconds for r in rs)
+            m["draft_ms_per_round"] = m["draft_s"] / len(pooled.accepted) * 1e3
+            m["verify_ms_per_round"] = m["verify_s"] / len(pooled.accepted) * 1e3
         m.update((reported or {}).get(name, {}))
         out["methods"][name] = m
     for base in BASES:  # ratios of medians measured in this run
         if base in out["methods"]:
             for m in out["methods"].values():
                 m[f"speedup_vs_{base}"] = m["median_tok_s"] / out["methods"][base]["median_tok_s"]
+    _round_costs(out["methods"])
     return out
+
+
+def _round_costs(methods: dict[str, dict]) -> None:
+    """Where a speculative method's time goes: one round (draft + verify) / one decode step of the same
+    engine = (tau / its tok/s) / (1 / that engine's vanilla tok/s), from medians. Above 1 a round costs more
+    than the step it replaces, so tau must exceed it for any speedup; ours against vanilla, vLLM's
+    against vllm_vanilla."""
+    for name, m in methods.items():
+        base = methods.get("vllm_vanilla" if name.startswith("vllm_") else "vanilla")
+        if "tau" in m and base:
+            m["round_vs_decode_step"] = m["tau"] / m["median_tok_s"] * base["median_tok_s"]
+            m["decode_step_ms"] = 1e3 / base["median_tok_s"]
 
 
 def label(name: str, result: dict) -> str:
@@ -198,6 +213,12 @@ def markdown(result: dict) -> str:
         ratios = " | ".join(f"{m[f'speedup_vs_{b}']:.2f}×" for b in bases)
         lines.append(f"| {label(name, result)} | {m['median_tok_s']:.2f} | {ratios} | {tau} | {pp} | "
                      f"{m['matches_vanilla']}/{result['prompts']} |")
+    for name, m in result["methods"].items():
+        if "round_vs_decode_step" in m:
+            split = (f": draft {m['draft_ms_per_round']:.1f} + verify {m['verify_ms_per_round']:.1f} ms per round"
+                     if "draft_ms_per_round" in m else "")
+            lines.append(f"\n{label(name, result)}: one round / one decode step ({m['decode_step_ms']:.1f} ms) "
+                         f"= {m['round_vs_decode_step']:.2f}{split}")
     cpu = result.get("cpu")
     if cpu:
         lines.append(f"\n{result['prompts']} prompts, {result['max_new_tokens']} new tokens, greedy, {result['dtype']}; "

@@ -1,0 +1,34 @@
+"""The bench's summary arithmetic: speedups and where a speculative round's time goes."""
+
+import pytest
+
+from eaglewire.decoding.bench import Run, markdown, summarize
+from eaglewire.decoding.engine import SpecStats
+from eaglewire.decoding.tree import TreeShape
+
+
+def _spec(tokens: list[int], seconds: float, accepted: list[int], draft_s: float, verify_s: float) -> Run:
+    return Run(tokens, seconds, SpecStats(verify_steps=len(accepted), accepted=accepted, new_tokens=len(tokens),
+                                          draft_s=draft_s, verify_s=verify_s, total_s=seconds))
+
+
+def test_round_cost_is_tau_over_speed_against_the_same_engines_vanilla():
+    toks = list(range(12))
+    # vanilla 12 tokens in 0.6 s: 20 tok/s, a 50 ms step. EAGLE: 6 rounds (tau 2) in 0.4 s: 30 tok/s, so a
+    # round is 2 / 30 s = 66.7 ms = 1.333 decode steps; 0.1 s draft + 0.3 s verify over 6 rounds.
+    runs = {"vanilla": [Run(toks, 0.6)], "eagle_chain": [_spec(toks, 0.4, [1] * 6, 0.1, 0.3)],
+            # vLLM's rows: vanilla 40 tok/s, EAGLE 48 tok/s at tau 1.5 -> round = 1.5 / 48 * 40 = 1.25 steps
+            "vllm_vanilla": [Run(toks, 0.3)], "vllm_eagle_chain": [Run(toks, 0.25)]}
+    out = summarize(runs, TreeShape.chain(3), TreeShape.chain(3), 12, {"vllm_eagle_chain": {"tau": 1.5}})
+    m, v = out["methods"]["eagle_chain"], out["methods"]["vllm_eagle_chain"]
+    assert m["tau"] == pytest.approx(2.0)
+    assert m["round_vs_decode_step"] == pytest.approx(4 / 3)
+    assert m["decode_step_ms"] == pytest.approx(50.0)
+    assert (m["draft_ms_per_round"], m["verify_ms_per_round"]) == (pytest.approx(100 / 6), pytest.approx(50.0))
+    assert v["round_vs_decode_step"] == pytest.approx(1.25)
+    assert v["decode_step_ms"] == pytest.approx(25.0)
+    assert "round_vs_decode_step" not in out["methods"]["vanilla"]
+    out["dtype"] = "float32"
+    text = markdown(out)
+    assert "one round / one decode step (50.0 ms) = 1.33: draft 16.7 + verify 50.0 ms per round" in text
+    assert "vllm_eagle_chain (k=3): one round / one decode step (25.0 ms) = 1.25" in text
