@@ -226,3 +226,47 @@ def test_supervising_all_positions_adds_the_prompt_tokens():
     answers, everything = model(fb)[1].counts[0], model(fb, all_positions=True)[1].counts[0]
     assert 0 < answers < everything
     assert everything <= int(fb.attention_mask.sum()) - 2 * fb.attention_mask.shape[0]  # no label past the end
+
+
+def _chain_stats(model, fb, hits):
+    """Run the TTT forward with the draft's top-1 forced to `hits` (True: right, False: wrong, None: real)."""
+    if hits is None:
+        return model(fb)[1]
+    real = model._step_loss
+
+    def forced(draft_logits, target_logits):
+        loss, hit = real(draft_logits, target_logits)
+        return loss, torch.full_like(hit, hits)
+
+    model._step_loss = forced
+    return model(fb)[1]
+
+
+def test_chain_acceptance_counts_all_right_prefixes(tmp_path):
+    """Teacher-forced chain acceptance: an always-right draft accepts every anchor except where the target's
+    token lies outside the draft vocab (computed independently here), an always-wrong one none, and with one
+    TTT step the chain is exactly the top-1 hits."""
+    target, vmap, contract = _setup()
+    samples = tiny_samples(6)
+    head = target.model.get_output_embeddings().weight.detach()
+    fb = OnlineFeatures(target, contract, pad_id=0).batch(samples[:4])
+    model = TTTModel(build_draft(target, contract, vmap, TrainConfig(ttt_steps=3)), head, steps=3, decay=0.8)
+    right = _chain_stats(model, fb, True)
+    top1 = (fb.final_hidden @ head.T).argmax(-1)  # [B, T] target's token after each position
+    in_vocab, answer = vmap.t2d[top1], fb.loss_mask.bool()
+    T = top1.shape[1]
+    expect, anchors = [0, 0, 0], 0
+    for b in range(top1.shape[0]):
+        for t in range(T - 4):
+            if all(answer[b, t + 2 + k] for k in range(3)):
+                anchors += 1
+                for k in range(3):
+                    expect[k] += all(in_vocab[b, t + 1 + j] for j in range(k + 1))
+    assert right.anchors == anchors > 0
+    assert right.chain == expect and expect[0] > expect[2]  # the vocab mask breaks some chains
+    assert _chain_stats(model, fb, False).chain == [0, 0, 0]
+    one = TTTModel(model.draft, head, steps=1, decay=0.8)
+    st = _chain_stats(one, fb, None)
+    assert st.chain == st.correct and st.anchors == int(answer[:, 2:].sum())
+    three = _chain_stats(model, fb, None)
+    assert three.chain[0] >= three.chain[1] >= three.chain[2]

@@ -230,7 +230,13 @@ def evaluate(model: TTTModel, features: Any, heldout: list[Sample], c: TrainConf
     if not stats:
         return {}
     acc, counts = _acc(stats, info)
-    return {"loss": sum(losses) / len(losses), "acc": acc, "positions": counts}
+    chain = all_reduce_sum(torch.tensor([sum(s.chain[k] for s in stats) for k in range(len(acc))],
+                                        dtype=torch.float64), info)
+    anchors = float(all_reduce_sum(torch.tensor([float(sum(s.anchors for s in stats))], dtype=torch.float64), info))
+    chain_acc = [float(a / anchors) if anchors else float("nan") for a in chain]
+    # tau_chain: the teacher-forced tau of a greedy chain as long as the TTT unroll (see TTTStats.chain)
+    return {"loss": sum(losses) / len(losses), "acc": acc, "positions": counts, "chain": chain_acc,
+            "tau_chain": 1 + sum(chain_acc), "anchors": int(anchors)}
 
 
 def train(target: Any, contract: WiringContract, vmap: VocabMap, features: Any, train_samples: list[Sample],

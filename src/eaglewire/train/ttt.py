@@ -99,6 +99,12 @@ class TTTStats:
     losses: list[float] = field(default_factory=list)  # per step, normalised like the loss
     correct: list[int] = field(default_factory=list)  # per step, draft top-1 == target top-1
     counts: list[int] = field(default_factory=list)  # per step, supervised positions (this rank)
+    # Chain acceptance, teacher-forced: anchors whose next `steps` tokens are all answer tokens; chain[k] counts
+    # those whose steps 0..k were all right (a token outside the draft vocab is a miss), as greedy verification
+    # of a k-chain accepts. 1 + sum(chain) / anchors approximates tau (anchored at every position, not only at
+    # round starts).
+    chain: list[int] = field(default_factory=list)
+    anchors: int = 0
 
 
 Reducer = Callable[[torch.Tensor], torch.Tensor]  # sums a count over ranks (identity on one process)
@@ -146,6 +152,11 @@ class TTTModel(nn.Module):
             p_draft = fb.final_hidden.float() @ self.draft_head.float().T  # [B, T, V_d]; p_t predicts x_{t+1}
         hidden, past = d.fuse(fb.taps), None  # [B, T, H]
         total, stats = fb.taps.new_zeros(()), TTTStats()
+        anchor = torch.ones_like(fb.loss_mask, dtype=torch.bool)  # [B, T]
+        for k in range(self.steps):
+            anchor &= shift_left(fb.loss_mask, 2 + k) > 0
+        chain = anchor.clone()  # [B, T] anchors whose steps so far were all right
+        stats.anchors = int(anchor.sum())
         base_pos = torch.arange(T, device=fb.input_ids.device).expand(B, T)
         for k in range(self.steps):
             out = d.step(shift_left(fb.input_ids, 1 + k), hidden, base_pos + k,
@@ -155,18 +166,23 @@ class TTTModel(nn.Module):
             mask = (shift_left(trained, 2 + k) > 0) & shift_left(in_vocab, 1 + k, False)  # [B, T]
             rows = mask.nonzero(as_tuple=True)
             # head and softmax only at supervised positions: p_{t+1+k} sits at column t+1+k of p_draft
-            loss_k, correct = self._step_loss(d.lm_head(out.normed[rows]), p_draft[rows[0], rows[1] + 1 + k])
+            loss_k, hit = self._step_loss(d.lm_head(out.normed[rows]), p_draft[rows[0], rows[1] + 1 + k])
+            correct = int(hit.sum())
+            hit_bt = torch.zeros_like(chain)
+            hit_bt[rows] = hit
+            chain &= hit_bt
+            stats.chain.append(int(chain.sum()))
             total = total + self.decay**k * loss_k
             stats.losses.append(float(loss_k.detach()))
             stats.correct.append(correct)
             stats.counts.append(int(rows[0].numel()))
         return total, stats
 
-    def _step_loss(self, draft_logits: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, int]:
+    def _step_loss(self, draft_logits: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows are the supervised positions, [N, V_d] each. Sum / (N over ALL ranks) * world size: DDP's
         gradient averaging then yields exactly the single-process gradient of the global batch."""
         per_pos = LOSSES[self.loss_kind](draft_logits.float(), target_logits.float())  # [N]
         n = self.reduce_count(torch.tensor(float(per_pos.numel()), dtype=torch.float64)).clamp_min(1)
         loss = per_pos.sum() / n.to(per_pos.dtype) * self.world_size
-        correct = int((draft_logits.argmax(-1) == target_logits.argmax(-1)).sum())
-        return loss, correct
+        hit = draft_logits.argmax(-1) == target_logits.argmax(-1)  # [N] draft top-1 == target top-1
+        return loss, hit
