@@ -181,6 +181,43 @@ def test_killed_run_resumes_at_the_stage_it_died_in(tiny, tmp_path, monkeypatch)
     assert _state(out)["train"] == done["train"] and (out / "report.html").is_file()
 
 
+def test_a_warm_start_keeps_its_own_vocabulary(finished_run, tiny, tmp_path):
+    """Continuing a draft of the same V_d keeps its map (all its head rows trained); vocab.from_init false or
+    another V_d builds one from the run's data, as without a warm start."""
+    from safetensors.torch import load_file, save_file
+
+    from eaglewire.verifier.loader import load_target
+    from eaglewire.vocab import VocabMap, load_vocab
+
+    out, _ = finished_run
+    st = _state(out)
+    target = load_target(str(tiny / "model"))
+    # the run's draft with a map no build from this data would give (the 200 highest ids)
+    draft = tmp_path / "init"
+    shutil.copytree(st["train"]["result"]["draft"], draft)
+    weights = load_file(str(draft / "model.safetensors"))
+    vm = VocabMap.from_target_ids(torch.arange(target.vocab_size - 200, target.vocab_size), target.vocab_size)
+    weights["d2t"], weights["t2d"] = vm.d2t, vm.t2d
+    save_file(weights, str(draft / "model.safetensors"))
+    theirs = vm.d2t
+
+    def vocab_of(name: str, **over):
+        cfg = RunConfig.model_validate(tiny_config(tiny, data={"conversations": 6}, train={"init_from": str(draft)},
+                                                   **over))
+        ctx = stages.Ctx(cfg, tmp_path, target, target.contract((2, 4, 5)),
+                         dirs={"regenerate": Path(st["regenerate"]["dir"])}, log=lambda m: None)
+        (tmp_path / name).mkdir()
+        res = stages.vocab(ctx, tmp_path / name)
+        return res, load_vocab(res["file"])[0].d2t
+
+    kept, d2t = vocab_of("kept")
+    assert kept["from_warm_start"] and torch.equal(d2t, theirs)
+    rebuilt, d2t = vocab_of("rebuilt", vocab={"from_init": False})
+    assert not rebuilt["from_warm_start"] and not torch.equal(d2t, theirs)
+    other, d2t = vocab_of("other", vocab={"draft_vocab_size": 150})
+    assert not other["from_warm_start"] and d2t.numel() == 150
+
+
 def test_state_of_another_tool_is_refused(tmp_path):
     (tmp_path / "state.json").write_text(json.dumps({"format": "something/else"}))
     with pytest.raises(EaglewireError, match="not an eaglewire run state"):

@@ -31,22 +31,23 @@ class VocabBuild:
 
 
 def build_vocab(target: Any, samples: list[Sample], draft_vocab_size: int, heldout_fraction: float, out: Path, *,
-                data: str, eval_samples: list[Sample] | None = None) -> VocabBuild:
+                data: str, eval_samples: list[Sample] | None = None, keep: VocabMap | None = None) -> VocabBuild:
     """Count the trained tokens of the TRAINING split, keep the most frequent, save the map to `out`.
 
     Held-out samples are never counted: the held-out coverage (and accuracy) then estimate new prompts
-    honestly. `eval_samples` (e.g. MT-bench answers) only report coverage."""
+    honestly. `eval_samples` (e.g. MT-bench answers) only report coverage. `keep`: save this map instead
+    (a warm start's own vocabulary), with its coverage of these samples."""
     from eaglewire.vocab import build_vocab_map, count_masked_tokens, coverage, save_vocab
 
     train_s, held = split_heldout(samples, heldout_fraction)
     counts = count_masked_tokens(train_s, target.vocab_size)
-    vmap = build_vocab_map(counts, draft_vocab_size)
+    vmap = keep if keep is not None else build_vocab_map(counts, draft_vocab_size)
     cov = {"train": coverage(vmap, counts)}
     for name, extra in (("held-out", held), ("eval", eval_samples)):
         if extra:
             cov[name] = coverage(vmap, count_masked_tokens(extra, target.vocab_size))
-    meta = {"target": target.identity.__dict__, "data": data, "coverage": cov, "draft_vocab_size": draft_vocab_size,
-            "distinct_trained_tokens": int((counts > 0).sum())}
+    meta = {"target": target.identity.__dict__, "data": data, "coverage": cov, "draft_vocab_size": vmap.draft_vocab_size,
+            "distinct_trained_tokens": int((counts > 0).sum()), "kept_from_warm_start": keep is not None}
     save_vocab(out, vmap, counts, meta)
     return VocabBuild(vmap, counts, cov, meta, len(train_s), len(held))
 

@@ -45,7 +45,7 @@ STAGES: tuple[Stage, ...] = (
           lambda c: (c.data.model_dump(exclude={"batch_size"}),),
           lambda c: (c.data.model_dump(exclude={"batch_size", "conversations"}),)),
     Stage("vocab", "build the draft vocabulary", S.vocab, ("regenerate",),
-          lambda c: (c.vocab.model_dump(), c.data.max_length, c.train.heldout_fraction)),
+          lambda c: (c.vocab.model_dump(), c.data.max_length, c.train.heldout_fraction, c.train.init_from)),
     Stage("features", "capture target features", S.features, ("regenerate",),
           lambda c: (c.data.max_length, c.train.features)),
     Stage("train", "train the draft (TTT)", S.train, ("vocab", "features"), lambda c: c.train.model_dump()),

@@ -154,13 +154,38 @@ def vocab(ctx: Ctx, work: Path) -> dict[str, Any]:
     from eaglewire.workflows import build_vocab
 
     samples = _samples(ctx)
+    keep = _warm_start_vocab(ctx)
     built = build_vocab(ctx.target, samples, ctx.cfg.vocab.draft_vocab_size, ctx.cfg.train.heldout_fraction,
-                        work / "vocab.safetensors", data=str(_regen_file(ctx)))
+                        work / "vocab.safetensors", data=str(_regen_file(ctx)), keep=keep)
     return {"file": str(work / "vocab.safetensors"), "coverage": built.coverage, "sha256": built.vmap.sha256(),
+            "from_warm_start": keep is not None,
             "heldout_samples": built.heldout_samples,
             "distinct_trained_tokens": built.meta["distinct_trained_tokens"], "samples": len(samples),
             "trained_tokens": int(sum(int(s.loss_mask.sum()) for s in samples)),
             "tokens": int(sum(len(s.input_ids) for s in samples))}
+
+
+def _warm_start_vocab(ctx: Ctx) -> Any:
+    """The warm start's own vocabulary when training continues a draft of the same V_d (vocab.from_init):
+    every head row of that draft is trained, while a map rebuilt from a short run's data would swap rows
+    for untrained ones (quick's 292 conversations keep 4,775 of the release's 8,000 ids) and cover less."""
+    from safetensors import safe_open
+
+    from eaglewire.checkpoint import WEIGHTS, read_checkpoint_config
+    from eaglewire.vocab import VocabMap
+
+    init = _resolve_init(ctx, ctx.cfg.train.train_config()).init_from
+    if not (ctx.cfg.vocab.from_init and init):
+        return None
+    dcfg, _, _ = read_checkpoint_config(Path(init))
+    if dcfg.draft_vocab_size != ctx.cfg.vocab.draft_vocab_size:
+        ctx.log(f"vocab: the warm start's V_d is {dcfg.draft_vocab_size}, this run's {ctx.cfg.vocab.draft_vocab_size}:"
+                " a new map is built from the run's data (head rows of new ids start from the target's)")
+        return None
+    with safe_open(str(Path(init) / WEIGHTS), framework="pt") as f:
+        vmap = VocabMap(d2t=f.get_tensor("d2t"), t2d=f.get_tensor("t2d"))
+    ctx.log(f"vocab: kept the warm start's map ({init}, V_d {vmap.draft_vocab_size})")
+    return vmap
 
 
 def features(ctx: Ctx, work: Path) -> dict[str, Any]:
