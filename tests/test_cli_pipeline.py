@@ -91,6 +91,19 @@ def test_train_refuses_features_of_other_taps(tiny_dir, tmp_path):
     assert r.exit_code == 2 and "another wiring contract" in r.output and "taps" in r.output
 
 
+def test_capture_skip_takes_only_the_conversations_after_an_earlier_capture(tiny_dir, tmp_path):
+    from eaglewire.data.samples import load_samples
+    from eaglewire.verifier.loader import load_target
+
+    data = tiny_dir / "convs.jsonl"
+    tok = load_target(str(tiny_dir)).tokenizer
+    first8 = [s.id for s in load_samples(str(data), tok, max_length=64, limit=8)[0]]
+    assert [s.id for s in load_samples(str(data), tok, max_length=64, skip=5, limit=3)[0]] == first8[5:]
+    _run("data", "capture", "--target", tiny_dir, "--data", data, "--out", tmp_path / "feat", "--skip", 5, "--limit", 3)
+    manifest = json.loads((tmp_path / "feat" / "manifest.json").read_text())
+    assert manifest["samples"] == 3
+
+
 def test_train_from_features_never_loads_the_target(tiny_dir, tmp_path, monkeypatch):
     """Offline: the taps come from the manifest (non-default ones, no --taps given) and the target model is
     never loaded; an explicit --taps that disagrees is refused naming both lists."""

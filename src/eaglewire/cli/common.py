@@ -80,14 +80,16 @@ def parse_dtype(name: str, allowed: dict[str, str], option: str) -> str:
     return allowed[name]
 
 
-def read_samples(target: Any, data: str, max_length: int, limit: Optional[int], split_turns: bool) -> list:
-    """Tokenized, loss-masked samples of `data`, with what was read and kept said on stderr."""
+def read_samples(target: Any, data: str, max_length: int, limit: Optional[int], split_turns: bool,
+                 skip: int = 0) -> list:
+    """Tokenized, loss-masked samples of `data` (valid conversations [skip, skip + limit)), with what was
+    read and kept said on stderr."""
     from eaglewire.data.conversations import ReadStats
     from eaglewire.data.samples import load_samples
 
     read = ReadStats()
-    samples, stats = load_samples(data, target.tokenizer, max_length=max_length, limit=limit, split_turns=split_turns,
-                                  read_stats=read)
+    samples, stats = load_samples(data, target.tokenizer, max_length=max_length, limit=limit, skip=skip,
+                                  split_turns=split_turns, read_stats=read)
     err_console.print(f"source: {read.summary()}\ndata: {stats.summary()}")
     return samples
 

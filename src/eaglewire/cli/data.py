@@ -134,6 +134,8 @@ def capture_cmd(
     taps_from: str = typer.Option("boundary", "--taps-from"),
     max_length: int = typer.Option(DEFAULT_MAX_LENGTH, "--max-length"),
     limit: Optional[int] = typer.Option(None, "--limit"),
+    skip: int = typer.Option(0, "--skip", min=0, help="Skip the first N valid conversations (captured into "
+                             "another directory, e.g. by an earlier sitting): capture only what is new."),
     shard_samples: int = typer.Option(256, "--shard-samples"),
     batch_size: int = typer.Option(4, "--batch-size"),
     split_turns: bool = typer.Option(False, "--split-turns"),
@@ -150,7 +152,7 @@ def capture_cmd(
     store = getattr(torch, parse_dtype(store_dtype, DTYPES, "--store-dtype"))
     run_dtype = getattr(torch, parse_dtype(target_dtype, DTYPES, "--target-dtype"))
     tgt = load_target(target, dtype=run_dtype)
-    samples = read_samples(tgt, data, max_length, limit, split_turns)
+    samples = read_samples(tgt, data, max_length, limit, split_turns, skip=skip)
     contract = tgt.contract(parse_taps(tgt, taps, taps_from))
     with Progress(console=err_console) as progress:
         task = progress.add_task("capturing shards", total=None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -87,10 +88,10 @@ def tokenize_conversations(tok: Any, convs: Iterable[Conversation], *, max_lengt
     return out
 
 
-def load_samples(data: str, tok: Any, *, max_length: int, limit: int | None = None,
+def load_samples(data: str, tok: Any, *, max_length: int, limit: int | None = None, skip: int = 0,
                  read_stats: ReadStats | None = None, **kw: Any) -> tuple[list[Sample], TokenizeStats]:
+    """Samples of the valid conversations [skip, skip + limit) of `data` (skip: those an earlier capture or
+    sitting already holds)."""
     stats = TokenizeStats()
-    convs = read_conversations(data, read_stats)
-    if limit is not None:
-        convs = (c for _, c in zip(range(limit), convs))
+    convs = itertools.islice(read_conversations(data, read_stats), skip, None if limit is None else skip + limit)
     return tokenize_conversations(tok, convs, max_length=max_length, stats=stats, **kw), stats
