@@ -52,6 +52,17 @@ def build_vocab(target: Any, samples: list[Sample], draft_vocab_size: int, heldo
     return VocabBuild(vmap, counts, cov, meta, len(train_s), len(held))
 
 
+def draft_vocab(draft_dir: Path) -> VocabMap:
+    """A native draft's own vocabulary map (d2t/t2d read by name, validated): what a warm start keeps."""
+    from safetensors import safe_open
+
+    from eaglewire.checkpoint import WEIGHTS, read_checkpoint_config
+
+    read_checkpoint_config(Path(draft_dir))  # a clear error for anything but a native checkpoint
+    with safe_open(str(Path(draft_dir) / WEIGHTS), framework="pt") as f:
+        return VocabMap(d2t=f.get_tensor("d2t"), t2d=f.get_tensor("t2d"))
+
+
 def feature_source(target: Any, contract: WiringContract, features: Path | None,
                    samples: Callable[[], list[Sample]]) -> tuple[Any, list[Sample]]:
     """Offline features from a `data capture` directory (its samples come with it), else online capture

@@ -27,16 +27,21 @@ def vocab_build(
     eval_data: Optional[str] = typer.Option(None, "--eval-data", help="Also report coverage on this data "
                                             "(e.g. regenerated MT-bench answers)."),
     split_turns: bool = typer.Option(False, "--split-turns"),
+    keep_from: Optional[Path] = typer.Option(None, "--keep-from", help="Keep this draft's map (a warm start's: "
+                                             "all its head rows are trained) and report its coverage of --data; "
+                                             "--draft-vocab-size is then the draft's."),
 ) -> None:
     """Count trained target tokens of the training split (held-out samples, as `train` splits them with the
     default --heldout-fraction, are left out), keep the most frequent, write d2t/t2d, report coverage."""
-    from eaglewire.workflows import build_vocab
+    from eaglewire.workflows import build_vocab, draft_vocab
 
     tgt = load_target(target)
     samples = read_samples(tgt, data, max_length, limit, split_turns)
     evals = read_samples(tgt, eval_data, max_length, None, split_turns) if eval_data else None
-    built = build_vocab(tgt, samples, draft_vocab_size, DEFAULT_HELDOUT_FRACTION, out, data=data, eval_samples=evals)
-    out_console.print(f"vocab map {built.vmap.sha256()[:16]} -> {out}: V_d={draft_vocab_size} of {tgt.vocab_size}; "
+    keep = draft_vocab(keep_from) if keep_from is not None else None
+    built = build_vocab(tgt, samples, draft_vocab_size, DEFAULT_HELDOUT_FRACTION, out, data=data, eval_samples=evals,
+                        keep=keep)
+    out_console.print(f"vocab map {built.vmap.sha256()[:16]} -> {out}: V_d={built.vmap.draft_vocab_size} of {tgt.vocab_size}; "
                       f"{built.meta['distinct_trained_tokens']} distinct trained tokens; coverage " +
                       ", ".join(f"{k} {v:.2%}" for k, v in built.coverage.items()))
 
