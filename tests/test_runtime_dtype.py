@@ -1,7 +1,7 @@
 """--dtype of generate / bench / serve: bf16 speculative decoding emits the target's greedy choice at every
-position up to bf16 rounding, chain and tree; bf16 is refused on a CPU without native bf16; a draft in
-another dtype than the target's taps is refused by name; the CLI runs target, draft and baselines in the
-dtype and bench.json records it.
+position up to bf16 rounding, chain and tree; bf16 is refused on a CPU without native bf16; a bf16 draft
+on an fp32 target (--draft-dtype auto where bf16 is native) stays lossless token for token; the CLI runs
+target, draft and baselines in the dtypes asked for and bench.json records them.
 
 Why "up to bf16 rounding" and not token for token as in fp32: a verify forward of k rows does not round
 like a 1-row decode step in bf16 (PyTorch's bf16 SDPA kernel and some bf16 GEMMs, e.g. K=1536, are not
@@ -106,12 +106,31 @@ def test_bf16_runtime_logits_close_to_hf_bf16(layout):
     torch.testing.assert_close(logits.float(), ref, atol=3e-2, rtol=3e-2)  # bf16: ~3 significant digits
 
 
-def test_draft_in_another_dtype_than_the_taps_is_refused():
+@needs_bf16
+@pytest.mark.parametrize("shape", [CHAIN, TREE], ids=["chain", "tree"])
+def test_bf16_draft_on_an_fp32_target_is_lossless_token_for_token(shape):
+    """--draft-dtype auto on a native-bf16 CPU: the draft reads the fp32 target's taps in bf16 and only
+    proposes; the fp32 target verifies, so the output is fp32 greedy decoding exactly."""
     target = build_target()
     draft, contract = build_draft(target, taps=(1, 2, 3))
-    prop = EagleProposer(draft.to(torch.bfloat16), contract, CHAIN, max_len=64)
-    with pytest.raises(EaglewireError, match="different dtypes"):
-        prop.start(PROMPT, torch.zeros(1, PROMPT.shape[1], 3 * target.hidden_size), 1)
+    rt = LeanTarget(target, max_len=96)
+    ref = greedy_reference(rt, PROMPT, 40)
+    out, st = SpecDecoder(rt, EagleProposer(draft.to(torch.bfloat16), contract, shape, max_len=96)).generate(PROMPT, 40)
+    assert out == ref and st.verify_steps > 0
+
+
+def test_draft_dtype_choices(monkeypatch):
+    monkeypatch.setattr(hw, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
+    assert hw.draft_dtype("auto", torch.float32) is torch.float32  # emulated bf16: the target's dtype
+    assert hw.draft_dtype("target", torch.float32) is torch.float32
+    with pytest.raises(EaglewireError, match="without native bf16"):
+        hw.draft_dtype("bfloat16", torch.float32)
+    monkeypatch.setattr(hw, "cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
+    assert hw.draft_dtype("auto", torch.float32) is torch.bfloat16
+    assert hw.draft_dtype("target", torch.float32) is torch.float32
+    assert hw.draft_dtype("float32", torch.bfloat16) is torch.float32
+    with pytest.raises(ValueError, match="draft dtype must be one of"):
+        hw.draft_dtype("fp8", torch.float32)
 
 
 def test_runtime_dtype_choices_and_refusal(monkeypatch):
@@ -176,3 +195,23 @@ def test_cli_bench_and_generate_run_in_bf16(tiny_dirs, tmp_path):
                                  "--max-new-tokens", "8", "--dtype", "auto"])
     assert r.exit_code == 0, r.output + repr(r.exception)
     assert "(bfloat16, from --dtype auto)" in r.stderr and len(json.loads(r.stdout)["tokens"]) <= 8
+
+
+@needs_bf16
+def test_cli_bench_fp32_target_with_the_auto_bf16_draft(tiny_dirs, tmp_path):
+    """The default: an fp32 target, the draft in bf16 where native; output identical to fp32 vanilla on every
+    prompt; bench.json and bench.md say both dtypes. --draft-dtype target keeps the draft in fp32."""
+    from eaglewire.cli.app import app
+
+    tdir, draft, questions = tiny_dirs
+    common = ["bench", "--target", str(tdir), "--draft", str(draft), "--questions", str(questions), "--limit", "2",
+              "--max-new-tokens", "12", "--methods", "vanilla,eagle_chain,eagle_tree"]
+    r = CliRunner().invoke(app, common + ["--out", str(tmp_path / "a")])
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    result = json.loads((tmp_path / "a" / "bench.json").read_text())
+    assert result["dtype"] == "float32" and result["draft_dtype"] == "bfloat16"
+    assert all(m["matches_vanilla"] == 2 for m in result["methods"].values())
+    assert "float32 (our EAGLE rows' draft: bfloat16)" in (tmp_path / "a" / "bench.md").read_text()
+    r = CliRunner().invoke(app, common + ["--out", str(tmp_path / "b"), "--draft-dtype", "target"])
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    assert json.loads((tmp_path / "b" / "bench.json").read_text())["draft_dtype"] == "float32"

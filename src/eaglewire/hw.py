@@ -87,3 +87,20 @@ def runtime_dtype(choice: str, device: str = "cpu") -> torch.dtype:
     """The dtype the target and draft decode in: 'float32', 'bfloat16' (refused on a CPU without native
     bf16) or 'auto' (bfloat16 where native, else float32)."""
     return torch.bfloat16 if _use_bf16(device, choice, ("float32", "bfloat16")) else torch.float32
+
+
+DRAFT_DTYPES = ("auto", "target", "float32", "bfloat16")  # `--draft-dtype` of generate / bench / serve
+
+
+def draft_dtype(choice: str, target_dtype: torch.dtype, device: str = "cpu") -> torch.dtype:
+    """The dtype the draft decodes in: 'target' (the target's), 'float32', 'bfloat16' (refused on a CPU
+    without native bf16) or 'auto': bfloat16 where bf16 is native, else the target's. The draft only
+    proposes: the target verifies every token, so greedy output is the target's whatever the draft computes
+    in, and a one-layer draft is memory-bound, so half the bytes per weight is most of its cost."""
+    if choice not in DRAFT_DTYPES:
+        raise ValueError(f"draft dtype must be one of {', '.join(DRAFT_DTYPES)}, not {choice!r}")
+    if choice == "target":
+        return target_dtype
+    if choice == "auto":
+        return torch.bfloat16 if _use_bf16(device, "auto", ("float32", "bfloat16")) else target_dtype
+    return runtime_dtype(choice, device)

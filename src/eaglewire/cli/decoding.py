@@ -19,8 +19,11 @@ DRAFT_HELP = "Native draft checkpoint directory (default: the draft shipped for 
 TREE_HELP = ("Tree knobs use SGLang's meaning: --num-steps S (draft depth), --topk K (branching), "
              "--num-draft-tokens N (verified tokens per round INCLUDING the root/last accepted token). "
              "vLLM's chain spelling: --num-speculative-tokens k  ==  S=k, K=1, N=k+1.")
-DTYPE_HELP = ("float32 | bfloat16 | auto: the target runs in it and the draft is cast to it. auto = bfloat16 where "
+DTYPE_HELP = ("float32 | bfloat16 | auto: the target runs in it. auto = bfloat16 where "
               "the CPU has native bf16 (AVX512-BF16/AMX), else float32; bfloat16 elsewhere is refused (emulated, slower).")
+DRAFT_DTYPE_HELP = ("auto | target | float32 | bfloat16: the draft runs in it. auto = bfloat16 where the CPU has native "
+                    "bf16, else the target's dtype. Output stays the target's (it verifies every token); a bf16 "
+                    "draft only proposes slightly differently, at half the bytes read per weight.")
 
 
 def _say(message: str) -> None:
@@ -28,19 +31,20 @@ def _say(message: str) -> None:
     err_console.print(message, highlight=False, markup=False, soft_wrap=True)  # one line per message, for logs
 
 
-def _load(target: Optional[str], draft: Optional[Path], dtype: str) -> tuple:
-    """(target, draft) both in the --dtype, with a line on stderr for each."""
+def _load(target: Optional[str], draft: Optional[Path], dtype: str, draft_dtype: str) -> tuple:
+    """(target in --dtype, draft in --draft-dtype), with a line on stderr for each."""
+    from eaglewire import hw
     from eaglewire.checkpoint import load_checkpoint
-    from eaglewire.hw import RUNTIME_DTYPES, runtime_dtype
     from eaglewire.verifier.loader import DEFAULT_TARGET
 
-    dt = runtime_dtype(parse_dtype(dtype, {n: n for n in RUNTIME_DTYPES}, "--dtype"))
-    name = str(dt).removeprefix("torch.")
+    dt = hw.runtime_dtype(parse_dtype(dtype, {n: n for n in hw.RUNTIME_DTYPES}, "--dtype"))
+    ddt = hw.draft_dtype(parse_dtype(draft_dtype, {n: n for n in hw.DRAFT_DTYPES}, "--draft-dtype"), dt)
+    name, dname = (str(t).removeprefix("torch.") for t in (dt, ddt))
     _say(f"loading target {target or DEFAULT_TARGET} ({name}{', from --dtype auto' if dtype == 'auto' else ''})")
     tgt = load_target(target, dtype=dt)
     path = resolve_draft(draft)
-    _say(f"loading draft {path} ({name})")
-    return tgt, load_checkpoint(path, target=tgt, dtype=dt)
+    _say(f"loading draft {path} ({dname}{', from --draft-dtype auto' if draft_dtype == 'auto' else ''})")
+    return tgt, load_checkpoint(path, target=tgt, dtype=ddt)
 
 
 def generate_cmd(
@@ -55,6 +59,7 @@ def generate_cmd(
     num_speculative_tokens: Optional[int] = typer.Option(None, "--num-speculative-tokens", help="vLLM chain k."),
     as_json: bool = typer.Option(False, "--json"),
     dtype: str = typer.Option("float32", "--dtype", help=DTYPE_HELP),
+    draft_dtype: str = typer.Option("auto", "--draft-dtype", help=DRAFT_DTYPE_HELP),
 ) -> None:
     """Greedy speculative decoding (lossless: in float32 the text equals plain greedy decoding; in bfloat16
     every token is a greedy choice up to bf16 rounding, so the texts may part where two tokens tie)."""
@@ -63,7 +68,7 @@ def generate_cmd(
     from eaglewire.decoding.propose import EagleProposer
 
     shape = TreeShape.from_knobs(num_steps, topk, num_draft_tokens, num_speculative_tokens)
-    tgt, d = _load(target, draft, dtype)
+    tgt, d = _load(target, draft, dtype, draft_dtype)
     ids = tgt.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                             return_dict=True, return_tensors="pt")["input_ids"]
     max_len = ids.shape[1] + max_new_tokens + shape.num_draft_tokens + 8
@@ -102,11 +107,12 @@ def bench_cmd(
                               "real vLLM CPU build on the same prompts, draft, k and dtype (scripts/vllm_venv.sh)."),
     dtype: str = typer.Option("float32", "--dtype", help=DTYPE_HELP + " Every row runs in it (HF generate, vanilla, "
                               "EAGLE, vLLM's); bench.json records it."),
+    draft_dtype: str = typer.Option("auto", "--draft-dtype", help=DRAFT_DTYPE_HELP),
 ) -> None:
     """HF generate vs vanilla vs prompt lookup vs EAGLE-3 chain vs tree, interleaved in one process.
 
     Questions are taken round-robin over the file's categories (MT-bench: one of each of its 8 first)."""
-    tgt, d = _load(target, draft, dtype)
+    tgt, d = _load(target, draft, dtype, draft_dtype)
     prompts = B.bench_prompts(tgt, questions, limit, turns, answers)
     result = B.run_bench(tgt, d, prompts, max_new_tokens, TreeShape.chain(chain_k),
                          TreeShape(num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens),
@@ -132,12 +138,13 @@ def serve_cmd(
     num_draft_tokens: Optional[int] = typer.Option(None, "--num-draft-tokens"),
     num_speculative_tokens: Optional[int] = typer.Option(None, "--num-speculative-tokens"),
     dtype: str = typer.Option("float32", "--dtype", help=DTYPE_HELP),
+    draft_dtype: str = typer.Option("auto", "--draft-dtype", help=DRAFT_DTYPE_HELP),
 ) -> None:
     """OpenAI-compatible server (/v1/chat/completions, /v1/completions, /metrics) with speculative decoding."""
     from eaglewire.decoding.server import build_server
 
     shape = TreeShape.from_knobs(num_steps, topk, num_draft_tokens, num_speculative_tokens)
-    tgt, d = _load(target, draft, dtype)
+    tgt, d = _load(target, draft, dtype, draft_dtype)
     server = build_server(tgt, d, shape, model_name, max_context, max_tokens_limit, host, port, log=_say)
     err_console.print(f"serving on http://{host}:{server.server_address[1]}/v1 (Ctrl-C to stop)")
     server.serve_forever()

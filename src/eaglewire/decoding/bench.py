@@ -147,7 +147,8 @@ def run_bench(target: Any, draft: Any, prompts: list[torch.Tensor], max_new: int
         if on_prompt:
             on_prompt(i + 1, len(prompts))
     runs.update({name: [Run(t, sec) for t, sec in rows] for name, (rows, _) in peer.items()})
-    return {**summarize(runs, chain, tree, max_new, {name: acc for name, (_, acc) in peer.items()}), "dtype": dtype}
+    return {**summarize(runs, chain, tree, max_new, {name: acc for name, (_, acc) in peer.items()}), "dtype": dtype,
+            "draft_dtype": str(draft.fc.weight.dtype).removeprefix("torch.")}
 
 
 def summarize(runs: dict[str, list[Run]], chain: TreeShape, tree: TreeShape, max_new: int,
@@ -221,7 +222,9 @@ def markdown(result: dict) -> str:
                          f"= {m['round_vs_decode_step']:.2f}{split}")
     cpu = result.get("cpu")
     if cpu:
-        lines.append(f"\n{result['prompts']} prompts, {result['max_new_tokens']} new tokens, greedy, {result['dtype']}; "
+        ddt = result.get("draft_dtype", result["dtype"])
+        drafted = f" (our EAGLE rows' draft: {ddt})" if ddt != result["dtype"] else ""
+        lines.append(f"\n{result['prompts']} prompts, {result['max_new_tokens']} new tokens, greedy, {result['dtype']}{drafted}; "
                      f"CPU: {cpu['model']}, "
                      f"{cpu['threads']} threads, native bf16 {'yes' if cpu['native_bf16'] else 'no'}")
     if result["dtype"] == "bfloat16":

@@ -16,7 +16,6 @@ import torch
 
 from eaglewire.contract import WiringContract
 from eaglewire.draft.model import DraftCache, Eagle3Draft
-from eaglewire.errors import EaglewireError
 from eaglewire.decoding.tree import DraftTree, TreeShape
 
 
@@ -45,17 +44,15 @@ class EagleProposer:
 
     @torch.no_grad()
     def _extend(self, taps: torch.Tensor, tokens: list[int]) -> None:
-        """Append entries for positions n..n+T-1: (taps[t], tokens[t]); keep the last one's output."""
+        """Append entries for positions n..n+T-1: (taps[t], tokens[t]); keep the last one's output. The taps
+        come in the target's dtype and are read in the draft's (an fp32 target may have a bf16 draft:
+        hw.draft_dtype)."""
         ids = torch.tensor([tokens], device=taps.device)
-        out = self.d(ids, taps, cache=self.cache, start=self.n)
+        out = self.d(ids, taps.to(self.cache.k.dtype), cache=self.cache, start=self.n)
         self.n += len(tokens)
         self.last_logits, self.last_hidden = out.logits[0, -1], out.hidden[:, -1:]  # [V_d], [1, 1, H]
 
     def start(self, prompt_ids: torch.Tensor, prompt_taps: torch.Tensor | None, first_token: int) -> None:
-        if prompt_taps is not None and prompt_taps.dtype != self.cache.k.dtype:  # a matmul error otherwise, deep inside
-            raise EaglewireError("the target's taps and the draft are in different dtypes",
-                                 expected=f"taps in the draft's {self.cache.k.dtype}", found=str(prompt_taps.dtype),
-                                 fix="load the draft in the target's dtype (load_checkpoint(..., dtype=target.dtype))")
         self.n = 0
         self._extend(prompt_taps, prompt_ids[0, 1:].tolist() + [first_token])
 
