@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from eaglewire.data.regenerate import GenerationSettings
 from eaglewire.engines import ENGINE_FORMATS
+from eaglewire.hw import DRAFT_DTYPES
 from eaglewire.data.samples import DEFAULT_HELDOUT_FRACTION, DEFAULT_MAX_LENGTH
 from eaglewire.errors import EaglewireError
 from eaglewire.decoding.tree import DEFAULT_TREE, TreeShape
@@ -99,6 +100,8 @@ class BenchCfg(_Strict):
     topk: int = DEFAULT_TREE.topk
     num_draft_tokens: int = DEFAULT_TREE.num_draft_tokens
     hf_generate: bool = Field(False, description="also time HF transformers generate (slower to run)")
+    draft_dtype: Literal[DRAFT_DTYPES] = Field("auto", description="the dtype our EAGLE rows' draft runs in "  # type: ignore[valid-type]
+                                               "(hw.draft_dtype: auto = bfloat16 where native; output stays the target's)")
     vllm: Literal["auto", "on", "off"] = Field("off", description="peer rows on the real vLLM CPU build "
                                                "(decoding/peer.py; ~1-2 min per server start): auto = when its "
                                                "venv is installed; on = required")

@@ -290,9 +290,11 @@ def bench(ctx: Ctx, work: Path) -> dict[str, Any]:
     from eaglewire.clients.vllm import vllm_available
     from eaglewire.decoding import bench as spec_bench
     from eaglewire.decoding.peer import PEER_METHODS
+    from eaglewire.hw import draft_dtype
 
     b = ctx.cfg.bench
-    draft = load_checkpoint(Path(ctx.results["train"]["draft"]), target=ctx.target)
+    draft = load_checkpoint(Path(ctx.results["train"]["draft"]), target=ctx.target,
+                            dtype=draft_dtype(b.draft_dtype, ctx.target.dtype))
     prompts = spec_bench.bench_prompts(ctx.target, b.source, b.prompts)
     methods = [m for m in spec_bench.METHODS if m != "hf_generate" or b.hf_generate]
     if b.vllm == "on" or (b.vllm == "auto" and vllm_available()):
