@@ -169,18 +169,16 @@ def _warm_start_vocab(ctx: Ctx) -> Any:
     """The warm start's own vocabulary when training continues a draft of the same V_d (vocab.from_init):
     every head row of that draft is trained, while a map rebuilt from a short run's data would swap rows
     for untrained ones (quick's 292 conversations keep 4,775 of the release's 8,000 ids) and cover less."""
-    from eaglewire.checkpoint import read_checkpoint_config
     from eaglewire.workflows import draft_vocab
 
     init = _resolve_init(ctx, ctx.cfg.train.train_config()).init_from
     if not (ctx.cfg.vocab.from_init and init):
         return None
-    dcfg, _, _ = read_checkpoint_config(Path(init))
-    if dcfg.draft_vocab_size != ctx.cfg.vocab.draft_vocab_size:
-        ctx.log(f"vocab: the warm start's V_d is {dcfg.draft_vocab_size}, this run's {ctx.cfg.vocab.draft_vocab_size}:"
+    vmap = draft_vocab(Path(init))
+    if vmap.draft_vocab_size != ctx.cfg.vocab.draft_vocab_size:
+        ctx.log(f"vocab: the warm start's V_d is {vmap.draft_vocab_size}, this run's {ctx.cfg.vocab.draft_vocab_size}:"
                 " a new map is built from the run's data (head rows of new ids start from the target's)")
         return None
-    vmap = draft_vocab(Path(init))
     ctx.log(f"vocab: kept the warm start's map ({init}, V_d {vmap.draft_vocab_size})")
     return vmap
 
