@@ -78,13 +78,30 @@ def test_every_budget_resolves_to_a_valid_config():
                                         ({"train": {"max_steps": "three"}}, "train.max_steps"),
                                         ({"data": {"conversations": 1.5}}, "data.conversations"),
                                         ({"formats": ["sglang", "tensorrt"]}, "formats"),
-                                        ({"bench": {"num_steps": 1, "topk": 1, "num_draft_tokens": 5}}, "bench")])
+                                        ({"bench": {"num_steps": 1, "topk": 1, "num_draft_tokens": 5}}, "bench"),
+                                        ({"bench": {"methods": ["vanilla", "beam"]}}, "bench.methods"),
+                                        ({"bench": {"methods": ["eagle_chain"]}}, "including vanilla"),
+                                        ({"bench": {"methods": ["vanilla", "prompt_lookup"]}}, "no EAGLE-3 row"),
+                                        ({"train": {"capture_dtype": "fp16"}}, "train.capture_dtype")])
 def test_config_refuses_unknown_keys_and_wrong_types_naming_the_field(tmp_path, bad, field):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(bad))
     with pytest.raises(EaglewireError) as err:
         resolve("quick", path)
     assert field in str(err.value)
+
+
+def test_the_capture_dtype_names_the_features_directory_as_resolved_on_this_machine(tiny):
+    """"auto" is bf16 on one machine and fp32 on another: the features stage's key holds the resolved dtype,
+    so a run moved to another machine never resumes into shards of the other dtype."""
+    from eaglewire.hw import native_bf16
+    from eaglewire.verifier.loader import load_target
+
+    target = load_target(str(tiny / "model"))
+    keys = {d: runner.stage_keys(RunConfig(**tiny_config(tiny, train={"capture_dtype": d})), target, (2, 4, 5))
+            for d in ("auto", "float32")}
+    assert (keys["auto"]["features"] == keys["float32"]["features"]) == (not native_bf16())
+    assert keys["auto"]["vocab"] == keys["float32"]["vocab"]  # the vocabulary does not depend on it
 
 
 def test_config_file_overrides_budget_and_flags_override_file(tmp_path):
@@ -113,8 +130,10 @@ def test_run_writes_report_summary_exports_and_a_clean_doctor(finished_run):
     assert s["taps"] == [2, 4, 5] and s["engine_ids"] == {"sglang": [1, 3, 4], "vllm": [2, 4, 5]}
     assert "decoder layers 1, 3 and 4" in s["wiring"]
     assert s["doctor_errors"] == {"sglang": 0, "vllm": 0}
-    assert set(s["bench"]) == {"vanilla", "prompt_lookup", "eagle_chain", "eagle_tree"}
+    assert set(s["bench"]) == {"vanilla", "eagle_chain", "eagle_tree"}  # quick's rows: no HF-generate ones
     assert all(m["matches_vanilla"] == 2 for m in s["bench"].values())  # lossless on every prompt
+    from eaglewire.hw import runtime_dtype  # the features were captured in the dtype "auto" picks here
+    assert _state(out)["features"]["result"]["target_dtype"] == str(runtime_dtype("auto")).removeprefix("torch.")
     for eng in ("sglang", "vllm"):
         assert (Path(s["exports"][eng]) / "eaglewire_contract.json").is_file()
     assert "--speculative-num-draft-tokens 4" in s["launch"]["sglang"]

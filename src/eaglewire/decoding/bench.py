@@ -31,6 +31,8 @@ METHODS = ("hf_generate", "vanilla", "prompt_lookup", "eagle_chain", "eagle_tree
 # decoding/tree.py's DEFAULT_TREE). A chain of 1: on a CPU a verify of 1-3 tokens costs about one decode step.
 QUESTIONS, PROMPTS, MAX_NEW_TOKENS = "mtbench", 8, 128
 CHAIN_K = 1
+# `eaglewire run`'s bench rows by default: HF generate is opt-in there (it is the slowest row to time)
+DEFAULT_METHODS = ("vanilla", "prompt_lookup", "eagle_chain", "eagle_tree")
 BASES = ("hf_generate", "vanilla", "prompt_lookup", "vllm_vanilla")  # the rows speedups are quoted against
 
 
@@ -48,6 +50,14 @@ def _hf(target: Any, ids: torch.Tensor, max_new: int, eos: int, **kw: Any) -> Ru
                                     do_sample=False, temperature=None, top_p=None, top_k=None, eos_token_id=eos,
                                     pad_token_id=eos, **kw)
     return Run(out[0, ids.shape[1]:].tolist(), time.perf_counter() - t0)
+
+
+def check_methods(names: Sequence[str]) -> None:
+    """Refuse an unknown row, or a set without vanilla (every row's tokens are checked against it)."""
+    unknown = [n for n in names if n not in METHODS + PEER_METHODS]
+    if unknown or "vanilla" not in names:
+        raise EaglewireError("unknown benchmark methods", expected=f"a subset of {METHODS + PEER_METHODS} "
+                             "including vanilla (the lossless reference)", found=str(list(names)))
 
 
 def make_methods(target: Any, draft: Any, chain: TreeShape, tree: TreeShape, max_len: int, eos: int,
@@ -68,10 +78,7 @@ def make_methods(target: Any, draft: Any, chain: TreeShape, tree: TreeShape, max
             return Run(toks, st.total_s, st)
         return run
 
-    unknown = [n for n in names if n not in METHODS + PEER_METHODS]
-    if unknown or "vanilla" not in names:
-        raise EaglewireError("unknown benchmark methods", expected=f"a subset of {METHODS + PEER_METHODS} "
-                             "including vanilla (the lossless reference)", found=str(list(names)))
+    check_methods(names)
     make = {"hf_generate": lambda: lambda ids, n: _hf(target, ids, n, eos),
             "vanilla": lambda: vanilla,
             "prompt_lookup": lambda: lambda ids, n: _hf(target, ids, n, eos, prompt_lookup_num_tokens=10),

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from eaglewire.data.regenerate import GenerationSettings
 from eaglewire.engines import ENGINE_FORMATS
-from eaglewire.hw import DRAFT_DTYPES
+from eaglewire.hw import DRAFT_DTYPES, RUNTIME_DTYPES
 from eaglewire.data.samples import DEFAULT_HELDOUT_FRACTION, DEFAULT_MAX_LENGTH
 from eaglewire.errors import EaglewireError
 from eaglewire.decoding.tree import DEFAULT_TREE, TreeShape
@@ -67,6 +67,9 @@ class VocabCfg(_Strict):
 
 class TrainCfg(_Strict):
     features: Literal["offline", "online"] = "offline"
+    capture_dtype: Literal[RUNTIME_DTYPES] = Field("auto", description="the dtype the target runs in while "  # type: ignore[valid-type]
+                                                   "offline features are captured (hw.runtime_dtype: auto = bfloat16 "
+                                                   "where native, 2.6x fp32's capture rate here; README, throughput)")
     max_steps: int = Field(T.max_steps, ge=1)
     batch_size: int = T.batch_size
     lr: float = T.lr
@@ -88,7 +91,7 @@ class TrainCfg(_Strict):
     def train_config(self) -> TrainConfig:
         # every field but the run's own (features, heldout_fraction) is a TrainConfig field of the same
         # name: the schema picks which training knobs a run exposes, TrainConfig holds their defaults
-        return TrainConfig(**self.model_dump(exclude={"features", "heldout_fraction"}))
+        return TrainConfig(**self.model_dump(exclude={"features", "capture_dtype", "heldout_fraction"}))
 
 
 class BenchCfg(_Strict):
@@ -99,7 +102,9 @@ class BenchCfg(_Strict):
     num_steps: int = DEFAULT_TREE.num_steps
     topk: int = DEFAULT_TREE.topk
     num_draft_tokens: int = DEFAULT_TREE.num_draft_tokens
-    hf_generate: bool = Field(False, description="also time HF transformers generate (slower to run)")
+    methods: tuple[Literal[B.METHODS], ...] = Field(B.DEFAULT_METHODS, description="the rows on our "  # type: ignore[valid-type]
+                                                    "runtime (vanilla is the lossless reference; hf_generate and "
+                                                    "prompt_lookup run HF generate and are slow)")
     draft_dtype: Literal[DRAFT_DTYPES] = Field("auto", description="the dtype our EAGLE rows' draft runs in "  # type: ignore[valid-type]
                                                "(hw.draft_dtype: auto = bfloat16 where native; output stays the target's)")
     vllm: Literal["auto", "on", "off"] = Field("off", description="peer rows on the real vLLM CPU build "
@@ -109,6 +114,10 @@ class BenchCfg(_Strict):
     @model_validator(mode="after")
     def _shapes(self) -> "BenchCfg":
         try:
+            B.check_methods(self.methods)
+            if not any(m.startswith("eagle") for m in self.methods):
+                raise EaglewireError("no EAGLE-3 row in bench.methods", expected="eagle_chain and/or eagle_tree "
+                                     "(what the run trained a draft for)", found=str(list(self.methods)))
             self.tree(), self.chain()
         except EaglewireError as err:  # as ValueError, pydantic reports it under the field path "bench"
             raise ValueError(str(err).replace("\n", ";")) from None
@@ -147,18 +156,18 @@ _QUICK: dict[str, Any] = {
     "data": {"conversations": 292}, "vocab": {"draft_vocab_size": 8000},
     "train": {"max_steps": 120, "ttt_steps": 3, "lr": 2e-4, "warmup_steps": 10, "eval_every": 40, "ckpt_every": 40,
               "init_from": "released", "supervise": "all"},
-    "bench": {"prompts": 8, "max_new_tokens": 256, "chain_k": 3}}
+    "bench": {"prompts": 8, "max_new_tokens": 256, "chain_k": 3, "methods": ("vanilla", "eagle_chain", "eagle_tree")}}
 BUDGETS: dict[str, dict[str, Any]] = {
     "quick": _QUICK,
     # the released draft: quick's data and features, 2.5x the training, issue-4 benchmark protocol
     "standard": {**_QUICK,
                  "train": {"max_steps": 400, "ttt_steps": 3, "warmup_steps": 20, "eval_every": 50, "ckpt_every": 50,
                            "supervise": "all"},
-                 "bench": {"prompts": 6, "max_new_tokens": 256, "hf_generate": True, "vllm": "auto"}},
+                 "bench": {"prompts": 6, "max_new_tokens": 256, "methods": B.METHODS, "vllm": "auto"}},
     # hours of regeneration on a CPU (a GPU or `data regenerate --server` makes it practical)
     "full": {"data": {"conversations": 4000}, "vocab": {"draft_vocab_size": 16000},
              "train": {"max_steps": 4000, "ttt_steps": 4, "eval_every": 250, "ckpt_every": 250},
-             "bench": {"prompts": 80, "max_new_tokens": 256, "hf_generate": True, "vllm": "auto"}},
+             "bench": {"prompts": 80, "max_new_tokens": 256, "methods": B.METHODS, "vllm": "auto"}},
 }
 
 

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from eaglewire.contract import default_taps
 from eaglewire.errors import EaglewireError
+from eaglewire.hw import runtime_dtype
 from eaglewire.pipeline import stages as S
 from eaglewire.pipeline.config import RunConfig
 from eaglewire.safeio import atomic_write_json
@@ -46,8 +47,9 @@ STAGES: tuple[Stage, ...] = (
           lambda c: (c.data.model_dump(exclude={"batch_size", "conversations"}),)),
     Stage("vocab", "build the draft vocabulary", S.vocab, ("regenerate",),
           lambda c: (c.vocab.model_dump(), c.data.max_length, c.train.heldout_fraction, c.train.init_from)),
+    # the capture dtype as resolved on this machine: "auto" captures bf16 on one machine and fp32 on another
     Stage("features", "capture target features", S.features, ("regenerate",),
-          lambda c: (c.data.max_length, c.train.features)),
+          lambda c: (c.data.max_length, c.train.features, str(runtime_dtype(c.train.capture_dtype)))),
     Stage("train", "train the draft (TTT)", S.train, ("vocab", "features"), lambda c: c.train.model_dump()),
     Stage("export", "export for the engines", S.export, ("train",), lambda c: list(c.formats)),
     Stage("doctor", "doctor every export", S.doctor, ("export",), lambda c: None),

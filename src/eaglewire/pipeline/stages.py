@@ -185,12 +185,20 @@ def _warm_start_vocab(ctx: Ctx) -> Any:
 
 def features(ctx: Ctx, work: Path) -> dict[str, Any]:
     from eaglewire.data.features import capture_features
+    from eaglewire.hw import native_bf16, runtime_dtype
+    from eaglewire.verifier.loader import load_target
 
     if ctx.cfg.train.features == "online":
         return {"mode": "online"}
-    manifest = capture_features(ctx.target, ctx.contract, _samples(ctx), work, pad_id=ctx.target.pad_id,
+    dtype = runtime_dtype(ctx.cfg.train.capture_dtype)
+    # the run's target stays in its own dtype (the bench's reference); capture loads a copy in this one
+    target = ctx.target if dtype == ctx.target.dtype else load_target(ctx.cfg.target, dtype=dtype)
+    ctx.log(f"features: the target runs in {str(dtype).removeprefix('torch.')} for capture (train.capture_dtype "
+            f"{ctx.cfg.train.capture_dtype}; native bf16: {'yes' if native_bf16() else 'no'})")
+    manifest = capture_features(target, ctx.contract, _samples(ctx), work, pad_id=ctx.target.pad_id,
                                 on_shard=lambda k, n, _t: ctx.progress(k, n, "shards"))
-    return {"mode": "offline", "dir": str(work), "tokens": manifest["tokens"], "samples": manifest["samples"]}
+    return {"mode": "offline", "dir": str(work), "tokens": manifest["tokens"], "samples": manifest["samples"],
+            "target_dtype": manifest["target_dtype"]}
 
 
 # ------------------------------------------------------------------------------------------ training
@@ -294,7 +302,7 @@ def bench(ctx: Ctx, work: Path) -> dict[str, Any]:
     draft = load_checkpoint(Path(ctx.results["train"]["draft"]), target=ctx.target,
                             dtype=draft_dtype(b.draft_dtype, ctx.target.dtype))
     prompts = spec_bench.bench_prompts(ctx.target, b.source, b.prompts)
-    methods = [m for m in spec_bench.METHODS if m != "hf_generate" or b.hf_generate]
+    methods = list(b.methods)
     if b.vllm == "on" or (b.vllm == "auto" and vllm_available()):
         methods += list(PEER_METHODS)
         ctx.log("bench: vLLM's CPU build is " + ("required (bench.vllm on)" if b.vllm == "on" else "installed") +
