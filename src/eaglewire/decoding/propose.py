@@ -16,6 +16,7 @@ import torch
 
 from eaglewire.contract import WiringContract
 from eaglewire.draft.model import DraftCache, Eagle3Draft
+from eaglewire.decoding.lean_draft import LeanDraft
 from eaglewire.decoding.tree import DraftTree, TreeShape
 
 
@@ -34,9 +35,13 @@ class EagleProposer:
     (as in training); they live in a static DraftCache. Each round's tree nodes are written after them and
     overwritten by the next round's committed entries."""
 
-    def __init__(self, draft: Eagle3Draft, contract: WiringContract, shape: TreeShape, max_len: int) -> None:
+    def __init__(self, draft: Eagle3Draft, contract: WiringContract, shape: TreeShape, max_len: int,
+                 layout: str = "auto") -> None:
+        """layout: the GEMM layout of the draft's Linears (decoding/lean_draft.py): "auto" measures the
+        fastest here, "module" keeps the draft's own nn.Linears, or one of runtime.candidate_layouts."""
         draft.cfg.require_matches(contract)  # the taps we will ask the target for are the draft's
-        self.d, self.shape = draft, shape
+        self.d = draft if layout == "module" else LeanDraft(draft, layout).model
+        self.shape = shape
         self.taps = contract.taps
         self.cache = DraftCache(draft.cfg, 1, max_len + shape.num_draft_tokens * shape.num_steps + 8,
                                 dtype=draft.fc.weight.dtype, device=draft.fc.weight.device)

@@ -1,0 +1,77 @@
+"""The draft's decoding copy on the lean runtime's GEMM layouts (decoding/lean_draft.py): the same logits
+and hidden states as the draft's own modules for every layout and norm flag set, the caller's draft left
+untouched, the target embedding shared, and the proposer drafting the same tokens either way."""
+
+import pytest
+import torch
+from tiny import build_draft, build_target
+
+from eaglewire.contract import NormFlags
+from eaglewire.decoding.lean_draft import LayoutLinear, LeanDraft
+from eaglewire.decoding.propose import EagleProposer
+from eaglewire.decoding.runtime import candidate_layouts
+from eaglewire.decoding.tree import TreeShape
+from eaglewire.draft.model import DraftCache
+
+NORMS = {"eagle3": NormFlags(),
+         "speculators": NormFlags(norm_before_residual=True, norm_output=True),
+         "fc_norm": NormFlags(fc_norm=True), "norm_before_fc": NormFlags(norm_before_fc=True)}
+
+
+def _forward(model, ids, taps, cfg):
+    cache = DraftCache(cfg, 1, 32)
+    with torch.no_grad():
+        first = model(ids, taps, cache=cache, start=0)
+        nxt = model.step(ids[:, -1:], first.hidden[:, -1:], torch.tensor([[ids.shape[1]]]), None, cache=cache,
+                         start=ids.shape[1])
+    return first, nxt
+
+
+@pytest.mark.parametrize("norm", list(NORMS), ids=list(NORMS))
+@pytest.mark.parametrize("layers", [1, 2])
+def test_every_layout_computes_what_the_draft_modules_compute(norm, layers):
+    target = build_target("llama")
+    draft, _ = build_draft(target, norm=NORMS[norm], num_layers=layers, seed=3)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 256, (1, 5), generator=g)
+    taps = torch.randn(1, 5, 3 * target.hidden_size, generator=g)
+    ref_first, ref_next = _forward(draft, ids, taps, draft.cfg)
+    for layout in candidate_layouts(torch.float32):
+        lean = LeanDraft(draft, layout)
+        assert sum(isinstance(m, LayoutLinear) for m in lean.model.modules()) == 2 + 7 * layers  # fc, head, 7/layer
+        first, nxt = _forward(lean.model, ids, taps, draft.cfg)
+        for a, b in ((first.logits, ref_first.logits), (first.hidden, ref_first.hidden),
+                     (nxt.logits, ref_next.logits), (nxt.hidden, ref_next.hidden)):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=f"layout {layout}")
+
+
+def test_the_copy_leaves_the_draft_alone_and_shares_the_target_embedding():
+    target = build_target("llama")
+    draft, _ = build_draft(target)
+    before = {k: v.clone() for k, v in draft.state_dict().items()}
+    lean = LeanDraft(draft)  # auto: calibrates
+    assert set(lean.policy) == {1, 4} and set(lean.policy.values()) <= set(candidate_layouts(torch.float32))
+    assert all(set(ms) == set(candidate_layouts(torch.float32)) for ms in lean.calibration_ms.values())
+    assert isinstance(draft.fc, torch.nn.Linear) and isinstance(lean.model.fc, LayoutLinear)
+    assert all(torch.equal(v, before[k]) for k, v in draft.state_dict().items())
+    assert lean.model.embed_tokens.weight.data_ptr() == target.embed_tokens.weight.data_ptr()
+    with pytest.raises(ValueError, match="not available"):
+        LeanDraft(draft, "no-such-layout")
+
+
+@pytest.mark.parametrize("shape", [TreeShape.chain(3), TreeShape(num_steps=3, topk=2, num_draft_tokens=6)],
+                         ids=["chain", "tree"])
+def test_the_proposer_drafts_the_same_tokens_on_either_path(shape):
+    target = build_target("llama")
+    draft, contract = build_draft(target, seed=7)
+    g = torch.Generator().manual_seed(2)
+    prompt = torch.randint(0, 256, (1, 9), generator=g)
+    taps = torch.randn(1, 9, 3 * target.hidden_size, generator=g)
+    trees = []
+    for layout in ("module", "auto"):
+        prop = EagleProposer(draft, contract, shape, max_len=64, layout=layout)
+        prop.start(prompt, taps, 11)
+        first = prop.propose()
+        prop.accept(taps[:, :2], [first.tokens[0], 13])
+        trees.append((first, prop.propose()))
+    assert trees[0] == trees[1]
