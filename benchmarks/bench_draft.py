@@ -1,0 +1,62 @@
+"""Drafting cost per chain round: the released draft proposing through its own nn.Linears ("module") and
+through the lean runtime's GEMM layouts ("auto", decoding/lean_draft.py), side by side in one process.
+
+One round = accept T target taps (T = 1..4, cycling, as rounds accept 0..3 drafted tokens plus the bonus)
+and propose a chain of k = 3 (the accepted run's forward plus k - 1 draft steps). The two proposers run
+alternately on the same random taps; medians over the rounds after a warm-up, per draft dtype.
+
+    python benchmarks/bench_draft.py --rounds 80
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from eaglewire.checkpoint import load_checkpoint
+from eaglewire.decoding.propose import EagleProposer
+from eaglewire.decoding.tree import TreeShape
+from eaglewire.hw import describe_cpu, native_bf16
+from eaglewire.verifier.loader import load_target
+
+DRAFT = "src/eaglewire/assets/drafts/smollm2-135m"
+PROMPT, MAX_LEN, WARMUP = 100, 600, 20  # tokens committed before timing; cache room; rounds not counted
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=80)
+    ap.add_argument("--k", type=int, default=3)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    target = load_target(None)
+    width = len(target.contract((2, 15, 27)).taps) * target.hidden_size  # [.., 3*H] taps per position
+    dtypes = (torch.float32, torch.bfloat16) if native_bf16() else (torch.float32,)
+    for dtype in dtypes:
+        draft = load_checkpoint(DRAFT, target=target, dtype=dtype)
+        props = {lay: EagleProposer(draft, draft.contract, TreeShape.chain(args.k), MAX_LEN, layout=lay)
+                 for lay in ("module", "auto")}
+        for p in props.values():
+            p.start(torch.randint(0, 40000, (1, PROMPT)), torch.randn(1, PROMPT, width, dtype=dtype), 5)
+        ms: dict[str, list[float]] = {k: [] for k in props}
+        for i in range(WARMUP + args.rounds):
+            T = 1 + i % 4
+            taps = torch.randn(1, T, width, dtype=dtype)  # [1, T, 3*H]
+            for name, p in props.items():
+                if p.n > MAX_LEN - 100:  # rewind: keeps the attended cache between PROMPT and MAX_LEN - 100
+                    p.n = PROMPT + 1
+                t0 = time.perf_counter()
+                p.accept(taps, list(range(100, 100 + T)))
+                p.propose()
+                ms[name].append((time.perf_counter() - t0) * 1e3)
+        med = {k: statistics.median(v[WARMUP:]) for k, v in ms.items()}
+        print(f"{str(dtype).removeprefix('torch.')}: ms per chain-{args.k} drafting round, median of {args.rounds}: "
+              + ", ".join(f"{k} {v:.2f}" for k, v in med.items()) + f" ({med['module'] / med['auto']:.2f}x)")
+    print(f"CPU: {describe_cpu()}")
+
+
+if __name__ == "__main__":
+    main()
