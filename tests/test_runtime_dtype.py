@@ -215,3 +215,14 @@ def test_cli_bench_fp32_target_with_the_auto_bf16_draft(tiny_dirs, tmp_path):
     r = CliRunner().invoke(app, common + ["--out", str(tmp_path / "b"), "--draft-dtype", "target"])
     assert r.exit_code == 0, r.output + repr(r.exception)
     assert json.loads((tmp_path / "b" / "bench.json").read_text())["draft_dtype"] == "float32"
+
+
+def test_the_cpu_description_names_isa_caps_set_in_the_environment(monkeypatch):
+    """A verify cost measured with the kernels capped to AVX2 on an AVX-512 machine must say so."""
+    from eaglewire.hw import ISA_CAPS, describe_cpu
+
+    for k in ISA_CAPS:
+        monkeypatch.delenv(k, raising=False)
+    assert describe_cpu()["isa_caps"] == {}
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert describe_cpu()["isa_caps"] == {"ONEDNN_MAX_CPU_ISA": "AVX2"}

@@ -15,6 +15,9 @@ from pathlib import Path
 import torch
 
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo names of native bf16 dot products
+# environment variables that cap the kernels' ISA below the CPU's flags (to measure AVX2 kernels on an
+# AVX-512 machine): a figure measured under them must say so
+ISA_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
 
 
 @functools.lru_cache(maxsize=1)
@@ -52,7 +55,8 @@ def describe_cpu() -> dict:
     """For benchmark files: which CPU an absolute number was measured on."""
     isa = sorted(f for f in cpu_flags() if f.startswith(("avx", "amx")) or f in ("fma", "f16c"))
     return {"model": cpu_model(), "isa": isa, "threads": torch.get_num_threads(), "native_bf16": native_bf16(),
-            "torch_capability": torch.backends.cpu.get_cpu_capability()}
+            "torch_capability": torch.backends.cpu.get_cpu_capability(),
+            "isa_caps": {k: os.environ[k] for k in ISA_CAPS if k in os.environ}}
 
 
 def _use_bf16(device: str, choice: str, names: tuple[str, str]) -> bool:
