@@ -13,12 +13,11 @@ calibration here, fp32: a whole forward of 1 row 34 ms prepacked against 58 ms i
 from __future__ import annotations
 
 import copy
-import time
 
 import torch
 from torch import nn
 
-from eaglewire.decoding.runtime import Linear, candidate_layouts
+from eaglewire.decoding.runtime import AUTO_POLICY, Linear, candidate_layouts, pick, time_layouts
 from eaglewire.draft.model import DraftCache, Eagle3Draft
 
 DRAFT_ROWS, DRAFT_REPS = (1, 4), 5  # row counts timed (a draft step / an accepted run), repetitions each
@@ -34,8 +33,7 @@ class LayoutLinear(nn.Module):
         self.out_features = lin.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
-        rows = x.numel() // x.shape[-1]
-        return self.lin(x, self.policy[max(k for k in self.policy if k <= rows)])
+        return self.lin(x, pick(self.policy, x.numel() // x.shape[-1]))
 
 
 class LeanDraft:
@@ -47,7 +45,7 @@ class LeanDraft:
         self.candidates = candidate_layouts(dtype)
         if layout != "auto" and layout not in self.candidates:
             raise ValueError(f"layout {layout!r} is not available here (one of {self.candidates})")
-        self.policy: dict[int, str] = {1: "tn", 2: "nt"} if layout == "auto" else {1: layout}
+        self.policy: dict[int, str] = dict(AUTO_POLICY) if layout == "auto" else {1: layout}
         emb = draft.embed_tokens.weight
         self.model = copy.deepcopy(draft, memo={id(emb): emb})  # the [V, H] embedding stays shared
         packed = "dnnl" in self.candidates
@@ -66,20 +64,15 @@ class LeanDraft:
         as the target's calibration does); keep the fastest per row count."""
         cfg, w = self.model.cfg, self.model.fc.lin.w
         cache = DraftCache(cfg, 1, 16 + max(rows), dtype=w.dtype, device=w.device)
-        best: dict[int, str] = {}
-        for r in rows:
-            ids = torch.zeros(1, r, dtype=torch.long, device=w.device)
-            taps = torch.zeros(1, r, cfg.num_taps * cfg.target_hidden_size, dtype=w.dtype, device=w.device)
-            times: dict[str, list[float]] = {lay: [] for lay in self.candidates}
-            for _ in range(reps):
-                for lay in self.candidates:
-                    self._set({1: lay})
-                    t0 = time.perf_counter()
-                    self.model(ids, taps, cache=cache, start=16)
-                    times[lay].append(time.perf_counter() - t0)
-            med = {lay: sorted(v)[len(v) // 2] for lay, v in times.items()}
-            best[r] = min(med, key=med.get)
-            self.calibration_ms[r] = {lay: t * 1e3 for lay, t in med.items()}
+        inputs = {r: (torch.zeros(1, r, dtype=torch.long, device=w.device),  # [1, r] ids, [1, r, n*H_t] taps
+                      torch.zeros(1, r, cfg.num_taps * cfg.target_hidden_size, dtype=w.dtype, device=w.device))
+                  for r in rows}
+
+        def run(layout: str, r: int) -> None:
+            self._set({1: layout})
+            self.model(*inputs[r], cache=cache, start=16)
+
+        best, self.calibration_ms = time_layouts(self.candidates, rows, reps, run)
         self._set(best)
         return best
 

@@ -22,6 +22,7 @@ slots into place with one gather + copy.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +37,36 @@ LAYOUTS = ("nt", "tn", "wx")  # plain torch matmuls: always available
 PACKED = "dnnl"  # oneDNN's prepacked weight, where this torch build exposes it (candidate_layouts)
 CALIBRATION_KS, CALIBRATION_REPS = (1, 2, 3, 4, 8, 16, 32), 5  # verify row counts timed, repetitions each
 CALIBRATION_PREFIX = 16  # cached tokens each timed verify attends to (slots the calibration writes first)
+
+
+AUTO_POLICY = {1: "tn", 2: "nt"}  # {rows: layout} until calibrate() measures this machine
+
+
+def pick(policy: dict[int, str], rows: int) -> str:
+    """The policy's layout for the largest row count <= rows."""
+    return policy[max(k for k in policy if k <= rows)]
+
+
+def time_layouts(candidates: tuple[str, ...], ks: tuple[int, ...], reps: int,
+                 run: Callable[[str, int], None]) -> tuple[dict[int, str], dict[int, dict[str, float]]]:
+    """Time `run(layout, rows)` for every candidate layout and row count; return the fastest layout per row
+    count and the medians {rows: {layout: ms}}. Layouts alternate within each repetition (machine noise
+    drifts; back-to-back blocks biased it)."""
+    import time
+
+    best: dict[int, str] = {}
+    medians: dict[int, dict[str, float]] = {}
+    for k in ks:
+        samples: dict[str, list[float]] = {lay: [] for lay in candidates}
+        for _ in range(reps):
+            for lay in candidates:
+                t0 = time.perf_counter()
+                run(lay, k)
+                samples[lay].append(time.perf_counter() - t0)
+        timing = {lay: sorted(v)[len(v) // 2] for lay, v in samples.items()}
+        best[k] = min(timing, key=timing.get)
+        medians[k] = {lay: t * 1e3 for lay, t in timing.items()}
+    return best, medians
 
 
 def candidate_layouts(dtype: torch.dtype) -> tuple[str, ...]:
@@ -132,7 +163,7 @@ class LeanTarget:
         self.norm = target.final_norm.weight.detach()
         self.embed = target.embed_tokens.weight.detach()
         self.head = Linear(target.model.get_output_embeddings().weight, None, PACKED in self.candidates)
-        self.policy: dict[int, str] = {1: "tn", 2: "nt"} if layout == "auto" else {1: layout}
+        self.policy: dict[int, str] = dict(AUTO_POLICY) if layout == "auto" else {1: layout}
         self.calibration_ms: dict[int, dict[str, float]] = {}  # {rows: {layout: median ms}} of the last calibrate()
         self.rotary = _find_rotary(target)
         p = self.embed
@@ -142,37 +173,28 @@ class LeanTarget:
 
     def layout(self, rows: int) -> str:
         """The layout measured (or assumed) fastest for the largest calibrated row count <= rows."""
-        return self.policy[max(k for k in self.policy if k <= rows)]
+        return pick(self.policy, rows)
 
     @torch.no_grad()
     def calibrate(self, ks: tuple[int, ...] = CALIBRATION_KS, reps: int = CALIBRATION_REPS) -> dict[int, str]:
         """Time a whole verify forward per layout and row count on this machine; keep the fastest.
         Small-M GEMM speed depends on the weight's layout, and which one wins differs between machines.
-        Layouts alternate within each repetition (machine noise drifts; back-to-back blocks biased it).
         The medians are kept in `calibration_ms` {rows: {layout: ms}} (decoding/calibration.py stores them)."""
-        import time
-
         prefix = CALIBRATION_PREFIX
         if prefix + max(ks) > self.max_len:
             raise ValueError(f"calibrate() writes {prefix}+{max(ks)} cache slots; this runtime has max_len "
                              f"{self.max_len} (make_runtime allocates the room)")
-        best: dict[int, str] = {}
-        self.calibration_ms = {}
-        for k in ks:
-            ids = torch.zeros(1, prefix + k, dtype=torch.long, device=self.embed.device)
-            pos = torch.arange(prefix + k, device=ids.device)[None]
-            samples: dict[str, list[float]] = {lay: [] for lay in self.candidates}
-            for _ in range(reps):
-                for lay in self.candidates:
-                    self.policy = {1: lay}
-                    t0 = time.perf_counter()
-                    self.forward(ids[:, prefix:], pos[:, prefix:], prefix)
-                    samples[lay].append(time.perf_counter() - t0)
-            timing = {lay: sorted(v)[len(v) // 2] for lay, v in samples.items()}
-            best[k] = min(timing, key=timing.get)
-            self.calibration_ms[k] = {lay: t * 1e3 for lay, t in timing.items()}
-        self.policy = best
-        return best
+
+        dev = self.embed.device
+        inputs = {k: (torch.zeros(1, k, dtype=torch.long, device=dev), torch.arange(prefix, prefix + k, device=dev)[None])
+                  for k in ks}  # built before timing: [1, k] ids and positions after the prefix
+
+        def run(layout: str, k: int) -> None:
+            self.policy = {1: layout}
+            self.forward(*inputs[k], prefix)
+
+        self.policy, self.calibration_ms = time_layouts(self.candidates, ks, reps, run)
+        return self.policy
 
     def _layer(self, m: torch.nn.Module) -> _Layer:
         a, f = m.self_attn, m.mlp
