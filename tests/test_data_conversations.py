@@ -65,3 +65,29 @@ def test_embedded_sharegpt_source_parses():
 def test_missing_source(tmp_path):
     with pytest.raises(Exception, match="not found"):
         list(read_conversations(tmp_path / "nope.json"))
+
+
+def test_continuation_parts_drop_the_opening_answer(tmp_path, monkeypatch):
+    from eaglewire.data import conversations as mod
+    recs = [
+        {"id": "whole", "conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]},
+        {"id": "part_1", "conversations": [{"from": "gpt", "value": "rest of an answer"},
+                                           {"from": "human", "value": "next q"}, {"from": "gpt", "value": "a2"}]},
+        {"id": "part_2", "conversations": [{"from": "gpt", "value": "only an answer"}]},
+    ]
+    p = _write(tmp_path / "parts.jsonl", "\n".join(json.dumps(r) for r in recs))
+    monkeypatch.setitem(mod.CONTINUATION_SOURCES, "test-parts", str(p))
+    stats = ReadStats()
+    convs = list(read_conversations("test-parts", stats))
+    assert [c.id for c in convs] == ["part_1"]
+    assert [(t.role, t.content) for t in convs[0].turns] == [("user", "next q"), ("assistant", "a2")]
+    assert stats.skipped == {"not a continuation part": 1, "no turns": 1}
+    assert [c.id for c in read_conversations(p)] == ["whole"]  # the plain reading is unchanged
+
+
+def test_embedded_sharegpt_parts_are_the_conversations_sharegpt_skips():
+    plain, parts = ReadStats(), ReadStats()
+    n = sum(1 for _ in zip(range(3000), read_conversations("sharegpt", plain)))
+    first = [c for _, c in zip(range(20), read_conversations("sharegpt-parts", parts))]
+    assert n == 3000 and len(first) == 20 and all(c.turns[0].role == "user" for c in first)
+    assert plain.skipped["starts with assistant"] > 0

@@ -8,8 +8,8 @@ from tiny import build_target, tiny_samples
 
 from eaglewire.data.features import OfflineFeatures, OnlineFeatures, capture_features
 from eaglewire.errors import ContractMismatch
-from eaglewire.vocab import (VocabMap, build_vocab_map, count_masked_tokens, coverage, load_vocab, save_vocab,
-                             VocabMapError)
+from eaglewire.vocab import (VocabMap, build_vocab_map, count_masked_tokens, coverage, grow_vocab_map, load_vocab,
+                             save_vocab, VocabMapError)
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +83,18 @@ def test_vocab_build_ties_by_id_and_ascending(tmp_path):
     assert torch.equal(vm2.d2t, vm.d2t) and meta == {"note": "x"} and torch.equal(counts2, counts)
     with pytest.raises(VocabMapError, match="out of range"):
         build_vocab_map(counts, 0)
+
+
+def test_grown_vocab_keeps_every_warm_start_id_and_adds_the_most_frequent():
+    keep = VocabMap.from_target_ids(torch.tensor([2, 11]), 16)  # 11 is never seen in the new data: kept anyway
+    counts = torch.zeros(16, dtype=torch.int64)
+    counts[[2, 4, 6, 9]] = torch.tensor([50, 3, 7, 3])
+    grown = grow_vocab_map(keep, counts, 5)  # 2 and 11 kept; then 6 (count 7); 4 and 9 tie (3), so V_d 5 takes 4 then 9
+    assert grown.target_ids.tolist() == [2, 4, 6, 9, 11] and grown.draft_vocab_size == 5
+    assert grow_vocab_map(keep, counts, 4).target_ids.tolist() == [2, 4, 6, 11]  # the 4/9 tie: the lower id
+    assert grow_vocab_map(keep, counts, 2).target_ids.tolist() == [2, 11]
+    with pytest.raises(VocabMapError, match="at least the warm start"):
+        grow_vocab_map(keep, counts, 1)
 
 
 def test_vocab_file_tamper_detected(tmp_path):

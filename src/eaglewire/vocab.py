@@ -120,6 +120,20 @@ def build_vocab_map(counts: torch.Tensor, draft_vocab_size: int) -> VocabMap:
     return VocabMap.from_target_ids(order[:draft_vocab_size], counts.numel())
 
 
+def grow_vocab_map(keep: VocabMap, counts: torch.Tensor, draft_vocab_size: int) -> VocabMap:
+    """`keep`'s ids plus the most frequent other ids (ties by lower id) up to V_d: a warm start's map
+    widened, so every head row it trained stays and only the added rows start fresh."""
+    if not keep.draft_vocab_size <= draft_vocab_size <= counts.numel():
+        raise VocabMapError("cannot grow the draft vocabulary to this size",
+                            expected=f"{keep.draft_vocab_size} (the kept map's size) .. {counts.numel()}",
+                            found=str(draft_vocab_size), fix="pass a --draft-vocab-size at least the warm start's")
+    others = counts.clone()
+    others[keep.target_ids] = -1  # never picked twice: every real count is >= 0
+    order = torch.sort(others, descending=True, stable=True).indices
+    extra = order[: draft_vocab_size - keep.draft_vocab_size]
+    return VocabMap.from_target_ids(torch.cat([keep.target_ids, extra]), counts.numel())
+
+
 def coverage(vmap: VocabMap, counts: torch.Tensor) -> float:
     """Share of the counted tokens whose target id is inside the draft vocabulary."""
     total = int(counts.sum())

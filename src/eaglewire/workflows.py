@@ -36,18 +36,23 @@ def build_vocab(target: Any, samples: list[Sample], draft_vocab_size: int, heldo
 
     Held-out samples are never counted: the held-out coverage (and accuracy) then estimate new prompts
     honestly. `eval_samples` (e.g. MT-bench answers) only report coverage. `keep`: save this map instead
-    (a warm start's own vocabulary), with its coverage of these samples."""
-    from eaglewire.vocab import build_vocab_map, count_masked_tokens, coverage, save_vocab
+    (a warm start's own vocabulary), with its coverage of these samples, or, if `draft_vocab_size` is
+    larger, that map grown by the most frequent other ids."""
+    from eaglewire.vocab import build_vocab_map, count_masked_tokens, coverage, grow_vocab_map, save_vocab
 
     train_s, held = split_heldout(samples, heldout_fraction)
     counts = count_masked_tokens(train_s, target.vocab_size)
-    vmap = keep if keep is not None else build_vocab_map(counts, draft_vocab_size)
+    if keep is None:
+        vmap = build_vocab_map(counts, draft_vocab_size)
+    else:
+        vmap = keep if draft_vocab_size == keep.draft_vocab_size else grow_vocab_map(keep, counts, draft_vocab_size)
     cov = {"train": coverage(vmap, counts)}
     for name, extra in (("held-out", held), ("eval", eval_samples)):
         if extra:
             cov[name] = coverage(vmap, count_masked_tokens(extra, target.vocab_size))
     meta = {"target": target.identity.__dict__, "data": data, "coverage": cov, "draft_vocab_size": vmap.draft_vocab_size,
-            "distinct_trained_tokens": int((counts > 0).sum()), "kept_from_warm_start": keep is not None}
+            "distinct_trained_tokens": int((counts > 0).sum()), "kept_from_warm_start": keep is not None,
+            "kept_ids": keep.draft_vocab_size if keep is not None else 0}
     save_vocab(out, vmap, counts, meta)
     return VocabBuild(vmap, counts, cov, meta, len(train_s), len(held))
 

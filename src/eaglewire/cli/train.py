@@ -21,7 +21,8 @@ def vocab_build(
     data: str = typer.Option(..., "--data", help=DATA_HELP),
     out: Path = typer.Option(..., "--out", "-o", help="Output vocab map (.safetensors)."),
     target: Optional[str] = typer.Option(None, "--target", "-t"),
-    draft_vocab_size: int = typer.Option(DEFAULT_DRAFT_VOCAB, "--draft-vocab-size"),
+    draft_vocab_size: Optional[int] = typer.Option(None, "--draft-vocab-size", help=f"V_d (default {DEFAULT_DRAFT_VOCAB}; "
+                                                   "with --keep-from, the kept draft's, or larger to grow its map)."),
     max_length: int = typer.Option(DEFAULT_MAX_LENGTH, "--max-length"),
     limit: Optional[int] = typer.Option(None, "--limit", help="Use the first N conversations."),
     eval_data: Optional[str] = typer.Option(None, "--eval-data", help="Also report coverage on this data "
@@ -29,7 +30,7 @@ def vocab_build(
     split_turns: bool = typer.Option(False, "--split-turns"),
     keep_from: Optional[Path] = typer.Option(None, "--keep-from", help="Keep this draft's map (a warm start's: "
                                              "all its head rows are trained) and report its coverage of --data; "
-                                             "--draft-vocab-size is then the draft's."),
+                                             "a larger --draft-vocab-size adds the most frequent other ids)."),
 ) -> None:
     """Count trained target tokens of the training split (held-out samples, as `train` splits them with the
     default --heldout-fraction, are left out), keep the most frequent, write d2t/t2d, report coverage."""
@@ -39,7 +40,8 @@ def vocab_build(
     samples = read_samples(tgt, data, max_length, limit, split_turns)
     evals = read_samples(tgt, eval_data, max_length, None, split_turns) if eval_data else None
     keep = draft_vocab(keep_from) if keep_from is not None else None
-    built = build_vocab(tgt, samples, draft_vocab_size, DEFAULT_HELDOUT_FRACTION, out, data=data, eval_samples=evals,
+    size = draft_vocab_size or (keep.draft_vocab_size if keep is not None else DEFAULT_DRAFT_VOCAB)
+    built = build_vocab(tgt, samples, size, DEFAULT_HELDOUT_FRACTION, out, data=data, eval_samples=evals,
                         keep=keep)
     out_console.print(f"vocab map {built.vmap.sha256()[:16]} -> {out}: V_d={built.vmap.draft_vocab_size} of {tgt.vocab_size}; "
                       f"{built.meta['distinct_trained_tokens']} distinct trained tokens; coverage " +

