@@ -91,3 +91,21 @@ def test_embedded_sharegpt_parts_are_the_conversations_sharegpt_skips():
     first = [c for _, c in zip(range(20), read_conversations("sharegpt-parts", parts))]
     assert n == 3000 and len(first) == 20 and all(c.turns[0].role == "user" for c in first)
     assert plain.skipped["starts with assistant"] > 0
+
+
+def test_shipped_corpora_read_whole_and_record_how_they_were_made():
+    """Every shipped regenerated corpus parses (a corrupt commit fails here, not in a sitting's capture), and
+    its meta says which source and settings made it: the parts were answered one turn each."""
+    from eaglewire.data.conversations import PACKAGED_SOURCES, resolve_source
+
+    for name in [n for n, (pkg, _, _) in PACKAGED_SOURCES.items() if pkg == "eaglewire"]:
+        stats = ReadStats()
+        convs = list(read_conversations(name, stats))
+        meta = json.loads(resolve_source(name).with_name(resolve_source(name).name + ".meta.json").read_text())
+        # the only refusals: prompts too long to answer, and answers the target ended at once (EOS first)
+        allowed = {"skipped at regeneration (prompt too long)", "empty turn"}
+        assert convs and set(stats.skipped) <= allowed and stats.skipped["empty turn"] <= 2, (name, stats.summary())
+        assert all(c.turns[-1].role == "assistant" for c in convs), name
+        if name == "smollm2-regen-parts":
+            assert meta["source"] == "sharegpt-parts" and meta["settings"]["max_turns"] == 1
+            assert len(convs) == 6080 and all(len(c.user_turns) == 1 for c in convs)
