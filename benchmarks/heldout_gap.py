@@ -31,14 +31,19 @@ def agreement(draft, target, samples, steps: int, batch: int = 4) -> dict:
     """Teacher-forced top-1 agreement per position over answer tokens (what `eaglewire train` reports)."""
     feats = OnlineFeatures(target, draft.contract, pad_id=target.pad_id)
     model = TTTModel(draft, target.model.get_output_embeddings().weight.detach().float(), steps=steps, decay=0.8)
-    correct, counts = [0] * steps, [0] * steps
+    correct, counts, chain, anchors = [0] * steps, [0] * steps, [0] * steps, 0
     for i in range(0, len(samples), batch):
         fb = feats.batch(samples[i:i + batch])
         fb.taps, fb.final_hidden = fb.taps.float(), fb.final_hidden.float()
         _, st = model(fb)
         correct = [a + b for a, b in zip(correct, st.correct)]
         counts = [a + b for a, b in zip(counts, st.counts)]
-    return {"acc": [round(c / n, 4) for c, n in zip(correct, counts)], "positions": counts}
+        chain, anchors = [a + b for a, b in zip(chain, st.chain)], anchors + st.anchors
+    # chain: the share of anchors (every answer position with k answer tokens after it) whose steps 1..i were
+    # all right, out-of-vocab a miss: greedy k-chain acceptance anchored at every position, where a real run
+    # anchors only where rounds start
+    return {"acc": [round(c / n, 4) for c, n in zip(correct, counts)], "positions": counts,
+            "chain": [round(c / anchors, 4) for c in chain], "tau_chain": round(1 + sum(chain) / anchors, 3)}
 
 
 def main() -> None:
@@ -47,20 +52,22 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=48)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/recipe/heldout_gap.json"))
+    ap.add_argument("--dtypes", default="fp32,bf16", help="target dtypes to compare (fp32, bf16)")
     a = ap.parse_args()
-    targets = {"fp32": load_target(), "bf16": load_target(dtype=torch.bfloat16)}
+    wanted = a.dtypes.split(",")
+    targets = {"fp32": load_target(), "bf16": load_target(dtype=torch.bfloat16) if "bf16" in wanted else None}
     tok = targets["fp32"].tokenizer
     share, _ = load_samples("smollm2-regen+smollm2-regen-vllm", tok, max_length=1024)
     sets = {"sharegpt_heldout": split_heldout(share, 0.05)[1][:a.samples],
             "mtbench_answers": load_samples("smollm2-mtbench-regen", tok, max_length=1024)[0][:a.samples]}
     out = {"cpu": describe_cpu(), "draft": str(a.draft), "results": {}}
-    for tname, target in targets.items():
+    for tname, target in [(n, t) for n, t in targets.items() if n in wanted]:
         draft = load_checkpoint(a.draft, target=targets["fp32"]).float()
         for sname, samples in sets.items():
             r = agreement(draft, target, samples, a.steps)
             out["results"][f"{sname}/{tname}"] = r
-            print(f"{sname:18s} target {tname}: top-1 per position {r['acc']} over {r['positions'][0]} tokens",
-                  flush=True)
+            print(f"{sname:18s} target {tname}: top-1 per position {r['acc']} over {r['positions'][0]} tokens; "
+                  f"chain {r['chain']}, tau {r['tau_chain']}", flush=True)
             a.out.parent.mkdir(parents=True, exist_ok=True)
             a.out.write_text(json.dumps(out, indent=2) + "\n")  # after each case: a cut-short run keeps its part
 
