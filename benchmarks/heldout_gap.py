@@ -25,6 +25,8 @@ from eaglewire.hw import describe_cpu
 from eaglewire.verifier.loader import load_target
 from eaglewire.train.ttt import TTTModel
 
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # --dtypes names of the target's dtype
+
 
 @torch.no_grad()
 def agreement(draft, target, samples, steps: int, batch: int = 4) -> dict:
@@ -52,17 +54,20 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=48)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/recipe/heldout_gap.json"))
-    ap.add_argument("--dtypes", default="fp32,bf16", help="target dtypes to compare (fp32, bf16)")
+    ap.add_argument("--dtypes", default="fp32,bf16", help="target dtypes to compare, from: " + ", ".join(DTYPES))
     a = ap.parse_args()
-    wanted = a.dtypes.split(",")
-    targets = {"fp32": load_target(), "bf16": load_target(dtype=torch.bfloat16) if "bf16" in wanted else None}
-    tok = targets["fp32"].tokenizer
+    unknown = [n for n in a.dtypes.split(",") if n not in DTYPES]
+    if unknown:
+        ap.error(f"--dtypes: unknown {unknown}; expected names from {list(DTYPES)}")
+    targets = {n: load_target(dtype=DTYPES[n]) for n in a.dtypes.split(",")}
+    reference = load_target() if "fp32" not in targets else targets["fp32"]  # the draft loads against fp32
+    tok = reference.tokenizer
     share, _ = load_samples("smollm2-regen+smollm2-regen-vllm", tok, max_length=1024)
     sets = {"sharegpt_heldout": split_heldout(share, 0.05)[1][:a.samples],
             "mtbench_answers": load_samples("smollm2-mtbench-regen", tok, max_length=1024)[0][:a.samples]}
     out = {"cpu": describe_cpu(), "draft": str(a.draft), "results": {}}
-    for tname, target in [(n, t) for n, t in targets.items() if n in wanted]:
-        draft = load_checkpoint(a.draft, target=targets["fp32"]).float()
+    for tname, target in targets.items():
+        draft = load_checkpoint(a.draft, target=reference).float()
         for sname, samples in sets.items():
             r = agreement(draft, target, samples, a.steps)
             out["results"][f"{sname}/{tname}"] = r

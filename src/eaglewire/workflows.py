@@ -42,10 +42,7 @@ def build_vocab(target: Any, samples: list[Sample], draft_vocab_size: int, heldo
 
     train_s, held = split_heldout(samples, heldout_fraction)
     counts = count_masked_tokens(train_s, target.vocab_size)
-    if keep is None:
-        vmap = build_vocab_map(counts, draft_vocab_size)
-    else:
-        vmap = keep if draft_vocab_size == keep.draft_vocab_size else grow_vocab_map(keep, counts, draft_vocab_size)
+    vmap = build_vocab_map(counts, draft_vocab_size) if keep is None else grow_vocab_map(keep, counts, draft_vocab_size)
     cov = {"train": coverage(vmap, counts)}
     for name, extra in (("held-out", held), ("eval", eval_samples)):
         if extra:

@@ -40,7 +40,8 @@ def vocab_build(
     samples = read_samples(tgt, data, max_length, limit, split_turns)
     evals = read_samples(tgt, eval_data, max_length, None, split_turns) if eval_data else None
     keep = draft_vocab(keep_from) if keep_from is not None else None
-    size = draft_vocab_size or (keep.draft_vocab_size if keep is not None else DEFAULT_DRAFT_VOCAB)
+    default = keep.draft_vocab_size if keep is not None else DEFAULT_DRAFT_VOCAB
+    size = draft_vocab_size if draft_vocab_size is not None else default
     built = build_vocab(tgt, samples, size, DEFAULT_HELDOUT_FRACTION, out, data=data, eval_samples=evals,
                         keep=keep)
     out_console.print(f"vocab map {built.vmap.sha256()[:16]} -> {out}: V_d={built.vmap.draft_vocab_size} of {tgt.vocab_size}; "

@@ -5,7 +5,8 @@ matmul), everything else (norm flags, attention, RoPE) the draft's own tested co
 Why: drafting is a few 1-4 row GEMMs per round, and nn.Linear's layout is among the slowest here: with
 nn.Linear a chain-k=3 round spent 17 ms drafting against 36 ms verifying (`eaglewire bench`, sitting-5
 release, AMD EPYC with AVX512-BF16, fp32). Which layout wins differs by machine, row
-count and dtype, so the copy measures it (`calibrate`; copy and timing took 0.13-0.27 s for the released draft here) instead of assuming it. (The target's own
+count and dtype, so the copy measures it (`calibrate`; copy and timing took 0.13-0.27 s for the released
+draft here) instead of assuming it. (The target's own
 calibration here, fp32: a whole forward of 1 row 34 ms prepacked against 58 ms in nn.Linear's layout, of
 4 rows 32 against 84.)
 """

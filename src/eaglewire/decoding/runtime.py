@@ -21,6 +21,7 @@ slots into place with one gather + copy.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -52,8 +53,6 @@ def time_layouts(candidates: tuple[str, ...], ks: tuple[int, ...], reps: int,
     """Time `run(layout, rows)` for every candidate layout and row count; return the fastest layout per row
     count and the medians {rows: {layout: ms}}. Layouts alternate within each repetition (machine noise
     drifts; back-to-back blocks biased it)."""
-    import time
-
     best: dict[int, str] = {}
     medians: dict[int, dict[str, float]] = {}
     for k in ks:

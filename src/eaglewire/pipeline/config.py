@@ -89,8 +89,8 @@ class TrainCfg(_Strict):
                            "the draft shipped for the embedded target)")
 
     def train_config(self) -> TrainConfig:
-        # every field but the run's own (features, capture_dtype, heldout_fraction) is a TrainConfig field of the same
-        # name: the schema picks which training knobs a run exposes, TrainConfig holds their defaults
+        # every field but the run's own (features, capture_dtype, heldout_fraction) is a TrainConfig field of
+        # the same name: the schema picks which training knobs a run exposes, TrainConfig holds their defaults
         return TrainConfig(**self.model_dump(exclude={"features", "capture_dtype", "heldout_fraction"}))
 
 
