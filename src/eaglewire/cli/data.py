@@ -14,6 +14,7 @@ from eaglewire.cli.common import DATA_HELP, add_command, err_console, load_targe
 from eaglewire.data.conversations import DEFAULT_SOURCE, ReadStats
 from eaglewire.data.regenerate import GenerationSettings, RegenStats, regenerate
 from eaglewire.data.samples import DEFAULT_MAX_LENGTH
+from eaglewire.data.self_prompts import PromptSettings
 from eaglewire.errors import EaglewireError
 
 G = GenerationSettings()  # the one place the generation defaults live
@@ -94,6 +95,67 @@ def _regenerate_vllm(target: Optional[str], dtype: str, s: GenerationSettings, s
     with vllm_regenerator(tgt, s, dtype) as gen:
         err_console.print(f"vLLM serving {tgt.name} at {gen.url}")
         _run_regen(gen, s, source, out, limit, start)
+
+
+P = PromptSettings()  # the self-prompt defaults (data/self_prompts.py)
+
+
+def self_prompts_cmd(
+    out: Path = typer.Option(..., "--out", "-o", help="Output .jsonl.gz of one-turn conversations (resumes if it exists)."),
+    count: int = typer.Option(..., "--count", help="Draw samples 0..N-1 (duplicates, unfinished ones and "
+                              "benchmark questions are recorded as skipped, so fewer prompts are kept)."),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help="Target dir or 'smollm2-135m' (an instruct model)."),
+    temperature: float = typer.Option(P.temperature, "--temperature"),
+    top_p: float = typer.Option(P.top_p, "--top-p"),
+    max_new_tokens: int = typer.Option(P.max_new_tokens, "--max-new-tokens", help="A prompt still running at "
+                                       "this length is dropped as unfinished."),
+    seed: int = typer.Option(P.seed, "--seed", help="Sample k uses seed + k."),
+    batch_size: int = typer.Option(P.batch_size, "--batch-size", help="Requests in flight."),
+    exclude: str = typer.Option("mtbench", "--exclude", help="Benchmark sources whose questions (and their "
+                                "60-character prefixes) are never kept, '+'-joined; '' for none."),
+    server: Optional[str] = typer.Option(None, "--server", help="OpenAI-compatible base URL to sample from "
+                                         "instead of starting vLLM's CPU build, e.g. http://127.0.0.1:30000/v1"),
+    model: Optional[str] = typer.Option(None, "--model", help="Model name to send to --server."),
+    dtype: str = typer.Option("bfloat16", "--dtype", help="vLLM's dtype when no --server is given."),
+) -> None:
+    """Sample user prompts from the target itself (Magpie): its chat template up to the user's text, sampled.
+
+    Answer them with `data regenerate --source OUT --engine vllm`. Needs vLLM's CPU build
+    (bash scripts/vllm_venv.sh) or --server."""
+    from eaglewire.clients.vllm import VLLM_VERSION, VllmServer
+    from eaglewire.data.conversations import read_conversations
+    from eaglewire.data.self_prompts import banned_keys, pre_query_text, sample_self_prompts
+    from eaglewire.data.server_client import CompletionSampler
+
+    s = PromptSettings(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
+                       batch_size=batch_size)
+    tgt = load_target(target)
+    pre = pre_query_text(tgt.tokenizer)
+    ids = list(tgt.tokenizer(pre, add_special_tokens=False)["input_ids"])
+    banned = banned_keys(t for src in filter(None, exclude.split("+")) for c in read_conversations(src)
+                         for t in c.user_turns)
+    meta = {"kind": "self-prompts", "pre_query": pre, "target": tgt.identity.config_sha256, "name": tgt.name,
+            "engine": server or f"vllm {VLLM_VERSION} {dtype}"}
+    cols = [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} drawn"),
+            TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn()]
+
+    def run(base_url: str, name: Optional[str]) -> Any:
+        sampler = CompletionSampler(base_url, name, ids, max_tokens=s.max_new_tokens, temperature=s.temperature,
+                                    top_p=s.top_p)
+        with Progress(*cols, console=err_console) as progress:
+            task = progress.add_task("self-prompting", total=count, rate="")
+            return sample_self_prompts(sampler, out, count, s, meta, banned, on_batch=lambda st: progress.update(
+                task, completed=st.drawn, rate=f"{st.kept} kept, {st.tokens_per_s:.0f} tok/s"))
+
+    if server:
+        stats = run(server, model)
+    else:
+        err_console.print(f"starting vLLM {VLLM_VERSION} ({dtype}) for {tgt.name}")
+        with VllmServer(tgt.path, dtype=dtype, max_model_len=len(ids) + s.max_new_tokens + 16,
+                        max_num_seqs=s.batch_size) as srv:
+            stats = run(srv.base_url, srv.model_name)
+    out_console.print(f"{stats.kept} prompts kept of {stats.drawn} drawn in {out} ({stats.new_tokens} new tokens "
+                      f"this run, {stats.tokens_per_s:.0f} tok/s); skipped: {stats.skipped}")
 
 
 def show_cmd(
@@ -230,6 +292,7 @@ def register(app: typer.Typer) -> None:
                            "import and inspect other tools' hidden-state dumps.",
                            no_args_is_help=True)
     add_command(data_app, regenerate_cmd, "regenerate")
+    add_command(data_app, self_prompts_cmd, "self-prompts")
     add_command(data_app, show_cmd, "show")
     add_command(data_app, capture_cmd, "capture")
     add_command(data_app, import_cmd, "import")

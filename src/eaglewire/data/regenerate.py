@@ -101,7 +101,7 @@ def append_records(path: Path, records: list[dict]) -> None:
         os.fsync(f.fileno())
 
 
-def _check_meta(path: Path, meta: dict) -> None:
+def check_meta(path: Path, meta: dict) -> None:
     side = path.with_name(path.name + ".meta.json")
     if side.exists():
         found = json.loads(side.read_text())
@@ -202,7 +202,7 @@ def regenerate(source: str, out: Path, gen: Generator, s: GenerationSettings, *,
     A generator with `chat_one` (a serving engine) is kept full by a rolling pool instead of batches."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    _check_meta(out, regen_meta(source, s, gen, start))
+    check_meta(out, regen_meta(source, s, gen, start))
     done = {r["id"] for r in read_done(out, repair=True)}
     stats = RegenStats(conversations=len(done))
     todo = _todo(source, done, limit, start, read_stats)

@@ -55,3 +55,32 @@ class ServerGenerator:
     def generate(self, prompts: list[list[dict[str, str]]], seed: int) -> list[Reply]:
         with ThreadPoolExecutor(max_workers=self.s.batch_size) as pool:
             return list(pool.map(lambda im: self.chat_one(im[1], seed + im[0]), enumerate(prompts)))
+
+
+class CompletionSampler:
+    """One sampled completion of a fixed token-id prompt per call, through an OpenAI-compatible
+    /completions endpoint (vLLM, SGLang): the self-prompt sampler (`data/self_prompts.py`). Token ids,
+    not text, so the server cannot re-tokenize the template's special tokens differently."""
+
+    def __init__(self, base_url: str, model: str | None, prompt_ids: list[int], *, max_tokens: int,
+                 temperature: float, top_p: float, timeout: float = 600.0) -> None:
+        self.url = base_url.rstrip("/") + "/completions"
+        self.body = {"model": model or "default", "prompt": prompt_ids, "max_tokens": max_tokens,
+                     "temperature": temperature, "top_p": top_p}
+        self.timeout = timeout
+
+    def __call__(self, seed: int) -> tuple[str, str, int]:
+        req = urllib.request.Request(self.url, data=json.dumps({**self.body, "seed": seed}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                data = json.loads(resp.read())
+            choice = data["choices"][0]
+            return choice["text"], choice.get("finish_reason") or "stop", int(data["usage"]["completion_tokens"])
+        except (urllib.error.URLError, OSError, json.JSONDecodeError) as err:
+            raise EaglewireError(f"completion server {self.url} failed", expected="an OpenAI-compatible "
+                                 "/completions answer", found=str(err),
+                                 fix="check --server (it must end in /v1) and that the server is up") from None
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise EaglewireError(f"unexpected response from {self.url}", expected="choices[0].text and usage",
+                                 found=json.dumps(data)[:300]) from None
