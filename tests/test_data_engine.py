@@ -155,6 +155,29 @@ def test_warm_start_copies_weights_and_remaps_the_head(tmp_path):
         build_draft(target, target.contract((1, 2, 4), vocab_map=vmap), vmap, c2)
 
 
+
+def test_a_warm_start_grows_layers_that_start_as_the_identity(tmp_path):
+    target, vmap, contract = _setup()
+    samples = tiny_samples(12)
+    c = TrainConfig(max_steps=3, batch_size=4, warmup_steps=1, eval_every=3, ckpt_every=3, ttt_steps=1, dtype="fp32")
+    train(target, contract, vmap, OnlineFeatures(target, contract, pad_id=0), samples[:8], samples[8:], c, tmp_path / "a")
+    one = load_checkpoint(tmp_path / "a" / "draft", target=target).float()
+    grown = build_draft(target, contract, vmap, TrainConfig(init_from=str(tmp_path / "a" / "draft"), num_layers=3))
+    assert grown.cfg.num_layers == 3
+    batch = OnlineFeatures(target, contract, pad_id=0).batch(samples[:2])
+    with torch.no_grad():
+        a, b = one(batch.input_ids, batch.taps), grown(batch.input_ids, batch.taps)
+    torch.testing.assert_close(b.logits, a.logits)  # the added layers add nothing yet
+    torch.testing.assert_close(b.hidden, a.hidden)
+    # ... but they are trainable layers, not frozen copies: q/k/v and the MLP's inputs keep a random init
+    assert grown.layers[2].mlp.up_proj.weight.abs().sum() > 0 and not torch.equal(
+        grown.layers[1].self_attn.q_proj.weight, grown.layers[2].self_attn.q_proj.weight)
+    # shrinking is no warm start: which layer would be dropped is not ours to guess
+    train(target, contract, vmap, OnlineFeatures(target, contract, pad_id=0), samples[:8], samples[8:],
+          TrainConfig(**{**c.to_dict(), "num_layers": 2}), tmp_path / "b")
+    with pytest.raises(CheckpointError, match="cannot warm-start"):
+        build_draft(target, contract, vmap, TrainConfig(init_from=str(tmp_path / "b" / "draft"), num_layers=1))
+
 def test_bench_questions_spread_over_categories(tmp_path):
     from eaglewire.decoding.bench import spread_over_categories
 

@@ -136,7 +136,10 @@ def warm_start(draft: Eagle3Draft, path: Path, target: Any, vmap: VocabMap, taps
     Everything but the head is copied as is; the taps and layer shapes must match (refused otherwise:
     a draft trained on other boundaries is no warm start). The head is remapped by target id: rows of
     ids both vocabularies keep are copied, rows of ids new to this vocab keep the target's head row
-    (as a fresh draft starts). The optimizer state and the lr schedule start afresh."""
+    (as a fresh draft starts). A deeper `draft` grows: the source's layers are copied and each added
+    layer starts with its two output projections (o_proj, down_proj) at zero, so it adds nothing to the
+    residual stream and the grown draft predicts exactly what the source did until training moves them.
+    The optimizer state and the lr schedule start afresh."""
     from eaglewire.checkpoint import load_checkpoint
 
     src = load_checkpoint(path, target=target)
@@ -145,9 +148,10 @@ def warm_start(draft: Eagle3Draft, path: Path, target: Any, vmap: VocabMap, taps
                               expected=f"taps {list(taps)}", found=f"taps {list(src.contract.taps)}",
                               fix="train with the warm-start draft's taps, or drop init_from")
     mine, theirs = draft.state_dict(), src.state_dict()
-    skip = {"lm_head.weight", "d2t", "t2d", "embed_tokens.weight"}
+    added = range(src.cfg.num_layers, draft.cfg.num_layers)  # empty unless the draft grows
+    skip = {"lm_head.weight", "d2t", "t2d", "embed_tokens.weight"} | {k for k in mine if _layer_of(k) in added}
     bad = sorted(k for k in mine if k not in skip and (k not in theirs or theirs[k].shape != mine[k].shape))
-    if bad or src.cfg.num_layers != draft.cfg.num_layers or src.cfg.num_taps != draft.cfg.num_taps:
+    if bad or src.cfg.num_layers > draft.cfg.num_layers or src.cfg.num_taps != draft.cfg.num_taps:
         raise CheckpointError(f"cannot warm-start from {path}", expected=f"a draft of the same shape "
                               f"({draft.cfg.num_layers} layer(s), {draft.cfg.num_taps} taps)",
                               found=f"{src.cfg.num_layers} layer(s), {src.cfg.num_taps} taps; differing: {bad[:5]}",
@@ -156,12 +160,22 @@ def warm_start(draft: Eagle3Draft, path: Path, target: Any, vmap: VocabMap, taps
         for k in mine:
             if k not in skip:
                 mine[k].copy_(theirs[k].to(mine[k].dtype))
+        for i in added:  # zero output projections: the added layer is the identity on the residual stream
+            draft.layers[i].self_attn.o_proj.weight.zero_()
+            draft.layers[i].mlp.down_proj.weight.zero_()
         old_rows = {int(t): i for i, t in enumerate(src.to_target_ids(torch.arange(src.cfg.draft_vocab_size)))}
         kept = [(i, old_rows[int(t)]) for i, t in enumerate(vmap.target_ids) if int(t) in old_rows]
         if kept:
             new_idx, old_idx = map(torch.tensor, zip(*kept))
             draft.lm_head.weight[new_idx] = theirs["lm_head.weight"][old_idx].to(draft.lm_head.weight.dtype)
-    return {"head_rows_copied": len(kept), "head_rows_from_target": draft.cfg.draft_vocab_size - len(kept)}
+    return {"head_rows_copied": len(kept), "head_rows_from_target": draft.cfg.draft_vocab_size - len(kept),
+            "layers_added": len(added)}
+
+
+def _layer_of(key: str) -> int | None:
+    """The decoder layer a state-dict key belongs to ('layers.3.mlp...' -> 3), None for the rest."""
+    parts = key.split(".")
+    return int(parts[1]) if parts[0] == "layers" and len(parts) > 1 and parts[1].isdigit() else None
 
 
 def global_batches(samples: list[Sample], c: TrainConfig, info: DistInfo, epoch: int) -> list[list[Sample]]:
