@@ -98,7 +98,7 @@ def test_shipped_corpora_read_whole_and_record_how_they_were_made():
     its meta says which source and settings made it: the parts were answered one turn each."""
     from eaglewire.data.conversations import PACKAGED_SOURCES, resolve_source
 
-    for name in [n for n, (pkg, _, _) in PACKAGED_SOURCES.items() if pkg == "eaglewire"]:
+    for name in [n for n, (pkg, _, _) in PACKAGED_SOURCES.items() if pkg == "eaglewire" and "regen" in n]:
         stats = ReadStats()
         convs = list(read_conversations(name, stats))
         meta = json.loads(resolve_source(name).with_name(resolve_source(name).name + ".meta.json").read_text())
@@ -109,3 +109,7 @@ def test_shipped_corpora_read_whole_and_record_how_they_were_made():
         if name == "smollm2-regen-parts":
             assert meta["source"] == "sharegpt-parts" and meta["settings"]["max_turns"] == 1
             assert len(convs) == 6080 and all(len(c.user_turns) == 1 for c in convs)
+        if name == "smollm2-regen-self":  # every kept self-prompt answered, one turn each
+            prompts = list(read_conversations(meta["source"]))
+            assert meta["settings"]["max_turns"] == 1 and len(convs) == len(prompts) == 3495
+            assert sorted(c.user_turns[0] for c in convs) == sorted(p.user_turns[0] for p in prompts)

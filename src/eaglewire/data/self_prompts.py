@@ -106,7 +106,8 @@ def sample_self_prompts(sample: Sampler, out: Path, count: int, s: PromptSetting
     """Draw samples [0, count) into `out` (resuming: finished seeds are skipped), `s.batch_size` in flight."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    check_meta(out, {**meta, "settings": asdict(s)})
+    # batch_size is a throughput knob, not part of the data's identity: a resume may change it
+    check_meta(out, {**meta, "settings": {k: v for k, v in asdict(s).items() if k != "batch_size"}})
     done = read_done(out, repair=True)
     seen = {normalize(r["messages"][0]["content"]) for r in done if "messages" in r}
     stats = PromptStats(drawn=len(done), kept=len(seen))
