@@ -10,6 +10,7 @@ import torch
 from test_data_regenerate import S, EchoGenerator, source  # noqa: F401 (fixture)
 from tiny import build_target, tiny_samples
 
+import eaglewire.train.loop as loop
 from eaglewire import hw
 from eaglewire.checkpoint import load_checkpoint
 from eaglewire.data.features import OfflineFeatures, OnlineFeatures, capture_features
@@ -156,22 +157,30 @@ def test_warm_start_copies_weights_and_remaps_the_head(tmp_path):
 
 
 
-def test_a_warm_start_grows_layers_that_start_as_the_identity(tmp_path):
+def test_a_warm_start_grows_layers_that_start_as_the_identity(tmp_path, monkeypatch):
     target, vmap, contract = _setup()
     samples = tiny_samples(12)
     c = TrainConfig(max_steps=3, batch_size=4, warmup_steps=1, eval_every=3, ckpt_every=3, ttt_steps=1, dtype="fp32")
     train(target, contract, vmap, OnlineFeatures(target, contract, pad_id=0), samples[:8], samples[8:], c, tmp_path / "a")
     one = load_checkpoint(tmp_path / "a" / "draft", target=target).float()
-    grown = build_draft(target, contract, vmap, TrainConfig(init_from=str(tmp_path / "a" / "draft"), num_layers=3))
-    assert grown.cfg.num_layers == 3
+    grow = TrainConfig(init_from=str(tmp_path / "a" / "draft"), num_layers=3)
     batch = OnlineFeatures(target, contract, pad_id=0).batch(samples[:2])
+    monkeypatch.setattr(loop, "GROWN_OUT_SCALE", 0.0)  # the structure: zero output projections = the identity
+    exact = build_draft(target, contract, vmap, grow)
     with torch.no_grad():
-        a, b = one(batch.input_ids, batch.taps), grown(batch.input_ids, batch.taps)
-    torch.testing.assert_close(b.logits, a.logits)  # the added layers add nothing yet
+        a, b = one(batch.input_ids, batch.taps), exact(batch.input_ids, batch.taps)
+    torch.testing.assert_close(b.logits, a.logits)
     torch.testing.assert_close(b.hidden, a.hidden)
-    # ... but they are trainable layers, not frozen copies: q/k/v and the MLP's inputs keep a random init
-    assert grown.layers[2].mlp.up_proj.weight.abs().sum() > 0 and not torch.equal(
-        grown.layers[1].self_attn.q_proj.weight, grown.layers[2].self_attn.q_proj.weight)
+    monkeypatch.undo()
+    grown = build_draft(target, contract, vmap, grow)  # the default: near the identity, and learning
+    assert grown.cfg.num_layers == 3
+    # ... and every weight of theirs learns from the first step (exactly zero output projections would leave
+    # q/k/v and the MLP's inputs without a gradient, hence without an Adam update)
+    loss = grown(batch.input_ids, batch.taps).logits.square().mean()
+    loss.backward()
+    for i in (1, 2):
+        for name in ("self_attn.q_proj", "self_attn.v_proj", "mlp.up_proj", "self_attn.o_proj", "mlp.down_proj"):
+            assert grown.layers[i].get_submodule(name).weight.grad.abs().sum() > 0, (i, name)
     # shrinking is no warm start: which layer would be dropped is not ours to guess
     train(target, contract, vmap, OnlineFeatures(target, contract, pad_id=0), samples[:8], samples[8:],
           TrainConfig(**{**c.to_dict(), "num_layers": 2}), tmp_path / "b")
