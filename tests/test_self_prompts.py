@@ -8,7 +8,7 @@ import pytest
 
 from eaglewire.data.conversations import read_conversations
 from eaglewire.data.regenerate import read_done
-from eaglewire.data.self_prompts import PromptSettings, banned_keys, pre_query_text, sample_self_prompts
+from eaglewire.data.self_prompts import PromptSettings, banned_keys, normalize, pre_query_text, sample_self_prompts
 from eaglewire.data.server_client import CompletionSampler
 from eaglewire.errors import EaglewireError
 
@@ -80,7 +80,8 @@ def test_a_killed_run_resumes_to_the_same_prompts(tmp_path):
     stats = sample_self_prompts(fake_sampler(), cut, 30, S, META, set())
     ids = [r["id"] for r in read_done(cut)]
     assert len(ids) == len(set(ids)) == 30 and stats.drawn == 30
-    assert set(kept(cut).values()) == set(kept(whole).values())
+    # the same prompts up to which spelling of a duplicate was kept (completion order decides that)
+    assert {normalize(x) for x in kept(cut).values()} == {normalize(x) for x in kept(whole).values()}
     # more samples later: the file grows by exactly the new seeds
     sample_self_prompts(fake_sampler(), cut, 34, S, META, set())
     assert len(read_done(cut)) == 34
