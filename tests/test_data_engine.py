@@ -156,7 +156,6 @@ def test_warm_start_copies_weights_and_remaps_the_head(tmp_path):
         build_draft(target, target.contract((1, 2, 4), vocab_map=vmap), vmap, c2)
 
 
-
 def test_a_warm_start_grows_layers_that_start_as_the_identity(tmp_path, monkeypatch):
     target, vmap, contract = _setup()
     samples = tiny_samples(12)
@@ -186,6 +185,7 @@ def test_a_warm_start_grows_layers_that_start_as_the_identity(tmp_path, monkeypa
           TrainConfig(**{**c.to_dict(), "num_layers": 2}), tmp_path / "b")
     with pytest.raises(CheckpointError, match="cannot warm-start"):
         build_draft(target, contract, vmap, TrainConfig(init_from=str(tmp_path / "b" / "draft"), num_layers=1))
+
 
 def test_bench_questions_spread_over_categories(tmp_path):
     from eaglewire.decoding.bench import spread_over_categories

@@ -17,16 +17,19 @@ import os
 import threading
 import time
 import zlib
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Protocol
+from typing import Callable, Iterable, Iterator, Protocol, TypeVar
 
 import torch
 
 from eaglewire.data.conversations import Conversation, ReadStats, read_conversations
 from eaglewire.errors import EaglewireError
 from eaglewire.safeio import atomic_write_json
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -259,13 +262,31 @@ def regenerate_conversation(gen: ChatGenerator, c: Conversation, s: GenerationSe
     return {"id": c.id, "messages": history, "finish": finish}, len(finish), tokens
 
 
+def rolling(jobs: Iterable[Callable[[], T]], width: int) -> Iterator[T]:
+    """Each job's result as soon as it finishes, `width` jobs in flight. A failed job raises here. On a kill
+    (Ctrl-C), a failure or the consumer stopping, jobs in flight are dropped, not waited for (a resume redoes
+    them): waiting could take up to `width` long answers."""
+    pool, pending = ThreadPoolExecutor(max_workers=width), set()
+    try:
+        for job in jobs:
+            pending.add(pool.submit(job))
+            if len(pending) >= width:  # keep exactly `width` in flight
+                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                yield from (f.result() for f in finished)
+        while pending:
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            yield from (f.result() for f in finished)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
 def regenerate_rolling(gen: ChatGenerator, todo: Iterator[Conversation], out: Path, s: GenerationSettings,
                        stats: RegenStats, on_batch: Callable[[RegenStats, int], None] | None = None,
                        flush_every: int | None = None) -> RegenStats:
     """`s.batch_size` conversations in flight; append finished ones every `flush_every` (default batch_size)."""
     flush_every = flush_every or s.batch_size
-    lock, pending, buffer = threading.Lock(), set(), []
-    t0, index = time.perf_counter(), stats.conversations
+    lock, buffer = threading.Lock(), []
+    t0, first = time.perf_counter(), stats.conversations
 
     def flush() -> None:
         append_records(out, buffer)
@@ -275,31 +296,16 @@ def regenerate_rolling(gen: ChatGenerator, todo: Iterator[Conversation], out: Pa
             on_batch(stats, len(buffer))
         buffer.clear()
 
-    def collect(done: set[Future]) -> None:
-        for f in done:
-            record, turns, tokens = f.result()  # a failed request stops the run (a resume redoes it)
+    jobs = (partial(regenerate_conversation, gen, c, s, s.seed + first + i, lock) for i, c in enumerate(todo, 1))
+    try:
+        for record, turns, tokens in rolling(jobs, s.batch_size):  # a failed request stops the run
             buffer.append(record)
             stats.turns, stats.new_tokens = stats.turns + turns, stats.new_tokens + tokens
             stats.skipped_long += "skipped" in record
-        if len(buffer) >= flush_every:
-            flush()
-
-    pool = ThreadPoolExecutor(max_workers=s.batch_size)
-    try:
-        for c in todo:
-            index += 1
-            pending.add(pool.submit(regenerate_conversation, gen, c, s, s.seed + index, lock))
-            if len(pending) >= s.batch_size:  # keep exactly batch_size conversations in flight
-                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-                collect(finished)
-        while pending:
-            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-            collect(finished)
+            if len(buffer) >= flush_every:
+                flush()
     finally:
-        # On a kill (Ctrl-C) or a failed request: keep what finished, drop what is in flight (a resume
-        # redoes it) instead of waiting for up to batch_size long answers.
-        pool.shutdown(wait=False, cancel_futures=True)
-        if buffer:
+        if buffer:  # keep what finished, also on a kill
             flush()
     return stats
 

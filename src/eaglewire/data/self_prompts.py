@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import re
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from eaglewire.data.regenerate import append_records, check_meta, read_done
+from eaglewire.data.regenerate import append_records, check_meta, read_done, rolling
 from eaglewire.errors import EaglewireError
 
 _SENTINEL = "\x00EAGLEWIRE-USER-TEXT\x00"
@@ -46,10 +46,7 @@ class PromptStats:
     kept: int = 0
     new_tokens: int = 0
     seconds: float = 0.0
-    skipped: dict[str, int] | None = None
-
-    def __post_init__(self) -> None:
-        self.skipped = self.skipped or {}
+    skipped: dict[str, int] = field(default_factory=dict)  # reason -> samples dropped for it
 
     @property
     def tokens_per_s(self) -> float:
@@ -119,9 +116,19 @@ def sample_self_prompts(sample: Sampler, out: Path, count: int, s: PromptSetting
     buffer: list[dict] = []
     t0 = time.perf_counter()
 
-    def collect(finished: set[Future]) -> None:
-        for f in finished:
-            k, (text, finish, tokens) = f.result()  # a failed request stops the run; a resume redraws it
+    def flush() -> None:
+        append_records(out, buffer)
+        buffer.clear()
+        stats.seconds = time.perf_counter() - t0
+        if on_batch:
+            on_batch(stats)
+
+    def draw(k: int) -> tuple[int, tuple[str, str, int]]:
+        return k, sample(s.seed + k)
+
+    jobs = (partial(draw, k) for k in todo)
+    try:
+        for k, (text, finish, tokens) in rolling(jobs, s.batch_size):  # a failed request stops the run
             why = judge(text, finish, s, seen, banned)
             buffer.append({"id": _rid(k), "skipped": why} if why else
                           {"id": _rid(k), "messages": [{"role": "user", "content": text.strip()}]})
@@ -130,29 +137,10 @@ def sample_self_prompts(sample: Sampler, out: Path, count: int, s: PromptSetting
                 stats.skipped[why] = stats.skipped.get(why, 0) + 1
             else:
                 stats.kept += 1
-        if len(buffer) >= s.batch_size:
-            flush()
-
-    def flush() -> None:
-        append_records(out, buffer)
-        buffer.clear()
-        stats.seconds = time.perf_counter() - t0
-        if on_batch:
-            on_batch(stats)
-
-    pool, pending = ThreadPoolExecutor(max_workers=s.batch_size), set()
-    try:
-        for k in todo:
-            pending.add(pool.submit(lambda k=k: (k, sample(s.seed + k))))
-            if len(pending) >= s.batch_size:
-                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-                collect(finished)
-        while pending:
-            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-            collect(finished)
+            if len(buffer) >= s.batch_size:
+                flush()
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)
-        if buffer:
+        if buffer:  # keep what finished, also on a kill (a resume redraws what was in flight)
             flush()
     return stats
 
