@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from eaglewire.errors import TargetError
+from eaglewire.ops import rms_norm, rotate, signed_sin
 from eaglewire.verifier.loader import Target
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
@@ -115,17 +116,16 @@ class Linear:
         return y if self.b is None else y + self.b
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """HF's RMSNorm, same op order (fp32 statistics, weight applied in the input dtype)."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, heads, T, D]; cos/sin [B, 1, T, D] (HF rotate-half convention)."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+def additive_mask(mask: torch.Tensor | None, T: int, start: int, dtype: torch.dtype,
+                  device: torch.device) -> torch.Tensor | None:
+    """The attention mask every layer uses, built once per forward: None for one causal row (it sees all
+    start+1 cached slots, exactly what SDPA does unmasked); else 0 / -inf in `dtype` [.., T, start+T],
+    which SDPA would otherwise rebuild from a bool mask in each of the L layers."""
+    if mask is None:
+        if T == 1:
+            return None
+        mask = torch.ones(T, start + T, dtype=torch.bool, device=device).tril(start)[None, None]
+    return torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, float("-inf"))
 
 
 @dataclass
@@ -212,10 +212,9 @@ class LeanTarget:
         B, T = ids.shape
         if start + T > self.max_len:
             raise ValueError(f"KV cache full: {start}+{T} > max_len {self.max_len}")
-        if mask is None:
-            mask = torch.ones(T, start + T, dtype=torch.bool, device=ids.device).tril(start)[None, None]
+        mask = additive_mask(mask, T, start, self.embed.dtype, ids.device)
         cos, sin = self.rotary(self.embed[:1][None], positions)  # [B, T, D] each, computed by HF
-        cos, sin = cos[:, None], sin[:, None]
+        cos, sin = cos[:, None], signed_sin(sin[:, None])
         h = self.embed[ids]  # [B, T, H]
         lay = self.layout(B * T)
         collected = [h] if 0 in taps else []
@@ -233,12 +232,16 @@ class LeanTarget:
                    mask: torch.Tensor, lay: str) -> torch.Tensor:
         B, T, _ = x.shape
         hd = self.head_dim
-        q, k, v = L.qkv(x, lay).split([self.heads * hd, self.kv_heads * hd, self.kv_heads * hd], dim=-1)  # views
-        q, k = q.view(B, T, self.heads, hd), k.view(B, T, self.kv_heads, hd)
-        if L.q_norm is not None:  # Qwen3: RMSNorm over each head before RoPE
-            q, k = rms_norm(q, L.q_norm, self.eps), rms_norm(k, L.k_norm, self.eps)
-        q, k = rotate(q.transpose(1, 2), cos, sin), rotate(k.transpose(1, 2), cos, sin)
-        v = v.view(B, T, self.kv_heads, hd).transpose(1, 2)
+        qkv = L.qkv(x, lay)  # [B, T, (heads + 2 kv_heads) * D]
+        nq = self.heads + self.kv_heads
+        if L.q_norm is None:  # q and k are adjacent columns: one RoPE over both, split after
+            qk = rotate(qkv[..., :nq * hd].view(B, T, nq, hd).transpose(1, 2), cos, sin)  # [B, nq, T, D]
+            q, k = qk[:, :self.heads], qk[:, self.heads:]
+        else:  # Qwen3: RMSNorm over each head (its own weight for q and for k) before RoPE
+            q = rms_norm(qkv[..., :self.heads * hd].view(B, T, self.heads, hd), L.q_norm, self.eps)
+            k = rms_norm(qkv[..., self.heads * hd:nq * hd].view(B, T, self.kv_heads, hd), L.k_norm, self.eps)
+            q, k = rotate(q.transpose(1, 2), cos, sin), rotate(k.transpose(1, 2), cos, sin)
+        v = qkv[..., nq * hd:].view(B, T, self.kv_heads, hd).transpose(1, 2)
         self.k_cache[i, :B, :, start:start + T] = k
         self.v_cache[i, :B, :, start:start + T] = v
         keys, values = self.k_cache[i, :B, :, :start + T], self.v_cache[i, :B, :, :start + T]

@@ -22,6 +22,7 @@ from torch import nn
 from eaglewire.contract import WiringContract
 from eaglewire.draft.config import DraftConfig
 from eaglewire.errors import CheckpointError, TapWidthError
+from eaglewire.ops import rms_norm, rope_tables, rotate
 
 KV = tuple[torch.Tensor, torch.Tensor]  # ([B, kv_heads, S, head_dim], same)
 
@@ -57,20 +58,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in fp32 whatever the storage dtype, as HF/SGLang/vLLM RMSNorms do.
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
-
-
-def rope(x: torch.Tensor, position_ids: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotate-half RoPE (HF Llama layout). x: [B, heads, T, D]; position_ids: [B, T]."""
-    dim = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim))
-    freqs = position_ids.float()[:, None, :, None] * inv_freq  # [B, 1, T, D/2]
-    emb = torch.cat([freqs, freqs], dim=-1)
-    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-    x1, x2 = x[..., : dim // 2], x[..., dim // 2:]
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+        return rms_norm(x, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -88,8 +76,9 @@ class Attention(nn.Module):
         """x: [B, T, in]; mask: bool [B, 1, T, S] (True = may attend) or None for plain causal."""
         b, t, _ = x.shape
         hd, theta = self.cfg.head_dim, self.cfg.rope_theta
-        q = rope(self.q_proj(x).view(b, t, -1, hd).transpose(1, 2), position_ids, theta)
-        k = rope(self.k_proj(x).view(b, t, -1, hd).transpose(1, 2), position_ids, theta)
+        q = self.q_proj(x).view(b, t, -1, hd).transpose(1, 2)  # [B, heads, T, D]
+        cos, ssin = rope_tables(position_ids, hd, theta, q.dtype)  # [B, 1, T, D] each, once for q and k
+        q, k = rotate(q, cos, ssin), rotate(self.k_proj(x).view(b, t, -1, hd).transpose(1, 2), cos, ssin)
         v = self.v_proj(x).view(b, t, -1, hd).transpose(1, 2)
         if isinstance(past, SlotWrite):  # decoding: static cache, no re-allocation
             end = past.start + t
