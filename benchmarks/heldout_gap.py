@@ -32,8 +32,9 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # --dtypes names of th
 def agreement(draft, target, samples, steps: int, batch: int = 4) -> dict:
     """Teacher-forced top-1 agreement per position over answer tokens (what `eaglewire train` reports)."""
     feats = OnlineFeatures(target, draft.contract, pad_id=target.pad_id)
-    model = TTTModel(draft, target.model.get_output_embeddings().weight.detach().float(), steps=steps, decay=0.8)
-    correct, counts, chain, anchors = [0] * steps, [0] * steps, [0] * steps, 0
+    model = TTTModel(draft, target.model.get_output_embeddings().weight.detach().float(), steps=steps,
+                     decay=0.8).eval()
+    correct, counts, chain, anchors, tokens, rounds = [0] * steps, [0] * steps, [0] * steps, 0, 0, 0
     for i in range(0, len(samples), batch):
         fb = feats.batch(samples[i:i + batch])
         fb.taps, fb.final_hidden = fb.taps.float(), fb.final_hidden.float()
@@ -41,11 +42,13 @@ def agreement(draft, target, samples, steps: int, batch: int = 4) -> dict:
         correct = [a + b for a, b in zip(correct, st.correct)]
         counts = [a + b for a, b in zip(counts, st.counts)]
         chain, anchors = [a + b for a, b in zip(chain, st.chain)], anchors + st.anchors
+        tokens, rounds = tokens + st.round_tokens, rounds + st.rounds
     # chain: the share of anchors (every answer position with k answer tokens after it) whose steps 1..i were
     # all right, out-of-vocab a miss: greedy k-chain acceptance anchored at every position, where a real run
     # anchors only where rounds start
     return {"acc": [round(c / n, 4) for c, n in zip(correct, counts)], "positions": counts,
-            "chain": [round(c / anchors, 4) for c in chain], "tau_chain": round(1 + sum(chain) / anchors, 3)}
+            "chain": [round(c / anchors, 4) for c in chain], "tau_chain": round(1 + sum(chain) / anchors, 3),
+            "tau_rounds": round(tokens / rounds, 3), "rounds": rounds}
 
 
 def main() -> None:
@@ -72,7 +75,8 @@ def main() -> None:
             r = agreement(draft, target, samples, a.steps)
             out["results"][f"{sname}/{tname}"] = r
             print(f"{sname:18s} target {tname}: top-1 per position {r['acc']} over {r['positions'][0]} tokens; "
-                  f"chain {r['chain']}, tau {r['tau_chain']}", flush=True)
+                  f"chain {r['chain']}, tau {r['tau_chain']} at every position, {r['tau_rounds']} round by round",
+                  flush=True)
             a.out.parent.mkdir(parents=True, exist_ok=True)
             a.out.write_text(json.dumps(out, indent=2) + "\n")  # after each case: a cut-short run keeps its part
 

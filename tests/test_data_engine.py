@@ -17,7 +17,7 @@ from eaglewire.data.features import OfflineFeatures, OnlineFeatures, capture_fea
 from eaglewire.data.regenerate import Reply, read_done, regen_meta, regenerate
 from eaglewire.errors import CheckpointError, EaglewireError
 from eaglewire.train.loop import TrainConfig, build_draft, train
-from eaglewire.train.ttt import TTTModel
+from eaglewire.train.ttt import TTTModel, simulate_rounds
 from eaglewire.vocab import VocabMap
 
 
@@ -302,3 +302,35 @@ def test_chain_acceptance_counts_all_right_prefixes(tmp_path):
     assert st.chain == st.correct and st.anchors == int(answer[:, 2:].sum())
     three = _chain_stats(model, fb, None)
     assert three.chain[0] >= three.chain[1] >= three.chain[2]
+
+
+def test_simulate_rounds_walks_as_a_decoder():
+    """Rounds start where the previous one ended (anchor + accepted + 1), each answer from its first anchor;
+    an always-right k-chain gives tau k+1, an always-wrong one 1."""
+    F_, T_ = False, True
+    # one answer: rounds at 1 (2 accepted) and 4 (3 accepted); the anchors skipped between are no rounds
+    assert simulate_rounds(torch.tensor([[F_, T_, T_, T_, T_, T_, F_, F_]]),
+                           torch.tensor([[0, 2, 0, 1, 3, 0, 0, 0]])) == (3 + 4, 2)
+    # two answers in one row: the walk leaves the first through its tail and restarts at the second's start
+    assert simulate_rounds(torch.tensor([[T_, T_, F_, F_, T_, T_, T_]]),
+                           torch.tensor([[1, 0, 0, 0, 0, 2, 1]])) == (2 + 1 + 3, 3)
+    anchor = torch.ones(2, 12, dtype=torch.bool)
+    anchor[:, 9:] = False
+    tokens, rounds = simulate_rounds(anchor, torch.full((2, 12), 3))
+    assert tokens / rounds == 4 and rounds == 2 * 3  # rounds at 0, 4, 8 in each row
+    assert simulate_rounds(anchor, torch.zeros(2, 12, dtype=torch.long)) == (18, 18)
+
+
+def test_evaluation_walks_rounds_over_the_chains():
+    """In eval mode the TTT forward also walks its chains round by round: an always-wrong draft makes a
+    round of every anchor (tau 1); an always-right one needs fewer rounds for more tokens per round;
+    training skips the walk."""
+    target, vmap, contract = _setup()
+    fb = OnlineFeatures(target, contract, pad_id=0).batch(tiny_samples(4))
+    model = TTTModel(build_draft(target, contract, vmap, TrainConfig(ttt_steps=3)),
+                     target.model.get_output_embeddings().weight.detach(), steps=3, decay=0.8)
+    assert _chain_stats(model, fb, True).rounds == 0  # training mode
+    model.eval()
+    wrong, right = _chain_stats(model, fb, False), _chain_stats(model, fb, True)
+    assert wrong.round_tokens == wrong.rounds == wrong.anchors > 0
+    assert 0 < right.rounds < wrong.rounds and right.round_tokens / right.rounds > 1.5

@@ -125,10 +125,11 @@ def train_cmd(
                           on_step=lambda r: _print_step(r, info.is_main))
     if info.is_main:
         acc = summary["heldout"].get("acc", [float("nan")])
-        tau = summary["heldout"].get("tau_chain")
+        tau, rounds = summary["heldout"].get("tau_chain"), summary["heldout"].get("tau_rounds")
         out_console.print(f"draft -> {out / 'draft'}; held-out top-1 accuracy per position: "
                           + ", ".join(f"{a:.3f}" for a in acc)
-                          + (f"; teacher-forced chain tau (k={len(acc)}) {tau:.3f}" if tau is not None else "")
+                          + (f"; teacher-forced chain tau (k={len(acc)}) {tau:.3f} at every position, "
+                             f"{rounds:.3f} round by round" if tau is not None else "")
                           + f"; curves -> {out / 'training.png'}")
     dist.teardown(info)
 
@@ -156,7 +157,7 @@ def _print_step(r: dict[str, Any], is_main: bool) -> None:
     if is_main and (r["split"] == "heldout" or r["step"] % 10 == 0):
         acc = " ".join(f"{a:.2f}" for a in r.get("acc", []))
         extra = f" {r['tok_per_s']:.0f} tok/s" if "tok_per_s" in r else ""
-        extra += f" chain tau {r['tau_chain']:.3f}" if "tau_chain" in r else ""
+        extra += f" chain tau {r['tau_chain']:.3f} (rounds {r['tau_rounds']:.3f})" if "tau_chain" in r else ""
         err_console.print(f"\\[{r['split']}] step {r['step']} loss {r.get('loss', float('nan')):.3f} acc {acc}{extra}")
 
 

@@ -254,9 +254,13 @@ def evaluate(model: TTTModel, features: Any, heldout: list[Sample], c: TrainConf
                                         dtype=torch.float64), info)
     anchors = float(all_reduce_sum(torch.tensor([float(sum(s.anchors for s in stats))], dtype=torch.float64), info))
     chain_acc = [float(a / anchors) if anchors else float("nan") for a in chain]
-    # tau_chain: the teacher-forced tau of a greedy chain as long as the TTT unroll (see TTTStats.chain)
+    tokens, rounds = all_reduce_sum(torch.tensor([float(sum(s.round_tokens for s in stats)),
+                                                  float(sum(s.rounds for s in stats))], dtype=torch.float64), info).tolist()
+    # tau_chain: the teacher-forced tau of a greedy chain as long as the TTT unroll, anchored at every
+    # position (see TTTStats.chain); tau_rounds: the same chains walked round by round as a decoder does
     return {"loss": sum(losses) / len(losses), "acc": acc, "positions": counts, "chain": chain_acc,
-            "tau_chain": 1 + sum(chain_acc), "anchors": int(anchors)}
+            "tau_chain": 1 + sum(chain_acc), "tau_rounds": tokens / rounds if rounds else float("nan"),
+            "anchors": int(anchors)}
 
 
 def train(target: Any, contract: WiringContract, vmap: VocabMap, features: Any, train_samples: list[Sample],

@@ -105,6 +105,30 @@ class TTTStats:
     # round starts).
     chain: list[int] = field(default_factory=list)
     anchors: int = 0
+    # The same chains walked as a greedy decoder walks them (`simulate_rounds`): a round starts only where
+    # the previous one ended. tau_rounds = round_tokens / rounds is what a decoder measures online.
+    round_tokens: int = 0
+    rounds: int = 0
+
+
+def simulate_rounds(anchor: torch.Tensor, accepted: torch.Tensor) -> tuple[int, int]:
+    """(tokens, rounds) of greedy chain decoding over teacher-forced text: anchor [B, T] bool, accepted
+    [B, T] drafts a k-chain anchored there gets accepted (0..k). A round at anchor s yields accepted + 1
+    tokens (the bonus is the target's) and the next round starts at s + accepted + 1; a position that is
+    no anchor (the last k of an answer) ends the answer, and the next answer starts at its first anchor.
+    Anchored at every position instead, the mean overstates tau: a round mostly starts right after a
+    rejection, where the next tokens are harder than average (sitting 9 measured the gap)."""
+    tokens = rounds = 0
+    for row_anchor, row_acc in zip(anchor.tolist(), accepted.tolist()):
+        s, T = 0, len(row_anchor)
+        while s < T:
+            if not (row_anchor[s] and (s == 0 or not row_anchor[s - 1])):
+                s += 1  # not an answer's first anchor: prompt, or the tail an answer's last round left
+                continue
+            while s < T and row_anchor[s]:  # one answer, round by round
+                tokens, rounds = tokens + row_acc[s] + 1, rounds + 1
+                s += row_acc[s] + 1
+    return tokens, rounds
 
 
 Reducer = Callable[[torch.Tensor], torch.Tensor]  # sums a count over ranks (identity on one process)
@@ -156,6 +180,7 @@ class TTTModel(nn.Module):
         for k in range(self.steps):
             anchor &= shift_left(fb.loss_mask, 2 + k) > 0
         chain = anchor.clone()  # [B, T] anchors whose steps so far were all right
+        accepted = torch.zeros_like(fb.input_ids)  # [B, T] drafts a chain anchored there gets accepted
         stats.anchors = int(anchor.sum())
         base_pos = torch.arange(T, device=fb.input_ids.device).expand(B, T)
         for k in range(self.steps):
@@ -171,11 +196,14 @@ class TTTModel(nn.Module):
             hit_bt = torch.zeros_like(chain)
             hit_bt[rows] = hit
             chain &= hit_bt
+            accepted += chain
             stats.chain.append(int(chain.sum()))
             total = total + self.decay**k * loss_k
             stats.losses.append(float(loss_k.detach()))
             stats.correct.append(correct)
             stats.counts.append(int(rows[0].numel()))
+        if not self.training:  # a Python walk over [B, T]: evaluation only
+            stats.round_tokens, stats.rounds = simulate_rounds(anchor, accepted)
         return total, stats
 
     def _step_loss(self, draft_logits: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
