@@ -51,6 +51,29 @@ def agreement(draft, target, samples, steps: int, batch: int = 4) -> dict:
             "tau_rounds": round(tokens / rounds, 3), "rounds": rounds}
 
 
+def bench_sample(target, limit: int, max_new_tokens: int = 256) -> list:
+    """The questions `eaglewire bench --limit N` asks (first turns, spread over the categories) with the
+    answers its vanilla row decodes (greedy, this target and dtype, the lean runtime): the very text whose
+    online tau the bench measures, so the offline figures compare with it directly."""
+    from eaglewire.data.conversations import Conversation, Turn
+    from eaglewire.data.samples import tokenize_conversations
+    from eaglewire.decoding.bench import spread_over_categories
+    from eaglewire.decoding.engine import greedy_reference
+    from eaglewire.decoding.hf_runtime import make_runtime
+
+    tok = target.tokenizer
+    asked = spread_over_categories("mtbench", limit)
+    rt = make_runtime(target, 1024 + max_new_tokens)
+    convs = []
+    for q in asked:
+        ids = tok.apply_chat_template([{"role": "user", "content": q.user_turns[0]}], add_generation_prompt=True,
+                                      return_dict=True, return_tensors="pt")["input_ids"]
+        answer = greedy_reference(rt, ids, max_new_tokens, eos={tok.eos_token_id})
+        text = tok.decode(answer, skip_special_tokens=True)
+        convs.append(Conversation(q.id, (Turn("user", q.user_turns[0]), Turn("assistant", text))))
+    return tokenize_conversations(tok, convs, max_length=1024 + max_new_tokens)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--draft", type=Path, default=Path("src/eaglewire/assets/drafts/smollm2-135m"))
@@ -67,7 +90,8 @@ def main() -> None:
     tok = reference.tokenizer
     share, _ = load_samples("smollm2-regen+smollm2-regen-vllm", tok, max_length=1024)
     sets = {"sharegpt_heldout": split_heldout(share, 0.05)[1][:a.samples],
-            "mtbench_answers": load_samples("smollm2-mtbench-regen", tok, max_length=1024)[0][:a.samples]}
+            "mtbench_answers": load_samples("smollm2-mtbench-regen", tok, max_length=1024)[0][:a.samples],
+            "mtbench_bench_sample": bench_sample(reference, a.samples)}
     out = {"cpu": describe_cpu(), "draft": str(a.draft), "results": {}}
     for tname, target in targets.items():
         draft = load_checkpoint(a.draft, target=reference).float()
