@@ -17,7 +17,7 @@ from eaglewire.data.features import OfflineFeatures, OnlineFeatures, capture_fea
 from eaglewire.data.regenerate import Reply, read_done, regen_meta, regenerate
 from eaglewire.errors import CheckpointError, EaglewireError
 from eaglewire.train.loop import TrainConfig, build_draft, train
-from eaglewire.train.ttt import TTTModel, simulate_rounds
+from eaglewire.train.ttt import TTTModel, round_starts, simulate_rounds
 from eaglewire.vocab import VocabMap
 
 
@@ -334,3 +334,25 @@ def test_evaluation_walks_rounds_over_the_chains():
     wrong, right = _chain_stats(model, fb, False), _chain_stats(model, fb, True)
     assert wrong.round_tokens == wrong.rounds == wrong.anchors > 0
     assert 0 < right.rounds < wrong.rounds and right.round_tokens / right.rounds > 1.5
+
+
+def test_round_weight_reweighs_the_chains_where_rounds_start():
+    """Where every chain fails at once, every anchor starts a round; the weighted reduction is the weighted
+    mean; in training a weight changes the loss where round starts are a strict subset of the rows."""
+    anchor = torch.tensor([[False, True, True, True, False]])
+    assert round_starts(anchor, torch.zeros(1, 5, dtype=torch.long)).equal(anchor)
+    assert round_starts(anchor, torch.tensor([[0, 1, 0, 0, 0]])).tolist() == [[False, True, False, True, False]]
+    target, vmap, contract = _setup()
+    fb = OnlineFeatures(target, contract, pad_id=0).batch(tiny_samples(4))
+    draft, head = build_draft(target, contract, vmap, TrainConfig(ttt_steps=2)), target.model.get_output_embeddings().weight.detach()
+    plain = TTTModel(draft, head, steps=2, decay=0.8)
+    weighted = TTTModel(draft, head, steps=2, decay=0.8, round_weight=3.0)
+    per_pos = torch.tensor([1.0, 2.0, 4.0])
+    assert float(weighted._reduce(per_pos, None)) == pytest.approx(7 / 3)
+    assert float(weighted._reduce(per_pos, torch.tensor([1.0, 1.0, 4.0]))) == pytest.approx((1 + 2 + 16) / 6)
+    torch.manual_seed(0)
+    assert float(plain(fb)[0]) != pytest.approx(float(weighted(fb)[0]), rel=1e-4)
+    plain.eval(), weighted.eval()  # evaluation is never weighted
+    assert float(plain(fb)[0]) == float(weighted(fb)[0])
+    with pytest.raises(ValueError, match="round_weight"):
+        TTTModel(draft, head, steps=2, decay=0.8, round_weight=-1)

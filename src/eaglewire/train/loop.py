@@ -63,6 +63,7 @@ class TrainConfig:
     ttt_decay: float = 0.8
     loss: str = "soft_ce"  # any of ttt.LOSSES (measured: benchmarks/results/recipe)
     supervise: str = "answers"  # or "all": prompt tokens too (measured: benchmarks/results/recipe)
+    round_weight: float = 0.0  # extra loss weight on chains where a decoder's round starts (ttt.round_starts)
     num_layers: int = 1
     eval_every: int = 50
     eval_batches: int = 8
@@ -326,7 +327,7 @@ def _ttt_model(draft: Eagle3Draft, target: Any, vmap: VocabMap, features: Any, c
     head = target.head_rows(None if full else vmap.target_ids).detach().to(info.device)
     return TTTModel(draft, head if full else None, draft_head=None if full else head, steps=c.ttt_steps,
                     decay=c.ttt_decay, loss=c.loss, world_size=info.world_size,
-                    reduce_count=lambda x: all_reduce_sum(x, info))
+                    reduce_count=lambda x: all_reduce_sum(x, info), round_weight=c.round_weight)
 
 
 def _train_step(ddp: Any, model: TTTModel, opt: torch.optim.Optimizer, params: list, stream: MicroBatches,

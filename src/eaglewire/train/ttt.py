@@ -111,24 +111,31 @@ class TTTStats:
     rounds: int = 0
 
 
-def simulate_rounds(anchor: torch.Tensor, accepted: torch.Tensor) -> tuple[int, int]:
-    """(tokens, rounds) of greedy chain decoding over teacher-forced text: anchor [B, T] bool, accepted
-    [B, T] drafts a k-chain anchored there gets accepted (0..k). A round at anchor s yields accepted + 1
-    tokens (the bonus is the target's) and the next round starts at s + accepted + 1; a position that is
-    no anchor (the last k of an answer) ends the answer, and the next answer starts at its first anchor.
-    Anchored at every position instead, the mean overstates tau: a round mostly starts right after a
-    rejection, where the next tokens are harder than average (sitting 9 measured the gap)."""
-    tokens = rounds = 0
-    for row_anchor, row_acc in zip(anchor.tolist(), accepted.tolist()):
+def round_starts(anchor: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
+    """[B, T] bool: the anchors where greedy chain decoding over this teacher-forced text starts a round.
+    anchor [B, T] bool, accepted [B, T] drafts a k-chain anchored there gets accepted (0..k). A round at
+    anchor s yields accepted + 1 tokens (the bonus is the target's) and the next one starts at s + accepted
+    + 1; a position that is no anchor (the last k of an answer) ends the answer, and the next answer starts
+    at its first anchor."""
+    starts = torch.zeros_like(anchor)
+    for b, (row_anchor, row_acc) in enumerate(zip(anchor.tolist(), accepted.tolist())):
         s, T = 0, len(row_anchor)
         while s < T:
             if not (row_anchor[s] and (s == 0 or not row_anchor[s - 1])):
                 s += 1  # not an answer's first anchor: prompt, or the tail an answer's last round left
                 continue
             while s < T and row_anchor[s]:  # one answer, round by round
-                tokens, rounds = tokens + row_acc[s] + 1, rounds + 1
+                starts[b, s] = True
                 s += row_acc[s] + 1
-    return tokens, rounds
+    return starts
+
+
+def simulate_rounds(anchor: torch.Tensor, accepted: torch.Tensor) -> tuple[int, int]:
+    """(tokens, rounds) of greedy chain decoding over teacher-forced text (`round_starts`). Anchored at every
+    position instead, the mean overstates tau: a round mostly starts right after a rejection, where the
+    next tokens are harder than average (sitting 9: 2.131 at every position, 1.989 by rounds, 1.995 online)."""
+    starts = round_starts(anchor, accepted)
+    return int((accepted + 1)[starts].sum()), int(starts.sum())
 
 
 Reducer = Callable[[torch.Tensor], torch.Tensor]  # sums a count over ranks (identity on one process)
@@ -139,9 +146,11 @@ class TTTModel(nn.Module):
 
     def __init__(self, draft: Eagle3Draft, target_head: torch.Tensor | None, *, steps: int, decay: float,
                  loss: str = "soft_ce", world_size: int = 1, reduce_count: Reducer | None = None,
-                 draft_head: torch.Tensor | None = None) -> None:
+                 draft_head: torch.Tensor | None = None, round_weight: float = 0.0) -> None:
         """`target_head` [V, H_t] the full frozen head; or None with `draft_head` [V_d, H_t], its rows for
-        the draft vocab, when every batch brings the target's top-1 (offline training keeps V_d rows only)."""
+        the draft vocab, when every batch brings the target's top-1 (offline training keeps V_d rows only).
+        `round_weight` w: in training, the chains anchored where a greedy decoder would start a round under
+        the current draft (`round_starts`) weigh 1 + w, the others 1 (online tau is made of those only)."""
         super().__init__()
         if loss not in LOSSES:
             raise ValueError(f"loss must be one of {', '.join(LOSSES)}, not {loss!r}")
@@ -156,6 +165,9 @@ class TTTModel(nn.Module):
                                      + draft.d2t.to(target_head.device)]
         self.draft_head = draft_head  # [V_d, H_t]
         self.world_size, self.reduce_count = world_size, reduce_count or (lambda x: x)
+        if round_weight < 0:
+            raise ValueError(f"round_weight must be >= 0, not {round_weight}")
+        self.round_weight = round_weight
 
     def target_top1(self, fb: FeatureBatch) -> torch.Tensor:
         """[B, T] the target's greedy token after each position: stored at capture, else the full head."""
@@ -176,6 +188,7 @@ class TTTModel(nn.Module):
             p_draft = fb.final_hidden.float() @ self.draft_head.float().T  # [B, T, V_d]; p_t predicts x_{t+1}
         hidden, past = d.fuse(fb.taps), None  # [B, T, H]
         total, stats = fb.taps.new_zeros(()), TTTStats()
+        terms: list[tuple[tuple[torch.Tensor, ...], torch.Tensor]] = []  # per step: (rows, loss per row [N])
         anchor = torch.ones_like(fb.loss_mask, dtype=torch.bool)  # [B, T]
         for k in range(self.steps):
             anchor &= shift_left(fb.loss_mask, 2 + k) > 0
@@ -191,26 +204,37 @@ class TTTModel(nn.Module):
             mask = (shift_left(trained, 2 + k) > 0) & shift_left(in_vocab, 1 + k, False)  # [B, T]
             rows = mask.nonzero(as_tuple=True)
             # head and softmax only at supervised positions: p_{t+1+k} sits at column t+1+k of p_draft
-            loss_k, hit = self._step_loss(d.lm_head(out.normed[rows]), p_draft[rows[0], rows[1] + 1 + k])
-            correct = int(hit.sum())
+            per_pos, hit = self._step_loss(d.lm_head(out.normed[rows]), p_draft[rows[0], rows[1] + 1 + k])
+            terms.append((rows, per_pos))
             hit_bt = torch.zeros_like(chain)
             hit_bt[rows] = hit
             chain &= hit_bt
             accepted += chain
             stats.chain.append(int(chain.sum()))
+            stats.correct.append(int(hit.sum()))
+            stats.counts.append(int(rows[0].numel()))
+        weighted = self.training and self.round_weight > 0
+        # a Python walk over [B, T]: only where its result is used
+        starts = round_starts(anchor, accepted) if weighted or not self.training else None
+        for k, (rows, per_pos) in enumerate(terms):
+            # rows are chain anchors t (the step-k prediction of the chain that starts at t)
+            weight = 1 + self.round_weight * starts[rows].to(per_pos.dtype) if weighted else None
+            loss_k = self._reduce(per_pos, weight)
             total = total + self.decay**k * loss_k
             stats.losses.append(float(loss_k.detach()))
-            stats.correct.append(correct)
-            stats.counts.append(int(rows[0].numel()))
-        if not self.training:  # a Python walk over [B, T]: evaluation only
-            stats.round_tokens, stats.rounds = simulate_rounds(anchor, accepted)
+        if not self.training:
+            stats.round_tokens, stats.rounds = int((accepted + 1)[starts].sum()), int(starts.sum())
         return total, stats
 
     def _step_loss(self, draft_logits: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows are the supervised positions, [N, V_d] each. Sum / (N over ALL ranks) * world size: DDP's
-        gradient averaging then yields exactly the single-process gradient of the global batch."""
+        """Rows are the supervised positions, [N, V_d] each -> (loss per row [N], draft top-1 == target top-1 [N])."""
         per_pos = LOSSES[self.loss_kind](draft_logits.float(), target_logits.float())  # [N]
-        n = self.reduce_count(torch.tensor(float(per_pos.numel()), dtype=torch.float64)).clamp_min(1)
-        loss = per_pos.sum() / n.to(per_pos.dtype) * self.world_size
-        hit = draft_logits.argmax(-1) == target_logits.argmax(-1)  # [N] draft top-1 == target top-1
-        return loss, hit
+        return per_pos, draft_logits.argmax(-1) == target_logits.argmax(-1)
+
+    def _reduce(self, per_pos: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+        """(Weighted) sum / (rows, or their weights, over ALL ranks) * world size: DDP's gradient averaging
+        then yields exactly the single-process gradient of the global batch."""
+        num = per_pos.sum() if weight is None else (weight * per_pos).sum()
+        den = float(per_pos.numel()) if weight is None else float(weight.sum())
+        n = self.reduce_count(torch.tensor(den, dtype=torch.float64)).clamp_min(1)
+        return num / n.to(per_pos.dtype) * self.world_size
