@@ -1,13 +1,16 @@
-"""Where does first-position acceptance go between ShareGPT held-out (~0.40) and MT-bench (~0.30)?
-
-Teacher-forced top-1 agreement of a draft, per TTT position, on two sample sets and with the target in two
-dtypes, side by side:
-- ShareGPT held-out: the training data's held-out split (regenerated answers, never trained on);
-- MT-bench: the target's own regenerated answers to MT-bench (an evaluation set: used here to evaluate only).
-fp32 vs bf16 target separates a dtype mismatch (training features were captured with a bf16 target, serving
-runs fp32) from a distribution gap (the same fp32 target on both sets).
+"""Offline acceptance of a draft: teacher-forced top-1 agreement per TTT position and greedy k-chain tau,
+anchored at every position and walked round by round as a decoder walks it, on three sample sets (--sets):
+- sharegpt_heldout: the training data's held-out split (regenerated answers, never trained on);
+- mtbench_answers: the target's own regenerated answers to MT-bench (an evaluation set: used here to
+  evaluate only);
+- mtbench_bench_sample: the questions `eaglewire bench --limit N` asks, with the answers its vanilla row
+  decodes: round by round this reproduces the bench's online tau (sitting 9: 1.989 against 1.995, 16 x
+  256) in a minute or two instead of a bench run.
+fp32 vs bf16 target (--dtypes) separates a dtype mismatch (training features were captured with a bf16
+target, serving runs fp32) from a distribution gap (the same fp32 target on both sets).
 
     python benchmarks/heldout_gap.py --draft src/eaglewire/assets/drafts/smollm2-135m --samples 48
+    python benchmarks/heldout_gap.py --draft RUN/draft --samples 16 --dtypes fp32 --sets mtbench_bench_sample
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from eaglewire.verifier.loader import load_target
 from eaglewire.train.ttt import TTTModel
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # --dtypes names of the target's dtype
+SETS = ("sharegpt_heldout", "mtbench_answers", "mtbench_bench_sample")  # --sets, described in the docstring
 
 
 @torch.no_grad()
@@ -76,34 +80,37 @@ def bench_sample(target, limit: int, max_new_tokens: int = 256) -> list:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--draft", type=Path, default=Path("src/eaglewire/assets/drafts/smollm2-135m"))
+    ap.add_argument("--draft", type=Path, nargs="+", default=[Path("src/eaglewire/assets/drafts/smollm2-135m")],
+                    help="one or more drafts, scored on the same samples (decoded once)")
     ap.add_argument("--samples", type=int, default=48)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/recipe/heldout_gap.json"))
     ap.add_argument("--dtypes", default="fp32,bf16", help="target dtypes to compare, from: " + ", ".join(DTYPES))
+    ap.add_argument("--sets", default=",".join(SETS), help="sample sets, from: " + ", ".join(SETS))
     a = ap.parse_args()
-    unknown = [n for n in a.dtypes.split(",") if n not in DTYPES]
+    unknown = [n for n in a.dtypes.split(",") if n not in DTYPES] + [n for n in a.sets.split(",") if n not in SETS]
     if unknown:
-        ap.error(f"--dtypes: unknown {unknown}; expected names from {list(DTYPES)}")
+        ap.error(f"--dtypes / --sets: unknown {unknown}; expected names from {list(DTYPES)} / {list(SETS)}")
     targets = {n: load_target(dtype=DTYPES[n]) for n in a.dtypes.split(",")}
     reference = load_target() if "fp32" not in targets else targets["fp32"]  # the draft loads against fp32
     tok = reference.tokenizer
-    share, _ = load_samples("smollm2-regen+smollm2-regen-vllm", tok, max_length=1024)
-    sets = {"sharegpt_heldout": split_heldout(share, 0.05)[1][:a.samples],
-            "mtbench_answers": load_samples("smollm2-mtbench-regen", tok, max_length=1024)[0][:a.samples],
-            "mtbench_bench_sample": bench_sample(reference, a.samples)}
-    out = {"cpu": describe_cpu(), "draft": str(a.draft), "results": {}}
-    for tname, target in targets.items():
-        draft = load_checkpoint(a.draft, target=reference).float()
-        for sname, samples in sets.items():
-            r = agreement(draft, target, samples, a.steps)
-            out["results"][f"{sname}/{tname}"] = r
-            print(f"{sname:18s} target {tname}: top-1 per position {r['acc']} over {r['positions'][0]} tokens; "
-                  f"chain {r['chain']}, tau {r['tau_chain']} at every position, {r['tau_rounds']} round by round",
-                  flush=True)
-            a.out.parent.mkdir(parents=True, exist_ok=True)
-            a.out.write_text(json.dumps(out, indent=2) + "\n")  # after each case: a cut-short run keeps its part
-
+    share = load_samples("smollm2-regen+smollm2-regen-vllm", tok, max_length=1024)[0] if "sharegpt_heldout" in a.sets else []
+    build = {"sharegpt_heldout": lambda: split_heldout(share, 0.05)[1][:a.samples],
+             "mtbench_answers": lambda: load_samples("smollm2-mtbench-regen", tok, max_length=1024)[0][:a.samples],
+             "mtbench_bench_sample": lambda: bench_sample(reference, a.samples)}
+    sets = {name: build[name]() for name in a.sets.split(",")}
+    out = {"cpu": describe_cpu(), "drafts": [str(d) for d in a.draft], "results": {}}
+    for dpath in a.draft:
+        for tname, target in targets.items():
+            draft = load_checkpoint(dpath, target=reference).float()
+            for sname, samples in sets.items():
+                r = agreement(draft, target, samples, a.steps)
+                out["results"][f"{dpath}/{sname}/{tname}" if len(a.draft) > 1 else f"{sname}/{tname}"] = r
+                print(f"{dpath} {sname} target {tname}: top-1 per position {r['acc']} over {r['positions'][0]} "
+                      f"tokens; chain {r['chain']}, tau {r['tau_chain']} at every position, {r['tau_rounds']} "
+                      "round by round", flush=True)
+                a.out.parent.mkdir(parents=True, exist_ok=True)
+                a.out.write_text(json.dumps(out, indent=2) + "\n")  # after each case: a cut-short run keeps its part
 
 if __name__ == "__main__":
     main()
