@@ -32,3 +32,24 @@ def test_round_cost_is_tau_over_speed_against_the_same_engines_vanilla():
     text = markdown(out)
     assert "one round / one decode step (50.0 ms) = 1.33: draft 16.7 + verify 50.0 ms per round" in text
     assert "vllm_eagle_chain (k=3): one round / one decode step (25.0 ms) = 1.25" in text
+
+
+def test_each_repetition_compares_the_engines_on_the_same_prompts():
+    """A repetition's ours / peer: the ratio of the medians, and the median of the per-prompt ratios (one
+    prompt in both engines); markdown lists every repetition."""
+    from eaglewire.decoding.bench import _repeat_summary
+
+    toks = list(range(10))
+    runs = {"eagle_chain": [Run(toks, s) for s in (0.1, 0.2, 0.4)],  # 100, 50, 25 tok/s
+            "vllm_eagle_chain": [Run(toks, s) for s in (0.2, 0.1, 0.4)],  # 50, 100, 25 tok/s
+            "vanilla": [Run(toks, 0.5)] * 3}
+    rep = _repeat_summary(runs)
+    assert rep["median_tok_s"]["eagle_chain"] == pytest.approx(50.0)
+    assert rep["eagle_chain_vs_vllm_eagle_chain"] == pytest.approx(1.0)  # medians 50 / 50
+    assert rep["eagle_chain_vs_vllm_eagle_chain_per_prompt"] == pytest.approx(1.0)  # median of 2, 0.5, 1
+    assert "vanilla_vs_vllm_vanilla" not in rep  # no peer vanilla row
+    out = summarize(runs, TreeShape.chain(3), TreeShape.chain(3), 10)
+    out.update(dtype="float32", prompts=3, repetitions=2, repeats=[rep, {**rep, "eagle_chain_vs_vllm_eagle_chain": 1.5}])
+    text = markdown(out)
+    assert "repetition 1: eagle_chain (k=3) / vllm_eagle_chain (k=3) 1.00× (per prompt 1.00×)" in text
+    assert "repetition 2: eagle_chain (k=3) / vllm_eagle_chain (k=3) 1.50×" in text

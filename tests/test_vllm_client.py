@@ -208,10 +208,12 @@ def test_bench_vllm_peer_rows_beside_ours(setup):
     target, draft, _export, prompts, _ = setup
     res = run_bench(target, draft, prompts[:2], 32, TreeShape.chain(K), TreeShape.chain(K), log=lambda s: None,
                     methods=["vanilla", "eagle_chain", "vllm_vanilla", "vllm_eagle_chain"],
-                    peer_eager=True)  # bookkeeping only: no speed is compared here
+                    peer_eager=True, repeats=2)  # bookkeeping only: no speed is compared here
     m = res["methods"]
     assert set(m) == {"vanilla", "eagle_chain", "vllm_vanilla", "vllm_eagle_chain"}
-    assert m["vllm_vanilla"]["matches_vanilla"] >= 1 and m["vllm_eagle_chain"]["matches_vanilla"] >= 1
+    assert len(m["vllm_eagle_chain"]["tok_s"]) == len(m["eagle_chain"]["tok_s"]) == 4  # 2 prompts x 2 repetitions
+    assert [set(r) >= {"eagle_chain_vs_vllm_eagle_chain", "vanilla_vs_vllm_vanilla"} for r in res["repeats"]] == [True] * 2
+    assert m["vllm_vanilla"]["matches_vanilla"] >= 2 and m["vllm_eagle_chain"]["matches_vanilla"] >= 2
     assert abs(m["vllm_eagle_chain"]["tau"] - m["eagle_chain"]["tau"]) < 0.2, m
     assert len(m["vllm_eagle_chain"]["per_position"]) == K
     assert m["eagle_chain"]["speedup_vs_vllm_vanilla"] > 0

@@ -108,6 +108,9 @@ def bench_cmd(
     dtype: str = typer.Option("float32", "--dtype", help=DTYPE_HELP + " Every row runs in it (HF generate, vanilla, "
                               "EAGLE, vLLM's); bench.json records it."),
     draft_dtype: str = typer.Option("auto", "--draft-dtype", help=DRAFT_DTYPE_HELP),
+    repeats: int = typer.Option(1, "--repeats", min=1, help="Run the whole sequence (peer rows, then ours) this "
+                                "many times; bench.md gives each repetition's ours / vLLM ratios. The engines "
+                                "cannot be interleaved and a shared host drifts by 10-20% within minutes."),
 ) -> None:
     """HF generate vs vanilla vs prompt lookup vs EAGLE-3 chain vs tree, interleaved in one process.
 
@@ -116,7 +119,7 @@ def bench_cmd(
     prompts = B.bench_prompts(tgt, questions, limit, turns, answers)
     result = B.run_bench(tgt, d, prompts, max_new_tokens, TreeShape.chain(chain_k),
                          TreeShape(num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens),
-                         log=_say,
+                         log=_say, repeats=repeats,
                          methods=list(dict.fromkeys([m.strip() for m in methods.split(",") if m.strip()]
                                                     + (list(PEER_METHODS) if vllm else []))))
     result["questions"], result["draft"], result["turns"] = questions, str(resolve_draft(draft)), turns

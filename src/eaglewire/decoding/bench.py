@@ -134,28 +134,67 @@ def bench_prompts(target: Any, questions: str, limit: int, turns: int = 1,
 
 def run_bench(target: Any, draft: Any, prompts: list[torch.Tensor], max_new: int, chain: TreeShape,
               tree: TreeShape, log: Callable[[str], None] = print, methods: Sequence[str] = METHODS,
-              on_prompt: Callable[[int, int], None] | None = None, peer_eager: bool = False) -> dict:
+              on_prompt: Callable[[int, int], None] | None = None, peer_eager: bool = False,
+              repeats: int = 1) -> dict:
+    """Every method on every prompt, ours interleaved prompt by prompt. The peer rows (vLLM) cannot be
+    interleaved with ours (a running vLLM engine core spins on the CPU) and this kind of host drifts by
+    10-20% within minutes, so with `repeats` R the whole sequence (peer rows, then ours) runs R times:
+    `repeats` in the result holds each repetition's medians and its ours / peer ratios, the method rows
+    pool every run."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, not {repeats}")
     eos = target.tokenizer.eos_token_id
     max_len = max(p.shape[1] for p in prompts) + max_new + tree.num_draft_tokens + 16
     peers = [m for m in PEER_METHODS if m in methods]
     dtype = str(target.dtype).removeprefix("torch.")  # every row runs in it: ours on the target, vLLM's told
-    peer = peer_rows(target, draft, prompts, max_new, chain.num_steps, peers, dtype, log, peer_eager) if peers else {}
-    methods = make_methods(target, draft, chain, tree, max_len, eos, methods, log)
-    for name, fn in methods.items():  # warm-up, not counted
+    ours = make_methods(target, draft, chain, tree, max_len, eos, methods, log)
+    for fn in ours.values():  # warm-up, not counted
         fn(prompts[0], min(16, max_new))
-    runs: dict[str, list[Run]] = {m: [] for m in methods}
+    runs: dict[str, list[Run]] = {m: [] for m in (*ours, *peers)}
+    reported: dict[str, dict] = {}
+    per_repeat = []
+    for r in range(repeats):
+        if repeats > 1:
+            log(f"repetition {r + 1}/{repeats}")
+        peer = peer_rows(target, draft, prompts, max_new, chain.num_steps, peers, dtype, log, peer_eager) if peers else {}
+        for name, (rows, acc) in peer.items():
+            runs[name] += [Run(t, sec) for t, sec in rows]
+            reported[name] = acc  # vLLM's own counters; greedy, so every repetition counts the same
+        _run_ours(ours, prompts, max_new, runs, log, on_prompt)
+        per_repeat.append(_repeat_summary({m: rs[-len(prompts):] for m, rs in runs.items()}))
+    out = summarize(runs, chain, tree, max_new, reported)
+    if repeats > 1:  # the method rows pool every repetition: `prompts` runs each time
+        out["prompts"], out["repetitions"], out["repeats"] = len(prompts), repeats, per_repeat
+    return {**out, "dtype": dtype, "draft_dtype": str(draft.fc.weight.dtype).removeprefix("torch.")}
+
+
+def _run_ours(methods: dict[str, Callable[[torch.Tensor, int], Run]], prompts: list[torch.Tensor], max_new: int,
+              runs: dict[str, list[Run]], log: Callable[[str], None],
+              on_prompt: Callable[[int, int], None] | None) -> None:
+    """Our methods over every prompt; the order rotates per prompt, so no method always runs first."""
     names = list(methods)
     for i, ids in enumerate(prompts):
-        order = names[i % len(names):] + names[: i % len(names)]
-        for name in order:
+        for name in names[i % len(names):] + names[: i % len(names)]:
             runs[name].append(methods[name](ids, max_new))
         log(f"prompt {i + 1}/{len(prompts)}: " + ", ".join(
             f"{m} {len(runs[m][-1].tokens) / runs[m][-1].seconds:.1f}" for m in names) + " tok/s")
         if on_prompt:
             on_prompt(i + 1, len(prompts))
-    runs.update({name: [Run(t, sec) for t, sec in rows] for name, (rows, _) in peer.items()})
-    return {**summarize(runs, chain, tree, max_new, {name: acc for name, (_, acc) in peer.items()}), "dtype": dtype,
-            "draft_dtype": str(draft.fc.weight.dtype).removeprefix("torch.")}
+
+
+PEER_PAIRS = (("eagle_chain", "vllm_eagle_chain"), ("vanilla", "vllm_vanilla"))  # ours, the peer's same row
+
+
+def _repeat_summary(runs: dict[str, list[Run]]) -> dict:
+    """One repetition: median tok/s per method and ours / peer per pair present (ratio of the medians, and
+    the median of the per-prompt ratios: the same prompt in both engines)."""
+    rates = {m: [len(r.tokens) / r.seconds for r in rs] for m, rs in runs.items() if rs}
+    out: dict[str, Any] = {"median_tok_s": {m: statistics.median(v) for m, v in rates.items()}}
+    for a, b in PEER_PAIRS:
+        if a in rates and b in rates:
+            out[f"{a}_vs_{b}"] = statistics.median(rates[a]) / statistics.median(rates[b])
+            out[f"{a}_vs_{b}_per_prompt"] = statistics.median(x / y for x, y in zip(rates[a], rates[b]))
+    return out
 
 
 def summarize(runs: dict[str, list[Run]], chain: TreeShape, tree: TreeShape, max_new: int,
@@ -220,7 +259,7 @@ def markdown(result: dict) -> str:
         pp = ", ".join(f"{p:.2f}" for p in m.get("per_position", [])) or "–"
         ratios = " | ".join(f"{m[f'speedup_vs_{b}']:.2f}×" for b in bases)
         lines.append(f"| {label(name, result)} | {m['median_tok_s']:.2f} | {ratios} | {tau} | {pp} | "
-                     f"{m['matches_vanilla']}/{result['prompts']} |")
+                     f"{m['matches_vanilla']}/{result['prompts'] * result.get('repetitions', 1)} |")
     for name, m in result["methods"].items():
         if "round_vs_decode_step" in m:
             split = (f": draft {m['draft_ms_per_round']:.1f} + verify {m['verify_ms_per_round']:.1f} ms per round"
@@ -231,9 +270,14 @@ def markdown(result: dict) -> str:
     if cpu:
         ddt = result.get("draft_dtype", result["dtype"])
         drafted = f" (our EAGLE rows' draft: {ddt})" if ddt != result["dtype"] else ""
-        lines.append(f"\n{result['prompts']} prompts, {result['max_new_tokens']} new tokens, greedy, {result['dtype']}{drafted}; "
+        reps = f" x {result['repetitions']} repetitions" if result.get("repetitions", 1) > 1 else ""
+        lines.append(f"\n{result['prompts']} prompts{reps}, {result['max_new_tokens']} new tokens, greedy, {result['dtype']}{drafted}; "
                      f"CPU: {cpu['model']}, "
                      f"{cpu['threads']} threads, native bf16 {'yes' if cpu['native_bf16'] else 'no'}")
+    for r, rep in enumerate(result.get("repeats", [])):
+        pairs = "; ".join(f"{label(a, result)} / {label(b, result)} {rep[f'{a}_vs_{b}']:.2f}× (per prompt "
+                          f"{rep[f'{a}_vs_{b}_per_prompt']:.2f}×)" for a, b in PEER_PAIRS if f"{a}_vs_{b}" in rep)
+        lines.append(f"{'' if r else chr(10)}repetition {r + 1}: {pairs or 'no peer rows'}")
     if result["dtype"] == "bfloat16":
         lines.append("bfloat16: 'same tokens as vanilla' can fall short of all without a loss: a verify of k rows "
                      "rounds unlike a 1-row step, and where two tokens tie in bf16 the runs may take different ones.")
