@@ -146,10 +146,10 @@ def warm_start(draft: Eagle3Draft, path: Path, target: Any, vmap: VocabMap, taps
     seeds which token it is. The target's rows alone (what a fresh draft starts from) outscore the
     trained ones: the release grown to 16k rows that way scored tau 1.01 on the bench's MT-bench text,
     and with rows of zeros 1.41, against 1.99 for the release and for the mean-row start (sitting 9;
-    sitting 8's 16k lever had started from the target's rows). A deeper `draft` grows: the source's layers are copied and each added
-    layer's two output projections (o_proj, down_proj) start at GROWN_OUT_SCALE of their random init, so
-    the grown draft predicts what the source did (to ~1e-3) and every weight of the new layer learns from
-    step 1. Not exactly zero: Adam normalises the gradient, so a layer whose output projections are zero
+    sitting 8's 16k lever had started from the target's rows).
+    A deeper `draft` grows: the source's layers are copied and each added layer's two output projections
+    (o_proj, down_proj) start at GROWN_OUT_SCALE of their random init, so the grown draft predicts what
+    the source did (to ~1e-3) and every weight of the new layer learns from step 1. Not exactly zero: Adam normalises the gradient, so a layer whose output projections are zero
     gives its q/k/v and MLP inputs a zero update until those projections move (measured in sitting 8: 160
     steps of such a layer matched the 1-layer control to three decimals).
     The optimizer state and the lr schedule start afresh."""
@@ -181,12 +181,11 @@ def warm_start(draft: Eagle3Draft, path: Path, target: Any, vmap: VocabMap, taps
         head = draft.lm_head.weight  # [V_d, H]: the target's rows (build_draft) until copied over
         if kept:
             new_idx, old_idx = map(torch.tensor, zip(*kept))
-            head[new_idx] = theirs["lm_head.weight"][old_idx].to(head.dtype)
-        fresh = torch.ones(len(head), dtype=torch.bool)
-        fresh[[i for i, _ in kept]] = False
-        if kept and fresh.any():
+            fresh = torch.ones(len(head), dtype=torch.bool)  # ids new to this vocab
+            fresh[new_idx] = False
             mean = theirs["lm_head.weight"].float().mean(0)  # [H]
             head[fresh] = (mean + GROWN_HEAD_SCALE * head[fresh].float()).to(head.dtype)
+            head[new_idx] = theirs["lm_head.weight"][old_idx].to(head.dtype)
     return {"head_rows_copied": len(kept), "head_rows_from_target": draft.cfg.draft_vocab_size - len(kept),
             "layers_added": len(added)}
 

@@ -214,16 +214,15 @@ class TTTModel(nn.Module):
             stats.correct.append(int(hit.sum()))
             stats.counts.append(int(rows[0].numel()))
         weighted = self.training and self.round_weight > 0
-        # a Python walk over [B, T]: only where its result is used
-        starts = round_starts(anchor, accepted) if weighted or not self.training else None
+        starts = round_starts(anchor, accepted) if weighted else None  # a Python walk over [B, T]: only if used
         for k, (rows, per_pos) in enumerate(terms):
             # rows are chain anchors t (the step-k prediction of the chain that starts at t)
             weight = 1 + self.round_weight * starts[rows].to(per_pos.dtype) if weighted else None
             loss_k = self._reduce(per_pos, weight)
             total = total + self.decay**k * loss_k
             stats.losses.append(float(loss_k.detach()))
-        if not self.training:
-            stats.round_tokens, stats.rounds = int((accepted + 1)[starts].sum()), int(starts.sum())
+        if not self.training:  # evaluation is never weighted: the walk runs here once
+            stats.round_tokens, stats.rounds = simulate_rounds(anchor, accepted)
         return total, stats
 
     def _step_loss(self, draft_logits: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
