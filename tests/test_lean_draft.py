@@ -75,3 +75,26 @@ def test_the_proposer_drafts_the_same_tokens_on_either_path(shape):
         prop.accept(taps[:, :2], [first.tokens[0], 13])
         trees.append((first, prop.propose()))
     assert trees[0] == trees[1]
+
+
+@pytest.mark.parametrize("layout", ["module", "auto"])
+def test_the_chain_path_drafts_what_the_tree_walk_drafts_for_topk_1(layout):
+    """propose() takes a mask-free argmax loop for chains; the general tree walk must agree with it, round
+    after round (the committed entries and the overwritten node slots included)."""
+    target = build_target("llama")
+    draft, contract = build_draft(target, seed=5)
+    g = torch.Generator().manual_seed(4)
+    prompt = torch.randint(0, 256, (1, 12), generator=g)
+    taps = torch.randn(1, 12, 3 * target.hidden_size, generator=g)
+    props = [EagleProposer(draft, contract, TreeShape.chain(4), max_len=64, layout=layout) for _ in range(2)]
+    for p in props:
+        p.start(prompt, taps, 11)
+    for r in range(4):
+        chain, tree = props[0]._propose_chain(), props[1]._propose_tree()
+        assert chain == tree and tree.parents == [-1, 0, 1, 2]
+        # the same keys/values in the same slots (positions and slots of every node, not only the argmax)
+        torch.testing.assert_close(props[0].cache.k, props[1].cache.k, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(props[0].cache.v, props[1].cache.v, rtol=1e-5, atol=1e-6)
+        accepted = chain.tokens[: r % 3] + [17 + r]
+        for p in props:
+            p.accept(taps[:, r: r + len(accepted)], accepted)

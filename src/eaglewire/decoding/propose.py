@@ -66,6 +66,12 @@ class EagleProposer:
 
     @torch.no_grad()
     def propose(self) -> DraftTree:
+        return self._propose_chain() if self.shape.is_chain else self._propose_tree()
+
+    @torch.no_grad()
+    def _propose_tree(self) -> DraftTree:
+        """Beam-style tree expansion: every level feeds the K best-scoring frontier nodes, each adds its K
+        best children (summed log-probabilities); `_select` keeps the N-1 best nodes."""
         K, S = self.shape.topk, self.shape.num_steps
         logp = torch.log_softmax(self.last_logits.float(), -1)
         top = logp.topk(K)
@@ -95,6 +101,23 @@ class EagleProposer:
             frontier = [base + b for b in best]
             hidden = out.hidden[:, [b // K for b in best]]  # children are fed their parent's output
         return self._select(scores, parents, ids)
+
+    @torch.no_grad()
+    def _propose_chain(self) -> DraftTree:
+        """The tree walk for topk = 1 without its bookkeeping: each step feeds the previous draft token
+        at the next slot and keeps its argmax. Every node then sees all committed entries and every earlier
+        node, so no mask is needed, and the argmax of the logits is the tree's log-softmax top-1 (a monotone
+        map). Why: a chain is vLLM's default and the common case, and a round's drafting is a few
+        memory-bound forwards plus a few hundred small ops (tested: the same tokens as the tree walk)."""
+        ids = [int(self.last_logits.argmax())]  # draft-vocab ids, level 1..S
+        hidden = self.last_hidden  # [1, 1, H]: the root step's output feeds level 2
+        for level in range(2, self.shape.num_steps + 1):
+            tok = self.d.to_target_ids(torch.tensor([[ids[-1]]]))  # [1, 1] target id
+            pos = torch.tensor([[self.n - 2 + level]])
+            out = self.d.step(tok, hidden, pos, None, cache=self.cache, start=self.n + level - 2)
+            ids.append(int(out.logits[0, -1].argmax()))
+            hidden = out.hidden  # [1, 1, H]
+        return DraftTree(tokens=self.d.to_target_ids(torch.tensor(ids)).tolist(), parents=list(range(-1, len(ids) - 1)))
 
     def _mask(self, frontier: list[int], parents: list[int], fed: dict[int, int], slot: int) -> torch.Tensor:
         """Frontier node j (written at slot+j) sees the committed entries, itself, and its fed ancestors."""

@@ -84,7 +84,7 @@ class Attention(nn.Module):
             end = past.start + t
             past.k[:b, :, past.start:end], past.v[:b, :, past.start:end] = k, v
             k, v = past.k[:b, :, :end], past.v[:b, :, :end]
-            if mask is None:
+            if mask is None and t > 1:  # one row sees every slot up to itself: SDPA unmasked is exactly that
                 mask = torch.ones(t, end, dtype=torch.bool, device=x.device).tril(past.start)[None, None]
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
             return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), (k, v)
