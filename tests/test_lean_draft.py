@@ -38,7 +38,7 @@ def test_every_layout_computes_what_the_draft_modules_compute(norm, layers):
     ref_first, ref_next = _forward(draft, ids, taps, draft.cfg)
     for layout in candidate_layouts(torch.float32):
         lean = LeanDraft(draft, layout)
-        assert sum(isinstance(m, LayoutLinear) for m in lean.model.modules()) == 2 + 7 * layers  # fc, head, 7/layer
+        assert sum(isinstance(m, LayoutLinear) for m in lean.model.modules()) == 2 + 4 * layers  # fc, head; qkv, o, gate_up, down
         first, nxt = _forward(lean.model, ids, taps, draft.cfg)
         for a, b in ((first.logits, ref_first.logits), (first.hidden, ref_first.hidden),
                      (nxt.logits, ref_next.logits), (nxt.hidden, ref_next.hidden)):

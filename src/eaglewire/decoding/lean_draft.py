@@ -1,6 +1,7 @@
 """The draft's GEMMs on the lean runtime's layouts: a decoding copy of an Eagle3Draft whose Linears run as
 `runtime.Linear` (oneDNN's prepacked weight where this torch and CPU offer it, else the fastest plain
-matmul), everything else (norm flags, attention, RoPE) the draft's own tested code.
+matmul), q/k/v and gate/up fused into one GEMM each (as the target runtime does), everything else (norm
+flags, attention, RoPE) the draft's own tested code.
 
 Why: drafting is a few 1-4 row GEMMs per round, and nn.Linear's layout is among the slowest here: with
 nn.Linear a chain-k=3 round spent 17 ms drafting against 36 ms verifying (`eaglewire bench`, sitting-5
@@ -25,13 +26,15 @@ DRAFT_ROWS, DRAFT_REPS = (1, 4), 5  # row counts timed (a draft step / an accept
 
 
 class LayoutLinear(nn.Module):
-    """nn.Linear's forward through `runtime.Linear`; the layout is looked up per row count in a policy
-    {rows: layout} shared by every Linear of one draft (the largest rows key <= the call's rows)."""
+    """nn.Linear's forward through `runtime.Linear` (one module's, or several fused side by side); the layout
+    is looked up per row count in a policy {rows: layout} shared by every Linear of one draft (the largest
+    rows key <= the call's rows)."""
 
-    def __init__(self, lin: nn.Linear, policy: dict[int, str], packed: bool) -> None:
+    def __init__(self, lins: list[nn.Linear], policy: dict[int, str], packed: bool) -> None:
         super().__init__()
-        self.lin, self.policy = Linear(lin.weight, lin.bias, packed), policy
-        self.out_features = lin.out_features
+        self.lin = Linear.fused(lins, packed) if len(lins) > 1 else Linear(lins[0].weight, lins[0].bias, packed)
+        self.policy = policy
+        self.out_features = sum(m.out_features for m in lins)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         return self.lin(x, pick(self.policy, x.numel() // x.shape[-1]))
@@ -50,10 +53,15 @@ class LeanDraft:
         emb = draft.embed_tokens.weight
         self.model = copy.deepcopy(draft, memo={id(emb): emb})  # the [V, H] embedding stays shared
         packed = "dnnl" in self.candidates
+        for layer in self.model.layers:  # fused first: the separate modules are then dropped (never called)
+            attn, mlp = layer.self_attn, layer.mlp
+            attn.qkv = LayoutLinear([attn.q_proj, attn.k_proj, attn.v_proj], self.policy, packed)
+            mlp.gate_up = LayoutLinear([mlp.gate_proj, mlp.up_proj], self.policy, packed)
+            attn.q_proj = attn.k_proj = attn.v_proj = mlp.gate_proj = mlp.up_proj = None
         for parent in list(self.model.modules()):
             for name, child in list(parent.named_children()):
                 if isinstance(child, nn.Linear):
-                    setattr(parent, name, LayoutLinear(child, self.policy, packed))
+                    setattr(parent, name, LayoutLinear([child], self.policy, packed))
         self.model.eval()
         self.calibration_ms: dict[int, dict[str, float]] = {}
         if layout == "auto":

@@ -70,16 +70,24 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(in_features, cfg.num_key_value_heads * hd, bias=False)
         self.v_proj = nn.Linear(in_features, cfg.num_key_value_heads * hd, bias=False)
         self.o_proj = nn.Linear(cfg.num_attention_heads * hd, cfg.hidden_size, bias=False)
+        # Decoding copies (decoding/lean_draft.py) set one module computing q, k, v side by side: one GEMM
+        # instead of three. Never saved: the checkpoint keeps the three projections engines load.
+        self.qkv: nn.Module | None = None
+        self.qkv_widths = [cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd, cfg.num_key_value_heads * hd]
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None,
                 past: KV | SlotWrite | None) -> tuple[torch.Tensor, KV]:
         """x: [B, T, in]; mask: bool [B, 1, T, S] (True = may attend) or None for plain causal."""
         b, t, _ = x.shape
         hd, theta = self.cfg.head_dim, self.cfg.rope_theta
-        q = self.q_proj(x).view(b, t, -1, hd).transpose(1, 2)  # [B, heads, T, D]
+        if self.qkv is None:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        else:  # [B, T, (heads + 2 kv_heads) * D] split into views
+            q, k, v = self.qkv(x).split(self.qkv_widths, dim=-1)
+        q = q.reshape(b, t, -1, hd).transpose(1, 2)  # [B, heads, T, D]
         cos, ssin = rope_tables(position_ids, hd, theta, q.dtype)  # [B, 1, T, D] each, once for q and k
-        q, k = rotate(q, cos, ssin), rotate(self.k_proj(x).view(b, t, -1, hd).transpose(1, 2), cos, ssin)
-        v = self.v_proj(x).view(b, t, -1, hd).transpose(1, 2)
+        q, k = rotate(q, cos, ssin), rotate(k.reshape(b, t, -1, hd).transpose(1, 2), cos, ssin)
+        v = v.reshape(b, t, -1, hd).transpose(1, 2)
         if isinstance(past, SlotWrite):  # decoding: static cache, no re-allocation
             end = past.start + t
             past.k[:b, :, past.start:end], past.v[:b, :, past.start:end] = k, v
@@ -103,9 +111,13 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up: nn.Module | None = None  # decoding copies: gate and up side by side (one GEMM), never saved
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up is None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up(x).chunk(2, dim=-1)  # [B, T, I] views of one [B, T, 2I] output
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DraftLayer(nn.Module):
