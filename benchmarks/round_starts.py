@@ -7,8 +7,8 @@ decoded text with one target forward and asks, for the token that first draft ha
 - whether the draft vocabulary holds it at all;
 - where it ranked among the draft's candidates (top-1 is what a chain accepts; top-2/top-4 what a tree
   with that branching could have verified).
-The same target-confidence histogram over every answer position shows how much harder round starts are
-than the average token (a round mostly starts right after a rejection). Self-check: the recorded level-1
+The same target-confidence histogram over every answer position shows whether round starts (mostly right
+after a rejection) are where the target itself is less sure. Self-check: the recorded level-1
 argmax reproduces the decoder's own acceptance of the first draft, round by round.
 
     python benchmarks/round_starts.py --limit 16 --max-new-tokens 256 --k 3

@@ -32,7 +32,7 @@ class LayoutLinear(nn.Module):
 
     def __init__(self, lins: list[nn.Linear], policy: dict[int, str], packed: bool) -> None:
         super().__init__()
-        self.lin = Linear.fused(lins, packed) if len(lins) > 1 else Linear(lins[0].weight, lins[0].bias, packed)
+        self.lin = Linear.fused(lins, packed)  # one module: its own weight (and bias)
         self.policy = policy
         self.out_features = sum(m.out_features for m in lins)
 

@@ -155,8 +155,8 @@ def warm_start(draft: Eagle3Draft, path: Path, target: Any, vmap: VocabMap, taps
 
     Everything but the head is copied as is; the taps and layer shapes must match (refused otherwise:
     a draft trained on other boundaries is no warm start). The head is remapped by target id: rows of
-    ids both vocabularies keep are copied; a row of an id new to this vocab starts at the mean of the
-    source's rows mapped into the draft's head space (`mapped_head_rows`). The target's rows as they are
+    ids both vocabularies keep are copied; a row of an id new to this vocab starts as the target's head row
+    for that id mapped into the draft's head space (`mapped_head_rows`). The target's rows as they are
     (what a fresh draft starts from) outscore the trained ones: the release grown to 16k rows that way scored
     tau 1.01 on the bench's MT-bench text, with rows of zeros 1.41, with the source's mean row + 0.1 x the
     target's row 1.989 (= the release: a new token never wins), mapped 1.997 (32k: 2.002), untrained
