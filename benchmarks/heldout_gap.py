@@ -6,6 +6,9 @@ anchored at every position and walked round by round as a decoder walks it, on t
 - mtbench_bench_sample: the questions `eaglewire bench --limit N` asks, with the answers its vanilla row
   decodes: round by round this reproduces the bench's online tau (sitting 9: 1.989 against 1.995, 16 x
   256) in a minute or two instead of a bench run.
+Each set also reports first-position agreement by the target's own confidence (`buckets`: the target's top-1
+probability at the token the first draft must guess, bins as in `round_starts.py`): whether a gap between two
+sets is the draft doing worse at equal target confidence, or the text being harder for the target itself.
 fp32 vs bf16 target (--dtypes) separates a dtype mismatch (training features were captured with a bf16
 target, serving runs fp32) from a distribution gap (the same fp32 target on both sets).
 
@@ -26,9 +29,10 @@ from eaglewire.data.features import OnlineFeatures
 from eaglewire.data.samples import load_samples, split_heldout
 from eaglewire.hw import describe_cpu
 from eaglewire.verifier.loader import load_target
-from eaglewire.train.ttt import TTTModel
+from eaglewire.train.ttt import TTTModel, shift_left
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # --dtypes names of the target's dtype
+BUCKETS = (0.0, 0.3, 0.5, 0.8, 1.01)  # the target's top-1 probability: [lo, hi), as round_starts.py bins it
 SETS = ("sharegpt_heldout", "mtbench_answers", "mtbench_bench_sample")  # --sets, described in the docstring
 
 
@@ -53,6 +57,30 @@ def agreement(draft, target, samples, steps: int, batch: int = 4) -> dict:
     return {"acc": [round(c / n, 4) for c, n in zip(correct, counts)], "positions": counts,
             "chain": [round(c / anchors, 4) for c in chain], "tau_chain": round(1 + sum(chain) / anchors, 3),
             "tau_rounds": round(tokens / rounds, 3), "rounds": rounds}
+
+
+@torch.no_grad()
+def confidence_buckets(draft, target, samples, batch: int = 4) -> list[dict]:
+    """First-position agreement at every answer position, binned by the target's own top-1 probability there.
+    Position t drafts x_{t+2} from the taps at t and x_{t+1}; the target's distribution over x_{t+2} is its
+    head on the final state at t + 1. A token outside the draft vocab is a miss, as a decoder counts it."""
+    feats = OnlineFeatures(target, draft.contract, pad_id=target.pad_id)
+    head = target.model.get_output_embeddings().weight.detach().float()  # [V, H_t]
+    n, hit, oov = (torch.zeros(len(BUCKETS) - 1) for _ in range(3))
+    for i in range(0, len(samples), batch):
+        fb = feats.batch(samples[i:i + batch])
+        out = draft.step(shift_left(fb.input_ids, 1), draft.fuse(fb.taps.float()))  # causal; logits [B, T, V_d]
+        guess = draft.to_target_ids(out.logits.argmax(-1))  # [B, T] target ids
+        probs = torch.softmax(fb.final_hidden.float() @ head.T, -1)  # [B, T, V]: x_{t+1} from state t
+        p1, top1 = (shift_left(x, 1) for x in probs.max(-1))  # [B, T]: the target on x_{t+2}
+        rows = shift_left(fb.loss_mask, 2) > 0  # x_{t+2} is an answer token
+        b = torch.bucketize(p1[rows], torch.tensor(BUCKETS[1:-1]), right=True)  # [N] bin index
+        n += torch.bincount(b, minlength=len(n)).float()
+        hit += torch.bincount(b, weights=(guess[rows] == top1[rows]).float(), minlength=len(n))
+        oov += torch.bincount(b, weights=(~draft.t2d[top1[rows]]).float(), minlength=len(n))
+    return [{"target_p1": [lo, hi], "share": round(float(c / n.sum()), 4), "first_agree": round(float(h / max(c, 1)), 4),
+             "out_of_vocab": round(float(o / max(c, 1)), 4)}
+            for lo, hi, c, h, o in zip(BUCKETS, BUCKETS[1:], n, hit, oov)]
 
 
 def bench_sample(target, limit: int, max_new_tokens: int = 256) -> list:
@@ -105,10 +133,14 @@ def main() -> None:
             draft = load_checkpoint(dpath, target=reference).float()
             for sname, samples in sets.items():
                 r = agreement(draft, target, samples, a.steps)
+                r["buckets"] = confidence_buckets(draft, target, samples)
                 out["results"][f"{dpath}/{sname}/{tname}" if len(a.draft) > 1 else f"{sname}/{tname}"] = r
                 print(f"{dpath} {sname} target {tname}: top-1 per position {r['acc']} over {r['positions'][0]} "
                       f"tokens; chain {r['chain']}, tau {r['tau_chain']} at every position, {r['tau_rounds']} "
                       "round by round", flush=True)
+                for bk in r["buckets"]:
+                    print(f"  target p1 {bk['target_p1']}: share {bk['share']}, first-position agreement "
+                          f"{bk['first_agree']}, outside V_d {bk['out_of_vocab']}", flush=True)
                 a.out.parent.mkdir(parents=True, exist_ok=True)
                 a.out.write_text(json.dumps(out, indent=2) + "\n")  # after each case: a cut-short run keeps its part
 

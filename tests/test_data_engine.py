@@ -1,6 +1,7 @@
 """The data engine's parts: rolling-pool regeneration, [start, start+limit) files, CPU-feature-driven
 dtype, stored target top-1 and the sliced head, warm start, benchmark questions spread over categories."""
 
+import dataclasses
 import json
 import threading
 import time
@@ -10,7 +11,7 @@ import torch
 from test_data_regenerate import S, EchoGenerator, source  # noqa: F401 (fixture)
 from tiny import build_target, tiny_samples
 
-import eaglewire.train.loop as loop
+import eaglewire.train.warm as train_warm
 from eaglewire import hw
 from eaglewire.checkpoint import load_checkpoint
 from eaglewire.data.features import OfflineFeatures, OnlineFeatures, capture_features
@@ -151,12 +152,45 @@ def test_warm_start_copies_weights_and_remaps_the_head(tmp_path):
     head = target.model.get_output_embeddings().weight.detach()
     ids = other.target_ids
     even = ids % 2 == 0  # vmap keeps the even ids, in order
-    mapped = loop.mapped_head_rows(head[ids], even, fs["lm_head.weight"][ids[even] // 2])
+    mapped = train_warm.mapped_head_rows(head[ids], even, fs["lm_head.weight"][ids[even] // 2])
     for i, t in enumerate(ids.tolist()):
         want = fs["lm_head.weight"][t // 2].float() if t % 2 == 0 else mapped[int((~even[:i]).sum())]
         torch.testing.assert_close(ws["lm_head.weight"][i], want, rtol=0, atol=1e-6, msg=str(t))
     with pytest.raises(CheckpointError, match="other target boundaries"):
         build_draft(target, target.contract((1, 2, 4), vocab_map=vmap), vmap, c2)
+
+
+def test_training_only_new_head_rows_leaves_the_warm_start_exactly_as_it_was(tmp_path):
+    """--train-only new_head_rows: a grown vocab's new rows learn; every weight the warm start had (its head
+    rows, the layer, fc, norms) is bit-identical after training. --train-only head moves the head alone."""
+    target, vmap, contract = _setup()
+    samples = tiny_samples(12)
+    feats = OnlineFeatures(target, contract, pad_id=0)
+    c = TrainConfig(max_steps=2, batch_size=4, warmup_steps=1, eval_every=2, ckpt_every=2, ttt_steps=1, dtype="fp32")
+    train(target, contract, vmap, feats, samples[:8], samples[8:], c, tmp_path / "a")
+    src = load_checkpoint(tmp_path / "a" / "draft", target=target).state_dict()
+    grown = VocabMap.from_target_ids(torch.arange(0, 192), 256)  # vmap's evens below 192, and the odds
+    gc = target.contract(tuple(contract.taps), vocab_map=grown)
+    init = dataclasses.replace(c, max_steps=4, lr=1e-2, init_from=str(tmp_path / "a" / "draft"))
+    for only in ("new_head_rows", "head"):
+        cfg = dataclasses.replace(init, train_only=only)
+        start = build_draft(target, gc, grown, cfg).state_dict()
+        train(target, gc, grown, feats, samples[:8], samples[8:], cfg, tmp_path / only)
+        out = load_checkpoint(tmp_path / only / "draft", target=target).state_dict()
+        for k, v in out.items():
+            if k != "lm_head.weight":
+                assert torch.equal(v, start[k].to(v.dtype)), (only, k)
+        old, new = grown.target_ids % 2 == 0, grown.target_ids % 2 == 1
+        moved = (out["lm_head.weight"] - start["lm_head.weight"]).abs().sum(-1) > 0  # [V_d]
+        assert moved[new].all(), only
+        if only == "new_head_rows":
+            kept_rows = src["lm_head.weight"][grown.target_ids[old] // 2]  # vmap holds the even ids in order
+            assert torch.equal(out["lm_head.weight"][old], kept_rows), "a kept row moved"
+        else:
+            assert moved[old].any()
+    with pytest.raises(ValueError, match="adds no id"):
+        build_and_freeze = dataclasses.replace(init, train_only="new_head_rows")
+        train(target, contract, vmap, feats, samples[:8], samples[8:], build_and_freeze, tmp_path / "none")
 
 
 def test_mapped_head_rows_recover_an_affine_image_of_the_target_head():
@@ -166,11 +200,11 @@ def test_mapped_head_rows_recover_an_affine_image_of_the_target_head():
     rows = torch.randn(300, 16, generator=g)  # [V_d, H] the target's head rows
     A, b = torch.randn(16, 16, generator=g), torch.randn(16, generator=g)
     kept = torch.rand(300, generator=g) < 0.5
-    out = loop.mapped_head_rows(rows, kept, rows[kept] @ A + b)
+    out = train_warm.mapped_head_rows(rows, kept, rows[kept] @ A + b)
     torch.testing.assert_close(out, rows[~kept] @ A + b, atol=1e-4, rtol=1e-4)
     few = torch.zeros(300, dtype=torch.bool)
     few[:8] = True  # underdetermined: still finite, and exact on the kept rows' span
-    out = loop.mapped_head_rows(rows, few, rows[few] @ A + b)
+    out = train_warm.mapped_head_rows(rows, few, rows[few] @ A + b)
     assert out.shape == (292, 16) and torch.isfinite(out).all()
 
 
@@ -182,7 +216,7 @@ def test_a_warm_start_grows_layers_that_start_as_the_identity(tmp_path, monkeypa
     one = load_checkpoint(tmp_path / "a" / "draft", target=target).float()
     grow = TrainConfig(init_from=str(tmp_path / "a" / "draft"), num_layers=3)
     batch = OnlineFeatures(target, contract, pad_id=0).batch(samples[:2])
-    monkeypatch.setattr(loop, "GROWN_OUT_SCALE", 0.0)  # the structure: zero output projections = the identity
+    monkeypatch.setattr(train_warm, "GROWN_OUT_SCALE", 0.0)  # the structure: zero output projections = the identity
     exact = build_draft(target, contract, vmap, grow)
     with torch.no_grad():
         a, b = one(batch.input_ids, batch.taps), exact(batch.input_ids, batch.taps)

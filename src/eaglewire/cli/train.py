@@ -93,6 +93,8 @@ def train_cmd(
                                        "kept (OUT/snapshots/step-N): a one-pass run's data-scaling curve."),
     init_from: Optional[Path] = typer.Option(None, "--init-from", help="Warm start from this draft (same taps; "
                                              "head rows remapped by target id; optimizer and lr schedule fresh)."),
+    train_only: str = typer.Option(T.train_only, "--train-only", help="head (the head alone), or new_head_rows "
+                                   "(only the rows a grown vocab adds to --init-from); default: every weight."),
 ) -> None:
     """Train an EAGLE-3 draft with training-time test (runs under torchrun for DDP)."""
     from eaglewire.data.samples import split_heldout
@@ -105,7 +107,8 @@ def train_cmd(
                       round_weight=round_weight, loss=loss,
                       supervise=supervise, num_layers=num_layers, init_layers_from_target=init_layers_from_target, eval_every=eval_every,
                       ckpt_every=ckpt_every, seed=seed, dtype=dtype, init_from=str(init_from) if init_from else "",
-                      snapshot_steps=tuple(parse_ints(snapshot_steps)) if snapshot_steps else ())
+                      snapshot_steps=tuple(parse_ints(snapshot_steps)) if snapshot_steps else (),
+                      train_only=train_only)
     if (data is None) == (features is None):
         raise EaglewireError("give exactly one data source", expected="--data (online) or --features (offline)",
                              found=f"--data={data}, --features={features}")

@@ -40,10 +40,10 @@ from eaglewire.data.samples import Sample
 from eaglewire.draft.config import DraftConfig
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.checkpoint import save_checkpoint
-from eaglewire.errors import CheckpointError
 from eaglewire.train import state as trainer_state
 from eaglewire.train.dist import DistInfo, all_reduce_sum, barrier
 from eaglewire.train.ttt import TTTModel, TTTStats
+from eaglewire.train.warm import freeze, init_layers_from_target, warm_start
 from eaglewire.vocab import VocabMap
 
 
@@ -73,6 +73,8 @@ class TrainConfig:
     init_from: str = ""  # warm start from this native draft (same taps): training that adds up across sittings
     init_layers_from_target: bool = False  # draft layer i starts as target layer L - num_layers + i (measured:
     # benchmarks/results/recipe); layer 0's embedding half of q/k/v stays random, since the target has none
+    train_only: str = ""  # warm.TRAIN_ONLY: "" trains every weight; "head" the head alone; "new_head_rows" only the
+    # head rows a grown vocab added to init_from (the warm start's own weights stay exactly as they were)
     snapshot_steps: tuple[int, ...] = ()  # also keep the draft at these steps (OUT/snapshots/step-N): one pass
     # over fresh data makes them a data-scaling curve for the price of one run
 
@@ -107,107 +109,6 @@ def build_draft(target: Any, contract: WiringContract, vmap: VocabMap, c: TrainC
     if c.init_from:
         warm_start(draft, Path(c.init_from), target, vmap, tuple(contract.taps))
     return draft
-
-
-def init_layers_from_target(draft: Eagle3Draft, target: Any) -> None:
-    """Start draft layer i from target decoder layer L - n + i (the top of the stack, whose input is closest
-    to the fused state the draft reads). Layer 0's q/k/v read [embed ; hidden] (2H wide): the hidden half
-    takes the target's projection, the embedding half keeps its random init. Refused where shapes differ."""
-    n, L = draft.cfg.num_layers, target.num_layers
-    with torch.no_grad():
-        for i, layer in enumerate(draft.layers):
-            src = target.layer_parameters(L - n + i)
-            for name, p in layer.named_parameters():
-                if name not in src:
-                    continue  # hidden_norm: the draft's own (the target has one input norm per layer)
-                w = src[name]
-                if layer.first and name.split(".")[-2] in ("q_proj", "k_proj", "v_proj"):
-                    p[:, draft.cfg.hidden_size:].copy_(w)  # [out, 2H]: columns H: read hidden_norm(hidden)
-                elif p.shape == w.shape:
-                    p.copy_(w)
-                else:
-                    raise CheckpointError(f"cannot start draft layer {i} from target layer {L - n + i}",
-                                          expected=f"{name} of shape {tuple(p.shape)}", found=str(tuple(w.shape)),
-                                          fix="drop init_layers_from_target for this target")
-
-
-GROWN_OUT_SCALE = 0.01  # an added layer's output projections start at this fraction of their random init
-
-
-def mapped_head_rows(target_rows: torch.Tensor, kept: torch.Tensor, trained: torch.Tensor) -> torch.Tensor:
-    """Head rows for the ids a grown vocabulary adds: the target's own head rows carried into the trained
-    draft's head space by the affine map that best carries them there on the ids both keep.
-
-    target_rows [V_d, H] the target's head rows for every id of the new vocab; kept [V_d] bool the ids the
-    source draft had; trained [n_kept, H] its trained rows for them, in the same order. Returns [V_d - n_kept,
-    H] for the others. Why: a trained draft head is close to a linear image of the target's (the draft learns
-    to reproduce the target's logits from a state that is close to a linear image of the target's final state;
-    the released draft's 8,000 rows: R^2 0.93, 0.92 on rows left out of the fit), so a new token's row starts
-    where training would move it, and the grown draft can name the token where the target would. Least squares
-    (min-norm when fewer rows than H + 1 are kept)."""
-    x = torch.cat([target_rows.float(), target_rows.new_ones(len(target_rows), 1, dtype=torch.float32)], 1)  # [V_d, H+1]
-    affine = torch.linalg.lstsq(x[kept], trained.float(), driver="gelsd").solution  # [H+1, H]
-    return x[~kept] @ affine
-
-
-def warm_start(draft: Eagle3Draft, path: Path, target: Any, vmap: VocabMap, taps: tuple[int, ...]) -> dict[str, int]:
-    """Copy a trained draft's weights into `draft` (a sitting continues the last one's training).
-
-    Everything but the head is copied as is; the taps and layer shapes must match (refused otherwise:
-    a draft trained on other boundaries is no warm start). The head is remapped by target id: rows of
-    ids both vocabularies keep are copied; a row of an id new to this vocab starts as the target's head row
-    for that id mapped into the draft's head space (`mapped_head_rows`). The target's rows as they are
-    (what a fresh draft starts from) outscore the trained ones: the release grown to 16k rows that way scored
-    tau 1.01 on the bench's MT-bench text, with rows of zeros 1.41, with the source's mean row + 0.1 x the
-    target's row 1.989 (= the release: a new token never wins), mapped 1.997 (32k: 2.002), untrained
-    (sittings 9-10; sitting 8's 16k lever had started from the target's rows).
-    A deeper `draft` grows: the source's layers are copied and each added layer's two output projections
-    (o_proj, down_proj) start at GROWN_OUT_SCALE of their random init, so the grown draft predicts what
-    the source did (to ~1e-3) and every weight of the new layer learns from step 1. Not exactly zero: Adam normalises the gradient, so a layer whose output projections are zero
-    gives its q/k/v and MLP inputs a zero update until those projections move (measured in sitting 8: 160
-    steps of such a layer matched the 1-layer control to three decimals).
-    The optimizer state and the lr schedule start afresh."""
-    from eaglewire.checkpoint import load_checkpoint
-
-    src = load_checkpoint(path, target=target)
-    if tuple(src.contract.taps) != taps:
-        raise CheckpointError(f"cannot warm-start from {path}: it reads other target boundaries",
-                              expected=f"taps {list(taps)}", found=f"taps {list(src.contract.taps)}",
-                              fix="train with the warm-start draft's taps, or drop init_from")
-    mine, theirs = draft.state_dict(), src.state_dict()
-    added = range(src.cfg.num_layers, draft.cfg.num_layers)  # empty unless the draft grows
-    skip = {"lm_head.weight", "d2t", "t2d", "embed_tokens.weight"} | {k for k in mine if _layer_of(k) in added}
-    bad = sorted(k for k in mine if k not in skip and (k not in theirs or theirs[k].shape != mine[k].shape))
-    if bad or src.cfg.num_layers > draft.cfg.num_layers or src.cfg.num_taps != draft.cfg.num_taps:
-        raise CheckpointError(f"cannot warm-start from {path}", expected=f"a draft of the same shape "
-                              f"({draft.cfg.num_layers} layer(s), {draft.cfg.num_taps} taps)",
-                              found=f"{src.cfg.num_layers} layer(s), {src.cfg.num_taps} taps; differing: {bad[:5]}",
-                              fix="drop init_from, or train with the warm-start draft's shape")
-    with torch.no_grad():
-        for k in mine:
-            if k not in skip:
-                mine[k].copy_(theirs[k].to(mine[k].dtype))
-        for i in added:  # near-zero output projections: the added layer starts near the identity
-            draft.layers[i].self_attn.o_proj.weight.mul_(GROWN_OUT_SCALE)
-            draft.layers[i].mlp.down_proj.weight.mul_(GROWN_OUT_SCALE)
-        old_rows = {int(t): i for i, t in enumerate(src.to_target_ids(torch.arange(src.cfg.draft_vocab_size)))}
-        kept = [(i, old_rows[int(t)]) for i, t in enumerate(vmap.target_ids) if int(t) in old_rows]
-        head = draft.lm_head.weight  # [V_d, H]: the target's rows (build_draft) until copied over
-        if kept:
-            new_idx, old_idx = map(torch.tensor, zip(*kept))
-            fresh = torch.ones(len(head), dtype=torch.bool)  # ids new to this vocab
-            fresh[new_idx] = False
-            if fresh.any():
-                head[fresh] = mapped_head_rows(head, ~fresh, theirs["lm_head.weight"][old_idx]).to(head.dtype)
-            head[new_idx] = theirs["lm_head.weight"][old_idx].to(head.dtype)
-    return {"head_rows_copied": len(kept), "head_rows_from_target": draft.cfg.draft_vocab_size - len(kept),
-            "layers_added": len(added)}
-
-
-def _layer_of(key: str) -> int | None:
-    """The decoder layer a state-dict key belongs to ('layers.3.mlp...' -> 3), None for the rest."""
-    parts = key.split(".")
-    return int(parts[1]) if parts[0] == "layers" and len(parts) > 1 and parts[1].isdigit() else None
 
 
 def global_batches(samples: list[Sample], c: TrainConfig, info: DistInfo, epoch: int) -> list[list[Sample]]:
@@ -299,6 +200,7 @@ def train(target: Any, contract: WiringContract, vmap: VocabMap, features: Any, 
     metrics = out / "metrics.jsonl"
     torch.manual_seed(c.seed)
     draft = build_draft(target, contract, vmap, c).to(info.device)
+    freeze(draft, c.train_only, c.init_from, c.weight_decay)
     model = _ttt_model(draft, target, vmap, features, c, info)
     names = [n for n, p in draft.named_parameters() if p.requires_grad]
     params = [p for p in draft.parameters() if p.requires_grad]
