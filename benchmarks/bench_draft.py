@@ -4,8 +4,10 @@ through the lean runtime's GEMM layouts ("auto", decoding/lean_draft.py), side b
 One round = accept T target taps (T = 1..4, cycling, as rounds accept 0..3 drafted tokens plus the bonus)
 and propose a chain of k = 3 (the accepted run's forward plus k - 1 draft steps). The two proposers run
 alternately on the same random taps; medians over the rounds after a warm-up, per draft dtype.
+With several --drafts (a wider vocabulary's head, say) each runs through the lean layouts, interleaved.
 
     python benchmarks/bench_draft.py --rounds 80
+    python benchmarks/bench_draft.py --rounds 80 --drafts RELEASE GROWN_32K
 """
 
 from __future__ import annotations
@@ -30,15 +32,21 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=80)
     ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--drafts", nargs="+", default=[DRAFT], help="one draft: module vs lean layouts; several: "
+                    "each through the lean layouts")
     args = ap.parse_args()
     torch.manual_seed(0)
     target = load_target(None)
     width = len(target.contract((2, 15, 27)).taps) * target.hidden_size  # [.., 3*H] taps per position
     dtypes = (torch.float32, torch.bfloat16) if native_bf16() else (torch.float32,)
     for dtype in dtypes:
-        draft = load_checkpoint(DRAFT, target=target, dtype=dtype)
-        props = {lay: EagleProposer(draft, draft.contract, TreeShape.chain(args.k), MAX_LEN, layout=lay)
-                 for lay in ("module", "auto")}
+        layouts = ("module", "auto") if len(args.drafts) == 1 else ("auto",)
+        props = {}
+        for i, path in enumerate(args.drafts):
+            draft = load_checkpoint(path, target=target, dtype=dtype)
+            for lay in layouts:
+                name = lay if len(args.drafts) == 1 else f"draft {i} (V_d {draft.cfg.draft_vocab_size})"
+                props[name] = EagleProposer(draft, draft.contract, TreeShape.chain(args.k), MAX_LEN, layout=lay)
         for p in props.values():
             p.start(torch.randint(0, 40000, (1, PROMPT)), torch.randn(1, PROMPT, width, dtype=dtype), 5)
         ms: dict[str, list[float]] = {k: [] for k in props}
@@ -53,8 +61,13 @@ def main() -> None:
                 p.propose()
                 ms[name].append((time.perf_counter() - t0) * 1e3)
         med = {k: statistics.median(v[WARMUP:]) for k, v in ms.items()}
+        first = next(iter(med.values()))
+        ratio = f" ({med['module'] / med['auto']:.2f}x)" if "module" in med else \
+            " (" + ", ".join(f"{v / first:.2f}x" for v in med.values()) + " of the first)"
         print(f"{str(dtype).removeprefix('torch.')}: ms per chain-{args.k} drafting round, median of {args.rounds}: "
-              + ", ".join(f"{k} {v:.2f}" for k, v in med.items()) + f" ({med['module'] / med['auto']:.2f}x)")
+              + ", ".join(f"{k} {v:.2f}" for k, v in med.items()) + ratio)
+        if len(args.drafts) > 1:
+            print("  drafts: " + ", ".join(f"{i}: {d}" for i, d in enumerate(args.drafts)))
     print(f"CPU: {describe_cpu()}")
 
 

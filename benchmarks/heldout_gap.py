@@ -78,8 +78,8 @@ def confidence_buckets(draft, target, samples, batch: int = 4) -> list[dict]:
         n += torch.bincount(b, minlength=len(n)).float()
         hit += torch.bincount(b, weights=(guess[rows] == top1[rows]).float(), minlength=len(n))
         oov += torch.bincount(b, weights=(~draft.t2d[top1[rows]]).float(), minlength=len(n))
-    return [{"target_p1": [lo, hi], "share": round(float(c / n.sum()), 4), "first_agree": round(float(h / max(c, 1)), 4),
-             "out_of_vocab": round(float(o / max(c, 1)), 4)}
+    return [{"target_p1": [lo, hi], "share": round(float(c / n.sum()), 4),
+             "first_agree": round(float(h / max(c, 1)), 4), "out_of_vocab": round(float(o / max(c, 1)), 4)}
             for lo, hi, c, h, o in zip(BUCKETS, BUCKETS[1:], n, hit, oov)]
 
 

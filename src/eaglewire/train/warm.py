@@ -123,7 +123,7 @@ TRAIN_ONLY = ("", "head", "new_head_rows")  # TrainConfig.train_only: every weig
 
 
 def freeze(draft: Eagle3Draft, train_only: str, init_from: str = "", weight_decay: float = 0.0) -> int:
-    """Apply `train_only` (TrainConfig's) to a built draft; returns how many head rows train (all V_d unless new rows only).
+    """Apply `train_only` (TrainConfig's) to a built draft; returns how many head rows train.
     A frozen body makes a step the draft's forward plus the head's backward: no gradient reaches the layer.
     New rows only: the kept rows' gradient is zeroed by a hook, so AdamW (weight decay 0) never moves them."""
     if train_only not in TRAIN_ONLY:
