@@ -38,15 +38,18 @@ SETS = ("sharegpt_heldout", "mtbench_answers", "mtbench_bench_sample")  # --sets
 
 @torch.no_grad()
 def agreement(draft, target, samples, steps: int, batch: int = 4) -> dict:
-    """Teacher-forced top-1 agreement per position over answer tokens (what `eaglewire train` reports)."""
+    """Teacher-forced top-1 agreement per position over answer tokens (what `eaglewire train` reports), and
+    first-position agreement by the target's confidence (`bucket_counts`), from one target pass per batch."""
     feats = OnlineFeatures(target, draft.contract, pad_id=target.pad_id)
-    model = TTTModel(draft, target.model.get_output_embeddings().weight.detach().float(), steps=steps,
-                     decay=0.8).eval()
+    head = target.model.get_output_embeddings().weight.detach().float()  # [V, H_t]
+    model = TTTModel(draft, head, steps=steps, decay=0.8).eval()
     correct, counts, chain, anchors, tokens, rounds = [0] * steps, [0] * steps, [0] * steps, 0, 0, 0
+    bins = torch.zeros(3, len(BUCKETS) - 1)  # positions, first-position hits, outside V_d; per bin
     for i in range(0, len(samples), batch):
         fb = feats.batch(samples[i:i + batch])
         fb.taps, fb.final_hidden = fb.taps.float(), fb.final_hidden.float()
         _, st = model(fb)
+        bins += bucket_counts(draft, fb, head)
         correct = [a + b for a, b in zip(correct, st.correct)]
         counts = [a + b for a, b in zip(counts, st.counts)]
         chain, anchors = [a + b for a, b in zip(chain, st.chain)], anchors + st.anchors
@@ -54,33 +57,29 @@ def agreement(draft, target, samples, steps: int, batch: int = 4) -> dict:
     # chain: the share of anchors (every answer position with k answer tokens after it) whose steps 1..i were
     # all right, out-of-vocab a miss: greedy k-chain acceptance anchored at every position, where a real run
     # anchors only where rounds start
+    pos, hit, oov = bins
     return {"acc": [round(c / n, 4) for c, n in zip(correct, counts)], "positions": counts,
             "chain": [round(c / anchors, 4) for c in chain], "tau_chain": round(1 + sum(chain) / anchors, 3),
-            "tau_rounds": round(tokens / rounds, 3), "rounds": rounds}
+            "tau_rounds": round(tokens / rounds, 3), "rounds": rounds,
+            "buckets": [{"target_p1": [lo, hi], "share": round(float(c / pos.sum()), 4),
+                         "first_agree": round(float(h / max(c, 1)), 4), "out_of_vocab": round(float(o / max(c, 1)), 4)}
+                        for lo, hi, c, h, o in zip(BUCKETS, BUCKETS[1:], pos, hit, oov)]}
 
 
-@torch.no_grad()
-def confidence_buckets(draft, target, samples, batch: int = 4) -> list[dict]:
-    """First-position agreement at every answer position, binned by the target's own top-1 probability there.
-    Position t drafts x_{t+2} from the taps at t and x_{t+1}; the target's distribution over x_{t+2} is its
-    head on the final state at t + 1. A token outside the draft vocab is a miss, as a decoder counts it."""
-    feats = OnlineFeatures(target, draft.contract, pad_id=target.pad_id)
-    head = target.model.get_output_embeddings().weight.detach().float()  # [V, H_t]
-    n, hit, oov = (torch.zeros(len(BUCKETS) - 1) for _ in range(3))
-    for i in range(0, len(samples), batch):
-        fb = feats.batch(samples[i:i + batch])
-        out = draft.step(shift_left(fb.input_ids, 1), draft.fuse(fb.taps.float()))  # causal; logits [B, T, V_d]
-        guess = draft.to_target_ids(out.logits.argmax(-1))  # [B, T] target ids
-        probs = torch.softmax(fb.final_hidden.float() @ head.T, -1)  # [B, T, V]: x_{t+1} from state t
-        p1, top1 = (shift_left(x, 1) for x in probs.max(-1))  # [B, T]: the target on x_{t+2}
-        rows = shift_left(fb.loss_mask, 2) > 0  # x_{t+2} is an answer token
-        b = torch.bucketize(p1[rows], torch.tensor(BUCKETS[1:-1]), right=True)  # [N] bin index
-        n += torch.bincount(b, minlength=len(n)).float()
-        hit += torch.bincount(b, weights=(guess[rows] == top1[rows]).float(), minlength=len(n))
-        oov += torch.bincount(b, weights=(~draft.t2d[top1[rows]]).float(), minlength=len(n))
-    return [{"target_p1": [lo, hi], "share": round(float(c / n.sum()), 4),
-             "first_agree": round(float(h / max(c, 1)), 4), "out_of_vocab": round(float(o / max(c, 1)), 4)}
-            for lo, hi, c, h, o in zip(BUCKETS, BUCKETS[1:], n, hit, oov)]
+def bucket_counts(draft, fb, head: torch.Tensor) -> torch.Tensor:
+    """[3, bins]: answer positions, first-position hits and tokens outside V_d, binned by the target's own
+    top-1 probability. Position t drafts x_{t+2} from the taps at t and x_{t+1}; the target's distribution
+    over x_{t+2} is its head on the final state at t + 1. A token outside the draft vocab is a miss, as a
+    decoder counts it."""
+    out = draft.step(shift_left(fb.input_ids, 1), draft.fuse(fb.taps))  # causal; logits [B, T, V_d]
+    guess = draft.to_target_ids(out.logits.argmax(-1))  # [B, T] target ids
+    p1, top1 = (shift_left(x, 1) for x in torch.softmax(fb.final_hidden @ head.T, -1).max(-1))  # [B, T]: x_{t+2}
+    rows = shift_left(fb.loss_mask, 2) > 0  # x_{t+2} is an answer token
+    b = torch.bucketize(p1[rows], torch.tensor(BUCKETS[1:-1]), right=True)  # [N] bin index
+    k = len(BUCKETS) - 1
+    return torch.stack([torch.bincount(b, minlength=k).float(),
+                        torch.bincount(b, weights=(guess[rows] == top1[rows]).float(), minlength=k),
+                        torch.bincount(b, weights=(~draft.t2d[top1[rows]]).float(), minlength=k)])
 
 
 def bench_sample(target, limit: int, max_new_tokens: int = 256) -> list:
@@ -133,7 +132,6 @@ def main() -> None:
             draft = load_checkpoint(dpath, target=reference).float()
             for sname, samples in sets.items():
                 r = agreement(draft, target, samples, a.steps)
-                r["buckets"] = confidence_buckets(draft, target, samples)
                 out["results"][f"{dpath}/{sname}/{tname}" if len(a.draft) > 1 else f"{sname}/{tname}"] = r
                 print(f"{dpath} {sname} target {tname}: top-1 per position {r['acc']} over {r['positions'][0]} "
                       f"tokens; chain {r['chain']}, tau {r['tau_chain']} at every position, {r['tau_rounds']} "

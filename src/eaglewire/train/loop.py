@@ -94,7 +94,8 @@ def lr_at(step: int, c: TrainConfig) -> float:
 def build_draft(target: Any, contract: WiringContract, vmap: VocabMap, c: TrainConfig) -> Eagle3Draft:
     """Random draft; lm_head rows and final norm start from the target's (for the kept ids): the
     draft then begins by predicting what the target's head would from a similar state, which matters
-    when CPU data is scarce. With `init_from`, the weights then come from that draft (warm start)."""
+    when CPU data is scarce. With `init_from`, the weights then come from that draft (warm start); with
+    `train_only`, what does not train is frozen (`warm.freeze`)."""
     draft = Eagle3Draft(DraftConfig.from_target(target.text_config, contract, num_layers=c.num_layers)).init_random(c.seed)
     with torch.no_grad():
         draft.d2t.copy_(vmap.d2t)
@@ -106,8 +107,8 @@ def build_draft(target: Any, contract: WiringContract, vmap: VocabMap, c: TrainC
     draft.attach_embedding(target.embedding())
     if c.init_layers_from_target:
         init_layers_from_target(draft, target)
-    if c.init_from:
-        warm_start(draft, Path(c.init_from), target, vmap, tuple(contract.taps))
+    new_rows = warm_start(draft, Path(c.init_from), target, vmap, tuple(contract.taps)) if c.init_from else None
+    freeze(draft, c.train_only, new_rows, c.weight_decay)
     return draft
 
 
@@ -200,7 +201,6 @@ def train(target: Any, contract: WiringContract, vmap: VocabMap, features: Any, 
     metrics = out / "metrics.jsonl"
     torch.manual_seed(c.seed)
     draft = build_draft(target, contract, vmap, c).to(info.device)
-    freeze(draft, c.train_only, c.init_from, c.weight_decay)
     model = _ttt_model(draft, target, vmap, features, c, info)
     names = [n for n, p in draft.named_parameters() if p.requires_grad]
     params = [p for p in draft.parameters() if p.requires_grad]

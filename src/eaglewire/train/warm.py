@@ -59,8 +59,9 @@ def mapped_head_rows(target_rows: torch.Tensor, kept: torch.Tensor, trained: tor
     return x[~kept] @ affine
 
 
-def warm_start(draft: Eagle3Draft, path: Path, target: Any, vmap: VocabMap, taps: tuple[int, ...]) -> dict[str, int]:
-    """Copy a trained draft's weights into `draft` (a sitting continues the last one's training).
+def warm_start(draft: Eagle3Draft, path: Path, target: Any, vmap: VocabMap, taps: tuple[int, ...]) -> torch.Tensor:
+    """Copy a trained draft's weights into `draft` (a sitting continues the last one's training); returns
+    [V_d] bool, the head rows of ids new to this vocab (what `freeze` may train alone).
 
     Everything but the head is copied as is; the taps and layer shapes must match (refused otherwise:
     a draft trained on other boundaries is no warm start). The head is remapped by target id: rows of
@@ -102,15 +103,14 @@ def warm_start(draft: Eagle3Draft, path: Path, target: Any, vmap: VocabMap, taps
         old_rows = {int(t): i for i, t in enumerate(src.to_target_ids(torch.arange(src.cfg.draft_vocab_size)))}
         kept = [(i, old_rows[int(t)]) for i, t in enumerate(vmap.target_ids) if int(t) in old_rows]
         head = draft.lm_head.weight  # [V_d, H]: the target's rows (build_draft) until copied over
+        fresh = torch.ones(len(head), dtype=torch.bool)  # ids new to this vocab
         if kept:
             new_idx, old_idx = map(torch.tensor, zip(*kept))
-            fresh = torch.ones(len(head), dtype=torch.bool)  # ids new to this vocab
             fresh[new_idx] = False
             if fresh.any():
                 head[fresh] = mapped_head_rows(head, ~fresh, theirs["lm_head.weight"][old_idx]).to(head.dtype)
             head[new_idx] = theirs["lm_head.weight"][old_idx].to(head.dtype)
-    return {"head_rows_copied": len(kept), "head_rows_from_target": draft.cfg.draft_vocab_size - len(kept),
-            "layers_added": len(added)}
+    return fresh
 
 
 def _layer_of(key: str) -> int | None:
@@ -122,26 +122,22 @@ def _layer_of(key: str) -> int | None:
 TRAIN_ONLY = ("", "head", "new_head_rows")  # TrainConfig.train_only: every weight, the head, rows new to init_from
 
 
-def freeze(draft: Eagle3Draft, train_only: str, init_from: str = "", weight_decay: float = 0.0) -> int:
-    """Apply `train_only` (TrainConfig's) to a built draft; returns how many head rows train.
-    A frozen body makes a step the draft's forward plus the head's backward: no gradient reaches the layer.
-    New rows only: the kept rows' gradient is zeroed by a hook, so AdamW (weight decay 0) never moves them."""
+def freeze(draft: Eagle3Draft, train_only: str, new_rows: torch.Tensor | None, weight_decay: float = 0.0) -> None:
+    """Apply `train_only` (TrainConfig's) to a built draft. `new_rows` [V_d] bool: the head rows a warm start
+    added (`warm_start`'s result; None without one). A frozen body makes a step the draft's forward plus the
+    head's backward. New rows only: the kept rows' gradient is zeroed by a hook, so AdamW (weight decay 0)
+    never moves them."""
     if train_only not in TRAIN_ONLY:
         raise ValueError(f"train_only must be one of {TRAIN_ONLY}, not {train_only!r}")
     if not train_only:
-        return draft.cfg.draft_vocab_size
+        return
     for name, p in draft.named_parameters():
         p.requires_grad_(name == "lm_head.weight")
     if train_only == "head":
-        return draft.cfg.draft_vocab_size
-    if not init_from or weight_decay:
+        return
+    if new_rows is None or weight_decay:
         raise ValueError("train_only='new_head_rows' needs init_from (whose head rows stay) and weight_decay 0")
-    from eaglewire.checkpoint import load_checkpoint
-
-    src = load_checkpoint(Path(init_from))
-    new = ~src.t2d[draft.to_target_ids(torch.arange(draft.cfg.draft_vocab_size))]  # [V_d] ids init_from lacks
-    if not new.any():
-        raise ValueError(f"train_only='new_head_rows': the vocab adds no id to {init_from}; grow it "
+    if not new_rows.any():
+        raise ValueError("train_only='new_head_rows': the vocab adds no id to init_from; grow it "
                          "(vocab build --keep-from INIT --draft-vocab-size N, N above the init's)")
-    draft.lm_head.weight.register_hook(lambda g: g * new.to(g.dtype)[:, None])
-    return int(new.sum())
+    draft.lm_head.weight.register_hook(lambda g: g * new_rows.to(g.device, g.dtype)[:, None])
