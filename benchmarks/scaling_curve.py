@@ -11,7 +11,8 @@ together; the lr schedule is the full run's, so early points are slightly pessim
 once), walked round by round as a decoder walks a greedy k-chain (`heldout_gap.py`'s `tau_rounds`: sitting 9
 measured 1.989 this way against 1.995 online, 16 x 256): minutes per snapshot instead of a decode each, so a
 curve can use the issue's knobs (16 questions x 256 tokens). Its second column is the teacher-forced
-first-position agreement at every answer position, not per round.
+first-position agreement at every answer position (a token outside V_d a miss, as a decoder counts it), not
+per round.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def _offline(a: argparse.Namespace, target) -> None:
         step = _step(d, a.run, seen)
         row = {"draft": str(d), "step": step, "trained_tokens": seen.get(step) if step else None,
                "tau": r["tau_rounds"], "rounds": r["rounds"], "chain_every_position": r["chain"],
-               "per_position": [r["acc"][0]]}  # first-position agreement at every answer position
+               "per_position": r["chain"][:1]}  # first-position agreement at every answer position, out-of-vocab a miss
         rows.append(row)
         print(json.dumps(row), flush=True)
     _write(a, rows, how="offline: tau_rounds on the vanilla answers, heldout_gap.py")
