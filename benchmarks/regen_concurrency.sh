@@ -10,7 +10,8 @@ set -euo pipefail
 OUT="${1:-${EAGLEWIRE_CACHE:-$HOME/.cache/eaglewire}/regen-concurrency}"
 WIDTHS="${2:-8 16 32 64 128}"
 DTYPE="${3:-bfloat16}"
-[ "${RESERVED:-0}" = default ] || export VLLM_CPU_NUM_OF_RESERVED_CPU=0
+cores="one core reserved for vLLM's scheduler"
+[ "${RESERVED:-0}" = default ] || { export VLLM_CPU_NUM_OF_RESERVED_CPU=0; cores="both cores compute"; }
 mkdir -p "$OUT"
 start=0
 for w in $WIDTHS; do
@@ -20,6 +21,6 @@ for w in $WIDTHS; do
   # disjoint conversations per width (--start): no width gets prompts another already warmed the cache with
   line=$(eaglewire data regenerate --engine vllm --dtype "$DTYPE" --source sharegpt-parts --start "$start" \
          --limit "$n" --max-turns 1 --batch-size "$w" --out "$f" 2>/dev/null | grep "tok/s")
-  echo "width $w ($DTYPE, ${VLLM_CPU_NUM_OF_RESERVED_CPU:+both cores}${VLLM_CPU_NUM_OF_RESERVED_CPU:-one core reserved}): $line"
+  echo "width $w ($DTYPE, $cores): $line"
   start=$((start + n))
 done

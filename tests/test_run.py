@@ -104,6 +104,38 @@ def test_the_capture_dtype_names_the_features_directory_as_resolved_on_this_mach
     assert keys["auto"]["vocab"] == keys["float32"]["vocab"]  # the vocabulary does not depend on it
 
 
+def test_vllm_regenerates_with_its_own_pool_width_and_throughput_knobs_name_no_directory(tiny, monkeypatch):
+    """vLLM keeps data.engine_in_flight conversations in flight (HF generate's batch_size is another knob);
+    neither changes the text, so neither is in the regenerate stage's key: a resume may change them."""
+    import contextlib
+
+    from eaglewire.clients import vllm as vllm_client
+    from eaglewire.data import regenerate as regen_mod
+    from eaglewire.verifier.loader import load_target
+
+    target = load_target(str(tiny / "model"))
+    keys = [runner.stage_keys(RunConfig(**tiny_config(tiny, data=d)), target, (2, 4, 5))["regenerate"]
+            for d in ({"engine_in_flight": 8, "batch_size": 4}, {"engine_in_flight": 64, "batch_size": 16})]
+    assert keys[0] == keys[1]
+    seen = {}
+
+    @contextlib.contextmanager
+    def fake_server(tgt, s, dtype):
+        seen["server"] = (s.batch_size, dtype)
+        yield "generator"
+
+    def fake_regen(source, out, gen, s, limit, on_batch):
+        seen["pool"] = (gen, s.batch_size)
+        return "stats"
+
+    monkeypatch.setattr(vllm_client, "vllm_regenerator", fake_server)
+    monkeypatch.setattr(regen_mod, "regenerate", fake_regen)
+    cfg = RunConfig(**tiny_config(tiny, data={"engine_in_flight": 48, "batch_size": 4}))
+    ctx = stages.Ctx(cfg=cfg, out=tiny, target=target, contract=target.contract((2, 4, 5)))
+    assert stages._regen_vllm(ctx, tiny / "x.jsonl.gz", cfg.data.generation(), None) == "stats"
+    assert seen == {"server": (48, "bfloat16"), "pool": ("generator", 48)}
+
+
 def test_config_file_overrides_budget_and_flags_override_file(tmp_path):
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"target": "/x", "train": {"lr": "1e-4"}}))

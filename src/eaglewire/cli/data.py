@@ -12,7 +12,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from eaglewire.cli.common import DATA_HELP, add_command, err_console, load_target, out_console, parse_dtype, \
     parse_ints, parse_taps, read_samples
 from eaglewire.data.conversations import DEFAULT_SOURCE, ReadStats
-from eaglewire.data.regenerate import GenerationSettings, RegenStats, regenerate
+from eaglewire.data.regenerate import SERVER_IN_FLIGHT, GenerationSettings, RegenStats, regenerate
 from eaglewire.data.samples import DEFAULT_MAX_LENGTH
 from eaglewire.data.self_prompts import PromptSettings
 from eaglewire.errors import EaglewireError
@@ -32,7 +32,9 @@ def regenerate_cmd(
     seed: int = typer.Option(G.seed, "--seed"),
     max_turns: int = typer.Option(G.max_turns, "--max-turns", help="User turns answered per conversation."),
     max_prompt_tokens: int = typer.Option(G.max_prompt_tokens, "--max-prompt-tokens"),
-    batch_size: int = typer.Option(G.batch_size, "--batch-size"),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1, help=f"HF generate's batch (default "
+                                             f"{G.batch_size}); with --engine vllm or --server, conversations in "
+                                             f"flight (default {SERVER_IN_FLIGHT})."),
     server: Optional[str] = typer.Option(None, "--server", help="OpenAI-compatible base URL (e.g. SGLang/vLLM) "
                                          "instead of the local target, e.g. http://127.0.0.1:30000/v1"),
     model: Optional[str] = typer.Option(None, "--model", help="Model name to send to --server."),
@@ -46,6 +48,8 @@ def regenerate_cmd(
     """Re-answer every assistant turn with the target (resumable, append-only).
 
     With --engine vllm or --server, `--batch-size` conversations are in flight at once (a rolling pool)."""
+    pooled = engine == "vllm" or server is not None  # a rolling pool of requests, not a padded batch
+    batch_size = batch_size or (SERVER_IN_FLIGHT if pooled else G.batch_size)
     s = GenerationSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
                            max_turns=max_turns, max_prompt_tokens=max_prompt_tokens, batch_size=batch_size)
     if engine not in ("local", "vllm"):

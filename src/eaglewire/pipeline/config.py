@@ -16,7 +16,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from eaglewire.data.regenerate import GenerationSettings
+from eaglewire.data.regenerate import SERVER_IN_FLIGHT, GenerationSettings
 from eaglewire.engines import ENGINE_FORMATS
 from eaglewire.hw import DRAFT_DTYPES, RUNTIME_DTYPES
 from eaglewire.data.samples import DEFAULT_HELDOUT_FRACTION, DEFAULT_MAX_LENGTH
@@ -44,13 +44,15 @@ class DataCfg(_Strict):
     temperature: float = G.temperature
     max_turns: int = G.max_turns
     max_prompt_tokens: int = G.max_prompt_tokens
-    batch_size: int = Field(16, ge=1, description="regeneration batch (throughput only)")
+    batch_size: int = Field(16, ge=1, description="HF generate's regeneration batch (throughput only)")
     max_length: int = DEFAULT_MAX_LENGTH
     use_shipped: bool = Field(True, description="start from the regenerated conversations shipped for the "
                               "embedded target when target, source and settings are the same (a resume)")
     engine: Literal["auto", "local", "vllm"] = Field("auto", description="who regenerates what is missing: "
                                                      "vLLM's CPU build when installed (auto), or HF generate")
     engine_dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="vLLM's dtype for regeneration")
+    engine_in_flight: int = Field(SERVER_IN_FLIGHT, ge=1, description="conversations vLLM keeps in flight, a "
+                                  "rolling pool (throughput only; data/regenerate.py SERVER_IN_FLIGHT says why)")
 
     def generation(self) -> GenerationSettings:
         return GenerationSettings(max_new_tokens=self.max_new_tokens, temperature=self.temperature,

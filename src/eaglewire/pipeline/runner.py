@@ -40,11 +40,13 @@ class Stage:
     dir_inputs: Callable[[RunConfig], Any] | None = None  # what names its directory (default: inputs)
 
 
+THROUGHPUT_ONLY = {"batch_size", "engine_in_flight"}  # data fields that change speed, never the text: not in a key
+
 STAGES: tuple[Stage, ...] = (
     Stage("prompts", "check the prompt source", S.prompts, (), lambda c: (c.data.source, c.data.conversations)),
     Stage("regenerate", "regenerate answers with the target", S.regenerate, (),
-          lambda c: (c.data.model_dump(exclude={"batch_size"}),),
-          lambda c: (c.data.model_dump(exclude={"batch_size", "conversations"}),)),
+          lambda c: (c.data.model_dump(exclude=THROUGHPUT_ONLY),),
+          lambda c: (c.data.model_dump(exclude=THROUGHPUT_ONLY | {"conversations"}),)),
     Stage("vocab", "build the draft vocabulary", S.vocab, ("regenerate",),
           lambda c: (c.vocab.model_dump(), c.data.max_length, c.train.heldout_fraction, c.train.init_from)),
     # the capture dtype as resolved on this machine: "auto" captures bf16 on one machine and fp32 on another

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -146,6 +146,7 @@ def _regen_vllm(ctx: Ctx, out: Path, s: Any, on_batch: Callable) -> Any:
     from eaglewire.data.regenerate import regenerate as regen
 
     d = ctx.cfg.data
+    s = replace(s, batch_size=d.engine_in_flight)  # a server wants a wider pool than HF generate's batch
     with vllm_regenerator(ctx.target, s, d.engine_dtype) as gen:
         return regen(d.source, out, gen, s, limit=d.conversations, on_batch=on_batch)
 
