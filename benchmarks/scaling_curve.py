@@ -74,7 +74,7 @@ def main() -> None:
                "tau": st.tau, "per_position": st.per_position(a.k), "verify_steps": len(acc)}
         rows.append(row)
         print(json.dumps(row))
-    _write(a, rows, how="online: SpecDecoder per snapshot")
+    _write(a, rows)
 
 
 def _snapshots(a: argparse.Namespace) -> tuple[dict[int, int], list[Path]]:
@@ -102,10 +102,12 @@ def _offline(a: argparse.Namespace, target) -> None:
                "per_position": r["chain"][:1]}  # first-position agreement at every answer position, out-of-vocab a miss
         rows.append(row)
         print(json.dumps(row), flush=True)
-    _write(a, rows, how="offline: tau_rounds on the vanilla answers, heldout_gap.py")
+    _write(a, rows)
 
 
-def _write(a: argparse.Namespace, rows: list[dict], how: str) -> None:
+def _write(a: argparse.Namespace, rows: list[dict]) -> None:
+    how = ("offline: tau_rounds on the vanilla answers, heldout_gap.py" if a.offline
+           else "online: SpecDecoder per snapshot")
     a.out.mkdir(parents=True, exist_ok=True)
     result = {"cpu": describe_cpu(), "prompts": a.prompts, "max_new_tokens": a.max_new_tokens, "k": a.k,
               "measured": how, "rows": rows}
