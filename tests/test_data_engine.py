@@ -17,8 +17,8 @@ from eaglewire.checkpoint import load_checkpoint
 from eaglewire.data.features import OfflineFeatures, OnlineFeatures, capture_features
 from eaglewire.data.regenerate import Reply, read_done, regen_meta, regenerate
 from eaglewire.errors import CheckpointError, EaglewireError
-from eaglewire.train.loop import TrainConfig, build_draft, train
-from eaglewire.train.ttt import TTTModel, round_starts, simulate_rounds
+from eaglewire.train.loop import TrainConfig, build_draft, feature_space, train
+from eaglewire.train.ttt import TTTModel, round_starts, shift_left, simulate_rounds
 from eaglewire.vocab import VocabMap
 
 
@@ -408,3 +408,42 @@ def test_round_weight_reweighs_the_chains_where_rounds_start():
     assert float(plain(fb)[0]) == float(weighted(fb)[0])
     with pytest.raises(ValueError, match="round_weight"):
         TTTModel(draft, head, steps=2, decay=0.8, round_weight=-1)
+
+
+def test_feature_loss_pulls_the_draft_state_to_the_targets_next_state_everywhere():
+    """The feature loss: with every target top-1 outside the draft vocab the distribution loss has no row, and
+    the feature term is exactly w (A s_t - h_{t+1})^T G (A s_t - h_{t+1}) averaged over trained rows: the draft's
+    step-0 state at t against the target's final-norm state at t + 1 (the one whose head predicts x_{t+2}). It
+    trains (gradient reaches the draft), evaluation leaves it out, and `feature_space` of a fresh draft is
+    (the centred head's Gram matrix: the mean squared centred logit, the identity map)."""
+    target, vmap, contract = _setup()
+    fb = OnlineFeatures(target, contract, pad_id=0).batch(tiny_samples(4))
+    fb.target_top1 = torch.ones_like(fb.input_ids)  # id 1: odd, outside this half-vocab map
+    assert not bool(vmap.t2d[1])
+    draft = build_draft(target, contract, vmap, TrainConfig(ttt_steps=1))
+    head = target.model.get_output_embeddings().weight.detach()
+    assert float(TTTModel(draft, head, steps=1, decay=0.8)(fb)[0]) == 0.0  # no in-vocab row: nothing to learn
+    gram, amap = feature_space(draft, target, vmap, "cpu")
+    H = gram.shape[0]
+    assert torch.allclose(amap, torch.eye(H), atol=1e-3)
+    s = torch.randn(5, H)
+    logits = s @ head.float().T  # [5, V]
+    centred_mse = (logits - logits.mean(-1, keepdim=True)).pow(2).mean(-1)
+    assert torch.allclose(((s @ gram) * s).sum(-1), centred_mse, rtol=1e-4)
+    rot = torch.linalg.qr(torch.randn(H, H))[0]  # any map: the loss must apply it
+    model = TTTModel(draft, head, steps=1, decay=0.8, feature_weight=2.0, feature_space=(gram, rot))
+    loss, _ = model(fb, all_positions=True)
+    with torch.no_grad():
+        normed = draft.step(shift_left(fb.input_ids, 1), draft.fuse(fb.taps)).normed  # [B, T, H]
+        rows = (shift_left(fb.attention_mask, 2) > 0).nonzero(as_tuple=True)
+        diff = normed[rows] @ rot.T - fb.final_hidden[rows[0], rows[1] + 1]
+        want = ((diff @ gram) * diff).sum(-1).mean()
+    assert float(loss) == pytest.approx(2.0 * float(want), rel=1e-4)
+    loss.backward()
+    assert draft.fc.weight.grad is not None and draft.fc.weight.grad.abs().sum() > 0
+    model.eval()
+    assert float(model(fb)[0]) == 0.0
+    with pytest.raises(ValueError, match="feature_weight"):
+        TTTModel(draft, head, steps=1, decay=0.8, feature_weight=-1)
+    with pytest.raises(ValueError, match="feature_space"):
+        TTTModel(draft, head, steps=1, decay=0.8, feature_weight=1.0)

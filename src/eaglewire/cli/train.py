@@ -78,6 +78,9 @@ def train_cmd(
     round_weight: float = typer.Option(T.round_weight, "--round-weight", help="Extra loss weight w on the "
                                        "chains anchored where greedy decoding with the current draft starts a "
                                        "round (weight 1 + w; the others 1): online tau is made of those."),
+    feature_weight: float = typer.Option(T.feature_weight, "--feature-weight", help="Add EAGLE-1's feature "
+                                         "loss: w * smooth-L1 between the draft's final-norm state and the "
+                                         "target's (every trained position, tokens outside V_d too); 0: off."),
     loss: str = typer.Option(T.loss, "--loss", help="soft_ce, forward_kl, nla, lk_hybrid or greedy_ce "
                               "(train/ttt.py)."),
     supervise: str = typer.Option(T.supervise, "--supervise", help="answers, or all (prompt tokens too)."),
@@ -104,7 +107,7 @@ def train_cmd(
 
     cfg = TrainConfig(max_steps=max_steps, batch_size=batch_size, grad_accum=grad_accum, lr=lr,
                       warmup_steps=warmup_steps, ttt_steps=ttt_steps, ttt_decay=ttt_decay,
-                      round_weight=round_weight, loss=loss,
+                      round_weight=round_weight, feature_weight=feature_weight, loss=loss,
                       supervise=supervise, num_layers=num_layers, init_layers_from_target=init_layers_from_target, eval_every=eval_every,
                       ckpt_every=ckpt_every, seed=seed, dtype=dtype, init_from=str(init_from) if init_from else "",
                       snapshot_steps=tuple(parse_ints(snapshot_steps)) if snapshot_steps else (),

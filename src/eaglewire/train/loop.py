@@ -64,6 +64,7 @@ class TrainConfig:
     loss: str = "soft_ce"  # any of ttt.LOSSES (measured: benchmarks/results/recipe)
     supervise: str = "answers"  # or "all": prompt tokens too (measured: benchmarks/results/recipe)
     round_weight: float = 0.0  # extra loss weight on chains where a decoder's round starts (ttt.round_starts)
+    feature_weight: float = 0.0  # EAGLE-1's feature loss on top: smooth-L1 to the target's final-norm state (ttt)
     num_layers: int = 1
     eval_every: int = 50
     eval_batches: int = 8
@@ -254,7 +255,26 @@ def _ttt_model(draft: Eagle3Draft, target: Any, vmap: VocabMap, features: Any, c
     head = target.head_rows(None if full else vmap.target_ids).detach().to(info.device)
     return TTTModel(draft, head if full else None, draft_head=None if full else head, steps=c.ttt_steps,
                     decay=c.ttt_decay, loss=c.loss, world_size=info.world_size,
-                    reduce_count=lambda x: all_reduce_sum(x, info), round_weight=c.round_weight)
+                    reduce_count=lambda x: all_reduce_sum(x, info), round_weight=c.round_weight,
+                    feature_weight=c.feature_weight,
+                    feature_space=feature_space(draft, target, vmap, info.device) if c.feature_weight > 0 else None)
+
+
+@torch.no_grad()
+def feature_space(draft: Eagle3Draft, target: Any, vmap: VocabMap, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """(G, A) for the feature loss (train.ttt): G [H, H] the Gram matrix of the centred full target head over V
+    (s^T G s is the mean squared centred logit of state s), and A [H, H] the least-squares linear part of the
+    affine map from the target's head rows to the draft's on the draft vocab (draft row = target row @ A + c,
+    so the draft's logit of a state s is the target's logit of A s, up to a per-state constant). Fitted once,
+    at the start: a fresh draft's head is the target's rows (A = I); a warm start's has moved (sitting 13: the
+    release's rows at cosine 0.82 to the target's, its states at 0.23 to the target's raw, 0.67 mapped)."""
+    full = target.head_rows(None).detach().float()  # [V, H]
+    centred = full - full.mean(0, keepdim=True)
+    gram = centred.T @ centred / len(full)  # [H, H]
+    rows = full[vmap.target_ids]  # [V_d, H] in draft order
+    x = torch.cat([rows, rows.new_ones(len(rows), 1)], 1)  # [V_d, H+1]
+    amap = torch.linalg.lstsq(x, draft.lm_head.weight.detach().float(), driver="gelsd").solution[:-1]  # [H, H]
+    return gram.to(device), amap.to(device)
 
 
 def _train_step(ddp: Any, model: TTTModel, opt: torch.optim.Optimizer, params: list, stream: MicroBatches,

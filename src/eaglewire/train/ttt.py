@@ -15,6 +15,15 @@ arXiv 2602.23881; the same definitions as speculators' losses/eager.py) — or `
 target's top-1 only: under greedy verification the target *is* that point mass, and -log alpha reduces to it.
 On positions whose predicted token x_{t+2+k} is trained (loss mask) and whose target top-1 lies in the draft
 vocab; step weight decay**k.
+
+Optionally (`feature_weight` w > 0) a feature loss in the spirit of EAGLE-1's, aimed at the logits: w times the
+mean squared centred-logit error over the *whole* target vocabulary between the draft's final-norm state at
+step k, carried into the target's state space by a fixed linear map A, and the target's final-norm state
+h_{t+1+k} (the state whose head gives p_{t+1+k}): (A s - h)^T G (A s - h) with G = W_c^T W_c / V the Gram matrix
+of the centred target head, O(H^2) per position instead of O(V H). On every trained position, tokens outside
+the draft vocab included, which the distribution loss never sees. A is the least-squares map from the draft's
+head to the target's (train.loop.feature_space; the identity for a fresh draft, whose head starts as the
+target's rows): a warm-started draft's state lives in its own head's space, where the raw cosine to h is low.
 """
 
 from __future__ import annotations
@@ -146,7 +155,8 @@ class TTTModel(nn.Module):
 
     def __init__(self, draft: Eagle3Draft, target_head: torch.Tensor | None, *, steps: int, decay: float,
                  loss: str = "soft_ce", world_size: int = 1, reduce_count: Reducer | None = None,
-                 draft_head: torch.Tensor | None = None, round_weight: float = 0.0) -> None:
+                 draft_head: torch.Tensor | None = None, round_weight: float = 0.0,
+                 feature_weight: float = 0.0, feature_space: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """`target_head` [V, H_t] the full frozen head; or None with `draft_head` [V_d, H_t], its rows for
         the draft vocab, when every batch brings the target's top-1 (offline training keeps V_d rows only).
         `round_weight` w: in training, the chains anchored where a greedy decoder would start a round under
@@ -168,6 +178,11 @@ class TTTModel(nn.Module):
         if round_weight < 0:
             raise ValueError(f"round_weight must be >= 0, not {round_weight}")
         self.round_weight = round_weight
+        if feature_weight < 0:
+            raise ValueError(f"feature_weight must be >= 0, not {feature_weight}")
+        if feature_weight > 0 and feature_space is None:
+            raise ValueError("feature_weight > 0 needs feature_space: (the target head's Gram matrix G, the map A)")
+        self.feature_weight, self.feature_space = feature_weight, feature_space  # ([H, H] G, [H, H] A)
 
     def target_top1(self, fb: FeatureBatch) -> torch.Tensor:
         """[B, T] the target's greedy token after each position: stored at capture, else the full head."""
@@ -205,7 +220,10 @@ class TTTModel(nn.Module):
             rows = mask.nonzero(as_tuple=True)
             # head and softmax only at supervised positions: p_{t+1+k} sits at column t+1+k of p_draft
             per_pos, hit = self._step_loss(d.lm_head(out.normed[rows]), p_draft[rows[0], rows[1] + 1 + k])
-            terms.append((rows, per_pos))
+            if self.feature_weight > 0 and self.training:  # held-out losses stay comparable across runs
+                terms.append(self._with_feature_loss(per_pos, rows, out.normed, fb, trained, k))
+            else:
+                terms.append((rows, per_pos))
             hit_bt = torch.zeros_like(chain)
             hit_bt[rows] = hit
             chain &= hit_bt
@@ -224,6 +242,22 @@ class TTTModel(nn.Module):
         if not self.training:  # evaluation is never weighted: the walk runs here once
             stats.round_tokens, stats.rounds = simulate_rounds(anchor, accepted)
         return total, stats
+
+    def _with_feature_loss(self, per_pos: torch.Tensor, rows: tuple[torch.Tensor, ...], normed: torch.Tensor,
+                           fb: FeatureBatch, trained: torch.Tensor, k: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        """(every trained row, loss per row): per_pos [N] (the distribution loss at `rows`) placed on the trained
+        rows ⊇ rows (zero where the target's top-1 is outside V_d) plus w times the centred-logit MSE of the
+        mapped draft state against h_{t+1+k} (module docstring), so one reduction counts every trained position
+        once."""
+        feat_rows = (shift_left(trained, 2 + k) > 0).nonzero(as_tuple=True)  # ⊇ rows
+        want = fb.final_hidden[feat_rows[0], feat_rows[1] + 1 + k].float()  # [M, H]
+        gram, amap = self.feature_space
+        diff = normed[feat_rows].float() @ amap.T - want  # [M, H] in the target's state space
+        feat = ((diff @ gram) * diff).sum(-1)  # [M] mean squared centred-logit error over the target vocab
+        dist = torch.zeros_like(feat)  # the distribution loss placed on the feature rows
+        key = feat_rows[0] * normed.shape[1] + feat_rows[1]
+        dist[torch.searchsorted(key, rows[0] * normed.shape[1] + rows[1])] = per_pos.float()
+        return feat_rows, dist + self.feature_weight * feat
 
     def _step_loss(self, draft_logits: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows are the supervised positions, [N, V_d] each -> (loss per row [N], draft top-1 == target top-1 [N])."""
