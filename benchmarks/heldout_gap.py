@@ -14,6 +14,7 @@ target, serving runs fp32) from a distribution gap (the same fp32 target on both
 
     python benchmarks/heldout_gap.py --draft src/eaglewire/assets/drafts/smollm2-135m --samples 48
     python benchmarks/heldout_gap.py --draft RUN/draft --samples 16 --dtypes fp32 --sets mtbench_bench_sample
+    python benchmarks/heldout_gap.py --samples 40 --dtypes fp32 --sets mtbench_bench_sample --by-category
 """
 
 from __future__ import annotations
@@ -105,6 +106,17 @@ def bench_sample(target, limit: int, max_new_tokens: int = 256) -> list:
     return tokenize_conversations(tok, convs, max_length=1024 + max_new_tokens)
 
 
+def by_category(sets: dict[str, list]) -> dict[str, list]:
+    """The MT-bench sets split by question category ("SET:CATEGORY"); a sample's id is "QUESTION_ID#turn"."""
+    from eaglewire.decoding.bench import question_categories
+
+    cats, split = question_categories("mtbench"), {}
+    for name, samples in sets.items():
+        for s in samples if name.startswith("mtbench") else []:
+            split.setdefault(f"{name}:{cats.get(s.id.split('#')[0], 'uncategorised')}", []).append(s)
+    return split
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--draft", type=Path, nargs="+", default=[Path("src/eaglewire/assets/drafts/smollm2-135m")],
@@ -114,6 +126,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/recipe/heldout_gap.json"))
     ap.add_argument("--dtypes", default="fp32,bf16", help="target dtypes to compare, from: " + ", ".join(DTYPES))
     ap.add_argument("--sets", default=",".join(SETS), help="sample sets, from: " + ", ".join(SETS))
+    ap.add_argument("--by-category", action="store_true", help="also score each MT-bench set per question "
+                    "category (sets named SET:CATEGORY)")
     a = ap.parse_args()
     unknown = [n for n in a.dtypes.split(",") if n not in DTYPES] + [n for n in a.sets.split(",") if n not in SETS]
     if unknown:
@@ -126,6 +140,8 @@ def main() -> None:
              "mtbench_answers": lambda: load_samples("smollm2-mtbench-regen", tok, max_length=1024)[0][:a.samples],
              "mtbench_bench_sample": lambda: bench_sample(reference, a.samples)}
     sets = {name: build[name]() for name in a.sets.split(",")}
+    if a.by_category:
+        sets.update(by_category(sets))
     out = {"cpu": describe_cpu(), "drafts": [str(d) for d in a.draft], "results": {}}
     for dpath in a.draft:
         for tname, target in targets.items():

@@ -86,15 +86,13 @@ def make_methods(target: Any, draft: Any, chain: TreeShape, tree: TreeShape, max
     return {n: make[n]() for n in METHODS if n in names}
 
 
-def spread_over_categories(questions: str, limit: int) -> list[Any]:
-    """`limit` questions taken round-robin over the file's categories (in file order within each), so 8
-    MT-bench prompts are one of each category, not the first 8 (all "writing"). A file without a
-    `category` field gives its first `limit` questions."""
+def question_categories(questions: str) -> dict[str, str]:
+    """Question id -> category, from a JSONL question file's `category` fields (MT-bench's eight); empty for
+    a file without them, or one that is not JSONL."""
     import json
 
     from eaglewire.data.conversations import resolve_source
 
-    convs = list(read_conversations(questions))
     categories: dict[str, str] = {}
     try:
         with open(resolve_source(questions), encoding="utf-8") as f:
@@ -103,7 +101,16 @@ def spread_over_categories(questions: str, limit: int) -> list[Any]:
                 if "category" in rec:
                     categories[str(rec.get("id", rec.get("question_id")))] = rec["category"]
     except (UnicodeDecodeError, json.JSONDecodeError):
-        categories = {}  # not a JSONL question file: no categories to spread over
+        return {}  # not a JSONL question file: no categories to spread over
+    return categories
+
+
+def spread_over_categories(questions: str, limit: int) -> list[Any]:
+    """`limit` questions taken round-robin over the file's categories (in file order within each), so 8
+    MT-bench prompts are one of each category, not the first 8 (all "writing"). A file without a
+    `category` field gives its first `limit` questions."""
+    convs = list(read_conversations(questions))
+    categories = question_categories(questions)
     groups: dict[str, list[Any]] = {}
     for c in convs:
         groups.setdefault(categories.get(c.id, ""), []).append(c)
