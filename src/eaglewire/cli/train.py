@@ -78,9 +78,10 @@ def train_cmd(
     round_weight: float = typer.Option(T.round_weight, "--round-weight", help="Extra loss weight w on the "
                                        "chains anchored where greedy decoding with the current draft starts a "
                                        "round (weight 1 + w; the others 1): online tau is made of those."),
-    feature_weight: float = typer.Option(T.feature_weight, "--feature-weight", help="Add EAGLE-1's feature "
-                                         "loss: w * smooth-L1 between the draft's final-norm state and the "
-                                         "target's (every trained position, tokens outside V_d too); 0: off."),
+    feature_weight: float = typer.Option(T.feature_weight, "--feature-weight", help="Add a feature loss: w * the "
+                                         "mean squared centred logit over the whole target vocab between the "
+                                         "draft's state (mapped into the target's) and the target's next state, "
+                                         "on every trained position, tokens outside V_d too (train/ttt.py); 0: off."),
     loss: str = typer.Option(T.loss, "--loss", help="soft_ce, forward_kl, nla, lk_hybrid or greedy_ce "
                               "(train/ttt.py)."),
     supervise: str = typer.Option(T.supervise, "--supervise", help="answers, or all (prompt tokens too)."),

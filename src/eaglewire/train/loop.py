@@ -64,7 +64,7 @@ class TrainConfig:
     loss: str = "soft_ce"  # any of ttt.LOSSES (measured: benchmarks/results/recipe)
     supervise: str = "answers"  # or "all": prompt tokens too (measured: benchmarks/results/recipe)
     round_weight: float = 0.0  # extra loss weight on chains where a decoder's round starts (ttt.round_starts)
-    feature_weight: float = 0.0  # EAGLE-1's feature loss on top: smooth-L1 to the target's final-norm state (ttt)
+    feature_weight: float = 0.0  # a logit-space feature loss on top, over the whole target vocab (ttt; sitting 13: no gain)
     num_layers: int = 1
     eval_every: int = 50
     eval_batches: int = 8
