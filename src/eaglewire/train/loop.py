@@ -43,7 +43,7 @@ from eaglewire.checkpoint import save_checkpoint
 from eaglewire.train import state as trainer_state
 from eaglewire.train.dist import DistInfo, all_reduce_sum, barrier
 from eaglewire.train.ttt import TTTModel, TTTStats
-from eaglewire.train.warm import freeze, init_layers_from_target, warm_start
+from eaglewire.train.warm import freeze, head_affine, init_layers_from_target, warm_start
 from eaglewire.vocab import VocabMap
 
 
@@ -271,9 +271,7 @@ def feature_space(draft: Eagle3Draft, target: Any, vmap: VocabMap, device: Any) 
     full = target.head_rows(None).detach().float()  # [V, H]
     centred = full - full.mean(0, keepdim=True)
     gram = centred.T @ centred / len(full)  # [H, H]
-    rows = full[vmap.target_ids]  # [V_d, H] in draft order
-    x = torch.cat([rows, rows.new_ones(len(rows), 1)], 1)  # [V_d, H+1]
-    amap = torch.linalg.lstsq(x, draft.lm_head.weight.detach().float(), driver="gelsd").solution[:-1]  # [H, H]
+    amap = head_affine(full[vmap.target_ids], draft.lm_head.weight.detach())[:-1]  # [H, H]: the linear part
     return gram.to(device), amap.to(device)
 
 

@@ -254,10 +254,9 @@ class TTTModel(nn.Module):
         gram, amap = self.feature_space
         diff = normed[feat_rows].float() @ amap.T - want  # [M, H] in the target's state space
         feat = ((diff @ gram) * diff).sum(-1)  # [M] mean squared centred-logit error over the target vocab
-        dist = torch.zeros_like(feat)  # the distribution loss placed on the feature rows
-        key = feat_rows[0] * normed.shape[1] + feat_rows[1]
-        dist[torch.searchsorted(key, rows[0] * normed.shape[1] + rows[1])] = per_pos.float()
-        return feat_rows, dist + self.feature_weight * feat
+        dist = normed.new_zeros(normed.shape[:2], dtype=torch.float32)  # [B, T] the distribution loss, 0 off rows
+        dist[rows] = per_pos.float()
+        return feat_rows, dist[feat_rows] + self.feature_weight * feat
 
     def _step_loss(self, draft_logits: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows are the supervised positions, [N, V_d] each -> (loss per row [N], draft top-1 == target top-1 [N])."""

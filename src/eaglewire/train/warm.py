@@ -54,9 +54,18 @@ def mapped_head_rows(target_rows: torch.Tensor, kept: torch.Tensor, trained: tor
     the released draft's 8,000 rows: R^2 0.93, 0.92 on rows left out of the fit), so a new token's row starts
     where training would move it, and the grown draft can name the token where the target would. Least squares
     (min-norm when fewer rows than H + 1 are kept)."""
-    x = torch.cat([target_rows.float(), target_rows.new_ones(len(target_rows), 1, dtype=torch.float32)], 1)  # [V_d, H+1]
-    affine = torch.linalg.lstsq(x[kept], trained.float(), driver="gelsd").solution  # [H+1, H]
-    return x[~kept] @ affine
+    x = _with_ones(target_rows)  # [V_d, H+1]
+    return x[~kept] @ head_affine(target_rows[kept], trained)
+
+
+def head_affine(target_rows: torch.Tensor, draft_rows: torch.Tensor) -> torch.Tensor:
+    """[H+1, H] the least-squares affine map carrying the target's head rows to a draft's, row for row
+    (draft row ~= [target row, 1] @ map; min-norm when fewer rows than H + 1)."""
+    return torch.linalg.lstsq(_with_ones(target_rows), draft_rows.float(), driver="gelsd").solution
+
+
+def _with_ones(rows: torch.Tensor) -> torch.Tensor:
+    return torch.cat([rows.float(), rows.new_ones(len(rows), 1, dtype=torch.float32)], 1)  # [N, H+1]
 
 
 def warm_start(draft: Eagle3Draft, path: Path, target: Any, vmap: VocabMap, taps: tuple[int, ...]) -> torch.Tensor:
