@@ -1,8 +1,9 @@
 """Verify cost on the embedded target: one forward over k new tokens (tree mask) on top of a ~100-token
 cache: lean runtime calibrated per row count, each fixed layout this machine offers (nt, tn, wx, and
 dnnl where torch exposes oneDNN's prepacked linear: decoding/runtime.candidate_layouts), and HF
-transformers, all in --dtype. Interleaved rounds, medians, ratio to the 1-token decode step of the same
-runtime.
+transformers, all in --dtype; and the calibrated runtime's greedy forward (argmax ids through the greedy
+head it calibrated: screened_head.py), which is what greedy decoding runs. Interleaved rounds, medians,
+ratio to the 1-token decode step of the same runtime.
 
     python benchmarks/bench_verify.py --rounds 8 --dtype float32 --out benchmarks/results/verify.json
 """
@@ -17,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from eaglewire.decoding.runtime import LeanTarget, candidate_layouts
+from eaglewire.decoding.gemm import candidate_layouts
+from eaglewire.decoding.runtime import LeanTarget
 from eaglewire.hw import RUNTIME_DTYPES, describe_cpu, runtime_dtype
 from eaglewire.safeio import atomic_write_text
 from eaglewire.verifier.loader import load_target
@@ -55,7 +57,7 @@ def main() -> None:
     for rt in runtimes.values():
         rt.forward(prefix, torch.arange(CACHED)[None], 0)
 
-    times: dict[str, dict[int, list[float]]] = {n: {k: [] for k in KS} for n in (*runtimes, "hf")}
+    times: dict[str, dict[int, list[float]]] = {n: {k: [] for k in KS} for n in (*runtimes, "lean_calibrated_greedy", "hf")}
     for r in range(a.rounds):
         for k in KS:
             ids = torch.ones(1, k, dtype=torch.long)
@@ -64,6 +66,9 @@ def main() -> None:
                 t0 = time.perf_counter()
                 rt.forward(ids, pos, CACHED)
                 times[name][k].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()  # what greedy decoding runs: argmax ids, the calibrated greedy head
+            runtimes["lean_calibrated"].greedy(ids, pos, CACHED)
+            times["lean_calibrated_greedy"][k].append(time.perf_counter() - t0)
             times["hf"][k].append(_hf_verify(target, prefix, k))
         print(f"round {r + 1}: " + " ".join(f"k{k}={statistics.median(times['lean_calibrated'][k]) * 1e3:.0f}ms"
                                             for k in KS), flush=True)
@@ -73,6 +78,7 @@ def main() -> None:
         result[name] = {"median_ms": med, "ratio_to_decode": {k: med[k] / med[1] for k in KS}}
     result["setup"] = {"rounds": a.rounds, "cache_tokens": CACHED, "dtype": str(dtype).removeprefix("torch."),
                        "threads": a.threads, "layouts": list(candidate_layouts(dtype)), "calibrated": policy,
+                       "greedy_head": runtimes["lean_calibrated"].head_policy,
                        "fused": "q/k/v and gate/up one GEMM each", "cpu": describe_cpu()}
     atomic_write_text(a.out, json.dumps(result, indent=2))
     for name in times:

@@ -44,7 +44,7 @@ class Recording:
         self.inner.start(prompt_ids, prompt_taps, first_token)
 
     def propose(self):
-        self.level1.append(self.inner.last_logits.float().clone())
+        self.level1.append(self.inner.d.lm_head(self.inner.last_normed)[0, -1].float().clone())
         return self.inner.propose()
 
     def accept(self, taps, tokens) -> None:

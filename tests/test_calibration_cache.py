@@ -53,9 +53,14 @@ def test_second_start_reuses_the_cache_without_timing(cache, forwards):
     assert path.parent == cache / "calibration" and "calibrating GEMM layouts" in log[0] and str(path) in log[0]
     record = json.loads(path.read_text())
     assert record["key"]["target"]["dtype"] == "float32" and set(record["median_ms"]) == {"1", "2", "4"}
+    assert set(record["head_policy"]) == set(record["head_median_ms"]) == {"1", "2", "4"}
+    assert set(record["head_policy"].values()) <= set(record["key"]["heads"])
     forwards.clear()
     again, path2, reused = _start(target, log)
     assert reused and again == policy and path2 == path and forwards == []
+    rt = LeanTarget(target, max_len=32)
+    C.calibrate_cached(rt, log.append, ks=KS, reps=1)
+    assert {str(k): v for k, v in rt.head_policy.items()} == record["head_policy"]  # the greedy head too
     assert log[-1].startswith(f"reusing GEMM layout calibration from {path}")
 
 
@@ -79,13 +84,17 @@ def test_a_changed_key_measures_again(cache, forwards):
 
 
 @pytest.mark.parametrize("content", ["{not json", "", json.dumps({"key": "someone else's", "policy": {}}),
-                                     "POLICY"], ids=["truncated", "empty", "wrong-key", "bad-policy"])
+                                     "POLICY", "HEAD"], ids=["truncated", "empty", "wrong-key", "bad-policy", "bad-head"])
 def test_an_unusable_file_is_measured_again_with_a_message(cache, forwards, content):
     target, log = build_target("llama"), []
     policy, path, _ = _start(target, log)
     if content == "POLICY":  # the right key, a layout that is no candidate
         record = json.loads(path.read_text())
         record["policy"]["1"] = "fortran"
+        content = json.dumps(record)
+    if content == "HEAD":  # the right key and layouts, a greedy head that is no candidate
+        record = json.loads(path.read_text())
+        record["head_policy"]["2"] = "approximate"
         content = json.dumps(record)
     path.write_text(content)
     forwards.clear()

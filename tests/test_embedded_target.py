@@ -76,3 +76,25 @@ def test_released_draft_runs_lossless_on_the_real_target(smollm):
     shape = TreeShape(num_steps=3, topk=2, num_draft_tokens=6)
     out, stats = SpecDecoder(LeanTarget(smollm, 256), EagleProposer(draft, draft.contract, shape, 256)).generate(ids, 24, eos)
     assert out == ref and stats.verify_steps >= 1
+
+
+def test_the_embedded_target_decodes_the_same_through_the_screen(smollm):
+    """Real SmolLM2 states: greedy through the screen (on the packed bf16 copy where this CPU runs it,
+    else plain bf16) equals greedy through the fp32 head, and the screen keeps few candidates."""
+    from eaglewire.decoding.engine import greedy_reference
+    from eaglewire.decoding.runtime import LeanTarget
+    from eaglewire.decoding.screened_head import PLAIN, SCREENED, ScreenedHead
+
+    ids = smollm.tokenizer.apply_chat_template([{"role": "user", "content": "Explain what a CPU cache is."}],
+                                               add_generation_prompt=True, return_dict=True,
+                                               return_tensors="pt")["input_ids"]
+    plain = LeanTarget(smollm, 160, head=PLAIN)
+    screened = LeanTarget(smollm, 160)
+    if screened.screen is None:
+        screened.screen, screened.head_policy = ScreenedHead(screened.head.w, packed=False), {1: SCREENED}
+    assert screened.head_policy == {1: SCREENED}
+    ref = greedy_reference(plain, ids, 48)
+    assert greedy_reference(screened, ids, 48) == ref
+    h, _ = screened.hidden(torch.tensor([ref[:-1]]), torch.arange(ids.shape[1], ids.shape[1] + 47)[None], ids.shape[1])
+    counts = screened.screen.candidates(h[0]).sum(1)  # [47] candidates per state
+    assert counts.min() >= 1 and counts.float().median() <= 16

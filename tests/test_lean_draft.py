@@ -9,7 +9,8 @@ from tiny import build_draft, build_target
 from eaglewire.contract import NormFlags
 from eaglewire.decoding.lean_draft import LayoutLinear, LeanDraft
 from eaglewire.decoding.propose import EagleProposer
-from eaglewire.decoding.runtime import candidate_layouts
+from eaglewire.decoding.gemm import candidate_layouts
+from eaglewire.decoding.screened_head import SCREENED, ScreenedHead
 from eaglewire.decoding.tree import TreeShape
 from eaglewire.draft.model import DraftCache
 
@@ -68,13 +69,16 @@ def test_the_proposer_drafts_the_same_tokens_on_either_path(shape):
     prompt = torch.randint(0, 256, (1, 9), generator=g)
     taps = torch.randn(1, 9, 3 * target.hidden_size, generator=g)
     trees = []
-    for layout in ("module", "auto"):
-        prop = EagleProposer(draft, contract, shape, max_len=64, layout=layout)
+    for layout in ("module", "auto", "screened"):
+        prop = EagleProposer(draft, contract, shape, max_len=64, layout="auto" if layout == "screened" else layout)
+        if layout == "screened":  # the chain's greedy head through a bf16 screen, on any CPU
+            prop.lean.screen = ScreenedHead(draft.lm_head.weight, packed=False)
+            prop.lean.head_policy = {1: SCREENED}
         prop.start(prompt, taps, 11)
         first = prop.propose()
         prop.accept(taps[:, :2], [first.tokens[0], 13])
         trees.append((first, prop.propose()))
-    assert trees[0] == trees[1]
+    assert trees[0] == trees[1] == trees[2]
 
 
 @pytest.mark.parametrize("layout", ["module", "auto"])

@@ -5,7 +5,8 @@ import pytest
 import torch
 from tiny import VOCAB, build_target
 
-from eaglewire.decoding.runtime import LAYOUTS, PACKED, LeanTarget, candidate_layouts
+from eaglewire.decoding.gemm import LAYOUTS, PACKED, candidate_layouts
+from eaglewire.decoding.runtime import LeanTarget
 from eaglewire.verifier.capture import capture
 
 

@@ -22,7 +22,8 @@ from typer.testing import CliRunner
 from eaglewire import hw
 from eaglewire.decoding.engine import SpecDecoder, greedy_reference
 from eaglewire.decoding.propose import EagleProposer
-from eaglewire.decoding.runtime import LeanTarget, candidate_layouts
+from eaglewire.decoding.gemm import candidate_layouts
+from eaglewire.decoding.runtime import LeanTarget
 from eaglewire.decoding.tree import TreeShape
 from eaglewire.errors import EaglewireError
 

@@ -28,7 +28,7 @@ from eaglewire.decoding.runtime import CALIBRATION_KS, CALIBRATION_REPS, LeanTar
 from eaglewire.hw import describe_cpu
 from eaglewire.safeio import atomic_write_text
 
-FORMAT = 1  # bump when the file's meaning changes: older files then miss (another key), never misread
+FORMAT = 2  # 2: the greedy head (plain / screened) per row count beside the layouts. Bump when the file's meaning changes: older files then miss (another key), never misread
 
 
 class _Unusable(Exception):
@@ -45,7 +45,7 @@ def calibration_key(rt: LeanTarget, ks: tuple[int, ...], reps: int) -> dict[str,
               "vocab_size": int(rt.head.w.shape[0]), "dtype": str(rt.embed.dtype).removeprefix("torch."),
               "qkv_bias": rt.layers[0].qkv.b is not None}
     return {"format": FORMAT, "cpu": cpu, "torch": torch.__version__, "target": target,
-            "layouts": list(rt.candidates), "ks": list(ks), "reps": reps}
+            "layouts": list(rt.candidates), "heads": list(rt.head_candidates), "ks": list(ks), "reps": reps}
 
 
 def calibration_dir() -> Path:
@@ -57,21 +57,25 @@ def calibration_path(key: dict[str, Any]) -> Path:
     return calibration_dir() / f"{digest}.json"
 
 
-def _read(path: Path, key: dict[str, Any]) -> dict[int, str]:
-    """The stored policy {rows: layout}, or _Unusable saying why not."""
+def _read(path: Path, key: dict[str, Any]) -> tuple[dict[int, str], dict[int, str]]:
+    """The stored policies ({rows: layout}, {rows: greedy head}), or _Unusable saying why not."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise _Unusable(f"not readable JSON: {err}") from None
     if not isinstance(data, dict) or data.get("key") != key:
         raise _Unusable("its key is not this machine/target/torch's (a hash collision or an edited file)")
-    raw = data.get("policy")
+    return _policy(data, "policy", key["ks"], key["layouts"]), _policy(data, "head_policy", key["ks"], key["heads"])
+
+
+def _policy(data: dict, field: str, ks: list[int], allowed: list[str]) -> dict[int, str]:
+    raw = data.get(field)
     try:
         policy = {int(k): v for k, v in raw.items()}
     except (AttributeError, TypeError, ValueError):
-        raise _Unusable(f"policy is not a {{rows: layout}} mapping: {raw!r}") from None
-    if sorted(policy) != sorted(key["ks"]) or not set(policy.values()) <= set(key["layouts"]):
-        raise _Unusable(f"policy {raw!r} does not cover rows {key['ks']} with layouts {key['layouts']}")
+        raise _Unusable(f"{field} is not a {{rows: choice}} mapping: {raw!r}") from None
+    if sorted(policy) != sorted(ks) or not set(policy.values()) <= set(allowed):
+        raise _Unusable(f"{field} {raw!r} does not cover rows {ks} with choices {allowed}")
     return policy
 
 
@@ -84,11 +88,12 @@ def calibrate_cached(rt: LeanTarget, log: Callable[[str], None] | None = None, k
     path = calibration_path(key)
     if path.exists():
         try:
-            rt.policy = _read(path, key)
+            rt.policy, rt.head_policy = _read(path, key)
         except _Unusable as why:
             say(f"calibration cache {path} is unusable ({why}): calibrating again")
         else:
-            say(f"reusing GEMM layout calibration from {path}: {_describe(rt.policy)}")
+            say(f"reusing GEMM layout calibration from {path}: {_describe(rt.policy)}; greedy head "
+                f"{_describe(rt.head_policy)}")
             return rt.policy, path, True
     say(f"calibrating GEMM layouts {', '.join(key['layouts'])} for {len(ks)} row counts (one-off for this "
         f"machine; cached at {path})")
@@ -96,9 +101,12 @@ def calibrate_cached(rt: LeanTarget, log: Callable[[str], None] | None = None, k
     policy = rt.calibrate(ks, reps)
     record = {"key": key, "policy": {str(k): v for k, v in policy.items()},
               "median_ms": {str(k): v for k, v in rt.calibration_ms.items()},
+              "head_policy": {str(k): v for k, v in rt.head_policy.items()},
+              "head_median_ms": {str(k): v for k, v in rt.head_ms.items()},
               "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "seconds": round(time.perf_counter() - t0, 2)}
     atomic_write_text(path, json.dumps(record, indent=2, sort_keys=True))
-    say(f"calibrated in {record['seconds']:.1f} s: {_describe(policy)} (delete {path} to measure again)")
+    say(f"calibrated in {record['seconds']:.1f} s: {_describe(policy)}; greedy head {_describe(rt.head_policy)} "
+        f"(delete {path} to measure again)")
     return policy, path, False
 
 

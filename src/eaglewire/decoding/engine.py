@@ -77,17 +77,20 @@ class SpecDecoder:
         eos, st, t0 = eos or set(), SpecStats(), time.perf_counter()
         gen = torch.Generator().manual_seed(seed)
 
-        def choose(tree, vlogits):  # -> (accepted node path, bonus token)
-            if temperature <= 0:
-                return greedy_accept(tree, vlogits[0].argmax(-1).tolist())
-            return sample_accept(tree, target_probs(vlogits[0], temperature, top_p), gen)
+        greedy = temperature <= 0
+        # greedy needs only each row's argmax (rt.greedy: the screened head where calibrated); sampling every logit
+        target = self.rt.greedy if greedy else self.rt.forward
+
+        def choose(tree, vout):  # vout: argmax ids [1, M+1] or logits [1, M+1, V] -> (accepted path, bonus token)
+            if greedy:
+                return greedy_accept(tree, vout[0].tolist())
+            return sample_accept(tree, target_probs(vout[0], temperature, top_p), gen)
 
         taps = self.proposer.taps
         P = prompt.shape[1]
-        logits, prompt_taps = self.rt.forward(prompt, torch.arange(P)[None], 0, taps=taps,
-                                              logit_rows=torch.tensor([P - 1]))
-        x = int(logits[0, -1].argmax()) if temperature <= 0 else \
-            int(torch.multinomial(target_probs(logits[0, -1], temperature, top_p), 1, generator=gen))
+        out0, prompt_taps = target(prompt, torch.arange(P)[None], 0, taps=taps, logit_rows=torch.tensor([P - 1]))
+        x = int(out0[0, -1]) if greedy else \
+            int(torch.multinomial(target_probs(out0[0, -1], temperature, top_p), 1, generator=gen))
         n, out = P, []
         t = time.perf_counter()
         self.proposer.start(prompt, prompt_taps, x)
@@ -105,8 +108,8 @@ class SpecDecoder:
             tree = self.proposer.propose()
             t2 = time.perf_counter()
             ids, pos, mask = tree.verify_inputs(x, n)
-            vlogits, vtaps = self.rt.forward(ids, pos, n, mask, taps=taps)
-            path, bonus = choose(tree, vlogits)
+            vout, vtaps = target(ids, pos, n, mask, taps=taps)
+            path, bonus = choose(tree, vout)
             slots = [n] + [n + 1 + i for i in path]
             if slots != list(range(n, n + len(slots))):
                 self.rt.commit(torch.tensor(slots), n)  # tree: move the accepted branch into place
@@ -142,10 +145,10 @@ def _stop_index(tokens: list[int], eos: set[int], room: int) -> int | None:
 def greedy_reference(runtime: LeanTarget, prompt: torch.Tensor, max_new_tokens: int, eos: set[int] | None = None) -> list[int]:
     """Plain greedy decoding on the same runtime (one token per forward): the lossless reference."""
     eos, P = eos or set(), prompt.shape[1]
-    logits, _ = runtime.forward(prompt, torch.arange(P)[None], 0, logit_rows=torch.tensor([P - 1]))
-    out = [int(logits[0, -1].argmax())]
+    tok, _ = runtime.greedy(prompt, torch.arange(P)[None], 0, logit_rows=torch.tensor([P - 1]))
+    out = [int(tok[0, -1])]
     while out[-1] not in eos and len(out) < max_new_tokens:
         n = P + len(out) - 1
-        logits, _ = runtime.forward(torch.tensor([[out[-1]]]), torch.tensor([[n]]), n)
-        out.append(int(logits[0, -1].argmax()))
+        tok, _ = runtime.greedy(torch.tensor([[out[-1]]]), torch.tensor([[n]]), n)
+        out.append(int(tok[0, -1]))
     return out

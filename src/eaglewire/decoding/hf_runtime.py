@@ -45,6 +45,12 @@ class HFRuntime:
         tapped = torch.cat([store[b][0] for b in taps], dim=-1) if taps else None
         return logits, tapped
 
+    def greedy(self, ids: torch.Tensor, positions: torch.Tensor, start: int, mask: torch.Tensor | None = None,
+               taps: tuple[int, ...] = (), logit_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """forward's arguments -> (argmax token per row, taps), as LeanTarget.greedy."""
+        logits, tapped = self.forward(ids, positions, start, mask, taps, logit_rows)
+        return logits.argmax(-1), tapped
+
     def commit(self, src: torch.Tensor, dst_start: int) -> None:
         """Move accepted slots into place in every layer's keys and values."""
         dst = torch.arange(dst_start, dst_start + src.numel())

@@ -19,7 +19,8 @@ import copy
 import torch
 from torch import nn
 
-from eaglewire.decoding.runtime import AUTO_POLICY, Linear, candidate_layouts, pick, time_layouts
+from eaglewire.decoding.gemm import AUTO_POLICY, Linear, candidate_layouts, pick, time_layouts
+from eaglewire.decoding.screened_head import SCREENED, ScreenedHead, greedy_heads
 from eaglewire.draft.model import DraftCache, Eagle3Draft
 
 DRAFT_ROWS, DRAFT_REPS = (1, 4), 5  # row counts timed (a draft step / an accepted run), repetitions each
@@ -52,6 +53,12 @@ class LeanDraft:
         self.policy: dict[int, str] = dict(AUTO_POLICY) if layout == "auto" else {1: layout}
         emb = draft.embed_tokens.weight
         self.model = copy.deepcopy(draft, memo={id(emb): emb})  # the [V, H] embedding stays shared
+        # a chain needs only each step's argmax: the head's bf16 screen where offered (screened_head.py), an
+        # exact argmax that reads half the head's bytes and lets the draft's weights stay in cache
+        self.head_candidates = greedy_heads(dtype)
+        self.screen = ScreenedHead(draft.lm_head.weight, packed=True) if SCREENED in self.head_candidates else None
+        self.head_policy: dict[int, str] = {1: self.head_candidates[-1]}
+        self.head_ms: dict[int, dict[str, float]] = {}
         packed = "dnnl" in self.candidates
         for layer in self.model.layers:  # fused first: the separate modules are then dropped (never called)
             attn, mlp = layer.self_attn, layer.mlp
@@ -83,7 +90,20 @@ class LeanDraft:
 
         best, self.calibration_ms = time_layouts(self.candidates, rows, reps, run)
         self._set(best)
+        states = torch.randn(1, 1, cfg.hidden_size, generator=torch.Generator().manual_seed(0), dtype=w.dtype)
+
+        def run_head(head: str, _rows: int) -> None:
+            self.head_policy = {1: head}
+            self.argmax(states)
+
+        self.head_policy, self.head_ms = time_layouts(self.head_candidates, (1,), reps, run_head)
         return best
+
+    def argmax(self, normed: torch.Tensor) -> torch.Tensor:
+        """Final-norm states [..., H] -> the draft head's argmax [...] (draft-vocab ids; exact either way)."""
+        if self.screen is not None and self.head_policy[1] == SCREENED:
+            return self.screen.argmax(normed)
+        return self.model.lm_head(normed).argmax(-1)
 
     def _set(self, policy: dict[int, str]) -> None:
         self.policy.clear()  # in place: every LayoutLinear holds this dict

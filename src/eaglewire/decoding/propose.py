@@ -40,7 +40,8 @@ class EagleProposer:
         """layout: the GEMM layout of the draft's Linears (decoding/lean_draft.py): "auto" measures the
         fastest here, "module" keeps the draft's own nn.Linears, or one of runtime.candidate_layouts."""
         draft.cfg.require_matches(contract)  # the taps we will ask the target for are the draft's
-        self.d = draft if layout == "module" else LeanDraft(draft, layout).model
+        self.lean = None if layout == "module" else LeanDraft(draft, layout)
+        self.d = draft if self.lean is None else self.lean.model
         self.shape = shape
         self.taps = contract.taps
         self.cache = DraftCache(draft.cfg, 1, max_len + shape.num_draft_tokens * shape.num_steps + 8,
@@ -53,9 +54,13 @@ class EagleProposer:
         come in the target's dtype and are read in the draft's (an fp32 target may have a bf16 draft:
         hw.draft_dtype)."""
         ids = torch.tensor([tokens], device=taps.device)
-        out = self.d(ids, taps.to(self.cache.k.dtype), cache=self.cache, start=self.n)
+        out = self.d(ids, taps.to(self.cache.k.dtype), cache=self.cache, start=self.n, compute_logits=False)
         self.n += len(tokens)
-        self.last_logits, self.last_hidden = out.logits[0, -1], out.hidden[:, -1:]  # [V_d], [1, 1, H]
+        self.last_normed, self.last_hidden = out.normed[:, -1:], out.hidden[:, -1:]  # [1, 1, H] each
+
+    def _argmax(self, normed: torch.Tensor) -> int:
+        """A chain step's draft token from its final-norm state [1, 1, H] (the lean copy's greedy head)."""
+        return int(self.lean.argmax(normed) if self.lean is not None else self.d.lm_head(normed).argmax(-1))
 
     def start(self, prompt_ids: torch.Tensor, prompt_taps: torch.Tensor | None, first_token: int) -> None:
         self.n = 0
@@ -73,7 +78,7 @@ class EagleProposer:
         """Beam-style tree expansion: every level feeds the K best-scoring frontier nodes, each adds its K
         best children (summed log-probabilities); `_select` keeps the N-1 best nodes."""
         K, S = self.shape.topk, self.shape.num_steps
-        logp = torch.log_softmax(self.last_logits.float(), -1)
+        logp = torch.log_softmax(self.d.lm_head(self.last_normed)[0, -1].float(), -1)  # [V_d]
         top = logp.topk(K)
         # candidate nodes: (score, parent, draft id); frontier nodes also carry the hidden they are fed with
         scores, parents, ids = top.values.tolist(), [-1] * K, top.indices.tolist()
@@ -107,15 +112,16 @@ class EagleProposer:
         """The tree walk for topk = 1 without its bookkeeping: each step feeds the previous draft token
         at the next slot and keeps its argmax. Every node then sees all committed entries and every earlier
         node, so no mask is needed, and the argmax of the logits is the tree's log-softmax top-1 (a monotone
-        map). Why: a chain is vLLM's default and the common case, and a round's drafting is a few
-        memory-bound forwards plus a few hundred small ops (tested: the same tokens as the tree walk)."""
-        ids = [int(self.last_logits.argmax())]  # draft-vocab ids, level 1..S
+        map), taken through the lean copy's greedy head (exact; screened where calibrated faster). Why: a chain
+        is vLLM's default and the common case, and a round's drafting is a few memory-bound forwards plus a few
+        hundred small ops (tested: the same tokens as the tree walk)."""
+        ids = [self._argmax(self.last_normed)]  # draft-vocab ids, level 1..S
         hidden = self.last_hidden  # [1, 1, H]: the root step's output feeds level 2
         for level in range(2, self.shape.num_steps + 1):
             tok = self.d.to_target_ids(torch.tensor([[ids[-1]]]))  # [1, 1] target id
             pos = torch.tensor([[self.n - 2 + level]])
-            out = self.d.step(tok, hidden, pos, None, cache=self.cache, start=self.n + level - 2)
-            ids.append(int(out.logits[0, -1].argmax()))
+            out = self.d.step(tok, hidden, pos, None, cache=self.cache, start=self.n + level - 2, compute_logits=False)
+            ids.append(self._argmax(out.normed))
             hidden = out.hidden  # [1, 1, H]
         return DraftTree(tokens=self.d.to_target_ids(torch.tensor(ids)).tolist(), parents=list(range(-1, len(ids) - 1)))
 

@@ -21,13 +21,13 @@ slots into place with one gather + copy.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
+from eaglewire.decoding.gemm import AUTO_POLICY, PACKED, Linear, candidate_layouts, pick, time_layouts
+from eaglewire.decoding.screened_head import SCREENED, ScreenedHead, greedy_heads
 from eaglewire.errors import TargetError
 from eaglewire.ops import rms_norm, rotate, signed_sin
 from eaglewire.verifier.loader import Target
@@ -35,85 +35,8 @@ from eaglewire.verifier.loader import Target
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
 
 
-LAYOUTS = ("nt", "tn", "wx")  # plain torch matmuls: always available
-PACKED = "dnnl"  # oneDNN's prepacked weight, where this torch build exposes it (candidate_layouts)
 CALIBRATION_KS, CALIBRATION_REPS = (1, 2, 3, 4, 8, 16, 32), 5  # verify row counts timed, repetitions each
 CALIBRATION_PREFIX = 16  # cached tokens each timed verify attends to (slots the calibration writes first)
-
-
-AUTO_POLICY = {1: "tn", 2: "nt"}  # {rows: layout} until calibrate() measures this machine
-
-
-def pick(policy: dict[int, str], rows: int) -> str:
-    """The policy's layout for the largest row count <= rows."""
-    return policy[max(k for k in policy if k <= rows)]
-
-
-def time_layouts(candidates: tuple[str, ...], ks: tuple[int, ...], reps: int,
-                 run: Callable[[str, int], None]) -> tuple[dict[int, str], dict[int, dict[str, float]]]:
-    """Time `run(layout, rows)` for every candidate layout and row count; return the fastest layout per row
-    count and the medians {rows: {layout: ms}}. Layouts alternate within each repetition (machine noise
-    drifts; back-to-back blocks biased it)."""
-    best: dict[int, str] = {}
-    medians: dict[int, dict[str, float]] = {}
-    for k in ks:
-        samples: dict[str, list[float]] = {lay: [] for lay in candidates}
-        for _ in range(reps):
-            for lay in candidates:
-                t0 = time.perf_counter()
-                run(lay, k)
-                samples[lay].append(time.perf_counter() - t0)
-        timing = {lay: sorted(v)[len(v) // 2] for lay, v in samples.items()}
-        best[k] = min(timing, key=timing.get)
-        medians[k] = {lay: t * 1e3 for lay, t in timing.items()}
-    return best, medians
-
-
-def candidate_layouts(dtype: torch.dtype) -> tuple[str, ...]:
-    """The layouts a runtime in `dtype` can use here: LAYOUTS, plus "dnnl" where torch exposes oneDNN's
-    prepacked linear (the ops inductor's CPU freezing uses) and the CPU runs `dtype` natively in it."""
-    from eaglewire.hw import native_bf16
-
-    ops = torch.ops.mkldnn
-    exposed = torch.backends.mkldnn.is_available() and all(
-        hasattr(ops, op) for op in ("_reorder_linear_weight", "_linear_pointwise"))
-    native = dtype == torch.float32 or (dtype == torch.bfloat16 and native_bf16())
-    return LAYOUTS + ((PACKED,) if exposed and native else ())
-
-
-class Linear:
-    """A weight [out, in] (+ bias) kept in every candidate layout, so each call can use the fastest GEMM:
-    "nt" x @ W.t() (nn.Linear's), "tn" x @ Wt with Wt contiguous, "wx" (W @ x.T).T, "dnnl" oneDNN's
-    prepacked weight (bias fused). Memory: up to three copies of the weight (W, Wt, packed) beside HF's."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed: bool = False) -> None:
-        self.w = weight.detach().contiguous()  # [out, in]
-        self.wt = self.w.t().contiguous()  # [in, out]
-        self.b = None if bias is None else bias.detach()
-        # an opaque oneDNN tensor, blocked for its GEMM kernels; None = "dnnl" is not a candidate here
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.w, None) if packed else None
-
-    @classmethod
-    def fused(cls, mods: list[torch.nn.Module], packed: bool = False) -> "Linear":
-        """One Linear computing every module's output side by side ([..., sum of outs]): one GEMM, not n.
-        A module without bias gets zeros in the fused bias (its output is then exactly unchanged)."""
-        weight = torch.cat([m.weight.detach() for m in mods])  # [sum out, in]
-        if all(m.bias is None for m in mods):
-            return cls(weight, None, packed)
-        bias = torch.cat([m.bias.detach() if m.bias is not None else weight.new_zeros(m.weight.shape[0])
-                          for m in mods])
-        return cls(weight, bias, packed)
-
-    def __call__(self, x: torch.Tensor, layout: str) -> torch.Tensor:  # x [..., in] -> [..., out]
-        if layout == PACKED:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.b, "none", [], "")
-        if layout == "tn":
-            y = x @ self.wt
-        elif layout == "nt":
-            y = x @ self.w.t()
-        else:  # "wx": weight as the tall left operand
-            y = (self.w @ x.reshape(-1, x.shape[-1]).t()).t().reshape(*x.shape[:-1], -1)
-        return y if self.b is None else y + self.b
 
 
 def additive_mask(mask: torch.Tensor | None, T: int, start: int, dtype: torch.dtype,
@@ -141,9 +64,11 @@ class _Layer:
 
 
 class LeanTarget:
-    def __init__(self, target: Target, max_len: int, batch: int = 1, layout: str = "auto") -> None:
+    def __init__(self, target: Target, max_len: int, batch: int = 1, layout: str = "auto", head: str = "auto") -> None:
         """layout: one of `candidate_layouts(target.dtype)` for every call, or "auto": tn for one row, nt
-        otherwise, until `calibrate()` measures the fastest per row count on this machine."""
+        otherwise, until `calibrate()` measures the fastest per row count on this machine. head: the greedy
+        head (`greedy_heads(target.dtype)`: plain, or screened where offered) for every call, or "auto": the
+        screened one where offered until `calibrate()` times both."""
         cfg = target.text_config
         if cfg.model_type not in SUPPORTED:
             raise TargetError(f"the lean runtime does not support model_type {cfg.model_type!r}",
@@ -163,6 +88,15 @@ class LeanTarget:
         self.embed = target.embed_tokens.weight.detach()
         self.head = Linear(target.model.get_output_embeddings().weight, None, PACKED in self.candidates)
         self.policy: dict[int, str] = dict(AUTO_POLICY) if layout == "auto" else {1: layout}
+        self.head_candidates = greedy_heads(target.dtype)
+        if head != "auto" and head not in self.head_candidates:
+            raise TargetError(f"greedy head {head!r} is not available here", expected=" / ".join(
+                ("auto",) + self.head_candidates), found=head, fix="the screened head needs an fp32 target, a torch "
+                "build with oneDNN and a CPU with native bf16" if head == SCREENED else None)
+        # the greedy head's bf16 screen where one is offered (screened_head.py)
+        self.screen = ScreenedHead(self.head.w, packed=True) if SCREENED in self.head_candidates else None
+        self.head_policy: dict[int, str] = {1: self.head_candidates[-1] if head == "auto" else head}
+        self.head_ms: dict[int, dict[str, float]] = {}  # {rows: {head: median ms}} of the last calibrate()
         self.calibration_ms: dict[int, dict[str, float]] = {}  # {rows: {layout: median ms}} of the last calibrate()
         self.rotary = _find_rotary(target)
         p = self.embed
@@ -193,7 +127,20 @@ class LeanTarget:
             self.forward(*inputs[k], prefix)
 
         self.policy, self.calibration_ms = time_layouts(self.candidates, ks, reps, run)
+        self._calibrate_head(ks, reps)
         return self.policy
+
+    def _calibrate_head(self, ks: tuple[int, ...], reps: int) -> None:
+        """Time the greedy head both ways (plain fp32 argmax, bf16 screen + recompute) on random final-norm
+        states; keep the faster per row count. Both are exact: this choice is speed only."""
+        gen = torch.Generator().manual_seed(0)
+        states = {k: torch.randn(1, k, self.embed.shape[1], generator=gen, dtype=self.embed.dtype) for k in ks}
+
+        def run(head: str, k: int) -> None:
+            self.head_policy = {1: head}
+            self.argmax(states[k])
+
+        self.head_policy, self.head_ms = time_layouts(self.head_candidates, ks, reps, run)
 
     def _layer(self, m: torch.nn.Module) -> _Layer:
         a, f = m.self_attn, m.mlp
@@ -209,6 +156,27 @@ class LeanTarget:
                 taps: tuple[int, ...] = (), logit_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """ids, positions [B, T]; mask bool [B, 1, T, start+T] (None = causal over the cache);
         returns (logits [B, T, V] or [B, R, V] for logit_rows [R], taps [B, T, n*H] or None)."""
+        h, tapped = self.hidden(ids, positions, start, mask, taps, logit_rows)
+        return self.head(h, self.layout(h.shape[0] * h.shape[1])), tapped
+
+    @torch.no_grad()
+    def greedy(self, ids: torch.Tensor, positions: torch.Tensor, start: int, mask: torch.Tensor | None = None,
+               taps: tuple[int, ...] = (), logit_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """forward's arguments; returns (the argmax token of each row [B, T] or [B, R], taps): what greedy
+        decoding needs, through the screened head where the calibration chose it."""
+        h, tapped = self.hidden(ids, positions, start, mask, taps, logit_rows)
+        return self.argmax(h), tapped
+
+    def argmax(self, h: torch.Tensor) -> torch.Tensor:
+        """Final-norm states [B, R, H] -> the fp32 head's argmax [B, R] (exact either way: screened_head.py)."""
+        rows = h.shape[0] * h.shape[1]
+        if self.screen is not None and pick(self.head_policy, rows) == SCREENED:
+            return self.screen.argmax(h)
+        return self.head(h, self.layout(rows)).argmax(-1)
+
+    def hidden(self, ids: torch.Tensor, positions: torch.Tensor, start: int, mask: torch.Tensor | None = None,
+               taps: tuple[int, ...] = (), logit_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """forward without the head: (final-norm states [B, T or R, H], taps [B, T, n*H] or None)."""
         B, T = ids.shape
         if start + T > self.max_len:
             raise ValueError(f"KV cache full: {start}+{T} > max_len {self.max_len}")
@@ -226,7 +194,7 @@ class LeanTarget:
             if i + 1 in taps:
                 collected.append(h)
         h = rms_norm(h if logit_rows is None else h[:, logit_rows], self.norm, self.eps)
-        return self.head(h, self.layout(h.shape[0] * h.shape[1])), (torch.cat(collected, dim=-1) if taps else None)
+        return h, (torch.cat(collected, dim=-1) if taps else None)
 
     def _attention(self, L: _Layer, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int,
                    mask: torch.Tensor, lay: str) -> torch.Tensor:

@@ -257,10 +257,11 @@ class Eagle3Draft(nn.Module):
                            hidden=normed if self.cfg.norm.norm_output else h, normed=normed, kv=kv)
 
     def forward(self, input_ids: torch.Tensor, taps: torch.Tensor, position_ids: torch.Tensor | None = None,
-                mask: torch.Tensor | None = None, past: list[KV] | None = None, *,
+                mask: torch.Tensor | None = None, past: list[KV] | None = None, *, compute_logits: bool = True,
                 cache: DraftCache | None = None, start: int = 0) -> DraftOutput:
         """First draft step from target taps [B, T, n*H_t]."""
-        return self.step(input_ids, self.fuse(taps), position_ids, mask, past, cache=cache, start=start)
+        return self.step(input_ids, self.fuse(taps), position_ids, mask, past, compute_logits=compute_logits,
+                         cache=cache, start=start)
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft vocabulary ids -> target ids (d2t holds offsets)."""

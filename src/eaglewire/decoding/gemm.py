@@ -1,0 +1,93 @@
+"""GEMM layouts for small row counts: one weight kept in every candidate layout, the fastest measured per
+row count (`time_layouts`), and `pick` to look the winner up. Used by the target runtime (runtime.py), the
+draft's decoding copy (lean_draft.py) and the screened greedy head (screened_head.py).
+
+Why: for small row counts the GEMM's speed depends on how the weight is laid out, and the fastest layout
+differs by row count, dtype and machine (runtime.py's docstring has the measurements).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+
+LAYOUTS = ("nt", "tn", "wx")  # plain torch matmuls: always available
+PACKED = "dnnl"  # oneDNN's prepacked weight, where this torch build exposes it (candidate_layouts)
+
+
+AUTO_POLICY = {1: "tn", 2: "nt"}  # {rows: layout} until calibrate() measures this machine
+
+
+def pick(policy: dict[int, str], rows: int) -> str:
+    """The policy's layout for the largest row count <= rows."""
+    return policy[max(k for k in policy if k <= rows)]
+
+
+def time_layouts(candidates: tuple[str, ...], ks: tuple[int, ...], reps: int,
+                 run: Callable[[str, int], None]) -> tuple[dict[int, str], dict[int, dict[str, float]]]:
+    """Time `run(layout, rows)` for every candidate layout and row count; return the fastest layout per row
+    count and the medians {rows: {layout: ms}}. Layouts alternate within each repetition (machine noise
+    drifts; back-to-back blocks biased it)."""
+    best: dict[int, str] = {}
+    medians: dict[int, dict[str, float]] = {}
+    for k in ks:
+        samples: dict[str, list[float]] = {lay: [] for lay in candidates}
+        for _ in range(reps):
+            for lay in candidates:
+                t0 = time.perf_counter()
+                run(lay, k)
+                samples[lay].append(time.perf_counter() - t0)
+        timing = {lay: sorted(v)[len(v) // 2] for lay, v in samples.items()}
+        best[k] = min(timing, key=timing.get)
+        medians[k] = {lay: t * 1e3 for lay, t in timing.items()}
+    return best, medians
+
+
+def candidate_layouts(dtype: torch.dtype) -> tuple[str, ...]:
+    """The layouts a runtime in `dtype` can use here: LAYOUTS, plus "dnnl" where torch exposes oneDNN's
+    prepacked linear (the ops inductor's CPU freezing uses) and the CPU runs `dtype` natively in it."""
+    from eaglewire.hw import native_bf16
+
+    ops = torch.ops.mkldnn
+    exposed = torch.backends.mkldnn.is_available() and all(
+        hasattr(ops, op) for op in ("_reorder_linear_weight", "_linear_pointwise"))
+    native = dtype == torch.float32 or (dtype == torch.bfloat16 and native_bf16())
+    return LAYOUTS + ((PACKED,) if exposed and native else ())
+
+
+class Linear:
+    """A weight [out, in] (+ bias) kept in every candidate layout, so each call can use the fastest GEMM:
+    "nt" x @ W.t() (nn.Linear's), "tn" x @ Wt with Wt contiguous, "wx" (W @ x.T).T, "dnnl" oneDNN's
+    prepacked weight (bias fused). Memory: up to three copies of the weight (W, Wt, packed) beside HF's."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed: bool = False) -> None:
+        self.w = weight.detach().contiguous()  # [out, in]
+        self.wt = self.w.t().contiguous()  # [in, out]
+        self.b = None if bias is None else bias.detach()
+        # an opaque oneDNN tensor, blocked for its GEMM kernels; None = "dnnl" is not a candidate here
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.w, None) if packed else None
+
+    @classmethod
+    def fused(cls, mods: list[torch.nn.Module], packed: bool = False) -> "Linear":
+        """One Linear computing every module's output side by side ([..., sum of outs]): one GEMM, not n.
+        A module without bias gets zeros in the fused bias (its output is then exactly unchanged)."""
+        weight = torch.cat([m.weight.detach() for m in mods])  # [sum out, in]
+        if all(m.bias is None for m in mods):
+            return cls(weight, None, packed)
+        bias = torch.cat([m.bias.detach() if m.bias is not None else weight.new_zeros(m.weight.shape[0])
+                          for m in mods])
+        return cls(weight, bias, packed)
+
+    def __call__(self, x: torch.Tensor, layout: str) -> torch.Tensor:  # x [..., in] -> [..., out]
+        if layout == PACKED:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.b, "none", [], "")
+        if layout == "tn":
+            y = x @ self.wt
+        elif layout == "nt":
+            y = x @ self.w.t()
+        else:  # "wx": weight as the tall left operand
+            y = (self.w @ x.reshape(-1, x.shape[-1]).t()).t().reshape(*x.shape[:-1], -1)
+        return y if self.b is None else y + self.b
