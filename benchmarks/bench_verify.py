@@ -1,6 +1,6 @@
 """Verify cost on the embedded target: one forward over k new tokens (tree mask) on top of a ~100-token
 cache: lean runtime calibrated per row count, each fixed layout this machine offers (nt, tn, wx, and
-dnnl where torch exposes oneDNN's prepacked linear: decoding/runtime.candidate_layouts), and HF
+dnnl where torch exposes oneDNN's prepacked linear: decoding/gemm.candidate_layouts), and HF
 transformers, all in --dtype; and the calibrated runtime's greedy forward (argmax ids through the greedy
 head it calibrated: screened_head.py), which is what greedy decoding runs. Interleaved rounds, medians,
 ratio to the 1-token decode step of the same runtime.

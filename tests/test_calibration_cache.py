@@ -28,14 +28,15 @@ def cache(tmp_path, monkeypatch):
 
 @pytest.fixture
 def forwards(monkeypatch):
-    """Counts LeanTarget forwards (calibration is nothing but timed forwards)."""
+    """Counts LeanTarget forwards and greedy-head calls (calibration is nothing but timed calls of both)."""
     calls = []
-    real = LeanTarget.forward
+    for name in ("forward", "argmax"):
+        real = getattr(LeanTarget, name)
 
-    def counted(self, *a, **k):
-        calls.append(1)
-        return real(self, *a, **k)
-    monkeypatch.setattr(LeanTarget, "forward", counted)
+        def counted(self, *a, _real=real, **k):
+            calls.append(1)
+            return _real(self, *a, **k)
+        monkeypatch.setattr(LeanTarget, name, counted)
     return calls
 
 
@@ -49,7 +50,8 @@ def _start(target, log):
 def test_second_start_reuses_the_cache_without_timing(cache, forwards):
     target, log = build_target("llama"), []
     policy, path, reused = _start(target, log)
-    assert not reused and len(forwards) == len(KS) * len(C.calibration_key(LeanTarget(target, 8), KS, 1)["layouts"])
+    key = C.calibration_key(LeanTarget(target, 8), KS, 1)
+    assert not reused and len(forwards) == len(KS) * (len(key["layouts"]) + len(key["heads"]))
     assert path.parent == cache / "calibration" and "calibrating GEMM layouts" in log[0] and str(path) in log[0]
     record = json.loads(path.read_text())
     assert record["key"]["target"]["dtype"] == "float32" and set(record["median_ms"]) == {"1", "2", "4"}

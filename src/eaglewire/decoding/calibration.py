@@ -2,9 +2,10 @@
 
 `calibrate()` takes seconds (a few hundred verify forwards) and its answer depends only on what is
 keyed here: the CPU (model, ISA flags, whether bf16 is native), torch's version and CPU capability, the
-thread count, the target's shapes and dtype, the candidate layouts and the row counts / repetitions
-timed. The answer goes to `<cache_root>/calibration/<hash of the key>.json` (written to a temporary file,
-then renamed) with the key itself and the medians measured, so a reader can see why a layout won.
+thread count, the target's shapes and dtype, the candidate layouts and greedy heads (plain, or the bf16
+screen of screened_head.py) and the row counts / repetitions timed. The answer, a layout and a greedy head
+per row count, goes to `<cache_root>/calibration/<hash of the key>.json` (written to a temporary file,
+then renamed) with the key itself and the medians measured, so a reader can see why a choice won.
 
 An unreadable or inconsistent file (truncated, hand-edited, a layout this build no longer offers) is
 recalibrated and rewritten, with a message naming the file and the problem: the file is derived data
@@ -28,7 +29,8 @@ from eaglewire.decoding.runtime import CALIBRATION_KS, CALIBRATION_REPS, LeanTar
 from eaglewire.hw import describe_cpu
 from eaglewire.safeio import atomic_write_text
 
-FORMAT = 2  # 2: the greedy head (plain / screened) per row count beside the layouts. Bump when the file's meaning changes: older files then miss (another key), never misread
+# 2: the greedy head (plain / screened, screened_head.py) per row count beside the layouts
+FORMAT = 2  # bump when the file's meaning changes: older files then miss (another key), never misread
 
 
 class _Unusable(Exception):
@@ -69,12 +71,13 @@ def _read(path: Path, key: dict[str, Any]) -> tuple[dict[int, str], dict[int, st
 
 
 def _policy(data: dict, field: str, ks: list[int], allowed: list[str]) -> dict[int, str]:
+    """data[field] as {rows: choice}, covering exactly the timed row counts with allowed choices."""
     raw = data.get(field)
     try:
         policy = {int(k): v for k, v in raw.items()}
     except (AttributeError, TypeError, ValueError):
         raise _Unusable(f"{field} is not a {{rows: choice}} mapping: {raw!r}") from None
-    if sorted(policy) != sorted(ks) or not set(policy.values()) <= set(allowed):
+    if sorted(policy) != sorted(ks) or not all(isinstance(v, str) and v in allowed for v in policy.values()):
         raise _Unusable(f"{field} {raw!r} does not cover rows {ks} with choices {allowed}")
     return policy
 

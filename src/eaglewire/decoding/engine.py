@@ -9,7 +9,9 @@
               commit x and the path's KV to slots n .. n+a (one gather), n += a + 1
               proposer.accept(taps of x and the path, path tokens + [bonus]);  x = bonus
     stop at EOS (anything after it is dropped) or max_new_tokens.
-Every emitted token is a target argmax given the tokens before it, so the output equals plain greedy
+Greedy rounds ask the runtime for argmax ids only (`rt.greedy`: the exact fp32 argmax, possibly through
+the head's bf16 screen), sampling rounds for logits (`rt.forward`). Every emitted token is a target argmax
+given the tokens before it, so the output equals plain greedy
 decoding token for token whatever the proposer does (tested with always-right and random drafts). In
 bf16 that holds up to bf16 rounding only: a verify of k rows does not round like a 1-row decode step
 (bf16 SDPA and some bf16 GEMMs are not batch-invariant) and bf16 logits tie exactly at a few % of

@@ -1,5 +1,5 @@
 """The draft's GEMMs on the lean runtime's layouts: a decoding copy of an Eagle3Draft whose Linears run as
-`runtime.Linear` (oneDNN's prepacked weight where this torch and CPU offer it, else the fastest plain
+`gemm.Linear` (oneDNN's prepacked weight where this torch and CPU offer it, else the fastest plain
 matmul), q/k/v and gate/up fused into one GEMM each (as the target runtime does), everything else (norm
 flags, attention, RoPE) the draft's own tested code.
 
@@ -20,14 +20,14 @@ import torch
 from torch import nn
 
 from eaglewire.decoding.gemm import AUTO_POLICY, Linear, candidate_layouts, pick, time_layouts
-from eaglewire.decoding.screened_head import SCREENED, ScreenedHead, greedy_heads
+from eaglewire.decoding.screened_head import SCREENED, ScreenedHead, default_head, greedy_heads
 from eaglewire.draft.model import DraftCache, Eagle3Draft
 
 DRAFT_ROWS, DRAFT_REPS = (1, 4), 5  # row counts timed (a draft step / an accepted run), repetitions each
 
 
 class LayoutLinear(nn.Module):
-    """nn.Linear's forward through `runtime.Linear` (one module's, or several fused side by side); the layout
+    """nn.Linear's forward through `gemm.Linear` (one module's, or several fused side by side); the layout
     is looked up per row count in a policy {rows: layout} shared by every Linear of one draft (the largest
     rows key <= the call's rows)."""
 
@@ -55,9 +55,10 @@ class LeanDraft:
         self.model = copy.deepcopy(draft, memo={id(emb): emb})  # the [V, H] embedding stays shared
         # a chain needs only each step's argmax: the head's bf16 screen where offered (screened_head.py), an
         # exact argmax that reads half the head's bytes and lets the draft's weights stay in cache
+        # (fp32 drafts only: `--draft-dtype target` or float32; the default bf16 draft already reads bf16)
         self.head_candidates = greedy_heads(dtype)
         self.screen = ScreenedHead(draft.lm_head.weight, packed=True) if SCREENED in self.head_candidates else None
-        self.head_policy: dict[int, str] = {1: self.head_candidates[-1]}
+        self.head_policy: dict[int, str] = {1: default_head(self.head_candidates)}
         self.head_ms: dict[int, dict[str, float]] = {}
         packed = "dnnl" in self.candidates
         for layer in self.model.layers:  # fused first: the separate modules are then dropped (never called)
@@ -90,7 +91,8 @@ class LeanDraft:
 
         best, self.calibration_ms = time_layouts(self.candidates, rows, reps, run)
         self._set(best)
-        states = torch.randn(1, 1, cfg.hidden_size, generator=torch.Generator().manual_seed(0), dtype=w.dtype)
+        # the final-norm state of a timed forward: the screen's cost depends on how many tokens it keeps
+        states = self.model(*inputs[rows[0]], cache=cache, start=16, compute_logits=False).normed[:, -1:]  # [1, 1, H]
 
         def run_head(head: str, _rows: int) -> None:
             self.head_policy = {1: head}

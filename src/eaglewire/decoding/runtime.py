@@ -13,6 +13,10 @@ against ~53 ms, 1 thread, contended machine). The runtime keeps every candidate 
 measures each per row count, and every call uses the winner. q/k/v are one GEMM and gate/up another (one
 weight each, the output split with views): one call per projection group instead of three or two.
 
+`forward` returns logits (sampling needs them all); `greedy` returns each row's argmax, through the
+fp32 head or its bf16 screen (screened_head.py: the same tokens, half the head's bytes), whichever the
+calibration measured faster for that row count.
+
 KV cache: [L, B, kv_heads, max_len, head_dim], allocated once. `forward(..., start=s)` writes the T new
 keys/values into slots s..s+T-1 and attends to slots [0, s+T) under `mask`; positions (RoPE) are given
 per token, so tree nodes at the same depth share a position. `commit(src, dst)` moves accepted tree
@@ -27,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from eaglewire.decoding.gemm import AUTO_POLICY, PACKED, Linear, candidate_layouts, pick, time_layouts
-from eaglewire.decoding.screened_head import SCREENED, ScreenedHead, greedy_heads
+from eaglewire.decoding.screened_head import PLAIN, SCREENED, ScreenedHead, default_head, greedy_heads
 from eaglewire.errors import TargetError
 from eaglewire.ops import rms_norm, rotate, signed_sin
 from eaglewire.verifier.loader import Target
@@ -93,9 +97,10 @@ class LeanTarget:
             raise TargetError(f"greedy head {head!r} is not available here", expected=" / ".join(
                 ("auto",) + self.head_candidates), found=head, fix="the screened head needs an fp32 target, a torch "
                 "build with oneDNN and a CPU with native bf16" if head == SCREENED else None)
-        # the greedy head's bf16 screen where one is offered (screened_head.py)
-        self.screen = ScreenedHead(self.head.w, packed=True) if SCREENED in self.head_candidates else None
-        self.head_policy: dict[int, str] = {1: self.head_candidates[-1] if head == "auto" else head}
+        # the greedy head's bf16 screen (screened_head.py), where it is offered and may be used
+        usable = SCREENED in self.head_candidates and head in ("auto", SCREENED)
+        self.screen = ScreenedHead(self.head.w, packed=True) if usable else None
+        self.head_policy: dict[int, str] = {1: default_head(self.head_candidates) if head == "auto" else head}
         self.head_ms: dict[int, dict[str, float]] = {}  # {rows: {head: median ms}} of the last calibrate()
         self.calibration_ms: dict[int, dict[str, float]] = {}  # {rows: {layout: median ms}} of the last calibrate()
         self.rotary = _find_rotary(target)
@@ -127,20 +132,21 @@ class LeanTarget:
             self.forward(*inputs[k], prefix)
 
         self.policy, self.calibration_ms = time_layouts(self.candidates, ks, reps, run)
-        self._calibrate_head(ks, reps)
+        self._calibrate_head(inputs, prefix, reps)
         return self.policy
 
-    def _calibrate_head(self, ks: tuple[int, ...], reps: int) -> None:
-        """Time the greedy head both ways (plain fp32 argmax, bf16 screen + recompute) on random final-norm
-        states; keep the faster per row count. Both are exact: this choice is speed only."""
-        gen = torch.Generator().manual_seed(0)
-        states = {k: torch.randn(1, k, self.embed.shape[1], generator=gen, dtype=self.embed.dtype) for k in ks}
+    def _calibrate_head(self, inputs: dict[int, tuple[torch.Tensor, torch.Tensor]], prefix: int, reps: int) -> None:
+        """Time the greedy head both ways (plain fp32 argmax, bf16 screen + recompute) on the final-norm
+        states of the calibration's own forwards (real states: the screen's cost depends on how many
+        tokens it keeps); keep the faster per row count. Both give the fp32 argmax: this is speed only."""
+        heads = self.head_candidates if self.screen is not None else (PLAIN,)
+        states = {k: self.hidden(*inp, prefix)[0] for k, inp in inputs.items()}  # [1, k, H] each
 
         def run(head: str, k: int) -> None:
             self.head_policy = {1: head}
             self.argmax(states[k])
 
-        self.head_policy, self.head_ms = time_layouts(self.head_candidates, ks, reps, run)
+        self.head_policy, self.head_ms = time_layouts(heads, tuple(inputs), reps, run)
 
     def _layer(self, m: torch.nn.Module) -> _Layer:
         a, f = m.self_attn, m.mlp

@@ -1,22 +1,28 @@
-"""The greedy token of an fp32 target, exact, through a bf16 copy of its head: half the bytes read.
+"""The greedy token of an fp32 target through a bf16 copy of its head: an fp32 argmax at half the bytes.
 
 Why: a decode step is memory-bound, and the head [V, H] is one of its largest reads (SmolLM2: 49,152 x 576,
 113 MB of 540 in fp32; 5.6 ms of a 44 ms step on a 2-core AMD EPYC with AVX512-BF16, 2.9 ms for the same
 product in bf16 through oneDNN's packed weight). Greedy decoding needs only the argmax, and the argmax
-can be found exactly from a cheaper approximation plus a proof of how far off it can be.
+can be found from a cheaper approximation plus a bound on how far off it can be.
 
-The bound. The screen computes y_j = bf16 GEMM(bf16(w_j), bf16(h)): products of rounded inputs,
-accumulated in fp32, the result rounded to bf16. With u = 2^-8 (bf16's unit roundoff) and n = H:
+The bound. The screen computes y_j = bf16 GEMM(bf16(w_j), bf16(h)): products of rounded inputs (exact in
+fp32), accumulated in fp32 with round-to-nearest (oneDNN's vdpbf16ps / tdpbf16ps), the result rounded to
+bf16. With u = 2^-8 (bf16's unit roundoff), n = H and S_j = sum_i |w_ji h_i|:
   - rounding w and h: |bf16(w) bf16(h) - w h| <= (2u + u^2) |w h| per product;
-  - accumulating n products in fp32, here and in the fp32 product the answer must agree with:
-    <= 2 gamma_n (1 + u)^2 sum_i |w_i h_i|, gamma_n = n 2^-24 / (1 - n 2^-24);
+  - accumulating in fp32, here and in any fp32 evaluation of the plain head (any order, FMA or not):
+    <= 2 gamma_n (1 + u)^2 S_j, with gamma_n = n 2^-23 / (1 - n 2^-23) (2^-23 covers either rounding);
   - rounding y_j to bf16: <= u / (1 - u) |y_j|;
-  - sum_i |w_ji h_i| <= ||w_j|| ||h|| (Cauchy-Schwarz; the row norms are computed once).
-So e_j = c ||w_j|| ||h|| + u / (1 - u) |y_j| bounds |y_j - z_j| for the fp32 logit z_j. Token j can be
-the argmax only if y_j + e_j >= max_k (y_k - e_k); those candidates are recomputed in fp32 and the first
-largest wins, the tie rule of torch.argmax. On 357 states of real SmolLM2 decoding the bound was never
-violated (largest error 0.20 against a smallest bound of 0.55), a state had a median of 2 candidates and
-at most 37, and the bf16 argmax alone was wrong for 2% of them: the recompute is what makes it exact.
+  - S_j <= ||w_j|| ||h|| (Cauchy-Schwarz; the row norms are computed once);
+  - the bound itself is evaluated in fp32 (c carries a 2^-10 margin for that), and bf16 kernels flush
+    denormals, an absolute error of at most (n + 2) 2^-126 (1 + ||w_j|| + ||h||) (UNDERFLOW).
+So err_j = c ||w_j|| ||h|| + u / (1 - u) |y_j| + UNDERFLOW bounds |y_j - z_j| for every fp32 value z_j of
+the logit. Token j can be the argmax only if y_j + err_j >= max_k (y_k - err_k): every token ruled out is
+below a kept one under any fp32 evaluation. The kept tokens are recomputed in fp32 and the first largest
+wins, the tie rule of torch.argmax. That recompute is another fp32 GEMM than the plain head's, so where two
+logits lie within fp32 accumulation error of each other (~2 gamma_n ||w|| ||h||) it may pick the other one:
+the same latitude as choosing another fp32 GEMM layout, never a bf16-quality answer. On 357 states of
+real SmolLM2 decoding the bound was never violated (largest error 0.20 against a smallest bound of 0.55), a
+state kept a median of 2 candidates and at most 37, and the bf16 argmax alone was wrong for 2% of them.
 
 Sampling (temperature > 0) needs every logit: it keeps the fp32 head.
 """
@@ -25,24 +31,29 @@ from __future__ import annotations
 
 import torch
 
-from eaglewire.decoding.gemm import PACKED, Linear, candidate_layouts
+from eaglewire.decoding.gemm import PACKED, candidate_layouts
 
 U_BF16 = 2.0 ** -8  # bf16's unit roundoff: 8 significand bits, round to nearest
 PLAIN, SCREENED = "plain", "screened"  # the greedy heads a runtime can calibrate between
 
 
 def greedy_heads(dtype: torch.dtype) -> tuple[str, ...]:
-    """The greedy heads worth timing for a runtime in `dtype`: the screen only for fp32 targets (a bf16 head
+    """The greedy heads worth timing for a runtime in `dtype`: the screen only for fp32 (a bf16 head
     already reads bf16) where oneDNN runs bf16 natively; an emulated bf16 GEMM would read the same bytes
     more slowly."""
     return (PLAIN, SCREENED) if dtype == torch.float32 and PACKED in candidate_layouts(torch.bfloat16) else (PLAIN,)
 
 
+def default_head(heads: tuple[str, ...]) -> str:
+    """The greedy head used before a calibration times them: the screen where it is offered."""
+    return SCREENED if SCREENED in heads else PLAIN
+
+
 def screen_coefficient(hidden: int) -> float:
-    """c in e_j = c ||w_j|| ||h|| + ...: the rounding of both inputs plus two fp32 accumulations of `hidden`
-    products (the screen's and the reference's); see the module docstring."""
-    gamma = hidden * 2.0 ** -24 / (1 - hidden * 2.0 ** -24)
-    return 2 * U_BF16 + U_BF16 ** 2 + 2 * gamma * (1 + U_BF16) ** 2
+    """c in err_j = c ||w_j|| ||h|| + ...: both inputs' rounding, two fp32 accumulations of `hidden`
+    products (the screen's and the reference's), and a 2^-10 margin for evaluating the bound in fp32."""
+    gamma = hidden * 2.0 ** -23 / (1 - hidden * 2.0 ** -23)
+    return (2 * U_BF16 + U_BF16 ** 2 + 2 * gamma * (1 + U_BF16) ** 2) * (1 + 2.0 ** -10)
 
 
 class ScreenedHead:
@@ -51,29 +62,48 @@ class ScreenedHead:
 
     def __init__(self, weight: torch.Tensor, packed: bool) -> None:
         """packed: hold the bf16 copy as oneDNN's prepacked weight (where torch exposes it and the CPU runs
-        bf16 natively: `gemm.candidate_layouts(torch.bfloat16)`), else as a plain bf16 matrix."""
+        bf16 natively: `gemm.candidate_layouts(torch.bfloat16)`), else as a plain bf16 matrix (tests)."""
         if weight.dtype != torch.float32 or weight.dim() != 2:
             raise ValueError(f"a screened head needs an fp32 [V, H] weight, got {weight.dtype} "
                              f"{list(weight.shape)} (in bf16 the plain head already reads bf16)")
-        self.w = weight.detach().contiguous()  # [V, H] fp32: the rows recomputed exactly
-        self.lo = Linear(self.w.to(torch.bfloat16), None, packed)  # [V, H] bf16: the screen
-        self.layout = PACKED if packed else "nt"
+        self.w = weight.detach().contiguous()  # [V, H] fp32: the rows recomputed
+        low = self.w.to(torch.bfloat16)  # [V, H] bf16: the screen (one copy, packed or plain)
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(low, None) if packed else None
+        self.low = None if packed else low
         self.row_norm = self.w.norm(dim=1)  # [V]
-        self.c = screen_coefficient(self.w.shape[1])
+        n = self.w.shape[1]
+        self.c = screen_coefficient(n)
+        self.underflow_scale = (n + 2) * 2.0 ** -126
 
-    def candidates(self, h: torch.Tensor) -> torch.Tensor:
-        """h [N, H] fp32 -> bool [N, V]: the tokens that can still be each row's fp32 argmax."""
-        y = self.lo(h.to(torch.bfloat16), self.layout).float()  # [N, V]
-        err = (self.c * h.norm(dim=1, keepdim=True)) * self.row_norm + (U_BF16 / (1 - U_BF16)) * y.abs()
+    def screen(self, h: torch.Tensor) -> torch.Tensor:
+        """h [N, H] fp32 -> the bf16 logits [N, V], as fp32."""
+        x = h.to(torch.bfloat16)
+        if self.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "").float()
+        return (x @ self.low.t()).float()
+
+    def candidates(self, h: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        """h [N, H] fp32 (and its screen y [N, V] if computed) -> bool [N, V]: the tokens that can still be
+        each row's fp32 argmax."""
+        y = self.screen(h) if y is None else y
+        err = self.bound(h, y)  # [N, V]
         floor = (y - err).amax(1, keepdim=True)  # [N, 1]: each row's largest logit is at least this
         return (y + err) >= floor
 
+    def bound(self, h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """h [N, H], its screen y [N, V] -> err [N, V] >= |y - z| for every fp32 value z of h @ W.T."""
+        hn = h.norm(dim=1, keepdim=True)  # [N, 1]
+        return (self.c * hn) * self.row_norm + (U_BF16 / (1 - U_BF16)) * y.abs() \
+            + self.underflow_scale * (1 + hn + self.row_norm)
+
     def argmax(self, h: torch.Tensor) -> torch.Tensor:
-        """h [..., H] -> [...] token ids, equal to (h @ W.T).argmax(-1) computed in fp32."""
+        """h [..., H] -> [...] token ids: an fp32 argmax of h @ W.T (see the module docstring)."""
         flat = h.reshape(-1, h.shape[-1]).float()  # [N, H]
-        if not bool(torch.isfinite(flat).all()):  # no bound holds for inf/nan: the plain product decides
+        y = self.screen(flat)  # [N, V]
+        if not (bool(torch.isfinite(flat).all()) and bool(torch.isfinite(y).all())):
+            # no bound holds for inf/nan (a broken state, or a bf16 overflow): the plain product decides
             return (flat @ self.w.t()).argmax(-1).reshape(h.shape[:-1])
-        cand = self.candidates(flat)  # [N, V]
+        cand = self.candidates(flat, y)  # [N, V]
         cols = cand.any(0).nonzero().squeeze(1)  # [C] ascending: every row's candidates, united
         exact = (flat @ self.w[cols].t()).masked_fill_(~cand[:, cols], float("-inf"))  # [N, C]
         return cols[exact.argmax(-1)].reshape(h.shape[:-1])
