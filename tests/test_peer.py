@@ -41,3 +41,42 @@ def test_run_report_quotes_the_peer_rows():
     assert "vllm_eagle_chain (k=3) 27.50 tok/s (1.10× its vanilla, τ 2.00); ours is 1.09× its tok/s" in text
     head, rows = _bench_rows(res)
     assert "× vllm_vanilla" in head and rows[1][head.index("× vllm_vanilla")] == "1.20×"
+
+
+def _state(pid: int) -> str:
+    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]  # R, S, T (stopped), Z, ...
+
+
+def test_a_paused_server_is_frozen_resumes_and_still_stops(tmp_path):
+    """pause / resume / stop signal the server's whole process group; stop() works on a paused server (a
+    stopped process holds SIGTERM until SIGCONT). A shell and its child stand in for vLLM's two processes."""
+    import os
+    import subprocess
+    import time
+
+    from eaglewire.clients.vllm import VllmServer
+
+    srv = VllmServer(tmp_path, log_path=tmp_path / "log")
+    srv.proc = subprocess.Popen(["sh", "-c", "sleep 60 & wait"], start_new_session=True)
+    time.sleep(0.3)
+    group = [int(p) for p in os.listdir("/proc") if p.isdigit() and _in_group(int(p), srv.proc.pid)]
+    assert len(group) == 2
+    srv.pause()
+    time.sleep(0.2)
+    assert {_state(p) for p in group} == {"T"}
+    srv.resume()
+    time.sleep(0.2)
+    assert "T" not in {_state(p) for p in group}
+    srv.pause()
+    t0 = time.perf_counter()
+    srv.stop(grace=5)
+    assert srv.proc.poll() is not None and time.perf_counter() - t0 < 3  # by SIGTERM, not the SIGKILL after grace
+    with pytest.raises(EaglewireError, match="not running"):
+        srv.pause()
+
+
+def _in_group(pid: int, pgid: int) -> bool:
+    try:
+        return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[2]) == pgid
+    except (OSError, ValueError):
+        return False

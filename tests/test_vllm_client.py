@@ -206,9 +206,21 @@ def test_bench_vllm_peer_rows_beside_ours(setup):
     from eaglewire.decoding.tree import TreeShape
 
     target, draft, _export, prompts, _ = setup
-    res = run_bench(target, draft, prompts[:2], 32, TreeShape.chain(K), TreeShape.chain(K), log=lambda s: None,
-                    methods=["vanilla", "eagle_chain", "vllm_vanilla", "vllm_eagle_chain"],
+    states: list[set[str]] = []  # after each prompt: the state of every vLLM server process
+
+    def servers_state(_done: int, _total: int) -> None:  # the bench's servers: --enforce-eager, unlike `vanilla`
+        stats = {p: _stat(p) for p in os.listdir("/proc") if p.isdigit()}
+        groups = {st[2] for p, st in stats.items() if st and "vllm.entrypoints" in _cmdline(p)
+                  and "--enforce-eager" in _cmdline(p)}
+        assert len(groups) == 2  # both rows' servers are up, each with its engine core in its group
+        states.append({st[0] for st in stats.values() if st and st[2] in groups})
+
+    lines: list[str] = []
+    res = run_bench(target, draft, prompts[:2], 32, TreeShape.chain(K), TreeShape.chain(K), log=lines.append,
+                    methods=["vanilla", "eagle_chain", "vllm_vanilla", "vllm_eagle_chain"], on_prompt=servers_state,
                     peer_eager=True, repeats=2)  # bookkeeping only: no speed is compared here
+    assert states and all(s == {"T"} for s in states), states  # both servers up, paused between requests
+    assert all("vllm_eagle_chain" in line and "eagle_chain" in line for line in lines if line.startswith("prompt "))
     m = res["methods"]
     assert set(m) == {"vanilla", "eagle_chain", "vllm_vanilla", "vllm_eagle_chain"}
     assert len(m["vllm_eagle_chain"]["tok_s"]) == len(m["eagle_chain"]["tok_s"]) == 4  # 2 prompts x 2 repetitions
@@ -311,3 +323,18 @@ def test_probe_names_what_vllm_delivers(setup, tmp_path):
     res = probe(target, tmp_path / "bad.safetensors", WiringContract.from_json((broken / CONTRACT_FILE).read_text()))
     assert res.received == [0, 2, 15] and not res.ok
     assert "0 (embedding)" in res.message and "trained on [2, 15, 27]" in res.message
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _stat(pid: str) -> list[str]:
+    """/proc/PID/stat after the command name: [state, ppid, pgid, ...]; [] for a process gone meanwhile."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return []

@@ -108,9 +108,9 @@ def bench_cmd(
     dtype: str = typer.Option("float32", "--dtype", help=DTYPE_HELP + " Every row runs in it (HF generate, vanilla, "
                               "EAGLE, vLLM's); bench.json records it."),
     draft_dtype: str = typer.Option("auto", "--draft-dtype", help=DRAFT_DTYPE_HELP),
-    repeats: int = typer.Option(1, "--repeats", min=1, help="Run the whole sequence (peer rows, then ours) this "
-                                "many times; bench.md gives each repetition's ours / vLLM ratios. The engines "
-                                "cannot be interleaved and a shared host drifts by 10-20% within minutes."),
+    repeats: int = typer.Option(1, "--repeats", min=1, help="Run every prompt this many times (every row, the "
+                                "vLLM ones included, interleaved prompt by prompt); bench.md gives each "
+                                "repetition's ours / vLLM ratios."),
 ) -> None:
     """HF generate vs vanilla vs prompt lookup vs EAGLE-3 chain vs tree, interleaved in one process.
 

@@ -166,10 +166,28 @@ class VllmServer:
                              found=f"no answer; log {self.log_path}:\n{self.log_tail()}",
                              fix="a first start compiles for ~1-2 min; raise the timeout or read the log")
 
+    def pause(self) -> None:
+        """Freeze every process of the server (SIGSTOP to its group): an idle vLLM engine core spins on the
+        CPU, a stopped one uses none (measured: 0 CPU ticks over 8 s), so it can wait beside a benchmark.
+        Requests sent while it is paused hang until `resume()`."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Undo `pause()` (SIGCONT; harmless on a running server). Measured: the same tokens and speed after."""
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, sig: int) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            raise EaglewireError("the vLLM server is not running", expected="a started server",
+                                 found="none" if self.proc is None else f"exit code {self.proc.returncode}",
+                                 fix=f"read its log {self.log_path}:\n{self.log_tail()}")
+        os.killpg(os.getpgid(self.proc.pid), sig)
+
     def stop(self, grace: float = 20.0) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
         pgid = os.getpgid(self.proc.pid)
+        os.killpg(pgid, signal.SIGCONT)  # a paused server would hold SIGTERM until resumed
         os.killpg(pgid, signal.SIGTERM)
         try:
             self.proc.wait(timeout=grace)

@@ -3,7 +3,8 @@ same chat template, same max new tokens, greedy — interleaved in ONE process (
 per prompt, so machine noise hits every method alike). A warm-up prompt runs every method first and is
 not counted. Reported per method: median tokens/s over prompts, speedup vs HF generate (ratio of
 medians), tau and per-position acceptance for EAGLE, and whether the tokens equal our vanilla loop.
-Optional peer rows run the real vLLM CPU build on the same prompts first (decoding/peer.py).
+Optional peer rows run the real vLLM CPU build on the same prompts, interleaved with ours (its servers
+paused between their requests: decoding/peer.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -22,7 +24,7 @@ from eaglewire.errors import EaglewireError
 from eaglewire.decoding.engine import SpecDecoder, SpecStats, greedy_reference
 from eaglewire.decoding.propose import EagleProposer
 from eaglewire.decoding.hf_runtime import make_runtime
-from eaglewire.decoding.peer import PEER_METHODS, peer_rows
+from eaglewire.decoding.peer import PEER_METHODS, PeerServers
 from eaglewire.decoding.tree import TreeShape
 from eaglewire.safeio import atomic_write_text
 
@@ -143,9 +145,8 @@ def run_bench(target: Any, draft: Any, prompts: list[torch.Tensor], max_new: int
               tree: TreeShape, log: Callable[[str], None] = print, methods: Sequence[str] = METHODS,
               on_prompt: Callable[[int, int], None] | None = None, peer_eager: bool = False,
               repeats: int = 1) -> dict:
-    """Every method on every prompt, ours interleaved prompt by prompt. The peer rows (vLLM) cannot be
-    interleaved with ours (a running vLLM engine core spins on the CPU) and this kind of host drifts by
-    10-20% within minutes, so with `repeats` R the whole sequence (peer rows, then ours) runs R times:
+    """Every method on every prompt, interleaved prompt by prompt, the peer rows (vLLM, its servers paused
+    between their requests: decoding/peer.py) included. With `repeats` R every prompt runs R times:
     `repeats` in the result holds each repetition's medians and its ours / peer ratios, the method rows
     pool every run."""
     if repeats < 1:
@@ -158,27 +159,30 @@ def run_bench(target: Any, draft: Any, prompts: list[torch.Tensor], max_new: int
     for fn in ours.values():  # warm-up, not counted
         fn(prompts[0], min(16, max_new))
     runs: dict[str, list[Run]] = {m: [] for m in (*ours, *peers)}
-    reported: dict[str, dict] = {}
     per_repeat = []
-    for r in range(repeats):
-        if repeats > 1:
-            log(f"repetition {r + 1}/{repeats}")
-        peer = peer_rows(target, draft, prompts, max_new, chain.num_steps, peers, dtype, log, peer_eager) if peers else {}
-        for name, (rows, acc) in peer.items():
-            runs[name] += [Run(t, sec) for t, sec in rows]
-            reported[name] = acc  # vLLM's own counters; greedy, so every repetition counts the same
-        _run_ours(ours, prompts, max_new, runs, log, on_prompt)
-        per_repeat.append(_repeat_summary({m: rs[-len(prompts):] for m, rs in runs.items()}))
+    with (PeerServers(target, draft, prompts, max_new, chain.num_steps, peers, dtype, log, peer_eager)
+          if peers else nullcontext()) as servers:
+        every = {**ours, **{name: _timed(servers.method(name)) for name in peers}}
+        for r in range(repeats):
+            if repeats > 1:
+                log(f"repetition {r + 1}/{repeats}")
+            _run_all(every, prompts, max_new, runs, log, on_prompt)
+            per_repeat.append(_repeat_summary({m: rs[-len(prompts):] for m, rs in runs.items()}))
+        reported = {name: servers.acceptance(name) for name in peers}  # vLLM's own counters
     out = summarize(runs, chain, tree, max_new, reported)
     if repeats > 1:  # the method rows pool every repetition: `prompts` runs each time
         out["prompts"], out["repetitions"], out["repeats"] = len(prompts), repeats, per_repeat
     return {**out, "dtype": dtype, "draft_dtype": str(draft.fc.weight.dtype).removeprefix("torch.")}
 
 
-def _run_ours(methods: dict[str, Callable[[torch.Tensor, int], Run]], prompts: list[torch.Tensor], max_new: int,
-              runs: dict[str, list[Run]], log: Callable[[str], None],
-              on_prompt: Callable[[int, int], None] | None) -> None:
-    """Our methods over every prompt; the order rotates per prompt, so no method always runs first."""
+def _timed(fn: Callable[[torch.Tensor, int], tuple[list[int], float]]) -> Callable[[torch.Tensor, int], Run]:
+    return lambda ids, n: Run(*fn(ids, n))
+
+
+def _run_all(methods: dict[str, Callable[[torch.Tensor, int], Run]], prompts: list[torch.Tensor], max_new: int,
+             runs: dict[str, list[Run]], log: Callable[[str], None],
+             on_prompt: Callable[[int, int], None] | None) -> None:
+    """Every method over every prompt; the order rotates per prompt, so no method always runs first."""
     names = list(methods)
     for i, ids in enumerate(prompts):
         for name in names[i % len(names):] + names[: i % len(names)]:
