@@ -50,7 +50,6 @@ def _state(pid: int) -> str:
 def test_a_paused_server_is_frozen_resumes_and_still_stops(tmp_path):
     """pause / resume / stop signal the server's whole process group; stop() works on a paused server (a
     stopped process holds SIGTERM until SIGCONT). A shell and its child stand in for vLLM's two processes."""
-    import os
     import subprocess
     import time
 
@@ -58,9 +57,7 @@ def test_a_paused_server_is_frozen_resumes_and_still_stops(tmp_path):
 
     srv = VllmServer(tmp_path, log_path=tmp_path / "log")
     srv.proc = subprocess.Popen(["sh", "-c", "sleep 60 & wait"], start_new_session=True)
-    time.sleep(0.3)
-    group = [int(p) for p in os.listdir("/proc") if p.isdigit() and _in_group(int(p), srv.proc.pid)]
-    assert len(group) == 2
+    group = _wait_for_group(srv.proc.pid, 2)
     srv.pause()
     time.sleep(0.2)
     assert {_state(p) for p in group} == {"T"}
@@ -80,3 +77,65 @@ def _in_group(pid: int, pgid: int) -> bool:
         return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[2]) == pgid
     except (OSError, ValueError):
         return False
+
+
+def _group(pgid: int) -> list[int]:
+    import os
+
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and _in_group(int(p), pgid)]
+
+
+def _wait_for_group(pgid: int, size: int, timeout: float = 5.0) -> list[int]:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while len(group := _group(pgid)) != size and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(group) == size, group
+    return group
+
+
+CHILD = """
+import sys, time
+from pathlib import Path
+from eaglewire.clients.vllm import VllmServer
+
+class Fake(VllmServer):  # vLLM's two processes stood in for by a shell and its child
+    def command(self):
+        return ["sh", "-c", "sleep 120 & wait"]
+
+    def _wait_ready(self):
+        pass
+
+srv = Fake(sys.argv[1], log_path=Path(sys.argv[1]) / "log")
+srv.start()
+time.sleep(1)  # let the shell start its child before the group is frozen
+srv.pause()
+print(srv.proc.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_paused_server_whose_parent_dies_is_ended_by_its_watchdog(tmp_path):
+    """A process that dies without stopping its servers (SIGKILL, OOM) leaves them paused: the parent-death
+    SIGTERM stays pending on a stopped process. The watchdog sees its pipe close and kills the group."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    pgid = int(child.stdout.readline())
+    try:
+        group = _wait_for_group(pgid, 2)
+        assert {_state(p) for p in group} == {"T"}, [(p, _state(p)) for p in group]
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        _wait_for_group(pgid, 0, timeout=10)  # fails (the paused shell and sleep live on) without the watchdog
+    finally:  # leave nothing behind when it fails
+        child.kill()
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                pass

@@ -9,6 +9,7 @@ speculators venv (scripts/speculators_venv.sh) in the test that needs it.
 """
 
 import os
+import re
 
 import pytest
 
@@ -220,7 +221,9 @@ def test_bench_vllm_peer_rows_beside_ours(setup):
                     methods=["vanilla", "eagle_chain", "vllm_vanilla", "vllm_eagle_chain"], on_prompt=servers_state,
                     peer_eager=True, repeats=2)  # bookkeeping only: no speed is compared here
     assert states and all(s == {"T"} for s in states), states  # both servers up, paused between requests
-    assert all("vllm_eagle_chain" in line and "eagle_chain" in line for line in lines if line.startswith("prompt "))
+    rows = [line for line in lines if line.startswith("prompt ")]  # one per prompt and repetition, every row in it
+    assert len(rows) == 4 and all(re.search(rf"(: |, ){name} ", line) for line in rows
+                                  for name in ("vanilla", "eagle_chain", "vllm_vanilla", "vllm_eagle_chain"))
     m = res["methods"]
     assert set(m) == {"vanilla", "eagle_chain", "vllm_vanilla", "vllm_eagle_chain"}
     assert len(m["vllm_eagle_chain"]["tok_s"]) == len(m["eagle_chain"]["tok_s"]) == 4  # 2 prompts x 2 repetitions

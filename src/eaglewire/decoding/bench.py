@@ -166,7 +166,7 @@ def run_bench(target: Any, draft: Any, prompts: list[torch.Tensor], max_new: int
         for r in range(repeats):
             if repeats > 1:
                 log(f"repetition {r + 1}/{repeats}")
-            _run_all(every, prompts, max_new, runs, log, on_prompt)
+            _run_all(every, prompts, max_new, runs, log, on_prompt, offset=r * len(prompts))
             per_repeat.append(_repeat_summary({m: rs[-len(prompts):] for m, rs in runs.items()}))
         reported = {name: servers.acceptance(name) for name in peers}  # vLLM's own counters
     out = summarize(runs, chain, tree, max_new, reported)
@@ -181,11 +181,13 @@ def _timed(fn: Callable[[torch.Tensor, int], tuple[list[int], float]]) -> Callab
 
 def _run_all(methods: dict[str, Callable[[torch.Tensor, int], Run]], prompts: list[torch.Tensor], max_new: int,
              runs: dict[str, list[Run]], log: Callable[[str], None],
-             on_prompt: Callable[[int, int], None] | None) -> None:
-    """Every method over every prompt; the order rotates per prompt, so no method always runs first."""
+             on_prompt: Callable[[int, int], None] | None, offset: int = 0) -> None:
+    """Every method over every prompt; the order rotates per prompt (continuing across repetitions from
+    `offset`), so no method always runs first."""
     names = list(methods)
     for i, ids in enumerate(prompts):
-        for name in names[i % len(names):] + names[: i % len(names)]:
+        turn = (offset + i) % len(names)
+        for name in names[turn:] + names[:turn]:
             runs[name].append(methods[name](ids, max_new))
         log(f"prompt {i + 1}/{len(prompts)}: " + ", ".join(
             f"{m} {len(runs[m][-1].tokens) / runs[m][-1].seconds:.1f}" for m in names) + " tok/s")
