@@ -196,6 +196,15 @@ class VllmServer:
         """Undo `pause()` (SIGCONT; harmless on a running server). Measured: the same tokens and speed after."""
         self._signal(signal.SIGCONT)
 
+    @contextmanager
+    def resumed(self) -> Iterator["VllmServer"]:
+        """Running for the body, paused again after it (also when the body raised)."""
+        self.resume()
+        try:
+            yield self
+        finally:
+            self.pause()
+
     def _signal(self, sig: int) -> None:
         if self.proc is None or self.proc.poll() is not None:
             raise EaglewireError("the vLLM server is not running", expected="a started server",

@@ -118,13 +118,10 @@ class PeerServers:
         srv = self.servers[name]
 
         def run(ids: torch.Tensor, max_new: int) -> tuple[list[int], float]:
-            srv.resume()
-            try:
+            with srv.resumed():
                 t0 = time.perf_counter()
                 toks = complete_ids(srv.base_url, srv.model_name, ids[0].tolist(), max_new)
                 seconds = time.perf_counter() - t0
-            finally:
-                srv.pause()
             return _with_eos(toks, self.eos, max_new), seconds
         return run
 
@@ -134,10 +131,6 @@ class PeerServers:
 
         if name not in self.before:
             return {}
-        srv = self.servers[name]
-        srv.resume()
-        try:
+        with self.servers[name].resumed() as srv:
             tau, per = acceptance_between(self.before[name], spec_metrics(srv.base_url), self.k)
-        finally:
-            srv.pause()
         return {"tau": tau, "per_position": per}
