@@ -128,3 +128,20 @@ def test_static_cache_matches_full_sequence(target):
     first = draft(ids[:, :4], taps[:, :4], cache=cache, start=0)  # prefix in one call
     rest = [draft(ids[:, t:t + 1], taps[:, t:t + 1], cache=cache, start=t).logits for t in (4, 5)]
     torch.testing.assert_close(torch.cat([first.logits] + rest, 1), full.logits, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_caches_rope_rows_are_rope_tables_values(target, dtype):
+    """Decoding looks RoPE up in the cache's table; training computes it per call: the same values, exactly
+    (a wrong half, offset or dtype here would only lower acceptance)."""
+    from eaglewire.draft.model import DraftCache, rope_rows
+    from eaglewire.ops import rope_tables
+
+    draft, _ = build_draft(target)
+    cfg = draft.cfg
+    cache = DraftCache(cfg, batch=1, max_len=300, dtype=dtype)
+    positions = torch.tensor([[0, 1, 7, 7, 150, 299]])  # tree nodes share positions
+    cos, ssin = rope_rows(cache.rope, positions)
+    ref_cos, ref_ssin = rope_tables(positions, cfg.head_dim, cfg.rope_theta, dtype)
+    assert cos.shape == ref_cos.shape == (1, 1, 6, cfg.head_dim) and cos.dtype == dtype
+    assert torch.equal(cos, ref_cos) and torch.equal(ssin, ref_ssin)

@@ -46,6 +46,24 @@ def test_every_layout_computes_what_the_draft_modules_compute(norm, layers):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=f"layout {layout}")
 
 
+def test_every_timed_calibration_call_follows_a_cache_flush(monkeypatch):
+    """Decoding meets the draft's weights after the target's forward evicted them: the calibration times
+    each layout and head the same way, never cache-hot back to back."""
+    from eaglewire.decoding import gemm, lean_draft
+    from eaglewire.decoding.screened_head import greedy_heads
+
+    events = []
+    monkeypatch.setattr(gemm.CacheFlush, "__call__", lambda self: events.append("flush"))
+    timer = gemm.time.perf_counter
+    monkeypatch.setattr(gemm.time, "perf_counter", lambda: events.append("timer") or timer())
+    draft, _ = build_draft(build_target("llama"))
+    LeanDraft(draft)  # auto: calibrates
+    starts = events[::3]  # each timed call: flush, timer start, timer stop
+    layouts, heads = candidate_layouts(torch.float32), greedy_heads(torch.float32)
+    assert len(events) == 3 * lean_draft.DRAFT_REPS * (len(layouts) * len(lean_draft.DRAFT_ROWS) + len(heads))
+    assert set(starts) == {"flush"} and set(events[1::3]) == set(events[2::3]) == {"timer"}
+
+
 def test_the_copy_leaves_the_draft_alone_and_shares_the_target_embedding():
     target = build_target("llama")
     draft, _ = build_draft(target)

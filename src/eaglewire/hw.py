@@ -43,6 +43,23 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+@functools.lru_cache(maxsize=1)
+def last_level_cache_bytes() -> int | None:
+    """The largest CPU cache this machine reports (Linux sysfs, cpu0), in bytes; None where it is not
+    reported."""
+    sizes = []
+    for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        try:
+            text = entry.read_text().strip()
+        except OSError:
+            continue
+        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * unit)
+    return max(sizes) if sizes else None
+
+
 def native_bf16() -> bool:
     """True when bf16 matrix products run natively on this CPU (AVX512-BF16 or AMX-BF16).
     `EAGLEWIRE_NO_BF16=1` forces False (to measure fp32 on such a machine)."""

@@ -26,17 +26,40 @@ def pick(policy: dict[int, str], rows: int) -> str:
     return policy[max(k for k in policy if k <= rows)]
 
 
+class CacheFlush:
+    """Calling it writes a buffer twice the size of the CPU's largest cache (FALLBACK_CACHE_BYTES where the
+    machine does not report one): what a draft's weights meet between two drafting rounds, after the
+    target's forward has streamed hundreds of MB through the caches. Why: timed back to back, a small
+    model's weights sit in L3 and the calibration picks layouts for a machine that decoding never sees
+    (the released draft's 1-row fp32 forward, oneDNN layout, AMD EPYC: 1.6 ms cache-hot, 2.9 ms flushed)."""
+
+    FALLBACK_CACHE_BYTES = 64 << 20
+
+    def __init__(self) -> None:
+        from eaglewire.hw import last_level_cache_bytes
+
+        size = last_level_cache_bytes() or self.FALLBACK_CACHE_BYTES
+        self.buf = torch.zeros(2 * size // 4)  # fp32 words
+
+    def __call__(self) -> None:
+        self.buf.add_(1.0)
+
+
 def time_layouts(candidates: tuple[str, ...], ks: tuple[int, ...], reps: int,
-                 run: Callable[[str, int], None]) -> tuple[dict[int, str], dict[int, dict[str, float]]]:
+                 run: Callable[[str, int], None],
+                 before: Callable[[], None] | None = None) -> tuple[dict[int, str], dict[int, dict[str, float]]]:
     """Time `run(layout, rows)` for every candidate layout and row count; return the fastest layout per row
     count and the medians {rows: {layout: ms}}. Layouts alternate within each repetition (machine noise
-    drifts; back-to-back blocks biased it)."""
+    drifts; back-to-back blocks biased it). `before` (untimed) runs ahead of every timed call: a
+    CacheFlush, say."""
     best: dict[int, str] = {}
     medians: dict[int, dict[str, float]] = {}
     for k in ks:
         samples: dict[str, list[float]] = {lay: [] for lay in candidates}
         for _ in range(reps):
             for lay in candidates:
+                if before is not None:
+                    before()
                 t0 = time.perf_counter()
                 run(lay, k)
                 samples[lay].append(time.perf_counter() - t0)

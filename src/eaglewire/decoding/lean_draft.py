@@ -19,7 +19,7 @@ import copy
 import torch
 from torch import nn
 
-from eaglewire.decoding.gemm import AUTO_POLICY, Linear, candidate_layouts, pick, time_layouts
+from eaglewire.decoding.gemm import AUTO_POLICY, CacheFlush, Linear, candidate_layouts, pick, time_layouts
 from eaglewire.decoding.screened_head import SCREENED, ScreenedHead, default_head, greedy_heads
 from eaglewire.draft.model import DraftCache, Eagle3Draft
 
@@ -78,27 +78,33 @@ class LeanDraft:
     @torch.no_grad()
     def calibrate(self, rows: tuple[int, ...] = DRAFT_ROWS, reps: int = DRAFT_REPS) -> dict[int, str]:
         """Time a whole draft forward per layout and row count (layouts interleaved within each repetition,
-        as the target's calibration does); keep the fastest per row count."""
+        as the target's calibration does), each after a CacheFlush: decoding meets the draft's weights
+        after the target's forward has evicted them. Keep the fastest per row count; then time the greedy
+        heads the same way, each after a flush and an untimed 1-row forward (a chain step's order)."""
         cfg, w = self.model.cfg, self.model.fc.lin.w
         cache = DraftCache(cfg, 1, 16 + max(rows), dtype=w.dtype, device=w.device)
         inputs = {r: (torch.zeros(1, r, dtype=torch.long, device=w.device),  # [1, r] ids, [1, r, n*H_t] taps
                       torch.zeros(1, r, cfg.num_taps * cfg.target_hidden_size, dtype=w.dtype, device=w.device))
                   for r in rows}
+        flush = CacheFlush()
 
         def run(layout: str, r: int) -> None:
             self._set({1: layout})
             self.model(*inputs[r], cache=cache, start=16)
 
-        best, self.calibration_ms = time_layouts(self.candidates, rows, reps, run)
+        best, self.calibration_ms = time_layouts(self.candidates, rows, reps, run, before=flush)
         self._set(best)
-        # the final-norm state of a timed forward: the screen's cost depends on how many tokens it keeps
-        states = self.model(*inputs[rows[0]], cache=cache, start=16, compute_logits=False).normed[:, -1:]  # [1, 1, H]
+        states: list[torch.Tensor] = []
+
+        def step() -> None:  # untimed: flush, then the forward whose final-norm state the head reads
+            flush()
+            states[:] = [self.model(*inputs[1], cache=cache, start=16, compute_logits=False).normed[:, -1:]]
 
         def run_head(head: str, _rows: int) -> None:
             self.head_policy = {1: head}
-            self.argmax(states)
+            self.argmax(states[0])  # [1, 1, H]
 
-        self.head_policy, self.head_ms = time_layouts(self.head_candidates, (1,), reps, run_head)
+        self.head_policy, self.head_ms = time_layouts(self.head_candidates, (1,), reps, run_head, before=step)
         return best
 
     def argmax(self, normed: torch.Tensor) -> torch.Tensor:

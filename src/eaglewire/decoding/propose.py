@@ -43,6 +43,7 @@ class EagleProposer:
         self.lean = None if layout == "module" else LeanDraft(draft, layout)
         self.d = draft if self.lean is None else self.lean.model
         self.shape = shape
+        self.d2t = self.d.d2t.tolist()  # draft id i -> target id i + d2t[i], in Python: a chain maps one id per step
         self.taps = contract.taps
         self.cache = DraftCache(draft.cfg, 1, max_len + shape.num_draft_tokens * shape.num_steps + 8,
                                 dtype=draft.fc.weight.dtype, device=draft.fc.weight.device)
@@ -118,12 +119,12 @@ class EagleProposer:
         ids = [self._argmax(self.last_normed)]  # draft-vocab ids, level 1..S
         hidden = self.last_hidden  # [1, 1, H]: the root step's output feeds level 2
         for level in range(2, self.shape.num_steps + 1):
-            tok = self.d.to_target_ids(torch.tensor([[ids[-1]]]))  # [1, 1] target id
+            tok = torch.tensor([[ids[-1] + self.d2t[ids[-1]]]])  # [1, 1] target id
             pos = torch.tensor([[self.n - 2 + level]])
             out = self.d.step(tok, hidden, pos, None, cache=self.cache, start=self.n + level - 2, compute_logits=False)
             ids.append(self._argmax(out.normed))
             hidden = out.hidden  # [1, 1, H]
-        return DraftTree(tokens=self.d.to_target_ids(torch.tensor(ids)).tolist(), parents=list(range(-1, len(ids) - 1)))
+        return DraftTree(tokens=[i + self.d2t[i] for i in ids], parents=list(range(-1, len(ids) - 1)))
 
     def _mask(self, frontier: list[int], parents: list[int], fed: dict[int, int], slot: int) -> torch.Tensor:
         """Frontier node j (written at slot+j) sees the committed entries, itself, and its fed ancestors."""

@@ -34,10 +34,12 @@ class SlotWrite:
     k: torch.Tensor  # [B, kv_heads, max_len, head_dim]
     v: torch.Tensor
     start: int
+    rope: torch.Tensor  # [max_len, 2 * head_dim]: cos | signed sin per position (see rope_rows)
 
 
 class DraftCache:
-    """The draft's KV cache for decoding, allocated once ([layers, B, kv_heads, max_len, head_dim])."""
+    """The draft's KV cache for decoding, allocated once ([layers, B, kv_heads, max_len, head_dim]), and the
+    RoPE rows of every position it can hold (a decoding position never exceeds its slot)."""
 
     def __init__(self, cfg: "DraftConfig", batch: int, max_len: int, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu") -> None:
@@ -45,9 +47,21 @@ class DraftCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.max_len = max_len
+        # Why a table: rope_tables is ~15 small ops per call, each several microseconds on a CPU, and a
+        # chain round calls it three times; a lookup is one. Same values: the same elementwise formula.
+        cos, ssin = rope_tables(torch.arange(max_len, device=device)[None], cfg.head_dim, cfg.rope_theta, dtype)
+        self.rope = torch.cat([cos[0, 0], ssin[0, 0]], dim=-1)  # [max_len, 2 * head_dim]
 
     def layer(self, i: int, start: int) -> SlotWrite:
-        return SlotWrite(self.k[i], self.v[i], start)
+        return SlotWrite(self.k[i], self.v[i], start, self.rope)
+
+
+def rope_rows(table: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A DraftCache's RoPE table [P, 2D] and position_ids [B, T] -> (cos, signed sin), each [B, 1, T, D]:
+    rope_tables' values by one lookup."""
+    rows = table[position_ids][:, None]  # [B, 1, T, 2D]
+    half = table.shape[-1] // 2
+    return rows[..., :half], rows[..., half:]
 
 
 class RMSNorm(nn.Module):
@@ -85,7 +99,10 @@ class Attention(nn.Module):
         else:  # [B, T, (heads + 2 kv_heads) * D] split into views
             q, k, v = self.qkv(x).split(self.qkv_widths, dim=-1)
         q = q.reshape(b, t, -1, hd).transpose(1, 2)  # [B, heads, T, D]
-        cos, ssin = rope_tables(position_ids, hd, theta, q.dtype)  # [B, 1, T, D] each, once for q and k
+        if isinstance(past, SlotWrite):  # [B, 1, T, D] each, once for q and k
+            cos, ssin = rope_rows(past.rope, position_ids)
+        else:
+            cos, ssin = rope_tables(position_ids, hd, theta, q.dtype)
         q, k = rotate(q, cos, ssin), rotate(k.reshape(b, t, -1, hd).transpose(1, 2), cos, ssin)
         v = v.reshape(b, t, -1, hd).transpose(1, 2)
         if isinstance(past, SlotWrite):  # decoding: static cache, no re-allocation
