@@ -3,7 +3,8 @@ through the lean runtime's GEMM layouts ("auto", decoding/lean_draft.py), side b
 
 One round = accept T target taps (T = 1..4, cycling, as rounds accept 0..3 drafted tokens plus the bonus)
 and propose a chain of k = 3 (the accepted run's forward plus k - 1 draft steps). The two proposers run
-alternately on the same random taps; medians over the rounds after a warm-up, per draft dtype.
+alternately on the same random taps, each round after a CacheFlush (decoding drafts after the target's
+forward has evicted the draft's weights); medians over the rounds after a warm-up, per draft dtype.
 With several --drafts (a wider vocabulary's head, say) each runs through the lean layouts, interleaved.
 
     python benchmarks/bench_draft.py --rounds 80
@@ -19,6 +20,7 @@ import time
 import torch
 
 from eaglewire.checkpoint import load_checkpoint
+from eaglewire.decoding.gemm import CacheFlush
 from eaglewire.decoding.propose import EagleProposer
 from eaglewire.decoding.tree import TreeShape
 from eaglewire.hw import describe_cpu, native_bf16
@@ -50,12 +52,14 @@ def main() -> None:
         for p in props.values():
             p.start(torch.randint(0, 40000, (1, PROMPT)), torch.randn(1, PROMPT, width, dtype=dtype), 5)
         ms: dict[str, list[float]] = {k: [] for k in props}
+        flush = CacheFlush()
         for i in range(WARMUP + args.rounds):
             T = 1 + i % 4
             taps = torch.randn(1, T, width, dtype=dtype)  # [1, T, 3*H]
             for name, p in props.items():
                 if p.n > MAX_LEN - 100:  # rewind: keeps the attended cache between PROMPT and MAX_LEN - 100
                     p.n = PROMPT + 1
+                flush()
                 t0 = time.perf_counter()
                 p.accept(taps, list(range(100, 100 + T)))
                 p.propose()

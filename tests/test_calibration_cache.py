@@ -10,6 +10,7 @@ from tiny import build_target
 from typer.testing import CliRunner
 
 from eaglewire.decoding import calibration as C
+from eaglewire.decoding.gemm import applies
 from eaglewire.decoding.hf_runtime import make_runtime
 from eaglewire.decoding.runtime import LeanTarget
 
@@ -51,7 +52,8 @@ def test_second_start_reuses_the_cache_without_timing(cache, forwards):
     target, log = build_target("llama"), []
     policy, path, reused = _start(target, log)
     key = C.calibration_key(LeanTarget(target, 8), KS, 1)
-    assert not reused and len(forwards) == len(KS) * (len(key["layouts"]) + len(key["heads"]))
+    timed = sum(applies(lay, k) for lay in key["layouts"] for k in KS)  # the compiled GEMV: one row only
+    assert not reused and len(forwards) == timed + len(KS) * len(key["heads"])
     assert path.parent == cache / "calibration" and "calibrating GEMM layouts" in log[0] and str(path) in log[0]
     record = json.loads(path.read_text())
     assert record["key"]["target"]["dtype"] == "float32" and set(record["median_ms"]) == {"1", "2", "4"}
@@ -66,7 +68,7 @@ def test_second_start_reuses_the_cache_without_timing(cache, forwards):
     assert log[-1].startswith(f"reusing GEMM layout calibration from {path}")
 
 
-def test_a_changed_key_measures_again(cache, forwards):
+def test_a_changed_key_measures_again(cache, forwards, monkeypatch):
     target, log = build_target("llama"), []
     _, path, _ = _start(target, log)
     threads = torch.get_num_threads()
@@ -80,6 +82,11 @@ def test_a_changed_key_measures_again(cache, forwards):
     forwards.clear()
     _, deeper, reused = _start(build_target("llama", layers=2), log)  # another target shape
     assert not reused and deeper not in (path, other) and forwards
+    forwards.clear()
+    with monkeypatch.context() as m:  # the screen's cost changed: time it again
+        m.setattr(C, "SCREEN_REVISION", C.SCREEN_REVISION + 1)
+        _, revised, reused = _start(target, log)
+    assert not reused and revised not in (path, other, deeper) and forwards
     target.model.to(torch.bfloat16)  # another dtype (also another candidate set where bf16 is not native)
     _, low, reused = _start(target, log)
     assert not reused and low not in (path, other, deeper)

@@ -5,16 +5,18 @@ import pytest
 import torch
 from tiny import VOCAB, build_target
 
-from eaglewire.decoding.gemm import LAYOUTS, PACKED, candidate_layouts
+from eaglewire.decoding.gemm import COMPILED, LAYOUTS, PACKED, candidate_layouts
 from eaglewire.decoding.runtime import LeanTarget
 from eaglewire.verifier.capture import capture
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
-@pytest.mark.parametrize("layout", ["auto", *LAYOUTS, PACKED])
+@pytest.mark.parametrize("layout", ["auto", *LAYOUTS, PACKED, COMPILED])
 def test_prefill_decode_and_taps_match_hf(arch, layout):
     if layout == PACKED and PACKED not in candidate_layouts(torch.float32):
         pytest.skip("this torch build exposes no oneDNN prepacked linear (torch.ops.mkldnn._linear_pointwise)")
+    if layout == COMPILED and COMPILED not in candidate_layouts(torch.float32):
+        pytest.skip("no C++ compiler for inductor here (decoding/compiled_gemv.py)")
     target = build_target(arch)
     ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -96,3 +98,20 @@ def test_unavailable_layout_refused(monkeypatch):
     assert PACKED not in candidate_layouts(torch.bfloat16)  # oneDNN bf16 on a CPU that emulates it: not offered
     with pytest.raises(Exception, match="GEMM layout 'dnnl' is not available here"):
         LeanTarget(target, max_len=8, layout=PACKED)
+
+
+def test_the_compiled_gemv_is_one_row_only_and_policies_never_give_it_more():
+    from eaglewire.decoding.gemm import Linear, applies, fixed_policy, pick
+
+    assert fixed_policy(COMPILED) == {1: COMPILED, 2: "nt"} and fixed_policy(PACKED) == {1: PACKED}
+    assert applies(COMPILED, 1) and not applies(COMPILED, 2) and applies(PACKED, 7)
+    with pytest.raises(ValueError, match="does not apply"):
+        pick({1: COMPILED}, 3)
+    if COMPILED not in candidate_layouts(torch.float32):
+        pytest.skip("no C++ compiler for inductor here (decoding/compiled_gemv.py)")
+    g = torch.Generator().manual_seed(0)
+    lin = Linear(torch.randn(40, 24, generator=g), torch.randn(40, generator=g))
+    x = torch.randn(1, 1, 24, generator=g)
+    torch.testing.assert_close(lin(x, COMPILED), x @ lin.w.t() + lin.b, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="one-row GEMV; got 2 rows"):
+        lin(torch.randn(1, 2, 24), COMPILED)

@@ -3,7 +3,8 @@
 `calibrate()` takes seconds (a few hundred verify forwards) and its answer depends only on what is
 keyed here: the CPU (model, ISA flags, whether bf16 is native), torch's version and CPU capability, the
 thread count, the target's shapes and dtype, the candidate layouts and greedy heads (plain, or the bf16
-screen of screened_head.py) and the row counts / repetitions timed. The answer, a layout and a greedy head
+screen of screened_head.py, and the screen's REVISION: its cost is what was timed) and the row counts /
+repetitions timed. The answer, a layout and a greedy head
 per row count, goes to `<cache_root>/calibration/<hash of the key>.json` (written to a temporary file,
 then renamed) with the key itself and the medians measured, so a reader can see why a choice won.
 
@@ -26,6 +27,7 @@ import torch
 from eaglewire.cache import cache_root
 from eaglewire.contract import canonical_json
 from eaglewire.decoding.runtime import CALIBRATION_KS, CALIBRATION_REPS, LeanTarget
+from eaglewire.decoding.screened_head import REVISION as SCREEN_REVISION
 from eaglewire.hw import describe_cpu
 from eaglewire.safeio import atomic_write_text
 
@@ -47,7 +49,8 @@ def calibration_key(rt: LeanTarget, ks: tuple[int, ...], reps: int) -> dict[str,
               "vocab_size": int(rt.head.w.shape[0]), "dtype": str(rt.embed.dtype).removeprefix("torch."),
               "qkv_bias": rt.layers[0].qkv.b is not None}
     return {"format": FORMAT, "cpu": cpu, "torch": torch.__version__, "target": target,
-            "layouts": list(rt.candidates), "heads": list(rt.head_candidates), "ks": list(ks), "reps": reps}
+            "layouts": list(rt.candidates), "heads": list(rt.head_candidates), "screen_revision": SCREEN_REVISION,
+            "ks": list(ks), "reps": reps}
 
 
 def calibration_dir() -> Path:

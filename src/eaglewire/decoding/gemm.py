@@ -13,9 +13,16 @@ from typing import Callable
 
 import torch
 
+from eaglewire.decoding import compiled_gemv
 
 LAYOUTS = ("nt", "tn", "wx")  # plain torch matmuls: always available
 PACKED = "dnnl"  # oneDNN's prepacked weight, where this torch build exposes it (candidate_layouts)
+COMPILED = "inductor"  # one row only: compiled_gemv.py, where inductor has a C++ compiler (fp32)
+
+
+def applies(layout: str, rows: int) -> bool:
+    """Whether `layout` is a candidate for calls of `rows` rows (the compiled GEMV is for one row)."""
+    return layout != COMPILED or rows == 1
 
 
 AUTO_POLICY = {1: "tn", 2: "nt"}  # {rows: layout} until calibrate() measures this machine
@@ -23,7 +30,17 @@ AUTO_POLICY = {1: "tn", 2: "nt"}  # {rows: layout} until calibrate() measures th
 
 def pick(policy: dict[int, str], rows: int) -> str:
     """The policy's layout for the largest row count <= rows."""
-    return policy[max(k for k in policy if k <= rows)]
+    layout = policy[max(k for k in policy if k <= rows)]
+    if not applies(layout, rows):
+        raise ValueError(f"layout policy {policy} gives {layout!r} to {rows} rows, which it does not apply to "
+                         "(gemm.fixed_policy / a calibration of every row count used gives a policy that works)")
+    return layout
+
+
+def fixed_policy(layout: str) -> dict[int, str]:
+    """The policy of a layout chosen by hand: that layout for every row count it applies to (the compiled
+    GEMV: one row; AUTO_POLICY's layout for more)."""
+    return {1: layout} if applies(layout, 2) else {1: layout, 2: AUTO_POLICY[2]}
 
 
 class CacheFlush:
@@ -51,13 +68,13 @@ def time_layouts(candidates: tuple[str, ...], ks: tuple[int, ...], reps: int,
     """Time `run(layout, rows)` for every candidate layout and row count; return the fastest layout per row
     count and the medians {rows: {layout: ms}}. Layouts alternate within each repetition (machine noise
     drifts; back-to-back blocks biased it). `before` (untimed) runs ahead of every timed call: a
-    CacheFlush, say."""
+    CacheFlush, say. A layout that does not `apply` to a row count is not timed there."""
     best: dict[int, str] = {}
     medians: dict[int, dict[str, float]] = {}
     for k in ks:
-        samples: dict[str, list[float]] = {lay: [] for lay in candidates}
+        samples: dict[str, list[float]] = {lay: [] for lay in candidates if applies(lay, k)}
         for _ in range(reps):
-            for lay in candidates:
+            for lay in samples:
                 if before is not None:
                     before()
                 t0 = time.perf_counter()
@@ -71,14 +88,15 @@ def time_layouts(candidates: tuple[str, ...], ks: tuple[int, ...], reps: int,
 
 def candidate_layouts(dtype: torch.dtype) -> tuple[str, ...]:
     """The layouts a runtime in `dtype` can use here: LAYOUTS, plus "dnnl" where torch exposes oneDNN's
-    prepacked linear (the ops inductor's CPU freezing uses) and the CPU runs `dtype` natively in it."""
+    prepacked linear (the ops inductor's CPU freezing uses) and the CPU runs `dtype` natively in it, plus
+    "inductor" (one row) where compiled_gemv is available."""
     from eaglewire.hw import native_bf16
 
     ops = torch.ops.mkldnn
     exposed = torch.backends.mkldnn.is_available() and all(
         hasattr(ops, op) for op in ("_reorder_linear_weight", "_linear_pointwise"))
     native = dtype == torch.float32 or (dtype == torch.bfloat16 and native_bf16())
-    return LAYOUTS + ((PACKED,) if exposed and native else ())
+    return LAYOUTS + ((PACKED,) if exposed and native else ()) + ((COMPILED,) if compiled_gemv.available(dtype) else ())
 
 
 class Linear:
@@ -92,6 +110,7 @@ class Linear:
         self.b = None if bias is None else bias.detach()
         # an opaque oneDNN tensor, blocked for its GEMM kernels; None = "dnnl" is not a candidate here
         self.packed = torch.ops.mkldnn._reorder_linear_weight(self.w, None) if packed else None
+        self.gemv: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None  # "inductor", once used
 
     @classmethod
     def fused(cls, mods: list[torch.nn.Module], packed: bool = False) -> "Linear":
@@ -107,6 +126,14 @@ class Linear:
     def __call__(self, x: torch.Tensor, layout: str) -> torch.Tensor:  # x [..., in] -> [..., out]
         if layout == PACKED:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.b, "none", [], "")
+        if layout == COMPILED:
+            if x.numel() != x.shape[-1]:
+                raise ValueError(f"the {COMPILED} layout is a one-row GEMV; got {x.numel() // x.shape[-1]} rows "
+                                 "(gemm.pick never gives it more)")
+            if self.gemv is None:  # compiled (or loaded from inductor's cache) on first use: only shapes used
+                self.gemv = compiled_gemv.kernel(tuple(self.w.shape), self.w.dtype)
+            y = self.gemv(self.w, x.reshape(1, -1)).view(*x.shape[:-1], -1)
+            return y if self.b is None else y + self.b
         if layout == "tn":
             y = x @ self.wt
         elif layout == "nt":

@@ -41,6 +41,9 @@ from eaglewire.decoding.gemm import PACKED, candidate_layouts
 
 U_BF16 = 2.0 ** -8  # bf16's unit roundoff: 8 significand bits, round to nearest
 PLAIN, SCREENED = "plain", "screened"  # the greedy heads a runtime can calibrate between
+# 2: one uniform threshold per row (was a per-token test). Bump when the screen's cost changes: cached
+# calibrations (calibration.py keys on it) timed the screen against the plain head
+REVISION = 2
 
 
 def greedy_heads(dtype: torch.dtype) -> tuple[str, ...]:

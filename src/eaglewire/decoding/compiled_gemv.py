@@ -1,0 +1,64 @@
+"""A one-row GEMM (a GEMV) as an inductor-generated reduction: torch.compile of `(w * x).sum(-1)`.
+
+Why: a decode step multiplies one row by every weight, and is bound by how fast the weights stream from
+memory. The BLAS kernels torch reaches stream them slowly for one row on the AMD EPYC these notes were
+measured on (2 cores, AVX-512; SmolLM2-135M's 120 body weights, 425 MB, one pass each, interleaved
+in one process: oneDNN's prepacked 1-row GEMM 27.9 ms, this kernel 22.6 ms, and a whole fp32 decode step
+40.7 against 36.4 ms). Inductor writes a plain vectorized loop that reads each weight row once; nothing is
+copied or re-laid out (`w` is the Linear's own [out, in] weight).
+
+It is one candidate layout among the others (gemm.COMPILED): the calibration times it against them on
+each machine and keeps it only where it wins, for one row only (for more rows the loop re-reads the weight
+and oneDNN's packed GEMM wins: 26.3 against 21.7 ms for 4 rows, another interleaved run).
+
+Cost: the first use of each weight shape compiles a kernel (2-5 s here; a C++ compiler is needed, so the
+layout is offered only where one is found). Inductor caches the compiled kernels on disk under the user
+cache (`<cache_root>/inductor`, unless TORCHINDUCTOR_CACHE_DIR is set), so the next process loads them in
+well under a second per shape. Numerics: another fp32 summation order, like any other layout (logits
+within 1e-4 of oneDNN's on SmolLM2 here).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import types
+from typing import Callable
+
+import torch
+
+_KERNELS: dict[tuple[int, int, torch.dtype], Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {}
+
+
+def _gemv(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """w [O, I], x [R, I] -> [R, O]: a reduction over I per (row, output), fused (no [O, R, I] tensor)."""
+    return (w[:, None, :] * x[None]).sum(-1).t()
+
+
+def compiler() -> str | None:
+    """The C++ compiler inductor would use ($CXX, else g++, c++ or clang++ on PATH); None if there is none."""
+    for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def available(dtype: torch.dtype) -> bool:
+    """Whether the compiled GEMV is a candidate here: fp32 weights and a C++ compiler for inductor."""
+    return dtype == torch.float32 and compiler() is not None
+
+
+def kernel(shape: tuple[int, int], dtype: torch.dtype) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The compiled GEMV for weights of `shape` [O, I] in `dtype`, built on first use. Each shape gets its
+    own code object (a renamed copy of `_gemv`'s), so each has its own compile cache entry: dynamo keeps
+    at most a few graphs per code object before it falls back to eager, and a target plus its draft use
+    about ten weight shapes."""
+    key = (int(shape[0]), int(shape[1]), dtype)
+    if key not in _KERNELS:
+        from eaglewire.cache import cache_root
+
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
+        code = _gemv.__code__.replace(co_name=f"gemv_{key[0]}x{key[1]}_{str(dtype).removeprefix('torch.')}")
+        fn = types.FunctionType(code, _gemv.__globals__, code.co_name)
+        _KERNELS[key] = torch.compile(fn, dynamic=False, fullgraph=True)
+    return _KERNELS[key]
