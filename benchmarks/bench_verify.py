@@ -1,6 +1,7 @@
 """Verify cost on the embedded target: one forward over k new tokens (tree mask) on top of a ~100-token
-cache: lean runtime calibrated per row count, each fixed layout this machine offers (nt, tn, wx, and
-dnnl where torch exposes oneDNN's prepacked linear: decoding/gemm.candidate_layouts), and HF
+cache: lean runtime calibrated per row count, each fixed layout this machine offers for every row count
+(nt, tn, wx, and dnnl where torch exposes oneDNN's prepacked linear: decoding/gemm.candidate_layouts; the
+one-row compiled GEMV is only in the calibrated runtime's choice), and HF
 transformers, all in --dtype; and the calibrated runtime's greedy forward (argmax ids through the greedy
 head it calibrated: screened_head.py), which is what greedy decoding runs. Interleaved rounds, medians,
 ratio to the 1-token decode step of the same runtime.
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from eaglewire.decoding.gemm import candidate_layouts
+from eaglewire.decoding.gemm import applies, candidate_layouts
 from eaglewire.decoding.runtime import LeanTarget
 from eaglewire.hw import RUNTIME_DTYPES, describe_cpu, runtime_dtype
 from eaglewire.safeio import atomic_write_text
@@ -50,7 +51,7 @@ def main() -> None:
     dtype = runtime_dtype(a.dtype)
     target = load_target(dtype=dtype)
     prefix = torch.randint(0, target.vocab_size, (1, CACHED), generator=torch.Generator().manual_seed(0))
-    runtimes = {f"lean_{lay}": LeanTarget(target, 256, layout=lay) for lay in candidate_layouts(dtype)}
+    runtimes = {f"lean_{lay}": LeanTarget(target, 256, layout=lay) for lay in candidate_layouts(dtype) if applies(lay, 2)}
     runtimes["lean_calibrated"] = LeanTarget(target, 256)
     policy = runtimes["lean_calibrated"].calibrate(ks=KS)
     print("calibrated layouts:", policy)

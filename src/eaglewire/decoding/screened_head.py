@@ -44,6 +44,7 @@ PLAIN, SCREENED = "plain", "screened"  # the greedy heads a runtime can calibrat
 # 2: one uniform threshold per row (was a per-token test). Bump when the screen's cost changes: cached
 # calibrations (calibration.py keys on it) timed the screen against the plain head
 REVISION = 2
+REFINE_ABOVE = 64  # kept tokens above which the per-token test prunes them before the fp32 recompute
 
 
 def greedy_heads(dtype: torch.dtype) -> tuple[str, ...]:
@@ -121,11 +122,21 @@ class ScreenedHead:
             out.append(hi - 2 * e - 2.0 ** -20 * (big + 2 * e))
         return out
 
-    def bound(self, h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """h [N, H], its screen y [N, V] -> err [N, V] >= |y - z| for every fp32 value z of h @ W.T."""
+    def bound(self, h: torch.Tensor, y: torch.Tensor, cols: torch.Tensor | None = None) -> torch.Tensor:
+        """h [N, H], its screen y [N, V] -> err [N, V] >= |y - z| for every fp32 value z of h @ W.T; or, with
+        cols [C], y [N, C] holding those columns' screen -> err [N, C]."""
         hn = h.norm(dim=1, keepdim=True)  # [N, 1]
-        return (self.c * hn) * self.row_norm + (U_BF16 / (1 - U_BF16)) * y.abs() \
-            + self.underflow_scale * (1 + hn + self.row_norm)
+        rn = self.row_norm if cols is None else self.row_norm[cols]  # [V] or [C]
+        return (self.c * hn) * rn + (U_BF16 / (1 - U_BF16)) * y.abs() + self.underflow_scale * (1 + hn + rn)
+
+    def _tight(self, h: torch.Tensor, y: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """The per-token test over the uniform test's columns cols [C]: bool [N, C], y_j + err_j >= max_k
+        (y_k - err_k). The max may be taken over cols alone: a token outside them has y_k < max y - 2 E, below
+        the top token's y - err. Why: a flat distribution (a degenerate state) can pass thousands of tokens
+        through the uniform test; this brings them back to the per-token test's few at [N, C] cost."""
+        y_c = y[:, cols]  # [N, C]
+        err = self.bound(h, y_c, cols)
+        return (y_c + err) >= (y_c - err).amax(1, keepdim=True)
 
     def argmax(self, h: torch.Tensor) -> torch.Tensor:
         """h [..., H] -> [...] token ids: an fp32 argmax of h @ W.T (see the module docstring)."""
@@ -137,7 +148,14 @@ class ScreenedHead:
             return (flat @ self.w.t()).argmax(-1).reshape(h.shape[:-1])
         if cand.shape[0] == 1:  # a chain step or a decode step: every kept column is this row's
             cols = cand[0].nonzero().squeeze(1)  # [C] ascending
+            if cols.numel() > REFINE_ABOVE:
+                cols = cols[self._tight(flat, y, cols)[0]]
             return cols[(flat @ self.w[cols].t()).argmax(-1)].reshape(h.shape[:-1])
         cols = cand.any(0).nonzero().squeeze(1)  # [C] ascending: every row's candidates, united
-        exact = (flat @ self.w[cols].t()).masked_fill_(~cand[:, cols], float("-inf"))  # [N, C]
+        keep = cand[:, cols]  # [N, C]
+        if cols.numel() > REFINE_ABOVE:
+            keep = keep & self._tight(flat, y, cols)
+            used = keep.any(0)
+            cols, keep = cols[used], keep[:, used]
+        exact = (flat @ self.w[cols].t()).masked_fill_(~keep, float("-inf"))  # [N, C]
         return cols[exact.argmax(-1)].reshape(h.shape[:-1])
