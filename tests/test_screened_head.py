@@ -134,3 +134,30 @@ def test_a_mixed_head_policy_keeps_speculative_decoding_lossless():
         for proposer in (OracleProposer(ref, TreeShape.chain(k)), RandomProposer(VOCAB, TreeShape.chain(k))):
             out, _ = SpecDecoder(rt, proposer).generate(prompt, 40)
             assert out == ref
+
+
+@pytest.mark.parametrize("packed", PACKINGS, ids=lambda p: "packed" if p else "plain-bf16")
+def test_many_uniform_candidates_are_pruned_by_the_per_token_test_and_stay_exact(packed):
+    """One row of large norm inflates the uniform test's E, so it keeps every token whose logit is within 2E
+    of the top (a flat distribution does the same to SmolLM2's head); the per-token test then prunes them
+    before the fp32 recompute, and the argmax is still the plain product's, for one row and for several."""
+    from eaglewire.decoding.screened_head import REFINE_ABOVE
+
+    g = torch.Generator().manual_seed(2)
+    H, V = 64, 1000
+    W = torch.zeros(V, H)
+    W[:, 0] = 0.9 * torch.rand(V, generator=g)  # small rows, logits 0..9 for h ~ 10 e_0
+    W[:, 2:] = 1e-3 * torch.randn(V, H - 2, generator=g)
+    W[123, 0] = 1.0  # the top token
+    W[456, 0], W[456, 1] = 0.5, 100.0  # large norm, orthogonal to h: it sets E
+    h = torch.zeros(3, H)
+    h[:, 0] = 10.0
+    h[:, 2:] = 1e-2 * torch.randn(3, H - 2, generator=g)
+    head = ScreenedHead(W, packed)
+    y = head.screen(h)
+    uniform = head.candidates(h, y)
+    tight = head._tight(h, y, torch.arange(V))
+    assert (uniform.sum(1) > REFINE_ABOVE).all() and (tight.sum(1) <= 4).all()  # the refinement runs, and prunes
+    assert not (tight & ~uniform).any()
+    assert torch.equal(head.argmax(h), (h @ W.t()).argmax(-1)) and (head.argmax(h) == 123).all()
+    assert int(head.argmax(h[1:2])) == int((h[1:2] @ W.t()).argmax(-1)) == 123
