@@ -10,7 +10,7 @@ from tiny import build_target
 from typer.testing import CliRunner
 
 from eaglewire.decoding import calibration as C
-from eaglewire.decoding.gemm import applies
+from eaglewire.decoding.gemm import COMPILED, applies
 from eaglewire.decoding.hf_runtime import make_runtime
 from eaglewire.decoding.runtime import LeanTarget
 
@@ -53,7 +53,8 @@ def test_second_start_reuses_the_cache_without_timing(cache, forwards):
     policy, path, reused = _start(target, log)
     key = C.calibration_key(LeanTarget(target, 8), KS, 1)
     timed = sum(applies(lay, k) for lay in key["layouts"] for k in KS)  # the compiled GEMV: one row only
-    assert not reused and len(forwards) == timed + len(KS) * len(key["heads"])
+    # reps=1: each (layout or head, rows) runs once untimed (a warm-up) and once timed
+    assert not reused and len(forwards) == 2 * (timed + len(KS) * len(key["heads"]))
     assert path.parent == cache / "calibration" and "calibrating GEMM layouts" in log[0] and str(path) in log[0]
     record = json.loads(path.read_text())
     assert record["key"]["target"]["dtype"] == "float32" and set(record["median_ms"]) == {"1", "2", "4"}
@@ -93,13 +94,18 @@ def test_a_changed_key_measures_again(cache, forwards, monkeypatch):
 
 
 @pytest.mark.parametrize("content", ["{not json", "", json.dumps({"key": "someone else's", "policy": {}}),
-                                     "POLICY", "HEAD"], ids=["truncated", "empty", "wrong-key", "bad-policy", "bad-head"])
+                                     "POLICY", "HEAD", "ONE-ROW"],
+                         ids=["truncated", "empty", "wrong-key", "bad-policy", "bad-head", "one-row-layout-on-2"])
 def test_an_unusable_file_is_measured_again_with_a_message(cache, forwards, content):
     target, log = build_target("llama"), []
     policy, path, _ = _start(target, log)
     if content == "POLICY":  # the right key, a layout that is no candidate
         record = json.loads(path.read_text())
         record["policy"]["1"] = "fortran"
+        content = json.dumps(record)
+    if content == "ONE-ROW":  # a candidate layout, on a row count it does not apply to
+        record = json.loads(path.read_text())
+        record["policy"]["2"] = COMPILED
         content = json.dumps(record)
     if content == "HEAD":  # the right key and layouts, a greedy head that is no candidate
         record = json.loads(path.read_text())

@@ -68,12 +68,17 @@ def test_calibrate_picks_a_layout_per_row_count_and_keeps_results():
     target = build_target("llama")
     lean = LeanTarget(target, max_len=64)
     policy = lean.calibrate(ks=(1, 4), reps=1)
-    assert set(policy) == {1, 4} and set(policy.values()) <= set(candidate_layouts(torch.float32))
+    # 2 is timed too where the one-row GEMV is a candidate: it may win 1 row and must not get 2-3
+    expected = {1, 2, 4} if COMPILED in candidate_layouts(torch.float32) else {1, 4}
+    assert set(policy) == expected and set(policy.values()) <= set(candidate_layouts(torch.float32))
     ids = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ref = target.model(input_ids=ids).logits
     logits, _ = lean.forward(ids, torch.arange(6)[None], 0)
     torch.testing.assert_close(logits, ref, atol=1e-4, rtol=1e-4)
+    for start, rows in ((0, 1), (1, 2), (3, 3)):  # every row count a round can verify, through pick()
+        logits, _ = lean.forward(ids[:, start:start + rows], torch.arange(start, start + rows)[None], start)
+        torch.testing.assert_close(logits, ref[:, start:start + rows], atol=1e-4, rtol=1e-4)
 
 
 def test_fused_projections_are_one_gemm_each():
@@ -101,9 +106,12 @@ def test_unavailable_layout_refused(monkeypatch):
 
 
 def test_the_compiled_gemv_is_one_row_only_and_policies_never_give_it_more():
-    from eaglewire.decoding.gemm import Linear, applies, fixed_policy, pick
+    from eaglewire.decoding.gemm import Linear, applies, fixed_policy, pick, row_counts
 
     assert fixed_policy(COMPILED) == {1: COMPILED, 2: "nt"} and fixed_policy(PACKED) == {1: PACKED}
+    # a calibration of rows (1, 4) times 2 as well where the one-row layout may win 1 row
+    assert row_counts((1, 4), ("nt", COMPILED)) == (1, 2, 4) and row_counts((1, 4), ("nt", PACKED)) == (1, 4)
+    assert row_counts((1, 2, 8), ("nt", COMPILED)) == (1, 2, 8) and row_counts((4, 8), ("nt", COMPILED)) == (4, 8)
     assert applies(COMPILED, 1) and not applies(COMPILED, 2) and applies(PACKED, 7)
     with pytest.raises(ValueError, match="does not apply"):
         pick({1: COMPILED}, 3)
@@ -115,3 +123,23 @@ def test_the_compiled_gemv_is_one_row_only_and_policies_never_give_it_more():
     torch.testing.assert_close(lin(x, COMPILED), x @ lin.w.t() + lin.b, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="one-row GEMV; got 2 rows"):
         lin(torch.randn(1, 2, 24), COMPILED)
+
+
+def test_the_compiled_gemv_is_not_offered_where_inductor_cannot_build_its_probe(monkeypatch, capsys):
+    """A compiler on PATH is not enough (inductor also needs Python's and OpenMP's headers): a probe kernel
+    that fails to build takes the layout out of the candidates, with a line saying why."""
+    from eaglewire.decoding import compiled_gemv
+
+    def broken(shape, dtype):
+        raise RuntimeError("InvalidCxxCompiler: no working C++ compiler found")
+
+    monkeypatch.setattr(compiled_gemv, "compiler", lambda: "g++")
+    monkeypatch.setattr(compiled_gemv, "kernel", broken)
+    compiled_gemv.available.cache_clear()
+    try:
+        assert COMPILED not in candidate_layouts(torch.float32)
+        err = capsys.readouterr().err
+        assert "not offered here" in err and "InvalidCxxCompiler" in err
+    finally:
+        compiled_gemv.available.cache_clear()
+    assert not compiled_gemv.available(torch.bfloat16)

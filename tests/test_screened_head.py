@@ -137,7 +137,7 @@ def test_a_mixed_head_policy_keeps_speculative_decoding_lossless():
 
 
 @pytest.mark.parametrize("packed", PACKINGS, ids=lambda p: "packed" if p else "plain-bf16")
-def test_many_uniform_candidates_are_pruned_by_the_per_token_test_and_stay_exact(packed):
+def test_many_uniform_candidates_are_pruned_by_the_per_token_test_and_stay_exact(packed, monkeypatch):
     """One row of large norm inflates the uniform test's E, so it keeps every token whose logit is within 2E
     of the top (a flat distribution does the same to SmolLM2's head); the per-token test then prunes them
     before the fp32 recompute, and the argmax is still the plain product's, for one row and for several."""
@@ -159,5 +159,9 @@ def test_many_uniform_candidates_are_pruned_by_the_per_token_test_and_stay_exact
     tight = head._tight(h, y, torch.arange(V))
     assert (uniform.sum(1) > REFINE_ABOVE).all() and (tight.sum(1) <= 4).all()  # the refinement runs, and prunes
     assert not (tight & ~uniform).any()
+    calls = []
+    real = ScreenedHead._tight
+    monkeypatch.setattr(ScreenedHead, "_tight", lambda self, *a: calls.append(a[0].shape[0]) or real(self, *a))
     assert torch.equal(head.argmax(h), (h @ W.t()).argmax(-1)) and (head.argmax(h) == 123).all()
     assert int(head.argmax(h[1:2])) == int((h[1:2] @ W.t()).argmax(-1)) == 123
+    assert calls == [3, 3, 1]  # argmax pruned through the per-token test on the multi-row and one-row paths

@@ -26,6 +26,7 @@ import torch
 
 from eaglewire.cache import cache_root
 from eaglewire.contract import canonical_json
+from eaglewire.decoding.gemm import COMPILED, applies, row_counts
 from eaglewire.decoding.runtime import CALIBRATION_KS, CALIBRATION_REPS, LeanTarget
 from eaglewire.decoding.screened_head import REVISION as SCREEN_REVISION
 from eaglewire.hw import describe_cpu
@@ -50,7 +51,7 @@ def calibration_key(rt: LeanTarget, ks: tuple[int, ...], reps: int) -> dict[str,
               "qkv_bias": rt.layers[0].qkv.b is not None}
     return {"format": FORMAT, "cpu": cpu, "torch": torch.__version__, "target": target,
             "layouts": list(rt.candidates), "heads": list(rt.head_candidates), "screen_revision": SCREEN_REVISION,
-            "ks": list(ks), "reps": reps}
+            "ks": list(row_counts(ks, rt.candidates)), "reps": reps}
 
 
 def calibration_dir() -> Path:
@@ -82,6 +83,8 @@ def _policy(data: dict, field: str, ks: list[int], allowed: list[str]) -> dict[i
         raise _Unusable(f"{field} is not a {{rows: choice}} mapping: {raw!r}") from None
     if sorted(policy) != sorted(ks) or not all(isinstance(v, str) and v in allowed for v in policy.values()):
         raise _Unusable(f"{field} {raw!r} does not cover rows {ks} with choices {allowed}")
+    if field == "policy" and not all(applies(v, k) for k, v in policy.items()):
+        raise _Unusable(f"{field} {raw!r} gives a layout rows it does not apply to ({COMPILED} is one row only)")
     return policy
 
 

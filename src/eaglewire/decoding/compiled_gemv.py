@@ -15,14 +15,17 @@ Cost: the first use of each weight shape compiles a kernel (about 4.6 s a shape 
 needed, so the layout is offered only where one is found). Inductor keeps the compiled kernels in its own
 on-disk cache (TORCHINDUCTOR_CACHE_DIR, by default /tmp/torchinductor_<user>; torch fixes it on first use,
 so it is not ours to move), and the next process loads them in a fraction of a second per shape (ten
-graphs in 2.3 s here). Only the shapes a policy actually runs are compiled. Numerics: another fp32 summation order, like any other layout (logits
+graphs in 2.3 s here). Only one-row shapes are compiled: each once, by the calibration's first timing
+of this layout (untimed: gemm.time_layouts warms every layout up first). Numerics: another fp32 summation order, like any other layout (logits
 within 1e-4 of oneDNN's on SmolLM2 here).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
+import sys
 import types
 from typing import Callable
 
@@ -37,16 +40,29 @@ def _gemv(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 def compiler() -> str | None:
-    """The C++ compiler inductor would use ($CXX, else g++, c++ or clang++ on PATH); None if there is none."""
-    for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
-        if name and shutil.which(name):
-            return name
-    return None
+    """The C++ compiler inductor uses on Linux: $CXX, else g++ (its search order); None if not on PATH."""
+    name = os.environ.get("CXX") or "g++"
+    return name if shutil.which(name) else None
 
 
+@functools.lru_cache(maxsize=None)
 def available(dtype: torch.dtype) -> bool:
-    """Whether the compiled GEMV is a candidate here: fp32 weights and a C++ compiler for inductor."""
-    return dtype == torch.float32 and compiler() is not None
+    """Whether the compiled GEMV is a candidate here: fp32 weights, a C++ compiler, and a probe kernel that
+    inductor compiles and that computes the right product (a compiler alone is not enough: inductor's
+    kernels also need Python's and OpenMP's headers). Probed once per process; a machine whose probe fails
+    simply does not get the layout (the other layouts give the same results), and says why on stderr."""
+    if dtype != torch.float32 or compiler() is None:
+        return False
+    g = torch.Generator().manual_seed(0)
+    w, x = torch.randn(8, 16, generator=g), torch.randn(1, 16, generator=g)
+    try:
+        with torch.no_grad():
+            y = kernel((8, 16), dtype)(w, x)
+    except (RuntimeError, OSError, ImportError) as err:  # dynamo wraps compiler failures in RuntimeErrors
+        print(f"eaglewire: the compiled GEMV layout is not offered here: inductor could not build its probe "
+              f"kernel ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})", file=sys.stderr)
+        return False
+    return bool(torch.allclose(y, x @ w.t(), atol=1e-5, rtol=1e-5))
 
 
 def kernel(shape: tuple[int, int], dtype: torch.dtype) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:

@@ -37,6 +37,14 @@ def pick(policy: dict[int, str], rows: int) -> str:
     return layout
 
 
+def row_counts(ks: tuple[int, ...], candidates: tuple[str, ...]) -> tuple[int, ...]:
+    """The row counts a calibration times: ks, plus 2 where a one-row layout could win at 1 and nothing
+    would otherwise cover 2 rows (a policy {1: COMPILED, 4: ...} has no layout for 2-3 rows)."""
+    if 1 in ks and 2 not in ks and any(not applies(lay, 2) for lay in candidates):
+        return tuple(sorted(set(ks) | {2}))
+    return tuple(ks)
+
+
 def fixed_policy(layout: str) -> dict[int, str]:
     """The policy of a layout chosen by hand: that layout for every row count it applies to (the compiled
     GEMV: one row; AUTO_POLICY's layout for more)."""
@@ -68,11 +76,14 @@ def time_layouts(candidates: tuple[str, ...], ks: tuple[int, ...], reps: int,
     """Time `run(layout, rows)` for every candidate layout and row count; return the fastest layout per row
     count and the medians {rows: {layout: ms}}. Layouts alternate within each repetition (machine noise
     drifts; back-to-back blocks biased it). `before` (untimed) runs ahead of every timed call: a
-    CacheFlush, say. A layout that does not `apply` to a row count is not timed there."""
+    CacheFlush, say. A layout that does not `apply` to a row count is not timed there; each layout runs
+    once untimed first (the compiled GEMV compiles on its first call)."""
     best: dict[int, str] = {}
     medians: dict[int, dict[str, float]] = {}
     for k in ks:
         samples: dict[str, list[float]] = {lay: [] for lay in candidates if applies(lay, k)}
+        for lay in samples:
+            run(lay, k)
         for _ in range(reps):
             for lay in samples:
                 if before is not None:

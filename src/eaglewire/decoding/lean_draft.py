@@ -19,7 +19,7 @@ import copy
 import torch
 from torch import nn
 
-from eaglewire.decoding.gemm import AUTO_POLICY, fixed_policy, CacheFlush, Linear, candidate_layouts, pick, time_layouts
+from eaglewire.decoding.gemm import AUTO_POLICY, fixed_policy, row_counts, CacheFlush, Linear, candidate_layouts, pick, time_layouts
 from eaglewire.decoding.screened_head import SCREENED, ScreenedHead, default_head, greedy_heads
 from eaglewire.draft.model import DraftCache, Eagle3Draft
 
@@ -80,10 +80,12 @@ class LeanDraft:
     @torch.no_grad()
     def calibrate(self, rows: tuple[int, ...] = DRAFT_ROWS, reps: int = DRAFT_REPS) -> dict[int, str]:
         """Time a whole draft forward per layout and row count (layouts interleaved within each repetition,
-        as the target's calibration does), each after a CacheFlush: decoding meets the draft's weights
+        as the target's calibration does; gemm.row_counts adds 2 where the one-row GEMV needs it), each
+        after a CacheFlush: decoding meets the draft's weights
         after the target's forward has evicted them. Keep the fastest per row count; then time the greedy
         heads the same way, each after a flush and an untimed 1-row forward (a chain step's order)."""
         cfg, w = self.model.cfg, self.model.fc.lin.w
+        rows = row_counts(rows, self.candidates)
         cache = DraftCache(cfg, 1, 16 + max(rows), dtype=w.dtype, device=w.device)
         inputs = {r: (torch.zeros(1, r, dtype=torch.long, device=w.device),  # [1, r] ids, [1, r, n*H_t] taps
                       torch.zeros(1, r, cfg.num_taps * cfg.target_hidden_size, dtype=w.dtype, device=w.device))
@@ -98,14 +100,18 @@ class LeanDraft:
         self._set(best)
         states: list[torch.Tensor] = []
 
-        def step() -> None:  # untimed: flush, then the forward whose final-norm state the head reads
+        def state() -> None:  # the forward whose final-norm state [1, 1, H] the head reads
+            states[:] = [self.model(*inputs[rows[0]], cache=cache, start=16, compute_logits=False).normed[:, -1:]]
+
+        def step() -> None:  # untimed, before each timed head call: flush, then a chain step's forward
             flush()
-            states[:] = [self.model(*inputs[1], cache=cache, start=16, compute_logits=False).normed[:, -1:]]
+            state()
 
         def run_head(head: str, _rows: int) -> None:
             self.head_policy = {1: head}
-            self.argmax(states[0])  # [1, 1, H]
+            self.argmax(states[0])
 
+        state()  # for the untimed warm-up call too
         self.head_policy, self.head_ms = time_layouts(self.head_candidates, (1,), reps, run_head, before=step)
         return best
 

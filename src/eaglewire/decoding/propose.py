@@ -65,6 +65,7 @@ class EagleProposer:
 
     def start(self, prompt_ids: torch.Tensor, prompt_taps: torch.Tensor | None, first_token: int) -> None:
         self.n = 0
+        self.d2t = self.d.d2t.tolist()  # read again per generation: with layout="module" d is the caller's
         self._extend(prompt_taps, prompt_ids[0, 1:].tolist() + [first_token])
 
     def accept(self, taps: torch.Tensor | None, tokens: list[int]) -> None:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from eaglewire.decoding.gemm import AUTO_POLICY, fixed_policy, PACKED, Linear, candidate_layouts, pick, time_layouts
+from eaglewire.decoding.gemm import AUTO_POLICY, fixed_policy, row_counts, PACKED, Linear, candidate_layouts, pick, time_layouts
 from eaglewire.decoding.screened_head import PLAIN, SCREENED, ScreenedHead, default_head, greedy_heads
 from eaglewire.errors import TargetError
 from eaglewire.ops import rms_norm, rotate, signed_sin
@@ -121,7 +121,7 @@ class LeanTarget:
         """Time a whole verify forward per layout and row count on this machine; keep the fastest.
         Small-M GEMM speed depends on the weight's layout, and which one wins differs between machines.
         The medians are kept in `calibration_ms` {rows: {layout: ms}} (decoding/calibration.py stores them)."""
-        prefix = CALIBRATION_PREFIX
+        prefix, ks = CALIBRATION_PREFIX, row_counts(ks, self.candidates)
         if prefix + max(ks) > self.max_len:
             raise ValueError(f"calibrate() writes {prefix}+{max(ks)} cache slots; this runtime has max_len "
                              f"{self.max_len} (make_runtime allocates the room)")

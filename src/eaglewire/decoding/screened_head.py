@@ -41,9 +41,9 @@ from eaglewire.decoding.gemm import PACKED, candidate_layouts
 
 U_BF16 = 2.0 ** -8  # bf16's unit roundoff: 8 significand bits, round to nearest
 PLAIN, SCREENED = "plain", "screened"  # the greedy heads a runtime can calibrate between
-# 2: one uniform threshold per row (was a per-token test). Bump when the screen's cost changes: cached
-# calibrations (calibration.py keys on it) timed the screen against the plain head
-REVISION = 2
+# 2: one uniform threshold per row (was a per-token test); 3: the per-token test prunes a large uniform set.
+# Bump when the screen's cost changes: cached calibrations (calibration.py keys on it) timed it
+REVISION = 3
 REFINE_ABOVE = 64  # kept tokens above which the per-token test prunes them before the fp32 recompute
 
 
