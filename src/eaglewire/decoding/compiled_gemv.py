@@ -11,13 +11,15 @@ It is one candidate layout among the others (gemm.COMPILED): the calibration tim
 each machine and keeps it only where it wins, for one row only (for more rows the loop re-reads the weight
 and oneDNN's packed GEMM wins: 26.3 against 21.7 ms for 4 rows, another interleaved run).
 
-Cost: the first use of each weight shape compiles a kernel (about 4.6 s a shape here; a C++ compiler is
-needed, so the layout is offered only where one is found). Inductor keeps the compiled kernels in its own
-on-disk cache (TORCHINDUCTOR_CACHE_DIR, by default /tmp/torchinductor_<user>; torch fixes it on first use,
-so it is not ours to move), and the next process loads them in a fraction of a second per shape (ten
-graphs in 2.3 s here). Only one-row shapes are compiled: each once, by the calibration's first timing
-of this layout (untimed: gemm.time_layouts warms every layout up first). Numerics: another fp32 summation order, like any other layout (logits
-within 1e-4 of oneDNN's on SmolLM2 here).
+Cost: the first use of each weight shape compiles a kernel (about 4.6 s a shape here). The layout is
+offered only where a probe kernel builds (`available`, once per process; it is also the process's first
+inductor call, about 5 s here even with the kernels cached, which a process using the layout would pay
+anyway). Inductor keeps the compiled kernels in its own on-disk cache (TORCHINDUCTOR_CACHE_DIR, by default
+/tmp/torchinductor_<user>; torch fixes it on first use, so it is not ours to move), and the next process
+loads them in a fraction of a second per shape (ten graphs in 2.3 s here). Only one-row shapes are
+compiled: each once, by the calibration's first timing of this layout (untimed: gemm.time_layouts warms
+every layout up first). Numerics: another fp32 summation order, like any other layout (logits within
+1e-4 of oneDNN's on SmolLM2 here).
 """
 
 from __future__ import annotations

@@ -51,6 +51,11 @@ def fixed_policy(layout: str) -> dict[int, str]:
     return {1: layout} if applies(layout, 2) else {1: layout, 2: AUTO_POLICY[2]}
 
 
+def initial_policy(layout: str) -> dict[int, str]:
+    """A runtime's policy before any calibration: AUTO_POLICY for "auto", else `fixed_policy(layout)`."""
+    return dict(AUTO_POLICY) if layout == "auto" else fixed_policy(layout)
+
+
 class CacheFlush:
     """Calling it writes a buffer twice the size of the CPU's largest cache (FALLBACK_CACHE_BYTES where the
     machine does not report one): what a draft's weights meet between two drafting rounds, after the

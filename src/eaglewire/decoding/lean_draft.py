@@ -19,7 +19,8 @@ import copy
 import torch
 from torch import nn
 
-from eaglewire.decoding.gemm import AUTO_POLICY, fixed_policy, row_counts, CacheFlush, Linear, candidate_layouts, pick, time_layouts
+from eaglewire.decoding.gemm import (CacheFlush, Linear, candidate_layouts, initial_policy, pick, row_counts,
+                                     time_layouts)
 from eaglewire.decoding.screened_head import SCREENED, ScreenedHead, default_head, greedy_heads
 from eaglewire.draft.model import DraftCache, Eagle3Draft
 
@@ -52,7 +53,7 @@ class LeanDraft:
         self.candidates = candidate_layouts(dtype)
         if layout != "auto" and layout not in self.candidates:
             raise ValueError(f"layout {layout!r} is not available here (one of {self.candidates})")
-        self.policy: dict[int, str] = dict(AUTO_POLICY) if layout == "auto" else fixed_policy(layout)
+        self.policy: dict[int, str] = initial_policy(layout)
         emb = draft.embed_tokens.weight
         self.model = copy.deepcopy(draft, memo={id(emb): emb})  # the [V, H] embedding stays shared
         # a chain needs only each step's argmax: the head's bf16 screen where offered (screened_head.py), an
@@ -81,9 +82,9 @@ class LeanDraft:
     def calibrate(self, rows: tuple[int, ...] = DRAFT_ROWS, reps: int = DRAFT_REPS) -> dict[int, str]:
         """Time a whole draft forward per layout and row count (layouts interleaved within each repetition,
         as the target's calibration does; gemm.row_counts adds 2 where the one-row GEMV needs it), each
-        after a CacheFlush: decoding meets the draft's weights
-        after the target's forward has evicted them. Keep the fastest per row count; then time the greedy
-        heads the same way, each after a flush and an untimed 1-row forward (a chain step's order)."""
+        after a CacheFlush: decoding meets the draft's weights after the target's forward has evicted them.
+        Keep the fastest per row count; then time the greedy heads the same way, each after a flush and an
+        untimed 1-row forward (a chain step's order)."""
         cfg, w = self.model.cfg, self.model.fc.lin.w
         rows = row_counts(rows, self.candidates)
         cache = DraftCache(cfg, 1, 16 + max(rows), dtype=w.dtype, device=w.device)

@@ -43,7 +43,6 @@ class EagleProposer:
         self.lean = None if layout == "module" else LeanDraft(draft, layout)
         self.d = draft if self.lean is None else self.lean.model
         self.shape = shape
-        self.d2t = self.d.d2t.tolist()  # draft id i -> target id i + d2t[i], in Python: a chain maps one id per step
         self.taps = contract.taps
         self.cache = DraftCache(draft.cfg, 1, max_len + shape.num_draft_tokens * shape.num_steps + 8,
                                 dtype=draft.fc.weight.dtype, device=draft.fc.weight.device)
@@ -65,7 +64,9 @@ class EagleProposer:
 
     def start(self, prompt_ids: torch.Tensor, prompt_taps: torch.Tensor | None, first_token: int) -> None:
         self.n = 0
-        self.d2t = self.d.d2t.tolist()  # read again per generation: with layout="module" d is the caller's
+        # draft id i -> target id i + d2t[i], in Python (a chain maps one id per step); read per generation:
+        # with layout="module" d is the caller's draft
+        self.d2t = self.d.d2t.tolist()
         self._extend(prompt_taps, prompt_ids[0, 1:].tolist() + [first_token])
 
     def accept(self, taps: torch.Tensor | None, tokens: list[int]) -> None:

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from eaglewire.decoding.gemm import AUTO_POLICY, fixed_policy, row_counts, PACKED, Linear, candidate_layouts, pick, time_layouts
+from eaglewire.decoding.gemm import (PACKED, Linear, candidate_layouts, initial_policy, pick, row_counts,
+                                     time_layouts)
 from eaglewire.decoding.screened_head import PLAIN, SCREENED, ScreenedHead, default_head, greedy_heads
 from eaglewire.errors import TargetError
 from eaglewire.ops import rms_norm, rotate, signed_sin
@@ -91,7 +92,7 @@ class LeanTarget:
         self.norm = target.final_norm.weight.detach()
         self.embed = target.embed_tokens.weight.detach()
         self.head = Linear(target.model.get_output_embeddings().weight, None, PACKED in self.candidates)
-        self.policy: dict[int, str] = dict(AUTO_POLICY) if layout == "auto" else fixed_policy(layout)
+        self.policy: dict[int, str] = initial_policy(layout)
         self.head_candidates = greedy_heads(target.dtype)
         if head != "auto" and head not in self.head_candidates:
             raise TargetError(f"greedy head {head!r} is not available here", expected=" / ".join(
