@@ -5,18 +5,28 @@ import pytest
 import torch
 from tiny import VOCAB, build_target
 
+from eaglewire.decoding.compiled_body import GRAPH
+from eaglewire.decoding.compiled_body import available as graph_available
 from eaglewire.decoding.gemm import COMPILED, LAYOUTS, PACKED, candidate_layouts
 from eaglewire.decoding.runtime import LeanTarget
+
+NO_GRAPH = "no C++ toolchain for inductor or no oneDNN prepacked linear here (decoding/compiled_body.py)"
+
+
+def graph_offered() -> bool:
+    return graph_available(torch.float32, PACKED in candidate_layouts(torch.float32))
 from eaglewire.verifier.capture import capture
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
-@pytest.mark.parametrize("layout", ["auto", *LAYOUTS, PACKED, COMPILED])
+@pytest.mark.parametrize("layout", ["auto", *LAYOUTS, PACKED, COMPILED, GRAPH])
 def test_prefill_decode_and_taps_match_hf(arch, layout):
     if layout == PACKED and PACKED not in candidate_layouts(torch.float32):
         pytest.skip("this torch build exposes no oneDNN prepacked linear (torch.ops.mkldnn._linear_pointwise)")
     if layout == COMPILED and COMPILED not in candidate_layouts(torch.float32):
         pytest.skip("no C++ compiler for inductor here (decoding/compiled_gemv.py)")
+    if layout == GRAPH and not graph_offered():
+        pytest.skip(NO_GRAPH)
     target = build_target(arch)
     ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -31,10 +41,13 @@ def test_prefill_decode_and_taps_match_hf(arch, layout):
         torch.testing.assert_close(step[:, 0], ref[:, t], atol=1e-4, rtol=1e-4)
 
 
-def test_tree_mask_and_commit():
+@pytest.mark.parametrize("layout", ["auto", GRAPH])
+def test_tree_mask_and_commit(layout):
+    if layout == GRAPH and not graph_offered():
+        pytest.skip(NO_GRAPH)
     target = build_target("llama")
     ids = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(1))
-    lean = LeanTarget(target, max_len=32)
+    lean = LeanTarget(target, max_len=32, layout=layout)
     lean.forward(ids[:, :5], torch.arange(5)[None], 0)
     # a tree of two branches at depth 1..2: slots 5,6 = branch a (x5, x6), slots 7,8 = branch b (y5, y6)
     a = ids[:, 5:7]
@@ -70,7 +83,7 @@ def test_calibrate_picks_a_layout_per_row_count_and_keeps_results():
     policy = lean.calibrate(ks=(1, 4), reps=1)
     # 2 is timed too where the one-row GEMV is a candidate: it may win 1 row and must not get 2-3
     expected = {1, 2, 4} if COMPILED in candidate_layouts(torch.float32) else {1, 4}
-    assert set(policy) == expected and set(policy.values()) <= set(candidate_layouts(torch.float32))
+    assert set(policy) == expected and set(policy.values()) <= set(lean.candidates)
     ids = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ref = target.model(input_ids=ids).logits
@@ -143,3 +156,26 @@ def test_the_compiled_gemv_is_not_offered_where_inductor_cannot_build_its_probe(
     finally:
         compiled_gemv.available.cache_clear()
     assert not compiled_gemv.available(torch.bfloat16)
+
+
+def test_the_graph_compiles_once_for_one_row_and_once_for_more_whatever_the_cache_length():
+    """GRAPH's cache length and its row count above one are dynamic from the first call: a generation's
+    growing cache and varying verify sizes must not recompile the whole target (about 30 s each on
+    SmolLM2) nor push dynamo past its recompile limit. Logits and taps stay HF's at every length."""
+    if not graph_offered():
+        pytest.skip(NO_GRAPH)
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    target = build_target("llama")
+    ids = torch.randint(0, VOCAB, (1, 20), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = target.model(input_ids=ids).logits
+    lean = LeanTarget(target, max_len=20, layout=GRAPH)  # the last verify fills the cache exactly
+    n = 0
+    taps = capture(target, (0, 2, 4), ids).taps  # [1, 20, 3 H]
+    for rows in (5, 1, 3, 1, 2, 1, 4, 1, 2):  # prefill (eager), then steps and verifies of varying sizes
+        logits, tapped = lean.forward(ids[:, n:n + rows], torch.arange(n, n + rows)[None], n, taps=(0, 2, 4))
+        torch.testing.assert_close(logits, ref[:, n:n + rows], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(tapped, taps[:, n:n + rows], atol=1e-4, rtol=1e-4)
+        n += rows
+    assert len(_debug_get_cache_entry_list(lean.graph.code)) == 2

@@ -17,19 +17,22 @@ weight each, the output split with views): one call per projection group instead
 fp32 head or its bf16 screen (screened_head.py: the same tokens, half the head's bytes), whichever the
 calibration measured faster for that row count.
 
-KV cache: [L, B, kv_heads, max_len, head_dim], allocated once. `forward(..., start=s)` writes the T new
-keys/values into slots s..s+T-1 and attends to slots [0, s+T) under `mask`; positions (RoPE) are given
-per token, so tree nodes at the same depth share a position. `commit(src, dst)` moves accepted tree
+KV cache: [L, B, kv_heads, max_len + 1, head_dim] (the last slot spare), allocated once.
+`forward(..., start=s)` writes the T new keys/values into slots s..s+T-1 and attends to slots [0, s+T)
+under `mask`; positions (RoPE) are given per token, so tree nodes at the same depth share a position. `commit(src, dst)` moves accepted tree
 slots into place with one gather + copy.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
+from eaglewire.decoding.compiled_body import GRAPH, CompiledBody
+from eaglewire.decoding.compiled_body import available as graph_available
 from eaglewire.decoding.gemm import (PACKED, Linear, candidate_layouts, initial_policy, pick, row_counts,
                                      time_layouts)
 from eaglewire.decoding.screened_head import PLAIN, SCREENED, ScreenedHead, default_head, greedy_heads
@@ -79,7 +82,8 @@ class LeanTarget:
             raise TargetError(f"the lean runtime does not support model_type {cfg.model_type!r}",
                               expected=" / ".join(SUPPORTED), found=cfg.model_type,
                               fix="use the HF fallback runtime (same results, slower)")
-        self.candidates = candidate_layouts(target.dtype)
+        layouts = candidate_layouts(target.dtype)
+        self.candidates = layouts + ((GRAPH,) if graph_available(target.dtype, PACKED in layouts) else ())
         if layout != "auto" and layout not in self.candidates:
             raise TargetError(f"GEMM layout {layout!r} is not available here", expected=" / ".join(
                 ("auto",) + self.candidates), found=layout, fix="dnnl needs a torch build with oneDNN (mkldnn) and, "
@@ -93,6 +97,7 @@ class LeanTarget:
         self.embed = target.embed_tokens.weight.detach()
         self.head = Linear(target.model.get_output_embeddings().weight, None, PACKED in self.candidates)
         self.policy: dict[int, str] = initial_policy(layout)
+        self.graph = CompiledBody(self) if GRAPH in self.candidates else None  # compiles on first use
         self.head_candidates = greedy_heads(target.dtype)
         if head != "auto" and head not in self.head_candidates:
             raise TargetError(f"greedy head {head!r} is not available here", expected=" / ".join(
@@ -106,7 +111,9 @@ class LeanTarget:
         self.calibration_ms: dict[int, dict[str, float]] = {}  # {rows: {layout: median ms}} of the last calibrate()
         self.rotary = _find_rotary(target)
         p = self.embed
-        shape = (len(self.layers), batch, self.kv_heads, max_len, self.head_dim)
+        # one spare slot, never written: no forward's view of the cache then spans all of it, a length the
+        # compiled graph (compiled_body.py) would have to specialise on instead of keeping it dynamic
+        shape = (len(self.layers), batch, self.kv_heads, max_len + 1, self.head_dim)
         self.k_cache = torch.zeros(shape, dtype=p.dtype, device=p.device)
         self.v_cache = torch.zeros(shape, dtype=p.dtype, device=p.device)
         # per-layer views, taken once: a step indexes each layer's cache four times, and every index op is a
@@ -116,6 +123,12 @@ class LeanTarget:
     def layout(self, rows: int) -> str:
         """The layout measured (or assumed) fastest for the largest calibrated row count <= rows."""
         return pick(self.policy, rows)
+
+    def eager_layout(self, rows: int) -> str:
+        """The layout of a GEMM outside the layer stack (the head): GRAPH's own GEMM for several rows,
+        oneDNN's packed one, stands in for it."""
+        lay = self.layout(rows)
+        return PACKED if lay == GRAPH else lay
 
     @torch.no_grad()
     def calibrate(self, ks: tuple[int, ...] = CALIBRATION_KS, reps: int = CALIBRATION_REPS) -> dict[int, str]:
@@ -167,7 +180,7 @@ class LeanTarget:
         """ids, positions [B, T]; mask bool [B, 1, T, start+T] (None = causal over the cache);
         returns (logits [B, T, V] or [B, R, V] for logit_rows [R], taps [B, T, n*H] or None)."""
         h, tapped = self.hidden(ids, positions, start, mask, taps, logit_rows)
-        return self.head(h, self.layout(h.shape[0] * h.shape[1])), tapped
+        return self.head(h, self.eager_layout(h.shape[0] * h.shape[1])), tapped
 
     @torch.no_grad()
     def greedy(self, ids: torch.Tensor, positions: torch.Tensor, start: int, mask: torch.Tensor | None = None,
@@ -182,7 +195,7 @@ class LeanTarget:
         rows = h.shape[0] * h.shape[1]
         if self.screen is not None and pick(self.head_policy, rows) == SCREENED:
             return self.screen.argmax(h)
-        return self.head(h, self.layout(rows)).argmax(-1)
+        return self.head(h, self.eager_layout(rows)).argmax(-1)
 
     def hidden(self, ids: torch.Tensor, positions: torch.Tensor, start: int, mask: torch.Tensor | None = None,
                taps: tuple[int, ...] = (), logit_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -195,22 +208,35 @@ class LeanTarget:
         cos, sin = cos[:, None], signed_sin(sin[:, None])
         h = self.embed[ids]  # [B, T, H]
         lay = self.layout(B * T)
+        if lay == GRAPH and start > 0:  # a prefill runs eager: traced at start 0, inductor specialises on it
+            h, tapped = self.graph(h, cos, sin, start, mask, taps)
+        else:
+            eager = PACKED if lay == GRAPH else lay
+            h, tapped = self.layers_forward(h, cos, sin, start, mask, taps, lambda lin, x: lin(x, eager))
+        h = rms_norm(h if logit_rows is None else h[:, logit_rows], self.norm, self.eps)
+        return h, tapped
+
+    def layers_forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int,
+                       mask: torch.Tensor | None, taps: tuple[int, ...],
+                       linear: Callable[[Linear, torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The decoder layers on embeddings h [B, T, H] (cos, sin [B, 1, T, D]; mask additive or None):
+        (the last layer's output [B, T, H], before the final norm; taps [B, T, n*H] or None). `linear(lin,
+        x)` runs each GEMM: an eager layout's, or compiled_body.graph_linear when this is traced."""
         collected = [h] if 0 in taps else []
         for i, L in enumerate(self.layers):
-            h = h + self._attention(L, i, rms_norm(h, L.ln1, self.eps), cos, sin, start, mask, lay)
+            h = h + self._attention(L, i, rms_norm(h, L.ln1, self.eps), cos, sin, start, mask, linear)
             x = rms_norm(h, L.ln2, self.eps)
-            gate, up = L.gate_up(x, lay).chunk(2, dim=-1)  # [B, T, I] views of one [B, T, 2I] GEMM output
-            h = h + L.down(F.silu(gate) * up, lay)
+            gate, up = linear(L.gate_up, x).chunk(2, dim=-1)  # [B, T, I] views of one [B, T, 2I] GEMM output
+            h = h + linear(L.down, F.silu(gate) * up)
             if i + 1 in taps:
                 collected.append(h)
-        h = rms_norm(h if logit_rows is None else h[:, logit_rows], self.norm, self.eps)
         return h, (torch.cat(collected, dim=-1) if taps else None)
 
     def _attention(self, L: _Layer, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int,
-                   mask: torch.Tensor, lay: str) -> torch.Tensor:
+                   mask: torch.Tensor | None, linear: Callable[[Linear, torch.Tensor], torch.Tensor]) -> torch.Tensor:
         B, T, _ = x.shape
         hd = self.head_dim
-        qkv = L.qkv(x, lay)  # [B, T, (heads + 2 kv_heads) * D]
+        qkv = linear(L.qkv, x)  # [B, T, (heads + 2 kv_heads) * D]
         nq = self.heads + self.kv_heads
         if L.q_norm is None:  # q and k are adjacent columns: one RoPE over both, split after
             qk = rotate(qkv[..., :nq * hd].view(B, T, nq, hd).transpose(1, 2), cos, sin)  # [B, nq, T, D]
@@ -227,7 +253,7 @@ class LeanTarget:
         vc.narrow(2, start, T).copy_(v)
         keys, values = kc.narrow(2, 0, start + T), vc.narrow(2, 0, start + T)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
-        return L.o(out.transpose(1, 2).reshape(B, T, -1), lay)
+        return linear(L.o, out.transpose(1, 2).reshape(B, T, -1))
 
     def commit(self, src: torch.Tensor, dst_start: int) -> None:
         """Move cache slots `src` [n] (accepted tree nodes, in path order) to dst_start..dst_start+n-1."""

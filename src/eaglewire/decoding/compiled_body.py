@@ -1,0 +1,111 @@
+"""The target's whole layer stack as one inductor graph: a candidate layout (GRAPH) of the lean runtime.
+
+Why: a decode step of a small target is a few hundred tiny ops around its GEMMs, and on a CPU each op
+costs microseconds of dispatch whatever its size. Measured on SmolLM2-135M (AMD EPYC, 2 cores, AVX-512,
+fp32, interleaved in one process): a 1-row step took 39.5 ms, of which the 120 body GEMMs were 24.2 ms and
+the head 4.0 ms, so 11.3 ms went to norms, RoPE, cache writes, attention and residual adds (13.1 ms of a
+44.1 ms 4-row verify). Traced once by torch.compile, the same layer code (`LeanTarget.layers_forward`,
+no second copy of it) becomes a handful of fused C++ loops per layer: a whole 1-row step then took
+22.9 ms against 37.6 ms eager, a 4-row verify 38.5 against 43.3 (prototype, same machine).
+
+The GEMMs inside the graph:
+  - one row: a GEMV written as `(w * x).sum(-1)` (compiled_gemv.py's form), which inductor fuses with the
+    norm or activation that produces x;
+  - two or more rows: oneDNN's prepacked weight through `eaglewire::packed_linear`, an op registered here
+    (inductor cannot lower `mkldnn._linear_pointwise` with a weight that is an input rather than a frozen
+    constant; as an opaque op it is called as is). Inductor's own reduction for several rows was slower
+    than oneDNN here (4 rows: 37.9 against 23.9 ms for the 120 body weights).
+
+Shapes: the cache length is dynamic from the first call (the mask's last dimension is marked dynamic), and
+so is the row count above one, so a runtime compiles two graphs: one row, and every larger row count.
+Compiling each took about 30 s here on the first run; inductor caches the compiled code on disk
+(TORCHINDUCTOR_CACHE_DIR), and a later process traces and loads each graph in about 3 s. The runtime
+offers this layout where the probe of compiled_gemv.py builds (fp32, a C++ compiler) and oneDNN's
+prepacked linear is exposed; its calibration times it against the eager layouts like any other.
+
+Numerics: fp32 throughout, another summation order for the GEMVs and the norms (within 1e-4 of the eager
+layouts on the targets tested; SmolLM2's hidden states within 3e-5).
+"""
+
+from __future__ import annotations
+
+import itertools
+import types
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from eaglewire.decoding import compiled_gemv
+
+if TYPE_CHECKING:  # runtime.py imports this module; the type only
+    from eaglewire.decoding.gemm import Linear
+    from eaglewire.decoding.runtime import LeanTarget
+
+GRAPH = "graph"
+
+# An op inductor treats as opaque: oneDNN's prepacked linear on a weight the graph receives as an input.
+# The Meta kernel gives the output's shape (the packed weight reports its logical [out, in] size).
+_LIB = torch.library.Library("eaglewire", "DEF")
+_LIB.define("packed_linear(Tensor x, Tensor packed, Tensor? bias) -> Tensor")
+
+
+def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def _packed_linear_shape(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], packed.shape[0])
+
+
+# CPU for the activations, MkldnnCPU because the packed weight's dispatch key outranks it
+for _key in ("CPU", "MkldnnCPU"):
+    _LIB.impl("packed_linear", _packed_linear, _key)
+_LIB.impl("packed_linear", _packed_linear_shape, "Meta")
+
+
+def available(dtype: torch.dtype, packed: bool) -> bool:
+    """Whether GRAPH is a candidate: compiled_gemv's probe builds (fp32, a working C++ toolchain) and
+    oneDNN's prepacked linear is offered (`packed`: gemm.PACKED among the runtime's layouts)."""
+    return packed and compiled_gemv.available(dtype)
+
+
+def graph_linear(lin: "Linear", x: torch.Tensor) -> torch.Tensor:  # x [B, T, in] -> [B, T, out]
+    """A Linear inside the graph: the fused GEMV for one row, oneDNN's packed GEMM for more."""
+    if x.shape[1] == 1:
+        y = (lin.w * x.reshape(x.shape[0], 1, -1)).sum(-1)  # [out, in] * [B, 1, in] -> [B, out]
+        y = y[:, None]  # [B, 1, out]
+        return y if lin.b is None else y + lin.b
+    return torch.ops.eaglewire.packed_linear(x, lin.packed, lin.b)
+
+
+_IDS = itertools.count()
+
+
+def _body(rt: "LeanTarget", h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+          taps: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    start = mask.shape[-1] - h.shape[1]  # the cache slots before these rows (symbolic: dynamic length)
+    return rt.layers_forward(h, cos, sin, start, mask, taps, graph_linear)
+
+
+class CompiledBody:
+    """`LeanTarget.layers_forward` compiled for one runtime: call it with layers_forward's arguments."""
+
+    def __init__(self, rt: "LeanTarget") -> None:
+        self.rt = rt
+        # a code object of its own per runtime: dynamo caches compiled graphs per code object and guards on
+        # `rt`, so runtimes sharing one would evict each other's graphs (and hit its recompile limit)
+        code = _body.__code__.replace(co_name=f"target_body_{next(_IDS)}")
+        self.code = code  # dynamo's compiled graphs for this runtime hang off it (tests count them)
+        fn = types.FunctionType(code, _body.__globals__, code.co_name)
+        self.fn: Callable = torch.compile(fn, fullgraph=True, dynamic=False)
+
+    def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int, mask: torch.Tensor | None,
+                 taps: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        B, T, _ = h.shape  # h [B, T, H]; cos, sin [B, 1, T, D]; mask additive [B or 1, 1, T, start+T] or None
+        if mask is None:  # one causal row: every cached slot visible. The graph always takes a mask, whose
+            mask = h.new_zeros(B, 1, T, start + T)  # last dimension carries the (dynamic) cache length
+        torch._dynamo.mark_dynamic(mask, 3)
+        if T > 1:  # one graph for every row count above one (one row is the GEMV graph)
+            for t in (h, cos, sin, mask):
+                torch._dynamo.mark_dynamic(t, t.dim() - 2)
+        return self.fn(self.rt, h, cos, sin, mask, taps)
