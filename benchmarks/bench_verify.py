@@ -1,7 +1,8 @@
 """Verify cost on the embedded target: one forward over k new tokens (tree mask) on top of a ~100-token
 cache: lean runtime calibrated per row count, each fixed layout this machine offers for every row count
-(nt, tn, wx, and dnnl where torch exposes oneDNN's prepacked linear: decoding/gemm.candidate_layouts; the
-one-row compiled GEMV is only in the calibrated runtime's choice), and HF
+(nt, tn, wx, dnnl where torch exposes oneDNN's prepacked linear, and graph, the whole layer stack compiled by
+inductor, where it is offered: LeanTarget.candidates; the one-row compiled GEMV is only in the calibrated
+runtime's choice), and HF
 transformers, all in --dtype; and the calibrated runtime's greedy forward (argmax ids through the greedy
 head it calibrated: screened_head.py), which is what greedy decoding runs. Interleaved rounds, medians,
 ratio to the 1-token decode step of the same runtime.
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from eaglewire.decoding.gemm import applies, candidate_layouts
+from eaglewire.decoding.gemm import applies
 from eaglewire.decoding.runtime import LeanTarget
 from eaglewire.hw import RUNTIME_DTYPES, describe_cpu, runtime_dtype
 from eaglewire.safeio import atomic_write_text
@@ -51,9 +52,11 @@ def main() -> None:
     dtype = runtime_dtype(a.dtype)
     target = load_target(dtype=dtype)
     prefix = torch.randint(0, target.vocab_size, (1, CACHED), generator=torch.Generator().manual_seed(0))
-    runtimes = {f"lean_{lay}": LeanTarget(target, 256, layout=lay) for lay in candidate_layouts(dtype) if applies(lay, 2)}
-    runtimes["lean_calibrated"] = LeanTarget(target, 256)
-    policy = runtimes["lean_calibrated"].calibrate(ks=KS)
+    calibrated = LeanTarget(target, 256)
+    layouts = calibrated.candidates  # gemm's, plus compiled_body.GRAPH where it is offered
+    runtimes = {f"lean_{lay}": LeanTarget(target, 256, layout=lay) for lay in layouts if applies(lay, 2)}
+    runtimes["lean_calibrated"] = calibrated
+    policy = calibrated.calibrate(ks=KS)
     print("calibrated layouts:", policy)
     for rt in runtimes.values():
         rt.forward(prefix, torch.arange(CACHED)[None], 0)
@@ -78,7 +81,7 @@ def main() -> None:
         med = {k: statistics.median(v) * 1e3 for k, v in per_k.items()}
         result[name] = {"median_ms": med, "ratio_to_decode": {k: med[k] / med[1] for k in KS}}
     result["setup"] = {"rounds": a.rounds, "cache_tokens": CACHED, "dtype": str(dtype).removeprefix("torch."),
-                       "threads": a.threads, "layouts": list(candidate_layouts(dtype)), "calibrated": policy,
+                       "threads": a.threads, "layouts": list(layouts), "calibrated": policy,
                        "greedy_head": runtimes["lean_calibrated"].head_policy,
                        "fused": "q/k/v and gate/up one GEMM each", "cpu": describe_cpu()}
     atomic_write_text(a.out, json.dumps(result, indent=2))

@@ -170,7 +170,7 @@ def test_the_graph_compiles_once_for_one_row_and_once_for_more_whatever_the_cach
     ids = torch.randint(0, VOCAB, (1, 20), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         ref = target.model(input_ids=ids).logits
-    lean = LeanTarget(target, max_len=20, layout=GRAPH)  # the last verify fills the cache exactly
+    lean = LeanTarget(target, max_len=20, layout=GRAPH)  # the last verify reaches max_len
     n = 0
     taps = capture(target, (0, 2, 4), ids).taps  # [1, 20, 3 H]
     for rows in (5, 1, 3, 1, 2, 1, 4, 1, 2):  # prefill (eager), then steps and verifies of varying sizes

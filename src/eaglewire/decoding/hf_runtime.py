@@ -6,6 +6,7 @@ same forward hooks as training capture.
 
 from __future__ import annotations
 
+import time
 from contextlib import nullcontext
 from typing import Callable
 
@@ -66,6 +67,7 @@ def make_runtime(target: Target, max_len: int, *, calibrate: bool = False, log: 
     layouts from this machine's cached calibration, measuring it (seconds) the first time
     (decoding/calibration.py); `log` hears what the start does."""
     from eaglewire.decoding.calibration import calibrate_cached
+    from eaglewire.decoding.compiled_body import GRAPH
     from eaglewire.decoding.runtime import CALIBRATION_KS, CALIBRATION_PREFIX, SUPPORTED, LeanTarget
 
     if target.text_config.model_type not in SUPPORTED:
@@ -78,4 +80,13 @@ def make_runtime(target: Target, max_len: int, *, calibrate: bool = False, log: 
     rt = LeanTarget(target, max(max_len, CALIBRATION_PREFIX + max(CALIBRATION_KS)) if calibrate else max_len)
     if calibrate:
         calibrate_cached(rt, log)
+        if GRAPH in rt.policy.values():
+            if log:
+                log("compiling the target's layer-stack graphs (the calibration chose them: decoding/compiled_body.py;"
+                    " about 30 s each the first time on a machine, a few seconds once inductor has cached them)")
+            t0 = time.perf_counter()
+            rows = rt.compile_graphs()
+            if log:
+                log(f"graphs for {' and '.join(f'{k}+' if k > 1 else '1' for k in rows)} rows ready in "
+                    f"{time.perf_counter() - t0:.1f} s")
     return rt

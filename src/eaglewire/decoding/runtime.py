@@ -17,7 +17,7 @@ weight each, the output split with views): one call per projection group instead
 fp32 head or its bf16 screen (screened_head.py: the same tokens, half the head's bytes), whichever the
 calibration measured faster for that row count.
 
-KV cache: [L, B, kv_heads, max_len + 1, head_dim] (the last slot spare), allocated once.
+KV cache: [L, B, kv_heads, cache_slots(max_len), head_dim] (a spare slot or more), allocated once.
 `forward(..., start=s)` writes the T new keys/values into slots s..s+T-1 and attends to slots [0, s+T)
 under `mask`; positions (RoPE) are given per token, so tree nodes at the same depth share a position. `commit(src, dst)` moves accepted tree
 slots into place with one gather + copy.
@@ -111,9 +111,7 @@ class LeanTarget:
         self.calibration_ms: dict[int, dict[str, float]] = {}  # {rows: {layout: median ms}} of the last calibrate()
         self.rotary = _find_rotary(target)
         p = self.embed
-        # one spare slot, never written: no forward's view of the cache then spans all of it, a length the
-        # compiled graph (compiled_body.py) would have to specialise on instead of keeping it dynamic
-        shape = (len(self.layers), batch, self.kv_heads, max_len + 1, self.head_dim)
+        shape = (len(self.layers), batch, self.kv_heads, cache_slots(max_len, self.graph is not None), self.head_dim)
         self.k_cache = torch.zeros(shape, dtype=p.dtype, device=p.device)
         self.v_cache = torch.zeros(shape, dtype=p.dtype, device=p.device)
         # per-layer views, taken once: a step indexes each layer's cache four times, and every index op is a
@@ -151,6 +149,20 @@ class LeanTarget:
         self.policy, self.calibration_ms = time_layouts(self.candidates, ks, reps, run)
         self._calibrate_head(inputs, prefix, reps)
         return self.policy
+
+    @torch.no_grad()
+    def compile_graphs(self) -> list[int]:
+        """Run one forward of each row class the policy gives GRAPH (one row; several), so that its graph
+        is compiled (or loaded from inductor's cache) now rather than inside the first request. Returns
+        the row counts run. The slots written (after CALIBRATION_PREFIX) are overwritten by any prefill."""
+        rows = sorted({min(k, 2) for k in self.policy if self.layout(k) == GRAPH})
+        dev = self.embed.device
+        for k in rows:
+            if CALIBRATION_PREFIX + k > self.max_len:
+                continue
+            self.forward(torch.zeros(1, k, dtype=torch.long, device=dev),
+                         torch.arange(CALIBRATION_PREFIX, CALIBRATION_PREFIX + k, device=dev)[None], CALIBRATION_PREFIX)
+        return rows
 
     def _calibrate_head(self, inputs: dict[int, tuple[torch.Tensor, torch.Tensor]], prefix: int, reps: int) -> None:
         """Time the greedy head both ways (plain fp32 argmax, bf16 screen + recompute) on the final-norm
@@ -261,6 +273,15 @@ class LeanTarget:
         dst = slice(dst_start, dst_start + n)
         self.k_cache[:, :, :, dst] = self.k_cache[:, :, :, src]  # advanced indexing gathers a copy first
         self.v_cache[:, :, :, dst] = self.v_cache[:, :, :, src]
+
+
+def cache_slots(max_len: int, graph: bool) -> int:
+    """KV cache slots for a runtime of max_len tokens: at least one spare slot, never written, so that no
+    forward's view of the cache spans all of it (a length a compiled graph would specialise on instead of
+    keeping it dynamic). With GRAPH on offer, rounded up to a power of two (256 at least): the cache's
+    size is part of the compiled graph (made dynamic, its tracing took 75 s a start against 3 s), and
+    make_runtime sizes the runtime per request, so every new size would compile anew (~30 s a graph)."""
+    return max(256, 1 << max_len.bit_length()) if graph else max_len + 1
 
 
 def _find_rotary(target: Target):
