@@ -81,10 +81,12 @@ def graph_linear(lin: "Linear", x: torch.Tensor) -> torch.Tensor:  # x [B, T, in
 _IDS = itertools.count()
 
 
-def _body(rt: "LeanTarget", h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
-          taps: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _body(rt: "LeanTarget", h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+          mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     start = mask.shape[-1] - h.shape[1]  # the cache slots before these rows (symbolic: dynamic length)
-    return rt.layers_forward(h, cos, sin, start, mask, taps, graph_linear)
+    # every boundary's state, whatever taps the caller wants: taps are then no part of the graph (a
+    # vanilla step, a proposer's verify and a warm-up share it); the write is (L+1) * H floats a row
+    return rt.layers_forward(h, cos, sin, start, mask, tuple(range(len(rt.layers) + 1)), graph_linear)
 
 
 class CompiledBody:
@@ -108,4 +110,7 @@ class CompiledBody:
         if T > 1:  # one graph for every row count above one (one row is the GEMV graph)
             for t in (h, cos, sin, mask):
                 torch._dynamo.mark_dynamic(t, t.dim() - 2)
-        return self.fn(self.rt, h, cos, sin, mask, taps)
+        h, every = self.fn(self.rt, h, cos, sin, mask)  # [B, T, H], [B, T, (L+1) * H]
+        if not taps:
+            return h, None
+        return h, every.view(B, T, -1, h.shape[-1])[:, :, list(taps)].reshape(B, T, -1)  # [B, T, n*H]
