@@ -18,8 +18,9 @@ The GEMMs inside the graph:
 
 Shapes: the cache length is dynamic from the first call (the mask's last dimension is marked dynamic), and
 so is the row count above one, so a runtime compiles two graphs: one row, and every larger row count.
-Compiling each took about 30 s here on the first run; inductor caches the compiled code on disk
-(TORCHINDUCTOR_CACHE_DIR), and a later process traces and loads each graph in about 3 s. The runtime
+Compiling both took 58-75 s here the first time a machine saw a cache size; inductor caches the
+compiled code on disk (TORCHINDUCTOR_CACHE_DIR), and a later process traces both and loads them in about
+12 s (11.9 and 12.1 s at two warm `eaglewire generate` starts). The runtime
 offers this layout where the probe of compiled_gemv.py builds (fp32, a C++ compiler) and oneDNN's
 prepacked linear is exposed; its calibration times it against the eager layouts like any other.
 

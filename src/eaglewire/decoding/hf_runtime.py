@@ -83,7 +83,7 @@ def make_runtime(target: Target, max_len: int, *, calibrate: bool = False, log: 
         if GRAPH in rt.policy.values():
             if log:
                 log("compiling the target's layer-stack graphs (the calibration chose them: decoding/compiled_body.py;"
-                    " about 30 s each the first time on a machine, a few seconds once inductor has cached them)")
+                    " about a minute the first time a machine sees this cache size, ~12 s once inductor has cached them)")
             t0 = time.perf_counter()
             rows = rt.compile_graphs()
             if log:

@@ -11,7 +11,9 @@ AVX512-BF16, oneDNN's prepacked weight ran SmolLM2's GEMMs of 4-16 rows 2-3x fas
 orientation in fp32 and faster at every row count in bf16; a whole fp32 verify of 4 tokens took ~28 ms
 against ~53 ms, 1 thread, contended machine). The runtime keeps every candidate layout, `calibrate()`
 measures each per row count, and every call uses the winner. q/k/v are one GEMM and gate/up another (one
-weight each, the output split with views): one call per projection group instead of three or two.
+weight each, the output split with views): one call per projection group instead of three or two. One
+candidate, GRAPH (compiled_body.py), is not a GEMM layout alone: it runs the whole layer stack
+(`layers_forward`) as one inductor graph, the small ops between the GEMMs fused.
 
 `forward` returns logits (sampling needs them all); `greedy` returns each row's argmax, through the
 fp32 head or its bf16 screen (screened_head.py: the same tokens, half the head's bytes), whichever the
@@ -19,8 +21,8 @@ calibration measured faster for that row count.
 
 KV cache: [L, B, kv_heads, cache_slots(max_len), head_dim] (a spare slot or more), allocated once.
 `forward(..., start=s)` writes the T new keys/values into slots s..s+T-1 and attends to slots [0, s+T)
-under `mask`; positions (RoPE) are given per token, so tree nodes at the same depth share a position. `commit(src, dst)` moves accepted tree
-slots into place with one gather + copy.
+under `mask`; positions (RoPE) are given per token, so tree nodes at the same depth share a position.
+`commit(src, dst)` moves accepted tree slots into place with one gather + copy.
 """
 
 from __future__ import annotations
