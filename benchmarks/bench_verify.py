@@ -1,7 +1,7 @@
 """Verify cost on the embedded target: one forward over k new tokens (tree mask) on top of a ~100-token
 cache: lean runtime calibrated per row count, each fixed layout this machine offers for every row count
 (nt, tn, wx, dnnl where torch exposes oneDNN's prepacked linear, and graph, the whole layer stack compiled by
-inductor, where it is offered: LeanTarget.candidates; the one-row compiled GEMV is only in the calibrated
+inductor, where it is offered: compiled_body.target_layouts; the one-row compiled GEMV is only in the calibrated
 runtime's choice), and HF
 transformers, all in --dtype; and the calibrated runtime's greedy forward (argmax ids through the greedy
 head it calibrated: screened_head.py), which is what greedy decoding runs. Interleaved rounds, medians,
@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from eaglewire.decoding.compiled_body import target_layouts
 from eaglewire.decoding.gemm import applies
 from eaglewire.decoding.runtime import LeanTarget
 from eaglewire.hw import RUNTIME_DTYPES, describe_cpu, runtime_dtype
@@ -52,11 +53,10 @@ def main() -> None:
     dtype = runtime_dtype(a.dtype)
     target = load_target(dtype=dtype)
     prefix = torch.randint(0, target.vocab_size, (1, CACHED), generator=torch.Generator().manual_seed(0))
-    calibrated = LeanTarget(target, 256)
-    layouts = calibrated.candidates  # gemm's, plus compiled_body.GRAPH where it is offered
+    layouts = target_layouts(dtype)  # gemm's, plus compiled_body.GRAPH where it is offered
     runtimes = {f"lean_{lay}": LeanTarget(target, 256, layout=lay) for lay in layouts if applies(lay, 2)}
-    runtimes["lean_calibrated"] = calibrated
-    policy = calibrated.calibrate(ks=KS)
+    runtimes["lean_calibrated"] = LeanTarget(target, 256)
+    policy = runtimes["lean_calibrated"].calibrate(ks=KS)
     print("calibrated layouts:", policy)
     for rt in runtimes.values():
         rt.forward(prefix, torch.arange(CACHED)[None], 0)

@@ -5,17 +5,16 @@ import pytest
 import torch
 from tiny import VOCAB, build_target
 
-from eaglewire.decoding.compiled_body import GRAPH
-from eaglewire.decoding.compiled_body import available as graph_available
+from eaglewire.decoding.compiled_body import GRAPH, target_layouts
 from eaglewire.decoding.gemm import COMPILED, LAYOUTS, PACKED, candidate_layouts
 from eaglewire.decoding.runtime import LeanTarget
+from eaglewire.verifier.capture import capture
 
 NO_GRAPH = "no C++ toolchain for inductor or no oneDNN prepacked linear here (decoding/compiled_body.py)"
 
 
 def graph_offered() -> bool:
-    return graph_available(torch.float32, PACKED in candidate_layouts(torch.float32))
-from eaglewire.verifier.capture import capture
+    return GRAPH in target_layouts(torch.float32)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])

@@ -32,17 +32,25 @@ from __future__ import annotations
 
 import itertools
 import types
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
 import torch
 
 from eaglewire.decoding import compiled_gemv
-
-if TYPE_CHECKING:  # runtime.py imports this module; the type only
-    from eaglewire.decoding.gemm import Linear
-    from eaglewire.decoding.runtime import LeanTarget
+from eaglewire.decoding.gemm import PACKED, Linear, candidate_layouts
 
 GRAPH = "graph"
+
+
+class LayerStack(Protocol):
+    """What the graph traces: runtime.LeanTarget's layers and their forward (a protocol, so that this
+    module needs nothing from runtime.py, which imports it)."""
+
+    layers: list
+
+    def layers_forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int,
+                       mask: torch.Tensor | None, taps: tuple[int, ...],
+                       linear: Callable[[Linear, torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 
 # An op inductor treats as opaque: oneDNN's prepacked linear on a weight the graph receives as an input.
 # The Meta kernel gives the output's shape (the packed weight reports its logical [out, in] size).
@@ -64,13 +72,14 @@ for _key in ("CPU", "MkldnnCPU"):
 _LIB.impl("packed_linear", _packed_linear_shape, "Meta")
 
 
-def available(dtype: torch.dtype, packed: bool) -> bool:
-    """Whether GRAPH is a candidate: compiled_gemv's probe builds (fp32, a working C++ toolchain) and
-    oneDNN's prepacked linear is offered (`packed`: gemm.PACKED among the runtime's layouts)."""
-    return packed and compiled_gemv.available(dtype)
+def target_layouts(dtype: torch.dtype) -> tuple[str, ...]:
+    """The layouts a target runtime in `dtype` can use here: gemm.candidate_layouts, plus GRAPH where
+    compiled_gemv's probe builds (fp32, a working C++ toolchain) and oneDNN's prepacked linear is offered."""
+    layouts = candidate_layouts(dtype)
+    return layouts + ((GRAPH,) if PACKED in layouts and compiled_gemv.available(dtype) else ())
 
 
-def graph_linear(lin: "Linear", x: torch.Tensor) -> torch.Tensor:  # x [B, T, in] -> [B, T, out]
+def graph_linear(lin: Linear, x: torch.Tensor) -> torch.Tensor:  # x [B, T, in] -> [B, T, out]
     """A Linear inside the graph: the fused GEMV for one row, oneDNN's packed GEMM for more."""
     if x.shape[1] == 1:
         y = (lin.w * x.reshape(x.shape[0], 1, -1)).sum(-1)  # [out, in] * [B, 1, in] -> [B, out]
@@ -82,7 +91,7 @@ def graph_linear(lin: "Linear", x: torch.Tensor) -> torch.Tensor:  # x [B, T, in
 _IDS = itertools.count()
 
 
-def _body(rt: "LeanTarget", h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+def _body(rt: LayerStack, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
           mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     start = mask.shape[-1] - h.shape[1]  # the cache slots before these rows (symbolic: dynamic length)
     # every boundary's state, whatever taps the caller wants: taps are then no part of the graph (a
@@ -93,7 +102,7 @@ def _body(rt: "LeanTarget", h: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
 class CompiledBody:
     """`LeanTarget.layers_forward` compiled for one runtime: call it with layers_forward's arguments."""
 
-    def __init__(self, rt: "LeanTarget") -> None:
+    def __init__(self, rt: LayerStack) -> None:
         self.rt = rt
         # a code object of its own per runtime: dynamo caches compiled graphs per code object and guards on
         # `rt`, so runtimes sharing one would evict each other's graphs (and hit its recompile limit)

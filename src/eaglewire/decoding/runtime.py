@@ -33,10 +33,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from eaglewire.decoding.compiled_body import GRAPH, CompiledBody
-from eaglewire.decoding.compiled_body import available as graph_available
-from eaglewire.decoding.gemm import (PACKED, Linear, candidate_layouts, initial_policy, pick, row_counts,
-                                     time_layouts)
+from eaglewire.decoding.compiled_body import GRAPH, CompiledBody, target_layouts
+from eaglewire.decoding.gemm import PACKED, Linear, initial_policy, pick, row_counts, time_layouts
 from eaglewire.decoding.screened_head import PLAIN, SCREENED, ScreenedHead, default_head, greedy_heads
 from eaglewire.errors import TargetError
 from eaglewire.ops import rms_norm, rotate, signed_sin
@@ -75,7 +73,7 @@ class _Layer:
 
 class LeanTarget:
     def __init__(self, target: Target, max_len: int, batch: int = 1, layout: str = "auto", head: str = "auto") -> None:
-        """layout: one of `candidate_layouts(target.dtype)` for every call, or "auto": tn for one row, nt
+        """layout: one of `target_layouts(target.dtype)` for every call, or "auto": tn for one row, nt
         otherwise, until `calibrate()` measures the fastest per row count on this machine. head: the greedy
         head (`greedy_heads(target.dtype)`: plain, or screened where offered) for every call, or "auto": the
         screened one where offered until `calibrate()` times both."""
@@ -84,8 +82,7 @@ class LeanTarget:
             raise TargetError(f"the lean runtime does not support model_type {cfg.model_type!r}",
                               expected=" / ".join(SUPPORTED), found=cfg.model_type,
                               fix="use the HF fallback runtime (same results, slower)")
-        layouts = candidate_layouts(target.dtype)
-        self.candidates = layouts + ((GRAPH,) if graph_available(target.dtype, PACKED in layouts) else ())
+        self.candidates = target_layouts(target.dtype)
         if layout != "auto" and layout not in self.candidates:
             raise TargetError(f"GEMM layout {layout!r} is not available here", expected=" / ".join(
                 ("auto",) + self.candidates), found=layout, fix="dnnl needs a torch build with oneDNN (mkldnn) and, "
@@ -157,11 +154,10 @@ class LeanTarget:
         """Run one forward of each row class the policy gives GRAPH (one row; several), so that its graph
         is compiled (or loaded from inductor's cache) now rather than inside the first request. Returns
         the row counts run. The slots written (after CALIBRATION_PREFIX) are overwritten by any prefill."""
-        rows = sorted({min(k, 2) for k in self.policy if self.layout(k) == GRAPH})
+        rows = sorted({min(k, 2) for k in self.policy if self.layout(k) == GRAPH
+                       and CALIBRATION_PREFIX + min(k, 2) <= self.max_len})
         dev = self.embed.device
         for k in rows:
-            if CALIBRATION_PREFIX + k > self.max_len:
-                continue
             self.forward(torch.zeros(1, k, dtype=torch.long, device=dev),
                          torch.arange(CALIBRATION_PREFIX, CALIBRATION_PREFIX + k, device=dev)[None], CALIBRATION_PREFIX)
         return rows
@@ -225,7 +221,7 @@ class LeanTarget:
         if lay == GRAPH and start > 0:  # a prefill runs eager: traced at start 0, inductor specialises on it
             h, tapped = self.graph(h, cos, sin, start, mask, taps)
         else:
-            eager = PACKED if lay == GRAPH else lay
+            eager = self.eager_layout(B * T)
             h, tapped = self.layers_forward(h, cos, sin, start, mask, taps, lambda lin, x: lin(x, eager))
         h = rms_norm(h if logit_rows is None else h[:, logit_rows], self.norm, self.eps)
         return h, tapped
