@@ -59,8 +59,7 @@ def test_a_paused_server_is_frozen_resumes_and_still_stops(tmp_path):
     srv.proc = subprocess.Popen(["sh", "-c", "sleep 60 & wait"], start_new_session=True)
     group = _wait_for_group(srv.proc.pid, 2)
     srv.pause()
-    time.sleep(0.2)
-    assert {_state(p) for p in group} == {"T"}
+    assert {_state(p) for p in group} == {"T"}  # pause() returns once the whole group is stopped
     srv.resume()
     time.sleep(0.2)
     assert "T" not in {_state(p) for p in group}
@@ -70,6 +69,21 @@ def test_a_paused_server_is_frozen_resumes_and_still_stops(tmp_path):
     assert srv.proc.poll() is not None and time.perf_counter() - t0 < 3  # by SIGTERM, not the SIGKILL after grace
     with pytest.raises(EaglewireError, match="not running"):
         srv.pause()
+
+
+def test_pause_waits_for_every_process_and_names_one_that_does_not_stop(monkeypatch):
+    """pause() polls the group until nothing in it runs; a process still running after the timeout is an
+    error naming it (SIGSTOP cannot be ignored, so this stands in a process stuck in state D)."""
+    from eaglewire.clients import vllm
+
+    seen = iter([{10: "R", 11: "T"}, {10: "T", 11: "T"}])
+    monkeypatch.setattr(vllm, "_group_states", lambda pgid: next(seen))
+    vllm._wait_group_stopped(10, timeout=5)  # returns on the second look, raising nothing
+    with pytest.raises(StopIteration):  # and it did look twice
+        next(seen)
+    monkeypatch.setattr(vllm, "_group_states", lambda pgid: {10: "D", 11: "T", 12: "Z"})
+    with pytest.raises(EaglewireError, match=r"\{10: 'D'\}"):
+        vllm._wait_group_stopped(10, timeout=0.05)
 
 
 def _in_group(pid: int, pgid: int) -> bool:

