@@ -129,11 +129,55 @@ def test_make_runtime_calibrates_through_the_cache(cache, forwards):
     # nothing timed again: at most one warm-up forward per compiled graph (one row; several), announced
     graphs = GRAPH in rt.policy.values()
     assert len(reused) == 1 and len(forwards) == (len(rt.compile_graphs()) if graphs else 0)
-    assert graphs == log[-1].startswith("graphs for ")
+    assert graphs == log[-1].startswith("compiled layouts for ")
     assert set(rt.policy) == {1, 2, 3, 4, 8, 16, 32}
     log.clear()
     make_runtime(build_target("deepseek_v3"), 32, calibrate=True, log=log.append)
     assert "no GEMM layouts to calibrate" in log[0]
+
+
+def test_cached_compile_waits_for_no_compiler_until_a_start_built_the_layouts(cache, tmp_path, monkeypatch):
+    """compile="cached" (generate's default): no inductor layout, not even its probe, until a start with
+    compile="always" (serve, bench) has built them for this target and cache size; then they are offered.
+    A marker is per cache size: another size is eager again."""
+    from tiny import build_draft
+
+    from eaglewire.decoding import compiled_gemv
+    from eaglewire.decoding.propose import EagleProposer
+    from eaglewire.decoding.tree import TreeShape
+
+    monkeypatch.setattr(C, "compiled_marker_dir", lambda: tmp_path / "markers")
+    target, log = build_target("llama"), []
+    real_available = compiled_gemv.available
+
+    def forbidden(dtype):  # bf16 needs no probe (the GEMV is fp32 only): any call is fine that far
+        if dtype == torch.float32:
+            raise AssertionError("the inductor probe ran in a start that must not compile")
+        return False
+    with monkeypatch.context() as m:
+        m.setattr(compiled_gemv, "available", forbidden)
+        rt = make_runtime(target, 32, calibrate=True, log=log.append, compile="cached")
+        assert not set(rt.candidates) & {GRAPH, COMPILED} and rt.graph is None
+        assert "eager layouts this time" in log[0] and not (tmp_path / "markers").exists()
+        never = make_runtime(target, 32, calibrate=True, compile="never")
+        assert not set(never.candidates) & {GRAPH, COMPILED}
+        plain = make_runtime(target, 32)  # uncalibrated (the doctor's): its AUTO policy never compiles
+        assert not set(plain.candidates) & {GRAPH, COMPILED} and not rt.compiled
+        draft, contract = build_draft(target, taps=(1, 2, 3))
+        proposer = EagleProposer(draft, contract, TreeShape.chain(2), 32, compiled=rt.compiled)
+        assert COMPILED not in proposer.lean.candidates  # the draft beside it compiles nothing either
+    built = make_runtime(target, 32, calibrate=True, compile="always")
+    assert built.compiled
+    marker = C.compiled_marker(target, built.max_len)
+    assert marker.is_file() and marker.parent == tmp_path / "markers"
+    assert set(built.candidates) == set(make_runtime(target, 32, calibrate=True, compile="cached").candidates)
+    if real_available(torch.float32):  # where inductor works here, the cached start now offers its layouts
+        assert COMPILED in built.candidates
+    log.clear()
+    other = make_runtime(target, 600, calibrate=True, log=log.append, compile="cached")  # another cache size
+    assert not set(other.candidates) & {GRAPH, COMPILED} and "eager layouts this time" in log[0]
+    with pytest.raises(ValueError, match="compile must be one of"):
+        make_runtime(target, 32, compile="sometimes")
 
 
 def test_generate_says_what_its_start_does(cache, tmp_path):

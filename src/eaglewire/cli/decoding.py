@@ -60,19 +60,26 @@ def generate_cmd(
     as_json: bool = typer.Option(False, "--json"),
     dtype: str = typer.Option("float32", "--dtype", help=DTYPE_HELP),
     draft_dtype: str = typer.Option("auto", "--draft-dtype", help=DRAFT_DTYPE_HELP),
+    compile: str = typer.Option("cached", "--compile", help="The compiled layouts of the target's forward (inductor): "
+                                "'cached' uses them once a start on this machine has built them (serve, bench or "
+                                "--compile always: about a minute, once), else the eager layouts, so that a start "
+                                "takes seconds; 'always' builds them now; 'never'."),
 ) -> None:
     """Greedy speculative decoding (lossless: in float32 the text equals plain greedy decoding; in bfloat16
     every token is a greedy choice up to bf16 rounding, so the texts may part where two tokens tie)."""
     from eaglewire.decoding.engine import SpecDecoder
-    from eaglewire.decoding.hf_runtime import make_runtime
+    from eaglewire.decoding.hf_runtime import COMPILE_MODES, make_runtime
     from eaglewire.decoding.propose import EagleProposer
 
     shape = TreeShape.from_knobs(num_steps, topk, num_draft_tokens, num_speculative_tokens)
+    if compile not in COMPILE_MODES:
+        raise typer.BadParameter(f"expected one of {', '.join(COMPILE_MODES)}, got {compile!r}", param_hint="--compile")
     tgt, d = _load(target, draft, dtype, draft_dtype)
     ids = tgt.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                             return_dict=True, return_tensors="pt")["input_ids"]
     max_len = ids.shape[1] + max_new_tokens + shape.num_draft_tokens + 8
-    dec = SpecDecoder(make_runtime(tgt, max_len, calibrate=True, log=_say), EagleProposer(d, d.contract, shape, max_len))
+    rt = make_runtime(tgt, max_len, calibrate=True, log=_say, compile=compile)
+    dec = SpecDecoder(rt, EagleProposer(d, d.contract, shape, max_len, compiled=rt.compiled))
     out, st = dec.generate(ids, max_new_tokens, eos={tgt.tokenizer.eos_token_id})
     text = tgt.tokenizer.decode(out, skip_special_tokens=True)
     stats = st.as_dict(shape.num_steps)

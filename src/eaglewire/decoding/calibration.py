@@ -27,10 +27,11 @@ import torch
 from eaglewire.cache import cache_root
 from eaglewire.contract import canonical_json
 from eaglewire.decoding.gemm import COMPILED, applies, row_counts
-from eaglewire.decoding.runtime import CALIBRATION_KS, CALIBRATION_REPS, LeanTarget
+from eaglewire.decoding.runtime import CALIBRATION_KS, CALIBRATION_REPS, LeanTarget, cache_slots, head_dim
 from eaglewire.decoding.screened_head import REVISION as SCREEN_REVISION
 from eaglewire.hw import describe_cpu
 from eaglewire.safeio import atomic_write_text
+from eaglewire.verifier.loader import Target
 
 # 2: the greedy head (plain / screened, screened_head.py) per row count beside the layouts
 FORMAT = 2  # bump when the file's meaning changes: older files then miss (another key), never misread
@@ -40,16 +41,21 @@ class _Unusable(Exception):
     """A calibration file that cannot be used as it is (the reason is the message)."""
 
 
+def _target_shapes(target: Target) -> dict[str, Any]:
+    """What a lean runtime's GEMM and graph shapes depend on, read off the target (not its weights)."""
+    cfg = target.text_config
+    return {"model_type": cfg.model_type, "hidden_size": int(cfg.hidden_size),
+            "intermediate_size": int(cfg.intermediate_size), "num_layers": len(target.layers),
+            "heads": int(cfg.num_attention_heads), "kv_heads": int(cfg.num_key_value_heads),
+            "head_dim": head_dim(cfg), "vocab_size": int(target.model.get_output_embeddings().weight.shape[0]),
+            "dtype": str(target.dtype).removeprefix("torch."),
+            "qkv_bias": target.layers[0].self_attn.q_proj.bias is not None}
+
+
 def calibration_key(rt: LeanTarget, ks: tuple[int, ...], reps: int) -> dict[str, Any]:
     """Everything the measured policy depends on (and nothing it does not: weights, max_len)."""
     cpu = describe_cpu()  # model, isa, threads, native_bf16, torch_capability
-    cfg = rt.cfg
-    target = {"model_type": cfg.model_type, "hidden_size": int(cfg.hidden_size),
-              "intermediate_size": int(cfg.intermediate_size), "num_layers": len(rt.layers),
-              "heads": rt.heads, "kv_heads": rt.kv_heads, "head_dim": rt.head_dim,
-              "vocab_size": int(rt.head.w.shape[0]), "dtype": str(rt.embed.dtype).removeprefix("torch."),
-              "qkv_bias": rt.layers[0].qkv.b is not None}
-    return {"format": FORMAT, "cpu": cpu, "torch": torch.__version__, "target": target,
+    return {"format": FORMAT, "cpu": cpu, "torch": torch.__version__, "target": _target_shapes(rt.target),
             "layouts": list(rt.candidates), "heads": list(rt.head_candidates), "screen_revision": SCREEN_REVISION,
             "ks": list(row_counts(ks, rt.candidates)), "reps": reps}
 
@@ -121,3 +127,23 @@ def calibrate_cached(rt: LeanTarget, log: Callable[[str], None] | None = None, k
 
 def _describe(policy: dict[int, str]) -> str:
     return " ".join(f"{k}:{v}" for k, v in sorted(policy.items()))
+
+
+def compiled_marker_dir() -> Path:
+    """Where the markers of `compiled_marker` live: inside inductor's own on-disk cache, so that they go
+    when it goes (a reboot empties /tmp, its default home) and never claim kernels that are gone."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return Path(cache_dir()) / "eaglewire-compiled"
+
+
+def compiled_marker(target: Target, max_len: int) -> Path:
+    """The file saying that a start on this machine compiled the inductor layouts (compiled_gemv.py, the
+    GRAPH of compiled_body.py) for lean runtimes of this target's shapes and of max_len's KV-cache size,
+    so that inductor's cache holds them and a later start loads them in seconds instead of compiling for
+    a minute (hf_runtime.make_runtime writes and reads it). Its name hashes what the compiled code
+    depends on."""
+    key = {"format": FORMAT, "cpu": describe_cpu(), "torch": torch.__version__, "target": _target_shapes(target),
+           "cache_slots": cache_slots(max_len, graph=True)}  # the size a compiled runtime's graphs saw
+    digest = hashlib.sha256(canonical_json(key).encode()).hexdigest()[:16]
+    return compiled_marker_dir() / f"{digest}.json"

@@ -37,9 +37,10 @@ from typing import Callable, Protocol
 import torch
 
 from eaglewire.decoding import compiled_gemv
-from eaglewire.decoding.gemm import PACKED, Linear, candidate_layouts
+from eaglewire.decoding.gemm import COMPILED, PACKED, Linear, candidate_layouts
 
 GRAPH = "graph"
+INDUCTOR_LAYOUTS = (GRAPH, COMPILED)  # the target's layouts that inductor compiles (the rest: eager ops)
 
 
 class LayerStack(Protocol):
@@ -72,11 +73,12 @@ for _key in ("CPU", "MkldnnCPU"):
 _LIB.impl("packed_linear", _packed_linear_shape, "Meta")
 
 
-def target_layouts(dtype: torch.dtype) -> tuple[str, ...]:
+def target_layouts(dtype: torch.dtype, compiled: bool = True) -> tuple[str, ...]:
     """The layouts a target runtime in `dtype` can use here: gemm.candidate_layouts, plus GRAPH where
-    compiled_gemv's probe builds (fp32, a working C++ toolchain) and oneDNN's prepacked linear is offered."""
-    layouts = candidate_layouts(dtype)
-    return layouts + ((GRAPH,) if PACKED in layouts and compiled_gemv.available(dtype) else ())
+    compiled_gemv's probe builds (fp32, a working C++ toolchain) and oneDNN's prepacked linear is offered.
+    compiled=False: the eager layouts only (nothing inductor compiles, no probe)."""
+    layouts = candidate_layouts(dtype, compiled)
+    return layouts + ((GRAPH,) if compiled and PACKED in layouts and compiled_gemv.available(dtype) else ())
 
 
 def graph_linear(lin: Linear, x: torch.Tensor) -> torch.Tensor:  # x [B, T, in] -> [B, T, out]

@@ -102,17 +102,19 @@ def time_layouts(candidates: tuple[str, ...], ks: tuple[int, ...], reps: int,
     return best, medians
 
 
-def candidate_layouts(dtype: torch.dtype) -> tuple[str, ...]:
+def candidate_layouts(dtype: torch.dtype, compiled: bool = True) -> tuple[str, ...]:
     """The layouts a runtime in `dtype` can use here: LAYOUTS, plus "dnnl" where torch exposes oneDNN's
     prepacked linear (the ops inductor's CPU freezing uses) and the CPU runs `dtype` natively in it, plus
-    "inductor" (one row) where compiled_gemv is available."""
+    "inductor" (one row) where compiled_gemv is available and `compiled` allows it (False: no inductor at
+    all, not even its probe: a start that must not wait for a compiler)."""
     from eaglewire.hw import native_bf16
 
     ops = torch.ops.mkldnn
     exposed = torch.backends.mkldnn.is_available() and all(
         hasattr(ops, op) for op in ("_reorder_linear_weight", "_linear_pointwise"))
     native = dtype == torch.float32 or (dtype == torch.bfloat16 and native_bf16())
-    return LAYOUTS + ((PACKED,) if exposed and native else ()) + ((COMPILED,) if compiled_gemv.available(dtype) else ())
+    gemv = compiled and compiled_gemv.available(dtype)
+    return LAYOUTS + ((PACKED,) if exposed and native else ()) + ((COMPILED,) if gemv else ())
 
 
 class Linear:

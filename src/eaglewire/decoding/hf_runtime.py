@@ -6,12 +6,14 @@ same forward hooks as training capture.
 
 from __future__ import annotations
 
+import json
 import time
 from contextlib import nullcontext
 from typing import Callable
 
 import torch
 
+from eaglewire.decoding.compiled_body import INDUCTOR_LAYOUTS
 from eaglewire.verifier.capture import tap_hooks
 from eaglewire.verifier.loader import Target
 
@@ -21,6 +23,7 @@ class HFRuntime:
         from transformers import DynamicCache
 
         self.target, self.max_len = target, max_len
+        self.compiled = False  # as LeanTarget.compiled: nothing here is compiled
         self.cache = DynamicCache(config=target.model.config)
 
     def _length(self) -> int:
@@ -62,14 +65,24 @@ class HFRuntime:
                     t[:, :, dst] = t[:, :, src]
 
 
-def make_runtime(target: Target, max_len: int, *, calibrate: bool = False, log: Callable[[str], None] | None = None):
+COMPILE_MODES = ("always", "cached", "never")  # make_runtime's `compile`
+
+
+def make_runtime(target: Target, max_len: int, *, calibrate: bool = False, log: Callable[[str], None] | None = None,
+                 compile: str = "always"):
     """The lean runtime where it applies, else the HF fallback. calibrate: set the lean runtime's GEMM
     layouts from this machine's cached calibration, measuring it (seconds) the first time
-    (decoding/calibration.py); `log` hears what the start does."""
-    from eaglewire.decoding.calibration import calibrate_cached
-    from eaglewire.decoding.compiled_body import GRAPH
+    (decoding/calibration.py); `log` hears what the start does. compile (with calibrate): whether the
+    inductor layouts (compiled_gemv.py, compiled_body.py's GRAPH) are candidates: "always" (serve, bench:
+    a start on a cold machine compiles for about a minute, and decode steps are then the fastest), "cached"
+    (generate: only where a start on this machine already compiled them for this target and cache size,
+    calibration.compiled_marker, else the eager layouts, so that a first start takes seconds), "never"."""
+    from eaglewire.decoding.calibration import calibrate_cached, compiled_marker
     from eaglewire.decoding.runtime import CALIBRATION_KS, CALIBRATION_PREFIX, SUPPORTED, LeanTarget
+    from eaglewire.safeio import atomic_write_text
 
+    if compile not in COMPILE_MODES:
+        raise ValueError(f"compile must be one of {COMPILE_MODES}, got {compile!r}")
     if target.text_config.model_type not in SUPPORTED:
         if log and calibrate:
             log(f"model_type {target.text_config.model_type!r}: HF transformers' forward (the fallback runtime), "
@@ -77,16 +90,30 @@ def make_runtime(target: Target, max_len: int, *, calibrate: bool = False, log: 
         return HFRuntime(target, max_len)
     # a calibration times verifies of up to max(CALIBRATION_KS) rows after a prefix: room for them even
     # where the requests need less (a short `generate`); the extra slots are a few KB per token
-    rt = LeanTarget(target, max(max_len, CALIBRATION_PREFIX + max(CALIBRATION_KS)) if calibrate else max_len)
+    n = max(max_len, CALIBRATION_PREFIX + max(CALIBRATION_KS)) if calibrate else max_len
+    say = log or (lambda _msg: None)
+    marker = compiled_marker(target, n) if calibrate and compile != "never" else None
+    # an uncalibrated runtime never picks an inductor layout: leave inductor (and its probe) out of it
+    compiled = marker is not None and (compile == "always" or marker.exists())
+    if compile == "cached" and not compiled:
+        say("the compiled layouts are not yet built on this machine for this cache size (about a minute, once): "
+            "eager layouts this time; `eaglewire serve` or `bench`, or --compile always, build them")
+    rt = LeanTarget(target, n, compiled=compiled)
     if calibrate:
         calibrate_cached(rt, log)
-        if GRAPH in rt.policy.values():
-            if log:
-                log("compiling the target's layer-stack graphs (the calibration chose them: decoding/compiled_body.py;"
-                    " about a minute the first time a machine sees this cache size, ~12 s once inductor has cached them)")
-            t0 = time.perf_counter()
-            rows = rt.compile_graphs()
-            if log:
-                log(f"graphs for {' and '.join(f'{k}+' if k > 1 else '1' for k in rows)} rows ready in "
-                    f"{time.perf_counter() - t0:.1f} s")
+        if compiled:
+            _compile(rt, say)
+            atomic_write_text(marker, json.dumps({"compiled_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}))
     return rt
+
+
+def _compile(rt, say: Callable[[str], None]) -> None:
+    """Compile (or load from inductor's cache) the graphs and kernels the calibrated policy uses, now rather
+    than inside the first request."""
+    if any(rt.layout(k) in INDUCTOR_LAYOUTS for k in rt.policy):
+        say("compiling the layouts the calibration chose (decoding/compiled_body.py, compiled_gemv.py: about a "
+            "minute the first time a machine sees this cache size, seconds once inductor has cached them)")
+        t0 = time.perf_counter()
+        rows = rt.compile_graphs()
+        say(f"compiled layouts for {' and '.join(f'{k}+' if k > 1 else '1' for k in rows)} rows ready in "
+            f"{time.perf_counter() - t0:.1f} s")

@@ -48,9 +48,10 @@ class LeanDraft:
     """A decoding copy of `draft` (shares the target's embedding, not the caller's Linears) plus its
     layout policy. `model` is called exactly like the Eagle3Draft it copies."""
 
-    def __init__(self, draft: Eagle3Draft, layout: str = "auto") -> None:
+    def __init__(self, draft: Eagle3Draft, layout: str = "auto", compiled: bool = True) -> None:
+        """compiled=False: the one-row compiled GEMV is no candidate (nothing compiles, no inductor probe)."""
         dtype = draft.fc.weight.dtype
-        self.candidates = candidate_layouts(dtype)
+        self.candidates = candidate_layouts(dtype, compiled)
         if layout != "auto" and layout not in self.candidates:
             raise ValueError(f"layout {layout!r} is not available here (one of {self.candidates})")
         self.policy: dict[int, str] = initial_policy(layout)

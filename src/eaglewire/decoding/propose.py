@@ -36,11 +36,12 @@ class EagleProposer:
     overwritten by the next round's committed entries."""
 
     def __init__(self, draft: Eagle3Draft, contract: WiringContract, shape: TreeShape, max_len: int,
-                 layout: str = "auto") -> None:
+                 layout: str = "auto", compiled: bool = True) -> None:
         """layout: the GEMM layout of the draft's Linears (decoding/lean_draft.py): "auto" measures the
-        fastest here, "module" keeps the draft's own nn.Linears, or one of gemm.candidate_layouts."""
+        fastest here, "module" keeps the draft's own nn.Linears, or one of gemm.candidate_layouts.
+        compiled: whether inductor-compiled layouts are candidates (the target runtime's `compiled`)."""
         draft.cfg.require_matches(contract)  # the taps we will ask the target for are the draft's
-        self.lean = None if layout == "module" else LeanDraft(draft, layout)
+        self.lean = None if layout == "module" else LeanDraft(draft, layout, compiled)
         self.d = draft if self.lean is None else self.lean.model
         self.shape = shape
         self.taps = contract.taps

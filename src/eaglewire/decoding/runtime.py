@@ -33,7 +33,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from eaglewire.decoding.compiled_body import GRAPH, CompiledBody, target_layouts
+from eaglewire.decoding.compiled_body import GRAPH, INDUCTOR_LAYOUTS, CompiledBody, target_layouts
 from eaglewire.decoding.gemm import PACKED, Linear, initial_policy, pick, row_counts, time_layouts
 from eaglewire.decoding.screened_head import PLAIN, SCREENED, ScreenedHead, default_head, greedy_heads
 from eaglewire.errors import TargetError
@@ -72,17 +72,20 @@ class _Layer:
 
 
 class LeanTarget:
-    def __init__(self, target: Target, max_len: int, batch: int = 1, layout: str = "auto", head: str = "auto") -> None:
-        """layout: one of `target_layouts(target.dtype)` for every call, or "auto": tn for one row, nt
-        otherwise, until `calibrate()` measures the fastest per row count on this machine. head: the greedy
-        head (`greedy_heads(target.dtype)`: plain, or screened where offered) for every call, or "auto": the
-        screened one where offered until `calibrate()` times both."""
+    def __init__(self, target: Target, max_len: int, batch: int = 1, layout: str = "auto", head: str = "auto",
+                 compiled: bool = True) -> None:
+        """layout: one of `target_layouts(target.dtype, compiled)` for every call, or "auto": tn for one row,
+        nt otherwise, until `calibrate()` measures the fastest per row count on this machine. head: the
+        greedy head (`greedy_heads(target.dtype)`: plain, or screened where offered) for every call, or
+        "auto": the screened one where offered until `calibrate()` times both. compiled=False: only the
+        eager layouts are candidates (no inductor compile at start-up: hf_runtime.make_runtime)."""
         cfg = target.text_config
         if cfg.model_type not in SUPPORTED:
             raise TargetError(f"the lean runtime does not support model_type {cfg.model_type!r}",
                               expected=" / ".join(SUPPORTED), found=cfg.model_type,
                               fix="use the HF fallback runtime (same results, slower)")
-        self.candidates = target_layouts(target.dtype)
+        self.compiled = compiled  # whether inductor layouts may be candidates (a proposer beside it follows)
+        self.candidates = target_layouts(target.dtype, compiled)
         if layout != "auto" and layout not in self.candidates:
             raise TargetError(f"GEMM layout {layout!r} is not available here", expected=" / ".join(
                 ("auto",) + self.candidates), found=layout, fix="dnnl needs a torch build with oneDNN (mkldnn) and, "
@@ -90,7 +93,7 @@ class LeanTarget:
         self.target, self.cfg, self.max_len = target, cfg, max_len
         self.eps = float(cfg.rms_norm_eps)
         self.heads, self.kv_heads = int(cfg.num_attention_heads), int(cfg.num_key_value_heads)
-        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+        self.head_dim = head_dim(cfg)
         self.layers = [self._layer(m) for m in target.layers]
         self.norm = target.final_norm.weight.detach()
         self.embed = target.embed_tokens.weight.detach()
@@ -151,10 +154,11 @@ class LeanTarget:
 
     @torch.no_grad()
     def compile_graphs(self) -> list[int]:
-        """Run one forward of each row class the policy gives GRAPH (one row; several), so that its graph
-        is compiled (or loaded from inductor's cache) now rather than inside the first request. Returns
-        the row counts run. The slots written (after CALIBRATION_PREFIX) are overwritten by any prefill."""
-        rows = sorted({min(k, 2) for k in self.policy if self.layout(k) == GRAPH
+        """Run one forward of each row class the policy gives an inductor layout (GRAPH: one row, several;
+        the compiled GEMV: one row), so that it is compiled (or loaded from inductor's cache) now rather
+        than inside the first request. Returns the row counts run. The slots written (after
+        CALIBRATION_PREFIX) are overwritten by any prefill."""
+        rows = sorted({min(k, 2) for k in self.policy if self.layout(k) in INDUCTOR_LAYOUTS
                        and CALIBRATION_PREFIX + min(k, 2) <= self.max_len})
         dev = self.embed.device
         for k in rows:
@@ -271,6 +275,11 @@ class LeanTarget:
         dst = slice(dst_start, dst_start + n)
         self.k_cache[:, :, :, dst] = self.k_cache[:, :, :, src]  # advanced indexing gathers a copy first
         self.v_cache[:, :, :, dst] = self.v_cache[:, :, :, src]
+
+
+def head_dim(cfg) -> int:
+    """A text config's attention head size (configs without `head_dim` split hidden_size evenly)."""
+    return int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
 
 
 def cache_slots(max_len: int, graph: bool) -> int:
