@@ -87,6 +87,13 @@ def test_autocast_dtype_follows_the_cpu(monkeypatch):
     assert hw.autocast_dtype("cuda:0", "auto") is torch.bfloat16
     monkeypatch.setattr(hw, "cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
     assert hw.native_bf16() and hw.autocast_dtype("cpu", "auto") is torch.bfloat16
+    for cap, native in (("AVX2", False), ("avx512_core", False), ("AVX512_CORE_BF16", True), ("AVX512_CORE_AMX", True)):
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)  # oneDNN capped below bf16 cannot pack bf16 weights
+        assert hw.native_bf16() is native, cap
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    monkeypatch.setenv("DNNL_MAX_CPU_ISA", "AVX2")  # oneDNN's older spelling
+    assert not hw.native_bf16()
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA")
     monkeypatch.setenv("EAGLEWIRE_NO_BF16", "1")
     assert hw.autocast_dtype("cpu", "auto") is None
     with pytest.raises(ValueError):

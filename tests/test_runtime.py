@@ -157,6 +157,25 @@ def test_the_compiled_gemv_is_not_offered_where_inductor_cannot_build_its_probe(
     assert not compiled_gemv.available(torch.bfloat16)
 
 
+def test_the_compiled_gemv_is_not_offered_where_its_probe_computes_a_wrong_product(monkeypatch, capsys):
+    """A kernel that builds but computes the wrong product (seen: inductor under ATEN_CPU_CAPABILITY=avx2 on
+    an AVX-512 machine, its cache holding the uncapped kernels) is no candidate either, and a line says so."""
+    from eaglewire.decoding import compiled_gemv
+
+    monkeypatch.setattr(compiled_gemv, "compiler", lambda: "g++")
+    monkeypatch.setattr(compiled_gemv, "kernel", lambda shape, dtype: lambda w, x: (x @ w.t()) * 1.5)
+    compiled_gemv.available.cache_clear()
+    try:
+        assert COMPILED not in candidate_layouts(torch.float32)
+        err = capsys.readouterr().err
+        assert "not offered here" in err and "wrong product" in err
+        monkeypatch.setattr(compiled_gemv, "kernel", lambda shape, dtype: lambda w, x: x @ w.t())
+        compiled_gemv.available.cache_clear()
+        assert compiled_gemv.available(torch.float32)  # a right product is offered
+    finally:
+        compiled_gemv.available.cache_clear()
+
+
 def test_the_graph_compiles_once_for_one_row_and_once_for_more_whatever_the_cache_length():
     """GRAPH's cache length and its row count above one are dynamic from the first call: a generation's
     growing cache and varying verify sizes must not recompile the whole target (about 30 s each on

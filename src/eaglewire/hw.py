@@ -60,10 +60,20 @@ def last_level_cache_bytes() -> int | None:
     return max(sizes) if sizes else None
 
 
+# oneDNN ISA names (ONEDNN_MAX_CPU_ISA / DNNL_MAX_CPU_ISA) whose kernels include native bf16 dot products;
+# a cap to any other (AVX2, AVX512_CORE, ...) makes oneDNN refuse bf16 weights ("bf16 path needs ...")
+ONEDNN_BF16_ISAS = ("AVX512_CORE_BF16", "AVX10_1_512", "AVX512_CORE_FP16", "AVX10_1_512_AMX", "AVX512_CORE_AMX",
+                    "AVX10_1_512_AMX_FP16", "AVX512_CORE_AMX_FP16", "ALL", "DEFAULT")
+
+
 def native_bf16() -> bool:
-    """True when bf16 matrix products run natively on this CPU (AVX512-BF16 or AMX-BF16).
-    `EAGLEWIRE_NO_BF16=1` forces False (to measure fp32 on such a machine)."""
+    """True when bf16 matrix products run natively on this CPU (AVX512-BF16 or AMX-BF16) and oneDNN is not
+    capped below them (ONEDNN_MAX_CPU_ISA=AVX2, say, measuring AVX2 kernels on such a machine: oneDNN then
+    cannot pack a bf16 weight). `EAGLEWIRE_NO_BF16=1` forces False (to measure fp32 on such a machine)."""
     if os.environ.get("EAGLEWIRE_NO_BF16") == "1":
+        return False
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA")
+    if cap and cap.upper() not in ONEDNN_BF16_ISAS:
         return False
     return any(f in cpu_flags() for f in BF16_FLAGS)
 
