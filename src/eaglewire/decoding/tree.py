@@ -66,7 +66,8 @@ class TreeShape:
 
 
 # The tree of `generate`, `serve`, `bench` and the run config's bench section (defined here only). Small:
-# on a CPU a verify of 1-3 tokens costs about one decode step and 4-16 cost 1.6-2.2x (benchmarks/bench_verify.py).
+# on a CPU a verify of 1-3 tokens costs 1.0-1.25 decode steps and 4-16 cost 1.1-2.2x, by machine
+# (benchmarks/bench_verify.py); deeper trees measured within drift of it (README, sitting 17).
 DEFAULT_TREE = TreeShape(num_steps=2, topk=2, num_draft_tokens=3)
 
 
