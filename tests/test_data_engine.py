@@ -79,6 +79,8 @@ def test_start_offset_selects_a_range_and_is_part_of_the_identity(tmp_path, sour
 
 
 def test_autocast_dtype_follows_the_cpu(monkeypatch):
+    for cap in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "EAGLEWIRE_NO_BF16"):  # whatever the caller's shell set
+        monkeypatch.delenv(cap, raising=False)
     monkeypatch.setattr(hw, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
     assert not hw.native_bf16()
     assert hw.autocast_dtype("cpu", "auto") is None and hw.autocast_dtype("cpu", "fp32") is None

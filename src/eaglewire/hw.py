@@ -63,7 +63,8 @@ def last_level_cache_bytes() -> int | None:
 # oneDNN ISA names (ONEDNN_MAX_CPU_ISA / DNNL_MAX_CPU_ISA) whose kernels include native bf16 dot products;
 # a cap to any other (AVX2, AVX512_CORE, ...) makes oneDNN refuse bf16 weights ("bf16 path needs ...")
 ONEDNN_BF16_ISAS = ("AVX512_CORE_BF16", "AVX10_1_512", "AVX512_CORE_FP16", "AVX10_1_512_AMX", "AVX512_CORE_AMX",
-                    "AVX10_1_512_AMX_FP16", "AVX512_CORE_AMX_FP16", "ALL", "DEFAULT")
+                    "AVX10_1_512_AMX_FP16", "AVX512_CORE_AMX_FP16", "AVX10_2_512", "AVX10_2_512_AMX_2", "ALL",
+                    "DEFAULT")
 
 
 def native_bf16() -> bool:

@@ -61,9 +61,10 @@ def generate_cmd(
     dtype: str = typer.Option("float32", "--dtype", help=DTYPE_HELP),
     draft_dtype: str = typer.Option("auto", "--draft-dtype", help=DRAFT_DTYPE_HELP),
     compile: str = typer.Option("cached", "--compile", help="The compiled layouts of the target's forward (inductor): "
-                                "'cached' uses them once a start on this machine has built them (serve, bench or "
-                                "--compile always: about a minute, once), else the eager layouts, so that a start "
-                                "takes seconds; 'always' builds them now; 'never'."),
+                                "'cached' uses them once a start on this machine has built them for this cache "
+                                "size (a power of two above prompt + --max-new-tokens), else the eager layouts, "
+                                "so that a start takes seconds; 'always' builds them now (about a minute, once "
+                                "per cache size); 'never'."),
 ) -> None:
     """Greedy speculative decoding (lossless: in float32 the text equals plain greedy decoding; in bfloat16
     every token is a greedy choice up to bf16 rounding, so the texts may part where two tokens tie)."""

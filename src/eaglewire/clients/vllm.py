@@ -190,7 +190,7 @@ class VllmServer:
     def pause(self) -> None:
         """Freeze every process of the server (SIGSTOP to its group): an idle vLLM engine core spins on the
         CPU, a stopped one uses none (measured: 0 CPU ticks over 8 s), so it can wait beside a benchmark.
-        Requests sent while it is paused hang until `resume()`. Returns once every process of the group is
+        Requests sent while it is paused hang until `resume()`. Returns once every thread of the group is
         stopped: SIGSTOP is delivered asynchronously, and a process that was runnable but not on a core stays
         'R' until it is scheduled (seen in CI: a benchmark row timed right after pause() met an engine core
         still running)."""
@@ -237,22 +237,34 @@ class VllmServer:
             self.watchdog = None
 
 
+def _stat(path: str) -> list[str]:
+    """A /proc .../stat file after the command name: [state, ppid, pgid, ...]; [] for one gone meanwhile."""
+    try:
+        return Path(path).read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return []
+
+
 def _group_states(pgid: int) -> dict[int, str]:
-    """{pid: state} of the live processes in group `pgid`, read from /proc ({} where there is none)."""
+    """{tid: state} of every thread of the live processes in group `pgid`, read from /proc ({} where there is
+    none). Threads, not processes: /proc/PID/stat is the main thread's, and an engine core's OpenMP
+    workers can still be running while it reads 'T'."""
     states = {}
     for name in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        if name.isdigit():
-            try:  # /proc/PID/stat after the command name: state, ppid, pgid, ...
-                fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = _stat(f"/proc/{name}/stat") if name.isdigit() else []
+        if fields and int(fields[2]) == pgid:
+            try:
+                tids = os.listdir(f"/proc/{name}/task")
             except OSError:  # gone meanwhile
                 continue
-            if int(fields[2]) == pgid:
-                states[int(name)] = fields[0]
+            for tid in tids:
+                if st := _stat(f"/proc/{name}/task/{tid}/stat"):
+                    states[int(tid)] = st[0]
     return states
 
 
 def _wait_group_stopped(pgid: int, timeout: float) -> None:
-    """Block until no process of group `pgid` is running (each stopped 'T', traced 't', or dead 'Z'/'X');
+    """Block until no thread of group `pgid` is running (each stopped 'T', traced 't', or dead 'Z'/'X');
     raise after `timeout` s. Without /proc (not Linux) it cannot look and returns at once."""
     deadline = time.monotonic() + timeout
     while True:
@@ -260,8 +272,8 @@ def _wait_group_stopped(pgid: int, timeout: float) -> None:
         if not running:
             return
         if time.monotonic() > deadline:
-            raise EaglewireError("the vLLM server did not stop on SIGSTOP", expected=f"every process of group {pgid} "
-                                 "in state T (stopped)", found=f"{running} after {timeout:.0f} s",
+            raise EaglewireError("the vLLM server did not stop on SIGSTOP", expected=f"every thread of group {pgid} "
+                                 "in state T (stopped)", found=f"{{tid: state}} {running} after {timeout:.0f} s",
                                  fix="a process in state D (uninterruptible I/O) stops once its I/O ends; "
                                      "look at it with `ps -o pid,stat,wchan -g PGID`")
         time.sleep(0.005)

@@ -76,9 +76,10 @@ def make_runtime(target: Target, max_len: int, *, calibrate: bool = False, log: 
     inductor layouts (compiled_gemv.py, compiled_body.py's GRAPH) are candidates: "always" (serve, bench:
     a start on a cold machine compiles for about a minute, and decode steps are then the fastest), "cached"
     (generate: only where a start on this machine already compiled them for this target and cache size,
-    calibration.compiled_marker, else the eager layouts, so that a first start takes seconds), "never"."""
+    calibration.compiled_marker, written by a start that compiled something; else the eager layouts, so
+    that a first start takes seconds), "never"."""
     from eaglewire.decoding.calibration import calibrate_cached, compiled_marker
-    from eaglewire.decoding.runtime import CALIBRATION_KS, CALIBRATION_PREFIX, SUPPORTED, LeanTarget
+    from eaglewire.decoding.runtime import CALIBRATION_KS, CALIBRATION_PREFIX, SUPPORTED, LeanTarget, cache_slots
     from eaglewire.safeio import atomic_write_text
 
     if compile not in COMPILE_MODES:
@@ -96,24 +97,25 @@ def make_runtime(target: Target, max_len: int, *, calibrate: bool = False, log: 
     # an uncalibrated runtime never picks an inductor layout: leave inductor (and its probe) out of it
     compiled = marker is not None and (compile == "always" or marker.exists())
     if compile == "cached" and not compiled:
-        say("the compiled layouts are not yet built on this machine for this cache size (about a minute, once): "
-            "eager layouts this time; `eaglewire serve` or `bench`, or --compile always, build them")
+        say(f"no compiled layouts built on this machine yet for this target and a {cache_slots(n, True)}-slot "
+            "cache: eager layouts this time (a start with --compile always builds them once, about a minute)")
     rt = LeanTarget(target, n, compiled=compiled)
     if calibrate:
         calibrate_cached(rt, log)
-        if compiled:
-            _compile(rt, say)
+        if compiled and _compile(rt, say):  # only a start that built something can promise it to the next
             atomic_write_text(marker, json.dumps({"compiled_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}))
     return rt
 
 
-def _compile(rt, say: Callable[[str], None]) -> None:
+def _compile(rt, say: Callable[[str], None]) -> list[int]:
     """Compile (or load from inductor's cache) the graphs and kernels the calibrated policy uses, now rather
-    than inside the first request."""
-    if any(rt.layout(k) in INDUCTOR_LAYOUTS for k in rt.policy):
-        say("compiling the layouts the calibration chose (decoding/compiled_body.py, compiled_gemv.py: about a "
-            "minute the first time a machine sees this cache size, seconds once inductor has cached them)")
-        t0 = time.perf_counter()
-        rows = rt.compile_graphs()
-        say(f"compiled layouts for {' and '.join(f'{k}+' if k > 1 else '1' for k in rows)} rows ready in "
-            f"{time.perf_counter() - t0:.1f} s")
+    than inside the first request; returns the row counts warmed up ([] where the policy uses none)."""
+    if not any(rt.layout(k) in INDUCTOR_LAYOUTS for k in rt.policy):
+        return []
+    say("compiling the layouts the calibration chose (decoding/compiled_body.py, compiled_gemv.py: about a "
+        "minute the first time a machine sees this cache size, seconds once inductor has cached them)")
+    t0 = time.perf_counter()
+    rows = rt.compile_graphs()
+    say(f"compiled layouts for {' and '.join(f'{k}+' if k > 1 else '1' for k in rows)} rows ready in "
+        f"{time.perf_counter() - t0:.1f} s")
+    return rows

@@ -124,7 +124,8 @@ def predict(target: Any, draft: Any, contract: Any, shape: Any, prompts: list[An
     from eaglewire.decoding.propose import EagleProposer
 
     max_len = max(p.shape[1] for p in prompts) + max_new_tokens + shape.num_draft_tokens + 16
-    dec = SpecDecoder(make_runtime(target, max_len), EagleProposer(draft, contract, shape, max_len))
+    rt = make_runtime(target, max_len)  # uncalibrated: nothing compiled (tau does not depend on the layout)
+    dec = SpecDecoder(rt, EagleProposer(draft, contract, shape, max_len, compiled=rt.compiled))
     eos = {target.tokenizer.eos_token_id} if target.tokenizer is not None else set()
     pooled = SpecStats()
     for ids in prompts:
