@@ -268,7 +268,7 @@ def _wait_group_stopped(pgid: int, timeout: float) -> None:
     raise after `timeout` s. Without /proc (not Linux) it cannot look and returns at once."""
     deadline = time.monotonic() + timeout
     while True:
-        running = {pid: st for pid, st in _group_states(pgid).items() if st not in "TtZX"}
+        running = {tid: st for tid, st in _group_states(pgid).items() if st not in "TtZX"}
         if not running:
             return
         if time.monotonic() > deadline:

@@ -64,9 +64,13 @@ def calibration_dir() -> Path:
     return cache_root() / "calibration"
 
 
+def _digest(key: dict[str, Any]) -> str:
+    """The file name stem of a key: the first 16 hex digits of its canonical JSON's sha256."""
+    return hashlib.sha256(canonical_json(key).encode()).hexdigest()[:16]
+
+
 def calibration_path(key: dict[str, Any]) -> Path:
-    digest = hashlib.sha256(canonical_json(key).encode()).hexdigest()[:16]
-    return calibration_dir() / f"{digest}.json"
+    return calibration_dir() / f"{_digest(key)}.json"
 
 
 def _read(path: Path, key: dict[str, Any]) -> tuple[dict[int, str], dict[int, str]]:
@@ -145,5 +149,4 @@ def compiled_marker(target: Target, max_len: int) -> Path:
     depends on."""
     key = {"format": FORMAT, "cpu": describe_cpu(), "torch": torch.__version__, "target": _target_shapes(target),
            "cache_slots": cache_slots(max_len, graph=True)}  # the size a compiled runtime's graphs saw
-    digest = hashlib.sha256(canonical_json(key).encode()).hexdigest()[:16]
-    return compiled_marker_dir() / f"{digest}.json"
+    return compiled_marker_dir() / f"{_digest(key)}.json"
