@@ -203,3 +203,34 @@ def test_the_graph_compiles_once_for_one_row_and_once_for_more_whatever_the_cach
             assert tapped is None
         n += rows
     assert len(_debug_get_cache_entry_list(lean.graph.code)) == 2
+
+
+def test_the_graph_keeps_the_guards_on_its_arguments_and_drops_those_on_the_runtime():
+    """The graph's guard filter: a guard on the runtime's attributes (each weight, cache view, constant)
+    goes, since they are set once; a guard on a call's tensor (its row count, its cache length), on the
+    shape environment or on a global stays, or a 4-row verify could run the 1-row graph."""
+    from types import SimpleNamespace
+
+    from eaglewire.decoding.compiled_body import _keep_guard
+
+    names = ["rt.layers[0].qkv.w", "rt.k_layers[3]", "rt.eps", "h", "mask", "", "G['torch']", "rt"]
+    kept = _keep_guard([SimpleNamespace(name=n) for n in names])
+    assert kept == [False, False, False, True, True, True, True, True]
+
+
+@pytest.mark.parametrize("B,mask_batch", [(1, 1), (2, 1), (2, 2)])
+def test_the_unfused_attention_is_sdpas_under_grouped_heads_and_a_tree_mask(B, mask_batch):
+    """What the graph runs for several rows (ops.unfused_attention) against torch's fused kernel: grouped
+    query heads (3 per key/value head, adjacent), an additive tree mask with blocked cache slots, a mask
+    shared by the batch or one per row."""
+    from eaglewire.ops import sdpa, unfused_attention
+
+    g = torch.Generator().manual_seed(5)
+    T, S, D = 4, 11, 16
+    q = torch.randn(B, 6, T, D, generator=g)
+    keys, values = torch.randn(B, 2, S, D, generator=g), torch.randn(B, 2, S, D, generator=g)
+    allowed = torch.rand(mask_batch, 1, T, S, generator=g) > 0.4
+    allowed[..., 0] = True  # every row sees the first slot (a row seeing nothing is NaN either way)
+    mask = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    torch.testing.assert_close(unfused_attention(q, keys, values, mask), sdpa(q, keys, values, mask),
+                               atol=1e-5, rtol=1e-5)

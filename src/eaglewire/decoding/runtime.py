@@ -37,10 +37,11 @@ from eaglewire.decoding.compiled_body import GRAPH, INDUCTOR_LAYOUTS, CompiledBo
 from eaglewire.decoding.gemm import PACKED, Linear, initial_policy, pick, row_counts, time_layouts
 from eaglewire.decoding.screened_head import PLAIN, SCREENED, ScreenedHead, default_head, greedy_heads
 from eaglewire.errors import TargetError
-from eaglewire.ops import rms_norm, rotate, signed_sin
+from eaglewire.ops import rms_norm, rotate, sdpa, signed_sin
 from eaglewire.verifier.loader import Target
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]  # ops.sdpa's signature
 
 
 CALIBRATION_KS, CALIBRATION_REPS = (1, 2, 3, 4, 8, 16, 32), 5  # verify row counts timed, repetitions each
@@ -226,19 +227,21 @@ class LeanTarget:
             h, tapped = self.graph(h, cos, sin, start, mask, taps)
         else:
             eager = self.eager_layout(B * T)
-            h, tapped = self.layers_forward(h, cos, sin, start, mask, taps, lambda lin, x: lin(x, eager))
+            h, tapped = self.layers_forward(h, cos, sin, start, mask, taps, lambda lin, x: lin(x, eager), sdpa)
         h = rms_norm(h if logit_rows is None else h[:, logit_rows], self.norm, self.eps)
         return h, tapped
 
     def layers_forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int,
                        mask: torch.Tensor | None, taps: tuple[int, ...],
-                       linear: Callable[[Linear, torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+                       linear: Callable[[Linear, torch.Tensor], torch.Tensor],
+                       attend: Attend) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The decoder layers on embeddings h [B, T, H] (cos, sin [B, 1, T, D]; mask additive or None):
         (the last layer's output [B, T, H], before the final norm; taps [B, T, n*H] or None). `linear(lin,
-        x)` runs each GEMM: an eager layout's, or compiled_body.graph_linear when this is traced."""
+        x)` runs each GEMM: an eager layout's, or compiled_body.graph_linear when this is traced; `attend`
+        the attention (ops.sdpa, or compiled_body.graph_attention when traced)."""
         collected = [h] if 0 in taps else []
         for i, L in enumerate(self.layers):
-            h = h + self._attention(L, i, rms_norm(h, L.ln1, self.eps), cos, sin, start, mask, linear)
+            h = h + self._attention(L, i, rms_norm(h, L.ln1, self.eps), cos, sin, start, mask, linear, attend)
             x = rms_norm(h, L.ln2, self.eps)
             gate, up = linear(L.gate_up, x).chunk(2, dim=-1)  # [B, T, I] views of one [B, T, 2I] GEMM output
             h = h + linear(L.down, F.silu(gate) * up)
@@ -247,7 +250,8 @@ class LeanTarget:
         return h, (torch.cat(collected, dim=-1) if taps else None)
 
     def _attention(self, L: _Layer, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int,
-                   mask: torch.Tensor | None, linear: Callable[[Linear, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+                   mask: torch.Tensor | None, linear: Callable[[Linear, torch.Tensor], torch.Tensor],
+                   attend: Attend) -> torch.Tensor:
         B, T, _ = x.shape
         hd = self.head_dim
         qkv = linear(L.qkv, x)  # [B, T, (heads + 2 kv_heads) * D]
@@ -266,7 +270,7 @@ class LeanTarget:
         kc.narrow(2, start, T).copy_(k)
         vc.narrow(2, start, T).copy_(v)
         keys, values = kc.narrow(2, 0, start + T), vc.narrow(2, 0, start + T)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+        out = attend(q, keys, values, mask)  # [B, heads, T, D]
         return linear(L.o, out.transpose(1, 2).reshape(B, T, -1))
 
     def commit(self, src: torch.Tensor, dst_start: int) -> None:
