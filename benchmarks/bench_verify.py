@@ -58,6 +58,8 @@ def main() -> None:
     runtimes["lean_calibrated"] = LeanTarget(target, 256)
     policy = runtimes["lean_calibrated"].calibrate(ks=KS)
     print("calibrated layouts:", policy)
+    for k, per_layout in runtimes["lean_calibrated"].calibration_ms.items():
+        print(f"  calibration, {k} rows:", " ".join(f"{lay} {ms:.1f}" for lay, ms in per_layout.items()))
     for rt in runtimes.values():
         rt.forward(prefix, torch.arange(CACHED)[None], 0)
 
@@ -82,6 +84,7 @@ def main() -> None:
         result[name] = {"median_ms": med, "ratio_to_decode": {k: med[k] / med[1] for k in KS}}
     result["setup"] = {"rounds": a.rounds, "cache_tokens": CACHED, "dtype": str(dtype).removeprefix("torch."),
                        "threads": a.threads, "layouts": list(layouts), "calibrated": policy,
+                       "calibration_ms": runtimes["lean_calibrated"].calibration_ms,
                        "greedy_head": runtimes["lean_calibrated"].head_policy,
                        "fused": "q/k/v and gate/up one GEMM each", "cpu": describe_cpu()}
     atomic_write_text(a.out, json.dumps(result, indent=2))

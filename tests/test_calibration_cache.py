@@ -13,9 +13,10 @@ from eaglewire.decoding import calibration as C
 from eaglewire.decoding.compiled_body import GRAPH, INDUCTOR_LAYOUTS
 from eaglewire.decoding.gemm import COMPILED, applies
 from eaglewire.decoding.hf_runtime import make_runtime
-from eaglewire.decoding.runtime import LeanTarget
+from eaglewire.decoding.runtime import CALIBRATION_PREFIX, LeanTarget
 
 KS = (1, 2, 4)  # a short calibration: these tests are about the cache, not the timings
+ROOM = CALIBRATION_PREFIX + max(KS)  # the slots a calibration writes
 
 
 @pytest.fixture
@@ -43,8 +44,8 @@ def forwards(monkeypatch):
 
 
 def _start(target, log):
-    rt = LeanTarget(target, max_len=32)
-    policy, path, reused = C.calibrate_cached(rt, log.append, ks=KS, reps=1)
+    rt = LeanTarget(target, max_len=ROOM)
+    policy, path, reused = C.calibrate_cached(rt, log.append, ks=KS, reps=1, refine=0)
     assert rt.policy == policy
     return policy, path, reused
 
@@ -52,7 +53,7 @@ def _start(target, log):
 def test_second_start_reuses_the_cache_without_timing(cache, forwards):
     target, log = build_target("llama"), []
     policy, path, reused = _start(target, log)
-    key = C.calibration_key(LeanTarget(target, 8), KS, 1)
+    key = C.calibration_key(LeanTarget(target, 8), KS, 1, 0)
     timed = sum(applies(lay, k) for lay in key["layouts"] for k in KS)  # the compiled GEMV: one row only
     # reps=1: each (layout or head, rows) runs once untimed (a warm-up) and once timed
     assert not reused and len(forwards) == 2 * (timed + len(KS) * len(key["heads"]))
@@ -64,8 +65,8 @@ def test_second_start_reuses_the_cache_without_timing(cache, forwards):
     forwards.clear()
     again, path2, reused = _start(target, log)
     assert reused and again == policy and path2 == path and forwards == []
-    rt = LeanTarget(target, max_len=32)
-    C.calibrate_cached(rt, log.append, ks=KS, reps=1)
+    rt = LeanTarget(target, max_len=ROOM)
+    C.calibrate_cached(rt, log.append, ks=KS, reps=1, refine=0)
     assert {str(k): v for k, v in rt.head_policy.items()} == record["head_policy"]  # the greedy head too
     assert log[-1].startswith(f"reusing GEMM layout calibration from {path}")
 

@@ -65,7 +65,9 @@ def test_every_timed_calibration_call_follows_a_cache_flush(monkeypatch):
     starts = events[::3]  # each timed call: flush, timer start, timer stop
     layouts, heads = candidate_layouts(torch.float32), greedy_heads(torch.float32)
     timed = sum(gemm.applies(lay, r) for lay in layouts for r in lean_draft.DRAFT_ROWS)
-    assert len(events) == 3 * lean_draft.DRAFT_REPS * (timed + len(heads))
+    base = 3 * lean_draft.DRAFT_REPS * (timed + len(heads))
+    # plus, per row count or head whose runner-up came close, REFINE_REPS more of the two (gemm.time_layouts)
+    assert len(events) >= base and (len(events) - base) % (3 * 2 * gemm.REFINE_REPS) == 0
     assert set(starts) == {"flush"} and set(events[1::3]) == set(events[2::3]) == {"timer"}
 
 

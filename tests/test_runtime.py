@@ -7,7 +7,7 @@ from tiny import VOCAB, build_target
 
 from eaglewire.decoding.compiled_body import GRAPH, target_layouts
 from eaglewire.decoding.gemm import COMPILED, LAYOUTS, PACKED, candidate_layouts
-from eaglewire.decoding.runtime import LeanTarget
+from eaglewire.decoding.runtime import CALIBRATION_PREFIX, LeanTarget
 from eaglewire.verifier.capture import capture
 
 NO_GRAPH = "no C++ toolchain for inductor or no oneDNN prepacked linear here (decoding/compiled_body.py)"
@@ -78,7 +78,7 @@ def test_unsupported_architecture_refused():
 
 def test_calibrate_picks_a_layout_per_row_count_and_keeps_results():
     target = build_target("llama")
-    lean = LeanTarget(target, max_len=64)
+    lean = LeanTarget(target, max_len=CALIBRATION_PREFIX + 4)  # the slots the calibration writes
     policy = lean.calibrate(ks=(1, 4), reps=1)
     # 2 is timed too where the one-row GEMV is a candidate: it may win 1 row and must not get 2-3
     expected = {1, 2, 4} if COMPILED in candidate_layouts(torch.float32) else {1, 4}
@@ -234,3 +234,26 @@ def test_the_unfused_attention_is_sdpas_under_grouped_heads_and_a_tree_mask(B, m
     mask = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
     torch.testing.assert_close(unfused_attention(q, keys, values, mask), sdpa(q, keys, values, mask),
                                atol=1e-5, rtol=1e-5)
+
+
+def test_a_close_runner_up_is_timed_again_and_a_distant_one_is_not(monkeypatch):
+    """gemm.time_layouts on a scripted clock: the first repetitions favour "b" by a hair (a noisy phase),
+    the refinement's favour "a", and their pooled median picks "a"; "c", far behind, is never refined."""
+    from eaglewire.decoding import gemm
+
+    clock = [0.0]
+    monkeypatch.setattr(gemm.time, "perf_counter", lambda: clock[0])
+    calls: list[str] = []
+    first = 5  # repetitions before the refinement
+
+    def run(layout: str, k: int) -> None:
+        calls.append(layout)
+        n = calls.count(layout) - 1  # 0: the untimed warm-up
+        noisy = n <= first
+        clock[0] += {"a": 1.05 if noisy else 0.9, "b": 1.0, "c": 2.0}[layout]
+
+    best, medians = gemm.time_layouts(("a", "b", "c"), (4,), first, run)
+    assert best == {4: "a"}
+    assert calls.count("c") == 1 + first  # warm-up and the first repetitions only
+    assert calls.count("a") == calls.count("b") == 1 + first + gemm.REFINE_REPS
+    assert medians[4]["c"] == pytest.approx(2000.0)

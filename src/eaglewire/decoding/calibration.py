@@ -26,15 +26,17 @@ import torch
 
 from eaglewire.cache import cache_root
 from eaglewire.contract import canonical_json
-from eaglewire.decoding.gemm import COMPILED, applies, row_counts
-from eaglewire.decoding.runtime import CALIBRATION_KS, CALIBRATION_REPS, LeanTarget, cache_slots, head_dim
+from eaglewire.decoding.gemm import COMPILED, REFINE_REPS, applies, row_counts
+from eaglewire.decoding.runtime import (CALIBRATION_KS, CALIBRATION_PREFIX, CALIBRATION_REPS, LeanTarget, cache_slots,
+                                        head_dim)
 from eaglewire.decoding.screened_head import REVISION as SCREEN_REVISION
 from eaglewire.hw import describe_cpu
 from eaglewire.safeio import atomic_write_text
 from eaglewire.verifier.loader import Target
 
 # 2: the greedy head (plain / screened, screened_head.py) per row count beside the layouts
-FORMAT = 2  # bump when the file's meaning changes: older files then miss (another key), never misread
+# 3: the graph's inductor options and unfused attention (compiled_body.py) changed what "graph" costs
+FORMAT = 3  # bump when the file's meaning changes: older files then miss (another key), never misread
 
 
 class _Unusable(Exception):
@@ -52,12 +54,13 @@ def _target_shapes(target: Target) -> dict[str, Any]:
             "qkv_bias": target.layers[0].self_attn.q_proj.bias is not None}
 
 
-def calibration_key(rt: LeanTarget, ks: tuple[int, ...], reps: int) -> dict[str, Any]:
+def calibration_key(rt: LeanTarget, ks: tuple[int, ...], reps: int, refine: int = REFINE_REPS) -> dict[str, Any]:
     """Everything the measured policy depends on (and nothing it does not: weights, max_len)."""
     cpu = describe_cpu()  # model, isa, threads, native_bf16, torch_capability
     return {"format": FORMAT, "cpu": cpu, "torch": torch.__version__, "target": _target_shapes(rt.target),
             "layouts": list(rt.candidates), "heads": list(rt.head_candidates), "screen_revision": SCREEN_REVISION,
-            "ks": list(row_counts(ks, rt.candidates)), "reps": reps}
+            "ks": list(row_counts(ks, rt.candidates)), "reps": reps, "refine": refine,
+            "cached_tokens": CALIBRATION_PREFIX}
 
 
 def calibration_dir() -> Path:
@@ -99,11 +102,11 @@ def _policy(data: dict, field: str, ks: list[int], allowed: list[str]) -> dict[i
 
 
 def calibrate_cached(rt: LeanTarget, log: Callable[[str], None] | None = None, ks: tuple[int, ...] = CALIBRATION_KS,
-                     reps: int = CALIBRATION_REPS) -> tuple[dict[int, str], Path, bool]:
+                     reps: int = CALIBRATION_REPS, refine: int = REFINE_REPS) -> tuple[dict[int, str], Path, bool]:
     """Set rt's layout policy from this machine's cached calibration, measuring (and caching) it when
     there is none. Returns (policy, cache file, reused). `log` hears which of the two happened."""
     say = log or (lambda _msg: None)
-    key = calibration_key(rt, ks, reps)
+    key = calibration_key(rt, ks, reps, refine)
     path = calibration_path(key)
     if path.exists():
         try:
@@ -117,7 +120,7 @@ def calibrate_cached(rt: LeanTarget, log: Callable[[str], None] | None = None, k
     say(f"calibrating GEMM layouts {', '.join(key['layouts'])} for {len(ks)} row counts (one-off for this "
         f"machine; cached at {path})")
     t0 = time.perf_counter()
-    policy = rt.calibrate(ks, reps)
+    policy = rt.calibrate(ks, reps, refine)
     record = {"key": key, "policy": {str(k): v for k, v in policy.items()},
               "median_ms": {str(k): v for k, v in rt.calibration_ms.items()},
               "head_policy": {str(k): v for k, v in rt.head_policy.items()},

@@ -75,28 +75,51 @@ class CacheFlush:
         self.buf.add_(1.0)
 
 
+# A calibration's runner-up within this fraction of the winner's median is timed again against it
+# (REFINE_REPS more repetitions of the two, alternating): medians of a few repetitions on a machine whose
+# speed drifts by tens of percent between seconds picked the slower of two close layouts (sitting 18, AMD
+# EPYC: a calibrated runtime ran 4-row verifies through "dnnl" at 21-22 ms beside a "graph" runtime at
+# 18-19 ms in the same process, and its 1-row steps through "dnnl" at 23 ms against 18).
+REFINE_MARGIN, REFINE_REPS = 0.15, 8
+
+
+def _sample(layouts: list[str], k: int, reps: int, run: Callable[[str, int], None],
+            before: Callable[[], None] | None, samples: dict[str, list[float]]) -> None:
+    """Append `reps` timings of run(layout, k) per layout to samples, the layouts alternating."""
+    for _ in range(reps):
+        for lay in layouts:
+            if before is not None:
+                before()
+            t0 = time.perf_counter()
+            run(lay, k)
+            samples[lay].append(time.perf_counter() - t0)
+
+
+def _median(v: list[float]) -> float:
+    return sorted(v)[len(v) // 2]
+
+
 def time_layouts(candidates: tuple[str, ...], ks: tuple[int, ...], reps: int,
-                 run: Callable[[str, int], None],
-                 before: Callable[[], None] | None = None) -> tuple[dict[int, str], dict[int, dict[str, float]]]:
+                 run: Callable[[str, int], None], before: Callable[[], None] | None = None,
+                 refine: int = REFINE_REPS) -> tuple[dict[int, str], dict[int, dict[str, float]]]:
     """Time `run(layout, rows)` for every candidate layout and row count; return the fastest layout per row
     count and the medians {rows: {layout: ms}}. Layouts alternate within each repetition (machine noise
-    drifts; back-to-back blocks biased it). `before` (untimed) runs ahead of every timed call: a
-    CacheFlush, say. A layout that does not `apply` to a row count is not timed there; each layout runs
-    once untimed first (the compiled GEMV compiles on its first call)."""
+    drifts; back-to-back blocks biased it); a runner-up within REFINE_MARGIN is timed `refine` more
+    times against the winner (0: never; a test counting calls). `before` (untimed) runs ahead of every timed call: a CacheFlush, say. A
+    layout that does not `apply` to a row count is not timed there; each layout runs once untimed first
+    (the compiled GEMV compiles on its first call)."""
     best: dict[int, str] = {}
     medians: dict[int, dict[str, float]] = {}
     for k in ks:
-        samples: dict[str, list[float]] = {lay: [] for lay in candidates if applies(lay, k)}
-        for lay in samples:
+        layouts = [lay for lay in candidates if applies(lay, k)]
+        samples: dict[str, list[float]] = {lay: [] for lay in layouts}
+        for lay in layouts:
             run(lay, k)
-        for _ in range(reps):
-            for lay in samples:
-                if before is not None:
-                    before()
-                t0 = time.perf_counter()
-                run(lay, k)
-                samples[lay].append(time.perf_counter() - t0)
-        timing = {lay: sorted(v)[len(v) // 2] for lay, v in samples.items()}
+        _sample(layouts, k, reps, run, before, samples)
+        ranked = sorted(layouts, key=lambda lay: _median(samples[lay]))
+        if refine and len(ranked) > 1 and _median(samples[ranked[1]]) <= (1 + REFINE_MARGIN) * _median(samples[ranked[0]]):
+            _sample(ranked[:2], k, refine, run, before, samples)
+        timing = {lay: _median(v) for lay, v in samples.items()}
         best[k] = min(timing, key=timing.get)
         medians[k] = {lay: t * 1e3 for lay, t in timing.items()}
     return best, medians

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from eaglewire.decoding.compiled_body import GRAPH, INDUCTOR_LAYOUTS, CompiledBody, target_layouts
-from eaglewire.decoding.gemm import PACKED, Linear, initial_policy, pick, row_counts, time_layouts
+from eaglewire.decoding.gemm import REFINE_REPS, PACKED, Linear, initial_policy, pick, row_counts, time_layouts
 from eaglewire.decoding.screened_head import PLAIN, SCREENED, ScreenedHead, default_head, greedy_heads
 from eaglewire.errors import TargetError
 from eaglewire.ops import rms_norm, rotate, sdpa, signed_sin
@@ -45,7 +45,10 @@ Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None
 
 
 CALIBRATION_KS, CALIBRATION_REPS = (1, 2, 3, 4, 8, 16, 32), 5  # verify row counts timed, repetitions each
-CALIBRATION_PREFIX = 16  # cached tokens each timed verify attends to (slots the calibration writes first)
+# cached tokens each timed verify attends to (slots the calibration writes first): a decode's context, not a
+# toy one. At 16 the eager "dnnl" layout beat "graph" for 2-64 rows by 0.3-1.5 ms, while on a 100-token cache
+# in the same process "graph" was 2-4 ms faster (sitting 18, AMD EPYC, fp32; benchmarks/bench_verify.py)
+CALIBRATION_PREFIX = 128
 
 
 def additive_mask(mask: torch.Tensor | None, T: int, start: int, dtype: torch.dtype,
@@ -132,10 +135,12 @@ class LeanTarget:
         return PACKED if lay == GRAPH else lay
 
     @torch.no_grad()
-    def calibrate(self, ks: tuple[int, ...] = CALIBRATION_KS, reps: int = CALIBRATION_REPS) -> dict[int, str]:
+    def calibrate(self, ks: tuple[int, ...] = CALIBRATION_KS, reps: int = CALIBRATION_REPS,
+                  refine: int = REFINE_REPS) -> dict[int, str]:
         """Time a whole verify forward per layout and row count on this machine; keep the fastest.
         Small-M GEMM speed depends on the weight's layout, and which one wins differs between machines.
-        The medians are kept in `calibration_ms` {rows: {layout: ms}} (decoding/calibration.py stores them)."""
+        The medians are kept in `calibration_ms` {rows: {layout: ms}} (decoding/calibration.py stores them).
+        refine: repetitions more for a close runner-up (gemm.time_layouts)."""
         prefix, ks = CALIBRATION_PREFIX, row_counts(ks, self.candidates)
         if prefix + max(ks) > self.max_len:
             raise ValueError(f"calibrate() writes {prefix}+{max(ks)} cache slots; this runtime has max_len "
@@ -149,8 +154,8 @@ class LeanTarget:
             self.policy = {1: layout}
             self.forward(*inputs[k], prefix)
 
-        self.policy, self.calibration_ms = time_layouts(self.candidates, ks, reps, run)
-        self._calibrate_head(inputs, prefix, reps)
+        self.policy, self.calibration_ms = time_layouts(self.candidates, ks, reps, run, refine=refine)
+        self._calibrate_head(inputs, prefix, reps, refine)
         return self.policy
 
     @torch.no_grad()
@@ -167,7 +172,8 @@ class LeanTarget:
                          torch.arange(CALIBRATION_PREFIX, CALIBRATION_PREFIX + k, device=dev)[None], CALIBRATION_PREFIX)
         return rows
 
-    def _calibrate_head(self, inputs: dict[int, tuple[torch.Tensor, torch.Tensor]], prefix: int, reps: int) -> None:
+    def _calibrate_head(self, inputs: dict[int, tuple[torch.Tensor, torch.Tensor]], prefix: int, reps: int,
+                        refine: int) -> None:
         """Time the greedy head both ways (plain fp32 argmax, bf16 screen + recompute) on the final-norm
         states of the calibration's own forwards (real states: the screen's cost depends on how many
         tokens it keeps); keep the faster per row count. Both give the fp32 argmax: this is speed only."""
@@ -178,7 +184,7 @@ class LeanTarget:
             self.head_policy = {1: head}
             self.argmax(states[k])
 
-        self.head_policy, self.head_ms = time_layouts(heads, tuple(inputs), reps, run)
+        self.head_policy, self.head_ms = time_layouts(heads, tuple(inputs), reps, run, refine=refine)
 
     def _layer(self, m: torch.nn.Module) -> _Layer:
         a, f = m.self_attn, m.mlp
