@@ -257,3 +257,52 @@ def test_a_close_runner_up_is_timed_again_and_a_distant_one_is_not(monkeypatch):
     assert calls.count("c") == 1 + first  # warm-up and the first repetitions only
     assert calls.count("a") == calls.count("b") == 1 + first + gemm.REFINE_REPS
     assert medians[4]["c"] == pytest.approx(2000.0)
+
+
+def test_a_fused_verify_graph_matches_hf_and_compiles_once_per_row_count():
+    """FUSED: a static graph of fused multi-row GEMVs per chosen verify size, beside the shared graphs;
+    logits stay HF's through all three, and other row counts keep the shared graph."""
+    if not graph_offered():
+        pytest.skip(NO_GRAPH)
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    target = build_target("llama")
+    ids = torch.randint(0, VOCAB, (1, 24), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ref = target.model(input_ids=ids).logits
+    lean = LeanTarget(target, max_len=24, layout=GRAPH)
+    lean.graph.fused = {2, 4}
+    n = 0
+    for rows in (6, 2, 1, 4, 3, 2, 4, 1, 1):  # prefill (eager), then fused 2 and 4, shared 1 and 3
+        logits, _ = lean.forward(ids[:, n:n + rows], torch.arange(n, n + rows)[None], n)
+        torch.testing.assert_close(logits, ref[:, n:n + rows], atol=1e-4, rtol=1e-4)
+        n += rows
+    assert len(_debug_get_cache_entry_list(lean.graph.fused_code)) == 2  # one static graph per fused size
+    assert len(_debug_get_cache_entry_list(lean.graph.code)) == 2  # 1 row, and 3 rows (the shared graph)
+
+
+@pytest.mark.parametrize("winner", ["graph", "graph-fused"])
+def test_compile_graphs_keeps_the_fused_graph_only_where_it_times_faster(monkeypatch, winner):
+    """compile_graphs(verify_rows) times the fused graph of each asked size in FUSED_ROWS against the
+    shared one and keeps the winner; sizes outside FUSED_ROWS, or that the policy gives no GRAPH, are
+    left alone (nothing compiles for them)."""
+    if not graph_offered():
+        pytest.skip(NO_GRAPH)
+    from eaglewire.decoding import runtime
+    from eaglewire.decoding.compiled_body import FUSED, FUSED_ROWS
+
+    timed = []
+
+    def fake_time(candidates, ks, reps, run, **_):
+        timed.append((candidates, ks))
+        for lay in candidates:
+            run(lay, ks[0])  # each variant runs (and compiles) once, as the real warm-up does
+        return {ks[0]: winner}, {ks[0]: {lay: 1.0 if lay == winner else 2.0 for lay in candidates}}
+
+    monkeypatch.setattr(runtime, "time_layouts", fake_time)
+    lean = LeanTarget(build_target("llama"), max_len=CALIBRATION_PREFIX + 8, layout=GRAPH)
+    big = max(FUSED_ROWS) + 1
+    rows = lean.compile_graphs(verify_rows=(3, big))
+    assert timed == [((GRAPH, FUSED), (3,))] and rows == [1, 3]  # a fixed policy {1: GRAPH}: 1 row, then 3
+    assert lean.graph.fused == ({3} if winner == FUSED else set())
+    assert lean.fused_ms == {3: {GRAPH: 1.0 if winner == GRAPH else 2.0, FUSED: 1.0 if winner == FUSED else 2.0}}

@@ -79,7 +79,7 @@ def generate_cmd(
     ids = tgt.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                             return_dict=True, return_tensors="pt")["input_ids"]
     max_len = ids.shape[1] + max_new_tokens + shape.num_draft_tokens + 8
-    rt = make_runtime(tgt, max_len, calibrate=True, log=_say, compile=compile)
+    rt = make_runtime(tgt, max_len, calibrate=True, log=_say, compile=compile, verify_rows=(shape.num_draft_tokens,))
     dec = SpecDecoder(rt, EagleProposer(d, d.contract, shape, max_len, compiled=rt.compiled))
     out, st = dec.generate(ids, max_new_tokens, eos={tgt.tokenizer.eos_token_id})
     text = tgt.tokenizer.decode(out, skip_special_tokens=True)

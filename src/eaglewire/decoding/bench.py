@@ -65,7 +65,9 @@ def check_methods(names: Sequence[str]) -> None:
 def make_methods(target: Any, draft: Any, chain: TreeShape, tree: TreeShape, max_len: int, eos: int,
                  names: Sequence[str] = METHODS,
                  log: Callable[[str], None] | None = None) -> dict[str, Callable[[torch.Tensor, int], Run]]:
-    rt = make_runtime(target, max_len, calibrate=True, log=log)  # one KV cache, reused by every method on our runtime
+    verify_rows = tuple(s.num_draft_tokens for s, m in ((chain, "eagle_chain"), (tree, "eagle_tree")) if m in names)
+    # one KV cache, reused by every method on our runtime
+    rt = make_runtime(target, max_len, calibrate=True, log=log, verify_rows=verify_rows)
 
     def vanilla(ids: torch.Tensor, n: int) -> Run:
         t0 = time.perf_counter()

@@ -51,6 +51,8 @@ from eaglewire.decoding.gemm import COMPILED, PACKED, Linear, candidate_layouts
 from eaglewire.ops import sdpa, unfused_attention
 
 GRAPH = "graph"
+FUSED = "graph-fused"  # GRAPH with a static graph of fused multi-row GEMVs for one verify size (fused_linear)
+FUSED_ROWS = (2, 3, 4)  # the verify sizes that may get one (a fused GEMV per row stops paying beyond)
 # inductor config for the graph (module docstring): realize each GEMV's input rather than recompute it per
 # output row. Part of inductor's cache key, so a change compiles anew rather than loading stale code.
 GRAPH_OPTIONS = {"realize_reads_threshold": 1}
@@ -105,6 +107,20 @@ def graph_linear(lin: Linear, x: torch.Tensor) -> torch.Tensor:  # x [B, T, in] 
     return torch.ops.eaglewire.packed_linear(x, lin.packed, lin.b)
 
 
+def fused_linear(lin: Linear, x: torch.Tensor) -> torch.Tensor:  # x [B, T, in], B*T static -> [B, T, out]
+    """A Linear in a graph of a fixed row count (FUSED): one reduction per row over the same weight, which
+    inductor fuses into one loop reading each weight row once for every row (B*T accumulators), the norm
+    or activation before it realized once (GRAPH_OPTIONS). Measured on SmolLM2's layer stack (AMD EPYC,
+    2 cores, AVX-512, fp32, 100 cached tokens, two runtimes each interleaved, medians of 30): 2 rows 16.9
+    -> 14.1 ms, 4 rows 16.3 -> 15.5 against oneDNN's packed GEMM in the graph; 6 rows slower (18.6
+    against 17.4 in another run), hence FUSED_ROWS. A machine keeps it only where it times faster there
+    (LeanTarget.compile_graphs)."""
+    B, T, _ = x.shape
+    rows = x.reshape(B * T, -1)  # [R, in]
+    y = torch.stack([(lin.w * rows[m]).sum(-1) for m in range(B * T)]).view(B, T, -1)  # R x [out] -> [B, T, out]
+    return y if lin.b is None else y + lin.b
+
+
 def graph_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Attention inside the graph (q [B, Hq, T, D]): torch's fused kernel for one row, the unfused sum
     for more, which inductor fuses into a few loops (ops.unfused_attention has the figures)."""
@@ -132,6 +148,21 @@ def _body(rt: LayerStack, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                              graph_attention)
 
 
+def _fused_body(rt: LayerStack, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """_body with fused_linear: compiled for one static row count each (FUSED)."""
+    start = mask.shape[-1] - h.shape[1]
+    return rt.layers_forward(h, cos, sin, start, mask, tuple(range(len(rt.layers) + 1)), fused_linear,
+                             graph_attention)
+
+
+def _compile(body: Callable, name: str) -> tuple[types.CodeType, Callable]:
+    """torch.compile of a renamed copy of `body` (its code object, where dynamo keeps its graphs)."""
+    code = body.__code__.replace(co_name=name)
+    fn = types.FunctionType(code, body.__globals__, code.co_name)
+    return code, torch.compile(fn, fullgraph=True, dynamic=False, options={**GRAPH_OPTIONS, "guard_filter_fn": _keep_guard})
+
+
 class CompiledBody:
     """`LeanTarget.layers_forward` compiled for one runtime: call it with layers_forward's arguments."""
 
@@ -139,11 +170,11 @@ class CompiledBody:
         self.rt = rt
         # a code object of its own per runtime: dynamo caches compiled graphs per code object and guards on
         # `rt`, so runtimes sharing one would evict each other's graphs (and hit its recompile limit)
-        code = _body.__code__.replace(co_name=f"target_body_{next(_IDS)}")
-        self.code = code  # dynamo's compiled graphs for this runtime hang off it (tests count them)
-        fn = types.FunctionType(code, _body.__globals__, code.co_name)
-        self.fn: Callable = torch.compile(fn, fullgraph=True, dynamic=False,
-                                          options={**GRAPH_OPTIONS, "guard_filter_fn": _keep_guard})
+        n = next(_IDS)
+        self.code, self.fn = _compile(_body, f"target_body_{n}")  # tests count the graphs off self.code
+        # static graphs of fused GEMVs, one per row count in `fused` (dynamic=False: each stays static)
+        self.fused_code, self.fused_fn = _compile(_fused_body, f"target_fused_body_{n}")
+        self.fused: set[int] = set()  # row counts run by fused_fn (LeanTarget.compile_graphs chooses)
 
     def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int, mask: torch.Tensor | None,
                  taps: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -151,10 +182,13 @@ class CompiledBody:
         if mask is None:  # one causal row: every cached slot visible. The graph always takes a mask, whose
             mask = h.new_zeros(B, 1, T, start + T)  # last dimension carries the (dynamic) cache length
         torch._dynamo.mark_dynamic(mask, 3)
-        if T > 1:  # one graph for every row count above one (one row is the GEMV graph)
-            for t in (h, cos, sin, mask):
-                torch._dynamo.mark_dynamic(t, t.dim() - 2)
-        h, every = self.fn(self.rt, h, cos, sin, mask)  # [B, T, H], [B, T, (L+1) * H]
+        if B == 1 and T in self.fused:  # built for one sequence (compile_graphs): another batch shares fn
+            h, every = self.fused_fn(self.rt, h, cos, sin, mask)  # [B, T, H], [B, T, (L+1) * H]
+        else:
+            if T > 1:  # one graph for every other row count above one (one row is the GEMV graph)
+                for t in (h, cos, sin, mask):
+                    torch._dynamo.mark_dynamic(t, t.dim() - 2)
+            h, every = self.fn(self.rt, h, cos, sin, mask)
         if not taps:
             return h, None
         return h, every.view(B, T, -1, h.shape[-1])[:, :, list(taps)].reshape(B, T, -1)  # [B, T, n*H]

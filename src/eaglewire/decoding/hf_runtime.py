@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from eaglewire.decoding.compiled_body import INDUCTOR_LAYOUTS
+from eaglewire.decoding.compiled_body import FUSED, GRAPH, INDUCTOR_LAYOUTS
 from eaglewire.verifier.capture import tap_hooks
 from eaglewire.verifier.loader import Target
 
@@ -69,7 +69,7 @@ COMPILE_MODES = ("always", "cached", "never")  # make_runtime's `compile`
 
 
 def make_runtime(target: Target, max_len: int, *, calibrate: bool = False, log: Callable[[str], None] | None = None,
-                 compile: str = "always"):
+                 compile: str = "always", verify_rows: tuple[int, ...] = ()):
     """The lean runtime where it applies, else the HF fallback. calibrate: set the lean runtime's GEMM
     layouts from this machine's cached calibration, measuring it (seconds) the first time
     (decoding/calibration.py); `log` hears what the start does. compile (with calibrate): whether the
@@ -77,7 +77,9 @@ def make_runtime(target: Target, max_len: int, *, calibrate: bool = False, log: 
     a start on a cold machine compiles for about a minute, and decode steps are then the fastest), "cached"
     (generate: only where a start on this machine already compiled them for this target and cache size,
     calibration.compiled_marker, written by a start that compiled something; else the eager layouts, so
-    that a first start takes seconds), "never"."""
+    that a first start takes seconds), "never". verify_rows: the verify sizes (a TreeShape's
+    num_draft_tokens) the caller's proposers will use; under "always" each in compiled_body.FUSED_ROWS gets
+    its own fused graph where that times faster (LeanTarget.compile_graphs)."""
     from eaglewire.decoding.calibration import calibrate_cached, compiled_marker
     from eaglewire.decoding.runtime import CALIBRATION_KS, CALIBRATION_PREFIX, SUPPORTED, LeanTarget, cache_slots
     from eaglewire.safeio import atomic_write_text
@@ -102,20 +104,32 @@ def make_runtime(target: Target, max_len: int, *, calibrate: bool = False, log: 
     rt = LeanTarget(target, n, compiled=compiled)
     if calibrate:
         calibrate_cached(rt, log)
-        if compiled and _compile(rt, say):  # only a start that built something can promise it to the next
+        # the fused verify graphs only where the caller accepts compiling (~40 s each on a cold machine):
+        # the marker promises a "cached" start the shared graphs, not these
+        if compiled and _compile(rt, say, verify_rows if compile == "always" else ()):  # only a start that built something can promise it to the next
             atomic_write_text(marker, json.dumps({"compiled_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}))
     return rt
 
 
-def _compile(rt, say: Callable[[str], None]) -> list[int]:
+def _row_class(rt, k: int) -> str:
+    """How _compile's message names a warmed row count: 1, k (a fused verify size) or k+ (the shared graph)."""
+    return str(k) if k == 1 or k in rt.fused_ms else f"{k}+"
+
+
+def _compile(rt, say: Callable[[str], None], verify_rows: tuple[int, ...]) -> list[int]:
     """Compile (or load from inductor's cache) the graphs and kernels the calibrated policy uses, now rather
-    than inside the first request; returns the row counts warmed up ([] where the policy uses none)."""
+    than inside the first request, and the fused graphs of `verify_rows` where they win (compile_graphs);
+    returns the row counts warmed up ([] where the policy uses none)."""
     if not any(rt.layout(k) in INDUCTOR_LAYOUTS for k in rt.policy):
         return []
     say("compiling the layouts the calibration chose (decoding/compiled_body.py, compiled_gemv.py: about a "
         "minute the first time a machine sees this cache size, seconds once inductor has cached them)")
     t0 = time.perf_counter()
-    rows = rt.compile_graphs()
-    say(f"compiled layouts for {' and '.join(f'{k}+' if k > 1 else '1' for k in rows)} rows ready in "
+    rows = rt.compile_graphs(verify_rows)
+    say(f"compiled layouts for {', '.join(_row_class(rt, k) for k in rows)} rows ready in "
         f"{time.perf_counter() - t0:.1f} s")
+    for k, ms in rt.fused_ms.items():
+        kept = "kept" if k in rt.graph.fused else "not kept"
+        say(f"{k}-row verify: its fused graph {ms[FUSED]:.1f} ms against the shared graph's {ms[GRAPH]:.1f} ms "
+            f"({kept})")
     return rows

@@ -33,7 +33,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from eaglewire.decoding.compiled_body import GRAPH, INDUCTOR_LAYOUTS, CompiledBody, target_layouts
+from eaglewire.decoding.compiled_body import FUSED, FUSED_ROWS, GRAPH, INDUCTOR_LAYOUTS, CompiledBody, target_layouts
 from eaglewire.decoding.gemm import REFINE_REPS, PACKED, Linear, initial_policy, pick, row_counts, time_layouts
 from eaglewire.decoding.screened_head import PLAIN, SCREENED, ScreenedHead, default_head, greedy_heads
 from eaglewire.errors import TargetError
@@ -115,6 +115,7 @@ class LeanTarget:
         self.head_policy: dict[int, str] = {1: default_head(self.head_candidates) if head == "auto" else head}
         self.head_ms: dict[int, dict[str, float]] = {}  # {rows: {head: median ms}} of the last calibrate()
         self.calibration_ms: dict[int, dict[str, float]] = {}  # {rows: {layout: median ms}} of the last calibrate()
+        self.fused_ms: dict[int, dict[str, float]] = {}  # {rows: {GRAPH or FUSED: median ms}} of compile_graphs()
         self.rotary = _find_rotary(target)
         p = self.embed
         shape = (len(self.layers), batch, self.kv_heads, cache_slots(max_len, self.graph is not None), self.head_dim)
@@ -159,17 +160,37 @@ class LeanTarget:
         return self.policy
 
     @torch.no_grad()
-    def compile_graphs(self) -> list[int]:
+    def compile_graphs(self, verify_rows: tuple[int, ...] = ()) -> list[int]:
         """Run one forward of each row class the policy gives an inductor layout (GRAPH: one row, several;
         the compiled GEMV: one row), so that it is compiled (or loaded from inductor's cache) now rather
-        than inside the first request. Returns the row counts run. The slots written (after
-        CALIBRATION_PREFIX) are overwritten by any prefill."""
+        than inside the first request; then, for each of `verify_rows` (the verify sizes the caller's
+        proposers use) in FUSED_ROWS that the policy runs through GRAPH, build its static fused graph and
+        keep it where it times faster than the shared one (`fused_ms` has the medians). Only the sizes
+        asked for compile (about 40 s each on a cold machine). Returns the row counts run. The slots
+        written (after CALIBRATION_PREFIX) are overwritten by any prefill."""
         rows = sorted({min(k, 2) for k in self.policy if self.layout(k) in INDUCTOR_LAYOUTS
                        and CALIBRATION_PREFIX + min(k, 2) <= self.max_len})
         dev = self.embed.device
-        for k in rows:
+
+        def run(k: int) -> None:
             self.forward(torch.zeros(1, k, dtype=torch.long, device=dev),
                          torch.arange(CALIBRATION_PREFIX, CALIBRATION_PREFIX + k, device=dev)[None], CALIBRATION_PREFIX)
+
+        for k in rows:
+            run(k)
+        for k in sorted(set(verify_rows)):
+            if (self.graph is None or k not in FUSED_ROWS or self.layout(k) != GRAPH
+                    or CALIBRATION_PREFIX + k > self.max_len):
+                continue
+
+            def variant(name: str, k: int) -> None:
+                (self.graph.fused.add if name == FUSED else self.graph.fused.discard)(k)
+                run(k)
+
+            best, ms = time_layouts((GRAPH, FUSED), (k,), CALIBRATION_REPS, variant)
+            variant(best[k], k)  # leaves the faster one chosen
+            self.fused_ms[k] = ms[k]
+            rows.append(k)
         return rows
 
     def _calibrate_head(self, inputs: dict[int, tuple[torch.Tensor, torch.Tensor]], prefix: int, reps: int,

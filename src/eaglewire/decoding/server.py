@@ -243,7 +243,8 @@ def build_server(target: Any, draft: Any, shape: Any, model_name: str | None, ma
     from eaglewire.decoding.hf_runtime import make_runtime
     from eaglewire.decoding.propose import EagleProposer
 
-    rt = make_runtime(target, max_context + shape.num_draft_tokens + 8, calibrate=True, log=log)
+    rt = make_runtime(target, max_context + shape.num_draft_tokens + 8, calibrate=True, log=log,
+                      verify_rows=(shape.num_draft_tokens,))
     decoder = SpecDecoder(rt, EagleProposer(draft, draft.contract, shape, max_context))
     eos = {target.tokenizer.eos_token_id}
 
