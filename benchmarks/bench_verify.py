@@ -2,7 +2,7 @@
 cache: lean runtime calibrated per row count, each fixed layout this machine offers for every row count
 (nt, tn, wx, dnnl where torch exposes oneDNN's prepacked linear, and graph, the whole layer stack compiled by
 inductor, where it is offered: compiled_body.target_layouts; the one-row compiled GEMV is only in the calibrated
-runtime's choice), and HF
+runtime's choice; graph-fused, the graph with its fused verify graphs for 2-4 rows), and HF
 transformers, all in --dtype; and the calibrated runtime's greedy forward (argmax ids through the greedy
 head it calibrated: screened_head.py), which is what greedy decoding runs. Interleaved rounds, medians,
 ratio to the 1-token decode step of the same runtime.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from eaglewire.decoding.compiled_body import target_layouts
+from eaglewire.decoding.compiled_body import FUSED, FUSED_ROWS, GRAPH, target_layouts
 from eaglewire.decoding.gemm import applies
 from eaglewire.decoding.runtime import LeanTarget
 from eaglewire.hw import RUNTIME_DTYPES, describe_cpu, runtime_dtype
@@ -55,9 +55,18 @@ def main() -> None:
     prefix = torch.randint(0, target.vocab_size, (1, CACHED), generator=torch.Generator().manual_seed(0))
     layouts = target_layouts(dtype)  # gemm's, plus compiled_body.GRAPH where it is offered
     runtimes = {f"lean_{lay}": LeanTarget(target, 256, layout=lay) for lay in layouts if applies(lay, 2)}
+    if GRAPH in layouts:  # the graph with the fused verify graphs for 2-4 rows, always
+        runtimes[f"lean_{FUSED}"] = LeanTarget(target, 256, layout=GRAPH)
+        runtimes[f"lean_{FUSED}"].graph.fused = set(FUSED_ROWS)
     runtimes["lean_calibrated"] = LeanTarget(target, 256)
     policy = runtimes["lean_calibrated"].calibrate(ks=KS)
     print("calibrated layouts:", policy)
+    # what a start asking for these verify sizes does (make_runtime, compile="always"): a fused graph per
+    # size, kept where it times faster than the shared graph
+    runtimes["lean_calibrated"].compile_graphs(verify_rows=FUSED_ROWS)
+    fused_ms = runtimes["lean_calibrated"].fused_ms
+    print("fused verify graphs (ms):", fused_ms, "kept:", sorted(runtimes["lean_calibrated"].graph.fused)
+          if runtimes["lean_calibrated"].graph else [])
     for k, per_layout in runtimes["lean_calibrated"].calibration_ms.items():
         print(f"  calibration, {k} rows:", " ".join(f"{lay} {ms:.1f}" for lay, ms in per_layout.items()))
     for rt in runtimes.values():
@@ -85,6 +94,7 @@ def main() -> None:
     result["setup"] = {"rounds": a.rounds, "cache_tokens": CACHED, "dtype": str(dtype).removeprefix("torch."),
                        "threads": a.threads, "layouts": list(layouts), "calibrated": policy,
                        "calibration_ms": runtimes["lean_calibrated"].calibration_ms,
+                       "fused_ms": fused_ms,
                        "greedy_head": runtimes["lean_calibrated"].head_policy,
                        "fused": "q/k/v and gate/up one GEMM each", "cpu": describe_cpu()}
     atomic_write_text(a.out, json.dumps(result, indent=2))

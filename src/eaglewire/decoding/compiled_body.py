@@ -14,10 +14,15 @@ The GEMMs inside the graph:
   - two or more rows: oneDNN's prepacked weight through `eaglewire::packed_linear`, an op registered here
     (inductor cannot lower `mkldnn._linear_pointwise` with a weight that is an input rather than a frozen
     constant; as an opaque op it is called as is). Inductor's own reduction for several rows was slower
-    than oneDNN here (4 rows: 37.9 against 23.9 ms for the 120 body weights).
+    than oneDNN here (4 rows: 37.9 against 23.9 ms for the 120 body weights), written as one
+    broadcast product, with the norm recomputed inside it;
+  - a verify size a start asks for (2-4 rows, FUSED_ROWS): its own static graph (FUSED) of one GEMV per
+    row over the same weight, which inductor fuses into one loop reading each weight row once
+    (`fused_linear` has the figures), kept where LeanTarget.compile_graphs times it faster.
 
 Shapes: the cache length is dynamic from the first call (the mask's last dimension is marked dynamic), and
-so is the row count above one, so a runtime compiles two graphs: one row, and every larger row count.
+so is the row count above one, so a runtime compiles two graphs: one row, and every larger row count
+(and a static one per fused verify size).
 Compiling both took 58-75 s here the first time a machine saw a cache size; inductor caches the
 compiled code on disk (TORCHINDUCTOR_CACHE_DIR), and a later process traces both and loads them in about
 12 s (11.9 and 12.1 s at two warm `eaglewire generate` starts). The runtime
