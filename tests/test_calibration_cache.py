@@ -204,3 +204,31 @@ def test_generate_says_what_its_start_does(cache, tmp_path):
     assert "calibrating GEMM layouts" in first.stderr and str(cache / "calibration") in first.stderr
     second = CliRunner().invoke(app, args)
     assert second.exit_code == 0 and "reusing GEMM layout calibration from" in second.stderr
+
+
+def test_make_runtime_builds_the_fused_graph_of_the_verify_size_it_is_told_and_says_so(cache, monkeypatch):
+    """verify_rows under compile="always": compile_graphs times the asked size's fused graph against the
+    shared one and the log names both figures and the choice; a "cached" start builds none."""
+    from eaglewire.decoding import runtime
+    from eaglewire.decoding.compiled_body import FUSED, GRAPH, target_layouts
+
+    if GRAPH not in target_layouts(torch.float32):
+        pytest.skip("no inductor graph offered here (decoding/compiled_body.py)")
+
+    def fake_time(candidates, ks, reps, run, **_):  # the graph wins every row count, the fused graph its own
+        win = FUSED if FUSED in candidates else GRAPH if GRAPH in candidates else candidates[0]
+        for k in ks:
+            for lay in candidates:
+                if applies(lay, k):
+                    run(lay, k)
+        return {k: win for k in ks}, {k: {lay: 1.0 if lay == win else 2.0 for lay in candidates} for k in ks}
+
+    monkeypatch.setattr(runtime, "time_layouts", fake_time)
+    target, log = build_target("llama"), []
+    rt = make_runtime(target, 32, calibrate=True, log=log.append, verify_rows=(3, 9))
+    assert rt.graph.fused == {3} and rt.fused_ms == {3: {GRAPH: 2.0, FUSED: 1.0}}
+    assert "and the fused graphs of 3-row verifies" in log[-2] and log[-2].startswith("compiled layouts for 1 and 2+ rows")
+    assert log[-1] == "3-row verify: its fused graph 1.0 ms against the shared graph's 2.0 ms (kept)"
+    log.clear()
+    rt = make_runtime(target, 32, calibrate=True, log=log.append, verify_rows=(3,), compile="cached")
+    assert rt.graph.fused == set() and rt.fused_ms == {}

@@ -111,11 +111,6 @@ def make_runtime(target: Target, max_len: int, *, calibrate: bool = False, log: 
     return rt
 
 
-def _row_class(rt, k: int) -> str:
-    """How _compile's message names a warmed row count: 1, k (a fused verify size) or k+ (the shared graph)."""
-    return str(k) if k == 1 or k in rt.fused_ms else f"{k}+"
-
-
 def _compile(rt, say: Callable[[str], None], verify_rows: tuple[int, ...]) -> list[int]:
     """Compile (or load from inductor's cache) the graphs and kernels the calibrated policy uses, now rather
     than inside the first request, and the fused graphs of `verify_rows` where they win (compile_graphs);
@@ -126,7 +121,9 @@ def _compile(rt, say: Callable[[str], None], verify_rows: tuple[int, ...]) -> li
         "minute the first time a machine sees this cache size, seconds once inductor has cached them)")
     t0 = time.perf_counter()
     rows = rt.compile_graphs(verify_rows)
-    say(f"compiled layouts for {', '.join(_row_class(rt, k) for k in rows)} rows ready in "
+    shared = rows[:len(rows) - len(rt.fused_ms)]  # compile_graphs runs the fused verify sizes last
+    fused = f", and the fused graphs of {', '.join(map(str, sorted(rt.fused_ms)))}-row verifies" if rt.fused_ms else ""
+    say(f"compiled layouts for {' and '.join(f'{k}+' if k > 1 else '1' for k in shared)} rows{fused}, ready in "
         f"{time.perf_counter() - t0:.1f} s")
     for k, ms in rt.fused_ms.items():
         kept = "kept" if k in rt.graph.fused else "not kept"
