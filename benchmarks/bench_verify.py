@@ -5,7 +5,10 @@ inductor, where it is offered: compiled_body.target_layouts; the one-row compile
 runtime's choice; graph-fused, the graph with its fused verify graphs for 2-4 rows), and HF
 transformers, all in --dtype; and the calibrated runtime's greedy forward (argmax ids through the greedy
 head it calibrated: screened_head.py), which is what greedy decoding runs. Interleaved rounds, medians,
-ratio to the 1-token decode step of the same runtime.
+ratio to the 1-token decode step of the same runtime. And the roofline (decoding/roofline.py): this
+machine's streamed read bandwidth and oneDNN GEMM peak, sampled beside every k of every round, and from
+them the fastest any k-row step could be, as a ratio to the calibrated runtime's measured 1-row step: a verify-cost target below that
+floor cannot be met on this host.
 
     python benchmarks/bench_verify.py --rounds 8 --dtype float32 --out benchmarks/results/verify.json
 """
@@ -22,6 +25,7 @@ import torch
 
 from eaglewire.decoding.compiled_body import FUSED, FUSED_ROWS, GRAPH, target_layouts
 from eaglewire.decoding.gemm import applies
+from eaglewire.decoding.roofline import PEAK_ROWS, RateProbe, step_cost, widest_matrix
 from eaglewire.decoding.runtime import LeanTarget
 from eaglewire.hw import RUNTIME_DTYPES, describe_cpu, runtime_dtype
 from eaglewire.safeio import atomic_write_text
@@ -40,6 +44,17 @@ def _hf_verify(target, prefix: torch.Tensor, k: int) -> float:
         t0 = time.perf_counter()
         target.model(input_ids=torch.ones(1, k, dtype=torch.long), past_key_values=cache, use_cache=True)
     return time.perf_counter() - t0
+
+
+def _roofline(target, probe: RateProbe, decode_ms: float) -> dict:
+    """The rates sampled between the rounds' steps; the floor of each k-row step, in ms and as a ratio to
+    the calibrated runtime's measured 1-row step (decode_ms)."""
+    floor = {k: step_cost(target, k, CACHED).floor_s(probe.bandwidth, probe.peak) * 1e3 for k in KS}
+    shape = widest_matrix(target)
+    return {"bandwidth_gb_s": probe.bandwidth / 1e9, "gemm_peak_gflop_s": probe.peak / 1e9,
+            "gemm_shape": f"[{PEAK_ROWS}, {shape[0]}] x [{shape[0]}, {shape[1]}]", "samples": len(probe.read_s),
+            "floor_ms": floor, "floor_ratio_to_decode": {k: floor[k] / decode_ms for k in KS},
+            "decode_ms": decode_ms}
 
 
 def main() -> None:
@@ -72,6 +87,7 @@ def main() -> None:
     for rt in runtimes.values():
         rt.forward(prefix, torch.arange(CACHED)[None], 0)
 
+    probe = RateProbe(*widest_matrix(target), dtype=dtype)  # sampled beside every k of every round
     times: dict[str, dict[int, list[float]]] = {n: {k: [] for k in KS} for n in (*runtimes, "lean_calibrated_greedy", "hf")}
     for r in range(a.rounds):
         for k in KS:
@@ -85,6 +101,7 @@ def main() -> None:
             runtimes["lean_calibrated"].greedy(ids, pos, CACHED)
             times["lean_calibrated_greedy"][k].append(time.perf_counter() - t0)
             times["hf"][k].append(_hf_verify(target, prefix, k))
+            probe.sample()
         print(f"round {r + 1}: " + " ".join(f"k{k}={statistics.median(times['lean_calibrated'][k]) * 1e3:.0f}ms"
                                             for k in KS), flush=True)
     result: dict = {}
@@ -97,9 +114,14 @@ def main() -> None:
                        "fused_ms": fused_ms,
                        "greedy_head": runtimes["lean_calibrated"].head_policy,
                        "fused": "q/k/v and gate/up one GEMM each", "cpu": describe_cpu()}
+    result["roofline"] = _roofline(target, probe, result["lean_calibrated"]["median_ms"][1])
     atomic_write_text(a.out, json.dumps(result, indent=2))
     for name in times:
         print(name, {k: f"{result[name]['median_ms'][k]:.0f}ms x{result[name]['ratio_to_decode'][k]:.2f}" for k in KS})
+    roof = result["roofline"]
+    print(f"roofline: read {roof['bandwidth_gb_s']:.0f} GB/s, GEMM peak {roof['gemm_peak_gflop_s']:.0f} GFLOP/s "
+          f"{roof['gemm_shape']}; floor", {k: f"{roof['floor_ms'][k]:.1f}ms x{roof['floor_ratio_to_decode'][k]:.2f}"
+                                             for k in KS})
 
 
 if __name__ == "__main__":
