@@ -45,6 +45,7 @@ layouts on the targets tested; SmolLM2's hidden states within 3e-5).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import types
 from typing import Callable, Protocol
@@ -81,8 +82,15 @@ _LIB = torch.library.Library("eaglewire", "DEF")
 _LIB.define("packed_linear(Tensor x, Tensor packed, Tensor? bias) -> Tensor")
 
 
-def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+# The kernel is oneDNN's op itself (its C builtin, the trailing arguments bound by functools.partial, also
+# C), not a Python function calling it. Why: a multi-row step calls this op 120 times, and on CPython 3.11
+# every Python frame pushed at a stack depth where the interpreter's 16 KB frame-stack chunk runs out maps a
+# new chunk and unmaps it on return. Measured (SmolLM2, a 2-row graph step, AMD EPYC, 2 threads): called at
+# 6-9 frames deeper than usual, the step took 20.3 ms against 17.0 at other depths, strace counting 120
+# mmap + munmap pairs of 16 KB per step there and none elsewhere; it made the calibration time the graph
+# slower than eager dnnl when called from inside a function (README, sitting 21).
+_packed_linear = functools.partial(torch.ops.mkldnn._linear_pointwise.default._op, attr="none", scalars=[],
+                                   algorithm="")
 
 
 def _packed_linear_shape(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
