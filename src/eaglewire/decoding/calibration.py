@@ -36,7 +36,9 @@ from eaglewire.verifier.loader import Target
 
 # 2: the greedy head (plain / screened, screened_head.py) per row count beside the layouts
 # 3: the graph's inductor options and unfused attention (compiled_body.py) changed what "graph" costs
-FORMAT = 3  # bump when the file's meaning changes: older files then miss (another key), never misread
+# 4: packed_linear's kernel lost its Python frame (compiled_body.py): calibrations made at a caller depth
+#    where that frame thrashed CPython's frame-stack chunks timed "graph" 3 ms slow and chose dnnl
+FORMAT = 4  # bump when the file's meaning changes: older files then miss (another key), never misread
 
 
 class _Unusable(Exception):
