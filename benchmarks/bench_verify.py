@@ -7,8 +7,8 @@ transformers, all in --dtype; and the calibrated runtime's greedy forward (argma
 head it calibrated: screened_head.py), which is what greedy decoding runs. Interleaved rounds, medians,
 ratio to the 1-token decode step of the same runtime. And the roofline (decoding/roofline.py): this
 machine's streamed read bandwidth and oneDNN GEMM peak, sampled beside every k of every round, and from
-them the fastest any k-row step could be, as a ratio to the calibrated runtime's measured 1-row step: a verify-cost target below that
-floor cannot be met on this host.
+them the fastest any k-row step could be, as a ratio to the calibrated runtime's measured 1-row step: a
+verify-cost target below that floor cannot be met on this host.
 
     python benchmarks/bench_verify.py --rounds 8 --dtype float32 --out benchmarks/results/verify.json
 """
@@ -50,7 +50,7 @@ def _roofline(target, probe: RateProbe, decode_ms: float) -> dict:
     """The rates sampled between the rounds' steps; the floor of each k-row step, in ms and as a ratio to
     the calibrated runtime's measured 1-row step (decode_ms)."""
     floor = {k: step_cost(target, k, CACHED).floor_s(probe.bandwidth, probe.peak) * 1e3 for k in KS}
-    shape = widest_matrix(target)
+    shape = probe.shape
     return {"bandwidth_gb_s": probe.bandwidth / 1e9, "gemm_peak_gflop_s": probe.peak / 1e9,
             "gemm_shape": f"[{PEAK_ROWS}, {shape[0]}] x [{shape[0]}, {shape[1]}]", "samples": len(probe.read_s),
             "floor_ms": floor, "floor_ratio_to_decode": {k: floor[k] / decode_ms for k in KS},

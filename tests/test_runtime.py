@@ -218,7 +218,6 @@ def test_the_graph_keeps_the_guards_on_its_arguments_and_drops_those_on_the_runt
     assert kept == [False, False, False, True, True, True, True, True]
 
 
-
 def test_the_graphs_packed_linear_runs_no_python_frame_of_ours_and_matches_the_product():
     """eaglewire::packed_linear's kernel is oneDNN's C builtin itself: a Python function of ours there
     (one frame per GEMM, 120 a step) mapped and unmapped a 16 KB frame-stack chunk per call at some caller
@@ -239,6 +238,7 @@ def test_the_graphs_packed_linear_runs_no_python_frame_of_ours_and_matches_the_p
     ours = str(Path(body.__file__).parents[1])  # the eaglewire package
     assert not [f for f in frames if f.startswith(ours)], frames
     torch.testing.assert_close(y, x @ w.t() + b, atol=1e-5, rtol=1e-5)
+
 
 @pytest.mark.parametrize("B,mask_batch", [(1, 1), (2, 1), (2, 2)])
 def test_the_unfused_attention_is_sdpas_under_grouped_heads_and_a_tree_mask(B, mask_batch):

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from eaglewire.decoding.gemm import PACKED, Linear, candidate_layouts
+from eaglewire.decoding.runtime import head_dim
 from eaglewire.hw import last_level_cache_bytes
 
 STREAM_MIN_BYTES = 512 << 20  # the streamed buffer: at least this, and 8x the last-level cache
@@ -44,8 +46,6 @@ def step_cost(target, rows: int, cached: int) -> StepCost:
     tokens: weight counts from its real matrices (embedding rows read are negligible; a tied head counts
     once, as the head), attention from its config. For a dense target: an MoE's count would include every
     expert, which no single row reads, so it would not be a floor (the lean runtime runs dense targets only)."""
-    from eaglewire.decoding.runtime import head_dim
-
     cfg = target.text_config
     head = target.model.get_output_embeddings().weight
     matrices = [p for p in target.layers.parameters() if p.dim() == 2] + [head]
@@ -63,26 +63,25 @@ class RateProbe:
     drifts by tens of percent between minutes here, so rates measured once, before or after, do not
     describe the steps they are compared with): the bytes per second a sum reads from a buffer 8x the
     last-level cache (at least STREAM_MIN_BYTES: no sample finds it in a cache), and the FLOP per second
-    of oneDNN's prepacked linear (the runtime's GEMM for several rows; plain `torch.mm` where this torch
-    build does not expose it) on a compute-bound [PEAK_ROWS, in] x [in, out] product of the target's own
+    of oneDNN's prepacked linear (the runtime's GEMM for several rows, gemm.Linear's "dnnl" layout; its "tn"
+    matmul where this torch build or dtype does not offer it) on a compute-bound [PEAK_ROWS, in] x [in, out] product of the target's own
     matrix shape. `bandwidth` and `peak` are the medians of the samples taken."""
 
     def __init__(self, in_features: int, out_features: int, dtype: torch.dtype = torch.float32) -> None:
         size = max(STREAM_MIN_BYTES, 8 * (last_level_cache_bytes() or 0))
         self.buf = torch.ones(size // torch.empty(0, dtype=dtype).element_size(), dtype=dtype)
+        self.shape = (in_features, out_features)
         self.x = torch.randn(PEAK_ROWS, in_features, dtype=dtype)  # [R, in]
-        w = torch.randn(out_features, in_features, dtype=dtype)  # [out, in]
-        ops = torch.ops.mkldnn
-        if torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight"):
-            packed = ops._reorder_linear_weight(w, None)
-            self.gemm = lambda: ops._linear_pointwise(self.x, packed, None, "none", [], "")
-        else:
-            wt = w.t().contiguous()
-            self.gemm = lambda: self.x @ wt
+        packed = PACKED in candidate_layouts(dtype, compiled=False)
+        self.lin = Linear(torch.randn(out_features, in_features, dtype=dtype), None, packed)  # [out, in]
+        self.layout = PACKED if packed else "tn"
         self.flop = 2 * PEAK_ROWS * in_features * out_features
         self.buf.sum(), self.gemm()  # untimed: first calls pay for page faults and oneDNN's kernel choice
         self.read_s: list[float] = []
         self.gemm_s: list[float] = []
+
+    def gemm(self) -> torch.Tensor:  # [R, out]
+        return self.lin(self.x, self.layout)
 
     def sample(self) -> None:
         """Time one pass over the buffer and one GEMM."""
