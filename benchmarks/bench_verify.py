@@ -2,7 +2,7 @@
 cache: lean runtime calibrated per row count, each fixed layout this machine offers for every row count
 (nt, tn, wx, dnnl where torch exposes oneDNN's prepacked linear, and graph, the whole layer stack compiled by
 inductor, where it is offered: compiled_body.target_layouts; the one-row compiled GEMV is only in the calibrated
-runtime's choice; graph-fused, the graph with its fused verify graphs for 2-4 rows), and HF
+runtime's choice; graph-fused, the graph with its fused verify graphs for the row counts in FUSED_ROWS), and HF
 transformers, all in --dtype; and the calibrated runtime's greedy forward (argmax ids through the greedy
 head it calibrated: screened_head.py), which is what greedy decoding runs. Interleaved rounds, medians,
 ratio to the 1-token decode step of the same runtime. And the roofline (decoding/roofline.py): this
@@ -70,15 +70,16 @@ def main() -> None:
     prefix = torch.randint(0, target.vocab_size, (1, CACHED), generator=torch.Generator().manual_seed(0))
     layouts = target_layouts(dtype)  # gemm's, plus compiled_body.GRAPH where it is offered
     runtimes = {f"lean_{lay}": LeanTarget(target, 256, layout=lay) for lay in layouts if applies(lay, 2)}
-    if GRAPH in layouts:  # the graph with the fused verify graphs for 2-4 rows, always
+    fused_ks = tuple(k for k in KS if k in FUSED_ROWS)  # only the sizes timed here compile a fused graph
+    if GRAPH in layouts:  # the graph with the fused verify graphs for those sizes, always
         runtimes[f"lean_{FUSED}"] = LeanTarget(target, 256, layout=GRAPH)
-        runtimes[f"lean_{FUSED}"].graph.fused = set(FUSED_ROWS)
+        runtimes[f"lean_{FUSED}"].graph.fused = set(fused_ks)
     runtimes["lean_calibrated"] = LeanTarget(target, 256)
     policy = runtimes["lean_calibrated"].calibrate(ks=KS)
     print("calibrated layouts:", policy)
     # what a start asking for these verify sizes does (make_runtime, compile="always"): a fused graph per
     # size, kept where it times faster than the shared graph
-    runtimes["lean_calibrated"].compile_graphs(verify_rows=FUSED_ROWS)
+    runtimes["lean_calibrated"].compile_graphs(verify_rows=fused_ks)
     fused_ms = runtimes["lean_calibrated"].fused_ms
     print("fused verify graphs (ms):", fused_ms, "kept:", sorted(runtimes["lean_calibrated"].graph.fused)
           if runtimes["lean_calibrated"].graph else [])

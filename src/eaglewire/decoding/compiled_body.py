@@ -16,7 +16,7 @@ The GEMMs inside the graph:
     constant; as an opaque op it is called as is). Inductor's own reduction for several rows was slower
     than oneDNN here (4 rows: 37.9 against 23.9 ms for the 120 body weights), written as one
     broadcast product, with the norm recomputed inside it;
-  - a verify size a start asks for (2-4 rows, FUSED_ROWS): its own static graph (FUSED) of one GEMV per
+  - a verify size a start asks for (2-8 rows, FUSED_ROWS): its own static graph (FUSED) of one GEMV per
     row over the same weight, which inductor fuses into one loop reading each weight row once
     (`fused_linear` has the figures), kept where LeanTarget.compile_graphs times it faster.
 
@@ -58,7 +58,9 @@ from eaglewire.ops import sdpa, unfused_attention
 
 GRAPH = "graph"
 FUSED = "graph-fused"  # GRAPH with a static graph of fused multi-row GEMVs for one verify size (fused_linear)
-FUSED_ROWS = (2, 3, 4)  # the verify sizes that may get one (a fused GEMV per row stops paying beyond)
+# the verify sizes that may get one: where it wins depends on the machine (fused_linear), so every asked size
+# up to 8 is timed (at 16 rows it lost on the AVX2 host where 5-8 won)
+FUSED_ROWS = (2, 3, 4, 5, 6, 7, 8)
 # inductor config for the graph (module docstring): realize each GEMV's input rather than recompute it per
 # output row. Part of inductor's cache key, so a change compiles anew rather than loading stale code.
 GRAPH_OPTIONS = {"realize_reads_threshold": 1}
@@ -123,10 +125,13 @@ def graph_linear(lin: Linear, x: torch.Tensor) -> torch.Tensor:  # x [B, T, in] 
 def fused_linear(lin: Linear, x: torch.Tensor) -> torch.Tensor:  # x [B, T, in], B*T static -> [B, T, out]
     """A Linear in a graph of a fixed row count (FUSED): one reduction per row over the same weight, which
     inductor fuses into one loop reading each weight row once for every row (B*T accumulators), the norm
-    or activation before it realized once (GRAPH_OPTIONS). Measured on SmolLM2's layer stack (AMD EPYC,
-    2 cores, AVX-512, fp32, 100 cached tokens, two runtimes each interleaved, medians of 30): 2 rows 16.9
-    -> 14.1 ms, 4 rows 16.3 -> 15.5 against oneDNN's packed GEMM in the graph; 6 rows slower (18.6
-    against 17.4 in another run), hence FUSED_ROWS. A machine keeps it only where it times faster there
+    or activation before it realized once (GRAPH_OPTIONS). Measured on SmolLM2's layer stack, 100 cached
+    tokens, fp32, two runtimes interleaved in one process, against oneDNN's packed GEMM in the graph:
+      - AMD EPYC, 2 cores, AVX-512 (medians of 30): 2 rows 16.9 -> 14.1 ms, 4 rows 16.3 -> 15.5; 6 rows
+        slower (18.6 against 17.4 in another run);
+      - AMD EPYC, 2 cores, AVX2 only (sitting 22, medians of 8; oneDNN's AVX2 kernels for few rows are
+        slower there): 5 rows 30.2 -> 21.7 ms, 8 rows 36.0 -> 26.5, 16 rows 49.9 -> 59.4 (slower).
+    Hence FUSED_ROWS up to 8, and a machine keeps a size's graph only where it times faster there
     (LeanTarget.compile_graphs)."""
     B, T, _ = x.shape
     rows = x.reshape(B * T, -1)  # [R, in]
