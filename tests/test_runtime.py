@@ -240,6 +240,40 @@ def test_the_graphs_packed_linear_runs_no_python_frame_of_ours_and_matches_the_p
     torch.testing.assert_close(y, x @ w.t() + b, atol=1e-5, rtol=1e-5)
 
 
+def test_no_caller_depth_makes_the_graph_fault_a_page_per_gemm():
+    """The graph's C++ wrapper (compiled_body.GRAPH_OPTIONS) runs its GEMMs without a Python frame each.
+    With the Python wrapper, at the caller depths where that frame straddled the end of CPython's 16 KB
+    frame-stack chunk, every GEMM mapped a fresh chunk: a minor page fault per GEMM (one depth in about a
+    hundred; compiled_body.py has the figures). Counted, not timed: at every caller depth over about two
+    chunks' worth of frames, a step faults fewer pages than it has GEMMs (the Python wrapper: exactly one
+    per GEMM at two depths; other code: at most 22 here, whatever the layer count)."""
+    import resource
+
+    if not graph_offered():
+        pytest.skip(NO_GRAPH)
+    layers = 10
+    lean = LeanTarget(build_target("llama", layers=layers), max_len=32, layout=GRAPH)
+    gemms = 4 * layers  # q/k/v, o, gate/up, down
+    h = lean.embed[torch.zeros(1, 2, dtype=torch.long)]  # a 2-row step after 8 cached slots
+    cos, sin = lean.rotary(lean.embed[:1][None], torch.arange(8, 10)[None])
+    cos, sin, mask = cos[:, None], sin[:, None], torch.zeros(1, 1, 2, 10)
+    steps = 4
+
+    def faults_at(depth: int) -> float:
+        if depth:
+            return faults_at(depth - 1)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(steps):
+            lean.graph(h, cos, sin, 8, mask, ())
+        return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / steps
+
+    with torch.no_grad():
+        lean.graph(h, cos, sin, 8, mask, ())  # compiles
+        per_step = {d: faults_at(d) for d in range(200)}
+    worst = max(per_step, key=per_step.get)
+    assert per_step[worst] < gemms, f"{per_step[worst]} page faults a step at caller depth {worst} ({gemms} GEMMs)"
+
+
 @pytest.mark.parametrize("B,mask_batch", [(1, 1), (2, 1), (2, 2)])
 def test_the_unfused_attention_is_sdpas_under_grouped_heads_and_a_tree_mask(B, mask_batch):
     """What the graph runs for several rows (ops.unfused_attention) against torch's fused kernel: grouped

@@ -38,7 +38,9 @@ from eaglewire.verifier.loader import Target
 # 3: the graph's inductor options and unfused attention (compiled_body.py) changed what "graph" costs
 # 4: packed_linear's kernel lost its Python frame (compiled_body.py): calibrations made at a caller depth
 #    where that frame thrashed CPython's frame-stack chunks timed "graph" 3 ms slow and chose dnnl
-FORMAT = 4  # bump when the file's meaning changes: older files then miss (another key), never misread
+# 5: the graph's C++ wrapper (compiled_body.GRAPH_OPTIONS) changed what "graph" costs, and compiled-layout
+#    markers must not promise graphs that inductor's cache holds only with the Python wrapper
+FORMAT = 5  # bump when the file's meaning changes: older files then miss (another key), never misread
 
 
 class _Unusable(Exception):

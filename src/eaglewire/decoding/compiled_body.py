@@ -38,6 +38,17 @@ after a 100-token prefill, two runtimes per variant interleaved in one process, 
   - guards on the call's arguments only (`_keep_guard`): dynamo otherwise checks ~600 guards on the
     runtime's attributes every call (each weight, cache view, eps). 1 row 14.7 -> 14.0 ms, 4 rows 17.9 ->
     17.8 ms.
+  - `cpp_wrapper=True` (GRAPH_OPTIONS): the code that calls the graph's kernels and its oneDNN GEMMs in
+    order is compiled C++ instead of generated Python. The Python wrapper pushed a Python frame per GEMM
+    (torch's `OpOverload.__call__`), and at the caller stack depths where that frame straddles the end
+    of CPython 3.11's 16 KB frame-stack chunk each GEMM mapped and unmapped a chunk (sitting 22, AMD EPYC,
+    2 cores, AVX2 only: a 2-row step of the layer stack called 0-119 frames deep took 29.6-30.2 ms at
+    depths 9 and 111, one minor page fault per GEMM, 120 a step, against 23.4 ms at the others; with the
+    C++ wrapper no depth faults per GEMM and the step took 22.6). Interleaved in one process on the same
+    host (whole forward with logits, medians of 12): 1 / 2 / 4 / 16 rows 21.2 / 29.6 / 36.2 / 69.4 ->
+    19.6 / 28.7 / 34.3 / 62.6 ms (8 rows 45.7 against 46.7, within the noise). The wrapper's C++ adds
+    to a cold compile (138 against 92 s for the 1-row and shared graphs on that host); a warm start loads
+    it from inductor's cache like the rest.
 
 Numerics: fp32 throughout, another summation order for the GEMVs and the norms (within 1e-4 of the eager
 layouts on the targets tested; SmolLM2's hidden states within 3e-5).
@@ -62,8 +73,9 @@ FUSED = "graph-fused"  # GRAPH with a static graph of fused multi-row GEMVs for 
 # up to 8 is timed (at 16 rows it lost on the AVX2 host where 5-8 won)
 FUSED_ROWS = (2, 3, 4, 5, 6, 7, 8)
 # inductor config for the graph (module docstring): realize each GEMV's input rather than recompute it per
-# output row. Part of inductor's cache key, so a change compiles anew rather than loading stale code.
-GRAPH_OPTIONS = {"realize_reads_threshold": 1}
+# output row; a C++ wrapper (no Python frame per GEMM). Part of inductor's cache key, so a change compiles
+# anew rather than loading stale code.
+GRAPH_OPTIONS = {"realize_reads_threshold": 1, "cpp_wrapper": True}
 INDUCTOR_LAYOUTS = (GRAPH, COMPILED)  # the target's layouts that inductor compiles (the rest: eager ops)
 
 
@@ -90,7 +102,8 @@ _LIB.define("packed_linear(Tensor x, Tensor packed, Tensor? bias) -> Tensor")
 # new chunk and unmaps it on return. Measured (SmolLM2, a 2-row graph step, AMD EPYC, 2 threads): called at
 # 6-9 frames deeper than usual, the step took 20.3 ms against 17.0 at other depths, strace counting 120
 # mmap + munmap pairs of 16 KB per step there and none elsewhere; it made the calibration time the graph
-# slower than eager dnnl when called from inside a function (README, sitting 21).
+# slower than eager dnnl when called from inside a function (README, sitting 21). The graph's C++ wrapper
+# (GRAPH_OPTIONS) calls the op through the dispatcher from C++, so no Python frame is left per GEMM.
 _packed_linear = functools.partial(torch.ops.mkldnn._linear_pointwise.default._op, attr="none", scalars=[],
                                    algorithm="")
 
