@@ -57,6 +57,25 @@ def _roofline(target, probe: RateProbe, decode_ms: float) -> dict:
             "decode_ms": decode_ms}
 
 
+def _runtimes(target, layouts: tuple[str, ...]) -> dict[str, LeanTarget]:
+    """A runtime per fixed layout, the graph with its fused verify graphs (FUSED), and a calibrated one that
+    builds the fused graphs as a start asking for these verify sizes does (make_runtime, compile="always":
+    a fused graph per size, kept where it times faster than the shared graph)."""
+    runtimes = {f"lean_{lay}": LeanTarget(target, 256, layout=lay) for lay in layouts if applies(lay, 2)}
+    fused_ks = tuple(k for k in KS if k in FUSED_ROWS)  # only the sizes timed here compile a fused graph
+    if GRAPH in layouts:  # the graph with the fused verify graphs for those sizes, always
+        runtimes[f"lean_{FUSED}"] = LeanTarget(target, 256, layout=GRAPH)
+        runtimes[f"lean_{FUSED}"].graph.fused = set(fused_ks)
+    calibrated = runtimes["lean_calibrated"] = LeanTarget(target, 256)
+    print("calibrated layouts:", calibrated.calibrate(ks=KS))
+    calibrated.compile_graphs(verify_rows=fused_ks)
+    print("fused verify graphs (ms):", calibrated.fused_ms, "kept:", sorted(calibrated.graph.fused)
+          if calibrated.graph else [])
+    for k, per_layout in calibrated.calibration_ms.items():
+        print(f"  calibration, {k} rows:", " ".join(f"{lay} {ms:.1f}" for lay, ms in per_layout.items()))
+    return runtimes
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=8)
@@ -69,22 +88,8 @@ def main() -> None:
     target = load_target(dtype=dtype)
     prefix = torch.randint(0, target.vocab_size, (1, CACHED), generator=torch.Generator().manual_seed(0))
     layouts = target_layouts(dtype)  # gemm's, plus compiled_body.GRAPH where it is offered
-    runtimes = {f"lean_{lay}": LeanTarget(target, 256, layout=lay) for lay in layouts if applies(lay, 2)}
-    fused_ks = tuple(k for k in KS if k in FUSED_ROWS)  # only the sizes timed here compile a fused graph
-    if GRAPH in layouts:  # the graph with the fused verify graphs for those sizes, always
-        runtimes[f"lean_{FUSED}"] = LeanTarget(target, 256, layout=GRAPH)
-        runtimes[f"lean_{FUSED}"].graph.fused = set(fused_ks)
-    runtimes["lean_calibrated"] = LeanTarget(target, 256)
-    policy = runtimes["lean_calibrated"].calibrate(ks=KS)
-    print("calibrated layouts:", policy)
-    # what a start asking for these verify sizes does (make_runtime, compile="always"): a fused graph per
-    # size, kept where it times faster than the shared graph
-    runtimes["lean_calibrated"].compile_graphs(verify_rows=fused_ks)
-    fused_ms = runtimes["lean_calibrated"].fused_ms
-    print("fused verify graphs (ms):", fused_ms, "kept:", sorted(runtimes["lean_calibrated"].graph.fused)
-          if runtimes["lean_calibrated"].graph else [])
-    for k, per_layout in runtimes["lean_calibrated"].calibration_ms.items():
-        print(f"  calibration, {k} rows:", " ".join(f"{lay} {ms:.1f}" for lay, ms in per_layout.items()))
+    runtimes = _runtimes(target, layouts)
+    policy, fused_ms = runtimes["lean_calibrated"].policy, runtimes["lean_calibrated"].fused_ms
     for rt in runtimes.values():
         rt.forward(prefix, torch.arange(CACHED)[None], 0)
 

@@ -210,7 +210,7 @@ def test_make_runtime_builds_the_fused_graph_of_the_verify_size_it_is_told_and_s
     """verify_rows under compile="always": compile_graphs times the asked size's fused graph against the
     shared one and the log names both figures and the choice; a "cached" start builds none."""
     from eaglewire.decoding import runtime
-    from eaglewire.decoding.compiled_body import FUSED, GRAPH, target_layouts
+    from eaglewire.decoding.compiled_body import FUSED, FUSED_ROWS, GRAPH, target_layouts
 
     if GRAPH not in target_layouts(torch.float32):
         pytest.skip("no inductor graph offered here (decoding/compiled_body.py)")
@@ -225,7 +225,7 @@ def test_make_runtime_builds_the_fused_graph_of_the_verify_size_it_is_told_and_s
 
     monkeypatch.setattr(runtime, "time_layouts", fake_time)
     target, log = build_target("llama"), []
-    rt = make_runtime(target, 32, calibrate=True, log=log.append, verify_rows=(3, 9))
+    rt = make_runtime(target, 32, calibrate=True, log=log.append, verify_rows=(3, max(FUSED_ROWS) + 1))
     assert rt.graph.fused == {3} and rt.fused_ms == {3: {GRAPH: 2.0, FUSED: 1.0}}
     assert "and the fused graphs of 3-row verifies" in log[-2] and log[-2].startswith("compiled layouts for 1 and 2+ rows")
     assert log[-1] == "3-row verify: its fused graph 1.0 ms against the shared graph's 2.0 ms (kept)"

@@ -63,8 +63,8 @@ def generate_cmd(
     compile: str = typer.Option("cached", "--compile", help="The compiled layouts of the target's forward (inductor): "
                                 "'cached' uses them once a start on this machine has built them for this cache "
                                 "size (a power of two above prompt + --max-new-tokens), else the eager layouts, "
-                                "so that a start takes seconds; 'always' builds them now (about a minute, once "
-                                "per cache size); 'never'."),
+                                "so that a start takes seconds; 'always' builds them now (one to a few minutes, "
+                                "once per cache size); 'never'."),
 ) -> None:
     """Greedy speculative decoding (lossless: in float32 the text equals plain greedy decoding; in bfloat16
     every token is a greedy choice up to bf16 rounding, so the texts may part where two tokens tie)."""

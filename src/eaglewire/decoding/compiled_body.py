@@ -103,7 +103,8 @@ _LIB.define("packed_linear(Tensor x, Tensor packed, Tensor? bias) -> Tensor")
 # 6-9 frames deeper than usual, the step took 20.3 ms against 17.0 at other depths, strace counting 120
 # mmap + munmap pairs of 16 KB per step there and none elsewhere; it made the calibration time the graph
 # slower than eager dnnl when called from inside a function (README, sitting 21). The graph's C++ wrapper
-# (GRAPH_OPTIONS) calls the op through the dispatcher from C++, so no Python frame is left per GEMM.
+# (GRAPH_OPTIONS) calls the op through the dispatcher from C++ (torch 2.13's inductor; older ones called
+# custom ops back through Python), so no Python frame is left per GEMM (tests/test_runtime.py checks it).
 _packed_linear = functools.partial(torch.ops.mkldnn._linear_pointwise.default._op, attr="none", scalars=[],
                                    algorithm="")
 

@@ -74,7 +74,7 @@ def make_runtime(target: Target, max_len: int, *, calibrate: bool = False, log: 
     layouts from this machine's cached calibration, measuring it (seconds) the first time
     (decoding/calibration.py); `log` hears what the start does. compile (with calibrate): whether the
     inductor layouts (compiled_gemv.py, compiled_body.py's GRAPH) are candidates: "always" (serve, bench:
-    a start on a cold machine compiles for about a minute, and decode steps are then the fastest), "cached"
+    a start on a cold machine compiles for one to a few minutes, and decode steps are then the fastest), "cached"
     (generate: only where a start on this machine already compiled them for this target and cache size,
     calibration.compiled_marker, written by a start that compiled something; else the eager layouts, so
     that a first start takes seconds), "never". verify_rows: the verify sizes (a TreeShape's
@@ -100,11 +100,11 @@ def make_runtime(target: Target, max_len: int, *, calibrate: bool = False, log: 
     compiled = marker is not None and (compile == "always" or marker.exists())
     if compile == "cached" and not compiled:
         say(f"no compiled layouts built on this machine yet for this target and a {cache_slots(n, True)}-slot "
-            "cache: eager layouts this time (a start with --compile always builds them once, about a minute)")
+            "cache: eager layouts this time (a start with --compile always builds them once, one to a few minutes)")
     rt = LeanTarget(target, n, compiled=compiled)
     if calibrate:
         calibrate_cached(rt, log)
-        # the fused verify graphs only where the caller accepts compiling (~40 s each on a cold machine):
+        # the fused verify graphs only where the caller accepts compiling (40-120 s each on a cold machine):
         # the marker promises a "cached" start the shared graphs, not these
         if compiled and _compile(rt, say, verify_rows if compile == "always" else ()):  # only a start that built something can promise it to the next
             atomic_write_text(marker, json.dumps({"compiled_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}))
@@ -117,8 +117,8 @@ def _compile(rt, say: Callable[[str], None], verify_rows: tuple[int, ...]) -> li
     returns the row counts warmed up ([] where the policy uses none)."""
     if not any(rt.layout(k) in INDUCTOR_LAYOUTS for k in rt.policy):
         return []
-    say("compiling the layouts the calibration chose (decoding/compiled_body.py, compiled_gemv.py: about a "
-        "minute the first time a machine sees this cache size, seconds once inductor has cached them)")
+    say("compiling the layouts the calibration chose (decoding/compiled_body.py, compiled_gemv.py: one to a "
+        "few minutes the first time a machine sees this cache size, seconds once inductor has cached them)")
     t0 = time.perf_counter()
     rows = rt.compile_graphs(verify_rows)
     shared = rows[:len(rows) - len(rt.fused_ms)]  # compile_graphs runs the fused verify sizes last
