@@ -104,7 +104,7 @@ def make_runtime(target: Target, max_len: int, *, calibrate: bool = False, log: 
     rt = LeanTarget(target, n, compiled=compiled)
     if calibrate:
         calibrate_cached(rt, log)
-        # the fused verify graphs only where the caller accepts compiling (40-120 s each on a cold machine):
+        # the fused verify graphs only where the caller accepts compiling (LeanTarget.compile_graphs: their cost):
         # the marker promises a "cached" start the shared graphs, not these
         if compiled and _compile(rt, say, verify_rows if compile == "always" else ()):  # only a start that built something can promise it to the next
             atomic_write_text(marker, json.dumps({"compiled_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}))

@@ -166,9 +166,10 @@ class LeanTarget:
         than inside the first request; then, for each of `verify_rows` (the verify sizes the caller's
         proposers use) in FUSED_ROWS that the policy runs through GRAPH, build its static fused graph and
         keep it where it times faster than the shared one (`fused_ms` has the medians). Only the sizes
-        asked for compile (about 40 s each on a cold AVX-512 host, 80-90 s for 5 and 8 rows on
-        sitting 22's AVX2 host). Returns the row counts run. The slots
-        written (after CALIBRATION_PREFIX) are overwritten by any prefill."""
+        asked for compile, each once per machine and cache size: about 40 s on a cold AVX-512 host; on
+        sitting 22's AVX2 host 80-90 s (5 and 8 rows), 66-121 s with the graph's C++ wrapper (3 and 4 rows).
+        Returns the row counts run. The slots written (after CALIBRATION_PREFIX) are overwritten by any
+        prefill."""
         rows = sorted({min(k, 2) for k in self.policy if self.layout(k) in INDUCTOR_LAYOUTS
                        and CALIBRATION_PREFIX + min(k, 2) <= self.max_len})
         dev = self.embed.device
