@@ -6,7 +6,7 @@ import torch
 from tiny import VOCAB, build_target
 
 from eaglewire.decoding.compiled_body import GRAPH, target_layouts
-from eaglewire.decoding.gemm import COMPILED, LAYOUTS, PACKED, candidate_layouts
+from eaglewire.decoding.gemm import COMPILED, LAYOUTS, PACKED, PANEL, candidate_layouts
 from eaglewire.decoding.runtime import CALIBRATION_PREFIX, LeanTarget
 from eaglewire.verifier.capture import capture
 
@@ -18,10 +18,12 @@ def graph_offered() -> bool:
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
-@pytest.mark.parametrize("layout", ["auto", *LAYOUTS, PACKED, COMPILED, GRAPH])
+@pytest.mark.parametrize("layout", ["auto", *LAYOUTS, PACKED, PANEL, COMPILED, GRAPH])
 def test_prefill_decode_and_taps_match_hf(arch, layout):
     if layout == PACKED and PACKED not in candidate_layouts(torch.float32):
         pytest.skip("this torch build exposes no oneDNN prepacked linear (torch.ops.mkldnn._linear_pointwise)")
+    if layout == PANEL and PANEL not in candidate_layouts(torch.float32):
+        pytest.skip("the panel GEMM is not offered here (decoding/panel_gemm.missing() says why)")
     if layout == COMPILED and COMPILED not in candidate_layouts(torch.float32):
         pytest.skip("no C++ compiler for inductor here (decoding/compiled_gemv.py)")
     if layout == GRAPH and not graph_offered():

@@ -40,7 +40,8 @@ from eaglewire.verifier.loader import Target
 #    where that frame thrashed CPython's frame-stack chunks timed "graph" 3 ms slow and chose dnnl
 # 5: the graph's C++ wrapper (compiled_body.GRAPH_OPTIONS) changed what "graph" costs, and compiled-layout
 #    markers must not promise graphs that inductor's cache holds only with the Python wrapper
-FORMAT = 5  # bump when the file's meaning changes: older files then miss (another key), never misread
+# 6: the graph runs its multi-row GEMMs through the panel GEMM where offered (panel_gemm.py), a new layout
+FORMAT = 6  # bump when the file's meaning changes: older files then miss (another key), never misread
 
 
 class _Unusable(Exception):

@@ -128,7 +128,10 @@ def target_layouts(dtype: torch.dtype, compiled: bool = True) -> tuple[str, ...]
 
 
 def graph_linear(lin: Linear, x: torch.Tensor) -> torch.Tensor:  # x [B, T, in] -> [B, T, out]
-    """A Linear inside the graph: the fused GEMV for one row, oneDNN's packed GEMM for more."""
+    """A Linear inside the graph: the fused GEMV for one row, our panel GEMM (panel_gemm.py) for more where
+    the runtime has it, else oneDNN's packed GEMM."""
+    if lin.panels is not None and x.shape[1] > 1:
+        return torch.ops.eaglewire_panel.linear(x, lin.panels, lin.b, lin.w.shape[0])
     if x.shape[1] == 1:
         y = (lin.w * x.reshape(x.shape[0], 1, -1)).sum(-1)  # [out, in] * [B, 1, in] -> [B, out]
         y = y[:, None]  # [B, 1, out]

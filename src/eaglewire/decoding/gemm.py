@@ -13,10 +13,11 @@ from typing import Callable
 
 import torch
 
-from eaglewire.decoding import compiled_gemv
+from eaglewire.decoding import compiled_gemv, panel_gemm
 
 LAYOUTS = ("nt", "tn", "wx")  # plain torch matmuls: always available
 PACKED = "dnnl"  # oneDNN's prepacked weight, where this torch build exposes it (candidate_layouts)
+PANEL = "panel"  # our few-row fp32 GEMM (panel_gemm.py), where it builds and the CPU has AVX2 + FMA
 COMPILED = "inductor"  # one row only: compiled_gemv.py, where inductor has a C++ compiler (fp32)
 
 
@@ -128,45 +129,54 @@ def time_layouts(candidates: tuple[str, ...], ks: tuple[int, ...], reps: int,
 def candidate_layouts(dtype: torch.dtype, compiled: bool = True) -> tuple[str, ...]:
     """The layouts a runtime in `dtype` can use here: LAYOUTS, plus "dnnl" where torch exposes oneDNN's
     prepacked linear (the ops inductor's CPU freezing uses) and the CPU runs `dtype` natively in it, plus
-    "inductor" (one row) where compiled_gemv is available and `compiled` allows it (False: no inductor at
-    all, not even its probe: a start that must not wait for a compiler)."""
+    "panel" where panel_gemm is available (under compiled=False only where this machine has built it
+    already: loading it takes a fraction of a second, building it seconds), plus "inductor" (one row)
+    where compiled_gemv is available and `compiled` allows it (False: no inductor at all, not even its
+    probe: a start that must not wait for a compiler)."""
     from eaglewire.hw import native_bf16
 
     ops = torch.ops.mkldnn
     exposed = torch.backends.mkldnn.is_available() and all(
         hasattr(ops, op) for op in ("_reorder_linear_weight", "_linear_pointwise"))
     native = dtype == torch.float32 or (dtype == torch.bfloat16 and native_bf16())
+    panel = (compiled or panel_gemm.built()) and panel_gemm.available(dtype)
     gemv = compiled and compiled_gemv.available(dtype)
-    return LAYOUTS + ((PACKED,) if exposed and native else ()) + ((COMPILED,) if gemv else ())
+    return (LAYOUTS + ((PACKED,) if exposed and native else ()) + ((PANEL,) if panel else ())
+            + ((COMPILED,) if gemv else ()))
 
 
 class Linear:
     """A weight [out, in] (+ bias) kept in every candidate layout, so each call can use the fastest GEMM:
     "nt" x @ W.t() (nn.Linear's), "tn" x @ Wt with Wt contiguous, "wx" (W @ x.T).T, "dnnl" oneDNN's
-    prepacked weight (bias fused). Memory: up to three copies of the weight (W, Wt, packed) beside HF's."""
+    prepacked weight (bias fused), "panel" panel_gemm's panels (bias fused). Memory: up to four copies of
+    the weight (W, Wt, packed, panels) beside HF's."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed: bool = False) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed: bool = False,
+                 panel: bool = False) -> None:
         self.w = weight.detach().contiguous()  # [out, in]
         self.wt = self.w.t().contiguous()  # [in, out]
         self.b = None if bias is None else bias.detach()
         # an opaque oneDNN tensor, blocked for its GEMM kernels; None = "dnnl" is not a candidate here
         self.packed = torch.ops.mkldnn._reorder_linear_weight(self.w, None) if packed else None
+        self.panels = panel_gemm.pack(self.w) if panel else None  # [P, in, NR]; None = "panel" is not a candidate
         self.gemv: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None  # "inductor", once used
 
     @classmethod
-    def fused(cls, mods: list[torch.nn.Module], packed: bool = False) -> "Linear":
+    def fused(cls, mods: list[torch.nn.Module], packed: bool = False, panel: bool = False) -> "Linear":
         """One Linear computing every module's output side by side ([..., sum of outs]): one GEMM, not n.
         A module without bias gets zeros in the fused bias (its output is then exactly unchanged)."""
         weight = torch.cat([m.weight.detach() for m in mods])  # [sum out, in]
         if all(m.bias is None for m in mods):
-            return cls(weight, None, packed)
+            return cls(weight, None, packed, panel)
         bias = torch.cat([m.bias.detach() if m.bias is not None else weight.new_zeros(m.weight.shape[0])
                           for m in mods])
-        return cls(weight, bias, packed)
+        return cls(weight, bias, packed, panel)
 
     def __call__(self, x: torch.Tensor, layout: str) -> torch.Tensor:  # x [..., in] -> [..., out]
         if layout == PACKED:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.b, "none", [], "")
+        if layout == PANEL:
+            return panel_gemm.linear(x, self.panels, self.b, self.w.shape[0])
         if layout == COMPILED:
             if x.numel() != x.shape[-1]:
                 raise ValueError(f"the {COMPILED} layout is a one-row GEMV; got {x.numel() // x.shape[-1]} rows "

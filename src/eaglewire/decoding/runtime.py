@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from eaglewire.decoding.compiled_body import FUSED, FUSED_ROWS, GRAPH, INDUCTOR_LAYOUTS, CompiledBody, target_layouts
-from eaglewire.decoding.gemm import REFINE_REPS, PACKED, Linear, initial_policy, pick, row_counts, time_layouts
+from eaglewire.decoding.gemm import REFINE_REPS, PACKED, PANEL, Linear, initial_policy, pick, row_counts, time_layouts
 from eaglewire.decoding.screened_head import PLAIN, SCREENED, ScreenedHead, default_head, greedy_heads
 from eaglewire.errors import TargetError
 from eaglewire.ops import rms_norm, rotate, sdpa, signed_sin
@@ -101,7 +101,8 @@ class LeanTarget:
         self.layers = [self._layer(m) for m in target.layers]
         self.norm = target.final_norm.weight.detach()
         self.embed = target.embed_tokens.weight.detach()
-        self.head = Linear(target.model.get_output_embeddings().weight, None, PACKED in self.candidates)
+        self.head = Linear(target.model.get_output_embeddings().weight, None, PACKED in self.candidates,
+                           PANEL in self.candidates)
         self.policy: dict[int, str] = initial_policy(layout)
         self.graph = CompiledBody(self) if GRAPH in self.candidates else None  # compiles on first use
         self.head_candidates = greedy_heads(target.dtype)
@@ -130,10 +131,12 @@ class LeanTarget:
         return pick(self.policy, rows)
 
     def eager_layout(self, rows: int) -> str:
-        """The layout of a GEMM outside the layer stack (the head): GRAPH's own GEMM for several rows,
-        oneDNN's packed one, stands in for it."""
+        """The layout of a GEMM outside the layer stack (the head, a prefill): GRAPH's own GEMM for several
+        rows stands in for it (the panel GEMM where offered, else oneDNN's packed one)."""
         lay = self.layout(rows)
-        return PACKED if lay == GRAPH else lay
+        if lay != GRAPH:
+            return lay
+        return PANEL if PANEL in self.candidates else PACKED
 
     @torch.no_grad()
     def calibrate(self, ks: tuple[int, ...] = CALIBRATION_KS, reps: int = CALIBRATION_REPS,
@@ -211,10 +214,10 @@ class LeanTarget:
 
     def _layer(self, m: torch.nn.Module) -> _Layer:
         a, f = m.self_attn, m.mlp
-        pk = PACKED in self.candidates
+        pk, pn = PACKED in self.candidates, PANEL in self.candidates
         qn, kn = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
-        return _Layer(Linear.fused([a.q_proj, a.k_proj, a.v_proj], pk), Linear(a.o_proj.weight, a.o_proj.bias, pk),
-                      Linear.fused([f.gate_proj, f.up_proj], pk), Linear(f.down_proj.weight, f.down_proj.bias, pk),
+        return _Layer(Linear.fused([a.q_proj, a.k_proj, a.v_proj], pk, pn), Linear(a.o_proj.weight, a.o_proj.bias, pk, pn),
+                      Linear.fused([f.gate_proj, f.up_proj], pk, pn), Linear(f.down_proj.weight, f.down_proj.bias, pk, pn),
                       m.input_layernorm.weight.detach(), m.post_attention_layernorm.weight.detach(),
                       None if qn is None else qn.weight.detach(), None if kn is None else kn.weight.detach())
 

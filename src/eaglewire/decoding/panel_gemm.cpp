@@ -1,0 +1,116 @@
+// A few-row fp32 GEMM (y = x W^T + b, x [M, K] with M small) over a weight packed in column panels.
+// Built and loaded at run time by panel_gemm.py (its docstring: why, the figures); AVX2 + FMA.
+//
+// Layout: panels [P, K, NR], P = ceil(N / NR); panel p holds output columns p*NR .. p*NR+NR-1, one NR-wide
+// row per k (zero-padded past N). A block of up to MR rows keeps its MR x NR outputs in registers (MR ymm
+// accumulators), and each k loads the panel's NR weights once and broadcasts one x value per row: the
+// weight streams from memory once per block, at MR FMAs per 8 weights. Why MR = 8 in one block rather than
+// two blocks of 4: the second block would re-read the panel from cache with the memory idle, after the
+// first streamed it with the FMA units half idle; one block of 8 overlaps the two (8 rows over SmolLM2's
+// body weights: 15-17 ms as 4 + 4 rows, 13.7-15 as one block, AVX2 host, sitting 23). M > MR rows run as
+// ceil(M / MR) balanced blocks (12 = 6 + 6). Each panel is read in one sequential stream, prefetched
+// PREFETCH floats ahead (8 rows: 17.0 ms without, 13.7 with). Panels are split between the threads of
+// torch's own OpenMP pool (at::parallel_for; built with -fopenmp, or it runs on one thread).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace {
+
+constexpr int NR = 8;  // output columns per panel (one ymm): panel_gemm.NR says the same to the packing code
+constexpr int MR = 8;  // rows per register block: 8 accumulators + 1 weight + 1 broadcast of 16 ymm
+constexpr int PREFETCH = 512;  // floats ahead of the weight being read (2 KB: 64 k steps of a panel)
+
+typedef float v8 __attribute__((vector_size(32)));
+inline v8 load8(const float* p) { v8 v; std::memcpy(&v, p, sizeof v); return v; }
+inline void store8(float* p, v8 v) { std::memcpy(p, &v, sizeof v); }
+
+// out[m][c] = sum_k x[m, k] * panel[k][c] (+ bias[c]) for M rows and the panel's NR columns
+template <int M>
+void block(const float* __restrict__ x, int64_t K, const float* __restrict__ panel,
+           const float* __restrict__ bias, float* __restrict__ out /* [M][NR] */) {
+  constexpr int V = NR / 8;
+  v8 acc[M][V];
+  for (int v = 0; v < V; ++v) {
+    v8 b = bias ? load8(bias + 8 * v) : v8{};
+    for (int m = 0; m < M; ++m) acc[m][v] = b;
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    if ((k * NR) % 16 == 0) __builtin_prefetch(panel + k * NR + PREFETCH, 0, 0);  // one 64-byte line a time
+    v8 w[V];
+    for (int v = 0; v < V; ++v) w[v] = load8(panel + k * NR + 8 * v);
+    for (int m = 0; m < M; ++m) {
+      const float s = x[m * K + k];
+      for (int v = 0; v < V; ++v) acc[m][v] += w[v] * s;  // contracted to one FMA (-mfma)
+    }
+  }
+  for (int m = 0; m < M; ++m)
+    for (int v = 0; v < V; ++v) store8(out + m * NR + 8 * v, acc[m][v]);
+}
+
+// block<rows> for a run-time row count 1..MR
+template <int M = MR>
+void block_n(int rows, const float* x, int64_t K, const float* panel, const float* bias, float* out) {
+  if constexpr (M >= 1) {
+    if (rows == M) return block<M>(x, K, panel, bias, out);
+    return block_n<M - 1>(rows, x, K, panel, bias, out);
+  }
+}
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& panels, const std::optional<at::Tensor>& bias,
+                  int64_t out_features) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && panels.scalar_type() == at::kFloat,
+              "panel_linear: expected fp32 x and panels, found ", x.scalar_type(), " and ", panels.scalar_type());
+  TORCH_CHECK(panels.dim() == 3 && panels.size(2) == NR && panels.is_contiguous(),
+              "panel_linear: expected contiguous panels [P, K, ", NR, "] (panel_gemm.pack), found ", panels.sizes());
+  const int64_t P = panels.size(0), K = panels.size(1), N = out_features;
+  TORCH_CHECK(x.size(-1) == K, "panel_linear: x has ", x.size(-1), " features, the weight ", K);
+  TORCH_CHECK(N > (P - 1) * NR && N <= P * NR, "panel_linear: ", P, " panels cannot hold ", N, " outputs");
+  TORCH_CHECK(!bias || (bias->scalar_type() == at::kFloat && bias->numel() == N && bias->is_contiguous()),
+              "panel_linear: expected a contiguous fp32 bias of ", N, " elements");
+  const at::Tensor xc = x.contiguous();
+  const int64_t M = xc.numel() / K;
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape.back() = N;
+  at::Tensor y = at::empty(shape, x.options());
+  const float* xp = xc.data_ptr<float>();
+  const float* pp = panels.data_ptr<float>();
+  const float* bp = bias ? bias->data_ptr<float>() : nullptr;
+  float* yp = y.data_ptr<float>();
+  const int64_t blocks = (M + MR - 1) / MR;
+  at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
+    alignas(32) float out[MR * NR];
+    alignas(32) float tail_bias[NR];
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t c0 = p * NR, cols = std::min<int64_t>(NR, N - c0);
+      const float* b = nullptr;
+      if (bp && cols == NR) {
+        b = bp + c0;
+      } else if (bp) {  // the last panel's bias, zero-padded like its weights
+        std::fill(tail_bias, tail_bias + NR, 0.f);
+        std::copy(bp + c0, bp + c0 + cols, tail_bias);
+        b = tail_bias;
+      }
+      for (int64_t i = 0, m0 = 0; i < blocks; ++i) {
+        const int rows = static_cast<int>((M - m0) / (blocks - i));  // balanced: 12 rows = 6 + 6
+        block_n(rows, xp + m0 * K, K, pp + p * K * NR, b, out);
+        for (int r = 0; r < rows; ++r) std::copy(out + r * NR, out + r * NR + cols, yp + (m0 + r) * N + c0);
+        m0 += rows;
+      }
+    }
+  });
+  return y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(eaglewire_panel, m) {
+  m.def("linear(Tensor x, Tensor panels, Tensor? bias, int out_features) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(eaglewire_panel, CPU, m) {
+  m.impl("linear", linear);
+}
