@@ -357,7 +357,20 @@ def test_compile_graphs_keeps_the_fused_graph_only_where_it_times_faster(monkeyp
     monkeypatch.setattr(runtime, "time_layouts", fake_time)
     big = max(FUSED_ROWS) + 1
     lean = LeanTarget(build_target("llama"), max_len=CALIBRATION_PREFIX + big, layout=GRAPH)  # room: not why it skips
+    lean.candidates = tuple(c for c in lean.candidates if c != PANEL)  # a host without the panel GEMM
     rows = lean.compile_graphs(verify_rows=(3, big))
     assert timed == [((GRAPH, FUSED), (3,))] and rows == [1, 3]  # a fixed policy {1: GRAPH}: 1 row, then 3
     assert lean.graph.fused == ({3} if winner == FUSED else set())
     assert lean.fused_ms == {3: {GRAPH: 1.0 if winner == GRAPH else 2.0, FUSED: 1.0 if winner == FUSED else 2.0}}
+
+
+def test_no_fused_graph_is_built_where_the_panel_gemm_is_offered(monkeypatch):
+    """The shared graph's GEMM is then the panel GEMM, which beat the fused graphs at every size timed
+    (runtime.compile_graphs): asking for verify sizes compiles none of them."""
+    if not graph_offered() or PANEL not in candidate_layouts(torch.float32):
+        pytest.skip(NO_GRAPH + ", or the panel GEMM is not offered here")
+    from eaglewire.decoding import runtime
+
+    monkeypatch.setattr(runtime, "time_layouts", lambda *a, **k: pytest.fail("nothing should be timed"))
+    lean = LeanTarget(build_target("llama"), max_len=CALIBRATION_PREFIX + 8, layout=GRAPH)
+    assert lean.compile_graphs(verify_rows=(3, 4)) == [1] and lean.graph.fused == set() and lean.fused_ms == {}

@@ -11,14 +11,19 @@ no second copy of it) becomes a handful of fused C++ loops per layer: a whole 1-
 The GEMMs inside the graph:
   - one row: a GEMV written as `(w * x).sum(-1)` (compiled_gemv.py's form), which inductor fuses with the
     norm or activation that produces x;
-  - two or more rows: oneDNN's prepacked weight through `eaglewire::packed_linear`, an op registered here
+  - two or more rows: our panel GEMM (panel_gemm.py, an op of its own) where it is offered; it beat
+    oneDNN's GEMM and the fused graphs below at every verify size on sitting 23's AVX2 host (the layer
+    stack's 120 GEMMs took 16.6 ms of an 8-row step inside the graph; whole 4 / 8-row verifies in one
+    bench_verify run: this graph 21 / 25 ms, the fused graphs 23 / 30, eager oneDNN 40 / 48).
+    Elsewhere oneDNN's prepacked weight through `eaglewire::packed_linear`, an op registered here
     (inductor cannot lower `mkldnn._linear_pointwise` with a weight that is an input rather than a frozen
     constant; as an opaque op it is called as is). Inductor's own reduction for several rows was slower
     than oneDNN here (4 rows: 37.9 against 23.9 ms for the 120 body weights), written as one
     broadcast product, with the norm recomputed inside it;
-  - a verify size a start asks for (2-8 rows, FUSED_ROWS): its own static graph (FUSED) of one GEMV per
-    row over the same weight, which inductor fuses into one loop reading each weight row once
-    (`fused_linear` has the figures), kept where LeanTarget.compile_graphs times it faster.
+  - where the panel GEMM is not offered, a verify size a start asks for (2-8 rows, FUSED_ROWS): its own
+    static graph (FUSED) of one GEMV per row over the same weight, which inductor fuses into one loop
+    reading each weight row once (`fused_linear` has the figures), kept where LeanTarget.compile_graphs
+    times it faster.
 
 Shapes: the cache length is dynamic from the first call (the mask's last dimension is marked dynamic), and
 so is the row count above one, so a runtime compiles two graphs: one row, and every larger row count

@@ -28,10 +28,10 @@ typedef float v8 __attribute__((vector_size(32)));
 inline v8 load8(const float* p) { v8 v; std::memcpy(&v, p, sizeof v); return v; }
 inline void store8(float* p, v8 v) { std::memcpy(p, &v, sizeof v); }
 
-// out[m][c] = sum_k x[m, k] * panel[k][c] (+ bias[c]) for M rows and the panel's NR columns
+// y[m, c] = sum_k x[m, k] * panel[k][c] (+ bias[c]) for M rows and the panel's NR columns (y's rows ldy apart)
 template <int M>
 void block(const float* __restrict__ x, int64_t K, const float* __restrict__ panel,
-           const float* __restrict__ bias, float* __restrict__ out /* [M][NR] */) {
+           const float* __restrict__ bias, float* __restrict__ y, int64_t ldy) {
   constexpr int V = NR / 8;
   v8 acc[M][V];
   for (int v = 0; v < V; ++v) {
@@ -48,15 +48,15 @@ void block(const float* __restrict__ x, int64_t K, const float* __restrict__ pan
     }
   }
   for (int m = 0; m < M; ++m)
-    for (int v = 0; v < V; ++v) store8(out + m * NR + 8 * v, acc[m][v]);
+    for (int v = 0; v < V; ++v) store8(y + m * ldy + 8 * v, acc[m][v]);
 }
 
 // block<rows> for a run-time row count 1..MR
 template <int M = MR>
-void block_n(int rows, const float* x, int64_t K, const float* panel, const float* bias, float* out) {
+void block_n(int rows, const float* x, int64_t K, const float* panel, const float* bias, float* y, int64_t ldy) {
   if constexpr (M >= 1) {
-    if (rows == M) return block<M>(x, K, panel, bias, out);
-    return block_n<M - 1>(rows, x, K, panel, bias, out);
+    if (rows == M) return block<M>(x, K, panel, bias, y, ldy);
+    return block_n<M - 1>(rows, x, K, panel, bias, y, ldy);
   }
 }
 
@@ -82,7 +82,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& panels, const std::opti
   float* yp = y.data_ptr<float>();
   const int64_t blocks = (M + MR - 1) / MR;
   at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
-    alignas(32) float out[MR * NR];
+    alignas(32) float tail[MR * NR];
     alignas(32) float tail_bias[NR];
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t c0 = p * NR, cols = std::min<int64_t>(NR, N - c0);
@@ -96,8 +96,12 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& panels, const std::opti
       }
       for (int64_t i = 0, m0 = 0; i < blocks; ++i) {
         const int rows = static_cast<int>((M - m0) / (blocks - i));  // balanced: 12 rows = 6 + 6
-        block_n(rows, xp + m0 * K, K, pp + p * K * NR, b, out);
-        for (int r = 0; r < rows; ++r) std::copy(out + r * NR, out + r * NR + cols, yp + (m0 + r) * N + c0);
+        if (cols == NR) {  // straight into y
+          block_n(rows, xp + m0 * K, K, pp + p * K * NR, b, yp + m0 * N + c0, N);
+        } else {  // the last panel, partly past N: through a buffer
+          block_n(rows, xp + m0 * K, K, pp + p * K * NR, b, tail, NR);
+          for (int r = 0; r < rows; ++r) std::copy(tail + r * NR, tail + r * NR + cols, yp + (m0 + r) * N + c0);
+        }
         m0 += rows;
       }
     }

@@ -168,7 +168,8 @@ class LeanTarget:
         the compiled GEMV: one row), so that it is compiled (or loaded from inductor's cache) now rather
         than inside the first request; then, for each of `verify_rows` (the verify sizes the caller's
         proposers use) in FUSED_ROWS that the policy runs through GRAPH, build its static fused graph and
-        keep it where it times faster than the shared one (`fused_ms` has the medians). Only the sizes
+        keep it where it times faster than the shared one (`fused_ms` has the medians), unless the panel
+        GEMM is offered (then the shared graph runs it and no fused graph is built). Only the sizes
         asked for compile, each once per machine and cache size: about 40 s on a cold AVX-512 host; on
         sitting 22's AVX2 host 80-90 s (5 and 8 rows), 66-121 s with the graph's C++ wrapper (3 and 4 rows).
         Returns the row counts run. The slots written (after CALIBRATION_PREFIX) are overwritten by any
@@ -183,7 +184,11 @@ class LeanTarget:
 
         for k in rows:
             run(k)
-        for k in sorted(set(verify_rows)):
+        # where the panel GEMM is offered the shared graph runs it, and no fused graph is built: on sitting
+        # 23's AVX2 host the fused graphs lost to it at every size timed (2 / 3 / 4 / 8 rows 22.6 / 24.1 /
+        # 24.7 / 37.4 against 21.2 / 19.3 / 21.8 / 31.4 ms), and each costs one to two minutes of compile
+        fused_sizes = () if PANEL in self.candidates else sorted(set(verify_rows))
+        for k in fused_sizes:
             if (self.graph is None or k not in FUSED_ROWS or self.layout(k) != GRAPH
                     or CALIBRATION_PREFIX + k > self.max_len):
                 continue
