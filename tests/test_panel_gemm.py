@@ -105,3 +105,22 @@ def test_the_build_is_cached_per_source_and_torch(monkeypatch, tmp_path):
     monkeypatch.setattr(torch, "__version__", "0.0.0")
     src.write_text(panel_gemm.SOURCE.read_text().removesuffix("\n// changed\n"))
     assert panel_gemm.build_dir() != here
+
+
+def test_a_fresh_cache_builds_once_and_says_so(tmp_path):
+    """In a user cache that has no build, the first process builds the kernel and says so on stderr; the
+    next one loads it silently. (Subprocesses: a process registers the op's namespace once.)"""
+    import os
+    import subprocess
+    import sys
+
+    if panel_gemm.missing() is not None:
+        pytest.skip(NOT_HERE)
+    code = "import torch; from eaglewire.decoding import panel_gemm; assert panel_gemm.available(torch.float32)"
+    env = {**os.environ, "EAGLEWIRE_CACHE": str(tmp_path)}
+    runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+            for _ in range(2)]
+    assert [r.returncode for r in runs] == [0, 0], runs[0].stderr[-2000:]
+    assert "building the panel GEMM kernel" in runs[0].stderr
+    assert "building" not in runs[1].stderr
+    assert list((tmp_path / "kernels").iterdir())[0].name.startswith("panel_gemm-")

@@ -96,6 +96,9 @@ def _load() -> None:
 
     out = build_dir()
     out.mkdir(parents=True, exist_ok=True)
+    if not built():  # a start should say why it pauses (issue 14: starts say what they do)
+        print(f"eaglewire: building the panel GEMM kernel into {out} (once per machine, torch and source: "
+              "about 15 s)", file=sys.stderr, flush=True)
     load(name="eaglewire_panel_gemm", sources=[str(SOURCE)], build_directory=str(out), extra_cflags=list(FLAGS),
          extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
     # the output's shape for tracing (compiled_body's graph calls the op; inductor asks for its shape)
