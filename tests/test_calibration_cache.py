@@ -209,7 +209,7 @@ def test_generate_says_what_its_start_does(cache, tmp_path):
 def test_make_runtime_builds_the_fused_graph_of_the_verify_size_it_is_told_and_says_so(cache, monkeypatch):
     """verify_rows under compile="always": compile_graphs times the asked size's fused graph against the
     shared one and the log names both figures and the choice; a "cached" start builds none."""
-    from eaglewire.decoding import runtime
+    from eaglewire.decoding import panel_gemm, runtime
     from eaglewire.decoding.compiled_body import FUSED, FUSED_ROWS, GRAPH, target_layouts
 
     if GRAPH not in target_layouts(torch.float32):
@@ -224,6 +224,7 @@ def test_make_runtime_builds_the_fused_graph_of_the_verify_size_it_is_told_and_s
         return {k: win for k in ks}, {k: {lay: 1.0 if lay == win else 2.0 for lay in candidates} for k in ks}
 
     monkeypatch.setattr(runtime, "time_layouts", fake_time)
+    monkeypatch.setattr(panel_gemm, "available", lambda dtype: False)  # a host without the panel GEMM
     target, log = build_target("llama"), []
     rt = make_runtime(target, 32, calibrate=True, log=log.append, verify_rows=(3, max(FUSED_ROWS) + 1))
     assert rt.graph.fused == {3} and rt.fused_ms == {3: {GRAPH: 2.0, FUSED: 1.0}}
@@ -232,3 +233,20 @@ def test_make_runtime_builds_the_fused_graph_of_the_verify_size_it_is_told_and_s
     log.clear()
     rt = make_runtime(target, 32, calibrate=True, log=log.append, verify_rows=(3,), compile="cached")
     assert rt.graph.fused == set() and rt.fused_ms == {}
+
+
+def test_the_key_names_the_panel_kernels_build(monkeypatch, tmp_path):
+    """A changed panel kernel (its source, compiler or torch: the build directory's digest) is timed anew
+    rather than trusted to a calibration of the old one."""
+    from eaglewire.decoding import panel_gemm
+    from eaglewire.decoding.gemm import PANEL
+
+    rt = LeanTarget(build_target("llama"), 8)
+    if PANEL not in rt.candidates:
+        pytest.skip("the panel GEMM is not offered here (decoding/panel_gemm.missing() says why)")
+    key = C.calibration_key(rt, KS, 1, 0)
+    assert key["panel_gemm"] == panel_gemm.build_dir().name
+    changed = tmp_path / "panel_gemm.cpp"
+    changed.write_text(panel_gemm.SOURCE.read_text() + "// another kernel\n")
+    monkeypatch.setattr(panel_gemm, "SOURCE", changed)
+    assert C.calibration_key(rt, KS, 1, 0)["panel_gemm"] != key["panel_gemm"]

@@ -101,7 +101,7 @@ def test_the_build_is_cached_per_source_and_torch(monkeypatch, tmp_path):
     src = tmp_path / "panel_gemm.cpp"
     src.write_text(panel_gemm.SOURCE.read_text() + "\n// changed\n")
     monkeypatch.setattr(panel_gemm, "SOURCE", src)
-    assert panel_gemm.build_dir() != here and not panel_gemm.built()
+    assert panel_gemm.build_dir() != here and not (panel_gemm.build_dir() / f"{panel_gemm.NAME}.so").exists()
     monkeypatch.setattr(torch, "__version__", "0.0.0")
     src.write_text(panel_gemm.SOURCE.read_text().removesuffix("\n// changed\n"))
     assert panel_gemm.build_dir() != here
@@ -124,3 +124,23 @@ def test_a_fresh_cache_builds_once_and_says_so(tmp_path):
     assert "building the panel GEMM kernel" in runs[0].stderr
     assert "building" not in runs[1].stderr
     assert list((tmp_path / "kernels").iterdir())[0].name.startswith("panel_gemm-")
+
+
+def test_a_failed_build_keeps_the_compilers_output_and_a_stale_lock_is_cleared(monkeypatch, tmp_path, capsys):
+    """torch's builder waits forever on a lock a killed build left; the message of a failed build names a
+    file with the compiler's whole output rather than its first line."""
+    import os
+
+    from torch.utils import cpp_extension
+
+    def failing(**_):
+        raise RuntimeError("Error building extension 'eaglewire_panel_gemm':\nerror: 'v8' was not declared")
+
+    monkeypatch.setattr(cpp_extension, "load", failing)
+    lock = tmp_path / "lock"
+    lock.write_text("")
+    os.utime(lock, (0, 0))  # written in 1970: long stale
+    with pytest.raises(RuntimeError, match="the compiler's output: .*build.log"):
+        panel_gemm._build(tmp_path)
+    assert not lock.exists() and "stale build lock" in capsys.readouterr().err
+    assert "'v8' was not declared" in (tmp_path / "build.log").read_text()

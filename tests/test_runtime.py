@@ -343,7 +343,7 @@ def test_compile_graphs_keeps_the_fused_graph_only_where_it_times_faster(monkeyp
     left alone (nothing compiles for them)."""
     if not graph_offered():
         pytest.skip(NO_GRAPH)
-    from eaglewire.decoding import runtime
+    from eaglewire.decoding import panel_gemm, runtime
     from eaglewire.decoding.compiled_body import FUSED, FUSED_ROWS
 
     timed = []
@@ -356,8 +356,9 @@ def test_compile_graphs_keeps_the_fused_graph_only_where_it_times_faster(monkeyp
 
     monkeypatch.setattr(runtime, "time_layouts", fake_time)
     big = max(FUSED_ROWS) + 1
+    monkeypatch.setattr(panel_gemm, "available", lambda dtype: False)  # a host without the panel GEMM
     lean = LeanTarget(build_target("llama"), max_len=CALIBRATION_PREFIX + big, layout=GRAPH)  # room: not why it skips
-    lean.candidates = tuple(c for c in lean.candidates if c != PANEL)  # a host without the panel GEMM
+    assert PANEL not in lean.candidates and lean.layers[0].qkv.panels is None
     rows = lean.compile_graphs(verify_rows=(3, big))
     assert timed == [((GRAPH, FUSED), (3,))] and rows == [1, 3]  # a fixed policy {1: GRAPH}: 1 row, then 3
     assert lean.graph.fused == ({3} if winner == FUSED else set())

@@ -26,7 +26,8 @@ import torch
 
 from eaglewire.cache import cache_root
 from eaglewire.contract import canonical_json
-from eaglewire.decoding.gemm import COMPILED, REFINE_REPS, applies, row_counts
+from eaglewire.decoding import panel_gemm
+from eaglewire.decoding.gemm import COMPILED, PANEL, REFINE_REPS, applies, row_counts
 from eaglewire.decoding.runtime import (CALIBRATION_KS, CALIBRATION_PREFIX, CALIBRATION_REPS, LeanTarget, cache_slots,
                                         head_dim)
 from eaglewire.decoding.screened_head import REVISION as SCREEN_REVISION
@@ -65,7 +66,9 @@ def calibration_key(rt: LeanTarget, ks: tuple[int, ...], reps: int, refine: int 
     return {"format": FORMAT, "cpu": cpu, "torch": torch.__version__, "target": _target_shapes(rt.target),
             "layouts": list(rt.candidates), "heads": list(rt.head_candidates), "screen_revision": SCREEN_REVISION,
             "ks": list(row_counts(ks, rt.candidates)), "reps": reps, "refine": refine,
-            "cached_tokens": CALIBRATION_PREFIX}
+            "cached_tokens": CALIBRATION_PREFIX,
+            # the panel kernel's build (its source, compiler, torch): a changed kernel is timed anew
+            "panel_gemm": panel_gemm.build_dir().name if PANEL in rt.candidates else None}
 
 
 def calibration_dir() -> Path:

@@ -19,8 +19,8 @@ import copy
 import torch
 from torch import nn
 
-from eaglewire.decoding.gemm import (PACKED, PANEL, CacheFlush, Linear, candidate_layouts, initial_policy, pick, row_counts,
-                                     time_layouts)
+from eaglewire.decoding.gemm import (PACKED, PANEL, CacheFlush, Linear, candidate_layouts, initial_policy, pick,
+                                     row_counts, time_layouts)
 from eaglewire.decoding.screened_head import SCREENED, ScreenedHead, default_head, greedy_heads
 from eaglewire.draft.model import DraftCache, Eagle3Draft
 

@@ -17,6 +17,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
+#include <vector>
 
 namespace {
 
@@ -44,7 +46,7 @@ void block(const float* __restrict__ x, int64_t K, const float* __restrict__ pan
     for (int v = 0; v < V; ++v) w[v] = load8(panel + k * NR + 8 * v);
     for (int m = 0; m < M; ++m) {
       const float s = x[m * K + k];
-      for (int v = 0; v < V; ++v) acc[m][v] += w[v] * s;  // contracted to one FMA (-mfma)
+      for (int v = 0; v < V; ++v) acc[m][v] += w[v] * s;  // one FMA (-mfma -ffp-contract=fast)
     }
   }
   for (int m = 0; m < M; ++m)
@@ -57,6 +59,8 @@ void block_n(int rows, const float* x, int64_t K, const float* panel, const floa
   if constexpr (M >= 1) {
     if (rows == M) return block<M>(x, K, panel, bias, y, ldy);
     return block_n<M - 1>(rows, x, K, panel, bias, y, ldy);
+  } else {
+    TORCH_INTERNAL_ASSERT(false, "panel_linear: a block of ", rows, " rows (1..", MR, " expected)");
   }
 }
 
@@ -67,6 +71,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& panels, const std::opti
   TORCH_CHECK(panels.dim() == 3 && panels.size(2) == NR && panels.is_contiguous(),
               "panel_linear: expected contiguous panels [P, K, ", NR, "] (panel_gemm.pack), found ", panels.sizes());
   const int64_t P = panels.size(0), K = panels.size(1), N = out_features;
+  TORCH_CHECK(K > 0, "panel_linear: expected a weight with at least one input feature, found ", K);
   TORCH_CHECK(x.size(-1) == K, "panel_linear: x has ", x.size(-1), " features, the weight ", K);
   TORCH_CHECK(N > (P - 1) * NR && N <= P * NR, "panel_linear: ", P, " panels cannot hold ", N, " outputs");
   TORCH_CHECK(!bias || (bias->scalar_type() == at::kFloat && bias->numel() == N && bias->is_contiguous()),

@@ -3,25 +3,28 @@
 Why: a verify forward multiplies a handful of rows (the draft's tokens) by every weight of the target,
 and on a CPU it should cost about what one decode row costs: the weights stream from memory once either
 way, and at 4-8 rows the FMAs still fit in the time the stream takes. The GEMMs torch reaches do not get
-there for few rows. Measured on SmolLM2-135M's 120 body weights (425 MB, one pass each, fp32, 2 threads,
-AMD EPYC with AVX2 only, sitting 23, interleaved in one process, medians of 11): oneDNN's prepacked GEMM
-22.3 / 27.4 / 31.7 / 44.9 ms for 1 / 4 / 8 / 16 rows, this kernel 14.1 / 14.5 / 19.8 / 27.4 ms (a
-plain sum over the same bytes: 13-15 ms). The kernel keeps a block of up to 6 rows x 16 output columns in
-registers and reads each weight once per block (panel_gemm.cpp has the layout).
+there for few rows. Measured on SmolLM2-135M's 120 body weights as the runtime holds them (425 MB, one
+pass each, fp32, 2 threads, AMD EPYC with AVX2 only, sitting 23, interleaved, medians of 11;
+benchmarks/bench_gemm.py): this kernel 16.9 / 16.7 / 16.7 / 18.7 / 27.7 ms for 1 / 2 / 4 / 8 / 16 rows,
+oneDNN's prepacked GEMM 21.9 / 23.2 / 26.4 / 31.6 / 42.3, a plain sum over the same bytes 12.7-13.3. The
+kernel keeps a block of up to 8 rows x 8 output columns in registers and reads each weight once per block
+(panel_gemm.cpp has the layout and why).
 
-It is a candidate layout like the others (gemm.PANEL): the calibration times it against them per row
-count and keeps it only where it wins; inside the compiled layer stack (compiled_body.GRAPH) it is the GEMM
-for every row count (compiled_body.graph_linear).
+It is a candidate layout like the others (gemm.PANEL), timed by the calibration per row count; inside the
+compiled layer stack (compiled_body.GRAPH) it is the GEMM for two or more rows (one row keeps the graph's
+fused GEMV), and a GRAPH runtime's GEMMs outside the graph (the head, a prefill) use it too
+(LeanTarget.eager_layout).
 
 Availability: fp32 weights, a CPU with AVX2 and FMA (read from /proc/cpuinfo at run time; the code is
 compiled for exactly those, so a user cache carried to another machine never runs an instruction its CPU
 lacks), a C++ compiler and ninja (torch.utils.cpp_extension builds it). Built once per machine, torch
-version and source into the user cache (~12 s here), then loaded in well under a second. A machine
-where any of this is missing does not get the layout and says why on stderr; the other layouts compute the
-same products.
+install, compiler and source into the user cache (12-15 s here; the start says so), after which a process
+loads the built library directly (no compiler, no ninja). A machine where any of this is missing does not
+get the layout and says why on stderr; the other layouts compute the same products.
 
-Numerics: fp32, each output summed in k order with FMAs: another summation order than oneDNN's (logits
-within 1e-4 of the other layouts; tests/test_panel_gemm.py checks products against float64).
+Numerics: fp32, each output summed in k order with FMAs: another summation order than oneDNN's (SmolLM2's
+logits within 6.8e-5 of the oneDNN graph's at 1-16 rows; tests/test_panel_gemm.py checks products against
+float64).
 """
 
 from __future__ import annotations
@@ -29,7 +32,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import shutil
 import sys
+import threading
+import time
 from pathlib import Path
 
 import torch
@@ -39,38 +45,51 @@ from eaglewire.hw import cpu_flags
 
 NR = 8  # output columns per panel (panel_gemm.cpp's NR): the packing here and the kernel must agree
 SOURCE = Path(__file__).with_name("panel_gemm.cpp")
+NAME = "eaglewire_panel_gemm"  # the built library: NAME.so in build_dir()
 CPU_FLAGS = ("avx2", "fma")  # what the kernel is compiled for (FLAGS); /proc/cpuinfo names
-FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp")  # -fopenmp: at::parallel_for's threads (else one thread)
+# -fopenmp: at::parallel_for's loop is compiled into the caller (else it runs on one thread); the
+# contraction makes `acc += w * s` one FMA whatever the compiler's default
+FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=fast", "-fopenmp")
+STALE_LOCK_S = 600  # a build lock older than this was left by a killed build (a build takes seconds)
+_LOCK = threading.Lock()  # one build/load per process, whichever thread asks first
+_loaded: list[Path] = []  # the library this process loaded (a process registers the op's namespace once)
+
+
+def compiler() -> str | None:
+    """The C++ compiler torch's extension builder uses on Linux ($CXX, else c++), resolved on PATH."""
+    return shutil.which(os.environ.get("CXX") or "c++")
 
 
 def _digest() -> str:
-    """What the build depends on: the source, the flags, this torch and this Python."""
-    key = "\n".join((SOURCE.read_text(), *FLAGS, torch.__version__, sys.version))
+    """What the build depends on: the source, the flags, the compiler, this torch install and Python."""
+    key = "\n".join((SOURCE.read_text(), *FLAGS, str(compiler()), torch.__version__, str(Path(torch.__file__).parent),
+                     sys.version))
     return hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
 def build_dir() -> Path:
-    """Where the kernel is built: the user cache, one directory per digest (a changed source, torch or
-    Python builds anew beside the old one rather than loading it)."""
+    """Where the kernel is built: the user cache, one directory per digest (a changed source, compiler,
+    torch or Python builds anew beside the old one rather than loading it)."""
     return cache_root() / "kernels" / f"panel_gemm-{_digest()}"
 
 
 def built() -> bool:
-    """Whether this machine has already built the kernel for this source and torch (loading it is quick)."""
-    return (build_dir() / "eaglewire_panel_gemm.so").is_file()
+    """Whether the kernel is loaded in this process or built on this machine for this source and torch
+    (loading it is then quick)."""
+    return bool(_loaded) or (build_dir() / f"{NAME}.so").is_file()
 
 
 def missing() -> str | None:
     """Why the kernel cannot be built or run here, or None."""
     from torch.utils.cpp_extension import is_ninja_available
 
-    from eaglewire.decoding.compiled_gemv import compiler
-
     lacking = [f for f in CPU_FLAGS if f not in cpu_flags()]
     if lacking:
         return f"the CPU lacks {', '.join(lacking)} (/proc/cpuinfo)"
+    if built():
+        return None  # loaded directly: no compiler or ninja needed
     if compiler() is None:
-        return "no C++ compiler ($CXX or g++) on PATH"
+        return "no C++ compiler ($CXX, else c++) on PATH"
     _ninja_on_path()
     if not is_ninja_available():
         return "ninja is not on PATH (pip install ninja)"
@@ -89,20 +108,38 @@ def _ninja_on_path() -> None:
         os.environ["PATH"] = os.pathsep.join((ninja.BIN_DIR, path))
 
 
-@functools.lru_cache(maxsize=1)
 def _load() -> None:
-    """Build (first time) and load the kernel, registering torch.ops.eaglewire_panel.linear."""
+    """Load the kernel (building it the first time), registering torch.ops.eaglewire_panel.linear."""
+    with _LOCK:
+        if _loaded:
+            return
+        out = build_dir()
+        if built():
+            torch.ops.load_library(str(out / f"{NAME}.so"))
+        else:
+            _build(out)
+        # the output's shape for tracing (compiled_body's graph calls the op; inductor asks for its shape)
+        torch.library.register_fake("eaglewire_panel::linear")(_shape)
+        _loaded.append(out)
+
+
+def _build(out: Path) -> None:
+    """torch.utils.cpp_extension's build into `out`, saying so; a failure's whole log goes to build.log."""
     from torch.utils.cpp_extension import load
 
-    out = build_dir()
     out.mkdir(parents=True, exist_ok=True)
-    if not built():  # a start should say why it pauses (issue 14: starts say what they do)
-        print(f"eaglewire: building the panel GEMM kernel into {out} (once per machine, torch and source: "
-              "about 15 s)", file=sys.stderr, flush=True)
-    load(name="eaglewire_panel_gemm", sources=[str(SOURCE)], build_directory=str(out), extra_cflags=list(FLAGS),
-         extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
-    # the output's shape for tracing (compiled_body's graph calls the op; inductor asks for its shape)
-    torch.library.register_fake("eaglewire_panel::linear")(_shape)
+    lock = out / "lock"  # torch's builder waits on this file forever; a killed build leaves it behind
+    if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+        print(f"eaglewire: removing a stale build lock {lock} (a build killed part-way)", file=sys.stderr)
+        lock.unlink(missing_ok=True)
+    print(f"eaglewire: building the panel GEMM kernel into {out} (once per machine, torch and source: "
+          "about 15 s)", file=sys.stderr, flush=True)
+    try:
+        load(name=NAME, sources=[str(SOURCE)], build_directory=str(out), extra_cflags=list(FLAGS),
+             extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
+    except (RuntimeError, OSError) as err:
+        (out / "build.log").write_text(str(err))
+        raise RuntimeError(f"the build failed (the compiler's output: {out / 'build.log'})") from err
 
 
 def _shape(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
@@ -111,9 +148,10 @@ def _shape(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None, out
 
 @functools.lru_cache(maxsize=None)
 def available(dtype: torch.dtype) -> bool:
-    """Whether the PANEL layout is a candidate here: fp32, `missing()` finds nothing, and the kernel builds
-    and computes a probe product right (rows 1-13 over a weight with a partial last panel and a bias).
-    Probed once per process; says on stderr why not where it is not."""
+    """Whether the PANEL layout is a candidate here: fp32, `missing()` finds nothing, and the kernel loads
+    (built the first time) and computes a probe product right (1-13 rows: one and two register blocks, over
+    a weight whose last panel is partial, with a bias). Probed once per process; says on stderr why not
+    where it is not."""
     if dtype != torch.float32:
         return False
     why = missing()
@@ -121,13 +159,13 @@ def available(dtype: torch.dtype) -> bool:
         try:
             _load()
         except (RuntimeError, OSError, ImportError) as err:
-            why = f"it did not build ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
+            why = f"it did not load ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
     if why is None:
         g = torch.Generator().manual_seed(0)
-        w, b = torch.randn(40, 24, generator=g), torch.randn(40, generator=g)
-        x = torch.randn(13, 24, generator=g)
-        panels = pack(w)
-        err = max(float((linear(x[:m], panels, b, 40) - (x[:m].double() @ w.double().t() + b.double())).abs().max())
+        w, b = torch.randn(37, 24, generator=g), torch.randn(37, generator=g)  # [N, K] (N: 4 panels + 5), [N]
+        x = torch.randn(13, 24, generator=g)  # [M, K]
+        panels = pack(w)  # [5, K, NR]
+        err = max(float((linear(x[:m], panels, b, 37) - (x[:m].double() @ w.double().t() + b.double())).abs().max())
                   for m in range(1, 14))
         if not err <= 1e-4:  # also catches NaN
             why = f"its probe product was wrong (max abs error {err:.3g})"
