@@ -250,3 +250,34 @@ def test_the_key_names_the_panel_kernels_build(monkeypatch, tmp_path):
     changed.write_text(panel_gemm.SOURCE.read_text() + "// another kernel\n")
     monkeypatch.setattr(panel_gemm, "SOURCE", changed)
     assert C.calibration_key(rt, KS, 1, 0)["panel_gemm"] != key["panel_gemm"]
+
+
+def test_the_graphs_gemm_is_stored_and_restored(cache, monkeypatch):
+    """The calibration file keeps the graph's multi-row GEMM; a later start restores it without timing,
+    and a file naming a GEMM not offered here is measured again."""
+    from eaglewire.decoding import runtime
+    from eaglewire.decoding.gemm import PACKED, PANEL
+
+    target, log = build_target("llama"), []
+    rt = LeanTarget(target, max_len=ROOM)
+    if rt.graph is None or PANEL not in rt.candidates:
+        pytest.skip("the graph or the panel GEMM is not offered here")
+    real = runtime.time_layouts
+
+    def dnnl_wins_the_gemms(cands, ks, reps, run, **kw):
+        if tuple(cands) == (PANEL, PACKED):
+            return {}, {k: {PANEL: 2.0, PACKED: 1.0} for k in ks}
+        return real(cands, ks, reps, run, **kw)
+
+    monkeypatch.setattr(runtime, "time_layouts", dnnl_wins_the_gemms)
+    _, path, reused = C.calibrate_cached(rt, log.append, ks=KS, reps=1, refine=0)
+    assert not reused and rt.graph_gemm == PACKED and "the graph's multi-row GEMM dnnl" in log[-1]
+    assert json.loads(path.read_text())["graph_gemm"] == PACKED
+    again = LeanTarget(target, max_len=ROOM)
+    assert again.graph_gemm == PANEL  # the default before a calibration
+    _, _, reused = C.calibrate_cached(again, log.append, ks=KS, reps=1, refine=0)
+    assert reused and again.graph_gemm == PACKED and again.graph.gemm == PACKED
+    record = json.loads(path.read_text())
+    path.write_text(json.dumps({**record, "graph_gemm": "tn"}))
+    C.calibrate_cached(LeanTarget(target, max_len=ROOM), log.append, ks=KS, reps=1, refine=0)
+    assert any("graph_gemm 'tn' is not one of" in line for line in log)

@@ -375,3 +375,37 @@ def test_no_fused_graph_is_built_where_the_panel_gemm_is_offered(monkeypatch):
     monkeypatch.setattr(runtime, "time_layouts", lambda *a, **k: pytest.fail("nothing should be timed"))
     lean = LeanTarget(build_target("llama"), max_len=CALIBRATION_PREFIX + 8, layout=GRAPH)
     assert lean.compile_graphs(verify_rows=(3, 4)) == [1] and lean.graph.fused == set() and lean.fused_ms == {}
+
+
+def _both_graph_gemms_offered() -> bool:
+    return graph_offered() and PANEL in candidate_layouts(torch.float32)
+
+
+@pytest.mark.parametrize("faster", ["panel", "dnnl"])
+def test_the_calibration_gives_the_graph_the_multi_row_gemm_timed_faster(monkeypatch, faster):
+    """The graph's GEMM for two or more rows is measured per machine (the panel GEMM is AVX2 code; an
+    AVX-512 oneDNN may beat it), by the geometric mean over 2-16 rows; a changed choice gets a fresh
+    CompiledBody, whose graphs still give HF's logits."""
+    if not _both_graph_gemms_offered():
+        pytest.skip(NO_GRAPH + ", or the panel GEMM is not offered here")
+    from eaglewire.decoding import runtime
+
+    other = PACKED if faster == PANEL else PANEL
+    # `faster` twice as fast at 2 and 4 rows, 1.5x slower at 16: the ratios decide, not the 16-row ms
+    ms = {2: {faster: 1.0, other: 2.0}, 4: {faster: 2.0, other: 4.0}, 16: {faster: 12.0, other: 8.0}}
+    monkeypatch.setattr(runtime, "time_layouts", lambda cands, ks, reps, run, **_: ({}, {k: ms[k] for k in ks}))
+    target = build_target("llama")
+    lean = LeanTarget(target, max_len=24, layout=GRAPH)
+    first = lean.graph
+    lean._calibrate_graph_gemm((1, 2, 4, 16, 32), reps=1, refine=0)
+    assert lean.graph_gemm == faster and lean.graph.gemm == faster and lean.graph_gemm_ms == ms
+    assert (lean.graph is first) == (faster == PANEL)  # the panel GEMM was the default: no new body then
+    assert lean.eager_layout(3) == faster
+    ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        ref = target.model(input_ids=ids).logits
+    lean.forward(ids[:, :9], torch.arange(9)[None], 0)
+    logits, _ = lean.forward(ids[:, 9:], torch.arange(9, 12)[None], 9)  # 3 rows: the multi-row graph
+    torch.testing.assert_close(logits, ref[:, 9:], atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="not offered here"):
+        lean.set_graph_gemm("tn")

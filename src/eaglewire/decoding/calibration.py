@@ -27,6 +27,7 @@ import torch
 from eaglewire.cache import cache_root
 from eaglewire.contract import canonical_json
 from eaglewire.decoding import panel_gemm
+from eaglewire.decoding.compiled_body import GRAPH, GRAPH_GEMMS
 from eaglewire.decoding.gemm import COMPILED, PANEL, REFINE_REPS, applies, row_counts
 from eaglewire.decoding.runtime import (CALIBRATION_KS, CALIBRATION_PREFIX, CALIBRATION_REPS, LeanTarget, cache_slots,
                                         head_dim)
@@ -41,7 +42,8 @@ from eaglewire.verifier.loader import Target
 #    where that frame thrashed CPython's frame-stack chunks timed "graph" 3 ms slow and chose dnnl
 # 5: the graph's C++ wrapper (compiled_body.GRAPH_OPTIONS) changed what "graph" costs, and compiled-layout
 #    markers must not promise graphs that inductor's cache holds only with the Python wrapper
-# 6: the graph runs its multi-row GEMMs through the panel GEMM where offered (panel_gemm.py), a new layout
+# 6: the graph runs its multi-row GEMMs through the panel GEMM or oneDNN's, whichever the calibration timed
+#    faster (panel_gemm.py, a new layout; the file stores the choice)
 FORMAT = 6  # bump when the file's meaning changes: older files then miss (another key), never misread
 
 
@@ -84,15 +86,21 @@ def calibration_path(key: dict[str, Any]) -> Path:
     return calibration_dir() / f"{_digest(key)}.json"
 
 
-def _read(path: Path, key: dict[str, Any]) -> tuple[dict[int, str], dict[int, str]]:
-    """The stored policies ({rows: layout}, {rows: greedy head}), or _Unusable saying why not."""
+def _read(path: Path, key: dict[str, Any]) -> tuple[dict[int, str], dict[int, str], str | None]:
+    """The stored policies ({rows: layout}, {rows: greedy head}) and the graph's multi-row GEMM, or
+    _Unusable saying why not."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise _Unusable(f"not readable JSON: {err}") from None
     if not isinstance(data, dict) or data.get("key") != key:
         raise _Unusable("its key is not this machine/target/torch's (a hash collision or an edited file)")
-    return _policy(data, "policy", key["ks"], key["layouts"]), _policy(data, "head_policy", key["ks"], key["heads"])
+    gemm = data.get("graph_gemm")  # None where no graph is offered
+    offered = [g for g in GRAPH_GEMMS if g in key["layouts"]] if GRAPH in key["layouts"] else [None]
+    if gemm not in offered:
+        raise _Unusable(f"graph_gemm {gemm!r} is not one of {offered} (offered here: {key['layouts']})")
+    return (_policy(data, "policy", key["ks"], key["layouts"]), _policy(data, "head_policy", key["ks"], key["heads"]),
+            gemm)
 
 
 def _policy(data: dict, field: str, ks: list[int], allowed: list[str]) -> dict[int, str]:
@@ -118,12 +126,15 @@ def calibrate_cached(rt: LeanTarget, log: Callable[[str], None] | None = None, k
     path = calibration_path(key)
     if path.exists():
         try:
-            rt.policy, rt.head_policy = _read(path, key)
+            policy, head_policy, gemm = _read(path, key)
         except _Unusable as why:
             say(f"calibration cache {path} is unusable ({why}): calibrating again")
         else:
+            rt.policy, rt.head_policy = policy, head_policy
+            if rt.graph is not None:
+                rt.set_graph_gemm(gemm)
             say(f"reusing GEMM layout calibration from {path}: {_describe(rt.policy)}; greedy head "
-                f"{_describe(rt.head_policy)}")
+                f"{_describe(rt.head_policy)}{_graph_note(rt)}")
             return rt.policy, path, True
     say(f"calibrating GEMM layouts {', '.join(key['layouts'])} for {len(ks)} row counts (one-off for this "
         f"machine; cached at {path})")
@@ -133,11 +144,17 @@ def calibrate_cached(rt: LeanTarget, log: Callable[[str], None] | None = None, k
               "median_ms": {str(k): v for k, v in rt.calibration_ms.items()},
               "head_policy": {str(k): v for k, v in rt.head_policy.items()},
               "head_median_ms": {str(k): v for k, v in rt.head_ms.items()},
+              "graph_gemm": rt.graph_gemm if rt.graph is not None else None, "graph_gemm_ms": {str(k): v for k, v in rt.graph_gemm_ms.items()},
               "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "seconds": round(time.perf_counter() - t0, 2)}
     atomic_write_text(path, json.dumps(record, indent=2, sort_keys=True))
-    say(f"calibrated in {record['seconds']:.1f} s: {_describe(policy)}; greedy head {_describe(rt.head_policy)} "
-        f"(delete {path} to measure again)")
+    say(f"calibrated in {record['seconds']:.1f} s: {_describe(policy)}; greedy head {_describe(rt.head_policy)}"
+        f"{_graph_note(rt)} (delete {path} to measure again)")
     return policy, path, False
+
+
+def _graph_note(rt: LeanTarget) -> str:
+    """The graph's multi-row GEMM, where a graph is offered."""
+    return f"; the graph's multi-row GEMM {rt.graph_gemm}" if rt.graph is not None else ""
 
 
 def _describe(policy: dict[int, str]) -> str:

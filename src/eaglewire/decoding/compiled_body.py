@@ -11,16 +11,18 @@ no second copy of it) becomes a handful of fused C++ loops per layer: a whole 1-
 The GEMMs inside the graph:
   - one row: a GEMV written as `(w * x).sum(-1)` (compiled_gemv.py's form), which inductor fuses with the
     norm or activation that produces x;
-  - two or more rows: our panel GEMM (panel_gemm.py, an op of its own) where it is offered; it beat
-    oneDNN's GEMM and the fused graphs below at every verify size on sitting 23's AVX2 host (the layer
+  - two or more rows: our panel GEMM (panel_gemm.py, an op of its own) where it is offered and the
+    calibration timed it faster than oneDNN's (LeanTarget._calibrate_graph_gemm: CompiledBody's `gemm`,
+    one of GRAPH_GEMMS); it beat oneDNN's GEMM and the fused graphs below at every verify size on
+    sitting 23's AVX2 host (the layer
     stack's 120 GEMMs took 16.6 ms of an 8-row step inside the graph; whole 4 / 8-row verifies in one
     bench_verify run: this graph 21 / 25 ms, the fused graphs 23 / 30, eager oneDNN 40 / 48).
-    Elsewhere oneDNN's prepacked weight through `eaglewire::packed_linear`, an op registered here
+    Otherwise oneDNN's prepacked weight through `eaglewire::packed_linear`, an op registered here
     (inductor cannot lower `mkldnn._linear_pointwise` with a weight that is an input rather than a frozen
     constant; as an opaque op it is called as is). Inductor's own reduction for several rows was slower
     than oneDNN here (4 rows: 37.9 against 23.9 ms for the 120 body weights), written as one
     broadcast product, with the norm recomputed inside it;
-  - where the panel GEMM is not offered, a verify size a start asks for (2-8 rows, FUSED_ROWS): its own
+  - where the graph's GEMM is oneDNN's, a verify size a start asks for (2-8 rows, FUSED_ROWS): its own
     static graph (FUSED) of one GEMV per row over the same weight, which inductor fuses into one loop
     reading each weight row once (`fused_linear` has the figures), kept where LeanTarget.compile_graphs
     times it faster.
@@ -69,7 +71,7 @@ from typing import Callable, Protocol
 import torch
 
 from eaglewire.decoding import compiled_gemv
-from eaglewire.decoding.gemm import COMPILED, PACKED, Linear, candidate_layouts
+from eaglewire.decoding.gemm import COMPILED, PACKED, PANEL, Linear, candidate_layouts
 from eaglewire.ops import sdpa, unfused_attention
 
 GRAPH = "graph"
@@ -132,10 +134,13 @@ def target_layouts(dtype: torch.dtype, compiled: bool = True) -> tuple[str, ...]
     return layouts + ((GRAPH,) if compiled and PACKED in layouts and compiled_gemv.available(dtype) else ())
 
 
-def graph_linear(lin: Linear, x: torch.Tensor) -> torch.Tensor:  # x [B, T, in] -> [B, T, out]
-    """A Linear inside the graph: the fused GEMV for one row, our panel GEMM (panel_gemm.py) for more where
-    the runtime has it, else oneDNN's packed GEMM."""
-    if lin.panels is not None and x.shape[1] > 1:
+GRAPH_GEMMS = (PANEL, PACKED)  # the graph's GEMM for two or more rows (LeanTarget.graph_gemm chooses)
+
+
+def graph_linear(lin: Linear, x: torch.Tensor, gemm: str = PACKED) -> torch.Tensor:  # x [B, T, in] -> [B, T, out]
+    """A Linear inside the graph: the fused GEMV for one row; for more, `gemm`: our panel GEMM
+    (panel_gemm.py) or oneDNN's packed one."""
+    if gemm == PANEL and x.shape[1] > 1:
         return torch.ops.eaglewire_panel.linear(x, lin.panels, lin.b, lin.w.shape[0])
     if x.shape[1] == 1:
         y = (lin.w * x.reshape(x.shape[0], 1, -1)).sum(-1)  # [out, in] * [B, 1, in] -> [B, out]
@@ -180,12 +185,14 @@ def _keep_guard(entries: list) -> list[bool]:
 
 
 def _body(rt: LayerStack, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-          mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+          mask: torch.Tensor, gemm: str = PACKED) -> tuple[torch.Tensor, torch.Tensor]:
+    """gemm: the multi-row GEMM, fixed per compiled copy (`_compile`'s default argument), not a guarded
+    attribute of rt (`_keep_guard` drops those): a runtime that changes it compiles a new copy."""
     start = mask.shape[-1] - h.shape[1]  # the cache slots before these rows (symbolic: dynamic length)
     # every boundary's state, whatever taps the caller wants: taps are then no part of the graph (a
     # vanilla step, a proposer's verify and a warm-up share it); the write is (L+1) * H floats a row
-    return rt.layers_forward(h, cos, sin, start, mask, tuple(range(len(rt.layers) + 1)), graph_linear,
-                             graph_attention)
+    return rt.layers_forward(h, cos, sin, start, mask, tuple(range(len(rt.layers) + 1)),
+                             functools.partial(graph_linear, gemm=gemm), graph_attention)
 
 
 def _fused_body(rt: LayerStack, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -196,22 +203,26 @@ def _fused_body(rt: LayerStack, h: torch.Tensor, cos: torch.Tensor, sin: torch.T
                              graph_attention)
 
 
-def _compile(body: Callable, name: str) -> tuple[types.CodeType, Callable]:
-    """torch.compile of a renamed copy of `body` (its code object, where dynamo keeps its graphs)."""
+def _compile(body: Callable, name: str, defaults: tuple | None = None) -> tuple[types.CodeType, Callable]:
+    """torch.compile of a renamed copy of `body` (its code object, where dynamo keeps its graphs), its
+    default arguments `defaults` (else body's)."""
     code = body.__code__.replace(co_name=name)
-    fn = types.FunctionType(code, body.__globals__, code.co_name)
+    fn = types.FunctionType(code, body.__globals__, code.co_name, defaults if defaults is not None else body.__defaults__)
     return code, torch.compile(fn, fullgraph=True, dynamic=False, options={**GRAPH_OPTIONS, "guard_filter_fn": _keep_guard})
 
 
 class CompiledBody:
     """`LeanTarget.layers_forward` compiled for one runtime: call it with layers_forward's arguments."""
 
-    def __init__(self, rt: LayerStack) -> None:
-        self.rt = rt
+    def __init__(self, rt: LayerStack, gemm: str = PACKED) -> None:
+        """gemm: the GEMM of two or more rows (GRAPH_GEMMS), fixed for this body's graphs."""
+        if gemm not in GRAPH_GEMMS:
+            raise ValueError(f"the graph's multi-row GEMM must be one of {GRAPH_GEMMS}, not {gemm!r}")
+        self.rt, self.gemm = rt, gemm
         # a code object of its own per runtime: dynamo caches compiled graphs per code object and guards on
         # `rt`, so runtimes sharing one would evict each other's graphs (and hit its recompile limit)
         n = next(_IDS)
-        self.code, self.fn = _compile(_body, f"target_body_{n}")  # tests count the graphs off self.code
+        self.code, self.fn = _compile(_body, f"target_body_{n}_{gemm}", (gemm,))  # tests count graphs off .code
         # static graphs of fused GEMVs, one per row count in `fused` (dynamic=False: each stays static)
         self.fused_code, self.fused_fn = _compile(_fused_body, f"target_fused_body_{n}")
         self.fused: set[int] = set()  # row counts run by fused_fn (LeanTarget.compile_graphs chooses)

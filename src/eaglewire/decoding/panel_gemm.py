@@ -11,8 +11,9 @@ kernel keeps a block of up to 8 rows x 8 output columns in registers and reads e
 (panel_gemm.cpp has the layout and why).
 
 It is a candidate layout like the others (gemm.PANEL), timed by the calibration per row count; inside the
-compiled layer stack (compiled_body.GRAPH) it is the GEMM for two or more rows (one row keeps the graph's
-fused GEMV), and a GRAPH runtime's GEMMs outside the graph (the head, a prefill) use it too
+compiled layer stack (compiled_body.GRAPH) it is the GEMM for two or more rows where the calibration
+times it faster than oneDNN's (LeanTarget._calibrate_graph_gemm; one row keeps the graph's fused GEMV),
+and a GRAPH runtime's GEMMs outside the graph (the head, a prefill) then use it too
 (LeanTarget.eager_layout).
 
 Availability: fp32 weights, a CPU with AVX2 and FMA (read from /proc/cpuinfo at run time; the code is

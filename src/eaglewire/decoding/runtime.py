@@ -27,13 +27,15 @@ under `mask`; positions (RoPE) are given per token, so tree nodes at the same de
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from eaglewire.decoding.compiled_body import FUSED, FUSED_ROWS, GRAPH, INDUCTOR_LAYOUTS, CompiledBody, target_layouts
+from eaglewire.decoding.compiled_body import (FUSED, FUSED_ROWS, GRAPH, GRAPH_GEMMS, INDUCTOR_LAYOUTS, CompiledBody,
+                                              target_layouts)
 from eaglewire.decoding import panel_gemm
 from eaglewire.decoding.gemm import (REFINE_REPS, PACKED, PANEL, Linear, initial_policy, pick, row_counts,
                                      time_layouts)
@@ -105,7 +107,11 @@ class LeanTarget:
         self.head = Linear(target.model.get_output_embeddings().weight, None, PACKED in self.candidates,
                            PANEL in self.candidates)
         self.policy: dict[int, str] = initial_policy(layout)
-        self.graph = CompiledBody(self) if GRAPH in self.candidates else None  # compiles on first use
+        # the graph's GEMM for two or more rows: the panel GEMM where offered until calibrate() times it
+        # against oneDNN's (_calibrate_graph_gemm)
+        self.graph_gemm = PANEL if PANEL in self.candidates else PACKED
+        self.graph_gemm_ms: dict[int, dict[str, float]] = {}  # {rows: {gemm: median ms}} of the last calibrate()
+        self.graph = CompiledBody(self, self.graph_gemm) if GRAPH in self.candidates else None  # compiles on first use
         self.head_candidates = greedy_heads(target.dtype)
         if head != "auto" and head not in self.head_candidates:
             raise TargetError(f"greedy head {head!r} is not available here", expected=" / ".join(
@@ -138,9 +144,16 @@ class LeanTarget:
         forwards of 100 / 300 tokens: 240 / 705 ms against 244 / 688), though it reads each panel once per 8
         rows."""
         lay = self.layout(rows)
-        if lay != GRAPH:
-            return lay
-        return PANEL if PANEL in self.candidates else PACKED
+        return self.graph_gemm if lay == GRAPH else lay
+
+    def set_graph_gemm(self, gemm: str) -> None:
+        """Make `gemm` (compiled_body.GRAPH_GEMMS, offered here) the graph's multi-row GEMM; a change gets a
+        new CompiledBody (its graphs compile anew: the old ones do not guard on this choice)."""
+        if gemm not in GRAPH_GEMMS or gemm not in self.candidates or self.graph is None:
+            raise ValueError(f"the graph's GEMM {gemm!r} is not offered here (graph: {self.graph is not None}, "
+                             f"candidates {self.candidates})")
+        if gemm != self.graph_gemm:
+            self.graph_gemm, self.graph = gemm, CompiledBody(self, gemm)
 
     @torch.no_grad()
     def calibrate(self, ks: tuple[int, ...] = CALIBRATION_KS, reps: int = CALIBRATION_REPS,
@@ -162,9 +175,32 @@ class LeanTarget:
             self.policy = {1: layout}
             self.forward(*inputs[k], prefix)
 
+        self._calibrate_graph_gemm(ks, reps, refine)  # before the graph is timed: it runs the chosen GEMM
         self.policy, self.calibration_ms = time_layouts(self.candidates, ks, reps, run, refine=refine)
         self._calibrate_head(inputs, prefix, reps, refine)
         return self.policy
+
+    def _calibrate_graph_gemm(self, ks: tuple[int, ...], reps: int, refine: int) -> None:
+        """Time the layer stack's GEMMs alone through each GEMM the graph can run for several rows (the
+        panel GEMM, oneDNN's), at the calibration's row counts from 2 to 16 (verify sizes), and give the
+        graph the one faster at most of them by ratio (geometric mean: a 16-row product's milliseconds
+        do not outvote 4 rows'). Why measured: the panel GEMM is AVX2 code, and where oneDNN has AVX-512
+        kernels its few-row GEMMs may be the faster ones (sitting 17's AVX-512 host: 13.0 ms for 8 rows
+        over the body weights, near the memory floor)."""
+        rows = tuple(k for k in ks if 2 <= k <= 16)
+        if self.graph is None or not rows or not all(g in self.candidates for g in GRAPH_GEMMS):
+            return
+        lins = [lin for L in self.layers for lin in (L.qkv, L.o, L.gate_up, L.down)]
+        xs = {k: {n: torch.zeros(1, k, n, dtype=self.embed.dtype) for n in {lin.w.shape[1] for lin in lins}}
+              for k in rows}  # [1, k, in] per input width
+
+        def run(gemm: str, k: int) -> None:
+            for lin in lins:
+                lin(xs[k][lin.w.shape[1]], gemm)
+
+        _, self.graph_gemm_ms = time_layouts(GRAPH_GEMMS, rows, reps, run, refine=refine)
+        score = {g: sum(math.log(self.graph_gemm_ms[k][g]) for k in rows) for g in GRAPH_GEMMS}
+        self.set_graph_gemm(min(score, key=score.get))
 
     @torch.no_grad()
     def compile_graphs(self, verify_rows: tuple[int, ...] = ()) -> list[int]:
@@ -173,7 +209,7 @@ class LeanTarget:
         than inside the first request; then, for each of `verify_rows` (the verify sizes the caller's
         proposers use) in FUSED_ROWS that the policy runs through GRAPH, build its static fused graph and
         keep it where it times faster than the shared one (`fused_ms` has the medians), unless the panel
-        GEMM is offered (then the shared graph runs it and no fused graph is built). Only the sizes
+        GEMM is the graph's (then no fused graph is built). Only the sizes
         asked for compile, each once per machine and cache size: about 40 s on a cold AVX-512 host; on
         sitting 22's AVX2 host 80-90 s (5 and 8 rows), 66-121 s with the graph's C++ wrapper (3 and 4 rows).
         Returns the row counts run. The slots written (after CALIBRATION_PREFIX) are overwritten by any
@@ -188,10 +224,10 @@ class LeanTarget:
 
         for k in rows:
             run(k)
-        # where the panel GEMM is offered the shared graph runs it, and no fused graph is built: on sitting
+        # where the shared graph runs the panel GEMM, no fused graph is built: on sitting
         # 23's AVX2 host the fused graphs lost to it at every size timed (2 / 3 / 4 / 8 rows 22.6 / 24.1 /
         # 24.7 / 37.4 against 21.2 / 19.3 / 21.8 / 31.4 ms), and each costs one to two minutes of compile
-        fused_sizes = () if PANEL in self.candidates else sorted(set(verify_rows))
+        fused_sizes = () if self.graph_gemm == PANEL else sorted(set(verify_rows))
         for k in fused_sizes:
             if (self.graph is None or k not in FUSED_ROWS or self.layout(k) != GRAPH
                     or CALIBRATION_PREFIX + k > self.max_len):
