@@ -119,6 +119,8 @@ def main() -> None:
                        "calibration_ms": runtimes["lean_calibrated"].calibration_ms,
                        "fused_ms": fused_ms,
                        "greedy_head": runtimes["lean_calibrated"].head_policy,
+                       "graph_gemm": runtimes["lean_calibrated"].graph_gemm,  # the graph's multi-row GEMM
+                       "graph_gemm_ms": runtimes["lean_calibrated"].graph_gemm_ms,
                        "fused": "q/k/v and gate/up one GEMM each", "cpu": describe_cpu()}
     result["roofline"] = _roofline(target, probe, result["lean_calibrated"]["median_ms"][1])
     atomic_write_text(a.out, json.dumps(result, indent=2))
