@@ -66,29 +66,29 @@ def test_bad_inputs_say_what_was_expected():
         panel_gemm.linear(x, panels, torch.randn(19), 20)
 
 
-def test_not_offered_without_avx2_and_fma(monkeypatch, capsys):
+@pytest.fixture
+def probed_anew():
+    """available() probes afresh inside the test (it is cached per process), and again after it."""
+    panel_gemm.available.cache_clear()
+    yield
+    panel_gemm.available.cache_clear()
+
+
+def test_not_offered_without_avx2_and_fma(monkeypatch, capsys, probed_anew):
     """The kernel is compiled for AVX2 + FMA: a CPU without them (read at run time) never gets the layout,
     and a line says why."""
     monkeypatch.setattr(panel_gemm, "cpu_flags", lambda: frozenset({"sse2", "avx"}))
     assert panel_gemm.missing() == "the CPU lacks avx2, fma (/proc/cpuinfo)"
-    panel_gemm.available.cache_clear()
-    try:
-        assert not panel_gemm.available(torch.float32)
-        assert "panel GEMM layout is not offered here: the CPU lacks avx2" in capsys.readouterr().err
-    finally:
-        panel_gemm.available.cache_clear()
+    assert not panel_gemm.available(torch.float32)
+    assert "panel GEMM layout is not offered here: the CPU lacks avx2" in capsys.readouterr().err
 
 
-def test_a_wrong_product_is_not_offered(monkeypatch, capsys):
-    if not offered():
+def test_a_wrong_product_is_not_offered(monkeypatch, capsys, probed_anew):
+    if panel_gemm.missing() is not None:
         pytest.skip(NOT_HERE)
     monkeypatch.setattr(panel_gemm, "linear", lambda x, p, b, n: torch.zeros(*x.shape[:-1], n))
-    panel_gemm.available.cache_clear()
-    try:
-        assert not panel_gemm.available(torch.float32)
-        assert "probe product was wrong" in capsys.readouterr().err
-    finally:
-        panel_gemm.available.cache_clear()
+    assert not panel_gemm.available(torch.float32)
+    assert "probe product was wrong" in capsys.readouterr().err
 
 
 def test_the_build_is_cached_per_source_and_torch(monkeypatch, tmp_path):

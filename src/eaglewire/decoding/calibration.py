@@ -144,7 +144,8 @@ def calibrate_cached(rt: LeanTarget, log: Callable[[str], None] | None = None, k
               "median_ms": {str(k): v for k, v in rt.calibration_ms.items()},
               "head_policy": {str(k): v for k, v in rt.head_policy.items()},
               "head_median_ms": {str(k): v for k, v in rt.head_ms.items()},
-              "graph_gemm": rt.graph_gemm if rt.graph is not None else None, "graph_gemm_ms": {str(k): v for k, v in rt.graph_gemm_ms.items()},
+              "graph_gemm": rt.graph_gemm if rt.graph is not None else None,
+              "graph_gemm_ms": {str(k): v for k, v in rt.graph_gemm_ms.items()},
               "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "seconds": round(time.perf_counter() - t0, 2)}
     atomic_write_text(path, json.dumps(record, indent=2, sort_keys=True))
     say(f"calibrated in {record['seconds']:.1f} s: {_describe(policy)}; greedy head {_describe(rt.head_policy)}"

@@ -34,9 +34,9 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from eaglewire.decoding import panel_gemm
 from eaglewire.decoding.compiled_body import (FUSED, FUSED_ROWS, GRAPH, GRAPH_GEMMS, INDUCTOR_LAYOUTS, CompiledBody,
                                               target_layouts)
-from eaglewire.decoding import panel_gemm
 from eaglewire.decoding.gemm import (REFINE_REPS, PACKED, PANEL, Linear, initial_policy, pick, row_counts,
                                      time_layouts)
 from eaglewire.decoding.screened_head import PLAIN, SCREENED, ScreenedHead, default_head, greedy_heads
