@@ -19,7 +19,7 @@ and a GRAPH runtime's GEMMs outside the graph (the head, a prefill) then use it 
 Availability: fp32 weights, a CPU with AVX2 and FMA (read from /proc/cpuinfo at run time; the code is
 compiled for exactly those, so a user cache carried to another machine never runs an instruction its CPU
 lacks), a C++ compiler and ninja (torch.utils.cpp_extension builds it). Built once per machine, torch
-install, compiler and source into the user cache (12-15 s here; the start says so), after which a process
+install, compiler and source into the user cache (12-14 s on the AVX2 host of sitting 23; the start says so), after which a process
 loads the built library directly (no compiler, no ninja). A machine where any of this is missing does not
 get the layout and says why on stderr; the other layouts compute the same products.
 
