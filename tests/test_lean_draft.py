@@ -128,3 +128,21 @@ def test_the_chain_path_drafts_what_the_tree_walk_drafts_for_topk_1(layout):
         accepted = chain.tokens[: r % 3] + [17 + r]
         for p in props:
             p.accept(taps[:, r: r + len(accepted)], accepted)
+
+
+def test_the_copy_frees_the_weight_copies_its_policy_never_reads_and_a_calibration_rebuilds_them():
+    draft, _ = build_draft(build_target("llama"))
+    g = torch.Generator().manual_seed(4)
+    ids, taps = torch.randint(0, 256, (1, 3), generator=g), torch.randn(1, 3, 3 * draft.cfg.target_hidden_size, generator=g)
+    lean = LeanDraft(draft, "nt")
+    lins = [m.lin for m in lean.model.modules() if isinstance(m, LayoutLinear)]
+    assert all(lin.wt is None and lin.packed is None and lin.panels is None for lin in lins)
+    first, _ = _forward(lean.model, ids, taps, draft.cfg)
+    ref, _ = _forward(draft, ids, taps, draft.cfg)
+    torch.testing.assert_close(first.logits, ref.logits, rtol=1e-4, atol=1e-5)
+    lean.calibrate()  # times every candidate again: their copies come back, then the unused ones go
+    assert all(not lin.released for lin in lins)
+    lean.release_unused()
+    used = set(lean.policy.values())
+    assert all((lin.wt is not None) == ("tn" in used) and (lin.packed is not None) == (gemm.PACKED in used)
+               for lin in lins)

@@ -136,3 +136,18 @@ def draft_dtype(choice: str, target_dtype: torch.dtype, device: str = "cpu") -> 
     if choice == "auto":
         return torch.bfloat16 if _use_bf16(device, "auto", ("float32", "bfloat16")) else target_dtype
     return runtime_dtype(choice, device)
+
+
+def return_freed_memory() -> bool:
+    """Ask the C allocator to give freed heap memory back to the OS (glibc's malloc_trim); False where the
+    C library has no such call (musl, macOS: their freed memory stays with the process, reusable by it).
+    Why: weights of a few MB each are allocated from the heap once glibc's mmap threshold has grown past
+    them, and freeing them leaves the pages resident (SmolLM2 fp32: a runtime freeing 1026 MB of weight
+    copies kept its RSS at 2508 MB; trimmed, 1696 MB, sitting 24)."""
+    import ctypes
+
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim is None:
+        return False
+    trim(0)  # returns whether it released anything: either way the call did what it could
+    return True

@@ -108,6 +108,10 @@ def make_runtime(target: Target, max_len: int, *, calibrate: bool = False, log: 
         # the marker promises a "cached" start the shared graphs, not these
         if compiled and _compile(rt, say, verify_rows if compile == "always" else ()):  # only a start that built something can promise it to the next
             atomic_write_text(marker, json.dumps({"compiled_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}))
+    freed = rt.release_unused()
+    if freed:
+        say(f"freed {freed / 2**20:.0f} MB of weight copies that layouts {', '.join(sorted(rt.used_layouts()))} "
+            "never read")
     return rt
 
 

@@ -41,6 +41,7 @@ from eaglewire.decoding.gemm import (REFINE_REPS, PACKED, PANEL, Linear, initial
                                      time_layouts)
 from eaglewire.decoding.screened_head import PLAIN, SCREENED, ScreenedHead, default_head, greedy_heads
 from eaglewire.errors import TargetError
+from eaglewire.hw import return_freed_memory
 from eaglewire.ops import rms_norm, rotate, sdpa, signed_sin
 from eaglewire.verifier.loader import Target
 
@@ -118,8 +119,8 @@ class LeanTarget:
                 ("auto",) + self.head_candidates), found=head, fix="the screened head needs an fp32 target, a torch "
                 "build with oneDNN and a CPU with native bf16" if head == SCREENED else None)
         # the greedy head's bf16 screen (screened_head.py), where it is offered and may be used
-        usable = SCREENED in self.head_candidates and head in ("auto", SCREENED)
-        self.screen = ScreenedHead(self.head.w, packed=True) if usable else None
+        self.screen_usable = SCREENED in self.head_candidates and head in ("auto", SCREENED)
+        self.screen = self._new_screen() if self.screen_usable else None
         self.head_policy: dict[int, str] = {1: default_head(self.head_candidates) if head == "auto" else head}
         self.head_ms: dict[int, dict[str, float]] = {}  # {rows: {head: median ms}} of the last calibrate()
         self.calibration_ms: dict[int, dict[str, float]] = {}  # {rows: {layout: median ms}} of the last calibrate()
@@ -153,7 +154,44 @@ class LeanTarget:
             raise ValueError(f"the graph's GEMM {gemm!r} is not offered here (graph: {self.graph is not None}, "
                              f"candidates {self.candidates})")
         if gemm != self.graph_gemm:
+            for lin in self.linears():
+                lin.restore((gemm,))
             self.graph_gemm, self.graph = gemm, CompiledBody(self, gemm)
+
+    def linears(self) -> list[Linear]:
+        """Every GEMM weight of the runtime: the layers' and the head."""
+        return [lin for L in self.layers for lin in (L.qkv, L.o, L.gate_up, L.down)] + [self.head]
+
+    def used_layouts(self) -> set[str]:
+        """The GEMM layouts this runtime's calls reach under its policy: each calibrated row count's
+        layout, GRAPH's own multi-row GEMM standing in for it (`eager_layout`: the graph's, the head's and a
+        prefill's); the graph's one-row GEMV and the compiled GEMVs read W."""
+        return {self.eager_layout(k) for k in self.policy}
+
+    def release_unused(self) -> int:
+        """Free what the policy never reads: each weight's copies for layouts outside `used_layouts()`
+        (Linear.keep) and the greedy head's bf16 screen where the head policy never picks it. Returns
+        the bytes freed. Why: every candidate layout keeps its own copy of every weight while the
+        calibration times them (about 4x the weights); decoding reads one or two (make_runtime calls this
+        once the policy is set). `calibrate` rebuilds what it needs."""
+        used = self.used_layouts()
+        freed = sum(lin.keep(used) for lin in self.linears())
+        if self.screen is not None and SCREENED not in self.head_policy.values():
+            freed += self.screen.nbytes()
+            self.screen = None
+        if freed:
+            return_freed_memory()
+        return freed
+
+    def _restore(self) -> None:
+        """Undo release_unused (a calibration times every candidate)."""
+        for lin in self.linears():
+            lin.restore()
+        if self.screen is None and self.screen_usable:
+            self.screen = self._new_screen()
+
+    def _new_screen(self) -> ScreenedHead:
+        return ScreenedHead(self.head.w, packed=True)  # offered only where bf16 runs natively: packed
 
     @torch.no_grad()
     def calibrate(self, ks: tuple[int, ...] = CALIBRATION_KS, reps: int = CALIBRATION_REPS,
@@ -175,6 +213,7 @@ class LeanTarget:
             self.policy = {1: layout}
             self.forward(*inputs[k], prefix)
 
+        self._restore()
         self._calibrate_graph_gemm(ks, reps, refine)  # before the graph is timed: it runs the chosen GEMM
         self.policy, self.calibration_ms = time_layouts(self.candidates, ks, reps, run, refine=refine)
         self._calibrate_head(inputs, prefix, reps, refine)
@@ -190,7 +229,7 @@ class LeanTarget:
         rows = tuple(k for k in ks if 2 <= k <= 16)
         if self.graph is None or not rows or not all(g in self.candidates for g in GRAPH_GEMMS):
             return
-        lins = [lin for L in self.layers for lin in (L.qkv, L.o, L.gate_up, L.down)]
+        lins = self.linears()[:-1]  # the layer stack's (the graph's); not the head
         xs = {k: {n: torch.zeros(1, k, n, dtype=self.embed.dtype) for n in {lin.w.shape[1] for lin in lins}}
               for k in rows}  # [1, k, in] per input width
 
@@ -261,8 +300,10 @@ class LeanTarget:
         a, f = m.self_attn, m.mlp
         pk, pn = PACKED in self.candidates, PANEL in self.candidates
         qn, kn = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
-        return _Layer(Linear.fused([a.q_proj, a.k_proj, a.v_proj], pk, pn),
-                      Linear(a.o_proj.weight, a.o_proj.bias, pk, pn), Linear.fused([f.gate_proj, f.up_proj], pk, pn),
+        # share: HF's q/k/v and gate/up weights become views of the fused ones (no second copy in memory)
+        return _Layer(Linear.fused([a.q_proj, a.k_proj, a.v_proj], pk, pn, share=True),
+                      Linear(a.o_proj.weight, a.o_proj.bias, pk, pn),
+                      Linear.fused([f.gate_proj, f.up_proj], pk, pn, share=True),
                       Linear(f.down_proj.weight, f.down_proj.bias, pk, pn),
                       m.input_layernorm.weight.detach(), m.post_attention_layernorm.weight.detach(),
                       None if qn is None else qn.weight.detach(), None if kn is None else kn.weight.detach())

@@ -86,6 +86,11 @@ class ScreenedHead:
         self.c = screen_coefficient(n)
         self.underflow_scale = (n + 2) * 2.0 ** -126
 
+    def nbytes(self) -> int:
+        """The memory this head holds beside the fp32 weight it shares: the bf16 copy and the row norms."""
+        low = self.packed if self.packed is not None else self.low
+        return low.numel() * low.element_size() + self.row_norm.numel() * self.row_norm.element_size()
+
     def screen(self, h: torch.Tensor) -> torch.Tensor:
         """h [N, H] fp32 -> the bf16 logits [N, V], as fp32."""
         x = h.to(torch.bfloat16)

@@ -1,0 +1,109 @@
+"""A runtime frees the weight copies its chosen layouts never read (gemm.Linear.keep,
+LeanTarget.release_unused), shares HF's q/k/v and gate/up weights with its fused ones, and computes the
+same results afterwards; a calibration after a release rebuilds what it times."""
+
+import pytest
+import torch
+from tiny import VOCAB, build_target
+
+from eaglewire.decoding.gemm import PACKED, PANEL, Linear, candidate_layouts
+from eaglewire.decoding.hf_runtime import make_runtime
+from eaglewire.decoding.runtime import LeanTarget
+from eaglewire.decoding.screened_head import PLAIN, SCREENED, ScreenedHead
+
+OFFERED = candidate_layouts(torch.float32, compiled=False)
+
+
+def _linear() -> tuple[Linear, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    lin = Linear(torch.randn(40, 24, generator=g), torch.randn(40, generator=g), PACKED in OFFERED, PANEL in OFFERED)
+    return lin, torch.randn(1, 3, 24, generator=g)  # x [1, 3, in]
+
+
+def test_keep_frees_the_other_copies_and_restore_rebuilds_them():
+    lin, x = _linear()
+    before = {lay: lin(x, lay) for lay in OFFERED}
+    copies = [a for a in ("wt", "packed", "panels") if getattr(lin, a) is not None]
+    expected = sum(getattr(lin, a).numel() * 4 for a in copies)
+    assert lin.keep({"nt"}) == expected > 0
+    assert all(getattr(lin, a) is None for a in copies) and lin.w is not None
+    assert torch.equal(lin(x, "nt"), before["nt"]) and torch.equal(lin(x, "wx"), before["wx"])
+    with pytest.raises(ValueError, match="'tn' copy of this weight was freed"):
+        lin(x, "tn")
+    assert lin.keep({"nt"}) == 0  # nothing left to free
+    lin.restore(("tn",))
+    assert lin.released == set(lin.offered) - {"tn"} and torch.equal(lin(x, "tn"), before["tn"])
+    lin.restore()
+    assert not lin.released
+    for lay in OFFERED:
+        torch.testing.assert_close(lin(x, lay), before[lay], atol=0, rtol=0)
+
+
+def test_a_shared_fused_weight_is_the_modules_weights_and_leaves_their_outputs_unchanged():
+    g = torch.Generator().manual_seed(1)
+    mods = [torch.nn.Linear(16, n, bias=b) for n, b in ((8, True), (4, False), (4, True))]
+    x = torch.randn(2, 16, generator=g)
+    with torch.no_grad():
+        refs = [m(x) for m in mods]
+        lin = Linear.fused(mods, share=True)
+        outs = [m(x) for m in mods]
+    base = lin.w.untyped_storage().data_ptr()
+    assert all(m.weight.untyped_storage().data_ptr() == base for m in mods)  # views of the fused weight
+    assert mods[0].bias.untyped_storage().data_ptr() == lin.b.untyped_storage().data_ptr()
+    for ref, out in zip(refs, outs):
+        assert torch.equal(ref, out)
+    assert torch.equal(lin(x, "nt"), torch.cat(refs, dim=-1))
+    unshared = [torch.nn.Linear(16, 8), torch.nn.Linear(16, 8)]
+    copied = Linear.fused(unshared)  # the default: a copy, the modules keep their own weights
+    assert all(m.weight.untyped_storage().data_ptr() != copied.w.untyped_storage().data_ptr() for m in unshared)
+
+
+@pytest.mark.parametrize("policy", [{1: "tn", 2: "nt"}, {1: "nt"}, {1: "graph"}])
+def test_release_unused_keeps_what_the_policy_reads_and_computes_the_same(policy):
+    target = build_target("llama")
+    ids = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(2))
+    rt = LeanTarget(target, max_len=160, compiled=False)  # room for calibrate()
+    rt.policy = policy
+    if 1 in policy and policy[1] == "graph":  # no graph is built here: only the layouts it stands for matter
+        rt.graph_gemm = PACKED
+    used = rt.used_layouts()
+    assert used == {"graph": {PACKED}}.get(policy[1], set(policy.values()))
+    if policy[1] == "graph":
+        return  # what eager_layout maps GRAPH to is all this case checks (its graph needs inductor)
+    ref, _ = rt.forward(ids, torch.arange(9)[None], 0)
+    freed = rt.release_unused()
+    lins = rt.linears()
+    for lin in lins:
+        assert (lin.wt is not None) == ("tn" in used) and lin.packed is None and lin.panels is None
+    assert freed == sum(lin.w.numel() * 4 for lin in lins) * sum(
+        lay in OFFERED and lay not in used for lay in ("tn", PACKED, PANEL))
+    out, _ = rt.forward(ids, torch.arange(9)[None], 0)
+    assert torch.equal(out, ref)
+    rt.calibrate(ks=(1, 2), reps=1, refine=0)  # times every candidate: the copies come back
+    assert all(not lin.released for lin in lins)
+
+
+def test_the_screened_head_is_freed_where_the_head_policy_never_picks_it(monkeypatch):
+    target = build_target("llama")
+    rt = LeanTarget(target, max_len=32, compiled=False, layout="nt")
+    # as a native-bf16 host has it (its screen unpacked: oneDNN's bf16 packing needs that host)
+    monkeypatch.setattr(rt, "_new_screen", lambda: ScreenedHead(rt.head.w, packed=False))
+    rt.screen, rt.screen_usable = rt._new_screen(), True
+    rt.head_policy = {1: SCREENED, 4: PLAIN}
+    rt.release_unused()
+    assert rt.screen is not None  # picked for one row: kept
+    rt.head_policy = {1: PLAIN}
+    screen = rt.screen.nbytes()
+    assert screen > 0 and rt.release_unused() == screen and rt.screen is None
+    rt._restore()
+    assert rt.screen is not None
+
+
+def test_make_runtime_frees_the_copies_and_says_so():
+    target = build_target("llama")
+    said: list[str] = []
+    rt = make_runtime(target, 32, log=said.append)
+    assert rt.used_layouts() == {"tn", "nt"}  # the uncalibrated policy
+    assert all(lin.packed is None and lin.panels is None for lin in rt.linears())
+    if PACKED in rt.candidates or PANEL in rt.candidates:
+        assert any(m.startswith("freed ") and "layouts nt, tn never read" in m for m in said), said
