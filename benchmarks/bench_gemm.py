@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from eaglewire.decoding.gemm import PACKED, PANEL, candidate_layouts
+from eaglewire.decoding.gemm import PACKED, PANELS, candidate_layouts
 from eaglewire.decoding.runtime import LeanTarget
 from eaglewire.hw import describe_cpu
 from eaglewire.safeio import atomic_write_text
@@ -30,7 +30,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=11)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--layouts", default=f"tn,{PACKED},{PANEL}", help="comma-separated, those offered here")
+    ap.add_argument("--layouts", default=",".join(("tn", PACKED, *PANELS)), help="comma-separated, those offered here")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/gemm.json"))
     a = ap.parse_args()
     torch.set_num_threads(a.threads)

@@ -225,7 +225,7 @@ def test_make_runtime_builds_the_fused_graph_of_the_verify_size_it_is_told_and_s
         return {k: win for k in ks}, {k: {lay: 1.0 if lay == win else 2.0 for lay in candidates} for k in ks}
 
     monkeypatch.setattr(runtime, "time_layouts", fake_time)
-    monkeypatch.setattr(panel_gemm, "available", lambda dtype: False)  # a host without the panel GEMM
+    monkeypatch.setattr(panel_gemm, "available", lambda kernel, dtype: False)  # a host without the panel GEMMs
     target, log = build_target("llama"), []
     rt = make_runtime(target, 32, calibrate=True, log=log.append, verify_rows=(3, max(FUSED_ROWS) + 1))
     assert rt.graph.fused == {3} and rt.fused_ms == {3: {GRAPH: 2.0, FUSED: 1.0}}
@@ -247,7 +247,7 @@ def test_the_key_names_the_panel_kernels_build(monkeypatch, tmp_path):
     if PANEL not in rt.candidates:
         pytest.skip("the panel GEMM is not offered here (decoding/panel_gemm.missing() says why)")
     key = C.calibration_key(rt, KS, 1, 0)
-    assert key["panel_gemm"] == panel_gemm.build_dir().name
+    assert key["panel_gemm"][PANEL] == panel_gemm.build_dir(panel_gemm.AVX2).name
     changed = tmp_path / "panel_gemm.cpp"
     changed.write_text(panel_gemm.SOURCE.read_text() + "// another kernel\n")
     monkeypatch.setattr(panel_gemm, "SOURCE", changed)
@@ -258,6 +258,7 @@ def test_the_graphs_gemm_is_stored_and_restored(cache, monkeypatch):
     """The calibration file keeps the graph's multi-row GEMM; a later start restores it without timing,
     and a file naming a GEMM not offered here is measured again."""
     from eaglewire.decoding import runtime
+    from eaglewire.decoding.compiled_body import GRAPH_GEMMS
     from eaglewire.decoding.gemm import PACKED, PANEL
 
     target, log = build_target("llama"), []
@@ -267,8 +268,8 @@ def test_the_graphs_gemm_is_stored_and_restored(cache, monkeypatch):
     real = runtime.time_layouts
 
     def dnnl_wins_the_gemms(cands, ks, reps, run, **kw):
-        if tuple(cands) == (PANEL, PACKED):
-            return {}, {k: {PANEL: 2.0, PACKED: 1.0} for k in ks}
+        if set(cands) <= set(GRAPH_GEMMS):  # the graph's GEMMs: the panel kernel(s) offered here and oneDNN's
+            return {}, {k: {lay: 1.0 if lay == PACKED else 2.0 for lay in cands} for k in ks}
         return real(cands, ks, reps, run, **kw)
 
     monkeypatch.setattr(runtime, "time_layouts", dnnl_wins_the_gemms)

@@ -136,7 +136,7 @@ def test_the_copy_frees_the_weight_copies_its_policy_never_reads_and_a_calibrati
     ids, taps = torch.randint(0, 256, (1, 3), generator=g), torch.randn(1, 3, 3 * draft.cfg.target_hidden_size, generator=g)
     lean = LeanDraft(draft, "nt")
     lins = [m.lin for m in lean.model.modules() if isinstance(m, LayoutLinear)]
-    assert all(lin.wt is None and lin.packed is None and lin.panels is None for lin in lins)
+    assert all(lin.copies == {} for lin in lins)
     first, _ = _forward(lean.model, ids, taps, draft.cfg)
     ref, _ = _forward(draft, ids, taps, draft.cfg)
     torch.testing.assert_close(first.logits, ref.logits, rtol=1e-4, atol=1e-5)
@@ -144,5 +144,4 @@ def test_the_copy_frees_the_weight_copies_its_policy_never_reads_and_a_calibrati
     assert all(not lin.released for lin in lins)
     lean.release_unused()
     used = set(lean.policy.values())
-    assert all((lin.wt is not None) == ("tn" in used) and (lin.packed is not None) == (gemm.PACKED in used)
-               for lin in lins)
+    assert all(set(lin.copies) == set(gemm.COPIES) & used & set(lean.candidates) for lin in lins)

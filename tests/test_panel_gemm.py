@@ -1,5 +1,9 @@
 """Our few-row GEMM (decoding/panel_gemm.py): its products against float64, its errors, where it is offered,
-and its build cache."""
+and its build cache; for each kernel (the AVX2 one; the AVX-512 one where the CPU has AVX-512; and the
+AVX-512 kernel's code, its 16-wide panels and 16-row blocks, built for AVX2, so that its indexing is
+tested on any AVX2 machine)."""
+
+import dataclasses
 
 import pytest
 import torch
@@ -7,13 +11,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eaglewire.decoding import panel_gemm
-from eaglewire.decoding.gemm import PANEL, Linear, candidate_layouts
+from eaglewire.decoding.gemm import PANEL, PANEL_AVX512, Linear, candidate_layouts
+from eaglewire.decoding.panel_gemm import AVX2, AVX512
 
-NOT_HERE = "the panel GEMM is not offered on this machine (panel_gemm.missing() says why)"
+# the AVX-512 kernel's width and block, compiled for AVX2 (the compiler splits each 16-wide vector in two)
+WIDE_ON_AVX2 = dataclasses.replace(AVX512, layout="panel-avx512-code-on-avx2", isa="avx512code_avx2",
+                                   cpu_flags=AVX2.cpu_flags, isa_flags=AVX2.isa_flags)
+KERNELS = [AVX2, WIDE_ON_AVX2, AVX512]
+IDS = [k.isa for k in KERNELS]
 
 
-def offered() -> bool:
-    return panel_gemm.available(torch.float32)
+def need(kernel: panel_gemm.Kernel) -> None:
+    if not panel_gemm.available(kernel, torch.float32):
+        pytest.skip(f"the {kernel.isa} panel kernel is not offered on this machine: "
+                    f"{panel_gemm.missing(kernel) or 'see stderr'}")
 
 
 def reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
@@ -21,49 +32,64 @@ def reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch
     return (y if b is None else y + b.double()).float()
 
 
+@pytest.mark.parametrize("kernel", KERNELS, ids=IDS)
 @settings(max_examples=40, deadline=None)
-@given(n=st.integers(1, 70), k=st.integers(1, 40), rows=st.integers(1, 20), bias=st.booleans(),
+@given(n=st.integers(1, 70), k=st.integers(1, 40), rows=st.integers(1, 40), bias=st.booleans(),
        batch=st.integers(1, 2), seed=st.integers(0, 2**16))
-def test_the_product_matches_float64_for_any_shape(n, k, rows, bias, batch, seed):
+def test_the_product_matches_float64_for_any_shape(kernel, n, k, rows, bias, batch, seed):
     """Every row count (one register block, several balanced ones), a last panel partly past N, with
     and without bias, and leading batch dims."""
-    if not offered():
-        pytest.skip(NOT_HERE)
+    need(kernel)
     g = torch.Generator().manual_seed(seed)
     w, x = torch.randn(n, k, generator=g), torch.randn(batch, rows, k, generator=g)
     b = torch.randn(n, generator=g) if bias else None
-    y = panel_gemm.linear(x, panel_gemm.pack(w), b, n)
+    y = panel_gemm.linear(kernel, x, panel_gemm.pack(w, kernel.nr), b, n)
     assert y.shape == (batch, rows, n)
     torch.testing.assert_close(y, reference(x, w, b), atol=1e-5, rtol=1e-5)
 
 
-def test_a_non_contiguous_input_and_the_linear_layout():
-    if not offered():
-        pytest.skip(NOT_HERE)
+@pytest.mark.parametrize("layout", [PANEL, PANEL_AVX512])
+def test_a_non_contiguous_input_and_the_linear_layout(layout):
+    kernel = {PANEL: AVX2, PANEL_AVX512: AVX512}[layout]
+    need(kernel)
     g = torch.Generator().manual_seed(1)
     w, b = torch.randn(48, 32, generator=g), torch.randn(48, generator=g)
     x = torch.randn(32, 5, generator=g).t()  # [5, 32], not contiguous
-    lin = Linear(w, b, panel=True)
-    assert lin.panels.shape == (48 // panel_gemm.NR, 32, panel_gemm.NR)
-    torch.testing.assert_close(lin(x, PANEL), reference(x, w, b), atol=1e-5, rtol=1e-5)
-    assert PANEL in candidate_layouts(torch.float32) and PANEL not in candidate_layouts(torch.bfloat16)
+    lin = Linear(w, b, (layout,))
+    assert lin.copies[layout].shape == (48 // kernel.nr, 32, kernel.nr)
+    torch.testing.assert_close(lin(x, layout), reference(x, w, b), atol=1e-5, rtol=1e-5)
+    assert layout in candidate_layouts(torch.float32) and layout not in candidate_layouts(torch.bfloat16)
 
 
-def test_bad_inputs_say_what_was_expected():
-    if not offered():
-        pytest.skip(NOT_HERE)
-    w, x = torch.randn(20, 8), torch.randn(2, 8)
-    panels = panel_gemm.pack(w)
+@pytest.mark.parametrize("kernel", KERNELS, ids=IDS)
+def test_bad_inputs_say_what_was_expected(kernel):
+    need(kernel)
+    w, x = torch.randn(4 * kernel.nr + 4, 8), torch.randn(2, 8)  # 5 panels
+    n = w.shape[0]
+    panels = panel_gemm.pack(w, kernel.nr)
     with pytest.raises(RuntimeError, match="expected fp32 x and panels"):
-        panel_gemm.linear(x.double(), panels, None, 20)
+        panel_gemm.linear(kernel, x.double(), panels, None, n)
     with pytest.raises(RuntimeError, match="x has 9 features, the weight 8"):
-        panel_gemm.linear(torch.randn(2, 9), panels, None, 20)
-    with pytest.raises(RuntimeError, match="3 panels cannot hold 40 outputs"):
-        panel_gemm.linear(x, panels, None, 40)
+        panel_gemm.linear(kernel, torch.randn(2, 9), panels, None, n)
+    with pytest.raises(RuntimeError, match=f"5 panels cannot hold {6 * kernel.nr} outputs"):
+        panel_gemm.linear(kernel, x, panels, None, 6 * kernel.nr)
     with pytest.raises(RuntimeError, match="expected contiguous panels"):
-        panel_gemm.linear(x, w, None, 20)
-    with pytest.raises(RuntimeError, match="bias of 20 elements"):
-        panel_gemm.linear(x, panels, torch.randn(19), 20)
+        panel_gemm.linear(kernel, x, w, None, n)
+    with pytest.raises(RuntimeError, match=f"expected contiguous panels \\[P, K, {kernel.nr}\\]"):
+        panel_gemm.linear(kernel, x, panel_gemm.pack(w, 24 - kernel.nr), None, n)  # the other kernel's width
+    with pytest.raises(RuntimeError, match=f"bias of {n} elements"):
+        panel_gemm.linear(kernel, x, panels, torch.randn(n - 1), n)
+
+
+def test_the_kernels_load_side_by_side():
+    """Each kernel registers its own op namespace: one process can time them against each other."""
+    need(AVX2)
+    need(WIDE_ON_AVX2)
+    g = torch.Generator().manual_seed(3)
+    w, x = torch.randn(40, 24, generator=g), torch.randn(3, 24, generator=g)
+    ys = [panel_gemm.linear(k, x, panel_gemm.pack(w, k.nr), None, 40) for k in (AVX2, WIDE_ON_AVX2)]
+    assert AVX2.namespace != WIDE_ON_AVX2.namespace
+    torch.testing.assert_close(ys[0], ys[1], atol=1e-5, rtol=1e-5)
 
 
 @pytest.fixture
@@ -74,37 +100,39 @@ def probed_anew():
     panel_gemm.available.cache_clear()
 
 
-def test_not_offered_without_avx2_and_fma(monkeypatch, capsys, probed_anew):
-    """The kernel is compiled for AVX2 + FMA: a CPU without them (read at run time) never gets the layout,
-    and a line says why."""
+@pytest.mark.parametrize("kernel", [AVX2, AVX512], ids=["avx2", "avx512"])
+def test_not_offered_without_its_instruction_sets(monkeypatch, capsys, probed_anew, kernel):
+    """Each kernel is compiled for its instruction sets: a CPU without them (read at run time) never gets
+    the layout, and a line says why."""
     monkeypatch.setattr(panel_gemm, "cpu_flags", lambda: frozenset({"sse2", "avx"}))
-    assert panel_gemm.missing() == "the CPU lacks avx2, fma (/proc/cpuinfo)"
-    assert not panel_gemm.available(torch.float32)
-    assert "panel GEMM layout is not offered here: the CPU lacks avx2" in capsys.readouterr().err
+    assert panel_gemm.missing(kernel) == f"the CPU lacks {', '.join(kernel.cpu_flags)} (/proc/cpuinfo)"
+    assert not panel_gemm.available(kernel, torch.float32)
+    assert f"the {kernel.layout} GEMM layout is not offered here: the CPU lacks" in capsys.readouterr().err
+    assert kernel.layout not in candidate_layouts(torch.float32)
 
 
 def test_a_wrong_product_is_not_offered(monkeypatch, capsys, probed_anew):
-    if panel_gemm.missing() is not None:
-        pytest.skip(NOT_HERE)
-    monkeypatch.setattr(panel_gemm, "linear", lambda x, p, b, n: torch.zeros(*x.shape[:-1], n))
-    assert not panel_gemm.available(torch.float32)
+    if panel_gemm.missing(AVX2) is not None:
+        pytest.skip(f"the avx2 panel kernel is not offered here: {panel_gemm.missing(AVX2)}")
+    monkeypatch.setattr(panel_gemm, "linear", lambda kernel, x, p, b, n: torch.zeros(*x.shape[:-1], n))
+    assert not panel_gemm.available(AVX2, torch.float32)
     assert "probe product was wrong" in capsys.readouterr().err
 
 
-def test_the_build_is_cached_per_source_and_torch(monkeypatch, tmp_path):
-    """Built once into the user cache; a changed source (or torch, or Python) gets a directory of its own,
-    so a stale build is never loaded."""
-    if not offered():
-        pytest.skip(NOT_HERE)
-    assert panel_gemm.built() and panel_gemm.build_dir().parent.name == "kernels"
-    here = panel_gemm.build_dir()
+def test_the_build_is_cached_per_kernel_source_and_torch(monkeypatch, tmp_path):
+    """Built once into the user cache; another kernel, a changed source (or torch, or Python) gets a
+    directory of its own, so a stale build is never loaded."""
+    need(AVX2)
+    assert panel_gemm.built(AVX2) and panel_gemm.build_dir(AVX2).parent.name == "kernels"
+    here = panel_gemm.build_dir(AVX2)
+    assert panel_gemm.build_dir(AVX512) != here and panel_gemm.build_dir(WIDE_ON_AVX2) != here
     src = tmp_path / "panel_gemm.cpp"
     src.write_text(panel_gemm.SOURCE.read_text() + "\n// changed\n")
     monkeypatch.setattr(panel_gemm, "SOURCE", src)
-    assert panel_gemm.build_dir() != here and not (panel_gemm.build_dir() / f"{panel_gemm.NAME}.so").exists()
+    assert panel_gemm.build_dir(AVX2) != here and not (panel_gemm.build_dir(AVX2) / f"{AVX2.name}.so").exists()
     monkeypatch.setattr(torch, "__version__", "0.0.0")
     src.write_text(panel_gemm.SOURCE.read_text().removesuffix("\n// changed\n"))
-    assert panel_gemm.build_dir() != here
+    assert panel_gemm.build_dir(AVX2) != here
 
 
 def test_a_fresh_cache_builds_once_and_says_so(tmp_path):
@@ -114,16 +142,38 @@ def test_a_fresh_cache_builds_once_and_says_so(tmp_path):
     import subprocess
     import sys
 
-    if panel_gemm.missing() is not None:
-        pytest.skip(NOT_HERE)
-    code = "import torch; from eaglewire.decoding import panel_gemm; assert panel_gemm.available(torch.float32)"
+    if panel_gemm.missing(AVX2) is not None:
+        pytest.skip(f"the avx2 panel kernel is not offered here: {panel_gemm.missing(AVX2)}")
+    code = ("import torch; from eaglewire.decoding import panel_gemm; "
+            "assert panel_gemm.available(panel_gemm.AVX2, torch.float32)")
     env = {**os.environ, "EAGLEWIRE_CACHE": str(tmp_path)}
     runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
             for _ in range(2)]
     assert [r.returncode for r in runs] == [0, 0], runs[0].stderr[-2000:]
-    assert "building the panel GEMM kernel" in runs[0].stderr
+    assert "building the avx2 panel GEMM kernel" in runs[0].stderr
     assert "building" not in runs[1].stderr
-    assert list((tmp_path / "kernels").iterdir())[0].name.startswith("panel_gemm-")
+    assert [p.name.startswith("panel_gemm-avx2-") for p in (tmp_path / "kernels").iterdir()] == [True]
+
+
+def test_the_avx512_kernel_compiles_here_and_the_source_refuses_a_build_without_its_parameters(tmp_path):
+    """The AVX-512 kernel compiles to object code on any machine (running it needs the CPU; its code shape
+    runs above as WIDE_ON_AVX2); the width, block and namespace come only from Kernel.flags(), so a build
+    without them stops at once."""
+    import shutil
+    import subprocess
+    import sysconfig
+
+    from torch.utils.cpp_extension import include_paths
+
+    if panel_gemm.compiler() is None:
+        pytest.skip("no C++ compiler on PATH")
+    base = [shutil.which(panel_gemm.compiler()), "-std=c++17", "-fPIC", *[f"-I{p}" for p in include_paths()],
+            f"-I{sysconfig.get_paths()['include']}", str(panel_gemm.SOURCE)]
+    built = subprocess.run([*base, *AVX512.flags(), "-c", "-o", str(tmp_path / "avx512.o")], capture_output=True,
+                           text=True, timeout=600)
+    assert built.returncode == 0, built.stderr[-2000:]
+    refused = subprocess.run([*base, "-fsyntax-only"], capture_output=True, text=True, timeout=600)
+    assert refused.returncode != 0 and "Kernel.flags() define EAGLEWIRE_PANEL_NR" in refused.stderr
 
 
 def test_a_failed_build_keeps_the_compilers_output_and_a_stale_lock_is_cleared(monkeypatch, tmp_path, capsys):
@@ -134,13 +184,13 @@ def test_a_failed_build_keeps_the_compilers_output_and_a_stale_lock_is_cleared(m
     from torch.utils import cpp_extension
 
     def failing(**_):
-        raise RuntimeError("Error building extension 'eaglewire_panel_gemm':\nerror: 'v8' was not declared")
+        raise RuntimeError("Error building extension 'eaglewire_panel_gemm_avx2':\nerror: 'vec' was not declared")
 
     monkeypatch.setattr(cpp_extension, "load", failing)
     lock = tmp_path / "lock"
     lock.write_text("")
     os.utime(lock, (0, 0))  # written in 1970: long stale
     with pytest.raises(RuntimeError, match="the compiler's output: .*build.log"):
-        panel_gemm._build(tmp_path)
+        panel_gemm._build(AVX2, tmp_path)
     assert not lock.exists() and "stale build lock" in capsys.readouterr().err
-    assert "'v8' was not declared" in (tmp_path / "build.log").read_text()
+    assert "'vec' was not declared" in (tmp_path / "build.log").read_text()

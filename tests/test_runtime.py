@@ -6,7 +6,7 @@ import torch
 from tiny import VOCAB, build_target
 
 from eaglewire.decoding.compiled_body import GRAPH, target_layouts
-from eaglewire.decoding.gemm import COMPILED, LAYOUTS, PACKED, PANEL, candidate_layouts
+from eaglewire.decoding.gemm import COMPILED, LAYOUTS, PACKED, PANEL, PANEL_AVX512, PANELS, candidate_layouts
 from eaglewire.decoding.runtime import CALIBRATION_PREFIX, LeanTarget
 from eaglewire.verifier.capture import capture
 
@@ -18,12 +18,12 @@ def graph_offered() -> bool:
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
-@pytest.mark.parametrize("layout", ["auto", *LAYOUTS, PACKED, PANEL, COMPILED, GRAPH])
+@pytest.mark.parametrize("layout", ["auto", *LAYOUTS, PACKED, PANEL, PANEL_AVX512, COMPILED, GRAPH])
 def test_prefill_decode_and_taps_match_hf(arch, layout):
     if layout == PACKED and PACKED not in candidate_layouts(torch.float32):
         pytest.skip("this torch build exposes no oneDNN prepacked linear (torch.ops.mkldnn._linear_pointwise)")
-    if layout == PANEL and PANEL not in candidate_layouts(torch.float32):
-        pytest.skip("the panel GEMM is not offered here (decoding/panel_gemm.missing() says why)")
+    if layout in PANELS and layout not in candidate_layouts(torch.float32):
+        pytest.skip(f"the {layout} GEMM is not offered here (decoding/panel_gemm.missing() says why)")
     if layout == COMPILED and COMPILED not in candidate_layouts(torch.float32):
         pytest.skip("no C++ compiler for inductor here (decoding/compiled_gemv.py)")
     if layout == GRAPH and not graph_offered():
@@ -356,9 +356,9 @@ def test_compile_graphs_keeps_the_fused_graph_only_where_it_times_faster(monkeyp
 
     monkeypatch.setattr(runtime, "time_layouts", fake_time)
     big = max(FUSED_ROWS) + 1
-    monkeypatch.setattr(panel_gemm, "available", lambda dtype: False)  # a host without the panel GEMM
+    monkeypatch.setattr(panel_gemm, "available", lambda kernel, dtype: False)  # a host without the panel GEMMs
     lean = LeanTarget(build_target("llama"), max_len=CALIBRATION_PREFIX + big, layout=GRAPH)  # room: not why it skips
-    assert PANEL not in lean.candidates and lean.layers[0].qkv.panels is None
+    assert PANEL not in lean.candidates and PANEL not in lean.layers[0].qkv.copies
     rows = lean.compile_graphs(verify_rows=(3, big))
     assert timed == [((GRAPH, FUSED), (3,))] and rows == [1, 3]  # a fixed policy {1: GRAPH}: 1 row, then 3
     assert lean.graph.fused == ({3} if winner == FUSED else set())
@@ -383,9 +383,9 @@ def _both_graph_gemms_offered() -> bool:
 
 @pytest.mark.parametrize("faster", ["panel", "dnnl"])
 def test_the_calibration_gives_the_graph_the_multi_row_gemm_timed_faster(monkeypatch, faster):
-    """The graph's GEMM for two or more rows is measured per machine (the panel GEMM is AVX2 code; an
-    AVX-512 oneDNN may beat it), by the geometric mean over 2-16 rows; a changed choice gets a fresh
-    CompiledBody, whose graphs still give HF's logits."""
+    """The graph's GEMM for two or more rows is measured per machine (an AVX-512 oneDNN may beat a panel
+    GEMM), by the geometric mean over 2-16 rows; a changed choice gets a fresh CompiledBody, whose graphs
+    still give HF's logits."""
     if not _both_graph_gemms_offered():
         pytest.skip(NO_GRAPH + ", or the panel GEMM is not offered here")
     from eaglewire.decoding import runtime
@@ -393,12 +393,15 @@ def test_the_calibration_gives_the_graph_the_multi_row_gemm_timed_faster(monkeyp
     other = PACKED if faster == PANEL else PANEL
     # `faster` twice as fast at 2 and 4 rows, 1.5x slower at 16: the ratios decide, not the 16-row ms
     ms = {2: {faster: 1.0, other: 2.0}, 4: {faster: 2.0, other: 4.0}, 16: {faster: 12.0, other: 8.0}}
-    monkeypatch.setattr(runtime, "time_layouts", lambda cands, ks, reps, run, **_: ({}, {k: ms[k] for k in ks}))
+    slow = {lay: 99.0 for lay in PANELS if lay not in (faster, other)}  # another panel kernel, where offered
+    monkeypatch.setattr(runtime, "time_layouts",
+                        lambda cands, ks, reps, run, **_: ({}, {k: {**ms[k], **slow} for k in ks}))
     target = build_target("llama")
     lean = LeanTarget(target, max_len=24, layout=GRAPH)
     first = lean.graph
     lean._calibrate_graph_gemm((1, 2, 4, 16, 32), reps=1, refine=0)
-    assert lean.graph_gemm == faster and lean.graph.gemm == faster and lean.graph_gemm_ms == ms
+    assert lean.graph_gemm == faster and lean.graph.gemm == faster and lean.graph_gemm_ms == {
+        k: {**v, **slow} for k, v in ms.items()}
     assert (lean.graph is first) == (faster == PANEL)  # the panel GEMM was the default: no new body then
     assert lean.eager_layout(3) == faster
     ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(5))

@@ -6,7 +6,7 @@ import pytest
 import torch
 from tiny import VOCAB, build_target
 
-from eaglewire.decoding.gemm import PACKED, PANEL, Linear, candidate_layouts
+from eaglewire.decoding.gemm import COPIES, PACKED, PANELS, Linear, candidate_layouts
 from eaglewire.decoding.hf_runtime import make_runtime
 from eaglewire.decoding.runtime import LeanTarget
 from eaglewire.decoding.screened_head import PLAIN, SCREENED, ScreenedHead
@@ -16,17 +16,18 @@ OFFERED = candidate_layouts(torch.float32, compiled=False)
 
 def _linear() -> tuple[Linear, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    lin = Linear(torch.randn(40, 24, generator=g), torch.randn(40, generator=g), PACKED in OFFERED, PANEL in OFFERED)
+    lin = Linear(torch.randn(40, 24, generator=g), torch.randn(40, generator=g), OFFERED)
     return lin, torch.randn(1, 3, 24, generator=g)  # x [1, 3, in]
 
 
 def test_keep_frees_the_other_copies_and_restore_rebuilds_them():
     lin, x = _linear()
     before = {lay: lin(x, lay) for lay in OFFERED}
-    copies = [a for a in ("wt", "packed", "panels") if getattr(lin, a) is not None]
-    expected = sum(getattr(lin, a).numel() * 4 for a in copies)
+    copies = dict(lin.copies)
+    assert set(copies) == {lay for lay in COPIES if lay in OFFERED}
+    expected = sum(t.numel() * 4 for t in copies.values())
     assert lin.keep({"nt"}) == expected > 0
-    assert all(getattr(lin, a) is None for a in copies) and lin.w is not None
+    assert lin.copies == {} and lin.released == set(copies) and lin.w is not None
     assert torch.equal(lin(x, "nt"), before["nt"]) and torch.equal(lin(x, "wx"), before["wx"])
     with pytest.raises(ValueError, match="'tn' copy of this weight was freed"):
         lin(x, "tn")
@@ -74,9 +75,9 @@ def test_release_unused_keeps_what_the_policy_reads_and_computes_the_same(policy
     freed = rt.release_unused()
     lins = rt.linears()
     for lin in lins:
-        assert (lin.wt is not None) == ("tn" in used) and lin.packed is None and lin.panels is None
+        assert set(lin.copies) == {"tn"} & used
     assert freed == sum(lin.w.numel() * 4 for lin in lins) * sum(
-        lay in OFFERED and lay not in used for lay in ("tn", PACKED, PANEL))
+        lay in OFFERED and lay not in used for lay in COPIES)
     out, _ = rt.forward(ids, torch.arange(9)[None], 0)
     assert torch.equal(out, ref)
     rt.calibrate(ks=(1, 2), reps=1, refine=0)  # times every candidate: the copies come back
@@ -104,6 +105,6 @@ def test_make_runtime_frees_the_copies_and_says_so():
     said: list[str] = []
     rt = make_runtime(target, 32, log=said.append)
     assert rt.used_layouts() == {"tn", "nt"}  # the uncalibrated policy
-    assert all(lin.packed is None and lin.panels is None for lin in rt.linears())
-    if PACKED in rt.candidates or PANEL in rt.candidates:
+    assert all(set(lin.copies) == {"tn"} for lin in rt.linears())
+    if PACKED in rt.candidates or set(PANELS) & set(rt.candidates):
         assert any(m.startswith("freed ") and "layouts nt, tn never read" in m for m in said), said

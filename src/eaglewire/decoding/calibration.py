@@ -28,7 +28,7 @@ from eaglewire.cache import cache_root
 from eaglewire.contract import canonical_json
 from eaglewire.decoding import panel_gemm
 from eaglewire.decoding.compiled_body import GRAPH, GRAPH_GEMMS
-from eaglewire.decoding.gemm import COMPILED, PANEL, REFINE_REPS, applies, row_counts
+from eaglewire.decoding.gemm import COMPILED, PANELS, REFINE_REPS, applies, row_counts
 from eaglewire.decoding.runtime import (CALIBRATION_KS, CALIBRATION_PREFIX, CALIBRATION_REPS, LeanTarget, cache_slots,
                                         head_dim)
 from eaglewire.decoding.screened_head import REVISION as SCREEN_REVISION
@@ -70,7 +70,7 @@ def calibration_key(rt: LeanTarget, ks: tuple[int, ...], reps: int, refine: int 
             "ks": list(row_counts(ks, rt.candidates)), "reps": reps, "refine": refine,
             "cached_tokens": CALIBRATION_PREFIX,
             # the panel kernel's build (its source, compiler, torch): a changed kernel is timed anew
-            "panel_gemm": panel_gemm.build_dir().name if PANEL in rt.candidates else None}
+            "panel_gemm": {lay: panel_gemm.build_dir(k).name for lay, k in PANELS.items() if lay in rt.candidates}}
 
 
 def calibration_dir() -> Path:

@@ -70,8 +70,8 @@ from typing import Callable, Protocol
 
 import torch
 
-from eaglewire.decoding import compiled_gemv
-from eaglewire.decoding.gemm import COMPILED, PACKED, PANEL, Linear, candidate_layouts
+from eaglewire.decoding import compiled_gemv, panel_gemm
+from eaglewire.decoding.gemm import COMPILED, PACKED, PANELS, Linear, candidate_layouts
 from eaglewire.ops import sdpa, unfused_attention
 
 GRAPH = "graph"
@@ -134,19 +134,19 @@ def target_layouts(dtype: torch.dtype, compiled: bool = True) -> tuple[str, ...]
     return layouts + ((GRAPH,) if compiled and PACKED in layouts and compiled_gemv.available(dtype) else ())
 
 
-GRAPH_GEMMS = (PANEL, PACKED)  # the graph's GEMM for two or more rows (LeanTarget.graph_gemm chooses)
+GRAPH_GEMMS = (*PANELS, PACKED)  # the graph's GEMM for two or more rows (LeanTarget.graph_gemm chooses)
 
 
 def graph_linear(lin: Linear, x: torch.Tensor, gemm: str = PACKED) -> torch.Tensor:  # x [B, T, in] -> [B, T, out]
     """A Linear inside the graph: the fused GEMV for one row; for more, `gemm`: our panel GEMM
     (panel_gemm.py) or oneDNN's packed one."""
-    if gemm == PANEL and x.shape[1] > 1:
-        return torch.ops.eaglewire_panel.linear(x, lin.panels, lin.b, lin.w.shape[0])
+    if gemm in PANELS and x.shape[1] > 1:
+        return panel_gemm.linear(PANELS[gemm], x, lin.copies[gemm], lin.b, lin.w.shape[0])
     if x.shape[1] == 1:
         y = (lin.w * x.reshape(x.shape[0], 1, -1)).sum(-1)  # [out, in] * [B, 1, in] -> [B, out]
         y = y[:, None]  # [B, 1, out]
         return y if lin.b is None else y + lin.b
-    return torch.ops.eaglewire.packed_linear(x, lin.packed, lin.b)
+    return torch.ops.eaglewire.packed_linear(x, lin.copies[PACKED], lin.b)
 
 
 def fused_linear(lin: Linear, x: torch.Tensor) -> torch.Tensor:  # x [B, T, in], B*T static -> [B, T, out]

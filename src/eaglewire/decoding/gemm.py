@@ -17,7 +17,9 @@ from eaglewire.decoding import compiled_gemv, panel_gemm
 
 LAYOUTS = ("nt", "tn", "wx")  # plain torch matmuls: always available
 PACKED = "dnnl"  # oneDNN's prepacked weight, where this torch build exposes it (candidate_layouts)
-PANEL = "panel"  # our few-row fp32 GEMM (panel_gemm.py), where it builds and the CPU has AVX2 + FMA
+PANEL = panel_gemm.AVX2.layout  # "panel": our few-row fp32 GEMM (panel_gemm.py) where it builds, AVX2 + FMA
+PANEL_AVX512 = panel_gemm.AVX512.layout  # "panel-avx512": the same source built for AVX-512 (16 rows a block)
+PANELS = {k.layout: k for k in panel_gemm.KERNELS}  # {layout: its panel_gemm.Kernel}
 COMPILED = "inductor"  # one row only: compiled_gemv.py, where inductor has a C++ compiler (fp32)
 
 
@@ -129,8 +131,8 @@ def time_layouts(candidates: tuple[str, ...], ks: tuple[int, ...], reps: int,
 def candidate_layouts(dtype: torch.dtype, compiled: bool = True) -> tuple[str, ...]:
     """The layouts a runtime in `dtype` can use here: LAYOUTS, plus "dnnl" where torch exposes oneDNN's
     prepacked linear (the ops inductor's CPU freezing uses) and the CPU runs `dtype` natively in it, plus
-    "panel" where panel_gemm is available (under compiled=False only where this machine has built it
-    already: loading it takes a fraction of a second, building it seconds), plus "inductor" (one row)
+    each panel GEMM (PANELS) where panel_gemm offers it (under compiled=False only where this machine has
+    built it already: loading it takes a fraction of a second, building it seconds), plus "inductor" (one row)
     where compiled_gemv is available and `compiled` allows it (False: no inductor at all, not even its
     probe: a start that must not wait for a compiler)."""
     from eaglewire.hw import native_bf16
@@ -139,66 +141,64 @@ def candidate_layouts(dtype: torch.dtype, compiled: bool = True) -> tuple[str, .
     exposed = torch.backends.mkldnn.is_available() and all(
         hasattr(ops, op) for op in ("_reorder_linear_weight", "_linear_pointwise"))
     native = dtype == torch.float32 or (dtype == torch.bfloat16 and native_bf16())
-    panel = (compiled or panel_gemm.built()) and panel_gemm.available(dtype)
+    panels = tuple(lay for lay, k in PANELS.items()
+                   if (compiled or panel_gemm.built(k)) and panel_gemm.available(k, dtype))
     gemv = compiled and compiled_gemv.available(dtype)
-    return (LAYOUTS + ((PACKED,) if exposed and native else ()) + ((PANEL,) if panel else ())
-            + ((COMPILED,) if gemv else ()))
+    return LAYOUTS + ((PACKED,) if exposed and native else ()) + panels + ((COMPILED,) if gemv else ())
 
 
-COPIES = ("tn", PACKED, PANEL)  # the layouts that read a copy of the weight of their own (the rest read W)
+COPIES = ("tn", PACKED, *PANELS)  # the layouts that read a copy of the weight of their own (the rest read W)
 
 
 class Linear:
     """A weight [out, in] (+ bias) kept in every candidate layout, so each call can use the fastest GEMM:
     "nt" x @ W.t() (nn.Linear's), "tn" x @ Wt with Wt contiguous, "wx" (W @ x.T).T, "dnnl" oneDNN's
-    prepacked weight (bias fused), "panel" panel_gemm's panels (bias fused). Memory: up to four copies of
-    the weight (W, Wt, packed, panels) while every layout is a candidate; `keep` frees the copies a chosen
-    policy never reads (runtime.LeanTarget.release_unused; SmolLM2 fp32 on its panel layout: the process's
-    RSS 2723 -> 1691 MB, sitting 24, AVX2 host)."""
+    prepacked weight (bias fused), a panel layout its kernel's panels (bias fused). Memory: a copy of the
+    weight per layout in COPIES beside W while every layout is a candidate; `keep` frees the copies a
+    chosen policy never reads (runtime.LeanTarget.release_unused; SmolLM2 fp32 on its panel layout: the
+    process's RSS 2723 -> 1691 MB, sitting 24, AVX2 host)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed: bool = False,
-                 panel: bool = False) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, layouts: tuple[str, ...] = ()) -> None:
+        """layouts: the candidate layouts (candidate_layouts): a copy is made for those in COPIES ("tn"
+        always: the plain layouts are always candidates)."""
         self.w = weight.detach().contiguous()  # [out, in]
         self.b = None if bias is None else bias.detach()
-        # the copies this Linear offers ("tn" always; "dnnl", "panel" where the caller says they are candidates)
-        self.offered = ("tn",) + ((PACKED,) if packed else ()) + ((PANEL,) if panel else ())
-        self.released: set[str] = set()  # offered copies freed by keep(), until restore()
-        self.wt = self._copy("tn")  # [in, out]
-        # an opaque oneDNN tensor, blocked for its GEMM kernels; None = "dnnl" is not a candidate here
-        self.packed = self._copy(PACKED) if packed else None
-        self.panels = self._copy(PANEL) if panel else None  # [P, in, NR]; None = "panel" is not a candidate
+        self.offered = tuple(lay for lay in COPIES if lay == "tn" or lay in layouts)  # the copies this one makes
+        # {layout: its copy}: "tn" Wt [in, out]; "dnnl" an opaque oneDNN tensor, blocked for its GEMM kernels;
+        # a panel layout [P, in, nr]. A layout offered but absent was freed (keep)
+        self.copies: dict[str, torch.Tensor] = {lay: self._copy(lay) for lay in self.offered}
         self.gemv: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None  # "inductor", once used
-
-    _ATTR = {"tn": "wt", PACKED: "packed", PANEL: "panels"}  # COPIES -> the attribute holding each
 
     def _copy(self, layout: str) -> torch.Tensor:
         if layout == "tn":
             return self.w.t().contiguous()
         if layout == PACKED:
             return torch.ops.mkldnn._reorder_linear_weight(self.w, None)
-        return panel_gemm.pack(self.w)
+        return panel_gemm.pack(self.w, PANELS[layout].nr)
+
+    @property
+    def released(self) -> set[str]:
+        """The offered copies freed by keep(), until restore()."""
+        return {lay for lay in self.offered if lay not in self.copies}
 
     def keep(self, layouts: set[str]) -> int:
         """Free the copies of the weight that no layout in `layouts` reads (W itself stays: the plain
         layouts, the compiled GEMVs and the graph's one-row GEMV read it); returns the bytes freed. A
         call through a freed layout raises until `restore`."""
-        freed = 0
-        for lay in self.offered:
-            if lay not in layouts and lay not in self.released:
-                freed += _nbytes(getattr(self, self._ATTR[lay]))
-                setattr(self, self._ATTR[lay], None)
-                self.released.add(lay)
+        gone = [lay for lay in self.copies if lay not in layouts]
+        freed = sum(_nbytes(self.copies[lay]) for lay in gone)
+        for lay in gone:
+            del self.copies[lay]
         return freed
 
     def restore(self, layouts: tuple[str, ...] = COPIES) -> None:
         """Rebuild the freed copies among `layouts` (a calibration times every candidate again)."""
-        for lay in sorted(self.released & set(layouts)):
-            setattr(self, self._ATTR[lay], self._copy(lay))
-            self.released.discard(lay)
+        for lay in self.offered:
+            if lay in layouts and lay not in self.copies:
+                self.copies[lay] = self._copy(lay)
 
     @classmethod
-    def fused(cls, mods: list[torch.nn.Module], packed: bool = False, panel: bool = False,
-              share: bool = False) -> "Linear":
+    def fused(cls, mods: list[torch.nn.Module], layouts: tuple[str, ...] = (), share: bool = False) -> "Linear":
         """One Linear computing every module's output side by side ([..., sum of outs]): one GEMM, not n.
         A module without bias gets zeros in the fused bias (its output is then exactly unchanged).
         share: the modules' weights and biases become views of the fused ones (the same values, so their
@@ -211,16 +211,16 @@ class Linear:
                               for m in mods])
         if share:
             _share(mods, weight, bias)
-        return cls(weight, bias, packed, panel)
+        return cls(weight, bias, layouts)
 
     def __call__(self, x: torch.Tensor, layout: str) -> torch.Tensor:  # x [..., in] -> [..., out]
-        if layout in self.released:
+        if layout in self.offered and layout not in self.copies:
             raise ValueError(f"the {layout!r} copy of this weight was freed (Linear.keep: the runtime's chosen "
                              "layouts do not read it); restore() rebuilds it")
         if layout == PACKED:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.b, "none", [], "")
-        if layout == PANEL:
-            return panel_gemm.linear(x, self.panels, self.b, self.w.shape[0])
+            return torch.ops.mkldnn._linear_pointwise(x, self.copies[PACKED], self.b, "none", [], "")
+        if layout in PANELS:
+            return panel_gemm.linear(PANELS[layout], x, self.copies[layout], self.b, self.w.shape[0])
         if layout == COMPILED:
             if x.numel() != x.shape[-1]:
                 raise ValueError(f"the {COMPILED} layout is a one-row GEMV; got {x.numel() // x.shape[-1]} rows "
@@ -230,7 +230,7 @@ class Linear:
             y = self.gemv(self.w, x.reshape(1, -1)).view(*x.shape[:-1], -1)
             return y if self.b is None else y + self.b
         if layout == "tn":
-            y = x @ self.wt
+            y = x @ self.copies["tn"]
         elif layout == "nt":
             y = x @ self.w.t()
         else:  # "wx": weight as the tall left operand

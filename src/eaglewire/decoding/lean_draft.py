@@ -19,7 +19,7 @@ import copy
 import torch
 from torch import nn
 
-from eaglewire.decoding.gemm import (PACKED, PANEL, CacheFlush, Linear, candidate_layouts, initial_policy, pick,
+from eaglewire.decoding.gemm import (CacheFlush, Linear, candidate_layouts, initial_policy, pick,
                                      row_counts, time_layouts)
 from eaglewire.decoding.screened_head import SCREENED, ScreenedHead, default_head, greedy_heads
 from eaglewire.draft.model import DraftCache, Eagle3Draft
@@ -34,9 +34,9 @@ class LayoutLinear(nn.Module):
     is looked up per row count in a policy {rows: layout} shared by every Linear of one draft (the largest
     rows key <= the call's rows)."""
 
-    def __init__(self, lins: list[nn.Linear], policy: dict[int, str], packed: bool, panel: bool) -> None:
+    def __init__(self, lins: list[nn.Linear], policy: dict[int, str], layouts: tuple[str, ...]) -> None:
         super().__init__()
-        self.lin = Linear.fused(lins, packed, panel)  # one module: its own weight (and bias)
+        self.lin = Linear.fused(lins, layouts)  # one module: its own weight (and bias)
         self.policy = policy
         self.out_features = sum(m.out_features for m in lins)
 
@@ -64,16 +64,16 @@ class LeanDraft:
         self.screen = ScreenedHead(draft.lm_head.weight, packed=True) if SCREENED in self.head_candidates else None
         self.head_policy: dict[int, str] = {1: default_head(self.head_candidates)}
         self.head_ms: dict[int, dict[str, float]] = {}
-        packed, panel = PACKED in self.candidates, PANEL in self.candidates
+        lays = self.candidates
         for layer in self.model.layers:  # fused first: the separate modules are then dropped (never called)
             attn, mlp = layer.self_attn, layer.mlp
-            attn.qkv = LayoutLinear([attn.q_proj, attn.k_proj, attn.v_proj], self.policy, packed, panel)
-            mlp.gate_up = LayoutLinear([mlp.gate_proj, mlp.up_proj], self.policy, packed, panel)
+            attn.qkv = LayoutLinear([attn.q_proj, attn.k_proj, attn.v_proj], self.policy, lays)
+            mlp.gate_up = LayoutLinear([mlp.gate_proj, mlp.up_proj], self.policy, lays)
             attn.q_proj = attn.k_proj = attn.v_proj = mlp.gate_proj = mlp.up_proj = None
         for parent in list(self.model.modules()):
             for name, child in list(parent.named_children()):
                 if isinstance(child, nn.Linear):
-                    setattr(parent, name, LayoutLinear([child], self.policy, packed, panel))
+                    setattr(parent, name, LayoutLinear([child], self.policy, lays))
         self.model.eval()
         self.calibration_ms: dict[int, dict[str, float]] = {}
         if layout == "auto":

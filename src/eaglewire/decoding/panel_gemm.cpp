@@ -1,10 +1,14 @@
 // A few-row fp32 GEMM (y = x W^T + b, x [M, K] with M small) over a weight packed in column panels.
-// Built and loaded at run time by panel_gemm.py (its docstring: why, the figures); AVX2 + FMA.
+// Built and loaded at run time by panel_gemm.py (its docstring: why, the figures), once per kernel there
+// (panel_gemm.KERNELS): the ISA flags, the panel width NR, the rows per register block MR and the op's
+// namespace come from the build's -D flags, so that one source is the AVX2 kernel (NR 8, MR 8: one ymm a
+// panel row, 8 of the 16 registers accumulating) and the AVX-512 one (NR 16, MR 16: one zmm a panel row,
+// 16 of the 32 registers accumulating), and both can be loaded in one process.
 //
 // Layout: panels [P, K, NR], P = ceil(N / NR); panel p holds output columns p*NR .. p*NR+NR-1, one NR-wide
-// row per k (zero-padded past N). A block of up to MR rows keeps its MR x NR outputs in registers (MR ymm
-// accumulators), and each k loads the panel's NR weights once and broadcasts one x value per row: the
-// weight streams from memory once per block, at MR FMAs per 8 weights. Why MR = 8 in one block rather than
+// row per k (zero-padded past N). A block of up to MR rows keeps its MR x NR outputs in registers (MR
+// vector accumulators), and each k loads the panel's NR weights once and broadcasts one x value per row:
+// the weight streams from memory once per block, at MR FMAs per NR weights. Why MR = 8 in one block rather than
 // two blocks of 4: the second block would re-read the panel from cache with the memory idle, after the
 // first streamed it with the FMA units half idle; one block of 8 overlaps the two (8 rows over SmolLM2's
 // body weights: 15-17 ms as 4 + 4 rows, 13.7-15 as one block, AVX2 host, sitting 23). M > MR rows run as
@@ -20,37 +24,34 @@
 #include <optional>
 #include <vector>
 
+#if !defined(EAGLEWIRE_PANEL_NR) || !defined(EAGLEWIRE_PANEL_MR) || !defined(EAGLEWIRE_PANEL_NS)
+#error "built by panel_gemm.py, whose Kernel.flags() define EAGLEWIRE_PANEL_NR, _MR and _NS"
+#endif
+
 namespace {
 
-constexpr int NR = 8;  // output columns per panel (one ymm): panel_gemm.NR says the same to the packing code
-constexpr int MR = 8;  // rows per register block: 8 accumulators + 1 weight + 1 broadcast of 16 ymm
-constexpr int PREFETCH = 512;  // floats ahead of the weight being read (2 KB: 64 k steps of a panel)
+constexpr int NR = EAGLEWIRE_PANEL_NR;  // output columns per panel: one vector (panel_gemm.Kernel.nr packs them)
+constexpr int MR = EAGLEWIRE_PANEL_MR;  // rows per register block: MR accumulators + 1 weight + 1 broadcast
+constexpr int PREFETCH = 512;  // floats ahead of the weight being read (2 KB)
+static_assert(NR == 8 || NR == 16, "a panel row is one ymm (8 floats) or one zmm (16)");
 
-typedef float v8 __attribute__((vector_size(32)));
-inline v8 load8(const float* p) { v8 v; std::memcpy(&v, p, sizeof v); return v; }
-inline void store8(float* p, v8 v) { std::memcpy(p, &v, sizeof v); }
+typedef float vec __attribute__((vector_size(4 * EAGLEWIRE_PANEL_NR)));  // one panel row
+inline vec load(const float* p) { vec v; std::memcpy(&v, p, sizeof v); return v; }
+inline void store(float* p, vec v) { std::memcpy(p, &v, sizeof v); }
 
 // y[m, c] = sum_k x[m, k] * panel[k][c] (+ bias[c]) for M rows and the panel's NR columns (y's rows ldy apart)
 template <int M>
 void block(const float* __restrict__ x, int64_t K, const float* __restrict__ panel,
            const float* __restrict__ bias, float* __restrict__ y, int64_t ldy) {
-  constexpr int V = NR / 8;
-  v8 acc[M][V];
-  for (int v = 0; v < V; ++v) {
-    v8 b = bias ? load8(bias + 8 * v) : v8{};
-    for (int m = 0; m < M; ++m) acc[m][v] = b;
-  }
+  vec acc[M];
+  const vec b = bias ? load(bias) : vec{};
+  for (int m = 0; m < M; ++m) acc[m] = b;
   for (int64_t k = 0; k < K; ++k) {
     if ((k * NR) % 16 == 0) __builtin_prefetch(panel + k * NR + PREFETCH, 0, 0);  // one 64-byte line a time
-    v8 w[V];
-    for (int v = 0; v < V; ++v) w[v] = load8(panel + k * NR + 8 * v);
-    for (int m = 0; m < M; ++m) {
-      const float s = x[m * K + k];
-      for (int v = 0; v < V; ++v) acc[m][v] += w[v] * s;  // one FMA (-mfma -ffp-contract=fast)
-    }
+    const vec w = load(panel + k * NR);
+    for (int m = 0; m < M; ++m) acc[m] += w * x[m * K + k];  // one FMA (-mfma -ffp-contract=fast)
   }
-  for (int m = 0; m < M; ++m)
-    for (int v = 0; v < V; ++v) store8(y + m * ldy + 8 * v, acc[m][v]);
+  for (int m = 0; m < M; ++m) store(y + m * ldy, acc[m]);
 }
 
 // block<rows> for a run-time row count 1..MR
@@ -87,8 +88,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& panels, const std::opti
   float* yp = y.data_ptr<float>();
   const int64_t blocks = (M + MR - 1) / MR;
   at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
-    alignas(32) float tail[MR * NR];
-    alignas(32) float tail_bias[NR];
+    alignas(64) float tail[MR * NR];
+    alignas(64) float tail_bias[NR];
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t c0 = p * NR, cols = std::min<int64_t>(NR, N - c0);
       const float* b = nullptr;
@@ -116,10 +117,14 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& panels, const std::opti
 
 }  // namespace
 
-TORCH_LIBRARY(eaglewire_panel, m) {
+// through a macro of our own, so that the namespace macro expands before TORCH_LIBRARY pastes it
+#define EAGLEWIRE_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)
+#define EAGLEWIRE_LIBRARY_IMPL(ns, key, m) TORCH_LIBRARY_IMPL(ns, key, m)
+
+EAGLEWIRE_LIBRARY(EAGLEWIRE_PANEL_NS, m) {
   m.def("linear(Tensor x, Tensor panels, Tensor? bias, int out_features) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(eaglewire_panel, CPU, m) {
+EAGLEWIRE_LIBRARY_IMPL(EAGLEWIRE_PANEL_NS, CPU, m) {
   m.impl("linear", linear);
 }

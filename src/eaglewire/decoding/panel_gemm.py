@@ -16,12 +16,22 @@ times it faster than oneDNN's (LeanTarget._calibrate_graph_gemm; one row keeps t
 and a GRAPH runtime's GEMMs outside the graph (the head, a prefill) then use it too
 (LeanTarget.eager_layout).
 
-Availability: fp32 weights, a CPU with AVX2 and FMA (read from /proc/cpuinfo at run time; the code is
-compiled for exactly those, so a user cache carried to another machine never runs an instruction its CPU
-lacks), a C++ compiler and ninja (torch.utils.cpp_extension builds it). Built once per machine, torch
-install, compiler and source into the user cache (12-14 s on the AVX2 host of sitting 23; the start says so), after which a process
-loads the built library directly (no compiler, no ninja). A machine where any of this is missing does not
-get the layout and says why on stderr; the other layouts compute the same products.
+Kernels (KERNELS): one source, built per instruction set with its own panel width and block (Kernel):
+the AVX2 one (layout "panel": 8-column panels, blocks of up to 8 rows in 8 of the 16 ymm registers) and
+the AVX-512 one (layout "panel-avx512": 16-column panels, blocks of up to 16 rows in 16 of the 32 zmm
+registers, so a 16-row verify streams each weight once). Each is a layout of its own, so the calibration
+times them against each other and oneDNN's GEMM rather than assuming the wider one wins (on an AMD Zen 4
+a zmm FMA issues as two 256-bit halves). The AVX-512 kernel's code (its width and block) is tested here
+built for AVX2 (tests/test_panel_gemm.py); sitting 24 had no AVX-512 host, so its speed is not measured
+yet, and a machine offers it only where its probe product is right.
+
+Availability: fp32 weights, a CPU with the kernel's instruction sets (read from /proc/cpuinfo at run
+time; the code is compiled for exactly those, so a user cache carried to another machine never runs an
+instruction its CPU lacks), a C++ compiler and ninja (torch.utils.cpp_extension builds it). Built once per
+machine, kernel, torch install, compiler and source into the user cache (12-14 s on the AVX2 host of
+sitting 23; the start says so), after which a process loads the built library directly (no compiler, no
+ninja). A machine where any of this is missing does not get the layout and says why on stderr; the other
+layouts compute the same products.
 
 Numerics: fp32, each output summed in k order with FMAs: another summation order than oneDNN's (SmolLM2's
 logits within 6.8e-5 of the oneDNN graph's at 1-16 rows; tests/test_panel_gemm.py checks products against
@@ -37,6 +47,7 @@ import shutil
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -44,16 +55,42 @@ import torch
 from eaglewire.cache import cache_root
 from eaglewire.hw import cpu_flags
 
-NR = 8  # output columns per panel (panel_gemm.cpp's NR): the packing here and the kernel must agree
 SOURCE = Path(__file__).with_name("panel_gemm.cpp")
-NAME = "eaglewire_panel_gemm"  # the built library: NAME.so in build_dir()
-CPU_FLAGS = ("avx2", "fma")  # what the kernel is compiled for (FLAGS); /proc/cpuinfo names
-# -fopenmp: at::parallel_for's loop is compiled into the caller (else it runs on one thread); the
-# contraction makes `acc += w * s` one FMA whatever the compiler's default
-FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=fast", "-fopenmp")
 STALE_LOCK_S = 600  # a build lock older than this was left by a killed build (a build takes seconds)
 _LOCK = threading.Lock()  # one build/load per process, whichever thread asks first
-_loaded: list[Path] = []  # the library this process loaded (a process registers the op's namespace once)
+_loaded: dict[str, Path] = {}  # {namespace: the library this process loaded} (a namespace registers once)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One build of panel_gemm.cpp: its instruction set, panel width and register block."""
+
+    layout: str  # the gemm layout that runs it
+    isa: str  # names the build, its library and its op namespace
+    cpu_flags: tuple[str, ...]  # the /proc/cpuinfo flags it is compiled for: all needed to run it
+    isa_flags: tuple[str, ...]  # the compiler's flags for those
+    nr: int  # output columns per panel: one vector register (pack's panel width)
+    mr: int  # rows per register block: mr accumulators + 1 weight + 1 broadcast must fit the registers
+
+    @property
+    def namespace(self) -> str:
+        return f"eaglewire_panel_{self.isa}"
+
+    @property
+    def name(self) -> str:  # the built library: name.so in build_dir(kernel)
+        return f"eaglewire_panel_gemm_{self.isa}"
+
+    def flags(self) -> tuple[str, ...]:
+        """The compiler's flags: -fopenmp, or at::parallel_for's loop (compiled into the caller) runs on
+        one thread; the contraction makes `acc += w * s` one FMA whatever the compiler's default; the -D
+        flags give the source its width, block and namespace."""
+        return ("-O3", *self.isa_flags, "-ffp-contract=fast", "-fopenmp", f"-DEAGLEWIRE_PANEL_NR={self.nr}",
+                f"-DEAGLEWIRE_PANEL_MR={self.mr}", f"-DEAGLEWIRE_PANEL_NS={self.namespace}")
+
+
+AVX2 = Kernel("panel", "avx2", ("avx2", "fma"), ("-mavx2", "-mfma"), nr=8, mr=8)
+AVX512 = Kernel("panel-avx512", "avx512", ("avx512f", "fma"), ("-mavx512f", "-mfma"), nr=16, mr=16)
+KERNELS = (AVX2, AVX512)
 
 
 def compiler() -> str | None:
@@ -61,33 +98,33 @@ def compiler() -> str | None:
     return shutil.which(os.environ.get("CXX") or "c++")
 
 
-def _digest() -> str:
-    """What the build depends on: the source, the flags, the compiler, this torch install and Python."""
-    key = "\n".join((SOURCE.read_text(), *FLAGS, str(compiler()), torch.__version__, str(Path(torch.__file__).parent),
-                     sys.version))
+def _digest(kernel: Kernel) -> str:
+    """What a build depends on: the source, the flags, the compiler, this torch install and Python."""
+    key = "\n".join((SOURCE.read_text(), *kernel.flags(), str(compiler()), torch.__version__,
+                     str(Path(torch.__file__).parent), sys.version))
     return hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
-def build_dir() -> Path:
-    """Where the kernel is built: the user cache, one directory per digest (a changed source, compiler,
-    torch or Python builds anew beside the old one rather than loading it)."""
-    return cache_root() / "kernels" / f"panel_gemm-{_digest()}"
+def build_dir(kernel: Kernel) -> Path:
+    """Where `kernel` is built: the user cache, one directory per kernel and digest (a changed source,
+    compiler, torch or Python builds anew beside the old one rather than loading it)."""
+    return cache_root() / "kernels" / f"panel_gemm-{kernel.isa}-{_digest(kernel)}"
 
 
-def built() -> bool:
-    """Whether the kernel is loaded in this process or built on this machine for this source and torch
+def built(kernel: Kernel) -> bool:
+    """Whether `kernel` is loaded in this process or built on this machine for this source and torch
     (loading it is then quick)."""
-    return bool(_loaded) or (build_dir() / f"{NAME}.so").is_file()
+    return kernel.namespace in _loaded or (build_dir(kernel) / f"{kernel.name}.so").is_file()
 
 
-def missing() -> str | None:
-    """Why the kernel cannot be built or run here, or None."""
+def missing(kernel: Kernel) -> str | None:
+    """Why `kernel` cannot be built or run here, or None."""
     from torch.utils.cpp_extension import is_ninja_available
 
-    lacking = [f for f in CPU_FLAGS if f not in cpu_flags()]
+    lacking = [f for f in kernel.cpu_flags if f not in cpu_flags()]
     if lacking:
         return f"the CPU lacks {', '.join(lacking)} (/proc/cpuinfo)"
-    if built():
+    if built(kernel):
         return None  # loaded directly: no compiler or ninja needed
     if compiler() is None:
         return "no C++ compiler ($CXX, else c++) on PATH"
@@ -109,22 +146,22 @@ def _ninja_on_path() -> None:
         os.environ["PATH"] = os.pathsep.join((ninja.BIN_DIR, path))
 
 
-def _load() -> None:
-    """Load the kernel (building it the first time), registering torch.ops.eaglewire_panel.linear."""
+def _load(kernel: Kernel) -> None:
+    """Load `kernel` (building it the first time), registering torch.ops.<its namespace>.linear."""
     with _LOCK:
-        if _loaded:
+        if kernel.namespace in _loaded:
             return
-        out = build_dir()
-        if built():
-            torch.ops.load_library(str(out / f"{NAME}.so"))
+        out = build_dir(kernel)
+        if built(kernel):
+            torch.ops.load_library(str(out / f"{kernel.name}.so"))
         else:
-            _build(out)
+            _build(kernel, out)
         # the output's shape for tracing (compiled_body's graph calls the op; inductor asks for its shape)
-        torch.library.register_fake("eaglewire_panel::linear")(_shape)
-        _loaded.append(out)
+        torch.library.register_fake(f"{kernel.namespace}::linear")(_shape)
+        _loaded[kernel.namespace] = out
 
 
-def _build(out: Path) -> None:
+def _build(kernel: Kernel, out: Path) -> None:
     """torch.utils.cpp_extension's build into `out`, saying so; a failure's whole log goes to build.log."""
     from torch.utils.cpp_extension import load
 
@@ -133,10 +170,10 @@ def _build(out: Path) -> None:
     if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
         print(f"eaglewire: removing a stale build lock {lock} (a build killed part-way)", file=sys.stderr)
         lock.unlink(missing_ok=True)
-    print(f"eaglewire: building the panel GEMM kernel into {out} (once per machine, torch and source: "
-          "about 15 s)", file=sys.stderr, flush=True)
+    print(f"eaglewire: building the {kernel.isa} panel GEMM kernel into {out} (once per machine, torch and "
+          "source: about 15 s)", file=sys.stderr, flush=True)
     try:
-        load(name=NAME, sources=[str(SOURCE)], build_directory=str(out), extra_cflags=list(FLAGS),
+        load(name=kernel.name, sources=[str(SOURCE)], build_directory=str(out), extra_cflags=list(kernel.flags()),
              extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
     except (RuntimeError, OSError) as err:
         (out / "build.log").write_text(str(err))
@@ -148,44 +185,47 @@ def _shape(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None, out
 
 
 @functools.lru_cache(maxsize=None)
-def available(dtype: torch.dtype) -> bool:
-    """Whether the PANEL layout is a candidate here: fp32, `missing()` finds nothing, and the kernel loads
-    (built the first time) and computes a probe product right (1-13 rows: one and two register blocks, over
-    a weight whose last panel is partial, with a bias). Probed once per process; says on stderr why not
-    where it is not."""
+def available(kernel: Kernel, dtype: torch.dtype) -> bool:
+    """Whether `kernel`'s layout is a candidate here: fp32, `missing()` finds nothing, and the kernel loads
+    (built the first time) and computes a probe product right (1 to 2 * mr + 5 rows: one and several
+    register blocks, over a weight whose last panel is partial, with a bias). Probed once per process;
+    says on stderr why not where it is not."""
     if dtype != torch.float32:
         return False
-    why = missing()
+    why = missing(kernel)
     if why is None:
         try:
-            _load()
+            _load(kernel)
         except (RuntimeError, OSError, ImportError) as err:
             why = f"it did not load ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
     if why is None:
         g = torch.Generator().manual_seed(0)
-        w, b = torch.randn(37, 24, generator=g), torch.randn(37, generator=g)  # [N, K] (N: 4 panels + 5), [N]
-        x = torch.randn(13, 24, generator=g)  # [M, K]
-        panels = pack(w)  # [5, K, NR]
-        err = max(float((linear(x[:m], panels, b, 37) - (x[:m].double() @ w.double().t() + b.double())).abs().max())
-                  for m in range(1, 14))
+        n, rows = 4 * kernel.nr + 5, 2 * kernel.mr + 5  # outputs: 4 panels + a partial one
+        w, b = torch.randn(n, 24, generator=g), torch.randn(n, generator=g)  # [N, K], [N]
+        x = torch.randn(rows, 24, generator=g)  # [M, K]
+        panels = pack(w, kernel.nr)  # [5, K, nr]
+        err = max(float((linear(kernel, x[:m], panels, b, n) - (x[:m].double() @ w.double().t() + b.double())
+                         ).abs().max()) for m in range(1, rows + 1))
         if not err <= 1e-4:  # also catches NaN
             why = f"its probe product was wrong (max abs error {err:.3g})"
     if why is not None:
-        print(f"eaglewire: the panel GEMM layout is not offered here: {why}; the other layouts are used",
-              file=sys.stderr)
+        print(f"eaglewire: the {kernel.layout} GEMM layout is not offered here: {why}; the other layouts are "
+              "used", file=sys.stderr)
     return why is None
 
 
-def pack(w: torch.Tensor) -> torch.Tensor:
-    """A weight [N, K] as the kernel's panels [ceil(N / NR), K, NR] (zero-padded past N)."""
+def pack(w: torch.Tensor, nr: int) -> torch.Tensor:
+    """A weight [N, K] as a kernel's panels [ceil(N / nr), K, nr] (zero-padded past N)."""
     n, k = w.shape
-    p = -(-n // NR)
-    padded = torch.zeros(p * NR, k, dtype=w.dtype) if p * NR != n else None
+    p = -(-n // nr)
+    padded = torch.zeros(p * nr, k, dtype=w.dtype) if p * nr != n else None
     if padded is not None:
         padded[:n] = w
-    return (w if padded is None else padded).reshape(p, NR, k).transpose(1, 2).contiguous()  # [P, K, NR]
+    return (w if padded is None else padded).reshape(p, nr, k).transpose(1, 2).contiguous()  # [P, K, nr]
 
 
-def linear(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
-    """x [..., K] @ W.T + bias -> [..., out_features], W given as `pack(W)`. `available` must be True."""
-    return torch.ops.eaglewire_panel.linear(x, panels, bias, out_features)
+def linear(kernel: Kernel, x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None,
+           out_features: int) -> torch.Tensor:
+    """x [..., K] @ W.T + bias -> [..., out_features], W given as `pack(W, kernel.nr)`. `available` must
+    be True for `kernel`."""
+    return getattr(torch.ops, kernel.namespace).linear(x, panels, bias, out_features)

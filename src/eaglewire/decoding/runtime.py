@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from eaglewire.decoding import panel_gemm
 from eaglewire.decoding.compiled_body import (FUSED, FUSED_ROWS, GRAPH, GRAPH_GEMMS, INDUCTOR_LAYOUTS, CompiledBody,
                                               target_layouts)
-from eaglewire.decoding.gemm import (REFINE_REPS, PACKED, PANEL, Linear, initial_policy, pick, row_counts,
+from eaglewire.decoding.gemm import (REFINE_REPS, PACKED, PANELS, Linear, initial_policy, pick, row_counts,
                                      time_layouts)
 from eaglewire.decoding.screened_head import PLAIN, SCREENED, ScreenedHead, default_head, greedy_heads
 from eaglewire.errors import TargetError
@@ -105,12 +105,11 @@ class LeanTarget:
         self.layers = [self._layer(m) for m in target.layers]
         self.norm = target.final_norm.weight.detach()
         self.embed = target.embed_tokens.weight.detach()
-        self.head = Linear(target.model.get_output_embeddings().weight, None, PACKED in self.candidates,
-                           PANEL in self.candidates)
+        self.head = Linear(target.model.get_output_embeddings().weight, None, self.candidates)
         self.policy: dict[int, str] = initial_policy(layout)
-        # the graph's GEMM for two or more rows: the panel GEMM where offered until calibrate() times it
-        # against oneDNN's (_calibrate_graph_gemm)
-        self.graph_gemm = PANEL if PANEL in self.candidates else PACKED
+        # the graph's GEMM for two or more rows: the first offered of GRAPH_GEMMS (a panel GEMM, else oneDNN's)
+        # until calibrate() times them (_calibrate_graph_gemm)
+        self.graph_gemm = next(g for g in GRAPH_GEMMS if g in self.candidates + (PACKED,))
         self.graph_gemm_ms: dict[int, dict[str, float]] = {}  # {rows: {gemm: median ms}} of the last calibrate()
         self.graph = CompiledBody(self, self.graph_gemm) if GRAPH in self.candidates else None  # compiles on first use
         self.head_candidates = greedy_heads(target.dtype)
@@ -227,7 +226,8 @@ class LeanTarget:
         kernels its few-row GEMMs may be the faster ones (sitting 17's AVX-512 host: 13.0 ms for 8 rows
         over the body weights, near the memory floor)."""
         rows = tuple(k for k in ks if 2 <= k <= 16)
-        if self.graph is None or not rows or not all(g in self.candidates for g in GRAPH_GEMMS):
+        gemms = tuple(g for g in GRAPH_GEMMS if g in self.candidates)
+        if self.graph is None or not rows or len(gemms) < 2:
             return
         lins = self.linears()[:-1]  # the layer stack's (the graph's); not the head
         xs = {k: {n: torch.zeros(1, k, n, dtype=self.embed.dtype) for n in {lin.w.shape[1] for lin in lins}}
@@ -237,8 +237,8 @@ class LeanTarget:
             for lin in lins:
                 lin(xs[k][lin.w.shape[1]], gemm)
 
-        _, self.graph_gemm_ms = time_layouts(GRAPH_GEMMS, rows, reps, run, refine=refine)
-        score = {g: sum(math.log(self.graph_gemm_ms[k][g]) for k in rows) for g in GRAPH_GEMMS}
+        _, self.graph_gemm_ms = time_layouts(gemms, rows, reps, run, refine=refine)
+        score = {g: sum(math.log(self.graph_gemm_ms[k][g]) for k in rows) for g in gemms}
         self.set_graph_gemm(min(score, key=score.get))
 
     @torch.no_grad()
@@ -266,7 +266,7 @@ class LeanTarget:
         # where the shared graph runs the panel GEMM, no fused graph is built: on sitting
         # 23's AVX2 host the fused graphs lost to it at every size timed (2 / 3 / 4 / 8 rows 22.6 / 24.1 /
         # 24.7 / 37.4 against 21.2 / 19.3 / 21.8 / 31.4 ms), and each costs one to two minutes of compile
-        fused_sizes = () if self.graph_gemm == PANEL else sorted(set(verify_rows))
+        fused_sizes = () if self.graph_gemm in PANELS else sorted(set(verify_rows))
         for k in fused_sizes:
             if (self.graph is None or k not in FUSED_ROWS or self.layout(k) != GRAPH
                     or CALIBRATION_PREFIX + k > self.max_len):
@@ -298,13 +298,13 @@ class LeanTarget:
 
     def _layer(self, m: torch.nn.Module) -> _Layer:
         a, f = m.self_attn, m.mlp
-        pk, pn = PACKED in self.candidates, PANEL in self.candidates
+        lays = self.candidates
         qn, kn = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
         # share: HF's q/k/v and gate/up weights become views of the fused ones (no second copy in memory)
-        return _Layer(Linear.fused([a.q_proj, a.k_proj, a.v_proj], pk, pn, share=True),
-                      Linear(a.o_proj.weight, a.o_proj.bias, pk, pn),
-                      Linear.fused([f.gate_proj, f.up_proj], pk, pn, share=True),
-                      Linear(f.down_proj.weight, f.down_proj.bias, pk, pn),
+        return _Layer(Linear.fused([a.q_proj, a.k_proj, a.v_proj], lays, share=True),
+                      Linear(a.o_proj.weight, a.o_proj.bias, lays),
+                      Linear.fused([f.gate_proj, f.up_proj], lays, share=True),
+                      Linear(f.down_proj.weight, f.down_proj.bias, lays),
                       m.input_layernorm.weight.detach(), m.post_attention_layernorm.weight.detach(),
                       None if qn is None else qn.weight.detach(), None if kn is None else kn.weight.detach())
 
@@ -404,9 +404,10 @@ def _layout_fix(layout: str, dtype: torch.dtype) -> str | None:
     """How to get an unavailable layout, where we know."""
     if layout == PACKED:
         return "dnnl needs a torch build with oneDNN (mkldnn) and, in bf16, a CPU with native bf16"
-    if layout == PANEL:
-        why = "it is fp32 only" if dtype != torch.float32 else panel_gemm.missing() or "see the line on stderr"
-        return f"the panel GEMM is not offered here: {why}"
+    if layout in PANELS:
+        why = ("it is fp32 only" if dtype != torch.float32 else panel_gemm.missing(PANELS[layout])
+               or "see the line on stderr")
+        return f"the {layout} GEMM is not offered here: {why}"
     return None
 
 
