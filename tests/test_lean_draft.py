@@ -140,7 +140,7 @@ def test_the_copy_frees_the_weight_copies_its_policy_never_reads_and_a_calibrati
     first, _ = _forward(lean.model, ids, taps, draft.cfg)
     ref, _ = _forward(draft, ids, taps, draft.cfg)
     torch.testing.assert_close(first.logits, ref.logits, rtol=1e-4, atol=1e-5)
-    lean.calibrate()  # times every candidate again: their copies come back, then the unused ones go
+    lean.calibrate()  # times every candidate again: their copies come back (until release_unused)
     assert all(not lin.released for lin in lins)
     lean.release_unused()
     used = set(lean.policy.values())

@@ -141,12 +141,12 @@ def graph_linear(lin: Linear, x: torch.Tensor, gemm: str = PACKED) -> torch.Tens
     """A Linear inside the graph: the fused GEMV for one row; for more, `gemm`: our panel GEMM
     (panel_gemm.py) or oneDNN's packed one."""
     if gemm in PANELS and x.shape[1] > 1:
-        return panel_gemm.linear(PANELS[gemm], x, lin.copies[gemm], lin.b, lin.w.shape[0])
+        return panel_gemm.linear(PANELS[gemm], x, lin.copy(gemm), lin.b, lin.w.shape[0])
     if x.shape[1] == 1:
         y = (lin.w * x.reshape(x.shape[0], 1, -1)).sum(-1)  # [out, in] * [B, 1, in] -> [B, out]
         y = y[:, None]  # [B, 1, out]
         return y if lin.b is None else y + lin.b
-    return torch.ops.eaglewire.packed_linear(x, lin.copies[PACKED], lin.b)
+    return torch.ops.eaglewire.packed_linear(x, lin.copy(PACKED), lin.b)
 
 
 def fused_linear(lin: Linear, x: torch.Tensor) -> torch.Tensor:  # x [B, T, in], B*T static -> [B, T, out]
@@ -179,7 +179,9 @@ def _keep_guard(entries: list) -> list[bool]:
     """Dynamo's guard filter for the graph: keep the guards on the call's tensors (h, cos, sin, mask: row
     count, cache length; the shape environment) and on globals; drop those on the runtime's attributes
     (`rt.*`: each weight, cache view and constant, ~600 checks a call). They cannot change under a graph:
-    each runtime has its own code object and LeanTarget assigns them once, in __init__."""
+    each runtime has its own code object and LeanTarget assigns them once, in __init__ (a weight's copies
+    may be freed and rebuilt later, Linear.keep / restore: the graph fetches its tensors from rt on every
+    call, and the copy of the GEMM it runs is never freed, LeanTarget.used_layouts)."""
     attrs = _body.__code__.co_varnames[0] + "."  # "rt.": the runtime is _body's first argument
     return [not e.name.startswith(attrs) for e in entries]
 

@@ -154,7 +154,8 @@ class Linear:
     """A weight [out, in] (+ bias) kept in every candidate layout, so each call can use the fastest GEMM:
     "nt" x @ W.t() (nn.Linear's), "tn" x @ Wt with Wt contiguous, "wx" (W @ x.T).T, "dnnl" oneDNN's
     prepacked weight (bias fused), a panel layout its kernel's panels (bias fused). Memory: a copy of the
-    weight per layout in COPIES beside W while every layout is a candidate; `keep` frees the copies a
+    weight per layout in COPIES beside W while every layout is a candidate (up to four: Wt, oneDNN's, two
+    panel kernels on an AVX-512 host); `keep` frees the copies a
     chosen policy never reads (runtime.LeanTarget.release_unused; SmolLM2 fp32 on its panel layout: the
     process's RSS 2723 -> 1691 MB, sitting 24, AVX2 host)."""
 
@@ -175,6 +176,14 @@ class Linear:
         if layout == PACKED:
             return torch.ops.mkldnn._reorder_linear_weight(self.w, None)
         return panel_gemm.pack(self.w, PANELS[layout].nr)
+
+    def copy(self, layout: str) -> torch.Tensor:
+        """The weight's copy for `layout` (in COPIES); raises where it was freed or never made."""
+        if layout not in self.copies:
+            why = ("was freed (Linear.keep: the runtime's chosen layouts do not read it); restore() rebuilds it"
+                   if layout in self.offered else f"was never made (this Linear offers {self.offered})")
+            raise ValueError(f"the {layout!r} copy of this weight {why}")
+        return self.copies[layout]
 
     @property
     def released(self) -> set[str]:
@@ -214,13 +223,10 @@ class Linear:
         return cls(weight, bias, layouts)
 
     def __call__(self, x: torch.Tensor, layout: str) -> torch.Tensor:  # x [..., in] -> [..., out]
-        if layout in self.offered and layout not in self.copies:
-            raise ValueError(f"the {layout!r} copy of this weight was freed (Linear.keep: the runtime's chosen "
-                             "layouts do not read it); restore() rebuilds it")
         if layout == PACKED:
-            return torch.ops.mkldnn._linear_pointwise(x, self.copies[PACKED], self.b, "none", [], "")
+            return torch.ops.mkldnn._linear_pointwise(x, self.copy(PACKED), self.b, "none", [], "")
         if layout in PANELS:
-            return panel_gemm.linear(PANELS[layout], x, self.copies[layout], self.b, self.w.shape[0])
+            return panel_gemm.linear(PANELS[layout], x, self.copy(layout), self.b, self.w.shape[0])
         if layout == COMPILED:
             if x.numel() != x.shape[-1]:
                 raise ValueError(f"the {COMPILED} layout is a one-row GEMV; got {x.numel() // x.shape[-1]} rows "
@@ -230,7 +236,7 @@ class Linear:
             y = self.gemv(self.w, x.reshape(1, -1)).view(*x.shape[:-1], -1)
             return y if self.b is None else y + self.b
         if layout == "tn":
-            y = x @ self.copies["tn"]
+            y = x @ self.copy("tn")
         elif layout == "nt":
             y = x @ self.w.t()
         else:  # "wx": weight as the tall left operand

@@ -23,6 +23,7 @@ from eaglewire.decoding.gemm import (CacheFlush, Linear, candidate_layouts, init
                                      row_counts, time_layouts)
 from eaglewire.decoding.screened_head import SCREENED, ScreenedHead, default_head, greedy_heads
 from eaglewire.draft.model import DraftCache, Eagle3Draft
+from eaglewire.hw import return_freed_memory
 
 # row counts timed (a draft step / accepted runs of 2-3 and of 4+; 2 apart from 1 because the compiled GEMV
 # is one row only), repetitions each
@@ -90,6 +91,8 @@ class LeanDraft:
         freed = sum(lin.keep(used) for lin in self._linears())
         if self.screen is not None and SCREENED not in self.head_policy.values():
             freed, self.screen = freed + self.screen.nbytes(), None
+        if freed:
+            return_freed_memory()
         return freed
 
     @torch.no_grad()

@@ -182,8 +182,8 @@ class LeanTarget:
             return_freed_memory()
         return freed
 
-    def _restore(self) -> None:
-        """Undo release_unused (a calibration times every candidate)."""
+    def restore_copies(self) -> None:
+        """Undo release_unused (a calibration times every candidate; a cached one may choose any)."""
         for lin in self.linears():
             lin.restore()
         if self.screen is None and self.screen_usable:
@@ -212,7 +212,7 @@ class LeanTarget:
             self.policy = {1: layout}
             self.forward(*inputs[k], prefix)
 
-        self._restore()
+        self.restore_copies()
         self._calibrate_graph_gemm(ks, reps, refine)  # before the graph is timed: it runs the chosen GEMM
         self.policy, self.calibration_ms = time_layouts(self.candidates, ks, reps, run, refine=refine)
         self._calibrate_head(inputs, prefix, reps, refine)
@@ -222,9 +222,9 @@ class LeanTarget:
         """Time the layer stack's GEMMs alone through each GEMM the graph can run for several rows (the
         panel GEMM, oneDNN's), at the calibration's row counts from 2 to 16 (verify sizes), and give the
         graph the one faster at most of them by ratio (geometric mean: a 16-row product's milliseconds
-        do not outvote 4 rows'). Why measured: the panel GEMM is AVX2 code, and where oneDNN has AVX-512
-        kernels its few-row GEMMs may be the faster ones (sitting 17's AVX-512 host: 13.0 ms for 8 rows
-        over the body weights, near the memory floor)."""
+        do not outvote 4 rows'). Why measured: where oneDNN has AVX-512 kernels its few-row GEMMs may beat
+        a panel kernel (sitting 17's AVX-512 host: 13.0 ms for 8 rows over the body weights, near the memory
+        floor), and an AVX-512 host offers two panel kernels, the wider one unmeasured so far."""
         rows = tuple(k for k in ks if 2 <= k <= 16)
         gemms = tuple(g for g in GRAPH_GEMMS if g in self.candidates)
         if self.graph is None or not rows or len(gemms) < 2:
