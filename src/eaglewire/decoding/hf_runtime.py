@@ -110,8 +110,8 @@ def make_runtime(target: Target, max_len: int, *, calibrate: bool = False, log: 
             atomic_write_text(marker, json.dumps({"compiled_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}))
     freed = rt.release_unused()
     if freed:
-        say(f"freed {freed / 2**20:.0f} MB of weight copies that layouts {', '.join(sorted(rt.used_layouts()))} "
-            "never read")
+        say(f"freed {freed / 2**20:.0f} MB of weight copies that no chosen layout reads (layouts in use: "
+            f"{', '.join(sorted(rt.used_layouts()))})")
     return rt
 
 
