@@ -56,8 +56,8 @@ def test_a_non_contiguous_input_and_the_linear_layout(layout):
     w, b = torch.randn(48, 32, generator=g), torch.randn(48, generator=g)
     x = torch.randn(32, 5, generator=g).t()  # [5, 32], not contiguous
     lin = Linear(w, b, (layout,))
-    assert lin.copies[layout].shape == (48 // kernel.nr, 32, kernel.nr)
     torch.testing.assert_close(lin(x, layout), reference(x, w, b), atol=1e-5, rtol=1e-5)
+    assert lin.copies[layout].shape == (48 // kernel.nr, 32, kernel.nr)
     assert layout in candidate_layouts(torch.float32) and layout not in candidate_layouts(torch.bfloat16)
 
 

@@ -1,12 +1,12 @@
-"""A runtime frees the weight copies its chosen layouts never read (gemm.Linear.keep,
-LeanTarget.release_unused), shares HF's q/k/v and gate/up weights with its fused ones, and computes the
-same results afterwards; a calibration after a release rebuilds what it times."""
+"""A runtime holds only the weight copies its chosen layouts read: built when first used (gemm.Linear.copy,
+prepare), the rest freed (keep, LeanTarget.settle_copies); HF's q/k/v and gate/up weights are views of its
+fused ones; results are the same throughout, and a calibration builds what it times."""
 
 import pytest
 import torch
 from tiny import VOCAB, build_target
 
-from eaglewire.decoding.gemm import COPIES, PACKED, PANELS, Linear, candidate_layouts
+from eaglewire.decoding.gemm import COPIES, PACKED, Linear, candidate_layouts
 from eaglewire.decoding.hf_runtime import make_runtime
 from eaglewire.decoding.runtime import LeanTarget
 from eaglewire.decoding.screened_head import PLAIN, SCREENED, ScreenedHead
@@ -20,24 +20,36 @@ def _linear() -> tuple[Linear, torch.Tensor]:
     return lin, torch.randn(1, 3, 24, generator=g)  # x [1, 3, in]
 
 
-def test_keep_frees_the_other_copies_and_restore_rebuilds_them():
+def test_copies_are_built_when_first_used_and_keep_frees_them():
     lin, x = _linear()
+    assert lin.copies == {} and lin.absent == {lay for lay in COPIES if lay in OFFERED}  # nothing copied yet
     before = {lay: lin(x, lay) for lay in OFFERED}
     copies = dict(lin.copies)
-    assert set(copies) == {lay for lay in COPIES if lay in OFFERED}
+    assert set(copies) == {lay for lay in COPIES if lay in OFFERED} and not lin.absent
     expected = sum(t.numel() * 4 for t in copies.values())
     assert lin.keep({"nt"}) == expected > 0
-    assert lin.copies == {} and lin.released == set(copies) and lin.w is not None
+    assert lin.copies == {} and lin.absent == set(copies) and lin.w is not None
     assert torch.equal(lin(x, "nt"), before["nt"]) and torch.equal(lin(x, "wx"), before["wx"])
-    with pytest.raises(ValueError, match="'tn' copy of this weight was freed"):
-        lin(x, "tn")
     assert lin.keep({"nt"}) == 0  # nothing left to free
-    lin.restore(("tn",))
-    assert lin.released == set(lin.offered) - {"tn"} and torch.equal(lin(x, "tn"), before["tn"])
-    lin.restore()
-    assert not lin.released
+    assert torch.equal(lin(x, "tn"), before["tn"]) and set(lin.copies) == {"tn"}  # built again when used
+    lin.prepare()
+    assert not lin.absent
     for lay in OFFERED:
         torch.testing.assert_close(lin(x, lay), before[lay], atol=0, rtol=0)
+    with pytest.raises(ValueError, match="'inductor' copy of this weight was never offered"):
+        lin.copy("inductor")
+
+
+def test_an_absent_copy_is_not_built_inside_a_traced_graph(monkeypatch):
+    """Built there, it would be part of the graph and rebuilt every call: the runtime builds it first."""
+    lin, x = _linear()
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    with pytest.raises(ValueError, match="'tn' copy of this weight is absent while a graph is traced"):
+        lin(x, "tn")
+    monkeypatch.undo()
+    lin.prepare(("tn",))
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert lin(x, "tn").shape == (1, 3, 40)  # held: read as is
 
 
 def test_a_shared_fused_weight_is_the_modules_weights_and_leaves_their_outputs_unchanged():
@@ -60,7 +72,7 @@ def test_a_shared_fused_weight_is_the_modules_weights_and_leaves_their_outputs_u
 
 
 @pytest.mark.parametrize("policy", [{1: "tn", 2: "nt"}, {1: "nt"}, {1: "graph"}])
-def test_release_unused_keeps_what_the_policy_reads_and_computes_the_same(policy):
+def test_settle_copies_holds_what_the_policy_reads_and_computes_the_same(policy):
     target = build_target("llama")
     ids = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(2))
     rt = LeanTarget(target, max_len=160, compiled=False)  # room for calibrate()
@@ -71,17 +83,19 @@ def test_release_unused_keeps_what_the_policy_reads_and_computes_the_same(policy
     assert used == {"graph": {PACKED}}.get(policy[1], set(policy.values()))
     if policy[1] == "graph":
         return  # what eager_layout maps GRAPH to is all this case checks (its graph needs inductor)
-    ref, _ = rt.forward(ids, torch.arange(9)[None], 0)
     lins = rt.linears()
+    assert all(lin.copies == {} for lin in lins)  # nothing copied before a use
+    rt.prepare_copies()  # every candidate's, as a calibration has them
+    ref, _ = rt.forward(ids, torch.arange(9)[None], 0)
     sizes = sum(t.numel() * 4 for lin in lins for t in lin.copies.values())  # every copy, fp32
-    freed = rt.release_unused()
+    freed = rt.settle_copies()
     for lin in lins:
         assert set(lin.copies) == {"tn"} & used
     assert freed == sizes - sum(t.numel() * 4 for lin in lins for t in lin.copies.values()) > 0
     out, _ = rt.forward(ids, torch.arange(9)[None], 0)
     assert torch.equal(out, ref)
-    rt.calibrate(ks=(1, 2), reps=1, refine=0)  # times every candidate: the copies come back
-    assert all(not lin.released for lin in lins)
+    rt.calibrate(ks=(1, 2), reps=1, refine=0)  # times every candidate: their copies are built
+    assert all(not lin.absent for lin in lins)
 
 
 def test_the_screened_head_is_freed_where_the_head_policy_never_picks_it(monkeypatch):
@@ -91,23 +105,29 @@ def test_the_screened_head_is_freed_where_the_head_policy_never_picks_it(monkeyp
     monkeypatch.setattr(rt, "_new_screen", lambda: ScreenedHead(rt.head.w, packed=False))
     rt.screen, rt.screen_usable = rt._new_screen(), True
     rt.head_policy = {1: SCREENED, 4: PLAIN}
-    rt.release_unused()
+    rt.settle_copies()
     assert rt.screen is not None  # picked for one row: kept
     rt.head_policy = {1: PLAIN}
     screen = rt.screen.nbytes()
-    assert screen > 0 and rt.release_unused() == screen and rt.screen is None
-    rt.restore_copies()
+    assert screen > 0 and rt.settle_copies() == screen and rt.screen is None
+    rt.prepare_copies()
     assert rt.screen is not None
 
 
-def test_make_runtime_frees_the_copies_and_says_so():
+def test_make_runtime_holds_what_its_policy_reads_and_says_what_it_freed():
     target = build_target("llama")
     said: list[str] = []
-    rt = make_runtime(target, 32, log=said.append)
-    assert rt.used_layouts() == {"tn", "nt"}  # the uncalibrated policy
-    assert all(set(lin.copies) == {"tn"} for lin in rt.linears())
-    if PACKED in rt.candidates or set(PANELS) & set(rt.candidates):
-        assert any(m.startswith("freed ") and m.endswith("(layouts in use: nt, tn)") for m in said), said
+    rt = make_runtime(target, 32, log=said.append)  # uncalibrated: nothing built beyond its policy's
+    assert rt.used_layouts() == {"tn", "nt"} and not any(m.startswith("freed ") for m in said)
+    assert all(set(lin.copies) == {"tn"} for lin in rt.linears())  # built at the start, not in a request
+    said.clear()
+    rt = make_runtime(target, 32, calibrate=True, log=said.append, compile="never")  # times (and builds) them all
+    used = rt.used_layouts()
+    assert all(set(lin.copies) == set(COPIES) & used for lin in rt.linears())
+    unused = sorted(lay for lay in COPIES if lay in rt.candidates and lay not in used)
+    freed = [m for m in said if m.startswith("freed ")]
+    assert len(freed) == (1 if unused else 0), said
+    assert not freed or freed[0].endswith(f"(layouts in use: {', '.join(sorted(used))})")
 
 
 def test_a_compiled_graph_runs_after_the_release_and_still_gives_hfs_logits():
@@ -128,8 +148,9 @@ def test_a_compiled_graph_runs_after_the_release_and_still_gives_hfs_logits():
                 rt.forward(ids[:, 9:10], torch.arange(9, 10)[None], 9)[0],  # one row: the GEMV graph
                 rt.forward(ids[:, 9:12], torch.arange(9, 12)[None], 9)[0]]  # three rows: the multi-row graph
 
+    rt.prepare_copies()  # every candidate's copies, as after a calibration
     before = run()  # compiles both graphs with every copy present
-    assert rt.release_unused() > 0 and rt.used_layouts() == {rt.graph_gemm}
+    assert rt.settle_copies() > 0 and rt.used_layouts() == {rt.graph_gemm}
     assert all(set(lin.copies) == {rt.graph_gemm} for lin in rt.linears())
     after = run()
     for got, want in zip(after, (ref[:, :9], ref[:, 9:10], ref[:, 9:12])):

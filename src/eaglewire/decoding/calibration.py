@@ -130,7 +130,6 @@ def calibrate_cached(rt: LeanTarget, log: Callable[[str], None] | None = None, k
         except _Unusable as why:
             say(f"calibration cache {path} is unusable ({why}): calibrating again")
         else:
-            rt.restore_copies()  # a runtime released to another policy before: the chosen layouts' copies back
             rt.policy, rt.head_policy = policy, head_policy
             if rt.graph is not None:
                 rt.set_graph_gemm(gemm)

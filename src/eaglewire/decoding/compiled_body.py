@@ -92,6 +92,8 @@ class LayerStack(Protocol):
 
     layers: list
 
+    def prepare_copies(self, layouts: tuple[str, ...] | None = None) -> None: ...
+
     def layers_forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int,
                        mask: torch.Tensor | None, taps: tuple[int, ...],
                        linear: Callable[[Linear, torch.Tensor], torch.Tensor],
@@ -228,10 +230,14 @@ class CompiledBody:
         # static graphs of fused GEMVs, one per row count in `fused` (dynamic=False: each stays static)
         self.fused_code, self.fused_fn = _compile(_fused_body, f"target_fused_body_{n}")
         self.fused: set[int] = set()  # row counts run by fused_fn (LeanTarget.compile_graphs chooses)
+        self.prepared = False  # whether the weight copies of `gemm` are built (the graph reads them)
 
     def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int, mask: torch.Tensor | None,
                  taps: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
         B, T, _ = h.shape  # h [B, T, H]; cos, sin [B, 1, T, D]; mask additive [B or 1, 1, T, start+T] or None
+        if not self.prepared:  # built before tracing (inside the trace a build would be part of the graph)
+            self.rt.prepare_copies((self.gemm,))
+            self.prepared = True
         if mask is None:  # one causal row: every cached slot visible. The graph always takes a mask, whose
             mask = h.new_zeros(B, 1, T, start + T)  # last dimension carries the (dynamic) cache length
         torch._dynamo.mark_dynamic(mask, 3)

@@ -9,7 +9,7 @@ differs by row count, dtype and machine (runtime.py's docstring has the measurem
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Callable, Collection
 
 import torch
 
@@ -154,20 +154,20 @@ class Linear:
     """A weight [out, in] (+ bias) kept in every candidate layout, so each call can use the fastest GEMM:
     "nt" x @ W.t() (nn.Linear's), "tn" x @ Wt with Wt contiguous, "wx" (W @ x.T).T, "dnnl" oneDNN's
     prepacked weight (bias fused), a panel layout its kernel's panels (bias fused). Memory: a copy of the
-    weight per layout in COPIES beside W while every layout is a candidate (up to four: Wt, oneDNN's, two
-    panel kernels on an AVX-512 host); `keep` frees the copies a
-    chosen policy never reads (runtime.LeanTarget.release_unused; SmolLM2 fp32 on its panel layout: the
-    process's RSS 2723 -> 1691 MB, sitting 24, AVX2 host)."""
+    weight per layout in COPIES beside W, built when first asked for (`copy`, `prepare`) and freed by `keep`:
+    while a calibration times every layout they all exist (up to four: Wt, oneDNN's, two panel kernels on an
+    AVX-512 host); a runtime then keeps only those its policy reads (runtime.LeanTarget.settle_copies; SmolLM2
+    fp32 on its panel layout: the process's RSS 2723 -> 1691 MB, sitting 24, AVX2 host)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, layouts: tuple[str, ...] = ()) -> None:
-        """layouts: the candidate layouts (candidate_layouts): a copy is made for those in COPIES ("tn"
-        always: the plain layouts are always candidates)."""
+        """layouts: the candidate layouts (candidate_layouts): those in COPIES get a copy when first used
+        ("tn" always: the plain layouts are always candidates). Nothing is copied here."""
         self.w = weight.detach().contiguous()  # [out, in]
         self.b = None if bias is None else bias.detach()
         self.offered = tuple(lay for lay in COPIES if lay == "tn" or lay in layouts)  # the copies this one makes
         # {layout: its copy}: "tn" Wt [in, out]; "dnnl" an opaque oneDNN tensor, blocked for its GEMM kernels;
-        # a panel layout [P, in, nr]. A layout offered but absent was freed (keep)
-        self.copies: dict[str, torch.Tensor] = {lay: self._copy(lay) for lay in self.offered}
+        # a panel layout [P, in, nr]. An offered layout absent here is not built yet, or was freed (keep)
+        self.copies: dict[str, torch.Tensor] = {}
         self.gemv: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None  # "inductor", once used
 
     def _copy(self, layout: str) -> torch.Tensor:
@@ -178,33 +178,39 @@ class Linear:
         return panel_gemm.pack(self.w, PANELS[layout].nr)
 
     def copy(self, layout: str) -> torch.Tensor:
-        """The weight's copy for `layout` (in COPIES); raises where it was freed or never made."""
+        """The weight's copy for `layout` (in COPIES), built now if absent. Inside a graph being traced an
+        absent copy raises instead: built there, it would be part of the graph, rebuilt every call (the
+        runtime builds its graph GEMM's copies first: LeanTarget.hidden)."""
         if layout not in self.copies:
-            why = ("was freed (Linear.keep: the runtime's chosen layouts do not read it); restore() rebuilds it"
-                   if layout in self.offered else f"was never made (this Linear offers {self.offered})")
-            raise ValueError(f"the {layout!r} copy of this weight {why}")
+            if layout not in self.offered:
+                raise ValueError(f"the {layout!r} copy of this weight was never offered (this Linear offers "
+                                 f"{self.offered}: its runtime's candidate layouts)")
+            if torch.compiler.is_compiling():
+                raise ValueError(f"the {layout!r} copy of this weight is absent while a graph is traced: build it "
+                                 "before (Linear.prepare)")
+            self.copies[layout] = self._copy(layout)
         return self.copies[layout]
 
     @property
-    def released(self) -> set[str]:
-        """The offered copies freed by keep(), until restore()."""
+    def absent(self) -> set[str]:
+        """The offered copies not held now: not built yet, or freed by keep()."""
         return {lay for lay in self.offered if lay not in self.copies}
 
     def keep(self, layouts: set[str]) -> int:
         """Free the copies of the weight that no layout in `layouts` reads (W itself stays: the plain
-        layouts, the compiled GEMVs and the graph's one-row GEMV read it); returns the bytes freed. A
-        call through a freed layout raises until `restore`."""
+        layouts, the compiled GEMVs and the graph's one-row GEMV read it); returns the bytes freed. A later
+        call through a freed layout builds it again."""
         gone = [lay for lay in self.copies if lay not in layouts]
         freed = sum(_nbytes(self.copies[lay]) for lay in gone)
         for lay in gone:
             del self.copies[lay]
         return freed
 
-    def restore(self, layouts: tuple[str, ...] = COPIES) -> None:
-        """Rebuild the freed copies among `layouts` (a calibration times every candidate again)."""
+    def prepare(self, layouts: Collection[str] = COPIES) -> None:
+        """Build the absent copies among `layouts` that this Linear offers (a calibration times them all)."""
         for lay in self.offered:
-            if lay in layouts and lay not in self.copies:
-                self.copies[lay] = self._copy(lay)
+            if lay in layouts:
+                self.copy(lay)
 
     @classmethod
     def fused(cls, mods: list[torch.nn.Module], layouts: tuple[str, ...] = (), share: bool = False) -> "Linear":

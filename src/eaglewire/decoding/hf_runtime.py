@@ -104,14 +104,17 @@ def make_runtime(target: Target, max_len: int, *, calibrate: bool = False, log: 
     rt = LeanTarget(target, n, compiled=compiled)
     if calibrate:
         calibrate_cached(rt, log)
+    # the weight copies the policy reads, and no others (a calibration built them all; a cached one none),
+    # before compiling: the compile's own memory then comes on top of what decoding holds, not of 4x the weights
+    freed = rt.settle_copies()
+    if freed:
+        say(f"freed {freed / 2**20:.0f} MB of weight copies that no chosen layout reads (layouts in use: "
+            f"{', '.join(sorted(rt.used_layouts()))})")
+    if calibrate:
         # the fused verify graphs only where the caller accepts compiling (LeanTarget.compile_graphs: their cost):
         # the marker promises a "cached" start the shared graphs, not these
         if compiled and _compile(rt, say, verify_rows if compile == "always" else ()):  # only a start that built something can promise it to the next
             atomic_write_text(marker, json.dumps({"compiled_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}))
-    freed = rt.release_unused()
-    if freed:
-        say(f"freed {freed / 2**20:.0f} MB of weight copies that no chosen layout reads (layouts in use: "
-            f"{', '.join(sorted(rt.used_layouts()))})")
     return rt
 
 

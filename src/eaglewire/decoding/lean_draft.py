@@ -79,16 +79,20 @@ class LeanDraft:
         self.calibration_ms: dict[int, dict[str, float]] = {}
         if layout == "auto":
             self.calibrate()
-        self.release_unused()
+        self.settle_copies()
 
     def _linears(self) -> list[Linear]:
         return [m.lin for m in self.model.modules() if isinstance(m, LayoutLinear)]
 
-    def release_unused(self) -> int:
-        """Free the weight copies the policy never reads and the head's screen where the head policy never
-        picks it (runtime.LeanTarget.release_unused has why); returns the bytes freed."""
+    def settle_copies(self) -> int:
+        """Hold exactly the weight copies the policy reads (built now where absent) and free the head's
+        screen where the head policy never picks it (runtime.LeanTarget.settle_copies has why); returns the
+        bytes freed."""
         used = set(self.policy.values())
-        freed = sum(lin.keep(used) for lin in self._linears())
+        freed = 0
+        for lin in self._linears():
+            freed += lin.keep(used)
+            lin.prepare(used)
         if self.screen is not None and SCREENED not in self.head_policy.values():
             freed, self.screen = freed + self.screen.nbytes(), None
         if freed:
@@ -102,8 +106,8 @@ class LeanDraft:
         after a CacheFlush: decoding meets the draft's weights after the target's forward has evicted them.
         Keep the fastest per row count; then time the greedy heads the same way, each after a flush and an
         untimed 1-row forward (a chain step's order)."""
-        for lin in self._linears():  # a release before: every candidate is timed again
-            lin.restore()
+        for lin in self._linears():  # every candidate is timed: each its copies
+            lin.prepare(self.candidates)
         if self.screen is None and SCREENED in self.head_candidates:
             self.screen = ScreenedHead(self.model.lm_head.lin.w, packed=True)
         cfg, w = self.model.cfg, self.model.fc.lin.w

@@ -153,8 +153,6 @@ class LeanTarget:
             raise ValueError(f"the graph's GEMM {gemm!r} is not offered here (graph: {self.graph is not None}, "
                              f"candidates {self.candidates})")
         if gemm != self.graph_gemm:
-            for lin in self.linears():
-                lin.restore((gemm,))
             self.graph_gemm, self.graph = gemm, CompiledBody(self, gemm)
 
     def linears(self) -> list[Linear]:
@@ -167,26 +165,33 @@ class LeanTarget:
         prefill's); the graph's one-row GEMV and the compiled GEMVs read W."""
         return {self.eager_layout(k) for k in self.policy}
 
-    def release_unused(self) -> int:
-        """Free what the policy never reads: each weight's copies for layouts outside `used_layouts()`
-        (Linear.keep) and the greedy head's bf16 screen where the head policy never picks it. Returns
-        the bytes freed. Why: every candidate layout keeps its own copy of every weight while the
-        calibration times them (about 4x the weights); decoding reads one or two (make_runtime calls this
-        once the policy is set). `calibrate` rebuilds what it needs."""
+    def settle_copies(self) -> int:
+        """Hold exactly the weight copies the policy reads: build those of `used_layouts()` not built yet
+        (a start that reused a cached calibration has built none) and free the rest (Linear.keep), and the
+        greedy head's bf16 screen where the head policy never picks it. Returns the bytes freed. Why: every
+        candidate layout has its own copy of every weight while a calibration times them (about 4x the
+        weights); decoding reads one or two (make_runtime calls this once the policy is set, before
+        compiling). `calibrate` builds what it times."""
         used = self.used_layouts()
-        freed = sum(lin.keep(used) for lin in self.linears())
+        freed = 0
+        for lin in self.linears():
+            freed += lin.keep(used)
+            lin.prepare(used)
         if self.screen is not None and SCREENED not in self.head_policy.values():
             freed += self.screen.nbytes()
             self.screen = None
+        if self.graph is not None:
+            self.graph.prepared = False  # its GEMM's copies checked again at its next call
         if freed:
             return_freed_memory()
         return freed
 
-    def restore_copies(self) -> None:
-        """Undo release_unused (a calibration times every candidate; a cached one may choose any)."""
+    def prepare_copies(self, layouts: tuple[str, ...] | None = None) -> None:
+        """Build every weight's copies for `layouts` (None: every candidate, and the head's screen where
+        offered): a calibration times them all."""
         for lin in self.linears():
-            lin.restore()
-        if self.screen is None and self.screen_usable:
+            lin.prepare(self.candidates if layouts is None else layouts)
+        if layouts is None and self.screen is None and self.screen_usable:
             self.screen = self._new_screen()
 
     def _new_screen(self) -> ScreenedHead:
@@ -212,7 +217,7 @@ class LeanTarget:
             self.policy = {1: layout}
             self.forward(*inputs[k], prefix)
 
-        self.restore_copies()
+        self.prepare_copies()
         self._calibrate_graph_gemm(ks, reps, refine)  # before the graph is timed: it runs the chosen GEMM
         self.policy, self.calibration_ms = time_layouts(self.candidates, ks, reps, run, refine=refine)
         self._calibrate_head(inputs, prefix, reps, refine)
