@@ -68,6 +68,7 @@ def _runtimes(target, layouts: tuple[str, ...]) -> dict[str, LeanTarget]:
         runtimes[f"lean_{FUSED}"].graph.fused = set(fused_ks)
     calibrated = runtimes["lean_calibrated"] = LeanTarget(target, 256)
     print("calibrated layouts:", calibrated.calibrate(ks=KS))
+    calibrated.settle_copies()  # the copies its policy reads, as make_runtime holds them before compiling
     calibrated.compile_graphs(verify_rows=fused_ks)
     print("fused verify graphs (ms):", calibrated.fused_ms, "kept:", sorted(calibrated.graph.fused)
           if calibrated.graph else [])

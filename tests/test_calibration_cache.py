@@ -131,7 +131,7 @@ def test_make_runtime_calibrates_through_the_cache(cache, forwards):
     # the compiled GEMV: one row), announced
     compiled = any(rt.layout(k) in INDUCTOR_LAYOUTS for k in rt.policy)
     assert len(reused) == 1 and len(forwards) == (len(rt.compile_graphs()) if compiled else 0)
-    said = [m for m in log if not m.startswith("freed ")]  # the start's last line: what it freed, if anything
+    said = [m for m in log if not m.startswith("freed ")]  # what the start freed, if anything: not its point here
     assert compiled == said[-1].startswith("compiled layouts for ")
     assert set(rt.policy) == {1, 2, 3, 4, 8, 16, 32}
     log.clear()
@@ -229,7 +229,7 @@ def test_make_runtime_builds_the_fused_graph_of_the_verify_size_it_is_told_and_s
     target, log = build_target("llama"), []
     rt = make_runtime(target, 32, calibrate=True, log=log.append, verify_rows=(3, max(FUSED_ROWS) + 1))
     assert rt.graph.fused == {3} and rt.fused_ms == {3: {GRAPH: 2.0, FUSED: 1.0}}
-    said = [m for m in log if not m.startswith("freed ")]  # the start's last line: what it freed, if anything
+    said = [m for m in log if not m.startswith("freed ")]  # what the start freed, if anything: not its point here
     assert "and the fused graphs of 3-row verifies" in said[-2] and said[-2].startswith("compiled layouts for 1 and 2+ rows")
     assert said[-1] == "3-row verify: its fused graph 1.0 ms against the shared graph's 2.0 ms (kept)"
     log.clear()

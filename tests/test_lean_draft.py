@@ -134,6 +134,8 @@ def test_the_copy_frees_the_weight_copies_its_policy_never_reads_and_a_calibrati
     draft, _ = build_draft(build_target("llama"))
     g = torch.Generator().manual_seed(4)
     ids, taps = torch.randint(0, 256, (1, 3), generator=g), torch.randn(1, 3, 3 * draft.cfg.target_hidden_size, generator=g)
+    held = LeanDraft(draft, "tn")  # a layout that reads a copy: built at the start, not inside a request
+    assert all(set(m.lin.copies) == {"tn"} for m in held.model.modules() if isinstance(m, LayoutLinear))
     lean = LeanDraft(draft, "nt")
     lins = [m.lin for m in lean.model.modules() if isinstance(m, LayoutLinear)]
     assert all(lin.copies == {} for lin in lins)

@@ -358,7 +358,7 @@ def test_compile_graphs_keeps_the_fused_graph_only_where_it_times_faster(monkeyp
     big = max(FUSED_ROWS) + 1
     monkeypatch.setattr(panel_gemm, "available", lambda kernel, dtype: False)  # a host without the panel GEMMs
     lean = LeanTarget(build_target("llama"), max_len=CALIBRATION_PREFIX + big, layout=GRAPH)  # room: not why it skips
-    assert PANEL not in lean.candidates and PANEL not in lean.layers[0].qkv.copies
+    assert PANEL not in lean.candidates and PANEL not in lean.layers[0].qkv.offered
     rows = lean.compile_graphs(verify_rows=(3, big))
     assert timed == [((GRAPH, FUSED), (3,))] and rows == [1, 3]  # a fixed policy {1: GRAPH}: 1 row, then 3
     assert lean.graph.fused == ({3} if winner == FUSED else set())

@@ -114,7 +114,10 @@ def test_the_screened_head_is_freed_where_the_head_policy_never_picks_it(monkeyp
     assert rt.screen is not None
 
 
-def test_make_runtime_holds_what_its_policy_reads_and_says_what_it_freed():
+def test_make_runtime_holds_what_its_policy_reads_and_says_what_it_freed(tmp_path, monkeypatch):
+    from eaglewire.decoding import calibration
+
+    monkeypatch.setattr(calibration, "cache_root", lambda: tmp_path)  # calibrates here, whatever ran before
     target = build_target("llama")
     said: list[str] = []
     rt = make_runtime(target, 32, log=said.append)  # uncalibrated: nothing built beyond its policy's
@@ -125,8 +128,10 @@ def test_make_runtime_holds_what_its_policy_reads_and_says_what_it_freed():
     used = rt.used_layouts()
     assert all(set(lin.copies) == set(COPIES) & used for lin in rt.linears())
     unused = sorted(lay for lay in COPIES if lay in rt.candidates and lay not in used)
+    screen_unused = rt.screen_usable and SCREENED not in rt.head_policy.values()  # a native-bf16 host
+    assert (rt.screen is not None) == (rt.screen_usable and not screen_unused)
     freed = [m for m in said if m.startswith("freed ")]
-    assert len(freed) == (1 if unused else 0), said
+    assert len(freed) == (1 if unused or screen_unused else 0), said
     assert not freed or freed[0].endswith(f"(layouts in use: {', '.join(sorted(used))})")
 
 
@@ -157,3 +162,13 @@ def test_a_compiled_graph_runs_after_the_release_and_still_gives_hfs_logits():
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     for a, b in zip(after, before):
         assert torch.equal(a, b)
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    graphs = len(_debug_get_cache_entry_list(rt.graph.code))
+    rt.policy = {1: "nt"}  # a policy without the graph: its GEMM's copies go
+    rt.settle_copies()
+    assert all(rt.graph_gemm not in lin.copies for lin in rt.linears())
+    rt.policy = {1: GRAPH}
+    again = run()  # the graph builds its GEMM's copies before its call, and reads the new ones
+    assert all(torch.equal(a, b) for a, b in zip(again, before))
+    assert len(_debug_get_cache_entry_list(rt.graph.code)) == graphs  # no recompile

@@ -182,8 +182,9 @@ def _keep_guard(entries: list) -> list[bool]:
     count, cache length; the shape environment) and on globals; drop those on the runtime's attributes
     (`rt.*`: each weight, cache view and constant, ~600 checks a call). They cannot change under a graph:
     each runtime has its own code object and LeanTarget assigns them once, in __init__ (a weight's copies
-    may be freed and rebuilt later, Linear.keep / restore: the graph fetches its tensors from rt on every
-    call, and the copy of the GEMM it runs is never freed, LeanTarget.used_layouts)."""
+    are built when first used and may be freed, LeanTarget.settle_copies: the graph fetches its tensors from
+    rt on every call, and CompiledBody.__call__ builds its GEMM's copies again before a call where they were
+    freed)."""
     attrs = _body.__code__.co_varnames[0] + "."  # "rt.": the runtime is _body's first argument
     return [not e.name.startswith(attrs) for e in entries]
 

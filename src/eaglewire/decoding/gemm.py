@@ -1,4 +1,4 @@
-"""GEMM layouts for small row counts: one weight kept in every candidate layout, the fastest measured per
+"""GEMM layouts for small row counts: one weight readable in every candidate layout, the fastest measured per
 row count (`time_layouts`), and `pick` to look the winner up. Used by the target runtime (runtime.py), the
 draft's decoding copy (lean_draft.py) and the screened greedy head (screened_head.py).
 
@@ -151,7 +151,7 @@ COPIES = ("tn", PACKED, *PANELS)  # the layouts that read a copy of the weight o
 
 
 class Linear:
-    """A weight [out, in] (+ bias) kept in every candidate layout, so each call can use the fastest GEMM:
+    """A weight [out, in] (+ bias) readable in every candidate layout, so each call can use the fastest GEMM:
     "nt" x @ W.t() (nn.Linear's), "tn" x @ Wt with Wt contiguous, "wx" (W @ x.T).T, "dnnl" oneDNN's
     prepacked weight (bias fused), a panel layout its kernel's panels (bias fused). Memory: a copy of the
     weight per layout in COPIES beside W, built when first asked for (`copy`, `prepare`) and freed by `keep`:
@@ -180,7 +180,7 @@ class Linear:
     def copy(self, layout: str) -> torch.Tensor:
         """The weight's copy for `layout` (in COPIES), built now if absent. Inside a graph being traced an
         absent copy raises instead: built there, it would be part of the graph, rebuilt every call (the
-        runtime builds its graph GEMM's copies first: LeanTarget.hidden)."""
+        graph builds its GEMM's copies first: compiled_body.CompiledBody.__call__)."""
         if layout not in self.copies:
             if layout not in self.offered:
                 raise ValueError(f"the {layout!r} copy of this weight was never offered (this Linear offers "

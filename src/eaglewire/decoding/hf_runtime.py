@@ -104,7 +104,8 @@ def make_runtime(target: Target, max_len: int, *, calibrate: bool = False, log: 
     rt = LeanTarget(target, n, compiled=compiled)
     if calibrate:
         calibrate_cached(rt, log)
-    # the weight copies the policy reads, and no others (a calibration built them all; a cached one none),
+    # the weight copies the policy reads, and no others (a calibration built them all; a cached one only the
+    # head's bf16 screen, where offered),
     # before compiling: the compile's own memory then comes on top of what decoding holds, not of 4x the weights
     freed = rt.settle_copies()
     if freed:

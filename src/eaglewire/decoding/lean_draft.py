@@ -95,6 +95,8 @@ class LeanDraft:
             lin.prepare(used)
         if self.screen is not None and SCREENED not in self.head_policy.values():
             freed, self.screen = freed + self.screen.nbytes(), None
+        elif self.screen is None and SCREENED in self.head_policy.values():
+            self.screen = ScreenedHead(self.model.lm_head.lin.w, packed=True)  # freed before, picked now
         if freed:
             return_freed_memory()
         return freed

@@ -9,7 +9,7 @@ fastest layout differs by row count, dtype and machine (research notes found `(W
 rows; a later measurement here found `x @ W.t()` best there and `x @ Wt` best for 1 row; on an AMD EPYC with
 AVX512-BF16, oneDNN's prepacked weight ran SmolLM2's GEMMs of 4-16 rows 2-3x faster than any MKL
 orientation in fp32 and faster at every row count in bf16; a whole fp32 verify of 4 tokens took ~28 ms
-against ~53 ms, 1 thread, contended machine). The runtime keeps every candidate layout, `calibrate()`
+against ~53 ms, 1 thread, contended machine). The runtime offers every candidate layout, `calibrate()`
 measures each per row count, and every call uses the winner. q/k/v are one GEMM and gate/up another (one
 weight each, the output split with views): one call per projection group instead of three or two. One
 candidate, GRAPH (compiled_body.py), is not a GEMM layout alone: it runs the whole layer stack
@@ -167,8 +167,8 @@ class LeanTarget:
 
     def settle_copies(self) -> int:
         """Hold exactly the weight copies the policy reads: build those of `used_layouts()` not built yet
-        (a start that reused a cached calibration has built none) and free the rest (Linear.keep), and the
-        greedy head's bf16 screen where the head policy never picks it. Returns the bytes freed. Why: every
+        (a start that reused a cached calibration has built none) and free the rest (Linear.keep); hold the
+        greedy head's bf16 screen where the head policy picks it, else free it. Returns the bytes freed. Why: every
         candidate layout has its own copy of every weight while a calibration times them (about 4x the
         weights); decoding reads one or two (make_runtime calls this once the policy is set, before
         compiling). `calibrate` builds what it times."""
@@ -180,6 +180,8 @@ class LeanTarget:
         if self.screen is not None and SCREENED not in self.head_policy.values():
             freed += self.screen.nbytes()
             self.screen = None
+        elif self.screen is None and self.screen_usable and SCREENED in self.head_policy.values():
+            self.screen = self._new_screen()  # freed before, picked now
         if self.graph is not None:
             self.graph.prepared = False  # its GEMM's copies checked again at its next call
         if freed:
