@@ -29,9 +29,9 @@ from eaglewire.contract import canonical_json
 from eaglewire.decoding import panel_gemm
 from eaglewire.decoding.compiled_body import GRAPH, GRAPH_GEMMS
 from eaglewire.decoding.gemm import COMPILED, PANELS, REFINE_REPS, applies, row_counts
-from eaglewire.decoding.runtime import (CALIBRATION_KS, CALIBRATION_PREFIX, CALIBRATION_REPS, LeanTarget, cache_slots,
-                                        head_dim)
+from eaglewire.decoding.runtime import CALIBRATION_KS, CALIBRATION_PREFIX, CALIBRATION_REPS, LeanTarget, cache_slots
 from eaglewire.decoding.screened_head import REVISION as SCREEN_REVISION
+from eaglewire.decoding.target_weights import head_dim
 from eaglewire.hw import describe_cpu
 from eaglewire.safeio import atomic_write_text
 from eaglewire.verifier.loader import Target

@@ -250,6 +250,16 @@ class Linear:
         return y if self.b is None else y + self.b
 
 
+def hold_only(lins: list[Linear], layouts: set[str]) -> int:
+    """Make each Linear hold exactly the copies `layouts` read: the others freed, absent ones built.
+    Returns the bytes freed."""
+    freed = 0
+    for lin in lins:
+        freed += lin.keep(layouts)
+        lin.prepare(layouts)
+    return freed
+
+
 def _nbytes(t: torch.Tensor) -> int:
     """A weight copy's bytes (an opaque oneDNN tensor has no storage to ask: its logical size)."""
     return t.numel() * t.element_size()

@@ -19,7 +19,7 @@ import copy
 import torch
 from torch import nn
 
-from eaglewire.decoding.gemm import (CacheFlush, Linear, candidate_layouts, initial_policy, pick,
+from eaglewire.decoding.gemm import (CacheFlush, Linear, candidate_layouts, hold_only, initial_policy, pick,
                                      row_counts, time_layouts)
 from eaglewire.decoding.screened_head import SCREENED, ScreenedHead, default_head, greedy_heads
 from eaglewire.draft.model import DraftCache, Eagle3Draft
@@ -88,11 +88,7 @@ class LeanDraft:
         """Hold exactly the weight copies the policy reads (built now where absent) and free the head's
         screen where the head policy never picks it (runtime.LeanTarget.settle_copies has why); returns the
         bytes freed."""
-        used = set(self.policy.values())
-        freed = 0
-        for lin in self._linears():
-            freed += lin.keep(used)
-            lin.prepare(used)
+        freed = hold_only(self._linears(), set(self.policy.values()))
         if self.screen is not None and SCREENED not in self.head_policy.values():
             freed, self.screen = freed + self.screen.nbytes(), None
         elif self.screen is None and SCREENED in self.head_policy.values():

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from eaglewire.decoding.gemm import PACKED, Linear, candidate_layouts
-from eaglewire.decoding.runtime import head_dim
+from eaglewire.decoding.target_weights import head_dim
 from eaglewire.hw import last_level_cache_bytes
 
 STREAM_MIN_BYTES = 512 << 20  # the streamed buffer: at least this, and 8x the last-level cache

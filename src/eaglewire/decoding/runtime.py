@@ -28,7 +28,6 @@ under `mask`; positions (RoPE) are given per token, so tree nodes at the same de
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -37,9 +36,10 @@ import torch.nn.functional as F
 from eaglewire.decoding import panel_gemm
 from eaglewire.decoding.compiled_body import (FUSED, FUSED_ROWS, GRAPH, GRAPH_GEMMS, INDUCTOR_LAYOUTS, CompiledBody,
                                               target_layouts)
-from eaglewire.decoding.gemm import (REFINE_REPS, PACKED, PANELS, Linear, initial_policy, pick, row_counts,
-                                     time_layouts)
+from eaglewire.decoding.gemm import (REFINE_REPS, PACKED, PANELS, Linear, hold_only, initial_policy, pick,
+                                     row_counts, time_layouts)
 from eaglewire.decoding.screened_head import PLAIN, SCREENED, ScreenedHead, default_head, greedy_heads
+from eaglewire.decoding.target_weights import Layer, find_rotary, head_dim, read_layer
 from eaglewire.errors import TargetError
 from eaglewire.hw import return_freed_memory
 from eaglewire.ops import rms_norm, rotate, sdpa, signed_sin
@@ -68,18 +68,6 @@ def additive_mask(mask: torch.Tensor | None, T: int, start: int, dtype: torch.dt
     return torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, float("-inf"))
 
 
-@dataclass
-class _Layer:
-    qkv: Linear  # q, k, v side by side: [..., (heads + 2 kv_heads) * head_dim]
-    o: Linear
-    gate_up: Linear  # gate, up side by side: [..., 2 * intermediate]
-    down: Linear
-    ln1: torch.Tensor
-    ln2: torch.Tensor
-    q_norm: torch.Tensor | None
-    k_norm: torch.Tensor | None
-
-
 class LeanTarget:
     def __init__(self, target: Target, max_len: int, batch: int = 1, layout: str = "auto", head: str = "auto",
                  compiled: bool = True) -> None:
@@ -102,7 +90,7 @@ class LeanTarget:
         self.eps = float(cfg.rms_norm_eps)
         self.heads, self.kv_heads = int(cfg.num_attention_heads), int(cfg.num_key_value_heads)
         self.head_dim = head_dim(cfg)
-        self.layers = [self._layer(m) for m in target.layers]
+        self.layers = [read_layer(m, self.candidates) for m in target.layers]
         self.norm = target.final_norm.weight.detach()
         self.embed = target.embed_tokens.weight.detach()
         self.head = Linear(target.model.get_output_embeddings().weight, None, self.candidates)
@@ -124,7 +112,7 @@ class LeanTarget:
         self.head_ms: dict[int, dict[str, float]] = {}  # {rows: {head: median ms}} of the last calibrate()
         self.calibration_ms: dict[int, dict[str, float]] = {}  # {rows: {layout: median ms}} of the last calibrate()
         self.fused_ms: dict[int, dict[str, float]] = {}  # {rows: {GRAPH or FUSED: median ms}} of compile_graphs()
-        self.rotary = _find_rotary(target)
+        self.rotary = find_rotary(target)
         p = self.embed
         shape = (len(self.layers), batch, self.kv_heads, cache_slots(max_len, self.graph is not None), self.head_dim)
         self.k_cache = torch.zeros(shape, dtype=p.dtype, device=p.device)
@@ -172,11 +160,7 @@ class LeanTarget:
         candidate layout has its own copy of every weight while a calibration times them (about 4x the
         weights); decoding reads one or two (make_runtime calls this once the policy is set, before
         compiling). `calibrate` builds what it times."""
-        used = self.used_layouts()
-        freed = 0
-        for lin in self.linears():
-            freed += lin.keep(used)
-            lin.prepare(used)
+        freed = hold_only(self.linears(), self.used_layouts())
         if self.screen is not None and SCREENED not in self.head_policy.values():
             freed += self.screen.nbytes()
             self.screen = None
@@ -303,18 +287,6 @@ class LeanTarget:
 
         self.head_policy, self.head_ms = time_layouts(heads, tuple(inputs), reps, run, refine=refine)
 
-    def _layer(self, m: torch.nn.Module) -> _Layer:
-        a, f = m.self_attn, m.mlp
-        lays = self.candidates
-        qn, kn = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
-        # share: HF's q/k/v and gate/up weights become views of the fused ones (no second copy in memory)
-        return _Layer(Linear.fused([a.q_proj, a.k_proj, a.v_proj], lays, share=True),
-                      Linear(a.o_proj.weight, a.o_proj.bias, lays),
-                      Linear.fused([f.gate_proj, f.up_proj], lays, share=True),
-                      Linear(f.down_proj.weight, f.down_proj.bias, lays),
-                      m.input_layernorm.weight.detach(), m.post_attention_layernorm.weight.detach(),
-                      None if qn is None else qn.weight.detach(), None if kn is None else kn.weight.detach())
-
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, start: int, mask: torch.Tensor | None = None,
                 taps: tuple[int, ...] = (), logit_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -375,7 +347,7 @@ class LeanTarget:
                 collected.append(h)
         return h, (torch.cat(collected, dim=-1) if taps else None)
 
-    def _attention(self, L: _Layer, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int,
+    def _attention(self, L: Layer, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int,
                    mask: torch.Tensor | None, linear: Callable[[Linear, torch.Tensor], torch.Tensor],
                    attend: Attend) -> torch.Tensor:
         B, T, _ = x.shape
@@ -418,11 +390,6 @@ def _layout_fix(layout: str, dtype: torch.dtype) -> str | None:
     return None
 
 
-def head_dim(cfg) -> int:
-    """A text config's attention head size (configs without `head_dim` split hidden_size evenly)."""
-    return int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
-
-
 def cache_slots(max_len: int, graph: bool) -> int:
     """KV cache slots for a runtime of max_len tokens: at least one spare slot, never written, so that no
     forward's view of the cache spans all of it (a length a compiled graph would specialise on instead of
@@ -430,10 +397,3 @@ def cache_slots(max_len: int, graph: bool) -> int:
     size is part of the compiled graph (made dynamic, its tracing took 75 s a start against 3 s), and
     make_runtime sizes the runtime per request, so every new size would compile anew (~30 s a graph)."""
     return max(256, 1 << max_len.bit_length()) if graph else max_len + 1
-
-
-def _find_rotary(target: Target):
-    for name, mod in target.model.named_modules():
-        if name.endswith("rotary_emb"):
-            return mod
-    raise TargetError("no rotary embedding module found", expected="a module named *rotary_emb", found="none")
