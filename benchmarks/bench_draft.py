@@ -19,12 +19,12 @@ import time
 
 import torch
 
-from eaglewire.checkpoint import load_checkpoint
-from eaglewire.decoding.gemm import CacheFlush
+from eaglewire.export.checkpoint import load_checkpoint
+from eaglewire.fastcpu.gemm import CacheFlush
 from eaglewire.decoding.propose import EagleProposer
 from eaglewire.decoding.tree import TreeShape
 from eaglewire.hw import describe_cpu, native_bf16
-from eaglewire.verifier.loader import load_target
+from eaglewire.target.loader import load_target
 
 DRAFT = "src/eaglewire/assets/drafts/smollm2-135m"
 PROMPT, MAX_LEN, WARMUP = 100, 600, 20  # tokens committed before timing; cache room; rounds not counted

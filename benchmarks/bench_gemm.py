@@ -17,11 +17,11 @@ from pathlib import Path
 
 import torch
 
-from eaglewire.decoding.gemm import PACKED, PANELS, candidate_layouts
+from eaglewire.fastcpu.gemm import PACKED, PANELS, candidate_layouts
 from eaglewire.decoding.runtime import LeanTarget
 from eaglewire.hw import describe_cpu
 from eaglewire.safeio import atomic_write_text
-from eaglewire.verifier.loader import load_target
+from eaglewire.target.loader import load_target
 
 ROWS = (1, 2, 4, 8, 16)
 

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import torch
 
-from eaglewire.data.features import OfflineFeatures, captured_taps
+from eaglewire.capture.features import OfflineFeatures, captured_taps
 from eaglewire.hw import autocast_dtype, describe_cpu
-from eaglewire.verifier.loader import load_target
+from eaglewire.target.loader import load_target
 from eaglewire.train.loop import TrainConfig, build_draft
 from eaglewire.train.ttt import TTTModel
-from eaglewire.vocab import load_vocab
+from eaglewire.draft.vocab import load_vocab
 
 # lever -> (TrainConfig fields, which vocab); levers absent here (init, lr, data source) cost what base costs
 CASES = {"base": ({}, "8k"), "supervise_all": ({"supervise": "all"}, "8k"), "vocab16k": ({}, "16k"),

@@ -19,13 +19,13 @@ from pathlib import Path
 import torch
 
 from eaglewire.contract import default_taps
-from eaglewire.data.features import OnlineFeatures
+from eaglewire.capture.features import OnlineFeatures
 from eaglewire.data.samples import load_samples
 from eaglewire.hw import describe_cpu
-from eaglewire.verifier.loader import load_target
+from eaglewire.target.loader import load_target
 from eaglewire.train.loop import TrainConfig, build_draft
 from eaglewire.train.ttt import TTTModel
-from eaglewire.vocab import build_vocab_map, count_masked_tokens
+from eaglewire.draft.vocab import build_vocab_map, count_masked_tokens
 
 
 def _tok_per_s(fn, tokens: int) -> float:

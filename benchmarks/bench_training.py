@@ -16,13 +16,13 @@ import torch
 
 from eaglewire.contract import default_taps
 from eaglewire.data.conversations import read_conversations
-from eaglewire.data.features import OnlineFeatures
+from eaglewire.capture.features import OnlineFeatures
 from eaglewire.data.regenerate import GenerationSettings, LocalGenerator
 from eaglewire.data.samples import tokenize_conversations
-from eaglewire.verifier.loader import load_target
+from eaglewire.target.loader import load_target
 from eaglewire.train.loop import TrainConfig, build_draft
 from eaglewire.train.ttt import TTTModel
-from eaglewire.vocab import build_vocab_map, count_masked_tokens
+from eaglewire.draft.vocab import build_vocab_map, count_masked_tokens
 
 
 def regen_rate(target, prompts, batch: int, new_tokens: int) -> float:

@@ -23,13 +23,13 @@ from pathlib import Path
 
 import torch
 
-from eaglewire.decoding.compiled_body import FUSED, FUSED_ROWS, GRAPH, target_layouts
-from eaglewire.decoding.gemm import applies
-from eaglewire.decoding.roofline import PEAK_ROWS, RateProbe, step_cost, widest_matrix
+from eaglewire.fastcpu.compiled_body import FUSED, FUSED_ROWS, GRAPH, target_layouts
+from eaglewire.fastcpu.gemm import applies
+from roofline import PEAK_ROWS, RateProbe, step_cost, widest_matrix
 from eaglewire.decoding.runtime import LeanTarget
 from eaglewire.hw import RUNTIME_DTYPES, describe_cpu, runtime_dtype
 from eaglewire.safeio import atomic_write_text
-from eaglewire.verifier.loader import load_target
+from eaglewire.target.loader import load_target
 
 KS = (1, 2, 3, 4, 8, 16, 32, 64)
 CACHED = 100  # tokens already in the KV cache when a verify runs

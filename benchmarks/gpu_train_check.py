@@ -23,13 +23,13 @@ from pathlib import Path
 
 import torch
 
-from eaglewire.checkpoint import load_checkpoint
-from eaglewire.data.features import OnlineFeatures
+from eaglewire.export.checkpoint import load_checkpoint
+from eaglewire.capture.features import OnlineFeatures
 from eaglewire.data.samples import Sample
 from eaglewire.train.dist import DistInfo
 from eaglewire.train.loop import TrainConfig, train
-from eaglewire.verifier.loader import wrap_model
-from eaglewire.vocab import VocabMap
+from eaglewire.target.loader import wrap_model
+from eaglewire.draft.vocab import VocabMap
 
 TAPS = (1, 2, 3)
 

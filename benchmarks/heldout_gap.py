@@ -25,11 +25,11 @@ from pathlib import Path
 
 import torch
 
-from eaglewire.checkpoint import load_checkpoint
-from eaglewire.data.features import OnlineFeatures
+from eaglewire.export.checkpoint import load_checkpoint
+from eaglewire.capture.features import OnlineFeatures
 from eaglewire.data.samples import load_samples, split_heldout
 from eaglewire.hw import describe_cpu
-from eaglewire.verifier.loader import load_target
+from eaglewire.target.loader import load_target
 from eaglewire.train.ttt import TTTModel, shift_left
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # --dtypes names of the target's dtype
@@ -89,7 +89,7 @@ def bench_sample(target, limit: int, max_new_tokens: int = 256) -> list:
     online tau the bench measures, so the offline figures compare with it directly."""
     from eaglewire.data.conversations import Conversation, Turn
     from eaglewire.data.samples import tokenize_conversations
-    from eaglewire.decoding.bench import spread_over_categories
+    from eaglewire.serve.bench import spread_over_categories
     from eaglewire.decoding.engine import greedy_reference
     from eaglewire.decoding.hf_runtime import make_runtime
 
@@ -108,7 +108,7 @@ def bench_sample(target, limit: int, max_new_tokens: int = 256) -> list:
 
 def by_category(sets: dict[str, list]) -> dict[str, list]:
     """The MT-bench sets split by question category ("SET:CATEGORY"); a sample's id is "QUESTION_ID#turn"."""
-    from eaglewire.decoding.bench import question_categories
+    from eaglewire.serve.bench import question_categories
 
     cats, split = question_categories("mtbench"), {}
     for name, samples in sets.items():

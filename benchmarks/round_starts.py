@@ -22,14 +22,14 @@ from pathlib import Path
 
 import torch
 
-from eaglewire.checkpoint import load_checkpoint, resolve_draft
-from eaglewire.decoding.bench import spread_over_categories
+from eaglewire.export.checkpoint import load_checkpoint, resolve_draft
+from eaglewire.serve.bench import spread_over_categories
 from eaglewire.decoding.engine import SpecDecoder
 from eaglewire.decoding.hf_runtime import make_runtime
 from eaglewire.decoding.propose import EagleProposer
 from eaglewire.decoding.tree import TreeShape
 from eaglewire.hw import describe_cpu
-from eaglewire.verifier.loader import load_target
+from eaglewire.target.loader import load_target
 
 BUCKETS = (0.0, 0.3, 0.5, 0.8, 1.01)  # target top-1 probability bins: [lo, hi)
 

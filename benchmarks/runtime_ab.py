@@ -21,7 +21,7 @@ import torch
 
 from eaglewire.decoding import runtime as current
 from eaglewire.hw import describe_cpu
-from eaglewire.verifier.loader import load_target
+from eaglewire.target.loader import load_target
 
 CACHED = 200  # tokens in the KV cache before the timed forwards
 

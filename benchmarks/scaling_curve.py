@@ -21,14 +21,14 @@ import argparse
 import json
 from pathlib import Path
 
-from eaglewire.checkpoint import load_checkpoint
+from eaglewire.export.checkpoint import load_checkpoint
 from eaglewire.hw import describe_cpu
-from eaglewire.decoding.bench import bench_prompts
+from eaglewire.serve.bench import bench_prompts
 from eaglewire.decoding.engine import SpecDecoder, SpecStats
 from eaglewire.decoding.hf_runtime import make_runtime
 from eaglewire.decoding.propose import EagleProposer
 from eaglewire.decoding.tree import TreeShape
-from eaglewire.verifier.loader import load_target
+from eaglewire.target.loader import load_target
 
 
 def trained_tokens(metrics: Path) -> dict[int, int]:

@@ -98,7 +98,7 @@ def damaged(src: Path, out: Path, edit: Callable[[dict, Tensors], None] | None) 
 
 def doctor(directory: Path, target: Any, with_contract: bool, bounds: Any) -> dict:
     from eaglewire.doctor.checks import by_level, run_checks
-    from eaglewire.doctor.empirical import run_measurement
+    from eaglewire.doctor.measured_wiring import run_measurement
     from eaglewire.doctor.inspect import inspect_dir
 
     d = directory if with_contract else directory.with_name(directory.name + "-foreign")
@@ -119,7 +119,7 @@ def doctor(directory: Path, target: Any, with_contract: bool, bounds: Any) -> di
 
 
 def serve(directory: Path, target_dir: Path, prompts: list[list[int]], max_new: int, k: int) -> dict:
-    from eaglewire.clients.vllm import VllmServer, complete_ids, spec_metrics
+    from eaglewire.vllm_client.server import VllmServer, complete_ids, spec_metrics
     from eaglewire.errors import EaglewireError
 
     spec = {"method": "eagle3", "model": str(directory), "num_speculative_tokens": k}
@@ -153,14 +153,14 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma list of cases (default: all)")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/vllm_broken"))
     args = ap.parse_args()
-    from eaglewire.checkpoint import load_checkpoint, resolve_draft
-    from eaglewire.decoding.bench import bench_prompts
+    from eaglewire.export.checkpoint import load_checkpoint, resolve_draft
+    from eaglewire.serve.bench import bench_prompts
     from eaglewire.decoding.tree import TreeShape
     from eaglewire.doctor.expect import Counts, judge, predict
-    from eaglewire.doctor.sample import sample_target
-    from eaglewire.formats.convert import export_draft
+    from eaglewire.capture.boundaries import sample_target
+    from eaglewire.export.convert import export_draft
     from eaglewire.hw import describe_cpu
-    from eaglewire.verifier.loader import load_target, resolve_target
+    from eaglewire.target.loader import load_target, resolve_target
 
     target, target_dir = load_target(), resolve_target(None)[1]
     draft = load_checkpoint(resolve_draft(None), target=target)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from eaglewire.checkpoint import load_checkpoint, save_checkpoint
-from eaglewire.verifier.loader import load_target
+from eaglewire.export.checkpoint import load_checkpoint, save_checkpoint
+from eaglewire.target.loader import load_target
 
 DEST = Path(__file__).parents[1] / "src/eaglewire/assets/drafts/smollm2-135m"
 

@@ -13,7 +13,7 @@ def _calibrations_in_tmp(tmp_path_factory):
     """Runtimes the tests calibrate cache their layouts (and the markers of what they compiled) under a
     per-session temp dir, not the user's cache (which the embedded target's conversion, shared with the
     tests, keeps using). Session scope: set up before any module fixture that builds a runtime."""
-    from eaglewire.decoding import calibration
+    from eaglewire.fastcpu import calibration
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(calibration, "cache_root", tmp_path_factory.getbasetemp)

@@ -26,8 +26,8 @@ import torch
 from safetensors.torch import save_file
 
 from eaglewire.data.samples import Sample
-from eaglewire.verifier.capture import capture
-from eaglewire.verifier.loader import Target
+from eaglewire.capture.hooks import capture
+from eaglewire.target.loader import Target
 
 CLIENTS = Path(os.environ.get("EAGLEWIRE_CACHE", Path.home() / ".cache" / "eaglewire")) / "client-venvs"
 

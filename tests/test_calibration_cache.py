@@ -9,9 +9,9 @@ import torch
 from tiny import build_target
 from typer.testing import CliRunner
 
-from eaglewire.decoding import calibration as C
-from eaglewire.decoding.compiled_body import GRAPH, INDUCTOR_LAYOUTS
-from eaglewire.decoding.gemm import COMPILED, applies
+from eaglewire.fastcpu import calibration as C
+from eaglewire.fastcpu.compiled_body import GRAPH, INDUCTOR_LAYOUTS
+from eaglewire.fastcpu.gemm import COMPILED, applies
 from eaglewire.decoding.hf_runtime import make_runtime
 from eaglewire.decoding.runtime import CALIBRATION_PREFIX, LeanTarget
 
@@ -145,7 +145,7 @@ def test_cached_compile_waits_for_no_compiler_until_a_start_built_the_layouts(ca
     A marker is per cache size: another size is eager again."""
     from tiny import build_draft
 
-    from eaglewire.decoding import compiled_gemv
+    from eaglewire.fastcpu import compiled_gemv
     from eaglewire.decoding.propose import EagleProposer
     from eaglewire.decoding.tree import TreeShape
 
@@ -190,9 +190,9 @@ def test_cached_compile_waits_for_no_compiler_until_a_start_built_the_layouts(ca
 def test_generate_says_what_its_start_does(cache, tmp_path):
     from test_server import _tiny_target_dir
 
-    from eaglewire.checkpoint import save_checkpoint
+    from eaglewire.export.checkpoint import save_checkpoint
     from eaglewire.cli.app import app
-    from eaglewire.verifier.loader import load_target
+    from eaglewire.target.loader import load_target
     from tiny import build_draft
 
     tdir = _tiny_target_dir(tmp_path)
@@ -210,8 +210,8 @@ def test_generate_says_what_its_start_does(cache, tmp_path):
 def test_make_runtime_builds_the_fused_graph_of_the_verify_size_it_is_told_and_says_so(cache, monkeypatch):
     """verify_rows under compile="always": compile_graphs times the asked size's fused graph against the
     shared one and the log names both figures and the choice; a "cached" start builds none."""
-    from eaglewire.decoding import panel_gemm, runtime
-    from eaglewire.decoding.compiled_body import FUSED, FUSED_ROWS, GRAPH, target_layouts
+    from eaglewire.fastcpu import panel_gemm, runtime
+    from eaglewire.fastcpu.compiled_body import FUSED, FUSED_ROWS, GRAPH, target_layouts
 
     if GRAPH not in target_layouts(torch.float32):
         pytest.skip("no inductor graph offered here (decoding/compiled_body.py)")
@@ -240,8 +240,8 @@ def test_make_runtime_builds_the_fused_graph_of_the_verify_size_it_is_told_and_s
 def test_the_key_names_the_panel_kernels_build(monkeypatch, tmp_path):
     """A changed panel kernel (its source, compiler or torch: the build directory's digest) is timed anew
     rather than trusted to a calibration of the old one."""
-    from eaglewire.decoding import panel_gemm
-    from eaglewire.decoding.gemm import PANEL
+    from eaglewire.fastcpu import panel_gemm
+    from eaglewire.fastcpu.gemm import PANEL
 
     rt = LeanTarget(build_target("llama"), 8)
     if PANEL not in rt.candidates:
@@ -258,8 +258,8 @@ def test_the_graphs_gemm_is_stored_and_restored(cache, monkeypatch):
     """The calibration file keeps the graph's multi-row GEMM; a later start restores it without timing,
     and a file naming a GEMM not offered here is measured again."""
     from eaglewire.decoding import runtime
-    from eaglewire.decoding.compiled_body import GRAPH_GEMMS
-    from eaglewire.decoding.gemm import PACKED, PANEL
+    from eaglewire.fastcpu.compiled_body import GRAPH_GEMMS
+    from eaglewire.fastcpu.gemm import PACKED, PANEL
 
     target, log = build_target("llama"), []
     rt = LeanTarget(target, max_len=ROOM)

@@ -5,9 +5,9 @@ import torch
 from tiny import ARCHS, LAYERS, VOCAB, build_target
 
 from eaglewire.contract import to_engine
-from eaglewire.verifier.capture import capture, forward_kwargs, load_capture, save_capture
+from eaglewire.capture.hooks import capture, forward_kwargs, load_capture, save_capture
 from eaglewire.errors import ContractMismatch, TargetError
-from eaglewire.verifier.loader import find_decoder_stack, wrap_model
+from eaglewire.target.loader import find_decoder_stack, wrap_model
 
 ALL_BOUNDARIES = tuple(range(LAYERS + 1))  # 0 (embedding) .. L (pre-norm last layer output)
 

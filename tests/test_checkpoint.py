@@ -7,10 +7,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from tiny import build_draft, build_target
 
-from eaglewire.checkpoint import load_checkpoint, save_checkpoint
+from eaglewire.export.checkpoint import load_checkpoint, save_checkpoint
 from eaglewire.contract import NormFlags
 from eaglewire.errors import CheckpointError, ContractMismatch
-from eaglewire.vocab import VocabMapError
+from eaglewire.draft.vocab import VocabMapError
 
 
 @pytest.fixture(scope="module")

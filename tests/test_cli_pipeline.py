@@ -12,7 +12,7 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 from typer.testing import CliRunner
 
 from eaglewire.cli.app import app
-from eaglewire.verifier.loader import resolve_target
+from eaglewire.target.loader import resolve_target
 
 CONVS = [
     {"id": f"c{i}", "messages": [{"role": "user", "content": f"Count from {i} to {i + 5}."},
@@ -93,7 +93,7 @@ def test_train_refuses_features_of_other_taps(tiny_dir, tmp_path):
 
 def test_capture_skip_takes_only_the_conversations_after_an_earlier_capture(tiny_dir, tmp_path):
     from eaglewire.data.samples import load_samples
-    from eaglewire.verifier.loader import load_target
+    from eaglewire.target.loader import load_target
 
     data = tiny_dir / "convs.jsonl"
     tok = load_target(str(tiny_dir)).tokenizer
@@ -144,7 +144,7 @@ def test_data_import_and_inspect_commands(tiny_dir, tmp_path):
     from dump_writers import write_specforge
 
     from eaglewire.data.samples import load_samples
-    from eaglewire.verifier.loader import load_target
+    from eaglewire.target.loader import load_target
 
     tgt = load_target(str(tiny_dir))
     samples = load_samples(str(tiny_dir / "convs.jsonl"), tgt.tokenizer, max_length=64, limit=4)[0]

@@ -13,13 +13,13 @@ from tiny import build_target, tiny_samples
 
 import eaglewire.train.warm as train_warm
 from eaglewire import hw
-from eaglewire.checkpoint import load_checkpoint
-from eaglewire.data.features import OfflineFeatures, OnlineFeatures, capture_features
+from eaglewire.export.checkpoint import load_checkpoint
+from eaglewire.capture.features import OfflineFeatures, OnlineFeatures, capture_features
 from eaglewire.data.regenerate import Reply, read_done, regen_meta, regenerate
 from eaglewire.errors import CheckpointError, EaglewireError
 from eaglewire.train.loop import TrainConfig, build_draft, feature_space, train
 from eaglewire.train.ttt import TTTModel, round_starts, shift_left, simulate_rounds
-from eaglewire.vocab import VocabMap
+from eaglewire.draft.vocab import VocabMap
 
 
 class ChatEcho(EchoGenerator):
@@ -249,7 +249,7 @@ def test_a_warm_start_grows_layers_that_start_as_the_identity(tmp_path, monkeypa
 
 
 def test_bench_questions_spread_over_categories(tmp_path):
-    from eaglewire.decoding.bench import spread_over_categories
+    from eaglewire.serve.bench import spread_over_categories
 
     rows = [{"question_id": i, "category": ["a", "b", "c"][i // 4], "turns": [f"q{i}"]} for i in range(12)]
     path = tmp_path / "q.jsonl"
@@ -290,7 +290,7 @@ def test_layers_start_from_the_targets_top_layers():
 
 
 def test_feature_mix_serves_extra_directories_without_id_collisions(tmp_path):
-    from eaglewire.data.features import FeatureMix
+    from eaglewire.capture.features import FeatureMix
     from eaglewire.errors import ContractMismatch
 
     target, vmap, contract = _setup()

@@ -11,7 +11,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from eaglewire.data.template import TemplateMismatch, render_with_mask
-from eaglewire.verifier.loader import resolve_target
+from eaglewire.target.loader import resolve_target
 
 DATA = Path(__file__).parent / "data"
 CONV = [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "2+2 = 4."},

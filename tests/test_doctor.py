@@ -10,7 +10,7 @@ from tiny import build_draft, build_target
 from eaglewire.contract import NormFlags
 from eaglewire.doctor.checks import run_checks
 from eaglewire.doctor.inspect import inspect_dir
-from eaglewire.formats.convert import export_draft
+from eaglewire.export.convert import export_draft
 
 
 @pytest.fixture(scope="module")
@@ -209,7 +209,7 @@ def test_parts_still_at_a_known_init_are_named():
     and a matrix trained a little away from either, are not."""
     from safetensors import safe_open
 
-    from eaglewire.checkpoint import released_draft_dir
+    from eaglewire.export.checkpoint import released_draft_dir
     from eaglewire.doctor.weights import at_init
 
     torch.manual_seed(0)

@@ -14,10 +14,10 @@ from safetensors.torch import load_file, save_file
 from test_doctor_measure import TRAINED, _export, bounds, target, trained  # noqa: F401 (fixtures)
 
 from eaglewire.doctor.checks import run_checks
-from eaglewire.doctor.dump import FORMAT, DumpTarget, capture_dump, load_boundaries, load_dump, save_boundaries
-from eaglewire.doctor.empirical import run_measurement
+from eaglewire.capture.boundary_file import FORMAT, DumpTarget, capture_dump, load_boundaries, load_dump, save_boundaries
+from eaglewire.doctor.measured_wiring import run_measurement
 from eaglewire.doctor.inspect import inspect_dir
-from eaglewire.doctor.sample import Boundaries
+from eaglewire.capture.boundaries import Boundaries
 from eaglewire.errors import EaglewireError
 
 

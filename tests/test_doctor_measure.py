@@ -15,18 +15,18 @@ import pytest
 import torch
 from tiny import build_target
 
-from eaglewire.data.features import OnlineFeatures
+from eaglewire.capture.features import OnlineFeatures
 from eaglewire.data.samples import Sample
 from eaglewire.decoding.propose import EagleProposer
 from eaglewire.decoding.tree import TreeShape
 from eaglewire.doctor.checks import run_checks
-from eaglewire.doctor.empirical import run_measurement
-from eaglewire.doctor.engine_tau import ENGINE_NEW_TOKENS, engine_prompts
+from eaglewire.doctor.measured_wiring import run_measurement
+from eaglewire.doctor.measured_tau import ENGINE_NEW_TOKENS, engine_prompts
 from eaglewire.doctor.inspect import inspect_dir
-from eaglewire.doctor.sample import sample_target
-from eaglewire.formats.convert import export_draft
+from eaglewire.capture.boundaries import sample_target
+from eaglewire.export.convert import export_draft
 from eaglewire.train.loop import TrainConfig, train
-from eaglewire.vocab import VocabMap
+from eaglewire.draft.vocab import VocabMap
 
 TRAINED = (2, 4, 6)
 
@@ -53,7 +53,7 @@ def target():
 @pytest.fixture(scope="module")
 def trained(target, tmp_path_factory):
     """A draft trained by eaglewire on TRAINED (random-token data, so it must read the taps: ~10 s)."""
-    from eaglewire.checkpoint import load_checkpoint
+    from eaglewire.export.checkpoint import load_checkpoint
 
     vmap = VocabMap.from_target_ids(torch.arange(0, 256, 2), 256)
     contract = target.contract(TRAINED, vocab_map=vmap)
@@ -206,8 +206,8 @@ def test_released_draft_on_the_embedded_target(tmp_path):
 
 
 def _released(tmp_path):
-    from eaglewire.checkpoint import load_checkpoint, resolve_draft
-    from eaglewire.verifier.loader import load_target
+    from eaglewire.export.checkpoint import load_checkpoint, resolve_draft
+    from eaglewire.target.loader import load_target
 
     smollm = load_target()
     draft = load_checkpoint(resolve_draft(None), target=smollm)
@@ -241,8 +241,8 @@ def test_import_records_the_measured_taps_and_exports_carry_them(tmp_path, targe
     """A foreign draft whose config gives the embedding tap: import with the target records the trained
     boundaries as an inferred contract; the native checkpoint and a re-export carry it, and the re-export's
     ids are the trained ones (the doctor then finds no error and says the contract was inferred)."""
-    from eaglewire.checkpoint import load_checkpoint, save_checkpoint
-    from eaglewire.workflows import import_any
+    from eaglewire.export.checkpoint import load_checkpoint, save_checkpoint
+    from eaglewire.pipeline.workflows import import_any
 
     broken = _export(tmp_path, trained, "vllm", [0, 2, 4])
     draft, contract, m = import_any(broken, "vllm", target, bounds=bounds)

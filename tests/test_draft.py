@@ -6,7 +6,7 @@ from tiny import HIDDEN, VOCAB, build_draft, build_target
 
 from eaglewire.contract import NormFlags
 from eaglewire.errors import CheckpointError, TapWidthError
-from eaglewire.vocab import VocabMap, VocabMapError
+from eaglewire.draft.vocab import VocabMap, VocabMapError
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,9 @@ from dump_writers import (client_python, run_client, save_specforge_sample, spec
 from safetensors.torch import load_file
 from tiny import build_target, tiny_samples
 
-from eaglewire.data.dumps import import_dump, inspect_dump, open_dump
-from eaglewire.data.features import OfflineFeatures, capture_features
+from eaglewire.capture.dumps import import_dump, open_dump
+from eaglewire.capture.dumps.report import inspect_dump
+from eaglewire.capture.features import OfflineFeatures, capture_features
 from eaglewire.errors import ContractMismatch, EaglewireError
 
 TAPS = (1, 2, 3)  # boundaries of the 4-layer tiny target; SpecForge ids [0, 1, 2], vLLM/speculators [1, 2, 3]

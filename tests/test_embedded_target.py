@@ -12,14 +12,14 @@ from typer.testing import CliRunner
 
 from eaglewire.cli.app import app
 from eaglewire.contract import default_taps, to_engine
-from eaglewire.verifier.capture import capture, forward_kwargs, load_capture
+from eaglewire.capture.hooks import capture, forward_kwargs, load_capture
 
 pytestmark = pytest.mark.real_target
 
 
 @pytest.fixture(scope="module")
 def smollm():
-    from eaglewire.verifier.loader import load_target
+    from eaglewire.target.loader import load_target
 
     return load_target()
 
@@ -60,8 +60,8 @@ def test_capture_cli_writes_contract(tmp_path):
 
 def test_released_draft_runs_lossless_on_the_real_target(smollm):
     """The shipped draft loads strictly for the embedded target and speculative output == greedy."""
-    from eaglewire.checkpoint import load_checkpoint
-    from eaglewire.checkpoint import resolve_draft
+    from eaglewire.export.checkpoint import load_checkpoint
+    from eaglewire.export.checkpoint import resolve_draft
     from eaglewire.decoding.engine import SpecDecoder, greedy_reference
     from eaglewire.decoding.propose import EagleProposer
     from eaglewire.decoding.runtime import LeanTarget
@@ -84,7 +84,7 @@ def test_the_embedded_target_decodes_the_same_through_the_screen(smollm):
     than the per-token bound would."""
     from eaglewire.decoding.engine import greedy_reference
     from eaglewire.decoding.runtime import LeanTarget
-    from eaglewire.decoding.screened_head import PLAIN, SCREENED, ScreenedHead
+    from eaglewire.fastcpu.screened_head import PLAIN, SCREENED, ScreenedHead
 
     ids = smollm.tokenizer.apply_chat_template([{"role": "user", "content": "Explain what a CPU cache is."}],
                                                add_generation_prompt=True, return_dict=True,

@@ -60,9 +60,9 @@ def test_expect_cli_on_tiny_pipeline(tmp_path):
     """A draft trained on the tiny target's own continuations: prediction > 1; a measured 1.0 is flagged."""
     from tiny import build_draft
 
-    from eaglewire.checkpoint import save_checkpoint
+    from eaglewire.export.checkpoint import save_checkpoint
     from eaglewire.cli.app import app
-    from eaglewire.verifier.loader import load_target
+    from eaglewire.target.loader import load_target
     from test_server import _tiny_target_dir
 
     tdir = _tiny_target_dir(tmp_path)

@@ -6,9 +6,9 @@ import pytest
 import torch
 from tiny import build_target, tiny_samples
 
-from eaglewire.data.features import OfflineFeatures, OnlineFeatures, capture_features
+from eaglewire.capture.features import OfflineFeatures, OnlineFeatures, capture_features
 from eaglewire.errors import ContractMismatch
-from eaglewire.vocab import (VocabMap, build_vocab_map, count_masked_tokens, coverage, grow_vocab_map, load_vocab,
+from eaglewire.draft.vocab import (VocabMap, build_vocab_map, count_masked_tokens, coverage, grow_vocab_map, load_vocab,
                              save_vocab, VocabMapError)
 
 

@@ -9,10 +9,10 @@ from tiny import build_draft, build_target
 
 from eaglewire.contract import NormFlags
 from eaglewire.errors import CheckpointError, ContractMismatch, TranslationError
-from eaglewire.formats.base import CONTRACT_FILE
-from eaglewire.formats.convert import export_draft, import_draft
+from eaglewire.export.base import CONTRACT_FILE
+from eaglewire.export.convert import export_draft, import_draft
 
-from eaglewire.engines import FORMATS
+from eaglewire.export.engines import FORMATS
 
 assert set(FORMATS) >= {"native", "sglang", "sglang-legacy", "vllm", "speculators", "eagle", "specforge"}
 

@@ -96,7 +96,7 @@ def test_the_graph_sees_late_imports():
     graph = _graph()
     assert "eaglewire.cli.app" in graph and "eaglewire.cli.common" in graph["eaglewire.cli.data"]
     # stages.py imports the workflows only inside its stage functions
-    assert "eaglewire.workflows" in graph["eaglewire.pipeline.stages"]
+    assert "eaglewire.pipeline.workflows" in graph["eaglewire.pipeline.stages"]
 
 
 def test_cycle_finder_names_the_cycle():

@@ -10,11 +10,11 @@ import torch
 from tiny import build_draft, build_target
 
 from eaglewire.contract import NormFlags
-from eaglewire.decoding.lean_draft import LayoutLinear, LeanDraft
+from eaglewire.fastcpu.lean_draft import LayoutLinear, LeanDraft
 from eaglewire.decoding.propose import EagleProposer
-from eaglewire.decoding import gemm
-from eaglewire.decoding.gemm import candidate_layouts
-from eaglewire.decoding.screened_head import SCREENED, ScreenedHead
+from eaglewire.fastcpu import gemm
+from eaglewire.fastcpu.gemm import candidate_layouts
+from eaglewire.fastcpu.screened_head import SCREENED, ScreenedHead
 from eaglewire.decoding.tree import TreeShape
 from eaglewire.draft.model import DraftCache
 
@@ -53,8 +53,8 @@ def test_every_layout_computes_what_the_draft_modules_compute(norm, layers):
 def test_every_timed_calibration_call_follows_a_cache_flush(monkeypatch):
     """Decoding meets the draft's weights after the target's forward evicted them: the calibration times
     each layout and head the same way, never cache-hot back to back."""
-    from eaglewire.decoding import lean_draft
-    from eaglewire.decoding.screened_head import greedy_heads
+    from eaglewire.fastcpu import lean_draft
+    from eaglewire.fastcpu.screened_head import greedy_heads
 
     events = []
     monkeypatch.setattr(gemm.CacheFlush, "__call__", lambda self: events.append("flush"))

@@ -10,9 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eaglewire.decoding import panel_gemm
-from eaglewire.decoding.gemm import PANEL, PANEL_AVX512, Linear, candidate_layouts
-from eaglewire.decoding.panel_gemm import AVX2, AVX512
+from eaglewire.fastcpu import panel_gemm
+from eaglewire.fastcpu.gemm import PANEL, PANEL_AVX512, Linear, candidate_layouts
+from eaglewire.fastcpu.panel_gemm import AVX2, AVX512
 
 # the AVX-512 kernel's width and block, compiled for AVX2 (the compiler splits each 16-wide vector in two)
 WIDE_ON_AVX2 = dataclasses.replace(AVX512, layout="panel-avx512-code-on-avx2", isa="avx512code_avx2",
@@ -145,7 +145,7 @@ def test_a_fresh_cache_builds_once_and_says_so(tmp_path):
 
     if panel_gemm.missing(AVX2) is not None:
         pytest.skip(f"the avx2 panel kernel is not offered here: {panel_gemm.missing(AVX2)}")
-    code = ("import torch; from eaglewire.decoding import panel_gemm; "
+    code = ("import torch; from eaglewire.fastcpu import panel_gemm; "
             "assert panel_gemm.available(panel_gemm.AVX2, torch.float32)")
     env = {**os.environ, "EAGLEWIRE_CACHE": str(tmp_path)}
     runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)

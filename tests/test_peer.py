@@ -2,7 +2,7 @@
 
 import pytest
 
-from eaglewire.decoding.peer import _with_eos, acceptance_between
+from eaglewire.serve.peer import _with_eos, acceptance_between
 from eaglewire.errors import EaglewireError
 
 
@@ -53,7 +53,7 @@ def test_a_paused_server_is_frozen_resumes_and_still_stops(tmp_path):
     import subprocess
     import time
 
-    from eaglewire.clients.vllm import VllmServer
+    from eaglewire.vllm_client.server import VllmServer
 
     srv = VllmServer(tmp_path, log_path=tmp_path / "log")
     srv.proc = subprocess.Popen(["sh", "-c", "sleep 60 & wait"], start_new_session=True)
@@ -74,7 +74,7 @@ def test_a_paused_server_is_frozen_resumes_and_still_stops(tmp_path):
 def test_pause_waits_for_every_process_and_names_one_that_does_not_stop(monkeypatch):
     """pause() polls the group's threads until none runs; a thread still running after the timeout is an
     error naming it (SIGSTOP cannot be ignored, so this stands in a thread stuck in state D)."""
-    from eaglewire.clients import vllm
+    from eaglewire.vllm_client import vllm
 
     seen = iter([{10: "R", 11: "T"}, {10: "T", 11: "T"}])
     monkeypatch.setattr(vllm, "_group_states", lambda pgid: next(seen))
@@ -112,7 +112,7 @@ def _wait_for_group(pgid: int, size: int, timeout: float = 5.0) -> list[int]:
 CHILD = """
 import sys, time
 from pathlib import Path
-from eaglewire.clients.vllm import VllmServer
+from eaglewire.vllm_client.server import VllmServer
 
 class Fake(VllmServer):  # vLLM's two processes stood in for by a shell and its child
     def command(self):

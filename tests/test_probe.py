@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import save_file
 from tiny import VOCAB, build_draft, build_target
 
-from eaglewire.doctor.probe import probe
+from eaglewire.capture.identify import probe
 from eaglewire.decoding.runtime import LeanTarget
 
 IDS = torch.randint(0, VOCAB, (1, 10), generator=torch.Generator().manual_seed(0))

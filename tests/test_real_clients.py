@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 from tiny import build_draft, build_target
 
 from eaglewire.contract import NormFlags
-from eaglewire.formats.convert import export_draft
+from eaglewire.export.convert import export_draft
 
 PY = os.environ.get("EAGLEWIRE_SPECULATORS_PYTHON")
 SPECFORGE_PY = os.environ.get("EAGLEWIRE_SPECFORGE_PYTHON")

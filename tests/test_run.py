@@ -16,7 +16,7 @@ from eaglewire.cli.app import app
 from eaglewire.errors import EaglewireError
 from eaglewire.pipeline import runner, stages
 from eaglewire.pipeline.config import BUDGETS, RunConfig, resolve
-from eaglewire.verifier.loader import resolve_target
+from eaglewire.target.loader import resolve_target
 
 CONVS = [{"id": f"c{i}", "messages": [{"role": "user", "content": f"Count from {i} to {i + 5}."},
                                       {"role": "assistant", "content": "ok"}]} for i in range(24)]
@@ -95,7 +95,7 @@ def test_the_capture_dtype_names_the_features_directory_as_resolved_on_this_mach
     """"auto" is bf16 on one machine and fp32 on another: the features stage's key holds the resolved dtype,
     so a run moved to another machine never resumes into shards of the other dtype."""
     from eaglewire.hw import native_bf16
-    from eaglewire.verifier.loader import load_target
+    from eaglewire.target.loader import load_target
 
     target = load_target(str(tiny / "model"))
     keys = {d: runner.stage_keys(RunConfig(**tiny_config(tiny, train={"capture_dtype": d})), target, (2, 4, 5))
@@ -109,9 +109,9 @@ def test_vllm_regenerates_with_its_own_pool_width_and_throughput_knobs_name_no_d
     neither changes the text, so neither is in the regenerate stage's key: a resume may change them."""
     import contextlib
 
-    from eaglewire.clients import vllm as vllm_client
+    from eaglewire.vllm_client import vllm as vllm_client
     from eaglewire.data import regenerate as regen_mod
-    from eaglewire.verifier.loader import load_target
+    from eaglewire.target.loader import load_target
 
     target = load_target(str(tiny / "model"))
     keys = [runner.stage_keys(RunConfig(**tiny_config(tiny, data=d)), target, (2, 4, 5))["regenerate"]
@@ -237,8 +237,8 @@ def test_a_warm_start_keeps_its_own_vocabulary(finished_run, tiny, tmp_path):
     another V_d builds one from the run's data, as without a warm start."""
     from safetensors.torch import load_file, save_file
 
-    from eaglewire.verifier.loader import load_target
-    from eaglewire.vocab import VocabMap, load_vocab
+    from eaglewire.target.loader import load_target
+    from eaglewire.draft.vocab import VocabMap, load_vocab
 
     out, _ = finished_run
     st = _state(out)

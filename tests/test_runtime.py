@@ -5,10 +5,10 @@ import pytest
 import torch
 from tiny import VOCAB, build_target
 
-from eaglewire.decoding.compiled_body import GRAPH, target_layouts
-from eaglewire.decoding.gemm import COMPILED, LAYOUTS, PACKED, PANEL, PANEL_AVX512, PANELS, candidate_layouts
+from eaglewire.fastcpu.compiled_body import GRAPH, target_layouts
+from eaglewire.fastcpu.gemm import COMPILED, LAYOUTS, PACKED, PANEL, PANEL_AVX512, PANELS, candidate_layouts
 from eaglewire.decoding.runtime import CALIBRATION_PREFIX, LeanTarget
-from eaglewire.verifier.capture import capture
+from eaglewire.capture.hooks import capture
 
 NO_GRAPH = "no C++ toolchain for inductor or no oneDNN prepacked linear here (decoding/compiled_body.py)"
 
@@ -120,7 +120,7 @@ def test_unavailable_layout_refused(monkeypatch):
 
 
 def test_the_compiled_gemv_is_one_row_only_and_policies_never_give_it_more():
-    from eaglewire.decoding.gemm import Linear, applies, fixed_policy, pick, row_counts
+    from eaglewire.fastcpu.gemm import Linear, applies, fixed_policy, pick, row_counts
 
     assert fixed_policy(COMPILED) == {1: COMPILED, 2: "nt"} and fixed_policy(PACKED) == {1: PACKED}
     # a calibration of rows (1, 4) times 2 as well where the one-row layout may win 1 row
@@ -142,7 +142,7 @@ def test_the_compiled_gemv_is_one_row_only_and_policies_never_give_it_more():
 def test_the_compiled_gemv_is_not_offered_where_inductor_cannot_build_its_probe(monkeypatch, capsys):
     """A compiler on PATH is not enough (inductor also needs Python's and OpenMP's headers): a probe kernel
     that fails to build takes the layout out of the candidates, with a line saying why."""
-    from eaglewire.decoding import compiled_gemv
+    from eaglewire.fastcpu import compiled_gemv
 
     def broken(shape, dtype):
         raise RuntimeError("InvalidCxxCompiler: no working C++ compiler found")
@@ -162,7 +162,7 @@ def test_the_compiled_gemv_is_not_offered_where_inductor_cannot_build_its_probe(
 def test_the_compiled_gemv_is_not_offered_where_its_probe_computes_a_wrong_product(monkeypatch, capsys):
     """A kernel that builds but computes the wrong product (seen: inductor under ATEN_CPU_CAPABILITY=avx2 on
     an AVX-512 machine, its cache holding the uncapped kernels) is no candidate either, and a line says so."""
-    from eaglewire.decoding import compiled_gemv
+    from eaglewire.fastcpu import compiled_gemv
 
     monkeypatch.setattr(compiled_gemv, "compiler", lambda: "g++")
     monkeypatch.setattr(compiled_gemv, "kernel", lambda shape, dtype: lambda w, x: (x @ w.t()) * 1.5)
@@ -213,7 +213,7 @@ def test_the_graph_keeps_the_guards_on_its_arguments_and_drops_those_on_the_runt
     shape environment or on a global stays, or a 4-row verify could run the 1-row graph."""
     from types import SimpleNamespace
 
-    from eaglewire.decoding.compiled_body import _keep_guard
+    from eaglewire.fastcpu.compiled_body import _keep_guard
 
     names = ["rt.layers[0].qkv.w", "rt.k_layers[3]", "rt.eps", "h", "mask", "", "G['torch']", "rt"]
     kept = _keep_guard([SimpleNamespace(name=n) for n in names])
@@ -227,7 +227,7 @@ def test_the_graphs_packed_linear_runs_no_python_frame_of_ours_and_matches_the_p
     import sys
     from pathlib import Path
 
-    import eaglewire.decoding.compiled_body as body  # registers the op
+    import eaglewire.fastcpu.compiled_body as body  # registers the op
 
     w, b, x = torch.randn(24, 16), torch.randn(24), torch.randn(1, 3, 16)
     packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
@@ -294,7 +294,7 @@ def test_the_unfused_attention_is_sdpas_under_grouped_heads_and_a_tree_mask(B, m
 def test_a_close_runner_up_is_timed_again_and_a_distant_one_is_not(monkeypatch):
     """gemm.time_layouts on a scripted clock: the first repetitions favour "b" by a hair (a noisy phase),
     the refinement's favour "a", and their pooled median picks "a"; "c", far behind, is never refined."""
-    from eaglewire.decoding import gemm
+    from eaglewire.fastcpu import gemm
 
     clock = [0.0]
     monkeypatch.setattr(gemm.time, "perf_counter", lambda: clock[0])
@@ -343,8 +343,8 @@ def test_compile_graphs_keeps_the_fused_graph_only_where_it_times_faster(monkeyp
     left alone (nothing compiles for them)."""
     if not graph_offered():
         pytest.skip(NO_GRAPH)
-    from eaglewire.decoding import panel_gemm, runtime
-    from eaglewire.decoding.compiled_body import FUSED, FUSED_ROWS
+    from eaglewire.fastcpu import panel_gemm, runtime
+    from eaglewire.fastcpu.compiled_body import FUSED, FUSED_ROWS
 
     timed = []
 

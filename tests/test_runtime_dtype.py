@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from eaglewire import hw
 from eaglewire.decoding.engine import SpecDecoder, greedy_reference
 from eaglewire.decoding.propose import EagleProposer
-from eaglewire.decoding.gemm import candidate_layouts
+from eaglewire.fastcpu.gemm import candidate_layouts
 from eaglewire.decoding.runtime import LeanTarget
 from eaglewire.decoding.tree import TreeShape
 from eaglewire.errors import EaglewireError
@@ -151,7 +151,7 @@ def test_runtime_dtype_choices_and_refusal(monkeypatch):
 @pytest.mark.parametrize("command", ["generate", "bench", "serve"])
 def test_cli_refuses_bf16_without_native_bf16_before_loading(command, monkeypatch):
     from eaglewire.cli.app import app
-    from eaglewire.verifier import loader
+    from eaglewire.target import loader
 
     monkeypatch.setenv("EAGLEWIRE_NO_BF16", "1")
     monkeypatch.setattr(loader, "load_target", lambda *a, **k: pytest.fail("the target was loaded"))
@@ -167,8 +167,8 @@ def tiny_dirs(tmp_path_factory):
     """A tiny random Llama on disk with the real SmolLM2 tokenizer, its draft, and a 2-question file."""
     from test_server import _tiny_target_dir
 
-    from eaglewire.checkpoint import save_checkpoint
-    from eaglewire.verifier.loader import load_target
+    from eaglewire.export.checkpoint import save_checkpoint
+    from eaglewire.target.loader import load_target
 
     d = tmp_path_factory.mktemp("dtype")
     tdir = _tiny_target_dir(d)

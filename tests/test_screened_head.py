@@ -10,9 +10,9 @@ from proposers import OracleProposer, RandomProposer
 from tiny import VOCAB, build_target
 
 from eaglewire.decoding.engine import SpecDecoder, greedy_reference
-from eaglewire.decoding.gemm import PACKED, candidate_layouts
+from eaglewire.fastcpu.gemm import PACKED, candidate_layouts
 from eaglewire.decoding.runtime import LeanTarget
-from eaglewire.decoding.screened_head import PLAIN, SCREENED, ScreenedHead, greedy_heads
+from eaglewire.fastcpu.screened_head import PLAIN, SCREENED, ScreenedHead, greedy_heads
 from eaglewire.decoding.tree import TreeShape
 from eaglewire.errors import TargetError
 
@@ -141,7 +141,7 @@ def test_many_uniform_candidates_are_pruned_by_the_per_token_test_and_stay_exact
     """One row of large norm inflates the uniform test's E, so it keeps every token whose logit is within 2E
     of the top (a flat distribution does the same to SmolLM2's head); the per-token test then prunes them
     before the fp32 recompute, and the argmax is still the plain product's, for one row and for several."""
-    from eaglewire.decoding.screened_head import REFINE_ABOVE
+    from eaglewire.fastcpu.screened_head import REFINE_ABOVE
 
     g = torch.Generator().manual_seed(2)
     H, V = 64, 1000

@@ -11,12 +11,12 @@ import pytest
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 import torch
 
-from eaglewire.checkpoint import load_checkpoint, save_checkpoint
-from eaglewire.decoding.server import build_server
+from eaglewire.export.checkpoint import load_checkpoint, save_checkpoint
+from eaglewire.serve.server import build_server
 from eaglewire.decoding.engine import greedy_reference
 from eaglewire.decoding.runtime import LeanTarget
 from eaglewire.decoding.tree import TreeShape
-from eaglewire.verifier.loader import load_target, resolve_target
+from eaglewire.target.loader import load_target, resolve_target
 
 
 def _tiny_target_dir(d):

@@ -43,7 +43,7 @@ def test_random_draft_still_lossless(arch, shape):
 @pytest.mark.parametrize("shape", [CHAIN, TREE], ids=["chain", "tree"])
 def test_prepacked_layout_lossless(shape):
     """The oneDNN prepacked layout (what calibrate() picks on an AVX-512 EPYC) keeps fp32 greedy exact."""
-    from eaglewire.decoding.gemm import PACKED, candidate_layouts
+    from eaglewire.fastcpu.gemm import PACKED, candidate_layouts
 
     if PACKED not in candidate_layouts(torch.float32):
         pytest.skip("this torch build exposes no oneDNN prepacked linear (torch.ops.mkldnn._linear_pointwise)")

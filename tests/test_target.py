@@ -7,7 +7,7 @@ from tiny import build_model
 
 from eaglewire.cache import MARKER, ensure_dir, is_complete
 from eaglewire.errors import TargetError
-from eaglewire.verifier.loader import load_target, resolve_target
+from eaglewire.target.loader import load_target, resolve_target
 
 
 def _builder(calls):

@@ -9,12 +9,12 @@ import torch
 import torch.multiprocessing as mp
 from tiny import build_target, tiny_samples
 
-from eaglewire.checkpoint import load_checkpoint
-from eaglewire.data.features import OnlineFeatures
+from eaglewire.export.checkpoint import load_checkpoint
+from eaglewire.capture.features import OnlineFeatures
 from eaglewire.train.dist import DistInfo
 from eaglewire.train.loop import TrainConfig, lr_at, train
 from eaglewire.train.ttt import shift_left, ttt_attention_mask
-from eaglewire.vocab import VocabMap
+from eaglewire.draft.vocab import VocabMap
 
 TAPS = (1, 2, 3)
 

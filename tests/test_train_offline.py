@@ -8,13 +8,13 @@ import torch
 from tiny import tiny_samples
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from eaglewire.checkpoint import load_checkpoint
-from eaglewire.data.features import OfflineFeatures, capture_features, captured_taps
+from eaglewire.export.checkpoint import load_checkpoint
+from eaglewire.capture.features import OfflineFeatures, capture_features, captured_taps
 from eaglewire.errors import ContractMismatch
-from eaglewire.verifier.loader import load_target
-from eaglewire.verifier.weights import load_target_weights
+from eaglewire.target.loader import load_target
+from eaglewire.target.weights import load_target_weights
 from eaglewire.train.loop import TrainConfig, train
-from eaglewire.vocab import VocabMap
+from eaglewire.draft.vocab import VocabMap
 
 TAPS = (1, 2, 3)
 
@@ -64,7 +64,7 @@ def test_offline_training_from_weight_files_equals_loaded_target(tmp_path, tied)
 
 
 def test_head_rows_read_in_chunks_equal_the_loaded_head(tmp_path, monkeypatch):
-    import eaglewire.verifier.weights as weights
+    import eaglewire.target.weights as weights
 
     monkeypatch.setattr(weights, "_HEAD_CHUNK_ROWS", 7)  # many chunks, ids across their edges, any order
     spec = _target_dir(tmp_path, tied=False)

@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from eaglewire.clients.vllm import BUILD_HINT, VllmServer, complete_ids, spec_metrics, vllm_available
+from eaglewire.vllm_client.server import BUILD_HINT, VllmServer, complete_ids, spec_metrics, vllm_available
 
 pytestmark = pytest.mark.real_target
 
@@ -27,11 +27,11 @@ MAX_NEW, K = 48, 3
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    from eaglewire.checkpoint import load_checkpoint
-    from eaglewire.checkpoint import resolve_draft
-    from eaglewire.formats.convert import export_draft
-    from eaglewire.decoding.bench import bench_prompts
-    from eaglewire.verifier.loader import load_target, resolve_target
+    from eaglewire.export.checkpoint import load_checkpoint
+    from eaglewire.export.checkpoint import resolve_draft
+    from eaglewire.export.convert import export_draft
+    from eaglewire.serve.bench import bench_prompts
+    from eaglewire.target.loader import load_target, resolve_target
 
     target = load_target()
     draft = load_checkpoint(resolve_draft(None), target=target)
@@ -135,7 +135,7 @@ def _speculators_resave(py, setup, tmp_path, with_embedding):
     from dump_writers import run_client
     from safetensors.torch import load_file
 
-    from eaglewire.formats.convert import export_draft
+    from eaglewire.export.convert import export_draft
 
     draft, target_dir = setup[1], setup[4]
     # speculators loads the verifier's embedding and lm_head from verifier.name_or_path: a directory here
@@ -203,7 +203,7 @@ def test_vllm_regenerates_through_our_rolling_pool(tmp_path, setup, vanilla):
 
 def test_bench_vllm_peer_rows_beside_ours(setup):
     """`eaglewire bench --vllm`: the real engine's rows on the same prompts, draft, k and dtype."""
-    from eaglewire.decoding.bench import markdown, run_bench
+    from eaglewire.serve.bench import markdown, run_bench
     from eaglewire.decoding.tree import TreeShape
 
     target, draft, _export, prompts, _ = setup
@@ -248,8 +248,8 @@ def test_capture_through_vllm_equals_our_hf_capture(setup, tmp_path):
     boundaries [2, 15, 27, 30] (id = boundary; 30 = L, the last layer's output before the final norm)."""
     import torch
 
-    from eaglewire.clients.vllm_capture import capture_through_vllm
-    from eaglewire.verifier.capture import capture
+    from eaglewire.capture.vllm import capture_through_vllm
+    from eaglewire.capture.hooks import capture
 
     target, target_dir = setup[0], setup[4]
     prompts = [target.tokenizer(t)["input_ids"] for t in ("The capital of France is", "def fib(n):\n    return")]
@@ -272,8 +272,8 @@ def _import_as_speculators_dump(target, prompts, got, tmp_path) -> None:
     from dump_writers import write_speculators_arrow
     from safetensors.torch import save_file
 
-    from eaglewire.data.dumps import import_dump
-    from eaglewire.data.features import OfflineFeatures, capture_features
+    from eaglewire.capture.dumps import import_dump
+    from eaglewire.capture.features import OfflineFeatures, capture_features
     from eaglewire.data.samples import Sample
 
     dump = tmp_path / "vllm-dump"
@@ -302,10 +302,10 @@ def test_probe_names_what_vllm_delivers(setup, tmp_path):
     from typer.testing import CliRunner
 
     from eaglewire.cli.app import app
-    from eaglewire.clients.vllm_capture import dump_through_vllm
+    from eaglewire.doctor.vllm_dump import dump_through_vllm
     from eaglewire.contract import WiringContract
-    from eaglewire.doctor.probe import probe
-    from eaglewire.formats.base import CONTRACT_FILE
+    from eaglewire.capture.identify import probe
+    from eaglewire.export.base import CONTRACT_FILE
 
     target, draft, export, _prompts, target_dir = setup
     assert list(draft.contract.taps) == [2, 15, 27]

@@ -6,10 +6,10 @@ import pytest
 import torch
 from tiny import VOCAB, build_target
 
-from eaglewire.decoding.gemm import COPIES, PACKED, Linear, candidate_layouts
+from eaglewire.fastcpu.gemm import COPIES, PACKED, Linear, candidate_layouts
 from eaglewire.decoding.hf_runtime import make_runtime
 from eaglewire.decoding.runtime import LeanTarget
-from eaglewire.decoding.screened_head import PLAIN, SCREENED, ScreenedHead
+from eaglewire.fastcpu.screened_head import PLAIN, SCREENED, ScreenedHead
 
 OFFERED = candidate_layouts(torch.float32, compiled=False)
 
@@ -115,7 +115,7 @@ def test_the_screened_head_is_freed_where_the_head_policy_never_picks_it(monkeyp
 
 
 def test_make_runtime_holds_what_its_policy_reads_and_says_what_it_freed(tmp_path, monkeypatch):
-    from eaglewire.decoding import calibration
+    from eaglewire.fastcpu import calibration
 
     monkeypatch.setattr(calibration, "cache_root", lambda: tmp_path)  # calibrates here, whatever ran before
     target = build_target("llama")
@@ -138,7 +138,7 @@ def test_make_runtime_holds_what_its_policy_reads_and_says_what_it_freed(tmp_pat
 def test_a_compiled_graph_runs_after_the_release_and_still_gives_hfs_logits():
     """The graph traced with every copy present, then released to what it reads (its multi-row GEMM's copy;
     the one-row GEMV reads W): prefill, one-row and multi-row steps still match HF."""
-    from eaglewire.decoding.compiled_body import GRAPH, target_layouts
+    from eaglewire.fastcpu.compiled_body import GRAPH, target_layouts
 
     if GRAPH not in target_layouts(torch.float32):
         pytest.skip("no inductor graph offered here (decoding/compiled_body.py)")

@@ -7,7 +7,7 @@ from torch import nn
 from transformers import (AutoModelForCausalLM, DeepseekV3Config, LlamaConfig, MistralConfig, PretrainedConfig,
                           PreTrainedModel, Qwen2Config, Qwen3Config, Qwen3MoeConfig)
 
-from eaglewire.verifier.loader import Target, wrap_model
+from eaglewire.target.loader import Target, wrap_model
 
 VOCAB, HIDDEN, LAYERS = 256, 64, 4
 _COMMON = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=LAYERS,
@@ -79,7 +79,7 @@ def build_draft(target: Target, taps=(1, 2, 3), draft_vocab: int = 128, seed: in
     from eaglewire.contract import NormFlags
     from eaglewire.draft.config import DraftConfig
     from eaglewire.draft.model import Eagle3Draft
-    from eaglewire.vocab import VocabMap
+    from eaglewire.draft.vocab import VocabMap
 
     norm = draft_kw.pop("norm", NormFlags())
     vmap = VocabMap.from_target_ids(torch.arange(0, 2 * draft_vocab, 2), target.vocab_size)

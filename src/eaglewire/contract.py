@@ -280,7 +280,7 @@ class WiringContract:
     def for_target(cls, identity: TargetIdentity, taps: Sequence[int], *, norm: NormFlags | None = None,
                    vocab_map: Any | None = None, chat_template_sha256: str | None = None) -> "WiringContract":
         """The contract of a target (a loaded one, or one known from a dump): vocab_map is an
-        eaglewire.vocab.VocabMap once built, None before."""
+        eaglewire.draft.vocab.VocabMap once built, None before."""
         return cls(target=identity, taps=tuple(taps), norm=norm or NormFlags(),
                    draft_vocab_size=vocab_map.draft_vocab_size if vocab_map is not None else None,
                    vocab_map_sha256=vocab_map.sha256() if vocab_map is not None else None,
@@ -394,3 +394,9 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{k}"] = v
     return out
+
+
+def acceptance_length(accepted_drafts: int, verify_steps: int) -> float:
+    """tau: tokens a verify step yields on average, the accepted drafts plus the target's own (bonus)
+    token; nan before any step. The one definition (SpecStats, the server's counters, bench, doctor)."""
+    return (accepted_drafts + verify_steps) / verify_steps if verify_steps else float("nan")

@@ -44,7 +44,7 @@ def add_command(group: typer.Typer, fn: Callable[..., Any], name: str, **kwargs:
 
 def load_target(target: Optional[str], **kwargs: Any) -> Any:
     """The target, with a status line: the first use of the embedded default converts its GGUF."""
-    from eaglewire.verifier.loader import load_target as load
+    from eaglewire.target.loader import load_target as load
 
     with err_console.status("loading target (the first run converts the embedded GGUF, ~30 s)"):
         return load(target, **kwargs)
@@ -53,7 +53,7 @@ def load_target(target: Optional[str], **kwargs: Any) -> Any:
 def load_target_weights(target: Optional[str]) -> Any:
     """The target's config, tokenizer and weight index, not its weights (offline training reads a few
     tensors by name): target.weights.load_target_weights, with the same status line."""
-    from eaglewire.verifier.weights import load_target_weights as load
+    from eaglewire.target.weights import load_target_weights as load
 
     with err_console.status("reading the target's config and weight index (the first run converts the embedded "
                             "GGUF, ~30 s)"):

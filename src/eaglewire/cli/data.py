@@ -60,7 +60,7 @@ def regenerate_cmd(
         from transformers import AutoTokenizer
 
         from eaglewire.data.server_client import ServerGenerator
-        from eaglewire.verifier.loader import resolve_target
+        from eaglewire.target.loader import resolve_target
 
         # The target's tokenizer measures prompts exactly as the local path does (max_prompt_tokens).
         gen: Any = ServerGenerator(server, model, s, tokenizer=AutoTokenizer.from_pretrained(resolve_target(target)[1]))
@@ -92,7 +92,7 @@ def _run_regen(gen: Any, s: GenerationSettings, source: str, out: Path, limit: i
 def _regenerate_vllm(target: Optional[str], dtype: str, s: GenerationSettings, source: str, out: Path,
                      limit: int, start: int) -> None:
     """Serve the target with vLLM's CPU build for the run's duration and regenerate through it."""
-    from eaglewire.clients.vllm import VLLM_VERSION, vllm_regenerator
+    from eaglewire.vllm_client.server import VLLM_VERSION, vllm_regenerator
 
     tgt = load_target(target)  # its config identifies the file; its tokenizer measures prompts
     err_console.print(f"starting vLLM {VLLM_VERSION} ({dtype}) for {tgt.name} (a first start compiles, ~1-2 min)")
@@ -126,7 +126,7 @@ def self_prompts_cmd(
 
     Answer them with `data regenerate --source OUT --engine vllm`. Needs vLLM's CPU build
     (bash scripts/vllm_venv.sh) or --server."""
-    from eaglewire.clients.vllm import VLLM_VERSION, VllmServer
+    from eaglewire.vllm_client.server import VLLM_VERSION, VllmServer
     from eaglewire.data.conversations import read_conversations
     from eaglewire.data.self_prompts import banned_keys, pre_query_text, sample_self_prompts
     from eaglewire.data.server_client import CompletionSampler
@@ -175,7 +175,7 @@ def show_cmd(
 
     from eaglewire.data.conversations import read_conversations
     from eaglewire.data.template import render_with_mask
-    from eaglewire.verifier.loader import resolve_target
+    from eaglewire.target.loader import resolve_target
 
     tok = AutoTokenizer.from_pretrained(resolve_target(target)[1])
     conv = next((c for i, c in enumerate(read_conversations(data)) if i == index), None)
@@ -213,7 +213,7 @@ def capture_cmd(
     """Capture tapped target states for training into resumable safetensors shards + manifest."""
     import torch
 
-    from eaglewire.data.features import capture_features
+    from eaglewire.capture.features import capture_features
 
     store = getattr(torch, parse_dtype(store_dtype, DTYPES, "--store-dtype"))
     run_dtype = getattr(torch, parse_dtype(target_dtype, DTYPES, "--target-dtype"))
@@ -249,7 +249,7 @@ def import_cmd(
     """Import a SpecForge or speculators hidden-state dump as eaglewire feature shards (streamed, resumable)."""
     import torch
 
-    from eaglewire.data.dumps import import_dump
+    from eaglewire.capture.dumps import import_dump
 
     store = getattr(torch, parse_dtype(store_dtype, DTYPES, "--store-dtype"))
     tgt = load_target(target)
@@ -278,7 +278,7 @@ def inspect_cmd(
                                               "directory when it is not DIR/hidden_states (its --output)."),
 ) -> None:
     """Say what a hidden-state dump holds; exit 1 when it is not what was declared or is damaged."""
-    from eaglewire.data.dumps import inspect_dump
+    from eaglewire.capture.dumps.report import inspect_dump
 
     tgt = None if no_target else load_target(target)
     report = inspect_dump(src, fmt, tgt, declared_taps=parse_ints(taps) if taps else None, taps_from=taps_from,

@@ -8,10 +8,10 @@ from typing import Optional
 
 import typer
 
-from eaglewire.checkpoint import resolve_draft
+from eaglewire.export.checkpoint import resolve_draft
 from eaglewire.cli.common import add_command, err_console, load_target, out_console, parse_dtype
-from eaglewire.decoding import bench as B
-from eaglewire.decoding.peer import PEER_METHODS
+from eaglewire.serve import bench as B
+from eaglewire.serve.peer import PEER_METHODS
 from eaglewire.decoding.tree import DEFAULT_TREE as SHAPE
 from eaglewire.decoding.tree import TreeShape
 
@@ -34,8 +34,8 @@ def _say(message: str) -> None:
 def _load(target: Optional[str], draft: Optional[Path], dtype: str, draft_dtype: str) -> tuple:
     """(target in --dtype, draft in --draft-dtype), with a line on stderr for each."""
     from eaglewire import hw
-    from eaglewire.checkpoint import load_checkpoint
-    from eaglewire.verifier.loader import DEFAULT_TARGET
+    from eaglewire.export.checkpoint import load_checkpoint
+    from eaglewire.target.loader import DEFAULT_TARGET
 
     dt = hw.runtime_dtype(parse_dtype(dtype, {n: n for n in hw.RUNTIME_DTYPES}, "--dtype"))
     ddt = hw.draft_dtype(parse_dtype(draft_dtype, {n: n for n in hw.DRAFT_DTYPES}, "--draft-dtype"), dt)
@@ -152,7 +152,7 @@ def serve_cmd(
     draft_dtype: str = typer.Option("auto", "--draft-dtype", help=DRAFT_DTYPE_HELP),
 ) -> None:
     """OpenAI-compatible server (/v1/chat/completions, /v1/completions, /metrics) with speculative decoding."""
-    from eaglewire.decoding.server import build_server
+    from eaglewire.serve.server import build_server
 
     shape = TreeShape.from_knobs(num_steps, topk, num_draft_tokens, num_speculative_tokens)
     tgt, d = _load(target, draft, dtype, draft_dtype)

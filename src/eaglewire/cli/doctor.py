@@ -17,7 +17,7 @@ import typer
 from typer.core import TyperGroup
 
 from eaglewire.cli.common import add_command, err_console, load_target, out_console, parse_ints
-from eaglewire.engines import ENGINES
+from eaglewire.export.engines import ENGINES
 from eaglewire.errors import EaglewireError
 
 STYLE = {"error": "bold red", "warn": "yellow", "info": "cyan"}
@@ -63,7 +63,7 @@ def check_cmd(
     Given the engine's knobs, our speculative engine also decodes on the target with the delivered and the
     best boundaries at that shape (tens of seconds per set for a small target on a CPU)."""
     from eaglewire.doctor.checks import by_level, run_checks
-    from eaglewire.doctor.empirical import run_measurement
+    from eaglewire.doctor.measured_wiring import run_measurement
     from eaglewire.doctor.inspect import inspect_dir
 
     shape = _engine_shape((num_steps, topk, num_draft_tokens, num_speculative_tokens), measure)
@@ -115,7 +115,7 @@ def _evidence(target: Optional[str], boundaries: Optional[Path], measure: Option
     if measure is False:
         raise EaglewireError("--boundaries with --no-measure", expected="a dump is evidence for the measured check",
                              found="--no-measure", fix="drop --no-measure, or --boundaries for the static checks")
-    from eaglewire.doctor.dump import DumpTarget
+    from eaglewire.capture.boundary_file import DumpTarget
 
     return DumpTarget.from_file(boundaries)
 
@@ -133,7 +133,7 @@ def sample_cmd(
     of 7168)."""
     import torch
 
-    from eaglewire.doctor.dump import capture_dump
+    from eaglewire.capture.boundary_file import capture_dump
 
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
     if dtype not in dtypes:
@@ -156,8 +156,8 @@ def probe_cmd(
 ) -> None:
     """Name the boundaries an engine delivered to the draft (from a dump of what it fed it)."""
     from eaglewire.contract import WiringContract
-    from eaglewire.doctor.probe import probe
-    from eaglewire.formats.base import CONTRACT_FILE
+    from eaglewire.capture.identify import probe
+    from eaglewire.export.base import CONTRACT_FILE
 
     path = contract_path / CONTRACT_FILE if contract_path.is_dir() else contract_path
     contract = WiringContract.from_json(path.read_text())
@@ -229,8 +229,8 @@ def dump_vllm_cmd(
     config's ids) and write the dump `doctor probe --dump` names the boundaries of."""
     from transformers import AutoTokenizer
 
-    from eaglewire.clients.vllm_capture import dump_through_vllm
-    from eaglewire.verifier.loader import resolve_target
+    from eaglewire.doctor.vllm_dump import dump_through_vllm
+    from eaglewire.target.loader import resolve_target
 
     target_dir = resolve_target(target)[1]
     tokens = list(parse_ints(ids)) if ids else AutoTokenizer.from_pretrained(target_dir)(prompt)["input_ids"]

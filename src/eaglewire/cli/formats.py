@@ -27,9 +27,9 @@ def export_cmd(
     """Write a draft in an engine's layout, plus eaglewire_contract.json (engines ignore it)."""
     import torch
 
-    from eaglewire.checkpoint import load_checkpoint
-    from eaglewire.formats.convert import export_draft
-    from eaglewire.engines import NATIVE, engine_for
+    from eaglewire.export.checkpoint import load_checkpoint
+    from eaglewire.export.convert import export_draft
+    from eaglewire.export.engines import NATIVE, engine_for
 
     tgt = load_target(target) if target else None
     d = load_checkpoint(draft, target=tgt)
@@ -51,8 +51,8 @@ def import_cmd(
 ) -> None:
     """Read an engine-layout draft strictly into a native checkpoint; a draft from another tool gets a
     contract marked as inferred, with the evidence."""
-    from eaglewire.checkpoint import save_checkpoint
-    from eaglewire.workflows import import_any
+    from eaglewire.export.checkpoint import save_checkpoint
+    from eaglewire.pipeline.workflows import import_any
 
     tgt = load_target(target) if target else None
     with err_console.status("importing (a draft without a contract file is measured on the target)"):

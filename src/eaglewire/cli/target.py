@@ -95,7 +95,7 @@ def capture_cmd(
     """Capture the tapped hidden states of one text and write them with the wiring contract."""
     import torch
 
-    from eaglewire.verifier.capture import capture, save_capture
+    from eaglewire.capture.hooks import capture, save_capture
 
     tgt = load_target(target)
     boundaries = parse_taps(tgt, taps, source)

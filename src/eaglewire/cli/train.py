@@ -12,7 +12,7 @@ from eaglewire.cli.common import DATA_HELP, add_command, err_console, load_targe
 from eaglewire.data.samples import DEFAULT_HELDOUT_FRACTION, DEFAULT_MAX_LENGTH
 from eaglewire.errors import EaglewireError, TargetError
 from eaglewire.train.loop import TrainConfig
-from eaglewire.vocab import DEFAULT_DRAFT_VOCAB
+from eaglewire.draft.vocab import DEFAULT_DRAFT_VOCAB
 
 T = TrainConfig()  # the one place the training defaults live
 
@@ -34,7 +34,7 @@ def vocab_build(
 ) -> None:
     """Count trained target tokens of the training split (held-out samples, as `train` splits them with the
     default --heldout-fraction, are left out), keep the most frequent, write d2t/t2d, report coverage."""
-    from eaglewire.workflows import build_vocab, draft_vocab
+    from eaglewire.pipeline.workflows import build_vocab, draft_vocab
 
     tgt = load_target(target)
     samples = read_samples(tgt, data, max_length, limit, split_turns)
@@ -103,8 +103,8 @@ def train_cmd(
     """Train an EAGLE-3 draft with training-time test (runs under torchrun for DDP)."""
     from eaglewire.data.samples import split_heldout
     from eaglewire.train import dist
-    from eaglewire.vocab import load_vocab
-    from eaglewire.workflows import feature_source, mix_in_features, train_draft
+    from eaglewire.draft.vocab import load_vocab
+    from eaglewire.pipeline.workflows import feature_source, mix_in_features, train_draft
 
     cfg = TrainConfig(max_steps=max_steps, batch_size=batch_size, grad_accum=grad_accum, lr=lr,
                       warmup_steps=warmup_steps, ttt_steps=ttt_steps, ttt_decay=ttt_decay,
@@ -150,7 +150,7 @@ def _target_and_taps(target: Optional[str], features: Optional[Path], taps: Opti
     """Online: the loaded target and --taps (default taps when omitted). Offline: the target's config,
     tokenizer and weight index only (the draft's few tensors are read by name; the model is never loaded)
     and the taps of the features' manifest (an explicit --taps must agree)."""
-    from eaglewire.data.features import captured_taps
+    from eaglewire.capture.features import captured_taps
 
     if features is None:
         tgt = load_target(target)

@@ -29,15 +29,10 @@ from typing import Callable
 
 import torch
 
+from eaglewire.contract import acceptance_length
 from eaglewire.decoding.propose import Proposer
 from eaglewire.decoding.runtime import LeanTarget
 from eaglewire.decoding.tree import greedy_accept, sample_accept, target_probs
-
-
-def acceptance_length(accepted_drafts: int, verify_steps: int) -> float:
-    """tau: tokens a verify step yields on average, the accepted drafts plus the target's own (bonus)
-    token; nan before any step. The one definition (SpecStats, the server's counters, bench, doctor)."""
-    return (accepted_drafts + verify_steps) / verify_steps if verify_steps else float("nan")
 
 
 @dataclass

@@ -13,9 +13,9 @@ from typing import Callable
 
 import torch
 
-from eaglewire.decoding.compiled_body import FUSED, GRAPH, INDUCTOR_LAYOUTS
-from eaglewire.verifier.capture import tap_hooks
-from eaglewire.verifier.loader import Target
+from eaglewire.fastcpu.compiled_body import FUSED, GRAPH, INDUCTOR_LAYOUTS
+from eaglewire.capture.hooks import tap_hooks
+from eaglewire.target.loader import Target
 
 
 class HFRuntime:
@@ -80,7 +80,7 @@ def make_runtime(target: Target, max_len: int, *, calibrate: bool = False, log: 
     that a first start takes seconds), "never". verify_rows: the verify sizes (a TreeShape's
     num_draft_tokens) the caller's proposers will use; under "always" each in compiled_body.FUSED_ROWS gets
     its own fused graph where that times faster (LeanTarget.compile_graphs)."""
-    from eaglewire.decoding.calibration import calibrate_cached, compiled_marker
+    from eaglewire.fastcpu.calibration import calibrate_cached, compiled_marker
     from eaglewire.decoding.runtime import CALIBRATION_KS, CALIBRATION_PREFIX, SUPPORTED, LeanTarget, cache_slots
     from eaglewire.safeio import atomic_write_text
 

@@ -16,7 +16,7 @@ import torch
 
 from eaglewire.contract import WiringContract
 from eaglewire.draft.model import DraftCache, Eagle3Draft
-from eaglewire.decoding.lean_draft import LeanDraft
+from eaglewire.fastcpu.lean_draft import LeanDraft
 from eaglewire.decoding.tree import DraftTree, TreeShape
 
 

@@ -33,17 +33,17 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from eaglewire.decoding import panel_gemm
-from eaglewire.decoding.compiled_body import (FUSED, FUSED_ROWS, GRAPH, GRAPH_GEMMS, INDUCTOR_LAYOUTS, CompiledBody,
+from eaglewire.fastcpu import panel_gemm
+from eaglewire.fastcpu.compiled_body import (FUSED, FUSED_ROWS, GRAPH, GRAPH_GEMMS, INDUCTOR_LAYOUTS, CompiledBody,
                                               target_layouts)
-from eaglewire.decoding.gemm import (REFINE_REPS, PACKED, PANELS, Linear, hold_only, initial_policy, pick,
+from eaglewire.fastcpu.gemm import (REFINE_REPS, PACKED, PANELS, Linear, hold_only, initial_policy, pick,
                                      row_counts, time_layouts)
-from eaglewire.decoding.screened_head import PLAIN, SCREENED, ScreenedHead, default_head, greedy_heads
-from eaglewire.decoding.target_weights import Layer, find_rotary, head_dim, read_layer
+from eaglewire.fastcpu.screened_head import PLAIN, SCREENED, ScreenedHead, default_head, greedy_heads
+from eaglewire.fastcpu.target_weights import Layer, find_rotary, head_dim, read_layer
 from eaglewire.errors import TargetError
 from eaglewire.hw import return_freed_memory
 from eaglewire.ops import rms_norm, rotate, sdpa, signed_sin
-from eaglewire.verifier.loader import Target
+from eaglewire.target.loader import Target
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]  # ops.sdpa's signature

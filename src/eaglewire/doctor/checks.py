@@ -12,11 +12,11 @@ from typing import Any, Callable
 import torch
 
 from eaglewire.contract import CONVENTIONS, default_taps, from_engine
-from eaglewire.doctor.dump import DumpTarget, loaded
+from eaglewire.capture.boundary_file import DumpTarget, loaded
 from eaglewire.doctor.findings import Finding
 from eaglewire.doctor.inspect import Inspection
 from eaglewire.doctor.weights import weight_findings
-from eaglewire.engines import IDS_KEY, NESTED_IDS_KEY
+from eaglewire.export.engines import IDS_KEY, NESTED_IDS_KEY
 from eaglewire.errors import EaglewireError
 
 

@@ -94,7 +94,7 @@ def judge(predicted: float, per_position: list[float], measured: float | None,
           counts: Counts | None = None) -> Expectation:
     """The verdict (module docstring). `counts`: the engine's own counters, for the first-position rule."""
     if measured is None and counts is not None:
-        from eaglewire.decoding.engine import acceptance_length
+        from eaglewire.contract import acceptance_length
 
         measured = acceptance_length(sum(counts.accepted_per_position), counts.drafts)
     if measured is None:
@@ -138,9 +138,9 @@ def load_any_draft(path: Path, target: Any) -> tuple[Any, Any]:
     """A native checkpoint or any export (format detected the way the doctor does)."""
     import json
 
-    from eaglewire.checkpoint import load_checkpoint
+    from eaglewire.export.checkpoint import load_checkpoint
     from eaglewire.doctor.inspect import detect_engine
-    from eaglewire.formats.convert import import_draft
+    from eaglewire.export.convert import import_draft
 
     cfg = json.loads((Path(path) / "config.json").read_text())
     if cfg.get("format") == "eaglewire.draft/1":

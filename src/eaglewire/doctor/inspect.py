@@ -15,9 +15,9 @@ import torch
 from safetensors import safe_open
 
 from eaglewire.contract import WiringContract
-from eaglewire.engines import Engine, engine_for
+from eaglewire.export.engines import Engine, engine_for
 from eaglewire.errors import EaglewireError
-from eaglewire.formats.base import CONTRACT_FILE
+from eaglewire.export.base import CONTRACT_FILE
 
 
 @dataclass

@@ -21,10 +21,10 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from eaglewire.doctor.dump import loaded
+from eaglewire.capture.boundary_file import loaded
 from eaglewire.doctor.findings import Finding
 from eaglewire.doctor.inspect import Inspection
-from eaglewire.formats.base import WEIGHTS
+from eaglewire.export.base import WEIGHTS
 
 
 def weight_findings(ins: Inspection, target: Any) -> list[Finding]:

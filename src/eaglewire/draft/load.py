@@ -1,5 +1,5 @@
-"""The one strict loader behind the native checkpoint (eaglewire.checkpoint) and every import
-(eaglewire.formats.convert): tensors already renamed to native names become an Eagle3Draft, or nothing.
+"""The one strict loader behind the native checkpoint (eaglewire.export.checkpoint) and every import
+(eaglewire.export.convert): tensors already renamed to native names become an Eagle3Draft, or nothing.
 
 Checked, in order: the exact key set (a renamed key is reported with its likely intended name), shapes,
 dtypes (one float dtype), the d2t/t2d invariants and their hash against the contract. The model starts
@@ -17,7 +17,7 @@ from eaglewire.contract import WiringContract
 from eaglewire.draft.config import DraftConfig
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import CheckpointError, ContractMismatch
-from eaglewire.vocab import validate_vocab_map, vocab_map_sha256
+from eaglewire.draft.vocab import validate_vocab_map, vocab_map_sha256
 
 EMBED_KEY = "embed_tokens.weight"  # the target's frozen embedding: in a file only when saved with it
 

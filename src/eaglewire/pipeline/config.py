@@ -17,15 +17,15 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from eaglewire.data.regenerate import SERVER_IN_FLIGHT, GenerationSettings
-from eaglewire.engines import ENGINE_FORMATS
+from eaglewire.export.engines import ENGINE_FORMATS
 from eaglewire.hw import DRAFT_DTYPES, RUNTIME_DTYPES
 from eaglewire.data.samples import DEFAULT_HELDOUT_FRACTION, DEFAULT_MAX_LENGTH
 from eaglewire.errors import EaglewireError
 from eaglewire.decoding.tree import DEFAULT_TREE, TreeShape
-from eaglewire.decoding import bench as B
+from eaglewire.serve import bench as B
 from eaglewire.train.loop import TrainConfig
 from eaglewire.train.ttt import LOSSES
-from eaglewire.vocab import DEFAULT_DRAFT_VOCAB
+from eaglewire.draft.vocab import DEFAULT_DRAFT_VOCAB
 
 G, T = GenerationSettings(), TrainConfig()
 DEFAULT_FORMATS = ("sglang", "vllm")  # the two engines a run exports for by default

@@ -69,7 +69,7 @@ def launch_commands(ctx: Ctx) -> dict[str, str]:
 
 
 def _bench_rows(res: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    from eaglewire.decoding.bench import label
+    from eaglewire.serve.bench import label
 
     bases = [b for b in ("vanilla", "prompt_lookup", "hf_generate", "vllm_vanilla") if b in res["methods"]]
     head = ["method", "median tok/s"] + [f"× {b}" for b in bases] + ["τ", "per-position acceptance", "= vanilla"]
@@ -86,7 +86,7 @@ def verdict(res: dict[str, Any]) -> str:
     m = res["methods"]
     best = max((n for n in m if n.startswith("eagle")), key=lambda n: m[n]["median_tok_s"])
     r = m[best]["speedup_vs_vanilla"]
-    from eaglewire.decoding.bench import label
+    from eaglewire.serve.bench import label
 
     word = "faster" if r > 1 else "slower"
     return (f"Best EAGLE-3 setting: {label(best, res)} at {m[best]['median_tok_s']:.2f} tok/s = {r:.2f}× the "

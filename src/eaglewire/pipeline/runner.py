@@ -25,7 +25,7 @@ from eaglewire.hw import runtime_dtype
 from eaglewire.pipeline import stages as S
 from eaglewire.pipeline.config import RunConfig
 from eaglewire.safeio import atomic_write_json
-from eaglewire.verifier.loader import Target, load_target
+from eaglewire.target.loader import Target, load_target
 
 STATE_FORMAT = "eaglewire.run/1"
 

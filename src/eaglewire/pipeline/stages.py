@@ -17,7 +17,7 @@ from typing import Any, Callable
 from eaglewire.contract import WiringContract
 from eaglewire.errors import EaglewireError
 from eaglewire.pipeline.config import RunConfig
-from eaglewire.verifier.loader import Target
+from eaglewire.target.loader import Target
 
 Progress = Callable[[float, float | None, str], None]  # (completed, total, detail)
 
@@ -120,7 +120,7 @@ def _missing(ctx: Ctx, have: set[str]) -> int:
 
 
 def _choose_engine(ctx: Ctx, missing: int) -> str:
-    from eaglewire.clients.vllm import BUILD_HINT, vllm_available
+    from eaglewire.vllm_client.server import BUILD_HINT, vllm_available
 
     want = ctx.cfg.data.engine
     if want == "vllm" and not vllm_available():
@@ -142,7 +142,7 @@ def _choose_engine(ctx: Ctx, missing: int) -> str:
 def _regen_vllm(ctx: Ctx, out: Path, s: Any, on_batch: Callable) -> Any:
     """The same file and identity rules as the local path; the file must be new or vLLM-made (its meta
     names the generator, so a file begun by HF generate is not silently continued by vLLM)."""
-    from eaglewire.clients.vllm import vllm_regenerator
+    from eaglewire.vllm_client.server import vllm_regenerator
     from eaglewire.data.regenerate import regenerate as regen
 
     d = ctx.cfg.data
@@ -152,7 +152,7 @@ def _regen_vllm(ctx: Ctx, out: Path, s: Any, on_batch: Callable) -> Any:
 
 
 def vocab(ctx: Ctx, work: Path) -> dict[str, Any]:
-    from eaglewire.workflows import build_vocab
+    from eaglewire.pipeline.workflows import build_vocab
 
     samples = _samples(ctx)
     keep = _warm_start_vocab(ctx)
@@ -170,7 +170,7 @@ def _warm_start_vocab(ctx: Ctx) -> Any:
     """The warm start's own vocabulary when training continues a draft of the same V_d (vocab.from_init):
     every head row of that draft is trained, while a map rebuilt from a short run's data would swap rows
     for untrained ones (quick's 292 conversations keep 4,775 of the release's 8,000 ids) and cover less."""
-    from eaglewire.workflows import draft_vocab
+    from eaglewire.pipeline.workflows import draft_vocab
 
     init = _resolve_init(ctx, ctx.cfg.train.train_config()).init_from
     if not (ctx.cfg.vocab.from_init and init):
@@ -185,9 +185,9 @@ def _warm_start_vocab(ctx: Ctx) -> Any:
 
 
 def features(ctx: Ctx, work: Path) -> dict[str, Any]:
-    from eaglewire.data.features import capture_features
+    from eaglewire.capture.features import capture_features
     from eaglewire.hw import native_bf16, runtime_dtype
-    from eaglewire.verifier.loader import load_target
+    from eaglewire.target.loader import load_target
 
     if ctx.cfg.train.features == "online":
         return {"mode": "online"}
@@ -209,8 +209,8 @@ def train(ctx: Ctx, work: Path) -> dict[str, Any]:
     """TTT training in `work` (resumes from work/checkpoints when a previous run was killed)."""
     from eaglewire.data.samples import split_heldout
     from eaglewire.train import state as trainer_state
-    from eaglewire.vocab import load_vocab
-    from eaglewire.workflows import feature_source, train_draft
+    from eaglewire.draft.vocab import load_vocab
+    from eaglewire.pipeline.workflows import feature_source, train_draft
 
     t = ctx.cfg.train
     vmap, _, _ = load_vocab(Path(ctx.results["vocab"]["file"]))
@@ -238,7 +238,7 @@ def _resolve_init(ctx: Ctx, cfg: Any) -> Any:
     package has one for it and the run's taps; otherwise a fresh draft, said in the log."""
     from dataclasses import replace
 
-    from eaglewire.checkpoint import read_checkpoint_config, released_draft_dir
+    from eaglewire.export.checkpoint import read_checkpoint_config, released_draft_dir
 
     if cfg.init_from != "released":
         return cfg
@@ -262,8 +262,8 @@ def _train_progress(ctx: Ctx, r: dict[str, Any], total: int) -> None:
 
 
 def export(ctx: Ctx, work: Path) -> dict[str, Any]:
-    from eaglewire.checkpoint import load_checkpoint
-    from eaglewire.formats.convert import export_draft
+    from eaglewire.export.checkpoint import load_checkpoint
+    from eaglewire.export.convert import export_draft
 
     draft = load_checkpoint(Path(ctx.results["train"]["draft"]), target=ctx.target)
     out = {}
@@ -293,10 +293,10 @@ def doctor(ctx: Ctx, work: Path) -> dict[str, Any]:
 
 
 def bench(ctx: Ctx, work: Path) -> dict[str, Any]:
-    from eaglewire.checkpoint import load_checkpoint
-    from eaglewire.clients.vllm import vllm_available
-    from eaglewire.decoding import bench as spec_bench
-    from eaglewire.decoding.peer import PEER_METHODS
+    from eaglewire.export.checkpoint import load_checkpoint
+    from eaglewire.vllm_client.server import vllm_available
+    from eaglewire.serve import bench as spec_bench
+    from eaglewire.serve.peer import PEER_METHODS
     from eaglewire.hw import draft_dtype
 
     b = ctx.cfg.bench

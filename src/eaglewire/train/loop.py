@@ -39,12 +39,12 @@ from eaglewire.contract import WiringContract
 from eaglewire.data.samples import Sample
 from eaglewire.draft.config import DraftConfig
 from eaglewire.draft.model import Eagle3Draft
-from eaglewire.checkpoint import save_checkpoint
+from eaglewire.export.checkpoint import save_checkpoint
 from eaglewire.train import state as trainer_state
 from eaglewire.train.dist import DistInfo, all_reduce_sum, barrier
 from eaglewire.train.ttt import TTTModel, TTTStats
 from eaglewire.train.warm import freeze, head_affine, init_layers_from_target, warm_start
-from eaglewire.vocab import VocabMap
+from eaglewire.draft.vocab import VocabMap
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Resumable trainer state, written atomically and without pickle.
 
-    OUT/checkpoints/step-000100/draft/       native draft checkpoint (eaglewire.checkpoint)
+    OUT/checkpoints/step-000100/draft/       native draft checkpoint (eaglewire.export.checkpoint)
     OUT/checkpoints/step-000100/optim.safetensors   AdamW tensors (state.{param}.{exp_avg,...})
     OUT/checkpoints/step-000100/trainer.json        step, config, optimizer hyper-parameters
     OUT/checkpoints/latest                          name of the newest complete checkpoint
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from eaglewire.checkpoint import load_checkpoint, save_checkpoint
+from eaglewire.export.checkpoint import load_checkpoint, save_checkpoint
 from eaglewire.contract import WiringContract
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import CheckpointError

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eaglewire.data.features import FeatureBatch
+from eaglewire.capture.features import FeatureBatch
 from eaglewire.draft.model import Eagle3Draft
 
 

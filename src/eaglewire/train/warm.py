@@ -15,7 +15,7 @@ import torch
 
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import CheckpointError
-from eaglewire.vocab import VocabMap
+from eaglewire.draft.vocab import VocabMap
 
 
 def init_layers_from_target(draft: Eagle3Draft, target: Any) -> None:
@@ -86,7 +86,7 @@ def warm_start(draft: Eagle3Draft, path: Path, target: Any, vmap: VocabMap, taps
     gives its q/k/v and MLP inputs a zero update until those projections move (measured in sitting 8: 160
     steps of such a layer matched the 1-layer control to three decimals).
     The optimizer state and the lr schedule start afresh."""
-    from eaglewire.checkpoint import load_checkpoint
+    from eaglewire.export.checkpoint import load_checkpoint
 
     src = load_checkpoint(path, target=target)
     if tuple(src.contract.taps) != taps:

@@ -1,0 +1,164 @@
+"""The empirical wiring check: the doctor's findings from measuring the draft on the target.
+
+What the engine will deliver is read from the draft's config exactly as `layer_ids` reads it (the
+engine's id keys and convention, eaglewire.contract for every translation, the engine's default taps
+when ids are missing). The candidates beside it are the ways the seeds' drafts were miswired: the same
+ids read in every other convention (other engines, other versions), all taps shifted by ±1, the
+embedding substituted for the first tap, the default taps; then measure.search walks nearby sets.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eaglewire.contract import CANONICAL, CONVENTIONS, WiringContract, default_taps, to_engine
+from eaglewire.decoding.tree import TreeShape
+from eaglewire.doctor.checks import decodes, engine_ids
+from eaglewire.capture.boundary_file import DumpTarget, require_finite_rows
+from eaglewire.doctor.measured_tau import EngineRun, run_engine
+from eaglewire.doctor.findings import Finding
+from eaglewire.doctor.inspect import Inspection, detect_engine
+from eaglewire.doctor.trained_taps import LEVEL, MARGIN, Measurement, Taps, measure
+from eaglewire.capture.boundaries import Boundaries, sample_target
+from eaglewire.draft.model import Eagle3Draft
+from eaglewire.export.engines import Engine
+from eaglewire.errors import EaglewireError
+from eaglewire.export.convert import import_draft
+
+
+def delivered_taps(ins: Inspection, L: int) -> tuple[Taps | None, str]:
+    """The boundaries the engine will feed the draft, and how the doctor knows."""
+    ids, key, _ = engine_ids(ins)
+    if ins.engine.hard_coded_taps or ids is None:
+        why = "hard-coded" if ins.engine.hard_coded_taps else f"no ids in {ins.engine.id_keys[0]}"
+        return (default_taps(L) if L >= 8 else None), f"the {ins.engine.name} default taps ({why})"
+    return decodes(list(ids), ins.engine.convention, L), f"{key}={list(ids)} read by {ins.engine.name}"
+
+
+def candidates(ins: Inspection, L: int, n: int) -> tuple[dict[Taps, list[str]], tuple[Taps, ...]]:
+    """Tap sets worth scoring, each with why it is a suspect (only sets of the draft's width n), and the
+    ones a reading of the config gives (delivered first: measure's tie-break)."""
+    delivered, how = delivered_taps(ins, L)
+    ids = engine_ids(ins)[0]
+    out: dict[Taps, list[str]] = {}
+
+    def add(taps: Taps | None, why: str) -> None:
+        if taps is not None and len(taps) == n and all(0 <= a < b <= L for a, b in zip(taps, taps[1:])) \
+                and 0 <= taps[0] and taps[-1] <= L:
+            out.setdefault(tuple(taps), []).append(why)
+
+    add(delivered, f"delivered: {how}")
+    if ids:
+        for conv in CONVENTIONS:
+            if conv not in (CANONICAL, ins.engine.convention):
+                add(decodes(list(ids), conv, L), f"the ids read in the {conv} convention")
+    if L >= 8:
+        add(default_taps(L), "the engines' default taps")
+    priors = tuple(out)  # what some reading of this config delivers; the perturbations below are not
+    if delivered is not None:
+        add(tuple(b + 1 for b in delivered), "delivered +1")
+        add(tuple(b - 1 for b in delivered), "delivered -1")
+        add((0, *delivered[1:]), "the embedding substituted for the first tap")
+    return out, priors
+
+
+def load_for_measure(ins: Inspection, target: Any, n: int) -> tuple[Eagle3Draft, WiringContract]:
+    """The draft's weights as the native model, fp32, whatever its config's ids say (they are what is
+    under test): read in the layout its files are written in, not the engine it is checked for. The
+    contract's taps are a placeholder (its vocab map and norm flags are the draft's): the engine run
+    replaces them with each set it feeds."""
+    style = "speculators" if ins.is_speculators else \
+        ("eagle3" if "LlamaForCausalLMEagle3" in (ins.config.get("architectures") or []) else "llama")
+    # the engine it is checked for reads its config fields its own way (SpecForge's norm_output) when the
+    # file is in that engine's style; otherwise the style the file is written in decides
+    layout = ins.engine.name if ins.engine.config_style == style else detect_engine(ins.config)
+    placeholder = default_taps(target.num_layers) if n == 3 and target.num_layers >= 8 else tuple(range(1, n + 1))
+    draft, contract = import_draft(ins.directory, layout, target=target, taps=placeholder)
+    return draft.float(), contract
+
+
+def run_measurement(ins: Inspection, target: Any, bounds: Boundaries | None = None, chain_steps: int = 3,
+                    shape: TreeShape | None = None) -> tuple[Measurement | None, list[Finding]]:
+    """Measure (capturing the target's boundaries unless given; a DumpTarget brings its own) and turn the
+    result into findings. `shape`: the engine's knobs; then our engine also runs on the target with the
+    delivered and the best set (doctor/engine_tau.py: ~40 s for the embedded target, so on request)."""
+    L, H = target.num_layers, target.hidden_size
+    fc = ins.shapes.get("fc.weight")
+    if fc is None or fc[1] % H:
+        return None, [Finding("info", "measured_wiring", "the wiring was not measured: fc does not read whole "
+                              "target states", "see the fc finding", "fix fc first")]
+    n = fc[1] // H
+    try:
+        draft, contract = load_for_measure(ins, target, n)
+    except EaglewireError as err:
+        return None, [Finding("warn", "measured_wiring", f"the wiring was not measured: the draft does not load "
+                              f"({err.what})", "the empirical check runs the draft's own weights", err.fix or "")]
+    reasons, priors = candidates(ins, L, n)
+    if not reasons:
+        return None, [Finding("info", "measured_wiring", f"the wiring was not measured: no {n}-tap candidate",
+                              "", "")]
+    if bounds is None:
+        bounds = target.bounds if isinstance(target, DumpTarget) else sample_target(target)
+    # every token the draft embeds is one of the Boundaries' own (measure._normed): a dump's stand-in
+    # holds exactly those rows, and a NaN row read anyway would poison every score without a word
+    require_finite_rows(draft.embed_tokens.weight, bounds.input_ids, str(ins.directory))
+    m = measure(draft, bounds, delivered_taps(ins, L)[0], reasons, chain_steps, priors)
+    if shape is not None:
+        m.engine = _engine(target, draft, contract, shape, m)
+    return m, [finding(m, ins.engine, L)]
+
+
+def _engine(target: Any, draft: Eagle3Draft, contract: WiringContract, shape: TreeShape, m: Measurement) -> EngineRun:
+    if isinstance(target, DumpTarget):  # decoding needs the target's weights, which a dump does not hold
+        return EngineRun(shape, 0, 0, skipped="a boundaries dump holds no target to decode with: use --target")
+    return run_engine(target, draft, contract, shape, {"delivered": m.delivered, "best": m.best})
+
+
+def _fmt(m: Measurement, taps: Taps) -> str:
+    s = m.scores[taps]
+    return f"{list(taps)}: NLL {s.mean_nll:.2f}, agreement {s.agreement:.2f}"
+
+
+def _tau(m: Measurement) -> str:
+    """The teacher-forced chain's τ, then our engine's at the engine's knobs when it ran."""
+    engine = m.engine.text() if m.engine is not None else ""
+    if not m.tau:
+        return engine
+    parts = [f"{k} {v[0]:.2f}" for k, v in sorted(m.tau.items())]
+    steps = len(next(iter(m.tau.values()))[1])
+    return (f"; predicted tau for a {steps}-draft greedy chain, teacher-forced (vLLM num_speculative_tokens="
+            f"{steps}, SGLang topk 1): " + ", ".join(parts) + engine)
+
+
+def _fix(m: Measurement, engine: Engine, L: int) -> str:
+    if engine.hard_coded_taps:
+        return f"{engine.name} hard-codes its taps: serve on sglang or vllm, which read layer ids from the config"
+    try:
+        ids = list(to_engine(m.best, engine.convention, L))
+    except EaglewireError as err:
+        return f"{engine.name} cannot capture boundaries {list(m.best)} ({err.what}): serve on vllm"
+    return f"write {engine.id_keys[0]}: {ids} (boundaries {list(m.best)} in {engine.name}'s numbering), re-run the doctor"
+
+
+def finding(m: Measurement, engine: Engine, L: int) -> Finding:
+    """error when the delivered set is clearly worse than the best (measure.py's rule), else info."""
+    fix, engine_name = _fix(m, engine, L), engine.name
+    weak = (f" Weak evidence: the draft predicts almost as well from any states (worst - best = "
+            f"{m.spread:.2f} nats); a better-trained draft gives a sharper answer." if m.weak else "")
+    where = f" ({m.tokens} target tokens, draft vocab covers {m.coverage:.0%})"
+    rule = (f"rule: error when the low end of the {LEVEL:.0%} paired block-bootstrap interval of "
+            f"NLL(delivered) - NLL(best) exceeds {MARGIN} nats")
+    best = f"this draft predicts best from boundaries {_fmt(m, m.best)}"
+    if m.delivered is None:
+        return Finding("error", "measured_wiring", f"{best}; {engine_name} cannot capture the ids it is given"
+                       + where + _tau(m), "the engine feeds other or fewer states than the draft was trained on" + weak, fix)
+    mean, lo, hi = m.gap or (0.0, 0.0, 0.0)
+    gap = f"NLL gap {mean:.2f} [{lo:.2f}, {hi:.2f}] at {LEVEL:.0%}"
+    if m.clearly_worse:
+        return Finding("error", "measured_wiring", f"{best}; {engine_name} will deliver {_fmt(m, m.delivered)} — "
+                       f"{gap}{where}{_tau(m)}", "the draft was trained on other states than the engine delivers: "
+                       "acceptance falls with no error message (" + rule + ")." + weak, fix)
+    verdict = ("the delivered taps are the best measured" if m.delivered == m.best else
+               f"the best set {list(m.best)} is not clearly better ({gap})")
+    return Finding("info", "measured_wiring", f"measured: {engine_name} will deliver {_fmt(m, m.delivered)}; {verdict}"
+                   f"{where}{_tau(m)}", rule + "." + weak, "nothing to fix")

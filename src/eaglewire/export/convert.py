@@ -1,0 +1,114 @@
+"""Export a native draft to an engine layout and import it back, strictly.
+
+`native` (eaglewire.export.checkpoint) is one of the formats: the same strict loader reads it, so any-to-any
+conversion is import A then export B, and export -> import is bit-identical for every format (tested). A missing or unexpected key, a wrong shape, a layer-id list that was lost or disagrees with
+the contract, or a missing vocab map stops the conversion with a message.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eaglewire.contract import NormFlags, WiringContract, default_taps, from_engine
+from eaglewire.draft.load import EMBED_KEY as EMBED
+from eaglewire.draft.load import load_strict
+from eaglewire.draft.model import Eagle3Draft
+from eaglewire.errors import CheckpointError, ContractMismatch
+from eaglewire.export.engines import FORMATS, NATIVE, Engine, engine_for
+from eaglewire.export.base import cast_floats, read_contract, read_json, read_safetensors, rename_all, write_dir, \
+    WEIGHTS
+from eaglewire.export.layouts import check_exportable, config_ids, draft_config_from, from_native, make_config, \
+    native_to
+from eaglewire.draft.vocab import VocabMap
+
+__all__ = ["FORMATS", "export_draft", "import_draft"]
+
+
+def export_draft(draft: Eagle3Draft, contract: WiringContract, out: Path, fmt: str, *,
+                 dtype: torch.dtype | None = None, with_embedding: bool | None = None,
+                 verifier: str | None = None) -> Path:
+    """Write `draft` in the layout `fmt` names (FORMATS) plus the contract side file; `verifier` is for vLLM."""
+    if fmt == NATIVE:
+        from eaglewire.export.checkpoint import save_checkpoint
+
+        return save_checkpoint(draft, contract, out, save_embedding=bool(with_embedding), dtype=dtype)
+    layout = engine_for(fmt)
+    draft.cfg.require_matches(contract)
+    check_exportable(layout, draft.cfg)
+    keep_embed = layout.with_embedding if with_embedding is None else with_embedding
+    state = {k: v for k, v in draft.state_dict().items() if keep_embed or k != EMBED}
+    tensors = rename_all(cast_floats(state, dtype), lambda k: native_to(layout, k), f"export to {fmt}")
+    float_dtype = next(v.dtype for v in tensors.values() if v.is_floating_point())
+    config = make_config(layout, draft.cfg, contract, str(float_dtype).removeprefix("torch."), verifier)
+    return write_dir(out, config, tensors, contract)
+
+
+def _contract_for(layout: Engine, config: dict[str, Any], native: dict[str, torch.Tensor], directory: Path,
+                  target: Any, flags: NormFlags) -> WiringContract:
+    ids = config_ids(layout, config)
+    if ids is None and not layout.hard_coded_taps:
+        raise CheckpointError(f"{directory}: the layer-id list is missing from config.json",
+                              expected=layout.id_keys[0], found="absent",
+                              fix="without it the engine silently uses its default taps; re-export with eaglewire")
+    side = read_contract(directory)
+    if side is not None:
+        if not layout.hard_coded_taps and list(side.engine_ids(layout.convention)) != list(ids):
+            raise ContractMismatch(f"{directory}: config.json layer ids disagree with the wiring contract",
+                                   expected=f"{layout.convention} ids {list(side.engine_ids(layout.convention))} "
+                                   f"(taps {list(side.taps)})", found=f"config ids {ids}",
+                                   fix="the config was edited after export; re-export from the native draft")
+        return side
+    if target is None:
+        raise CheckpointError(f"{directory} has no {'eaglewire_contract.json'}", expected="the contract side file, "
+                              "or --target to rebuild the contract", found="neither")
+    L = target.num_layers
+    taps = default_taps(L) if layout.hard_coded_taps else from_engine(ids, layout.convention, L)
+    return target.contract(taps, norm=flags, vocab_map=_vocab_map(native, directory))
+
+
+def _vocab_map(native: dict[str, torch.Tensor], directory: Path) -> VocabMap:
+    if "d2t" not in native or "t2d" not in native:
+        raise CheckpointError(f"{directory}: the vocab map is missing", expected="d2t and t2d tensors",
+                              found=f"{'d2t' in native=}, {'t2d' in native=}",
+                              fix="without d2t engines map draft id i to target id i")
+    return VocabMap(d2t=native["d2t"], t2d=native["t2d"])
+
+
+def import_draft(directory: Path, fmt: str, *, target: Any = None,
+                 taps: tuple[int, ...] | None = None) -> tuple[Eagle3Draft, WiringContract]:
+    """Load an exported draft strictly into the native model (float weights keep the file's dtype).
+
+    taps: boundaries measured by the caller (eaglewire.doctor): the contract is built from `target` with
+    them, and neither the config's layer ids nor a contract side file is read."""
+    if fmt == NATIVE:
+        return _import_native(Path(directory), target, taps)
+    layout, directory = engine_for(fmt), Path(directory)
+    config = read_json(directory / "config.json")
+    where = f"{fmt} export {directory}"
+    native = rename_all(read_safetensors(directory / WEIGHTS), lambda k: from_native(layout, k), where)
+    # the norm flags as this layout means them (SpecForge's norm_output is not SGLang's): a contract
+    # rebuilt from the raw config fields would disagree with the draft config read below
+    flags = draft_config_from(layout, config, 1).norm
+    if taps is not None:
+        if target is None:
+            raise CheckpointError("measured taps need the target", expected="target=...", found="None")
+        contract = target.contract(tuple(taps), norm=flags, vocab_map=_vocab_map(native, directory))
+    else:
+        contract = _contract_for(layout, config, native, directory, target, flags)
+    cfg = draft_config_from(layout, config, contract.num_taps)
+    draft = load_strict(cfg, contract, native, where, embedding=None, target=target)
+    return draft, contract
+
+
+def _import_native(directory: Path, target: Any, taps: tuple[int, ...] | None) -> tuple[Eagle3Draft, WiringContract]:
+    from eaglewire.export.checkpoint import load_checkpoint
+
+    if taps is not None:
+        raise CheckpointError(f"{directory} is a native checkpoint: it carries its contract",
+                              expected="no measured taps", found=f"taps {list(taps)}",
+                              fix="measured taps are for drafts from other tools (engine layouts)")
+    draft = load_checkpoint(directory, target=target, dtype=None)
+    return draft, draft.contract

@@ -1,0 +1,102 @@
+"""One record per engine (version): how it names, wires and runs an EAGLE-3 draft.
+
+The exporters and importers (formats/), the doctor (doctor/) and the run config's list of formats
+(pipeline/config.py) all read these records, so a fact about an engine is written once. Adding an engine
+whose config looks like one of the three config styles below is one record here; the translation of
+its layer ids is its `convention`, defined (with the only off-by-one) in eaglewire.contract.
+
+Sources: shared/research/conventions.md and the loader facts in formats/layouts.py's docstring.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from eaglewire.errors import CheckpointError
+
+IDS_KEY = "eagle_aux_hidden_state_layer_ids"
+NESTED_IDS_KEY = "eagle_config." + IDS_KEY
+ALL_NORMS = frozenset({"norm_before_fc", "fc_norm", "norm_output", "norm_before_residual"})
+
+
+@dataclass(frozen=True)
+class OtherReading:
+    """Another version of an engine that reads the same layer ids in another convention (doctor warns)."""
+
+    convention: str
+    this_reading: str  # "under the sglang rule"
+    other_reading: str  # "under sglang-legacy"
+    why: str
+    fix: str
+
+
+_SGLANG_WHY = "SGLang changed the +1 rule in PR #25454: the same config taps other layers across versions"
+_SGLANG_FIX = "pin the SGLang version, or train taps starting at boundary 2 (portable ids start at 1)"
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    convention: str  # layer-id convention (eaglewire.contract) of the ids it reads and eaglewire writes for it
+    config_style: str  # "eagle3" (LlamaForCausalLMEagle3), "speculators" (Eagle3Speculator), "llama" (plain)
+    id_keys: tuple[str, ...]  # where it reads the layer ids, in order ("a.b" = nested); the first is where an
+    # export writes them and the only place an import reads them; () = the taps are hard-coded
+    prefix0: str  # name of decoder layer 0 in its checkpoints (what an export writes)
+    layer0_prefixes: tuple[str, ...]  # weight prefixes its loader maps onto layer 0 (what the doctor accepts)
+    multi_layer: bool  # loads drafts of more than one decoder layer (as layers.N.*)
+    norms: frozenset[str]  # norm flags it implements (EAGLE-3.1 switches)
+    replaces_embedding: bool  # uses the target's embedding whatever the checkpoint holds
+    skips_unknown_keys: bool  # drops weight names it does not know without a word (else refuses them)
+    tied_head_from_embedding: bool = False  # tie_word_embeddings: true makes it use the embedding as the head
+    num_taps: int | None = None  # the only tap count it reads (its fc width is hard-coded), None = any
+    norm_output_is_final_norm: bool = False  # its `norm_output` means "final norm before lm_head" (SpecForge
+    # 0.2.0) rather than "feed the post-norm state to the next step" (SGLang, vLLM)
+    with_embedding: bool = False  # an export writes embed_tokens by default
+    embedding_needed_if_resized: bool = False  # with target_hidden_size set it stops taking the target's
+    # embedding and loads non-strictly: the checkpoint must hold embed_tokens (SafeAILab EAGLE)
+
+    other_version: "OtherReading | None" = None  # another version of the engine reads the same ids differently
+
+    @property
+    def hard_coded_taps(self) -> bool:
+        return not self.id_keys
+
+
+_SGLANG = dict(config_style="eagle3", id_keys=(NESTED_IDS_KEY,), prefix0="midlayer.", layer0_prefixes=("midlayer.",),
+               multi_layer=False, norms=frozenset({"fc_norm", "norm_output"}), replaces_embedding=True,
+               skips_unknown_keys=True, tied_head_from_embedding=True)
+
+ENGINES: dict[str, Engine] = {e.name: e for e in (
+    Engine("sglang", "sglang", **_SGLANG,  # SGLang's PR #25454 layer-id rule
+           other_version=OtherReading("sglang-legacy", "under the sglang rule", "under sglang-legacy", _SGLANG_WHY,
+                                      _SGLANG_FIX)),
+    Engine("sglang-legacy", "sglang-legacy", **_SGLANG,  # SGLang before it: always +1
+           other_version=OtherReading("sglang", "under the sglang-legacy rule", "under sglang", _SGLANG_WHY,
+                                      _SGLANG_FIX)),
+    Engine("vllm", "vllm", "speculators", (IDS_KEY, NESTED_IDS_KEY), "layers.0.", ("layers.0.", "midlayer."),
+           multi_layer=True, norms=ALL_NORMS, replaces_embedding=False, skips_unknown_keys=False),
+    Engine("eagle", "eagle", "llama", (), "midlayer.", ("midlayer.",), multi_layer=False, norms=frozenset(),
+           replaces_embedding=False, skips_unknown_keys=True, embedding_needed_if_resized=True),  # SafeAILab EAGLE
+    Engine("specforge", "specforge", "eagle3", (NESTED_IDS_KEY,), "midlayer.", ("midlayer.",), multi_layer=False,
+           norms=frozenset({"fc_norm"}), replaces_embedding=True, skips_unknown_keys=True,
+           tied_head_from_embedding=True, num_taps=3, norm_output_is_final_norm=True,
+           other_version=OtherReading("sglang", "when hooked on layer outputs (SpecForge <= 0.1)",
+                                      "when captured through SGLang (SpecForge 0.2)",
+                                      "the same config taps other layers depending on SpecForge's capture backend",
+                                      "train taps starting at boundary 2 (ids starting at 1 read the same in both)")),
+)}
+ALIASES = {"speculators": "vllm"}  # the speculators format is what vLLM loads
+ENGINE_FORMATS = (*ENGINES, *ALIASES)  # every name `--engine` and the run config's `formats` accept
+NATIVE = "native"  # eaglewire's own checkpoint (eaglewire.export.checkpoint): a format with no engine behind it
+FORMATS = (NATIVE, *ENGINE_FORMATS)  # every name `eaglewire export` / `import --format` accept
+
+
+def engine_for(name: str) -> Engine:
+    """The record for an engine or format name (aliases resolved)."""
+    record = ENGINES.get(ALIASES.get(name, name))
+    if record is None:
+        fix = ("native is eaglewire's own checkpoint, not an engine: name the engine that will load the draft"
+               if name == NATIVE else "pick one of the names listed")
+        raise CheckpointError(f"unknown engine or format {name!r}", expected=", ".join(ENGINE_FORMATS), found=name,
+                              fix=fix)
+    return record

@@ -1,0 +1,146 @@
+"""Configs and weight names of each engine's layout, written and read from its record (eaglewire/engines.py:
+convention, where the ids live, layer-0 prefix, norms, config style), against the engines' loaders (see
+shared/research/conventions.md and the loader facts gathered for this module):
+
+    sglang      LlamaForCausalLMEagle3, midlayer.*, eagle_config.eagle_aux_hidden_state_layer_ids (SGLang's
+                rule, chosen explicitly), use_aux_hidden_state, draft_vocab_size, tie_word_embeddings false
+                (else SGLang reuses the embedding as the head), fc_norm / norm_output
+    vllm        speculators config (no top-level model_type, so vLLM takes its speculators path):
+                speculators_model_type eagle3, a FULL transformer_layer_config, top-level
+                eagle_aux_hidden_state_layer_ids in vLLM's meaning, every norm flag written explicitly
+                (vLLM's speculators path defaults norm_before_residual to True), layers.N.*
+    eagle       SafeAILab EAGLE: plain Llama config + draft_vocab_size, midlayer.*, taps hard-coded
+    specforge   SpecForge's export: LlamaForCausalLMEagle3, midlayer.*, ids in SpecForge's meaning, exactly
+                3 taps (its fc is hard-coded to 3*H), norm_output in SpecForge's meaning (below)
+Limits that would make an engine silently compute something else are refused at export (e.g. SGLang
+never reads norm_before_fc or norm_before_residual; SafeAILab EAGLE has no norm flags at all).
+
+`norm_output` means two different things: in SGLang and vLLM it is "feed the POST-norm state to the
+next draft step" (default false); in SpecForge 0.2.0 (llama3_eagle.py compute_logits) it is "apply the
+final norm before lm_head" (default true), and its TTT always feeds the pre-norm state. Every eaglewire
+draft applies the final norm, so SpecForge exports say norm_output: true, eaglewire's own norm_output
+(post-norm feedback) cannot be exported to SpecForge, and an SGLang export (norm_output: false) is not a
+SpecForge export (found by loading our exports with SpecForge's own class: tests/test_real_clients.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eaglewire.contract import NormFlags, WiringContract
+from eaglewire.draft.config import DraftConfig
+from eaglewire.export.engines import IDS_KEY, Engine
+from eaglewire.errors import CheckpointError
+
+SPECULATORS_VERSION = "0.9.0"  # the speculators release whose config layout this writes
+
+
+def check_exportable(layout: Engine, cfg: DraftConfig) -> None:
+    """Refuse drafts the engine would load but run differently (a silent failure otherwise)."""
+    if cfg.num_layers > 1 and not layout.multi_layer:
+        raise CheckpointError(f"{layout.name} cannot hold a {cfg.num_layers}-layer draft",
+                              expected="a 1-layer draft for this format",
+                              found=f"num_layers={cfg.num_layers}",
+                              fix="export to vllm/speculators (layers.N.*); SGLang versions name extra layers "
+                              "differently (additional_layers.* vs layers.N.*)")
+    if layout.num_taps is not None and cfg.num_taps != layout.num_taps:
+        n = layout.num_taps
+        raise CheckpointError(f"{layout.name} drafts read exactly {n} taps", expected=f"{n} taps (its fc is {n}*H "
+                              f"wide and it demands {n} layer ids)", found=f"{cfg.num_taps} taps",
+                              fix="export to vllm/speculators or sglang, or retrain with 3 taps")
+    used = {k for k, v in cfg.norm.__dict__.items() if v}
+    missing = sorted(used - layout.norms)
+    if missing:
+        raise CheckpointError(f"{layout.name} does not implement {missing}", expected=f"only {sorted(layout.norms)}",
+                              found=f"draft trained with {sorted(used)}",
+                              fix="the engine would run the draft without these norms; serve it on vllm or retrain")
+
+
+def native_to(layout: Engine, name: str) -> str:
+    if name.startswith("layers.0."):
+        return layout.prefix0 + name[len("layers.0."):]
+    return name
+
+
+def from_native(layout: Engine, name: str) -> str:
+    if name.startswith(layout.prefix0):
+        return "layers.0." + name[len(layout.prefix0):]
+    if layout.prefix0 != "layers.0." and name.startswith("layers."):
+        raise KeyError(name)  # a speculators-style name inside a midlayer checkpoint
+    return name
+
+
+def llama_fields(cfg: DraftConfig, dtype: str) -> dict[str, Any]:
+    """A complete Llama config for the draft's decoder layer(s)."""
+    return {"model_type": "llama", "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+            "num_attention_heads": cfg.num_attention_heads, "num_key_value_heads": cfg.num_key_value_heads,
+            "head_dim": cfg.head_dim, "num_hidden_layers": cfg.num_layers, "rms_norm_eps": cfg.rms_norm_eps,
+            "rope_theta": cfg.rope_theta, "rope_scaling": None, "max_position_embeddings": cfg.max_position_embeddings,
+            "vocab_size": cfg.vocab_size, "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
+            "tie_word_embeddings": False, "torch_dtype": dtype, "pretraining_tp": 1}
+
+
+def make_config(layout: Engine, cfg: DraftConfig, contract: WiringContract, dtype: str,
+                verifier: str | None = None) -> dict[str, Any]:
+    """`verifier`: what vLLM/speculators load as the target (path or hub id); default the target's name."""
+    ids = list(contract.engine_ids(layout.convention))
+    norm = cfg.norm.__dict__
+    if layout.config_style == "speculators":
+        layer = {**llama_fields(cfg, dtype), "architectures": ["LlamaForCausalLM"],
+                 "num_aux_hidden_states": cfg.num_taps, "fc_norm": norm["fc_norm"], "norm_output": norm["norm_output"]}
+        return {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+                "speculators_version": SPECULATORS_VERSION, "transformer_layer_config": layer,
+                "draft_vocab_size": cfg.draft_vocab_size, "target_hidden_size": cfg.target_hidden_size,
+                IDS_KEY: ids, **norm, "torch_dtype": dtype,
+                "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
+                                       "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+                                       "verifier": {"name_or_path": verifier or contract.target.name,
+                                                    "architectures": [contract.target.architecture]}}}
+    plain = layout.config_style == "llama"
+    out = {**llama_fields(cfg, dtype), "architectures": ["LlamaForCausalLM" if plain else "LlamaForCausalLMEagle3"],
+           "draft_vocab_size": cfg.draft_vocab_size, "bias": False}
+    if cfg.target_hidden_size != cfg.hidden_size:
+        # EAGLE (and SGLang) then stop taking the embedding from the target: it must be in the checkpoint.
+        out["target_hidden_size"] = cfg.target_hidden_size
+    if not plain:
+        out["eagle_config"] = {IDS_KEY: ids, "use_aux_hidden_state": True}
+        out.update(num_aux_hidden_states=cfg.num_taps, fc_norm=norm["fc_norm"], norm_output=norm["norm_output"])
+    if layout.norm_output_is_final_norm:
+        out["norm_output"] = True  # SpecForge's meaning: final norm before lm_head (see the module docstring)
+    return out
+
+
+def config_ids(layout: Engine, config: dict[str, Any]) -> list[int] | None:
+    """The layer ids where an export for this engine writes them (None: absent, or hard-coded taps)."""
+    if layout.hard_coded_taps:
+        return None
+    node: Any = config
+    for part in layout.id_keys[0].split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def draft_config_from(layout: Engine, config: dict[str, Any], num_taps: int) -> DraftConfig:
+    """DraftConfig from an exported config (the inverse of make_config)."""
+    base = config["transformer_layer_config"] if layout.config_style == "speculators" else config
+    flags = {k: bool(config.get(k, base.get(k, False))) for k in NormFlags.__dataclass_fields__}
+    if layout.norm_output_is_final_norm:
+        if not config.get("norm_output", True):
+            raise CheckpointError("SpecForge norm_output: false means no final norm before lm_head",
+                                  expected="norm_output true or absent (SpecForge's default)", found="false",
+                                  fix="eaglewire drafts always apply the final norm; an SGLang export's "
+                                  "norm_output: false means something else: import it with --format sglang")
+        flags["norm_output"] = False  # SpecForge always feeds the pre-norm state to the next step
+    try:
+        return DraftConfig(hidden_size=base["hidden_size"], intermediate_size=base["intermediate_size"],
+                           num_attention_heads=base["num_attention_heads"],
+                           num_key_value_heads=base.get("num_key_value_heads", base["num_attention_heads"]),
+                           head_dim=base.get("head_dim") or base["hidden_size"] // base["num_attention_heads"],
+                           target_hidden_size=config.get("target_hidden_size") or base["hidden_size"],
+                           num_taps=num_taps, vocab_size=base["vocab_size"], draft_vocab_size=config["draft_vocab_size"],
+                           num_layers=base.get("num_hidden_layers", 1), rms_norm_eps=base["rms_norm_eps"],
+                           rope_theta=base.get("rope_theta", 10000.0),
+                           max_position_embeddings=base.get("max_position_embeddings", 2048), norm=NormFlags(**flags))
+    except KeyError as err:
+        raise CheckpointError(f"{layout.name} config lacks a required field", expected=str(err), found="missing",
+                              fix="the directory is not an export of this format") from None

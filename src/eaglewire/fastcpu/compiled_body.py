@@ -1,0 +1,254 @@
+"""The target's whole layer stack as one inductor graph: a candidate layout (GRAPH) of the lean runtime.
+
+Why: a decode step of a small target is a few hundred tiny ops around its GEMMs, and on a CPU each op
+costs microseconds of dispatch whatever its size. Measured on SmolLM2-135M (AMD EPYC, 2 cores, AVX-512,
+fp32, interleaved in one process): a 1-row step took 39.5 ms, of which the 120 body GEMMs were 24.2 ms and
+the head 4.0 ms, so 11.3 ms went to norms, RoPE, cache writes, attention and residual adds (13.1 ms of a
+44.1 ms 4-row verify). Traced once by torch.compile, the same layer code (`LeanTarget.layers_forward`,
+no second copy of it) becomes a handful of fused C++ loops per layer: a whole 1-row step then took
+22.9 ms against 37.6 ms eager, a 4-row verify 38.5 against 43.3 (prototype, same machine).
+
+The GEMMs inside the graph:
+  - one row: a GEMV written as `(w * x).sum(-1)` (compiled_gemv.py's form), which inductor fuses with the
+    norm or activation that produces x;
+  - two or more rows: our panel GEMM (panel_gemm.py, an op of its own) where it is offered and the
+    calibration timed it faster than oneDNN's (LeanTarget._calibrate_graph_gemm: CompiledBody's `gemm`,
+    one of GRAPH_GEMMS); it beat oneDNN's GEMM and the fused graphs below at every verify size on
+    sitting 23's AVX2 host (the layer
+    stack's 120 GEMMs took 16.6 ms of an 8-row step inside the graph; whole 4 / 8-row verifies in one
+    bench_verify run: this graph 21 / 25 ms, the fused graphs 23 / 30, eager oneDNN 40 / 48).
+    Otherwise oneDNN's prepacked weight through `eaglewire::packed_linear`, an op registered here
+    (inductor cannot lower `mkldnn._linear_pointwise` with a weight that is an input rather than a frozen
+    constant; as an opaque op it is called as is). Inductor's own reduction for several rows was slower
+    than oneDNN here (4 rows: 37.9 against 23.9 ms for the 120 body weights), written as one
+    broadcast product, with the norm recomputed inside it;
+  - where the graph's GEMM is oneDNN's, a verify size a start asks for (2-8 rows, FUSED_ROWS): its own
+    static graph (FUSED) of one GEMV per row over the same weight, which inductor fuses into one loop
+    reading each weight row once (`fused_linear` has the figures), kept where LeanTarget.compile_graphs
+    times it faster.
+
+Shapes: the cache length is dynamic from the first call (the mask's last dimension is marked dynamic), and
+so is the row count above one, so a runtime compiles two graphs: one row, and every larger row count
+(and a static one per fused verify size).
+Compiling both took 58-75 s here the first time a machine saw a cache size; inductor caches the
+compiled code on disk (TORCHINDUCTOR_CACHE_DIR), and a later process traces both and loads them in about
+12 s (11.9 and 12.1 s at two warm `eaglewire generate` starts). The runtime
+offers this layout where the probe of compiled_gemv.py builds (fp32, a C++ compiler) and oneDNN's
+prepacked linear is exposed; its calibration times it against the eager layouts like any other.
+
+Two options of the compile, measured on SmolLM2 (AMD EPYC, 2 cores, AVX-512, fp32, the layer stack
+after a 100-token prefill, two runtimes per variant interleaved in one process, medians of 20):
+  - `realize_reads_threshold=1` (GRAPH_OPTIONS): inductor otherwise inlines a norm or an activation into
+    the GEMV that reads it, so each element of x is recomputed (h + residual, rsqrt, weight) for every
+    output row of the weight; realized once, x is a plain buffer. 1 row 16.4 -> 14.7 ms, 4 rows 19.1 ->
+    17.9 ms.
+  - guards on the call's arguments only (`_keep_guard`): dynamo otherwise checks ~600 guards on the
+    runtime's attributes every call (each weight, cache view, eps). 1 row 14.7 -> 14.0 ms, 4 rows 17.9 ->
+    17.8 ms.
+  - `cpp_wrapper=True` (GRAPH_OPTIONS): the code that calls the graph's kernels and its oneDNN GEMMs in
+    order is compiled C++ instead of generated Python. The Python wrapper pushed a Python frame per GEMM
+    (torch's `OpOverload.__call__`), and at the caller stack depths where that frame straddles the end
+    of CPython 3.11's 16 KB frame-stack chunk each GEMM mapped and unmapped a chunk (sitting 22, AMD EPYC,
+    2 cores, AVX2 only: a 2-row step of the layer stack called 0-119 frames deep took 29.6-30.2 ms at
+    depths 9 and 111, one minor page fault per GEMM, 120 a step, against 23.4 ms at the others; with the
+    C++ wrapper no depth faults per GEMM and the step took 22.6). Interleaved in one process on the same
+    host (whole forward with logits, medians of 12): 1 / 2 / 4 / 16 rows 21.2 / 29.6 / 36.2 / 69.4 ->
+    19.6 / 28.7 / 34.3 / 62.6 ms (8 rows 45.7 against 46.7, within the noise). The wrapper's C++ adds
+    to a cold compile (138 against 92 s for the 1-row and shared graphs on that host); a warm start loads
+    it from inductor's cache like the rest.
+
+Numerics: fp32 throughout, another summation order for the GEMVs and the norms (within 1e-4 of the eager
+layouts on the targets tested; SmolLM2's hidden states within 3e-5).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import types
+from typing import Callable, Protocol
+
+import torch
+
+from eaglewire.fastcpu import compiled_gemv, panel_gemm
+from eaglewire.fastcpu.gemm import COMPILED, PACKED, PANELS, Linear, candidate_layouts
+from eaglewire.ops import sdpa, unfused_attention
+
+GRAPH = "graph"
+FUSED = "graph-fused"  # GRAPH with a static graph of fused multi-row GEMVs for one verify size (fused_linear)
+# the verify sizes that may get one: where it wins depends on the machine (fused_linear), so every asked size
+# up to 8 is timed (at 16 rows it lost on the AVX2 host where 5-8 won)
+FUSED_ROWS = (2, 3, 4, 5, 6, 7, 8)
+# inductor config for the graph (module docstring): realize each GEMV's input rather than recompute it per
+# output row; a C++ wrapper (no Python frame per GEMM). Part of inductor's cache key, so a change compiles
+# anew rather than loading stale code.
+GRAPH_OPTIONS = {"realize_reads_threshold": 1, "cpp_wrapper": True}
+INDUCTOR_LAYOUTS = (GRAPH, COMPILED)  # the target's layouts that inductor compiles (the rest: eager ops)
+
+
+class LayerStack(Protocol):
+    """What the graph traces: runtime.LeanTarget's layers and their forward (a protocol, so that this
+    module needs nothing from runtime.py, which imports it)."""
+
+    layers: list
+
+    def prepare_copies(self, layouts: tuple[str, ...] | None = None) -> None: ...
+
+    def layers_forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int,
+                       mask: torch.Tensor | None, taps: tuple[int, ...],
+                       linear: Callable[[Linear, torch.Tensor], torch.Tensor],
+                       attend: Callable) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+
+# An op inductor treats as opaque: oneDNN's prepacked linear on a weight the graph receives as an input.
+# The Meta kernel gives the output's shape (the packed weight reports its logical [out, in] size).
+_LIB = torch.library.Library("eaglewire", "DEF")
+_LIB.define("packed_linear(Tensor x, Tensor packed, Tensor? bias) -> Tensor")
+
+
+# The kernel is oneDNN's op itself (its C builtin, the trailing arguments bound by functools.partial, also
+# C), not a Python function calling it. Why: a multi-row step calls this op 120 times, and on CPython 3.11
+# every Python frame pushed at a stack depth where the interpreter's 16 KB frame-stack chunk runs out maps a
+# new chunk and unmaps it on return. Measured (SmolLM2, a 2-row graph step, AMD EPYC, 2 threads): called at
+# 6-9 frames deeper than usual, the step took 20.3 ms against 17.0 at other depths, strace counting 120
+# mmap + munmap pairs of 16 KB per step there and none elsewhere; it made the calibration time the graph
+# slower than eager dnnl when called from inside a function (README, sitting 21). The graph's C++ wrapper
+# (GRAPH_OPTIONS) calls the op through the dispatcher from C++ (torch 2.13's inductor; older ones called
+# custom ops back through Python), so no Python frame is left per GEMM (tests/test_runtime.py checks it).
+_packed_linear = functools.partial(torch.ops.mkldnn._linear_pointwise.default._op, attr="none", scalars=[],
+                                   algorithm="")
+
+
+def _packed_linear_shape(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], packed.shape[0])
+
+
+# CPU for the activations, MkldnnCPU because the packed weight's dispatch key outranks it
+for _key in ("CPU", "MkldnnCPU"):
+    _LIB.impl("packed_linear", _packed_linear, _key)
+_LIB.impl("packed_linear", _packed_linear_shape, "Meta")
+
+
+def target_layouts(dtype: torch.dtype, compiled: bool = True) -> tuple[str, ...]:
+    """The layouts a target runtime in `dtype` can use here: gemm.candidate_layouts, plus GRAPH where
+    compiled_gemv's probe builds (fp32, a working C++ toolchain) and oneDNN's prepacked linear is offered.
+    compiled=False: the eager layouts only (nothing inductor compiles, no probe)."""
+    layouts = candidate_layouts(dtype, compiled)
+    return layouts + ((GRAPH,) if compiled and PACKED in layouts and compiled_gemv.available(dtype) else ())
+
+
+GRAPH_GEMMS = (*PANELS, PACKED)  # the graph's GEMM for two or more rows (LeanTarget.graph_gemm chooses)
+
+
+def graph_linear(lin: Linear, x: torch.Tensor, gemm: str = PACKED) -> torch.Tensor:  # x [B, T, in] -> [B, T, out]
+    """A Linear inside the graph: the fused GEMV for one row; for more, `gemm`: our panel GEMM
+    (panel_gemm.py) or oneDNN's packed one."""
+    if gemm in PANELS and x.shape[1] > 1:
+        return panel_gemm.linear(PANELS[gemm], x, lin.copy(gemm), lin.b, lin.w.shape[0])
+    if x.shape[1] == 1:
+        y = (lin.w * x.reshape(x.shape[0], 1, -1)).sum(-1)  # [out, in] * [B, 1, in] -> [B, out]
+        y = y[:, None]  # [B, 1, out]
+        return y if lin.b is None else y + lin.b
+    return torch.ops.eaglewire.packed_linear(x, lin.copy(PACKED), lin.b)
+
+
+def fused_linear(lin: Linear, x: torch.Tensor) -> torch.Tensor:  # x [B, T, in], B*T static -> [B, T, out]
+    """A Linear in a graph of a fixed row count (FUSED): one reduction per row over the same weight, which
+    inductor fuses into one loop reading each weight row once for every row (B*T accumulators), the norm
+    or activation before it realized once (GRAPH_OPTIONS). Measured on SmolLM2's layer stack, 100 cached
+    tokens, fp32, two runtimes interleaved in one process, against oneDNN's packed GEMM in the graph:
+      - AMD EPYC, 2 cores, AVX-512 (medians of 30): 2 rows 16.9 -> 14.1 ms, 4 rows 16.3 -> 15.5; 6 rows
+        slower (18.6 against 17.4 in another run);
+      - AMD EPYC, 2 cores, AVX2 only (sitting 22, medians of 8; oneDNN's AVX2 kernels for few rows are
+        slower there): 5 rows 30.2 -> 21.7 ms, 8 rows 36.0 -> 26.5, 16 rows 49.9 -> 59.4 (slower).
+    Hence FUSED_ROWS up to 8, and a machine keeps a size's graph only where it times faster there
+    (LeanTarget.compile_graphs)."""
+    B, T, _ = x.shape
+    rows = x.reshape(B * T, -1)  # [R, in]
+    y = torch.stack([(lin.w * rows[m]).sum(-1) for m in range(B * T)]).view(B, T, -1)  # R x [out] -> [B, T, out]
+    return y if lin.b is None else y + lin.b
+
+
+def graph_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Attention inside the graph (q [B, Hq, T, D]): torch's fused kernel for one row, the unfused sum
+    for more, which inductor fuses into a few loops (ops.unfused_attention has the figures)."""
+    return sdpa(q, keys, values, mask) if q.shape[2] == 1 else unfused_attention(q, keys, values, mask)
+
+
+_IDS = itertools.count()
+
+
+def _keep_guard(entries: list) -> list[bool]:
+    """Dynamo's guard filter for the graph: keep the guards on the call's tensors (h, cos, sin, mask: row
+    count, cache length; the shape environment) and on globals; drop those on the runtime's attributes
+    (`rt.*`: each weight, cache view and constant, ~600 checks a call). They cannot change under a graph:
+    each runtime has its own code object and LeanTarget assigns them once, in __init__ (a weight's copies
+    are built when first used and may be freed, LeanTarget.settle_copies: the graph fetches its tensors from
+    rt on every call, and CompiledBody.__call__ builds its GEMM's copies again before a call where they were
+    freed)."""
+    attrs = _body.__code__.co_varnames[0] + "."  # "rt.": the runtime is _body's first argument
+    return [not e.name.startswith(attrs) for e in entries]
+
+
+def _body(rt: LayerStack, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+          mask: torch.Tensor, gemm: str = PACKED) -> tuple[torch.Tensor, torch.Tensor]:
+    """gemm: the multi-row GEMM, fixed per compiled copy (`_compile`'s default argument), not a guarded
+    attribute of rt (`_keep_guard` drops those): a runtime that changes it compiles a new copy."""
+    start = mask.shape[-1] - h.shape[1]  # the cache slots before these rows (symbolic: dynamic length)
+    # every boundary's state, whatever taps the caller wants: taps are then no part of the graph (a
+    # vanilla step, a proposer's verify and a warm-up share it); the write is (L+1) * H floats a row
+    return rt.layers_forward(h, cos, sin, start, mask, tuple(range(len(rt.layers) + 1)),
+                             functools.partial(graph_linear, gemm=gemm), graph_attention)
+
+
+def _fused_body(rt: LayerStack, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """_body with fused_linear: compiled for one static row count each (FUSED)."""
+    start = mask.shape[-1] - h.shape[1]
+    return rt.layers_forward(h, cos, sin, start, mask, tuple(range(len(rt.layers) + 1)), fused_linear,
+                             graph_attention)
+
+
+def _compile(body: Callable, name: str, defaults: tuple | None = None) -> tuple[types.CodeType, Callable]:
+    """torch.compile of a renamed copy of `body` (its code object, where dynamo keeps its graphs), its
+    default arguments `defaults` (else body's)."""
+    code = body.__code__.replace(co_name=name)
+    fn = types.FunctionType(code, body.__globals__, code.co_name, defaults if defaults is not None else body.__defaults__)
+    return code, torch.compile(fn, fullgraph=True, dynamic=False, options={**GRAPH_OPTIONS, "guard_filter_fn": _keep_guard})
+
+
+class CompiledBody:
+    """`LeanTarget.layers_forward` compiled for one runtime: call it with layers_forward's arguments."""
+
+    def __init__(self, rt: LayerStack, gemm: str = PACKED) -> None:
+        """gemm: the GEMM of two or more rows (GRAPH_GEMMS), fixed for this body's graphs."""
+        if gemm not in GRAPH_GEMMS:
+            raise ValueError(f"the graph's multi-row GEMM must be one of {GRAPH_GEMMS}, not {gemm!r}")
+        self.rt, self.gemm = rt, gemm
+        # a code object of its own per runtime: dynamo caches compiled graphs per code object and guards on
+        # `rt`, so runtimes sharing one would evict each other's graphs (and hit its recompile limit)
+        n = next(_IDS)
+        self.code, self.fn = _compile(_body, f"target_body_{n}_{gemm}", (gemm,))  # tests count graphs off .code
+        # static graphs of fused GEMVs, one per row count in `fused` (dynamic=False: each stays static)
+        self.fused_code, self.fused_fn = _compile(_fused_body, f"target_fused_body_{n}")
+        self.fused: set[int] = set()  # row counts run by fused_fn (LeanTarget.compile_graphs chooses)
+        self.prepared = False  # whether the weight copies of `gemm` are built (the graph reads them)
+
+    def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int, mask: torch.Tensor | None,
+                 taps: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        B, T, _ = h.shape  # h [B, T, H]; cos, sin [B, 1, T, D]; mask additive [B or 1, 1, T, start+T] or None
+        if not self.prepared:  # built before tracing (inside the trace a build would be part of the graph)
+            self.rt.prepare_copies((self.gemm,))
+            self.prepared = True
+        if mask is None:  # one causal row: every cached slot visible. The graph always takes a mask, whose
+            mask = h.new_zeros(B, 1, T, start + T)  # last dimension carries the (dynamic) cache length
+        torch._dynamo.mark_dynamic(mask, 3)
+        if B == 1 and T in self.fused:  # built for one sequence (compile_graphs): another batch shares fn
+            h, every = self.fused_fn(self.rt, h, cos, sin, mask)  # [B, T, H], [B, T, (L+1) * H]
+        else:
+            if T > 1:  # one graph for every other row count above one (one row is the GEMV graph)
+                for t in (h, cos, sin, mask):
+                    torch._dynamo.mark_dynamic(t, t.dim() - 2)
+            h, every = self.fn(self.rt, h, cos, sin, mask)
+        if not taps:
+            return h, None
+        return h, every.view(B, T, -1, h.shape[-1])[:, :, list(taps)].reshape(B, T, -1)  # [B, T, n*H]

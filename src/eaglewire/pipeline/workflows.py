@@ -1,0 +1,136 @@
+"""The workflows both the CLI (`eaglewire vocab build`, `eaglewire train`, `eaglewire import`) and
+`eaglewire run` (pipeline/stages.py) call, so the two cannot drift apart: build the draft vocabulary from
+the training split, choose the feature source, train a draft and write its summary, import a draft from
+another tool with its taps measured.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from eaglewire.contract import WiringContract
+from eaglewire.data.samples import Sample, split_heldout
+from eaglewire.train.dist import DistInfo
+from eaglewire.train.loop import TrainConfig
+from eaglewire.draft.vocab import VocabMap
+
+
+@dataclass
+class VocabBuild:
+    vmap: VocabMap
+    counts: torch.Tensor  # int64 [V]: trained-token counts of the training split
+    coverage: dict[str, float]  # split name -> share of its trained tokens the draft vocab holds
+    meta: dict[str, Any]  # what save_vocab stored beside the map
+    train_samples: int
+    heldout_samples: int
+
+
+def build_vocab(target: Any, samples: list[Sample], draft_vocab_size: int, heldout_fraction: float, out: Path, *,
+                data: str, eval_samples: list[Sample] | None = None, keep: VocabMap | None = None) -> VocabBuild:
+    """Count the trained tokens of the TRAINING split, keep the most frequent, save the map to `out`.
+
+    Held-out samples are never counted: the held-out coverage (and accuracy) then estimate new prompts
+    honestly. `eval_samples` (e.g. MT-bench answers) only report coverage. `keep`: save this map instead
+    (a warm start's own vocabulary), with its coverage of these samples, or, if `draft_vocab_size` is
+    larger, that map grown by the most frequent other ids."""
+    from eaglewire.draft.vocab import build_vocab_map, count_masked_tokens, coverage, grow_vocab_map, save_vocab
+
+    train_s, held = split_heldout(samples, heldout_fraction)
+    counts = count_masked_tokens(train_s, target.vocab_size)
+    vmap = build_vocab_map(counts, draft_vocab_size) if keep is None else grow_vocab_map(keep, counts, draft_vocab_size)
+    cov = {"train": coverage(vmap, counts)}
+    for name, extra in (("held-out", held), ("eval", eval_samples)):
+        if extra:
+            cov[name] = coverage(vmap, count_masked_tokens(extra, target.vocab_size))
+    meta = {"target": target.identity.__dict__, "data": data, "coverage": cov, "draft_vocab_size": vmap.draft_vocab_size,
+            "distinct_trained_tokens": int((counts > 0).sum()), "kept_from_warm_start": keep is not None,
+            "kept_ids": keep.draft_vocab_size if keep is not None else 0}
+    save_vocab(out, vmap, counts, meta)
+    return VocabBuild(vmap, counts, cov, meta, len(train_s), len(held))
+
+
+def draft_vocab(draft_dir: Path) -> VocabMap:
+    """A native draft's own vocabulary map (d2t/t2d read by name, validated): what a warm start keeps."""
+    from safetensors import safe_open
+
+    from eaglewire.export.checkpoint import WEIGHTS, read_checkpoint_config
+
+    read_checkpoint_config(Path(draft_dir))  # a clear error for anything but a native checkpoint
+    with safe_open(str(Path(draft_dir) / WEIGHTS), framework="pt") as f:
+        return VocabMap(d2t=f.get_tensor("d2t"), t2d=f.get_tensor("t2d"))
+
+
+def feature_source(target: Any, contract: WiringContract, features: Path | None,
+                   samples: Callable[[], list[Sample]]) -> tuple[Any, list[Sample]]:
+    """Offline features from a `data capture` directory (its samples come with it), else online capture
+    of `samples()` through the target."""
+    from eaglewire.capture.features import OfflineFeatures, OnlineFeatures
+
+    if features is not None:
+        source = OfflineFeatures(features, contract, pad_id=target.pad_id)
+        return source, source.samples()
+    return OnlineFeatures(target, contract, pad_id=target.pad_id), samples()
+
+
+def mix_in_features(target: Any, contract: WiringContract, primary: Any,
+                    extra_dirs: list[Path]) -> tuple[Any, list[Sample]]:
+    """`primary` (offline features) plus extra directories of the same contract, served as one source;
+    returns it and the extras' samples (all of them train: held-out comes from the primary only)."""
+    from eaglewire.capture.features import FeatureMix, OfflineFeatures
+
+    mix = FeatureMix(primary, [OfflineFeatures(d, contract, pad_id=target.pad_id) for d in extra_dirs])
+    return mix, [s for part in range(1, len(mix.parts)) for s in mix.samples(part)]
+
+
+def train_draft(target: Any, contract: WiringContract, vmap: VocabMap, source: Any, train_samples: list[Sample],
+                heldout: list[Sample], cfg: TrainConfig, out: Path, info: DistInfo = DistInfo(), *,
+                resume: bool = False, on_step: Callable[[dict], None] | None = None) -> dict[str, Any]:
+    """TTT training into `out` (draft/, checkpoints/, metrics.jsonl, training.png, summary.json on the
+    main rank); returns the summary."""
+    from eaglewire.train.loop import train
+    from eaglewire.train.plot import plot_metrics
+
+    last = train(target, contract, vmap, source, train_samples, heldout, cfg, out, info, resume=resume,
+                 on_step=on_step)
+    summary = {"heldout": last, "train_samples": len(train_samples), "heldout_samples": len(heldout),
+               "train_tokens": int(sum(len(s.input_ids) for s in train_samples)), "config": cfg.to_dict(),
+               "contract": contract.to_dict()}
+    if info.is_main:
+        plot_metrics(out / "metrics.jsonl", out / "training.png")
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def import_any(directory: Path, fmt: str, target: Any = None, *, measure: bool = True,
+               bounds: Any = None) -> tuple[Any, WiringContract, Any]:
+    """(draft, contract, measurement or None). An export with its contract file (or a native checkpoint)
+    is imported as it is. Without one, the contract is inferred and says so (`WiringContract.inferred`):
+    with `measure`, from the boundaries the draft's own weights predict best on `target` (the doctor's
+    empirical check; the config's ids win any near-tie), else from the config's layer ids as the engine
+    reads them. Later checks and exports carry the evidence with the contract."""
+    from eaglewire.doctor.measured_wiring import run_measurement
+    from eaglewire.doctor.inspect import inspect_dir
+    from eaglewire.export.engines import NATIVE
+    from eaglewire.errors import EaglewireError
+    from eaglewire.export.base import read_contract
+    from eaglewire.export.convert import import_draft
+
+    directory = Path(directory)
+    if fmt == NATIVE or read_contract(directory) is not None or target is None:
+        draft, contract = import_draft(directory, fmt, target=target)
+        return draft, contract, None
+    if not measure:
+        draft, contract = import_draft(directory, fmt, target=target)
+        return draft, replace(contract, inferred={"source": "engine_config", "engine": fmt}), None
+    m, findings = run_measurement(inspect_dir(directory, fmt), target, bounds)
+    if m is None:
+        raise EaglewireError(f"{directory}: the trained boundaries could not be measured", found=findings[0].what,
+                             fix=findings[0].fix or "import with --no-measure to take the config's ids as they are")
+    draft, contract = import_draft(directory, fmt, target=target, taps=m.best)
+    evidence = {"source": "measured", "engine": fmt, "target": target.name, **m.to_dict()}
+    return draft, replace(contract, inferred=evidence), m

