@@ -20,6 +20,7 @@ import time
 import torch
 
 from eaglewire.export.checkpoint import load_checkpoint
+from eaglewire.fastcpu.draft import FastDraft
 from eaglewire.fastcpu.gemm import CacheFlush
 from eaglewire.decoding.propose import EagleProposer
 from eaglewire.decoding.tree import TreeShape
@@ -48,7 +49,8 @@ def main() -> None:
             draft = load_checkpoint(path, target=target, dtype=dtype)
             for lay in layouts:
                 name = lay if len(args.drafts) == 1 else f"draft {i} (V_d {draft.cfg.draft_vocab_size})"
-                props[name] = EagleProposer(draft, draft.contract, TreeShape.chain(args.k), MAX_LEN, layout=lay)
+                props[name] = EagleProposer(draft, draft.contract, TreeShape.chain(args.k), MAX_LEN,
+                                              None if lay == "module" else FastDraft(draft, lay))
         for p in props.values():
             p.start(torch.randint(0, 40000, (1, PROMPT)), torch.randn(1, PROMPT, width, dtype=dtype), 5)
         ms: dict[str, list[float]] = {k: [] for k in props}

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from eaglewire.fastcpu.gemm import PACKED, PANELS, candidate_layouts
-from eaglewire.decoding.runtime import LeanTarget
+from eaglewire.fastcpu.runtime import FastRuntime
 from eaglewire.hw import describe_cpu
 from eaglewire.safeio import atomic_write_text
 from eaglewire.target.loader import load_target
@@ -36,7 +36,7 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     offered = candidate_layouts(torch.float32, compiled=True)
     layouts = [lay for lay in a.layouts.split(",") if lay in offered]
-    rt = LeanTarget(load_target(dtype=torch.float32), 8, layout="tn", compiled=True)
+    rt = FastRuntime(load_target(dtype=torch.float32), 8, layout="tn", compiled=True)
     lins = [lin for L in rt.layers for lin in (L.qkv, L.o, L.gate_up, L.down)]
     flat = torch.cat([lin.w.flatten() for lin in lins])  # the same bytes in one buffer, for the sum
     nbytes = flat.numel() * flat.element_size()

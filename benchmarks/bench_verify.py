@@ -26,7 +26,7 @@ import torch
 from eaglewire.fastcpu.compiled_body import FUSED, FUSED_ROWS, GRAPH, target_layouts
 from eaglewire.fastcpu.gemm import applies
 from roofline import PEAK_ROWS, RateProbe, step_cost, widest_matrix
-from eaglewire.decoding.runtime import LeanTarget
+from eaglewire.fastcpu.runtime import FastRuntime
 from eaglewire.hw import RUNTIME_DTYPES, describe_cpu, runtime_dtype
 from eaglewire.safeio import atomic_write_text
 from eaglewire.target.loader import load_target
@@ -57,16 +57,16 @@ def _roofline(target, probe: RateProbe, decode_ms: float) -> dict:
             "decode_ms": decode_ms}
 
 
-def _runtimes(target, layouts: tuple[str, ...]) -> dict[str, LeanTarget]:
+def _runtimes(target, layouts: tuple[str, ...]) -> dict[str, FastRuntime]:
     """A runtime per fixed layout, the graph with its fused verify graphs (FUSED), and a calibrated one that
     builds the fused graphs as a start asking for these verify sizes does (make_runtime, compile="always":
     a fused graph per size, kept where it times faster than the shared graph)."""
-    runtimes = {f"lean_{lay}": LeanTarget(target, 256, layout=lay) for lay in layouts if applies(lay, 2)}
+    runtimes = {f"lean_{lay}": FastRuntime(target, 256, layout=lay) for lay in layouts if applies(lay, 2)}
     fused_ks = tuple(k for k in KS if k in FUSED_ROWS)  # only the sizes timed here compile a fused graph
     if GRAPH in layouts:  # the graph with the fused verify graphs for those sizes, always
-        runtimes[f"lean_{FUSED}"] = LeanTarget(target, 256, layout=GRAPH)
+        runtimes[f"lean_{FUSED}"] = FastRuntime(target, 256, layout=GRAPH)
         runtimes[f"lean_{FUSED}"].graph.fused = set(fused_ks)
-    calibrated = runtimes["lean_calibrated"] = LeanTarget(target, 256)
+    calibrated = runtimes["lean_calibrated"] = FastRuntime(target, 256)
     print("calibrated layouts:", calibrated.calibrate(ks=KS))
     calibrated.settle_copies()  # the copies its policy reads, as make_runtime holds them before compiling
     calibrated.compile_graphs(verify_rows=fused_ks)

@@ -91,11 +91,11 @@ def bench_sample(target, limit: int, max_new_tokens: int = 256) -> list:
     from eaglewire.data.samples import tokenize_conversations
     from eaglewire.serve.bench import spread_over_categories
     from eaglewire.decoding.engine import greedy_reference
-    from eaglewire.decoding.hf_runtime import make_runtime
+    from eaglewire.decoding.runtime import plain_runtime
 
     tok = target.tokenizer
     asked = spread_over_categories("mtbench", limit)
-    rt = make_runtime(target, 1024 + max_new_tokens)
+    rt = plain_runtime(target, 1024 + max_new_tokens)
     convs = []
     for q in asked:
         ids = tok.apply_chat_template([{"role": "user", "content": q.user_turns[0]}], add_generation_prompt=True,

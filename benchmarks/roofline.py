@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from eaglewire.fastcpu.gemm import PACKED, Linear, candidate_layouts
-from eaglewire.fastcpu.target_weights import head_dim
+from eaglewire.fastcpu.gemm import PACKED, Gemm, candidate_layouts
+from eaglewire.decoding.layers import head_dim
 from eaglewire.hw import last_level_cache_bytes
 
 STREAM_MIN_BYTES = 512 << 20  # the streamed buffer: at least this, and 8x the last-level cache
@@ -63,7 +63,7 @@ class RateProbe:
     drifts by tens of percent between minutes here, so rates measured once, before or after, do not
     describe the steps they are compared with): the bytes per second a sum reads from a buffer 8x the
     last-level cache (at least STREAM_MIN_BYTES: no sample finds it in a cache), and the FLOP per second
-    of oneDNN's prepacked linear (the runtime's GEMM for several rows, gemm.Linear's "dnnl" layout; its "tn"
+    of oneDNN's prepacked linear (the runtime's GEMM for several rows, gemm.Gemm's "dnnl" layout; its "tn"
     matmul where this torch build or dtype does not offer it) on a compute-bound [PEAK_ROWS, in] x [in, out] product of the target's own
     matrix shape. `bandwidth` and `peak` are the medians of the samples taken."""
 
@@ -73,7 +73,7 @@ class RateProbe:
         self.shape = (in_features, out_features)
         self.x = torch.randn(PEAK_ROWS, in_features, dtype=dtype)  # [R, in]
         packed = PACKED in candidate_layouts(dtype, compiled=False)
-        self.lin = Linear(torch.randn(out_features, in_features, dtype=dtype), None, (PACKED,) if packed else ())  # [out, in]
+        self.lin = Gemm(torch.randn(out_features, in_features, dtype=dtype), None, (PACKED,) if packed else ())  # [out, in]
         self.layout = PACKED if packed else "tn"
         self.flop = 2 * PEAK_ROWS * in_features * out_features
         self.buf.sum(), self.gemm()  # untimed: first calls pay for page faults and oneDNN's kernel choice

@@ -25,7 +25,7 @@ import torch
 from eaglewire.export.checkpoint import load_checkpoint, resolve_draft
 from eaglewire.serve.bench import spread_over_categories
 from eaglewire.decoding.engine import SpecDecoder
-from eaglewire.decoding.hf_runtime import make_runtime
+from eaglewire.decoding.runtime import plain_runtime
 from eaglewire.decoding.propose import EagleProposer
 from eaglewire.decoding.tree import TreeShape
 from eaglewire.hw import describe_cpu
@@ -108,8 +108,8 @@ def main() -> None:
     draft = load_checkpoint(resolve_draft(a.draft), target=target, dtype=torch.float32)
     tok = target.tokenizer
     max_len = 1024 + a.max_new_tokens + a.k + 8
-    rt = make_runtime(target, max_len)
-    rec = Recording(EagleProposer(draft, draft.contract, TreeShape.chain(a.k), max_len, compiled=rt.compiled))
+    rt = plain_runtime(target, max_len)
+    rec = Recording(EagleProposer(draft, draft.contract, TreeShape.chain(a.k), max_len))
     decoder = SpecDecoder(rt, rec)
     records, p1_all = [], []
     for q in spread_over_categories("mtbench", a.limit):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from eaglewire.decoding import runtime as current
+from eaglewire.fastcpu import runtime as current
 from eaglewire.hw import describe_cpu
 from eaglewire.target.loader import load_target
 
@@ -27,9 +27,9 @@ CACHED = 200  # tokens in the KV cache before the timed forwards
 
 
 def runtime_at(rev: str):
-    """decoding/runtime.py as it was at `rev`, imported as its own module (it still imports today's
+    """fastcpu/runtime.py as it was at `rev`, imported as its own module (it still imports today's
     eaglewire for everything else)."""
-    src = subprocess.run(["git", "show", f"{rev}:src/eaglewire/decoding/runtime.py"], check=True,
+    src = subprocess.run(["git", "show", f"{rev}:src/eaglewire/fastcpu/runtime.py"], check=True,
                          capture_output=True, text=True).stdout
     path = Path(tempfile.mkdtemp()) / "runtime_at_rev.py"
     path.write_text(src)
@@ -48,8 +48,8 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     target = load_target(dtype=torch.float32)
-    rts = {a.against: runtime_at(a.against).LeanTarget(target, 512, layout="dnnl"),
-           "working tree": current.LeanTarget(target, 512, layout="dnnl")}
+    rts = {a.against: runtime_at(a.against).FastRuntime(target, 512, layout="dnnl"),
+           "working tree": current.FastRuntime(target, 512, layout="dnnl")}
     prefix = torch.randint(0, target.vocab_size, (1, CACHED), generator=torch.Generator().manual_seed(0))
     for rt in rts.values():
         rt.forward(prefix, torch.arange(CACHED)[None], 0)

@@ -25,7 +25,7 @@ from eaglewire.export.checkpoint import load_checkpoint
 from eaglewire.hw import describe_cpu
 from eaglewire.serve.bench import bench_prompts
 from eaglewire.decoding.engine import SpecDecoder, SpecStats
-from eaglewire.decoding.hf_runtime import make_runtime
+from eaglewire.decoding.runtime import plain_runtime
 from eaglewire.decoding.propose import EagleProposer
 from eaglewire.decoding.tree import TreeShape
 from eaglewire.target.loader import load_target
@@ -58,13 +58,13 @@ def main() -> None:
         return _offline(a, target)
     prompts = bench_prompts(target, "mtbench", a.prompts)  # spread over MT-bench's categories
     max_len = max(p.shape[1] for p in prompts) + a.max_new_tokens + a.k + 16
-    rt = make_runtime(target, max_len, calibrate=False)  # tau does not depend on the GEMM layout
+    rt = plain_runtime(target, max_len)  # tau does not depend on how fast the GEMMs run
     seen, drafts = _snapshots(a)
     eos = {target.tokenizer.eos_token_id}
     rows = []
     for d in drafts:
         draft = load_checkpoint(d, target=target)
-        prop = EagleProposer(draft, draft.contract, TreeShape.chain(a.k), max_len, compiled=rt.compiled)
+        prop = EagleProposer(draft, draft.contract, TreeShape.chain(a.k), max_len)
         acc = []
         for p in prompts:
             acc += SpecDecoder(rt, prop).generate(p, a.max_new_tokens, eos=eos)[1].accepted

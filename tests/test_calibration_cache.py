@@ -12,8 +12,12 @@ from typer.testing import CliRunner
 from eaglewire.fastcpu import calibration as C
 from eaglewire.fastcpu.compiled_body import GRAPH, INDUCTOR_LAYOUTS
 from eaglewire.fastcpu.gemm import COMPILED, applies
-from eaglewire.decoding.hf_runtime import make_runtime
-from eaglewire.decoding.runtime import CALIBRATION_PREFIX, LeanTarget
+from eaglewire.fastcpu.start import make_fast_runtime as make_runtime
+from eaglewire.serve.runtimes import make_proposer
+from eaglewire.fastcpu.runtime import CALIBRATION_PREFIX, FastRuntime
+from extras import needs_fastcpu
+
+pytestmark = needs_fastcpu  # the CPU acceleration layer's own tests
 
 KS = (1, 2, 4)  # a short calibration: these tests are about the cache, not the timings
 ROOM = CALIBRATION_PREFIX + max(KS)  # the slots a calibration writes
@@ -31,20 +35,20 @@ def cache(tmp_path, monkeypatch):
 
 @pytest.fixture
 def forwards(monkeypatch):
-    """Counts LeanTarget forwards and greedy-head calls (calibration is nothing but timed calls of both)."""
+    """Counts FastRuntime forwards and greedy-head calls (calibration is nothing but timed calls of both)."""
     calls = []
     for name in ("forward", "argmax"):
-        real = getattr(LeanTarget, name)
+        real = getattr(FastRuntime, name)
 
         def counted(self, *a, _real=real, **k):
             calls.append(1)
             return _real(self, *a, **k)
-        monkeypatch.setattr(LeanTarget, name, counted)
+        monkeypatch.setattr(FastRuntime, name, counted)
     return calls
 
 
 def _start(target, log):
-    rt = LeanTarget(target, max_len=ROOM)
+    rt = FastRuntime(target, max_len=ROOM)
     policy, path, reused = C.calibrate_cached(rt, log.append, ks=KS, reps=1, refine=0)
     assert rt.policy == policy
     return policy, path, reused
@@ -53,7 +57,7 @@ def _start(target, log):
 def test_second_start_reuses_the_cache_without_timing(cache, forwards):
     target, log = build_target("llama"), []
     policy, path, reused = _start(target, log)
-    key = C.calibration_key(LeanTarget(target, 8), KS, 1, 0)
+    key = C.calibration_key(FastRuntime(target, 8), KS, 1, 0)
     timed = sum(applies(lay, k) for lay in key["layouts"] for k in KS)  # the compiled GEMV: one row only
     # reps=1: each (layout or head, rows) runs once untimed (a warm-up) and once timed
     assert not reused and len(forwards) == 2 * (timed + len(KS) * len(key["heads"]))
@@ -65,7 +69,7 @@ def test_second_start_reuses_the_cache_without_timing(cache, forwards):
     forwards.clear()
     again, path2, reused = _start(target, log)
     assert reused and again == policy and path2 == path and forwards == []
-    rt = LeanTarget(target, max_len=ROOM)
+    rt = FastRuntime(target, max_len=ROOM)
     C.calibrate_cached(rt, log.append, ks=KS, reps=1, refine=0)
     assert {str(k): v for k, v in rt.head_policy.items()} == record["head_policy"]  # the greedy head too
     assert log[-1].startswith(f"reusing GEMM layout calibration from {path}")
@@ -146,7 +150,6 @@ def test_cached_compile_waits_for_no_compiler_until_a_start_built_the_layouts(ca
     from tiny import build_draft
 
     from eaglewire.fastcpu import compiled_gemv
-    from eaglewire.decoding.propose import EagleProposer
     from eaglewire.decoding.tree import TreeShape
 
     monkeypatch.setattr(C, "compiled_marker_dir", lambda: tmp_path / "markers")
@@ -167,7 +170,7 @@ def test_cached_compile_waits_for_no_compiler_until_a_start_built_the_layouts(ca
         plain = make_runtime(target, 32)  # uncalibrated (the doctor's): its AUTO policy never compiles
         assert not set(plain.candidates) & {GRAPH, COMPILED} and not plain.compiled and not rt.compiled
         draft, contract = build_draft(target, taps=(1, 2, 3))
-        proposer = EagleProposer(draft, contract, TreeShape.chain(2), 32, compiled=rt.compiled)
+        proposer = make_proposer(draft, contract, TreeShape.chain(2), 32, rt)
         assert COMPILED not in proposer.lean.candidates  # the draft beside it compiles nothing either
     built = make_runtime(target, 32, calibrate=True, compile="always")
     marker = C.compiled_marker(target, built.max_len)
@@ -243,7 +246,7 @@ def test_the_key_names_the_panel_kernels_build(monkeypatch, tmp_path):
     from eaglewire.fastcpu import panel_gemm
     from eaglewire.fastcpu.gemm import PANEL
 
-    rt = LeanTarget(build_target("llama"), 8)
+    rt = FastRuntime(build_target("llama"), 8)
     if PANEL not in rt.candidates:
         pytest.skip("the panel GEMM is not offered here (decoding/panel_gemm.missing() says why)")
     key = C.calibration_key(rt, KS, 1, 0)
@@ -257,12 +260,12 @@ def test_the_key_names_the_panel_kernels_build(monkeypatch, tmp_path):
 def test_the_graphs_gemm_is_stored_and_restored(cache, monkeypatch):
     """The calibration file keeps the graph's multi-row GEMM; a later start restores it without timing,
     and a file naming a GEMM not offered here is measured again."""
-    from eaglewire.decoding import runtime
+    from eaglewire.fastcpu import runtime
     from eaglewire.fastcpu.compiled_body import GRAPH_GEMMS
     from eaglewire.fastcpu.gemm import PACKED, PANEL
 
     target, log = build_target("llama"), []
-    rt = LeanTarget(target, max_len=ROOM)
+    rt = FastRuntime(target, max_len=ROOM)
     if rt.graph is None or PANEL not in rt.candidates:
         pytest.skip("the graph or the panel GEMM is not offered here")
     real = runtime.time_layouts
@@ -276,11 +279,11 @@ def test_the_graphs_gemm_is_stored_and_restored(cache, monkeypatch):
     _, path, reused = C.calibrate_cached(rt, log.append, ks=KS, reps=1, refine=0)
     assert not reused and rt.graph_gemm == PACKED and "the graph's multi-row GEMM dnnl" in log[-1]
     assert json.loads(path.read_text())["graph_gemm"] == PACKED
-    again = LeanTarget(target, max_len=ROOM)
+    again = FastRuntime(target, max_len=ROOM)
     assert again.graph_gemm == PANEL  # the default before a calibration
     _, _, reused = C.calibrate_cached(again, log.append, ks=KS, reps=1, refine=0)
     assert reused and again.graph_gemm == PACKED and again.graph.gemm == PACKED
     record = json.loads(path.read_text())
     path.write_text(json.dumps({**record, "graph_gemm": "tn"}))
-    C.calibrate_cached(LeanTarget(target, max_len=ROOM), log.append, ks=KS, reps=1, refine=0)
+    C.calibrate_cached(FastRuntime(target, max_len=ROOM), log.append, ks=KS, reps=1, refine=0)
     assert any("graph_gemm 'tn' is not one of" in line for line in log)

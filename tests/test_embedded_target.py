@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from extras import needs_fastcpu
 from typer.testing import CliRunner
 
 from eaglewire.cli.app import app
@@ -64,7 +65,7 @@ def test_released_draft_runs_lossless_on_the_real_target(smollm):
     from eaglewire.export.checkpoint import resolve_draft
     from eaglewire.decoding.engine import SpecDecoder, greedy_reference
     from eaglewire.decoding.propose import EagleProposer
-    from eaglewire.decoding.runtime import LeanTarget
+    from eaglewire.decoding.runtime import StaticRuntime
     from eaglewire.decoding.tree import TreeShape
 
     draft = load_checkpoint(resolve_draft(None), target=smollm)
@@ -72,25 +73,26 @@ def test_released_draft_runs_lossless_on_the_real_target(smollm):
                                                add_generation_prompt=True, return_dict=True,
                                                return_tensors="pt")["input_ids"]
     eos = {smollm.tokenizer.eos_token_id}
-    ref = greedy_reference(LeanTarget(smollm, 256), ids, 24, eos)
+    ref = greedy_reference(StaticRuntime(smollm, 256), ids, 24, eos)
     shape = TreeShape(num_steps=3, topk=2, num_draft_tokens=6)
-    out, stats = SpecDecoder(LeanTarget(smollm, 256), EagleProposer(draft, draft.contract, shape, 256)).generate(ids, 24, eos)
+    out, stats = SpecDecoder(StaticRuntime(smollm, 256), EagleProposer(draft, draft.contract, shape, 256)).generate(ids, 24, eos)
     assert out == ref and stats.verify_steps >= 1
 
 
+@needs_fastcpu
 def test_the_embedded_target_decodes_the_same_through_the_screen(smollm):
     """Real SmolLM2 states: greedy through the screen (on the packed bf16 copy where this CPU runs it,
     else plain bf16) equals greedy through the fp32 head, and the screen keeps few candidates, never fewer
     than the per-token bound would."""
     from eaglewire.decoding.engine import greedy_reference
-    from eaglewire.decoding.runtime import LeanTarget
+    from eaglewire.fastcpu.runtime import FastRuntime
     from eaglewire.fastcpu.screened_head import PLAIN, SCREENED, ScreenedHead
 
     ids = smollm.tokenizer.apply_chat_template([{"role": "user", "content": "Explain what a CPU cache is."}],
                                                add_generation_prompt=True, return_dict=True,
                                                return_tensors="pt")["input_ids"]
-    plain = LeanTarget(smollm, 160, head=PLAIN)
-    screened = LeanTarget(smollm, 160)
+    plain = FastRuntime(smollm, 160, head=PLAIN)
+    screened = FastRuntime(smollm, 160)
     if screened.screen is None:
         screened.screen, screened.head_policy = ScreenedHead(screened.head.w, packed=False), {1: SCREENED}
     assert screened.head_policy == {1: SCREENED}

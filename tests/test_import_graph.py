@@ -1,4 +1,7 @@
-"""No import cycle anywhere in src/eaglewire, counting imports inside functions.
+"""Layers that only point down: no import cycle between modules, and packages in one written order.
+
+The order below is the pipeline's, written once: a package (or top-level module) of eaglewire may import
+only those before it. Counted for imports inside functions too.
 
 A late import inside a function hides a cycle from Python (it works once both modules are loaded) but
 not from a reader: the two modules can no longer be understood, tested or moved apart. Every module is
@@ -9,10 +12,19 @@ packages above it (importing `a.b.c` runs `a/__init__` and `a/b/__init__` first)
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 SRC = Path(__file__).parents[1] / "src"
 ROOT = "eaglewire"
+
+# base: errors, safe file IO, the user cache, CPU features, tensor ops -> the wiring contract -> the target
+# and the draft -> export (native checkpoint, engine records, formats) -> data -> the vLLM client ->
+# capture -> train -> the speculative decoder -> its CPU acceleration -> the doctor -> the product
+# surfaces (bench, serve, peer rows) -> the `eaglewire run` pipeline -> the command line
+LAYERS = ("errors", "safeio", "cache", "hw", "ops", "contract", "target", "draft", "export", "data", "vllm_client",
+          "capture", "train", "decoding", "fastcpu", "doctor", "serve", "pipeline", "cli")
 
 
 def _modules() -> dict[str, Path]:
@@ -97,6 +109,8 @@ def test_the_graph_sees_late_imports():
     assert "eaglewire.cli.app" in graph and "eaglewire.cli.common" in graph["eaglewire.cli.data"]
     # stages.py imports the workflows only inside its stage functions
     assert "eaglewire.pipeline.workflows" in graph["eaglewire.pipeline.stages"]
+    # serve.runtimes imports the accelerated start only inside make_runtime
+    assert "eaglewire.fastcpu.start" in graph["eaglewire.serve.runtimes"]
 
 
 def test_cycle_finder_names_the_cycle():
@@ -108,3 +122,58 @@ def test_no_import_cycle_in_src():
     cycle = _find_cycle(_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle) + " (move the shared piece into a module " \
         "both can import, or pass it in as an argument)"
+
+
+def _layer(module: str) -> str:
+    """The top-level package or module of eaglewire that `module` belongs to."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ROOT
+
+
+def package_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a later layer (or of an unlisted one), as 'module -> module'."""
+    rank = {name: i for i, name in enumerate(LAYERS)}
+    bad = []
+    for mod, targets in sorted(graph.items()):
+        a = _layer(mod)
+        for target in sorted(targets):
+            b = _layer(target)
+            if a != b and (a not in rank or b not in rank or rank[b] > rank[a]):
+                bad.append(f"{mod} -> {target}")
+    return bad
+
+
+def test_every_package_is_in_the_written_order():
+    tops = {_layer(m) for m in _modules()} - {ROOT}
+    assert tops == set(LAYERS), f"add {sorted(tops - set(LAYERS))} to LAYERS, drop {sorted(set(LAYERS) - tops)}"
+
+
+def test_layers_only_point_down():
+    bad = package_violations(_graph())
+    assert not bad, "imports that point up the layers " + " > ".join(LAYERS) + ":\n  " + "\n  ".join(bad)
+
+
+def test_the_layer_check_sees_an_upward_import():
+    assert package_violations({"eaglewire.decoding.engine": {"eaglewire.fastcpu.gemm"}}) == \
+        ["eaglewire.decoding.engine -> eaglewire.fastcpu.gemm"]
+    assert package_violations({"eaglewire.fastcpu.gemm": {"eaglewire.decoding.layers"}}) == []
+
+
+def test_the_core_decoder_and_wiring_translate_load_no_acceleration_module():
+    """Statically: nothing the decoder reaches is in fastcpu. At run time: `eaglewire wiring translate`
+    loads none of fastcpu's modules (the package's own light __init__ at most)."""
+    graph = _graph()
+    seen, todo = set(), [m for m in graph if _layer(m) == "decoding"]
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo.extend(graph[m])
+    assert not [m for m in seen if _layer(m) == "fastcpu"]
+    code = ("import sys; from typer.testing import CliRunner; from eaglewire.cli.app import app; "
+            "r = CliRunner().invoke(app, ['wiring', 'translate', '--layers', '30', '--to', 'vllm']); "
+            "assert r.exit_code == 0, r.output; "
+            "print(sorted(m for m in sys.modules if m.startswith('eaglewire.fastcpu.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"

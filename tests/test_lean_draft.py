@@ -10,13 +10,16 @@ import torch
 from tiny import build_draft, build_target
 
 from eaglewire.contract import NormFlags
-from eaglewire.fastcpu.lean_draft import LayoutLinear, LeanDraft
+from eaglewire.fastcpu.draft import LayoutLinear, FastDraft
 from eaglewire.decoding.propose import EagleProposer
 from eaglewire.fastcpu import gemm
 from eaglewire.fastcpu.gemm import candidate_layouts
 from eaglewire.fastcpu.screened_head import SCREENED, ScreenedHead
 from eaglewire.decoding.tree import TreeShape
 from eaglewire.draft.model import DraftCache
+from extras import needs_fastcpu
+
+pytestmark = needs_fastcpu  # the CPU acceleration layer's own tests
 
 NORMS = {"eagle3": NormFlags(),
          "speculators": NormFlags(norm_before_residual=True, norm_output=True),
@@ -42,7 +45,7 @@ def test_every_layout_computes_what_the_draft_modules_compute(norm, layers):
     taps = torch.randn(1, 5, 3 * target.hidden_size, generator=g)
     ref_first, ref_next = _forward(draft, ids, taps, draft.cfg)
     for layout in candidate_layouts(torch.float32):
-        lean = LeanDraft(draft, layout)
+        lean = FastDraft(draft, layout)
         assert sum(isinstance(m, LayoutLinear) for m in lean.model.modules()) == 2 + 4 * layers  # fc, head; qkv, o, gate_up, down
         first, nxt = _forward(lean.model, ids, taps, draft.cfg)
         for a, b in ((first.logits, ref_first.logits), (first.hidden, ref_first.hidden),
@@ -53,7 +56,7 @@ def test_every_layout_computes_what_the_draft_modules_compute(norm, layers):
 def test_every_timed_calibration_call_follows_a_cache_flush(monkeypatch):
     """Decoding meets the draft's weights after the target's forward evicted them: the calibration times
     each layout and head the same way, never cache-hot back to back."""
-    from eaglewire.fastcpu import lean_draft
+    from eaglewire.fastcpu import draft as lean_draft
     from eaglewire.fastcpu.screened_head import greedy_heads
 
     events = []
@@ -61,7 +64,7 @@ def test_every_timed_calibration_call_follows_a_cache_flush(monkeypatch):
     timer = time.perf_counter  # gemm's clock only (inductor, say, has its own)
     monkeypatch.setattr(gemm, "time", SimpleNamespace(perf_counter=lambda: events.append("timer") or timer()))
     draft, _ = build_draft(build_target("llama"))
-    LeanDraft(draft)  # auto: calibrates
+    FastDraft(draft)  # auto: calibrates
     starts = events[::3]  # each timed call: flush, timer start, timer stop
     layouts, heads = candidate_layouts(torch.float32), greedy_heads(torch.float32)
     timed = sum(gemm.applies(lay, r) for lay in layouts for r in lean_draft.DRAFT_ROWS)
@@ -75,7 +78,7 @@ def test_the_copy_leaves_the_draft_alone_and_shares_the_target_embedding():
     target = build_target("llama")
     draft, _ = build_draft(target)
     before = {k: v.clone() for k, v in draft.state_dict().items()}
-    lean = LeanDraft(draft)  # auto: calibrates
+    lean = FastDraft(draft)  # auto: calibrates
     assert set(lean.policy) == {1, 2, 4} and set(lean.policy.values()) <= set(candidate_layouts(torch.float32))
     assert all(set(ms) == {lay for lay in candidate_layouts(torch.float32) if gemm.applies(lay, rows)}
                for rows, ms in lean.calibration_ms.items())
@@ -83,7 +86,7 @@ def test_the_copy_leaves_the_draft_alone_and_shares_the_target_embedding():
     assert all(torch.equal(v, before[k]) for k, v in draft.state_dict().items())
     assert lean.model.embed_tokens.weight.data_ptr() == target.embed_tokens.weight.data_ptr()
     with pytest.raises(ValueError, match="not available"):
-        LeanDraft(draft, "no-such-layout")
+        FastDraft(draft, "no-such-layout")
 
 
 @pytest.mark.parametrize("shape", [TreeShape.chain(3), TreeShape(num_steps=3, topk=2, num_draft_tokens=6)],
@@ -96,7 +99,7 @@ def test_the_proposer_drafts_the_same_tokens_on_either_path(shape):
     taps = torch.randn(1, 9, 3 * target.hidden_size, generator=g)
     trees = []
     for layout in ("module", "auto", "screened"):
-        prop = EagleProposer(draft, contract, shape, max_len=64, layout="auto" if layout == "screened" else layout)
+        prop = EagleProposer(draft, contract, shape, 64, None if layout == "module" else FastDraft(draft, "auto"))
         if layout == "screened":  # the chain's greedy head through a bf16 screen, on any CPU
             prop.lean.screen = ScreenedHead(draft.lm_head.weight, packed=False)
             prop.lean.head_policy = {1: SCREENED}
@@ -116,7 +119,8 @@ def test_the_chain_path_drafts_what_the_tree_walk_drafts_for_topk_1(layout):
     g = torch.Generator().manual_seed(4)
     prompt = torch.randint(0, 256, (1, 12), generator=g)
     taps = torch.randn(1, 12, 3 * target.hidden_size, generator=g)
-    props = [EagleProposer(draft, contract, TreeShape.chain(4), max_len=64, layout=layout) for _ in range(2)]
+    props = [EagleProposer(draft, contract, TreeShape.chain(4), 64, None if layout == "module" else FastDraft(draft, layout))
+             for _ in range(2)]
     for p in props:
         p.start(prompt, taps, 11)
     for r in range(4):
@@ -134,9 +138,9 @@ def test_the_copy_frees_the_weight_copies_its_policy_never_reads_and_a_calibrati
     draft, _ = build_draft(build_target("llama"))
     g = torch.Generator().manual_seed(4)
     ids, taps = torch.randint(0, 256, (1, 3), generator=g), torch.randn(1, 3, 3 * draft.cfg.target_hidden_size, generator=g)
-    held = LeanDraft(draft, "tn")  # a layout that reads a copy: built at the start, not inside a request
+    held = FastDraft(draft, "tn")  # a layout that reads a copy: built at the start, not inside a request
     assert all(set(m.lin.copies) == {"tn"} for m in held.model.modules() if isinstance(m, LayoutLinear))
-    lean = LeanDraft(draft, "nt")
+    lean = FastDraft(draft, "nt")
     lins = [m.lin for m in lean.model.modules() if isinstance(m, LayoutLinear)]
     assert all(lin.copies == {} for lin in lins)
     first, _ = _forward(lean.model, ids, taps, draft.cfg)

@@ -11,8 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eaglewire.fastcpu import panel_gemm
-from eaglewire.fastcpu.gemm import PANEL, PANEL_AVX512, Linear, candidate_layouts
+from eaglewire.fastcpu.gemm import PANEL, PANEL_AVX512, Gemm, candidate_layouts
 from eaglewire.fastcpu.panel_gemm import AVX2, AVX512
+from extras import needs_fastcpu
+
+pytestmark = needs_fastcpu  # the CPU acceleration layer's own tests
 
 # the AVX-512 kernel's width and block, compiled for AVX2 (the compiler splits each 16-wide vector in two)
 WIDE_ON_AVX2 = dataclasses.replace(AVX512, layout="panel-avx512-code-on-avx2", isa="avx512code_avx2",
@@ -55,7 +58,7 @@ def test_a_non_contiguous_input_and_the_linear_layout(layout):
     g = torch.Generator().manual_seed(1)
     w, b = torch.randn(48, 32, generator=g), torch.randn(48, generator=g)
     x = torch.randn(32, 5, generator=g).t()  # [5, 32], not contiguous
-    lin = Linear(w, b, (layout,))
+    lin = Gemm(w, b, (layout,))
     torch.testing.assert_close(lin(x, layout), reference(x, w, b), atol=1e-5, rtol=1e-5)
     assert lin.copies[layout].shape == (48 // kernel.nr, 32, kernel.nr)
     assert layout in candidate_layouts(torch.float32) and layout not in candidate_layouts(torch.bfloat16)

@@ -8,13 +8,13 @@ from safetensors.torch import save_file
 from tiny import VOCAB, build_draft, build_target
 
 from eaglewire.capture.identify import probe
-from eaglewire.decoding.runtime import LeanTarget
+from eaglewire.decoding.runtime import StaticRuntime
 
 IDS = torch.randint(0, VOCAB, (1, 10), generator=torch.Generator().manual_seed(0))
 
 
 def _dump(tmp_path, target, taps, name="d.safetensors", with_ids=True):
-    rt = LeanTarget(target, max_len=32)  # what our engine delivers to the draft for these taps
+    rt = StaticRuntime(target, max_len=32)  # what our engine delivers to the draft for these taps
     _, hidden = rt.forward(IDS, torch.arange(10)[None], 0, taps=taps)
     tensors = {"hidden": hidden[0].contiguous()}
     if with_ids:

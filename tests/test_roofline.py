@@ -14,6 +14,9 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))  # the rooflin
 import roofline  # noqa: E402
 from roofline import RateProbe, StepCost, step_cost, widest_matrix
 from tiny import HIDDEN, LAYERS, VOCAB, build_target
+from extras import needs_fastcpu
+
+pytestmark = needs_fastcpu  # the CPU acceleration layer's own tests
 
 INTER, HEADS, KV_HEADS = 128, 4, 2  # tiny.py's llama
 HEAD_DIM = HIDDEN // HEADS

@@ -7,8 +7,11 @@ from tiny import VOCAB, build_target
 
 from eaglewire.fastcpu.compiled_body import GRAPH, target_layouts
 from eaglewire.fastcpu.gemm import COMPILED, LAYOUTS, PACKED, PANEL, PANEL_AVX512, PANELS, candidate_layouts
-from eaglewire.decoding.runtime import CALIBRATION_PREFIX, LeanTarget
+from eaglewire.fastcpu.runtime import CALIBRATION_PREFIX, FastRuntime
 from eaglewire.capture.hooks import capture
+from extras import needs_fastcpu
+
+pytestmark = needs_fastcpu  # the CPU acceleration layer's own tests
 
 NO_GRAPH = "no C++ toolchain for inductor or no oneDNN prepacked linear here (decoding/compiled_body.py)"
 
@@ -32,7 +35,7 @@ def test_prefill_decode_and_taps_match_hf(arch, layout):
     ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ref = target.model(input_ids=ids).logits
-    lean = LeanTarget(target, max_len=32, layout=layout)
+    lean = FastRuntime(target, max_len=32, layout=layout)
     pos = torch.arange(12)[None]
     logits, taps = lean.forward(ids[:, :9], pos[:, :9], 0, taps=(0, 2, 4))
     torch.testing.assert_close(logits, ref[:, :9], atol=1e-4, rtol=1e-4)
@@ -48,7 +51,7 @@ def test_tree_mask_and_commit(layout):
         pytest.skip(NO_GRAPH)
     target = build_target("llama")
     ids = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(1))
-    lean = LeanTarget(target, max_len=32, layout=layout)
+    lean = FastRuntime(target, max_len=32, layout=layout)
     lean.forward(ids[:, :5], torch.arange(5)[None], 0)
     # a tree of two branches at depth 1..2: slots 5,6 = branch a (x5, x6), slots 7,8 = branch b (y5, y6)
     a = ids[:, 5:7]
@@ -75,12 +78,12 @@ def test_tree_mask_and_commit(layout):
 
 def test_unsupported_architecture_refused():
     with pytest.raises(Exception, match="does not support model_type 'deepseek_v3'"):
-        LeanTarget(build_target("deepseek_v3"), max_len=8)
+        FastRuntime(build_target("deepseek_v3"), max_len=8)
 
 
 def test_calibrate_picks_a_layout_per_row_count_and_keeps_results():
     target = build_target("llama")
-    lean = LeanTarget(target, max_len=CALIBRATION_PREFIX + 4)  # the slots the calibration writes
+    lean = FastRuntime(target, max_len=CALIBRATION_PREFIX + 4)  # the slots the calibration writes
     policy = lean.calibrate(ks=(1, 4), reps=1)
     # 2 is timed too where the one-row GEMV is a candidate: it may win 1 row and must not get 2-3
     expected = {1, 2, 4} if COMPILED in candidate_layouts(torch.float32) else {1, 4}
@@ -99,7 +102,7 @@ def test_fused_projections_are_one_gemm_each():
     """q/k/v share one weight [(heads + 2 kv_heads) * head_dim, H] and gate/up one [2 I, H]; Qwen2's q/k/v
     biases are fused alongside."""
     target = build_target("qwen2")
-    lean = LeanTarget(target, max_len=8)
+    lean = FastRuntime(target, max_len=8)
     cfg, a = target.text_config, target.layers[0].self_attn
     hd = cfg.hidden_size // cfg.num_attention_heads
     L = lean.layers[0]
@@ -116,11 +119,11 @@ def test_unavailable_layout_refused(monkeypatch):
     target.model.to(torch.bfloat16)
     assert PACKED not in candidate_layouts(torch.bfloat16)  # oneDNN bf16 on a CPU that emulates it: not offered
     with pytest.raises(Exception, match="GEMM layout 'dnnl' is not available here"):
-        LeanTarget(target, max_len=8, layout=PACKED)
+        FastRuntime(target, max_len=8, layout=PACKED)
 
 
 def test_the_compiled_gemv_is_one_row_only_and_policies_never_give_it_more():
-    from eaglewire.fastcpu.gemm import Linear, applies, fixed_policy, pick, row_counts
+    from eaglewire.fastcpu.gemm import Gemm, applies, fixed_policy, pick, row_counts
 
     assert fixed_policy(COMPILED) == {1: COMPILED, 2: "nt"} and fixed_policy(PACKED) == {1: PACKED}
     # a calibration of rows (1, 4) times 2 as well where the one-row layout may win 1 row
@@ -132,7 +135,7 @@ def test_the_compiled_gemv_is_one_row_only_and_policies_never_give_it_more():
     if COMPILED not in candidate_layouts(torch.float32):
         pytest.skip("no C++ compiler for inductor here (decoding/compiled_gemv.py)")
     g = torch.Generator().manual_seed(0)
-    lin = Linear(torch.randn(40, 24, generator=g), torch.randn(40, generator=g))
+    lin = Gemm(torch.randn(40, 24, generator=g), torch.randn(40, generator=g))
     x = torch.randn(1, 1, 24, generator=g)
     torch.testing.assert_close(lin(x, COMPILED), x @ lin.w.t() + lin.b, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="one-row GEMV; got 2 rows"):
@@ -191,7 +194,7 @@ def test_the_graph_compiles_once_for_one_row_and_once_for_more_whatever_the_cach
     ids = torch.randint(0, VOCAB, (1, 20), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         ref = target.model(input_ids=ids).logits
-    lean = LeanTarget(target, max_len=20, layout=GRAPH)  # the last verify reaches max_len
+    lean = FastRuntime(target, max_len=20, layout=GRAPH)  # the last verify reaches max_len
     n = 0
     taps = capture(target, (0, 2, 4), ids).taps  # [1, 20, 3 H]
     # prefill (eager), then steps and verifies of varying sizes, with taps and without (a vanilla step)
@@ -256,7 +259,7 @@ def test_the_graph_enters_no_python_function_once_per_gemm():
     if not graph_offered():
         pytest.skip(NO_GRAPH)
     layers = 8
-    lean = LeanTarget(build_target("llama", layers=layers), max_len=32, layout=GRAPH)
+    lean = FastRuntime(build_target("llama", layers=layers), max_len=32, layout=GRAPH)
     gemms = 4 * layers  # q/k/v, o, gate/up, down
     h = lean.embed[torch.zeros(1, 2, dtype=torch.long)]  # a 2-row step after 8 cached slots
     cos, sin = lean.rotary(lean.embed[:1][None], torch.arange(8, 10)[None])
@@ -325,7 +328,7 @@ def test_a_fused_verify_graph_matches_hf_and_compiles_once_per_row_count():
     ids = torch.randint(0, VOCAB, (1, 24), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         ref = target.model(input_ids=ids).logits
-    lean = LeanTarget(target, max_len=24, layout=GRAPH)
+    lean = FastRuntime(target, max_len=24, layout=GRAPH)
     lean.graph.fused = {2, 4}
     n = 0
     for rows in (6, 2, 1, 4, 3, 2, 4, 1, 1):  # prefill (eager), then fused 2 and 4, shared 1 and 3
@@ -357,7 +360,7 @@ def test_compile_graphs_keeps_the_fused_graph_only_where_it_times_faster(monkeyp
     monkeypatch.setattr(runtime, "time_layouts", fake_time)
     big = max(FUSED_ROWS) + 1
     monkeypatch.setattr(panel_gemm, "available", lambda kernel, dtype: False)  # a host without the panel GEMMs
-    lean = LeanTarget(build_target("llama"), max_len=CALIBRATION_PREFIX + big, layout=GRAPH)  # room: not why it skips
+    lean = FastRuntime(build_target("llama"), max_len=CALIBRATION_PREFIX + big, layout=GRAPH)  # room: not why it skips
     assert PANEL not in lean.candidates and PANEL not in lean.layers[0].qkv.offered
     rows = lean.compile_graphs(verify_rows=(3, big))
     assert timed == [((GRAPH, FUSED), (3,))] and rows == [1, 3]  # a fixed policy {1: GRAPH}: 1 row, then 3
@@ -370,10 +373,10 @@ def test_no_fused_graph_is_built_where_the_panel_gemm_is_offered(monkeypatch):
     (runtime.compile_graphs): asking for verify sizes compiles none of them."""
     if not graph_offered() or PANEL not in candidate_layouts(torch.float32):
         pytest.skip(NO_GRAPH + ", or the panel GEMM is not offered here")
-    from eaglewire.decoding import runtime
+    from eaglewire.fastcpu import runtime
 
     monkeypatch.setattr(runtime, "time_layouts", lambda *a, **k: pytest.fail("nothing should be timed"))
-    lean = LeanTarget(build_target("llama"), max_len=CALIBRATION_PREFIX + 8, layout=GRAPH)
+    lean = FastRuntime(build_target("llama"), max_len=CALIBRATION_PREFIX + 8, layout=GRAPH)
     assert lean.compile_graphs(verify_rows=(3, 4)) == [1] and lean.graph.fused == set() and lean.fused_ms == {}
 
 
@@ -388,7 +391,7 @@ def test_the_calibration_gives_the_graph_the_multi_row_gemm_timed_faster(monkeyp
     still give HF's logits."""
     if not _both_graph_gemms_offered():
         pytest.skip(NO_GRAPH + ", or the panel GEMM is not offered here")
-    from eaglewire.decoding import runtime
+    from eaglewire.fastcpu import runtime
 
     other = PACKED if faster == PANEL else PANEL
     # `faster` twice as fast at 2 and 4 rows, 1.5x slower at 16: the ratios decide, not the 16-row ms
@@ -397,7 +400,7 @@ def test_the_calibration_gives_the_graph_the_multi_row_gemm_timed_faster(monkeyp
     monkeypatch.setattr(runtime, "time_layouts",
                         lambda cands, ks, reps, run, **_: ({}, {k: {**ms[k], **slow} for k in ks}))
     target = build_target("llama")
-    lean = LeanTarget(target, max_len=24, layout=GRAPH)
+    lean = FastRuntime(target, max_len=24, layout=GRAPH)
     first = lean.graph
     lean._calibrate_graph_gemm((1, 2, 4, 16, 32), reps=1, refine=0)
     assert lean.graph_gemm == faster and lean.graph.gemm == faster and lean.graph_gemm_ms == {

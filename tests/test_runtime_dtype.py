@@ -23,9 +23,12 @@ from eaglewire import hw
 from eaglewire.decoding.engine import SpecDecoder, greedy_reference
 from eaglewire.decoding.propose import EagleProposer
 from eaglewire.fastcpu.gemm import candidate_layouts
-from eaglewire.decoding.runtime import LeanTarget
+from eaglewire.fastcpu.runtime import FastRuntime
 from eaglewire.decoding.tree import TreeShape
 from eaglewire.errors import EaglewireError
+from extras import needs_fastcpu
+
+pytestmark = needs_fastcpu  # the CPU acceleration layer's own tests
 
 CHAIN, TREE = TreeShape.chain(3), TreeShape(num_steps=3, topk=2, num_draft_tokens=6)
 PROMPT = torch.randint(0, VOCAB, (1, 7), generator=torch.Generator().manual_seed(3))
@@ -34,7 +37,7 @@ needs_bf16 = pytest.mark.skipif(not hw.native_bf16(), reason="this CPU has no na
                                 "bf16 decoding is refused here, so there is nothing to run")
 
 
-def _decode_logits(rt: LeanTarget, prompt: torch.Tensor, out: list[int]) -> torch.Tensor:
+def _decode_logits(rt: FastRuntime, prompt: torch.Tensor, out: list[int]) -> torch.Tensor:
     """[len(out), V] fp32 copies of the logits of 1-row decode steps teacher-forced along `out`: what
     vanilla greedy computes at each position given the same prefix."""
     P = prompt.shape[1]
@@ -68,7 +71,7 @@ def test_bf16_speculative_is_greedy_up_to_bf16_ties(arch, layout, shape):
     if layout not in ("auto", *candidate_layouts(torch.bfloat16)):
         pytest.skip("this torch build exposes no oneDNN prepacked linear (torch.ops.mkldnn._linear_pointwise)")
     target, draft, contract = _bf16_setup(arch)
-    rt = LeanTarget(target, max_len=128, layout=layout)
+    rt = FastRuntime(target, max_len=128, layout=layout)
     assert rt.k_cache.dtype == torch.bfloat16 and rt.layers[0].o.w.dtype == torch.bfloat16
     ref = greedy_reference(rt, PROMPT, 30)
     assert len(set(ref)) > 3  # a real continuation, not one repeated token
@@ -99,7 +102,7 @@ def test_bf16_runtime_logits_close_to_hf_bf16(layout):
     if layout not in candidate_layouts(torch.bfloat16):
         pytest.skip("this torch build exposes no oneDNN prepacked linear (torch.ops.mkldnn._linear_pointwise)")
     target, _, _ = _bf16_setup()
-    rt = LeanTarget(target, max_len=128, layout=layout)
+    rt = FastRuntime(target, max_len=128, layout=layout)
     with torch.no_grad():
         ref = target.model(input_ids=PROMPT).logits.float()
     logits, _ = rt.forward(PROMPT, torch.arange(PROMPT.shape[1])[None], 0)
@@ -114,7 +117,7 @@ def test_bf16_draft_on_an_fp32_target_is_lossless_token_for_token(shape):
     proposes; the fp32 target verifies, so the output is fp32 greedy decoding exactly."""
     target = build_target()
     draft, contract = build_draft(target, taps=(1, 2, 3))
-    rt = LeanTarget(target, max_len=96)
+    rt = FastRuntime(target, max_len=96)
     ref = greedy_reference(rt, PROMPT, 40)
     out, st = SpecDecoder(rt, EagleProposer(draft.to(torch.bfloat16), contract, shape, max_len=96)).generate(PROMPT, 40)
     assert out == ref and st.verify_steps > 0

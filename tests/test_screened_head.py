@@ -11,10 +11,13 @@ from tiny import VOCAB, build_target
 
 from eaglewire.decoding.engine import SpecDecoder, greedy_reference
 from eaglewire.fastcpu.gemm import PACKED, candidate_layouts
-from eaglewire.decoding.runtime import LeanTarget
+from eaglewire.fastcpu.runtime import FastRuntime
 from eaglewire.fastcpu.screened_head import PLAIN, SCREENED, ScreenedHead, greedy_heads
 from eaglewire.decoding.tree import TreeShape
 from eaglewire.errors import TargetError
+from extras import needs_fastcpu
+
+pytestmark = needs_fastcpu  # the CPU acceleration layer's own tests
 
 # bf16 through oneDNN's packed weight where this CPU has it natively, a plain bf16 matmul everywhere
 PACKINGS = [False] + ([True] if PACKED in candidate_layouts(torch.bfloat16) else [])
@@ -95,8 +98,8 @@ def test_ties_go_to_the_lowest_index_and_broken_states_to_the_plain_product():
 def test_greedy_decoding_through_the_screen_equals_the_plain_head(arch):
     target = build_target(arch)
     prompt = torch.randint(0, 256, (1, 9), generator=torch.Generator().manual_seed(5))
-    plain = LeanTarget(target, 96, head=PLAIN)
-    screened = LeanTarget(target, 96)
+    plain = FastRuntime(target, 96, head=PLAIN)
+    screened = FastRuntime(target, 96)
     screened.screen, screened.head_policy = ScreenedHead(screened.head.w, packed=False), {1: SCREENED}  # on any CPU
     assert greedy_reference(screened, prompt, 40) == greedy_reference(plain, prompt, 40)
     ids, pos = prompt, torch.arange(9)[None]
@@ -113,12 +116,12 @@ def test_the_screen_is_offered_only_for_fp32_with_native_bf16(monkeypatch):
     monkeypatch.setenv("EAGLEWIRE_NO_BF16", "1")  # a CPU without native bf16, as hw.native_bf16 reads it
     assert greedy_heads(torch.float32) == (PLAIN,)
     with pytest.raises(TargetError, match="greedy head 'screened' is not available here"):
-        LeanTarget(target, 16, head=SCREENED)
-    rt = LeanTarget(target, 16)
+        FastRuntime(target, 16, head=SCREENED)
+    rt = FastRuntime(target, 16)
     assert rt.screen is None and rt.head_policy == {1: PLAIN}
     monkeypatch.delenv("EAGLEWIRE_NO_BF16")
     target.model.to(torch.bfloat16)
-    rt = LeanTarget(target, 16)
+    rt = FastRuntime(target, 16)
     assert rt.screen is None and rt.head_policy == {1: PLAIN}
 
 
@@ -127,8 +130,8 @@ def test_a_mixed_head_policy_keeps_speculative_decoding_lossless():
     can answer that): the same tokens as plain greedy decoding, always-right and random drafts alike."""
     target = build_target("llama")
     prompt = torch.randint(0, VOCAB, (1, 7), generator=torch.Generator().manual_seed(3))
-    ref = greedy_reference(LeanTarget(target, 128, head=PLAIN), prompt, 40)
-    rt = LeanTarget(target, 128)
+    ref = greedy_reference(FastRuntime(target, 128, head=PLAIN), prompt, 40)
+    rt = FastRuntime(target, 128)
     rt.screen, rt.head_policy = ScreenedHead(rt.head.w, packed=False), {1: SCREENED, 2: PLAIN, 4: SCREENED}
     for k in (1, 2, 3):  # verify rounds of k + 1 rows
         for proposer in (OracleProposer(ref, TreeShape.chain(k)), RandomProposer(VOCAB, TreeShape.chain(k))):

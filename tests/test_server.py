@@ -14,7 +14,7 @@ import torch
 from eaglewire.export.checkpoint import load_checkpoint, save_checkpoint
 from eaglewire.serve.server import build_server
 from eaglewire.decoding.engine import greedy_reference
-from eaglewire.decoding.runtime import LeanTarget
+from eaglewire.decoding.runtime import StaticRuntime
 from eaglewire.decoding.tree import TreeShape
 from eaglewire.target.loader import load_target, resolve_target
 
@@ -71,7 +71,7 @@ def test_chat_completion_equals_greedy_and_reports_usage(server):
     data = json.loads(body)
     ids = target.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, return_dict=True,
                                                return_tensors="pt")["input_ids"]
-    ref = greedy_reference(LeanTarget(target, max_len=128), ids, 12, eos={target.tokenizer.eos_token_id})
+    ref = greedy_reference(StaticRuntime(target, max_len=128), ids, 12, eos={target.tokenizer.eos_token_id})
     assert data["choices"][0]["message"]["content"] == target.tokenizer.decode(ref, skip_special_tokens=True)
     usage = data["usage"]
     assert usage["completion_tokens"] == len(ref) and usage["verify_steps"] >= 1 and usage["tau"] >= 1

@@ -4,11 +4,12 @@ chain and tree, every lean-runtime architecture, EOS and max-tokens inside an ac
 import pytest
 import torch
 from proposers import OracleProposer, RandomProposer
+from extras import needs_fastcpu
 from tiny import VOCAB, build_draft, build_target
 
 from eaglewire.decoding.engine import SpecDecoder, greedy_reference
 from eaglewire.decoding.propose import EagleProposer
-from eaglewire.decoding.runtime import LeanTarget
+from eaglewire.decoding.runtime import StaticRuntime
 from eaglewire.decoding.tree import DraftTree, TreeShape, greedy_accept
 
 CHAIN, TREE = TreeShape.chain(3), TreeShape(num_steps=3, topk=2, num_draft_tokens=6)
@@ -17,7 +18,7 @@ PROMPT = torch.randint(0, VOCAB, (1, 7), generator=torch.Generator().manual_seed
 
 def _setup(arch="llama"):
     target = build_target(arch)
-    return target, LeanTarget(target, max_len=128)
+    return target, StaticRuntime(target, max_len=128)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
@@ -41,15 +42,17 @@ def test_random_draft_still_lossless(arch, shape):
 
 
 @pytest.mark.parametrize("shape", [CHAIN, TREE], ids=["chain", "tree"])
+@needs_fastcpu
 def test_prepacked_layout_lossless(shape):
     """The oneDNN prepacked layout (what calibrate() picks on an AVX-512 EPYC) keeps fp32 greedy exact."""
     from eaglewire.fastcpu.gemm import PACKED, candidate_layouts
+    from eaglewire.fastcpu.runtime import FastRuntime
 
     if PACKED not in candidate_layouts(torch.float32):
         pytest.skip("this torch build exposes no oneDNN prepacked linear (torch.ops.mkldnn._linear_pointwise)")
     target = build_target("llama")
-    rt = LeanTarget(target, max_len=128, layout=PACKED)
-    ref = greedy_reference(LeanTarget(target, max_len=128, layout="nt"), PROMPT, 40)  # another kernel's greedy
+    rt = FastRuntime(target, max_len=128, layout=PACKED)
+    ref = greedy_reference(FastRuntime(target, max_len=128, layout="nt"), PROMPT, 40)  # another kernel's greedy
     assert greedy_reference(rt, PROMPT, 40) == ref
     for proposer in (OracleProposer(ref, shape), RandomProposer(VOCAB, shape)):
         out, _ = SpecDecoder(rt, proposer).generate(PROMPT, 40)
@@ -123,10 +126,11 @@ def test_proposer_drafts_what_the_training_forward_predicts():
 @pytest.mark.parametrize("arch", ["deepseek_v3", "qwen3_moe", "nested_kimi_like"])
 @pytest.mark.parametrize("shape", [CHAIN, TREE], ids=["chain", "tree"])
 def test_hf_fallback_runtime_lossless(arch, shape):
-    from eaglewire.decoding.hf_runtime import HFRuntime, make_runtime
+    from eaglewire.decoding.hf_runtime import HFRuntime
+    from eaglewire.decoding.runtime import plain_runtime
 
     target = build_target(arch)
-    rt = make_runtime(target, 128)
+    rt = plain_runtime(target, 128)
     assert isinstance(rt, HFRuntime)
     hf = getattr(target.model, "language_model", target.model)  # the wrapper has no generate(); its LM does
     with torch.no_grad():  # plain HF greedy as the reference
@@ -134,10 +138,10 @@ def test_hf_fallback_runtime_lossless(arch, shape):
                                     do_sample=False, eos_token_id=None, pad_token_id=0)[0, PROMPT.shape[1]:].tolist()
     out, _ = SpecDecoder(rt, OracleProposer(ref, shape)).generate(PROMPT, 20)
     assert out == ref
-    out, _ = SpecDecoder(make_runtime(target, 128), RandomProposer(VOCAB, shape)).generate(PROMPT, 20)
+    out, _ = SpecDecoder(plain_runtime(target, 128), RandomProposer(VOCAB, shape)).generate(PROMPT, 20)
     assert out == ref
     draft, contract = build_draft(target, taps=(1, 2, 3))
-    out, _ = SpecDecoder(make_runtime(target, 128), EagleProposer(draft, contract, shape, 128)).generate(PROMPT, 20)
+    out, _ = SpecDecoder(plain_runtime(target, 128), EagleProposer(draft, contract, shape, 128)).generate(PROMPT, 20)
     assert out == ref
 
 

@@ -5,7 +5,7 @@ from proposers import OracleProposer, RandomProposer
 from tiny import VOCAB, build_target
 
 from eaglewire.decoding.engine import SpecDecoder
-from eaglewire.decoding.runtime import LeanTarget
+from eaglewire.decoding.runtime import StaticRuntime
 from eaglewire.decoding.tree import DraftTree, TreeShape, sample_accept, target_probs
 
 
@@ -43,7 +43,7 @@ def test_engine_sampling_matches_target_marginal():
     target = build_target("llama")
     with torch.no_grad():
         target.model.lm_head.weight.mul_(8)  # concentrate mass on a few tokens so the test has power
-    rt = LeanTarget(target, max_len=32)
+    rt = StaticRuntime(target, max_len=32)
     prompt = torch.tensor([[5, 17, 42]])
     with torch.no_grad():
         p1 = torch.softmax(target.model(input_ids=prompt).logits[0, -1], -1)

@@ -42,13 +42,13 @@ def setup(tmp_path_factory):
 
 def _ours(target, draft, prompts):
     from eaglewire.decoding.engine import SpecDecoder, SpecStats, greedy_reference
-    from eaglewire.decoding.hf_runtime import make_runtime
+    from eaglewire.decoding.runtime import plain_runtime
     from eaglewire.decoding.propose import EagleProposer
     from eaglewire.decoding.tree import TreeShape
 
     eos = {target.tokenizer.eos_token_id}
     max_len = max(p.shape[1] for p in prompts) + MAX_NEW + K + 16
-    rt = make_runtime(target, max_len, calibrate=False)
+    rt = plain_runtime(target, max_len)
     prop = EagleProposer(draft, draft.contract, TreeShape.chain(K), max_len)
     vanilla, accepted = [], []
     for p in prompts:

@@ -1,22 +1,25 @@
-"""A runtime holds only the weight copies its chosen layouts read: built when first used (gemm.Linear.copy,
-prepare), the rest freed (keep, LeanTarget.settle_copies); HF's q/k/v and gate/up weights are views of its
+"""A runtime holds only the weight copies its chosen layouts read: built when first used (gemm.Gemm.copy,
+prepare), the rest freed (keep, FastRuntime.settle_copies); HF's q/k/v and gate/up weights are views of its
 fused ones; results are the same throughout, and a calibration builds what it times."""
 
 import pytest
 import torch
 from tiny import VOCAB, build_target
 
-from eaglewire.fastcpu.gemm import COPIES, PACKED, Linear, candidate_layouts
-from eaglewire.decoding.hf_runtime import make_runtime
-from eaglewire.decoding.runtime import LeanTarget
+from eaglewire.fastcpu.gemm import COPIES, PACKED, Gemm, candidate_layouts
+from eaglewire.fastcpu.start import make_fast_runtime as make_runtime
+from eaglewire.fastcpu.runtime import FastRuntime
 from eaglewire.fastcpu.screened_head import PLAIN, SCREENED, ScreenedHead
+from extras import needs_fastcpu
+
+pytestmark = needs_fastcpu  # the CPU acceleration layer's own tests
 
 OFFERED = candidate_layouts(torch.float32, compiled=False)
 
 
-def _linear() -> tuple[Linear, torch.Tensor]:
+def _linear() -> tuple[Gemm, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    lin = Linear(torch.randn(40, 24, generator=g), torch.randn(40, generator=g), OFFERED)
+    lin = Gemm(torch.randn(40, 24, generator=g), torch.randn(40, generator=g), OFFERED)
     return lin, torch.randn(1, 3, 24, generator=g)  # x [1, 3, in]
 
 
@@ -58,7 +61,7 @@ def test_a_shared_fused_weight_is_the_modules_weights_and_leaves_their_outputs_u
     x = torch.randn(2, 16, generator=g)
     with torch.no_grad():
         refs = [m(x) for m in mods]
-        lin = Linear.fused(mods, share=True)
+        lin = Gemm.fused(mods, share=True)
         outs = [m(x) for m in mods]
     base = lin.w.untyped_storage().data_ptr()
     assert all(m.weight.untyped_storage().data_ptr() == base for m in mods)  # views of the fused weight
@@ -67,7 +70,7 @@ def test_a_shared_fused_weight_is_the_modules_weights_and_leaves_their_outputs_u
         assert torch.equal(ref, out)
     assert torch.equal(lin(x, "nt"), torch.cat(refs, dim=-1))
     unshared = [torch.nn.Linear(16, 8), torch.nn.Linear(16, 8)]
-    copied = Linear.fused(unshared)  # the default: a copy, the modules keep their own weights
+    copied = Gemm.fused(unshared)  # the default: a copy, the modules keep their own weights
     assert all(m.weight.untyped_storage().data_ptr() != copied.w.untyped_storage().data_ptr() for m in unshared)
 
 
@@ -75,7 +78,7 @@ def test_a_shared_fused_weight_is_the_modules_weights_and_leaves_their_outputs_u
 def test_settle_copies_holds_what_the_policy_reads_and_computes_the_same(policy):
     target = build_target("llama")
     ids = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(2))
-    rt = LeanTarget(target, max_len=160, compiled=False)  # room for calibrate()
+    rt = FastRuntime(target, max_len=160, compiled=False)  # room for calibrate()
     rt.policy = policy
     if 1 in policy and policy[1] == "graph":  # no graph is built here: only the layouts it stands for matter
         rt.graph_gemm = PACKED
@@ -100,7 +103,7 @@ def test_settle_copies_holds_what_the_policy_reads_and_computes_the_same(policy)
 
 def test_the_screened_head_is_freed_where_the_head_policy_never_picks_it(monkeypatch):
     target = build_target("llama")
-    rt = LeanTarget(target, max_len=32, compiled=False, layout="nt")
+    rt = FastRuntime(target, max_len=32, compiled=False, layout="nt")
     # as a native-bf16 host has it (its screen unpacked: oneDNN's bf16 packing needs that host)
     monkeypatch.setattr(rt, "_new_screen", lambda: ScreenedHead(rt.head.w, packed=False))
     rt.screen, rt.screen_usable = rt._new_screen(), True
@@ -146,7 +149,7 @@ def test_a_compiled_graph_runs_after_the_release_and_still_gives_hfs_logits():
     ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(6))
     with torch.no_grad():
         ref = target.model(input_ids=ids).logits  # [1, 12, V]
-    rt = LeanTarget(target, max_len=32, layout=GRAPH)
+    rt = FastRuntime(target, max_len=32, layout=GRAPH)
 
     def run() -> list[torch.Tensor]:
         return [rt.forward(ids[:, :9], torch.arange(9)[None], 0)[0],  # a prefill: eager, the graph's GEMM

@@ -31,7 +31,7 @@ import torch
 
 from eaglewire.contract import acceptance_length
 from eaglewire.decoding.propose import Proposer
-from eaglewire.decoding.runtime import LeanTarget
+from eaglewire.decoding.runtime import Runtime
 from eaglewire.decoding.tree import greedy_accept, sample_accept, target_probs
 
 
@@ -62,7 +62,7 @@ class SpecStats:
 
 
 class SpecDecoder:
-    def __init__(self, runtime: LeanTarget, proposer: Proposer) -> None:
+    def __init__(self, runtime: Runtime, proposer: Proposer) -> None:
         self.rt, self.proposer = runtime, proposer
 
     @torch.no_grad()
@@ -139,7 +139,7 @@ def _stop_index(tokens: list[int], eos: set[int], room: int) -> int | None:
 
 
 @torch.no_grad()
-def greedy_reference(runtime: LeanTarget, prompt: torch.Tensor, max_new_tokens: int, eos: set[int] | None = None) -> list[int]:
+def greedy_reference(runtime: Runtime, prompt: torch.Tensor, max_new_tokens: int, eos: set[int] | None = None) -> list[int]:
     """Plain greedy decoding on the same runtime (one token per forward): the lossless reference."""
     eos, P = eos or set(), prompt.shape[1]
     tok, _ = runtime.greedy(prompt, torch.arange(P)[None], 0, logit_rows=torch.tensor([P - 1]))

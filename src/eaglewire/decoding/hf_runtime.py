@@ -1,19 +1,15 @@
-"""Fallback runtime for architectures the lean runtime does not cover (DeepSeek-V3/MLA, MoE, ...): HF
-transformers' own forward with a DynamicCache, explicit position ids and a 4-D boolean attention mask,
-behind the same interface as `LeanTarget` (forward / commit). Slower, same results; taps come from the
-same forward hooks as training capture.
+"""Fallback runtime for architectures the static-cache runtime does not cover (DeepSeek-V3/MLA, MoE, ...):
+HF transformers' own forward with a DynamicCache, explicit position ids and a 4-D boolean attention mask,
+behind the same interface (runtime.Runtime: forward / greedy / commit). Slower, same results; taps come
+from the same forward hooks as training capture.
 """
 
 from __future__ import annotations
 
-import json
-import time
 from contextlib import nullcontext
-from typing import Callable
 
 import torch
 
-from eaglewire.fastcpu.compiled_body import FUSED, GRAPH, INDUCTOR_LAYOUTS
 from eaglewire.capture.hooks import tap_hooks
 from eaglewire.target.loader import Target
 
@@ -23,7 +19,6 @@ class HFRuntime:
         from transformers import DynamicCache
 
         self.target, self.max_len = target, max_len
-        self.compiled = False  # as LeanTarget.compiled: nothing here is compiled
         self.cache = DynamicCache(config=target.model.config)
 
     def _length(self) -> int:
@@ -32,7 +27,7 @@ class HFRuntime:
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, start: int, mask: torch.Tensor | None = None,
                 taps: tuple[int, ...] = (), logit_rows: torch.Tensor | None = None):
-        """Same contract as LeanTarget.forward: the cache is cut back to `start` entries first (slots a
+        """Same contract as StaticRuntime.forward: the cache is cut back to `start` entries first (slots a
         previous tree verify wrote beyond the accepted path are dropped)."""
         B, T = ids.shape
         if start + T > self.max_len:
@@ -51,7 +46,7 @@ class HFRuntime:
 
     def greedy(self, ids: torch.Tensor, positions: torch.Tensor, start: int, mask: torch.Tensor | None = None,
                taps: tuple[int, ...] = (), logit_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """forward's arguments -> (argmax token per row, taps), as LeanTarget.greedy."""
+        """forward's arguments -> (argmax token per row, taps), as StaticRuntime.greedy."""
         logits, tapped = self.forward(ids, positions, start, mask, taps, logit_rows)
         return logits.argmax(-1), tapped
 
@@ -63,78 +58,3 @@ class HFRuntime:
                 t = getattr(layer, name, None)
                 if t is not None and t.numel():
                     t[:, :, dst] = t[:, :, src]
-
-
-COMPILE_MODES = ("always", "cached", "never")  # make_runtime's `compile`
-
-
-def make_runtime(target: Target, max_len: int, *, calibrate: bool = False, log: Callable[[str], None] | None = None,
-                 compile: str = "always", verify_rows: tuple[int, ...] = ()):
-    """The lean runtime where it applies, else the HF fallback. calibrate: set the lean runtime's GEMM
-    layouts from this machine's cached calibration, measuring it (seconds) the first time
-    (decoding/calibration.py); `log` hears what the start does. compile (with calibrate): whether the
-    inductor layouts (compiled_gemv.py, compiled_body.py's GRAPH) are candidates: "always" (serve, bench:
-    a start on a cold machine compiles for one to a few minutes, and decode steps are then the fastest), "cached"
-    (generate: only where a start on this machine already compiled them for this target and cache size,
-    calibration.compiled_marker, written by a start that compiled something; else the eager layouts, so
-    that a first start takes seconds), "never". verify_rows: the verify sizes (a TreeShape's
-    num_draft_tokens) the caller's proposers will use; under "always" each in compiled_body.FUSED_ROWS gets
-    its own fused graph where that times faster (LeanTarget.compile_graphs)."""
-    from eaglewire.fastcpu.calibration import calibrate_cached, compiled_marker
-    from eaglewire.decoding.runtime import CALIBRATION_KS, CALIBRATION_PREFIX, SUPPORTED, LeanTarget, cache_slots
-    from eaglewire.safeio import atomic_write_text
-
-    if compile not in COMPILE_MODES:
-        raise ValueError(f"compile must be one of {COMPILE_MODES}, got {compile!r}")
-    if target.text_config.model_type not in SUPPORTED:
-        if log and calibrate:
-            log(f"model_type {target.text_config.model_type!r}: HF transformers' forward (the fallback runtime), "
-                "no GEMM layouts to calibrate")
-        return HFRuntime(target, max_len)
-    # a calibration times verifies of up to max(CALIBRATION_KS) rows after a prefix: room for them even
-    # where the requests need less (a short `generate`); the extra slots are a few KB per token
-    n = max(max_len, CALIBRATION_PREFIX + max(CALIBRATION_KS)) if calibrate else max_len
-    say = log or (lambda _msg: None)
-    marker = compiled_marker(target, n) if calibrate and compile != "never" else None
-    # an uncalibrated runtime never picks an inductor layout: leave inductor (and its probe) out of it
-    compiled = marker is not None and (compile == "always" or marker.exists())
-    if compile == "cached" and not compiled:
-        say(f"no compiled layouts built on this machine yet for this target and a {cache_slots(n, True)}-slot "
-            "cache: eager layouts this time (a start with --compile always builds them once, one to a few minutes)")
-    rt = LeanTarget(target, n, compiled=compiled)
-    if calibrate:
-        calibrate_cached(rt, log)
-    # the weight copies the policy reads, and no others (a calibration built them all; a cached one only the
-    # head's bf16 screen, where offered),
-    # before compiling: the compile's own memory then comes on top of what decoding holds, not of 4x the weights
-    freed = rt.settle_copies()
-    if freed:
-        say(f"freed {freed / 2**20:.0f} MB of weight copies that no chosen layout reads (layouts in use: "
-            f"{', '.join(sorted(rt.used_layouts()))})")
-    if calibrate:
-        # the fused verify graphs only where the caller accepts compiling (LeanTarget.compile_graphs: their cost):
-        # the marker promises a "cached" start the shared graphs, not these
-        if compiled and _compile(rt, say, verify_rows if compile == "always" else ()):  # only a start that built something can promise it to the next
-            atomic_write_text(marker, json.dumps({"compiled_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}))
-    return rt
-
-
-def _compile(rt, say: Callable[[str], None], verify_rows: tuple[int, ...]) -> list[int]:
-    """Compile (or load from inductor's cache) the graphs and kernels the calibrated policy uses, now rather
-    than inside the first request, and the fused graphs of `verify_rows` where they win (compile_graphs);
-    returns the row counts warmed up ([] where the policy uses none)."""
-    if not any(rt.layout(k) in INDUCTOR_LAYOUTS for k in rt.policy):
-        return []
-    say("compiling the layouts the calibration chose (decoding/compiled_body.py, compiled_gemv.py: one to a "
-        "few minutes the first time a machine sees this cache size, seconds once inductor has cached them)")
-    t0 = time.perf_counter()
-    rows = rt.compile_graphs(verify_rows)
-    shared = rows[:len(rows) - len(rt.fused_ms)]  # compile_graphs runs the fused verify sizes last
-    fused = f", and the fused graphs of {', '.join(map(str, sorted(rt.fused_ms)))}-row verifies" if rt.fused_ms else ""
-    say(f"compiled layouts for {' and '.join(f'{k}+' if k > 1 else '1' for k in shared)} rows{fused}, ready in "
-        f"{time.perf_counter() - t0:.1f} s")
-    for k, ms in rt.fused_ms.items():
-        kept = "kept" if k in rt.graph.fused else "not kept"
-        say(f"{k}-row verify: its fused graph {ms[FUSED]:.1f} ms against the shared graph's {ms[GRAPH]:.1f} ms "
-            f"({kept})")
-    return rows

@@ -10,13 +10,12 @@ Test doubles (an always-right and a random proposer) live in tests/proposers.py.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
 from eaglewire.contract import WiringContract
 from eaglewire.draft.model import DraftCache, Eagle3Draft
-from eaglewire.fastcpu.lean_draft import LeanDraft
 from eaglewire.decoding.tree import DraftTree, TreeShape
 
 
@@ -30,19 +29,27 @@ class Proposer(Protocol):
     def accept(self, taps: torch.Tensor | None, tokens: list[int]) -> None: ...
 
 
+class Drafter(Protocol):
+    """A decoding copy of a draft: `model` is called exactly like the Eagle3Draft it copies, `argmax` is its
+    greedy head on final-norm states [B, R, H] -> draft ids [B, R]."""
+
+    model: Any
+
+    def argmax(self, normed: torch.Tensor) -> torch.Tensor: ...
+
+
 class EagleProposer:
     """EAGLE-3 drafting. Committed draft entries j pair the target's taps at position j with token x_{j+1}
     (as in training); they live in a static DraftCache. Each round's tree nodes are written after them and
     overwritten by the next round's committed entries."""
 
     def __init__(self, draft: Eagle3Draft, contract: WiringContract, shape: TreeShape, max_len: int,
-                 layout: str = "auto", compiled: bool = True) -> None:
-        """layout: the GEMM layout of the draft's Linears (decoding/lean_draft.py): "auto" measures the
-        fastest here, "module" keeps the draft's own nn.Linears, or one of gemm.candidate_layouts.
-        compiled: whether inductor-compiled layouts are candidates (the target runtime's `compiled`)."""
+                 drafter: Drafter | None = None) -> None:
+        """drafter: a decoding copy of `draft` that runs it faster (eaglewire.fastcpu.draft.FastDraft); None
+        runs the draft's own modules."""
         draft.cfg.require_matches(contract)  # the taps we will ask the target for are the draft's
-        self.lean = None if layout == "module" else LeanDraft(draft, layout, compiled)
-        self.d = draft if self.lean is None else self.lean.model
+        self.lean = drafter
+        self.d = draft if drafter is None else drafter.model
         self.shape = shape
         self.taps = contract.taps
         self.cache = DraftCache(draft.cfg, 1, max_len + shape.num_draft_tokens * shape.num_steps + 8,
@@ -60,7 +67,7 @@ class EagleProposer:
         self.last_normed, self.last_hidden = out.normed[:, -1:], out.hidden[:, -1:]  # [1, 1, H] each
 
     def _argmax(self, normed: torch.Tensor) -> int:
-        """A chain step's draft token from its final-norm state [1, 1, H] (the lean copy's greedy head)."""
+        """A chain step's draft token from its final-norm state [1, 1, H] (the drafter's greedy head, where one is given)."""
         return int(self.lean.argmax(normed) if self.lean is not None else self.d.lm_head(normed).argmax(-1))
 
     def start(self, prompt_ids: torch.Tensor, prompt_taps: torch.Tensor | None, first_token: int) -> None:

@@ -120,12 +120,12 @@ def judge(predicted: float, per_position: list[float], measured: float | None,
 def predict(target: Any, draft: Any, contract: Any, shape: Any, prompts: list[Any], max_new_tokens: int) -> tuple[float, list[float]]:
     """Run our engine with the engine's knobs on the prompts; tau and per-position acceptance."""
     from eaglewire.decoding.engine import SpecDecoder, SpecStats
-    from eaglewire.decoding.hf_runtime import make_runtime
+    from eaglewire.decoding.runtime import plain_runtime
     from eaglewire.decoding.propose import EagleProposer
 
     max_len = max(p.shape[1] for p in prompts) + max_new_tokens + shape.num_draft_tokens + 16
-    rt = make_runtime(target, max_len)  # uncalibrated: nothing compiled (tau does not depend on the layout)
-    dec = SpecDecoder(rt, EagleProposer(draft, contract, shape, max_len, compiled=rt.compiled))
+    rt = plain_runtime(target, max_len)  # tau does not depend on how fast the GEMMs run
+    dec = SpecDecoder(rt, EagleProposer(draft, contract, shape, max_len))
     eos = {target.tokenizer.eos_token_id} if target.tokenizer is not None else set()
     pooled = SpecStats()
     for ids in prompts:

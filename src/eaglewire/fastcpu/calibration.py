@@ -29,9 +29,9 @@ from eaglewire.contract import canonical_json
 from eaglewire.fastcpu import panel_gemm
 from eaglewire.fastcpu.compiled_body import GRAPH, GRAPH_GEMMS
 from eaglewire.fastcpu.gemm import COMPILED, PANELS, REFINE_REPS, applies, row_counts
-from eaglewire.decoding.runtime import CALIBRATION_KS, CALIBRATION_PREFIX, CALIBRATION_REPS, LeanTarget, cache_slots
+from eaglewire.fastcpu.runtime import CALIBRATION_KS, CALIBRATION_PREFIX, CALIBRATION_REPS, FastRuntime, cache_slots
 from eaglewire.fastcpu.screened_head import REVISION as SCREEN_REVISION
-from eaglewire.fastcpu.target_weights import head_dim
+from eaglewire.decoding.layers import head_dim
 from eaglewire.hw import describe_cpu
 from eaglewire.safeio import atomic_write_text
 from eaglewire.target.loader import Target
@@ -62,7 +62,7 @@ def _target_shapes(target: Target) -> dict[str, Any]:
             "qkv_bias": target.layers[0].self_attn.q_proj.bias is not None}
 
 
-def calibration_key(rt: LeanTarget, ks: tuple[int, ...], reps: int, refine: int = REFINE_REPS) -> dict[str, Any]:
+def calibration_key(rt: FastRuntime, ks: tuple[int, ...], reps: int, refine: int = REFINE_REPS) -> dict[str, Any]:
     """Everything the measured policy depends on (and nothing it does not: weights, max_len)."""
     cpu = describe_cpu()  # model, isa, threads, native_bf16, torch_capability
     return {"format": FORMAT, "cpu": cpu, "torch": torch.__version__, "target": _target_shapes(rt.target),
@@ -117,7 +117,7 @@ def _policy(data: dict, field: str, ks: list[int], allowed: list[str]) -> dict[i
     return policy
 
 
-def calibrate_cached(rt: LeanTarget, log: Callable[[str], None] | None = None, ks: tuple[int, ...] = CALIBRATION_KS,
+def calibrate_cached(rt: FastRuntime, log: Callable[[str], None] | None = None, ks: tuple[int, ...] = CALIBRATION_KS,
                      reps: int = CALIBRATION_REPS, refine: int = REFINE_REPS) -> tuple[dict[int, str], Path, bool]:
     """Set rt's layout policy from this machine's cached calibration, measuring (and caching) it when
     there is none. Returns (policy, cache file, reused). `log` hears which of the two happened."""
@@ -153,7 +153,7 @@ def calibrate_cached(rt: LeanTarget, log: Callable[[str], None] | None = None, k
     return policy, path, False
 
 
-def _graph_note(rt: LeanTarget) -> str:
+def _graph_note(rt: FastRuntime) -> str:
     """The graph's multi-row GEMM, where a graph is offered."""
     return f"; the graph's multi-row GEMM {rt.graph_gemm}" if rt.graph is not None else ""
 

@@ -4,7 +4,7 @@ Why: a decode step of a small target is a few hundred tiny ops around its GEMMs,
 costs microseconds of dispatch whatever its size. Measured on SmolLM2-135M (AMD EPYC, 2 cores, AVX-512,
 fp32, interleaved in one process): a 1-row step took 39.5 ms, of which the 120 body GEMMs were 24.2 ms and
 the head 4.0 ms, so 11.3 ms went to norms, RoPE, cache writes, attention and residual adds (13.1 ms of a
-44.1 ms 4-row verify). Traced once by torch.compile, the same layer code (`LeanTarget.layers_forward`,
+44.1 ms 4-row verify). Traced once by torch.compile, the same layer code (`FastRuntime.layers_forward`,
 no second copy of it) becomes a handful of fused C++ loops per layer: a whole 1-row step then took
 22.9 ms against 37.6 ms eager, a 4-row verify 38.5 against 43.3 (prototype, same machine).
 
@@ -12,7 +12,7 @@ The GEMMs inside the graph:
   - one row: a GEMV written as `(w * x).sum(-1)` (compiled_gemv.py's form), which inductor fuses with the
     norm or activation that produces x;
   - two or more rows: our panel GEMM (panel_gemm.py, an op of its own) where it is offered and the
-    calibration timed it faster than oneDNN's (LeanTarget._calibrate_graph_gemm: CompiledBody's `gemm`,
+    calibration timed it faster than oneDNN's (FastRuntime._calibrate_graph_gemm: CompiledBody's `gemm`,
     one of GRAPH_GEMMS); it beat oneDNN's GEMM and the fused graphs below at every verify size on
     sitting 23's AVX2 host (the layer
     stack's 120 GEMMs took 16.6 ms of an 8-row step inside the graph; whole 4 / 8-row verifies in one
@@ -24,7 +24,7 @@ The GEMMs inside the graph:
     broadcast product, with the norm recomputed inside it;
   - where the graph's GEMM is oneDNN's, a verify size a start asks for (2-8 rows, FUSED_ROWS): its own
     static graph (FUSED) of one GEMV per row over the same weight, which inductor fuses into one loop
-    reading each weight row once (`fused_linear` has the figures), kept where LeanTarget.compile_graphs
+    reading each weight row once (`fused_linear` has the figures), kept where FastRuntime.compile_graphs
     times it faster.
 
 Shapes: the cache length is dynamic from the first call (the mask's last dimension is marked dynamic), and
@@ -71,7 +71,7 @@ from typing import Callable, Protocol
 import torch
 
 from eaglewire.fastcpu import compiled_gemv, panel_gemm
-from eaglewire.fastcpu.gemm import COMPILED, PACKED, PANELS, Linear, candidate_layouts
+from eaglewire.fastcpu.gemm import COMPILED, PACKED, PANELS, Gemm, candidate_layouts
 from eaglewire.ops import sdpa, unfused_attention
 
 GRAPH = "graph"
@@ -87,7 +87,7 @@ INDUCTOR_LAYOUTS = (GRAPH, COMPILED)  # the target's layouts that inductor compi
 
 
 class LayerStack(Protocol):
-    """What the graph traces: runtime.LeanTarget's layers and their forward (a protocol, so that this
+    """What the graph traces: fastcpu.fastcpu.runtime.FastRuntime's layers and their forward (a protocol, so that this
     module needs nothing from runtime.py, which imports it)."""
 
     layers: list
@@ -96,7 +96,7 @@ class LayerStack(Protocol):
 
     def layers_forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int,
                        mask: torch.Tensor | None, taps: tuple[int, ...],
-                       linear: Callable[[Linear, torch.Tensor], torch.Tensor],
+                       linear: Callable[[Gemm, torch.Tensor], torch.Tensor],
                        attend: Callable) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 
 # An op inductor treats as opaque: oneDNN's prepacked linear on a weight the graph receives as an input.
@@ -136,11 +136,11 @@ def target_layouts(dtype: torch.dtype, compiled: bool = True) -> tuple[str, ...]
     return layouts + ((GRAPH,) if compiled and PACKED in layouts and compiled_gemv.available(dtype) else ())
 
 
-GRAPH_GEMMS = (*PANELS, PACKED)  # the graph's GEMM for two or more rows (LeanTarget.graph_gemm chooses)
+GRAPH_GEMMS = (*PANELS, PACKED)  # the graph's GEMM for two or more rows (FastRuntime.graph_gemm chooses)
 
 
-def graph_linear(lin: Linear, x: torch.Tensor, gemm: str = PACKED) -> torch.Tensor:  # x [B, T, in] -> [B, T, out]
-    """A Linear inside the graph: the fused GEMV for one row; for more, `gemm`: our panel GEMM
+def graph_linear(lin: Gemm, x: torch.Tensor, gemm: str = PACKED) -> torch.Tensor:  # x [B, T, in] -> [B, T, out]
+    """A Gemm inside the graph: the fused GEMV for one row; for more, `gemm`: our panel GEMM
     (panel_gemm.py) or oneDNN's packed one."""
     if gemm in PANELS and x.shape[1] > 1:
         return panel_gemm.linear(PANELS[gemm], x, lin.copy(gemm), lin.b, lin.w.shape[0])
@@ -151,8 +151,8 @@ def graph_linear(lin: Linear, x: torch.Tensor, gemm: str = PACKED) -> torch.Tens
     return torch.ops.eaglewire.packed_linear(x, lin.copy(PACKED), lin.b)
 
 
-def fused_linear(lin: Linear, x: torch.Tensor) -> torch.Tensor:  # x [B, T, in], B*T static -> [B, T, out]
-    """A Linear in a graph of a fixed row count (FUSED): one reduction per row over the same weight, which
+def fused_linear(lin: Gemm, x: torch.Tensor) -> torch.Tensor:  # x [B, T, in], B*T static -> [B, T, out]
+    """A Gemm in a graph of a fixed row count (FUSED): one reduction per row over the same weight, which
     inductor fuses into one loop reading each weight row once for every row (B*T accumulators), the norm
     or activation before it realized once (GRAPH_OPTIONS). Measured on SmolLM2's layer stack, 100 cached
     tokens, fp32, two runtimes interleaved in one process, against oneDNN's packed GEMM in the graph:
@@ -161,7 +161,7 @@ def fused_linear(lin: Linear, x: torch.Tensor) -> torch.Tensor:  # x [B, T, in],
       - AMD EPYC, 2 cores, AVX2 only (sitting 22, medians of 8; oneDNN's AVX2 kernels for few rows are
         slower there): 5 rows 30.2 -> 21.7 ms, 8 rows 36.0 -> 26.5, 16 rows 49.9 -> 59.4 (slower).
     Hence FUSED_ROWS up to 8, and a machine keeps a size's graph only where it times faster there
-    (LeanTarget.compile_graphs)."""
+    (FastRuntime.compile_graphs)."""
     B, T, _ = x.shape
     rows = x.reshape(B * T, -1)  # [R, in]
     y = torch.stack([(lin.w * rows[m]).sum(-1) for m in range(B * T)]).view(B, T, -1)  # R x [out] -> [B, T, out]
@@ -181,8 +181,8 @@ def _keep_guard(entries: list) -> list[bool]:
     """Dynamo's guard filter for the graph: keep the guards on the call's tensors (h, cos, sin, mask: row
     count, cache length; the shape environment) and on globals; drop those on the runtime's attributes
     (`rt.*`: each weight, cache view and constant, ~600 checks a call). They cannot change under a graph:
-    each runtime has its own code object and LeanTarget assigns them once, in __init__ (a weight's copies
-    are built when first used and may be freed, LeanTarget.settle_copies: the graph fetches its tensors from
+    each runtime has its own code object and FastRuntime assigns them once, in __init__ (a weight's copies
+    are built when first used and may be freed, FastRuntime.settle_copies: the graph fetches its tensors from
     rt on every call, and CompiledBody.__call__ builds its GEMM's copies again before a call where they were
     freed)."""
     attrs = _body.__code__.co_varnames[0] + "."  # "rt.": the runtime is _body's first argument
@@ -217,7 +217,7 @@ def _compile(body: Callable, name: str, defaults: tuple | None = None) -> tuple[
 
 
 class CompiledBody:
-    """`LeanTarget.layers_forward` compiled for one runtime: call it with layers_forward's arguments."""
+    """`FastRuntime.layers_forward` compiled for one runtime: call it with layers_forward's arguments."""
 
     def __init__(self, rt: LayerStack, gemm: str = PACKED) -> None:
         """gemm: the GEMM of two or more rows (GRAPH_GEMMS), fixed for this body's graphs."""
@@ -230,7 +230,7 @@ class CompiledBody:
         self.code, self.fn = _compile(_body, f"target_body_{n}_{gemm}", (gemm,))  # tests count graphs off .code
         # static graphs of fused GEMVs, one per row count in `fused` (dynamic=False: each stays static)
         self.fused_code, self.fused_fn = _compile(_fused_body, f"target_fused_body_{n}")
-        self.fused: set[int] = set()  # row counts run by fused_fn (LeanTarget.compile_graphs chooses)
+        self.fused: set[int] = set()  # row counts run by fused_fn (FastRuntime.compile_graphs chooses)
         self.prepared = False  # whether the weight copies of `gemm` are built (the graph reads them)
 
     def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int, mask: torch.Tensor | None,

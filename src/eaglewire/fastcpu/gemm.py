@@ -13,6 +13,7 @@ from typing import Callable, Collection
 
 import torch
 
+from eaglewire.decoding.layers import Dense
 from eaglewire.fastcpu import compiled_gemv, panel_gemm
 
 LAYOUTS = ("nt", "tn", "wx")  # plain torch matmuls: always available
@@ -150,13 +151,13 @@ def candidate_layouts(dtype: torch.dtype, compiled: bool = True) -> tuple[str, .
 COPIES = ("tn", PACKED, *PANELS)  # the layouts that read a copy of the weight of their own (the rest read W)
 
 
-class Linear:
+class Gemm(Dense):
     """A weight [out, in] (+ bias) readable in every candidate layout, so each call can use the fastest GEMM:
     "nt" x @ W.t() (nn.Linear's), "tn" x @ Wt with Wt contiguous, "wx" (W @ x.T).T, "dnnl" oneDNN's
     prepacked weight (bias fused), a panel layout its kernel's panels (bias fused). Memory: a copy of the
     weight per layout in COPIES beside W, built when first asked for (`copy`, `prepare`) and freed by `keep`:
     while a calibration times every layout they all exist (up to four: Wt, oneDNN's, two panel kernels on an
-    AVX-512 host); a runtime then keeps only those its policy reads (runtime.LeanTarget.settle_copies; SmolLM2
+    AVX-512 host); a runtime then keeps only those its policy reads (fastcpu.fastcpu.runtime.FastRuntime.settle_copies; SmolLM2
     fp32 on its panel layout: the process's RSS 2723 -> 1691 MB, sitting 24, AVX2 host)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, layouts: tuple[str, ...] = ()) -> None:
@@ -183,11 +184,11 @@ class Linear:
         graph builds its GEMM's copies first: compiled_body.CompiledBody.__call__)."""
         if layout not in self.copies:
             if layout not in self.offered:
-                raise ValueError(f"the {layout!r} copy of this weight was never offered (this Linear offers "
+                raise ValueError(f"the {layout!r} copy of this weight was never offered (this Gemm offers "
                                  f"{self.offered}: its runtime's candidate layouts)")
             if torch.compiler.is_compiling():
                 raise ValueError(f"the {layout!r} copy of this weight is absent while a graph is traced: build it "
-                                 "before (Linear.prepare)")
+                                 "before (Gemm.prepare)")
             self.copies[layout] = self._copy(layout)
         return self.copies[layout]
 
@@ -207,26 +208,10 @@ class Linear:
         return freed
 
     def prepare(self, layouts: Collection[str] = COPIES) -> None:
-        """Build the absent copies among `layouts` that this Linear offers (a calibration times them all)."""
+        """Build the absent copies among `layouts` that this Gemm offers (a calibration times them all)."""
         for lay in self.offered:
             if lay in layouts:
                 self.copy(lay)
-
-    @classmethod
-    def fused(cls, mods: list[torch.nn.Module], layouts: tuple[str, ...] = (), share: bool = False) -> "Linear":
-        """One Linear computing every module's output side by side ([..., sum of outs]): one GEMM, not n.
-        A module without bias gets zeros in the fused bias (its output is then exactly unchanged).
-        share: the modules' weights and biases become views of the fused ones (the same values, so their
-        own forward is unchanged), so that the fused weight is not a second copy in memory (SmolLM2: q/k/v
-        and gate/up are 66% of the body's weights)."""
-        weight = torch.cat([m.weight.detach() for m in mods])  # [sum out, in]
-        bias = None
-        if any(m.bias is not None for m in mods):
-            bias = torch.cat([m.bias.detach() if m.bias is not None else weight.new_zeros(m.weight.shape[0])
-                              for m in mods])
-        if share:
-            _share(mods, weight, bias)
-        return cls(weight, bias, layouts)
 
     def __call__(self, x: torch.Tensor, layout: str) -> torch.Tensor:  # x [..., in] -> [..., out]
         if layout == PACKED:
@@ -250,8 +235,8 @@ class Linear:
         return y if self.b is None else y + self.b
 
 
-def hold_only(lins: list[Linear], layouts: set[str]) -> int:
-    """Make each Linear hold exactly the copies `layouts` read: the others freed, absent ones built.
+def hold_only(lins: list[Gemm], layouts: set[str]) -> int:
+    """Make each Gemm hold exactly the copies `layouts` read: the others freed, absent ones built.
     Returns the bytes freed."""
     freed = 0
     for lin in lins:
@@ -263,14 +248,3 @@ def hold_only(lins: list[Linear], layouts: set[str]) -> int:
 def _nbytes(t: torch.Tensor) -> int:
     """A weight copy's bytes (an opaque oneDNN tensor has no storage to ask: its logical size)."""
     return t.numel() * t.element_size()
-
-
-def _share(mods: list[torch.nn.Module], weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-    """Point each module's weight (and bias) at its rows of the fused `weight` [sum out, in] (`bias`)."""
-    row = 0
-    for m in mods:
-        n = m.weight.shape[0]
-        m.weight.data = weight[row:row + n]  # contiguous rows: a view, not a copy
-        if m.bias is not None:
-            m.bias.data = bias[row:row + n]
-        row += n

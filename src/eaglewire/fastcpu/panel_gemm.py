@@ -12,9 +12,9 @@ kernel keeps a block of up to 8 rows x 8 output columns in registers and reads e
 
 It is a candidate layout like the others (gemm.PANEL), timed by the calibration per row count; inside the
 compiled layer stack (compiled_body.GRAPH) it is the GEMM for two or more rows where the calibration
-times it faster than oneDNN's (LeanTarget._calibrate_graph_gemm; one row keeps the graph's fused GEMV),
+times it faster than oneDNN's (FastRuntime._calibrate_graph_gemm; one row keeps the graph's fused GEMV),
 and a GRAPH runtime's GEMMs outside the graph (the head, a prefill) then use it too
-(LeanTarget.eager_layout).
+(FastRuntime.eager_layout).
 
 Kernels (KERNELS): one source, built per instruction set with its own panel width and block (Kernel):
 the AVX2 one (layout "panel": 8-column panels, blocks of up to 8 rows in 8 of the 16 ymm registers) and

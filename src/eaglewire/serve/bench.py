@@ -22,8 +22,7 @@ import torch
 from eaglewire.data.conversations import read_conversations
 from eaglewire.errors import EaglewireError
 from eaglewire.decoding.engine import SpecDecoder, SpecStats, greedy_reference
-from eaglewire.decoding.propose import EagleProposer
-from eaglewire.decoding.hf_runtime import make_runtime
+from eaglewire.serve.runtimes import make_proposer, make_runtime
 from eaglewire.serve.peer import PEER_METHODS, PeerServers
 from eaglewire.decoding.tree import TreeShape
 from eaglewire.safeio import atomic_write_text
@@ -75,7 +74,7 @@ def make_methods(target: Any, draft: Any, chain: TreeShape, tree: TreeShape, max
         return Run(toks, time.perf_counter() - t0)
 
     def eagle(shape: TreeShape) -> Callable[[torch.Tensor, int], Run]:
-        prop = EagleProposer(draft, draft.contract, shape, max_len)
+        prop = make_proposer(draft, draft.contract, shape, max_len, rt)
 
         def run(ids: torch.Tensor, n: int) -> Run:
             toks, st = SpecDecoder(rt, prop).generate(ids, n, eos={eos})

@@ -240,12 +240,11 @@ def build_server(target: Any, draft: Any, shape: Any, model_name: str | None, ma
     """The `eaglewire serve` server: a loaded draft (in the target's dtype) on the target's runtime, bound to
     host:port. `log` hears what the start does (GEMM layout calibration measured, or reused from the cache)."""
     from eaglewire.decoding.engine import SpecDecoder
-    from eaglewire.decoding.hf_runtime import make_runtime
-    from eaglewire.decoding.propose import EagleProposer
+    from eaglewire.serve.runtimes import make_proposer, make_runtime
 
     rt = make_runtime(target, max_context + shape.num_draft_tokens + 8, calibrate=True, log=log,
                       verify_rows=(shape.num_draft_tokens,))
-    decoder = SpecDecoder(rt, EagleProposer(draft, draft.contract, shape, max_context))
+    decoder = SpecDecoder(rt, make_proposer(draft, draft.contract, shape, max_context, rt))
     eos = {target.tokenizer.eos_token_id}
 
     def generate(job: Job, on_tokens: Callable[[list[int]], None]) -> Any:  # on the server's single worker thread

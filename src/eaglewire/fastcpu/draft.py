@@ -1,5 +1,5 @@
 """The draft's GEMMs on the lean runtime's layouts: a decoding copy of an Eagle3Draft whose Linears run as
-`gemm.Linear` (oneDNN's prepacked weight where this torch and CPU offer it, else the fastest plain
+`gemm.Gemm` (oneDNN's prepacked weight where this torch and CPU offer it, else the fastest plain
 matmul), q/k/v and gate/up fused into one GEMM each (as the target runtime does), everything else (norm
 flags, attention, RoPE) the draft's own tested code.
 
@@ -19,7 +19,7 @@ import copy
 import torch
 from torch import nn
 
-from eaglewire.fastcpu.gemm import (CacheFlush, Linear, candidate_layouts, hold_only, initial_policy, pick,
+from eaglewire.fastcpu.gemm import (CacheFlush, Gemm, candidate_layouts, hold_only, initial_policy, pick,
                                      row_counts, time_layouts)
 from eaglewire.fastcpu.screened_head import SCREENED, ScreenedHead, default_head, greedy_heads
 from eaglewire.draft.model import DraftCache, Eagle3Draft
@@ -31,13 +31,13 @@ DRAFT_ROWS, DRAFT_REPS = (1, 2, 4), 5
 
 
 class LayoutLinear(nn.Module):
-    """nn.Linear's forward through `gemm.Linear` (one module's, or several fused side by side); the layout
-    is looked up per row count in a policy {rows: layout} shared by every Linear of one draft (the largest
+    """nn.Linear's forward through `gemm.Gemm` (one module's, or several fused side by side); the layout
+    is looked up per row count in a policy {rows: layout} shared by every Gemm of one draft (the largest
     rows key <= the call's rows)."""
 
     def __init__(self, lins: list[nn.Linear], policy: dict[int, str], layouts: tuple[str, ...]) -> None:
         super().__init__()
-        self.lin = Linear.fused(lins, layouts)  # one module: its own weight (and bias)
+        self.lin = Gemm.fused(lins, layouts)  # one module: its own weight (and bias)
         self.policy = policy
         self.out_features = sum(m.out_features for m in lins)
 
@@ -45,7 +45,7 @@ class LayoutLinear(nn.Module):
         return self.lin(x, pick(self.policy, x.numel() // x.shape[-1]))
 
 
-class LeanDraft:
+class FastDraft:
     """A decoding copy of `draft` (shares the target's embedding, not the caller's Linears) plus its
     layout policy. `model` is called exactly like the Eagle3Draft it copies."""
 
@@ -81,12 +81,12 @@ class LeanDraft:
             self.calibrate()
         self.settle_copies()
 
-    def _linears(self) -> list[Linear]:
+    def _linears(self) -> list[Gemm]:
         return [m.lin for m in self.model.modules() if isinstance(m, LayoutLinear)]
 
     def settle_copies(self) -> int:
         """Hold exactly the weight copies the policy reads (built now where absent) and free the head's
-        screen where the head policy never picks it (runtime.LeanTarget.settle_copies has why); returns the
+        screen where the head policy never picks it (fastcpu.fastcpu.runtime.FastRuntime.settle_copies has why); returns the
         bytes freed."""
         freed = hold_only(self._linears(), set(self.policy.values()))
         if self.screen is not None and SCREENED not in self.head_policy.values():
