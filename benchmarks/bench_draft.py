@@ -1,5 +1,5 @@
 """Drafting cost per chain round: the released draft proposing through its own nn.Linears ("module") and
-through the lean runtime's GEMM layouts ("auto", decoding/lean_draft.py), side by side in one process.
+through the accelerated GEMM layouts ("auto", fastcpu/draft.py), side by side in one process.
 
 One round = accept T target taps (T = 1..4, cycling, as rounds accept 0..3 drafted tokens plus the bonus)
 and propose a chain of k = 3 (the accepted run's forward plus k - 1 draft steps). The two proposers run

@@ -1,5 +1,5 @@
 """The GEMMs alone: one pass over the embedded target's 120 layer weights (q/k/v and gate/up fused, as the
-lean runtime holds them) at k rows, per eager layout this machine offers (gemm.candidate_layouts: tn, nt,
+accelerated runtime holds them) at k rows, per eager layout this machine offers (gemm.candidate_layouts: tn, nt,
 dnnl, panel, panel-avx512 where offered), beside a plain sum over the same bytes (the memory's pace). Layouts interleaved within each
 repetition, medians; fp32. What a verify of k tokens must pay for its GEMMs, without the rest of the step
 (bench_verify.py times whole steps).

@@ -1,11 +1,11 @@
 """Verify cost on the embedded target: one forward over k new tokens (tree mask) on top of a ~100-token
-cache: lean runtime calibrated per row count, each fixed layout this machine offers for every row count
+cache: the accelerated runtime (fastcpu) calibrated per row count, each fixed layout this machine offers for every row count
 (nt, tn, wx, dnnl where torch exposes oneDNN's prepacked linear, and graph, the whole layer stack compiled by
 inductor, where it is offered: compiled_body.target_layouts; the one-row compiled GEMV is only in the calibrated
 runtime's choice; graph-fused, the graph with its fused verify graphs for the row counts in FUSED_ROWS), and HF
 transformers, all in --dtype; and the calibrated runtime's greedy forward (argmax ids through the greedy
 head it calibrated: screened_head.py), which is what greedy decoding runs. Interleaved rounds, medians,
-ratio to the 1-token decode step of the same runtime. And the roofline (decoding/roofline.py): this
+ratio to the 1-token decode step of the same runtime. And the roofline (benchmarks/roofline.py): this
 machine's streamed read bandwidth and oneDNN GEMM peak, sampled beside every k of every round, and from
 them the fastest any k-row step could be, as a ratio to the calibrated runtime's measured 1-row step: a
 verify-cost target below that floor cannot be met on this host.

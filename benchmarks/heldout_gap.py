@@ -85,7 +85,7 @@ def bucket_counts(draft, fb, head: torch.Tensor) -> torch.Tensor:
 
 def bench_sample(target, limit: int, max_new_tokens: int = 256) -> list:
     """The questions `eaglewire bench --limit N` asks (first turns, spread over the categories) with the
-    answers its vanilla row decodes (greedy, this target and dtype, the lean runtime): the very text whose
+    answers its vanilla row decodes (greedy, this target and dtype, the plain runtime): the very text whose
     online tau the bench measures, so the offline figures compare with it directly."""
     from eaglewire.data.conversations import Conversation, Turn
     from eaglewire.data.samples import tokenize_conversations

@@ -45,7 +45,7 @@ def step_cost(target, rows: int, cached: int) -> StepCost:
     """The cost of a `rows`-token step of a wrapped HF target (verifier.loader.Target) after `cached`
     tokens: weight counts from its real matrices (embedding rows read are negligible; a tied head counts
     once, as the head), attention from its config. For a dense target: an MoE's count would include every
-    expert, which no single row reads, so it would not be a floor (the lean runtime runs dense targets only)."""
+    expert, which no single row reads, so it would not be a floor (the static-cache runtimes run dense targets only)."""
     cfg = target.text_config
     head = target.model.get_output_embeddings().weight
     matrices = [p for p in target.layers.parameters() if p.dim() == 2] + [head]

@@ -1,4 +1,4 @@
-"""The lean runtime of the working tree against the one at a git revision, on the embedded target: the same
+"""The accelerated runtime (fastcpu/runtime.py) of the working tree against the one at a git revision, on the embedded target: the same
 forward (1 row = a decode step, 4 rows = a chain-3 verify) on a 200-token cache, the two interleaved round by
 round (this host's speed drifts by 10-20% within minutes, so back-to-back blocks would measure the drift),
 medians, plus the largest logit difference between the two.

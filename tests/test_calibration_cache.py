@@ -217,7 +217,7 @@ def test_make_runtime_builds_the_fused_graph_of_the_verify_size_it_is_told_and_s
     from eaglewire.fastcpu.compiled_body import FUSED, FUSED_ROWS, GRAPH, target_layouts
 
     if GRAPH not in target_layouts(torch.float32):
-        pytest.skip("no inductor graph offered here (decoding/compiled_body.py)")
+        pytest.skip("no inductor graph offered here (fastcpu/compiled_body.py)")
 
     def fake_time(candidates, ks, reps, run, **_):  # the graph wins every row count, the fused graph its own
         win = FUSED if FUSED in candidates else GRAPH if GRAPH in candidates else candidates[0]
@@ -248,7 +248,7 @@ def test_the_key_names_the_panel_kernels_build(monkeypatch, tmp_path):
 
     rt = FastRuntime(build_target("llama"), 8)
     if PANEL not in rt.candidates:
-        pytest.skip("the panel GEMM is not offered here (decoding/panel_gemm.missing() says why)")
+        pytest.skip("the panel GEMM is not offered here (fastcpu/panel_gemm.missing() says why)")
     key = C.calibration_key(rt, KS, 1, 0)
     assert key["panel_gemm"][PANEL] == panel_gemm.build_dir(panel_gemm.AVX2).name
     changed = tmp_path / "panel_gemm.cpp"

@@ -1,4 +1,4 @@
-"""The measured wiring check on a boundaries dump (doctor/dump.py): for targets too large to load here.
+"""The measured wiring check on a boundaries dump (capture/boundary_file.py): for targets too large to load here.
 
 The dump of test_doctor_measure's tiny target round-trips bit for bit, and measuring on it (no target)
 gives exactly the Measurement measuring with the target gives, for a broken export and a healthy one; a

@@ -1,4 +1,4 @@
-"""The draft's decoding copy on the lean runtime's GEMM layouts (decoding/lean_draft.py): the same logits
+"""The draft's accelerated decoding copy (fastcpu/draft.py): the same logits
 and hidden states as the draft's own modules for every layout and norm flag set, the caller's draft left
 untouched, the target embedding shared, and the proposer drafting the same tokens either way."""
 

@@ -1,4 +1,4 @@
-"""Our few-row GEMM (decoding/panel_gemm.py): its products against float64, its errors, where it is offered,
+"""Our few-row GEMM (fastcpu/panel_gemm.py): its products against float64, its errors, where it is offered,
 and its build cache; for each kernel (the AVX2 one; the AVX-512 one where the CPU has AVX-512; and the
 AVX-512 kernel's code, its 16-wide panels and 16-row blocks, built for AVX2, so that its indexing is
 tested on any AVX2 machine)."""

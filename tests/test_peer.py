@@ -1,4 +1,4 @@
-"""The vLLM peer rows' bookkeeping (decoding/peer.py), without vLLM: counters between two readings, EOS."""
+"""The vLLM peer rows' bookkeeping (serve/peer.py), without vLLM: counters between two readings, EOS."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""The lean runtime (q/k/v and gate/up fused into one GEMM each) equals HF transformers' unfused forward
+"""The accelerated runtime, fastcpu.runtime.FastRuntime (q/k/v and gate/up fused into one GEMM each) equals HF transformers' unfused forward
 within 1e-4 (fp32) on every supported architecture and every GEMM layout."""
 
 import pytest
@@ -13,7 +13,7 @@ from extras import needs_fastcpu
 
 pytestmark = needs_fastcpu  # the CPU acceleration layer's own tests
 
-NO_GRAPH = "no C++ toolchain for inductor or no oneDNN prepacked linear here (decoding/compiled_body.py)"
+NO_GRAPH = "no C++ toolchain for inductor or no oneDNN prepacked linear here (fastcpu/compiled_body.py)"
 
 
 def graph_offered() -> bool:
@@ -26,9 +26,9 @@ def test_prefill_decode_and_taps_match_hf(arch, layout):
     if layout == PACKED and PACKED not in candidate_layouts(torch.float32):
         pytest.skip("this torch build exposes no oneDNN prepacked linear (torch.ops.mkldnn._linear_pointwise)")
     if layout in PANELS and layout not in candidate_layouts(torch.float32):
-        pytest.skip(f"the {layout} GEMM is not offered here (decoding/panel_gemm.missing() says why)")
+        pytest.skip(f"the {layout} GEMM is not offered here (fastcpu/panel_gemm.missing() says why)")
     if layout == COMPILED and COMPILED not in candidate_layouts(torch.float32):
-        pytest.skip("no C++ compiler for inductor here (decoding/compiled_gemv.py)")
+        pytest.skip("no C++ compiler for inductor here (fastcpu/compiled_gemv.py)")
     if layout == GRAPH and not graph_offered():
         pytest.skip(NO_GRAPH)
     target = build_target(arch)
@@ -133,7 +133,7 @@ def test_the_compiled_gemv_is_one_row_only_and_policies_never_give_it_more():
     with pytest.raises(ValueError, match="does not apply"):
         pick({1: COMPILED}, 3)
     if COMPILED not in candidate_layouts(torch.float32):
-        pytest.skip("no C++ compiler for inductor here (decoding/compiled_gemv.py)")
+        pytest.skip("no C++ compiler for inductor here (fastcpu/compiled_gemv.py)")
     g = torch.Generator().manual_seed(0)
     lin = Gemm(torch.randn(40, 24, generator=g), torch.randn(40, generator=g))
     x = torch.randn(1, 1, 24, generator=g)

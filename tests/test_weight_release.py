@@ -144,7 +144,7 @@ def test_a_compiled_graph_runs_after_the_release_and_still_gives_hfs_logits():
     from eaglewire.fastcpu.compiled_body import GRAPH, target_layouts
 
     if GRAPH not in target_layouts(torch.float32):
-        pytest.skip("no inductor graph offered here (decoding/compiled_body.py)")
+        pytest.skip("no inductor graph offered here (fastcpu/compiled_body.py)")
     target = build_target("llama")
     ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(6))
     with torch.no_grad():
