@@ -3,7 +3,7 @@ within 1e-4 (fp32) on every supported architecture and every GEMM layout."""
 
 import pytest
 import torch
-from tiny import VOCAB, build_target
+from tiny import VOCAB, assert_matches_hf, build_target
 
 from eaglewire.fastcpu.compiled_body import GRAPH, target_layouts
 from eaglewire.fastcpu.gemm import COMPILED, LAYOUTS, PACKED, PANEL, PANEL_AVX512, PANELS, candidate_layouts
@@ -32,17 +32,7 @@ def test_prefill_decode_and_taps_match_hf(arch, layout):
     if layout == GRAPH and not graph_offered():
         pytest.skip(NO_GRAPH)
     target = build_target(arch)
-    ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        ref = target.model(input_ids=ids).logits
-    lean = FastRuntime(target, max_len=32, layout=layout)
-    pos = torch.arange(12)[None]
-    logits, taps = lean.forward(ids[:, :9], pos[:, :9], 0, taps=(0, 2, 4))
-    torch.testing.assert_close(logits, ref[:, :9], atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(taps, capture(target, (0, 2, 4), ids[:, :9]).taps, atol=1e-4, rtol=1e-4)
-    for t in range(9, 12):  # single-token decode steps on the cache
-        step, _ = lean.forward(ids[:, t:t + 1], pos[:, t:t + 1], t)
-        torch.testing.assert_close(step[:, 0], ref[:, t], atol=1e-4, rtol=1e-4)
+    assert_matches_hf(target, FastRuntime(target, max_len=32, layout=layout))
 
 
 @pytest.mark.parametrize("layout", ["auto", GRAPH])

@@ -7,10 +7,9 @@ import logging
 import pytest
 import torch
 from proposers import OracleProposer
-from tiny import VOCAB, build_draft, build_target
+from tiny import VOCAB, assert_matches_hf, build_draft, build_target
 
 from eaglewire import fastcpu
-from eaglewire.capture.hooks import capture
 from eaglewire.decoding.engine import SpecDecoder, greedy_reference
 from eaglewire.decoding.hf_runtime import HFRuntime
 from eaglewire.decoding.runtime import StaticRuntime, plain_runtime
@@ -21,17 +20,7 @@ from eaglewire.serve import runtimes
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
 def test_prefill_decode_and_taps_match_hf(arch):
     target = build_target(arch)
-    ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        ref = target.model(input_ids=ids).logits  # [1, 12, V]
-    rt = StaticRuntime(target, max_len=32)
-    pos = torch.arange(12)[None]
-    logits, taps = rt.forward(ids[:, :9], pos[:, :9], 0, taps=(0, 2, 4))
-    torch.testing.assert_close(logits, ref[:, :9], atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(taps, capture(target, (0, 2, 4), ids[:, :9]).taps, atol=1e-4, rtol=1e-4)
-    for t in range(9, 12):  # single-token decode steps on the cache
-        step, _ = rt.forward(ids[:, t:t + 1], pos[:, t:t + 1], t)
-        torch.testing.assert_close(step[:, 0], ref[:, t], atol=1e-4, rtol=1e-4)
+    assert_matches_hf(target, StaticRuntime(target, max_len=32))
 
 
 def test_plain_runtime_falls_back_to_transformers_for_other_architectures():

@@ -106,3 +106,20 @@ def tiny_samples(n: int = 24, seed: int = 0, min_len: int = 12, max_len: int = 2
         mask[T // 2:] = 1
         out.append(Sample(id=f"s{i}", input_ids=ids, loss_mask=mask))
     return out
+
+
+def assert_matches_hf(target: Target, rt) -> None:
+    """A runtime's prefill (with taps) and single-token decode steps equal HF transformers' forward within
+    1e-4 (fp32): logits [1, T, V] and the tapped boundaries [1, T, 3H]."""
+    from eaglewire.capture.hooks import capture
+
+    ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = target.model(input_ids=ids).logits  # [1, 12, V]
+    pos = torch.arange(12)[None]
+    logits, taps = rt.forward(ids[:, :9], pos[:, :9], 0, taps=(0, 2, 4))
+    torch.testing.assert_close(logits, ref[:, :9], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(taps, capture(target, (0, 2, 4), ids[:, :9]).taps, atol=1e-4, rtol=1e-4)
+    for t in range(9, 12):  # single-token decode steps on the cache
+        step, _ = rt.forward(ids[:, t:t + 1], pos[:, t:t + 1], t)
+        torch.testing.assert_close(step[:, 0], ref[:, t], atol=1e-4, rtol=1e-4)
