@@ -17,12 +17,16 @@ Nothing below eaglewire.serve imports it (tests/test_import_graph.py).
 from __future__ import annotations
 
 import importlib.util
+import os
 
 COMPILE_MODES = ("always", "cached", "never")  # make_fast_runtime's `compile` (the CLI's --compile)
 
 
 def available() -> str | None:
-    """None where the extra is installed; else why this layer is not used."""
+    """None where the extra is installed and not switched off (EAGLEWIRE_FASTCPU=0, to compare the two
+    runtimes on one install); else why this layer is not used."""
+    if os.environ.get("EAGLEWIRE_FASTCPU", "1") == "0":
+        return "switched off by EAGLEWIRE_FASTCPU=0"
     if importlib.util.find_spec("ninja") is None:
         return "the fastcpu extra is not installed (pip install 'eaglewire[fastcpu]': ninja builds its kernel)"
     return None
