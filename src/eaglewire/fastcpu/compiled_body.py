@@ -5,24 +5,20 @@ microseconds of dispatch whatever its size, so norms, RoPE, cache writes, attent
 a large share of a step. Traced once by torch.compile, the same layer code (`FastRuntime.layers_forward`,
 no second copy of it) becomes a handful of fused C++ loops per layer.
 
-The GEMMs inside the graph:
-  - one row: a GEMV written as `(w * x).sum(-1)` (compiled_gemv.py's form), fused by inductor with the norm
-    or activation that produces x;
-  - two or more rows: our panel GEMM (panel_gemm.py) where it is offered and the calibration times it faster
-    (FastRuntime._calibrate_graph_gemm picks CompiledBody's `gemm` from GRAPH_GEMMS); otherwise oneDNN's
-    prepacked weight through `eaglewire::packed_linear`, an opaque op registered here, because inductor
-    cannot lower `mkldnn._linear_pointwise` on a weight that is a graph input (its own several-row
-    reduction is slower than oneDNN's);
-  - where the graph's GEMM is oneDNN's, a static graph per verify size (FUSED, FUSED_ROWS: one GEMV per row
-    over the same weight, fused into one loop), kept only where FastRuntime.compile_graphs times it faster.
+The GEMMs inside the graph: for one row a GEMV written as `(w * x).sum(-1)` (compiled_gemv.py's form),
+fused with the norm or activation that produces x; for more rows our panel GEMM (panel_gemm.py) where the
+calibration times it faster (FastRuntime._calibrate_graph_gemm, one of GRAPH_GEMMS), else oneDNN's
+prepacked weight through `eaglewire::packed_linear`, an opaque op registered here (inductor cannot lower
+`mkldnn._linear_pointwise` on a weight that is a graph input, and its own several-row reduction is slower).
+Where that GEMM is oneDNN's, a verify size may get a static graph of its own (FUSED, FUSED_ROWS: one GEMV
+per row over the same weight, fused into one loop), kept only where FastRuntime.compile_graphs times it faster.
 
 Shapes: the cache length and the row count above one are dynamic, so a runtime compiles two graphs (one
-row, every larger row count) plus a static one per fused verify size. Inductor caches the compiled code on
-disk (TORCHINDUCTOR_CACHE_DIR): the first start for a cache size compiles, later ones trace and load.
-Options (GRAPH_OPTIONS, `_keep_guard`): x realized once rather than recomputed per output row; guards on
-the call's arguments only, not the runtime's hundreds of attributes; a C++ wrapper, so that no Python frame
-is pushed per GEMM (see `_packed_linear`). Each layout's cost is measured by
-`python benchmarks/bench_verify.py`; the calibration times GRAPH against the eager layouts like any other.
+row, every larger row count) plus a static one per fused verify size; inductor caches the compiled code on
+disk (TORCHINDUCTOR_CACHE_DIR), so only the first start for a cache size compiles. Options (GRAPH_OPTIONS,
+`_keep_guard`): x realized once rather than recomputed per output row; guards on the call's arguments only;
+a C++ wrapper, so that no Python frame is pushed per GEMM (see `_packed_linear`). The calibration times
+GRAPH against the eager layouts like any other; `python benchmarks/bench_verify.py` measures them all.
 
 Numerics: fp32 throughout, another summation order for the GEMVs and norms (within 1e-4 of the eager
 layouts on the targets tested).

@@ -8,11 +8,8 @@ keeps a block of up to MR rows x NR output columns in registers and reads each w
 (panel_gemm.cpp has the layout and why). `python benchmarks/bench_gemm.py` times it against oneDNN's GEMM
 and a plain sum over the same bytes (the memory's pace).
 
-It is a candidate layout like the others (gemm.PANEL), timed by the calibration per row count; inside the
-compiled layer stack (compiled_body.GRAPH) it is the GEMM for two or more rows where the calibration
-times it faster than oneDNN's (FastRuntime._calibrate_graph_gemm; one row keeps the graph's fused GEMV),
-and a GRAPH runtime's GEMMs outside the graph (the head, a prefill) then use it too
-(FastRuntime.eager_layout).
+It is a candidate layout like the others (gemm.PANEL), timed by the calibration per row count, and the
+compiled layer stack's GEMM for two or more rows where it times faster (FastRuntime._calibrate_graph_gemm).
 
 Kernels (KERNELS): one source, built per instruction set with its own panel width and block (Kernel):
 the AVX2 one (layout "panel": 8-column panels, blocks of up to 8 rows in 8 of the 16 ymm registers) and
@@ -22,12 +19,10 @@ times them against each other and oneDNN's GEMM rather than assuming the wider o
 zmm FMA as two 256-bit halves). The AVX-512 kernel's code (its width and block) is tested built for AVX2
 (tests/test_panel_gemm.py), and a machine offers it only where its probe product is right.
 
-Availability: fp32 weights, a CPU with the kernel's instruction sets (read from /proc/cpuinfo at run
-time; the code is compiled for exactly those, so a user cache carried to another machine never runs an
-instruction its CPU lacks), a C++ compiler and ninja (torch.utils.cpp_extension builds it). Built once per
-machine, kernel, torch install, compiler and source into the user cache (the start says so), after which
-a process loads the built library directly (no compiler, no ninja). A machine where any of this is missing
-does not get the layout and says why on stderr; the other layouts compute the same products.
+Availability: fp32 weights, a CPU with the kernel's instruction sets (read from /proc/cpuinfo at run time;
+the code is compiled for exactly those), a C++ compiler and ninja. Built once per machine, kernel, torch
+install, compiler and source into the user cache, then loaded directly (no compiler, no ninja). A machine
+missing any of this does not get the layout and says why on stderr; the other layouts compute the same.
 
 Numerics: fp32, each output summed in k order with FMAs: another summation order than oneDNN's, so results
 differ from its in the last bits (tests/test_panel_gemm.py checks products against float64).

@@ -204,10 +204,9 @@ class FastRuntime(StaticRuntime):
         than inside the first request; then, for each of `verify_rows` (the verify sizes the caller's
         proposers use) in FUSED_ROWS that the policy runs through GRAPH, build its static fused graph and
         keep it where it times faster than the shared one (`fused_ms` has the medians), unless the panel
-        GEMM is the graph's (then no fused graph is built). Only the sizes
-        asked for compile, each once per machine and cache size (a minute or more cold; inductor's cache
-        serves later starts). Returns the row counts run. The slots written (after CALIBRATION_PREFIX) are overwritten by any
-        prefill."""
+        GEMM is the graph's (then no fused graph is built). Only the sizes asked for compile, each once per
+        machine and cache size (a minute or more cold; inductor's cache serves later starts). Returns the
+        row counts run. The slots written (after CALIBRATION_PREFIX) are overwritten by any prefill."""
         rows = sorted({min(k, 2) for k in self.policy if self.layout(k) in INDUCTOR_LAYOUTS
                        and CALIBRATION_PREFIX + min(k, 2) <= self.max_len})
         dev = self.embed.device

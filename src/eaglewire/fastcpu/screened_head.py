@@ -20,12 +20,13 @@ the logit. Token j can be the argmax only if y_j + err_j >= max_k (y_k - err_k):
 below a kept one under any fp32 evaluation. The screen tests a superset of that, y_j >= max y - 2 E with
 E = max_j err_j (`ScreenedHead._thresholds`): a handful of scalar operations instead of a dozen passes over
 the V logits, which would cost more than the bf16 GEMM saves. It keeps more tokens than the per-token test
-would (tens rather than a few on a real head), each an H-wide fp32 row. The kept tokens are recomputed in fp32 and the first largest wins, the
-tie rule of torch.argmax. That recompute is another fp32 GEMM than the plain head's, so where two
-logits lie within fp32 accumulation error of each other (~2 gamma_n ||w|| ||h||) it may pick the other one:
-the same latitude as choosing another fp32 GEMM layout, never a bf16-quality answer (tests/test_screened_head.py:
-the bound covers the bf16 error at every scale, the screen finds the fp32 argmax where bf16 alone does not,
-and greedy decoding through it equals the plain head's).
+would (tens rather than a few on a real head), each an H-wide fp32 row. The kept tokens are recomputed in
+fp32 and the first largest wins, the tie rule of torch.argmax. That recompute is another fp32 GEMM than
+the plain head's, so where two logits lie within fp32 accumulation error of each other
+(~2 gamma_n ||w|| ||h||) it may pick the other one: the same latitude as choosing another fp32 GEMM
+layout, never a bf16-quality answer (tests/test_screened_head.py: the bound covers the bf16 error at
+every scale, the screen finds the fp32 argmax where bf16 alone does not, and greedy decoding through it
+equals the plain head's).
 
 Sampling (temperature > 0) needs every logit: it keeps the fp32 head.
 """
