@@ -10,7 +10,7 @@ Canonical taps are residual-stream **boundaries** b in [0, L] of a target with L
     b = k   output of decoder layer k-1 (= input of decoder layer k), un-normed residual stream
     b = L   output of the last decoder layer BEFORE the final norm
 
-How engines write the same physical state (read from their source; shared/research/conventions.md §9):
+How engines write the same physical state (read from each engine's source; records in export/engines.py):
 
     convention      id written for boundary b        expressible b     why the range
     hf              b  (output_hidden_states index)   0 .. L-1          entry L is post-final-norm

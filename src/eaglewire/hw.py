@@ -1,8 +1,9 @@
-"""What this machine's CPU can do, read at run time (machines change between sittings: one had AVX2
-only, another AVX-512 with AVX512-BF16). Never assumed: fp32 is the default wherever bf16 is emulated.
+"""What the CPU eaglewire runs on can do, read at run time, never assumed (the same install may run on
+an AVX2-only CPU and on one with AVX-512 and AVX512-BF16). fp32 is the default wherever bf16 is emulated.
 
-Why it matters: on a CPU with AVX512-BF16 or AMX, a bf16 GEMM measured ~4.5x the fp32 one (2 cores,
-576-wide, 2048 rows); without them PyTorch emulates bf16 and it is slower than fp32.
+Why it matters: on a CPU with AVX512-BF16 or AMX a bf16 GEMM is several times faster than the fp32 one;
+without them PyTorch emulates bf16 and it is slower than fp32 (`python benchmarks/bench_train_dtype.py`
+measures both, the CPU stated).
 """
 
 from __future__ import annotations
@@ -142,8 +143,8 @@ def return_freed_memory() -> bool:
     """Ask the C allocator to give freed heap memory back to the OS (glibc's malloc_trim); False where the
     C library has no such call (musl, macOS: their freed memory stays with the process, reusable by it).
     Why: weights of a few MB each are allocated from the heap once glibc's mmap threshold has grown past
-    them, and freeing them leaves the pages resident (SmolLM2 fp32: a runtime freeing 1026 MB of weight
-    copies kept its RSS at 2508 MB; trimmed, 1696 MB, sitting 24)."""
+    them, and freeing them leaves the pages resident: a runtime that frees the weight copies its layouts
+    do not read would otherwise keep their memory in its RSS."""
     import ctypes
 
     trim = getattr(ctypes.CDLL(None), "malloc_trim", None)

@@ -1,8 +1,8 @@
-"""The transformer ops the draft model and the lean target runtime share: RMSNorm and rotate-half RoPE.
+"""The transformer ops the draft model and the target runtimes share: RMSNorm and rotate-half RoPE.
 
-One definition each, written for decoding's per-op overhead: a 1-row decode step of the 30-layer target
-is ~4,900 tiny ops around 121 GEMMs, and the ops, not their arithmetic, were a third of its time
-(sitting 9, AMD EPYC, fp32: 5.0 ms of a 16 ms step outside the GEMMs).
+One definition each, written for decoding's per-op overhead: a 1-row decode step of a 30-layer target is
+thousands of tiny ops around its GEMMs, and on a CPU each op's dispatch, not its arithmetic, is what it
+costs, so these ops are written with as few calls as the arithmetic allows.
 """
 
 from __future__ import annotations
@@ -52,10 +52,9 @@ def sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.
 
 def unfused_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """`sdpa`'s sum written as broadcast products and reductions (mask required), for a traced graph:
-    inductor fuses it into a few loops where the fused kernel is an opaque call. Measured inside the
-    target's graph (compiled_body.py; SmolLM2, 30 layers, 100 cached tokens, AMD EPYC, 2 cores, fp32,
-    interleaved): a 4-row layer stack 15.7 -> 14.7 ms; for one row the fused kernel stays (12.2 against
-    12.6 ms). Another summation order than the fused kernel's (hidden states within 3e-5 here)."""
+    inductor fuses it into a few loops where the fused kernel is an opaque call, which makes the graph's
+    multi-row steps faster (compiled_body.py; for one row the fused kernel stays, no faster written out).
+    Another summation order than the fused kernel's, so results differ from it in the last bits."""
     B, Hq, T, D = q.shape
     Hkv, S = keys.shape[1], keys.shape[2]
     g = Hq // Hkv  # query heads per key/value head, adjacent in Hq (enable_gqa's grouping)

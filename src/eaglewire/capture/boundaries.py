@@ -26,8 +26,8 @@ PROMPTS = (  # short, varied first turns (writing, reasoning, coding, facts): th
     "Give me a recipe for a simple tomato soup.",
     "What is the difference between weather and climate?",
 )
-NEW_TOKENS = 96  # per prompt: 8 x 96 ~ 600 scored answer tokens (~12 s of greedy generation for a 135M
-# target on one CPU thread); 320 tokens left a one-layer shift of the released draft inside the margin
+NEW_TOKENS = 96  # per prompt: 8 x 96 ~ 600 scored answer tokens (seconds of greedy generation for a small
+# target); about half as many leave a one-layer shift of the released draft inside the bootstrap margin
 NO_TOKENIZER_PROMPT_LEN = 16  # a target without a tokenizer gets seeded random-id prompts of this length
 
 

@@ -1,7 +1,7 @@
 """A hidden-state dump of every boundary: the measured wiring check for targets too large to load here.
 
 `eaglewire doctor sample --target T --out FILE` runs where the target runs (the GPU box that serves it)
-and writes the Boundaries the measured check scores drafts on (doctor/sample.py) to one safetensors
+and writes the Boundaries the measured check scores drafts on (capture/boundaries.py) to one safetensors
 file; `eaglewire doctor check DIR --boundaries FILE` then measures anywhere, without the target.
 
 Besides the states the check needs little from the target: its identity and sizes (the file's metadata)

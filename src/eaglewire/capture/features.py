@@ -128,8 +128,8 @@ def capture_shard(target: Target, contract: WiringContract, samples: list[Sample
     online = OnlineFeatures(target, contract, pad_id)
     head = target.model.get_output_embeddings().weight.detach()  # [V, H] in the target's own dtype
     rows: list[dict[str, torch.Tensor] | None] = [None] * len(samples)
-    # Batches of similar length (sorted), rows stored back in sample order: padding a 60-token sample to
-    # its 1000-token neighbour cost ~3x the target forwards on ShareGPT-like data.
+    # Batches of similar length (sorted), rows stored back in sample order: padding a short sample to a
+    # long neighbour spends target forwards on padding, and chat data's lengths vary widely.
     order = sorted(range(len(samples)), key=lambda j: len(samples[j].input_ids))
     for i in range(0, len(order), batch_size):
         idx = order[i:i + batch_size]

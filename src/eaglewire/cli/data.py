@@ -40,8 +40,8 @@ def regenerate_cmd(
     model: Optional[str] = typer.Option(None, "--model", help="Model name to send to --server."),
     engine: str = typer.Option("local", "--engine", help="'local' (HF generate in this process) or 'vllm' "
                                "(starts vLLM's CPU build on 127.0.0.1 for the target: bash scripts/vllm_venv.sh)."),
-    dtype: str = typer.Option("bfloat16", "--dtype", help="--engine vllm: float32 or bfloat16 (AVX512-BF16/AMX "
-                              "CPUs; 384 vs 225 tok/s for fp32 in the research notes' measurement)."),
+    dtype: str = typer.Option("bfloat16", "--dtype", help="--engine vllm: float32 or bfloat16 (faster on "
+                              "AVX512-BF16/AMX CPUs, where bf16 runs natively)."),
     start: int = typer.Option(0, "--start", help="Skip the first N conversations of the source (another file "
                               "holds them): this file holds conversations [start, start + limit)."),
 ) -> None:
@@ -201,7 +201,7 @@ def capture_cmd(
     max_length: int = typer.Option(DEFAULT_MAX_LENGTH, "--max-length"),
     limit: Optional[int] = typer.Option(None, "--limit"),
     skip: int = typer.Option(0, "--skip", min=0, help="Skip the first N valid conversations (captured into "
-                             "another directory, e.g. by an earlier sitting): capture only what is new."),
+                             "another directory, e.g. by an earlier capture): capture only what is new."),
     shard_samples: int = typer.Option(256, "--shard-samples"),
     batch_size: int = typer.Option(4, "--batch-size"),
     split_turns: bool = typer.Option(False, "--split-turns"),

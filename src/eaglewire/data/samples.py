@@ -90,8 +90,8 @@ def tokenize_conversations(tok: Any, convs: Iterable[Conversation], *, max_lengt
 
 def load_samples(data: str, tok: Any, *, max_length: int, limit: int | None = None, skip: int = 0,
                  read_stats: ReadStats | None = None, **kw: Any) -> tuple[list[Sample], TokenizeStats]:
-    """Samples of the valid conversations [skip, skip + limit) of `data` (skip: those an earlier capture or
-    sitting already holds)."""
+    """Samples of the valid conversations [skip, skip + limit) of `data` (skip: those an earlier capture
+    already holds)."""
     stats = TokenizeStats()
     convs = itertools.islice(read_conversations(data, read_stats), skip, None if limit is None else skip + limit)
     return tokenize_conversations(tok, convs, max_length=max_length, stats=stats, **kw), stats

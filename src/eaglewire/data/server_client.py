@@ -21,7 +21,7 @@ class ServerGenerator:
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model, self.s, self.tok, self.timeout = model or "default", s, tokenizer, timeout
         # An engine started by eaglewire names itself by what it runs (engine, version, dtype, target),
-        # not by its port, so a file regenerated through it resumes in a later sitting.
+        # not by its port, so a file regenerated through it resumes in a later run.
         self._identity = identity or {"kind": "server", "url": self.url, "model": self.model}
 
     def identity(self) -> dict:

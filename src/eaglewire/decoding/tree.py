@@ -66,8 +66,9 @@ class TreeShape:
 
 
 # The tree of `generate`, `serve`, `bench` and the run config's bench section (defined here only). Small:
-# on a CPU a verify of 1-3 tokens costs 1.0-1.25 decode steps and 4-16 cost 1.1-2.2x, by machine
-# (benchmarks/bench_verify.py); deeper trees measured within drift of it (README, sitting 17).
+# on a CPU a verify costs more decode steps the more tokens it holds, by a ratio that differs between
+# machines (measured by `python benchmarks/bench_verify.py`), and with the released draft a deeper tree's
+# extra accepted tokens do not pay for its larger verify (`eaglewire bench` compares tree shapes).
 DEFAULT_TREE = TreeShape(num_steps=2, topk=2, num_draft_tokens=3)
 
 

@@ -1,10 +1,11 @@
 """eaglewire doctor: find silent wiring failures of a draft before it is deployed.
 
-    inspect.py   reads a draft directory without trusting it; the engine's rules are its eaglewire/engines.py record
-    checks.py    the findings (error/warn/info, why, fix)
-    probe.py     which boundaries an engine actually delivered        expect.py   predicted vs measured tau
-    weights.py   NaN/Inf, zero norms, a copied lm_head                findings.py the Finding record
-    sample.py    every target boundary, captured once; measure.py scores tap sets on them (paired NLL,
-    bootstrap margin); empirical.py turns that into the `measured_wiring` finding
-    dump.py      those boundaries in a file and a stand-in target built from it (measure without the target)
+    inspect.py          reads a draft directory without trusting it; the engine's rules are its export/engines.py record
+    checks.py           the findings (error/warn/info, why, fix)             findings.py  the Finding record
+    weights.py          NaN/Inf, zero norms, a copied lm_head                expect.py    predicted vs measured tau
+    trained_taps.py     which boundaries a draft was trained on: tap sets scored on the target's boundaries
+                        (capture/boundaries.py; paired NLL, bootstrap margin)
+    measured_wiring.py  that score against what the engine will deliver: the `measured_wiring` finding
+    measured_tau.py     our engine's tau under the engine's own knobs (tree shapes), on request
+    vllm_dump.py        what real vLLM delivers to an export (capture/identify.py names each state)
 """

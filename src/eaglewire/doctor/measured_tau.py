@@ -1,6 +1,6 @@
 """The measured wiring check's τ under the engine's own knobs: our speculative engine run on the target.
 
-The teacher-forced chain (measure.chain) predicts a greedy chain only: a tree (SGLang topk > 1) accepts
+The teacher-forced chain (trained_taps.chain) predicts a greedy chain only: a tree (SGLang topk > 1) accepts
 along whichever branch matches, which no teacher-forced score gives. So for a tree shape (or a chain
 asked for by its knobs) the check runs OUR engine — decoding.engine.SpecDecoder with
 decoding.propose.EagleProposer, the very code `doctor expect` predicts with (doctor.expect.predict) —
@@ -10,9 +10,9 @@ contract.taps`) and SpecDecoder asks the target for exactly those boundaries at 
 verify forward, so the draft is fed the delivered boundaries as the engine would feed them.
 
 Cost: one speculative generation per distinct tap set (the healthy case, delivered = best, runs once)
-of 8 built-in prompts x ENGINE_NEW_TOKENS tokens. Measured on the tiny test target (8 layers, one niced
-thread beside a training job): ~5 s per set at S=2 K=2 N=4 (the draft's Python tree building
-dominates), against 0.9 s for the whole teacher-forced measurement. Not yet timed on the embedded target (it decodes 512 tokens per set with our engine). Hence only on request (the engine's knobs), not on every check.
+of 8 built-in prompts x ENGINE_NEW_TOKENS tokens: several times the whole teacher-forced measurement
+(the draft's Python tree building dominates on a small target). Hence only on request (the engine's
+knobs), not on every check.
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ def run_measurement(ins: Inspection, target: Any, bounds: Boundaries | None = No
                     shape: TreeShape | None = None) -> tuple[Measurement | None, list[Finding]]:
     """Measure (capturing the target's boundaries unless given; a DumpTarget brings its own) and turn the
     result into findings. `shape`: the engine's knobs; then our engine also runs on the target with the
-    delivered and the best set (doctor/engine_tau.py: ~40 s for the embedded target, so on request)."""
+    delivered and the best set (measured_tau.py: a generation per tap set, so on request)."""
     L, H = target.num_layers, target.hidden_size
     fc = ins.shapes.get("fc.weight")
     if fc is None or fc[1] % H:
@@ -141,7 +141,7 @@ def _fix(m: Measurement, engine: Engine, L: int) -> str:
 
 
 def finding(m: Measurement, engine: Engine, L: int) -> Finding:
-    """error when the delivered set is clearly worse than the best (measure.py's rule), else info."""
+    """error when the delivered set is clearly worse than the best (trained_taps.py's rule), else info."""
     fix, engine_name = _fix(m, engine, L), engine.name
     weak = (f" Weak evidence: the draft predicts almost as well from any states (worst - best = "
             f"{m.spread:.2f} nats); a better-trained draft gives a sharper answer." if m.weak else "")

@@ -83,7 +83,7 @@ def _normed(draft: Eagle3Draft, bounds: Boundaries, taps: Taps, steps: int) -> l
     pos = torch.arange(T).expand(B, T)
     # The slots shifted in at the end are seen by no scored position (causal mask, chains end before them),
     # so their token is free: one of the batch's own keeps every embedded id one the Boundaries hold, so a
-    # hidden-state dump's stand-in embedding (doctor/dump.py) covers every row read. Training pads with 0.
+    # hidden-state dump's stand-in embedding (capture/boundary_file.py) covers every row read. Training pads with 0.
     fill = int(ids[0, 0])
     # a dump may hold bf16 states (big targets): the draft is scored in its own (fp32) dtype
     hidden, past, out = draft.fuse(bounds.taps(taps).to(draft.fc.weight.dtype)), None, []  # [B, T, H]
@@ -182,7 +182,7 @@ class Measurement:
     coverage: float
     tokens: int
     tau: dict[str, tuple[float, list[float]]] = field(default_factory=dict)  # "delivered"/"best": tau, per step
-    engine: EngineRun | None = None  # our engine's τ at the engine's knobs (doctor/engine_tau.py), when asked
+    engine: EngineRun | None = None  # our engine's τ at the engine's knobs (measured_tau.py), when asked
 
     @property
     def weak(self) -> bool:

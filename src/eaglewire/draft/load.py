@@ -86,7 +86,8 @@ def load_strict(cfg: DraftConfig, contract: WiringContract, tensors: dict[str, t
     elif target is not None:
         draft.attach_embedding(target.embedding().to(draft.fc.weight.dtype))
     # The sentinel marks what this loader fills from `tensors`; an embedding the target supplies is not one
-    # of those (a boundaries dump's stand-in gives NaN rows for the tokens it lacks on purpose: doctor/dump.py)
+    # of those (a boundaries dump's stand-in gives NaN rows for the tokens it lacks on purpose:
+    # capture/boundary_file.py)
     for name, p in draft.named_parameters():
         if (name != EMBED_KEY or EMBED_KEY in tensors) and torch.isnan(p).any():
             raise CheckpointError(f"{where}: weight {name!r} was never loaded (NaN sentinel remains)")

@@ -84,7 +84,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(in_features, cfg.num_key_value_heads * hd, bias=False)
         self.v_proj = nn.Linear(in_features, cfg.num_key_value_heads * hd, bias=False)
         self.o_proj = nn.Linear(cfg.num_attention_heads * hd, cfg.hidden_size, bias=False)
-        # Decoding copies (decoding/lean_draft.py) set one module computing q, k, v side by side: one GEMM
+        # Decoding copies (fastcpu/draft.py) set one module computing q, k, v side by side: one GEMM
         # instead of three. Never saved: the checkpoint keeps the three projections engines load.
         self.qkv: nn.Module | None = None
         self.qkv_widths = [cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd, cfg.num_key_value_heads * hd]

@@ -18,7 +18,7 @@ import torch
 from eaglewire.errors import EaglewireError
 
 
-DEFAULT_DRAFT_VOCAB = 16000  # ~1.5x cheaper draft head than 32k on CPU; coverage is reported by vocab build
+DEFAULT_DRAFT_VOCAB = 16000  # half a 32k head's rows: a cheaper draft step on CPU; coverage is reported by vocab build
 
 
 class VocabMapError(EaglewireError):

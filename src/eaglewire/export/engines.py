@@ -1,11 +1,12 @@
 """One record per engine (version): how it names, wires and runs an EAGLE-3 draft.
 
-The exporters and importers (formats/), the doctor (doctor/) and the run config's list of formats
-(pipeline/config.py) all read these records, so a fact about an engine is written once. Adding an engine
+The exporters and importers (layouts.py, convert.py), the doctor (doctor/) and the run config's list of
+formats (pipeline/config.py) all read these records, so a fact about an engine is written once. Adding an engine
 whose config looks like one of the three config styles below is one record here; the translation of
 its layer ids is its `convention`, defined (with the only off-by-one) in eaglewire.contract.
 
-Sources: shared/research/conventions.md and the loader facts in formats/layouts.py's docstring.
+Sources: each engine's own loader and config code (eaglewire.contract's table of conventions, and the
+loader facts in export/layouts.py's docstring).
 """
 
 from __future__ import annotations

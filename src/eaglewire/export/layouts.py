@@ -1,6 +1,6 @@
-"""Configs and weight names of each engine's layout, written and read from its record (eaglewire/engines.py:
-convention, where the ids live, layer-0 prefix, norms, config style), against the engines' loaders (see
-shared/research/conventions.md and the loader facts gathered for this module):
+"""Configs and weight names of each engine's layout, written and read from its record (export/engines.py:
+convention, where the ids live, layer-0 prefix, norms, config style), against the engines' loaders (the
+layer-id conventions are eaglewire.contract's table; the loader facts of each engine are these):
 
     sglang      LlamaForCausalLMEagle3, midlayer.*, eagle_config.eagle_aux_hidden_state_layer_ids (SGLang's
                 rule, chosen explicitly), use_aux_hidden_state, draft_vocab_size, tie_word_embeddings false

@@ -1,4 +1,4 @@
-"""The lean runtime's GEMM layout calibration, measured once per machine and reused by the next start.
+"""The fast runtime's GEMM layout calibration, measured once per machine and reused by the next start.
 
 `calibrate()` takes seconds (a few hundred verify forwards) and its answer depends only on what is
 keyed here: the CPU (model, ISA flags, whether bf16 is native), torch's version and CPU capability, the
@@ -39,7 +39,7 @@ from eaglewire.target.loader import Target
 # 2: the greedy head (plain / screened, screened_head.py) per row count beside the layouts
 # 3: the graph's inductor options and unfused attention (compiled_body.py) changed what "graph" costs
 # 4: packed_linear's kernel lost its Python frame (compiled_body.py): calibrations made at a caller depth
-#    where that frame thrashed CPython's frame-stack chunks timed "graph" 3 ms slow and chose dnnl
+#    where that frame thrashed CPython's frame-stack chunks timed "graph" slow and chose dnnl
 # 5: the graph's C++ wrapper (compiled_body.GRAPH_OPTIONS) changed what "graph" costs, and compiled-layout
 #    markers must not promise graphs that inductor's cache holds only with the Python wrapper
 # 6: the graph runs its multi-row GEMMs through the panel GEMM or oneDNN's, whichever the calibration timed
@@ -52,7 +52,7 @@ class _Unusable(Exception):
 
 
 def _target_shapes(target: Target) -> dict[str, Any]:
-    """What a lean runtime's GEMM and graph shapes depend on, read off the target (not its weights)."""
+    """What a fast runtime's GEMM and graph shapes depend on, read off the target (not its weights)."""
     cfg = target.text_config
     return {"model_type": cfg.model_type, "hidden_size": int(cfg.hidden_size),
             "intermediate_size": int(cfg.intermediate_size), "num_layers": len(target.layers),
@@ -172,9 +172,9 @@ def compiled_marker_dir() -> Path:
 
 def compiled_marker(target: Target, max_len: int) -> Path:
     """The file saying that a start on this machine compiled the inductor layouts (compiled_gemv.py, the
-    GRAPH of compiled_body.py) for lean runtimes of this target's shapes and of max_len's KV-cache size,
+    GRAPH of compiled_body.py) for fast runtimes of this target's shapes and of max_len's KV-cache size,
     so that inductor's cache holds them and a later start loads them in seconds instead of compiling for
-    a minute (hf_runtime.make_runtime writes and reads it). Its name hashes what the compiled code
+    a minute (start.make_fast_runtime writes and reads it). Its name hashes what the compiled code
     depends on."""
     key = {"format": FORMAT, "cpu": describe_cpu(), "torch": torch.__version__, "target": _target_shapes(target),
            "cache_slots": cache_slots(max_len, graph=True)}  # the size a compiled runtime's graphs saw

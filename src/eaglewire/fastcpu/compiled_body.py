@@ -1,64 +1,27 @@
-"""The target's whole layer stack as one inductor graph: a candidate layout (GRAPH) of the lean runtime.
+"""The target's whole layer stack as one inductor graph: a candidate layout (GRAPH) of the fast runtime.
 
-Why: a decode step of a small target is a few hundred tiny ops around its GEMMs, and on a CPU each op
-costs microseconds of dispatch whatever its size. Measured on SmolLM2-135M (AMD EPYC, 2 cores, AVX-512,
-fp32, interleaved in one process): a 1-row step took 39.5 ms, of which the 120 body GEMMs were 24.2 ms and
-the head 4.0 ms, so 11.3 ms went to norms, RoPE, cache writes, attention and residual adds (13.1 ms of a
-44.1 ms 4-row verify). Traced once by torch.compile, the same layer code (`FastRuntime.layers_forward`,
-no second copy of it) becomes a handful of fused C++ loops per layer: a whole 1-row step then took
-22.9 ms against 37.6 ms eager, a 4-row verify 38.5 against 43.3 (prototype, same machine).
+Why: a decode step of a small target is a few hundred tiny ops around its GEMMs, and on a CPU each op costs
+microseconds of dispatch whatever its size, so norms, RoPE, cache writes, attention and residual adds take
+a large share of a step. Traced once by torch.compile, the same layer code (`FastRuntime.layers_forward`,
+no second copy of it) becomes a handful of fused C++ loops per layer.
 
-The GEMMs inside the graph:
-  - one row: a GEMV written as `(w * x).sum(-1)` (compiled_gemv.py's form), which inductor fuses with the
-    norm or activation that produces x;
-  - two or more rows: our panel GEMM (panel_gemm.py, an op of its own) where it is offered and the
-    calibration timed it faster than oneDNN's (FastRuntime._calibrate_graph_gemm: CompiledBody's `gemm`,
-    one of GRAPH_GEMMS); it beat oneDNN's GEMM and the fused graphs below at every verify size on
-    sitting 23's AVX2 host (the layer
-    stack's 120 GEMMs took 16.6 ms of an 8-row step inside the graph; whole 4 / 8-row verifies in one
-    bench_verify run: this graph 21 / 25 ms, the fused graphs 23 / 30, eager oneDNN 40 / 48).
-    Otherwise oneDNN's prepacked weight through `eaglewire::packed_linear`, an op registered here
-    (inductor cannot lower `mkldnn._linear_pointwise` with a weight that is an input rather than a frozen
-    constant; as an opaque op it is called as is). Inductor's own reduction for several rows was slower
-    than oneDNN here (4 rows: 37.9 against 23.9 ms for the 120 body weights), written as one
-    broadcast product, with the norm recomputed inside it;
-  - where the graph's GEMM is oneDNN's, a verify size a start asks for (2-8 rows, FUSED_ROWS): its own
-    static graph (FUSED) of one GEMV per row over the same weight, which inductor fuses into one loop
-    reading each weight row once (`fused_linear` has the figures), kept where FastRuntime.compile_graphs
-    times it faster.
+The GEMMs inside the graph: for one row a GEMV written as `(w * x).sum(-1)` (compiled_gemv.py's form),
+fused with the norm or activation that produces x; for more rows our panel GEMM (panel_gemm.py) where the
+calibration times it faster (FastRuntime._calibrate_graph_gemm, one of GRAPH_GEMMS), else oneDNN's
+prepacked weight through `eaglewire::packed_linear`, an opaque op registered here (inductor cannot lower
+`mkldnn._linear_pointwise` on a weight that is a graph input, and its own several-row reduction is slower).
+Where that GEMM is oneDNN's, a verify size may get a static graph of its own (FUSED, FUSED_ROWS: one GEMV
+per row over the same weight, fused into one loop), kept only where FastRuntime.compile_graphs times it faster.
 
-Shapes: the cache length is dynamic from the first call (the mask's last dimension is marked dynamic), and
-so is the row count above one, so a runtime compiles two graphs: one row, and every larger row count
-(and a static one per fused verify size).
-Compiling both took 58-75 s here the first time a machine saw a cache size; inductor caches the
-compiled code on disk (TORCHINDUCTOR_CACHE_DIR), and a later process traces both and loads them in about
-12 s (11.9 and 12.1 s at two warm `eaglewire generate` starts). The runtime
-offers this layout where the probe of compiled_gemv.py builds (fp32, a C++ compiler) and oneDNN's
-prepacked linear is exposed; its calibration times it against the eager layouts like any other.
+Shapes: the cache length and the row count above one are dynamic, so a runtime compiles two graphs (one
+row, every larger row count) plus a static one per fused verify size; inductor caches the compiled code on
+disk (TORCHINDUCTOR_CACHE_DIR), so only the first start for a cache size compiles. Options (GRAPH_OPTIONS,
+`_keep_guard`): x realized once rather than recomputed per output row; guards on the call's arguments only;
+a C++ wrapper, so that no Python frame is pushed per GEMM (see `_packed_linear`). The calibration times
+GRAPH against the eager layouts like any other; `python benchmarks/bench_verify.py` measures them all.
 
-Two options of the compile, measured on SmolLM2 (AMD EPYC, 2 cores, AVX-512, fp32, the layer stack
-after a 100-token prefill, two runtimes per variant interleaved in one process, medians of 20):
-  - `realize_reads_threshold=1` (GRAPH_OPTIONS): inductor otherwise inlines a norm or an activation into
-    the GEMV that reads it, so each element of x is recomputed (h + residual, rsqrt, weight) for every
-    output row of the weight; realized once, x is a plain buffer. 1 row 16.4 -> 14.7 ms, 4 rows 19.1 ->
-    17.9 ms.
-  - guards on the call's arguments only (`_keep_guard`): dynamo otherwise checks ~600 guards on the
-    runtime's attributes every call (each weight, cache view, eps). 1 row 14.7 -> 14.0 ms, 4 rows 17.9 ->
-    17.8 ms.
-  - `cpp_wrapper=True` (GRAPH_OPTIONS): the code that calls the graph's kernels and its oneDNN GEMMs in
-    order is compiled C++ instead of generated Python. The Python wrapper pushed a Python frame per GEMM
-    (torch's `OpOverload.__call__`), and at the caller stack depths where that frame straddles the end
-    of CPython 3.11's 16 KB frame-stack chunk each GEMM mapped and unmapped a chunk (sitting 22, AMD EPYC,
-    2 cores, AVX2 only: a 2-row step of the layer stack called 0-119 frames deep took 29.6-30.2 ms at
-    depths 9 and 111, one minor page fault per GEMM, 120 a step, against 23.4 ms at the others; with the
-    C++ wrapper no depth faults per GEMM and the step took 22.6). Interleaved in one process on the same
-    host (whole forward with logits, medians of 12): 1 / 2 / 4 / 16 rows 21.2 / 29.6 / 36.2 / 69.4 ->
-    19.6 / 28.7 / 34.3 / 62.6 ms (8 rows 45.7 against 46.7, within the noise). The wrapper's C++ adds
-    to a cold compile (138 against 92 s for the 1-row and shared graphs on that host); a warm start loads
-    it from inductor's cache like the rest.
-
-Numerics: fp32 throughout, another summation order for the GEMVs and the norms (within 1e-4 of the eager
-layouts on the targets tested; SmolLM2's hidden states within 3e-5).
+Numerics: fp32 throughout, another summation order for the GEMVs and norms (within 1e-4 of the eager
+layouts on the targets tested).
 """
 
 from __future__ import annotations
@@ -77,7 +40,7 @@ from eaglewire.ops import sdpa, unfused_attention
 GRAPH = "graph"
 FUSED = "graph-fused"  # GRAPH with a static graph of fused multi-row GEMVs for one verify size (fused_linear)
 # the verify sizes that may get one: where it wins depends on the machine (fused_linear), so every asked size
-# up to 8 is timed (at 16 rows it lost on the AVX2 host where 5-8 won)
+# up to 8 is timed; beyond that the fused loop's per-row accumulators make it lose to oneDNN's GEMM
 FUSED_ROWS = (2, 3, 4, 5, 6, 7, 8)
 # inductor config for the graph (module docstring): realize each GEMV's input rather than recompute it per
 # output row; a C++ wrapper (no Python frame per GEMM). Part of inductor's cache key, so a change compiles
@@ -87,7 +50,7 @@ INDUCTOR_LAYOUTS = (GRAPH, COMPILED)  # the target's layouts that inductor compi
 
 
 class LayerStack(Protocol):
-    """What the graph traces: fastcpu.fastcpu.runtime.FastRuntime's layers and their forward (a protocol, so that this
+    """What the graph traces: fastcpu.runtime.FastRuntime's layers and their forward (a protocol, so that this
     module needs nothing from runtime.py, which imports it)."""
 
     layers: list
@@ -108,10 +71,8 @@ _LIB.define("packed_linear(Tensor x, Tensor packed, Tensor? bias) -> Tensor")
 # The kernel is oneDNN's op itself (its C builtin, the trailing arguments bound by functools.partial, also
 # C), not a Python function calling it. Why: a multi-row step calls this op 120 times, and on CPython 3.11
 # every Python frame pushed at a stack depth where the interpreter's 16 KB frame-stack chunk runs out maps a
-# new chunk and unmaps it on return. Measured (SmolLM2, a 2-row graph step, AMD EPYC, 2 threads): called at
-# 6-9 frames deeper than usual, the step took 20.3 ms against 17.0 at other depths, strace counting 120
-# mmap + munmap pairs of 16 KB per step there and none elsewhere; it made the calibration time the graph
-# slower than eager dnnl when called from inside a function (README, sitting 21). The graph's C++ wrapper
+# new chunk and unmaps it on return: at those depths every GEMM costs an mmap + munmap pair, which slows the
+# whole step and can make the calibration time the graph slower than eager dnnl. The graph's C++ wrapper
 # (GRAPH_OPTIONS) calls the op through the dispatcher from C++ (torch 2.13's inductor; older ones called
 # custom ops back through Python), so no Python frame is left per GEMM (tests/test_runtime.py checks it).
 _packed_linear = functools.partial(torch.ops.mkldnn._linear_pointwise.default._op, attr="none", scalars=[],
@@ -154,14 +115,11 @@ def graph_linear(lin: Gemm, x: torch.Tensor, gemm: str = PACKED) -> torch.Tensor
 def fused_linear(lin: Gemm, x: torch.Tensor) -> torch.Tensor:  # x [B, T, in], B*T static -> [B, T, out]
     """A Gemm in a graph of a fixed row count (FUSED): one reduction per row over the same weight, which
     inductor fuses into one loop reading each weight row once for every row (B*T accumulators), the norm
-    or activation before it realized once (GRAPH_OPTIONS). Measured on SmolLM2's layer stack, 100 cached
-    tokens, fp32, two runtimes interleaved in one process, against oneDNN's packed GEMM in the graph:
-      - AMD EPYC, 2 cores, AVX-512 (medians of 30): 2 rows 16.9 -> 14.1 ms, 4 rows 16.3 -> 15.5; 6 rows
-        slower (18.6 against 17.4 in another run);
-      - AMD EPYC, 2 cores, AVX2 only (sitting 22, medians of 8; oneDNN's AVX2 kernels for few rows are
-        slower there): 5 rows 30.2 -> 21.7 ms, 8 rows 36.0 -> 26.5, 16 rows 49.9 -> 59.4 (slower).
-    Hence FUSED_ROWS up to 8, and a machine keeps a size's graph only where it times faster there
-    (FastRuntime.compile_graphs)."""
+    or activation before it realized once (GRAPH_OPTIONS). Whether it beats oneDNN's packed GEMM in the
+    graph depends on the CPU and the row count (oneDNN's few-row kernels are slow on some CPUs; past a few
+    rows the accumulators no longer fit), so FUSED_ROWS stops at 8 and a machine keeps a size's graph only
+    where it times faster there (FastRuntime.compile_graphs; `python benchmarks/bench_verify.py` reports
+    graph-fused beside graph)."""
     B, T, _ = x.shape
     rows = x.reshape(B * T, -1)  # [R, in]
     y = torch.stack([(lin.w * rows[m]).sum(-1) for m in range(B * T)]).view(B, T, -1)  # R x [out] -> [B, T, out]

@@ -1,25 +1,22 @@
 """A one-row GEMM (a GEMV) as an inductor-generated reduction: torch.compile of `(w * x).sum(-1)`.
 
 Why: a decode step multiplies one row by every weight, and is bound by how fast the weights stream from
-memory. The BLAS kernels torch reaches stream them slowly for one row on the AMD EPYC these notes were
-measured on (2 cores, AVX-512; SmolLM2-135M's 120 body weights, 425 MB, one pass each, interleaved
-in one process: oneDNN's prepacked 1-row GEMM 27.9 ms, this kernel 22.6 ms, and a whole fp32 decode step
-40.7 against 36.4 ms). Inductor writes a plain vectorized loop that reads each weight row once; nothing is
-copied or re-laid out (`w` is the Linear's own [out, in] weight).
+memory. The BLAS kernels torch reaches stream them slowly for one row on some CPUs; inductor writes a plain
+vectorized loop that reads each weight row once, and nothing is copied or re-laid out (`w` is the Gemm's
+own [out, in] weight).
 
 It is one candidate layout among the others (gemm.COMPILED): the calibration times it against them on
 each machine and keeps it only where it wins, for one row only (for more rows the loop re-reads the weight
-and oneDNN's packed GEMM wins: 26.3 against 21.7 ms for 4 rows, another interleaved run).
+and oneDNN's packed GEMM is faster). `python benchmarks/bench_verify.py` measures the layouts.
 
-Cost: the first use of each weight shape compiles a kernel (about 4.6 s a shape here). The layout is
-offered only where a probe kernel builds (`available`, once per process; it is also the process's first
-inductor call, about 5 s here even with the kernels cached, which a process using the layout would pay
-anyway). Inductor keeps the compiled kernels in its own on-disk cache (TORCHINDUCTOR_CACHE_DIR, by default
-/tmp/torchinductor_<user>; torch fixes it on first use, so it is not ours to move), and the next process
-loads them in a fraction of a second per shape (ten graphs in 2.3 s here). Only one-row shapes are
-compiled: each once, by the calibration's first timing of this layout (untimed: gemm.time_layouts warms
-every layout up first). Numerics: another fp32 summation order, like any other layout (logits within
-1e-4 of oneDNN's on SmolLM2 here).
+Cost: the first use of each weight shape compiles a kernel (seconds a shape). The layout is offered only
+where a probe kernel builds (`available`, once per process; it is also the process's first inductor call,
+which a process using the layout would pay anyway). Inductor keeps the compiled kernels in its own on-disk
+cache (TORCHINDUCTOR_CACHE_DIR, by default /tmp/torchinductor_<user>; torch fixes it on first use, so it is
+not ours to move), and the next process loads them in a fraction of a second per shape. Only one-row shapes
+are compiled: each once, by the calibration's first timing of this layout (untimed: gemm.time_layouts warms
+every layout up first). Numerics: another fp32 summation order, like any other layout (logits within 1e-4
+of oneDNN's on the targets tested).
 """
 
 from __future__ import annotations

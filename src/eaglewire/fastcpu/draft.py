@@ -1,15 +1,13 @@
-"""The draft's GEMMs on the lean runtime's layouts: a decoding copy of an Eagle3Draft whose Linears run as
-`gemm.Gemm` (oneDNN's prepacked weight where this torch and CPU offer it, else the fastest plain
-matmul), q/k/v and gate/up fused into one GEMM each (as the target runtime does), everything else (norm
-flags, attention, RoPE) the draft's own tested code.
+"""FastDraft: the draft's GEMMs on the fast runtime's layouts. A decoding copy of an Eagle3Draft whose
+Linears run as `gemm.Gemm` (oneDNN's prepacked weight where this torch and CPU offer it, else the fastest
+plain matmul), q/k/v and gate/up fused into one GEMM each (as the target runtime does), everything else
+(norm flags, attention, RoPE) the draft's own tested code.
 
-Why: drafting is a few 1-4 row GEMMs per round, and nn.Linear's layout is among the slowest here: with
-nn.Linear a chain-k=3 round spent 17 ms drafting against 36 ms verifying (`eaglewire bench`, sitting-5
-release, AMD EPYC with AVX512-BF16, fp32). Which layout wins differs by machine, row
-count and dtype, so the copy measures it (`calibrate`; copy and timing took 0.13-0.27 s for the released
-draft here) instead of assuming it. (The target's own
-calibration here, fp32: a whole forward of 1 row 34 ms prepacked against 58 ms in nn.Linear's layout, of
-4 rows 32 against 84.)
+Why: drafting is a few 1-4 row GEMMs per round, and nn.Linear's layout is among the slowest for so few
+rows, so drafting would cost a large share of a round beside verifying. Which layout wins differs by
+machine, row count and dtype, so the copy measures it (`calibrate`, a fraction of a second for a small
+draft) instead of assuming it. `python benchmarks/bench_draft.py` measures a round's drafting cost through
+nn.Linear and through these layouts side by side.
 """
 
 from __future__ import annotations
@@ -86,7 +84,7 @@ class FastDraft:
 
     def settle_copies(self) -> int:
         """Hold exactly the weight copies the policy reads (built now where absent) and free the head's
-        screen where the head policy never picks it (fastcpu.fastcpu.runtime.FastRuntime.settle_copies has why); returns the
+        screen where the head policy never picks it (fastcpu.runtime.FastRuntime.settle_copies has why); returns the
         bytes freed."""
         freed = hold_only(self._linears(), set(self.policy.values()))
         if self.screen is not None and SCREENED not in self.head_policy.values():

@@ -1,9 +1,10 @@
 """GEMM layouts for small row counts: one weight readable in every candidate layout, the fastest measured per
 row count (`time_layouts`), and `pick` to look the winner up. Used by the target runtime (runtime.py), the
-draft's decoding copy (lean_draft.py) and the screened greedy head (screened_head.py).
+draft's decoding copy (draft.py) and the screened greedy head (screened_head.py).
 
 Why: for small row counts the GEMM's speed depends on how the weight is laid out, and the fastest layout
-differs by row count, dtype and machine (runtime.py's docstring has the measurements).
+differs by row count, dtype and machine, so it is measured, not assumed (`python benchmarks/bench_gemm.py`
+times every layout offered on the machine it runs on).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def applies(layout: str, rows: int) -> bool:
     return layout != COMPILED or rows == 1
 
 
-AUTO_POLICY = {1: "tn", 2: "nt"}  # {rows: layout} until calibrate() measures this machine
+AUTO_POLICY = {1: "tn", 2: "nt"}  # {rows: layout} until calibrate() measures the machine it runs on
 
 
 def pick(policy: dict[int, str], rows: int) -> str:
@@ -65,7 +66,7 @@ class CacheFlush:
     machine does not report one): what a draft's weights meet between two drafting rounds, after the
     target's forward has streamed hundreds of MB through the caches. Why: timed back to back, a small
     model's weights sit in L3 and the calibration picks layouts for a machine that decoding never sees
-    (the released draft's 1-row fp32 forward, oneDNN layout, AMD EPYC: 1.6 ms cache-hot, 2.9 ms flushed)."""
+    (a cache-hot forward of a small draft can take about half the time of a flushed one)."""
 
     FALLBACK_CACHE_BYTES = 64 << 20
 
@@ -80,10 +81,8 @@ class CacheFlush:
 
 
 # A calibration's runner-up within this fraction of the winner's median is timed again against it
-# (REFINE_REPS more repetitions of the two, alternating): medians of a few repetitions on a machine whose
-# speed drifts by tens of percent between seconds picked the slower of two close layouts (sitting 18, AMD
-# EPYC: a calibrated runtime ran 4-row verifies through "dnnl" at 21-22 ms beside a "graph" runtime at
-# 18-19 ms in the same process, and its 1-row steps through "dnnl" at 23 ms against 18).
+# (REFINE_REPS more repetitions of the two, alternating): on a machine whose speed drifts by tens of percent
+# between seconds, medians of a few repetitions can pick the slower of two close layouts.
 REFINE_MARGIN, REFINE_REPS = 0.15, 8
 
 
@@ -157,8 +156,8 @@ class Gemm(Dense):
     prepacked weight (bias fused), a panel layout its kernel's panels (bias fused). Memory: a copy of the
     weight per layout in COPIES beside W, built when first asked for (`copy`, `prepare`) and freed by `keep`:
     while a calibration times every layout they all exist (up to four: Wt, oneDNN's, two panel kernels on an
-    AVX-512 host); a runtime then keeps only those its policy reads (fastcpu.fastcpu.runtime.FastRuntime.settle_copies; SmolLM2
-    fp32 on its panel layout: the process's RSS 2723 -> 1691 MB, sitting 24, AVX2 host)."""
+    AVX-512 CPU); a runtime then keeps only those its policy reads (fastcpu.runtime.FastRuntime.settle_copies),
+    which for a target is a large share of the process's resident memory."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, layouts: tuple[str, ...] = ()) -> None:
         """layouts: the candidate layouts (candidate_layouts): those in COPIES get a copy when first used

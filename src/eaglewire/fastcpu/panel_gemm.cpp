@@ -1,5 +1,5 @@
 // A few-row fp32 GEMM (y = x W^T + b, x [M, K] with M small) over a weight packed in column panels.
-// Built and loaded at run time by panel_gemm.py (its docstring: why, the figures), once per kernel there
+// Built and loaded at run time by panel_gemm.py (its docstring: why, and the benchmark), once per kernel there
 // (panel_gemm.KERNELS): the ISA flags, the panel width NR, the rows per register block MR and the op's
 // namespace come from the build's -D flags, so that one source is the AVX2 kernel (NR 8, MR 8: one ymm a
 // panel row, 8 of the 16 registers accumulating) and the AVX-512 one (NR 16, MR 16: one zmm a panel row,
@@ -10,10 +10,10 @@
 // vector accumulators), and each k loads the panel's NR weights once and broadcasts one x value per row:
 // the weight streams from memory once per block, at MR FMAs per NR weights. Why MR = 8 in one block rather than
 // two blocks of 4: the second block would re-read the panel from cache with the memory idle, after the
-// first streamed it with the FMA units half idle; one block of 8 overlaps the two (8 rows over SmolLM2's
-// body weights: 15-17 ms as 4 + 4 rows, 13.7-15 as one block, AVX2 host, sitting 23). M > MR rows run as
-// ceil(M / MR) balanced blocks (12 = 6 + 6). Each panel is read in one sequential stream, prefetched
-// PREFETCH floats ahead (8 rows: 17.0 ms without, 13.7 with). Panels are split between the threads of
+// first streamed it with the FMA units half idle; one block of 8 overlaps the two (benchmarks/bench_gemm.py
+// times 8 rows). M > MR rows run as ceil(M / MR) balanced blocks (12 = 6 + 6). Each panel is read in one
+// sequential stream, prefetched PREFETCH floats ahead (the hardware prefetcher alone leaves the stream
+// short of the memory's pace). Panels are split between the threads of
 // torch's own OpenMP pool (at::parallel_for; built with -fopenmp, or it runs on one thread).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

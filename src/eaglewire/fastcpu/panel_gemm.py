@@ -3,39 +3,29 @@
 Why: a verify forward multiplies a handful of rows (the draft's tokens) by every weight of the target,
 and on a CPU it should cost about what one decode row costs: the weights stream from memory once either
 way, and at 4-8 rows the FMAs still fit in the time the stream takes. The GEMMs torch reaches do not get
-there for few rows. Measured on SmolLM2-135M's 120 body weights as the runtime holds them (425 MB, one
-pass each, fp32, 2 threads, AMD EPYC with AVX2 only, sitting 23, interleaved, medians of 11;
-benchmarks/bench_gemm.py): this kernel 16.9 / 16.7 / 16.7 / 18.7 / 27.7 ms for 1 / 2 / 4 / 8 / 16 rows,
-oneDNN's prepacked GEMM 21.9 / 23.2 / 26.4 / 31.6 / 42.3, a plain sum over the same bytes 12.7-13.3. The
-kernel keeps a block of up to 8 rows x 8 output columns in registers and reads each weight once per block
-(panel_gemm.cpp has the layout and why).
+there for few rows on some CPUs (oneDNN's few-row kernels fall well short of the memory's pace). The kernel
+keeps a block of up to MR rows x NR output columns in registers and reads each weight once per block
+(panel_gemm.cpp has the layout and why). `python benchmarks/bench_gemm.py` times it against oneDNN's GEMM
+and a plain sum over the same bytes (the memory's pace).
 
-It is a candidate layout like the others (gemm.PANEL), timed by the calibration per row count; inside the
-compiled layer stack (compiled_body.GRAPH) it is the GEMM for two or more rows where the calibration
-times it faster than oneDNN's (FastRuntime._calibrate_graph_gemm; one row keeps the graph's fused GEMV),
-and a GRAPH runtime's GEMMs outside the graph (the head, a prefill) then use it too
-(FastRuntime.eager_layout).
+It is a candidate layout like the others (gemm.PANEL), timed by the calibration per row count, and the
+compiled layer stack's GEMM for two or more rows where it times faster (FastRuntime._calibrate_graph_gemm).
 
 Kernels (KERNELS): one source, built per instruction set with its own panel width and block (Kernel):
 the AVX2 one (layout "panel": 8-column panels, blocks of up to 8 rows in 8 of the 16 ymm registers) and
 the AVX-512 one (layout "panel-avx512": 16-column panels, blocks of up to 16 rows in 16 of the 32 zmm
 registers, so a 16-row verify streams each weight once). Each is a layout of its own, so the calibration
-times them against each other and oneDNN's GEMM rather than assuming the wider one wins (on an AMD Zen 4
-a zmm FMA issues as two 256-bit halves). The AVX-512 kernel's code (its width and block) is tested here
-built for AVX2 (tests/test_panel_gemm.py); sitting 24 had no AVX-512 host, so its speed is not measured
-yet, and a machine offers it only where its probe product is right.
+times them against each other and oneDNN's GEMM rather than assuming the wider one wins (some CPUs issue a
+zmm FMA as two 256-bit halves). The AVX-512 kernel's code (its width and block) is tested built for AVX2
+(tests/test_panel_gemm.py), and a machine offers it only where its probe product is right.
 
-Availability: fp32 weights, a CPU with the kernel's instruction sets (read from /proc/cpuinfo at run
-time; the code is compiled for exactly those, so a user cache carried to another machine never runs an
-instruction its CPU lacks), a C++ compiler and ninja (torch.utils.cpp_extension builds it). Built once per
-machine, kernel, torch install, compiler and source into the user cache (12-14 s on the AVX2 host of
-sitting 23; the start says so), after which a process loads the built library directly (no compiler, no
-ninja). A machine where any of this is missing does not get the layout and says why on stderr; the other
-layouts compute the same products.
+Availability: fp32 weights, a CPU with the kernel's instruction sets (read from /proc/cpuinfo at run time;
+the code is compiled for exactly those), a C++ compiler and ninja. Built once per machine, kernel, torch
+install, compiler and source into the user cache, then loaded directly (no compiler, no ninja). A machine
+missing any of this does not get the layout and says why on stderr; the other layouts compute the same.
 
-Numerics: fp32, each output summed in k order with FMAs: another summation order than oneDNN's (SmolLM2's
-logits within 6.8e-5 of the oneDNN graph's at 1-16 rows; tests/test_panel_gemm.py checks products against
-float64).
+Numerics: fp32, each output summed in k order with FMAs: another summation order than oneDNN's, so results
+differ from its in the last bits (tests/test_panel_gemm.py checks products against float64).
 """
 
 from __future__ import annotations
@@ -171,7 +161,7 @@ def _build(kernel: Kernel, out: Path) -> None:
         print(f"eaglewire: removing a stale build lock {lock} (a build killed part-way)", file=sys.stderr)
         lock.unlink(missing_ok=True)
     print(f"eaglewire: building the {kernel.isa} panel GEMM kernel into {out} (once per machine, torch and "
-          "source: about 15 s)", file=sys.stderr, flush=True)
+          "source: seconds)", file=sys.stderr, flush=True)
     try:
         load(name=kernel.name, sources=[str(SOURCE)], build_directory=str(out), extra_cflags=list(kernel.flags()),
              extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
@@ -208,8 +198,8 @@ def available(kernel: Kernel, dtype: torch.dtype) -> bool:
                          ).abs().max()) for m in range(1, rows + 1))
         if not err <= 1e-4:  # also catches NaN
             why = f"its probe product was wrong (max abs error {err:.3g})"
-    # said, except for a wider kernel on a CPU without its instruction set (an AVX2 host, every start: the
-    # AVX2 kernel is the one for it)
+    # said, except for a wider kernel on a CPU without its instruction set (an AVX2-only CPU, every start:
+    # the AVX2 kernel is the one for it)
     if why is not None and not (kernel is not KERNELS[0] and why.startswith("the CPU lacks")):
         print(f"eaglewire: the {kernel.layout} GEMM layout is not offered here: {why}; the other layouts are "
               "used", file=sys.stderr)

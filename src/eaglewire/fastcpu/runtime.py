@@ -1,4 +1,4 @@
-"""The accelerated target runtime: StaticRuntime with every GEMM in the layout measured fastest here.
+"""The accelerated target runtime: StaticRuntime with every GEMM in the layout measured fastest on the machine.
 
 For a few rows a GEMM's speed depends on how its weight is laid out, and the fastest layout differs by row
 count, dtype and machine (benchmarks/bench_verify.py and benchmarks/bench_gemm.py measure them). The
@@ -29,8 +29,8 @@ from eaglewire.target.loader import Target
 
 CALIBRATION_KS, CALIBRATION_REPS = (1, 2, 3, 4, 8, 16, 32), 5  # verify row counts timed, repetitions each
 # cached tokens each timed verify attends to (slots the calibration writes first): a decode's context, not a
-# toy one. At 16 the eager "dnnl" layout beat "graph" for 2-64 rows by 0.3-1.5 ms, while on a 100-token cache
-# in the same process "graph" was 2-4 ms faster (sitting 18, AMD EPYC, fp32; benchmarks/bench_verify.py)
+# toy one: which layout wins depends on the cache length, so a calibration on a near-empty cache can rank
+# them otherwise than decoding meets them (benchmarks/bench_verify.py times verifies on a ~100-token cache)
 CALIBRATION_PREFIX = 128
 
 
@@ -38,7 +38,7 @@ class FastRuntime(StaticRuntime):
     def __init__(self, target: Target, max_len: int, batch: int = 1, layout: str = "auto", head: str = "auto",
                  compiled: bool = True) -> None:
         """layout: one of `target_layouts(target.dtype, compiled)` for every call, or "auto": tn for one row,
-        nt otherwise, until `calibrate()` measures the fastest per row count on this machine. head: the
+        nt otherwise, until `calibrate()` measures the fastest per row count on the machine. head: the
         greedy head (`greedy_heads(target.dtype)`: plain, or screened where offered) for every call, or
         "auto": the screened one where offered until `calibrate()` times both. compiled=False: only the
         eager layouts are candidates (no inductor compile at start-up)."""
@@ -93,10 +93,9 @@ class FastRuntime(StaticRuntime):
 
     def eager_layout(self, rows: int) -> str:
         """The layout of a GEMM outside the layer stack (the head, a prefill): GRAPH's own GEMM for several
-        rows stands in for it (the panel GEMM where offered, else oneDNN's packed one). A long prefill
-        through the panel GEMM costs what it costs through oneDNN's (sitting 23, AVX2 host, whole eager
-        forwards of 100 / 300 tokens: 240 / 705 ms against 244 / 688), though it reads each panel once per 8
-        rows."""
+        rows stands in for it (the panel GEMM where offered, else oneDNN's packed one). A long prefill is
+        compute-bound, so the panel GEMM, which reads each panel once per block of rows, costs there about
+        what oneDNN's does."""
         lay = self.layout(rows)
         return self.graph_gemm if lay == GRAPH else lay
 
@@ -152,9 +151,9 @@ class FastRuntime(StaticRuntime):
     @torch.no_grad()
     def calibrate(self, ks: tuple[int, ...] = CALIBRATION_KS, reps: int = CALIBRATION_REPS,
                   refine: int = REFINE_REPS) -> dict[int, str]:
-        """Time a whole verify forward per layout and row count on this machine; keep the fastest.
+        """Time a whole verify forward per layout and row count on the machine it runs on; keep the fastest.
         Small-M GEMM speed depends on the weight's layout, and which one wins differs between machines.
-        The medians are kept in `calibration_ms` {rows: {layout: ms}} (decoding/calibration.py stores them).
+        The medians are kept in `calibration_ms` {rows: {layout: ms}} (fastcpu/calibration.py stores them).
         refine: repetitions more for a close runner-up (gemm.time_layouts)."""
         prefix, ks = CALIBRATION_PREFIX, row_counts(ks, self.candidates)
         if prefix + max(ks) > self.max_len:
@@ -179,9 +178,9 @@ class FastRuntime(StaticRuntime):
         """Time the layer stack's GEMMs alone through each GEMM the graph can run for several rows (the
         panel GEMM, oneDNN's), at the calibration's row counts from 2 to 16 (verify sizes), and give the
         graph the one faster at most of them by ratio (geometric mean: a 16-row product's milliseconds
-        do not outvote 4 rows'). Why measured: where oneDNN has AVX-512 kernels its few-row GEMMs may beat
-        a panel kernel (sitting 17's AVX-512 host: 13.0 ms for 8 rows over the body weights, near the memory
-        floor), and an AVX-512 host offers two panel kernels, the wider one unmeasured so far."""
+        do not outvote 4 rows'). Why measured: where oneDNN has AVX-512 kernels its few-row GEMMs can come
+        near the memory's pace and beat a panel kernel, and an AVX-512 CPU offers two panel kernels, neither
+        known to win in advance (`python benchmarks/bench_gemm.py` times them all)."""
         rows = tuple(k for k in ks if 2 <= k <= 16)
         gemms = tuple(g for g in GRAPH_GEMMS if g in self.candidates)
         if self.graph is None or not rows or len(gemms) < 2:
@@ -205,11 +204,9 @@ class FastRuntime(StaticRuntime):
         than inside the first request; then, for each of `verify_rows` (the verify sizes the caller's
         proposers use) in FUSED_ROWS that the policy runs through GRAPH, build its static fused graph and
         keep it where it times faster than the shared one (`fused_ms` has the medians), unless the panel
-        GEMM is the graph's (then no fused graph is built). Only the sizes
-        asked for compile, each once per machine and cache size: about 40 s on a cold AVX-512 host; on
-        sitting 22's AVX2 host 80-90 s (5 and 8 rows), 66-121 s with the graph's C++ wrapper (3 and 4 rows).
-        Returns the row counts run. The slots written (after CALIBRATION_PREFIX) are overwritten by any
-        prefill."""
+        GEMM is the graph's (then no fused graph is built). Only the sizes asked for compile, each once per
+        machine and cache size (a minute or more cold; inductor's cache serves later starts). Returns the
+        row counts run. The slots written (after CALIBRATION_PREFIX) are overwritten by any prefill."""
         rows = sorted({min(k, 2) for k in self.policy if self.layout(k) in INDUCTOR_LAYOUTS
                        and CALIBRATION_PREFIX + min(k, 2) <= self.max_len})
         dev = self.embed.device
@@ -220,9 +217,9 @@ class FastRuntime(StaticRuntime):
 
         for k in rows:
             run(k)
-        # where the shared graph runs the panel GEMM, no fused graph is built: on sitting
-        # 23's AVX2 host the fused graphs lost to it at every size timed (2 / 3 / 4 / 8 rows 22.6 / 24.1 /
-        # 24.7 / 37.4 against 21.2 / 19.3 / 21.8 / 31.4 ms), and each costs one to two minutes of compile
+        # where the shared graph runs the panel GEMM, no fused graph is built: the panel GEMM already reads
+        # each weight once per block of rows, which is what a fused graph buys over oneDNN's, so the fused
+        # graphs lose to it, and each costs a minute or more of compile
         fused_sizes = () if self.graph_gemm in PANELS else sorted(set(verify_rows))
         for k in fused_sizes:
             if (self.graph is None or k not in FUSED_ROWS or self.layout(k) != GRAPH
@@ -276,6 +273,6 @@ def cache_slots(max_len: int, graph: bool) -> int:
     """KV cache slots for a runtime of max_len tokens: at least one spare slot, never written, so that no
     forward's view of the cache spans all of it (a length a compiled graph would specialise on instead of
     keeping it dynamic). With GRAPH on offer, rounded up to a power of two (256 at least): the cache's
-    size is part of the compiled graph (made dynamic, its tracing took 75 s a start against 3 s), and
-    make_runtime sizes the runtime per request, so every new size would compile anew (~30 s a graph)."""
+    size is part of the compiled graph (made dynamic, its tracing costs far more at every start), and
+    make_runtime sizes the runtime per request, so every new size would compile anew."""
     return max(256, 1 << max_len.bit_length()) if graph else max_len + 1

@@ -1,9 +1,9 @@
 """The greedy token of an fp32 target through a bf16 copy of its head: an fp32 argmax at half the bytes.
 
 Why: a decode step is memory-bound, and the head [V, H] is one of its largest reads (SmolLM2: 49,152 x 576,
-113 MB of 540 in fp32; 5.6 ms of a 44 ms step on a 2-core AMD EPYC with AVX512-BF16, 2.9 ms for the same
-product in bf16 through oneDNN's packed weight). Greedy decoding needs only the argmax, and the argmax
-can be found from a cheaper approximation plus a bound on how far off it can be.
+113 MB of 540 in fp32), which a bf16 product through oneDNN's packed weight reads at half the bytes where
+bf16 runs natively. Greedy decoding needs only the argmax, and the argmax can be found from a cheaper
+approximation plus a bound on how far off it can be.
 
 The bound. The screen computes y_j = bf16 GEMM(bf16(w_j), bf16(h)): products of rounded inputs (exact in
 fp32), accumulated in fp32 with round-to-nearest (oneDNN's vdpbf16ps / tdpbf16ps), the result rounded to
@@ -19,14 +19,14 @@ So err_j = c ||w_j|| ||h|| + u / (1 - u) |y_j| + UNDERFLOW bounds |y_j - z_j| fo
 the logit. Token j can be the argmax only if y_j + err_j >= max_k (y_k - err_k): every token ruled out is
 below a kept one under any fp32 evaluation. The screen tests a superset of that, y_j >= max y - 2 E with
 E = max_j err_j (`ScreenedHead._thresholds`): a handful of scalar operations instead of a dozen passes over
-the V logits, which cost more than the bf16 GEMM saved (a random 8,000 x 576 head: 0.64 against 0.29 ms a
-call, cache-hot). It keeps more tokens (SmolLM2's head, 119 decoding states: a median of 24 and at most 252,
-against 2 and 14), each a 2.3 KB row. The kept tokens are recomputed in fp32 and the first largest wins, the
-tie rule of torch.argmax. That recompute is another fp32 GEMM than the plain head's, so where two
-logits lie within fp32 accumulation error of each other (~2 gamma_n ||w|| ||h||) it may pick the other one:
-the same latitude as choosing another fp32 GEMM layout, never a bf16-quality answer. On 357 states of
-real SmolLM2 decoding the bound was never violated (largest error 0.20 against a smallest bound of 0.55), a
-state kept a median of 2 candidates and at most 37, and the bf16 argmax alone was wrong for 2% of them.
+the V logits, which would cost more than the bf16 GEMM saves. It keeps more tokens than the per-token test
+would (tens rather than a few on a real head), each an H-wide fp32 row. The kept tokens are recomputed in
+fp32 and the first largest wins, the tie rule of torch.argmax. That recompute is another fp32 GEMM than
+the plain head's, so where two logits lie within fp32 accumulation error of each other
+(~2 gamma_n ||w|| ||h||) it may pick the other one: the same latitude as choosing another fp32 GEMM
+layout, never a bf16-quality answer (tests/test_screened_head.py: the bound covers the bf16 error at
+every scale, the screen finds the fp32 argmax where bf16 alone does not, and greedy decoding through it
+equals the plain head's).
 
 Sampling (temperature > 0) needs every logit: it keeps the fp32 head.
 """

@@ -1,4 +1,4 @@
-"""Start an accelerated runtime: calibrate (or reuse this machine's cached calibration), hold only the
+"""Start an accelerated runtime: calibrate (or reuse the machine's cached calibration), hold only the
 weight copies the chosen layouts read, and compile what the policy runs through inductor."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from eaglewire.target.loader import Target
 def make_fast_runtime(target: Target, max_len: int, *, calibrate: bool = False,
                       log: Callable[[str], None] | None = None, compile: str = "always",
                       verify_rows: tuple[int, ...] = ()) -> Runtime:
-    """The accelerated runtime where the architecture is supported, else the HF fallback. calibrate: set the lean runtime's GEMM
-    layouts from this machine's cached calibration, measuring it (seconds) the first time
+    """The accelerated runtime where the architecture is supported, else the HF fallback. calibrate: set the
+    fast runtime's GEMM layouts from the machine's cached calibration, measuring it (seconds) the first time
     (calibration.py); `log` hears what the start does. compile (with calibrate): whether the
     inductor layouts (compiled_gemv.py, compiled_body.py's GRAPH) are candidates: "always" (serve, bench:
     a start on a cold machine compiles for one to a few minutes, and decode steps are then the fastest), "cached"
@@ -71,7 +71,7 @@ def _compile(rt, say: Callable[[str], None], verify_rows: tuple[int, ...]) -> li
     returns the row counts warmed up ([] where the policy uses none)."""
     if not any(rt.layout(k) in INDUCTOR_LAYOUTS for k in rt.policy):
         return []
-    say("compiling the layouts the calibration chose (decoding/compiled_body.py, compiled_gemv.py: one to a "
+    say("compiling the layouts the calibration chose (compiled_body.py, compiled_gemv.py: one to a "
         "few minutes the first time a machine sees this cache size, seconds once inductor has cached them)")
     t0 = time.perf_counter()
     rows = rt.compile_graphs(verify_rows)

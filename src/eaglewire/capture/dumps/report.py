@@ -1,7 +1,7 @@
 """What a hidden-state dump holds: `inspect_dump` reads any dump (SpecForge, speculators, our own feature
 directories) and reports shapes, dtypes, token counts, loss-mask coverage and non-finite values; with a target
 it names the residual-stream boundary of every stored state by comparing a few samples with the target's own
-states on the same tokens (the doctor's probe, `doctor.probe.identify`, applied to training data).
+states on the same tokens (the doctor's probe, `capture.identify.identify`, applied to training data).
 
 The founding case it must name: a dump holding [embed, l3, l31] (+ l59) where [l3, l31, l59] was meant —
 "the dump's taps are boundaries [0 (embedding), 3, 31]; declared [3, 31, 59] (one boundary early ...)".
