@@ -1,1 +1,2 @@
-"""Training data: conversations, regeneration by the target, chat-template loss masks, features."""
+"""Training data: conversations, regeneration by the target (or a server), chat-template loss masks,
+the target's own prompts; the tokenised samples capture and training read."""

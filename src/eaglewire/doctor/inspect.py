@@ -1,7 +1,7 @@
 """What the doctor looks at: an exported (or native) draft directory, read without trusting it.
 
 Nothing here raises on a broken draft: every oddity becomes data the checks turn into findings. What
-each engine reads is its record in eaglewire/engines.py (shared with the exporters and importers).
+each engine reads is its record in eaglewire/export/engines.py (shared with the exporters and importers).
 """
 
 from __future__ import annotations

@@ -1,5 +1,10 @@
-"""`eaglewire run`: the run config (config.py), the stages (stages.py), their keys and state (runner.py), the report.
+"""`eaglewire run`: the whole pipeline from a target to a verified, exported, benchmarked draft.
 
-The stages call the same workflows as the CLI (eaglewire/workflows.py); the formats a run may export
-are the engine records' names (eaglewire/engines.py).
+    config.py     the run config schema (pydantic; `eaglewire run --config`, `--show-config`)
+    runner.py     the keyed, resumable stage runner: a stage reruns only when its key changes
+    stages.py     the stages: prompts, regenerate, vocab, features, train, export, doctor, bench
+    workflows.py  the library calls the stages and the CLI share (train, export, doctor)
+    report.py     OUT/report.html, self-contained
+
+The formats a run may export are the engine records' names (export/engines.py).
 """

