@@ -109,7 +109,7 @@ def test_vllm_regenerates_with_its_own_pool_width_and_throughput_knobs_name_no_d
     neither changes the text, so neither is in the regenerate stage's key: a resume may change them."""
     import contextlib
 
-    from eaglewire.vllm_client import vllm as vllm_client
+    from eaglewire.vllm_client import server as vllm_client
     from eaglewire.data import regenerate as regen_mod
     from eaglewire.target.loader import load_target
 

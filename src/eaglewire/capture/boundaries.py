@@ -10,11 +10,12 @@ SAME tokens and their differences are paired.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 
 from eaglewire.capture.hooks import capture
+from eaglewire.target.loader import Target
 
 PROMPTS = (  # short, varied first turns (writing, reasoning, coding, facts): the draft's everyday diet
     "Write a short poem about the sea.",
@@ -49,7 +50,7 @@ class Boundaries:
         return torch.cat([self.states[b] for b in boundaries], dim=-1)
 
 
-def builtin_prompts(target: Any) -> list[torch.Tensor]:
+def builtin_prompts(target: Target) -> list[torch.Tensor]:
     """The built-in prompts as token ids [T] (chat template when the target has one)."""
     tok = target.tokenizer
     if tok is None:  # test targets built in-process: seeded random ids (the target's greedy text follows)
@@ -62,7 +63,7 @@ def builtin_prompts(target: Any) -> list[torch.Tensor]:
 
 
 @torch.no_grad()
-def _greedy(target: Any, prompts: list[torch.Tensor], new_tokens: int) -> list[torch.Tensor]:
+def _greedy(target: Target, prompts: list[torch.Tensor], new_tokens: int) -> list[torch.Tensor]:
     """prompt + the target's greedy continuation (stopped after EOS), one batched generate call."""
     pad = target.pad_id if target.tokenizer is not None else 0
     eos = target.tokenizer.eos_token_id if target.tokenizer is not None else None
@@ -82,7 +83,7 @@ def _greedy(target: Any, prompts: list[torch.Tensor], new_tokens: int) -> list[t
 
 
 @torch.no_grad()
-def sample_target(target: Any, prompts: list[torch.Tensor] | None = None, *, new_tokens: int = NEW_TOKENS,
+def sample_target(target: Target, prompts: list[torch.Tensor] | None = None, *, new_tokens: int = NEW_TOKENS,
                   score_prompt: bool = False) -> Boundaries:
     """Capture every boundary once. `score_prompt` also scores the prompt's positions (given prompts that
     are in the draft's training distribution, e.g. the tiny test data); the default scores answers only."""

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -35,6 +34,7 @@ from safetensors import safe_open
 from eaglewire.contract import WiringContract
 from eaglewire.errors import EaglewireError
 from eaglewire.capture.hooks import capture
+from eaglewire.target.loader import Target
 
 POST_NORM = "post-norm"
 
@@ -68,7 +68,7 @@ def _load_dump(path: Path, ids: list[int] | None) -> tuple[torch.Tensor, torch.T
     return hidden, token_ids
 
 
-def identify(target: Any, hidden: torch.Tensor, token_ids: torch.Tensor, tol: float = 2e-2) -> list[int | str | None]:
+def identify(target: Target, hidden: torch.Tensor, token_ids: torch.Tensor, tol: float = 2e-2) -> list[int | str | None]:
     """Match each H-wide chunk of hidden [T, W] to a boundary of the target on the same tokens."""
     L, H = target.num_layers, target.hidden_size
     cap = capture(target, tuple(range(L + 1)), token_ids[None])
@@ -82,7 +82,7 @@ def identify(target: Any, hidden: torch.Tensor, token_ids: torch.Tensor, tol: fl
     return out
 
 
-def probe(target: Any, dump: Path, contract: WiringContract, ids: list[int] | None = None) -> ProbeResult:
+def probe(target: Target, dump: Path, contract: WiringContract, ids: list[int] | None = None) -> ProbeResult:
     hidden, token_ids = _load_dump(dump, ids)
     H, W, trained = target.hidden_size, hidden.shape[-1], list(contract.taps)
     if W % H:

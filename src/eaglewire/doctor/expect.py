@@ -21,7 +21,11 @@ import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # annotations only: the target is loaded by the caller
+    from eaglewire.target.loader import Target
+    from eaglewire.target.protocol import TargetInfo
 
 RATIO, MARGIN = 0.75, 0.25
 LEVEL, POS_MARGIN = 0.99, 0.05
@@ -117,7 +121,7 @@ def judge(predicted: float, per_position: list[float], measured: float | None,
                        counts.drafts if counts else None)
 
 
-def predict(target: Any, draft: Any, contract: Any, shape: Any, prompts: list[Any], max_new_tokens: int) -> tuple[float, list[float]]:
+def predict(target: Target, draft: Any, contract: Any, shape: Any, prompts: list[Any], max_new_tokens: int) -> tuple[float, list[float]]:
     """Run our engine with the engine's knobs on the prompts; tau and per-position acceptance."""
     from eaglewire.decoding.engine import SpecDecoder, SpecStats
     from eaglewire.decoding.runtime import plain_runtime
@@ -134,7 +138,7 @@ def predict(target: Any, draft: Any, contract: Any, shape: Any, prompts: list[An
     return tau, pooled.per_position(shape.num_steps)
 
 
-def load_any_draft(path: Path, target: Any) -> tuple[Any, Any]:
+def load_any_draft(path: Path, target: TargetInfo) -> tuple[Any, Any]:
     """A native checkpoint or any export (format detected the way the doctor does)."""
     import json
 

@@ -25,12 +25,13 @@ import torch
 from eaglewire.contract import WiringContract
 from eaglewire.decoding.tree import TreeShape
 from eaglewire.capture.boundaries import builtin_prompts
+from eaglewire.target.loader import Target
 
 ENGINE_NEW_TOKENS = 64  # greedy tokens per built-in prompt: 8 x 64 ~ 330 verify rounds at τ ~1.5
 Taps = tuple[int, ...]
 
 
-def engine_prompts(target: Any) -> list[torch.Tensor]:
+def engine_prompts(target: Target) -> list[torch.Tensor]:
     """The doctor's built-in prompts as [1, P] batches, the layout SpecDecoder.generate takes."""
     return [p[None] for p in builtin_prompts(target)]
 
@@ -73,7 +74,7 @@ class EngineRun:
                 + ", ".join(parts))
 
 
-def run_engine(target: Any, draft: Any, contract: WiringContract, shape: TreeShape, sets: dict[str, Taps | None],
+def run_engine(target: Target, draft: Any, contract: WiringContract, shape: TreeShape, sets: dict[str, Taps | None],
                new_tokens: int = ENGINE_NEW_TOKENS) -> EngineRun:
     """Our engine on the target once per distinct tap set in `sets` (name -> boundaries, None = cannot be
     captured), the draft fed that set: `contract` with its taps replaced (its vocab map, norm flags and

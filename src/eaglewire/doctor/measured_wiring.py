@@ -9,7 +9,6 @@ embedding substituted for the first tap, the default taps; then measure.search w
 
 from __future__ import annotations
 
-from typing import Any
 
 from eaglewire.contract import CANONICAL, CONVENTIONS, WiringContract, default_taps, to_engine
 from eaglewire.decoding.tree import TreeShape
@@ -24,6 +23,7 @@ from eaglewire.draft.model import Eagle3Draft
 from eaglewire.export.engines import Engine
 from eaglewire.errors import EaglewireError
 from eaglewire.export.convert import import_draft
+from eaglewire.target.protocol import TargetInfo
 
 
 def delivered_taps(ins: Inspection, L: int) -> tuple[Taps | None, str]:
@@ -62,7 +62,7 @@ def candidates(ins: Inspection, L: int, n: int) -> tuple[dict[Taps, list[str]], 
     return out, priors
 
 
-def load_for_measure(ins: Inspection, target: Any, n: int) -> tuple[Eagle3Draft, WiringContract]:
+def load_for_measure(ins: Inspection, target: TargetInfo, n: int) -> tuple[Eagle3Draft, WiringContract]:
     """The draft's weights as the native model, fp32, whatever its config's ids say (they are what is
     under test): read in the layout its files are written in, not the engine it is checked for. The
     contract's taps are a placeholder (its vocab map and norm flags are the draft's): the engine run
@@ -77,7 +77,7 @@ def load_for_measure(ins: Inspection, target: Any, n: int) -> tuple[Eagle3Draft,
     return draft.float(), contract
 
 
-def run_measurement(ins: Inspection, target: Any, bounds: Boundaries | None = None, chain_steps: int = 3,
+def run_measurement(ins: Inspection, target: TargetInfo, bounds: Boundaries | None = None, chain_steps: int = 3,
                     shape: TreeShape | None = None) -> tuple[Measurement | None, list[Finding]]:
     """Measure (capturing the target's boundaries unless given; a DumpTarget brings its own) and turn the
     result into findings. `shape`: the engine's knobs; then our engine also runs on the target with the
@@ -108,7 +108,7 @@ def run_measurement(ins: Inspection, target: Any, bounds: Boundaries | None = No
     return m, [finding(m, ins.engine, L)]
 
 
-def _engine(target: Any, draft: Eagle3Draft, contract: WiringContract, shape: TreeShape, m: Measurement) -> EngineRun:
+def _engine(target: TargetInfo, draft: Eagle3Draft, contract: WiringContract, shape: TreeShape, m: Measurement) -> EngineRun:
     if isinstance(target, DumpTarget):  # decoding needs the target's weights, which a dump does not hold
         return EngineRun(shape, 0, 0, skipped="a boundaries dump holds no target to decode with: use --target")
     return run_engine(target, draft, contract, shape, {"delivered": m.delivered, "best": m.best})

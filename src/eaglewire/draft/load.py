@@ -9,7 +9,6 @@ with every weight NaN, so a weight that was not loaded cannot pass. The draft ca
 from __future__ import annotations
 
 import difflib
-from typing import Any
 
 import torch
 
@@ -18,6 +17,7 @@ from eaglewire.draft.config import DraftConfig
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import CheckpointError, ContractMismatch
 from eaglewire.draft.vocab import validate_vocab_map, vocab_map_sha256
+from eaglewire.target.protocol import TargetInfo
 
 EMBED_KEY = "embed_tokens.weight"  # the target's frozen embedding: in a file only when saved with it
 
@@ -54,7 +54,7 @@ def _check_tensor(key: str, t: torch.Tensor, ref: torch.Tensor, float_dtype: str
 
 
 def load_strict(cfg: DraftConfig, contract: WiringContract, tensors: dict[str, torch.Tensor], where: str, *,
-                embedding: bool | None, float_dtype: str | None = None, target: Any = None,
+                embedding: bool | None, float_dtype: str | None = None, target: TargetInfo | None = None,
                 dtype: torch.dtype | None = None) -> Eagle3Draft:
     """An Eagle3Draft holding exactly `tensors` (native names), in eval mode, with `contract` attached.
 

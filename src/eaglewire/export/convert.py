@@ -23,6 +23,7 @@ from eaglewire.export.base import cast_floats, read_contract, read_json, read_sa
 from eaglewire.export.layouts import check_exportable, config_ids, draft_config_from, from_native, make_config, \
     native_to
 from eaglewire.draft.vocab import VocabMap
+from eaglewire.target.protocol import TargetInfo
 
 __all__ = ["FORMATS", "export_draft", "import_draft"]
 
@@ -47,7 +48,7 @@ def export_draft(draft: Eagle3Draft, contract: WiringContract, out: Path, fmt: s
 
 
 def _contract_for(layout: Engine, config: dict[str, Any], native: dict[str, torch.Tensor], directory: Path,
-                  target: Any, flags: NormFlags) -> WiringContract:
+                  target: TargetInfo, flags: NormFlags) -> WiringContract:
     ids = config_ids(layout, config)
     if ids is None and not layout.hard_coded_taps:
         raise CheckpointError(f"{directory}: the layer-id list is missing from config.json",
@@ -77,7 +78,7 @@ def _vocab_map(native: dict[str, torch.Tensor], directory: Path) -> VocabMap:
     return VocabMap(d2t=native["d2t"], t2d=native["t2d"])
 
 
-def import_draft(directory: Path, fmt: str, *, target: Any = None,
+def import_draft(directory: Path, fmt: str, *, target: TargetInfo | None = None,
                  taps: tuple[int, ...] | None = None) -> tuple[Eagle3Draft, WiringContract]:
     """Load an exported draft strictly into the native model (float weights keep the file's dtype).
 
@@ -103,7 +104,7 @@ def import_draft(directory: Path, fmt: str, *, target: Any = None,
     return draft, contract
 
 
-def _import_native(directory: Path, target: Any, taps: tuple[int, ...] | None) -> tuple[Eagle3Draft, WiringContract]:
+def _import_native(directory: Path, target: TargetInfo, taps: tuple[int, ...] | None) -> tuple[Eagle3Draft, WiringContract]:
     from eaglewire.export.checkpoint import load_checkpoint
 
     if taps is not None:

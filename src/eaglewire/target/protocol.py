@@ -28,6 +28,9 @@ class TargetInfo(Protocol):
     def hidden_size(self) -> int: ...  # H
 
     @property
+    def vocab_size(self) -> int: ...  # V
+
+    @property
     def identity(self) -> TargetIdentity: ...
 
     def embedding(self) -> torch.Tensor: ...  # [V, H] the input embedding (a draft shares it, frozen)
