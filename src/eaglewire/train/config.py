@@ -66,9 +66,9 @@ class TrainConfig:
     round_weight: float = knob(0.0, "extra loss weight w on the chains anchored where greedy decoding with the "
                                "current draft starts a round (weight 1 + w, the others 1): online tau is made "
                                "of those", run=False, ge=0)
-    feature_weight: float = knob(0.0, "w * a feature loss: the mean squared centred logit over the whole target "
-                                 "vocab between the draft's state (mapped into the target's) and the target's "
-                                 "next state, tokens outside V_d too (train/ttt.py); 0: off", run=False, ge=0)
+    feature_weight: float = knob(0.0, "weight w of a feature loss: the mean squared centred logit over the whole "
+                                 "target vocab between the draft's state (mapped into the target's) and the "
+                                 "target's next state, tokens outside V_d too (train/ttt.py); 0: off", run=False, ge=0)
     num_layers: int = knob(1, "draft decoder layers", ge=1)
     eval_every: int = knob(50, "steps between held-out evaluations", ge=1)
     eval_batches: int = knob(8, "held-out micro-batches per evaluation, per process", cli=False, run=False, ge=1)
@@ -77,13 +77,13 @@ class TrainConfig:
     dtype: str = knob("auto", "autocast: auto = bf16 on GPUs and on CPUs with native bf16 (AVX512-BF16/AMX, "
                       "detected), else fp32; bf16 is refused where emulated", choices=DTYPES)
     init_from: str = knob("", "warm start from this draft (same taps; head rows remapped by target id; optimizer "
-                          "and lr schedule fresh); '' = fresh; a run config's 'released' = the draft shipped for "
-                          "the embedded target", path=True)
+                          "and lr schedule fresh); '' = a fresh draft ('released' in a run config: the draft "
+                          "shipped for the embedded target)", path=True)
     init_layers_from_target: bool = knob(False, "start draft layer i as target layer L - num_layers + i (layer 0's "
                                          "embedding half of q/k/v stays random: the target has none)", run=False)
-    train_only: str = knob("", "'' every weight; head: the head alone; new_head_rows: only the head rows a grown "
-                           "vocab adds to init_from (its own weights stay exactly as they were)", run=False,
-                           choices=TRAIN_ONLY)
+    train_only: str = knob("", "what trains: every weight (''), the head alone (head), or only the head rows a "
+                           "grown vocab adds to init_from (new_head_rows: its own weights stay exactly as they were)",
+                           run=False, choices=TRAIN_ONLY)
     snapshot_steps: tuple[int, ...] = knob((), "also keep the draft at these steps (OUT/snapshots/step-N): one "
                                            "pass over fresh data makes them a data-scaling curve", run=False)
 
