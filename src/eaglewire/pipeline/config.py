@@ -90,7 +90,8 @@ def _train_fields() -> dict[str, Any]:
     return {**head, **dict(items[:at]), "heldout_fraction": _RUN_ONLY["heldout_fraction"], **dict(items[at:])}
 
 
-TrainCfg = create_model("TrainCfg", __base__=_TrainSection, **_train_fields())
+TrainCfg = create_model("TrainCfg", __base__=_TrainSection, __doc__="The run's training: how features are made, "
+                        "the held-out split, and the run=True training knobs.", **_train_fields())
 
 
 class BenchCfg(_Strict):
