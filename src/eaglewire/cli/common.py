@@ -1,5 +1,6 @@
 """What every command module shares: the consoles, error formatting (applied once, where a command is
-registered), loading the target with a status line, and the option parsers.
+registered), loading the target with a status line, the option parsers, and options made from pydantic
+fields (`field_options`, `field_values`: a knob declared once becomes an option).
 
 This module imports no command module and not the app: command modules import it, the app imports them.
 """
@@ -7,9 +8,13 @@ This module imports no command module and not the app: command modules import it
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Optional
+import inspect
+import typing
+from pathlib import Path
+from typing import Any, Callable, Optional, TypeVar
 
 import typer
+from pydantic import ConfigDict, ValidationError, create_model
 from rich.console import Console
 
 from eaglewire.contract import CANONICAL, CONVENTIONS, default_taps, from_engine
@@ -93,3 +98,72 @@ def read_samples(target: Any, data: str, max_length: int, limit: Optional[int], 
     err_console.print(f"source: {read.summary()}\ndata: {stats.summary()}")
     return samples
 
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _is_tuple(annotation: Any) -> bool:
+    return typing.get_origin(annotation) is tuple
+
+
+def _is_path(info: Any) -> bool:
+    return isinstance(info.json_schema_extra, dict) and info.json_schema_extra.get("format") == "path"
+
+
+def _field_help(annotation: Any, info: Any) -> str:
+    """The field's description as a sentence, with its valid values and bounds (enforced by field_values)."""
+    text = info.description[0].upper() + info.description[1:] + "."
+    if typing.get_origin(annotation) is typing.Literal:
+        text += " One of: " + ", ".join(repr(c) if c == "" else str(c) for c in typing.get_args(annotation)) + "."
+    if _is_tuple(annotation):
+        text += " A comma list."
+    ops = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+    bounds = [f"{ops[k]} {getattr(m, k)}" for m in info.metadata for k in ops if hasattr(m, k)]
+    return text + (f" ({', '.join(bounds)})" if bounds else "")
+
+
+def field_options(fields: dict[str, Any]) -> Callable[[F], F]:
+    """Decorator: one option per pydantic field ({name: (annotation, FieldInfo)}, as train.config.knob_fields
+    gives them) appended to the command's parameters: `--max-steps` for `max_steps`, the field's default, its
+    description as help. A tuple field is a comma list (default ''), a path field ('' = none) a path (default
+    None). The command takes them as **kwargs and reads them with `field_values`."""
+
+    def add(fn: F) -> F:
+        sig = inspect.signature(fn, eval_str=True)  # typer reads this signature as it is: real types, not strings
+        params = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
+        for name, (annotation, info) in fields.items():
+            cli_type, default = annotation, info.default
+            if _is_tuple(annotation):
+                cli_type, default = str, ",".join(str(x) for x in default)
+            elif _is_path(info):
+                cli_type, default = Optional[Path], (Path(default) if default else None)
+            elif typing.get_origin(annotation) is typing.Literal:
+                cli_type = str
+            option = typer.Option(default, "--" + name.replace("_", "-"), help=_field_help(annotation, info))
+            params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option,
+                                            annotation=cli_type))
+        fn.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        return fn
+
+    return add
+
+
+def field_values(fields: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+    """The fields' values from the options `field_options` made, validated against the fields (type, bounds,
+    choices): an invalid one is an EaglewireError naming its option."""
+    values = {}
+    for name, (annotation, info) in fields.items():
+        value = options[name]
+        if _is_tuple(annotation):
+            value = parse_ints(value) if value else ()
+        elif _is_path(info):
+            value = str(value) if value else ""
+        values[name] = value
+    model = create_model("Options", __config__=ConfigDict(extra="forbid"), **fields)
+    try:
+        return dict(model.model_validate(values))
+    except ValidationError as err:
+        found = "; ".join(f"--{str(e['loc'][0]).replace('_', '-')} {e['input']!r}: {e['msg']}" for e in err.errors())
+        raise EaglewireError("invalid option value", expected="the values each option's help names",
+                             found=found, fix="see --help") from None

@@ -7,14 +7,14 @@ from typing import Any, Optional
 
 import typer
 
-from eaglewire.cli.common import DATA_HELP, add_command, err_console, load_target, load_target_weights, \
-    out_console, parse_ints, parse_taps, read_samples
+from eaglewire.cli.common import DATA_HELP, add_command, err_console, field_options, field_values, load_target, \
+    load_target_weights, out_console, parse_taps, read_samples
 from eaglewire.data.samples import DEFAULT_HELDOUT_FRACTION, DEFAULT_MAX_LENGTH
 from eaglewire.errors import EaglewireError, TargetError
-from eaglewire.train.loop import TrainConfig
+from eaglewire.train.config import TrainConfig, knob_fields
 from eaglewire.draft.vocab import DEFAULT_DRAFT_VOCAB
 
-T = TrainConfig()  # the one place the training defaults live
+KNOBS = knob_fields("cli")  # the training knobs that are options of `eaglewire train`
 
 
 def vocab_build(
@@ -49,6 +49,7 @@ def vocab_build(
                       ", ".join(f"{k} {v:.2%}" for k, v in built.coverage.items()))
 
 
+@field_options(KNOBS)
 def train_cmd(
     data: Optional[str] = typer.Option(None, "--data", help=DATA_HELP + " (online mode)."),
     features: Optional[Path] = typer.Option(None, "--features", help="Offline feature dir from `data capture`."),
@@ -68,37 +69,7 @@ def train_cmd(
     also_features: Optional[list[Path]] = typer.Option(None, "--also-features", help="Extra feature dirs (same "
                                                       "taps): every sample trains; held-out comes from --features."),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoints/latest."),
-    max_steps: int = typer.Option(T.max_steps, "--max-steps"),
-    batch_size: int = typer.Option(T.batch_size, "--batch-size", help="Samples per micro-batch per process."),
-    grad_accum: int = typer.Option(T.grad_accum, "--grad-accum"),
-    lr: float = typer.Option(T.lr, "--lr"),
-    warmup_steps: int = typer.Option(T.warmup_steps, "--warmup-steps"),
-    ttt_steps: int = typer.Option(T.ttt_steps, "--ttt-steps", help="Training-time-test unroll length."),
-    ttt_decay: float = typer.Option(T.ttt_decay, "--ttt-decay", help="Loss weight decay**position."),
-    round_weight: float = typer.Option(T.round_weight, "--round-weight", help="Extra loss weight w on the "
-                                       "chains anchored where greedy decoding with the current draft starts a "
-                                       "round (weight 1 + w; the others 1): online tau is made of those."),
-    feature_weight: float = typer.Option(T.feature_weight, "--feature-weight", help="Add a feature loss: w * the "
-                                         "mean squared centred logit over the whole target vocab between the "
-                                         "draft's state (mapped into the target's) and the target's next state, "
-                                         "on every trained position, tokens outside V_d too (train/ttt.py); 0: off."),
-    loss: str = typer.Option(T.loss, "--loss", help="soft_ce, forward_kl, nla, lk_hybrid or greedy_ce "
-                              "(train/ttt.py)."),
-    supervise: str = typer.Option(T.supervise, "--supervise", help="answers, or all (prompt tokens too)."),
-    num_layers: int = typer.Option(T.num_layers, "--num-layers", help="Draft decoder layers."),
-    init_layers_from_target: bool = typer.Option(T.init_layers_from_target, "--init-layers-from-target",
-                                                 help="Start the draft's layers from the target's top layers."),
-    eval_every: int = typer.Option(T.eval_every, "--eval-every"),
-    ckpt_every: int = typer.Option(T.ckpt_every, "--ckpt-every"),
-    seed: int = typer.Option(T.seed, "--seed"),
-    dtype: str = typer.Option(T.dtype, "--dtype", help="auto (bf16 autocast on GPUs and on CPUs with native bf16: "
-                              "AVX512-BF16/AMX, detected), fp32, or bf16 (refused where bf16 is emulated)."),
-    snapshot_steps: str = typer.Option("", "--snapshot-steps", help="Comma list of steps at which the draft is also "
-                                       "kept (OUT/snapshots/step-N): a one-pass run's data-scaling curve."),
-    init_from: Optional[Path] = typer.Option(None, "--init-from", help="Warm start from this draft (same taps; "
-                                             "head rows remapped by target id; optimizer and lr schedule fresh)."),
-    train_only: str = typer.Option(T.train_only, "--train-only", help="head (the head alone), or new_head_rows "
-                                   "(only the rows a grown vocab adds to --init-from); default: every weight."),
+    **knobs: Any,  # one option per training knob (train/config.py), added by field_options
 ) -> None:
     """Train an EAGLE-3 draft with training-time test (runs under torchrun for DDP)."""
     from eaglewire.data.samples import split_heldout
@@ -106,13 +77,7 @@ def train_cmd(
     from eaglewire.draft.vocab import load_vocab
     from eaglewire.pipeline.workflows import feature_source, mix_in_features, train_draft
 
-    cfg = TrainConfig(max_steps=max_steps, batch_size=batch_size, grad_accum=grad_accum, lr=lr,
-                      warmup_steps=warmup_steps, ttt_steps=ttt_steps, ttt_decay=ttt_decay,
-                      round_weight=round_weight, feature_weight=feature_weight, loss=loss,
-                      supervise=supervise, num_layers=num_layers, init_layers_from_target=init_layers_from_target, eval_every=eval_every,
-                      ckpt_every=ckpt_every, seed=seed, dtype=dtype, init_from=str(init_from) if init_from else "",
-                      snapshot_steps=tuple(parse_ints(snapshot_steps)) if snapshot_steps else (),
-                      train_only=train_only)
+    cfg = TrainConfig(**field_values(KNOBS, knobs))
     if (data is None) == (features is None):
         raise EaglewireError("give exactly one data source", expected="--data (online) or --features (offline)",
                              found=f"--data={data}, --features={features}")

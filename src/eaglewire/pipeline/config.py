@@ -2,9 +2,9 @@
 
 Resolution order (later wins): schema defaults -> budget preset (quick|standard|full) -> --config file
 (YAML or JSON, same nesting as the schema) -> explicit CLI flags (--target). Unknown keys and wrong
-types are refused with the field's dotted path named. Every default is defined once: the schema's
-training defaults are TrainConfig's, the tree defaults are TreeShape's, the generation defaults are
-GenerationSettings'.
+types are refused with the field's dotted path named. Every default is defined once: the train section's
+knobs are TrainConfig's fields (train/config.py: default, bounds, description), derived rather than
+declared again; the tree defaults are TreeShape's, the generation defaults are GenerationSettings'.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from eaglewire.data.regenerate import SERVER_IN_FLIGHT, GenerationSettings
 from eaglewire.export.engines import ENGINE_FORMATS
@@ -23,11 +23,10 @@ from eaglewire.data.samples import DEFAULT_HELDOUT_FRACTION, DEFAULT_MAX_LENGTH
 from eaglewire.errors import EaglewireError
 from eaglewire.decoding.tree import DEFAULT_TREE, TreeShape
 from eaglewire.serve import bench as B
-from eaglewire.train.loop import TrainConfig
-from eaglewire.train.ttt import LOSSES
+from eaglewire.train.config import TrainConfig, knob_fields
 from eaglewire.draft.vocab import DEFAULT_DRAFT_VOCAB
 
-G, T = GenerationSettings(), TrainConfig()
+G = GenerationSettings()
 DEFAULT_FORMATS = ("sglang", "vllm")  # the two engines a run exports for by default
 
 
@@ -67,33 +66,32 @@ class VocabCfg(_Strict):
                             "the run's data")
 
 
-class TrainCfg(_Strict):
-    features: Literal["offline", "online"] = "offline"
-    capture_dtype: Literal[RUNTIME_DTYPES] = Field("auto", description="the dtype the target runs in while "  # type: ignore[valid-type]
-                                                   "offline features are captured (hw.runtime_dtype: auto = bfloat16 "
-                                                   "where native, 2.6x fp32's capture rate here; README, throughput)")
-    max_steps: int = Field(T.max_steps, ge=1)
-    batch_size: int = T.batch_size
-    lr: float = T.lr
-    warmup_steps: int = T.warmup_steps
-    ttt_steps: int = Field(T.ttt_steps, ge=1)
-    ttt_decay: float = T.ttt_decay
-    loss: Literal[*LOSSES] = Field(T.loss, description="the step loss (train/ttt.py: LOSSES; README, recipe levers)")
-    supervise: Literal["answers", "all"] = Field(T.supervise, description="answers, or all: prompt tokens "
-                                                 "supervised too (more signal per step; README, recipe levers)")
-    num_layers: int = T.num_layers
-    eval_every: int = T.eval_every
-    ckpt_every: int = T.ckpt_every
-    heldout_fraction: float = Field(DEFAULT_HELDOUT_FRACTION, ge=0.0, lt=1.0)
-    seed: int = T.seed
-    dtype: Literal["auto", "fp32", "bf16"] = Field(T.dtype, description="autocast: auto = bf16 where native")
-    init_from: str = Field(T.init_from, description="warm start from this draft dir ('' = fresh; 'released' = "
-                           "the draft shipped for the embedded target)")
-
+class _TrainSection(_Strict):
     def train_config(self) -> TrainConfig:
-        # every field but the run's own (features, capture_dtype, heldout_fraction) is a TrainConfig field of
-        # the same name: the schema picks which training knobs a run exposes, TrainConfig holds their defaults
-        return TrainConfig(**self.model_dump(exclude={"features", "capture_dtype", "heldout_fraction"}))
+        return TrainConfig(**self.model_dump(exclude=set(_RUN_ONLY)))
+
+
+# the train section's own fields; every other one is a training knob (train/config.py) with run=True
+_RUN_ONLY: dict[str, Any] = {
+    "features": (Literal["offline", "online"], "offline"),
+    "capture_dtype": (Literal[RUNTIME_DTYPES], Field("auto", description="the dtype the target runs in while "  # type: ignore[valid-type]
+                      "offline features are captured (hw.runtime_dtype: auto = bfloat16 where native)")),
+    "heldout_fraction": (float, Field(DEFAULT_HELDOUT_FRACTION, ge=0.0, lt=1.0)),
+}
+
+
+def _train_fields() -> dict[str, Any]:
+    # the key order run_config.json has always had: features, capture_dtype, the knobs, heldout_fraction
+    # before seed
+    knobs = knob_fields("run")
+    at = list(knobs).index("seed")
+    items = list(knobs.items())
+    head = {k: _RUN_ONLY[k] for k in ("features", "capture_dtype")}
+    return {**head, **dict(items[:at]), "heldout_fraction": _RUN_ONLY["heldout_fraction"], **dict(items[at:])}
+
+
+TrainCfg = create_model("TrainCfg", __base__=_TrainSection, __doc__="The run's training: how features are made, "
+                        "the held-out split, and the run=True training knobs.", **_train_fields())
 
 
 class BenchCfg(_Strict):

@@ -23,12 +23,10 @@ export) so the target never sits in the trainer's memory, and read shards per ra
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -41,47 +39,11 @@ from eaglewire.draft.config import DraftConfig
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.export.checkpoint import save_checkpoint
 from eaglewire.train import state as trainer_state
+from eaglewire.train.config import TrainConfig
 from eaglewire.train.dist import DistInfo, all_reduce_sum, barrier
 from eaglewire.train.ttt import TTTModel, TTTStats
 from eaglewire.train.warm import freeze, head_affine, init_layers_from_target, warm_start
 from eaglewire.draft.vocab import VocabMap
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    max_steps: int = 300
-    batch_size: int = 4  # samples per micro-batch per rank
-    grad_accum: int = 1
-    lr: float = 1e-3  # small drafts on little data like a high peak lr (measured, see README)
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 20
-    weight_decay: float = 0.0
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 0.5
-    ttt_steps: int = 7
-    ttt_decay: float = 0.8
-    loss: str = "soft_ce"  # any of ttt.LOSSES (measured: benchmarks/results/recipe)
-    supervise: str = "answers"  # or "all": prompt tokens too (measured: benchmarks/results/recipe)
-    round_weight: float = 0.0  # extra loss weight on chains where a decoder's round starts (ttt.round_starts)
-    feature_weight: float = 0.0  # a logit-space feature loss on top, over the whole target vocab (ttt; sitting 13: no gain)
-    num_layers: int = 1
-    eval_every: int = 50
-    eval_batches: int = 8
-    ckpt_every: int = 100
-    seed: int = 0
-    dtype: str = "auto"  # autocast: auto = bf16 on GPUs and on CPUs with native bf16 (AVX512-BF16/AMX), else fp32
-    init_from: str = ""  # warm start from this native draft (same taps): training that adds up across sittings
-    init_layers_from_target: bool = False  # draft layer i starts as target layer L - num_layers + i (measured:
-    # benchmarks/results/recipe); layer 0's embedding half of q/k/v stays random, since the target has none
-    train_only: str = ""  # warm.TRAIN_ONLY: "" trains every weight; "head" the head alone; "new_head_rows" only the
-    # head rows a grown vocab added to init_from (the warm start's own weights stay exactly as they were)
-    snapshot_steps: tuple[int, ...] = ()  # also keep the draft at these steps (OUT/snapshots/step-N): one pass
-    # over fresh data makes them a data-scaling curve for the price of one run
-
-    def to_dict(self) -> dict[str, Any]:
-        # through JSON, so it compares equal to the copy a checkpoint stored (tuples come back as lists)
-        return json.loads(json.dumps(dataclasses.asdict(self)))
 
 
 def lr_at(step: int, c: TrainConfig) -> float:
