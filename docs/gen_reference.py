@@ -51,7 +51,8 @@ def _command_md(cmd: Any, path: str) -> list[str]:
             default = "" if p.default is None or callable(p.default) else f"`{p.default}`"
             if getattr(p, "required", False):
                 default = "required"
-            lines.append(f"| {names} | {_cell(p.display_type(ctx))} | {_cell(default)} | {_cell(getattr(p, 'help', '') or '')} |")
+            kind = _cell(p.display_type(ctx)).strip("<>")  # "<path>" would render as an HTML tag
+            lines.append(f"| {names} | `{kind}` | {_cell(default)} | {_cell(getattr(p, 'help', '') or '')} |")
         lines.append("")
     return lines
 
@@ -79,7 +80,7 @@ def cli_page() -> str:
 
 def _type_name(spec: dict[str, Any]) -> str:
     if "enum" in spec:
-        return " \\| ".join(f"`{v}`" for v in spec["enum"])
+        return ", ".join(f"`{v}`" for v in spec["enum"])
     if "anyOf" in spec:
         return " or ".join(_type_name(s) for s in spec["anyOf"])
     if spec.get("type") == "array":
@@ -120,7 +121,8 @@ def _text(node: ast.AST) -> str:
     if isinstance(node, ast.Constant):
         return str(node.value)
     if isinstance(node, ast.JoinedStr):
-        return "".join(_text(v) if isinstance(v, ast.Constant) else f"‹{ast.unparse(v.value)}›" for v in node.values)
+        return "".join(_text(v) if isinstance(v, ast.Constant) else f"‹{ast.unparse(v.value)}›"
+                       for v in node.values)
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
         return _text(node.left) + _text(node.right)
     if isinstance(node, ast.IfExp):
@@ -138,6 +140,8 @@ def doctor_findings() -> list[dict[str, str]]:
                     and len(node.args) == 5):
                 continue
             level, code, what, why, fix = node.args
+            if not isinstance(code, ast.Constant):
+                continue  # the helper that builds findings (_f), not a finding
             rows.append({"module": src.stem, "level": _text(level), "code": _text(code), "what": _text(what),
                          "why": _text(why), "fix": _text(fix)})
     return rows

@@ -59,7 +59,8 @@ def verify_table(r: dict[str, Any]) -> str:
         lines.append(f"| {k} | " + " | ".join(f"{ms[n]:.1f} ms ({ratio[n]:.2f}×)" for n in rows) + " |")
     if "roofline" in v and "floor_ratio_to_decode" in v["roofline"]:
         floor = v["roofline"]["floor_ratio_to_decode"]
-        lines.append("| roofline floor | " + " | ".join(f"{floor[n]:.2f}×" if n in floor else "–" for n in rows) + " |")
+        cells = [f"{floor[n]:.2f}×" if n in floor else "–" for n in rows]
+        lines.append("| roofline floor | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

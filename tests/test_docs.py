@@ -16,8 +16,6 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shuti
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("mkdocs")
-    pytest.importorskip("material")
     out = tmp_path_factory.mktemp("site")
     r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
                         "-d", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=600)
@@ -55,7 +53,8 @@ def test_doctor_catalogue_has_every_finding_code(site: Path) -> None:
     rows = gen_reference.doctor_findings()
     codes = {r["code"] for r in rows}
     assert {"layer_ids", "d2t", "fc", "key_naming", "norm_flags", "measured_wiring"} <= codes
-    assert all(r["level"] in ("error", "warn", "info", "‹level›", "warn / error", "error / warn") for r in rows), rows
+    levels = {r["level"] for r in rows}  # a computed level reads "error / warn" (both branches of its if)
+    assert levels <= {"error", "warn", "info", "warn / error", "error / warn"}, levels
     html = (site / "reference" / "doctor" / "index.html").read_text()
     assert all(f"<code>{c}</code>" in html for c in codes)
 
