@@ -44,7 +44,7 @@ def bench_table(r: dict[str, Any]) -> str:
         pos = ", ".join(f"{p:.2f}" for p in m.get("per_position", [])) or "–"
         tau = f"{m['tau']:.2f}" if "tau" in m else "–"
         lines.append(f"| {name} | {m['median_tok_s']:.2f} | {m['speedup_vs_vanilla']:.2f}× | {vs_vllm} | {tau} | "
-                     f"{pos} | {m['matches_vanilla']} |")
+                     f"{pos} | {m['matches_vanilla']}/{len(m.get('tok_s', [])) or '?'} |")
     return "\n".join(lines) + "\n" + _img(r, "bench.png")
 
 
