@@ -4,7 +4,7 @@ dnnl, panel, panel-avx512 where offered), beside a plain sum over the same bytes
 repetition, medians; fp32. What a verify of k tokens must pay for its GEMMs, without the rest of the step
 (bench_verify.py times whole steps).
 
-    python benchmarks/bench_gemm.py --reps 11 --out benchmarks/results/gemm.json
+    python benchmarks/bench_gemm.py --reps 11
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from eaglewire.fastcpu.runtime import FastRuntime
 from eaglewire.hw import describe_cpu
 from eaglewire.safeio import atomic_write_text
 from eaglewire.target.loader import load_target
+from results_dir import run_dir  # benchmarks/results/<topic>/<date>-<cpu>/
 
 ROWS = (1, 2, 4, 8, 16)
 
@@ -31,7 +32,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=11)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--layouts", default=",".join(("tn", PACKED, *PANELS)), help="comma-separated, those offered here")
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/gemm.json"))
+    ap.add_argument("--out", type=Path, default=run_dir("verify", "fp32") / "gemm.json")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     offered = candidate_layouts(torch.float32, compiled=True)

@@ -2,7 +2,7 @@
 medians, the CPU stated): the price half of "accuracy per CPU second" (benchmarks/recipe_ablation.py gives
 the accuracy half at equal steps). Real captured batches, bf16 autocast where the CPU has native bf16.
 
-    python benchmarks/bench_recipe_cost.py FEATURES VOCAB --vocab16k VOCAB16K --out benchmarks/results/recipe/cost.json
+    python benchmarks/bench_recipe_cost.py FEATURES VOCAB --vocab16k VOCAB16K
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from eaglewire.target.loader import load_target
 from eaglewire.train.loop import TrainConfig, build_draft
 from eaglewire.train.ttt import TTTModel
 from eaglewire.draft.vocab import load_vocab
+from results_dir import run_dir  # benchmarks/results/<topic>/<date>-<cpu>/
 
 # lever -> (TrainConfig fields, which vocab); levers absent here (init, lr, data source) cost what base costs
 CASES = {"base": ({}, "8k"), "supervise_all": ({"supervise": "all"}, "8k"), "vocab16k": ({}, "16k"),
@@ -35,7 +36,7 @@ def main() -> None:
     ap.add_argument("--vocab16k", type=Path, required=True)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/recipe/cost.json"))
+    ap.add_argument("--out", type=Path, default=run_dir("recipe") / "cost.json")
     a = ap.parse_args()
     target = load_target()
     vmaps = {"8k": load_vocab(a.vocab)[0], "16k": load_vocab(a.vocab16k)[0]}

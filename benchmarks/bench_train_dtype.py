@@ -3,7 +3,7 @@ in fp32 vs bf16, and one TTT training step (fwd + bwd + AdamW) in fp32 vs bf16 a
 target top-1 stored at capture (sliced V_d head) vs recomputed from the full V-wide head (the old path).
 Rounds interleaved, medians, the CPU stated (bf16 is only fast where it is native: hw.native_bf16).
 
-    python benchmarks/bench_train_dtype.py --rounds 3 --out benchmarks/results/train_dtype.json
+    python benchmarks/bench_train_dtype.py --rounds 3
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from eaglewire.target.loader import load_target
 from eaglewire.train.loop import TrainConfig, build_draft
 from eaglewire.train.ttt import TTTModel
 from eaglewire.draft.vocab import build_vocab_map, count_masked_tokens
+from results_dir import run_dir  # benchmarks/results/<topic>/<date>-<cpu>/
 
 
 def _tok_per_s(fn, tokens: int) -> float:
@@ -39,7 +40,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--draft-vocab", type=int, default=8000)
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/train_dtype.json"))
+    ap.add_argument("--out", type=Path, default=run_dir("training") / "train_dtype.json")
     a = ap.parse_args()
     t32, t16 = load_target(), load_target(dtype=torch.bfloat16)
     samples, _ = load_samples("smollm2-regen", t32.tokenizer, max_length=512, limit=64)

@@ -1,7 +1,7 @@
 """Throughput of the training pipeline on the embedded target (2 cores, fp32): regeneration tokens/s at
 batch 1 vs batched, capture tokens/s, and TTT training tokens/s. Rounds are interleaved; medians.
 
-    python benchmarks/bench_training.py --rounds 3 --out benchmarks/results/training.json
+    python benchmarks/bench_training.py --rounds 3
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from eaglewire.target.loader import load_target
 from eaglewire.train.loop import TrainConfig, build_draft
 from eaglewire.train.ttt import TTTModel
 from eaglewire.draft.vocab import build_vocab_map, count_masked_tokens
+from results_dir import run_dir  # benchmarks/results/<topic>/<date>-<cpu>/
 
 
 def regen_rate(target, prompts, batch: int, new_tokens: int) -> float:
@@ -37,7 +38,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/training.json"))
+    ap.add_argument("--out", type=Path, default=run_dir("training") / "training.json")
     ap.add_argument("--skip-regen", action="store_true", help="Only capture and training throughput.")
     a = ap.parse_args()
     torch.set_num_threads(2)

@@ -10,7 +10,7 @@ machine's streamed read bandwidth and oneDNN GEMM peak, sampled beside every k o
 them the fastest any k-row step could be, as a ratio to the calibrated runtime's measured 1-row step: a
 verify-cost target below that floor cannot be met on this host.
 
-    python benchmarks/bench_verify.py --rounds 8 --dtype float32 --out benchmarks/results/verify.json
+    python benchmarks/bench_verify.py --rounds 8 --dtype float32
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from eaglewire.fastcpu.runtime import FastRuntime
 from eaglewire.hw import RUNTIME_DTYPES, describe_cpu, runtime_dtype
 from eaglewire.safeio import atomic_write_text
 from eaglewire.target.loader import load_target
+from results_dir import run_dir  # benchmarks/results/<topic>/<date>-<cpu>/
 
 KS = (1, 2, 3, 4, 8, 16, 32, 64)
 CACHED = 100  # tokens already in the KV cache when a verify runs
@@ -82,7 +83,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", choices=RUNTIME_DTYPES, default="float32")
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/verify.json"))
+    ap.add_argument("--out", type=Path, default=run_dir("verify") / "verify.json")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     dtype = runtime_dtype(a.dtype)

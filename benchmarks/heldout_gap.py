@@ -4,7 +4,7 @@ anchored at every position and walked round by round as a decoder walks it, on t
 - mtbench_answers: the target's own regenerated answers to MT-bench (an evaluation set: used here to
   evaluate only);
 - mtbench_bench_sample: the questions `eaglewire bench --limit N` asks, with the answers its vanilla row
-  decodes: round by round this reproduces the bench's online tau (sitting 9: 1.989 against 1.995, 16 x
+  decodes: round by round this reproduces the bench's online tau (2026-12-02: 1.989 against 1.995, 16 x
   256) in a minute or two instead of a bench run.
 Each set also reports first-position agreement by the target's own confidence (`buckets`: the target's top-1
 probability at the token the first draft must guess, bins as in `round_starts.py`): whether a gap between two
@@ -31,6 +31,7 @@ from eaglewire.data.samples import load_samples, split_heldout
 from eaglewire.hw import describe_cpu
 from eaglewire.target.loader import load_target
 from eaglewire.train.ttt import TTTModel, shift_left
+from results_dir import run_dir  # benchmarks/results/<topic>/<date>-<cpu>/
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # --dtypes names of the target's dtype
 BUCKETS = (0.0, 0.3, 0.5, 0.8, 1.01)  # the target's top-1 probability: [lo, hi), as round_starts.py bins it
@@ -123,7 +124,7 @@ def main() -> None:
                     help="one or more drafts, scored on the same samples (decoded once)")
     ap.add_argument("--samples", type=int, default=48)
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/recipe/heldout_gap.json"))
+    ap.add_argument("--out", type=Path, default=run_dir("recipe") / "heldout_gap.json")
     ap.add_argument("--dtypes", default="fp32,bf16", help="target dtypes to compare, from: " + ", ".join(DTYPES))
     ap.add_argument("--sets", default=",".join(SETS), help="sample sets, from: " + ", ".join(SETS))
     ap.add_argument("--by-category", action="store_true", help="also score each MT-bench set per question "

@@ -1,10 +1,10 @@
 """Which training recipe buys the most draft accuracy per CPU second? Short runs from scratch, one lever each.
 
-    python benchmarks/recipe_ablation.py FEATURES VOCAB --vocab16k VOCAB16K --steps 150 --out benchmarks/results/recipe
+    python benchmarks/recipe_ablation.py FEATURES VOCAB --vocab16k VOCAB16K --steps 150
 
 Every run trains on the same first `--train-limit` samples of FEATURES with the same held-out split, seed and
 schedule; only the named lever differs. Reported: held-out top-1 agreement per TTT position at the end, the
-wall time and training tokens/s — side by side in one sitting on one CPU (stated in the output). Runs live in
+wall time and training tokens/s — side by side in one session on one CPU (stated in the output). Runs live in
 ~/.cache/eaglewire/recipe/NAME and a finished one is not rerun (delete it to measure again).
 """
 
@@ -19,6 +19,7 @@ from pathlib import Path
 
 from eaglewire.cache import cache_root
 from eaglewire.hw import describe_cpu
+from results_dir import run_dir  # benchmarks/results/<topic>/<date>-<cpu>/
 
 LEVERS: dict[str, list[str]] = {
     "base": [],  # 1 layer, V_d 8000, TTT 3, lr 1e-3 (the release's recipe)
@@ -83,7 +84,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--train-limit", type=int, default=2600)
     ap.add_argument("--only", default="", help="comma list of levers (default: all)")
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/recipe"))
+    ap.add_argument("--out", type=Path, default=run_dir("recipe"))
     args = ap.parse_args()
     names = args.only.split(",") if args.only else list(LEVERS)
     results = []

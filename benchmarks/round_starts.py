@@ -30,6 +30,7 @@ from eaglewire.decoding.propose import EagleProposer
 from eaglewire.decoding.tree import TreeShape
 from eaglewire.hw import describe_cpu
 from eaglewire.target.loader import load_target
+from results_dir import run_dir  # benchmarks/results/<topic>/<date>-<cpu>/
 
 BUCKETS = (0.0, 0.3, 0.5, 0.8, 1.01)  # target top-1 probability bins: [lo, hi)
 
@@ -102,7 +103,7 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--k", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/recipe/round_starts.json"))
+    ap.add_argument("--out", type=Path, default=run_dir("recipe") / "round_starts.json")
     a = ap.parse_args()
     target = load_target(dtype=torch.float32)
     draft = load_checkpoint(resolve_draft(a.draft), target=target, dtype=torch.float32)

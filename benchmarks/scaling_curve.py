@@ -4,11 +4,11 @@ every batch is fresh data, so step N's draft has seen exactly the first N batche
 together; the lr schedule is the full run's, so early points are slightly pessimistic).
 
     python benchmarks/scaling_curve.py RUN_DIR --prompts 8 --max-new-tokens 128 --k 3 \\
-        --out benchmarks/results/scaling
+        --out benchmarks/results/scaling/DATE-CPU
     python benchmarks/scaling_curve.py RUN_DIR --offline --prompts 16 --max-new-tokens 256 --also RELEASE
 
 --offline scores every snapshot on the answers the bench's vanilla row decodes for those questions (decoded
-once), walked round by round as a decoder walks a greedy k-chain (`heldout_gap.py`'s `tau_rounds`: sitting 9
+once), walked round by round as a decoder walks a greedy k-chain (`heldout_gap.py`'s `tau_rounds`: on 2026-12-02
 measured 1.989 this way against 1.995 online, 16 x 256): minutes per snapshot instead of a decode each, so a
 curve can use the issue's knobs (16 questions x 256 tokens). Its second column is the teacher-forced
 first-position agreement at every answer position (a token outside V_d a miss, as a decoder counts it), not
@@ -29,6 +29,7 @@ from eaglewire.decoding.runtime import plain_runtime
 from eaglewire.decoding.propose import EagleProposer
 from eaglewire.decoding.tree import TreeShape
 from eaglewire.target.loader import load_target
+from results_dir import run_dir  # benchmarks/results/<topic>/<date>-<cpu>/
 
 
 def trained_tokens(metrics: Path) -> dict[int, int]:
@@ -49,7 +50,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--also", type=Path, nargs="*", default=[], help="other drafts to measure (e.g. the released one)")
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/scaling"))
+    ap.add_argument("--out", type=Path, default=run_dir("scaling"))
     ap.add_argument("--offline", action="store_true", help="tau walked round by round on the vanilla answers "
                     "(heldout_gap.py), not decoded per snapshot")
     a = ap.parse_args()

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Can positions 2-3 get their TTT back without undoing the first position that TTT 1 bought?
-# The sitting-3 release was trained TTT 1: held-out first position 0.49 -> 0.71, but the live third position
+# The release of 2026-12-01 was trained TTT 1: held-out first position 0.49 -> 0.71, but the live third position
 # fell (conditional 0.45 -> 0.13). A plain TTT-3 phase at lr 5e-4 gave the first-position gain back
-# (benchmarks/results/recipe/warm_schedule.txt). Here: TTT-3 tails from the release at a low lr, with the
+# (benchmarks/results/recipe/2026-12-01-epyc-avx512/warm_schedule.txt). Here: TTT-3 tails from the release at a low lr, with the
 # default position weights (decay 0.8: 1, 0.8, 0.64) and with the first position dominant (decay 0.3:
 # 1, 0.3, 0.09); base = the release itself evaluated with 3 TTT positions (one step at lr 1e-9).
 # Batch 8, prompt tokens supervised, fresh optimizer (as --init-from documents).
@@ -39,4 +39,4 @@ done | tee "$R/summary.txt"
 # The bench of each (τ at MT-bench 8 prompts spread over the categories, 128 tokens, chain k=3):
 #   eaglewire bench --draft WORK/ttt3-tail/NAME/draft --limit 8 --max-new-tokens 128 --num-speculative-tokens 3 \
 #     --methods vanilla,eagle_chain --out WORK/ttt3-tail/bench-NAME
-# Results: benchmarks/results/recipe/ttt3_tail.txt
+# Results: benchmarks/results/recipe/<date>-<cpu>/ttt3_tail.txt

@@ -1,7 +1,7 @@
 """The silent failures, reproduced in the real engine: broken vLLM exports of the released draft, each
 served by vLLM's CPU build, beside what `eaglewire doctor` says before launch and `doctor expect` after.
 
-    python benchmarks/vllm_broken_exports.py --prompts 4 --max-new-tokens 64 --k 3 --out benchmarks/results/vllm_broken
+    python benchmarks/vllm_broken_exports.py --prompts 4 --max-new-tokens 64 --k 3
 
 Per case: the vLLM export of the released draft, damaged one way (CASES); the doctor on it twice — as
 exported (with eaglewire_contract.json) and as a draft from another tool would arrive (no contract file,
@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 import torch
 from safetensors.torch import load_file, save_file
+from results_dir import run_dir  # benchmarks/results/<topic>/<date>-<cpu>/
 
 Tensors = dict[str, torch.Tensor]
 IDS = "eagle_aux_hidden_state_layer_ids"
@@ -151,7 +152,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--only", default="", help="comma list of cases (default: all)")
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/vllm_broken"))
+    ap.add_argument("--out", type=Path, default=run_dir("doctor"))
     args = ap.parse_args()
     from eaglewire.export.checkpoint import load_checkpoint, resolve_draft
     from eaglewire.serve.bench import bench_prompts

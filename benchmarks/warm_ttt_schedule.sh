@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Does a TTT-1 phase buy more tau per CPU minute than TTT 3 when warm-starting from the released draft?
 # Three runs of about the same CPU time from the release (TTT 1 costs ~1/3 of TTT 3 per step:
-# benchmarks/results/recipe/cost.json), each benched on MT-bench (8 prompts spread over the categories, 128
+# benchmarks/results/recipe/2026-12-01-epyc-avx512/cost.json), each benched on MT-bench (8 prompts spread over the categories, 128
 # tokens, chain k=3, target fp32):  ttt3 = 120 steps TTT 3;  ttt1 = 360 steps TTT 1;
 # ttt1_then_3 = 240 steps TTT 1, then 40 steps TTT 3 from it. Batch 8, lr 5e-4, prompt tokens supervised.
 #   bash benchmarks/warm_ttt_schedule.sh [WORK_DIR]      (finished runs are kept; results in WORK/*/bench)

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# One more sitting of training for the released draft: warm-start from the committed release and train on
+# One more session of training for the released draft: warm-start from the committed release and train on
 # every shipped regenerated conversation (features captured once into the cache; the capture resumes).
-# Training adds up across sittings and machines this way: the state carried over is the committed draft
+# Training adds up across sessions and machines this way: the state carried over is the committed draft
 # (optimizer and lr schedule start afresh, as `--init-from` documents).
 #   bash scripts/continue_release.sh [WORK_DIR] [MAX_STEPS]
 # Knobs by environment: LR (peak, default 5e-4), SUPERVISE (answers|all), LOSS (train --loss), VOCAB (a vocab
-# map file), OUT (the run dir; default one per day, so a second sitting on one day needs its own), TTT (TTT
+# map file), OUT (the run dir; default one per day, so a second run on one day needs its own), TTT (TTT
 # positions, default 3), DECAY (loss weight decay**position, default train's), INIT (the warm start, default
 # the committed release), SKIP (capture only the valid conversations after the first SKIP of DATA: those an
-# earlier sitting trained on; sitting 5 used SKIP=4543, the conversations the sitting-4 corpus growth added),
+# earlier run trained on; SKIP=4543 picks the conversations the corpus growth of 2026-12-01 added),
 # FEATURES (the feature dir, default WORK/features, or WORK/features-skipSKIP).
 # Resumable: capture continues at the first missing shard, training with --resume from its checkpoint.
 set -euo pipefail

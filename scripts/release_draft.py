@@ -24,7 +24,7 @@ DEST = Path(__file__).parents[1] / "src/eaglewire/assets/drafts/smollm2-135m"
 
 
 def _checkpoint_summary(run: Path, step: int) -> tuple[Path, dict]:
-    """A run stopped before max_steps (a sitting's time ran out): the checkpoint's draft, and a summary from
+    """A run stopped before max_steps (its time ran out): the checkpoint's draft, and a summary from
     its trainer state and the last held-out evaluation at or before that step, saying it was stopped."""
     ckpt = run / "checkpoints" / f"step-{step:06d}"
     state = json.loads((ckpt / "trainer.json").read_text())
@@ -52,7 +52,7 @@ def main(run: Path, checkpoint: int | None = None) -> None:
 def _release(draft_dir: Path, metrics: Path, summary: dict, upto: int | None = None) -> None:
     draft = load_checkpoint(draft_dir, target=load_target(None))
     if summary.get("config", {}).get("init_from") and (DEST / "summary.json").exists():
-        # a warm start continued the shipped draft: keep its record, so the provenance chains across sittings
+        # a warm start continued the shipped draft: keep its record, so the provenance chains across releases
         summary["previous_release"] = json.loads((DEST / "summary.json").read_text())
     save_checkpoint(draft, draft.contract, DEST, dtype=torch.bfloat16)
     if upto is None:

@@ -94,7 +94,7 @@ def test_embedded_sharegpt_parts_are_the_conversations_sharegpt_skips():
 
 
 def test_shipped_corpora_read_whole_and_record_how_they_were_made():
-    """Every shipped regenerated corpus parses (a corrupt commit fails here, not in a sitting's capture), and
+    """Every shipped regenerated corpus parses (a corrupt commit fails here, not in a later capture), and
     its meta says which source and settings made it: the parts were answered one turn each."""
     from eaglewire.data.conversations import PACKAGED_SOURCES, resolve_source
 

@@ -252,7 +252,7 @@ def test_zero_embedding_as_speculators_resaves_it(tmp_path, target, drafted):
 
 
 def test_config_norm_flags_against_training_and_missing_draft_vocab_size(tmp_path, target, drafted):
-    """Reproduced in real vLLM (benchmarks/results/vllm_broken): norm_before_residual: true on a draft trained
+    """Reproduced in real vLLM (benchmarks/results/doctor/): norm_before_residual: true on a draft trained
     without it ran silently at tau 1.11 (healthy 1.45); draft_vocab_size missing was refused by vLLM."""
     out = _export(tmp_path, drafted, "vllm")
     _edit_config(out, lambda c: c.update(norm_before_residual=True))

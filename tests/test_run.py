@@ -288,6 +288,9 @@ def test_report_renders_in_headless_chromium(finished_run, tmp_path):
     flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}"]
     dom = subprocess.run(flags + ["--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
     assert "Benchmark" in dom and "<table>" in dom and dom.count("<img") == 2
+    from eaglewire import __version__
+
+    assert "class=\"machine\"" in dom and " cores (" in dom and f"eaglewire {__version__}" in dom  # the header
     shot = tmp_path / "shot.png"
     subprocess.run(flags + [f"--screenshot={shot}", "--window-size=1200,3000", url], capture_output=True, timeout=120)
     from PIL import Image

@@ -10,11 +10,13 @@ from __future__ import annotations
 import base64
 import html
 import json
+import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eaglewire import __version__, hw
 from eaglewire.contract import WiringContract, describe_boundary, to_engine
 from eaglewire.errors import TranslationError
 from eaglewire.pipeline.stages import Ctx, copy_into
@@ -135,7 +137,7 @@ def _sections(ctx: Ctx, timings: dict[str, dict[str, Any]], pngs: dict[str, Path
     sec.append(Section("Benchmark", [
         f"{res['prompts']} prompts from {res['questions']} (first turns), {res['max_new_tokens']} new tokens, greedy, "
         "one process, methods interleaved, medians; every method's tokens are compared with vanilla's.", verdict(res)],
-        tables=[_bench_rows(res)], images=[("per-position acceptance and tokens/s", pngs["bench"])]))
+        tables=[_bench_rows(res)], images=[("per-position acceptance (draft position 1, 2, 3 as in the training plot)", pngs["bench"])]))
     sec.append(Section("Deploy", ["Launch commands with the exported drafts and the benchmark's knobs "
                                   "(check first: eaglewire doctor DIR --engine sglang|vllm). On a GPU a verify "
                                   "of many tokens costs about one decode step, so deeper knobs pay off there; "
@@ -147,8 +149,57 @@ def _sections(ctx: Ctx, timings: dict[str, dict[str, Any]], pngs: dict[str, Path
     return sec
 
 
-def _md(title: str, sections: list[Section], out: Path) -> str:
-    lines = [f"# {title}", ""]
+def machine() -> dict[str, Any]:
+    """What the report's figures were measured on (CPU, ISA, cores) and with which eaglewire: a number in the
+    report means little without them."""
+    cpu = hw.describe_cpu()
+    isa = str(cpu["torch_capability"]) + (", native bf16" if cpu["native_bf16"] else "") + \
+        (", AMX" if any(f.startswith("amx") for f in cpu["isa"]) else "")
+    return {"cpu": cpu["model"], "isa": isa, "cores": os.cpu_count(), "threads": cpu["threads"],
+            "eaglewire": __version__}
+
+
+def machine_line(m: dict[str, Any]) -> str:
+    return f"eaglewire {m['eaglewire']} · {m['cpu']} · {m['isa']} · {m['cores']} cores ({m['threads']} torch threads)"
+
+
+def per_position_figure(result: dict[str, Any]) -> Any:
+    """Per-position acceptance of the EAGLE rows, numbered like the training plot's positions (draft position
+    1, 2, 3, integer ticks), so the two pictures of the report read the same way."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from eaglewire.serve.bench import label
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    depth = 0
+    for name, m in result["methods"].items():
+        pp = m.get("per_position") or []
+        if pp:
+            ax.plot(range(1, len(pp) + 1), pp, "o-", label=label(name, result))
+            depth = max(depth, len(pp))
+    ax.set_xticks(range(1, depth + 1))
+    ax.set(xlabel="draft position", ylabel="accepted at this position / verify steps", ylim=(0, 1),
+           title="per-position acceptance")
+    if depth:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def per_position_png(result: dict[str, Any], png: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig = per_position_figure(result)
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    return png
+
+
+def _md(title: str, sections: list[Section], out: Path, header: str = "") -> str:
+    lines = [f"# {title}", ""] + ([header, ""] if header else [])
     for s in sections:
         lines += [f"## {s.title}", ""]
         for p in s.text:
@@ -166,13 +217,15 @@ def _md(title: str, sections: list[Section], out: Path) -> str:
 CSS = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
        "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left}"
        "th{background:#f3f3f3}pre{background:#f6f8fa;padding:.8em;overflow-x:auto;white-space:pre-wrap}"
-       "img{max-width:100%}.error{color:#b00020;font-weight:bold}")
+       "img{max-width:100%}.error{color:#b00020;font-weight:bold}.machine{color:#555}")
 
 
-def _html(title: str, sections: list[Section]) -> str:
+def _html(title: str, sections: list[Section], header: str = "") -> str:
     e = html.escape
     parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{e(title)}</title>"
              f"<style>{CSS}</style></head><body><h1>{e(title)}</h1>"]
+    if header:
+        parts.append(f"<p class='machine'>{e(header)}</p>")
     for s in sections:
         parts.append(f"<h2>{e(s.title)}</h2>")
         parts += [f"<p>{e(p)}</p>" for p in s.text]
@@ -210,11 +263,12 @@ def write_report(ctx: Ctx, timings: dict[str, dict[str, Any]]) -> dict[str, Any]
     out = ctx.out
     pngs = {"training": out / "report-training.png", "bench": out / "report-bench.png"}
     copy_into(Path(ctx.results["train"]["png"]), pngs["training"])
-    copy_into(Path(ctx.results["bench"]["png"]), pngs["bench"])
+    per_position_png(ctx.results["bench"]["result"], pngs["bench"])
     title = f"eaglewire run: EAGLE-3 draft for {ctx.target.name}"
     sections = _sections(ctx, timings, pngs)
-    data = summary(ctx, timings)
+    data = {**summary(ctx, timings), "machine": machine()}
+    header = machine_line(data["machine"])
     atomic_write_json(out / "summary.json", data)
-    atomic_write_text(out / "report.md", _md(title, sections, out))
-    atomic_write_text(out / "report.html", _html(title, sections))
+    atomic_write_text(out / "report.md", _md(title, sections, out, header))
+    atomic_write_text(out / "report.html", _html(title, sections, header))
     return data

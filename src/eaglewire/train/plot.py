@@ -35,7 +35,7 @@ def plot_metrics(metrics: Path, png: Path) -> Path:
         line, = ax_acc.plot(steps, _smooth([r["acc"][k] for r in train]), alpha=0.5)
         if held:
             ax_acc.plot([r["step"] for r in held], [r["acc"][k] for r in held], "o-", color=line.get_color(),
-                        label=f"position {k} (held-out)")
+                        label=f"draft position {k + 1} (held-out)")  # numbered as the report's acceptance plot
     ax_acc.set(xlabel="step", ylabel="top-1 accuracy", title="per-position accuracy (lines: train)", ylim=(0, 1))
     if held:
         ax_acc.legend(fontsize=7)
