@@ -7,7 +7,7 @@ vLLM is started with speculative method `extract_hidden_states` (its ids in vLLM
 boundary b, 0 = embedding output, L = last layer before the final norm) and a hidden-states KV connector
 that writes each finished request's prompt states to a temporary shared directory; the completion answer
 names the file (kv_transfer_params.hidden_states_path). On the CPU build the stock connector crashes, so
-the server imports our subclass (clients/vllm_plugins/eaglewire_cpu_hidden_states.py, by PYTHONPATH).
+the server imports our subclass (vllm_client/plugins/eaglewire_cpu_hidden_states.py, by PYTHONPATH).
 
 `dump_through_vllm` writes what vLLM would deliver to a draft exported for it (the ids its config.json
 says, in the order vLLM concatenates them) as a dump `eaglewire doctor probe --dump` reads.

@@ -32,8 +32,8 @@ from eaglewire.safeio import atomic_write_json
 T = TypeVar("T")
 
 
-# Conversations a serving engine keeps in flight (vLLM's CPU build, or --server): on 2 cores in bf16, 8/16/32/
-# 64/128 in flight made 196/246/436/481/469 new tok/s (benchmarks/regen_concurrency.sh, sitting 12). HF
+# Conversations a serving engine keeps in flight (vLLM's CPU build, or --server): its throughput rises with
+# the requests in flight until the cores are busy (benchmarks/regen_concurrency.sh measures it). HF
 # generate's batch (GenerationSettings.batch_size) is another knob: it pads a batch to its longest answer.
 SERVER_IN_FLIGHT = 64
 

@@ -333,7 +333,7 @@ class Report:
     directory: str
     engine: str
     findings: list[Finding]
-    measurement: dict[str, Any] | None = None  # the empirical wiring check's figures (doctor/measure.py)
+    measurement: dict[str, Any] | None = None  # the empirical wiring check's figures (doctor/trained_taps.py)
 
     @property
     def errors(self) -> int:

@@ -108,7 +108,7 @@ class BenchCfg(_Strict):
     draft_dtype: Literal[DRAFT_DTYPES] = Field("auto", description="the dtype our EAGLE rows' draft runs in "  # type: ignore[valid-type]
                                                "(hw.draft_dtype: auto = bfloat16 where native; output stays the target's)")
     vllm: Literal["auto", "on", "off"] = Field("off", description="peer rows on the real vLLM CPU build "
-                                               "(decoding/peer.py; ~1-2 min per server start): auto = when its "
+                                               "(serve/peer.py; ~1-2 min per server start): auto = when its "
                                                "venv is installed; on = required")
 
     @model_validator(mode="after")
@@ -149,8 +149,8 @@ class RunConfig(_Strict):
 # Budgets (README: measured times and tau). Each is a partial RunConfig. The 292 conversations are the
 # contiguous prefix of ShareGPT that the shipped regeneration file covers (a resume: nothing is
 # regenerated for the embedded target). quick continues the released draft's training (warm start,
-# init_from "released": the work of earlier sittings) with a short, low-lr pass, TTT 3, and benchmarks
-# the vLLM-style chain k=3 it is judged by, at issue 10's protocol (8 spread MT-bench questions x 256 new
+# init_from "released": the released draft) with a short, low-lr pass, TTT 3, and benchmarks
+# the vLLM-style chain k=3 it is judged by, at the acceptance protocol (8 spread MT-bench questions x 256 new
 # tokens: tau at 128 tokens reads ~0.1 lower for the same draft); standard trains from scratch.
 _QUICK: dict[str, Any] = {
     "data": {"conversations": 292}, "vocab": {"draft_vocab_size": 8000},

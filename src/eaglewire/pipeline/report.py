@@ -115,7 +115,7 @@ def _sections(ctx: Ctx, timings: dict[str, dict[str, Any]], pngs: dict[str, Path
     sec.append(Section("Data", [
         f"{r['regenerate']['conversations']} conversations from {cfg.data.source} answered by the target "
         f"(its regeneration file holds {r['regenerate']['in_file']}, {r['regenerate']['from_shipped']} of them "
-        f"shipped from earlier sittings; {r['regenerate']['new_tokens_this_run']} tokens generated in this run); "
+        f"from the shipped data; {r['regenerate']['new_tokens_this_run']} tokens generated in this run); "
         f"{v['samples']} samples, "
         f"{v['tokens']} tokens, {v['trained_tokens']} trained (assistant) tokens.",
         "Vocab coverage: " + ", ".join(f"{k} {c:.2%}" for k, c in v["coverage"].items())

@@ -228,8 +228,8 @@ def feature_space(draft: Eagle3Draft, target: Any, vmap: VocabMap, device: Any) 
     (s^T G s is the mean squared centred logit of state s), and A [H, H] the least-squares linear part of the
     affine map from the target's head rows to the draft's on the draft vocab (draft row = target row @ A + c,
     so the draft's logit of a state s is the target's logit of A s, up to a per-state constant). Fitted once,
-    at the start: a fresh draft's head is the target's rows (A = I); a warm start's has moved (sitting 13: the
-    release's rows at cosine 0.82 to the target's, its states at 0.23 to the target's raw, 0.67 mapped)."""
+    at the start: a fresh draft's head is the target's rows (A = I); a warm start's has moved away from the
+    target's rows, so its states must be compared through A, not raw."""
     full = target.head_rows(None).detach().float()  # [V, H]
     centred = full - full.mean(0, keepdim=True)
     gram = centred.T @ centred / len(full)  # [H, H]

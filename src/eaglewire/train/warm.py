@@ -1,7 +1,7 @@
 """How a draft starts and what of it trains: from the target's top layers, from another draft (a warm start,
 which may grow the vocabulary or the depth), and which weights a run leaves frozen.
 
-Training adds up across sittings through `warm_start` (the committed release is the next sitting's start);
+Training adds up across runs through `warm_start` (the released draft is the next run's start);
 a grown vocabulary's new head rows start mapped from the target's (`mapped_head_rows`) and can be trained
 alone (`freeze`), leaving every weight the warm start had exactly as it was.
 """
@@ -69,22 +69,21 @@ def _with_ones(rows: torch.Tensor) -> torch.Tensor:
 
 
 def warm_start(draft: Eagle3Draft, path: Path, target: Any, vmap: VocabMap, taps: tuple[int, ...]) -> torch.Tensor:
-    """Copy a trained draft's weights into `draft` (a sitting continues the last one's training); returns
+    """Copy a trained draft's weights into `draft` (a run continues an earlier one's training); returns
     [V_d] bool, the head rows of ids new to this vocab (what `freeze` may train alone).
 
     Everything but the head is copied as is; the taps and layer shapes must match (refused otherwise:
     a draft trained on other boundaries is no warm start). The head is remapped by target id: rows of
     ids both vocabularies keep are copied; a row of an id new to this vocab starts as the target's head row
     for that id mapped into the draft's head space (`mapped_head_rows`). The target's rows as they are
-    (what a fresh draft starts from) outscore the trained ones: the release grown to 16k rows that way scored
-    tau 1.01 on the bench's MT-bench text, with rows of zeros 1.41, with the source's mean row + 0.1 x the
-    target's row 1.989 (= the release: a new token never wins), mapped 1.997 (32k: 2.002), untrained
-    (sittings 9-10; sitting 8's 16k lever had started from the target's rows).
+    (what a fresh draft starts from) outscore the trained ones, so a new token would win everywhere and
+    acceptance collapses; mapped rows neither win nor lose against the trained ones (docs/results/experiments.md has
+    the levers tried).
     A deeper `draft` grows: the source's layers are copied and each added layer's two output projections
     (o_proj, down_proj) start at GROWN_OUT_SCALE of their random init, so the grown draft predicts what
     the source did (to ~1e-3) and every weight of the new layer learns from step 1. Not exactly zero: Adam normalises the gradient, so a layer whose output projections are zero
-    gives its q/k/v and MLP inputs a zero update until those projections move (measured in sitting 8: 160
-    steps of such a layer matched the 1-layer control to three decimals).
+    gives its q/k/v and MLP inputs a zero update until those projections move (such a layer's training then
+    matches the shallower control's).
     The optimizer state and the lr schedule start afresh."""
     from eaglewire.export.checkpoint import load_checkpoint
 

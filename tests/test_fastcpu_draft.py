@@ -56,7 +56,7 @@ def test_every_layout_computes_what_the_draft_modules_compute(norm, layers):
 def test_every_timed_calibration_call_follows_a_cache_flush(monkeypatch):
     """Decoding meets the draft's weights after the target's forward evicted them: the calibration times
     each layout and head the same way, never cache-hot back to back."""
-    from eaglewire.fastcpu import draft as lean_draft
+    from eaglewire.fastcpu import draft as fast_draft
     from eaglewire.fastcpu.screened_head import greedy_heads
 
     events = []
@@ -67,8 +67,8 @@ def test_every_timed_calibration_call_follows_a_cache_flush(monkeypatch):
     FastDraft(draft)  # auto: calibrates
     starts = events[::3]  # each timed call: flush, timer start, timer stop
     layouts, heads = candidate_layouts(torch.float32), greedy_heads(torch.float32)
-    timed = sum(gemm.applies(lay, r) for lay in layouts for r in lean_draft.DRAFT_ROWS)
-    base = 3 * lean_draft.DRAFT_REPS * (timed + len(heads))
+    timed = sum(gemm.applies(lay, r) for lay in layouts for r in fast_draft.DRAFT_ROWS)
+    base = 3 * fast_draft.DRAFT_REPS * (timed + len(heads))
     # plus, per row count or head whose runner-up came close, REFINE_REPS more of the two (gemm.time_layouts)
     assert len(events) >= base and (len(events) - base) % (3 * 2 * gemm.REFINE_REPS) == 0
     assert set(starts) == {"flush"} and set(events[1::3]) == set(events[2::3]) == {"timer"}
