@@ -44,14 +44,67 @@ def save_state(out: Path, step: int, draft: Eagle3Draft, contract: WiringContrac
     atomic_save_safetensors(tensors, d / "optim.safetensors", {"format": "eaglewire.optim/1"})
     atomic_write_json(d / "trainer.json", {"step": step, "config": config, "optimizer": meta})
     atomic_write_text(root / "latest", d.name)  # the commit point
-    for old in sorted(root.glob("step-*"))[:-keep]:
+    for old in prunable(root, d, keep):
         shutil.rmtree(old)
     return d
 
 
+def prunable(root: Path, current: Path, keep: int) -> list[Path]:
+    """The checkpoints of `root` older than `current` beyond the `keep - 1` newest of them. `current` (the one
+    `latest` names) is never among them, and neither is a directory with a later step: such a one is not this
+    run's history (a different run's, copied in), so it is not ours to delete."""
+    step = _step_of(current)
+    older = sorted(p for p in root.glob("step-*") if p != current and _step_of(p) is not None
+                   and _step_of(p) < step)
+    return older[:max(0, len(older) - (keep - 1))]
+
+
+def _step_of(d: Path) -> int | None:
+    tail = d.name.removeprefix("step-")
+    return int(tail) if tail.isdigit() else None
+
+
+# What a training run writes into --out; a fresh run finding any of these would overwrite or prune them.
+RUN_FILES = ("checkpoints", "draft", "metrics.jsonl", "summary.json", "snapshots", "training.png")
+
+
+def refuse_to_overwrite(out: Path, *, any_entry: bool) -> None:
+    """A fresh (not --resume) run must not destroy an earlier one. `any_entry`: the CLI refuses every non-empty
+    --out; the library refuses one holding a checkpoint or a final draft (a pipeline's own work dir may hold
+    the metrics of a run killed before its first checkpoint, which a fresh start may replace)."""
+    out = Path(out)
+    if not out.is_dir():
+        return
+    found = sorted(p.name for p in out.iterdir()) if any_entry else \
+        [n for n in ("checkpoints", "draft") if (out / n).exists() and any((out / n).iterdir())]
+    if found:
+        raise CheckpointError(f"--out {out} already holds a run; a fresh run there would overwrite it",
+                              expected="an empty or new --out directory (or --resume to continue that run)",
+                              found=f"{out} contains {', '.join(found[:6])}" + (" ..." if len(found) > 6 else ""),
+                              fix=f"pass a new --out (eaglewire refuses rather than writing beside it), add "
+                                  f"--resume to continue the run in {out}, or remove {out} yourself")
+
+
 def latest_state(out: Path) -> Path | None:
+    """The checkpoint `latest` names, or None when there is none; a pointer to a missing or unreadable one is
+    an error (resuming from nothing would silently restart the run)."""
     pointer = Path(out) / "checkpoints" / "latest"
-    return pointer.parent / pointer.read_text().strip() if pointer.exists() else None
+    if not pointer.exists():
+        return None
+    try:
+        name = pointer.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"cannot read the checkpoint pointer {pointer}", expected="a step-NNNNNN name",
+                              found=f"{type(err).__name__}: {err}", fix="write the newest complete "
+                              "checkpoint's directory name into it, or start a new --out") from None
+    d = pointer.parent / name
+    if _step_of(d) is None or not (d / "trainer.json").is_file():
+        raise CheckpointError(f"{pointer} names a checkpoint that is not there",
+                              expected=f"a complete checkpoint directory {d} (with trainer.json)",
+                              found=f"latest = {name!r}; present: "
+                                    f"{sorted(p.name for p in pointer.parent.glob('step-*')) or 'none'}",
+                              fix="point latest at a complete step-NNNNNN directory, or start a new --out")
+    return d
 
 
 def load_state(d: Path, draft: Eagle3Draft, target: Any, opt: torch.optim.Optimizer, param_names: list[str],
