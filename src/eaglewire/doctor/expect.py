@@ -141,8 +141,9 @@ def load_any_draft(path: Path, target: Any) -> tuple[Any, Any]:
     from eaglewire.checkpoint import load_checkpoint
     from eaglewire.doctor.inspect import detect_engine
     from eaglewire.formats.convert import import_draft
+    from eaglewire.safeio import read_json_object
 
-    cfg = json.loads((Path(path) / "config.json").read_text())
+    cfg = read_json_object(Path(path) / "config.json", what="a draft config")
     if cfg.get("format") == "eaglewire.draft/1":
         d = load_checkpoint(path, target=target)
         return d, d.contract

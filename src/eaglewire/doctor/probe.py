@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 
 from eaglewire.contract import WiringContract
 from eaglewire.errors import EaglewireError
+from eaglewire.safeio import open_safetensors
 from eaglewire.verifier.capture import capture
 
 POST_NORM = "post-norm"
@@ -50,7 +50,7 @@ class ProbeResult:
 
 
 def _load_dump(path: Path, ids: list[int] | None) -> tuple[torch.Tensor, torch.Tensor]:
-    with safe_open(str(path), framework="pt") as f:
+    with open_safetensors(path, what="a hidden-state dump") as f:
         keys = set(f.keys())
         if "hidden" not in keys:
             raise EaglewireError(f"{path} has no 'hidden' tensor", expected="hidden [T, W] and input_ids [T]",

@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 
 from eaglewire.checkpoint import load_checkpoint, save_checkpoint
 from eaglewire.contract import WiringContract
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import CheckpointError
-from eaglewire.safeio import atomic_save_safetensors, atomic_write_json, atomic_write_text
+from eaglewire.safeio import atomic_save_safetensors, atomic_write_json, atomic_write_text, field_of, \
+    open_safetensors, read_json_object
 
 
 def _optim_tensors(opt: torch.optim.Optimizer, names: dict[int, str]) -> tuple[dict[str, torch.Tensor], dict]:
@@ -110,7 +110,9 @@ def latest_state(out: Path) -> Path | None:
 def load_state(d: Path, draft: Eagle3Draft, target: Any, opt: torch.optim.Optimizer, param_names: list[str],
                config: dict[str, Any]) -> int:
     """Restore weights into `draft` and state into `opt` (built on draft's parameters); returns the step."""
-    meta = json.loads((d / "trainer.json").read_text())
+    meta = read_json_object(d / "trainer.json", what="a trainer state", error=CheckpointError)
+    for key, kind in (("step", int), ("config", dict), ("optimizer", dict)):
+        field_of(meta, key, kind, where=str(d / "trainer.json"), error=CheckpointError)
     if meta["config"] != config:
         diff = sorted(k for k in config if meta["config"].get(k) != config.get(k))
         raise CheckpointError(f"--resume from {d} with different training settings",
@@ -123,10 +125,19 @@ def load_state(d: Path, draft: Eagle3Draft, target: Any, opt: torch.optim.Optimi
             p.copy_(loaded.state_dict()[name])
     index = {n: i for i, n in enumerate(param_names)}
     state: dict[int, dict[str, torch.Tensor]] = {}
-    with safe_open(str(d / "optim.safetensors"), framework="pt") as f:
+    with open_safetensors(d / "optim.safetensors", what="optimizer state", error=CheckpointError) as f:
         for key in f.keys():
-            name, field = key.removeprefix("state.").rsplit(".", 1)
+            name, _, field = key.removeprefix("state.").rpartition(".")
+            if name not in index:
+                raise CheckpointError(f"{d / 'optim.safetensors'}: state for an unknown parameter",
+                                      expected=f"state.<one of {len(index)} parameters>.<field>", found=key,
+                                      fix="resume with the code and settings that wrote it, or a new --out")
             state.setdefault(index[name], {})[field] = f.get_tensor(key)
-    groups = [{**g, "params": [index[n] for n in g["params"]]} for g in meta["optimizer"]["param_groups"]]
-    opt.load_state_dict({"state": state, "param_groups": groups})
+    try:
+        groups = [{**g, "params": [index[n] for n in g["params"]]} for g in meta["optimizer"]["param_groups"]]
+        opt.load_state_dict({"state": state, "param_groups": groups})
+    except (KeyError, TypeError, ValueError) as err:  # torch's own checks of the groups' shape and sizes
+        raise CheckpointError(f"{d / 'trainer.json'}: optimizer state does not fit this draft",
+                              expected="the param groups this run's optimizer has", found=f"{type(err).__name__}: "
+                              f"{err}", fix="resume with the code and settings that wrote it, or a new --out") from None
     return int(meta["step"])
