@@ -20,7 +20,7 @@ from eaglewire.draft.config import DraftConfig
 from eaglewire.draft.load import EMBED_KEY, load_strict
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import CheckpointError
-from eaglewire.safeio import atomic_save_safetensors, atomic_write_json, field_of, read_json_object, \
+from eaglewire.safeio import atomic_save_safetensors, atomic_write_json, about_file, field_of, read_json_object, \
     read_safetensors_file
 from eaglewire.verifier.loader import Target
 from eaglewire.vocab import validate_vocab_map, vocab_map_sha256
@@ -88,9 +88,10 @@ def read_checkpoint_config(path: Path) -> tuple[DraftConfig, WiringContract, dic
     if meta["dtype"] not in ("float32", "float16", "bfloat16"):
         raise CheckpointError(f"{cfg_path}: field 'dtype' names no float dtype a draft is saved in",
                               expected="float32, float16 or bfloat16", found=repr(meta["dtype"]))
-    contract = WiringContract.from_dict(meta["contract"])
-    cfg = DraftConfig.from_dict(meta["draft"])
-    cfg.require_matches(contract)
+    with about_file(cfg_path):
+        contract = WiringContract.from_dict(meta["contract"])
+        cfg = DraftConfig.from_dict(meta["draft"])
+        cfg.require_matches(contract)
     return cfg, contract, meta
 
 

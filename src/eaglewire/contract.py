@@ -337,8 +337,8 @@ class WiringContract:
     def from_json(cls, text: str) -> "WiringContract":
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ContractMismatch("wiring contract is not valid JSON", found=str(err)) from None
+        except (json.JSONDecodeError, RecursionError) as err:
+            raise ContractMismatch("wiring contract is not valid JSON", found=str(err)[:200]) from None
         return cls.from_dict(data)
 
     # ---- comparison ----------------------------------------------------------------------------

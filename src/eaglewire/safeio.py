@@ -273,3 +273,18 @@ def require_finite(tensors: dict[str, torch.Tensor], where: str, error: type[Exc
                                             expected="finite numbers only", found=f"{nan} NaN, {inf} +-inf",
                                             fix="re-export from a healthy checkpoint (training diverged, or "
                                                 "the file is damaged)")
+
+
+@contextmanager
+def about_file(path: Path | str) -> Iterator[None]:
+    """Re-raise an EaglewireError from parsing `path`'s content (a config's fields, a contract) with the
+    file named, when the message does not name it yet: validators see values, not where they came from."""
+    from eaglewire.errors import EaglewireError
+
+    try:
+        yield
+    except EaglewireError as err:
+        if str(path) in str(err):
+            raise
+        raise type(err)(f"{path}: {err.what}", expected=err.expected, found=err.found,
+                        fix=err.fix or f"re-create {Path(path).name} with the tool that wrote it") from None

@@ -19,6 +19,7 @@ INT_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_ke
               "max_position_embeddings", "num_aux_hidden_states")
 FLOAT_FIELDS = ("rms_norm_eps", "rope_theta")
 NESTED = ("draft", "transformer_layer_config")  # a native config's draft, speculators' layer config
+OBJECTS = ("eagle_config", "contract")  # SGLang's layer-id holder, a native config's contract
 
 
 def check_config_types(config: dict[str, Any], path: Path, id_keys: tuple[str, ...]) -> None:
@@ -30,6 +31,9 @@ def check_config_types(config: dict[str, Any], path: Path, id_keys: tuple[str, .
             if not isinstance(config[key], dict):
                 raise _wrong(path, key, "a JSON object", config[key])
             levels.append((f"{key}.", config[key]))
+    for key in OBJECTS:
+        if key in config and not isinstance(config[key], dict):
+            raise _wrong(path, key, "a JSON object", config[key])
     for prefix, level in levels:
         for key in INT_FIELDS + FLOAT_FIELDS:
             v = level.get(key)

@@ -17,7 +17,7 @@ from eaglewire.engines import Engine, engine_for
 from eaglewire.errors import EaglewireError
 from eaglewire.doctor.geometry import check_config_types
 from eaglewire.formats.base import CONTRACT_FILE, read_contract
-from eaglewire.safeio import open_safetensors, read_json_object
+from eaglewire.safeio import about_file, open_safetensors, read_json_object
 
 
 @dataclass
@@ -67,7 +67,8 @@ def inspect_dir(directory: Path, engine: str | None) -> Inspection:
     directory = Path(directory)
     cfg_path = directory / "config.json"
     if not cfg_path.is_file():
-        raise EaglewireError(f"{directory} has no config.json", expected="a draft directory", found="no config.json")
+        raise EaglewireError(f"{directory} has no config.json", expected="a draft directory", found="no config.json",
+                             fix="point the doctor at the exported draft directory")
     config = read_json_object(cfg_path, what="a draft config")
     name = engine or detect_engine(config)
     record = engine_for(name)
@@ -85,5 +86,6 @@ def inspect_dir(directory: Path, engine: str | None) -> Inspection:
     if (directory / CONTRACT_FILE).is_file():
         contract, source = read_contract(directory), "side file"
     elif "contract" in config and config.get("format") == "eaglewire.draft/1":
-        contract, source = WiringContract.from_dict(config["contract"]), "native config"
+        with about_file(cfg_path):
+            contract, source = WiringContract.from_dict(config["contract"]), "native config"
     return Inspection(directory, config, shapes, dtypes, small, contract, source, record)

@@ -18,7 +18,8 @@ from typing import Any, Callable
 import torch
 from eaglewire.contract import WiringContract
 from eaglewire.errors import CheckpointError, ContractMismatch
-from eaglewire.safeio import atomic_save_safetensors, atomic_write_json, read_json_object, read_safetensors_file
+from eaglewire.safeio import about_file, atomic_save_safetensors, atomic_write_json, read_json_object, \
+    read_safetensors_file
 
 CONTRACT_FILE = "eaglewire_contract.json"
 WEIGHTS = "model.safetensors"
@@ -48,7 +49,8 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
 
 def read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
-        raise CheckpointError(f"missing {path.name} in {path.parent}", expected=path.name, found="no such file")
+        raise CheckpointError(f"missing {path.name} in {path.parent}", expected=path.name, found="no such file",
+                              fix="point at the exported draft directory (it holds config.json and the weights)")
     return read_json_object(path, what="a draft config", error=CheckpointError)
 
 
@@ -56,7 +58,8 @@ def read_contract(directory: Path) -> WiringContract | None:
     p = Path(directory) / CONTRACT_FILE
     if not p.is_file():
         return None
-    return WiringContract.from_dict(read_json_object(p, what="a wiring contract", error=ContractMismatch))
+    with about_file(p):
+        return WiringContract.from_dict(read_json_object(p, what="a wiring contract", error=ContractMismatch))
 
 
 def write_dir(out: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor], contract: WiringContract,
