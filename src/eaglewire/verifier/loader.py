@@ -11,7 +11,6 @@ import hashlib
 import importlib.util
 import json
 import logging
-import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from torch import nn
 from eaglewire.cache import cache_root, ensure_dir
 from eaglewire.contract import NormFlags, TargetIdentity, WiringContract, canonical_json, sha256_text
 from eaglewire.errors import TargetError
-from eaglewire.safeio import read_json_object
+from eaglewire.safeio import UnpicklingError, read_json_object
 
 log = logging.getLogger(__name__)
 
@@ -292,7 +291,7 @@ def load_target(spec: str | None = None, *, dtype: torch.dtype = torch.float32,
     cfg = read_json_object(path / "config.json", what="a target config", error=TargetError)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    except pickle.UnpicklingError:
+    except UnpicklingError:
         # transformers unpickles .bin weights with weights_only=True; its message then suggests turning that
         # off, which would run whatever the file names: that advice is not passed on
         raise TargetError(f"target {str(path)!r} has pickled weights that are not plain tensors",
