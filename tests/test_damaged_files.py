@@ -127,7 +127,7 @@ JSON = [_truncated, _empty, _not_utf8, _json_list, _json_garbage, _deep, _pickle
 def made(tmp_path_factory):
     """One healthy copy of every artifact kind; each case copies what it damages."""
     from eaglewire.data.features import capture_features
-    from eaglewire.data.regenerate import append_records
+    from eaglewire.data.regenerate import append_records, check_meta
     from eaglewire.formats.convert import export_draft
     from eaglewire.vocab import VocabMap, save_vocab
 
@@ -140,6 +140,7 @@ def made(tmp_path_factory):
     save_vocab(root / "vocab.safetensors", vmap, torch.zeros(target.vocab_size), {"data": "tiny"})
     capture_features(target, contract, tiny_samples(8), root / "feat", pad_id=0, shard_samples=4)
     append_records(root / "regen.jsonl.gz", [{"id": "a", "messages": []}])
+    check_meta(root / "regen.jsonl.gz", {"target": "tiny"})  # writes its settings side file
     (root / "run.yaml").write_text("train:\n  max_steps: 3\n")
     target.model.save_pretrained(root / "target")
     return root, target, contract
@@ -155,7 +156,7 @@ def _copy(src: Path, dst: Path) -> Path:
 # reader name -> (artifact copied, file damaged inside it, how the reader is called)
 def _readers(target, contract) -> dict[str, tuple[str, str, Callable[[Path], object]]]:
     from eaglewire.data.features import OfflineFeatures
-    from eaglewire.data.regenerate import read_done
+    from eaglewire.data.regenerate import check_meta, read_done
     from eaglewire.doctor.checks import run_checks
     from eaglewire.doctor.dump import load_dump
     from eaglewire.doctor.inspect import inspect_dir
@@ -179,6 +180,8 @@ def _readers(target, contract) -> dict[str, tuple[str, str, Callable[[Path], obj
         "run config": ("run.yaml", "", lambda p: resolve(config=p)),
         "target config": ("target", "config.json", lambda d: load_target(str(d), with_tokenizer=False)),
         "regeneration file": ("regen.jsonl.gz", "", lambda p: read_done(p, repair=True)),
+        "regeneration settings": ("regen.jsonl.gz.meta.json", "",
+                                  lambda p: check_meta(p.with_name("regen.jsonl.gz"), {"target": "tiny"})),
     }
 
 
@@ -189,6 +192,7 @@ CASES = [(reader, d) for reader in ("native weights", "import weights", "doctor 
 CASES += [(reader, d) for reader in ("native config", "import config", "import contract", "doctor config",
                                      "feature manifest", "run config", "target config") for d in JSON]
 CASES += [("regeneration file", d) for d in (_wrong_magic, _pickle, _torch_save, _not_utf8)]
+CASES += [("regeneration settings", d) for d in JSON if d is not _missing]  # missing: written afresh
 CASES += [  # wrong JSON types per field, zero/negative sizes
     ("native config", _edit(draft=None)), ("native config", _edit(**{"draft.hidden_size": "64"})),
     ("native config", _edit(**{"draft.num_attention_heads": 0})), ("native config", _edit(dtype=7)),

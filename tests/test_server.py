@@ -343,8 +343,7 @@ def test_client_gone_mid_stream_frees_the_worker_within_a_round(server):
     body = json.dumps({"messages": [{"role": "user", "content": "Again."}], "max_tokens": 60}).encode()
     s = socket.create_connection((u.hostname, u.port), timeout=30)
     s.sendall(_req(body) + body)
-    time.sleep(0.3)
-    s.close()
+    s.close()  # gone before its answer: stopped in the queue or at its next round, counted either way
     t0 = time.perf_counter()
     while _metric(url, "eaglewire_requests_cancelled_total")[1] < before + 2:
         assert time.perf_counter() - t0 < 10, "the abandoned unstreamed generation was not stopped"

@@ -28,7 +28,7 @@ import torch
 
 from eaglewire.data.conversations import Conversation, ReadStats, read_conversations
 from eaglewire.errors import EaglewireError
-from eaglewire.safeio import atomic_write_bytes, atomic_write_json
+from eaglewire.safeio import atomic_write_bytes, atomic_write_json, read_json_object
 
 T = TypeVar("T")
 
@@ -135,7 +135,7 @@ def append_records(path: Path, records: list[dict]) -> None:
 def check_meta(path: Path, meta: dict) -> None:
     side = path.with_name(path.name + ".meta.json")
     if side.exists():
-        found = json.loads(side.read_text())
+        found = read_json_object(side, what="a regeneration settings file")
         if found != meta:
             diff = sorted(k for k in meta.keys() | found.keys() if meta.get(k) != found.get(k))
             raise EaglewireError(f"{path} was regenerated with other settings or another target",

@@ -107,6 +107,8 @@ class SpecServer:
         while True:
             job = self.jobs.get()
             if job.cancelled.is_set():  # its client left while it waited: nothing to run
+                with self.lock:
+                    self.metrics.cancelled += 1
                 continue
             self.metrics.queue_wait.observe(time.perf_counter() - job.received)
             try:
