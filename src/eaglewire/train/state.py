@@ -73,6 +73,9 @@ def refuse_to_overwrite(out: Path, *, any_entry: bool) -> None:
     --out; the library refuses one holding a checkpoint or a final draft (a pipeline's own work dir may hold
     the metrics of a run killed before its first checkpoint, which a fresh start may replace)."""
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise CheckpointError(f"--out {out} is a file, not a run directory", expected="a new or empty directory",
+                              found="a file", fix="pass a new --out directory")
     if not out.is_dir():
         return
     found = sorted(p.name for p in out.iterdir()) if any_entry else \
