@@ -109,10 +109,11 @@ def test_config_contract_disagreement_refused(saved, target):
         load_checkpoint(path, target=target)
 
 
-def test_nan_weight_never_loaded(saved, target):
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_weight_refused_by_name(saved, target, value):
     _, _, path = saved
-    _rewrite(path, lambda t: {**t, "norm.weight": torch.full_like(t["norm.weight"], float("nan"))})
-    with pytest.raises(Exception, match="'norm.weight' was never loaded"):
+    _rewrite(path, lambda t: {**t, "norm.weight": torch.full_like(t["norm.weight"], value)})
+    with pytest.raises(CheckpointError, match="'norm.weight' holds non-finite values"):
         load_checkpoint(path, target=target)
 
 

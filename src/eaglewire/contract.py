@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence
 
 from eaglewire.errors import ContractMismatch, TranslationError
+from eaglewire.safeio import check_dataclass_fields
 
 SCHEMA = "eaglewire.wiring/1"
 CANONICAL = "boundary"
@@ -321,8 +322,12 @@ class WiringContract:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "WiringContract":
+        if not isinstance(data, dict):
+            raise ContractMismatch("a wiring contract must be a JSON object", expected="{...}",
+                                   found=type(data).__name__)
         data = dict(data)
         _exact_keys("wiring contract", data, cls)
+        check_dataclass_fields(data, cls, where="wiring contract", error=ContractMismatch)
         data["target"] = _build_exact("wiring contract target", data["target"], TargetIdentity)
         data["norm"] = _build_exact("wiring contract norm", data["norm"], NormFlags)
         data["taps"] = tuple(data["taps"])
@@ -332,8 +337,8 @@ class WiringContract:
     def from_json(cls, text: str) -> "WiringContract":
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ContractMismatch("wiring contract is not valid JSON", found=str(err)) from None
+        except (json.JSONDecodeError, RecursionError) as err:
+            raise ContractMismatch("wiring contract is not valid JSON", found=str(err)[:200]) from None
         return cls.from_dict(data)
 
     # ---- comparison ----------------------------------------------------------------------------
@@ -383,6 +388,7 @@ def _build_exact(what: str, data: Any, cls: type) -> Any:
     if not isinstance(data, dict):
         raise ContractMismatch(f"{what} must be an object", found=type(data).__name__)
     _exact_keys(what, data, cls)
+    check_dataclass_fields(data, cls, where=what, error=ContractMismatch)
     return cls(**data)
 
 

@@ -20,12 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
 
 from eaglewire.contract import NormFlags, TargetIdentity, WiringContract, sha256_text
 from eaglewire.capture.boundaries import Boundaries, sample_target
 from eaglewire.errors import EaglewireError
-from eaglewire.safeio import atomic_save_safetensors
+from eaglewire.safeio import atomic_save_safetensors, check_dataclass_fields, open_safetensors
 
 FORMAT = "eaglewire.boundaries/1"
 TENSORS = {"states": "a float", "input_ids": "torch.int64", "labels": "torch.int64", "scored": "torch.bool"}
@@ -56,12 +55,9 @@ def load_dump(path: Path) -> tuple[Boundaries, TargetIdentity, str | None]:
     if not path.is_file():
         raise EaglewireError(f"boundaries dump {path} does not exist", expected="a file from eaglewire doctor "
                              "sample", found="no such file", fix=RECAPTURE)
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta, keys = f.metadata() or {}, set(f.keys())
-            tensors = {k: f.get_tensor(k) for k in keys & set(TENSORS)}
-    except (SafetensorError, OSError) as err:
-        raise EaglewireError(f"{path} is not a readable safetensors file", found=str(err), fix=RECAPTURE) from None
+    with open_safetensors(path, what="a boundaries dump") as f:
+        meta, keys = f.metadata(), set(f.keys())
+        tensors = {k: f.get_tensor(k) for k in keys & set(TENSORS)}
     if meta.get("format") != FORMAT:
         raise EaglewireError(f"{path} is not a boundaries dump", expected=f"metadata format {FORMAT!r}",
                              found=f"format {meta.get('format')!r}", fix=RECAPTURE)
@@ -72,14 +68,22 @@ def load_dump(path: Path) -> tuple[Boundaries, TargetIdentity, str | None]:
     identity = _identity(meta, path)
     bounds = Boundaries(**tensors)
     _validate(bounds, identity, str(path))
-    return bounds, identity, json.loads(meta.get("chat_template_sha256", "null"))
+    raw = meta.get("chat_template_sha256", "null")
+    try:
+        sha = json.loads(raw)
+    except (json.JSONDecodeError, RecursionError):
+        sha = ...  # neither a string nor null: refused below
+    if not (sha is None or isinstance(sha, str)):
+        raise EaglewireError(f"{path}: metadata 'chat_template_sha256' is damaged", expected="a JSON string or null",
+                             found=repr(raw)[:80], fix=RECAPTURE)
+    return bounds, identity, sha
 
 
 def _identity(meta: dict[str, str], path: Path) -> TargetIdentity:
     want = {f.name for f in fields(TargetIdentity)}
     try:
         data = json.loads(meta["target"])
-    except (KeyError, json.JSONDecodeError) as err:
+    except (KeyError, json.JSONDecodeError, RecursionError) as err:
         raise EaglewireError(f"{path} does not say which target it is a dump of",
                              expected=f"metadata 'target': a JSON object with {sorted(want)}",
                              found=f"{type(err).__name__}: {err}", fix=RECAPTURE) from None
@@ -87,6 +91,7 @@ def _identity(meta: dict[str, str], path: Path) -> TargetIdentity:
         raise EaglewireError(f"{path}: the target identity in its metadata is incomplete",
                              expected=str(sorted(want)), found=str(sorted(data) if isinstance(data, dict) else data),
                              fix=RECAPTURE)
+    check_dataclass_fields(data, TargetIdentity, where=f"{path}: metadata 'target'")
     return TargetIdentity(**data)
 
 

@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from safetensors import safe_open
 
 from eaglewire.contract import NormFlags, WiringContract
 from eaglewire.data.samples import Sample
 from eaglewire.errors import ContractMismatch
-from eaglewire.safeio import atomic_save_safetensors, atomic_write_json
+from eaglewire.safeio import about_file, atomic_save_safetensors, atomic_write_json, damaged, field_of, open_safetensors, \
+    read_json_object
 from eaglewire.capture.hooks import capture
 from eaglewire.target.loader import Target
 
@@ -95,13 +95,26 @@ def _shard_path(out: Path, k: int) -> Path:
 def _shard_ok(path: Path, fingerprint: str, ids: list[str]) -> bool:
     if not path.exists():
         return False
-    with safe_open(str(path), framework="pt") as f:
-        md = f.metadata() or {}
+    with open_safetensors(path, what="a feature shard", error=ContractMismatch) as f:
+        md = f.metadata()
     if md.get("contract") != fingerprint:
         raise ContractMismatch(f"{path} was captured for another wiring contract",
                                expected=f"contract {fingerprint}", found=f"contract {md.get('contract')}",
                                fix="capture into a new --out directory")
-    return json.loads(md.get("sample_ids", "[]")) == ids
+    return shard_sample_ids(md, path) == ids
+
+
+def shard_sample_ids(md: dict[str, str], path: Path) -> list[str]:
+    """A shard's sample ids (its metadata): a JSON list of strings, or a clear error naming the shard."""
+    try:
+        ids = json.loads(md.get("sample_ids", "[]"))
+    except (json.JSONDecodeError, RecursionError):
+        ids = None
+    if not (isinstance(ids, list) and all(isinstance(i, str) for i in ids)):
+        raise damaged(path, "a feature shard", "metadata 'sample_ids': a JSON list of strings",
+                      repr(md.get("sample_ids"))[:80], "capture the features again (eaglewire data capture)",
+                      ContractMismatch)
+    return ids
 
 
 def target_top1(head: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
@@ -174,7 +187,7 @@ def write_feature_dir(out: Path, view: WiringContract, sample_ids: list[str],
     fp = view.fingerprint()
     manifest_path = out / "manifest.json"
     if manifest_path.exists():
-        old = json.loads(manifest_path.read_text())
+        old = read_manifest(out)
         view.require_compatible(WiringContract.from_dict(old["contract"]), where=f"features in {out}")
         if old.get("target_dtype", "float32") != target_dtype:
             raise ContractMismatch(f"features in {out} were captured with the target in another dtype",
@@ -189,7 +202,7 @@ def write_feature_dir(out: Path, view: WiringContract, sample_ids: list[str],
         if not _shard_ok(path, fp, ids):
             atomic_save_safetensors(build(k, ids), path,
                                     {"format": FORMAT, "contract": fp, "sample_ids": json.dumps(ids)})
-        with safe_open(str(path), framework="pt") as f:
+        with open_safetensors(path, what="a feature shard", error=ContractMismatch) as f:
             tokens = int(f.get_tensor("offsets")[-1])
         shards.append({"file": path.name, "samples": len(ids), "tokens": tokens})
         if on_shard:
@@ -206,7 +219,7 @@ def _tap_stats(out: Path, shards: list[dict], taps: tuple[int, ...]) -> dict:
     """Per-tap, per-channel mean/std over every captured token: the doctor's fingerprint of the wiring."""
     total, s1, s2 = 0, None, None
     for sh in shards:
-        with safe_open(str(out / sh["file"]), framework="pt") as f:
+        with open_safetensors(out / sh["file"], what="a feature shard", error=ContractMismatch) as f:
             a, b = f.get_tensor("stat_sum"), f.get_tensor("stat_sumsq")
         s1, s2 = (a, b) if s1 is None else (s1 + a, s2 + b)
         total += sh["tokens"]
@@ -223,10 +236,25 @@ def read_manifest(directory: Path) -> dict:
     if not path.is_file():
         raise ContractMismatch(f"{directory} is not an eaglewire feature directory", expected=f"{path} ({FORMAT})",
                                found="no manifest.json", fix="point --features at the --out of `data capture`")
-    manifest = json.loads(path.read_text())
+    manifest = read_json_object(path, what="a feature manifest", error=ContractMismatch)
     if manifest.get("format") != FORMAT:
         raise ContractMismatch(f"{directory} is not an eaglewire feature directory", expected=FORMAT,
                                found=str(manifest.get("format")))
+    where = str(path)
+    field_of(manifest, "contract", dict, where=where, error=ContractMismatch)
+    with about_file(path):
+        WiringContract.from_dict(manifest["contract"])  # its fields and their types, before anything uses them
+    for sh in field_of(manifest, "shards", list, where=where, error=ContractMismatch):
+        field_of({"shard": sh}, "shard", dict, where=f"{where}: shards", error=ContractMismatch)
+        name = field_of(sh, "file", str, where=f"{where}: shards", error=ContractMismatch)
+        if Path(name).name != name or not name.endswith(".safetensors"):  # a shard lives in the directory
+            raise ContractMismatch(f"{where}: a shard file name that leaves the feature directory",
+                                   expected="a plain file name like shard-00000.safetensors", found=repr(name),
+                                   fix="capture the features again (eaglewire data capture)")
+        for key in ("samples", "tokens"):
+            if field_of(sh, key, int, where=f"{where}: shards", error=ContractMismatch) < 0:
+                raise ContractMismatch(f"{where}: a shard with a negative {key} count", expected=f"{key} >= 0",
+                                       found=str(sh[key]), fix="capture the features again")
     return manifest
 
 
@@ -255,13 +283,13 @@ class OfflineFeatures:
         self.index: dict[str, tuple[int, int]] = {}
         self.stores_target_top1 = True  # every shard holds target_top1: training needs V_d head rows only
         for k, sh in enumerate(manifest["shards"]):
-            with safe_open(str(self.dir / sh["file"]), framework="pt") as f:
-                md = f.metadata() or {}
+            with open_safetensors(self.dir / sh["file"], what="a feature shard", error=ContractMismatch) as f:
+                md = f.metadata()
                 self.stores_target_top1 &= "target_top1" in f.keys()
             if md.get("contract") != self.view.fingerprint():
                 raise ContractMismatch(f"shard {sh['file']} was captured for another wiring contract",
                                        expected=self.view.fingerprint(), found=str(md.get("contract")))
-            for j, sid in enumerate(json.loads(md["sample_ids"])):
+            for j, sid in enumerate(shard_sample_ids(md, self.dir / sh["file"])):
                 self.index[sid] = (k, j)
         # Batches draw samples from random shards, so shards stay in memory once read (a few GB on CPU
         # runs); `max_cached_shards` bounds that for large captures (least recently used are dropped).
@@ -272,7 +300,8 @@ class OfflineFeatures:
         if k not in self._cache:
             if self.max_cached_shards is not None and len(self._cache) >= self.max_cached_shards:
                 self._cache.pop(next(iter(self._cache)))
-            with safe_open(str(self.dir / self.manifest["shards"][k]["file"]), framework="pt") as f:
+            with open_safetensors(self.dir / self.manifest["shards"][k]["file"], what="a feature shard",
+                                  error=ContractMismatch) as f:
                 # target_top1 is absent from shards captured before it was stored (training then
                 # computes it from the full head: same result, slower)
                 self._cache[k] = {n: f.get_tensor(n) for n in (*_ROW_KEYS, "offsets") if n in f.keys()}
@@ -287,9 +316,9 @@ class OfflineFeatures:
         """The captured samples themselves (tokens and loss masks come from the shards)."""
         out = []
         for k, sh in enumerate(self.manifest["shards"]):
-            with safe_open(str(self.dir / sh["file"]), framework="pt") as f:
+            with open_safetensors(self.dir / sh["file"], what="a feature shard", error=ContractMismatch) as f:
                 ids, mask, off = f.get_tensor("input_ids"), f.get_tensor("loss_mask"), f.get_tensor("offsets")
-                names = json.loads((f.metadata() or {})["sample_ids"])
+                names = shard_sample_ids(f.metadata(), self.dir / sh["file"])
             out += [Sample(n, ids[off[j]:off[j + 1]], mask[off[j]:off[j + 1]]) for j, n in enumerate(names)]
         return out
 

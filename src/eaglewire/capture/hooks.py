@@ -17,11 +17,10 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import torch
-from safetensors import safe_open
 
 from eaglewire.contract import WiringContract, validate_boundaries
 from eaglewire.errors import ContractMismatch, EaglewireError
-from eaglewire.safeio import atomic_save_safetensors
+from eaglewire.safeio import atomic_save_safetensors, open_safetensors
 from eaglewire.target.loader import Target
 
 CAPTURE_FORMAT = "eaglewire.capture/1"
@@ -119,8 +118,8 @@ def save_capture(path: Path, captured: Captured, contract: WiringContract, input
 
 def load_capture(path: Path, expected: WiringContract | None = None) -> tuple[dict[str, torch.Tensor], WiringContract]:
     """Read a capture dump; with `expected`, refuse one made for another contract."""
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
+    with open_safetensors(path, what="a capture dump", error=ContractMismatch) as f:
+        meta = f.metadata()
         if meta.get("format") != CAPTURE_FORMAT or "contract" not in meta:
             raise ContractMismatch(f"{path} is not an eaglewire capture dump",
                                    expected=f"safetensors metadata format={CAPTURE_FORMAT} with a contract",

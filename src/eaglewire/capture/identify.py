@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from eaglewire.contract import WiringContract
 from eaglewire.errors import EaglewireError
+from eaglewire.safeio import open_safetensors
 from eaglewire.capture.hooks import capture
 from eaglewire.target.loader import Target
 
@@ -50,7 +50,7 @@ class ProbeResult:
 
 
 def _load_dump(path: Path, ids: list[int] | None) -> tuple[torch.Tensor, torch.Tensor]:
-    with safe_open(str(path), framework="pt") as f:
+    with open_safetensors(path, what="a hidden-state dump") as f:
         keys = set(f.keys())
         if "hidden" not in keys:
             raise EaglewireError(f"{path} has no 'hidden' tensor", expected="hidden [T, W] and input_ids [T]",

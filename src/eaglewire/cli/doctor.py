@@ -157,10 +157,12 @@ def probe_cmd(
     """Name the boundaries an engine delivered to the draft (from a dump of what it fed it)."""
     from eaglewire.contract import WiringContract
     from eaglewire.capture.identify import probe
+    from eaglewire.errors import ContractMismatch
     from eaglewire.export.base import CONTRACT_FILE
+    from eaglewire.safeio import read_json_object
 
     path = contract_path / CONTRACT_FILE if contract_path.is_dir() else contract_path
-    contract = WiringContract.from_json(path.read_text())
+    contract = WiringContract.from_dict(read_json_object(path, what="a wiring contract", error=ContractMismatch))
     res = probe(load_target(target), dump, contract, parse_ints(ids) if ids else None)
     if as_json:
         print(json.dumps(dataclasses.asdict(res), indent=2))

@@ -81,6 +81,9 @@ def train_cmd(
     if (data is None) == (features is None):
         raise EaglewireError("give exactly one data source", expected="--data (online) or --features (offline)",
                              found=f"--data={data}, --features={features}")
+    if not resume:  # before the minutes of loading: a fresh run never lands on an earlier one
+        from eaglewire.train.state import refuse_to_overwrite
+        refuse_to_overwrite(out, any_entry=True)
     info = dist.setup()
     tgt, tap_list = _target_and_taps(target, features, taps, taps_from, info.device)
     vmap, _, _ = load_vocab(vocab)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import sys
 import threading
 import time
 import zlib
@@ -27,7 +28,7 @@ import torch
 
 from eaglewire.data.conversations import Conversation, ReadStats, read_conversations
 from eaglewire.errors import EaglewireError
-from eaglewire.safeio import atomic_write_json
+from eaglewire.safeio import atomic_write_bytes, atomic_write_json, read_json_object
 
 T = TypeVar("T")
 
@@ -70,35 +71,56 @@ class Generator(Protocol):
 
 
 def read_done(path: Path, *, repair: bool = False) -> list[dict]:
-    """All complete records of a regeneration file; a cut-off trailing gzip member (killed run) is
-    ignored. With `repair` (only the process that will append next), the file is atomically rewritten
-    without it. Readers must not repair: a writer may be mid-append."""
+    """All complete records of a regeneration file. A cut-off trailing gzip member (a killed run: a prefix of
+    a valid member) is ignored; with `repair` (only the process that will append next) the file is rewritten
+    without it, the cut-off bytes kept beside it first. A damaged member (bad deflate data, CRC, UTF-8 or
+    JSON) is an error naming its byte offset, wherever it is: skipping it would drop every intact record
+    after it. Readers must not repair: a writer may be mid-append."""
     if not path.exists():
         return []
     raw = path.read_bytes()
-    records, good_end, pos = [], 0, 0
+    records, pos = [], 0
     while pos < len(raw):
         d = zlib.decompressobj(wbits=31)  # one gzip member
         try:
             text = d.decompress(raw[pos:])
-        except zlib.error:
-            break
+        except zlib.error as err:
+            raise _damaged(path, pos, len(raw), f"gzip data error: {err}") from None
         if not d.eof:
-            break
+            break  # a prefix of a member: what a kill during append_records leaves
         try:
             # split on "\n" only: str.splitlines also breaks at U+2028, U+0085, ... which json.dumps
             # (ensure_ascii=False) leaves raw inside strings; that once made a reader stop at such a record
             batch = [json.loads(line) for line in text.decode("utf-8").split("\n") if line]
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            break
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise _damaged(path, pos, len(raw), f"{type(err).__name__}: {err}") from None
+        if not all(isinstance(r, dict) and isinstance(r.get("id"), str) for r in batch):
+            raise _damaged(path, pos, len(raw), "a record that is not a JSON object with a string 'id'")
         records.extend(batch)
         pos = len(raw) - len(d.unused_data)
-        good_end = pos
-    if repair and good_end != len(raw):
-        tmp = path.with_name(f".{path.name}.repair-{os.getpid()}")
-        tmp.write_bytes(raw[:good_end])
-        os.replace(tmp, path)
+    if repair and pos != len(raw):
+        _cut_tail(path, raw, pos)
     return records
+
+
+def _damaged(path: Path, offset: int, size: int, found: str) -> EaglewireError:
+    return EaglewireError(f"{path} is damaged at byte offset {offset} (a gzip member of records)",
+                          expected="whole gzip members of JSON records, as eaglewire appends them "
+                                   "(only a cut-off last member, a killed run's, is repaired)",
+                          found=f"{found} (member at offset {offset} of {size} bytes)",
+                          fix=f"restore {path.name} from a copy, or keep its first {offset} bytes "
+                              f"(`head -c {offset}`) to drop this member and everything after it")
+
+
+def _cut_tail(path: Path, raw: bytes, good_end: int) -> None:
+    """Drop a cut-off last member: its bytes go to a backup first (prefix + backup = the file as it was)."""
+    backup = path.with_name(f"{path.name}.tail-at-{good_end}.bak")
+    atomic_write_bytes(backup, raw[good_end:])
+    tmp = path.with_name(f".{path.name}.repair-{os.getpid()}")
+    tmp.write_bytes(raw[:good_end])
+    os.replace(tmp, path)
+    print(f"note: {path}: dropped a cut-off last record batch ({len(raw) - good_end} bytes at offset "
+          f"{good_end}, an interrupted write); its bytes are kept in {backup}", file=sys.stderr)
 
 
 def append_records(path: Path, records: list[dict]) -> None:
@@ -113,7 +135,7 @@ def append_records(path: Path, records: list[dict]) -> None:
 def check_meta(path: Path, meta: dict) -> None:
     side = path.with_name(path.name + ".meta.json")
     if side.exists():
-        found = json.loads(side.read_text())
+        found = read_json_object(side, what="a regeneration settings file")
         if found != meta:
             diff = sorted(k for k in meta.keys() | found.keys() if meta.get(k) != found.get(k))
             raise EaglewireError(f"{path} was regenerated with other settings or another target",

@@ -14,6 +14,7 @@ import torch
 from eaglewire.contract import CONVENTIONS, default_taps, from_engine
 from eaglewire.capture.boundary_file import DumpTarget, loaded
 from eaglewire.doctor.findings import Finding
+from eaglewire.doctor.geometry import geometry_findings
 from eaglewire.doctor.inspect import Inspection
 from eaglewire.doctor.weights import weight_findings
 from eaglewire.export.engines import IDS_KEY, NESTED_IDS_KEY
@@ -21,7 +22,7 @@ from eaglewire.errors import EaglewireError
 
 
 Check = Callable[[Inspection, Any], list[Finding]]
-CHECKS: list[Check] = [weight_findings]
+CHECKS: list[Check] = [weight_findings, geometry_findings]
 
 
 def check(fn: Check) -> Check:
@@ -95,6 +96,8 @@ def vocab_map(ins: Inspection, target: Any) -> list[Finding]:
                           "vLLM then maps draft id i to target id i (zeros), SGLang fails: every drafted token is "
                           "wrong", "export the vocab map (eaglewire export writes d2t and t2d)"))
         return out
+    if d2t.dtype not in (torch.int64, torch.int32) or d2t.dim() != 1 or not d2t.numel():
+        return out  # not a map of offsets at all: dtype_and_contract names its dtype, key shapes its shape
     ids = torch.arange(d2t.numel()) + d2t
     if V is not None and (int(ids.max()) >= V or int(ids.min()) < 0):
         absolute = int(d2t.max()) < V and bool((d2t[1:] > d2t[:-1]).all())
@@ -105,7 +108,7 @@ def vocab_map(ins: Inspection, target: Any) -> list[Finding]:
         out.append(_f("warn", "d2t", "draft ids are not in ascending target-id order",
                       "trainers that slice target logits with t2d assume ascending order; the rows would not align",
                       "rebuild the vocab map sorted by target id"))
-    if t2d is not None:
+    if t2d is not None and t2d.dim() == 1:
         if vd is not None and int(t2d.sum()) != vd:
             out.append(_f("error", "t2d", f"t2d.sum() = {int(t2d.sum())} but draft_vocab_size = {vd}",
                           "the map does not describe this draft's vocabulary", "rebuild the vocab map"))

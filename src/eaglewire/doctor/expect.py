@@ -140,13 +140,13 @@ def predict(target: Target, draft: Any, contract: Any, shape: Any, prompts: list
 
 def load_any_draft(path: Path, target: TargetInfo) -> tuple[Any, Any]:
     """A native checkpoint or any export (format detected the way the doctor does)."""
-    import json
 
     from eaglewire.export.checkpoint import load_checkpoint
     from eaglewire.doctor.inspect import detect_engine
     from eaglewire.export.convert import import_draft
+    from eaglewire.safeio import read_json_object
 
-    cfg = json.loads((Path(path) / "config.json").read_text())
+    cfg = read_json_object(Path(path) / "config.json", what="a draft config")
     if cfg.get("format") == "eaglewire.draft/1":
         d = load_checkpoint(path, target=target)
         return d, d.contract

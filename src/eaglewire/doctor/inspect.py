@@ -6,18 +6,18 @@ each engine reads is its record in eaglewire/export/engines.py (shared with the 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 
 from eaglewire.contract import WiringContract
 from eaglewire.export.engines import Engine, engine_for
 from eaglewire.errors import EaglewireError
-from eaglewire.export.base import CONTRACT_FILE
+from eaglewire.doctor.geometry import check_config_types
+from eaglewire.export.base import CONTRACT_FILE, read_contract
+from eaglewire.safeio import about_file, open_safetensors, read_json_object
 
 
 @dataclass
@@ -67,14 +67,16 @@ def inspect_dir(directory: Path, engine: str | None) -> Inspection:
     directory = Path(directory)
     cfg_path = directory / "config.json"
     if not cfg_path.is_file():
-        raise EaglewireError(f"{directory} has no config.json", expected="a draft directory", found="no config.json")
-    config = json.loads(cfg_path.read_text())
+        raise EaglewireError(f"{directory} has no config.json", expected="a draft directory", found="no config.json",
+                             fix="point the doctor at the exported draft directory")
+    config = read_json_object(cfg_path, what="a draft config")
     name = engine or detect_engine(config)
     record = engine_for(name)
+    check_config_types(config, cfg_path, record.id_keys)
     shapes, dtypes, small = {}, {}, {}
     weights = directory / "model.safetensors"
     if weights.is_file():
-        with safe_open(str(weights), framework="pt") as f:
+        with open_safetensors(weights, what="draft weights") as f:
             for k in f.keys():
                 sl = f.get_slice(k)
                 shapes[k], dtypes[k] = tuple(sl.get_shape()), sl.get_dtype()
@@ -82,7 +84,8 @@ def inspect_dir(directory: Path, engine: str | None) -> Inspection:
                     small[k] = f.get_tensor(k)
     contract, source = None, "none"
     if (directory / CONTRACT_FILE).is_file():
-        contract, source = WiringContract.from_json((directory / CONTRACT_FILE).read_text()), "side file"
+        contract, source = read_contract(directory), "side file"
     elif "contract" in config and config.get("format") == "eaglewire.draft/1":
-        contract, source = WiringContract.from_dict(config["contract"]), "native config"
+        with about_file(cfg_path):
+            contract, source = WiringContract.from_dict(config["contract"]), "native config"
     return Inspection(directory, config, shapes, dtypes, small, contract, source, record)

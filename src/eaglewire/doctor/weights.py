@@ -19,12 +19,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from safetensors import safe_open
 
 from eaglewire.capture.boundary_file import loaded
 from eaglewire.doctor.findings import Finding
 from eaglewire.doctor.inspect import Inspection
 from eaglewire.export.base import WEIGHTS
+from eaglewire.safeio import open_safetensors
 
 
 def weight_findings(ins: Inspection, target: Any) -> list[Finding]:
@@ -32,7 +32,7 @@ def weight_findings(ins: Inspection, target: Any) -> list[Finding]:
     if not path.is_file():
         return []
     out: list[Finding] = []
-    with safe_open(str(path), framework="pt") as f:
+    with open_safetensors(path, what="draft weights") as f:
         for k in f.keys():
             t = f.get_tensor(k)
             if not t.is_floating_point():

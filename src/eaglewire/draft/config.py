@@ -8,6 +8,7 @@ from typing import Any
 
 from eaglewire.contract import NormFlags, WiringContract
 from eaglewire.errors import CheckpointError
+from eaglewire.safeio import check_dataclass_fields
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,18 @@ class DraftConfig:
     max_position_embeddings: int = 2048
     norm: NormFlags = field(default_factory=NormFlags)
 
+    # sizes a layer is built from: zero or negative ones make no model (and 0 heads divided by zero)
+    POSITIVE_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                       "head_dim", "target_hidden_size", "num_taps", "vocab_size", "draft_vocab_size",
+                       "max_position_embeddings", "rms_norm_eps", "rope_theta")
+
     def __post_init__(self) -> None:
+        floats = ("rms_norm_eps", "rope_theta")
+        bad = [f"{k}={v!r}" for k in self.POSITIVE_FIELDS + ("num_layers",) if isinstance(v := getattr(self, k), bool)
+               or not isinstance(v, (int, float) if k in floats else int) or not v > 0]
+        if bad:
+            raise CheckpointError("a draft config with sizes that build no model", expected="every size a positive int (eps, rope_theta: > 0)",
+                                  found=", ".join(bad), fix="re-create the config; it is damaged or hand-edited")
         if self.num_layers < 1:
             raise CheckpointError("a draft needs at least one layer", expected=">= 1", found=str(self.num_layers))
         if self.num_attention_heads % self.num_key_value_heads:
@@ -78,7 +90,13 @@ class DraftConfig:
         if unknown or missing:
             raise CheckpointError("draft config has the wrong fields", expected=f"fields {sorted(names)}",
                                   found=f"unknown {unknown}, missing {missing}")
+        check_dataclass_fields(data, cls, where="draft config", error=CheckpointError)
         data = dict(data)
+        check_dataclass_fields(data["norm"], NormFlags, where="draft config norm", error=CheckpointError)
+        if set(data["norm"]) - {f.name for f in dataclasses.fields(NormFlags)}:
+            raise CheckpointError("draft config norm has unknown fields",
+                                  expected=str([f.name for f in dataclasses.fields(NormFlags)]),
+                                  found=str(sorted(data["norm"])))
         data["norm"] = NormFlags(**data["norm"])
         return cls(**data)
 

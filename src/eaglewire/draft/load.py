@@ -16,6 +16,7 @@ from eaglewire.contract import WiringContract
 from eaglewire.draft.config import DraftConfig
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import CheckpointError, ContractMismatch
+from eaglewire.safeio import require_finite
 from eaglewire.draft.vocab import validate_vocab_map, vocab_map_sha256
 from eaglewire.target.protocol import TargetInfo
 
@@ -69,6 +70,7 @@ def load_strict(cfg: DraftConfig, contract: WiringContract, tensors: dict[str, t
     floats = float_dtype or _float_dtype(tensors, where)
     for k, t in tensors.items():
         _check_tensor(k, t, reference[k], floats, where)
+    require_finite(tensors, where, CheckpointError)  # NaN or +-inf: a diverged run or a damaged file
     validate_vocab_map(tensors["d2t"], tensors["t2d"], cfg.vocab_size)
     found = vocab_map_sha256(tensors["d2t"], cfg.vocab_size)
     if found != contract.vocab_map_sha256:

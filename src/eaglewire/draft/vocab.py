@@ -146,23 +146,33 @@ def save_vocab(path, vmap: VocabMap, counts: torch.Tensor, meta: dict) -> None:
     from eaglewire.safeio import atomic_save_safetensors
 
     atomic_save_safetensors({"d2t": vmap.d2t, "t2d": vmap.t2d, "counts": counts}, path,
-                            metadata={"format": "eaglewire.draft.vocab/1", "sha256": vmap.sha256(), "meta": json.dumps(meta)})
+                            metadata={"format": "eaglewire.vocab/1", "sha256": vmap.sha256(), "meta": json.dumps(meta)})
 
 
 def load_vocab(path) -> tuple[VocabMap, torch.Tensor, dict]:
     """Read and re-validate a vocab map (invariants and its recorded hash)."""
     import json
 
-    from safetensors import safe_open
+    from eaglewire.safeio import open_safetensors
 
-    with safe_open(str(path), framework="pt") as f:
-        md = f.metadata() or {}
-        if md.get("format") != "eaglewire.draft.vocab/1":
-            raise VocabMapError(f"{path} is not an eaglewire vocab map", expected="format eaglewire.draft.vocab/1",
-                                found=str(md.get("format")))
-        vmap = VocabMap(d2t=f.get_tensor("d2t"), t2d=f.get_tensor("t2d"))
-        counts = f.get_tensor("counts")
+    with open_safetensors(path, what="a vocab map", error=VocabMapError) as f:
+        md = f.metadata()
+        if md.get("format") != "eaglewire.vocab/1":
+            raise VocabMapError(f"{path} is not an eaglewire vocab map", expected="format eaglewire.vocab/1",
+                                found=str(md.get("format")), fix="build one with `eaglewire vocab build`")
+        d2t, t2d, counts = f.get_tensor("d2t"), f.get_tensor("t2d"), f.get_tensor("counts")
+    try:
+        vmap = VocabMap(d2t=d2t, t2d=t2d)
+    except VocabMapError as err:  # the same check, with the file named
+        raise VocabMapError(f"{path}: {err.what}", expected=err.expected, found=err.found, fix=err.fix) from None
     if vmap.sha256() != md.get("sha256"):
         raise VocabMapError(f"{path}: vocab map does not match its recorded hash", expected=md.get("sha256"),
-                            found=vmap.sha256())
-    return vmap, counts, json.loads(md.get("meta", "{}"))
+                            found=vmap.sha256(), fix="rebuild it with `eaglewire vocab build`; it was altered")
+    try:
+        meta = json.loads(md.get("meta", "{}"))
+    except (json.JSONDecodeError, RecursionError):
+        meta = None
+    if not isinstance(meta, dict):
+        raise VocabMapError(f"{path}: the 'meta' metadata is not a JSON object", expected="a JSON object",
+                            found=repr(md.get("meta"))[:80], fix="rebuild it with `eaglewire vocab build`")
+    return vmap, counts, meta

@@ -9,7 +9,6 @@ writes `eaglewire_contract.json` (engines ignore it), so import and the doctor k
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import uuid
@@ -17,11 +16,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from safetensors import safe_open
-
 from eaglewire.contract import WiringContract
-from eaglewire.errors import CheckpointError
-from eaglewire.safeio import atomic_save_safetensors, atomic_write_json
+from eaglewire.errors import CheckpointError, ContractMismatch
+from eaglewire.safeio import about_file, atomic_save_safetensors, atomic_write_json, read_json_object, \
+    read_safetensors_file
 
 CONTRACT_FILE = "eaglewire_contract.json"
 WEIGHTS = "model.safetensors"
@@ -46,22 +44,22 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise CheckpointError(f"no weights at {path}", expected=f"{path.name} (safetensors)", found="missing",
                               fix="point at the exported draft directory")
-    with safe_open(str(path), framework="pt") as f:
-        return {k: f.get_tensor(k) for k in f.keys()}
+    return read_safetensors_file(path, what="draft weights", error=CheckpointError)
 
 
 def read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
-        raise CheckpointError(f"missing {path.name} in {path.parent}", expected=path.name, found="no such file")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"{path} is not valid JSON", found=str(err)) from None
+        raise CheckpointError(f"missing {path.name} in {path.parent}", expected=path.name, found="no such file",
+                              fix="point at the exported draft directory (it holds config.json and the weights)")
+    return read_json_object(path, what="a draft config", error=CheckpointError)
 
 
 def read_contract(directory: Path) -> WiringContract | None:
     p = Path(directory) / CONTRACT_FILE
-    return WiringContract.from_json(p.read_text()) if p.is_file() else None
+    if not p.is_file():
+        return None
+    with about_file(p):
+        return WiringContract.from_dict(read_json_object(p, what="a wiring contract", error=ContractMismatch))
 
 
 def write_dir(out: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor], contract: WiringContract,

@@ -8,22 +8,20 @@ weight starts as NaN, so one that was not loaded cannot go unnoticed. No pickle.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import uuid
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
-
 import eaglewire
 from eaglewire.contract import WiringContract
 from eaglewire.draft.config import DraftConfig
 from eaglewire.draft.load import EMBED_KEY, load_strict
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import CheckpointError
-from eaglewire.safeio import atomic_save_safetensors, atomic_write_json
+from eaglewire.safeio import atomic_save_safetensors, atomic_write_json, about_file, field_of, read_json_object, \
+    read_safetensors_file
 from eaglewire.target.loader import Target
 from eaglewire.draft.vocab import validate_vocab_map, vocab_map_sha256
 
@@ -79,18 +77,21 @@ def read_checkpoint_config(path: Path) -> tuple[DraftConfig, WiringContract, dic
     if not cfg_path.is_file():
         raise CheckpointError(f"{path} is not an eaglewire checkpoint", expected=f"{CONFIG} and {WEIGHTS}",
                               found=f"no {CONFIG}", fix="point at the directory `eaglewire train` wrote")
-    try:
-        meta = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"{cfg_path} is not valid JSON", found=str(err)) from None
+    meta = read_json_object(cfg_path, what="a native checkpoint config", error=CheckpointError)
     if meta.get("format") != FORMAT or set(meta) != _CONFIG_KEYS:
         raise CheckpointError(f"{cfg_path} is not an eaglewire native checkpoint config",
                               expected=f"format={FORMAT} with keys {sorted(_CONFIG_KEYS)}",
                               found=f"format={meta.get('format')!r}, keys {sorted(meta)}",
                               fix="use `eaglewire import` for SGLang/vLLM/EAGLE/SpecForge layouts")
-    contract = WiringContract.from_dict(meta["contract"])
-    cfg = DraftConfig.from_dict(meta["draft"])
-    cfg.require_matches(contract)
+    for key, kind in (("draft", dict), ("contract", dict), ("saved_embedding", bool), ("dtype", str)):
+        field_of(meta, key, kind, where=str(cfg_path), error=CheckpointError)
+    if meta["dtype"] not in ("float32", "float16", "bfloat16"):
+        raise CheckpointError(f"{cfg_path}: field 'dtype' names no float dtype a draft is saved in",
+                              expected="float32, float16 or bfloat16", found=repr(meta["dtype"]))
+    with about_file(cfg_path):
+        contract = WiringContract.from_dict(meta["contract"])
+        cfg = DraftConfig.from_dict(meta["draft"])
+        cfg.require_matches(contract)
     return cfg, contract, meta
 
 
@@ -103,8 +104,7 @@ def load_checkpoint(path: Path, *, target: Target | None = None,
     if target is not None:
         contract.require_target(target.identity, where=f"checkpoint {path}")
         _require_template(contract, target, path)
-    with safe_open(str(path / WEIGHTS), framework="pt") as f:
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    tensors = read_safetensors_file(path / WEIGHTS, what="draft weights", error=CheckpointError)
     return load_strict(cfg, contract, tensors, f"checkpoint {path / WEIGHTS}", embedding=meta["saved_embedding"],
                        float_dtype=meta["dtype"], target=target, dtype=dtype)
 

@@ -22,6 +22,7 @@ from eaglewire.export.base import cast_floats, read_contract, read_json, read_sa
     WEIGHTS
 from eaglewire.export.layouts import check_exportable, config_ids, draft_config_from, from_native, make_config, \
     native_to
+from eaglewire.safeio import about_file
 from eaglewire.draft.vocab import VocabMap
 from eaglewire.target.protocol import TargetInfo
 
@@ -64,7 +65,8 @@ def _contract_for(layout: Engine, config: dict[str, Any], native: dict[str, torc
         return side
     if target is None:
         raise CheckpointError(f"{directory} has no {'eaglewire_contract.json'}", expected="the contract side file, "
-                              "or --target to rebuild the contract", found="neither")
+                              "or --target to rebuild the contract", found="neither",
+                              fix="pass --target (the trained boundaries are then measured on it)")
     L = target.num_layers
     taps = default_taps(L) if layout.hard_coded_taps else from_engine(ids, layout.convention, L)
     return target.contract(taps, norm=flags, vocab_map=_vocab_map(native, directory))
@@ -92,14 +94,16 @@ def import_draft(directory: Path, fmt: str, *, target: TargetInfo | None = None,
     native = rename_all(read_safetensors(directory / WEIGHTS), lambda k: from_native(layout, k), where)
     # the norm flags as this layout means them (SpecForge's norm_output is not SGLang's): a contract
     # rebuilt from the raw config fields would disagree with the draft config read below
-    flags = draft_config_from(layout, config, 1).norm
+    with about_file(directory / "config.json"):
+        flags = draft_config_from(layout, config, 1).norm
     if taps is not None:
         if target is None:
             raise CheckpointError("measured taps need the target", expected="target=...", found="None")
         contract = target.contract(tuple(taps), norm=flags, vocab_map=_vocab_map(native, directory))
     else:
         contract = _contract_for(layout, config, native, directory, target, flags)
-    cfg = draft_config_from(layout, config, contract.num_taps)
+    with about_file(directory / "config.json"):
+        cfg = draft_config_from(layout, config, contract.num_taps)
     draft = load_strict(cfg, contract, native, where, embedding=None, target=target)
     return draft, contract
 

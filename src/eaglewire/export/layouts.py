@@ -31,6 +31,7 @@ from eaglewire.contract import NormFlags, WiringContract
 from eaglewire.draft.config import DraftConfig
 from eaglewire.export.engines import IDS_KEY, Engine
 from eaglewire.errors import CheckpointError
+from eaglewire.safeio import field_of
 
 SPECULATORS_VERSION = "0.9.0"  # the speculators release whose config layout this writes
 
@@ -122,8 +123,15 @@ def config_ids(layout: Engine, config: dict[str, Any]) -> list[int] | None:
 
 def draft_config_from(layout: Engine, config: dict[str, Any], num_taps: int) -> DraftConfig:
     """DraftConfig from an exported config (the inverse of make_config)."""
-    base = config["transformer_layer_config"] if layout.config_style == "speculators" else config
-    flags = {k: bool(config.get(k, base.get(k, False))) for k in NormFlags.__dataclass_fields__}
+    base = config.get("transformer_layer_config") if layout.config_style == "speculators" else config
+    where = f"{layout.name} config.json" + (" transformer_layer_config" if base is not config else "")
+    if not isinstance(base, dict):
+        raise CheckpointError(f"{where} is not an object", expected="a JSON object", found=repr(base)[:80],
+                              fix="the directory is not an export of this format, or the file is damaged")
+    for key in ("hidden_size", "num_attention_heads"):  # divided below, before DraftConfig checks the rest
+        field_of(base, key, int, where=where, error=CheckpointError, positive=True)
+    raw = {k: config.get(k, base.get(k, False)) for k in NormFlags.__dataclass_fields__}
+    flags = {k: field_of(raw, k, bool, where=where, error=CheckpointError) for k in raw}  # "false" is not False
     if layout.norm_output_is_final_norm:
         if not config.get("norm_output", True):
             raise CheckpointError("SpecForge norm_output: false means no final norm before lm_head",

@@ -182,16 +182,19 @@ def _read_file(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise EaglewireError(f"run config {path} not found", expected="a YAML or JSON file", found="nothing",
                              fix="check the --config path")
-    text = path.read_text()
     import yaml  # a transformers dependency
 
     try:
+        text = path.read_bytes().decode("utf-8")
         data = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as err:
-        raise EaglewireError(f"cannot parse run config {path}", expected="valid YAML/JSON", found=str(err)) from None
+    except (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError, RecursionError, OSError) as err:
+        raise EaglewireError(f"cannot parse run config {path}", expected="valid UTF-8 YAML/JSON",
+                             found=f"{type(err).__name__}: {str(err)[:300]}",
+                             fix="correct the file (YAML tags like !!python/object are refused)") from None
     if not isinstance(data, dict):
         raise EaglewireError(f"run config {path} is not a mapping", expected="sections data/vocab/train/bench/...",
-                             found=type(data).__name__)
+                             found=type(data).__name__, fix="write the config as a mapping of sections "
+                             "(README: run config)")
     return data
 
 
@@ -207,5 +210,5 @@ def resolve(budget: str = "quick", config: Path | None = None, **flags: Any) -> 
         return RunConfig.model_validate(merged)
     except ValidationError as err:
         lines = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']} (got {e.get('input')!r})" for e in err.errors()]
-        raise EaglewireError("invalid run config", expected="fields of the RunConfig schema (README: run config)",
+        raise EaglewireError(f"invalid run config{f' {config}' if config is not None else ''}", expected="fields of the RunConfig schema (README: run config)",
                              found="; ".join(lines), fix="fix or remove the named fields") from None

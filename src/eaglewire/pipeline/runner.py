@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from eaglewire.contract import default_taps
 from eaglewire.errors import EaglewireError
+from eaglewire.safeio import read_json_object
 from eaglewire.hw import runtime_dtype
 from eaglewire.pipeline import stages as S
 from eaglewire.pipeline.config import RunConfig
@@ -80,7 +81,7 @@ class RunState:
         self.path = Path(out) / "state.json"
         self.data: dict[str, Any] = {"format": STATE_FORMAT, "stages": {}}
         if self.path.is_file():
-            found = json.loads(self.path.read_text())
+            found = read_json_object(self.path, what="a run state")
             if found.get("format") != STATE_FORMAT:
                 raise EaglewireError(f"{self.path} is not an eaglewire run state", expected=STATE_FORMAT,
                                      found=str(found.get("format")), fix="use another --out directory")

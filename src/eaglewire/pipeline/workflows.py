@@ -56,12 +56,12 @@ def build_vocab(target: Any, samples: list[Sample], draft_vocab_size: int, heldo
 
 def draft_vocab(draft_dir: Path) -> VocabMap:
     """A native draft's own vocabulary map (d2t/t2d read by name, validated): what a warm start keeps."""
-    from safetensors import safe_open
-
     from eaglewire.export.checkpoint import WEIGHTS, read_checkpoint_config
+    from eaglewire.errors import CheckpointError
+    from eaglewire.safeio import open_safetensors
 
     read_checkpoint_config(Path(draft_dir))  # a clear error for anything but a native checkpoint
-    with safe_open(str(Path(draft_dir) / WEIGHTS), framework="pt") as f:
+    with open_safetensors(Path(draft_dir) / WEIGHTS, what="draft weights", error=CheckpointError) as f:
         return VocabMap(d2t=f.get_tensor("d2t"), t2d=f.get_tensor("t2d"))
 
 

@@ -5,14 +5,17 @@
     GET  /v1/models, /health, /metrics (Prometheus text)
 Acceptance statistics ride along in `usage` (tau, verify_steps, accepted_draft_tokens). One worker thread
 owns the model (the engine decodes batch 1); HTTP threads put jobs on a queue and wait, so concurrent
-requests are served in arrival order, never dropped. Bad requests get a 4xx OpenAI-style error body.
-Binds 127.0.0.1 unless told otherwise.
+requests are served in arrival order; a full queue answers 503. Every malformed or unsupported request gets
+a 4xx naming the field (eaglewire.serve.chat_requests); a client that disconnects stops its generation within a
+verify round. Binds 127.0.0.1 unless told otherwise.
 """
 
 from __future__ import annotations
 
 import json
 import queue
+import select
+import socket
 import threading
 import time
 import uuid
@@ -23,12 +26,18 @@ from typing import Any, Callable
 import torch
 
 from eaglewire.contract import acceptance_length
+from eaglewire.serve.chat_requests import BadRequest, Histogram, check_messages, check_params, content_length, \
+    parse_body, render_chat, render_prompt
+
+ROUTES = ("/v1/chat/completions", "/v1/completions")
+LISTEN_BACKLOG = 256  # socketserver's default of 5 reset connections of a burst before they were accepted
+MAX_CONNECTIONS = 512  # open connections (one thread each) beyond which a new one gets a 503 and is closed
+READ_TIMEOUT_S = 10.0  # a client that declares a body and does not send it frees its thread after this
+POLL_S = 0.05  # how often a waiting request checks that its client is still there
 
 
-class BadRequest(Exception):
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.status, self.message, self.kind = status, message, kind
+class Cancelled(Exception):
+    """The client went away: raised from the token callback, so generation stops after the current round."""
 
 
 @dataclass
@@ -40,6 +49,9 @@ class Job:
     seed: int
     stream: bool
     out: "queue.Queue[tuple[str, Any]]" = field(default_factory=queue.Queue)  # ("tokens", [...]) / ("done", stats)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    received: float = field(default_factory=time.perf_counter)  # when the request arrived (set by the handler)
+    first_token_seen: bool = False
 
 
 @dataclass
@@ -49,6 +61,14 @@ class Metrics:
     verify_steps: int = 0
     accepted: int = 0
     errors: int = 0
+    cancelled: int = 0
+    busy: int = 0
+    latency: Histogram = field(default_factory=lambda: Histogram(
+        "eaglewire_request_seconds", "Request received to last byte sent, successful generations"))
+    first_token: Histogram = field(default_factory=lambda: Histogram(
+        "eaglewire_time_to_first_token_seconds", "Request received to its first generated token"))
+    queue_wait: Histogram = field(default_factory=lambda: Histogram(
+        "eaglewire_queue_wait_seconds", "Request received to the worker starting it"))
 
     def prometheus(self) -> str:
         tau = acceptance_length(self.accepted, self.verify_steps) if self.verify_steps else 0.0  # a gauge needs a number
@@ -57,65 +77,84 @@ class Metrics:
                 ("eaglewire_verify_steps_total", "counter", self.verify_steps),
                 ("eaglewire_accepted_draft_tokens_total", "counter", self.accepted),
                 ("eaglewire_request_errors_total", "counter", self.errors),
+                ("eaglewire_requests_cancelled_total", "counter", self.cancelled),
+                ("eaglewire_requests_busy_total", "counter", self.busy),
                 ("eaglewire_acceptance_length", "gauge", tau)]
-        return "".join(f"# TYPE {n} {t}\n{n} {v}\n" for n, t, v in rows)
+        return "".join(f"# TYPE {n} {t}\n{n} {v}\n" for n, t, v in rows) + \
+            "".join(h.prometheus() for h in (self.latency, self.first_token, self.queue_wait))
+
+
+def finish_reason(tokens: list[int], max_tokens: int, eos: set[int]) -> str:
+    """One rule for streamed and unstreamed answers: an end-of-sequence token is "stop", the budget "length"."""
+    if tokens and tokens[-1] in eos:
+        return "stop"
+    return "length" if len(tokens) >= max_tokens else "stop"
 
 
 class SpecServer:
     """Holds the engine; `generate(job)` runs on the worker thread only."""
 
     def __init__(self, generate: Callable[[Job, Callable[[list[int]], None]], Any], tokenizer: Any, model_name: str,
-                 max_tokens_limit: int, max_context: int, max_queue: int = 64) -> None:
+                 max_tokens_limit: int, max_context: int, max_queue: int = 64, eos: set[int] | None = None) -> None:
         self.generate, self.tok, self.model_name = generate, tokenizer, model_name
         self.max_tokens_limit, self.max_context = max_tokens_limit, max_context
+        self.eos = eos if eos is not None else {tokenizer.eos_token_id}
         self.jobs: "queue.Queue[Job]" = queue.Queue(maxsize=max_queue)
-        self.metrics, self.lock = Metrics(), threading.Lock()
+        self.metrics, self.lock, self.tok_lock = Metrics(), threading.Lock(), threading.Lock()
         threading.Thread(target=self._worker, daemon=True).start()
 
     def _worker(self) -> None:
         while True:
             job = self.jobs.get()
+            if job.cancelled.is_set():  # its client left while it waited: nothing to run
+                with self.lock:
+                    self.metrics.cancelled += 1
+                continue
+            self.metrics.queue_wait.observe(time.perf_counter() - job.received)
             try:
-                stats = self.generate(job, lambda toks, j=job: j.out.put(("tokens", toks)))
+                stats = self.generate(job, lambda toks, j=job: self._on_tokens(j, toks))
                 with self.lock:
                     self.metrics.verify_steps += stats.verify_steps
                     self.metrics.accepted += sum(stats.accepted)
                     self.metrics.tokens += stats.new_tokens
                 job.out.put(("done", stats))
+            except Cancelled:
+                with self.lock:
+                    self.metrics.cancelled += 1
             except Exception as err:  # reported to the waiting client as a 500, the worker keeps serving
                 job.out.put(("error", f"{type(err).__name__}: {err}"))
 
+    def _on_tokens(self, job: Job, toks: list[int]) -> None:
+        if job.cancelled.is_set():
+            raise Cancelled
+        if not job.first_token_seen:
+            job.first_token_seen = True
+            self.metrics.first_token.observe(time.perf_counter() - job.received)
+        job.out.put(("tokens", toks))
+
     def parse(self, path: str, body: dict) -> Job:
         if body.get("model", self.model_name) != self.model_name:
-            raise BadRequest(404, f"unknown model {body.get('model')!r}; this server serves {self.model_name!r}",
-                             "model_not_found")
-        max_tokens = body.get("max_tokens", body.get("max_completion_tokens", min(256, self.max_tokens_limit)))
-        if not isinstance(max_tokens, int) or not 1 <= max_tokens <= self.max_tokens_limit:
-            raise BadRequest(400, f"max_tokens must be an integer in [1, {self.max_tokens_limit}], got {max_tokens!r}")
-        temperature, top_p = body.get("temperature", 0.0), body.get("top_p", 1.0)
-        if not isinstance(temperature, (int, float)) or temperature < 0 or not isinstance(top_p, (int, float)) \
-                or not 0 < top_p <= 1:
-            raise BadRequest(400, "temperature must be >= 0 and top_p in (0, 1]")
-        if path == "/v1/chat/completions":
-            msgs = body.get("messages")
-            if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) and "role" in m and
-                                                                 isinstance(m.get("content"), str) for m in msgs):
-                raise BadRequest(400, "messages must be a non-empty list of {role, content} objects")
-            ids = self.tok.apply_chat_template(msgs, add_generation_prompt=True, return_dict=True,
-                                               return_tensors="pt")["input_ids"]
-        else:
-            if not isinstance(body.get("prompt"), str) or not body["prompt"]:
-                raise BadRequest(400, "prompt must be a non-empty string")
-            ids = self.tok(body["prompt"], return_tensors="pt")["input_ids"]
-        if ids.shape[1] + max_tokens > self.max_context:
-            raise BadRequest(400, f"prompt ({ids.shape[1]} tokens) + max_tokens ({max_tokens}) exceeds the "
-                             f"context of {self.max_context}")
-        return Job(ids, max_tokens, float(temperature), float(top_p), int(body.get("seed", 0)), bool(body.get("stream")))
+            raise BadRequest(404, f"model: unknown model {str(body.get('model'))[:80]!r}; this server serves "
+                             f"{self.model_name!r}", "model_not_found", "model")
+        p = check_params(body, path, self.max_tokens_limit)
+        # one encode at a time: split_special_tokens is a switch on the shared Rust tokenizer, so a concurrent
+        # encode of a template part could see it on (a burst once changed greedy answers that way)
+        with self.tok_lock:
+            if path == "/v1/chat/completions":
+                ids = render_chat(self.tok, check_messages(body.get("messages")))
+            else:
+                ids = render_prompt(self.tok, body.get("prompt"))
+        if len(ids) + p.max_tokens > self.max_context:
+            raise BadRequest(400, f"messages: prompt ({len(ids)} tokens) + max_tokens ({p.max_tokens}) exceeds the "
+                             f"context of {self.max_context}", param="messages")
+        return Job(torch.tensor([ids]), p.max_tokens, p.temperature, p.top_p, p.seed, p.stream)
 
     def submit(self, job: Job) -> None:
         try:
             self.jobs.put_nowait(job)
         except queue.Full:
+            with self.lock:
+                self.metrics.busy += 1
             raise BadRequest(503, "server queue is full; retry later", "server_busy") from None
         with self.lock:
             self.metrics.requests += 1
@@ -130,6 +169,7 @@ def _usage(job: Job, stats: Any) -> dict:
 def make_handler(srv: SpecServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        timeout = READ_TIMEOUT_S  # socket reads: a half-sent body cannot hold a thread forever
 
         def log_message(self, *args: Any) -> None:  # quiet; /metrics is the record
             pass
@@ -139,44 +179,76 @@ def make_handler(srv: SpecServer) -> type[BaseHTTPRequestHandler]:
             self.send_response(status)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(data)))
+            if self.close_connection:
+                self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(data)
 
         def _error(self, err: BadRequest) -> None:
             with srv.lock:
                 srv.metrics.errors += 1
-            self._send(err.status, {"error": {"message": err.message, "type": err.kind, "code": err.status}})
+            self._send(err.status, err.body())
 
         def do_GET(self) -> None:  # noqa: N802
             if self.path == "/metrics":
-                self._send(200, srv.metrics.prometheus(), "text/plain; version=0.0.4")
+                with srv.lock:
+                    text = srv.metrics.prometheus()
+                self._send(200, text, "text/plain; version=0.0.4")
             elif self.path == "/health":
                 self._send(200, {"status": "ok", "queued": srv.jobs.qsize()})
             elif self.path == "/v1/models":
                 self._send(200, {"object": "list", "data": [{"id": srv.model_name, "object": "model"}]})
             else:
-                self._error(BadRequest(404, f"no route {self.path}", "not_found"))
+                self._error(BadRequest(404, f"no route {self.path[:100]}", "not_found"))
 
         def do_POST(self) -> None:  # noqa: N802
-            if self.path not in ("/v1/chat/completions", "/v1/completions"):
-                return self._error(BadRequest(404, f"no route {self.path}", "not_found"))
+            received, body_read = time.perf_counter(), False
             try:
-                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                try:
-                    body = json.loads(raw)
-                except (json.JSONDecodeError, UnicodeDecodeError):
-                    raise BadRequest(400, "request body is not valid JSON") from None
-                if not isinstance(body, dict):
-                    raise BadRequest(400, "request body must be a JSON object")
-                job = srv.parse(self.path, body)
+                n = content_length(self.headers.get("Content-Length"))
+                raw = self.rfile.read(n)
+                body_read = len(raw) == n
+                if not body_read:
+                    raise BadRequest(400, f"Content-Length: declared {n} bytes, the body had {len(raw)}",
+                                     param="Content-Length")
+                if self.path not in ROUTES:
+                    raise BadRequest(404, f"no route {self.path[:100]}", "not_found")
+                job = srv.parse(self.path, parse_body(raw))
+                job.received = received
                 srv.submit(job)
             except BadRequest as err:
+                if not body_read:
+                    self.close_connection = True  # an unread body must not be taken for the next request
                 return self._error(err)
-            (self._stream if job.stream else self._complete)(job)
+            except socket.timeout:
+                self.close_connection = True
+                return self._error(BadRequest(408, "body: not received in time", "timeout", "body"))
+            try:
+                (self._stream if job.stream else self._complete)(job)
+            except (BrokenPipeError, ConnectionResetError, socket.timeout):
+                job.cancelled.set()  # the client is gone: the worker stops after this round
+                self.close_connection = True
+                return
+            srv.metrics.latency.observe(time.perf_counter() - job.received)
+
+        def _client_gone(self) -> bool:
+            """True once the client closed its end (readable with nothing to read). A pipelined next request
+            also reads as readable: that client is still there."""
+            try:
+                ready, _, _ = select.select([self.connection], [], [], 0)
+                return bool(ready) and self.connection.recv(1, socket.MSG_PEEK) == b""
+            except OSError:
+                return True
 
         def _wait(self, job: Job):
             while True:
-                kind, payload = job.out.get()
+                try:
+                    kind, payload = job.out.get(timeout=POLL_S)
+                except queue.Empty:
+                    kind = None
+                if self._client_gone():  # checked between tokens too: a closed stream may still accept writes
+                    raise ConnectionResetError("client closed the connection")
+                if kind is None:
+                    continue
                 yield kind, payload
                 if kind in ("done", "error"):
                     return
@@ -191,7 +263,7 @@ def make_handler(srv: SpecServer) -> type[BaseHTTPRequestHandler]:
                 else:
                     text = srv.tok.decode(toks, skip_special_tokens=True)
                     chat = self.path == "/v1/chat/completions"
-                    finish = "length" if len(toks) >= job.max_tokens else "stop"
+                    finish = finish_reason(toks, job.max_tokens, srv.eos)
                     choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
                               if chat else {"index": 0, "text": text, "finish_reason": finish})
                     self._send(200, {"id": f"cmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion" if chat
@@ -214,7 +286,8 @@ def make_handler(srv: SpecServer) -> type[BaseHTTPRequestHandler]:
                                  "choices": [chunk]})
                 elif kind == "done":
                     self._event({"id": cid, "object": "chat.completion.chunk", "model": srv.model_name,
-                                 "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                                 "choices": [{"index": 0, "delta": {},
+                                              "finish_reason": finish_reason(sent, job.max_tokens, srv.eos)}],
                                  "usage": _usage(job, payload)})
                 else:
                     self._event({"error": {"message": payload, "type": "server_error"}})
@@ -229,9 +302,43 @@ def make_handler(srv: SpecServer) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class _Server(ThreadingHTTPServer):
+    """A listen backlog that takes a burst, and a cap on open connections answered with 503 (not a reset)."""
+
+    request_queue_size = LISTEN_BACKLOG
+    daemon_threads = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.open_connections, self.count_lock = 0, threading.Lock()
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self.count_lock:
+            full = self.open_connections >= MAX_CONNECTIONS
+            if not full:
+                self.open_connections += 1
+        if full:
+            body = b'{"error": {"message": "too many open connections; retry later", "type": "server_busy", "code": 503}}'
+            try:
+                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                                b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self.count_lock:
+                self.open_connections -= 1
+
+
 def serve(srv: SpecServer, host: str = "127.0.0.1", port: int = 8000) -> ThreadingHTTPServer:
     """Create the HTTP server (call .serve_forever(); .server_address has the bound port)."""
-    return ThreadingHTTPServer((host, port), make_handler(srv))
+    return _Server((host, port), make_handler(srv))
 
 
 def build_server(target: Any, draft: Any, shape: Any, model_name: str | None, max_context: int,
@@ -242,15 +349,24 @@ def build_server(target: Any, draft: Any, shape: Any, model_name: str | None, ma
     from eaglewire.decoding.engine import SpecDecoder
     from eaglewire.serve.runtimes import make_proposer, make_runtime
 
+    say = log or (lambda _m: None)
+    t0 = time.perf_counter()
+    say(f"building the target runtime (context {max_context} + {shape.num_draft_tokens} draft tokens)")
     rt = make_runtime(target, max_context + shape.num_draft_tokens + 8, calibrate=True, log=log,
                       verify_rows=(shape.num_draft_tokens,))
+    say(f"target runtime ready in {time.perf_counter() - t0:.1f} s; building the decoder")
+    t1 = time.perf_counter()
     decoder = SpecDecoder(rt, make_proposer(draft, draft.contract, shape, max_context, rt))
     eos = {target.tokenizer.eos_token_id}
+    say(f"decoder ready in {time.perf_counter() - t1:.1f} s; binding {host}:{port}")
 
     def generate(job: Job, on_tokens: Callable[[list[int]], None]) -> Any:  # on the server's single worker thread
         _, stats = decoder.generate(job.prompt_ids, job.max_tokens, eos, temperature=job.temperature,
                                     top_p=job.top_p, seed=job.seed, on_tokens=on_tokens)
         return stats
 
-    srv = SpecServer(generate, target.tokenizer, model_name or target.name, max_tokens_limit, max_context)
-    return serve(srv, host, port)
+    srv = SpecServer(generate, target.tokenizer, model_name or target.name, max_tokens_limit, max_context, eos=eos)
+    httpd = serve(srv, host, port)
+    say(f"listening on {host}:{httpd.server_address[1]} (backlog {LISTEN_BACKLOG}, queue {srv.jobs.maxsize}); "
+        f"start took {time.perf_counter() - t0:.1f} s")
+    return httpd

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from torch import nn
 from eaglewire.cache import cache_root, ensure_dir
 from eaglewire.contract import NormFlags, TargetIdentity, WiringContract, canonical_json, sha256_text
 from eaglewire.errors import TargetError
+from eaglewire.safeio import UnpicklingError, read_json_object
 
 log = logging.getLogger(__name__)
 
@@ -275,7 +275,8 @@ def resolve_target(spec: str | None) -> tuple[str, Path]:
     if not path.is_dir() or not (path / "config.json").is_file():
         raise TargetError(f"target {spec!r} is not a HF model directory",
                           expected="a directory with config.json and weights (*.safetensors or *.bin)",
-                          found=f"{'a file' if path.is_file() else 'a directory without config.json'}")
+                          found=f"{'a file' if path.is_file() else 'a directory without config.json'}",
+                          fix="point at the model's directory (save_pretrained writes config.json into it)")
     return path.resolve().name, path.resolve()
 
 
@@ -286,10 +287,18 @@ def load_target(spec: str | None = None, *, dtype: torch.dtype = torch.float32,
     from transformers import AutoModelForCausalLM
 
     name, path = resolve_target(spec)
+    cfg = read_json_object(path / "config.json", what="a target config", error=TargetError)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except UnpicklingError:
+        # transformers unpickles .bin weights with weights_only=True; its message then suggests turning that
+        # off, which would run whatever the file names: that advice is not passed on
+        raise TargetError(f"target {str(path)!r} has pickled weights that are not plain tensors",
+                          expected="weights as safetensors (or a .bin that weights_only unpickling accepts)",
+                          found="a .bin whose pickle names other objects: refused, nothing in it was run",
+                          fix="get the model's safetensors weights from a source you trust; do not unpickle "
+                              "this file with weights_only turned off (that runs what it names)") from None
     except (OSError, ValueError, KeyError) as err:
-        cfg = json.loads((path / "config.json").read_text())
         raise TargetError(f"transformers cannot load target {str(path)!r} as a causal LM",
                           expected="a checkpoint AutoModelForCausalLM can load",
                           found=f"model_type={cfg.get('model_type')!r}: {err}") from None

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from eaglewire.errors import TargetError
+from eaglewire.safeio import open_safetensors
 from eaglewire.target.loader import Target, load_tokenizer, resolve_target, wrap_model
 
 _HEAD_CHUNK_ROWS = 8192  # head rows read at once when gathering a few: bounds the transient to chunk x H
@@ -49,7 +49,7 @@ class TargetWeights(Target):
                               found=f"{len(self.files)} tensors, e.g. {sorted(self.files)[:3]}",
                               fix="train with the target loaded (online, --data), or re-save the target with "
                               "save_pretrained")
-        with safe_open(str(self.files[name]), framework="pt") as f:
+        with open_safetensors(self.files[name], what="target weights", error=TargetError) as f:
             return f.get_tensor(name).to(self.dtype)
 
     def embedding(self) -> torch.Tensor:
@@ -71,7 +71,7 @@ class TargetWeights(Target):
             return self._read(name)  # raises, naming the missing tensor
         ids = ids.long()
         out = torch.empty(len(ids), head.shape[1], dtype=self.dtype)  # [len(ids), H]
-        with safe_open(str(self.files[name]), framework="pt") as f:
+        with open_safetensors(self.files[name], what="target weights", error=TargetError) as f:
             rows = f.get_slice(name)
             for a in range(0, head.shape[0], _HEAD_CHUNK_ROWS):
                 sel = (ids >= a) & (ids < a + _HEAD_CHUNK_ROWS)
@@ -92,7 +92,7 @@ def _tensor_files(path: Path) -> dict[str, Path]:
     """Tensor name -> file, over every *.safetensors file of `path` (headers only: nothing is read)."""
     files: dict[str, Path] = {}
     for file in sorted(path.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as f:
+        with open_safetensors(file, what="target weights", error=TargetError) as f:
             files.update(dict.fromkeys(f.keys(), file))
     return files
 

@@ -169,6 +169,8 @@ def train(target: Any, contract: WiringContract, vmap: VocabMap, features: Any, 
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=c.lr, betas=(c.beta1, c.beta2), weight_decay=c.weight_decay, eps=1e-8)
     step = 0
+    if not resume:
+        trainer_state.refuse_to_overwrite(out, any_entry=False)
     latest = trainer_state.latest_state(out) if resume else None
     if latest is not None:
         step = trainer_state.load_state(latest, draft, target, opt, names, c.to_dict())

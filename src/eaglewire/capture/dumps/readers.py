@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import gzip
 import io
-import json
 import re
 import zipfile
 from dataclasses import dataclass
@@ -46,10 +45,11 @@ from pathlib import Path
 from typing import Protocol
 
 import torch
-from safetensors import SafetensorError, safe_open
 from torch.serialization import get_unsafe_globals_in_checkpoint
 
+from eaglewire.capture.features import read_manifest, shard_sample_ids
 from eaglewire.errors import EaglewireError
+from eaglewire.safeio import UnpicklingError, open_safetensors, read_json_object, read_safetensors_file
 
 POST_NORM = "post-norm"  # the target's final-norm output (what the LM head reads)
 PRE_NORM = "pre-norm"  # the last decoder layer's output before the final norm (boundary L)
@@ -131,7 +131,7 @@ def load_torch_file(path: Path) -> dict:
             obj = torch.load(src, map_location="cpu", weights_only=True)
         else:  # mmap: tensors are paged in when used, not all at once
             obj = torch.load(src, map_location="cpu", weights_only=True, mmap=True)
-    except (RuntimeError, EOFError, OSError, zipfile.BadZipFile) as err:
+    except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, UnpicklingError, ValueError) as err:
         raise _bad(path, "cannot be read (truncated or not a torch.save file)",
                    "a complete torch.save file", f"{type(err).__name__}: {str(err).splitlines()[0]}",
                    "re-create this sample (SpecForge's prepare_hidden_states.py skips existing files: "
@@ -203,10 +203,14 @@ def _arrow_table(root: Path):  # -> pyarrow.Table (memory-mapped: rows are read 
         raise EaglewireError("reading a speculators dump needs pyarrow (its Arrow dataset holds the loss masks)",
                              expected="pyarrow importable", found="not installed",
                              fix="pip install 'eaglewire[dumps]' (or pip install pyarrow)") from None
-    state = json.loads((root / "state.json").read_text())
+    state = read_json_object(root / "state.json", what="a datasets state.json")
     tables = []
     for entry in state.get("_data_files", []):
-        path = root / entry["filename"]
+        name = entry.get("filename") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or Path(name).name != name:  # an Arrow file of this directory
+            raise _bad(root / "state.json", "lists an Arrow file that is not a plain file name",
+                       "_data_files: [{filename: data-*.arrow}]", repr(entry)[:80])
+        path = root / name
         try:
             tables.append(ipc.open_stream(pa.memory_map(str(path))).read_all())
         except (OSError, pa.ArrowInvalid) as err:
@@ -253,12 +257,7 @@ class SpeculatorsDump:
     def read(self, sid: str) -> DumpSample:
         i = int(sid.removeprefix("row-"))
         path = self.states_dir / f"hs_{i}.safetensors"
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                data = {k: f.get_tensor(k) for k in f.keys()}
-        except (SafetensorError, OSError) as err:
-            raise _bad(path, "cannot be read (truncated or not safetensors)", "a complete safetensors file",
-                       str(err), "delete it and re-run speculators generate-offline-data for this row") from None
+        data = read_safetensors_file(path, what="a speculators hidden-state file")
         hs = data.get("hidden_states")
         if hs is None or "token_ids" not in data or hs.dim() != 3 or hs.shape[1] < 2:
             found = f"keys {sorted(data)}" + (f", hidden_states {tuple(hs.shape)}" if hs is not None else "")
@@ -289,13 +288,13 @@ class FeatureDirDump:
         from eaglewire.contract import WiringContract
 
         self.root = Path(root)
-        self.manifest = json.loads((self.root / "manifest.json").read_text())
+        self.manifest = read_manifest(self.root)  # every field and its type checked
         self.declared_taps = WiringContract.from_dict(self.manifest["contract"]).taps
         self._where: dict[str, tuple[Path, int]] = {}
         for sh in self.manifest["shards"]:
             path = self.root / sh["file"]
-            with safe_open(str(path), framework="pt") as f:
-                for j, sid in enumerate(json.loads((f.metadata() or {})["sample_ids"])):
+            with open_safetensors(path, what="a feature shard") as f:
+                for j, sid in enumerate(shard_sample_ids(f.metadata(), path)):
                     self._where[sid] = (path, j)
         self._cache: tuple[Path, dict[str, torch.Tensor]] | None = None  # one shard at a time
 
@@ -308,7 +307,7 @@ class FeatureDirDump:
     def read(self, sid: str) -> DumpSample:
         path, j = self._where[sid]
         if self._cache is None or self._cache[0] != path:
-            with safe_open(str(path), framework="pt") as f:
+            with open_safetensors(path, what="a feature shard") as f:
                 self._cache = (path, {k: f.get_tensor(k) for k in ("input_ids", "loss_mask", "taps",
                                                                      "final_hidden", "offsets")})
         sh = self._cache[1]
