@@ -49,9 +49,7 @@ CAPTURE_POINTS = ("residual_pre_norm",)  # the only capture point eaglewire prod
 INFERRED_SOURCES = ("measured", "engine_config")
 
 
-# --------------------------------------------------------------------------------------------------
-# Conventions and translation
-# --------------------------------------------------------------------------------------------------
+# ---- conventions and translation ------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -209,9 +207,7 @@ def describe_boundary(b: int, num_layers: int) -> str:
     return f"output of decoder layer {b - 1}"
 
 
-# --------------------------------------------------------------------------------------------------
-# The contract
-# --------------------------------------------------------------------------------------------------
+# ---- the contract ---------------------------------------------------------------------------------
 
 
 def sha256_text(text: str | None) -> str | None:
@@ -322,12 +318,7 @@ class WiringContract:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "WiringContract":
-        if not isinstance(data, dict):
-            raise ContractMismatch("a wiring contract must be a JSON object", expected="{...}",
-                                   found=type(data).__name__)
-        data = dict(data)
-        _exact_keys("wiring contract", data, cls)
-        check_dataclass_fields(data, cls, where="wiring contract", error=ContractMismatch)
+        data = _checked("wiring contract", data, cls)
         data["target"] = _build_exact("wiring contract target", data["target"], TargetIdentity)
         data["norm"] = _build_exact("wiring contract norm", data["norm"], NormFlags)
         data["taps"] = tuple(data["taps"])
@@ -384,12 +375,17 @@ def _exact_keys(what: str, data: dict[str, Any], cls: type) -> None:
                                fix="the artifact was written by another tool or version; re-create it")
 
 
-def _build_exact(what: str, data: Any, cls: type) -> Any:
+def _checked(what: str, data: Any, cls: type) -> dict[str, Any]:
+    """A copy of `data` once it is a JSON object with exactly `cls`'s fields, each of its declared type."""
     if not isinstance(data, dict):
-        raise ContractMismatch(f"{what} must be an object", found=type(data).__name__)
+        raise ContractMismatch(f"{what} must be a JSON object", expected="{...}", found=type(data).__name__)
     _exact_keys(what, data, cls)
     check_dataclass_fields(data, cls, where=what, error=ContractMismatch)
-    return cls(**data)
+    return dict(data)
+
+
+def _build_exact(what: str, data: Any, cls: type) -> Any:
+    return cls(**_checked(what, data, cls))
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -401,8 +397,3 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
             out[f"{prefix}{k}"] = v
     return out
 
-
-def acceptance_length(accepted_drafts: int, verify_steps: int) -> float:
-    """tau: tokens a verify step yields on average, the accepted drafts plus the target's own (bonus)
-    token; nan before any step. The one definition (SpecStats, the server's counters, bench, doctor)."""
-    return (accepted_drafts + verify_steps) / verify_steps if verify_steps else float("nan")

@@ -98,7 +98,7 @@ def judge(predicted: float, per_position: list[float], measured: float | None,
           counts: Counts | None = None) -> Expectation:
     """The verdict (module docstring). `counts`: the engine's own counters, for the first-position rule."""
     if measured is None and counts is not None:
-        from eaglewire.contract import acceptance_length
+        from eaglewire.export.engines import acceptance_length
 
         measured = acceptance_length(sum(counts.accepted_per_position), counts.drafts)
     if measured is None:

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import torch
 
-from eaglewire.contract import acceptance_length
+from eaglewire.export.engines import acceptance_length
 from eaglewire.serve.chat_requests import BadRequest, Histogram, check_messages, check_params, content_length, \
     parse_body, render_chat, render_prompt
 
