@@ -174,8 +174,8 @@ def main() -> None:
         spans.append(list(range(k, k + len(b))))
         k += len(b)
     model, tc, resolved = build(job, len(batches))
-    loader = DataLoader(data, batch_sampler=spans, collate_fn=ExactPack(model.hidden_size, len(job["target_layer_ids"])),
-                        num_workers=0)
+    pack = ExactPack(model.hidden_size, len(job["target_layer_ids"]))
+    loader = DataLoader(data, batch_sampler=spans, collate_fn=pack, num_workers=0)
     trainer = trainer_mod.Trainer(model, tc, loader, None)
     t0 = time.perf_counter()
     trainer.train_epoch(0)

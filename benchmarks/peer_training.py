@@ -13,13 +13,15 @@ tokens/s (training steps only) and the process' peak RSS.
 - eaglewire: `eaglewire train --features ...` with its defaults except --ttt-steps (the peer's default depth);
 - speculators: benchmarks/peer_speculators_arm.py in the speculators venv (what of its trainer runs, and why,
   is that file's docstring).
-Each draft is then scored the same way here: tau and per-position acceptance of a greedy chain k=3 decoded by
-eaglewire's engine on MT-bench first turns spread over the categories, and teacher-forced top-1 per TTT
-position on held-out regenerated conversations (never trained on; MT-bench is never training data).
+Each draft is then scored the same way here (peer_scoring.py): tau of a greedy chain k=3 on MT-bench first turns
+spread over the categories, offline for every draft (the answers eaglewire's engine decodes, walked round by
+round) and online with eaglewire's decoder at `--online` budgets (with acceptance per position), and
+teacher-forced top-1 per TTT position on held-out regenerated conversations (never trained on; MT-bench is
+never training data).
 
 Resumable: every arm keeps its run in ~/.cache/eaglewire/peer_training/ and its scored row in rows/; a rerun
-skips what is finished. `--extra-norms` adds one eaglewire arm with the EAGLE-3.1 norm switches on (largest
-budget).
+skips what is finished. `--extra-norms B` adds one eaglewire arm with the EAGLE-3.1 norm switches on at budget B
+(benchmarks/peer_norms.py).
 """
 
 from __future__ import annotations
@@ -35,11 +37,9 @@ from pathlib import Path
 import torch
 
 from eaglewire.cache import cache_root
-from eaglewire.contract import NormFlags
 from eaglewire.data.features import capture_features
 from eaglewire.engines import engine_for
 from eaglewire.data.samples import DEFAULT_HELDOUT_FRACTION, Sample, load_samples, split_heldout
-from eaglewire.hw import describe_cpu
 from eaglewire.train.dist import DistInfo
 from eaglewire.train.loop import TrainConfig, global_batches
 from eaglewire.verifier.loader import load_target
@@ -68,7 +68,11 @@ def prepare(a: argparse.Namespace, target) -> tuple[Path, Path, list[Sample], li
     if not vocab.exists():
         build_vocab(target, samples, DEFAULT_DRAFT_VOCAB, DEFAULT_HELDOUT_FRACTION, vocab, data=SOURCES)
     train, held = train[:need], held[:a.heldout]
-    feats = work / f"features-L{a.max_length}-n{need}-h{a.heldout}"
+    # a capture for more training samples holds these as its prefix (same order, same held-out): reuse it
+    pattern = f"features-L{a.max_length}-n*-h{a.heldout}"
+    bigger = sorted((int(d.name.split("-n")[1].split("-")[0]), d) for d in work.glob(pattern)
+                    if (d / "manifest.json").exists())
+    feats = next((d for n, d in bigger if n >= need), work / f"features-L{a.max_length}-n{need}-h{a.heldout}")
     if not (feats / "manifest.json").exists():
         from eaglewire.vocab import load_vocab
 
@@ -139,8 +143,11 @@ def main() -> None:
     ap.add_argument("--heldout", type=int, default=32, help="held-out samples scored")
     ap.add_argument("--prompts", type=int, default=8, help="MT-bench questions (spread over the categories)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--online", type=int, nargs="*", default=[], metavar="BUDGET",
+                    help="budgets also scored online (SpecDecoder; minutes per draft on one thread)")
     ap.add_argument("--arms", default="eaglewire,speculators")
-    ap.add_argument("--extra-norms", action="store_true", help="one more eaglewire arm, EAGLE-3.1 norms on")
+    ap.add_argument("--extra-norms", type=int, default=0, metavar="BUDGET",
+                    help="one more eaglewire arm at this budget, EAGLE-3.1 norms on (0: none)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     from peer_scoring import Scorer, write_results  # benchmarks/ is the script's own directory on sys.path
@@ -157,7 +164,7 @@ def main() -> None:
     rows, plan = [], [(b, arm) for i, b in enumerate(a.budgets)
                       for arm in (a.arms.split(",") if i % 2 == 0 else a.arms.split(",")[::-1])]
     if a.extra_norms:
-        plan.append((max(a.budgets), "eaglewire_norms"))
+        plan.append((a.extra_norms, "eaglewire_norms"))
     for budget, arm in plan:
         rows.append(run_arm(arm, budget, a, feats, vocab, train, scorer))
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "resolved_defaults"}), flush=True)
@@ -169,7 +176,8 @@ def run_arm(arm: str, budget: int, a: argparse.Namespace, feats: Path, vocab: Pa
     """Train (unless done) and score (unless done) one arm at one budget; the row is kept in WORK/rows."""
     steps = a.base_steps * budget
     key = f"{arm}-x{budget}-s{steps}-b{a.batch_size}-t{a.ttt}-L{a.max_length}"  # a changed setting trains anew
-    row_path = a.work / "rows" / f"{key}-p{a.prompts}-n{a.max_new_tokens}-h{a.heldout}.json"
+    online = "-online" if budget in a.online else ""
+    row_path = a.work / "rows" / f"{key}-p{a.prompts}-n{a.max_new_tokens}-h{a.heldout}{online}.json"
     if row_path.exists():
         return json.loads(row_path.read_text())
     batches = step_batches(train, steps, a)
@@ -185,7 +193,7 @@ def run_arm(arm: str, budget: int, a: argparse.Namespace, feats: Path, vocab: Pa
         r["tokens"] = sum(len(s.input_ids) for b in batches for s in b)
         done.write_text(json.dumps(r, indent=2))
     r = json.loads(done.read_text())
-    row = {"arm": arm, "budget": budget, "steps": steps, **r, **scorer.score(arm, run)}
+    row = {"arm": arm, "budget": budget, "steps": steps, **r, **scorer.score(arm, run, budget in a.online)}
     row_path.parent.mkdir(parents=True, exist_ok=True)
     row_path.write_text(json.dumps(row, indent=2))
     return row
