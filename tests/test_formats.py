@@ -153,3 +153,20 @@ def test_norm_output_in_specforge_meaning(tmp_path, target, drafted):
     (sf / "config.json").write_text(json.dumps(cfg))  # an SGLang config where SpecForge reads one
     with pytest.raises(CheckpointError, match="no final norm before lm_head"):
         import_draft(sf, "specforge", target=target)
+
+
+def test_rope_base_read_from_either_config_form(tmp_path, target, drafted):
+    # transformers 5 (and speculators >= 0.9, which saves with it) writes the RoPE base only inside
+    # rope_parameters; read as the 4.x key alone, such a draft came back with base 10000 and scored other
+    # positions than it was trained on
+    draft, contract = drafted
+    out = export_draft(draft, contract, tmp_path / "v", "vllm")
+    cfg = json.loads((out / "config.json").read_text())
+    layer = cfg["transformer_layer_config"]
+    layer.pop("rope_theta")
+    layer["rope_parameters"] = {"rope_theta": 123456.0, "rope_type": "default"}
+    (out / "config.json").write_text(json.dumps(cfg))
+    assert import_draft(out, "vllm", target=target)[0].cfg.rope_theta == 123456.0
+    layer.pop("rope_parameters")
+    (out / "config.json").write_text(json.dumps(cfg))
+    assert import_draft(out, "vllm", target=target)[0].cfg.rope_theta == 10000.0  # neither form: the old default

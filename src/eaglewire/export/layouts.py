@@ -121,6 +121,15 @@ def config_ids(layout: Engine, config: dict[str, Any]) -> list[int] | None:
     return node
 
 
+def _rope_theta(base: dict[str, Any]) -> float:
+    """The RoPE base where either transformers generation writes it: `rope_theta` (4.x) or
+    `rope_parameters.rope_theta` (5.x; speculators >= 0.9 saves this form). Missing, the old default: a
+    draft read with the wrong base scores positions it was not trained with."""
+    rope = base.get("rope_parameters")
+    theta = base.get("rope_theta") or (rope.get("rope_theta") if isinstance(rope, dict) else None)
+    return float(theta or 10000.0)
+
+
 def draft_config_from(layout: Engine, config: dict[str, Any], num_taps: int) -> DraftConfig:
     """DraftConfig from an exported config (the inverse of make_config)."""
     base = config.get("transformer_layer_config") if layout.config_style == "speculators" else config
@@ -147,7 +156,7 @@ def draft_config_from(layout: Engine, config: dict[str, Any], num_taps: int) -> 
                            target_hidden_size=config.get("target_hidden_size") or base["hidden_size"],
                            num_taps=num_taps, vocab_size=base["vocab_size"], draft_vocab_size=config["draft_vocab_size"],
                            num_layers=base.get("num_hidden_layers", 1), rms_norm_eps=base["rms_norm_eps"],
-                           rope_theta=base.get("rope_theta", 10000.0),
+                           rope_theta=_rope_theta(base),
                            max_position_embeddings=base.get("max_position_embeddings", 2048), norm=NormFlags(**flags))
     except KeyError as err:
         raise CheckpointError(f"{layout.name} config lacks a required field", expected=str(err), found="missing",

@@ -1,0 +1,140 @@
+"""Scoring and reporting for `peer_training.py`: every draft, whichever trainer made it, is loaded into
+eaglewire's draft model and measured the same way (online chain tau on MT-bench with eaglewire's engine,
+held-out teacher-forced top-1 per TTT position); the rows become a JSON, a table and a plot."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from eaglewire.checkpoint import load_checkpoint
+from eaglewire.decoding.bench import bench_prompts
+from eaglewire.decoding.engine import SpecDecoder, SpecStats
+from eaglewire.decoding.hf_runtime import make_runtime
+from eaglewire.decoding.propose import EagleProposer
+from eaglewire.decoding.tree import TreeShape
+from eaglewire.formats.convert import import_draft
+from eaglewire.hw import describe_cpu
+
+K = 3  # chain length scored (greedy, as vLLM's acceptance test)
+
+
+class Scorer:
+    """tau of a greedy k-chain on MT-bench first turns spread over the categories, two ways: offline for every
+    draft (the answers eaglewire's engine decodes without a draft, decoded once, walked round by round as a
+    decoder walks them: heldout_gap.py's tau_rounds, which reproduced the online bench within 0.01), and
+    online (SpecDecoder, acceptance per position) where asked; plus held-out top-1 per TTT position."""
+
+    def __init__(self, target, heldout: list, a: argparse.Namespace) -> None:
+        from heldout_gap import bench_sample  # benchmarks/ is on sys.path
+
+        self.target, self.heldout, self.a = target, heldout, a
+        self.answers = bench_sample(target, a.prompts, a.max_new_tokens)  # [question + vanilla answer] each
+        self.rt = None
+
+    def load(self, arm: str, run: Path):
+        """The trained draft in eaglewire's model: native, or speculators' checkpoint through the vLLM import
+        (taps given: they are the features' own, not re-measured)."""
+        if arm == "speculators":
+            draft, _ = import_draft(run / "draft", "vllm", target=self.target, taps=tuple(self.a.taps))
+            draft.attach_embedding(self.target.embedding())
+            return draft.float()
+        return load_checkpoint(run / "draft", target=self.target).float()
+
+    def online(self, draft) -> dict:
+        """SpecDecoder with a greedy k-chain on the same questions: tau and acceptance per position."""
+        if self.rt is None:
+            self.prompts = bench_prompts(self.target, "mtbench", self.a.prompts)  # the questions bench_sample asks
+            self.max_len = max(p.shape[1] for p in self.prompts) + self.a.max_new_tokens + K + 16
+            self.rt = make_runtime(self.target, self.max_len, calibrate=False)  # tau does not depend on layouts
+        prop = EagleProposer(draft, draft.contract, TreeShape.chain(K), self.max_len, compiled=self.rt.compiled)
+        acc, eos = [], {self.target.tokenizer.eos_token_id}
+        for p in self.prompts:
+            acc += SpecDecoder(self.rt, prop).generate(p, self.a.max_new_tokens, eos=eos)[1].accepted
+        st = SpecStats(accepted=acc)
+        return {"tau_online": round(st.tau, 4), "per_position_online": [round(x, 4) for x in st.per_position(K)],
+                "verify_steps": len(acc)}
+
+    def score(self, arm: str, run: Path, online: bool) -> dict:
+        from heldout_gap import agreement
+
+        draft = self.load(arm, run)
+        held = agreement(draft, self.target, self.heldout, K)
+        bench = agreement(draft, self.target, self.answers, K)
+        probe = run / "probe.safetensors"
+        return {"import_check": import_check(draft, probe) if probe.exists() else None,
+                "tau": bench["tau_rounds"], "rounds": bench["rounds"], "chain_every_position": bench["chain"],
+                "heldout_top1": held["acc"], "heldout_tau_rounds": held["tau_rounds"],
+                "norm": draft.cfg.norm.__dict__, **(self.online(draft) if online else {})}
+
+
+def write_results(rows: list[dict], a: argparse.Namespace) -> None:
+    a.out.mkdir(parents=True, exist_ok=True)
+    setup = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()}
+    (a.out / "peer_training.json").write_text(json.dumps({"cpu": describe_cpu(), "setup": setup, "rows": rows},
+                                                         indent=2) + "\n")
+    (a.out / "table.md").write_text(table(rows))
+    plot(rows, a.out / "peer_training.png")
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| trainer | budget | steps | trained tokens | tau (k=3) offline | chain acceptance per position "
+             "(every anchor) | tau online | acceptance per position online | held-out top-1 per position | "
+             "train tok/s | peak RSS MB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    f3 = lambda xs: " / ".join(f"{x:.3f}" for x in xs)  # noqa: E731
+    for r in rows:
+        on = (f"{r['tau_online']:.3f} | {f3(r['per_position_online'])}" if "tau_online" in r else "- | -")
+        lines.append(f"| {r['arm']} | {r['budget']}x | {r['steps']} | {r['tokens']} | {r['tau']:.3f} | "
+                     f"{f3(r['chain_every_position'])} | {on} | "
+                     f"{' / '.join(f'{x:.3f}' for x in r['heldout_top1'])} | {r['tok_per_s']:.0f} | "
+                     f"{r['peak_rss_mb']:.0f} |")
+    by = {(r["arm"], r["budget"]): r for r in rows}
+    ratios = [f"- {b}x: tau {by[('eaglewire', b)]['tau'] / by[('speculators', b)]['tau']:.3f}x, tokens/s "
+              f"{by[('eaglewire', b)]['tok_per_s'] / by[('speculators', b)]['tok_per_s']:.2f}x"
+              for b in sorted({r['budget'] for r in rows}) if ("eaglewire", b) in by and ("speculators", b) in by]
+    return "\n".join(lines + ["", "eaglewire / speculators:"] + ratios) + "\n"
+
+
+def plot(rows: list[dict], png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for arm in dict.fromkeys(r["arm"] for r in rows):
+        pts = sorted((r["tokens"], r["tau"], r["heldout_top1"][0], r["tok_per_s"]) for r in rows if r["arm"] == arm)
+        ax1.semilogx([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{arm}: tau (chain k={K}, offline)")
+        ax1.semilogx([p[0] for p in pts], [1 + p[2] for p in pts], "s--", label=f"{arm}: 1 + held-out top-1")
+        ax2.semilogx([p[0] for p in pts], [p[3] for p in pts], "o-", label=arm)
+    ax1.set(xlabel="trained tokens", ylabel="tau", title="MT-bench first turns, greedy")
+    ax2.set(xlabel="trained tokens", ylabel="training tokens/s (1 thread)", title="throughput")
+    ax1.legend(fontsize=7)
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+
+
+@torch.no_grad()
+def import_check(draft, probe: Path) -> list[float]:
+    """Per TTT step, the share of positions where the draft imported into eaglewire picks the same draft-vocab
+    token as speculators' own forward did (peer_speculators_arm.py --probe): 1.0 everywhere means the import
+    (and eaglewire's TTT inputs and mask) reproduce the trained model. Positions whose teacher-forced input
+    ran past the sample's end are left out (speculators feeds padding there)."""
+    from safetensors.torch import load_file
+
+    from eaglewire.train.ttt import shift_left, ttt_attention_mask
+
+    p = load_file(str(probe))
+    ids, taps, want = p["input_ids"][None], p["hidden_states"][None].float(), p["tokens"]  # ids: x_{t+1} at t
+    T = ids.shape[1]
+    hidden, past, same = draft.fuse(taps), None, []
+    for k in range(len(want)):
+        out = draft.step(shift_left(ids, k), hidden, torch.arange(T)[None] + k, ttt_attention_mask(T, k), past)
+        hidden, past = out.hidden, out.kv
+        n = T - k
+        same.append(round(float((out.logits[0, :n].argmax(-1) == want[k, :n]).float().mean()), 4))
+    return same
