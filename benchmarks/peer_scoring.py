@@ -9,13 +9,13 @@ import json
 from pathlib import Path
 
 import torch
-from eaglewire.checkpoint import load_checkpoint
-from eaglewire.decoding.bench import bench_prompts
+from eaglewire.export.checkpoint import load_checkpoint
+from eaglewire.serve.bench import bench_prompts
 from eaglewire.decoding.engine import SpecDecoder, SpecStats
-from eaglewire.decoding.hf_runtime import make_runtime
+from eaglewire.decoding.runtime import plain_runtime
 from eaglewire.decoding.propose import EagleProposer
 from eaglewire.decoding.tree import TreeShape
-from eaglewire.formats.convert import import_draft
+from eaglewire.export.convert import import_draft
 from eaglewire.hw import describe_cpu
 
 K = 3  # chain length scored (greedy, as vLLM's acceptance test)
@@ -48,8 +48,8 @@ class Scorer:
         if self.rt is None:
             self.prompts = bench_prompts(self.target, "mtbench", self.a.prompts)  # the questions bench_sample asks
             self.max_len = max(p.shape[1] for p in self.prompts) + self.a.max_new_tokens + K + 16
-            self.rt = make_runtime(self.target, self.max_len, calibrate=False)  # tau does not depend on layouts
-        prop = EagleProposer(draft, draft.contract, TreeShape.chain(K), self.max_len, compiled=self.rt.compiled)
+            self.rt = plain_runtime(self.target, self.max_len)  # tau does not depend on how fast GEMMs run
+        prop = EagleProposer(draft, draft.contract, TreeShape.chain(K), self.max_len)
         acc, eos = [], {self.target.tokenizer.eos_token_id}
         for p in self.prompts:
             acc += SpecDecoder(self.rt, prop).generate(p, self.a.max_new_tokens, eos=eos)[1].accepted

@@ -37,13 +37,13 @@ from pathlib import Path
 import torch
 
 from eaglewire.cache import cache_root
-from eaglewire.data.features import capture_features
-from eaglewire.engines import engine_for
+from eaglewire.capture.features import capture_features
+from eaglewire.export.engines import engine_for
 from eaglewire.data.samples import DEFAULT_HELDOUT_FRACTION, Sample, load_samples, split_heldout
 from eaglewire.train.dist import DistInfo
 from eaglewire.train.loop import TrainConfig, global_batches
-from eaglewire.verifier.loader import load_target
-from eaglewire.vocab import DEFAULT_DRAFT_VOCAB
+from eaglewire.target.loader import load_target
+from eaglewire.draft.vocab import DEFAULT_DRAFT_VOCAB
 
 SOURCES = "smollm2-regen+smollm2-regen-vllm"  # regenerated ShareGPT conversations (no evaluation prompts)
 TAPS = (2, 15, 27)
@@ -55,7 +55,7 @@ HERE = Path(__file__).resolve().parent
 def prepare(a: argparse.Namespace, target) -> tuple[Path, Path, list[Sample], list[Sample]]:
     """(features dir, vocab file, training samples in capture order, held-out samples). The vocab counts the
     training split only; features hold the training samples the largest budget needs, then the held-out ones."""
-    from eaglewire.workflows import build_vocab
+    from eaglewire.pipeline.workflows import build_vocab
 
     work = a.work
     samples = load_samples(SOURCES, target.tokenizer, max_length=a.max_length)[0]
@@ -74,7 +74,7 @@ def prepare(a: argparse.Namespace, target) -> tuple[Path, Path, list[Sample], li
                     if (d / "manifest.json").exists())
     feats = next((d for n, d in bigger if n >= need), work / f"features-L{a.max_length}-n{need}-h{a.heldout}")
     if not (feats / "manifest.json").exists():
-        from eaglewire.vocab import load_vocab
+        from eaglewire.draft.vocab import load_vocab
 
         contract = target.contract(TAPS, vocab_map=load_vocab(vocab)[0])
         capture_features(target, contract, train + held, feats, pad_id=target.pad_id)
