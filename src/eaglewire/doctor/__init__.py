@@ -1,7 +1,9 @@
 """eaglewire doctor: find silent wiring failures of a draft before it is deployed.
 
     inspect.py          reads a draft directory without trusting it; the engine's rules are its export/engines.py record
+    config_types.py     each config number's JSON type, refused by field name before any check reads it
     checks.py           the findings (error/warn/info, why, fix)             findings.py  the Finding record
+    geometry.py         head counts and every weight's shape against the config
     weights.py          NaN/Inf, zero norms, a copied lm_head                expect.py    predicted vs measured tau
     trained_taps.py     which boundaries a draft was trained on: tap sets scored on the target's boundaries
                         (capture/boundaries.py; paired NLL, bootstrap margin)

@@ -15,7 +15,7 @@ import torch
 from eaglewire.contract import WiringContract
 from eaglewire.export.engines import Engine, engine_for
 from eaglewire.errors import EaglewireError
-from eaglewire.doctor.geometry import check_config_types
+from eaglewire.doctor.config_types import check_config_types
 from eaglewire.export.base import CONTRACT_FILE, read_contract
 from eaglewire.safeio import about_file, open_safetensors, read_json_object
 
