@@ -80,21 +80,24 @@ def write_results(rows: list[dict], a: argparse.Namespace) -> None:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| trainer | budget | steps | trained tokens | tau (k=3) offline | chain acceptance per position "
+    lines = ["| trainer | norms | budget | steps | trained tokens | tau (k=3) offline | chain acceptance per position "
              "(every anchor) | tau online | acceptance per position online | held-out top-1 per position | "
-             "train tok/s | peak RSS MB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "train tok/s | peak RSS MB |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     f3 = lambda xs: " / ".join(f"{x:.3f}" for x in xs)  # noqa: E731
-    for r in rows:
+    for r in sorted(rows, key=lambda r: (r["budget"], r["arm"] != "speculators", r["arm"])):
         on = (f"{r['tau_online']:.3f} | {f3(r['per_position_online'])}" if "tau_online" in r else "- | -")
-        lines.append(f"| {r['arm']} | {r['budget']}x | {r['steps']} | {r['tokens']} | {r['tau']:.3f} | "
-                     f"{f3(r['chain_every_position'])} | {on} | "
-                     f"{' / '.join(f'{x:.3f}' for x in r['heldout_top1'])} | {r['tok_per_s']:.0f} | "
+        lines.append(f"| {r['arm']} | {r['norms']} | {r['budget']}x | {r['steps']} | {r['tokens']} | {r['tau']:.3f} | "
+                     f"{f3(r['chain_every_position'])} | {on} | {f3(r['heldout_top1'])} | {r['tok_per_s']:.0f} | "
                      f"{r['peak_rss_mb']:.0f} |")
     by = {(r["arm"], r["budget"]): r for r in rows}
-    ratios = [f"- {b}x: tau {by[('eaglewire', b)]['tau'] / by[('speculators', b)]['tau']:.3f}x, tokens/s "
-              f"{by[('eaglewire', b)]['tok_per_s'] / by[('speculators', b)]['tok_per_s']:.2f}x"
-              for b in sorted({r['budget'] for r in rows}) if ("eaglewire", b) in by and ("speculators", b) in by]
-    return "\n".join(lines + ["", "eaglewire / speculators:"] + ratios) + "\n"
+    ratios = []
+    for b in sorted({r["budget"] for r in rows}):
+        peer = by.get(("speculators", b))
+        ours = [r for r in rows if r["budget"] == b and r["arm"] != "speculators"]
+        if peer and ours:
+            ratios.append(f"- {b}x: " + "; ".join(f"{r['arm']} tau {r['tau'] / peer['tau']:.3f}x, tokens/s "
+                                                  f"{r['tok_per_s'] / peer['tok_per_s']:.2f}x" for r in ours))
+    return "\n".join(lines + ["", "each eaglewire arm / speculators:"] + ratios) + "\n"
 
 
 def plot(rows: list[dict], png: Path) -> None:

@@ -19,9 +19,14 @@ round) and online with eaglewire's decoder at `--online` budgets (with acceptanc
 teacher-forced top-1 per TTT position on held-out regenerated conversations (never trained on; MT-bench is
 never training data).
 
+Arms (ARMS): `speculators`, and eaglewire with each of its norm sets (`eaglewire train --norms`, named
+explicitly so an arm means the same when a default changes): `eaglewire` (eagle3: none), `eaglewire_eagle31`
+(eagle3.1: a norm per captured state and the post-norm state fed back) and `eaglewire_norms` (speculators'
+own eagle3 norm defaults, so that arm says how much of a gap between the trainers the norms explain);
+`eaglewire_flat` weighs every TTT position alike, as speculators' loss does (ours decays 0.8**position).
+
 Resumable: every arm keeps its run in ~/.cache/eaglewire/peer_training/ and its scored row in rows/; a rerun
-skips what is finished. `--extra-norms B` adds one eaglewire arm with the EAGLE-3.1 norm switches on at budget B
-(benchmarks/peer_norms.py).
+skips what is finished. `--extra ARM@BUDGET` adds one arm at one budget.
 """
 
 from __future__ import annotations
@@ -50,6 +55,14 @@ TAPS = (2, 15, 27)
 SPEC_PY = Path(os.environ.get("EAGLEWIRE_SPECULATORS_PYTHON",
                               cache_root() / "client-venvs" / "speculators" / "bin" / "python"))
 HERE = Path(__file__).resolve().parent
+# eaglewire arms: the options each adds to `eaglewire train` (every other setting is the trainer's default)
+ARMS: dict[str, list[str]] = {
+    "eaglewire": ["--norms", "eagle3"],
+    "eaglewire_eagle31": ["--norms", "eagle3.1"],
+    "eaglewire_norms": ["--norms", "speculators"],
+    "eaglewire_flat": ["--norms", "eagle3", "--ttt-decay", "1.0"],
+}
+ARM_NORMS = {"speculators": "speculators", **{arm: opts[1] for arm, opts in ARMS.items()}}
 
 
 def prepare(a: argparse.Namespace, target) -> tuple[Path, Path, list[Sample], list[Sample]]:
@@ -92,16 +105,14 @@ def wait_peak(cmd: list[str], log: Path, env: dict | None = None) -> tuple[float
     return time.perf_counter() - t0, ru.ru_maxrss / 1024
 
 
-def train_eaglewire(run: Path, feats: Path, vocab: Path, steps: int, a: argparse.Namespace,
-                    norms: bool = False) -> dict:
+def train_eaglewire(run: Path, feats: Path, vocab: Path, steps: int, a: argparse.Namespace, arm: str) -> dict:
     """`eaglewire train` on the first steps x batch training samples of the features, one thread."""
     args = ["train", "--features", str(feats), "--vocab", str(vocab), "--out", str(run), "--max-steps", str(steps),
             "--batch-size", str(a.batch_size), "--ttt-steps", str(a.ttt), "--train-limit", str(steps * a.batch_size),
-            "--eval-every", str(steps), "--ckpt-every", str(steps)]
+            "--eval-every", str(steps), "--ckpt-every", str(steps), *ARMS[arm]]
     code = ("import sys, torch; torch.set_num_threads(1); sys.argv = ['eaglewire'] + sys.argv[1:]; "
-            + ("from peer_norms import main" if norms else "from eaglewire.cli.app import main") + "; main()")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    wall, peak = wait_peak([sys.executable, "-c", code, *args], run.with_suffix(".log"), env)
+            "from eaglewire.cli.app import main; main()")
+    wall, peak = wait_peak([sys.executable, "-c", code, *args], run.with_suffix(".log"))
     rows = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines() if l]
     last = [r for r in rows if r["split"] == "train"][-1]
     return {"wall_s": wall, "peak_rss_mb": peak, "tok_per_s": last["tok_per_s"]}
@@ -145,10 +156,12 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--online", type=int, nargs="*", default=[], metavar="BUDGET",
                     help="budgets also scored online (SpecDecoder; minutes per draft on one thread)")
-    ap.add_argument("--arms", default="eaglewire,speculators")
-    ap.add_argument("--extra-norms", type=int, default=0, metavar="BUDGET",
-                    help="one more eaglewire arm at this budget, EAGLE-3.1 norms on (0: none)")
+    ap.add_argument("--arms", default="eaglewire,speculators", help=f"at every budget, of: speculators, {', '.join(ARMS)}")
+    ap.add_argument("--extra", nargs="*", default=[], metavar="ARM@BUDGET", help="one more arm at one budget")
     a = ap.parse_args()
+    for arm in a.arms.split(",") + [e.split("@")[0] for e in a.extra]:
+        if arm not in ARM_NORMS:
+            raise SystemExit(f"unknown arm {arm!r}: expected one of {', '.join(ARM_NORMS)}")
     torch.set_num_threads(1)
     from peer_scoring import Scorer, write_results  # benchmarks/ is the script's own directory on sys.path
 
@@ -163,8 +176,7 @@ def main() -> None:
     scorer = Scorer(target, held, a)
     rows, plan = [], [(b, arm) for i, b in enumerate(a.budgets)
                       for arm in (a.arms.split(",") if i % 2 == 0 else a.arms.split(",")[::-1])]
-    if a.extra_norms:
-        plan.append((a.extra_norms, "eaglewire_norms"))
+    plan += [(int(e.split("@")[1]), e.split("@")[0]) for e in a.extra]
     for budget, arm in plan:
         rows.append(run_arm(arm, budget, a, feats, vocab, train, scorer))
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "resolved_defaults"}), flush=True)
@@ -179,7 +191,7 @@ def run_arm(arm: str, budget: int, a: argparse.Namespace, feats: Path, vocab: Pa
     online = "-online" if budget in a.online else ""
     row_path = a.work / "rows" / f"{key}-p{a.prompts}-n{a.max_new_tokens}-h{a.heldout}{online}.json"
     if row_path.exists():
-        return json.loads(row_path.read_text())
+        return {**json.loads(row_path.read_text()), "norms": ARM_NORMS[arm]}
     batches = step_batches(train, steps, a)
     run = a.work / "runs" / key
     done = run / "result.json"
@@ -188,12 +200,13 @@ def run_arm(arm: str, budget: int, a: argparse.Namespace, feats: Path, vocab: Pa
         if arm == "speculators":
             r = train_speculators(run, feats, vocab, [[s.id for s in b] for b in batches], a)
         else:
-            r = train_eaglewire(run, feats, vocab, steps, a, norms=arm == "eaglewire_norms")
+            r = train_eaglewire(run, feats, vocab, steps, a, arm)
         # trained tokens: every real token of the step's samples, as both trainers count them (tokens/s too)
         r["tokens"] = sum(len(s.input_ids) for b in batches for s in b)
         done.write_text(json.dumps(r, indent=2))
     r = json.loads(done.read_text())
-    row = {"arm": arm, "budget": budget, "steps": steps, **r, **scorer.score(arm, run, budget in a.online)}
+    row = {"arm": arm, "norms": ARM_NORMS[arm], "budget": budget, "steps": steps, **r,
+           **scorer.score(arm, run, budget in a.online)}
     row_path.parent.mkdir(parents=True, exist_ok=True)
     row_path.write_text(json.dumps(row, indent=2))
     return row

@@ -169,6 +169,33 @@ def test_warm_start_copies_weights_and_remaps_the_head(tmp_path):
         build_draft(target, target.contract((1, 2, 4), vocab_map=vmap), vmap, c2)
 
 
+def test_norms_knob_names_the_flags_and_a_warm_start_keeps_its_own(tmp_path):
+    """--norms picks a preset; auto is NEW_DRAFT_NORMS for a new draft and the source's flags for a warm start;
+    a warm start asked for other flags is refused (its weights compute another function under them)."""
+    from eaglewire.contract import NORM_PRESETS
+    from eaglewire.train.config import NEW_DRAFT_NORMS, draft_norms
+
+    target, vmap, _ = _setup()
+    assert draft_norms(TrainConfig()) == NORM_PRESETS[NEW_DRAFT_NORMS]
+    assert draft_norms(TrainConfig(norms="eagle3.1")) == NORM_PRESETS["eagle3.1"] != NORM_PRESETS["eagle3"]
+    c = TrainConfig(max_steps=1, batch_size=4, warmup_steps=1, eval_every=1, ckpt_every=1, ttt_steps=1,
+                    dtype="fp32", norms="speculators")
+    contract = target.contract((1, 2, 3), vocab_map=vmap, norm=draft_norms(c))
+    samples = tiny_samples(8)
+    train(target, contract, vmap, OnlineFeatures(target, contract, pad_id=0), samples[:4], samples[4:], c,
+          tmp_path / "a")
+    src = load_checkpoint(tmp_path / "a" / "draft", target=target)
+    assert src.cfg.norm == NORM_PRESETS["speculators"] and src.input_norm is not None
+    auto = TrainConfig(init_from=str(tmp_path / "a" / "draft"))
+    assert draft_norms(auto) == NORM_PRESETS["speculators"]
+    warm = build_draft(target, target.contract((1, 2, 3), vocab_map=vmap, norm=draft_norms(auto)), vmap, auto)
+    assert torch.equal(warm.state_dict()["input_norm.weight"], src.state_dict()["input_norm.weight"].float())
+    other = dataclasses.replace(auto, norms="eagle3.1")
+    with pytest.raises(CheckpointError, match="other norm flags") as err:
+        build_draft(target, target.contract((1, 2, 3), vocab_map=vmap, norm=draft_norms(other)), vmap, other)
+    assert "--norms speculators" in err.value.fix
+
+
 def test_training_only_new_head_rows_leaves_the_warm_start_exactly_as_it_was(tmp_path):
     """--train-only new_head_rows: a grown vocab's new rows learn; every weight the warm start had (its head
     rows, the layer, fc, norms) is bit-identical after training. --train-only head moves the head alone."""

@@ -127,8 +127,9 @@ def test_exports_the_engine_would_run_differently_are_refused(tmp_path, target):
         export_draft(multi, c, tmp_path / "m", "sglang")
     export_draft(multi, c, tmp_path / "m", "vllm")  # vLLM takes layers.N.*
     nbf, c = build_draft(target, taps=(2, 4, 5), norm=NormFlags(norm_before_fc=True))
-    with pytest.raises(CheckpointError, match="does not implement \\['norm_before_fc'\\]"):
+    with pytest.raises(CheckpointError, match="does not implement \\['norm_before_fc'\\]") as err:
         export_draft(nbf, c, tmp_path / "n", "sglang")
+    assert "serve it on vllm" in err.value.fix and "--norms eagle3|eagle3.1`" in err.value.fix  # what SGLang serves
     off, c = build_draft(target, taps=(1, 4, 5))
     with pytest.raises(TranslationError, match="hard-codes"):
         export_draft(off, c, tmp_path / "e", "eagle")

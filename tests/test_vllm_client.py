@@ -106,6 +106,78 @@ def test_vllm_runs_our_export_losslessly_with_our_acceptance(setup, vllm_vanilla
     _serve_and_check(setup, vllm_vanilla_ids, ours, setup[2])
 
 
+@pytest.fixture(scope="module")
+def eagle31_draft(setup, vllm_vanilla_ids, tmp_path_factory):
+    """A draft trained with the eagle3.1 norm set (fc_norm, norm_output), eaglewire's default for new drafts.
+    It starts as the released draft with the flags on (fc's columns scaled by each tap's typical RMS, fc_norm
+    weights 1, so it starts near the released function) and is fine-tuned 30 steps on this module's prompts and
+    vLLM's greedy answers to them, so its weights depend on the flags: a wiring check, not a quality figure."""
+    import dataclasses
+
+    import torch
+
+    from eaglewire.capture.features import OnlineFeatures
+    from eaglewire.capture.hooks import capture
+    from eaglewire.contract import NORM_PRESETS
+    from eaglewire.data.samples import Sample
+    from eaglewire.draft.model import Eagle3Draft
+    from eaglewire.draft.vocab import VocabMap
+    from eaglewire.export.checkpoint import load_checkpoint, save_checkpoint
+    from eaglewire.train.loop import TrainConfig, train
+
+    target, draft, _export, prompts, _ = setup
+    H, n, norm = target.text_config.hidden_size, draft.cfg.num_taps, NORM_PRESETS["eagle3.1"]
+    with torch.no_grad():
+        taps = torch.cat([capture(target, draft.contract.taps, p).taps[0] for p in prompts])  # [T, n*H]
+    rms = taps.view(-1, n, H).pow(2).mean(-1).sqrt().mean(0)  # [n]
+    start = Eagle3Draft(dataclasses.replace(draft.cfg, norm=norm)).init_random(0)
+    weights = {**start.state_dict(), **{k: v for k, v in draft.state_dict().items() if k in start.state_dict()}}
+    weights["fc.weight"] = weights["fc.weight"] * rms.repeat_interleave(H)  # [H, n*H]
+    start.load_state_dict(weights)
+    contract, work = dataclasses.replace(draft.contract, norm=norm), tmp_path_factory.mktemp("eagle31")
+    save_checkpoint(start, contract, work / "start")
+    vmap = VocabMap.from_target_ids(draft.to_target_ids(torch.arange(draft.cfg.draft_vocab_size)), draft.cfg.vocab_size)
+    eos = target.tokenizer.eos_token_id
+    samples = [Sample(f"q{i}", torch.cat([p[0], torch.tensor(a)]), torch.cat([torch.zeros(p.shape[1], dtype=torch.long),
+                                                                             torch.ones(len(a), dtype=torch.long)]))
+               for i, (p, a) in enumerate(zip(prompts, vllm_vanilla_ids))]
+    c = TrainConfig(max_steps=30, batch_size=len(samples), warmup_steps=2, eval_every=30, ckpt_every=30, ttt_steps=K,
+                    dtype="fp32", init_from=str(work / "start"))
+    train(target, contract, vmap, OnlineFeatures(target, contract, pad_id=eos), samples, samples[:1], c, work / "run")
+    trained = load_checkpoint(work / "run" / "draft", target=target)
+    assert trained.contract.norm == norm
+    return trained
+
+
+def test_vllm_serves_the_eagle31_norms_with_our_acceptance(tmp_path, setup, vllm_vanilla_ids, eagle31_draft):
+    """Real vLLM serves a draft trained with the default norm set (fc_norm, norm_output) from our export: the
+    doctor finds nothing wrong, the output is lossless and vLLM's acceptance equals our engine's. The same draft
+    run without either flag (what an engine that drops it computes) is far outside the tolerance, so a vLLM
+    that ignored a flag would fail here."""
+    import dataclasses
+
+    from eaglewire.doctor.checks import run_checks
+    from eaglewire.doctor.inspect import inspect_dir
+    from eaglewire.draft.model import Eagle3Draft
+    from eaglewire.export.convert import export_draft
+
+    target, prompts = setup[0], setup[3]
+    export = export_draft(eagle31_draft, eagle31_draft.contract, tmp_path / "vllm", "vllm")
+    report = run_checks(inspect_dir(export, "vllm"), target)
+    assert [f for f in report.findings if f.level == "error"] == [], report.to_json()
+    ours = _ours(target, eagle31_draft, prompts)
+    for flag in ("fc_norm", "norm_output"):
+        norm = dataclasses.replace(eagle31_draft.cfg.norm, **{flag: False})
+        dropped = Eagle3Draft(dataclasses.replace(eagle31_draft.cfg, norm=norm))
+        dropped.load_state_dict({k: v for k, v in eagle31_draft.state_dict().items() if k in dropped.state_dict()})
+        dropped.attach_embedding(target.model.get_input_embeddings().weight)
+        dropped.contract = dataclasses.replace(eagle31_draft.contract, norm=norm)
+        tau_dropped = _ours(target, dropped, prompts)[1]
+        assert ours[1] - tau_dropped > 0.3, (flag, ours[1], tau_dropped)  # 2x the tolerance of _serve_and_check
+    metrics = _serve_and_check(setup, vllm_vanilla_ids, ours, export)
+    print("eagle3.1 norms in vLLM:", metrics, "ours tau", ours[1], "per_pos", ours[2])
+
+
 SPECULATORS_HINT = ("bash scripts/speculators_venv.sh   (or point EAGLEWIRE_SPECULATORS_PYTHON at a venv with "
                     "speculators==0.9.0)")
 NORM_KEYS = ("fc_norm", "norm_before_fc", "norm_before_residual", "norm_output")

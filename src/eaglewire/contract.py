@@ -245,6 +245,22 @@ class NormFlags:
                                    expected="at most one of them true", found="both true")
 
 
+# The norm sets a new draft can be trained with (`eaglewire train --norms`). Which engines serve each is the
+# engine records' `norms` (export/engines.py); the doctor's norm_flags check holds an export to them.
+NORM_PRESETS: dict[str, NormFlags] = {
+    "eagle3": NormFlags(),  # EAGLE-3 as published: every engine serves it
+    # EAGLE-3.1 ("attention drift"): an RMSNorm on each captured state, the post-norm state fed back
+    "eagle3.1": NormFlags(fc_norm=True, norm_output=True),
+    # speculators' eagle3 defaults: one RMSNorm over the concatenation, post-norm feedback, residual after norm
+    "speculators": NormFlags(norm_before_fc=True, norm_output=True, norm_before_residual=True),
+}
+
+
+def norm_preset_name(norm: NormFlags) -> str | None:
+    """The preset these flags are, or None for a set no preset names."""
+    return next((name for name, flags in NORM_PRESETS.items() if flags == norm), None)
+
+
 @dataclass(frozen=True)
 class WiringContract:
     target: TargetIdentity

@@ -11,7 +11,7 @@ from eaglewire.cli.common import DATA_HELP, add_command, err_console, field_opti
     load_target_weights, out_console, parse_taps, read_samples
 from eaglewire.data.samples import DEFAULT_HELDOUT_FRACTION, DEFAULT_MAX_LENGTH
 from eaglewire.errors import EaglewireError, TargetError
-from eaglewire.train.config import TrainConfig, knob_fields
+from eaglewire.train.config import TrainConfig, draft_norms, knob_fields
 from eaglewire.draft.vocab import DEFAULT_DRAFT_VOCAB
 
 KNOBS = knob_fields("cli")  # the training knobs that are options of `eaglewire train`
@@ -87,7 +87,7 @@ def train_cmd(
     info = dist.setup()
     tgt, tap_list = _target_and_taps(target, features, taps, taps_from, info.device)
     vmap, _, _ = load_vocab(vocab)
-    contract = tgt.contract(tap_list, vocab_map=vmap)
+    contract = tgt.contract(tap_list, vocab_map=vmap, norm=draft_norms(cfg))
     source, samples = feature_source(tgt, contract, features,
                                      lambda: read_samples(tgt, data, max_length, limit, split_turns))
     train_samples, heldout = split_heldout(samples, heldout_fraction)

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from eaglewire.contract import NormFlags, WiringContract
+from eaglewire.contract import NORM_PRESETS, NormFlags, WiringContract
 from eaglewire.draft.config import DraftConfig
-from eaglewire.export.engines import IDS_KEY, Engine
+from eaglewire.export.engines import ENGINES, IDS_KEY, Engine
 from eaglewire.errors import CheckpointError
 from eaglewire.safeio import field_of
 
@@ -52,9 +52,13 @@ def check_exportable(layout: Engine, cfg: DraftConfig) -> None:
     used = {k for k, v in cfg.norm.__dict__.items() if v}
     missing = sorted(used - layout.norms)
     if missing:
+        serving = [e.name for e in ENGINES.values() if used <= e.norms]
+        fits = [n for n, f in NORM_PRESETS.items() if {k for k, v in f.__dict__.items() if v} <= layout.norms]
         raise CheckpointError(f"{layout.name} does not implement {missing}", expected=f"only {sorted(layout.norms)}",
                               found=f"draft trained with {sorted(used)}",
-                              fix="the engine would run the draft without these norms; serve it on vllm or retrain")
+                              fix=f"the engine would run the draft without these norms: serve it on "
+                                  f"{' or '.join(serving)}, or retrain with `eaglewire train --norms "
+                                  f"{'|'.join(fits)}`")
 
 
 def native_to(layout: Engine, name: str) -> str:

@@ -211,10 +211,12 @@ def train(ctx: Ctx, work: Path) -> dict[str, Any]:
     from eaglewire.train import state as trainer_state
     from eaglewire.draft.vocab import load_vocab
     from eaglewire.pipeline.workflows import feature_source, train_draft
+    from eaglewire.train.config import draft_norms
 
     t = ctx.cfg.train
     vmap, _, _ = load_vocab(Path(ctx.results["vocab"]["file"]))
-    contract = ctx.target.contract(ctx.contract.taps, vocab_map=vmap)
+    cfg = _resolve_init(ctx, t.train_config())  # before the contract: a warm start keeps its norm flags
+    contract = ctx.target.contract(ctx.contract.taps, vocab_map=vmap, norm=draft_norms(cfg))
     features_dir = ctx.dirs["features"] if t.features == "offline" else None
     source, samples = feature_source(ctx.target, contract, features_dir, lambda: _samples(ctx))
     train_samples, heldout = split_heldout(samples, t.heldout_fraction)
@@ -222,7 +224,6 @@ def train(ctx: Ctx, work: Path) -> dict[str, Any]:
     if resume:
         ctx.log("resuming training from its last checkpoint")
     t0 = time.perf_counter()
-    cfg = _resolve_init(ctx, t.train_config())
     if cfg.init_from:
         ctx.log(f"warm start from {cfg.init_from} (weights; head rows remapped to this vocab; optimizer fresh)")
     summary = train_draft(ctx.target, contract, vmap, source, train_samples, heldout, cfg, work, resume=resume,

@@ -25,11 +25,13 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass
 
+from eaglewire.contract import NORM_PRESETS, NormFlags
 from eaglewire.train.ttt import LOSSES
 from eaglewire.train.warm import TRAIN_ONLY
 
 SUPERVISE = ("answers", "all")
 DTYPES = ("auto", "fp32", "bf16")  # hw.autocast_dtype's choices
+NEW_DRAFT_NORMS = "eagle3"  # the norm set `norms: auto` gives a draft trained from scratch
 
 
 def knob(default: Any, description: str, *, cli: bool = True, run: bool = True, choices: tuple[str, ...] = (),
@@ -70,6 +72,10 @@ class TrainConfig:
                                  "target vocab between the draft's state (mapped into the target's) and the "
                                  "target's next state, tokens outside V_d too (train/ttt.py); 0: off", run=False, ge=0)
     num_layers: int = knob(1, "draft decoder layers", ge=1)
+    norms: str = knob("auto", "the draft's norm set (contract.NORM_PRESETS): eagle3 = none, every engine serves "
+                      "it; eagle3.1 = an RMSNorm on each captured state and the post-norm state fed back (SGLang, "
+                      f"vLLM); speculators = speculators' eagle3 defaults (vLLM); auto = {NEW_DRAFT_NORMS} for a "
+                      "new draft, the warm-start draft's own with init_from", choices=("auto", *NORM_PRESETS))
     eval_every: int = knob(50, "steps between held-out evaluations", ge=1)
     eval_batches: int = knob(8, "held-out micro-batches per evaluation, per process", cli=False, run=False, ge=1)
     ckpt_every: int = knob(100, "steps between checkpoints (what --resume continues from)", ge=1)
@@ -90,6 +96,20 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         # through JSON, so it compares equal to the copy a checkpoint stored (tuples come back as lists)
         return json.loads(json.dumps(dataclasses.asdict(self)))
+
+
+def draft_norms(c: TrainConfig) -> NormFlags:
+    """The norm flags the trained draft's contract carries: the named preset, or with `auto` the warm-start
+    draft's own (a warm start never changes the function its weights compute) or NEW_DRAFT_NORMS."""
+    if c.norms != "auto":
+        return NORM_PRESETS[c.norms]
+    if c.init_from:
+        from pathlib import Path
+
+        from eaglewire.export.checkpoint import read_checkpoint_config
+
+        return read_checkpoint_config(Path(c.init_from))[1].norm
+    return NORM_PRESETS[NEW_DRAFT_NORMS]
 
 
 def knob_fields(where: Literal["cli", "run"]) -> dict[str, Any]:

@@ -92,6 +92,14 @@ def warm_start(draft: Eagle3Draft, path: Path, target: Any, vmap: VocabMap, taps
         raise CheckpointError(f"cannot warm-start from {path}: it reads other target boundaries",
                               expected=f"taps {list(taps)}", found=f"taps {list(src.contract.taps)}",
                               fix="train with the warm-start draft's taps, or drop init_from")
+    if src.cfg.norm != draft.cfg.norm:
+        from eaglewire.contract import norm_preset_name
+
+        theirs_name = norm_preset_name(src.cfg.norm)
+        raise CheckpointError(f"cannot warm-start from {path}: it was trained with other norm flags",
+                              expected=f"{draft.cfg.norm}", found=f"{src.cfg.norm}",
+                              fix=f"train with --norms {theirs_name or 'auto'} (the warm-start draft's own), "
+                                  "or drop init_from")
     mine, theirs = draft.state_dict(), src.state_dict()
     added = range(src.cfg.num_layers, draft.cfg.num_layers)  # empty unless the draft grows
     skip = {"lm_head.weight", "d2t", "t2d", "embed_tokens.weight"} | {k for k in mine if _layer_of(k) in added}
