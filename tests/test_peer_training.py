@@ -27,3 +27,20 @@ def test_peer_batches_are_the_trainers_own():
     assert [[s.id for s in b] for b in ours] == [[s.id for s in b] for b in theirs]
     seen = [s.id for b in ours for s in b]
     assert sorted(seen) == sorted(s.id for s in train[:steps * 4])  # one pass: every sample once, fresh data
+
+
+def test_every_eaglewire_arm_is_options_the_trainer_takes():
+    """An arm is `eaglewire train` knob options: each flag is a knob's and its value one the option accepts,
+    so no arm can silently train with a default it did not name."""
+    from pydantic import TypeAdapter
+
+    from eaglewire.contract import NORM_PRESETS
+    from eaglewire.train.config import knob_fields
+    from peer_training import ARM_NORMS, ARMS
+
+    knobs = {"--" + name.replace("_", "-"): annotation for name, (annotation, _) in knob_fields("cli").items()}
+    for arm, opts in ARMS.items():
+        assert opts[:2] == ["--norms", ARM_NORMS[arm]] and ARM_NORMS[arm] in NORM_PRESETS, arm
+        for flag, value in zip(opts[::2], opts[1::2]):
+            TypeAdapter(knobs[flag]).validate_strings(value)  # KeyError: no such knob; ValidationError: refused
+    assert ARM_NORMS["speculators"] == "speculators"
