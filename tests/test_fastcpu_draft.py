@@ -23,7 +23,8 @@ pytestmark = needs_fastcpu  # the CPU acceleration layer's own tests
 
 NORMS = {"eagle3": NormFlags(),
          "speculators": NormFlags(norm_before_residual=True, norm_output=True),
-         "fc_norm": NormFlags(fc_norm=True), "norm_before_fc": NormFlags(norm_before_fc=True)}
+         "fc_norm": NormFlags(fc_norm=True), "norm_before_fc": NormFlags(norm_before_fc=True),
+         "eagle3.1": NormFlags(fc_norm=True, norm_output=True)}  # the default of a new draft
 
 
 def _forward(model, ids, taps, cfg):

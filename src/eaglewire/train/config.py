@@ -31,7 +31,7 @@ from eaglewire.train.warm import TRAIN_ONLY
 
 SUPERVISE = ("answers", "all")
 DTYPES = ("auto", "fp32", "bf16")  # hw.autocast_dtype's choices
-NEW_DRAFT_NORMS = "eagle3"  # the norm set `norms: auto` gives a draft trained from scratch
+NEW_DRAFT_NORMS = "eagle3.1"  # the norm set `norms: auto` gives a draft trained from scratch
 
 
 def knob(default: Any, description: str, *, cli: bool = True, run: bool = True, choices: tuple[str, ...] = (),
