@@ -23,7 +23,9 @@ Arms (ARMS): `speculators`, and eaglewire with each of its norm sets (`eaglewire
 explicitly so an arm means the same when a default changes): `eaglewire` (eagle3: none), `eaglewire_eagle31`
 (eagle3.1: a norm per captured state and the post-norm state fed back) and `eaglewire_norms` (speculators'
 own eagle3 norm defaults, so that arm says how much of a gap between the trainers the norms explain);
-`eaglewire_flat` weighs every TTT position alike, as speculators' loss does (ours decays 0.8**position).
+`eaglewire_flat` and `eaglewire_eagle31_flat` weigh every TTT position alike, as speculators' loss does
+(eaglewire's default decays 0.8**position); `eaglewire_eagle31_muon` trains with Muon, speculators' default
+optimizer.
 
 Resumable: every arm keeps its run in ~/.cache/eaglewire/peer_training/ and its scored row in rows/; a rerun
 skips what is finished. `--extra ARM@BUDGET` adds one arm at one budget.
@@ -61,6 +63,8 @@ ARMS: dict[str, list[str]] = {
     "eaglewire_eagle31": ["--norms", "eagle3.1"],
     "eaglewire_norms": ["--norms", "speculators"],
     "eaglewire_flat": ["--norms", "eagle3", "--ttt-decay", "1.0"],
+    "eaglewire_eagle31_flat": ["--norms", "eagle3.1", "--ttt-decay", "1.0"],
+    "eaglewire_eagle31_muon": ["--norms", "eagle3.1", "--optimizer", "muon"],
 }
 ARM_NORMS = {"speculators": "speculators", **{arm: opts[1] for arm, opts in ARMS.items()}}
 

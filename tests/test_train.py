@@ -41,13 +41,14 @@ def test_lr_schedule():
     assert lr_at(100, c) == pytest.approx(0.1) and lr_at(55, c) == pytest.approx(0.55)
 
 
-def test_training_learns_and_writes_checkpoint(tmp_path):
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_training_learns_and_writes_checkpoint(tmp_path, optimizer):
     target, vmap, contract, feats = _setup()
     with torch.no_grad():  # a random tiny target is nearly uniform; sharpen it so there is something to learn
         target.model.lm_head.weight.mul_(30)
     samples = tiny_samples(32)
     c = TrainConfig(max_steps=40, batch_size=4, lr=3e-3, warmup_steps=5, eval_every=20, ckpt_every=20, ttt_steps=3,
-                    loss="forward_kl")
+                    loss="forward_kl", optimizer=optimizer)
     last = train(target, contract, vmap, feats, samples[:28], samples[28:], c, tmp_path)
     lines = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     train_lines = [l for l in lines if l["split"] == "train"]
@@ -61,10 +62,12 @@ def test_training_learns_and_writes_checkpoint(tmp_path):
     assert draft.contract == contract
 
 
-def test_resume_is_bit_exact(tmp_path):
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_resume_is_bit_exact(tmp_path, optimizer):
     target, vmap, contract, feats = _setup()
     samples = tiny_samples(24)
-    c = TrainConfig(max_steps=6, batch_size=4, warmup_steps=2, eval_every=3, ckpt_every=3, ttt_steps=2)
+    c = TrainConfig(max_steps=6, batch_size=4, warmup_steps=2, eval_every=3, ckpt_every=3, ttt_steps=2,
+                    optimizer=optimizer)
     train(target, contract, vmap, feats, samples[:20], samples[20:], c, tmp_path / "a")
     train(target, contract, vmap, feats, samples[:20], samples[20:], c, tmp_path / "b", stop_at=4)  # "killed" after step 4
     train(target, contract, vmap, feats, samples[:20], samples[20:], c, tmp_path / "b", resume=True)
@@ -75,6 +78,24 @@ def test_resume_is_bit_exact(tmp_path):
     wa = load_checkpoint(tmp_path / "a" / "draft", target=target).state_dict()
     wb = load_checkpoint(tmp_path / "b" / "draft", target=target).state_dict()
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_muon_takes_the_hidden_matrices_and_adamw_the_head_and_norms():
+    from eaglewire.train.loop import build_draft
+    from eaglewire.train.optim import Optimizers, build_optimizer
+
+    target, vmap, contract, _ = _setup()
+    draft = build_draft(target, contract, vmap, TrainConfig())
+    named = [(n, p) for n, p in draft.named_parameters() if p.requires_grad]
+    opt = build_optimizer(named, "muon", 1e-3, (0.9, 0.95), 0.0)
+    assert isinstance(opt, Optimizers)
+    (muon, muon_at), (adamw, adamw_at) = opt.parts
+    assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
+    assert sorted(muon_at + adamw_at) == list(range(len(named)))  # every weight, once
+    on_muon = {named[i][0] for i in muon_at}
+    assert {"fc.weight", "layers.0.self_attn.q_proj.weight", "layers.0.mlp.down_proj.weight"} <= on_muon
+    assert all(named[i][1].ndim == 1 or named[i][0].startswith("lm_head") for i in adamw_at)
+    assert any(named[i][0] == "lm_head.weight" for i in adamw_at)
 
 
 def test_resume_with_other_settings_refused(tmp_path):

@@ -24,10 +24,10 @@ CLI_FLAGS = {"--max-steps": 300, "--batch-size": 4, "--grad-accum": 1, "--lr": 1
              "--ttt-steps": 7, "--ttt-decay": 0.8, "--round-weight": 0.0, "--feature-weight": 0.0,
              "--loss": "soft_ce", "--supervise": "answers", "--num-layers": 1, "--init-layers-from-target": False,
              "--eval-every": 50, "--ckpt-every": 100, "--seed": 0, "--dtype": "auto", "--snapshot-steps": "",
-             "--init-from": None, "--train-only": "", "--norms": "auto"}
+             "--init-from": None, "--train-only": "", "--norms": "auto", "--optimizer": "adamw"}
 RUN_KEYS = {"features", "capture_dtype", "max_steps", "batch_size", "lr", "warmup_steps", "ttt_steps", "ttt_decay",
             "loss", "supervise", "num_layers", "eval_every", "ckpt_every", "heldout_fraction", "seed", "dtype",
-            "init_from", "norms"}
+            "init_from", "norms", "optimizer"}
 
 
 def _train_options() -> dict:

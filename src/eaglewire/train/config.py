@@ -26,6 +26,7 @@ from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass
 
 from eaglewire.contract import NORM_PRESETS, NormFlags
+from eaglewire.train.optim import OPTIMIZERS
 from eaglewire.train.ttt import LOSSES
 from eaglewire.train.warm import TRAIN_ONLY
 
@@ -56,7 +57,10 @@ class TrainConfig:
                      gt=0)
     min_lr_ratio: float = knob(0.1, "the cosine schedule ends at lr * this", cli=False, run=False, ge=0, le=1)
     warmup_steps: int = knob(20, "linear warm-up steps to lr", ge=0)
-    weight_decay: float = knob(0.0, "AdamW weight decay", cli=False, run=False, ge=0)
+    optimizer: str = knob("adamw", "adamw, or muon: Muon on the draft's hidden matrices and AdamW on the head and "
+                          "norms (train/optim.py)", choices=OPTIMIZERS)
+    weight_decay: float = knob(0.0, "weight decay (AdamW's, and Muon's under optimizer muon)", cli=False, run=False,
+                               ge=0)
     beta1: float = knob(0.9, "AdamW beta1", cli=False, run=False, ge=0, lt=1)
     beta2: float = knob(0.95, "AdamW beta2", cli=False, run=False, ge=0, lt=1)
     grad_clip: float = knob(0.5, "gradient-norm clip", cli=False, run=False, gt=0)

@@ -1,4 +1,4 @@
-"""The training loop (nanoGPT-shaped): TTT loss, AdamW, warm-up + cosine, grad-clip, eval, resume.
+"""The training loop (nanoGPT-shaped): TTT loss, AdamW or Muon, warm-up + cosine, grad-clip, eval, resume.
 
 One process (CPU, fp32):
     eaglewire train --data regenerated.jsonl.gz --vocab vocab.safetensors --out runs/d1
@@ -12,7 +12,7 @@ Several nodes (run on every node; same --out on shared storage; rank 0 logs and 
 
 Each rank takes its own `batch_size` slice of every global batch; the TTT loss is normalised by the
 supervised-position count over all ranks, so the DDP update equals a single process on the global
-batch (tested). Resume (`--resume`) restores weights, AdamW state and step; the data order is a pure
+batch (tested). Resume (`--resume`) restores weights, optimizer state and step; the data order is a pure
 function of (seed, epoch), so the loss curve continues bit-exactly (tested).
 
 Large targets (e.g. a 7168-wide MoE target, 3x7168 taps): the draft is ~1-2 B parameters with a 32k
@@ -41,6 +41,7 @@ from eaglewire.export.checkpoint import save_checkpoint
 from eaglewire.train import state as trainer_state
 from eaglewire.train.config import TrainConfig
 from eaglewire.train.dist import DistInfo, all_reduce_sum, barrier
+from eaglewire.train.optim import build_optimizer
 from eaglewire.train.ttt import TTTModel, TTTStats
 from eaglewire.train.warm import freeze, head_affine, init_layers_from_target, warm_start
 from eaglewire.draft.vocab import VocabMap
@@ -165,9 +166,9 @@ def train(target: Any, contract: WiringContract, vmap: VocabMap, features: Any, 
     torch.manual_seed(c.seed)
     draft = build_draft(target, contract, vmap, c).to(info.device)
     model = _ttt_model(draft, target, vmap, features, c, info)
-    names = [n for n, p in draft.named_parameters() if p.requires_grad]
-    params = [p for p in draft.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=c.lr, betas=(c.beta1, c.beta2), weight_decay=c.weight_decay, eps=1e-8)
+    named = [(n, p) for n, p in draft.named_parameters() if p.requires_grad]
+    names, params = [n for n, _ in named], [p for _, p in named]
+    opt = build_optimizer(named, c.optimizer, c.lr, (c.beta1, c.beta2), c.weight_decay)
     step = 0
     if not resume:
         trainer_state.refuse_to_overwrite(out, any_entry=False)
@@ -239,7 +240,7 @@ def feature_space(draft: Eagle3Draft, target: Any, vmap: VocabMap, device: Any) 
     return gram.to(device), amap.to(device)
 
 
-def _train_step(ddp: Any, model: TTTModel, opt: torch.optim.Optimizer, params: list, stream: MicroBatches,
+def _train_step(ddp: Any, model: TTTModel, opt: Any, params: list, stream: MicroBatches,
                 features: Any, step: int, c: TrainConfig, info: DistInfo) -> dict:
     lr = lr_at(step, c)
     for g in opt.param_groups:

@@ -1,7 +1,7 @@
 """Resumable trainer state, written atomically and without pickle.
 
     OUT/checkpoints/step-000100/draft/       native draft checkpoint (eaglewire.export.checkpoint)
-    OUT/checkpoints/step-000100/optim.safetensors   AdamW tensors (state.{param}.{exp_avg,...})
+    OUT/checkpoints/step-000100/optim.safetensors   optimizer tensors (state.{param}.{exp_avg,momentum_buffer,...})
     OUT/checkpoints/step-000100/trainer.json        step, config, optimizer hyper-parameters
     OUT/checkpoints/latest                          name of the newest complete checkpoint
 A checkpoint directory is complete only once `latest` names it (written last, by rename).
