@@ -73,8 +73,8 @@ class Scorer:
 def write_results(rows: list[dict], a: argparse.Namespace) -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     setup = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()}
-    (a.out / "peer_training.json").write_text(json.dumps({"cpu": describe_cpu(), "setup": setup, "rows": rows},
-                                                         indent=2) + "\n")
+    (a.out / "peer_training.json").write_text(json.dumps({"cpu": describe_cpu(), "setup": setup, "rows": rows,
+                                                          "projections": projections(rows)}, indent=2) + "\n")
     (a.out / "table.md").write_text(table(rows))
     plot(rows, a.out / "peer_training.png")
 
@@ -97,7 +97,31 @@ def table(rows: list[dict]) -> str:
         if peer and ours:
             ratios.append(f"- {b}x: " + "; ".join(f"{r['arm']} tau {r['tau'] / peer['tau']:.3f}x, tokens/s "
                                                   f"{r['tok_per_s'] / peer['tok_per_s']:.2f}x" for r in ours))
-    return "\n".join(lines + ["", "each eaglewire arm / speculators:"] + ratios) + "\n"
+    proj = [f"- {arm}: tau {p['tau_10x']:.3f} at {p['tokens_10x'] / 1e6:.2f} M tokens, {p['tau_100x']:.3f} at "
+            f"{p['tokens_100x'] / 1e6:.1f} M (fit slope {p['per_doubling']:+.4f} tau per doubling)"
+            for arm, p in projections(rows).items()]
+    return "\n".join(lines + ["", "each eaglewire arm / speculators:"] + ratios
+                     + ["", "projection (not a measurement): tau - 1 fitted linear in ln(trained tokens) over each "
+                        "arm's budgets, at 10x and 100x its largest:"] + proj) + "\n"
+
+
+def projections(rows: list[dict]) -> dict[str, dict]:
+    """Per arm with >= 3 budgets: least-squares fit of tau - 1 = a + b ln(tokens), evaluated at 10x and 100x
+    the arm's largest trained-token count (a projection from a short curve, not a measurement)."""
+    import math
+
+    out = {}
+    for arm in dict.fromkeys(r["arm"] for r in rows):
+        pts = [(math.log(r["tokens"]), r["tau"] - 1) for r in rows if r["arm"] == arm]
+        if len(pts) < 3:
+            continue
+        mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
+        b = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+        top = max(r["tokens"] for r in rows if r["arm"] == arm)
+        at = lambda t: 1 + my + b * (math.log(t) - mx)  # noqa: E731
+        out[arm] = {"tokens_10x": 10 * top, "tau_10x": round(at(10 * top), 4), "tokens_100x": 100 * top,
+                    "tau_100x": round(at(100 * top), 4), "per_doubling": round(b * math.log(2), 4)}
+    return out
 
 
 def plot(rows: list[dict], png: Path) -> None:

@@ -25,7 +25,8 @@ explicitly so an arm means the same when a default changes): `eaglewire` (eagle3
 own eagle3 norm defaults, so that arm says how much of a gap between the trainers the norms explain);
 `eaglewire_flat` and `eaglewire_eagle31_flat` weigh every TTT position alike, as speculators' loss does
 (eaglewire's default decays 0.8**position); `eaglewire_eagle31_muon` trains with Muon, speculators' default
-optimizer.
+optimizer; `eaglewire_eagle31_fp32` trains in fp32 as speculators does on a CPU (eaglewire autocasts to bf16
+where the CPU has it natively).
 
 Resumable: every arm keeps its run in ~/.cache/eaglewire/peer_training/ and its scored row in rows/; a rerun
 skips what is finished. `--extra ARM@BUDGET` adds one arm at one budget.
@@ -65,6 +66,7 @@ ARMS: dict[str, list[str]] = {
     "eaglewire_flat": ["--norms", "eagle3", "--ttt-decay", "1.0"],
     "eaglewire_eagle31_flat": ["--norms", "eagle3.1", "--ttt-decay", "1.0"],
     "eaglewire_eagle31_muon": ["--norms", "eagle3.1", "--optimizer", "muon"],
+    "eaglewire_eagle31_fp32": ["--norms", "eagle3.1", "--dtype", "fp32"],
 }
 ARM_NORMS = {"speculators": "speculators", **{arm: opts[1] for arm, opts in ARMS.items()}}
 
