@@ -39,6 +39,26 @@ def test_healthy_exports_have_no_error(tmp_path, target, drafted, fmt):
     assert _errors(report) == [], report.to_json()
 
 
+@pytest.mark.parametrize("preset", ["eagle3.1", "speculators"])
+@pytest.mark.parametrize("fmt", ["sglang", "sglang-legacy", "vllm", "eagle", "specforge"])
+def test_each_norm_set_exports_cleanly_where_served_and_is_refused_elsewhere(tmp_path, target, fmt, preset):
+    """A draft trained with a norm set (eagle3.1: the default of a new draft) exports with no doctor error to
+    every engine that serves the set, and is refused, naming the engines that do, by every other."""
+    from eaglewire.contract import NORM_PRESETS
+    from eaglewire.errors import CheckpointError
+    from eaglewire.export.engines import ENGINES
+
+    norm = NORM_PRESETS[preset]
+    draft, contract = build_draft(target, taps=(2, 4, 5), seed=7, norm=norm)
+    if {k for k, v in norm.__dict__.items() if v} <= ENGINES[fmt].norms:
+        out = export_draft(draft, contract, tmp_path / fmt, fmt)
+        assert _errors(_doctor(out, target, fmt)) == []
+    else:
+        with pytest.raises(CheckpointError, match="does not implement") as err:
+            export_draft(draft, contract, tmp_path / fmt, fmt)
+        assert "serve it on " in err.value.fix and "vllm" in err.value.fix
+
+
 def _export(tmp_path, drafted, fmt="sglang"):
     draft, contract = drafted
     return export_draft(draft, contract, tmp_path / fmt, fmt)
