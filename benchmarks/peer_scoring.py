@@ -125,21 +125,24 @@ def projections(rows: list[dict]) -> dict[str, dict]:
 
 
 def plot(rows: list[dict], png: Path) -> None:
+    """tau per arm against trained tokens (arms with one budget as markers: the levers), and tokens/s as the
+    long run measured it (shared cores; the quiet figure is peer_throughput.py's)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.6))
     for arm in dict.fromkeys(r["arm"] for r in rows):
-        pts = sorted((r["tokens"], r["tau"], r["heldout_top1"][0], r["tok_per_s"]) for r in rows if r["arm"] == arm)
-        ax1.semilogx([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{arm}: tau (chain k={K}, offline)")
-        ax1.semilogx([p[0] for p in pts], [1 + p[2] for p in pts], "s--", label=f"{arm}: 1 + held-out top-1")
-        ax2.semilogx([p[0] for p in pts], [p[3] for p in pts], "o-", label=arm)
-    ax1.set(xlabel="trained tokens", ylabel="tau", title="MT-bench first turns, greedy")
-    ax2.set(xlabel="trained tokens", ylabel="training tokens/s (1 thread)", title="throughput")
-    ax1.legend(fontsize=7)
-    ax2.legend(fontsize=7)
+        pts = sorted((r["tokens"], r["tau"], r["tok_per_s"]) for r in rows if r["arm"] == arm)
+        style = "o-" if len(pts) >= 3 else "x"
+        label = f"{arm} ({next(r['norms'] for r in rows if r['arm'] == arm)})"
+        ax1.semilogx([p[0] for p in pts], [p[1] for p in pts], style, label=label)
+        ax2.semilogx([p[0] for p in pts], [p[2] for p in pts], style, label=label)
+    ax1.set(xlabel="trained tokens", ylabel=f"tau (chain k={K}, offline)", title="MT-bench first turns, greedy")
+    ax2.set(xlabel="trained tokens", ylabel="training tokens/s (1 thread)",
+            title="throughput in the long run (shared cores)")
+    ax1.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     fig.savefig(png, dpi=100)
     plt.close(fig)
