@@ -26,7 +26,8 @@ own eagle3 norm defaults, so that arm says how much of a gap between the trainer
 `eaglewire_flat` and `eaglewire_eagle31_flat` weigh every TTT position alike, as speculators' loss does
 (eaglewire's default decays 0.8**position); `eaglewire_eagle31_muon` trains with Muon, speculators' default
 optimizer; `eaglewire_eagle31_fp32` trains in fp32 as speculators does on a CPU (eaglewire autocasts to bf16
-where the CPU has it natively); `eaglewire_eagle31_warm2` warms up 2 steps (about speculators' 1%) instead of 20.
+where the CPU has it natively); `eaglewire_eagle31_warm2` warms up 2 steps (about speculators' 1%) instead of 20;
+`eaglewire_eagle31_frozen_head` keeps the head at the target's rows, as speculators does.
 
 Resumable: every arm keeps its run in ~/.cache/eaglewire/peer_training/ and its scored row in rows/; a rerun
 skips what is finished. `--extra ARM@BUDGET` adds one arm at one budget.
@@ -68,6 +69,7 @@ ARMS: dict[str, list[str]] = {
     "eaglewire_eagle31_muon": ["--norms", "eagle3.1", "--optimizer", "muon"],
     "eaglewire_eagle31_fp32": ["--norms", "eagle3.1", "--dtype", "fp32"],
     "eaglewire_eagle31_warm2": ["--norms", "eagle3.1", "--warmup-steps", "2"],
+    "eaglewire_eagle31_frozen_head": ["--norms", "eagle3.1", "--train-only", "body"],
 }
 ARM_NORMS = {"speculators": "speculators", **{arm: opts[1] for arm, opts in ARMS.items()}}
 

@@ -98,6 +98,21 @@ def test_muon_takes_the_hidden_matrices_and_adamw_the_head_and_norms():
     assert any(named[i][0] == "lm_head.weight" for i in adamw_at)
 
 
+def test_training_the_body_keeps_the_head_as_it_started(tmp_path):
+    """--train-only body: every weight but the head learns; the head stays the target's rows it started as."""
+    from eaglewire.train.loop import build_draft
+
+    target, vmap, contract, feats = _setup()
+    samples = tiny_samples(12)
+    c = TrainConfig(max_steps=3, batch_size=4, warmup_steps=1, eval_every=3, ckpt_every=3, ttt_steps=2,
+                    train_only="body", dtype="fp32")
+    start = build_draft(target, contract, vmap, c).state_dict()
+    train(target, contract, vmap, feats, samples[:8], samples[8:], c, tmp_path)
+    end = load_checkpoint(tmp_path / "draft", target=target).state_dict()
+    assert torch.equal(end["lm_head.weight"], start["lm_head.weight"])
+    assert not torch.equal(end["fc.weight"], start["fc.weight"])
+
+
 def test_resume_with_other_settings_refused(tmp_path):
     target, vmap, contract, feats = _setup()
     samples = tiny_samples(12)

@@ -91,8 +91,9 @@ class TrainConfig:
                           "shipped for the embedded target)", path=True)
     init_layers_from_target: bool = knob(False, "start draft layer i as target layer L - num_layers + i (layer 0's "
                                          "embedding half of q/k/v stays random: the target has none)", run=False)
-    train_only: str = knob("", "what trains: every weight (''), the head alone (head), or only the head rows a "
-                           "grown vocab adds to init_from (new_head_rows: its own weights stay exactly as they were)",
+    train_only: str = knob("", "what trains: every weight (''), the head alone (head), only the head rows a "
+                           "grown vocab adds to init_from (new_head_rows: its own weights stay exactly as they were), "
+                           "or everything but the head (body: a fresh draft's head stays the target's rows)",
                            run=False, choices=TRAIN_ONLY)
     snapshot_steps: tuple[int, ...] = knob((), "also keep the draft at these steps (OUT/snapshots/step-N): one "
                                            "pass over fresh data makes them a data-scaling curve", run=False)

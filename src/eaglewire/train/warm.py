@@ -135,7 +135,8 @@ def _layer_of(key: str) -> int | None:
     return int(parts[1]) if parts[0] == "layers" and len(parts) > 1 and parts[1].isdigit() else None
 
 
-TRAIN_ONLY = ("", "head", "new_head_rows")  # TrainConfig.train_only: every weight, the head, rows new to init_from
+# TrainConfig.train_only: every weight, the head, rows new to init_from, everything but the head
+TRAIN_ONLY = ("", "head", "new_head_rows", "body")
 
 
 def freeze(draft: Eagle3Draft, train_only: str, new_rows: torch.Tensor | None, weight_decay: float = 0.0) -> None:
@@ -146,6 +147,9 @@ def freeze(draft: Eagle3Draft, train_only: str, new_rows: torch.Tensor | None, w
     if train_only not in TRAIN_ONLY:
         raise ValueError(f"train_only must be one of {TRAIN_ONLY}, not {train_only!r}")
     if not train_only:
+        return
+    if train_only == "body":  # the head stays as it starts: a fresh draft's is the target's rows for V_d
+        draft.lm_head.weight.requires_grad_(False)
         return
     for name, p in draft.named_parameters():
         p.requires_grad_(name == "lm_head.weight")
