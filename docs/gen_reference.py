@@ -22,7 +22,8 @@ MODULES = {
     "doctor": "eaglewire.doctor",  # package whose modules hold the checks (Finding(...) / _f(...) calls)
     "engines": "eaglewire.export.engines",  # ENGINES: one record per engine
     "layouts": "eaglewire.export.layouts",  # make_config, native_to
-    "contract": "eaglewire.contract",  # TargetIdentity, WiringContract, NormFlags, default_taps
+    "contract": "eaglewire.contract",  # TargetIdentity, WiringContract, default_taps
+    "norms": "eaglewire.norms",  # NormFlags, NORM_PRESETS
     "draft_config": "eaglewire.draft.config",  # DraftConfig
     "train_config": "eaglewire.train.config",  # NEW_DRAFT_NORMS
 }
@@ -197,8 +198,8 @@ def formats_page() -> str:
         out.append(f"| `{e.name}` | `{e.convention}` | {e.config_style} | {ids} | `{e.prefix0}` | "
                    f"{'any' if e.multi_layer else '1'} | {', '.join(sorted(e.norms)) or 'none'} | "
                    f"{e.num_taps or 'any'} | {'target' if e.replaces_embedding else 'checkpoint or target'} |")
-    presets, new = _mod("contract").NORM_PRESETS, _mod("train_config").NEW_DRAFT_NORMS
-    out += ["", "## Norm sets", "", f"`eaglewire train --norms` (`{MODULES['contract']}.NORM_PRESETS`); a new draft "
+    presets, new = _mod("norms").NORM_PRESETS, _mod("train_config").NEW_DRAFT_NORMS
+    out += ["", "## Norm sets", "", f"`eaglewire train --norms` (`{MODULES['norms']}.NORM_PRESETS`); a new draft "
             f"gets `{new}`, a warm start keeps its own. An export to an engine that does not implement a flag is "
             "refused.", "", "| `--norms` | flags | engines that serve it |", "|---|---|---|"]
     for name, flags in presets.items():

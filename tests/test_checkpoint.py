@@ -8,7 +8,7 @@ from safetensors.torch import load_file, save_file
 from tiny import build_draft, build_target
 
 from eaglewire.export.checkpoint import load_checkpoint, save_checkpoint
-from eaglewire.contract import NormFlags
+from eaglewire.norms import NormFlags
 from eaglewire.errors import CheckpointError, ContractMismatch
 from eaglewire.draft.vocab import VocabMapError
 

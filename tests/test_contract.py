@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eaglewire.contract import (CONVENTIONS, NormFlags, TargetIdentity, WiringContract, default_taps, from_engine,
+from eaglewire.contract import (CONVENTIONS, TargetIdentity, WiringContract, default_taps, from_engine,
                                 to_engine, translate)
+from eaglewire.norms import NormFlags
 from eaglewire.errors import ContractMismatch, TranslationError
 
 LAYER_COUNTS = (4, 30, 61)

@@ -172,7 +172,7 @@ def test_warm_start_copies_weights_and_remaps_the_head(tmp_path):
 def test_norms_knob_names_the_flags_and_a_warm_start_keeps_its_own(tmp_path):
     """--norms picks a preset; auto is NEW_DRAFT_NORMS for a new draft and the source's flags for a warm start;
     a warm start asked for other flags is refused (its weights compute another function under them)."""
-    from eaglewire.contract import NORM_PRESETS
+    from eaglewire.norms import NORM_PRESETS
     from eaglewire.train.config import NEW_DRAFT_NORMS, draft_norms
 
     target, vmap, _ = _setup()

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tiny import build_draft, build_target
 
-from eaglewire.contract import NormFlags
+from eaglewire.norms import NormFlags
 from eaglewire.doctor.checks import run_checks
 from eaglewire.doctor.inspect import inspect_dir
 from eaglewire.export.convert import export_draft
@@ -44,7 +44,7 @@ def test_healthy_exports_have_no_error(tmp_path, target, drafted, fmt):
 def test_each_norm_set_exports_cleanly_where_served_and_is_refused_elsewhere(tmp_path, target, fmt, preset):
     """A draft trained with a norm set (eagle3.1: the default of a new draft) exports with no doctor error to
     every engine that serves the set, and is refused, naming the engines that do, by every other."""
-    from eaglewire.contract import NORM_PRESETS
+    from eaglewire.norms import NORM_PRESETS
     from eaglewire.errors import CheckpointError
     from eaglewire.export.engines import ENGINES
 

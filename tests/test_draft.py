@@ -4,7 +4,7 @@ import pytest
 import torch
 from tiny import HIDDEN, VOCAB, build_draft, build_target
 
-from eaglewire.contract import NormFlags
+from eaglewire.norms import NormFlags
 from eaglewire.errors import CheckpointError, TapWidthError
 from eaglewire.draft.vocab import VocabMap, VocabMapError
 

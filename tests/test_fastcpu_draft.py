@@ -9,7 +9,7 @@ import pytest
 import torch
 from tiny import build_draft, build_target
 
-from eaglewire.contract import NormFlags
+from eaglewire.norms import NormFlags
 from eaglewire.fastcpu.draft import LayoutLinear, FastDraft
 from eaglewire.decoding.propose import EagleProposer
 from eaglewire.fastcpu import gemm

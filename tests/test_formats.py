@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tiny import build_draft, build_target
 
-from eaglewire.contract import NormFlags
+from eaglewire.norms import NormFlags
 from eaglewire.errors import CheckpointError, ContractMismatch, TranslationError
 from eaglewire.export.base import CONTRACT_FILE
 from eaglewire.export.convert import export_draft, import_draft

@@ -19,12 +19,12 @@ from pathlib import Path
 SRC = Path(__file__).parents[1] / "src"
 ROOT = "eaglewire"
 
-# base: errors, safe file IO, the user cache, CPU features, tensor ops -> the wiring contract -> the target
-# and the draft -> export (native checkpoint, engine records, formats) -> data -> the vLLM client ->
+# base: errors, safe file IO, the user cache, CPU features, tensor ops -> the norm flags -> the wiring
+# contract -> the target and the draft -> export (native checkpoint, engine records, formats) -> data -> the vLLM client ->
 # capture -> train -> the speculative decoder -> its CPU acceleration -> the doctor -> the product
 # surfaces (bench, serve, peer rows) -> the `eaglewire run` pipeline -> the command line
-LAYERS = ("errors", "safeio", "cache", "hw", "ops", "contract", "target", "draft", "export", "data", "vllm_client",
-          "capture", "train", "decoding", "fastcpu", "doctor", "serve", "pipeline", "cli")
+LAYERS = ("errors", "safeio", "cache", "hw", "ops", "norms", "contract", "target", "draft", "export", "data",
+          "vllm_client", "capture", "train", "decoding", "fastcpu", "doctor", "serve", "pipeline", "cli")
 
 
 def _modules() -> dict[str, Path]:

@@ -34,7 +34,7 @@ def test_every_eaglewire_arm_is_options_the_trainer_takes():
     so no arm can silently train with a default it did not name."""
     from pydantic import TypeAdapter
 
-    from eaglewire.contract import NORM_PRESETS
+    from eaglewire.norms import NORM_PRESETS
     from eaglewire.train.config import knob_fields
     from peer_training import ARM_NORMS, ARMS
 

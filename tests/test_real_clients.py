@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import save_file
 from tiny import build_draft, build_target
 
-from eaglewire.contract import NormFlags
+from eaglewire.norms import NormFlags
 from eaglewire.export.convert import export_draft
 
 PY = os.environ.get("EAGLEWIRE_SPECULATORS_PYTHON")

@@ -118,7 +118,7 @@ def eagle31_draft(setup, vllm_vanilla_ids, tmp_path_factory):
 
     from eaglewire.capture.features import OnlineFeatures
     from eaglewire.capture.hooks import capture
-    from eaglewire.contract import NORM_PRESETS
+    from eaglewire.norms import NORM_PRESETS
     from eaglewire.data.samples import Sample
     from eaglewire.draft.model import Eagle3Draft
     from eaglewire.draft.vocab import VocabMap

@@ -76,7 +76,7 @@ def build_target(arch: str = "llama", seed: int = 0, layers: int = LAYERS) -> Ta
 
 def build_draft(target: Target, taps=(1, 2, 3), draft_vocab: int = 128, seed: int = 0, **draft_kw):
     """A random-init draft for `target` with a reduced vocab (every other target id), embedding attached."""
-    from eaglewire.contract import NormFlags
+    from eaglewire.norms import NormFlags
     from eaglewire.draft.config import DraftConfig
     from eaglewire.draft.model import Eagle3Draft
     from eaglewire.draft.vocab import VocabMap

@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from eaglewire.contract import NormFlags, TargetIdentity, WiringContract, sha256_text
+from eaglewire.contract import TargetIdentity, WiringContract, sha256_text
+from eaglewire.norms import NormFlags
 from eaglewire.capture.boundaries import Boundaries, sample_target
 from eaglewire.errors import EaglewireError
 from eaglewire.safeio import atomic_save_safetensors, check_dataclass_fields, open_safetensors

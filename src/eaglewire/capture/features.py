@@ -27,7 +27,8 @@ from typing import Callable
 
 import torch
 
-from eaglewire.contract import NormFlags, WiringContract
+from eaglewire.contract import WiringContract
+from eaglewire.norms import NormFlags
 from eaglewire.data.samples import Sample
 from eaglewire.errors import ContractMismatch
 from eaglewire.safeio import about_file, atomic_save_safetensors, atomic_write_json, damaged, field_of, open_safetensors, \

@@ -6,7 +6,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from eaglewire.contract import NormFlags, WiringContract
+from eaglewire.contract import WiringContract
+from eaglewire.norms import NormFlags
 from eaglewire.errors import CheckpointError
 from eaglewire.safeio import check_dataclass_fields
 

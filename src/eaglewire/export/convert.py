@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from eaglewire.contract import NormFlags, WiringContract, default_taps, from_engine
+from eaglewire.contract import WiringContract, default_taps, from_engine
+from eaglewire.norms import NormFlags
 from eaglewire.draft.load import EMBED_KEY as EMBED
 from eaglewire.draft.load import load_strict
 from eaglewire.draft.model import Eagle3Draft

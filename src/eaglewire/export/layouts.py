@@ -27,7 +27,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from eaglewire.contract import NORM_PRESETS, NormFlags, WiringContract
+from eaglewire.contract import WiringContract
+from eaglewire.norms import NORM_PRESETS, NormFlags
 from eaglewire.draft.config import DraftConfig
 from eaglewire.export.engines import ENGINES, IDS_KEY, Engine
 from eaglewire.errors import CheckpointError

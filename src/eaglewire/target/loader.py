@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from eaglewire.cache import cache_root, ensure_dir
-from eaglewire.contract import NormFlags, TargetIdentity, WiringContract, canonical_json, sha256_text
+from eaglewire.contract import TargetIdentity, WiringContract, canonical_json, sha256_text
+from eaglewire.norms import NormFlags
 from eaglewire.errors import TargetError
 from eaglewire.safeio import UnpicklingError, read_json_object
 

@@ -25,7 +25,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass
 
-from eaglewire.contract import NORM_PRESETS, NormFlags
+from eaglewire.norms import NORM_PRESETS, NormFlags
 from eaglewire.train.optim import OPTIMIZERS
 from eaglewire.train.ttt import LOSSES
 from eaglewire.train.warm import TRAIN_ONLY
@@ -76,7 +76,7 @@ class TrainConfig:
                                  "target vocab between the draft's state (mapped into the target's) and the "
                                  "target's next state, tokens outside V_d too (train/ttt.py); 0: off", run=False, ge=0)
     num_layers: int = knob(1, "draft decoder layers", ge=1)
-    norms: str = knob("auto", "the draft's norm set (contract.NORM_PRESETS): eagle3 = none, every engine serves "
+    norms: str = knob("auto", "the draft's norm set (norms.NORM_PRESETS): eagle3 = none, every engine serves "
                       "it; eagle3.1 = an RMSNorm on each captured state and the post-norm state fed back (SGLang, "
                       f"vLLM); speculators = speculators' eagle3 defaults (vLLM); auto = {NEW_DRAFT_NORMS} for a "
                       "new draft, the warm-start draft's own with init_from", choices=("auto", *NORM_PRESETS))

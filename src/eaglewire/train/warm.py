@@ -93,7 +93,7 @@ def warm_start(draft: Eagle3Draft, path: Path, target: Any, vmap: VocabMap, taps
                               expected=f"taps {list(taps)}", found=f"taps {list(src.contract.taps)}",
                               fix="train with the warm-start draft's taps, or drop init_from")
     if src.cfg.norm != draft.cfg.norm:
-        from eaglewire.contract import norm_preset_name
+        from eaglewire.norms import norm_preset_name
 
         theirs_name = norm_preset_name(src.cfg.norm)
         raise CheckpointError(f"cannot warm-start from {path}: it was trained with other norm flags",
