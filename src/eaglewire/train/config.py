@@ -32,7 +32,9 @@ from eaglewire.train.warm import TRAIN_ONLY
 
 SUPERVISE = ("answers", "all")
 DTYPES = ("auto", "fp32", "bf16")  # hw.autocast_dtype's choices
-NEW_DRAFT_NORMS = "eagle3.1"  # the norm set `norms: auto` gives a draft trained from scratch
+# The norm set `norms: auto` gives a draft trained from scratch: SGLang and vLLM both serve it, and at equal data
+# it trains better drafts than plain EAGLE-3 (`python benchmarks/peer_training.py`, docs/results/peer-training.md).
+NEW_DRAFT_NORMS = "eagle3.1"
 
 
 def knob(default: Any, description: str, *, cli: bool = True, run: bool = True, choices: tuple[str, ...] = (),
