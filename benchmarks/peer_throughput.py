@@ -21,10 +21,9 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from peer_training import TAPS, prepare, step_batches, train_eaglewire, train_speculators  # noqa: E402
+from peer_training import prepare, step_batches, target_settings, train_eaglewire, train_speculators  # noqa: E402
 
 from eaglewire.cache import cache_root  # noqa: E402
-from eaglewire.export.engines import engine_for  # noqa: E402
 from eaglewire.hw import describe_cpu  # noqa: E402
 from eaglewire.target.loader import load_target  # noqa: E402
 
@@ -41,8 +40,7 @@ def main() -> None:
     a.base_steps, a.budgets, a.batch_size, a.max_length, a.ttt, a.heldout = a.steps, [1], 4, 512, 3, 32
     torch.set_num_threads(1)
     target = load_target()
-    a.verifier = a.work / "verifier"
-    a.taps, a.spec_layer_ids = list(TAPS), list(target.contract(TAPS).engine_ids(engine_for("vllm").convention))
+    target_settings(a, target)
     feats, vocab, train, _ = prepare(a, target)
     batches = step_batches(train, a.steps, a)
     tokens = sum(len(s.input_ids) for b in batches for s in b)

@@ -74,6 +74,20 @@ ARMS: dict[str, list[str]] = {
 ARM_NORMS = {"speculators": "speculators", **{arm: opts[1] for arm, opts in ARMS.items()}}
 
 
+def run_key(arm: str, budget: int, a: argparse.Namespace) -> str:
+    """The name of one arm's run at one budget: a changed setting trains anew."""
+    return f"{arm}-x{budget}-s{a.base_steps * budget}-b{a.batch_size}-t{a.ttt}-L{a.max_length}"
+
+
+def target_settings(a: argparse.Namespace, target) -> None:
+    """The verifier directory speculators reads, and the taps in both numberings, onto `a`."""
+    a.verifier = a.work / "verifier"
+    if not (a.verifier / "config.json").exists():
+        target.model.save_pretrained(a.verifier)  # speculators reads the verifier's config, weights and
+        target.tokenizer.save_pretrained(a.verifier)  # tokenizer here
+    a.taps, a.spec_layer_ids = list(TAPS), list(target.contract(TAPS).engine_ids(engine_for("vllm").convention))
+
+
 def prepare(a: argparse.Namespace, target) -> tuple[Path, Path, list[Sample], list[Sample]]:
     """(features dir, vocab file, training samples in capture order, held-out samples). The vocab counts the
     training split only; features hold the training samples the largest budget needs, then the held-out ones."""
@@ -176,11 +190,7 @@ def main() -> None:
 
     a.work.mkdir(parents=True, exist_ok=True)
     target = load_target()
-    a.verifier = a.work / "verifier"
-    if not (a.verifier / "config.json").exists():
-        target.model.save_pretrained(a.verifier)  # speculators reads the verifier's config, weights and
-        target.tokenizer.save_pretrained(a.verifier)  # tokenizer here
-    a.taps, a.spec_layer_ids = list(TAPS), list(target.contract(TAPS).engine_ids(engine_for("vllm").convention))
+    target_settings(a, target)
     feats, vocab, train, held = prepare(a, target)
     scorer = Scorer(target, held, a)
     rows, plan = [], [(b, arm) for i, b in enumerate(a.budgets)
@@ -196,7 +206,7 @@ def run_arm(arm: str, budget: int, a: argparse.Namespace, feats: Path, vocab: Pa
             scorer) -> dict:
     """Train (unless done) and score (unless done) one arm at one budget; the row is kept in WORK/rows."""
     steps = a.base_steps * budget
-    key = f"{arm}-x{budget}-s{steps}-b{a.batch_size}-t{a.ttt}-L{a.max_length}"  # a changed setting trains anew
+    key = run_key(arm, budget, a)
     online = "-online" if budget in a.online else ""
     row_path = a.work / "rows" / f"{key}-p{a.prompts}-n{a.max_new_tokens}-h{a.heldout}{online}.json"
     if row_path.exists():

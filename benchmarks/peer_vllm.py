@@ -29,7 +29,7 @@ from eaglewire.vllm_client.server import VllmServer, complete_ids, spec_metrics
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from peer_training import ARM_NORMS  # noqa: E402
+from peer_training import ARM_NORMS, run_key  # noqa: E402
 
 K = 3
 
@@ -63,7 +63,7 @@ def main() -> None:
     prompts = bench_prompts(target, "mtbench", a.prompts)  # the questions peer_scoring asks
     rows = []
     for arm in a.arms.split(","):
-        key = f"{arm}-x{a.budget}-s{a.base_steps * a.budget}-b{a.batch_size}-t{a.ttt}-L{a.max_length}"
+        key = run_key(arm, a.budget, a)
         run = a.work / "runs" / key
         if not (run / "draft").is_dir():
             raise SystemExit(f"no trained draft at {run}: run peer_training.py with these settings first")

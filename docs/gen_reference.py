@@ -203,9 +203,8 @@ def formats_page() -> str:
             f"gets `{new}`, a warm start keeps its own. An export to an engine that does not implement a flag is "
             "refused.", "", "| `--norms` | flags | engines that serve it |", "|---|---|---|"]
     for name, flags in presets.items():
-        on = {k for k, v in flags.__dict__.items() if v}
-        out.append(f"| `{name}`{' (new drafts)' if name == new else ''} | {', '.join(sorted(on)) or 'none'} | "
-                   + ", ".join(e.name for e in engines.values() if on <= e.norms) + " |")
+        out.append(f"| `{name}`{' (new drafts)' if name == new else ''} | {', '.join(sorted(flags.on)) or 'none'} | "
+                   + ", ".join(e.name for e in engines.values() if flags.on <= e.norms) + " |")
     for e in engines.values():
         conf = _example_config(e)
         ids = lay.config_ids(e, conf)

@@ -20,6 +20,11 @@ class NormFlags:
     norm_output: bool = False  # feed the post-norm hidden (not pre-norm) to the next draft step
     norm_before_residual: bool = False  # residual taken after hidden_norm (speculators' default True)
 
+    @property
+    def on(self) -> frozenset[str]:
+        """The names of the flags that are set."""
+        return frozenset(k for k, v in self.__dict__.items() if v)
+
     def __post_init__(self) -> None:
         if self.norm_before_fc and self.fc_norm:
             raise ContractMismatch("norm_before_fc and fc_norm are mutually exclusive",

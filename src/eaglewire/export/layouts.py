@@ -50,11 +50,11 @@ def check_exportable(layout: Engine, cfg: DraftConfig) -> None:
         raise CheckpointError(f"{layout.name} drafts read exactly {n} taps", expected=f"{n} taps (its fc is {n}*H "
                               f"wide and it demands {n} layer ids)", found=f"{cfg.num_taps} taps",
                               fix="export to vllm/speculators or sglang, or retrain with 3 taps")
-    used = {k for k, v in cfg.norm.__dict__.items() if v}
+    used = cfg.norm.on
     missing = sorted(used - layout.norms)
     if missing:
         serving = [e.name for e in ENGINES.values() if used <= e.norms]
-        fits = [n for n, f in NORM_PRESETS.items() if {k for k, v in f.__dict__.items() if v} <= layout.norms]
+        fits = [n for n, f in NORM_PRESETS.items() if f.on <= layout.norms]
         raise CheckpointError(f"{layout.name} does not implement {missing}", expected=f"only {sorted(layout.norms)}",
                               found=f"draft trained with {sorted(used)}",
                               fix=f"the engine would run the draft without these norms: serve it on "

@@ -74,7 +74,7 @@ def build_optimizer(named: list[tuple[str, torch.Tensor]], kind: str, lr: float,
     if kind != "muon":
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, not {kind!r}")
     muon = [i for i, (n, p) in enumerate(named) if uses_muon(n, p)]
-    rest = [i for i in range(len(named)) if i not in set(muon)]
+    rest = sorted(set(range(len(named))) - set(muon))
     parts: list[tuple[torch.optim.Optimizer, list[int]]] = []
     if muon:
         parts.append((torch.optim.Muon([params[i] for i in muon], lr=lr, weight_decay=weight_decay,

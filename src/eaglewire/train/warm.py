@@ -15,6 +15,7 @@ import torch
 
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import CheckpointError
+from eaglewire.norms import norm_preset_name
 from eaglewire.draft.vocab import VocabMap
 
 
@@ -93,8 +94,6 @@ def warm_start(draft: Eagle3Draft, path: Path, target: Any, vmap: VocabMap, taps
                               expected=f"taps {list(taps)}", found=f"taps {list(src.contract.taps)}",
                               fix="train with the warm-start draft's taps, or drop init_from")
     if src.cfg.norm != draft.cfg.norm:
-        from eaglewire.norms import norm_preset_name
-
         theirs_name = norm_preset_name(src.cfg.norm)
         raise CheckpointError(f"cannot warm-start from {path}: it was trained with other norm flags",
                               expected=f"{draft.cfg.norm}", found=f"{src.cfg.norm}",
