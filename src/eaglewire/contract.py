@@ -18,9 +18,11 @@ How engines write the same physical state (read from each engine's source; recor
     speculators     b                                 0 .. L              final boundary after the loop
     vllm-legacy     b                                 1 .. L-1          old loops add a None residual
                                                                           at 0, never see the end
-    sglang-legacy   b - 1  (SGLang adds +1)           1 .. L-1          captured before layer id+1
-    sglang          b - 1 if b[0]==2, else b          1 .. L-1, b[0]!=1 PR #25454: +1 only if first id 1
-                                                                          (seen in DeepSeek-V2-family code)
+    sglang-plus1    b - 1  (SGLang adds +1)           1 .. L-1          captured before layer id+1
+    sglang-first1   b - 1 if b[0]==2, else b          1 .. L-1, b[0]!=1 PR #25454: +1 only if first id 1
+    sglang-final    b - 1  (as is if max id = L)      1 .. L            gpt_oss.py: captures the end too
+                    SGLang's rule is per model file and release: export/sglang_rules.py picks one of the three
+                    for a target architecture ("sglang" alone names no rule; "sglang-legacy" is retired)
     specforge       b - 1  (hook on layer id)         1 .. L            HF backend hooks layer id's output
                                                                           (SpecForge <= 0.1; 0.2 captures
                                                                           through SGLang: see the doctor)
@@ -69,8 +71,10 @@ CONVENTIONS: dict[str, Convention] = {
         Convention("vllm", "vLLM eagle_aux_hidden_state_layer_ids, used raw (EagleModelMixin)", 0, True),
         Convention("speculators", "speculators eagle_aux_hidden_state_layer_ids (vLLM meaning)", 0, True),
         Convention("vllm-legacy", "vLLM before EagleModelMixin: raw ids, 1..L-1 only", 1, False),
-        Convention("sglang", "SGLang eagle_config ids, PR #25454 rule (+1 only if first id is 1)", 1, False),
-        Convention("sglang-legacy", "SGLang eagle_config ids before PR #25454 (always +1)", 1, False),
+        Convention("sglang-plus1", "SGLang model files that always add 1 (llama.py, qwen*.py, ...)", 1, False),
+        Convention("sglang-first1", "SGLang model files that add 1 only if the first id is 1 (PR #25454: "
+                   "deepseek_v2.py, glm4_moe_lite.py)", 1, False),
+        Convention("sglang-final", "SGLang gpt_oss.py: ids as is when the last is L, else +1", 1, True),
         # SpecForge's HF backend hooks the output of layer id (so L is reachable there); its SGLang
         # backend cannot capture b=L, which the sglang conventions refuse at export time. SpecForge 0.2.0
         # removed the HF backend and captures through SGLang's set_eagle3_layers_to_capture, so its ids
@@ -83,18 +87,34 @@ CONVENTIONS: dict[str, Convention] = {
 }
 
 
-def _id_offset(convention: str, first: int, direction: Literal["encode", "decode"]) -> int:
+def _id_offset(convention: str, values: Sequence[int], num_layers: int,
+               direction: Literal["encode", "decode"]) -> int:
     """THE off-by-one: engine id = boundary - offset. Nothing else in eaglewire shifts a layer id.
 
-    `first` is the first boundary (encode) or the first engine id (decode); only SGLang's newer rule
-    depends on it: SGLang adds +1 to configured ids only when the first id is 1 (PR #25454). We encode
-    taps starting at boundary 2 as ids starting at 1, which legacy SGLang (always +1) reads identically.
+    `values` are the boundaries (encode) or the engine ids (decode); only SGLang's rules depend on them, and
+    SGLang's rule is per model file (export/sglang_rules.py names the convention for an architecture and
+    release): first1 adds 1 only when the first id is 1 (PR #25454), so taps starting at boundary 2 are
+    written as ids starting at 1, which every SGLang model file reads the same; final keeps ids as they are
+    when the last one is L (gpt_oss.py).
     """
-    if convention in ("sglang-legacy", "specforge", "modelopt"):
+    if convention in ("sglang-plus1", "specforge", "modelopt"):
         return 1
-    if convention == "sglang":
-        return int(first == 2) if direction == "encode" else int(first == 1)
+    if convention == "sglang-first1":
+        return int(values[0] == (2 if direction == "encode" else 1))
+    if convention == "sglang-final":
+        return 1 if direction == "encode" else int(max(values) != num_layers)
     return 0
+
+
+# Names that no longer denote one rule: what each meant and what to use instead.
+RETIRED = {
+    "sglang": ("SGLang's layer-id rule depends on the target's model file and the SGLang release",
+               "name the target's architecture (--arch, or --target), which resolves sglang-plus1, "
+               "sglang-first1 or sglang-final (eaglewire.export.sglang_rules)"),
+    "sglang-legacy": ("'always +1' was never a release-wide SGLang rule: llama.py and qwen*.py always add 1 in "
+                      "every release, deepseek_v2.py did before 0.5.13", "use sglang-plus1, or --to sglang "
+                      "--arch ARCH --engine-version V to let the SGLang record pick the rule"),
+}
 
 
 def default_taps(num_layers: int) -> tuple[int, ...]:
@@ -157,10 +177,10 @@ def _check_expressible(conv: Convention, taps: tuple[int, ...], num_layers: int)
                "never after the last one")
         raise _refuse(name, num_layers, why, f"tap boundaries <= {num_layers - 1}, or serve on vLLM "
                       "(id L captures the final boundary) / use eaglewire's hook capture")
-    if name == "sglang" and taps[0] == 1:
+    if name == "sglang-first1" and taps[0] == 1:
         raise _refuse(name, 1, "under the PR #25454 rule a first id of 1 is shifted to boundary 2, and "
-                      "a first id of 0 is not shifted (embedding)", "use --to sglang-legacy for SGLang "
-                      "before PR #25454, or start the taps at boundary >= 2")
+                      "a first id of 0 is not shifted (embedding)", "start the taps at boundary >= 2, or "
+                      "serve on an SGLang release or model file that always adds 1 (sglang-plus1)")
     if name == "eagle" and taps != default_taps(num_layers):
         raise _refuse(name, taps[0], f"SafeAILab EAGLE hard-codes boundaries "
                       f"{list(default_taps(num_layers))} and has no layer-id setting",
@@ -168,6 +188,10 @@ def _check_expressible(conv: Convention, taps: tuple[int, ...], num_layers: int)
 
 
 def get_convention(name: str) -> Convention:
+    if name in RETIRED:
+        why, fix = RETIRED[name]
+        raise TranslationError(f"{name!r} names no single layer-id rule: {why}",
+                               expected=", ".join(CONVENTIONS), found=name, fix=fix)
     if name not in CONVENTIONS:
         raise TranslationError(f"unknown layer-id convention {name!r}",
                                expected=", ".join(CONVENTIONS), found=name)
@@ -179,7 +203,7 @@ def to_engine(taps: Sequence[int], engine: str, num_layers: int) -> tuple[int, .
     conv = get_convention(engine)
     taps = validate_boundaries(taps, num_layers)
     _check_expressible(conv, taps, num_layers)
-    offset = _id_offset(engine, taps[0], "encode")
+    offset = _id_offset(engine, taps, num_layers, "encode")
     return tuple(b - offset for b in taps)
 
 
@@ -189,7 +213,7 @@ def from_engine(ids: Sequence[int], engine: str, num_layers: int) -> tuple[int, 
     ids = tuple(int(i) for i in ids)
     if not ids:
         raise TranslationError(f"empty {engine} layer-id list", expected="at least one id", found="[]")
-    offset = _id_offset(engine, ids[0], "decode")
+    offset = _id_offset(engine, ids, num_layers, "decode")
     taps = validate_boundaries([i + offset for i in ids], num_layers)
     _check_expressible(conv, taps, num_layers)
     return taps

@@ -11,12 +11,16 @@ loader facts in export/layouts.py's docstring).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from eaglewire.errors import CheckpointError
+from eaglewire.export.sglang_rules import RELEASES as SGLANG_RELEASES
+from eaglewire.export.sglang_rules import SGLangRule, check_release, rule_for
 
 IDS_KEY = "eagle_aux_hidden_state_layer_ids"
 NESTED_IDS_KEY = "eagle_config." + IDS_KEY
+SGLANG = "sglang"  # the engine whose convention is resolved per target architecture and release
 ALL_NORMS = frozenset({"norm_before_fc", "fc_norm", "norm_output", "norm_before_residual"})
 
 
@@ -31,8 +35,6 @@ class OtherReading:
     fix: str
 
 
-_SGLANG_WHY = "SGLang changed the +1 rule in PR #25454: the same config taps other layers across versions"
-_SGLANG_FIX = "pin the SGLang version, or train taps starting at boundary 2 (portable ids start at 1)"
 
 
 @dataclass(frozen=True)
@@ -57,10 +59,30 @@ class Engine:
     # embedding and loads non-strictly: the checkpoint must hold embed_tokens (SafeAILab EAGLE)
 
     other_version: "OtherReading | None" = None  # another version of the engine reads the same ids differently
+    release: str | None = None  # SGLang: the release whose per-model-file rules apply (None: newest verified)
 
     @property
     def hard_coded_taps(self) -> bool:
         return not self.id_keys
+
+    @property
+    def per_model_file(self) -> bool:
+        """The layer-id rule depends on the target's model file (SGLang: export/sglang_rules.py)."""
+        return self.convention == SGLANG
+
+    def rule(self, architecture: str | None) -> "SGLangRule | None":
+        """SGLang's rule for a target of `architecture` in this record's release; None for other engines."""
+        return rule_for(architecture, self.release) if self.per_model_file else None
+
+    def convention_for(self, architecture: str | None) -> str:
+        """The layer-id convention (eaglewire.contract) of the ids this engine reads for such a target."""
+        rule = self.rule(architecture)
+        return rule.rule if rule is not None else self.convention
+
+    def rule_note(self, architecture: str | None) -> str:
+        """Which rule applied, for messages: "SGLang 0.5.23 llama.py (sglang-plus1)", "" for fixed rules."""
+        rule = self.rule(architecture)
+        return rule.describe() if rule is not None else ""
 
 
 _SGLANG = dict(config_style="eagle3", id_keys=(NESTED_IDS_KEY,), prefix0="midlayer.", layer0_prefixes=("midlayer.",),
@@ -68,12 +90,7 @@ _SGLANG = dict(config_style="eagle3", id_keys=(NESTED_IDS_KEY,), prefix0="midlay
                skips_unknown_keys=True, tied_head_from_embedding=True)
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (
-    Engine("sglang", "sglang", **_SGLANG,  # SGLang's PR #25454 layer-id rule
-           other_version=OtherReading("sglang-legacy", "under the sglang rule", "under sglang-legacy", _SGLANG_WHY,
-                                      _SGLANG_FIX)),
-    Engine("sglang-legacy", "sglang-legacy", **_SGLANG,  # SGLang before it: always +1
-           other_version=OtherReading("sglang", "under the sglang-legacy rule", "under sglang", _SGLANG_WHY,
-                                      _SGLANG_FIX)),
+    Engine(SGLANG, SGLANG, **_SGLANG),  # the rule is per model file and release: export/sglang_rules.py
     Engine("vllm", "vllm", "speculators", (IDS_KEY, NESTED_IDS_KEY), "layers.0.", ("layers.0.", "midlayer."),
            multi_layer=True, norms=ALL_NORMS, replaces_embedding=False, skips_unknown_keys=False),
     Engine("eagle", "eagle", "llama", (), "midlayer.", ("midlayer.",), multi_layer=False, norms=frozenset(),
@@ -81,7 +98,7 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
     Engine("specforge", "specforge", "eagle3", (NESTED_IDS_KEY,), "midlayer.", ("midlayer.",), multi_layer=False,
            norms=frozenset({"fc_norm"}), replaces_embedding=True, skips_unknown_keys=True,
            tied_head_from_embedding=True, num_taps=3, norm_output_is_final_norm=True,
-           other_version=OtherReading("sglang", "when hooked on layer outputs (SpecForge <= 0.1)",
+           other_version=OtherReading(SGLANG, "when hooked on layer outputs (SpecForge <= 0.1)",
                                       "when captured through SGLang (SpecForge 0.2)",
                                       "the same config taps other layers depending on SpecForge's capture backend",
                                       "train taps starting at boundary 2 (ids starting at 1 read the same in both)")),
@@ -92,9 +109,22 @@ NATIVE = "native"  # eaglewire's own checkpoint (eaglewire.export.checkpoint): a
 FORMATS = (NATIVE, *ENGINE_FORMATS)  # every name `eaglewire export` / `import --format` accept
 
 
-def engine_for(name: str) -> Engine:
-    """The record for an engine or format name (aliases resolved)."""
+RETIRED = {"sglang-legacy": "SGLang's rule is per model file and release, not 'legacy' or not: use --format sglang "
+           "with --engine-version (releases: " + ", ".join(SGLANG_RELEASES) + ") and the target's architecture"}
+
+
+def engine_for(name: str, version: str | None = None) -> Engine:
+    """The record for an engine or format name (aliases resolved); `version`: the engine release (SGLang)."""
+    if name in RETIRED:
+        raise CheckpointError(f"the {name!r} format is retired", expected=", ".join(ENGINE_FORMATS), found=name,
+                              fix=RETIRED[name])
     record = ENGINES.get(ALIASES.get(name, name))
+    if record is not None and version is not None:
+        if not record.per_model_file:
+            raise CheckpointError(f"{name} has one layer-id rule for every release", expected="no --engine-version "
+                                  f"(only sglang's rule depends on the release)", found=version)
+        check_release(version)
+        record = dataclasses.replace(record, release=version)
     if record is None:
         fix = ("native is eaglewire's own checkpoint, not an engine: name the engine that will load the draft"
                if name == NATIVE else "pick one of the names listed")
