@@ -58,9 +58,10 @@ def test_contract_differences_name_the_field():
 
 @pytest.mark.parametrize("L,conv,expected", [
     (30, "hf", (2, 15, 27)), (30, "vllm", (2, 15, 27)), (30, "speculators", (2, 15, 27)),
-    (30, "vllm-legacy", (2, 15, 27)), (30, "sglang", (1, 14, 26)), (30, "sglang-legacy", (1, 14, 26)),
+    (30, "vllm-legacy", (2, 15, 27)), (30, "sglang-first1", (1, 14, 26)), (30, "sglang-plus1", (1, 14, 26)),
+    (30, "sglang-final", (1, 14, 26)),
     (30, "specforge", (1, 14, 26)), (30, "modelopt", (1, 14, 26)), (30, "eagle", (2, 15, 27)),
-    (61, "sglang", (1, 29, 57)), (61, "vllm", (2, 30, 58)), (61, "specforge", (1, 29, 57)),
+    (61, "sglang-first1", (1, 29, 57)), (61, "vllm", (2, 30, 58)), (61, "specforge", (1, 29, 57)),
 ])
 def test_default_taps_per_engine(L, conv, expected):
     """Every engine's default lands on the same physical states: outputs of layers 1, L//2-1, L-4."""
@@ -74,22 +75,35 @@ def test_default_taps_refused_for_shallow_target():
 
 
 def test_sglang_rules_differ_off_the_default():
-    # taps starting at boundary 3: the new rule writes them raw, the legacy rule shifts by one.
-    assert to_engine((3, 15, 27), "sglang", 30) == (3, 15, 27)
-    assert to_engine((3, 15, 27), "sglang-legacy", 30) == (2, 14, 26)
-    # The same config list [2, 15, 27] means different layers in the two SGLang versions.
-    assert from_engine((2, 15, 27), "sglang", 30) == (2, 15, 27)
-    assert from_engine((2, 15, 27), "sglang-legacy", 30) == (3, 16, 28)
-    # ... and [1, 14, 26] means the same in both.
-    assert from_engine((1, 14, 26), "sglang", 30) == from_engine((1, 14, 26), "sglang-legacy", 30)
+    # taps starting at boundary 3: the PR #25454 rule writes them raw, the always-+1 rule shifts by one.
+    assert to_engine((3, 15, 27), "sglang-first1", 30) == (3, 15, 27)
+    assert to_engine((3, 15, 27), "sglang-plus1", 30) == (2, 14, 26)
+    # The same config list [2, 15, 27] means different layers under the two rules.
+    assert from_engine((2, 15, 27), "sglang-first1", 30) == (2, 15, 27)
+    assert from_engine((2, 15, 27), "sglang-plus1", 30) == (3, 16, 28)
+    # ... and [1, 14, 26] means the same under all three.
+    assert from_engine((1, 14, 26), "sglang-first1", 30) == from_engine((1, 14, 26), "sglang-plus1", 30) \
+        == from_engine((1, 14, 26), "sglang-final", 30)
+    # gpt_oss.py keeps ids reaching L as they are; the final boundary is written as L-1 (+1 gives L too)
+    assert from_engine((5, 10, 30), "sglang-final", 30) == (5, 10, 30)
+    assert to_engine((5, 10, 30), "sglang-final", 30) == (4, 9, 29)
+
+
+@pytest.mark.parametrize("name", ["sglang", "sglang-legacy"])
+def test_sglang_names_without_a_rule_are_refused_with_the_way_out(name):
+    with pytest.raises(TranslationError, match="names no single layer-id rule") as err:
+        to_engine((2, 15, 27), name, 30)
+    assert "--arch" in str(err.value)
 
 
 @pytest.mark.parametrize("conv,taps,match", [
     ("hf", (2, 15, 30), "AFTER the final norm"),
-    ("sglang", (0, 15, 27), "boundary 0 is the embedding"),
-    ("sglang", (2, 15, 30), "never after the last one"),
-    ("sglang", (1, 15, 27), "PR #25454"),
-    ("sglang-legacy", (0, 15, 27), "embedding"),
+    ("sglang-first1", (0, 15, 27), "boundary 0 is the embedding"),
+    ("sglang-first1", (2, 15, 30), "never after the last one"),
+    ("sglang-first1", (1, 15, 27), "PR #25454"),
+    ("sglang-plus1", (0, 15, 27), "embedding"),
+    ("sglang-plus1", (2, 15, 30), "never after the last one"),
+    ("sglang-final", (0, 15, 27), "embedding"),
     ("vllm-legacy", (2, 15, 30), "never after the last one"),
     ("specforge", (0, 15, 27), "embedding"),
     ("eagle", (3, 15, 27), "hard-codes"),
@@ -109,7 +123,7 @@ def _expressible(conv: str, taps: tuple[int, ...], L: int) -> bool:
     c = CONVENTIONS[conv]
     if taps[0] < c.min_boundary or (taps[-1] == L and not c.reaches_final):
         return False
-    if conv == "sglang" and taps[0] == 1:
+    if conv == "sglang-first1" and taps[0] == 1:
         return False
     if conv == "eagle":
         return L >= 8 and taps == default_taps(L)
@@ -148,12 +162,17 @@ def test_cli_translate(tmp_path):
 
     from eaglewire.cli.app import app
 
-    r = CliRunner().invoke(app, ["wiring", "translate", "--layers", "30", "--to", "sglang", "--json"])
+    r = CliRunner().invoke(app, ["wiring", "translate", "--layers", "30", "--to", "sglang", "--arch",
+                                 "LlamaForCausalLM", "--json"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
-    assert out["ids"] == [1, 14, 26] and out["boundaries"] == [2, 15, 27] and out["same_in_sglang_legacy"]
-    r = CliRunner().invoke(app, ["wiring", "translate", "-L", "30", "--taps", "1,14,26", "--from", "sglang-legacy",
+    assert out["ids"] == [1, 14, 26] and out["boundaries"] == [2, 15, 27] and out["to"] == "sglang-plus1"
+    assert "llama.py" in out["to_rule"] and all(r["same"] for r in out["other_releases"].values())
+    r = CliRunner().invoke(app, ["wiring", "translate", "-L", "30", "--taps", "1,14,26", "--from", "sglang-plus1",
                                  "--to", "vllm", "--json"])
     assert json.loads(r.stdout)["ids"] == [2, 15, 27]
-    r = CliRunner().invoke(app, ["wiring", "translate", "-L", "30", "--taps", "0,15,27", "--to", "sglang"])
+    r = CliRunner().invoke(app, ["wiring", "translate", "-L", "30", "--taps", "0,15,27", "--to", "sglang",
+                                 "--arch", "LlamaForCausalLM"])
     assert r.exit_code == 2 and "cannot express tap boundary 0" in r.output
+    r = CliRunner().invoke(app, ["wiring", "translate", "-L", "30", "--to", "sglang"])
+    assert r.exit_code == 2 and "--arch" in r.output

@@ -40,8 +40,10 @@ def check_cmd(
                                               "target from `eaglewire doctor sample` (run where the target runs): "
                                               "measure on it, no target loaded here. Not with --target."),
     engine: Optional[str] = typer.Option(None, "--engine", "-e", help=f"{', '.join(ENGINES)} (default: detected "
-                                         "from config.json; sglang = the PR #25454 layer-id rule)"),
-    engine_version: Optional[str] = typer.Option(None, "--engine-version", help="Recorded in the report."),
+                                         "from config.json; sglang = the layer-id rule of the target's SGLang model file)"),
+    engine_version: Optional[str] = typer.Option(None, "--engine-version", help="Recorded in the report; for "
+                                                 "sglang, the release whose per-model-file layer-id rule applies "
+                                                 "(default: the newest verified)."),
     measure: Optional[bool] = typer.Option(None, "--measure/--no-measure", help="Measure which boundaries the "
                                            "draft was trained on by running it on the target (default: on when "
                                            "--target is given and the draft has no eaglewire_contract.json, "
@@ -68,7 +70,7 @@ def check_cmd(
 
     shape = _engine_shape((num_steps, topk, num_draft_tokens, num_speculative_tokens), measure)
     tgt = _evidence(target, boundaries, measure)
-    ins = inspect_dir(draft, engine)
+    ins = inspect_dir(draft, engine, engine_version)
     report = run_checks(ins, tgt)
     if measure or boundaries is not None or shape is not None or (measure is None and target is not None
                                                                    and ins.contract is None):
@@ -193,15 +195,19 @@ def expect_cmd(
     questions: str = typer.Option("mtbench", "--questions", help="Prompts (first user turns)."),
     limit: int = typer.Option(4, "--limit", help="Number of prompts."),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Tokens per prompt."),
+    engine_version: Optional[str] = typer.Option(None, "--engine-version", help="SGLang release whose "
+                                                 "per-model-file layer-id rule reads an export's ids (default: "
+                                                 "the newest verified)."),
     as_json: bool = typer.Option(False, "--json", help="JSON for CI."),
 ) -> None:
     """Predict tau for the engine's knobs; flag a measured tau far below the prediction."""
-    from eaglewire.doctor.expect import judge, load_any_draft, parse_log, parse_log_counts, predict
+    from eaglewire.doctor.expect import judge, load_any_draft, parse_log, parse_log_counts, predict, rule_applied
     from eaglewire.decoding.tree import TreeShape
 
     shape = TreeShape.from_knobs(num_steps, topk, num_draft_tokens, num_speculative_tokens)
     tgt = load_target(target)
-    draft, contract = load_any_draft(draft_dir, tgt)
+    draft, contract = load_any_draft(draft_dir, tgt, engine_version)
+    rule = rule_applied(draft_dir, tgt, engine_version)
     tau, per_pos = predict(tgt, draft, contract, shape, _first_turn_prompts(tgt, questions, limit), max_new_tokens)
     text = log.read_text() if log else ""
     measured = measured_tau if measured_tau is not None else (parse_log(text) if log else None)
@@ -210,8 +216,10 @@ def expect_cmd(
                              "'Mean acceptance length: X' lines", found="none")
     res = judge(tau, per_pos, measured, parse_log_counts(text) if log else None)
     if as_json:
-        print(json.dumps(dataclasses.asdict(res), indent=2))
+        print(json.dumps({**dataclasses.asdict(res), **({"layer_id_rule": rule} if rule else {})}, indent=2))
     else:
+        if rule:
+            out_console.print(f"layer ids read by {rule} for {tgt.identity.architecture}", highlight=False)
         out_console.print(("[bold red]ERROR[/] " if res.flagged else "") + res.message, highlight=False)
         out_console.print(f"predicted per-position acceptance: {[round(p, 2) for p in per_pos]}")
         for i, cause in enumerate(res.causes, 1):

@@ -9,8 +9,9 @@ import typer
 
 from eaglewire.cli.common import add_command, err_console, load_target, out_console, parse_dtype
 
-FORMAT_HELP = ("sglang (PR #25454 layer-id rule), sglang-legacy (always +1), vllm / speculators, eagle "
-               "(SafeAILab), specforge, native (eaglewire's own checkpoint)")
+FORMAT_HELP = ("sglang (the layer-id rule of the target's SGLang model file, per release: --engine-version), "
+               "vllm / speculators, eagle (SafeAILab), specforge, native (eaglewire's own checkpoint)")
+VERSION_HELP = "SGLang release whose per-model-file layer-id rule applies (default: the newest verified)."
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
@@ -23,20 +24,22 @@ def export_cmd(
     with_embedding: bool = typer.Option(False, "--with-embedding", help="Also write the (frozen) target embedding."),
     verifier: Optional[str] = typer.Option(None, "--verifier", help="vllm/speculators: the target path or hub id "
                                            "vLLM should load (default: the --target path, else its name)."),
+    engine_version: Optional[str] = typer.Option(None, "--engine-version", help=VERSION_HELP),
 ) -> None:
     """Write a draft in an engine's layout, plus eaglewire_contract.json (engines ignore it)."""
     import torch
 
     from eaglewire.export.checkpoint import load_checkpoint
     from eaglewire.export.convert import export_draft
-    from eaglewire.export.engines import NATIVE, engine_for
+    from eaglewire.export.engines import NATIVE
 
     tgt = load_target(target) if target else None
     d = load_checkpoint(draft, target=tgt)
     cast = getattr(torch, parse_dtype(dtype, DTYPES, "--dtype")) if dtype is not None else None
     path = export_draft(d, d.contract, out, fmt, dtype=cast, with_embedding=with_embedding,
-                        verifier=verifier or (str(tgt.path) if tgt is not None and tgt.path else None))
-    ids = "" if fmt == NATIVE else f"layer ids {list(d.contract.engine_ids(engine_for(fmt).convention))}; "
+                        verifier=verifier or (str(tgt.path) if tgt is not None and tgt.path else None),
+                        engine_version=engine_version)
+    ids = "" if fmt == NATIVE else _ids_note(fmt, engine_version, d.contract)
     out_console.print(f"{fmt} export -> {path} ({ids}taps {list(d.contract.taps)})")
 
 
@@ -48,21 +51,35 @@ def import_cmd(
                                          "file: the trained boundaries are then measured on it."),
     measure: bool = typer.Option(True, "--measure/--no-measure", help="Without a contract file: measure the "
                                  "trained boundaries (default), or take the config's layer ids as they are."),
+    engine_version: Optional[str] = typer.Option(None, "--engine-version", help=VERSION_HELP),
 ) -> None:
     """Read an engine-layout draft strictly into a native checkpoint; a draft from another tool gets a
     contract marked as inferred, with the evidence."""
     from eaglewire.export.checkpoint import save_checkpoint
+    from eaglewire.export.engines import NATIVE, engine_for
     from eaglewire.pipeline.workflows import import_any
 
     tgt = load_target(target) if target else None
     with err_console.status("importing (a draft without a contract file is measured on the target)"):
-        d, contract, m = import_any(directory, fmt, tgt, measure=measure)
+        d, contract, m = import_any(directory, fmt, tgt, measure=measure, engine_version=engine_version)
     save_checkpoint(d, contract, out)
     how = {None: "", "measured": "inferred by measurement, ", "engine_config": "inferred from the config's ids, "}
     out_console.print(f"imported {fmt} draft -> {out} (taps {list(contract.taps)}, "
                       f"{how[(contract.inferred or {}).get('source')]}contract {contract.fingerprint()})")
     if m is not None:
         out_console.print(_measured_summary(m), highlight=False)
+    if fmt != NATIVE and (note := engine_for(fmt, engine_version).rule_note(contract.target.architecture)):
+        out_console.print(f"layer ids read by {note} for {contract.target.architecture}", highlight=False)
+
+
+def _ids_note(fmt: str, version: Optional[str], contract) -> str:
+    """"layer ids [...] (the rule that wrote them); " for an export's summary line."""
+    from eaglewire.export.engines import engine_for
+
+    record, arch = engine_for(fmt, version), contract.target.architecture
+    note = record.rule_note(arch)
+    return f"layer ids {list(contract.engine_ids(record.convention_for(arch)))}" + (f" for {note}" if note else "") \
+        + "; "
 
 
 def _measured_summary(m) -> str:

@@ -13,6 +13,8 @@ from eaglewire.cli.common import CONV_NAMES, TARGET_HELP, add_command, load_targ
     parse_taps
 from eaglewire.contract import CANONICAL, CONVENTIONS, default_taps, describe_boundary, from_engine, to_engine
 from eaglewire.errors import EaglewireError
+from eaglewire.export.engines import SGLANG, engine_for
+from eaglewire.export.sglang_rules import RELEASES as SGLANG_RELEASES
 
 
 def target_info(target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_HELP),
@@ -28,49 +30,77 @@ def target_info(target: Optional[str] = typer.Option(None, "--target", "-t", hel
     out_console.print(table)
 
 
-def _translation(layers: int, to: str, taps: Optional[str], source: str) -> dict[str, Any]:
+def _rule(name: str, arch: Optional[str], version: Optional[str]) -> tuple[str, str]:
+    """(the convention `name` means for this architecture, which SGLang rule that is: "" for fixed ones)."""
+    if name != SGLANG:
+        return name, ""
+    record = engine_for(SGLANG, version)
+    return record.convention_for(arch), record.rule_note(arch)
+
+
+def _translation(layers: int, to: str, taps: Optional[str], source: str, arch: Optional[str] = None,
+                 version: Optional[str] = None) -> dict[str, Any]:
     ids_in = parse_ints(taps) if taps is not None else default_taps(layers)
-    src = source if taps is not None else CANONICAL
+    src, src_note = _rule(source if taps is not None else CANONICAL, arch, version)
+    dst, dst_note = _rule(to, arch, version)
     boundaries = from_engine(ids_in, src, layers)
-    ids_out = to_engine(boundaries, to, layers)
+    ids_out = to_engine(boundaries, dst, layers)
     result: dict[str, Any] = {
-        "num_layers": layers, "from": src, "to": to, "input_ids": list(ids_in),
+        "num_layers": layers, "from": src, "to": dst, "input_ids": list(ids_in),
         "boundaries": list(boundaries), "ids": list(ids_out),
         "states": [describe_boundary(b, layers) for b in boundaries],
     }
-    if to in ("sglang", "sglang-legacy"):
-        # the two SGLang rules disagree on some ids: say whether these ids mean the same layers in the other
-        other = "sglang-legacy" if to == "sglang" else "sglang"
-        try:
-            result["same_in_" + other.replace("-", "_")] = from_engine(ids_out, other, layers) == boundaries
-        except EaglewireError:
-            result["same_in_" + other.replace("-", "_")] = False
+    result.update({k: v for k, v in (("architecture", arch), ("from_rule", src_note), ("to_rule", dst_note)) if v})
+    if dst_note:  # SGLang releases read ids per model file: say where these ids mean other layers
+        result["other_releases"] = {}
+        for release in SGLANG_RELEASES:
+            conv, note = _rule(SGLANG, arch, release)
+            try:
+                same = from_engine(ids_out, conv, layers) == boundaries
+            except EaglewireError:
+                same = False
+            result["other_releases"][release] = {"rule": note, "same": same}
     return result
 
 
 def wiring_translate(
-    layers: int = typer.Option(..., "--layers", "-L", help="Number of decoder layers L of the target."),
-    to: str = typer.Option(..., "--to", help=f"Convention to write: {CONV_NAMES}."),
+    to: str = typer.Option(..., "--to", help=f"Convention to write: {CONV_NAMES}, or sglang (the rule of the "
+                           "target's SGLang model file: needs --arch or --target)."),
+    layers: Optional[int] = typer.Option(None, "--layers", "-L", help="Number of decoder layers L of the "
+                                         "target (default: --target's)."),
     taps: Optional[str] = typer.Option(None, "--taps", help="Comma-separated ids; default: boundaries "
                                        "[2, L//2, L-3] (the state every engine's default lands on)."),
-    source: str = typer.Option(CANONICAL, "--from", help=f"Convention of --taps: {CONV_NAMES}."),
+    source: str = typer.Option(CANONICAL, "--from", help=f"Convention of --taps: {CONV_NAMES}, or sglang."),
+    arch: Optional[str] = typer.Option(None, "--arch", help="The target's architecture (config.json "
+                                       "`architectures[0]`): picks SGLang's model file and its layer-id rule."),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help="Take --arch and --layers from this target."),
+    engine_version: Optional[str] = typer.Option(None, "--engine-version", help="SGLang release whose rule applies "
+                                                 f"({', '.join(SGLANG_RELEASES)}; default: the newest)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Translate tap ids between engines' layer-id conventions (exit 2 if one cannot express them)."""
-    result = _translation(layers, to, taps, source)
+    if target is not None:
+        ident = load_target(target).identity
+        arch, layers = arch or ident.architecture, layers or ident.num_layers
+    if layers is None:
+        raise EaglewireError("the number of decoder layers is unknown", expected="--layers L or --target",
+                             found="neither")
+    result = _translation(layers, to, taps, source, arch, engine_version)
     if as_json:
         print(json.dumps(result, indent=2))
         return
-    table = Table(title=f"L={layers}: {result['from']} -> {to}")
+    table = Table(title=f"L={layers}: {result['from']} -> {result['to']}")
     for col in ("boundary", "physical state", f"{to} id"):
         table.add_column(col)
     for b, i in zip(result["boundaries"], result["ids"]):
         table.add_row(str(b), describe_boundary(b, layers), str(i))
     out_console.print(table)
+    for k in ("from_rule", "to_rule"):
+        if k in result:
+            out_console.print(f"{k.replace('_', ' ')} applied: {result[k]} for {arch}", highlight=False)
     out_console.print(f"{to} ids: [bold]{result['ids']}[/]")
-    for k, v in result.items():
-        if k.startswith("same_in_"):
-            out_console.print(f"{'also valid' if v else 'NOT valid'} for {k[8:].replace('_', '-')}")
+    for release, r in result.get("other_releases", {}).items():
+        out_console.print(f"{'also valid' if r['same'] else 'NOT valid'} for {r['rule']}", highlight=False)
 
 
 def wiring_conventions() -> None:

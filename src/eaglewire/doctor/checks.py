@@ -17,7 +17,8 @@ from eaglewire.doctor.findings import Finding
 from eaglewire.doctor.geometry import geometry_findings
 from eaglewire.doctor.inspect import Inspection
 from eaglewire.doctor.weights import weight_findings
-from eaglewire.export.engines import IDS_KEY, NESTED_IDS_KEY
+from eaglewire.export.engines import IDS_KEY, NESTED_IDS_KEY, Engine, engine_for
+from eaglewire.export.sglang_rules import RELEASES as SGLANG_RELEASES
 from eaglewire.errors import EaglewireError
 
 
@@ -154,27 +155,69 @@ def layer_ids(ins: Inspection, target: Any) -> list[Finding]:
         return out
     if L is None:
         return out
+    arch = architecture(ins, target)
     try:
-        delivered = from_engine(ids, ins.engine.convention, L)
+        conv, rule = ins.engine.convention_for(arch), ins.engine.rule_note(arch)
+        delivered = from_engine(ids, conv, L)
     except EaglewireError as err:
         return out + [_f("error", "layer_ids", f"{key}={ids} cannot be captured by {ins.engine.name}: {err.what}",
                          "the engine would capture fewer or other states than the draft needs", err.fix or "")]
+    by = f"{ins.engine.name} ({rule})" if rule else ins.engine.name
     n_fc = ins.shapes.get("fc.weight", (0, 0))[1] // max(1, target.hidden_size)
     if n_fc and n_fc != len(ids):
         out.append(_f("error", "layer_ids", f"{len(ids)} layer ids but fc reads {n_fc} taps",
                       "the fc input width will not match what the engine concatenates", "fix the id list"))
-    alt = ins.engine.other_version
-    if alt is not None and decodes(ids, alt.convention, L) != tuple(delivered):
-        out.append(_f("warn", "layer_ids", f"ids {ids} mean boundaries {list(delivered)} {alt.this_reading} but "
-                      f"{list(decodes(ids, alt.convention, L) or [])} {alt.other_reading}", alt.why, alt.fix))
+    out += _other_readings(ins, ids, tuple(delivered), arch, L)
     if trained is not None and tuple(delivered) != tuple(trained):
-        other = [c for c in CONVENTIONS if c not in ("boundary", ins.engine.convention) and decodes(ids, c, L) == tuple(trained)]
-        out.append(_f("error", "layer_ids", f"{ins.engine.name} will deliver boundaries {list(delivered)}; the draft "
+        other = [c for c in CONVENTIONS if c not in ("boundary", conv) and decodes(ids, c, L) == tuple(trained)]
+        version = f" --engine-version {ins.engine.release}" if rule and ins.engine.release else ""
+        out.append(_f("error", "layer_ids", f"{by} will deliver boundaries {list(delivered)}; the draft "
                       f"was trained on {list(trained)}" + (f" (these are the right ids in the {', '.join(other)} convention)" if other else ""),
                       "every tap is off: acceptance falls to ~1 token with no error",
-                      f"write {list(ins.contract.engine_ids(ins.engine.convention))} "
-                      f"(eaglewire wiring translate --layers {L} --taps {','.join(map(str, trained))} --to {ins.engine.convention})"))
+                      f"write {list(ins.contract.engine_ids(conv))} (eaglewire wiring translate --layers {L} --taps "
+                      f"{','.join(map(str, trained))} --to {ins.engine.name}{f' --arch {arch}' if rule else ''}{version})"))
     return out
+
+
+def architecture(ins: Inspection, target: Any) -> str | None:
+    """The target's architecture (config `architectures[0]`): what picks SGLang's model file."""
+    ident = getattr(target, "identity", None)
+    if ident is not None:
+        return ident.architecture
+    return ins.contract.target.architecture if ins.contract is not None else None
+
+
+def _other_readings(ins: Inspection, ids: list[int], delivered: tuple[int, ...], arch: str | None,
+                    L: int) -> list[Finding]:
+    """Warn where another release of the engine (SGLang: of the target's model file) reads the ids otherwise."""
+    out, alt = [], ins.engine.other_version
+    if alt is not None:
+        alt_record = engine_for(alt.convention)
+        got = decodes(ids, alt_record.convention_for(arch), L) if _resolvable(alt_record, arch) else delivered
+        if got != delivered:
+            note = alt_record.rule_note(arch)
+            out.append(_f("warn", "layer_ids", f"ids {ids} mean boundaries {list(delivered)} {alt.this_reading} but "
+                          f"{list(got or [])} {alt.other_reading}" + (f" ({note})" if note else ""), alt.why, alt.fix))
+    if ins.engine.per_model_file:
+        for release in SGLANG_RELEASES:
+            other = engine_for(ins.engine.name, release)
+            if not _resolvable(other, arch) or (got := decodes(ids, other.convention_for(arch), L)) == delivered:
+                continue
+            out.append(_f("warn", "layer_ids", f"ids {ids} mean boundaries {list(delivered)} under "
+                          f"{ins.engine.rule_note(arch)} but {list(got or []) or 'nothing capturable'} under "
+                          f"{other.rule_note(arch)}", "SGLang's layer-id rule is per model file and release: "
+                          "the same config taps other layers on another release",
+                          "pin the SGLang release (eaglewire export --engine-version), or train taps starting at "
+                          "boundary 2 (ids starting at 1 read the same under every rule)"))
+    return out
+
+
+def _resolvable(record: Engine, arch: str | None) -> bool:
+    try:
+        record.convention_for(arch)
+        return True
+    except EaglewireError:
+        return False
 
 
 def decodes(ids: list[int], conv: str, L: int) -> tuple[int, ...] | None:

@@ -138,8 +138,9 @@ def predict(target: Target, draft: Any, contract: Any, shape: Any, prompts: list
     return tau, pooled.per_position(shape.num_steps)
 
 
-def load_any_draft(path: Path, target: TargetInfo) -> tuple[Any, Any]:
-    """A native checkpoint or any export (format detected the way the doctor does)."""
+def load_any_draft(path: Path, target: TargetInfo, engine_version: str | None = None) -> tuple[Any, Any]:
+    """A native checkpoint or any export (format detected the way the doctor does); `engine_version`: the
+    release whose layer-id rule reads an export's ids (SGLang; default: the newest verified)."""
 
     from eaglewire.export.checkpoint import load_checkpoint
     from eaglewire.doctor.inspect import detect_engine
@@ -150,4 +151,16 @@ def load_any_draft(path: Path, target: TargetInfo) -> tuple[Any, Any]:
     if cfg.get("format") == "eaglewire.draft/1":
         d = load_checkpoint(path, target=target)
         return d, d.contract
-    return import_draft(path, detect_engine(cfg), target=target)
+    return import_draft(path, detect_engine(cfg), target=target, engine_version=engine_version)
+
+
+def rule_applied(path: Path, target: TargetInfo, engine_version: str | None = None) -> str:
+    """Which engine rule read the export's layer ids ("SGLang 0.5.23 llama.py (sglang-plus1)"), "" if none."""
+    from eaglewire.doctor.inspect import detect_engine
+    from eaglewire.export.engines import engine_for
+    from eaglewire.safeio import read_json_object
+
+    cfg = read_json_object(Path(path) / "config.json", what="a draft config")
+    if cfg.get("format") == "eaglewire.draft/1":
+        return ""
+    return engine_for(detect_engine(cfg), engine_version).rule_note(target.identity.architecture)

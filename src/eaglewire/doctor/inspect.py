@@ -63,7 +63,7 @@ def detect_engine(config: dict[str, Any]) -> str:
     return "eagle"
 
 
-def inspect_dir(directory: Path, engine: str | None) -> Inspection:
+def inspect_dir(directory: Path, engine: str | None, engine_version: str | None = None) -> Inspection:
     directory = Path(directory)
     cfg_path = directory / "config.json"
     if not cfg_path.is_file():
@@ -71,7 +71,7 @@ def inspect_dir(directory: Path, engine: str | None) -> Inspection:
                              fix="point the doctor at the exported draft directory")
     config = read_json_object(cfg_path, what="a draft config")
     name = engine or detect_engine(config)
-    record = engine_for(name)
+    record = engine_for(name, engine_version)
     check_config_types(config, cfg_path, record.id_keys)
     shapes, dtypes, small = {}, {}, {}
     weights = directory / "model.safetensors"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from eaglewire.contract import CANONICAL, CONVENTIONS, WiringContract, default_taps, to_engine
 from eaglewire.decoding.tree import TreeShape
-from eaglewire.doctor.checks import decodes, engine_ids
+from eaglewire.doctor.checks import architecture, decodes, engine_ids
 from eaglewire.capture.boundary_file import DumpTarget, require_finite_rows
 from eaglewire.doctor.measured_tau import EngineRun, run_engine
 from eaglewire.doctor.findings import Finding
@@ -26,19 +26,32 @@ from eaglewire.export.convert import import_draft
 from eaglewire.target.protocol import TargetInfo
 
 
-def delivered_taps(ins: Inspection, L: int) -> tuple[Taps | None, str]:
+def delivered_taps(ins: Inspection, L: int, arch: str | None = None) -> tuple[Taps | None, str]:
     """The boundaries the engine will feed the draft, and how the doctor knows."""
     ids, key, _ = engine_ids(ins)
     if ins.engine.hard_coded_taps or ids is None:
         why = "hard-coded" if ins.engine.hard_coded_taps else f"no ids in {ins.engine.id_keys[0]}"
         return (default_taps(L) if L >= 8 else None), f"the {ins.engine.name} default taps ({why})"
-    return decodes(list(ids), ins.engine.convention, L), f"{key}={list(ids)} read by {ins.engine.name}"
+    arch = arch or architecture(ins, None)
+    try:
+        conv, rule = ins.engine.convention_for(arch), ins.engine.rule_note(arch)
+    except EaglewireError as err:
+        return None, f"{key}={list(ids)}, which {ins.engine.name} cannot read here: {err.what}"
+    return decodes(list(ids), conv, L), f"{key}={list(ids)} read by {ins.engine.name}" + (f" ({rule})" if rule else "")
 
 
-def candidates(ins: Inspection, L: int, n: int) -> tuple[dict[Taps, list[str]], tuple[Taps, ...]]:
+def _own_convention(ins: Inspection, arch: str | None) -> str:
+    try:
+        return ins.engine.convention_for(arch or architecture(ins, None))
+    except EaglewireError:
+        return ins.engine.convention
+
+
+def candidates(ins: Inspection, L: int, n: int, arch: str | None = None,
+               ) -> tuple[dict[Taps, list[str]], tuple[Taps, ...]]:
     """Tap sets worth scoring, each with why it is a suspect (only sets of the draft's width n), and the
     ones a reading of the config gives (delivered first: measure's tie-break)."""
-    delivered, how = delivered_taps(ins, L)
+    delivered, how = delivered_taps(ins, L, arch)
     ids = engine_ids(ins)[0]
     out: dict[Taps, list[str]] = {}
 
@@ -50,7 +63,7 @@ def candidates(ins: Inspection, L: int, n: int) -> tuple[dict[Taps, list[str]], 
     add(delivered, f"delivered: {how}")
     if ids:
         for conv in CONVENTIONS:
-            if conv not in (CANONICAL, ins.engine.convention):
+            if conv not in (CANONICAL, _own_convention(ins, arch)):
                 add(decodes(list(ids), conv, L), f"the ids read in the {conv} convention")
     if L >= 8:
         add(default_taps(L), "the engines' default taps")
@@ -93,7 +106,8 @@ def run_measurement(ins: Inspection, target: TargetInfo, bounds: Boundaries | No
     except EaglewireError as err:
         return None, [Finding("warn", "measured_wiring", f"the wiring was not measured: the draft does not load "
                               f"({err.what})", "the empirical check runs the draft's own weights", err.fix or "")]
-    reasons, priors = candidates(ins, L, n)
+    arch = architecture(ins, target)
+    reasons, priors = candidates(ins, L, n, arch)
     if not reasons:
         return None, [Finding("info", "measured_wiring", f"the wiring was not measured: no {n}-tap candidate",
                               "", "")]
@@ -102,10 +116,10 @@ def run_measurement(ins: Inspection, target: TargetInfo, bounds: Boundaries | No
     # every token the draft embeds is one of the Boundaries' own (measure._normed): a dump's stand-in
     # holds exactly those rows, and a NaN row read anyway would poison every score without a word
     require_finite_rows(draft.embed_tokens.weight, bounds.input_ids, str(ins.directory))
-    m = measure(draft, bounds, delivered_taps(ins, L)[0], reasons, chain_steps, priors)
+    m = measure(draft, bounds, delivered_taps(ins, L, arch)[0], reasons, chain_steps, priors)
     if shape is not None:
         m.engine = _engine(target, draft, contract, shape, m)
-    return m, [finding(m, ins.engine, L)]
+    return m, [finding(m, ins.engine, L, arch)]
 
 
 def _engine(target: TargetInfo, draft: Eagle3Draft, contract: WiringContract, shape: TreeShape, m: Measurement) -> EngineRun:
@@ -130,19 +144,20 @@ def _tau(m: Measurement) -> str:
             f"{steps}, SGLang topk 1): " + ", ".join(parts) + engine)
 
 
-def _fix(m: Measurement, engine: Engine, L: int) -> str:
+def _fix(m: Measurement, engine: Engine, L: int, arch: str | None = None) -> str:
     if engine.hard_coded_taps:
         return f"{engine.name} hard-codes its taps: serve on sglang or vllm, which read layer ids from the config"
     try:
-        ids = list(to_engine(m.best, engine.convention, L))
+        ids = list(to_engine(m.best, engine.convention_for(arch), L))
     except EaglewireError as err:
         return f"{engine.name} cannot capture boundaries {list(m.best)} ({err.what}): serve on vllm"
-    return f"write {engine.id_keys[0]}: {ids} (boundaries {list(m.best)} in {engine.name}'s numbering), re-run the doctor"
+    rule = f", {engine.rule_note(arch)}" if engine.per_model_file else ""
+    return f"write {engine.id_keys[0]}: {ids} (boundaries {list(m.best)} in {engine.name}'s numbering{rule}), re-run the doctor"
 
 
-def finding(m: Measurement, engine: Engine, L: int) -> Finding:
+def finding(m: Measurement, engine: Engine, L: int, arch: str | None = None) -> Finding:
     """error when the delivered set is clearly worse than the best (trained_taps.py's rule), else info."""
-    fix, engine_name = _fix(m, engine, L), engine.name
+    fix, engine_name = _fix(m, engine, L, arch), engine.name
     weak = (f" Weak evidence: the draft predicts almost as well from any states (worst - best = "
             f"{m.spread:.2f} nats); a better-trained draft gives a sharper answer." if m.weak else "")
     where = f" ({m.tokens} target tokens, draft vocab covers {m.coverage:.0%})"

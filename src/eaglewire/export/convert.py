@@ -32,13 +32,14 @@ __all__ = ["FORMATS", "export_draft", "import_draft"]
 
 def export_draft(draft: Eagle3Draft, contract: WiringContract, out: Path, fmt: str, *,
                  dtype: torch.dtype | None = None, with_embedding: bool | None = None,
-                 verifier: str | None = None) -> Path:
-    """Write `draft` in the layout `fmt` names (FORMATS) plus the contract side file; `verifier` is for vLLM."""
+                 verifier: str | None = None, engine_version: str | None = None) -> Path:
+    """Write `draft` in the layout `fmt` names (FORMATS) plus the contract side file; `verifier` is for vLLM,
+    `engine_version` the engine release whose layer-id rule applies (SGLang; default: the newest verified)."""
     if fmt == NATIVE:
         from eaglewire.export.checkpoint import save_checkpoint
 
         return save_checkpoint(draft, contract, out, save_embedding=bool(with_embedding), dtype=dtype)
-    layout = engine_for(fmt)
+    layout = engine_for(fmt, engine_version)
     draft.cfg.require_matches(contract)
     check_exportable(layout, draft.cfg)
     keep_embed = layout.with_embedding if with_embedding is None else with_embedding
@@ -58,9 +59,11 @@ def _contract_for(layout: Engine, config: dict[str, Any], native: dict[str, torc
                               fix="without it the engine silently uses its default taps; re-export with eaglewire")
     side = read_contract(directory)
     if side is not None:
-        if not layout.hard_coded_taps and list(side.engine_ids(layout.convention)) != list(ids):
+        conv = layout.convention_for(side.target.architecture)
+        if not layout.hard_coded_taps and list(side.engine_ids(conv)) != list(ids):
             raise ContractMismatch(f"{directory}: config.json layer ids disagree with the wiring contract",
-                                   expected=f"{layout.convention} ids {list(side.engine_ids(layout.convention))} "
+                                   expected=f"{layout.rule_note(side.target.architecture) or conv} ids "
+                                   f"{list(side.engine_ids(conv))} "
                                    f"(taps {list(side.taps)})", found=f"config ids {ids}",
                                    fix="the config was edited after export; re-export from the native draft")
         return side
@@ -69,7 +72,8 @@ def _contract_for(layout: Engine, config: dict[str, Any], native: dict[str, torc
                               "or --target to rebuild the contract", found="neither",
                               fix="pass --target (the trained boundaries are then measured on it)")
     L = target.num_layers
-    taps = default_taps(L) if layout.hard_coded_taps else from_engine(ids, layout.convention, L)
+    conv = layout.convention_for(target.identity.architecture)
+    taps = default_taps(L) if layout.hard_coded_taps else from_engine(ids, conv, L)
     return target.contract(taps, norm=flags, vocab_map=_vocab_map(native, directory))
 
 
@@ -82,14 +86,15 @@ def _vocab_map(native: dict[str, torch.Tensor], directory: Path) -> VocabMap:
 
 
 def import_draft(directory: Path, fmt: str, *, target: TargetInfo | None = None,
-                 taps: tuple[int, ...] | None = None) -> tuple[Eagle3Draft, WiringContract]:
+                 taps: tuple[int, ...] | None = None, engine_version: str | None = None,
+                 ) -> tuple[Eagle3Draft, WiringContract]:
     """Load an exported draft strictly into the native model (float weights keep the file's dtype).
 
     taps: boundaries measured by the caller (eaglewire.doctor): the contract is built from `target` with
     them, and neither the config's layer ids nor a contract side file is read."""
     if fmt == NATIVE:
         return _import_native(Path(directory), target, taps)
-    layout, directory = engine_for(fmt), Path(directory)
+    layout, directory = engine_for(fmt, engine_version), Path(directory)
     config = read_json(directory / "config.json")
     where = f"{fmt} export {directory}"
     native = rename_all(read_safetensors(directory / WEIGHTS), lambda k: from_native(layout, k), where)

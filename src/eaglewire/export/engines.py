@@ -59,7 +59,7 @@ class Engine:
     # embedding and loads non-strictly: the checkpoint must hold embed_tokens (SafeAILab EAGLE)
 
     other_version: "OtherReading | None" = None  # another version of the engine reads the same ids differently
-    release: str | None = None  # SGLang: the release whose per-model-file rules apply (None: newest verified)
+    release: str | None = None  # the engine release (SGLang: whose per-model-file rules apply; None: newest verified)
 
     @property
     def hard_coded_taps(self) -> bool:
@@ -120,10 +120,8 @@ def engine_for(name: str, version: str | None = None) -> Engine:
                               fix=RETIRED[name])
     record = ENGINES.get(ALIASES.get(name, name))
     if record is not None and version is not None:
-        if not record.per_model_file:
-            raise CheckpointError(f"{name} has one layer-id rule for every release", expected="no --engine-version "
-                                  f"(only sglang's rule depends on the release)", found=version)
-        check_release(version)
+        if record.per_model_file:  # other engines' rules hold for every release: the version is a label there
+            check_release(version)
         record = dataclasses.replace(record, release=version)
     if record is None:
         fix = ("native is eaglewire's own checkpoint, not an engine: name the engine that will load the draft"

@@ -89,7 +89,7 @@ def llama_fields(cfg: DraftConfig, dtype: str) -> dict[str, Any]:
 def make_config(layout: Engine, cfg: DraftConfig, contract: WiringContract, dtype: str,
                 verifier: str | None = None) -> dict[str, Any]:
     """`verifier`: what vLLM/speculators load as the target (path or hub id); default the target's name."""
-    ids = list(contract.engine_ids(layout.convention))
+    ids = list(contract.engine_ids(layout.convention_for(contract.target.architecture)))
     norm = cfg.norm.__dict__
     if layout.config_style == "speculators":
         layer = {**llama_fields(cfg, dtype), "architectures": ["LlamaForCausalLM"],

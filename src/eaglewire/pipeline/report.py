@@ -19,6 +19,7 @@ from typing import Any
 from eaglewire import __version__, hw
 from eaglewire.contract import WiringContract, describe_boundary, to_engine
 from eaglewire.errors import TranslationError
+from eaglewire.export.engines import engine_for
 from eaglewire.pipeline.stages import Ctx, copy_into
 from eaglewire.safeio import atomic_write_json, atomic_write_text
 
@@ -45,9 +46,10 @@ def wiring_words(ctx: Ctx) -> tuple[str, dict[str, list[int] | str]]:
     else:
         words = f"the draft reads: {'; '.join(parts)} of {ctx.target.name}"
     ids: dict[str, list[int] | str] = {}
+    arch = ctx.contract.target.architecture
     for eng in ENGINE_IDS:
         try:
-            ids[eng] = list(to_engine(taps, eng, L))
+            ids[eng] = list(to_engine(taps, engine_for(eng).convention_for(arch), L))
         except TranslationError as err:
             ids[eng] = f"not expressible: {err.what}"
     return words, ids
@@ -59,7 +61,11 @@ def launch_commands(ctx: Ctx) -> dict[str, str]:
     target = str(ctx.target.path) if ctx.target.path else ctx.target.name
     out = {}
     if "sglang" in exports:
-        out["sglang"] = " ".join([
+        try:  # the layer ids in the export were written for one SGLang release's model-file rule
+            rule = f"# layer ids written for {engine_for('sglang').rule_note(ctx.contract.target.architecture)}\n"
+        except TranslationError as err:
+            rule = f"# {err.what}\n"
+        out["sglang"] = rule + " ".join([
             "python -m sglang.launch_server", f"--model-path {shlex.quote(target)}",
             "--speculative-algorithm EAGLE3", f"--speculative-draft-model-path {shlex.quote(exports['sglang'])}",
             f"--speculative-num-steps {b.num_steps}", f"--speculative-eagle-topk {b.topk}",

@@ -107,7 +107,7 @@ def train_draft(target: Any, contract: WiringContract, vmap: VocabMap, source: A
 
 
 def import_any(directory: Path, fmt: str, target: Any = None, *, measure: bool = True,
-               bounds: Any = None) -> tuple[Any, WiringContract, Any]:
+               bounds: Any = None, engine_version: str | None = None) -> tuple[Any, WiringContract, Any]:
     """(draft, contract, measurement or None). An export with its contract file (or a native checkpoint)
     is imported as it is. Without one, the contract is inferred and says so (`WiringContract.inferred`):
     with `measure`, from the boundaries the draft's own weights predict best on `target` (the doctor's
@@ -115,22 +115,23 @@ def import_any(directory: Path, fmt: str, target: Any = None, *, measure: bool =
     reads them. Later checks and exports carry the evidence with the contract."""
     from eaglewire.doctor.measured_wiring import run_measurement
     from eaglewire.doctor.inspect import inspect_dir
-    from eaglewire.export.engines import NATIVE
+    from eaglewire.export.engines import NATIVE, engine_for
     from eaglewire.errors import EaglewireError
     from eaglewire.export.base import read_contract
     from eaglewire.export.convert import import_draft
 
     directory = Path(directory)
     if fmt == NATIVE or read_contract(directory) is not None or target is None:
-        draft, contract = import_draft(directory, fmt, target=target)
+        draft, contract = import_draft(directory, fmt, target=target, engine_version=engine_version)
         return draft, contract, None
+    rule = {"rule": note} if (note := engine_for(fmt, engine_version).rule_note(target.identity.architecture)) else {}
     if not measure:
-        draft, contract = import_draft(directory, fmt, target=target)
-        return draft, replace(contract, inferred={"source": "engine_config", "engine": fmt}), None
-    m, findings = run_measurement(inspect_dir(directory, fmt), target, bounds)
+        draft, contract = import_draft(directory, fmt, target=target, engine_version=engine_version)
+        return draft, replace(contract, inferred={"source": "engine_config", "engine": fmt, **rule}), None
+    m, findings = run_measurement(inspect_dir(directory, fmt, engine_version), target, bounds)
     if m is None:
         raise EaglewireError(f"{directory}: the trained boundaries could not be measured", found=findings[0].what,
                              fix=findings[0].fix or "import with --no-measure to take the config's ids as they are")
     draft, contract = import_draft(directory, fmt, target=target, taps=m.best)
-    evidence = {"source": "measured", "engine": fmt, "target": target.name, **m.to_dict()}
+    evidence = {"source": "measured", "engine": fmt, **rule, "target": target.name, **m.to_dict()}
     return draft, replace(contract, inferred=evidence), m
