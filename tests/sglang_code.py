@@ -8,7 +8,8 @@ its bases (local or imported from another model file), and that real function is
 leaves behind is SGLang's reading of those ids:
 
     ("capture", [k, ...])   the model's layers_to_capture: the residual stream entering decoder layer k
-    ("delegate", ids)       handed unchanged to another module's setter (a multimodal wrapper's language model)
+    ("delegate", ids)       handed unchanged to another module's setter (a multimodal wrapper's language model;
+                            a shifted list handed on is a capture: the inner models store what they are given)
     ("dspark", ids)         handed to the class's own set_dspark_layers_to_capture
     ("error", message)      SGLang refuses the ids
 """
@@ -21,6 +22,7 @@ import builtins
 import textwrap
 import zipfile
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +43,15 @@ class _Class:
     methods: dict[str, str]  # setter name -> its source
 
 
-def _parse(zf: zipfile.ZipFile) -> tuple[dict[str, dict[str, _Class]], dict[str, dict[str, tuple[str, str]]],
-                                          dict[str, list[str]]]:
-    """Per model file: its classes, its imports of other model files' names, its EntryClass names."""
+@lru_cache(maxsize=8)
+def _parse(path: Path) -> tuple[dict[str, dict[str, _Class]], dict[str, dict[str, tuple[str, str]]],
+                                dict[str, list[str]]]:
+    """Per model file of the wheel: its classes, its imports of other model files' names, its EntryClass names."""
+    with zipfile.ZipFile(path) as zf:
+        return _parse_zip(zf)
+
+
+def _parse_zip(zf: zipfile.ZipFile) -> tuple[dict, dict, dict]:
     classes: dict[str, dict[str, _Class]] = {}
     imports: dict[str, dict[str, tuple[str, str]]] = {}
     entries: dict[str, list[str]] = {}
@@ -107,8 +115,7 @@ class Reading:
 
 def read_wheel(path: Path) -> dict[str, dict[str, Reading]]:
     """{setter: {architecture: Reading}} for every registered architecture that has the setter."""
-    with zipfile.ZipFile(path) as zf:
-        classes, imports, entries = _parse(zf)
+    classes, imports, entries = _parse(path)
     out: dict[str, dict[str, Reading]] = {s: {} for s in SETTERS}
     for file, names in entries.items():
         for arch in names:
@@ -119,11 +126,12 @@ def read_wheel(path: Path) -> dict[str, dict[str, Reading]]:
     return out
 
 
-def defining_files(path: Path) -> dict[str, set[str]]:
-    """{setter: model files that define it} (registered or not): the files a record must know."""
-    with zipfile.ZipFile(path) as zf:
-        classes, _, _ = _parse(zf)
-    return {s: {f for f, cs in classes.items() for c in cs.values() if s in c.methods} for s in SETTERS}
+def defining_classes(path: Path) -> dict[str, dict[str, str]]:
+    """{setter: {"file.py:Class": source}} for every class that defines it, served by an architecture of
+    its own or not (an inner model, a wrapper picked at run time): every one the record must know."""
+    classes, _, _ = _parse(path)
+    return {s: {f"{f}:{c.name}": c.methods[s] for f, cs in classes.items() for c in cs.values() if s in c.methods}
+            for s in SETTERS}
 
 
 # ---- running a setter on a stub --------------------------------------------------------------------------
@@ -162,14 +170,20 @@ class _Stub:
         return _Stub(self._path + "()", self._log, self._L)
 
 
-def run_setter(source: str, ids: list[int] | None, num_layers: int) -> tuple[str, Any]:
-    """SGLang's reading of config ids `ids` for an L-layer target (see the module docstring)."""
+@lru_cache(maxsize=512)
+def _compiled(source: str) -> tuple[Any, frozenset[str]]:
     code = compile("from typing import *\n" + source, "<sglang>", "exec",
                    flags=__future__.annotations.compiler_flag, dont_inherit=True)
+    return code, frozenset(n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name))
+
+
+def run_setter(source: str, ids: list[int] | None, num_layers: int) -> tuple[str, Any]:
+    """SGLang's reading of config ids `ids` for an L-layer target (see the module docstring)."""
+    code, used = _compiled(source)
     log: list = []
     names: dict[str, Any] = {}
     exec(code, names)  # noqa: S102 - SGLang's own function, read from its wheel, run on a stub
-    for free in {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)} - names.keys():
+    for free in used - names.keys():
         if not hasattr(builtins, free):  # module-level helpers (get_pp_group(), ...): stubs too
             names[free] = _Stub(free, log, num_layers)
     exec(code, names)  # noqa: S102 - SGLang's own function, read from its wheel, run on a stub
@@ -184,8 +198,7 @@ def run_setter(source: str, ids: list[int] | None, num_layers: int) -> tuple[str
             return ("capture", value)
         if path == "self.set_dspark_layers_to_capture":
             return ("dspark", value)
-        inner = path in ("self.model.set_eagle3_layers_to_capture", "self.model.set_dflash_layers_to_capture")
-        if inner and value != list(ids or []):  # the file's inner model stores what it is given (qwen*_moe.py)
+        if value != list(ids or []):  # shifted, then handed to the inner model that stores it (qwen*_moe.py)
             return ("capture", sorted(value))
         return ("delegate", value)
     return ("error", "nothing captured")
@@ -224,13 +237,12 @@ def readings(folder: Path, releases: tuple[str, ...]) -> dict[str, Any]:
     for release in releases:
         wheel = wheel_for(folder, release)
         assert wheel is not None, f"no SGLang {release} wheel in {folder} (bash scripts/sglang_wheels.sh)"
-        for setter, by_arch in read_wheel(wheel).items():
-            kind = setter.split("_")[1]
-            homes: dict[str, Any] = {}
-            for arch, r in sorted(by_arch.items()):
-                home = homes.setdefault(f"{r.file}:{r.cls}", {"rule": classify(r.source), "archs": []})
-                home["archs"].append(arch)
-            out[kind][release] = homes
+        served = read_wheel(wheel)
+        for setter, sources in defining_classes(wheel).items():
+            homes = {home: {"rule": classify(src), "archs": []} for home, src in sources.items()}
+            for arch, r in sorted(served[setter].items()):
+                homes[f"{r.file}:{r.cls}"]["archs"].append(arch)
+            out[setter.split("_")[1]][release] = homes
     return out
 
 

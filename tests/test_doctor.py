@@ -138,13 +138,29 @@ def test_embedding_tap_delivered_to_draft_trained_on_later_layers(tmp_path, targ
 
 
 def test_layer_ids_in_the_other_engines_convention(tmp_path, target, drafted):
+    """vLLM's ids [2, 4, 5] in an SGLang export of a Llama target: llama.py adds 1 in every SGLang release."""
     out = _export(tmp_path, drafted, "sglang")
     _edit_config(out, lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[2, 4, 5]))  # vLLM's
-    _expect(_doctor(out, target, "sglang-legacy"), "layer_ids", "right ids in the")
-    assert "vllm" in _errors(_doctor(out, target, "sglang-legacy"))[0].what
-    # under the PR #25454 rule the same ids happen to be right, but they are not portable: a warning
+    for engine in ("sglang-legacy", "sglang"):
+        _expect(_doctor(out, target, engine), "layer_ids", "right ids in the")
+        error = _errors(_doctor(out, target, engine))[0]
+        assert "vllm" in error.what and "llama.py (sglang-plus1)" in error.what and "--arch LlamaForCausalLM" in error.fix
+
+
+def test_layer_ids_of_a_deepseek_target_depend_on_the_sglang_release(tmp_path):
+    """The seeds' case, on a DeepSeek-V3 target: deepseek_v2.py reads ids [2, 4, 5] raw since 0.5.13 (PR
+    #25454) and shifted before it; the doctor names the file and the release of each reading."""
+    target = build_target("deepseek_v3", layers=8)
+    draft, contract = build_draft(target, taps=(2, 4, 5), seed=7)
+    out = export_draft(draft, contract, tmp_path / "s", "sglang")
+    assert json.loads((out / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
+    _edit_config(out, lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[2, 4, 5]))
     report = _doctor(out, target, "sglang")
-    assert not _errors(report) and any("PR #25454" in f.why for f in report.findings if f.level == "warn")
+    assert not _errors(report)
+    warn = next(f for f in report.findings if f.level == "warn" and f.check == "layer_ids")
+    assert "0.5.23 deepseek_v2.py (sglang-first1)" in warn.what and "0.5.12.post1 deepseek_v2.py" in warn.what
+    error = _errors(_doctor(out, target, "sglang-legacy"))[0]
+    assert "(SGLang 0.5.12.post1 deepseek_v2.py (sglang-plus1)) will deliver boundaries [3, 5, 6]" in error.what
 
 
 @pytest.mark.parametrize("edit,fragment", [
@@ -178,10 +194,17 @@ def test_sglang_norm_output_read_by_specforge(tmp_path, target, drafted):
 
 
 def test_specforge_ids_that_depend_on_its_capture_backend(tmp_path, target):
-    draft, contract = build_draft(target, taps=(3, 5, 6))  # first tap not boundary 2: readings differ
+    """SpecForge's HF hooks read id k as the output of layer k; through SGLang the target's model file decides:
+    llama.py adds 1 too (the readings agree), deepseek_v2.py does not when the first id is not 1."""
+    draft, contract = build_draft(target, taps=(3, 5, 6))  # first tap not boundary 2
     rep = _doctor(export_draft(draft, contract, tmp_path / "sf", "specforge"), target, "specforge")
+    assert not _errors(rep) and not any(f.check == "layer_ids" for f in rep.findings)
+    deepseek = build_target("deepseek_v3", layers=8)
+    draft, contract = build_draft(deepseek, taps=(3, 5, 6))
+    rep = _doctor(export_draft(draft, contract, tmp_path / "ds", "specforge"), deepseek, "specforge")
     assert not _errors(rep)
-    assert any(f.check == "layer_ids" and "through SGLang" in f.what for f in rep.findings)
+    assert any(f.check == "layer_ids" and "through SGLang" in f.what and "deepseek_v2.py" in f.what
+               for f in rep.findings)
 
 
 def test_other_target_and_chat_template(tmp_path, drafted, target):

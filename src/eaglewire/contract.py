@@ -22,7 +22,8 @@ How engines write the same physical state (read from each engine's source; recor
     sglang-first1   b - 1 if b[0]==2, else b          1 .. L-1, b[0]!=1 PR #25454: +1 only if first id 1
     sglang-final    b - 1  (as is if max id = L)      1 .. L            gpt_oss.py: captures the end too
                     SGLang's rule is per model file and release: export/sglang_rules.py picks one of the three
-                    for a target architecture ("sglang" alone names no rule; "sglang-legacy" is retired)
+                    for a target architecture (the engine names "sglang" and "sglang-legacy" are releases,
+                    not rules: as conventions they are refused with that explanation)
     specforge       b - 1  (hook on layer id)         1 .. L            HF backend hooks layer id's output
                                                                           (SpecForge <= 0.1; 0.2 captures
                                                                           through SGLang: see the doctor)
@@ -112,8 +113,8 @@ RETIRED = {
                "name the target's architecture (--arch, or --target), which resolves sglang-plus1, "
                "sglang-first1 or sglang-final (eaglewire.export.sglang_rules)"),
     "sglang-legacy": ("'always +1' was never a release-wide SGLang rule: llama.py and qwen*.py always add 1 in "
-                      "every release, deepseek_v2.py did before 0.5.13", "use sglang-plus1, or --to sglang "
-                      "--arch ARCH --engine-version V to let the SGLang record pick the rule"),
+                      "every release, deepseek_v2.py did before 0.5.13", "use sglang-plus1, or name the "
+                      "architecture (--arch) and the release (--engine-version) and let the SGLang record pick"),
 }
 
 

@@ -13,7 +13,7 @@ from eaglewire.cli.common import CONV_NAMES, TARGET_HELP, add_command, load_targ
     parse_taps
 from eaglewire.contract import CANONICAL, CONVENTIONS, default_taps, describe_boundary, from_engine, to_engine
 from eaglewire.errors import EaglewireError
-from eaglewire.export.engines import SGLANG, engine_for
+from eaglewire.export.engines import ENGINES, SGLANG, engine_for
 from eaglewire.export.sglang_rules import RELEASES as SGLANG_RELEASES
 
 
@@ -32,9 +32,9 @@ def target_info(target: Optional[str] = typer.Option(None, "--target", "-t", hel
 
 def _rule(name: str, arch: Optional[str], version: Optional[str]) -> tuple[str, str]:
     """(the convention `name` means for this architecture, which SGLang rule that is: "" for fixed ones)."""
-    if name != SGLANG:
+    if name not in ENGINES or not ENGINES[name].per_model_file:
         return name, ""
-    record = engine_for(SGLANG, version)
+    record = engine_for(name, version)
     return record.convention_for(arch), record.rule_note(arch)
 
 
@@ -64,8 +64,9 @@ def _translation(layers: int, to: str, taps: Optional[str], source: str, arch: O
 
 
 def wiring_translate(
-    to: str = typer.Option(..., "--to", help=f"Convention to write: {CONV_NAMES}, or sglang (the rule of the "
-                           "target's SGLang model file: needs --arch or --target)."),
+    to: str = typer.Option(..., "--to", help=f"Convention to write: {CONV_NAMES}, or sglang / sglang-legacy (the "
+                           "rule of the target's SGLang model file in the newest verified release / the last "
+                           "before PR #25454: needs --arch or --target)."),
     layers: Optional[int] = typer.Option(None, "--layers", "-L", help="Number of decoder layers L of the "
                                          "target (default: --target's)."),
     taps: Optional[str] = typer.Option(None, "--taps", help="Comma-separated ids; default: boundaries "

@@ -15,7 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from eaglewire.errors import CheckpointError
-from eaglewire.export.sglang_rules import RELEASES as SGLANG_RELEASES
+from eaglewire.export.sglang_rules import LEGACY_RELEASE
 from eaglewire.export.sglang_rules import SGLangRule, check_release, rule_for
 
 IDS_KEY = "eagle_aux_hidden_state_layer_ids"
@@ -91,6 +91,8 @@ _SGLANG = dict(config_style="eagle3", id_keys=(NESTED_IDS_KEY,), prefix0="midlay
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (
     Engine(SGLANG, SGLANG, **_SGLANG),  # the rule is per model file and release: export/sglang_rules.py
+    # SGLang as it was before PR #25454 (the newest such release verified): every model file adds 1
+    Engine("sglang-legacy", SGLANG, **_SGLANG, release=LEGACY_RELEASE),
     Engine("vllm", "vllm", "speculators", (IDS_KEY, NESTED_IDS_KEY), "layers.0.", ("layers.0.", "midlayer."),
            multi_layer=True, norms=ALL_NORMS, replaces_embedding=False, skips_unknown_keys=False),
     Engine("eagle", "eagle", "llama", (), "midlayer.", ("midlayer.",), multi_layer=False, norms=frozenset(),
@@ -109,15 +111,8 @@ NATIVE = "native"  # eaglewire's own checkpoint (eaglewire.export.checkpoint): a
 FORMATS = (NATIVE, *ENGINE_FORMATS)  # every name `eaglewire export` / `import --format` accept
 
 
-RETIRED = {"sglang-legacy": "SGLang's rule is per model file and release, not 'legacy' or not: use --format sglang "
-           "with --engine-version (releases: " + ", ".join(SGLANG_RELEASES) + ") and the target's architecture"}
-
-
 def engine_for(name: str, version: str | None = None) -> Engine:
     """The record for an engine or format name (aliases resolved); `version`: the engine release (SGLang)."""
-    if name in RETIRED:
-        raise CheckpointError(f"the {name!r} format is retired", expected=", ".join(ENGINE_FORMATS), found=name,
-                              fix=RETIRED[name])
     record = ENGINES.get(ALIASES.get(name, name))
     if record is not None and version is not None:
         if record.per_model_file:  # other engines' rules hold for every release: the version is a label there

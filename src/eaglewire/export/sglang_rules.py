@@ -28,6 +28,7 @@ from eaglewire.errors import TranslationError
 
 RELEASES = ("0.5.12.post1", "0.5.13", "0.5.23")  # verified against their wheels; oldest first (0.5.13: PR #25454)
 NEWEST = RELEASES[-1]
+LEGACY_RELEASE = "0.5.12.post1"  # the newest release before PR #25454: what the `sglang-legacy` format means
 WHEELS = cache_root() / "sglang-wheels"  # where scripts/sglang_wheels.sh downloads them
 RECORD = Path(__file__).with_name("sglang_rules.json")
 # A wrapper (multimodal, or a thin shell around a language model) hands the ids unchanged to the model it
