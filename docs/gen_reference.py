@@ -21,6 +21,7 @@ MODULES = {
     "run_config": "eaglewire.pipeline.config",  # RunConfig
     "doctor": "eaglewire.doctor",  # package whose modules hold the checks (Finding(...) / _f(...) calls)
     "engines": "eaglewire.export.engines",  # ENGINES: one record per engine
+    "sglang_rules": "eaglewire.export.sglang_rules",  # SGLang's layer-id rule per release x model file
     "layouts": "eaglewire.export.layouts",  # make_config, native_to
     "contract": "eaglewire.contract",  # TargetIdentity, WiringContract, default_taps
     "norms": "eaglewire.norms",  # NormFlags, NORM_PRESETS
@@ -195,7 +196,9 @@ def formats_page() -> str:
            "layers | norm flags | taps | embedding |", "|---|---|---|---|---|---|---|---|---|"]
     for e in engines.values():
         ids = ", ".join(f"`{k}`" for k in e.id_keys) or "hard-coded"
-        out.append(f"| `{e.name}` | `{e.convention}` | {e.config_style} | {ids} | `{e.prefix0}` | "
+        conv = f"the target's model file in SGLang {e.release or _mod('sglang_rules').NEWEST}" \
+            if e.per_model_file else f"`{e.convention}`"
+        out.append(f"| `{e.name}` | {conv} | {e.config_style} | {ids} | `{e.prefix0}` | "
                    f"{'any' if e.multi_layer else '1'} | {', '.join(sorted(e.norms)) or 'none'} | "
                    f"{e.num_taps or 'any'} | {'target' if e.replaces_embedding else 'checkpoint or target'} |")
     presets, new = _mod("norms").NORM_PRESETS, _mod("train_config").NEW_DRAFT_NORMS
@@ -215,7 +218,47 @@ def formats_page() -> str:
     return GENERATED + "\n".join(out) + "\n"
 
 
-PAGES = {"cli.md": cli_page, "config.md": config_page, "doctor.md": doctor_page, "formats.md": formats_page}
+# ---------------------------------------------------------------------------------- SGLang rules
+
+RULE_WORDS = {"sglang-plus1": "id + 1", "sglang-first1": "id + 1 only if the first id is 1, else id",
+              "sglang-final": "id if the last id is L, else id + 1", "as-is": "id"}
+
+
+def _rule_cell(home: str, rule: str, delegates: dict[str, str]) -> str:
+    if rule == "delegate":
+        return f"→ `{delegates[home]}`" if home in delegates else "hands the ids on: refused"
+    return f"{RULE_WORDS[rule]} (`{rule}`)" if rule in RULE_WORDS else f"refused ({rule})"
+
+
+def sglang_rules_table() -> str:
+    """A snippet (no title) included by the diagnose and export guides: SGLang's layer-id rule per release and
+    model file, from the record that tests/test_sglang_rules.py checks against SGLang's wheels."""
+    rules = _mod("sglang_rules")
+    rec, releases = rules.record(), rules.RELEASES
+    out = [GENERATED.strip(), ""]
+    for kind, setter in (("eagle3", "set_eagle3_layers_to_capture"), ("dflash", "set_dflash_layers_to_capture")):
+        homes = sorted({h for r in releases for h, v in rec[kind][r].items() if v["archs"]})
+        out += [f"**{kind}**: the boundary `{setter}` captures for config id `id` (boundary k = the residual "
+                "stream entering decoder layer k)", "",
+                "| model file | " + " | ".join(f"SGLang {r}" for r in releases) + " | architectures |",
+                "|---" * (len(releases) + 2) + "|"]
+        for home in homes:
+            cells, served = [], {}
+            for r in releases:
+                v = rec[kind][r].get(home)
+                cells.append(_rule_cell(home, v["rule"], rules.DELEGATES) if v and v["archs"] else "–")
+                for arch in (v["archs"] if v else []):
+                    served.setdefault(arch, []).append(r)
+            every = max(served.values(), key=len)  # the releases the file serves architectures in
+            archs = [a if rs == every else f"{a} ({', '.join(rs)} only)" for a, rs in sorted(served.items())]
+            file, cls = home.split(":")
+            out.append(f"| `{file}` ({cls}) | " + " | ".join(cells) + " | " + ", ".join(archs) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+PAGES = {"cli.md": cli_page, "config.md": config_page, "doctor.md": doctor_page, "formats.md": formats_page,
+         "sglang-rules.md": sglang_rules_table}
 
 
 def generate(out_dir: Path) -> list[Path]:

@@ -59,6 +59,17 @@ def test_doctor_catalogue_has_every_finding_code(site: Path) -> None:
     assert all(f"<code>{c}</code>" in html for c in codes)
 
 
+def test_sglang_rule_table_is_in_the_diagnose_and_export_guides(site: Path) -> None:
+    from eaglewire.export.sglang_rules import RELEASES, record
+
+    served = {h.split(":")[0] for r in RELEASES for h, v in record()["eagle3"][r].items() if v["archs"]}
+    for page in ("guides/diagnose", "guides/export"):
+        html = (site / page / "index.html").read_text()
+        assert all(f"SGLang {r}" in html for r in RELEASES), page
+        missing = [f for f in served if f"<code>{f}</code>" not in html]
+        assert not missing, f"{page} lacks the SGLang rule of {missing}"
+
+
 def test_results_tables_come_from_the_indexed_files(site: Path) -> None:
     import json
 
