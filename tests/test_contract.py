@@ -174,5 +174,23 @@ def test_cli_translate(tmp_path):
     r = CliRunner().invoke(app, ["wiring", "translate", "-L", "30", "--taps", "0,15,27", "--to", "sglang",
                                  "--arch", "LlamaForCausalLM"])
     assert r.exit_code == 2 and "cannot express tap boundary 0" in r.output
-    r = CliRunner().invoke(app, ["wiring", "translate", "-L", "30", "--to", "sglang"])
-    assert r.exit_code == 2 and "--arch" in r.output
+    # without an architecture: ids every SGLang model file reads alike, or a refusal naming the way out
+    r = CliRunner().invoke(app, ["wiring", "translate", "-L", "30", "--to", "sglang", "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["ids"] == [1, 14, 26]
+    r = CliRunner().invoke(app, ["wiring", "translate", "-L", "30", "--taps", "3,16,29", "--to", "sglang"])
+    assert r.exit_code == 2 and "--arch" in r.output and "sglang-first1: [3, 16, 29]" in r.output
+
+
+def test_cli_translate_for_the_embedded_target_is_what_llama_py_captures():
+    """The issue's case: taps [3, 16, 29] for the embedded Llama target are ids [2, 15, 28], which SGLang's
+    llama.py (+1 in every verified release) captures as boundaries [3, 16, 29]."""
+    from typer.testing import CliRunner
+
+    from eaglewire.cli.app import app
+
+    r = CliRunner().invoke(app, ["wiring", "translate", "--layers", "30", "--to", "sglang", "--taps", "3,16,29",
+                                 "--target", "smollm2-135m", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["ids"] == [2, 15, 28] and out["architecture"] == "LlamaForCausalLM"
+    assert out["to_rule"].endswith("llama.py (sglang-plus1)") and all(v["same"] for v in out["other_releases"].values())

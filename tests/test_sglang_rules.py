@@ -152,16 +152,25 @@ def test_dflash_rules_are_what_each_sglang_setter_captures(wheels, release):
     assert checked
 
 
-def test_the_seeds_case_through_the_real_rules():
-    """A Kimi-K2.5-shaped target (DeepSeek-V3, 61 layers) through deepseek_v2.py and a Llama one through
-    llama.py, default and non-default taps, in every verified release."""
-    kimi, llama = "KimiK25ForConditionalGeneration", "LlamaForCausalLM"
-    newest = rule_for(kimi)
-    assert newest.model_file == "deepseek_v2.py" and newest.via.startswith("kimi_k25.py")
-    assert to_engine((2, 30, 58), newest.rule, 61) == (1, 29, 57)  # default taps: ids start at 1 everywhere
-    assert to_engine((3, 30, 58), newest.rule, 61) == (3, 30, 58)  # as is since PR #25454
-    assert to_engine((3, 30, 58), rule_for(kimi, "0.5.12.post1").rule, 61) == (2, 29, 57)  # +1 before it
+def test_the_seeds_case_through_the_real_rules(wheels):
+    """A Kimi-K2.5-shaped target (DeepSeek-V3, 61 layers) through deepseek_v2.py and a Llama one (30 layers)
+    through llama.py, default and non-default taps, in every verified release: the ids eaglewire writes are
+    captured by SGLang's own setter as the taps."""
+    cases = {"KimiK25ForConditionalGeneration": (61, [(2, 30, 58), (3, 30, 58), (1, 30, 60)]),
+             "LlamaForCausalLM": (30, [(2, 15, 27), (3, 16, 29), (1, 16, 29)])}
     for release in RELEASES:
-        rule = rule_for(llama, release)
-        assert rule.model_file == "llama.py" and to_engine((3, 16, 29), rule.rule, 30) == (2, 15, 28)
-        assert to_engine((2, 15, 27), rule.rule, 30) == (1, 14, 26)
+        sources = defining_classes(wheels[release])["set_eagle3_layers_to_capture"]
+        for arch, (L, tap_sets) in cases.items():
+            rule = rule_for(arch, release)
+            assert rule.model_file == ("llama.py" if arch.startswith("Llama") else "deepseek_v2.py"), rule
+            for taps in tap_sets:
+                try:
+                    ids = to_engine(taps, rule.rule, L)
+                except TranslationError:  # a first tap at boundary 1 under PR #25454's rule only
+                    assert rule.rule == "sglang-first1" and taps[0] == 1
+                    continue
+                assert run_setter(sources[rule.home], list(ids), L) == ("capture", list(taps)), (release, arch, ids)
+    kimi = rule_for("KimiK25ForConditionalGeneration")
+    assert kimi.via.startswith("kimi_k25.py") and to_engine((3, 30, 58), kimi.rule, 61) == (3, 30, 58)
+    assert to_engine((3, 30, 58), rule_for("KimiK25ForConditionalGeneration", "0.5.12.post1").rule, 61) == (2, 29, 57)
+    assert to_engine((3, 16, 29), rule_for("LlamaForCausalLM").rule, 30) == (2, 15, 28)  # the issue's ids

@@ -12,9 +12,10 @@ from rich.table import Table
 from eaglewire.cli.common import CONV_NAMES, TARGET_HELP, add_command, load_target, out_console, parse_ints, \
     parse_taps
 from eaglewire.contract import CANONICAL, CONVENTIONS, default_taps, describe_boundary, from_engine, to_engine
-from eaglewire.errors import EaglewireError
+from eaglewire.errors import EaglewireError, TranslationError
 from eaglewire.export.engines import ENGINES, SGLANG, engine_for
 from eaglewire.export.sglang_rules import RELEASES as SGLANG_RELEASES
+from eaglewire.export.sglang_rules import used_rules
 
 
 def target_info(target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_HELP),
@@ -31,11 +32,37 @@ def target_info(target: Optional[str] = typer.Option(None, "--target", "-t", hel
 
 
 def _rule(name: str, arch: Optional[str], version: Optional[str]) -> tuple[str, str]:
-    """(the convention `name` means for this architecture, which SGLang rule that is: "" for fixed ones)."""
+    """(the convention `name` means for this architecture, which SGLang rule that is: "" for fixed ones).
+    SGLang without an architecture: every rule its verified releases use (the caller needs them to agree)."""
     if name not in ENGINES or not ENGINES[name].per_model_file:
         return name, ""
+    if arch is None:
+        return ",".join(used_rules()), f"every SGLang model file eaglewire has read ({', '.join(SGLANG_RELEASES)})"
     record = engine_for(name, version)
     return record.convention_for(arch), record.rule_note(arch)
+
+
+def _agreed(convert: Any, values: tuple[int, ...], conventions: str, layers: int) -> tuple[int, ...]:
+    """`convert(values, c, layers)` for each convention in the comma list; they must agree (portable ids)."""
+    out: dict[str, Any] = {}
+    for conv in conventions.split(","):
+        try:
+            out[conv] = convert(values, conv, layers)
+        except EaglewireError as err:
+            out[conv] = err
+    results = set(out.values())
+    if len(results) == 1:
+        (only,) = results
+        if isinstance(only, EaglewireError):
+            raise only
+        return only
+    if all(isinstance(r, EaglewireError) for r in results):
+        raise next(iter(out.values()))
+    raise TranslationError(f"SGLang model files read {list(values)} differently",
+                           expected="ids every SGLang model file reads the same (taps starting at boundary 2)",
+                           found="; ".join(f"{c}: {v.what if isinstance(v, EaglewireError) else list(v)}"
+                                           for c, v in out.items()),
+                           fix="name the target: --arch ARCH or --target TARGET (and --engine-version V)")
 
 
 def _translation(layers: int, to: str, taps: Optional[str], source: str, arch: Optional[str] = None,
@@ -43,15 +70,15 @@ def _translation(layers: int, to: str, taps: Optional[str], source: str, arch: O
     ids_in = parse_ints(taps) if taps is not None else default_taps(layers)
     src, src_note = _rule(source if taps is not None else CANONICAL, arch, version)
     dst, dst_note = _rule(to, arch, version)
-    boundaries = from_engine(ids_in, src, layers)
-    ids_out = to_engine(boundaries, dst, layers)
+    boundaries = _agreed(from_engine, ids_in, src, layers)
+    ids_out = _agreed(to_engine, boundaries, dst, layers)
     result: dict[str, Any] = {
         "num_layers": layers, "from": src, "to": dst, "input_ids": list(ids_in),
         "boundaries": list(boundaries), "ids": list(ids_out),
         "states": [describe_boundary(b, layers) for b in boundaries],
     }
     result.update({k: v for k, v in (("architecture", arch), ("from_rule", src_note), ("to_rule", dst_note)) if v})
-    if dst_note:  # SGLang releases read ids per model file: say where these ids mean other layers
+    if dst_note and arch:  # SGLang releases read ids per model file: say where these ids mean other layers
         result["other_releases"] = {}
         for release in SGLANG_RELEASES:
             conv, note = _rule(SGLANG, arch, release)
@@ -66,7 +93,7 @@ def _translation(layers: int, to: str, taps: Optional[str], source: str, arch: O
 def wiring_translate(
     to: str = typer.Option(..., "--to", help=f"Convention to write: {CONV_NAMES}, or sglang / sglang-legacy (the "
                            "rule of the target's SGLang model file in the newest verified release / the last "
-                           "before PR #25454: needs --arch or --target)."),
+                           "before PR #25454: --arch or --target, or ids every model file reads alike)."),
     layers: Optional[int] = typer.Option(None, "--layers", "-L", help="Number of decoder layers L of the "
                                          "target (default: --target's)."),
     taps: Optional[str] = typer.Option(None, "--taps", help="Comma-separated ids; default: boundaries "
@@ -98,7 +125,8 @@ def wiring_translate(
     out_console.print(table)
     for k in ("from_rule", "to_rule"):
         if k in result:
-            out_console.print(f"{k.replace('_', ' ')} applied: {result[k]} for {arch}", highlight=False)
+            out_console.print(f"{k.replace('_', ' ')} applied: {result[k]}" + (f" for {arch}" if arch else ""),
+                              highlight=False)
     out_console.print(f"{to} ids: [bold]{result['ids']}[/]")
     for release, r in result.get("other_releases", {}).items():
         out_console.print(f"{'also valid' if r['same'] else 'NOT valid'} for {r['rule']}", highlight=False)

@@ -114,6 +114,12 @@ def rule_for(architecture: str | None, release: str | None = None, kind: str = "
     raise TranslationError("SGLang delegation loop", expected="a model that captures", found=architecture)
 
 
+def used_rules(kind: str = "eagle3") -> tuple[str, ...]:
+    """Every rule a served model file of a verified release applies (ids portable across SGLang agree on all)."""
+    found = {v["rule"] for r in RELEASES for v in _homes(kind, r).values() if v["archs"]}
+    return tuple(rule for rule in (EAGLE3_RULES if kind == "eagle3" else tuple(DFLASH_SHIFT)) if rule in found)
+
+
 def dflash_boundaries(ids: Sequence[int], rule: SGLangRule, num_layers: int) -> tuple[int, ...]:
     """The boundaries SGLang captures for DFlash target layer ids under `rule` (kind dflash)."""
     if rule.rule not in DFLASH_SHIFT:
