@@ -100,7 +100,7 @@ def _measured(out, target, bounds, engine):
     ("vllm", "vllm", [0, 2, 4], (0, 2, 4)),  # the embedding shifted in ([embed, l3, l31] vs [l3, l31, l59])
     ("vllm", "vllm", "drop", (2, 4, 5)),  # no ids: vLLM's default taps
     ("sglang", "sglang-legacy", [1, 2, 4], (2, 3, 5)),  # vLLM-style ids off by one, read by SGLang's +1 rule
-    ("sglang", "sglang", [0, 1, 3], None),  # an embedding tap SGLang cannot capture
+    ("sglang", "sglang", [1, 3, 7], None),  # llama.py's +1 makes id 7 boundary 8 = L, which its loop never captures
 ])
 def test_broken_ids_are_diagnosed_with_the_trained_boundaries(tmp_path, target, trained, bounds, fmt, engine,
                                                              ids, delivered):
@@ -186,7 +186,7 @@ def test_engine_tau_at_a_tree_shape_from_our_engine(tmp_path, target, trained, b
 
 
 def test_engine_tau_names_a_delivered_set_the_engine_cannot_capture(tmp_path, target, trained, bounds):
-    ins = inspect_dir(_export(tmp_path, trained, "sglang", [0, 1, 3]), "sglang")  # SGLang cannot tap the embedding
+    ins = inspect_dir(_export(tmp_path, trained, "sglang", [1, 3, 7]), "sglang")  # llama.py cannot capture boundary L
     m, (f,) = run_measurement(ins, target, bounds, chain_steps=2, shape=TREE)
     assert m.delivered is None and m.engine.tau["delivered"] is None and m.engine.tau["best"][0] > 1.3
     assert "delivered: none (the engine cannot capture it)" in f.what, f.what

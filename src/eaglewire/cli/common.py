@@ -73,9 +73,20 @@ def parse_ints(text: str) -> tuple[int, ...]:
                              found=text) from None
 
 
+def resolve_convention(name: Optional[str], target: Any) -> Optional[str]:
+    """A --taps-from name as a contract convention: an engine whose rule is per model file (sglang) resolves
+    to the rule of the target's architecture in its newest verified release."""
+    from eaglewire.export.engines import ENGINES
+
+    record = ENGINES.get(name or "")
+    return record.convention_for(target.identity.architecture) if record and record.per_model_file else name
+
+
 def parse_taps(target: Any, taps: Optional[str], source: str = CANONICAL) -> tuple[int, ...]:
     """--taps in convention `source` as boundaries; the default taps when omitted."""
-    return from_engine(parse_ints(taps), source, target.num_layers) if taps else default_taps(target.num_layers)
+    if not taps:
+        return default_taps(target.num_layers)
+    return from_engine(parse_ints(taps), resolve_convention(source, target) or source, target.num_layers)
 
 
 def parse_dtype(name: str, allowed: dict[str, str], option: str) -> str:

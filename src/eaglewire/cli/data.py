@@ -10,7 +10,7 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from eaglewire.cli.common import DATA_HELP, add_command, err_console, load_target, out_console, parse_dtype, \
-    parse_ints, parse_taps, read_samples
+    parse_ints, parse_taps, read_samples, resolve_convention
 from eaglewire.data.conversations import DEFAULT_SOURCE, ReadStats
 from eaglewire.data.regenerate import SERVER_IN_FLIGHT, GenerationSettings, RegenStats, regenerate
 from eaglewire.data.samples import DEFAULT_MAX_LENGTH
@@ -255,7 +255,7 @@ def import_cmd(
     tgt = load_target(target)
     with Progress(console=err_console) as progress:
         task = progress.add_task("importing shards", total=None)
-        manifest = import_dump(src, fmt, tgt, out, taps=parse_ints(taps) if taps else None, taps_from=taps_from,
+        manifest = import_dump(src, fmt, tgt, out, taps=parse_ints(taps) if taps else None, taps_from=resolve_convention(taps_from, tgt),
                                shard_samples=shard_samples, dtype=store, verify=verify,
                                on_shard=lambda k, n, _t: progress.update(task, completed=k, total=n),
                                states_dir=states_dir)
@@ -281,7 +281,7 @@ def inspect_cmd(
     from eaglewire.capture.dumps.report import inspect_dump
 
     tgt = None if no_target else load_target(target)
-    report = inspect_dump(src, fmt, tgt, declared_taps=parse_ints(taps) if taps else None, taps_from=taps_from,
+    report = inspect_dump(src, fmt, tgt, declared_taps=parse_ints(taps) if taps else None, taps_from=resolve_convention(taps_from, tgt),
                           limit=limit, states_dir=states_dir)
     if as_json:
         out_console.print_json(json.dumps(report.to_dict()))
