@@ -100,7 +100,7 @@ def _measured(out, target, bounds, engine):
     ("vllm", "vllm", [0, 2, 4], (0, 2, 4)),  # the embedding shifted in ([embed, l3, l31] vs [l3, l31, l59])
     ("vllm", "vllm", "drop", (2, 4, 5)),  # no ids: vLLM's default taps
     ("sglang", "sglang-legacy", [1, 2, 4], (2, 3, 5)),  # vLLM-style ids off by one, read by SGLang's +1 rule
-    ("sglang", "sglang", [1, 3, 7], None),  # llama.py's +1 makes id 7 boundary 8 = L, which its loop never captures
+    ("sglang", "sglang", [0, 1, 3], (1, 2, 4)),  # the ids PR #25454's rule would read as is: llama.py adds 1
 ])
 def test_broken_ids_are_diagnosed_with_the_trained_boundaries(tmp_path, target, trained, bounds, fmt, engine,
                                                              ids, delivered):
