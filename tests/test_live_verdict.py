@@ -108,3 +108,14 @@ def test_watch_without_counters_alarms_and_is_bounded():
     with pytest.raises(EaglewireError):
         watch(lambda: Counters("vllm"), 1.2, 0, 0)
     assert judge_window(Counters("vllm", drafts=50.0, accepted=10.0), 1.5)[0] == "alarm"
+
+
+def test_text_report_puts_engine_and_prediction_side_by_side(capsys):
+    from eaglewire.cli.doctor_live import _print_live
+
+    _print_live(compare(_window(400, (20, 2, 0)), PRED, 3, "d", "t"), as_json=False)
+    out = capsys.readouterr().out
+    assert "BELOW EXPECTATION" in out and "points at:" in out and "next: eaglewire doctor check d --target t" in out
+    row = next(line for line in out.splitlines() if line.startswith("accepted at position 1"))
+    assert row.split()[-2:] == ["0.050", "0.600"]  # engine window, our engine
+    assert "rounds in the window: 400;" in out

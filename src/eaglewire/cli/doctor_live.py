@@ -111,7 +111,8 @@ def _print_live(rep: Any, as_json: bool) -> None:
         a = m["per_position"][i] if i < len(m["per_position"]) else None
         b = p["per_position"][i] if i < len(p["per_position"]) else None
         out_console.print(f"{f'accepted at position {i + 1}':22}{fmt(a):>18}{fmt(b):>14}", highlight=False)
-    out_console.print(f"rounds in the window: {m['drafts']}; lossless: {ll['identical']}/{ll['prompts']} answers "
+    rounds = "-" if m["drafts"] is None else f"{m['drafts']:.0f}"
+    out_console.print(f"rounds in the window: {rounds}; lossless: {ll['identical']}/{ll['prompts']} answers "
                       f"equal the target's greedy answers" + ("" if ll["same_template"] else
                                                               " (the engine's prompt lengths differ from ours: "
                                                               "another chat template?)"), highlight=False)
