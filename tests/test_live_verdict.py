@@ -119,3 +119,17 @@ def test_text_report_puts_engine_and_prediction_side_by_side(capsys):
     row = next(line for line in out.splitlines() if line.startswith("accepted at position 1"))
     assert row.split()[-2:] == ["0.050", "0.600"]  # engine window, our engine
     assert "rounds in the window: 400;" in out
+
+
+def test_plain_url_timing_gives_the_round_cost(monkeypatch):
+    """--plain-url: decode seconds per round on the speculative server over seconds per token on the plain one."""
+    import eaglewire.doctor.live as live
+    from eaglewire.cli.doctor_live import _plain_timing
+
+    monkeypatch.setattr(live, "served_model", lambda url: "m")
+    monkeypatch.setattr(live, "chat", lambda url, model, m, n: Answer("x", 10, 11, 0.2))  # 10 decode tokens, 0.2 s
+    w = _window(40, (20, 8, 2))
+    w.answers = [Answer("a", 10, 5, 0.6), Answer("b", 12, 5, 0.6)]  # 1.2 s over 40 rounds: 0.03 s a round
+    t = _plain_timing("http://plain", [[{"role": "user", "content": "q"}]] * 2, 11, w)
+    assert t["s_per_round"] == pytest.approx(0.03) and t["plain_s_per_token"] == pytest.approx(0.02)
+    assert t["round_cost"] == pytest.approx(1.5)
