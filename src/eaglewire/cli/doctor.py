@@ -255,11 +255,16 @@ def register(app: typer.Typer) -> None:
     doctor_app = typer.Typer(cls=_CheckByDefault, no_args_is_help=True,
                              help="Check a draft before deployment: `doctor DIR` (= `doctor check DIR`), "
                              "`doctor probe` (delivered boundaries), `doctor expect` (predicted vs measured tau), "
-                             "`doctor dump-vllm` (what vLLM delivers, for probe), `doctor sample` (the target's "
+                             "`doctor dump-vllm` (what vLLM delivers, for probe), `doctor live` / `doctor watch` (a running "
+                             "engine), `doctor sample` (the target's "
                              "boundaries, for `doctor check DIR --boundaries FILE` where the target does not load).")
     add_command(doctor_app, check_cmd, "check")
     add_command(doctor_app, sample_cmd, "sample")
     add_command(doctor_app, probe_cmd, "probe")
     add_command(doctor_app, expect_cmd, "expect")
     add_command(doctor_app, dump_vllm_cmd, "dump-vllm")
+    from eaglewire.cli.doctor_live import live_cmd, watch_cmd  # a running engine: its own module
+
+    add_command(doctor_app, live_cmd, "live")
+    add_command(doctor_app, watch_cmd, "watch")
     app.add_typer(doctor_app, name="doctor")

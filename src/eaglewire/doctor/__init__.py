@@ -10,4 +10,6 @@
     measured_wiring.py  that score against what the engine will deliver: the `measured_wiring` finding
     measured_tau.py     our engine's tau under the engine's own knobs (tree shapes), on request
     vllm_dump.py        what real vLLM delivers to an export (capture/identify.py names each state)
+    counters.py         a running engine's speculative counters, one reader per engine format, and their deltas
+    live.py, watch.py   `doctor live` (a running engine against our prediction) and `doctor watch` (the alarm)
 """

@@ -26,6 +26,7 @@ from typing import Any, Callable
 import torch
 
 from eaglewire.export.engines import acceptance_length
+from eaglewire.serve.spec_metrics import VllmSpecCounters
 from eaglewire.serve.chat_requests import BadRequest, Histogram, check_messages, check_params, content_length, \
     parse_body, render_chat, render_prompt
 
@@ -69,6 +70,7 @@ class Metrics:
         "eaglewire_time_to_first_token_seconds", "Request received to its first generated token"))
     queue_wait: Histogram = field(default_factory=lambda: Histogram(
         "eaglewire_queue_wait_seconds", "Request received to the worker starting it"))
+    spec: VllmSpecCounters = field(default_factory=VllmSpecCounters)  # the same rounds under vLLM's names
 
     def prometheus(self) -> str:
         tau = acceptance_length(self.accepted, self.verify_steps) if self.verify_steps else 0.0  # a gauge needs a number
@@ -81,7 +83,7 @@ class Metrics:
                 ("eaglewire_requests_busy_total", "counter", self.busy),
                 ("eaglewire_acceptance_length", "gauge", tau)]
         return "".join(f"# TYPE {n} {t}\n{n} {v}\n" for n, t, v in rows) + \
-            "".join(h.prometheus() for h in (self.latency, self.first_token, self.queue_wait))
+            "".join(h.prometheus() for h in (self.latency, self.first_token, self.queue_wait)) + self.spec.prometheus()
 
 
 def finish_reason(tokens: list[int], max_tokens: int, eos: set[int]) -> str:
@@ -95,12 +97,14 @@ class SpecServer:
     """Holds the engine; `generate(job)` runs on the worker thread only."""
 
     def __init__(self, generate: Callable[[Job, Callable[[list[int]], None]], Any], tokenizer: Any, model_name: str,
-                 max_tokens_limit: int, max_context: int, max_queue: int = 64, eos: set[int] | None = None) -> None:
+                 max_tokens_limit: int, max_context: int, max_queue: int = 64, eos: set[int] | None = None,
+                 draft_depth: int = 0) -> None:
         self.generate, self.tok, self.model_name = generate, tokenizer, model_name
         self.max_tokens_limit, self.max_context = max_tokens_limit, max_context
         self.eos = eos if eos is not None else {tokenizer.eos_token_id}
         self.jobs: "queue.Queue[Job]" = queue.Queue(maxsize=max_queue)
         self.metrics, self.lock, self.tok_lock = Metrics(), threading.Lock(), threading.Lock()
+        self.metrics.spec.depth = draft_depth  # draft positions per round: one per-position series each
         threading.Thread(target=self._worker, daemon=True).start()
 
     def _worker(self) -> None:
@@ -116,6 +120,7 @@ class SpecServer:
                 with self.lock:
                     self.metrics.verify_steps += stats.verify_steps
                     self.metrics.accepted += sum(stats.accepted)
+                    self.metrics.spec.count(stats.accepted)
                     self.metrics.tokens += stats.new_tokens
                 job.out.put(("done", stats))
             except Cancelled:
@@ -365,7 +370,8 @@ def build_server(target: Any, draft: Any, shape: Any, model_name: str | None, ma
                                     top_p=job.top_p, seed=job.seed, on_tokens=on_tokens)
         return stats
 
-    srv = SpecServer(generate, target.tokenizer, model_name or target.name, max_tokens_limit, max_context, eos=eos)
+    srv = SpecServer(generate, target.tokenizer, model_name or target.name, max_tokens_limit, max_context, eos=eos,
+                     draft_depth=shape.num_steps)
     httpd = serve(srv, host, port)
     say(f"listening on {host}:{httpd.server_address[1]} (backlog {LISTEN_BACKLOG}, queue {srv.jobs.maxsize}); "
         f"start took {time.perf_counter() - t0:.1f} s")

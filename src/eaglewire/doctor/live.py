@@ -1,0 +1,263 @@
+"""`eaglewire doctor live`: is a RUNNING engine getting from the draft what the draft should give?
+
+    before = snapshot(url)                     # the engine's speculative counters (doctor/counters.py)
+    answers = [chat(url, m) for m in prompts]  # greedy, a fixed budget, one request at a time (bounded)
+    window = snapshot(url).minus(before)       # tau and per-position acceptance of THESE requests only
+    ours = reference(target, draft, ...)       # our engine on the same prompts at the engine's shape
+    report = compare(window, ours, ...)        # healthy / below expectation (and where) / no counters
+
+Deltas, not totals: a server that has run for days carries its history in the counters; only the window
+between two snapshots is the probe's. Other traffic during the window is counted too, so probe a server
+that is otherwise idle, or read the result as "the server's acceptance over that minute".
+
+The verdict reuses `doctor expect`'s rule (doctor/expect.py: tau below RATIO x predicted and MARGIN below
+it, or the first position's Wilson interval below the prediction) and adds WHERE acceptance is lost, from
+the conditional acceptance at each draft position (rounds accepted at i / rounds accepted at i-1):
+- the first position low: the draft does not see what it was trained on at all (taps, fc, the vocabulary map,
+  embedding / lm_head): `eaglewire doctor check`, then `doctor dump-vllm` + `doctor probe`;
+- the first fine, later ones low: the draft's own recurrence differs (norm flags applied to the state fed
+  back, TTT depth trained shorter than the engine drafts, a block drafter's block layout):
+  `eaglewire doctor check --num-speculative-tokens k`.
+Positions count the draft tokens of a round in order, so the same pattern reads for any family that drafts k
+tokens a round (EAGLE-3's chain, a DFlash block).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from eaglewire.doctor.counters import Counters, detect_engine, read_counters
+from eaglewire.doctor.expect import POS_MARGIN, Counts, judge, wilson
+from eaglewire.errors import EaglewireError
+
+HTTP_TIMEOUT_S = 600.0  # one greedy request on a loaded CPU server; every loop here is over a finite list
+VERDICTS = ("healthy", "below_expectation", "no_counters")
+
+
+def server_root(url: str) -> str:
+    """http://host:port from http://host:port[/v1][/]."""
+    return url.rstrip("/").removesuffix("/v1")
+
+
+def _get(url: str, timeout: float = 30.0) -> str:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.read().decode()
+    except (urllib.error.URLError, OSError) as err:
+        raise EaglewireError(f"cannot read {url}", expected="a running engine answering on that address",
+                             found=str(err), fix="check --url (http://127.0.0.1:PORT) and that the server is up") from None
+
+
+def snapshot(url: str, engine: str | None = None) -> Counters:
+    """The server's counters now (engine detected from its /metrics when not given)."""
+    text = _get(server_root(url) + "/metrics")
+    return read_counters(engine or detect_engine(text), text)
+
+
+def served_model(url: str) -> str:
+    data = json.loads(_get(server_root(url) + "/v1/models"))
+    return data["data"][0]["id"]
+
+
+@dataclass
+class Answer:
+    text: str
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    decode_s: float  # first streamed token to the last: the decode rounds' time, without prefill
+
+
+def chat(url: str, model: str, messages: list[dict[str, str]], max_tokens: int) -> Answer:
+    """One greedy streamed chat completion (the server applies its chat template, as for any client)."""
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    req = urllib.request.Request(server_root(url) + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    parts, usage, first, last = [], {}, None, None
+    try:
+        with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT_S) as r:
+            for raw in r:  # bounded: the server ends the stream after max_tokens at most
+                line = raw.decode().strip()
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                usage = event.get("usage") or usage
+                for choice in event.get("choices") or ():
+                    piece = (choice.get("delta") or {}).get("content")
+                    if piece:
+                        first, last = first or time.perf_counter(), time.perf_counter()
+                        parts.append(piece)
+    except (urllib.error.URLError, OSError) as err:
+        raise EaglewireError("the engine did not answer a chat completion", expected="200 with a streamed answer",
+                             found=str(err)) from None
+    return Answer("".join(parts), usage.get("prompt_tokens"), usage.get("completion_tokens"),
+                  (last - first) if first is not None else 0.0)
+
+
+@dataclass
+class EngineWindow:
+    counters: Counters  # the delta over the probe's requests
+    answers: list[Answer]
+    seconds: float
+
+
+def probe_engine(url: str, chats: list[list[dict[str, str]]], max_tokens: int, engine: str | None = None,
+                 model: str | None = None) -> EngineWindow:
+    """Snapshot, the prompts one at a time, snapshot: the window's counters and the engine's answers."""
+    before = snapshot(url, engine)
+    model = model or served_model(url)
+    t0 = time.perf_counter()
+    answers = [chat(url, model, m, max_tokens) for m in chats]
+    seconds = time.perf_counter() - t0
+    return EngineWindow(snapshot(url, before.engine).minus(before), answers, seconds)
+
+
+@dataclass
+class Reference:
+    """Our engine on the same prompts at the engine's shape, and the target's own greedy answers."""
+
+    tau: float
+    per_position: list[float]
+    answers: list[str]
+    prompt_tokens: list[int]
+
+
+def reference(target: Any, draft: Any, contract: Any, shape: Any, chats: list[list[dict[str, str]]],
+              max_tokens: int, proposer: Callable[..., Any] | None = None) -> Reference:
+    """proposer(draft, contract, shape, max_len): the family's proposer (default EAGLE-3's); any family whose
+    proposer drafts shape.num_steps tokens a round gets per-position figures the engines' counters compare with."""
+    from eaglewire.decoding.engine import SpecDecoder, SpecStats
+    from eaglewire.decoding.propose import EagleProposer
+    from eaglewire.decoding.runtime import plain_runtime
+
+    tok = target.tokenizer
+    prompts = [tok.apply_chat_template(m, add_generation_prompt=True, return_dict=True,
+                                       return_tensors="pt")["input_ids"] for m in chats]
+    max_len = max(p.shape[1] for p in prompts) + max_tokens + shape.num_draft_tokens + 16
+    rt = plain_runtime(target, max_len)  # tau does not depend on how fast the GEMMs run
+    dec = SpecDecoder(rt, (proposer or EagleProposer)(draft, contract, shape, max_len))
+    eos, pooled, answers = {tok.eos_token_id}, SpecStats(), []
+    for ids in prompts:
+        # our speculative decoder's greedy answer IS the target's own greedy answer (lossless by construction,
+        # tests/test_spec_lossless.py), so one decode gives both the reference answer and the predicted tau
+        toks, st = dec.generate(ids, max_tokens, eos)
+        pooled.accepted += st.accepted
+        answers.append(tok.decode(toks, skip_special_tokens=True))
+    return Reference(pooled.tau if pooled.accepted else 0.0, pooled.per_position(shape.num_steps), answers,
+                     [int(p.shape[1]) for p in prompts])
+
+
+@dataclass
+class PositionFinding:
+    position: int  # 0-based draft position
+    measured: float  # conditional acceptance there: accepted at i / accepted at i-1 (rounds, for i = 0)
+    interval: tuple[float, float]
+    predicted: float
+
+
+def conditional(per_position: list[float]) -> list[float]:
+    """Acceptance at position i given the round reached it (prefix acceptance): p_i / p_(i-1), p_(-1) = 1."""
+    prev, out = 1.0, []
+    for p in per_position:
+        out.append(p / prev if prev > 0 else 0.0)
+        prev = p
+    return out
+
+
+def low_positions(counters: Counters, predicted: list[float]) -> list[PositionFinding]:
+    """Draft positions whose conditional acceptance is below our prediction beyond noise: the upper end of its
+    Wilson interval (over the rounds that reached that position) more than POS_MARGIN below."""
+    pred_c, out = conditional(predicted), []
+    reached = counters.drafts or 0.0
+    for i, acc in enumerate(counters.accepted_per_pos[:len(pred_c)]):
+        if reached <= 0:
+            break
+        rate = acc / reached
+        lo, hi = wilson(rate, reached)
+        if hi < pred_c[i] - POS_MARGIN:
+            out.append(PositionFinding(i, rate, (lo, hi), pred_c[i]))
+        reached = acc
+    return out
+
+
+def pointer(low: list[PositionFinding], draft: str, target: str | None, k: int) -> tuple[str, str]:
+    """What the per-position pattern points at, and the doctor command to run next."""
+    t = f" --target {target}" if target else ""
+    if any(f.position == 0 for f in low):
+        return ("the first draft position is lost: the draft does not get what it was trained on — taps (layer ids), "
+                "fc / aux hidden states, the vocabulary map (d2t), embedding or lm_head replaced",
+                f"eaglewire doctor check {draft}{t}   (then: eaglewire doctor dump-vllm {draft} --out d.safetensors; "
+                f"eaglewire doctor probe --dump d.safetensors --contract {draft}{t})")
+    return ("the first position holds, later ones fall: the draft's recurrence differs from training — norm flags on "
+            "the state fed back (norm_output / norm_before_residual), TTT depth trained shorter than the engine "
+            "drafts, a block drafter's block layout",
+            f"eaglewire doctor check {draft}{t} --num-speculative-tokens {k}")
+
+
+@dataclass
+class LiveReport:
+    engine: str
+    verdict: str
+    message: str
+    k: int
+    measured: dict[str, Any]
+    predicted: dict[str, Any]
+    lossless: dict[str, Any]
+    low_positions: list[dict[str, Any]] = field(default_factory=list)
+    points_at: str = ""
+    next_command: str = ""
+    timing: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+def lossless_check(window: EngineWindow, ref: Reference) -> dict[str, Any]:
+    """The engine's greedy answers against the target's own (text; the server's prompt length against ours)."""
+    same = [a.text == b for a, b in zip(window.answers, ref.answers)]
+    first = [next((i for i, (x, y) in enumerate(zip(a.text, b)) if x != y), min(len(a.text), len(b)))
+             for a, b, s in zip(window.answers, ref.answers, same) if not s]
+    template = [a.prompt_tokens for a in window.answers] == ref.prompt_tokens or \
+        all(a.prompt_tokens is None for a in window.answers)
+    return {"identical": sum(same), "prompts": len(same), "first_difference_chars": first,
+            "engine_prompt_tokens": [a.prompt_tokens for a in window.answers], "our_prompt_tokens": ref.prompt_tokens,
+            "same_template": template}
+
+
+def compare(window: EngineWindow, ref: Reference, k: int, draft: str, target: str | None) -> LiveReport:
+    """The verdict (module docstring)."""
+    c = window.counters
+    measured = c.to_dict()
+    predicted = {"tau": round(ref.tau, 4), "per_position": [round(p, 4) for p in ref.per_position]}
+    lossless = lossless_check(window, ref)
+    if not c.exposed or (c.drafts is not None and c.drafts == 0):
+        why = ("the engine exposes no speculative counters" if not c.exposed else
+               "the engine's speculative counters did not move while the probe ran: it is not speculating")
+        return LiveReport(c.engine, "no_counters", f"{why} (our engine predicts tau {ref.tau:.2f})", k, measured,
+                          predicted, lossless, next_command="start the engine with its speculative config "
+                          "(vLLM --speculative-config, SGLang --speculative-algorithm EAGLE3)")
+    counts = Counts(c.drafts, list(c.accepted_per_pos)) if c.drafts and c.accepted_per_pos else None
+    exp = judge(ref.tau, ref.per_position, c.tau, counts)
+    low = low_positions(c, ref.per_position) if counts else []
+    flagged = exp.flagged or bool(low)
+    msg = exp.message + ("" if not c.gauge_only else " (SGLang's gauge: the mean of its last log interval, no "
+                                                     "per-position counters)")
+    rep = LiveReport(c.engine, "below_expectation" if flagged else "healthy", msg, k, measured, predicted, lossless,
+                     [vars(f) for f in low])
+    if flagged:
+        if low:
+            rep.points_at, rep.next_command = pointer(low, draft, target, k)
+        else:  # tau alone: no per-position counters (SGLang), or every position a little low
+            rep.points_at = "tau far below the prediction, no single position stands out: " + "; ".join(exp.causes[:3])
+            rep.next_command = f"eaglewire doctor check {draft}" + (f" --target {target}" if target else "")
+        by = ref.tau - (c.tau or 0.0)
+        rep.message = (f"below expectation by {by:.2f} tau ({by / max(ref.tau - 1, 1e-9):.0%} of the draft's "
+                       f"predicted gain): " + rep.message)
+    return rep
