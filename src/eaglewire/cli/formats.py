@@ -12,6 +12,8 @@ from eaglewire.cli.common import add_command, err_console, load_target, out_cons
 FORMAT_HELP = ("sglang (PR #25454 layer-id rule), sglang-legacy (always +1), vllm / speculators, eagle "
                "(SafeAILab), specforge, native (eaglewire's own checkpoint)")
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+FORCE_HELP = ("Replace an existing --out that is not an earlier output of this command (its content is deleted); "
+              "never the input or a folder holding it.")
 
 
 def export_cmd(
@@ -23,19 +25,22 @@ def export_cmd(
     with_embedding: bool = typer.Option(False, "--with-embedding", help="Also write the (frozen) target embedding."),
     verifier: Optional[str] = typer.Option(None, "--verifier", help="vllm/speculators: the target path or hub id "
                                            "vLLM should load (default: the --target path, else its name)."),
+    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
 ) -> None:
     """Write a draft in an engine's layout, plus eaglewire_contract.json (engines ignore it)."""
     import torch
 
     from eaglewire.export.checkpoint import load_checkpoint
-    from eaglewire.export.convert import export_draft
+    from eaglewire.export.convert import check_out, export_draft
     from eaglewire.export.engines import NATIVE, engine_for
 
+    check_out(out, fmt, force=force, inputs=(draft,))  # before any loading: refuse an --out it may not replace
     tgt = load_target(target) if target else None
     d = load_checkpoint(draft, target=tgt)
     cast = getattr(torch, parse_dtype(dtype, DTYPES, "--dtype")) if dtype is not None else None
     path = export_draft(d, d.contract, out, fmt, dtype=cast, with_embedding=with_embedding,
-                        verifier=verifier or (str(tgt.path) if tgt is not None and tgt.path else None))
+                        verifier=verifier or (str(tgt.path) if tgt is not None and tgt.path else None),
+                        force=force, inputs=(draft,))
     ids = "" if fmt == NATIVE else f"layer ids {list(d.contract.engine_ids(engine_for(fmt).convention))}; "
     out_console.print(f"{fmt} export -> {path} ({ids}taps {list(d.contract.taps)})")
 
@@ -48,16 +53,19 @@ def import_cmd(
                                          "file: the trained boundaries are then measured on it."),
     measure: bool = typer.Option(True, "--measure/--no-measure", help="Without a contract file: measure the "
                                  "trained boundaries (default), or take the config's layer ids as they are."),
+    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
 ) -> None:
     """Read an engine-layout draft strictly into a native checkpoint; a draft from another tool gets a
     contract marked as inferred, with the evidence."""
     from eaglewire.export.checkpoint import save_checkpoint
+    from eaglewire.export.convert import check_out
     from eaglewire.pipeline.workflows import import_any
 
+    check_out(out, "native", force=force, inputs=(directory,))
     tgt = load_target(target) if target else None
     with err_console.status("importing (a draft without a contract file is measured on the target)"):
         d, contract, m = import_any(directory, fmt, tgt, measure=measure)
-    save_checkpoint(d, contract, out)
+    save_checkpoint(d, contract, out, force=force, inputs=(directory,))
     how = {None: "", "measured": "inferred by measurement, ", "engine_config": "inferred from the config's ids, "}
     out_console.print(f"imported {fmt} draft -> {out} (taps {list(contract.taps)}, "
                       f"{how[(contract.inferred or {}).get('source')]}contract {contract.fingerprint()})")
