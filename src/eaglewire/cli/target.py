@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from eaglewire.cli.common import CONV_NAMES, TARGET_HELP, add_command, load_target, out_console, parse_ints, \
-    parse_taps
+    parse_taps, styled
 from eaglewire.contract import CANONICAL, CONVENTIONS, default_taps, describe_boundary, from_engine, to_engine
 from eaglewire.errors import EaglewireError
 
@@ -67,7 +67,7 @@ def wiring_translate(
     for b, i in zip(result["boundaries"], result["ids"]):
         table.add_row(str(b), describe_boundary(b, layers), str(i))
     out_console.print(table)
-    out_console.print(f"{to} ids: [bold]{result['ids']}[/]")
+    out_console.print(styled(f"{to} ids: ", (str(result["ids"]), "bold")))
     for k, v in result.items():
         if k.startswith("same_in_"):
             out_console.print(f"{'also valid' if v else 'NOT valid'} for {k[8:].replace('_', '-')}")
