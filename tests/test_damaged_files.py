@@ -139,8 +139,8 @@ def made(tmp_path_factory):
     vmap = VocabMap(d2t=draft.d2t.clone(), t2d=draft.t2d.clone())
     save_vocab(root / "vocab.safetensors", vmap, torch.zeros(target.vocab_size), {"data": "tiny"})
     capture_features(target, contract, tiny_samples(8), root / "feat", pad_id=0, shard_samples=4)
+    check_meta(root / "regen.jsonl.gz", {"target": "tiny"})  # writes its settings side file (first, as the command)
     append_records(root / "regen.jsonl.gz", [{"id": "a", "messages": []}])
-    check_meta(root / "regen.jsonl.gz", {"target": "tiny"})  # writes its settings side file
     (root / "run.yaml").write_text("train:\n  max_steps: 3\n")
     target.model.save_pretrained(root / "target")
     return root, target, contract

@@ -61,7 +61,7 @@ def run_cli(cfg: dict, out: Path, tmp: Path, name: str = "run.yaml"):
 
 
 def _state(out: Path) -> dict:
-    return json.loads((out / "state.json").read_text())["stages"]
+    return runner.RunState(out).records()
 
 
 # --------------------------------------------------------------------------------------------- config
@@ -267,6 +267,26 @@ def test_a_warm_start_keeps_its_own_vocabulary(finished_run, tiny, tmp_path):
     assert not rebuilt["from_warm_start"] and not torch.equal(d2t, theirs)
     other, d2t = vocab_of("other", vocab={"draft_vocab_size": 150})
     assert not other["from_warm_start"] and d2t.numel() == 150
+
+
+def test_a_copied_run_uses_its_own_stages_and_refuses_to_reuse_changed_ones(finished_run, tiny, tmp_path):
+    """State paths are relative to the run folder: a copy with a changed bench setting benchmarks the copy's
+    draft, not the original's; a stage output changed on disk is refused, not reused."""
+    out, _ = finished_run
+    copy = tmp_path / "moved" / "copy"
+    shutil.copytree(out, copy)
+    r = run_cli(tiny_config(tiny, bench={"prompts": 1}), copy, tmp_path)
+    assert r.exit_code == 0, r.output
+    st = _state(copy)
+    assert st["bench"]["result"]["result"]["draft"].startswith(str(copy))
+    assert all(rec["dir"].startswith(str(copy)) for rec in st.values())
+    assert '"$RUN/work/' in (copy / "state.json").read_text() and str(out) not in (copy / "state.json").read_text()
+    weights = Path(st["train"]["result"]["draft"]) / "model.safetensors"
+    with open(weights, "r+b") as f:  # same size, a few bytes changed in the header's tail
+        f.seek(40)
+        f.write(b"\x00\x00\x00\x00")
+    r = run_cli(tiny_config(tiny, bench={"prompts": 1}), copy, tmp_path)
+    assert r.exit_code == 2 and "changed on disk" in r.output and "model.safetensors" in r.output, r.output
 
 
 def test_state_of_another_tool_is_refused(tmp_path):

@@ -7,7 +7,7 @@ import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from safetensors.torch import save_file
@@ -40,10 +40,11 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 def atomic_copy(src: Path, dst: Path) -> None:
-    """Copy a file (and a `.meta.json` sidecar next to it, if any) so a kill never leaves half a copy."""
+    """Copy a file (and a `.meta.json` sidecar next to it, if any) so a kill never leaves half a copy. The
+    sidecar goes first: a data file without its settings would be refused as another tool's file."""
     import shutil
 
-    for a, b in ((Path(src), Path(dst)), (Path(f"{src}.meta.json"), Path(f"{dst}.meta.json"))):
+    for a, b in ((Path(f"{src}.meta.json"), Path(f"{dst}.meta.json")), (Path(src), Path(dst))):
         if a.is_file():
             b.parent.mkdir(parents=True, exist_ok=True)
             tmp = _tmp_for(b)
@@ -111,7 +112,7 @@ def read_json_file(path: Path | str, *, what: str, error: type[Exception] | None
         if size > _MAX_JSON_BYTES:
             raise damaged(path, what, f"JSON of at most {_MAX_JSON_BYTES} bytes", f"{size} bytes", error=error)
         raw = path.read_bytes()
-        return json.loads(raw.decode("utf-8"))
+        return json.loads(raw.decode("utf-8"), object_pairs_hook=unique_keys)
     except OSError as err:
         raise damaged(path, what, "a readable file", f"{type(err).__name__}: {err}", error=error) from None
     except UnicodeDecodeError as err:
@@ -122,6 +123,23 @@ def read_json_file(path: Path | str, *, what: str, error: type[Exception] | None
     except RecursionError:
         raise damaged(path, what, "JSON of ordinary nesting depth", "nesting too deep to parse",
                       error=error) from None
+    except DuplicateKey as err:
+        raise damaged(path, what, "each key once per object (JSON readers disagree on which duplicate wins)",
+                      f"key {str(err)!r} twice", error=error) from None
+
+
+class DuplicateKey(ValueError):
+    """A JSON object naming a key twice: Python keeps the last, other readers (engines) may keep the first."""
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json.loads' object_pairs_hook refusing a key given twice."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise DuplicateKey(k)
+        out[k] = v
+    return out
 
 
 def read_json_object(path: Path | str, *, what: str, error: type[Exception] | None = None) -> dict[str, Any]:
@@ -291,3 +309,48 @@ def about_file(path: Path | str) -> Iterator[None]:
             raise
         raise type(err)(f"{path}: {err.what}", expected=err.expected, found=err.found,
                         fix=err.fix or f"re-create {Path(path).name} with the tool that wrote it") from None
+
+
+# ------------------------------------------------------------------------------------------------------
+# Digests of files a command reuses (a run's stage outputs, the converted target): size plus a sampled hash
+# (the whole file when small), cheap enough to check on every reuse of multi-GiB files.
+# ------------------------------------------------------------------------------------------------------
+
+_SAMPLE, _SAMPLES = 64 << 10, 16  # 16 blocks of 64 KiB, evenly spread, first and last included
+
+
+def sampled_digest(path: Path | str) -> str:
+    """'size:sha256' of the whole file up to 1 MiB, else of 16 blocks of 64 KiB spread over it (the size, the
+    header, the tail and every 1/15 of the body: truncation, a rewrite or a zeroed region that hits a block)."""
+    import hashlib
+
+    path = Path(path)
+    size = path.stat().st_size
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        if size <= _SAMPLE * _SAMPLES:
+            h.update(f.read())
+        else:
+            for i in range(_SAMPLES):
+                f.seek((size - _SAMPLE) * i // (_SAMPLES - 1))
+                h.update(f.read(_SAMPLE))
+    return f"{size}:{h.hexdigest()}"
+
+
+def full_digest(path: Path | str) -> str:
+    """'size:sha256' of every byte (the benchmark's comparison for `sampled_digest`)."""
+    import hashlib
+
+    path = Path(path)
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return f"{path.stat().st_size}:{h.hexdigest()}"
+
+
+def tree_digest(root: Path | str, skip: Callable[[str], bool] = lambda name: False) -> dict[str, str]:
+    """{relative path: sampled_digest} of every file under `root` (lock files and names `skip` says skipped)."""
+    root = Path(root)
+    return {p.relative_to(root).as_posix(): sampled_digest(p) for p in sorted(root.rglob("*"))
+            if p.is_file() and not p.name.endswith(".lock") and not skip(p.name)}

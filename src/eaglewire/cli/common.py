@@ -16,12 +16,22 @@ from typing import Any, Callable, Optional, TypeVar
 import typer
 from pydantic import ConfigDict, ValidationError, create_model
 from rich.console import Console
+from rich.text import Text
 
 from eaglewire.contract import CANONICAL, CONVENTIONS, default_taps, from_engine
 from eaglewire.errors import EaglewireError
 
-err_console = Console(stderr=True)
-out_console = Console()
+# The one printer: text is printed as it is, never read as rich markup. Messages carry what came from outside
+# (file content, record ids, paths, request fields, arguments), and a `[/]`, `[bold]` or `:smile:` in those must neither
+# raise MarkupError nor vanish; styled words go through `styled`, which styles only the words it is given.
+err_console = Console(stderr=True, markup=False, emoji=False)
+out_console = Console(markup=False, emoji=False)
+
+
+def styled(*parts: str | tuple[str, str]) -> Text:
+    """A line of plain strings and (text, style) pairs: the style applies to that text only, and no part is
+    ever parsed as markup."""
+    return Text.assemble(*parts)
 
 TARGET_HELP = "Local HF model directory, or 'smollm2-135m' (the embedded default) when omitted."
 CONV_NAMES = ", ".join(CONVENTIONS)
@@ -36,7 +46,7 @@ def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except EaglewireError as err:
-            err_console.print(f"[bold red]error:[/] {err}", highlight=False, markup=True)
+            err_console.print(styled(("error:", "bold red"), f" {err}"), highlight=False)
             raise typer.Exit(2) from None
 
     return wrapper

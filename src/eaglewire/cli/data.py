@@ -10,7 +10,7 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from eaglewire.cli.common import DATA_HELP, add_command, err_console, load_target, out_console, parse_dtype, \
-    parse_ints, parse_taps, read_samples, resolve_convention
+    parse_ints, parse_taps, read_samples, resolve_convention, styled
 from eaglewire.data.conversations import DEFAULT_SOURCE, ReadStats
 from eaglewire.data.regenerate import SERVER_IN_FLIGHT, GenerationSettings, RegenStats, regenerate
 from eaglewire.data.samples import DEFAULT_MAX_LENGTH
@@ -188,8 +188,8 @@ def show_cmd(
         for tid, m in zip(sample.input_ids, sample.loss_mask):
             text.append(tok.decode([tid]), style="bold green on grey15" if m else "dim")
         out_console.print(text)
-        out_console.print(f"[bold]{conv.id}[/]: {len(sample.input_ids)} tokens, {sample.num_masked} "
-                          "trained on (highlighted)\n")
+        out_console.print(styled((conv.id, "bold"), f": {len(sample.input_ids)} tokens, {sample.num_masked} "
+                                 "trained on (highlighted)\n"))
 
 
 def capture_cmd(

@@ -16,7 +16,7 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from eaglewire.cli.common import add_command, err_console, load_target, out_console, parse_ints
+from eaglewire.cli.common import add_command, err_console, load_target, out_console, parse_ints, styled
 from eaglewire.export.engines import ENGINES
 from eaglewire.errors import EaglewireError
 
@@ -86,8 +86,8 @@ def check_cmd(
         out_console.print(f"doctor: {draft} as loaded by {report.engine}"
                           + (f" {engine_version}" if engine_version else "") + f" with target {tgt.name}")
         for f in report.findings:
-            out_console.print(f"[{STYLE[f.level]}]{f.level.upper():5}[/] {f.what}\n"
-                              f"      why: {f.why}\n      fix: {f.fix}", highlight=False)
+            out_console.print(styled((f"{f.level.upper():5}", STYLE[f.level]), f" {f.what}\n      why: {f.why}\n"
+                                     f"      fix: {f.fix}"), highlight=False)
         out_console.print(f"{report.errors} error(s), {len(report.findings) - report.errors} other finding(s)")
     raise typer.Exit(1 if report.errors else 0)
 
@@ -169,7 +169,8 @@ def probe_cmd(
     if as_json:
         print(json.dumps(dataclasses.asdict(res), indent=2))
     else:
-        out_console.print(("[green]OK[/] " if res.ok else "[bold red]ERROR[/] ") + res.message, highlight=False)
+        out_console.print(styled(("OK", "green") if res.ok else ("ERROR", "bold red"), " " + res.message),
+                          highlight=False)
     raise typer.Exit(0 if res.ok else 1)
 
 
@@ -220,7 +221,7 @@ def expect_cmd(
     else:
         if rule:
             out_console.print(f"layer ids read by {rule} for {tgt.identity.architecture}", highlight=False)
-        out_console.print(("[bold red]ERROR[/] " if res.flagged else "") + res.message, highlight=False)
+        out_console.print(styled(("ERROR ", "bold red") if res.flagged else "", res.message), highlight=False)
         out_console.print(f"predicted per-position acceptance: {[round(p, 2) for p in per_pos]}")
         for i, cause in enumerate(res.causes, 1):
             out_console.print(f"  {i}. {cause}", highlight=False)

@@ -13,6 +13,8 @@ FORMAT_HELP = ("sglang (the layer-id rule of the target's SGLang model file, per
                "vllm / speculators, eagle (SafeAILab), specforge, native (eaglewire's own checkpoint)")
 VERSION_HELP = "SGLang release whose per-model-file layer-id rule applies (default: the newest verified)."
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+FORCE_HELP = ("Replace an existing --out that is not an earlier output of this command (its content is deleted); "
+              "never the input or a folder holding it.")
 
 
 def export_cmd(
@@ -25,20 +27,22 @@ def export_cmd(
     verifier: Optional[str] = typer.Option(None, "--verifier", help="vllm/speculators: the target path or hub id "
                                            "vLLM should load (default: the --target path, else its name)."),
     engine_version: Optional[str] = typer.Option(None, "--engine-version", help=VERSION_HELP),
+    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
 ) -> None:
     """Write a draft in an engine's layout, plus eaglewire_contract.json (engines ignore it)."""
     import torch
 
     from eaglewire.export.checkpoint import load_checkpoint
-    from eaglewire.export.convert import export_draft
+    from eaglewire.export.convert import check_out, export_draft
     from eaglewire.export.engines import NATIVE
 
+    check_out(out, fmt, force=force, inputs=(draft,))  # before any loading: refuse an --out it may not replace
     tgt = load_target(target) if target else None
     d = load_checkpoint(draft, target=tgt)
     cast = getattr(torch, parse_dtype(dtype, DTYPES, "--dtype")) if dtype is not None else None
     path = export_draft(d, d.contract, out, fmt, dtype=cast, with_embedding=with_embedding,
                         verifier=verifier or (str(tgt.path) if tgt is not None and tgt.path else None),
-                        engine_version=engine_version)
+                        engine_version=engine_version, force=force, inputs=(draft,))
     ids = "" if fmt == NATIVE else _ids_note(fmt, engine_version, d.contract)
     out_console.print(f"{fmt} export -> {path} ({ids}taps {list(d.contract.taps)})")
 
@@ -52,17 +56,20 @@ def import_cmd(
     measure: bool = typer.Option(True, "--measure/--no-measure", help="Without a contract file: measure the "
                                  "trained boundaries (default), or take the config's layer ids as they are."),
     engine_version: Optional[str] = typer.Option(None, "--engine-version", help=VERSION_HELP),
+    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
 ) -> None:
     """Read an engine-layout draft strictly into a native checkpoint; a draft from another tool gets a
     contract marked as inferred, with the evidence."""
     from eaglewire.export.checkpoint import save_checkpoint
+    from eaglewire.export.convert import check_out
     from eaglewire.export.engines import NATIVE, engine_for
     from eaglewire.pipeline.workflows import import_any
 
+    check_out(out, "native", force=force, inputs=(directory,))
     tgt = load_target(target) if target else None
     with err_console.status("importing (a draft without a contract file is measured on the target)"):
         d, contract, m = import_any(directory, fmt, tgt, measure=measure, engine_version=engine_version)
-    save_checkpoint(d, contract, out)
+    save_checkpoint(d, contract, out, force=force, inputs=(directory,))
     how = {None: "", "measured": "inferred by measurement, ", "engine_config": "inferred from the config's ids, "}
     out_console.print(f"imported {fmt} draft -> {out} (taps {list(contract.taps)}, "
                       f"{how[(contract.inferred or {}).get('source')]}contract {contract.fingerprint()})")

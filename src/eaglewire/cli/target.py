@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from eaglewire.cli.common import CONV_NAMES, TARGET_HELP, add_command, load_target, out_console, parse_ints, \
-    parse_taps
+    parse_taps, styled
 from eaglewire.contract import CANONICAL, CONVENTIONS, default_taps, describe_boundary, from_engine, to_engine
 from eaglewire.errors import EaglewireError, TranslationError
 from eaglewire.export.engines import ENGINES, SGLANG, engine_for
@@ -127,7 +127,7 @@ def wiring_translate(
         if k in result:
             out_console.print(f"{k.replace('_', ' ')} applied: {result[k]}" + (f" for {arch}" if arch else ""),
                               highlight=False)
-    out_console.print(f"{to} ids: [bold]{result['ids']}[/]")
+    out_console.print(styled(f"{to} ids: ", (str(result["ids"]), "bold")))
     for release, r in result.get("other_releases", {}).items():
         out_console.print(f"{'also valid' if r['same'] else 'NOT valid'} for {r['rule']}", highlight=False)
 

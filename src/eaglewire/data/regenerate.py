@@ -29,6 +29,7 @@ import torch
 from eaglewire.data.conversations import Conversation, ReadStats, read_conversations
 from eaglewire.errors import EaglewireError
 from eaglewire.safeio import atomic_write_bytes, atomic_write_json, read_json_object
+from eaglewire.outputs import output_lock
 
 T = TypeVar("T")
 
@@ -133,7 +134,15 @@ def append_records(path: Path, records: list[dict]) -> None:
 
 
 def check_meta(path: Path, meta: dict) -> None:
+    """The settings `path` was regenerated with must be these; a file without them was not written by this
+    command (resuming would append to someone else's file), so it is refused."""
     side = path.with_name(path.name + ".meta.json")
+    if not side.exists() and (path.exists() or path.is_symlink()) and not (path.is_file() and
+                                                                           path.stat().st_size == 0):
+        raise EaglewireError(f"--out {path} exists and is not a regeneration file of this command",
+                             expected=f"a new file, or one this command wrote (with {side.name} beside it)",
+                             found=f"{path} ({'a folder' if path.is_dir() else 'a file'}) without {side.name}",
+                             fix="pass a new --out; eaglewire never appends to or replaces a file it did not write")
     if side.exists():
         found = read_json_object(side, what="a regeneration settings file")
         if found != meta:
@@ -233,6 +242,12 @@ def regenerate(source: str, out: Path, gen: Generator, s: GenerationSettings, *,
     A generator with `chat_one` (a serving engine) is kept full by a rolling pool instead of batches."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    with output_lock(out):  # one writer per file: two appending runs would duplicate records
+        return _regenerate(source, out, gen, s, limit=limit, start=start, on_batch=on_batch, read_stats=read_stats)
+
+
+def _regenerate(source: str, out: Path, gen: Generator, s: GenerationSettings, *, limit: int, start: int,
+                on_batch: Callable[[RegenStats, int], None] | None, read_stats: ReadStats | None) -> RegenStats:
     check_meta(out, regen_meta(source, s, gen, start))
     done = {r["id"] for r in read_done(out, repair=True)}
     stats = RegenStats(conversations=len(done))

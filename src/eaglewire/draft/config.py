@@ -9,6 +9,7 @@ from typing import Any
 from eaglewire.contract import WiringContract
 from eaglewire.norms import NormFlags
 from eaglewire.errors import CheckpointError
+from eaglewire.limits import check_config_values, check_weight_bytes
 from eaglewire.safeio import check_dataclass_fields
 
 
@@ -41,6 +42,11 @@ class DraftConfig:
         if bad:
             raise CheckpointError("a draft config with sizes that build no model", expected="every size a positive int (eps, rope_theta: > 0)",
                                   found=", ".join(bad), fix="re-create the config; it is damaged or hand-edited")
+        check_config_values({k: getattr(self, k) for k in self.POSITIVE_FIELDS + ("num_layers",)}, "draft config",
+                            CheckpointError)
+        h, v = self.hidden_size, self.vocab_size + self.draft_vocab_size
+        check_weight_bytes(v * h + self.num_taps * self.target_hidden_size * h + self.num_layers * (
+            4 * h * h + 3 * h * self.intermediate_size), 4, "draft config", CheckpointError)
         if self.num_layers < 1:
             raise CheckpointError("a draft needs at least one layer", expected=">= 1", found=str(self.num_layers))
         if self.num_attention_heads % self.num_key_value_heads:

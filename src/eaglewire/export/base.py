@@ -9,15 +9,13 @@ writes `eaglewire_contract.json` (engines ignore it), so import and the doctor k
 
 from __future__ import annotations
 
-import os
-import shutil
-import uuid
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from eaglewire.contract import WiringContract
 from eaglewire.errors import CheckpointError, ContractMismatch
+from eaglewire.outputs import replace_dir
 from eaglewire.safeio import about_file, atomic_save_safetensors, atomic_write_json, read_json_object, \
     read_safetensors_file
 
@@ -63,23 +61,22 @@ def read_contract(directory: Path) -> WiringContract | None:
 
 
 def write_dir(out: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor], contract: WiringContract,
-              weights_name: str = WEIGHTS) -> Path:
-    """Write config.json + weights + contract side file into a temp dir, then swap it into place."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+              weights_name: str = WEIGHTS, *, force: bool = False, inputs: tuple[Path, ...] = ()) -> Path:
+    """Write config.json + weights + contract side file into a temp dir, then swap it into place: an existing
+    `out` must be an earlier export (or `force`), and is never one of `inputs` (eaglewire.outputs)."""
+
+    def fill(tmp: Path) -> None:
         atomic_save_safetensors(tensors, tmp / weights_name, metadata={"format": "pt"})
         atomic_write_json(tmp / "config.json", config)
         atomic_write_json(tmp / CONTRACT_FILE, contract.to_dict())
-        if out.exists():
-            shutil.rmtree(out)
-        os.rename(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-    return out
+
+    return replace_dir(Path(out), fill, names=(weights_name, "config.json", CONTRACT_FILE), owned=is_export,
+                       force=force, inputs=inputs, what="export")
+
+
+def is_export(directory: Path) -> bool:
+    """An eaglewire export: every export writes the contract side file."""
+    return (Path(directory) / CONTRACT_FILE).is_file()
 
 
 def cast_floats(tensors: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:

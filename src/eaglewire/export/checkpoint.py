@@ -8,9 +8,7 @@ weight starts as NaN, so one that was not loaded cannot go unnoticed. No pickle.
 
 from __future__ import annotations
 
-import os
-import shutil
-import uuid
+import json
 from pathlib import Path
 
 import torch
@@ -20,6 +18,7 @@ from eaglewire.draft.config import DraftConfig
 from eaglewire.draft.load import EMBED_KEY, load_strict
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import CheckpointError
+from eaglewire.outputs import replace_dir
 from eaglewire.safeio import atomic_save_safetensors, atomic_write_json, about_file, field_of, read_json_object, \
     read_safetensors_file
 from eaglewire.target.loader import Target
@@ -30,20 +29,19 @@ WEIGHTS, CONFIG = "model.safetensors", "config.json"
 _CONFIG_KEYS = {"format", "eaglewire_version", "draft", "contract", "saved_embedding", "dtype"}
 
 
-def _replace_dir(tmp: Path, out: Path) -> None:
-    """Move a finished temp dir into place; an existing checkpoint is swapped out, then removed."""
-    old = None
-    if out.exists():
-        old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-        os.rename(out, old)
-    os.rename(tmp, out)
-    if old is not None:
-        shutil.rmtree(old)
+def is_checkpoint(directory: Path) -> bool:
+    """A native checkpoint: its config.json names this format."""
+    try:
+        return json.loads((Path(directory) / CONFIG).read_text(encoding="utf-8")).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def save_checkpoint(draft: Eagle3Draft, contract: WiringContract, out: Path, *,
-                    save_embedding: bool = False, dtype: torch.dtype | None = None) -> Path:
-    """Write `out/` atomically. Float weights are cast to `dtype` if given (e.g. bf16 for release)."""
+                    save_embedding: bool = False, dtype: torch.dtype | None = None, force: bool = False,
+                    inputs: tuple[Path, ...] = ()) -> Path:
+    """Write `out/` atomically. Float weights are cast to `dtype` if given (e.g. bf16 for release). An existing
+    `out` must be an earlier checkpoint (or `force`), and is never one of `inputs` (eaglewire.outputs)."""
     draft.cfg.require_matches(contract)
     validate_vocab_map(draft.d2t, draft.t2d, draft.cfg.vocab_size)
     if contract.vocab_map_sha256 != vocab_map_sha256(draft.d2t, draft.cfg.vocab_size):
@@ -54,22 +52,17 @@ def save_checkpoint(draft: Eagle3Draft, contract: WiringContract, out: Path, *,
     if dtype is not None:
         state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     float_dtype = next(v.dtype for v in state.values() if v.is_floating_point())
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+
+    def fill(tmp: Path) -> None:
         atomic_save_safetensors(state, tmp / WEIGHTS, metadata={"format": FORMAT})
         atomic_write_json(tmp / CONFIG, {
             "format": FORMAT, "eaglewire_version": eaglewire.__version__, "draft": draft.cfg.to_dict(),
             "contract": contract.to_dict(), "saved_embedding": save_embedding,
             "dtype": str(float_dtype).removeprefix("torch."),
         })
-        _replace_dir(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-    return out
+
+    return replace_dir(Path(out), fill, names=(WEIGHTS, CONFIG), owned=is_checkpoint, force=force, inputs=inputs,
+                       what="checkpoint")
 
 
 def read_checkpoint_config(path: Path) -> tuple[DraftConfig, WiringContract, dict]:

@@ -20,25 +20,40 @@ from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import CheckpointError, ContractMismatch
 from eaglewire.export.engines import FORMATS, NATIVE, Engine, engine_for
 from eaglewire.export.base import cast_floats, read_contract, read_json, read_safetensors, rename_all, write_dir, \
-    WEIGHTS
+    CONTRACT_FILE, WEIGHTS
 from eaglewire.export.layouts import check_exportable, config_ids, draft_config_from, from_native, make_config, \
     native_to
 from eaglewire.safeio import about_file
 from eaglewire.draft.vocab import VocabMap
 from eaglewire.target.protocol import TargetInfo
 
-__all__ = ["FORMATS", "export_draft", "import_draft"]
+__all__ = ["FORMATS", "check_out", "export_draft", "import_draft"]
+
+
+def check_out(out: Path, fmt: str, *, force: bool = False, inputs: tuple[Path, ...] = ()) -> None:
+    """Refuse an `out` that `export_draft(..., fmt)` would refuse (eaglewire.outputs), before any work."""
+    from eaglewire.export.base import is_export
+    from eaglewire.export.checkpoint import CONFIG, is_checkpoint
+    from eaglewire.outputs import check_output_dir
+
+    native = fmt == NATIVE
+    check_output_dir(out, names=(WEIGHTS, CONFIG) if native else (WEIGHTS, CONFIG, CONTRACT_FILE),
+                     owned=is_checkpoint if native else is_export, force=force, inputs=inputs,
+                     what="checkpoint" if native else "export")
 
 
 def export_draft(draft: Eagle3Draft, contract: WiringContract, out: Path, fmt: str, *,
                  dtype: torch.dtype | None = None, with_embedding: bool | None = None,
-                 verifier: str | None = None, engine_version: str | None = None) -> Path:
+                 verifier: str | None = None, engine_version: str | None = None, force: bool = False,
+                 inputs: tuple[Path, ...] = ()) -> Path:
     """Write `draft` in the layout `fmt` names (FORMATS) plus the contract side file; `verifier` is for vLLM,
-    `engine_version` the engine release whose layer-id rule applies (SGLang; default: the newest verified)."""
+    `engine_version` the engine release whose layer-id rule applies (SGLang; default: the newest verified).
+    An existing `out` must be an earlier export (or `force`) and never one of `inputs` (eaglewire.outputs)."""
     if fmt == NATIVE:
         from eaglewire.export.checkpoint import save_checkpoint
 
-        return save_checkpoint(draft, contract, out, save_embedding=bool(with_embedding), dtype=dtype)
+        return save_checkpoint(draft, contract, out, save_embedding=bool(with_embedding), dtype=dtype, force=force,
+                               inputs=inputs)
     layout = engine_for(fmt, engine_version)
     draft.cfg.require_matches(contract)
     check_exportable(layout, draft.cfg)
@@ -47,7 +62,7 @@ def export_draft(draft: Eagle3Draft, contract: WiringContract, out: Path, fmt: s
     tensors = rename_all(cast_floats(state, dtype), lambda k: native_to(layout, k), f"export to {fmt}")
     float_dtype = next(v.dtype for v in tensors.values() if v.is_floating_point())
     config = make_config(layout, draft.cfg, contract, str(float_dtype).removeprefix("torch."), verifier)
-    return write_dir(out, config, tensors, contract)
+    return write_dir(out, config, tensors, contract, force=force, inputs=inputs)
 
 
 def _contract_for(layout: Engine, config: dict[str, Any], native: dict[str, torch.Tensor], directory: Path,

@@ -178,16 +178,62 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a run config is a few hundred bytes
+
+
+def _refuse_yaml_aliases(path: Path, text: str) -> None:
+    """Aliases (`*a`) are refused: nested ones expand exponentially (a 'billion laughs' file), and a run
+    config has no use for them. Duplicate mapping keys are refused too (YAML keeps the last silently)."""
+    import yaml
+
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.AliasEvent):
+            raise EaglewireError(f"run config {path} uses a YAML alias (*{event.anchor})",
+                                 expected="plain values (no anchors or aliases)", found=f"*{event.anchor}",
+                                 fix="write the value out where it is used")
+    _refuse_yaml_duplicates(path, yaml.compose(text, Loader=yaml.SafeLoader))
+
+
+def _refuse_yaml_duplicates(path: Path, node: Any) -> None:
+    import yaml
+
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, yaml.MappingNode):
+            seen = set()
+            for k, v in n.value:
+                if isinstance(k, yaml.ScalarNode) and k.value in seen:
+                    raise EaglewireError(f"run config {path} names {k.value!r} twice in one mapping",
+                                         expected="each key once",
+                                         found=f"{k.value!r} again at line {k.start_mark.line + 1}",
+                                         fix="keep one of them (YAML would silently keep the last)")
+                seen.add(k.value if isinstance(k, yaml.ScalarNode) else id(k))
+                stack.append(v)
+        elif isinstance(n, yaml.SequenceNode):
+            stack.extend(n.value)
+
+
 def _read_file(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise EaglewireError(f"run config {path} not found", expected="a YAML or JSON file", found="nothing",
                              fix="check the --config path")
     import yaml  # a transformers dependency
 
+    from eaglewire.safeio import DuplicateKey, unique_keys
+
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise EaglewireError(f"run config {path} is too large", expected=f"at most {MAX_CONFIG_BYTES} bytes "
+                             "(MAX_CONFIG_BYTES)", found=f"{path.stat().st_size} bytes",
+                             fix="point --config at the run's YAML/JSON config")
     try:
         text = path.read_bytes().decode("utf-8")
-        data = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
-    except (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError, RecursionError, OSError) as err:
+        if path.suffix in (".yaml", ".yml"):
+            _refuse_yaml_aliases(path, text)
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text, object_pairs_hook=unique_keys)
+    except (yaml.YAMLError, json.JSONDecodeError, DuplicateKey, UnicodeDecodeError, RecursionError, OSError) as err:
         raise EaglewireError(f"cannot parse run config {path}", expected="valid UTF-8 YAML/JSON",
                              found=f"{type(err).__name__}: {str(err)[:300]}",
                              fix="correct the file (YAML tags like !!python/object are refused)") from None

@@ -25,7 +25,8 @@ from eaglewire.safeio import read_json_object
 from eaglewire.hw import runtime_dtype
 from eaglewire.pipeline import stages as S
 from eaglewire.pipeline.config import RunConfig
-from eaglewire.safeio import atomic_write_json
+from eaglewire.outputs import output_lock
+from eaglewire.safeio import atomic_write_json, tree_digest
 from eaglewire.target.loader import Target, load_target
 
 STATE_FORMAT = "eaglewire.run/1"
@@ -76,24 +77,93 @@ def stage_keys(cfg: RunConfig, target: Target, taps: tuple[int, ...]) -> dict[st
     return keys
 
 
+RUN = "$RUN"  # how state.json writes a path inside the run folder: valid wherever the folder is moved or copied
+
+
+def _to_run(obj: Any, roots: tuple[str, ...]) -> Any:
+    """`obj` with every string that is a path under one of `roots` written relative to the run folder."""
+    if isinstance(obj, dict):
+        return {k: _to_run(v, roots) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_to_run(v, roots) for v in obj]
+    if isinstance(obj, str):
+        for root in roots:
+            if obj == root or obj.startswith(root + "/"):
+                return RUN + obj[len(root):]
+    return obj
+
+
+def _from_run(obj: Any, out: Path) -> Any:
+    if isinstance(obj, dict):
+        return {k: _from_run(v, out) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_from_run(v, out) for v in obj]
+    if isinstance(obj, str) and (obj == RUN or obj.startswith(RUN + "/")):
+        return str(out) + obj[len(RUN):]
+    return obj
+
+
+def _digest(files: dict[str, str]) -> str:
+    return _sha(sorted(files.items()))
+
+
 class RunState:
+    """OUT/state.json: per stage its key, its folder and result (paths relative to the run folder), the
+    digests of the files it wrote and of the stage outputs it read, so a reuse is refused when they changed."""
+
     def __init__(self, out: Path) -> None:
-        self.path = Path(out) / "state.json"
+        self.out = Path(out)
+        self.path = self.out / "state.json"
         self.data: dict[str, Any] = {"format": STATE_FORMAT, "stages": {}}
         if self.path.is_file():
             found = read_json_object(self.path, what="a run state")
-            if found.get("format") != STATE_FORMAT:
-                raise EaglewireError(f"{self.path} is not an eaglewire run state", expected=STATE_FORMAT,
-                                     found=str(found.get("format")), fix="use another --out directory")
+            if found.get("format") != STATE_FORMAT or not isinstance(found.get("stages"), dict) or \
+                    not all(isinstance(r, dict) and isinstance(r.get("dir"), str) and "key" in r
+                            for r in found["stages"].values()):
+                raise EaglewireError(f"{self.path} is not an eaglewire run state", expected=f"{STATE_FORMAT} with a "
+                                     "record (key, dir) per stage", found=str(found.get("format"))[:80],
+                                     fix="use another --out directory")
+            for name, rec in found["stages"].items():  # an older state wrote paths as the first run saw them
+                if not rec["dir"].startswith(RUN):
+                    found["stages"][name] = _to_run(rec, (str(Path(rec["dir"]).parent.parent),))
             self.data = found
+
+    def records(self) -> dict[str, dict[str, Any]]:
+        """Every stage's record, its paths resolved against where the run folder is now."""
+        return _from_run(self.data["stages"], self.out)
 
     def finished(self, name: str, key: str) -> dict[str, Any] | None:
         rec = self.data["stages"].get(name)
-        return rec if rec is not None and rec["key"] == key else None
+        return _from_run(rec, self.out) if rec is not None and rec["key"] == key else None
 
-    def record(self, name: str, key: str, directory: Path, result: dict[str, Any], seconds: float) -> None:
-        self.data["stages"][name] = {"key": key, "dir": str(directory), "result": result, "seconds": seconds}
+    def record(self, name: str, key: str, directory: Path, result: dict[str, Any], seconds: float,
+               deps: tuple[str, ...] = ()) -> None:
+        files = tree_digest(directory)
+        self.data["stages"][name] = _to_run(
+            {"key": key, "dir": str(directory), "result": result, "seconds": seconds, "files": files,
+             "inputs": {d: self.data["stages"][d].get("digest") for d in deps}, "digest": _digest(files)},
+            (str(self.out), str(self.out.resolve())))
         atomic_write_json(self.path, self.data)
+
+    def require_unchanged(self, name: str, directory: Path, deps: tuple[str, ...]) -> None:
+        """A finished stage is reused only if its files and the upstream outputs it read are as recorded."""
+        rec = self.data["stages"][name]
+        redo = f"delete {directory} (and the folders of the stages after it) to redo it, or restore the files"
+        if "files" in rec:  # (a state written before digests were recorded has none to compare)
+            now = tree_digest(directory)
+            was = rec["files"]
+            changed = [f"{k} ({'removed' if k not in now else 'added' if k not in was else 'changed'})"
+                       for k in sorted(was.keys() | now.keys()) if was.get(k) != now.get(k)]
+            if changed:
+                raise EaglewireError(f"stage {name}'s output in {directory} changed on disk since it finished",
+                                     expected="the files the stage wrote, unchanged (size and sampled sha256)",
+                                     found=", ".join(changed[:4]) + (" ..." if len(changed) > 4 else ""), fix=redo)
+        for d in deps:
+            used, now_d = rec.get("inputs", {}).get(d), self.data["stages"].get(d, {}).get("digest")
+            if used is not None and used != now_d:
+                raise EaglewireError(f"stage {name} was made from another output of stage {d} than the one "
+                                     "on disk", expected=f"{d}'s output as {name} read it",
+                                     found=f"{d} was redone or changed since", fix=redo)
 
 
 def resolve_taps(cfg: RunConfig, target: Target) -> tuple[int, ...]:
@@ -103,10 +173,16 @@ def resolve_taps(cfg: RunConfig, target: Target) -> tuple[int, ...]:
 def run_pipeline(cfg: RunConfig, out: Path, *, progress: Callable[[str, float, float | None, str], None],
                  log: Callable[[str], None], target: Target | None = None) -> dict[str, Any]:
     """Run (or resume) every stage, then write the report. Returns summary.json's content."""
-    from eaglewire.pipeline.report import write_report
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    with output_lock(out):  # one `run` per run folder
+        return _run(cfg, out, progress, log, target)
+
+
+def _run(cfg: RunConfig, out: Path, progress: Callable[[str, float, float | None, str], None],
+         log: Callable[[str], None], target: Target | None) -> dict[str, Any]:
+    from eaglewire.pipeline.report import write_report
+
     atomic_write_json(out / "run_config.json", cfg.model_dump(mode="json"))
     target = target or load_target(cfg.target)
     taps = resolve_taps(cfg, target)
@@ -116,7 +192,9 @@ def run_pipeline(cfg: RunConfig, out: Path, *, progress: Callable[[str, float, f
     for i, st in enumerate(STAGES):
         key, dkey = keys[st.name]
         work = out / "work" / f"{st.name}-{dkey[:12]}"
-        done = state.finished(st.name, key)
+        done = state.finished(st.name, key) if work.is_dir() else None  # a removed folder is redone
+        if done is not None:
+            state.require_unchanged(st.name, work, st.deps)
         ctx.progress = lambda a, b, detail, _n=st.name: progress(_n, a, b, detail)
         if done is not None:
             log(f"[{i + 1}/{len(STAGES)}] {st.title}: done earlier ({done['seconds']:.0f} s), kept")
@@ -128,7 +206,7 @@ def run_pipeline(cfg: RunConfig, out: Path, *, progress: Callable[[str, float, f
             t0 = time.perf_counter()
             result = st.fn(ctx, work)
             secs = time.perf_counter() - t0
-            state.record(st.name, key, work, result, secs)
+            state.record(st.name, key, work, result, secs, st.deps)
             reused = False
         ctx.results[st.name], ctx.dirs[st.name] = result, work
         timings[st.name] = {"seconds": secs, "reused": reused, "dir": str(work)}

@@ -63,7 +63,7 @@ def prompts(ctx: Ctx, work: Path) -> dict[str, Any]:
         raise EaglewireError(f"no usable conversation in {ctx.cfg.data.source!r}", expected=f"{want} conversations",
                              found=stats.summary(), fix="point data.source at a ShareGPT/OpenAI/FastChat file")
     if n < want:
-        ctx.log(f"[yellow]only {n} of the {want} conversations asked for exist in {ctx.cfg.data.source}[/]")
+        ctx.log(f"note: only {n} of the {want} conversations asked for exist in {ctx.cfg.data.source}")
     return {"source": ctx.cfg.data.source, "conversations": n, "read": stats.summary()}
 
 

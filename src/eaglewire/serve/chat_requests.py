@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import threading
 import uuid
 from dataclasses import dataclass
@@ -17,6 +18,10 @@ from typing import Any
 
 MAX_BODY_BYTES = 1 << 20  # a chat request is text: 1 MiB is thousands of pages; larger bodies get 413
 MAX_SEED = (1 << 63) - 1  # torch.Generator.manual_seed takes a 64-bit seed
+MAX_MESSAGES = 1024  # a chat far longer than any context window; rendering stays linear in the body below it
+# Where the sampler is defined: logits / temperature overflows to inf below MIN_TEMPERATURE (fp32 logits of
+# ~1e2 divided by 1e-38), and a nucleus below MIN_TOP_P is the top token (what temperature 0 asks for).
+MIN_TEMPERATURE, MAX_TEMPERATURE, MIN_TOP_P = 1e-2, 100.0, 1e-6
 ROLES = ("system", "user", "assistant")
 MESSAGE_KEYS = {"role", "content"}
 # Fields accepted as they are, and fields accepted only at the value that means "not used": anything else is
@@ -48,7 +53,7 @@ def content_length(header: str | None) -> int:
         raise BadRequest(411, "Content-Length: required (chunked request bodies are not accepted)",
                          param="Content-Length")
     text = header.strip()
-    if not text.isdigit() or len(text) > 19:
+    if not (text.isascii() and text.isdigit()) or len(text) > 19:  # '٣'.isdigit() is true, int() of it works
         raise BadRequest(400, f"Content-Length: must be a non-negative integer, got {header[:40]!r}",
                          param="Content-Length")
     n = int(text)
@@ -122,10 +127,11 @@ def check_params(body: dict, path: str, max_tokens_limit: int) -> Params:
     if isinstance(mt, bool) or not isinstance(mt, int) or not 1 <= mt <= max_tokens_limit:
         raise _bad(name, f"must be an integer in [1, {max_tokens_limit}], got {mt!r}"[:200])
     temperature, top_p = _number(body, "temperature", 0.0), _number(body, "top_p", 1.0)
-    if temperature < 0:
-        raise _bad("temperature", f"must be >= 0, got {temperature}")
-    if not 0 < top_p <= 1:
-        raise _bad("top_p", f"must be in (0, 1], got {top_p}")
+    if not (temperature == 0 or MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE):
+        raise _bad("temperature", f"must be 0 (greedy) or in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}], got "
+                                  f"{temperature!r}")
+    if not MIN_TOP_P <= top_p <= 1:
+        raise _bad("top_p", f"must be in [{MIN_TOP_P}, 1] (use temperature 0 for the top token), got {top_p!r}")
     seed = body.get("seed", 0)
     if seed is None:
         seed = 0
@@ -145,6 +151,8 @@ def check_params(body: dict, path: str, max_tokens_limit: int) -> Params:
 def check_messages(msgs: Any) -> list[dict[str, str]]:
     if not isinstance(msgs, list) or not msgs:
         raise _bad("messages", "must be a non-empty list of {role, content} objects")
+    if len(msgs) > MAX_MESSAGES:
+        raise _bad("messages", f"at most {MAX_MESSAGES} messages per request, got {len(msgs)}")
     for i, m in enumerate(msgs):
         if not isinstance(m, dict) or set(m) - MESSAGE_KEYS:
             extra = sorted(set(m) - MESSAGE_KEYS) if isinstance(m, dict) else type(m).__name__
@@ -164,15 +172,18 @@ def render_chat(tok: Any, msgs: list[dict[str, str]]) -> list[int]:
     marks = [f"EWMSG{tag}N{i}E" for i in range(len(msgs))]
     rendered = tok.apply_chat_template([{"role": m["role"], "content": k} for m, k in zip(msgs, marks)],
                                        tokenize=False, add_generation_prompt=True)
-    if any(rendered.count(k) != 1 for k in marks):  # a template that edits or repeats content: not safe to split
+    found = [(int(x.group(1)), x.start(), x.end()) for x in re.finditer(f"EWMSG{tag}N(\\d+)E", rendered)]
+    if [i for i, _, _ in found] != list(range(len(msgs))):  # a template that edits or repeats content
         raise RuntimeError("the chat template does not place each message's text verbatim once; refusing to "
                            "render user text into it")
     ids: list[int] = []
-    rest = rendered
-    for m, k in zip(msgs, marks):
-        head, rest = rest.split(k, 1)
+    pos = 0  # one pass over the rendered text: linear in its length, whatever the number of messages
+    for m, (_, start, end) in zip(msgs, found):
+        head = rendered[pos:start]
         ids += tok(head, add_special_tokens=False)["input_ids"] if head else []
         ids += tok(m["content"], add_special_tokens=False, split_special_tokens=True)["input_ids"] if m["content"] else []
+        pos = end
+    rest = rendered[pos:]
     ids += tok(rest, add_special_tokens=False)["input_ids"] if rest else []
     return ids
 

@@ -281,6 +281,18 @@ def resolve_target(spec: str | None) -> tuple[str, Path]:
     return path.resolve().name, path.resolve()
 
 
+def read_target_config(path: Path, bytes_per: int = 4) -> dict:
+    """config.json of HF directory `path`, its sizes and physics checked (eaglewire.limits) before transformers
+    builds anything from it: a damaged size is an error naming the field, not an allocation."""
+    from eaglewire.limits import check_config_values, check_weight_bytes, estimated_params
+
+    where = f"target config {path / 'config.json'}"
+    cfg = read_json_object(path / "config.json", what="a target config", error=TargetError)
+    check_config_values(cfg, where, TargetError)
+    check_weight_bytes(estimated_params(cfg), bytes_per, where, TargetError)
+    return cfg
+
+
 def load_target(spec: str | None = None, *, dtype: torch.dtype = torch.float32,
                 with_tokenizer: bool = True) -> Target:
     """Load a target for capture/drafting. fp32 by default: bf16 pays only where the CPU has it natively
@@ -288,7 +300,7 @@ def load_target(spec: str | None = None, *, dtype: torch.dtype = torch.float32,
     from transformers import AutoModelForCausalLM
 
     name, path = resolve_target(spec)
-    cfg = read_json_object(path / "config.json", what="a target config", error=TargetError)
+    cfg = read_target_config(path, bytes_per=dtype.itemsize)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except UnpicklingError:
@@ -299,10 +311,11 @@ def load_target(spec: str | None = None, *, dtype: torch.dtype = torch.float32,
                           found="a .bin whose pickle names other objects: refused, nothing in it was run",
                           fix="get the model's safetensors weights from a source you trust; do not unpickle "
                               "this file with weights_only turned off (that runs what it names)") from None
-    except (OSError, ValueError, KeyError) as err:
+    except Exception as err:  # any failure of transformers on an untrusted config is this error
         raise TargetError(f"transformers cannot load target {str(path)!r} as a causal LM",
                           expected="a checkpoint AutoModelForCausalLM can load",
-                          found=f"model_type={cfg.get('model_type')!r}: {err}") from None
+                          found=f"model_type={cfg.get('model_type')!r}: {type(err).__name__}: {str(err)[:300]}")\
+            from None
     return wrap_model(model, name, load_tokenizer(path) if with_tokenizer else None, path)
 
 

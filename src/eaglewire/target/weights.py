@@ -19,7 +19,7 @@ import torch
 
 from eaglewire.errors import TargetError
 from eaglewire.safeio import open_safetensors
-from eaglewire.target.loader import Target, load_tokenizer, resolve_target, wrap_model
+from eaglewire.target.loader import Target, load_tokenizer, read_target_config, resolve_target, wrap_model
 
 _HEAD_CHUNK_ROWS = 8192  # head rows read at once when gathering a few: bounds the transient to chunk x H
 
@@ -110,11 +110,12 @@ def load_target_weights(spec: str | None = None, *, dtype: torch.dtype = torch.f
         raise TargetError(f"target {str(path)!r} has no safetensors weights to read tensors from",
                           expected="*.safetensors files", found=str(sorted(p.name for p in path.iterdir())[:8]),
                           fix="re-save the target with save_pretrained (safetensors), or train online (--data)")
+    read_target_config(path)  # sizes and physics checked before transformers reads the config
     try:
         config = AutoConfig.from_pretrained(path)
         with torch.device("meta"):  # structure only: no storage is allocated, no weight is read
             skeleton = AutoModelForCausalLM.from_config(config)
-    except (OSError, ValueError, KeyError) as err:
+    except Exception as err:  # any failure of transformers on an untrusted config is this error
         raise TargetError(f"transformers cannot build target {str(path)!r} as a causal LM",
                           expected="a config AutoModelForCausalLM knows",
                           found=f"model_type={getattr(config, 'model_type', '?')!r}: {err}") from None

@@ -38,6 +38,7 @@ from eaglewire.data.samples import Sample
 from eaglewire.draft.config import DraftConfig
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.export.checkpoint import save_checkpoint
+from eaglewire.outputs import output_lock
 from eaglewire.train import state as trainer_state
 from eaglewire.train.config import TrainConfig
 from eaglewire.train.dist import DistInfo, all_reduce_sum, barrier
@@ -158,7 +159,16 @@ def evaluate(model: TTTModel, features: Any, heldout: list[Sample], c: TrainConf
 def train(target: Any, contract: WiringContract, vmap: VocabMap, features: Any, train_samples: list[Sample],
           heldout: list[Sample], c: TrainConfig, out: Path, info: DistInfo = DistInfo(), *, resume: bool = False,
           on_step: Callable[[dict], None] | None = None, stop_at: int | None = None) -> dict:
-    """Train a draft; returns the last held-out evaluation. `stop_at` simulates a kill (tests)."""
+    """Train a draft; returns the last held-out evaluation. `stop_at` simulates a kill (tests). The main rank
+    holds `out`'s write lock throughout: a second run into the same folder is refused, naming this one."""
+    with output_lock(out) if info.is_main else nullcontext():
+        return _train(target, contract, vmap, features, train_samples, heldout, c, out, info, resume=resume,
+                      on_step=on_step, stop_at=stop_at)
+
+
+def _train(target: Any, contract: WiringContract, vmap: VocabMap, features: Any, train_samples: list[Sample],
+           heldout: list[Sample], c: TrainConfig, out: Path, info: DistInfo, *, resume: bool,
+           on_step: Callable[[dict], None] | None, stop_at: int | None) -> dict:
     if c.supervise not in ("answers", "all"):
         raise ValueError(f"supervise must be 'answers' or 'all', not {c.supervise!r}")
     out = Path(out)
