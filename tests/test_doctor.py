@@ -280,3 +280,54 @@ def test_config_norm_flags_against_training_and_missing_draft_vocab_size(tmp_pat
     out = _export(tmp_path / "b", drafted, "vllm")
     _edit_config(out, lambda c: c.pop("draft_vocab_size"))
     _expect(_doctor(out, target, "vllm"), "draft_vocab_size", "draft_vocab_size is missing")
+
+
+def test_geometry_alone_refuses_a_foreign_draft_against_the_default(tmp_path, target, drafted):
+    """Without --target, a draft whose config or contract names another model is refused before any
+    finding about the wrong model is made; with --target (or a dump) the same call passes."""
+    from eaglewire.doctor.geometry import require_default_target_fits, stated_by
+    from eaglewire.errors import EaglewireError
+
+    out = _export(tmp_path, drafted)
+    hidden, contract = stated_by(out)
+    assert hidden == target.hidden_size and contract is not None
+    require_default_target_fits(hidden, contract, target, target_given=False, draft=str(out))  # its own target
+    other = build_target("qwen2", layers=6)
+    with pytest.raises(EaglewireError) as err:
+        require_default_target_fits(hidden, contract, other, target_given=False, draft=str(out))
+    assert "pass --target" in err.value.fix and "tiny-llama" in str(err.value)
+    require_default_target_fits(hidden, contract, other, target_given=True, draft=str(out))
+    (out / "eaglewire_contract.json").unlink()  # no contract: the config's hidden size is the evidence
+    _edit_config(out, lambda c: c.update(hidden_size=4096))
+    with pytest.raises(EaglewireError, match="draft hidden size 4096"):
+        require_default_target_fits(*stated_by(out), target, target_given=False, draft=str(out))
+
+
+@pytest.fixture(scope="module")
+def default_target():
+    from eaglewire.target.loader import load_target
+
+    return load_target(None)  # the embedded target every doctor command loads without --target
+
+
+def test_doctor_commands_refuse_the_default_target_for_a_foreign_draft(tmp_path, drafted, default_target,
+                                                                      monkeypatch):
+    """`doctor`, `doctor expect` and `doctor probe` without --target, given a draft for a 64-wide target:
+    each exits 2 (a refused input) naming --target as the fix, instead of reporting the default target's mismatches."""
+    from typer.testing import CliRunner
+
+    import eaglewire.cli.doctor as cli_doctor
+    from eaglewire.cli.app import app
+
+    real = cli_doctor.load_target
+    monkeypatch.setattr(cli_doctor, "load_target", lambda t, **kw: default_target if t is None else real(t, **kw))
+    out = _export(tmp_path, drafted)
+    dump = tmp_path / "dump.safetensors"
+    save_file({"hidden": torch.zeros(4, 3 * 64), "input_ids": torch.arange(4)}, str(dump))
+    for args in (["doctor", str(out)], ["doctor", "expect", "--draft", str(out)],
+                 ["doctor", "probe", "--dump", str(dump), "--contract", str(out)]):
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 2, (args, r.output)
+        text = " ".join(str(r.exception).split()) + " ".join(r.output.split())
+        assert "no --target was given" in text and "pass --target" in text, (args, text)
+        assert "train for this target" not in text

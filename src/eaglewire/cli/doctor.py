@@ -63,12 +63,15 @@ def check_cmd(
     Given the engine's knobs, our speculative engine also decodes on the target with the delivered and the
     best boundaries at that shape (tens of seconds per set for a small target on a CPU)."""
     from eaglewire.doctor.checks import by_level, run_checks
+    from eaglewire.doctor.geometry import require_default_target_fits
     from eaglewire.doctor.measured_wiring import run_measurement
     from eaglewire.doctor.inspect import inspect_dir
 
     shape = _engine_shape((num_steps, topk, num_draft_tokens, num_speculative_tokens), measure)
     tgt = _evidence(target, boundaries, measure)
     ins = inspect_dir(draft, engine)
+    require_default_target_fits(ins.layer_config.get("hidden_size"), ins.contract, tgt,
+                                target_given=target is not None or boundaries is not None, draft=str(draft))
     report = run_checks(ins, tgt)
     if measure or boundaries is not None or shape is not None or (measure is None and target is not None
                                                                    and ins.contract is None):
@@ -157,13 +160,16 @@ def probe_cmd(
     """Name the boundaries an engine delivered to the draft (from a dump of what it fed it)."""
     from eaglewire.contract import WiringContract
     from eaglewire.capture.identify import probe
+    from eaglewire.doctor.geometry import require_default_target_fits
     from eaglewire.errors import ContractMismatch
     from eaglewire.export.base import CONTRACT_FILE
     from eaglewire.safeio import read_json_object
 
     path = contract_path / CONTRACT_FILE if contract_path.is_dir() else contract_path
     contract = WiringContract.from_dict(read_json_object(path, what="a wiring contract", error=ContractMismatch))
-    res = probe(load_target(target), dump, contract, parse_ints(ids) if ids else None)
+    tgt = load_target(target)
+    require_default_target_fits(None, contract, tgt, target_given=target is not None, draft=str(contract_path))
+    res = probe(tgt, dump, contract, parse_ints(ids) if ids else None)
     if as_json:
         print(json.dumps(dataclasses.asdict(res), indent=2))
     else:
@@ -198,9 +204,11 @@ def expect_cmd(
     """Predict tau for the engine's knobs; flag a measured tau far below the prediction."""
     from eaglewire.doctor.expect import judge, load_any_draft, parse_log, parse_log_counts, predict
     from eaglewire.decoding.tree import TreeShape
+    from eaglewire.doctor.geometry import require_default_target_fits, stated_by
 
     shape = TreeShape.from_knobs(num_steps, topk, num_draft_tokens, num_speculative_tokens)
     tgt = load_target(target)
+    require_default_target_fits(*stated_by(draft_dir), tgt, target_given=target is not None, draft=str(draft_dir))
     draft, contract = load_any_draft(draft_dir, tgt)
     tau, per_pos = predict(tgt, draft, contract, shape, _first_turn_prompts(tgt, questions, limit), max_new_tokens)
     text = log.read_text() if log else ""
