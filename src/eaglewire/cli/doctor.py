@@ -16,7 +16,7 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from eaglewire.cli.common import add_command, err_console, load_target, out_console, parse_ints
+from eaglewire.cli.common import add_command, err_console, load_target, out_console, parse_ints, progress
 from eaglewire.export.engines import ENGINES
 from eaglewire.errors import EaglewireError
 
@@ -76,9 +76,8 @@ def check_cmd(
     if measure or boundaries is not None or shape is not None or (measure is None and target is not None
                                                                    and ins.contract is None):
         chain = steps if steps is not None else (shape.num_steps if shape is not None else 3)
-        with err_console.status("measuring the wiring on the target (seconds on a CPU for a small target"
-                                + (", and our engine decoding at the knobs: tens of seconds" if shape else "") + ")"):
-            m, found = run_measurement(ins, tgt, chain_steps=chain, shape=shape)
+        with progress("doctor: measuring the wiring on the target") as say:
+            m, found = run_measurement(ins, tgt, chain_steps=chain, shape=shape, progress=say)
         report.findings = by_level(report.findings + found)
         report.measurement = m.to_dict() if m is not None else None
     if as_json:
