@@ -44,6 +44,15 @@ def _cell(text: Any) -> str:
 # ------------------------------------------------------------------------------------------- CLI
 
 
+def _code_list(value: Any) -> str:
+    """A default as code; a comma-separated one as one code span per item, so a table cell can wrap between
+    items (a name never breaks inside: docs/stylesheets/extra.css)."""
+    text = str(value)
+    if "," not in text or " " in text:
+        return f"`{text}`"
+    return ", ".join(f"`{item}`" for item in text.split(","))
+
+
 def _command_md(cmd: Any, path: str) -> list[str]:
     lines = [f"### `{path}`", "", _cell(inspect.cleandoc(cmd.help or "")) or "–", ""]
     params = [p for p in cmd.params if p.name != "help"]
@@ -53,7 +62,7 @@ def _command_md(cmd: Any, path: str) -> list[str]:
         for p in params:
             names = ", ".join(f"`{o}`" for o in (p.opts + p.secondary_opts)) if p.param_type_name == "option" \
                 else f"`{p.name.upper()}` (argument)"
-            default = "" if p.default is None or callable(p.default) else f"`{p.default}`"
+            default = "" if p.default is None or callable(p.default) else _code_list(p.default)
             if getattr(p, "required", False):
                 default = "required"
             kind = _cell(p.display_type(ctx)).strip("<>")  # "<path>" would render as an HTML tag
@@ -177,6 +186,7 @@ def _finding_md(r: dict[str, Any]) -> list[str]:
     if e is None:  # tests/test_docs.py fails on this: rerun docs/gen_doctor_examples.sh
         return [f"- **{r['level']}** (no recorded example): {_cell(r['what'])}", ""]
     test = e["test"].replace("::", " · ")
+    return [f"**{e['level']}** · {_cell(e['what'])}", "",
             f"- **why:** {_cell(e['why'])}", f"- **fix:** {_cell(e['fix'])}",
             f"- <small>seen in `{test}`</small>", ""]
 

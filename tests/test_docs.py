@@ -145,8 +145,8 @@ _FIT_JS = """<script>addEventListener('load', () => {
   const bad = [], page = document.querySelector('.md-content').getBoundingClientRect();
   document.querySelectorAll('.md-content table').forEach((t, i) => {
     const head = (t.rows[0] ? t.rows[0].innerText : '').replace(/\\s+/g, ' ').slice(0, 50);
-    const wrap = t.closest('.md-typeset__scrollwrap') || t;
-    if (t.getBoundingClientRect().right > page.right + 1 || wrap.scrollWidth > wrap.clientWidth + 1)
+    const wrap = (t.closest('.md-typeset__scrollwrap') || t).getBoundingClientRect();
+    if (t.getBoundingClientRect().right > Math.min(page.right, wrap.right) + 1)
       bad.push('table ' + i + ' (' + head + ') is wider than the page');
     t.querySelectorAll('code').forEach(c => {
       if (c.getClientRects().length > 1) bad.push('`' + c.innerText + '` breaks across lines');

@@ -298,8 +298,8 @@ def test_geometry_alone_refuses_a_foreign_draft_against_the_default(tmp_path, ta
     assert "pass --target" in err.value.fix and "tiny-llama" in str(err.value)
     require_default_target_fits(hidden, contract, other, target_given=True, draft=str(out))
     (out / "eaglewire_contract.json").unlink()  # no contract: the config's hidden size is the evidence
-    _edit_config(out, lambda c: c.update(hidden_size=4096))
-    with pytest.raises(EaglewireError, match="draft hidden size 4096"):
+    _edit_config(out, lambda c: c.update(hidden_size=4096, target_hidden_size=4096))
+    with pytest.raises(EaglewireError, match="hidden states 4096 wide"):
         require_default_target_fits(*stated_by(out), target, target_given=False, draft=str(out))
 
 

@@ -63,14 +63,14 @@ def check_cmd(
     Given the engine's knobs, our speculative engine also decodes on the target with the delivered and the
     best boundaries at that shape (tens of seconds per set for a small target on a CPU)."""
     from eaglewire.doctor.checks import by_level, run_checks
-    from eaglewire.doctor.geometry import require_default_target_fits
+    from eaglewire.doctor.geometry import require_default_target_fits, target_width
     from eaglewire.doctor.measured_wiring import run_measurement
     from eaglewire.doctor.inspect import inspect_dir
 
     shape = _engine_shape((num_steps, topk, num_draft_tokens, num_speculative_tokens), measure)
     tgt = _evidence(target, boundaries, measure)
     ins = inspect_dir(draft, engine)
-    require_default_target_fits(ins.layer_config.get("hidden_size"), ins.contract, tgt,
+    require_default_target_fits(target_width(ins.layer_config), ins.contract, tgt,
                                 target_given=target is not None or boundaries is not None, draft=str(draft))
     report = run_checks(ins, tgt)
     if measure or boundaries is not None or shape is not None or (measure is None and target is not None

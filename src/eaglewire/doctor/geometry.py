@@ -60,7 +60,13 @@ def stated_by(directory: Path) -> tuple[Any, WiringContract | None]:
     if contract is None and native and isinstance(config.get("contract"), dict):
         with about_file(cfg_path):
             contract = WiringContract.from_dict(config["contract"])
-    return (layer.get("hidden_size") if isinstance(layer, dict) else None), contract
+    return (target_width(layer) if isinstance(layer, dict) else None), contract
+
+
+def target_width(layer_config: dict[str, Any]) -> Any:
+    """The target hidden size a draft config says it reads: `target_hidden_size` where the config has one
+    (a draft may be narrower than its target), else its own hidden size (EAGLE-3 drafts match the target)."""
+    return layer_config.get("target_hidden_size") or layer_config.get("hidden_size")
 
 
 def require_default_target_fits(hidden_size: Any, contract: WiringContract | None, target: Any, *,
@@ -75,7 +81,7 @@ def require_default_target_fits(hidden_size: Any, contract: WiringContract | Non
         return
     found = []
     if hidden_size is not None and hidden_size != target.hidden_size:
-        found.append(f"draft hidden size {hidden_size}")
+        found.append(f"the draft reads hidden states {hidden_size} wide")
     if contract is not None and contract.target.config_sha256 != target.identity.config_sha256:
         t = contract.target
         found.append(f"its wiring contract names target {t.name!r} ({t.num_layers} layers, hidden size "
