@@ -120,7 +120,8 @@ def config_page() -> str:
                 continue
             limits = ", ".join(f"{k} {spec[k]}" for k in ("minimum", "exclusiveMinimum", "maximum",
                                                            "exclusiveMaximum") if k in spec)
-            default = f"`{spec['default']}`" if "default" in spec else "required"
+            default = ((", ".join(f"`{v}`" for v in spec["default"]) or "`[]`") if isinstance(spec.get("default"), list)
+                       else f"`{spec['default']}`" if "default" in spec else "required")
             out.append(f"| `{name}` | {_cell(_type_name(spec))} | {_cell(default)} | {_cell(limits)} | "
                        f"{_cell(spec.get('description', ''))} |")
         out.append("")
@@ -241,13 +242,16 @@ def formats_page() -> str:
     engines, lay = _mod("engines").ENGINES, _mod("layouts")
     out = ["# Export formats", "", f"One record per engine (`{MODULES['engines']}.ENGINES`) and the exporter "
            f"(`{MODULES['layouts']}`). Layer ids are shown for the embedded target (30 layers, taps = boundaries "
-           "[2, 15, 27]).", "", "| format | layer-id convention | config style | ids read from | layer-0 prefix | "
-           "layers | norm flags | taps | embedding |", "|---|---|---|---|---|---|---|---|---|"]
+           "[2, 15, 27]).", "", "Two tables, so that each fits the page: the wiring, then the layout.", "",
+           "| format | layer-id convention | ids read from | taps |", "|---|---|---|---|"]
     for e in engines.values():
         ids = ", ".join(f"`{k}`" for k in e.id_keys) or "hard-coded"
-        out.append(f"| `{e.name}` | `{e.convention}` | {e.config_style} | {ids} | `{e.prefix0}` | "
-                   f"{'any' if e.multi_layer else '1'} | {', '.join(sorted(e.norms)) or 'none'} | "
-                   f"{e.num_taps or 'any'} | {'target' if e.replaces_embedding else 'checkpoint or target'} |")
+        out.append(f"| `{e.name}` | `{e.convention}` | {ids} | {e.num_taps or 'any'} |")
+    out += ["", "| format | config style | layer-0 prefix | layers | norm flags | embedding |", "|---|---|---|---|---|---|"]
+    for e in engines.values():
+        out.append(f"| `{e.name}` | {e.config_style} | `{e.prefix0}` | {'any' if e.multi_layer else '1'} | "
+                   f"{', '.join(sorted(e.norms)) or 'none'} | "
+                   f"{'target' if e.replaces_embedding else 'checkpoint or target'} |")
     presets, new = _mod("norms").NORM_PRESETS, _mod("train_config").NEW_DRAFT_NORMS
     out += ["", "## Norm sets", "", f"`eaglewire train --norms` (`{MODULES['norms']}.NORM_PRESETS`); a new draft "
             f"gets `{new}`, a warm start keeps its own. An export to an engine that does not implement a flag is "

@@ -58,5 +58,9 @@ def pytest_sessionfinish(session, exitstatus):
     if not path or not _RECORDED:
         return
     rows = [dict(zip(("level", "check", "what", "why", "fix"), k), test=t) for k, t in _RECORDED.items()]
+    if Path(path).is_file():  # a partial rerun adds to the file; docs/gen_doctor_examples.sh starts afresh
+        seen = {tuple(r[k] for k in ("level", "check", "what", "why", "fix")) for r in rows}
+        rows += [r for r in json.loads(Path(path).read_text())["findings"]
+                 if tuple(r[k] for k in ("level", "check", "what", "why", "fix")) not in seen]
     rows.sort(key=lambda r: (r["check"], r["level"], r["what"]))
     Path(path).write_text(json.dumps({"findings": rows}, indent=1, ensure_ascii=False) + "\n")

@@ -141,6 +141,7 @@ def test_cli_measures_by_default_with_a_target_and_not_without(tmp_path, target,
     out = _export(tmp_path, trained, "vllm", [0, 2, 4])
     args = ["doctor", str(out), "--engine", "vllm", "--target", str(tmp_path / "t"), "--json", "--steps", "2"]
     r = CliRunner().invoke(app, args)
+    assert r.stdout.strip(), (r.exit_code, r.output, r.exception)
     report = json.loads(r.stdout)
     assert r.exit_code == 1 and report["measurement"]["delivered"] == [0, 2, 4], r.output
     assert any(f["check"] == "measured_wiring" and f["level"] == "error" for f in report["findings"])
