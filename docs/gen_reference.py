@@ -53,6 +53,12 @@ def _code_list(value: Any) -> str:
     return ", ".join(f"`{item}`" for item in text.split(","))
 
 
+def _words(text: str) -> str:
+    """A help text with each multi-word code span (a command) split into one span per word: code in a table
+    never breaks inside (docs/stylesheets/extra.css), so a cell wraps between the words instead."""
+    return re.sub(r"`([^`]*\s[^`]*)`", lambda m: " ".join(f"`{w}`" for w in m.group(1).split()), text)
+
+
 def _command_md(cmd: Any, path: str) -> list[str]:
     lines = [f"### `{path}`", "", _cell(inspect.cleandoc(cmd.help or "")) or "–", ""]
     params = [p for p in cmd.params if p.name != "help"]
@@ -66,7 +72,7 @@ def _command_md(cmd: Any, path: str) -> list[str]:
             if getattr(p, "required", False):
                 default = "required"
             kind = _cell(p.display_type(ctx)).strip("<>")  # "<path>" would render as an HTML tag
-            lines.append(f"| {names} | `{kind}` | {_cell(default)} | {_cell(getattr(p, 'help', '') or '')} |")
+            lines.append(f"| {names} | `{kind}` | {_cell(default)} | {_words(_cell(getattr(p, 'help', '') or ''))} |")
         lines.append("")
     return lines
 
