@@ -35,6 +35,7 @@ _RECORDED: dict[tuple[str, ...], str] = {}
 
 def pytest_configure(config):
     import os
+    import re
 
     if not os.environ.get("EAGLEWIRE_RECORD_FINDINGS"):
         return
@@ -45,7 +46,8 @@ def pytest_configure(config):
     def recording_init(self, *args, **kwargs):
         init(self, *args, **kwargs)
         test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
-        _RECORDED.setdefault((self.level, self.check, self.what, self.why, self.fix), test)
+        text = [re.sub(r"/\S*?/pytest-of-[^/\s]+/pytest-\d+/", "", t) for t in (self.what, self.why, self.fix)]
+        _RECORDED.setdefault((self.level, self.check, *text), test)  # test temp dirs named from their base
 
     Finding.__init__ = recording_init
 
