@@ -11,6 +11,7 @@ vocab 49152; random weights, since no model travels here) with the released draf
 8000, TTT 3, batch 8), online features, in tokens per second as the trainer reports them.
 
     PYTHONPATH=src:tests python benchmarks/gpu_train_check.py --out gpu_train_check.json
+    PYTHONPATH=src:tests python benchmarks/gpu_train_check.py --shape llama-8b --out gpu_train_check_8b.json
 """
 
 from __future__ import annotations
@@ -85,20 +86,32 @@ def checks(tmp: Path, device: str) -> dict:
     return res
 
 
-def throughput(tmp: Path, steps: int, seq: int, device: str) -> dict:
+# Target shapes the throughput is measured at (random weights: nothing is downloaded), with the draft
+# vocabulary size and taps a draft for it would have. llama-8b is Llama-3.1-8B's shape, loaded in bf16
+# (16 GB) rather than fp32: what a GPU run of an 8B target does.
+SHAPES = {
+    "smollm2-135m": ({"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+                      "num_attention_heads": 9, "num_key_value_heads": 3, "rope_theta": 100000.0,
+                      "tie_word_embeddings": True}, 8000, (2, 15, 27), torch.float32),
+    "llama-8b": ({"vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                  "num_attention_heads": 32, "num_key_value_heads": 8, "rope_theta": 500000.0,
+                  "tie_word_embeddings": False}, 32000, (2, 16, 29), torch.bfloat16),
+}
+
+
+def throughput(tmp: Path, steps: int, seq: int, device: str, shape: str = "smollm2-135m") -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                      num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
-                      rope_theta=100000.0, tie_word_embeddings=True)
+    sizes, draft_vocab, taps, dtype = SHAPES[shape]
+    cfg = LlamaConfig(max_position_embeddings=8192, **sizes)
     torch.manual_seed(0)
-    target = wrap_model(LlamaForCausalLM(cfg).float().eval(), name="smollm2-135m-shaped-random")
+    target = wrap_model(LlamaForCausalLM(cfg).to(dtype).eval(), name=f"{shape}-shaped-random")
     target.model.to(device)
-    vmap = VocabMap.from_target_ids(torch.arange(0, 8000), 49152)
-    contract = target.contract((2, 15, 27), vocab_map=vmap)
+    vmap = VocabMap.from_target_ids(torch.arange(0, draft_vocab), sizes["vocab_size"])
+    contract = target.contract(taps, vocab_map=vmap)
     feats = OnlineFeatures(target, contract, pad_id=0)
     g = torch.Generator().manual_seed(0)
-    samples = [Sample(id=f"r{i}", input_ids=torch.randint(0, 8000, (seq,), generator=g),
+    samples = [Sample(id=f"r{i}", input_ids=torch.randint(0, draft_vocab, (seq,), generator=g),
                       loss_mask=torch.ones(seq, dtype=torch.long)) for i in range(8 * steps + 16)]
     rows: list[dict] = []
     c = TrainConfig(max_steps=steps, batch_size=8, ttt_steps=3, eval_every=steps, ckpt_every=steps, dtype="auto")
@@ -107,7 +120,7 @@ def throughput(tmp: Path, steps: int, seq: int, device: str) -> dict:
           on_step=rows.append)
     wall = time.perf_counter() - t0
     rates = [r["tok_per_s"] for r in rows if r["split"] == "train" and "tok_per_s" in r]
-    return {"steps": steps, "seq": seq, "batch": 8, "wall_s": round(wall, 1),
+    return {"shape": shape, "steps": steps, "seq": seq, "batch": 8, "wall_s": round(wall, 1),
             "tok_per_s_median": sorted(rates)[len(rates) // 2] if rates else None,
             "tok_per_s_last": rates[-1] if rates else None,
             "max_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device == "cuda" else None}
@@ -118,6 +131,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("gpu_train_check.json"))
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="smollm2-135m",
+                    help="the target shape the throughput is measured at (llama-8b: ~40 GB of GPU memory, estimated)")
     ap.add_argument("--device", default="cuda", help="cuda; cpu only to dry-run this script's own logic")
     a = ap.parse_args()
     if a.device == "cuda" and not torch.cuda.is_available():
@@ -129,7 +144,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         res["checks"] = checks(Path(d), a.device)
         print(json.dumps(res, indent=2), flush=True)
-        res["throughput"] = throughput(Path(d), a.steps, a.seq, a.device)
+        res["throughput"] = throughput(Path(d), a.steps, a.seq, a.device, a.shape)
     a.out.write_text(json.dumps(res, indent=2))
     print(json.dumps(res, indent=2))
 

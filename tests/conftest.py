@@ -25,3 +25,44 @@ def _calibrations_in_tmp(tmp_path_factory):
         # so do the markers of compiled layouts (the kernels stay in inductor's cache: the tests share it)
         mp.setattr(calibration, "compiled_marker_dir", lambda: tmp_path_factory.getbasetemp() / "compiled-markers")
         yield
+
+
+# `EAGLEWIRE_RECORD_FINDINGS=FILE pytest tests/test_doctor*.py ...` records every doctor finding the broken
+# cases of the tests really produce (with the test that built each), for the findings catalogue's examples
+# (docs/gen_reference.py reads docs/doctor-examples.json; docs/gen_doctor_examples.sh rewrites it).
+_RECORDED: dict[tuple[str, ...], str] = {}
+
+
+def pytest_configure(config):
+    import os
+    import re
+
+    if not os.environ.get("EAGLEWIRE_RECORD_FINDINGS"):
+        return
+    from eaglewire.doctor.findings import Finding
+
+    init = Finding.__init__
+
+    def recording_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
+        text = [re.sub(r"/\S*?/pytest-of-[^/\s]+/pytest-\d+/", "", t) for t in (self.what, self.why, self.fix)]
+        _RECORDED.setdefault((self.level, self.check, *text), test)  # test temp dirs named from their base
+
+    Finding.__init__ = recording_init
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import json
+    import os
+
+    path = os.environ.get("EAGLEWIRE_RECORD_FINDINGS")
+    if not path or not _RECORDED:
+        return
+    rows = [dict(zip(("level", "check", "what", "why", "fix"), k), test=t) for k, t in _RECORDED.items()]
+    if Path(path).is_file():  # a partial rerun adds to the file; docs/gen_doctor_examples.sh starts afresh
+        seen = {tuple(r[k] for k in ("level", "check", "what", "why", "fix")) for r in rows}
+        rows += [r for r in json.loads(Path(path).read_text())["findings"]
+                 if tuple(r[k] for k in ("level", "check", "what", "why", "fix")) not in seen]
+    rows.sort(key=lambda r: (r["check"], r["level"], r["what"]))
+    Path(path).write_text(json.dumps({"findings": rows}, indent=1, ensure_ascii=False) + "\n")

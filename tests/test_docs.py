@@ -68,6 +68,55 @@ def test_sglang_rule_table_is_in_the_diagnose_and_export_guides(site: Path) -> N
         assert all(f"SGLang {r}" in html for r in RELEASES), page
         missing = [f for f in served if f"<code>{f}</code>" not in html]
         assert not missing, f"{page} lacks the SGLang rule of {missing}"
+def test_every_doctor_finding_shows_a_real_example_in_full(site: Path) -> None:
+    """Each catalogue entry is a finding the doctor really printed on a broken draft of the tests (recorded in
+    docs/doctor-examples.json by docs/gen_doctor_examples.sh), matching the check's current text, with why
+    and fix: no computed part left as a raw expression."""
+    sys.path.insert(0, str(ROOT / "docs"))
+    import gen_reference
+
+    missing = [f"{r['code']}: {r['what']}" for r in gen_reference.doctor_findings() if r["example"] is None]
+    assert not missing, "findings with no recorded example (rerun docs/gen_doctor_examples.sh, or add a test " \
+        "that builds the broken case): " + "; ".join(missing)
+    html = (site / "reference" / "doctor" / "index.html").read_text()
+    assert "‹" not in html and "no recorded example" not in html
+    assert html.count("<strong>why:</strong>") == html.count("<strong>fix:</strong>") == len(
+        gen_reference.doctor_findings())
+
+
+def test_the_serve_guide_lists_every_server_metric_and_the_engines_acceptance() -> None:
+    import re
+
+    from eaglewire.serve.server import Metrics
+
+    names = set(re.findall(r"^# TYPE (\S+)", Metrics().prometheus(), re.M))
+    text = (ROOT / "docs" / "guides" / "serve.md").read_text()
+    assert names and all(f"`{n}`" in text for n in names), names - set(re.findall(r"`(eaglewire_\w+)`", text))
+    from eaglewire.doctor.expect import LOG_PATTERNS
+
+    assert "Mean acceptance length" in text and "accept len" in text  # the lines LOG_PATTERNS read
+    assert {"sglang", "vllm"} <= set(LOG_PATTERNS)
+
+
+def test_every_guide_links_the_glossary() -> None:
+    for page in (ROOT / "docs" / "guides").glob("*.md"):
+        if page.name != "glossary.md":
+            assert "glossary.md" in page.read_text(), page.name
+
+
+def test_config_field_descriptions_point_at_no_source_file() -> None:
+    """A field description is read in the CLI's help and the config reference: it names a page or a field,
+    never a module, a source file or a README section (which move without the description noticing)."""
+    import re
+
+    from eaglewire.pipeline.config import RunConfig
+
+    schema = RunConfig.model_json_schema()
+    nodes = [("", schema)] + [(f"{k}.", v) for k, v in schema.get("$defs", {}).items()]
+    bad = re.compile(r"\b[\w/]+\.py\b|README|\b(?:hw|serve|capture|decoding|pipeline|fastcpu|contract|norms)\.[a-z_]+")
+    found = [f"{p}{k}: {v['description']}" for p, n in nodes for k, v in n.get("properties", {}).items()
+             if bad.search(v.get("description", ""))]
+    assert not found, found
 
 
 def test_results_tables_come_from_the_indexed_files(site: Path) -> None:
@@ -97,3 +146,44 @@ def test_a_built_page_renders_in_headless_chromium(site: Path, tmp_path: Path) -
     assert img.size == (1200, 1600) and colours is not None and len(colours) > 50  # text, tables, theme drawn
     keep = ROOT / "site-screenshot.png"  # for a person to look at after a local run (ignored by git)
     shutil.copyfile(shot, keep) if keep.parent.joinpath(".git").exists() else None
+
+
+# Run in the page after load: every table must fit its column of the page (no part scrolled off to the right)
+# and no name in a table may break across lines; the offenders are written into the DOM for --dump-dom.
+_FIT_JS = """<script>addEventListener('load', () => {
+  const bad = [], page = document.querySelector('.md-content').getBoundingClientRect();
+  document.querySelectorAll('.md-content table').forEach((t, i) => {
+    const head = (t.rows[0] ? t.rows[0].innerText : '').replace(/\\s+/g, ' ').slice(0, 50);
+    // the theme's frame scrolls what overflows it: the table must end inside the frame's visible part
+    const frame = (t.closest('.md-typeset__scrollwrap') || t).getBoundingClientRect();
+    if (t.getBoundingClientRect().right > Math.min(frame.right, page.right + 16) + 1)
+      bad.push('table ' + i + ' (' + head + ') is wider than the page');
+    t.querySelectorAll('code').forEach(c => {
+      if (c.getClientRects().length > 1) bad.push('`' + c.innerText + '` breaks across lines');
+    });
+  });
+  document.body.setAttribute('data-overflow', JSON.stringify(bad));
+});</script>"""
+WIDE_PAGES = ("reference/cli", "reference/config", "reference/doctor", "reference/formats", "guides/diagnose",
+              "guides/glossary", "guides/gpu", "results")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (apt-get install chromium)")
+def test_tables_fit_the_page_at_1280_px_and_names_never_wrap(site: Path, tmp_path: Path) -> None:
+    import json
+    import re
+
+    flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}",
+             "--window-size=1280,1000", "--virtual-time-budget=5000", "--dump-dom"]
+    problems = {}
+    for page in WIDE_PAGES:
+        src = site / page / "index.html"
+        probe = src.with_name("fit-probe.html")  # beside the page: its relative CSS and script paths hold
+        probe.write_text(src.read_text().replace("</body>", _FIT_JS + "</body>"))
+        dom = subprocess.run(flags + [probe.resolve().as_uri()], capture_output=True, text=True, timeout=120).stdout
+        found = re.search(r'data-overflow="([^"]*)"', dom)
+        assert found, f"{page}: the probe did not run"
+        bad = json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+        if bad:
+            problems[page] = bad
+    assert not problems, problems

@@ -303,3 +303,128 @@ def test_config_norm_flags_against_training_and_missing_draft_vocab_size(tmp_pat
     out = _export(tmp_path / "b", drafted, "vllm")
     _edit_config(out, lambda c: c.pop("draft_vocab_size"))
     _expect(_doctor(out, target, "vllm"), "draft_vocab_size", "draft_vocab_size is missing")
+
+
+def test_geometry_alone_refuses_a_foreign_draft_against_the_default(tmp_path, target, drafted):
+    """Without --target, a draft whose config or contract names another model is refused before any
+    finding about the wrong model is made; with --target (or a dump) the same call passes."""
+    from eaglewire.doctor.geometry import require_default_target_fits, stated_by
+    from eaglewire.errors import EaglewireError
+
+    out = _export(tmp_path, drafted)
+    hidden, contract = stated_by(out)
+    assert hidden == target.hidden_size and contract is not None
+    require_default_target_fits(hidden, contract, target, target_given=False, draft=str(out))  # its own target
+    other = build_target("qwen2", layers=6)
+    with pytest.raises(EaglewireError) as err:
+        require_default_target_fits(hidden, contract, other, target_given=False, draft=str(out))
+    assert "pass --target" in err.value.fix and "tiny-llama" in str(err.value)
+    require_default_target_fits(hidden, contract, other, target_given=True, draft=str(out))
+    (out / "eaglewire_contract.json").unlink()  # no contract: the config's hidden size is the evidence
+    _edit_config(out, lambda c: c.update(hidden_size=4096, target_hidden_size=4096))
+    with pytest.raises(EaglewireError, match="hidden states 4096 wide"):
+        require_default_target_fits(*stated_by(out), target, target_given=False, draft=str(out))
+
+
+@pytest.fixture(scope="module")
+def default_target():
+    from eaglewire.target.loader import load_target
+
+    return load_target(None)  # the embedded target every doctor command loads without --target
+
+
+def test_doctor_commands_refuse_the_default_target_for_a_foreign_draft(tmp_path, drafted, default_target,
+                                                                      monkeypatch):
+    """`doctor`, `doctor expect` and `doctor probe` without --target, given a draft for a 64-wide target:
+    each exits 2 (a refused input) naming --target as the fix, instead of reporting the default target's mismatches."""
+    from typer.testing import CliRunner
+
+    import eaglewire.cli.doctor as cli_doctor
+    from eaglewire.cli.app import app
+
+    real = cli_doctor.load_target
+    monkeypatch.setattr(cli_doctor, "load_target", lambda t, **kw: default_target if t is None else real(t, **kw))
+    out = _export(tmp_path, drafted)
+    dump = tmp_path / "dump.safetensors"
+    save_file({"hidden": torch.zeros(4, 3 * 64), "input_ids": torch.arange(4)}, str(dump))
+    for args in (["doctor", str(out)], ["doctor", "expect", "--draft", str(out)],
+                 ["doctor", "probe", "--dump", str(dump), "--contract", str(out)]):
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 2, (args, r.output)
+        text = " ".join(str(r.exception).split()) + " ".join(r.output.split())
+        assert "no --target was given" in text and "pass --target" in text, (args, text)
+        assert "train for this target" not in text
+
+
+def _with(out, key, fn):
+    """The export with weight `key` replaced by fn(its tensor)."""
+    _edit_weights(out, lambda t: {**t, key: fn(t[key])})
+
+
+def test_wrong_shapes_dtypes_and_a_target_of_another_width(tmp_path, target, drafted):
+    out = _export(tmp_path, drafted)
+    _edit_weights(out, lambda t: {**t, "embed_tokens.weight": torch.zeros(10, 64)})
+    _expect(_doctor(out, target), "embed_tokens", "embed_tokens has shape (10, 64)")
+    out = _export(tmp_path / "fc", drafted)
+    _with(out, "fc.weight", lambda w: w[:, :100].contiguous())
+    _expect(_doctor(out, target), "fc", "fc reads 100 channels")
+    out = _export(tmp_path / "h", drafted)
+    _edit_config(out, lambda c: c.update(hidden_size=32))
+    _expect(_doctor(out, target), "target", "draft hidden size 32 != target 64")
+    out = _export(tmp_path / "dt", drafted)
+    _with(out, "fc.weight", lambda w: w.to(torch.float16))
+    assert any(f.check == "dtype" and "mixed weight dtypes" in f.what for f in _doctor(out, target).findings)
+
+
+def test_safeailab_eagle_taps_only_the_defaults(tmp_path, target, drafted):
+    """eaglewire refuses that export; a contract edited (or a draft renamed) after it is still caught."""
+    out = _export(tmp_path, drafted, "eagle")
+    contract_file = out / "eaglewire_contract.json"
+    contract_file.write_text(json.dumps({**json.loads(contract_file.read_text()), "taps": [1, 3, 6]}))
+    _expect(_doctor(out, target, "eagle"), "layer_ids", "SafeAILab EAGLE taps boundaries [2, 4, 5]")
+
+
+def test_vocab_maps_out_of_order_or_disagreeing(tmp_path, target, drafted):
+    out = _export(tmp_path, drafted)
+    ids = torch.arange(0, 256, 2)
+    swapped = ids.clone()
+    swapped[[3, 4]] = ids[[4, 3]]
+    _with(out, "d2t", lambda d: (swapped - torch.arange(len(ids))).to(d.dtype))
+    assert any(f.check == "d2t" and "not in ascending" in f.what for f in _doctor(out, target).findings)
+    out = _export(tmp_path / "t2d", drafted)
+
+    def flip(t2d):
+        t2d = t2d.clone()
+        t2d[0], t2d[1] = False, True  # same count, another member
+        return t2d
+    _with(out, "t2d", flip)
+    _expect(_doctor(out, target), "t2d", "d2t and t2d disagree")
+
+
+def test_speculators_norm_flag_only_at_the_top_level(tmp_path, target):
+    from eaglewire.norms import NORM_PRESETS
+
+    out = _export(tmp_path, build_draft(target, taps=(2, 4, 5), seed=7, norm=NORM_PRESETS["eagle3.1"]), "vllm")
+    _edit_config(out, lambda c: c["transformer_layer_config"].pop("fc_norm", None))
+    assert any(f.check == "norm_flags" and "fc_norm is only at the top level" in f.what
+               for f in _doctor(out, target, "vllm").findings)
+
+
+def test_the_wiring_is_not_measured_where_it_cannot_be(tmp_path, target, drafted):
+    """The measurement's own refusals: fc not whole target states, no candidate of the draft's width, a draft
+    that does not load. Each is said, not skipped silently (and none needs the target run)."""
+    from eaglewire.doctor.measured_wiring import run_measurement
+
+    def measured(out, engine="vllm"):
+        return run_measurement(inspect_dir(out, engine), target)[1][0]
+
+    out = _export(tmp_path, drafted, "vllm")
+    _with(out, "fc.weight", lambda w: w[:, :100].contiguous())
+    assert "fc does not read whole target states" in measured(out).what
+    out = _export(tmp_path / "two", build_draft(target, taps=(2, 5), seed=7), "vllm")
+    _edit_config(out, lambda c: (c.get("eagle_config") or c).pop("eagle_aux_hidden_state_layer_ids"))
+    assert "no 2-tap candidate" in measured(out).what
+    out = _export(tmp_path / "nohead", drafted, "vllm")
+    _edit_weights(out, lambda t: {k: v for k, v in t.items() if k != "lm_head.weight"})
+    f = measured(out)
+    assert f.level == "warn" and "the draft does not load" in f.what

@@ -141,9 +141,13 @@ def test_cli_measures_by_default_with_a_target_and_not_without(tmp_path, target,
     out = _export(tmp_path, trained, "vllm", [0, 2, 4])
     args = ["doctor", str(out), "--engine", "vllm", "--target", str(tmp_path / "t"), "--json", "--steps", "2"]
     r = CliRunner().invoke(app, args)
+    assert r.stdout.strip(), (r.exit_code, r.output, r.exception)
     report = json.loads(r.stdout)
     assert r.exit_code == 1 and report["measurement"]["delivered"] == [0, 2, 4], r.output
     assert any(f["check"] == "measured_wiring" and f["level"] == "error" for f in report["findings"])
+    # not a terminal: one progress line per phase with the seconds elapsed, so a CI log is not silent
+    phases = [line for line in r.stderr.splitlines() if "doctor: measuring the wiring" in line]
+    assert len(phases) >= 4 and " s] " in phases[0] and "greedily" in phases[1] and phases[-1].endswith("done")
     r = CliRunner().invoke(app, args + ["--no-measure"])
     assert json.loads(r.stdout)["measurement"] is None
     r = CliRunner().invoke(app, args + ["--num-steps", "2", "--topk", "2", "--num-draft-tokens", "4"])

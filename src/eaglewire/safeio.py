@@ -9,8 +9,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-import torch
-from safetensors.torch import save_file
+import pickle
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch loads where tensors are touched: JSON-only callers (the contract, arithmetic commands) skip it
+    import torch
 
 
 def _tmp_for(path: Path) -> Path:
@@ -59,6 +62,8 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 def atomic_save_safetensors(tensors: dict[str, torch.Tensor], path: Path,
                             metadata: dict[str, str] | None = None) -> None:
     """safetensors.save_file to a temp name, then rename. Tensors are made contiguous (required)."""
+    from safetensors.torch import save_file
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _tmp_for(path)
@@ -74,7 +79,7 @@ def atomic_save_safetensors(tensors: dict[str, torch.Tensor], path: Path,
 
 # The class torch's weights_only unpickler (and transformers, through it) raises for a pickle that names more
 # than plain tensors: caught to turn it into our error; this module never unpickles anything itself.
-UnpicklingError: type[Exception] = torch.serialization.pickle.UnpicklingError
+UnpicklingError: type[Exception] = pickle.UnpicklingError  # torch.serialization's pickle is this module
 _PICKLE_PROTO = b"\x80"  # pickle protocol >= 2 opcode: what torch.save/pickle.dump write first
 _ZIP_MAGIC = b"PK\x03\x04"  # torch.save's zip container (a pickle inside)
 _MAX_JSON_BYTES = 64 << 20  # configs, manifests, contracts: far below this; a bigger one is not ours
@@ -285,6 +290,8 @@ def read_safetensors_file(path: Path | str, *, what: str,
 
 def require_finite(tensors: dict[str, torch.Tensor], where: str, error: type[Exception] | None = None) -> None:
     """Refuse NaN and +-inf in any float tensor, naming it (a damaged file or a diverged run)."""
+    import torch
+
     from eaglewire.errors import EaglewireError
 
     for k, t in tensors.items():

@@ -7,11 +7,13 @@ This module imports no command module and not the app: command modules import it
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
+import time
 import typing
 from pathlib import Path
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Iterator, Optional, TypeVar
 
 import typer
 from pydantic import ConfigDict, ValidationError, create_model
@@ -55,6 +57,25 @@ def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
 def add_command(group: typer.Typer, fn: Callable[..., Any], name: str, **kwargs: Any) -> None:
     """Register `fn` as `name` on `group` with the error formatting every command gets."""
     group.command(name, **kwargs)(friendly(fn))
+
+
+@contextlib.contextmanager
+def progress(title: str) -> Iterator[Callable[[str], None]]:
+    """A long step's progress: a status line on a terminal; where stderr is not one (a CI log, a pipe), one
+    line per phase with the seconds elapsed, and a closing line, so a log is never silent for minutes.
+    Yields `say(phase)`, which the step calls as each phase starts."""
+    t0 = time.perf_counter()
+    if err_console.is_terminal:
+        with err_console.status(title) as status:
+            yield lambda phase: status.update(f"{title}: {phase}")
+        return
+
+    def say(phase: str) -> None:
+        err_console.print(f"[{time.perf_counter() - t0:6.1f} s] {title}: {phase}", highlight=False, soft_wrap=True)
+
+    say("started")
+    yield say
+    say("done")
 
 
 def load_target(target: Optional[str], **kwargs: Any) -> Any:

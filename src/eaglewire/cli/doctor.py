@@ -16,7 +16,8 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from eaglewire.cli.common import add_command, err_console, load_target, out_console, parse_ints, styled
+from eaglewire.cli.common import add_command, err_console, load_target, out_console, parse_ints, progress, \
+    styled
 from eaglewire.export.engines import ENGINES
 from eaglewire.errors import EaglewireError
 
@@ -65,19 +66,21 @@ def check_cmd(
     Given the engine's knobs, our speculative engine also decodes on the target with the delivered and the
     best boundaries at that shape (tens of seconds per set for a small target on a CPU)."""
     from eaglewire.doctor.checks import by_level, run_checks
+    from eaglewire.doctor.geometry import require_default_target_fits, target_width
     from eaglewire.doctor.measured_wiring import run_measurement
     from eaglewire.doctor.inspect import inspect_dir
 
     shape = _engine_shape((num_steps, topk, num_draft_tokens, num_speculative_tokens), measure)
     tgt = _evidence(target, boundaries, measure)
     ins = inspect_dir(draft, engine, engine_version)
+    require_default_target_fits(target_width(ins.layer_config), ins.contract, tgt,
+                                target_given=target is not None or boundaries is not None, draft=str(draft))
     report = run_checks(ins, tgt)
     if measure or boundaries is not None or shape is not None or (measure is None and target is not None
                                                                    and ins.contract is None):
         chain = steps if steps is not None else (shape.num_steps if shape is not None else 3)
-        with err_console.status("measuring the wiring on the target (seconds on a CPU for a small target"
-                                + (", and our engine decoding at the knobs: tens of seconds" if shape else "") + ")"):
-            m, found = run_measurement(ins, tgt, chain_steps=chain, shape=shape)
+        with progress("doctor: measuring the wiring on the target") as say:
+            m, found = run_measurement(ins, tgt, chain_steps=chain, shape=shape, progress=say)
         report.findings = by_level(report.findings + found)
         report.measurement = m.to_dict() if m is not None else None
     if as_json:
@@ -159,13 +162,16 @@ def probe_cmd(
     """Name the boundaries an engine delivered to the draft (from a dump of what it fed it)."""
     from eaglewire.contract import WiringContract
     from eaglewire.capture.identify import probe
+    from eaglewire.doctor.geometry import require_default_target_fits
     from eaglewire.errors import ContractMismatch
     from eaglewire.export.base import CONTRACT_FILE
     from eaglewire.safeio import read_json_object
 
     path = contract_path / CONTRACT_FILE if contract_path.is_dir() else contract_path
     contract = WiringContract.from_dict(read_json_object(path, what="a wiring contract", error=ContractMismatch))
-    res = probe(load_target(target), dump, contract, parse_ints(ids) if ids else None)
+    tgt = load_target(target)
+    require_default_target_fits(None, contract, tgt, target_given=target is not None, draft=str(contract_path))
+    res = probe(tgt, dump, contract, parse_ints(ids) if ids else None)
     if as_json:
         print(json.dumps(dataclasses.asdict(res), indent=2))
     else:
@@ -204,9 +210,11 @@ def expect_cmd(
     """Predict tau for the engine's knobs; flag a measured tau far below the prediction."""
     from eaglewire.doctor.expect import judge, load_any_draft, parse_log, parse_log_counts, predict, rule_applied
     from eaglewire.decoding.tree import TreeShape
+    from eaglewire.doctor.geometry import require_default_target_fits, stated_by
 
     shape = TreeShape.from_knobs(num_steps, topk, num_draft_tokens, num_speculative_tokens)
     tgt = load_target(target)
+    require_default_target_fits(*stated_by(draft_dir), tgt, target_given=target is not None, draft=str(draft_dir))
     draft, contract = load_any_draft(draft_dir, tgt, engine_version)
     rule = rule_applied(draft_dir, tgt, engine_version)
     tau, per_pos = predict(tgt, draft, contract, shape, _first_turn_prompts(tgt, questions, limit), max_new_tokens)

@@ -303,7 +303,8 @@ def target_match(ins: Inspection, target: Any) -> list[Finding]:
     out, lc = [], ins.layer_config
     if lc.get("hidden_size") != target.hidden_size:
         out.append(_f("error", "target", f"draft hidden size {lc.get('hidden_size')} != target {target.hidden_size}",
-                      "the draft shares the target's embedding and reads its hidden states", "train for this target"))
+                      "the draft shares the target's embedding and reads its hidden states",
+                      "pass --target the model the draft was trained for, or train a draft for this target"))
     if loaded(target):
         out += _config_match(lc, target.text_config)
     if ins.contract is not None:

@@ -9,6 +9,7 @@ embedding substituted for the first tap, the default taps; then measure.search w
 
 from __future__ import annotations
 
+from typing import Callable
 
 from eaglewire.contract import CANONICAL, CONVENTIONS, WiringContract, default_taps, to_engine
 from eaglewire.decoding.tree import TreeShape
@@ -91,10 +92,12 @@ def load_for_measure(ins: Inspection, target: TargetInfo, n: int) -> tuple[Eagle
 
 
 def run_measurement(ins: Inspection, target: TargetInfo, bounds: Boundaries | None = None, chain_steps: int = 3,
-                    shape: TreeShape | None = None) -> tuple[Measurement | None, list[Finding]]:
+                    shape: TreeShape | None = None,
+                    progress: Callable[[str], None] = lambda phase: None) -> tuple[Measurement | None, list[Finding]]:
     """Measure (capturing the target's boundaries unless given; a DumpTarget brings its own) and turn the
     result into findings. `shape`: the engine's knobs; then our engine also runs on the target with the
-    delivered and the best set (measured_tau.py: a generation per tap set, so on request)."""
+    delivered and the best set (measured_tau.py: a generation per tap set, so on request). `progress` is
+    told as each phase starts (the capture is the long one: the target generates its greedy answers)."""
     L, H = target.num_layers, target.hidden_size
     fc = ins.shapes.get("fc.weight")
     if fc is None or fc[1] % H:
@@ -111,13 +114,19 @@ def run_measurement(ins: Inspection, target: TargetInfo, bounds: Boundaries | No
     if not reasons:
         return None, [Finding("info", "measured_wiring", f"the wiring was not measured: no {n}-tap candidate",
                               "", "")]
-    if bounds is None:
-        bounds = target.bounds if isinstance(target, DumpTarget) else sample_target(target)
+    if bounds is None and isinstance(target, DumpTarget):
+        bounds = target.bounds
+    elif bounds is None:
+        progress("the target answers the built-in prompts greedily; every boundary is captured (the long phase)")
+        bounds = sample_target(target)
+    progress(f"scoring {len(reasons)} candidate tap sets, then a search around the best")
     # every token the draft embeds is one of the Boundaries' own (measure._normed): a dump's stand-in
     # holds exactly those rows, and a NaN row read anyway would poison every score without a word
     require_finite_rows(draft.embed_tokens.weight, bounds.input_ids, str(ins.directory))
     m = measure(draft, bounds, delivered_taps(ins, L, arch)[0], reasons, chain_steps, priors)
     if shape is not None:
+        progress(f"our engine decodes the prompts at S={shape.num_steps} K={shape.topk} N={shape.num_draft_tokens} "
+                 "with the delivered and the best tap sets")
         m.engine = _engine(target, draft, contract, shape, m)
     return m, [finding(m, ins.engine, L, arch)]
 

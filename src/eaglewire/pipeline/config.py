@@ -51,7 +51,7 @@ class DataCfg(_Strict):
                                                      "vLLM's CPU build when installed (auto), or HF generate")
     engine_dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="vLLM's dtype for regeneration")
     engine_in_flight: int = Field(SERVER_IN_FLIGHT, ge=1, description="conversations vLLM keeps in flight, a "
-                                  "rolling pool (throughput only; data/regenerate.py SERVER_IN_FLIGHT says why)")
+                                  "rolling pool (throughput only: the results' data-engine throughput page)")
 
     def generation(self) -> GenerationSettings:
         return GenerationSettings(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
@@ -75,7 +75,7 @@ class _TrainSection(_Strict):
 _RUN_ONLY: dict[str, Any] = {
     "features": (Literal["offline", "online"], "offline"),
     "capture_dtype": (Literal[RUNTIME_DTYPES], Field("auto", description="the dtype the target runs in while "  # type: ignore[valid-type]
-                      "offline features are captured (hw.runtime_dtype: auto = bfloat16 where native)")),
+                      "offline features are captured (auto = bfloat16 where the CPU has it natively)")),
     "heldout_fraction": (float, Field(DEFAULT_HELDOUT_FRACTION, ge=0.0, lt=1.0)),
 }
 
@@ -106,9 +106,9 @@ class BenchCfg(_Strict):
                                                     "runtime (vanilla is the lossless reference; hf_generate and "
                                                     "prompt_lookup run HF generate and are slow)")
     draft_dtype: Literal[DRAFT_DTYPES] = Field("auto", description="the dtype our EAGLE rows' draft runs in "  # type: ignore[valid-type]
-                                               "(hw.draft_dtype: auto = bfloat16 where native; output stays the target's)")
+                                               "(auto = bfloat16 where the CPU has it natively; output stays the target's)")
     vllm: Literal["auto", "on", "off"] = Field("off", description="peer rows on the real vLLM CPU build "
-                                               "(serve/peer.py; ~1-2 min per server start): auto = when its "
+                                               "(~1-2 min per server start): auto = when its "
                                                "venv is installed; on = required")
 
     @model_validator(mode="after")

@@ -55,12 +55,12 @@ class TrainConfig:
     max_steps: int = knob(300, "optimizer steps", ge=1)
     batch_size: int = knob(4, "samples per micro-batch per process", ge=1)
     grad_accum: int = knob(1, "micro-batches per optimizer step", run=False, ge=1)
-    lr: float = knob(1e-3, "peak learning rate (small drafts on little data like a high one: README, recipe)",
+    lr: float = knob(1e-3, "peak learning rate (small drafts on little data like a high one: experiment log)",
                      gt=0)
     min_lr_ratio: float = knob(0.1, "the cosine schedule ends at lr * this", cli=False, run=False, ge=0, le=1)
     warmup_steps: int = knob(20, "linear warm-up steps to lr", ge=0)
     optimizer: str = knob("adamw", "adamw, or muon: Muon on the draft's hidden matrices and AdamW on the head and "
-                          "norms (train/optim.py)", choices=OPTIMIZERS)
+                          "norms", choices=OPTIMIZERS)
     weight_decay: float = knob(0.0, "weight decay (AdamW's, and Muon's under optimizer muon)", cli=False, run=False,
                                ge=0)
     beta1: float = knob(0.9, "AdamW beta1", cli=False, run=False, ge=0, lt=1)
@@ -68,9 +68,9 @@ class TrainConfig:
     grad_clip: float = knob(0.5, "gradient-norm clip", cli=False, run=False, gt=0)
     ttt_steps: int = knob(7, "training-time-test unroll length", ge=1)
     ttt_decay: float = knob(0.8, "loss weight decay**position", ge=0)
-    loss: str = knob("soft_ce", "the step loss (train/ttt.py LOSSES; README, recipe levers)", choices=tuple(LOSSES))
+    loss: str = knob("soft_ce", "the step loss (experiment log: recipe levers)", choices=tuple(LOSSES))
     supervise: str = knob("answers", "answers, or all: prompt tokens supervised too (more signal per step; "
-                          "README, recipe levers)", choices=SUPERVISE)
+                          "experiment log: recipe levers)", choices=SUPERVISE)
     round_weight: float = knob(0.0, "extra loss weight w on the chains anchored where greedy decoding with the "
                                "current draft starts a round (weight 1 + w, the others 1): online tau is made "
                                "of those", run=False, ge=0)
