@@ -285,9 +285,10 @@ RULE_WORDS = {"sglang-plus1": "id + 1", "sglang-first1": "id + 1 only if the fir
 
 
 def _rule_cell(home: str, rule: str, delegates: dict[str, str]) -> str:
+    """A short cell (the rule's name; the legend above the table says what it does), so the table fits."""
     if rule == "delegate":
-        return f"→ `{delegates[home]}`" if home in delegates else "hands the ids on: refused"
-    return f"{RULE_WORDS[rule]} (`{rule}`)" if rule in RULE_WORDS else f"refused ({rule})"
+        return f"as {delegates[home]}" if home in delegates else "hands the ids on: refused"
+    return f"`{rule}`" if rule in RULE_WORDS else f"refused ({rule})"
 
 
 def sglang_rules_table() -> str:
@@ -299,7 +300,7 @@ def sglang_rules_table() -> str:
     for kind, setter in (("eagle3", "set_eagle3_layers_to_capture"), ("dflash", "set_dflash_layers_to_capture")):
         homes = sorted({h for r in releases for h, v in rec[kind][r].items() if v["archs"]})
         out += [f"**{kind}**: the boundary `{setter}` captures for config id `id` (boundary k = the residual "
-                "stream entering decoder layer k)", "",
+                "stream entering decoder layer k); " + "; ".join(f"`{k}`: {v}" for k, v in RULE_WORDS.items()), "",
                 "| model file | " + " | ".join(f"SGLang {r}" for r in releases) + " | architectures |",
                 "|---" * (len(releases) + 2) + "|"]
         for home in homes:
@@ -311,8 +312,8 @@ def sglang_rules_table() -> str:
                     served.setdefault(arch, []).append(r)
             every = max(served.values(), key=len)  # the releases the file serves architectures in
             archs = [a if rs == every else f"{a} ({', '.join(rs)} only)" for a, rs in sorted(served.items())]
-            file, cls = home.split(":")
-            out.append(f"| `{file}` ({cls}) | " + " | ".join(cells) + " | " + ", ".join(archs) + " |")
+            file = home.split(":")[0]
+            out.append(f"| `{file}` | " + " | ".join(cells) + " | " + ", ".join(archs) + " |")
         out.append("")
     return "\n".join(out)
 
