@@ -225,3 +225,24 @@ def test_random_init_is_seeded():
     _, b = _draft(seed=3)
     assert all(torch.equal(a.state_dict()[k], v) for k, v in b.state_dict().items())
     assert isinstance(a, DFlashDraft) and a.contract is not None and a.contract.family == "dflash"
+
+
+def test_cli_translate_family_prints_every_field():
+    from typer.testing import CliRunner
+
+    from eaglewire.cli.app import app
+
+    r = CliRunner().invoke(app, ["wiring", "translate", "--family", "dflash", "-L", "30", "--to", "vllm", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["boundaries"] == [2, 9, 15, 21, 28]
+    assert {f["field"]: f["ids"] for f in out["fields"]} == {
+        "dflash_config.target_layer_ids": [1, 8, 14, 20, 27], "eagle_aux_hidden_state_layer_ids": [2, 9, 15, 21, 28]}
+    r = CliRunner().invoke(app, ["wiring", "translate", "--family", "dflash", "-L", "30", "--to", "all", "--json"])
+    assert {f["engine"] for f in json.loads(r.stdout)["fields"]} == {"zlab", "sglang", "vllm", "speculators"}
+    r = CliRunner().invoke(app, ["wiring", "translate", "--family", "dflash", "-L", "30", "--to", "speculators",
+                                 "--taps", "2,9,15,21,29", "--from", "speculators"])
+    assert r.exit_code == 0 and "[2, 9, 15, 21, 29]" in r.output
+    r = CliRunner().invoke(app, ["wiring", "translate", "--family", "dflash", "-L", "30", "--to", "zlab",
+                                 "--taps", "2,30", "--from", "vllm"])
+    assert r.exit_code == 2 and "cannot express tap boundary 30" in r.output
