@@ -281,3 +281,16 @@ def test_native_checkpoint_round_trip_is_strict(tmp_path):
         load_checkpoint(path, target=target)
     with pytest.raises(CheckpointError, match="no embedding"):
         save_checkpoint(d, d.contract, tmp_path / "again", save_embedding=True)
+
+
+@pytest.mark.real_target
+def test_default_contract_for_the_embedded_target():
+    """SmolLM2 (30 layers) gets z-lab's five taps as boundaries and the reserved <empty_output> as mask."""
+    from eaglewire.draft.dflash import default_dflash_contract
+    from eaglewire.target.loader import load_target
+
+    target = load_target()
+    c = default_dflash_contract(target, 8)
+    assert c.taps == (2, 9, 15, 21, 28) and c.block.mask_token_id == 16 and c.block.block_size == 8
+    assert target.tokenizer.convert_ids_to_tokens(16) == "<empty_output>"
+    assert c.draft_vocab_size == target.vocab_size == 49152

@@ -265,6 +265,18 @@ def dflash_contract(target: Any, taps: tuple[int, ...], block: BlockWiring) -> W
                                vocab_map_sha256=None)
 
 
+def default_dflash_contract(target: Any, block_size: int, *, taps: tuple[int, ...] | None = None,
+                            num_taps: int = 5) -> WiringContract:
+    """A DFlash contract for a loaded target (with its tokenizer): the mask token `pick_mask_token` chooses, and
+    taps given as boundaries or, by default, z-lab's `num_taps` (`build_target_layer_ids`, as boundaries)."""
+    from eaglewire.contract import from_engine
+    from eaglewire.families import zlab_default_ids
+
+    if taps is None:
+        taps = from_engine(zlab_default_ids(target.num_layers, num_taps), "zlab", target.num_layers)
+    return dflash_contract(target, taps, BlockWiring(block_size, pick_mask_token(target.tokenizer)))
+
+
 # Tokens a tokenizer reserves that chat data never contains, in order of preference: a declared mask token,
 # then the last of the added special tokens that no chat template or document boundary uses.
 _NEVER_MASK = ("bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token")
