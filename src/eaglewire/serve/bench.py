@@ -330,7 +330,7 @@ def plot(result: dict, png: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for name in ("eagle_chain", "eagle_tree", "vllm_eagle_chain"):
+    for name in ("eagle_chain", "eagle_tree", "vllm_eagle_chain", *BLOCK_METHODS):
         pp = result["methods"].get(name, {}).get("per_position", [])
         if pp:
             a.plot(range(1, len(pp) + 1), pp, "o-", label=label(name, result))
