@@ -9,7 +9,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-import pickle
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch loads where tensors are touched: JSON-only callers (the contract, arithmetic commands) skip it
@@ -77,9 +76,6 @@ def atomic_save_safetensors(tensors: dict[str, torch.Tensor], path: Path,
 # raw traceback, and nothing here ever unpickles.
 # ------------------------------------------------------------------------------------------------------
 
-# The class torch's weights_only unpickler (and transformers, through it) raises for a pickle that names more
-# than plain tensors: caught to turn it into our error; this module never unpickles anything itself.
-UnpicklingError: type[Exception] = pickle.UnpicklingError  # torch.serialization's pickle is this module
 _PICKLE_PROTO = b"\x80"  # pickle protocol >= 2 opcode: what torch.save/pickle.dump write first
 _ZIP_MAGIC = b"PK\x03\x04"  # torch.save's zip container (a pickle inside)
 _MAX_JSON_BYTES = 64 << 20  # configs, manifests, contracts: far below this; a bigger one is not ours

@@ -21,7 +21,7 @@ from eaglewire.cache import cache_root, ensure_dir
 from eaglewire.contract import TargetIdentity, WiringContract, canonical_json, sha256_text
 from eaglewire.norms import NormFlags
 from eaglewire.errors import TargetError
-from eaglewire.safeio import UnpicklingError, read_json_object
+from eaglewire.safeio import read_json_object
 
 log = logging.getLogger(__name__)
 
@@ -303,7 +303,7 @@ def load_target(spec: str | None = None, *, dtype: torch.dtype = torch.float32,
     cfg = read_target_config(path, bytes_per=dtype.itemsize)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    except UnpicklingError:
+    except torch.serialization.pickle.UnpicklingError:
         # transformers unpickles .bin weights with weights_only=True; its message then suggests turning that
         # off, which would run whatever the file names: that advice is not passed on
         raise TargetError(f"target {str(path)!r} has pickled weights that are not plain tensors",

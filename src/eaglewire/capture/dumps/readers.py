@@ -49,7 +49,7 @@ from torch.serialization import get_unsafe_globals_in_checkpoint
 
 from eaglewire.capture.features import read_manifest, shard_sample_ids
 from eaglewire.errors import EaglewireError
-from eaglewire.safeio import UnpicklingError, open_safetensors, read_json_object, read_safetensors_file
+from eaglewire.safeio import open_safetensors, read_json_object, read_safetensors_file
 
 POST_NORM = "post-norm"  # the target's final-norm output (what the LM head reads)
 PRE_NORM = "pre-norm"  # the last decoder layer's output before the final norm (boundary L)
@@ -131,7 +131,9 @@ def load_torch_file(path: Path) -> dict:
             obj = torch.load(src, map_location="cpu", weights_only=True)
         else:  # mmap: tensors are paged in when used, not all at once
             obj = torch.load(src, map_location="cpu", weights_only=True, mmap=True)
-    except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, UnpicklingError, ValueError) as err:
+    # torch's weights_only unpickler raises UnpicklingError for a pickle that names more than plain tensors
+    except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, torch.serialization.pickle.UnpicklingError,
+            ValueError) as err:
         raise _bad(path, "cannot be read (truncated or not a torch.save file)",
                    "a complete torch.save file", f"{type(err).__name__}: {str(err).splitlines()[0]}",
                    "re-create this sample (SpecForge's prepare_hidden_states.py skips existing files: "
