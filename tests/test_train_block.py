@@ -1,0 +1,112 @@
+"""DFlash's block objective (train/block.py): the context/block mask, anchors, label alignment, slot weights."""
+
+import math
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from eaglewire.capture.features import FeatureBatch
+from eaglewire.train.block import BlockModel, block_inputs, block_labels, block_mask, block_positions, \
+    sample_anchors, slot_weights, valid_anchors
+
+
+@st.composite
+def _batches(draw):
+    B, T, Bk = draw(st.integers(1, 3)), draw(st.integers(2, 24)), draw(st.integers(2, 6))
+    trained = torch.tensor(draw(st.lists(st.lists(st.booleans(), min_size=T, max_size=T), min_size=B, max_size=B)))
+    return trained, Bk, draw(st.integers(1, 8)), draw(st.integers(0, 2**31))
+
+
+@settings(max_examples=60, deadline=None)
+@given(_batches())
+def test_no_query_sees_the_context_at_or_after_its_anchor_nor_another_block(case):
+    trained, Bk, n, seed = case
+    anchors, keep = sample_anchors(valid_anchors(trained), n, torch.Generator().manual_seed(seed))
+    B, T = trained.shape
+    N = anchors.shape[1]
+    mask = block_mask(anchors, T, Bk)
+    assert mask.shape == (B, N * Bk, T + N * Bk)
+    for b in range(B):
+        for q in range(N * Bk):
+            j, p = q // Bk, int(anchors[b, q // Bk])
+            seen_ctx = mask[b, q, :T].nonzero().flatten().tolist()
+            assert seen_ctx == list(range(p)), (b, q, p, seen_ctx)  # every context position < anchor, nothing else
+            seen_blk = mask[b, q, T:].nonzero().flatten().tolist()
+            assert seen_blk == list(range(j * Bk, (j + 1) * Bk))  # its own block, bidirectionally
+
+
+@settings(max_examples=60, deadline=None)
+@given(_batches())
+def test_anchors_are_valid_distinct_sorted_and_at_most_asked(case):
+    trained, Bk, n, seed = case
+    valid = valid_anchors(trained)
+    anchors, keep = sample_anchors(valid, n, torch.Generator().manual_seed(seed))
+    for b in range(trained.shape[0]):
+        kept = anchors[b][keep[b]].tolist()
+        assert kept == sorted(set(kept)) and len(kept) == min(n, int(valid[b].sum()))
+        assert all(trained[b, p] and trained[b, p + 1] for p in kept)
+        assert not keep[b, len(kept):].any()
+    again = sample_anchors(valid, n, torch.Generator().manual_seed(seed))
+    assert torch.equal(again[0], anchors)  # a pure function of the generator's seed
+
+
+def test_labels_point_one_position_back_and_stop_at_untrained_or_outside():
+    trained = torch.tensor([[0, 1, 1, 1, 0, 1, 1]], dtype=torch.bool)
+    anchors, keep = torch.tensor([[1, 5]]), torch.tensor([[True, True]])
+    sup, src = block_labels(trained, anchors, keep, 3)
+    assert block_positions(anchors, 3).tolist() == [[1, 2, 3, 5, 6, 7]]
+    # block at 1: slots 1, 2 predict x_2, x_3 (trained); block at 5: slot 1 predicts x_6, slot 2 is past the end
+    assert sup.tolist() == [[False, True, True, False, True, False]]
+    assert src[sup].tolist() == [1, 2, 5]
+    ids = block_inputs(torch.arange(10, 17)[None], anchors, 3, mask_token_id=99)
+    assert ids.tolist() == [[11, 99, 99, 15, 99, 99]]
+
+
+def test_slot_weights():
+    w = slot_weights(4, 7.0)
+    assert w[0] == 0 and w[1] == 1 and math.isclose(float(w[3]), math.exp(-2 / 7), rel_tol=1e-6)
+
+
+class _Oracle(torch.nn.Module):
+    """A 'draft' that reads the target's answer at block position - 1 + `shift` off the batch: shift 0 is the
+    label the objective must use, so its loss is ~0 and every slot agrees; any other shift must not."""
+
+    def __init__(self, top1: torch.Tensor, vocab: int, shift: int) -> None:
+        super().__init__()
+        self.top1, self.vocab, self.shift = top1, vocab, shift
+        self.scale = torch.nn.Parameter(torch.tensor(50.0))
+
+    def forward(self, ctx_taps, ctx_pos, block_ids, block_pos, mask):
+        at = (block_pos - 1 + self.shift).clamp(0, self.top1.shape[1] - 1)
+        return torch.nn.functional.one_hot(self.top1.gather(1, at), self.vocab).float()  # [N, Q, H=V]
+
+    def logits(self, hidden):
+        return hidden * self.scale
+
+
+def _batch(V=32, T=20):
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, V, (2, T), generator=g)
+    top1 = torch.randint(0, V, (2, T), generator=g)
+    loss = torch.zeros(2, T, dtype=torch.long)
+    loss[:, 6:] = 1
+    head = torch.eye(V)  # final_hidden one-hot of top1 -> the target's logits peak at top1
+    hid = torch.nn.functional.one_hot(top1, V).float() * 20
+    return FeatureBatch(ids, loss, torch.ones_like(loss), torch.zeros(2, T, 8), hid, top1), head
+
+
+def test_a_draft_that_knows_the_target_s_next_tokens_gets_zero_loss_and_full_acceptance():
+    fb, head = _batch()
+    for loss_kind in ("greedy_ce", "soft_ce"):
+        good = BlockModel(_Oracle(fb.target_top1, 32, 0), head, block_size=4, mask_token_id=31, num_anchors=5,
+                          gamma=7.0, loss=loss_kind)
+        total, st = good(fb, draw=3)
+        assert all(c == n > 0 for c, n in zip(st.correct, st.counts)), st
+        assert st.chain == [st.anchors] * 3 and st.anchors > 0
+        if loss_kind == "greedy_ce":
+            assert float(total.detach()) < 1e-6
+        bad = BlockModel(_Oracle(fb.target_top1, 32, 1), head, block_size=4, mask_token_id=31, num_anchors=5,
+                         gamma=7.0, loss=loss_kind)
+        worse, st_bad = bad(fb, draw=3)
+        assert float(worse.detach()) > float(total.detach()) + 1 and sum(st_bad.correct) < sum(st.correct) / 2
