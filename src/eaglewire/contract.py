@@ -26,6 +26,12 @@ How engines write the same physical state (read from each engine's source; recor
                                                                           through SGLang: see the doctor)
     modelopt        b - 1  (hook on layer id)         1 .. L            forward hook = output of layer id
     eagle           hard-coded (2, L//2, L-3)         default only      SafeAILab EAGLE has no setting
+    zlab            b - 1  (DFlash target_layer_ids)  1 .. L-1          reads HF hidden_states[id+1]
+    sglang-dflash   b - 1  (SGLang adds +1 always)    1 .. L-1          set_dflash_layers_to_capture
+    vllm-dflash     b - 1  (vLLM adds +1, PR #40727)  1 .. L            dflash_config.target_layer_ids
+
+A draft's family (eagle3, dflash) and its block wiring are records of families.py; which engine field
+carries a family's ids, in which of these conventions, is its `engine_fields`.
 
 Taps are concatenated in ascending order by every engine, so a tap list must be strictly ascending.
 """
@@ -39,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence
 
 from eaglewire.errors import ContractMismatch, TranslationError
+from eaglewire.families import DEFAULT_FAMILY, BlockWiring, check_family_wiring
 from eaglewire.norms import NormFlags
 from eaglewire.safeio import check_dataclass_fields
 
@@ -79,6 +86,11 @@ CONVENTIONS: dict[str, Convention] = {
         Convention("specforge", "SpecForge ids (output of layer id; HF backend forward hooks)", 1, True),
         Convention("modelopt", "ModelOpt ids (forward hook on decoder layer id)", 1, True),
         Convention("eagle", "SafeAILab EAGLE: hard-coded hidden_states[2, L//2, L-3]", 1, False),
+        # DFlash's target_layer_ids: id k = output of decoder layer k (z-lab reads hidden_states[k+1], which
+        # is post-norm at k = L-1; SGLang captures before layer k+1, so not after the last one either)
+        Convention("zlab", "DFlash target_layer_ids (z-lab, SpecForge): id k = output of layer k", 1, False),
+        Convention("sglang-dflash", "SGLang DFLASH target_layer_ids: +1 always (capture before k+1)", 1, False),
+        Convention("vllm-dflash", "vLLM dflash_config.target_layer_ids: +1 (PR #40727)", 1, True),
     ]
 }
 
@@ -91,6 +103,8 @@ def _id_offset(convention: str, first: int, direction: Literal["encode", "decode
     taps starting at boundary 2 as ids starting at 1, which legacy SGLang (always +1) reads identically.
     """
     if convention in ("sglang-legacy", "specforge", "modelopt"):
+        return 1
+    if convention in ("zlab", "sglang-dflash", "vllm-dflash"):  # DFlash's "output of layer k" ids
         return 1
     if convention == "sglang":
         return int(first == 2) if direction == "encode" else int(first == 1)
@@ -241,6 +255,10 @@ class WiringContract:
     chat_template_sha256: str | None = None
     norm: NormFlags = field(default_factory=NormFlags)
     schema: str = SCHEMA
+    # The drafter family (families.FAMILIES) and, for a block drafter, its wiring. At their EAGLE-3 defaults
+    # they are left out of the JSON, so every EAGLE-3 artifact reads and fingerprints as before they existed.
+    family: str = DEFAULT_FAMILY
+    block: BlockWiring | None = None
     # Set when the taps were not known from training but measured or read from an engine config (a draft
     # from another tool, `eaglewire import --target`): how, and the evidence. Provenance, not wiring: it is
     # outside equality, the fingerprint and `differences`, and absent from the JSON when None.
@@ -258,6 +276,7 @@ class WiringContract:
         if self.schema != SCHEMA:
             raise ContractMismatch("unsupported wiring-contract schema", expected=SCHEMA, found=self.schema,
                                    fix="re-create the artifact with this version of eaglewire")
+        check_family_wiring(self.family, self.block, self.target.vocab_size, self.norm.on)
 
     @classmethod
     def for_target(cls, identity: TargetIdentity, taps: Sequence[int], *, norm: NormFlags | None = None,
@@ -291,6 +310,10 @@ class WiringContract:
         d = dataclasses.asdict(self)
         d.pop("inferred")
         d["taps"] = list(self.taps)
+        if self.family == DEFAULT_FAMILY and self.block is None:
+            del d["family"], d["block"]
+        elif self.block is not None:
+            d["block"] = self.block.to_dict()
         return d
 
     def to_dict(self) -> dict[str, Any]:
@@ -307,6 +330,8 @@ class WiringContract:
         data = _checked("wiring contract", data, cls)
         data["target"] = _build_exact("wiring contract target", data["target"], TargetIdentity)
         data["norm"] = _build_exact("wiring contract norm", data["norm"], NormFlags)
+        if data.get("block") is not None:
+            data["block"] = BlockWiring.from_dict(data["block"])
         data["taps"] = tuple(data["taps"])
         return cls(**data)
 

@@ -13,6 +13,7 @@ from eaglewire.cli.common import CONV_NAMES, TARGET_HELP, add_command, load_targ
     parse_taps
 from eaglewire.contract import CANONICAL, CONVENTIONS, default_taps, describe_boundary, from_engine, to_engine
 from eaglewire.errors import EaglewireError
+from eaglewire.families import FAMILIES, get_family, zlab_default_ids
 
 
 def target_info(target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_HELP),
@@ -48,6 +49,42 @@ def _translation(layers: int, to: str, taps: Optional[str], source: str) -> dict
     return result
 
 
+def _family_translation(family: str, layers: int, to: str, taps: Optional[str], source: str) -> dict[str, Any]:
+    """Every field an engine reads a `family` draft's taps from, with the ids to write there (default taps:
+    z-lab's five, `build_target_layer_ids`)."""
+    fam = get_family(family)
+    if not fam.engine_fields:
+        raise EaglewireError(f"the {family} family's ids are one per engine convention", expected="--to <convention>",
+                             found=f"--family {family}", fix=f"drop --family (conventions: {CONV_NAMES})")
+    ids_in = parse_ints(taps) if taps is not None else zlab_default_ids(layers, 5)
+    src = source if taps is not None else "zlab"
+    boundaries = from_engine(ids_in, src, layers)
+    rows = fam.engine_fields if to == "all" else fam.fields_for(to)
+    return {"family": family, "num_layers": layers, "from": src, "input_ids": list(ids_in),
+            "boundaries": list(boundaries), "states": [describe_boundary(b, layers) for b in boundaries],
+            "fields": [{"engine": f.engine, "field": f.field, "convention": f.convention,
+                        "ids": list(to_engine(boundaries, f.convention, layers)), "note": f.note, "source": f.source}
+                       for f in rows]}
+
+
+def _print_family(result: dict[str, Any]) -> None:
+    layers = result["num_layers"]
+    table = Table(title=f"{result['family']} taps, L={layers}")
+    for col in ("boundary", "physical state", "HF hidden_states index"):
+        table.add_column(col)
+    for b in result["boundaries"]:
+        table.add_row(str(b), describe_boundary(b, layers), str(b) if b < layers else "- (entry L is post-norm)")
+    out_console.print(table)
+    fields = Table(title="what each engine reads")
+    for col in ("engine", "field", "write", "what the engine does with it", "read from"):
+        fields.add_column(col)
+    for f in result["fields"]:
+        fields.add_row(f["engine"], f["field"], str(f["ids"]), f["note"], f["source"])
+    out_console.print(fields)
+    for f in result["fields"]:
+        out_console.print(f"{f['engine']}: {f['field']} = [bold]{f['ids']}[/]")
+
+
 def wiring_translate(
     layers: int = typer.Option(..., "--layers", "-L", help="Number of decoder layers L of the target."),
     to: str = typer.Option(..., "--to", help=f"Convention to write: {CONV_NAMES}."),
@@ -55,8 +92,15 @@ def wiring_translate(
                                        "[2, L//2, L-3] (the state every engine's default lands on)."),
     source: str = typer.Option(CANONICAL, "--from", help=f"Convention of --taps: {CONV_NAMES}."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    family: Optional[str] = typer.Option(None, "--family", help=f"Drafter family ({', '.join(FAMILIES)}): with "
+                                         "it, --to names an engine (vllm, sglang, speculators, zlab, all) and "
+                                         "every field that engine reads is printed; default taps z-lab's five."),
 ) -> None:
     """Translate tap ids between engines' layer-id conventions (exit 2 if one cannot express them)."""
+    if family is not None:
+        fam = _family_translation(family, layers, to, taps, source)
+        print(json.dumps(fam, indent=2)) if as_json else _print_family(fam)
+        return
     result = _translation(layers, to, taps, source)
     if as_json:
         print(json.dumps(result, indent=2))
