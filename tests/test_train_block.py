@@ -1,10 +1,12 @@
-"""DFlash's block objective (train/block.py): the context/block mask, anchors, label alignment, slot weights."""
+"""DFlash's block objective (train/block.py): the context/block mask, anchors, label alignment, slot weights; and
+DFlash training through the one loop and the CLI: learning, bit-exact resume, five-tap capture."""
 
 import math
 
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_cli_pipeline import tiny_dir  # noqa: F401  (the fixture: a tiny target with the real tokenizer)
 
 from eaglewire.capture.features import FeatureBatch
 from eaglewire.train.block import BlockModel, block_inputs, block_labels, block_mask, block_positions, \
@@ -176,3 +178,67 @@ def test_dflash_resume_is_bit_exact(tmp_path):
     wa = load_dflash_checkpoint(tmp_path / "a" / "draft", target=target).state_dict()
     wb = load_dflash_checkpoint(tmp_path / "b" / "draft", target=target).state_dict()
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_cli_captures_dflash_taps_and_trains_a_dflash_draft(tiny_dir, tmp_path):
+    """`data capture --family dflash` takes z-lab's five default taps; `train --family dflash` trains on them with
+    no vocab map (one given is refused, as an EAGLE-3 run without one is)."""
+    import json
+
+    from test_cli_pipeline import _run
+    from typer.testing import CliRunner
+
+    from eaglewire.cli.app import app
+    from eaglewire.export.dflash_checkpoint import load_dflash_checkpoint
+    from eaglewire.target.loader import load_target
+    from eaglewire.train.dflash import default_taps
+
+    data = tiny_dir / "convs.jsonl"
+    _run("data", "capture", "--target", tiny_dir, "--data", data, "--out", tmp_path / "f5", "--family", "dflash")
+    taps = json.loads((tmp_path / "f5" / "manifest.json").read_text())["contract"]["taps"]
+    assert taps == list(default_taps(8)) and len(taps) == 5
+    common = ["--target", tiny_dir, "--features", tmp_path / "f5", "--max-steps", 3, "--eval-every", 3,
+              "--batch-size", 4, "--heldout-fraction", 0.2]
+    _run("train", *common, "--family", "dflash", "--block-size", 4, "--anchors", 4, "--out", tmp_path / "d")
+    summary = json.loads((tmp_path / "d" / "summary.json").read_text())
+    assert summary["contract"]["family"] == "dflash" and summary["contract"]["block"]["block_size"] == 4
+    assert len(summary["heldout"]["acc"]) == 3 and summary["heldout"]["anchors"] > 0
+    draft = load_dflash_checkpoint(tmp_path / "d" / "draft", target=load_target(str(tiny_dir)))
+    assert draft.contract.taps == tuple(taps)
+    r = CliRunner().invoke(app, ["train", *map(str, common), "--out", str(tmp_path / "e")])  # eagle3, no --vocab
+    assert r.exit_code == 2 and "vocab map" in r.output
+
+
+def test_a_block_s_states_ignore_the_context_from_its_anchor_on_and_the_other_blocks():
+    """Through the real DFlash draft: changing the taps at positions >= anchor_j, or the tokens of the other
+    blocks, leaves block j's states unchanged; changing the taps just before anchor_j does not."""
+    from eaglewire.train.dflash import build_draft
+    from eaglewire.train.loop import TrainConfig
+
+    target, contract, _ = _dflash_setup(block_size=3)
+    draft = build_draft(target, contract, None, TrainConfig(family="dflash", block_size=3, num_layers=2)).eval()
+    g = torch.Generator().manual_seed(0)
+    T, Bk = 16, 3
+    taps = torch.randn(1, T, draft.cfg.num_taps * draft.cfg.target_hidden_size, generator=g)
+    ids = torch.randint(0, 200, (1, T), generator=g)
+    anchors = torch.tensor([[3, 7, 12]])
+    run = lambda taps, ids: draft(taps, torch.arange(T)[None], block_inputs(ids, anchors, Bk, 255),  # noqa: E731
+                                  block_positions(anchors, Bk), block_mask(anchors, T, Bk)).detach()
+    with torch.no_grad():
+        base = run(taps, ids)
+        j = 1  # the block anchored at 7: slots 3..5 of the query axis
+        later = taps.clone()
+        later[:, 7:] += torch.randn(later[:, 7:].shape, generator=g)
+        others = ids.clone()
+        others[:, [3, 12]] += 1  # the other blocks' anchor tokens
+        torch.testing.assert_close(run(later, others)[:, j * Bk:(j + 1) * Bk], base[:, j * Bk:(j + 1) * Bk])
+        earlier = taps.clone()
+        earlier[:, 6] += 1.0
+        assert not torch.allclose(run(earlier, ids)[:, j * Bk:(j + 1) * Bk], base[:, j * Bk:(j + 1) * Bk])
+
+
+def test_every_family_the_knob_offers_has_a_training_record():
+    from eaglewire.train.config import FAMILY_NAMES
+    from eaglewire.train.objectives import OBJECTIVES
+
+    assert set(FAMILY_NAMES) == set(OBJECTIVES)
