@@ -85,7 +85,7 @@ def train_arm(arm: str, steps: int, paths: dict[str, Path], a: argparse.Namespac
         run.parent.mkdir(parents=True, exist_ok=True)
         wall = eaglewire(["train", *arm_args(arm, paths, a), "--out", str(run), "--max-steps", str(steps),
                           "--batch-size", str(a.batch_size), "--eval-every", str(steps), "--ckpt-every", str(steps),
-                          "--seed", str(a.seed)], run.with_suffix(".log"))
+                          "--seed", str(a.seed), "--heldout-fraction", str(a.heldout_fraction)], run.with_suffix(".log"))
         (run / "wall.json").write_text(json.dumps({"wall_s": wall}))
     summary = json.loads((run / "summary.json").read_text())
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x]
@@ -109,10 +109,11 @@ def write(rows: list[dict], a: argparse.Namespace) -> None:
     (a.out / "results.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()},
                                                     "rows": rows}, indent=2))
     fmt = lambda xs: " ".join(f"{x:.3f}" for x in xs or [])  # noqa: E731
+    num = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731  (no held-out sample: no evaluation)
     table = ["| arm | steps | wall s | tok/s | loss first -> last | held-out acc per position | chain | tau_chain |",
              "|---|---|---|---|---|---|---|---|"]
     table += [f"| {r['arm']} | {r['steps']} | {r['wall_s']:.0f} | {r['tok_per_s']:.0f} | {r['loss_first']:.3f} -> "
-              f"{r['loss_last']:.3f} | {fmt(r['heldout_acc'])} | {fmt(r['heldout_chain'])} | {r['tau_chain']:.3f} |"
+              f"{r['loss_last']:.3f} | {fmt(r['heldout_acc'])} | {fmt(r['heldout_chain'])} | {num(r['tau_chain'])} |"
               for r in rows]
     cmd = "python benchmarks/dflash_vs_eagle3.py " + " ".join(sys.argv[1:])
     (a.out / "README.md").write_text(f"# DFlash vs EAGLE-3 at equal training compute ({a.match})\n\n"
@@ -129,6 +130,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=400, help="optimizer steps of every arm (equal tokens)")
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--heldout-fraction", type=float, default=0.05, help="held-out conversations (by id hash)")
     ap.add_argument("--ttt-steps", type=int, default=3, help="EAGLE-3's TTT depth (the released draft's)")
     ap.add_argument("--block-sizes", type=int, nargs="+", default=[4, 8, 16])
     ap.add_argument("--dflash-layers", type=int, default=1)

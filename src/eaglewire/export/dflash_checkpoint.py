@@ -12,6 +12,7 @@ from __future__ import annotations
 import shutil
 import uuid
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -24,7 +25,6 @@ from eaglewire.errors import CheckpointError
 from eaglewire.export.checkpoint import _replace_dir
 from eaglewire.safeio import about_file, atomic_save_safetensors, atomic_write_json, field_of, read_json_object, \
     read_safetensors_file, require_finite
-from eaglewire.target.protocol import TargetInfo
 
 FORMAT = "eaglewire.dflash/1"
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
@@ -77,15 +77,17 @@ def read_dflash_config(path: Path) -> tuple[DraftConfig, WiringContract, dict]:
     return cfg, contract, meta
 
 
-def load_dflash_checkpoint(path: Path, *, target: TargetInfo | None = None,
+def load_dflash_checkpoint(path: Path, *, target: Any = None,
                            dtype: torch.dtype | None = torch.float32) -> DFlashDraft:
-    """Load strictly; with `target`, require the contract to be for it and attach its embedding and head."""
+    """Load strictly; with `target` (a TargetInfo with embedding() and head_rows()), require the contract to be
+    for it and attach its embedding and head."""
     path = Path(path)
     cfg, contract, meta = read_dflash_config(path)
     if target is not None:
         contract.require_target(target.identity, where=f"DFlash checkpoint {path}")
     where = f"DFlash checkpoint {path / WEIGHTS}"
     tensors = read_safetensors_file(path / WEIGHTS, what="DFlash draft weights", error=CheckpointError)
+    assert contract.block is not None  # read_dflash_config refuses a contract without one
     draft = DFlashDraft(cfg, contract.block).fill_nan()
     reference = draft.state_dict()
     _check_keys(set(reference), set(tensors), set(), where)

@@ -12,8 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from torch import nn
-
 from eaglewire.contract import WiringContract, from_engine
 from eaglewire.draft.dflash import DFlashDraft, build_dflash_draft, dflash_contract, pick_mask_token
 from eaglewire.draft.vocab import VocabMap
@@ -72,20 +70,20 @@ def block_model(draft: DFlashDraft, target: Any, vmap: VocabMap | None, features
     """The draft and its block loss; the attached target embedding and head follow it to the device."""
     emb, head = draft.embed_weight, draft.head_weight
     assert emb is not None and head is not None, "build_dflash_draft attaches the target's embedding and head"
-    draft.attach_target(emb.to(info.device), head.to(info.device))
+    draft.attach_target(emb.to(info.device), head.to(info.device))  # .to() is a no-op where they already are
     block = draft.block
-    return BlockModel(draft, draft.head_weight, block_size=block.block_size, mask_token_id=block.mask_token_id,
+    return BlockModel(draft, head.to(info.device), block_size=block.block_size, mask_token_id=block.mask_token_id,
                       num_anchors=c.anchors, gamma=c.block_gamma, loss=c.loss, seed=c.seed,
                       world_size=info.world_size, reduce_count=lambda x: all_reduce_sum(x, info))
 
 
-def save_draft(draft: nn.Module, contract: WiringContract, out: Path) -> Path:
+def save_draft(draft: DFlashDraft, contract: WiringContract, out: Path) -> Path:
     from eaglewire.export.dflash_checkpoint import save_dflash_checkpoint
 
     return save_dflash_checkpoint(draft, contract, out)
 
 
-def load_draft(path: Path, target: Any) -> nn.Module:
+def load_draft(path: Path, target: Any) -> DFlashDraft:
     from eaglewire.export.dflash_checkpoint import load_dflash_checkpoint
 
     return load_dflash_checkpoint(path, target=target)

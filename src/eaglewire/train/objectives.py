@@ -29,12 +29,14 @@ class Objective:
     default_taps: Callable[[int], tuple[int, ...]]  # (target layers L) -> the family's default boundaries
     # (target, taps, vocab map or None, config) -> the contract a new draft of this family is trained under
     make_contract: Callable[[Any, tuple[int, ...], VocabMap | None, TrainConfig], WiringContract]
+    # Each family's own draft class and loss module flow through these (their signatures, in order):
     # (target, contract, vocab map or None, config) -> the draft, on the CPU, its frozen parts attached
-    build_draft: Callable[[Any, WiringContract, VocabMap | None, TrainConfig], nn.Module]
-    # (draft, target, vocab map, features, config, dist) -> the draft with its loss
-    build_model: Callable[[nn.Module, Any, VocabMap | None, Any, TrainConfig, DistInfo], nn.Module]
-    save: Callable[[nn.Module, WiringContract, Path], Path]  # (draft, contract, directory)
-    load: Callable[[Path, Any], nn.Module]  # (directory, target) -> the draft, loaded strictly
+    build_draft: Callable[..., nn.Module]
+    # (draft, target, vocab map or None, features, config, dist) -> the draft with its loss, forward
+    # (FeatureBatch, all_positions, draw) -> (loss, TTTStats)
+    build_model: Callable[..., nn.Module]
+    save: Callable[..., Path]  # (draft, contract, directory) -> the directory
+    load: Callable[..., nn.Module]  # (directory, target) -> the draft, loaded strictly
 
 
 OBJECTIVES: dict[str, Objective] = {
