@@ -39,7 +39,7 @@ CLI = ("import sys, torch; torch.set_num_threads(1); sys.argv = ['eaglewire'] + 
        "from eaglewire.cli.app import main; main()")
 
 
-def eaglewire(args: list[str], log: Path) -> float:
+def run_cli(args: list[str], log: Path) -> float:
     """Run one `eaglewire` command on one thread, output to `log`; its wall seconds."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     t0 = time.perf_counter()
@@ -58,11 +58,11 @@ def prepare(a: argparse.Namespace) -> dict[str, Path]:
     common = ["--data", data, "--limit", str(a.conversations), "--max-length", str(a.max_length)]
     paths = {"vocab": a.work / "vocab.safetensors"}
     if not paths["vocab"].exists():
-        eaglewire(["vocab", "build", *common, "--out", str(paths["vocab"])], a.work / "vocab.log")
+        run_cli(["vocab", "build", *common, "--out", str(paths["vocab"])], a.work / "vocab.log")
     for family in ("eagle3", "dflash"):
         paths[family] = a.work / f"features-{family}"
         if not (paths[family] / "manifest.json").exists():
-            eaglewire(["data", "capture", *common, "--family", family, "--target-dtype", a.target_dtype,
+            run_cli(["data", "capture", *common, "--family", family, "--target-dtype", a.target_dtype,
                        "--out", str(paths[family])], a.work / f"capture-{family}.log")
     return paths
 
@@ -83,7 +83,7 @@ def train_arm(arm: str, steps: int, paths: dict[str, Path], a: argparse.Namespac
 
             shutil.rmtree(run)  # an interrupted arm restarts: its wall time must be one uninterrupted run
         run.parent.mkdir(parents=True, exist_ok=True)
-        wall = eaglewire(["train", *arm_args(arm, paths, a), "--out", str(run), "--max-steps", str(steps),
+        wall = run_cli(["train", *arm_args(arm, paths, a), "--out", str(run), "--max-steps", str(steps),
                           "--batch-size", str(a.batch_size), "--eval-every", str(steps), "--ckpt-every", str(steps),
                           "--seed", str(a.seed), "--heldout-fraction", str(a.heldout_fraction)], run.with_suffix(".log"))
         (run / "wall.json").write_text(json.dumps({"wall_s": wall}))

@@ -242,3 +242,33 @@ def test_every_family_the_knob_offers_has_a_training_record():
     from eaglewire.train.objectives import OBJECTIVES
 
     assert set(FAMILY_NAMES) == set(OBJECTIVES)
+
+
+def test_a_checkpoint_written_before_the_family_knobs_resumes(tmp_path):
+    """An EAGLE-3 run checkpointed before `family`, `block_size`, `anchors` and `block_gamma` existed ran at
+    their defaults: it resumes; a knob that differs is still refused."""
+    import json
+
+    import pytest
+    from tiny import tiny_samples
+
+    from eaglewire.capture.features import OnlineFeatures
+    from eaglewire.draft.vocab import VocabMap
+    from eaglewire.train.loop import TrainConfig, train
+    from tiny import build_target
+
+    target = build_target("llama")
+    vmap = VocabMap.from_target_ids(torch.arange(0, 256, 2), 256)
+    contract = target.contract((1, 2, 3), vocab_map=vmap)
+    feats, samples = OnlineFeatures(target, contract, pad_id=0), tiny_samples(12)
+    c = TrainConfig(max_steps=2, batch_size=4, ckpt_every=1, eval_every=2, ttt_steps=1, dtype="fp32")
+    train(target, contract, vmap, feats, samples[:8], samples[8:], c, tmp_path, stop_at=1)
+    state = tmp_path / "checkpoints" / "step-000001" / "trainer.json"
+    meta = json.loads(state.read_text())
+    for k in ("family", "block_size", "anchors", "block_gamma"):
+        del meta["config"][k]
+    state.write_text(json.dumps(meta))
+    assert train(target, contract, vmap, feats, samples[:8], samples[8:], c, tmp_path, resume=True)["step"] == 2
+    with pytest.raises(Exception, match="different training settings"):
+        train(target, contract, vmap, feats, samples[:8], samples[8:], TrainConfig(**{**c.to_dict(), "lr": 0.5,
+              "snapshot_steps": ()}), tmp_path, resume=True)

@@ -19,6 +19,7 @@ import torch
 from eaglewire.export.checkpoint import load_checkpoint, save_checkpoint
 from eaglewire.contract import WiringContract
 from eaglewire.errors import CheckpointError
+from eaglewire.train.config import TrainConfig
 from eaglewire.safeio import atomic_save_safetensors, atomic_write_json, atomic_write_text, field_of, \
     open_safetensors, read_json_object
 
@@ -118,10 +119,12 @@ def load_state(d: Path, draft: Any, target: Any, opt: torch.optim.Optimizer, par
     meta = read_json_object(d / "trainer.json", what="a trainer state", error=CheckpointError)
     for key, kind in (("step", int), ("config", dict), ("optimizer", dict)):
         field_of(meta, key, kind, where=str(d / "trainer.json"), error=CheckpointError)
-    if meta["config"] != config:
-        diff = sorted(k for k in config if meta["config"].get(k) != config.get(k))
+    # a knob added after the checkpoint was written ran at its default there (e.g. `family`: eagle3)
+    stored = {**{k: v for k, v in TrainConfig().to_dict().items() if k not in meta["config"]}, **meta["config"]}
+    if stored != config:
+        diff = sorted(k for k in {*config, *stored} if stored.get(k) != config.get(k))
         raise CheckpointError(f"--resume from {d} with different training settings",
-                              expected=json.dumps({k: meta["config"].get(k) for k in diff}),
+                              expected=json.dumps({k: stored.get(k) for k in diff}),
                               found=json.dumps({k: config.get(k) for k in diff}),
                               fix="resume with the settings of the interrupted run, or start a new --out")
     # strict: keys, shapes, contract (and EAGLE-3's vocab map)
