@@ -60,7 +60,7 @@ def test_dflash_contract_round_trips_and_differs():
 
 @settings(max_examples=40, deadline=None)
 @given(B=st.integers(2, 32), mask=st.integers(0, VOCAB - 1), layout=st.sampled_from(["bonus", "anchor_first"]),
-       causal=st.booleans(), sliding=st.lists(st.integers(0, 7), unique=True, max_size=3))
+       causal=st.sampled_from([None, True, False]), sliding=st.lists(st.integers(0, 7), unique=True, max_size=3))
 def test_block_wiring_json_round_trip(B, mask, layout, causal, sliding):
     sliding = tuple(sorted(sliding))
     block = BlockWiring(B, mask, layout, causal=causal, sliding_layers=sliding,
@@ -181,6 +181,14 @@ def test_causal_and_sliding_layers_follow_the_wiring():
             later = ids.clone()
             later[:, -1] = (later[:, -1] + 1) % VOCAB
             assert torch.equal(d(taps, ctx_pos, later, block_pos, mask)[:, :-1], h[:, :-1])  # causal in block
+    # vLLM's dflash_config.causal=false makes sliding layers bidirectional in the block too
+    _, d = _draft(block=BlockWiring(4, VOCAB - 1, causal=False, sliding_layers=(0, 1), sliding_window=30))
+    taps, ctx_pos, ids, block_pos, mask = _inputs()
+    with torch.no_grad():
+        later = ids.clone()
+        later[:, -1] = (later[:, -1] + 1) % VOCAB
+        h, h_later = d(taps, ctx_pos, ids, block_pos, mask), d(taps, ctx_pos, later, block_pos, mask)
+        assert not torch.allclose(h_later[:, 0], h[:, 0])
     with pytest.raises(ContractMismatch, match="beyond the draft's layers"):
         _draft(layers=2, block=BlockWiring(4, 3, sliding_layers=(2,), sliding_window=3))
 
@@ -246,3 +254,30 @@ def test_cli_translate_family_prints_every_field():
     r = CliRunner().invoke(app, ["wiring", "translate", "--family", "dflash", "-L", "30", "--to", "zlab",
                                  "--taps", "2,30", "--from", "vllm"])
     assert r.exit_code == 2 and "cannot express tap boundary 30" in r.output
+
+
+def test_native_checkpoint_round_trip_is_strict(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from eaglewire.errors import CheckpointError
+    from eaglewire.export.checkpoint import load_checkpoint, save_checkpoint
+
+    target, d = _draft(layers=2, block=BlockWiring(5, VOCAB - 1, sliding_layers=(1,), sliding_window=8))
+    path = save_checkpoint(d, d.contract, tmp_path / "dflash")
+    back = load_checkpoint(path, target=target)
+    assert isinstance(back, DFlashDraft) and back.contract == d.contract and back.block == d.block
+    assert all(torch.equal(back.state_dict()[k], v) for k, v in d.state_dict().items())
+    taps, ctx_pos, ids, block_pos, mask = _inputs()
+    with torch.no_grad():
+        torch.testing.assert_close(back.logits(back(taps, ctx_pos, ids, block_pos, mask)),
+                                   d.logits(d(taps, ctx_pos, ids, block_pos, mask)))
+    weights = load_file(path / "model.safetensors")
+    save_file({**weights, "embed_tokens.weight": target.embedding().detach().clone()}, path / "model.safetensors")
+    with pytest.raises(CheckpointError, match="wrong set of tensors"):
+        load_checkpoint(path, target=target)
+    weights["norm.weight"][0] = float("nan")
+    save_file(weights, path / "model.safetensors")
+    with pytest.raises(CheckpointError):
+        load_checkpoint(path, target=target)
+    with pytest.raises(CheckpointError, match="no embedding"):
+        save_checkpoint(d, d.contract, tmp_path / "again", save_embedding=True)

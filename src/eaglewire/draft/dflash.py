@@ -29,7 +29,7 @@ from eaglewire.contract import WiringContract
 from eaglewire.draft.config import DraftConfig
 from eaglewire.draft.model import MLP, RMSNorm, rope_rows
 from eaglewire.errors import CheckpointError, TapWidthError
-from eaglewire.families import FULL, BlockWiring
+from eaglewire.families import SLIDING, BlockWiring
 from eaglewire.ops import rope_tables, rotate
 
 KV = tuple[torch.Tensor, torch.Tensor]  # ([N, kv_heads, S, D], same)
@@ -166,13 +166,18 @@ class DFlashDraft(nn.Module):
 
     def layer_masks(self, mask: torch.Tensor | None, kv_pos: torch.Tensor, q_pos: torch.Tensor) -> list[torch.Tensor | None]:
         """Each layer's mask from the full-attention one: mask bool [N, 1, Q, S+Q] or None (every key),
-        kv_pos [N, S+Q], q_pos [N, Q]. Causal layers add key position <= query position; sliding layers also
-        query - key < sliding_window (the block wiring's layer types)."""
+        kv_pos [N, S+Q], q_pos [N, Q]. Sliding layers add query - key < sliding_window; causal ones (per the
+        block wiring: sliding layers unless `causal` overrides) key position <= query position."""
         causal = kv_pos[:, None, None, :] <= q_pos[:, None, :, None]  # [N, 1, Q, S+Q]
         window = q_pos[:, None, :, None] - kv_pos[:, None, None, :] < (self.block.sliding_window or 0)
         base = mask if mask is not None else torch.ones_like(causal)
-        by_type = {FULL: (base & causal if self.block.causal else mask), "sliding_attention": base & causal & window}
-        return [by_type[t] for t in self.block.layer_types(self.cfg.num_layers)]
+        out = []
+        for kind in self.block.layer_types(self.cfg.num_layers):
+            sliding = kind == SLIDING
+            m = base & window if sliding else mask
+            is_causal = sliding if self.block.causal is None else self.block.causal
+            out.append(m & causal if is_causal else m)
+        return out
 
     def _rope(self, pos: torch.Tensor, table: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         if table is not None:

@@ -1,5 +1,6 @@
 """The one strict loader behind the native checkpoint (eaglewire.export.checkpoint) and every import
 (eaglewire.export.convert): tensors already renamed to native names become an Eagle3Draft, or nothing.
+`LOADERS` keys the strict loader by the contract's family (a DFlash draft: `load_dflash_strict`).
 
 Checked, in order: the exact key set (a renamed key is reported with its likely intended name), shapes,
 dtypes (one float dtype), the d2t/t2d invariants and their hash against the contract. The model starts
@@ -9,11 +10,13 @@ with every weight NaN, so a weight that was not loaded cannot pass. The draft ca
 from __future__ import annotations
 
 import difflib
+from typing import Any, Callable
 
 import torch
 
 from eaglewire.contract import WiringContract
 from eaglewire.draft.config import DraftConfig
+from eaglewire.draft.dflash import DFlashDraft
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import CheckpointError, ContractMismatch
 from eaglewire.safeio import require_finite
@@ -95,3 +98,46 @@ def load_strict(cfg: DraftConfig, contract: WiringContract, tensors: dict[str, t
             raise CheckpointError(f"{where}: weight {name!r} was never loaded (NaN sentinel remains)")
     draft.contract = contract
     return draft.eval()
+
+
+def load_dflash_strict(cfg: DraftConfig, contract: WiringContract, tensors: dict[str, torch.Tensor], where: str, *,
+                       embedding: bool | None = None, float_dtype: str | None = None, target: Any | None = None,
+                       dtype: torch.dtype | None = None) -> DFlashDraft:
+    """A DFlashDraft holding exactly `tensors` (z-lab's names), in eval mode, `contract` attached; the target's
+    embedding and head attached when `target` is given (they are never in a DFlash checkpoint)."""
+    if embedding:
+        raise CheckpointError(f"{where}: a DFlash checkpoint holds no embedding", expected="saved_embedding=false",
+                              found="saved_embedding=true", fix="save it again without the embedding")
+    if contract.block is None:
+        raise ContractMismatch(f"{where}: a DFlash draft needs block wiring in its contract",
+                               expected="contract.family='dflash'", found=f"family={contract.family!r}")
+    cfg.require_matches(contract)
+    draft = DFlashDraft(cfg, contract.block).fill_nan()
+    reference = draft.state_dict()
+    _check_keys(set(reference), set(tensors), set(), where)
+    floats = float_dtype or _float_dtype(tensors, where)
+    for k, t in tensors.items():
+        _check_tensor(k, t, reference[k], floats, where)
+    require_finite(tensors, where, CheckpointError)
+    draft.to(getattr(torch, floats))
+    own = draft.state_dict()
+    with torch.no_grad():
+        for k, t in tensors.items():
+            own[k].copy_(t)
+    if dtype is not None:
+        draft.to(dtype)
+    if target is not None:
+        draft.attach_target(target.embedding(), target.head_rows())
+    draft.contract = contract
+    return draft.eval()
+
+
+# The strict loader of each drafter family (families.FAMILIES), called with load_strict's arguments.
+LOADERS: dict[str, Callable[..., Any]] = {"eagle3": load_strict, "dflash": load_dflash_strict}
+
+
+def loader_for(contract: WiringContract) -> Callable[..., Any]:
+    if contract.family not in LOADERS:
+        raise CheckpointError(f"no loader for {contract.family} drafts", expected=" / ".join(LOADERS),
+                              found=contract.family, fix="load it with a version of eaglewire that has one")
+    return LOADERS[contract.family]

@@ -12,12 +12,13 @@ import os
 import shutil
 import uuid
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 import eaglewire
 from eaglewire.contract import WiringContract
 from eaglewire.draft.config import DraftConfig
-from eaglewire.draft.load import EMBED_KEY, load_strict
+from eaglewire.draft.load import EMBED_KEY, loader_for
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import CheckpointError
 from eaglewire.safeio import atomic_save_safetensors, atomic_write_json, about_file, field_of, read_json_object, \
@@ -41,16 +42,36 @@ def _replace_dir(tmp: Path, out: Path) -> None:
         shutil.rmtree(old)
 
 
-def save_checkpoint(draft: Eagle3Draft, contract: WiringContract, out: Path, *,
-                    save_embedding: bool = False, dtype: torch.dtype | None = None) -> Path:
-    """Write `out/` atomically. Float weights are cast to `dtype` if given (e.g. bf16 for release)."""
-    draft.cfg.require_matches(contract)
+def _eagle3_state(draft: Eagle3Draft, contract: WiringContract, save_embedding: bool) -> dict[str, torch.Tensor]:
     validate_vocab_map(draft.d2t, draft.t2d, draft.cfg.vocab_size)
     if contract.vocab_map_sha256 != vocab_map_sha256(draft.d2t, draft.cfg.vocab_size):
         raise CheckpointError("the draft's vocab map is not the one named by the contract",
                               expected=f"vocab_map_sha256={contract.vocab_map_sha256}",
                               found=vocab_map_sha256(draft.d2t, draft.cfg.vocab_size))
-    state = {k: v for k, v in draft.state_dict().items() if save_embedding or k != EMBED_KEY}
+    return {k: v for k, v in draft.state_dict().items() if save_embedding or k != EMBED_KEY}
+
+
+def _dflash_state(draft: Any, contract: WiringContract, save_embedding: bool) -> dict[str, torch.Tensor]:
+    if save_embedding or draft.block != contract.block:
+        raise CheckpointError("a DFlash checkpoint holds its own weights, wired as its contract says",
+                              expected=f"no embedding; block {contract.block}",
+                              found=f"save_embedding={save_embedding}; block {draft.block}")
+    return dict(draft.state_dict())  # z-lab's keys; the target's embedding and head are never in it
+
+
+# What each drafter family (families.FAMILIES) writes: its tensors, checked against the contract.
+_STATE: dict[str, Callable[[Any, WiringContract, bool], dict[str, torch.Tensor]]] = {
+    "eagle3": _eagle3_state, "dflash": _dflash_state}
+
+
+def save_checkpoint(draft: Any, contract: WiringContract, out: Path, *,
+                    save_embedding: bool = False, dtype: torch.dtype | None = None) -> Path:
+    """Write `out/` atomically. Float weights are cast to `dtype` if given (e.g. bf16 for release)."""
+    draft.cfg.require_matches(contract)
+    if contract.family not in _STATE:
+        raise CheckpointError(f"no native checkpoint for {contract.family} drafts", expected=" / ".join(_STATE),
+                              found=contract.family)
+    state = _STATE[contract.family](draft, contract, save_embedding)
     if dtype is not None:
         state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     float_dtype = next(v.dtype for v in state.values() if v.is_floating_point())
@@ -96,16 +117,17 @@ def read_checkpoint_config(path: Path) -> tuple[DraftConfig, WiringContract, dic
 
 
 def load_checkpoint(path: Path, *, target: Target | None = None,
-                    dtype: torch.dtype | None = torch.float32) -> Eagle3Draft:
-    """Load strictly (the loader imports share). With `target`, also require the contract to be for it
-    and attach its embedding. The draft's `contract` is the one stored with it. dtype None: as saved."""
+                    dtype: torch.dtype | None = torch.float32) -> Any:
+    """Load strictly (the loader imports share, keyed by the contract's family: an Eagle3Draft or a
+    DFlashDraft). With `target`, also require the contract to be for it and attach its embedding (and, for a
+    DFlash draft, its head). The draft's `contract` is the one stored with it. dtype None: as saved."""
     path = Path(path)
     cfg, contract, meta = read_checkpoint_config(path)
     if target is not None:
         contract.require_target(target.identity, where=f"checkpoint {path}")
         _require_template(contract, target, path)
     tensors = read_safetensors_file(path / WEIGHTS, what="draft weights", error=CheckpointError)
-    return load_strict(cfg, contract, tensors, f"checkpoint {path / WEIGHTS}", embedding=meta["saved_embedding"],
+    return loader_for(contract)(cfg, contract, tensors, f"checkpoint {path / WEIGHTS}", embedding=meta["saved_embedding"],
                        float_dtype=meta["dtype"], target=target, dtype=dtype)
 
 

@@ -22,6 +22,7 @@ import torch
 from eaglewire.data.conversations import read_conversations
 from eaglewire.errors import EaglewireError
 from eaglewire.decoding.engine import SpecDecoder, SpecStats, greedy_reference
+from eaglewire.decoding.propose import proposal_shape
 from eaglewire.serve.runtimes import make_proposer, make_runtime
 from eaglewire.serve.peer import PEER_METHODS, PeerServers
 from eaglewire.decoding.tree import TreeShape
@@ -34,6 +35,8 @@ QUESTIONS, PROMPTS, MAX_NEW_TOKENS = "mtbench", 8, 128
 CHAIN_K = 1
 # `eaglewire run`'s bench rows by default: HF generate is opt-in there (it is the slowest row to time)
 DEFAULT_METHODS = ("vanilla", "prompt_lookup", "eagle_chain", "eagle_tree")
+# Rows that decode with a block drafter (`--dflash-draft`): its whole block per round (decoding/block.py)
+BLOCK_METHODS = ("dflash",)
 BASES = ("hf_generate", "vanilla", "prompt_lookup", "vllm_vanilla")  # the rows speedups are quoted against
 
 
@@ -55,16 +58,20 @@ def _hf(target: Any, ids: torch.Tensor, max_new: int, eos: int, **kw: Any) -> Ru
 
 def check_methods(names: Sequence[str]) -> None:
     """Refuse an unknown row, or a set without vanilla (every row's tokens are checked against it)."""
-    unknown = [n for n in names if n not in METHODS + PEER_METHODS]
+    unknown = [n for n in names if n not in METHODS + BLOCK_METHODS + PEER_METHODS]
     if unknown or "vanilla" not in names:
-        raise EaglewireError("unknown benchmark methods", expected=f"a subset of {METHODS + PEER_METHODS} "
+        raise EaglewireError("unknown benchmark methods", expected=f"a subset of {METHODS + BLOCK_METHODS + PEER_METHODS} "
                              "including vanilla (the lossless reference)", found=str(list(names)))
 
 
 def make_methods(target: Any, draft: Any, chain: TreeShape, tree: TreeShape, max_len: int, eos: int,
-                 names: Sequence[str] = METHODS,
-                 log: Callable[[str], None] | None = None) -> dict[str, Callable[[torch.Tensor, int], Run]]:
-    verify_rows = tuple(s.num_draft_tokens for s, m in ((chain, "eagle_chain"), (tree, "eagle_tree")) if m in names)
+                 names: Sequence[str] = METHODS, log: Callable[[str], None] | None = None,
+                 block_draft: Any | None = None) -> dict[str, Callable[[torch.Tensor, int], Run]]:
+    """block_draft: the block drafter the BLOCK_METHODS rows decode with (None: those rows are refused)."""
+    check_methods(names)
+    block = block_shape_of(block_draft, names)
+    verify_rows = tuple(s.num_draft_tokens for s, m in ((chain, "eagle_chain"), (tree, "eagle_tree"), (block, "dflash"))
+                        if m in names and s is not None)
     # one KV cache, reused by every method on our runtime
     rt = make_runtime(target, max_len, calibrate=True, log=log, verify_rows=verify_rows)
 
@@ -73,7 +80,7 @@ def make_methods(target: Any, draft: Any, chain: TreeShape, tree: TreeShape, max
         toks = greedy_reference(rt, ids, n, eos={eos})
         return Run(toks, time.perf_counter() - t0)
 
-    def eagle(shape: TreeShape) -> Callable[[torch.Tensor, int], Run]:
+    def eagle(shape: TreeShape, draft: Any = draft) -> Callable[[torch.Tensor, int], Run]:
         prop = make_proposer(draft, draft.contract, shape, max_len, rt)
 
         def run(ids: torch.Tensor, n: int) -> Run:
@@ -81,12 +88,23 @@ def make_methods(target: Any, draft: Any, chain: TreeShape, tree: TreeShape, max
             return Run(toks, st.total_s, st)
         return run
 
-    check_methods(names)
     make = {"hf_generate": lambda: lambda ids, n: _hf(target, ids, n, eos),
             "vanilla": lambda: vanilla,
             "prompt_lookup": lambda: lambda ids, n: _hf(target, ids, n, eos, prompt_lookup_num_tokens=10),
-            "eagle_chain": lambda: eagle(chain), "eagle_tree": lambda: eagle(tree)}
-    return {n: make[n]() for n in METHODS if n in names}
+            "eagle_chain": lambda: eagle(chain), "eagle_tree": lambda: eagle(tree),
+            "dflash": lambda: eagle(block, block_draft)}
+    return {n: make[n]() for n in METHODS + BLOCK_METHODS if n in names}
+
+
+def block_shape_of(block_draft: Any | None, names: Sequence[str]) -> TreeShape | None:
+    """The chain the block rows verify per round (the drafter's whole block), None without block rows."""
+    if not any(n in BLOCK_METHODS for n in names):
+        return None
+    if block_draft is None:
+        raise EaglewireError("a block-drafter row needs a block draft", expected="--dflash-draft DIR",
+                             found=f"methods {[n for n in names if n in BLOCK_METHODS]} without one",
+                             fix="pass --dflash-draft (a DFlash checkpoint) or drop the row")
+    return proposal_shape(block_draft.contract, None)
 
 
 def question_categories(questions: str) -> dict[str, str]:
@@ -145,7 +163,7 @@ def bench_prompts(target: Any, questions: str, limit: int, turns: int = 1,
 def run_bench(target: Any, draft: Any, prompts: list[torch.Tensor], max_new: int, chain: TreeShape,
               tree: TreeShape, log: Callable[[str], None] = print, methods: Sequence[str] = METHODS,
               on_prompt: Callable[[int, int], None] | None = None, peer_eager: bool = False,
-              repeats: int = 1) -> dict:
+              repeats: int = 1, block_draft: Any | None = None) -> dict:
     """Every method on every prompt, interleaved prompt by prompt, the peer rows (vLLM, its servers paused
     between their requests: serve/peer.py) included. With `repeats` R every prompt runs R times:
     `repeats` in the result holds each repetition's medians and its ours / peer ratios, the method rows
@@ -153,10 +171,12 @@ def run_bench(target: Any, draft: Any, prompts: list[torch.Tensor], max_new: int
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, not {repeats}")
     eos = target.tokenizer.eos_token_id
-    max_len = max(p.shape[1] for p in prompts) + max_new + tree.num_draft_tokens + 16
+    block = block_shape_of(block_draft, methods)
+    verified = max(tree.num_draft_tokens, block.num_draft_tokens if block else 0)  # tokens per verify, at most
+    max_len = max(p.shape[1] for p in prompts) + max_new + verified + 16
     peers = [m for m in PEER_METHODS if m in methods]
     dtype = str(target.dtype).removeprefix("torch.")  # every row runs in it: ours on the target, vLLM's told
-    ours = make_methods(target, draft, chain, tree, max_len, eos, methods, log)
+    ours = make_methods(target, draft, chain, tree, max_len, eos, methods, log, block_draft)
     for fn in ours.values():  # warm-up, not counted
         fn(prompts[0], min(16, max_new))
     runs: dict[str, list[Run]] = {m: [] for m in (*ours, *peers)}
@@ -170,7 +190,7 @@ def run_bench(target: Any, draft: Any, prompts: list[torch.Tensor], max_new: int
             _run_all(every, prompts, max_new, runs, log, on_prompt, offset=r * len(prompts))
             per_repeat.append(_repeat_summary({m: rs[-len(prompts):] for m, rs in runs.items()}))
         reported = {name: servers.acceptance(name) for name in peers}  # vLLM's own counters
-    out = summarize(runs, chain, tree, max_new, reported)
+    out = summarize(runs, chain, tree, max_new, reported, block)
     if repeats > 1:  # the method rows pool every repetition: `prompts` runs each time
         out["prompts"], out["repetitions"], out["repeats"] = len(prompts), repeats, per_repeat
     return {**out, "dtype": dtype, "draft_dtype": str(draft.fc.weight.dtype).removeprefix("torch.")}
@@ -212,13 +232,17 @@ def _repeat_summary(runs: dict[str, list[Run]]) -> dict:
 
 
 def summarize(runs: dict[str, list[Run]], chain: TreeShape, tree: TreeShape, max_new: int,
-              reported: dict[str, dict] | None = None) -> dict:
-    """`reported`: tau / per-position counted by an engine itself (the vLLM rows), by method."""
+              reported: dict[str, dict] | None = None, block: TreeShape | None = None) -> dict:
+    """`reported`: tau / per-position counted by an engine itself (the vLLM rows), by method; `block`: the
+    chain the block-drafter rows verify."""
     from eaglewire.hw import describe_cpu
 
     ref = [r.tokens for r in runs["vanilla"]]
     out: dict[str, Any] = {"max_new_tokens": max_new, "prompts": len(ref), "cpu": describe_cpu(),
                            "chain": chain.__dict__, "tree": tree.__dict__, "methods": {}}
+    if block is not None:
+        out["block"] = block.__dict__
+    depth = {"eagle_chain": chain.num_steps, **{m: block.num_steps for m in BLOCK_METHODS if block is not None}}
     base = None
     for name, rs in runs.items():
         rates = [len(r.tokens) / r.seconds for r in rs]
@@ -227,7 +251,7 @@ def summarize(runs: dict[str, list[Run]], chain: TreeShape, tree: TreeShape, max
         if rs[0].stats is not None:
             pooled = SpecStats(accepted=[a for r in rs for a in r.stats.accepted])  # every prompt's verify steps
             m["tau"] = pooled.tau
-            m["per_position"] = pooled.per_position((chain if name == "eagle_chain" else tree).num_steps)
+            m["per_position"] = pooled.per_position(depth.get(name, tree.num_steps))
             m["draft_s"] = sum(r.stats.draft_s for r in rs)
             m["verify_s"] = sum(r.stats.verify_s for r in rs)
             m["total_s"] = sum(r.seconds for r in rs)
@@ -259,7 +283,8 @@ def label(name: str, result: dict) -> str:
     """'eagle_tree (S=4, K=2, N=6)' etc.: the knobs belong next to the numbers."""
     c, t = result["chain"], result["tree"]
     knobs = {"eagle_chain": f" (k={c['num_steps']})", "vllm_eagle_chain": f" (k={c['num_steps']})",
-             "eagle_tree": f" (S={t['num_steps']}, K={t['topk']}, N={t['num_draft_tokens']})"}
+             "eagle_tree": f" (S={t['num_steps']}, K={t['topk']}, N={t['num_draft_tokens']})",
+             **{m: f" (k={result['block']['num_steps']} per block)" for m in BLOCK_METHODS if "block" in result}}
     return name + knobs.get(name, "")
 
 

@@ -8,14 +8,13 @@ same tokens, slower. Either way the choice is said once per process, so a user k
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Any, Callable
 
 from eaglewire import fastcpu
 from eaglewire.contract import WiringContract
-from eaglewire.decoding.propose import EagleProposer
+from eaglewire.decoding.propose import Proposer, proposer_family
 from eaglewire.decoding.runtime import SUPPORTED, Runtime, plain_runtime
 from eaglewire.decoding.tree import TreeShape
-from eaglewire.draft.model import Eagle3Draft
 from eaglewire.target.loader import Target
 
 COMPILE_MODES = fastcpu.COMPILE_MODES
@@ -48,15 +47,17 @@ def make_runtime(target: Target, max_len: int, *, calibrate: bool = False, log: 
     return make_fast_runtime(target, max_len, calibrate=calibrate, log=log, compile=compile, verify_rows=verify_rows)
 
 
-def make_proposer(draft: Eagle3Draft, contract: WiringContract, shape: TreeShape, max_len: int,
-                  runtime: Runtime) -> EagleProposer:
-    """An EAGLE-3 proposer beside `runtime`: the draft's accelerated copy where the runtime is accelerated
-    (compiled layouts only where the runtime's are), else the draft's own modules."""
+def make_proposer(draft: Any, contract: WiringContract, shape: TreeShape, max_len: int,
+                  runtime: Runtime) -> Proposer:
+    """The proposer of the draft's family (decoding.propose.PROPOSERS) beside `runtime`: the draft's
+    accelerated copy where the runtime is accelerated and the family has one (compiled layouts only where the
+    runtime's are), else the draft's own modules."""
+    family = proposer_family(contract)
     drafter = None
-    if fastcpu.available() is None:
+    if family.fast_drafter and fastcpu.available() is None:
         from eaglewire.fastcpu.draft import FastDraft
         from eaglewire.fastcpu.runtime import FastRuntime
 
         if isinstance(runtime, FastRuntime):
             drafter = FastDraft(draft, "auto", runtime.compiled)
-    return EagleProposer(draft, contract, shape, max_len, drafter)
+    return family.make(draft, contract, shape, max_len, drafter)
