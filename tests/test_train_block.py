@@ -138,7 +138,7 @@ def _metrics(path):
 def test_dflash_training_learns_and_reports_per_slot_acceptance(tmp_path):
     from tiny import tiny_samples
 
-    from eaglewire.export.dflash_checkpoint import load_dflash_checkpoint
+    from eaglewire.export.checkpoint import load_checkpoint
     from eaglewire.train.loop import TrainConfig, train
 
     target, contract, feats = _dflash_setup()
@@ -156,14 +156,14 @@ def test_dflash_training_learns_and_reports_per_slot_acceptance(tmp_path):
         assert sum(m["acc"][k] for m in lines[-10:]) / 10 > sum(m["acc"][k] for m in lines[:10]) / 10 + 0.15
     assert last["step"] == 80 and len(last["acc"]) == len(last["chain"]) == 3 and last["anchors"] > 0
     assert last["chain"] == sorted(last["chain"], reverse=True) and last["tau_chain"] == 1 + sum(last["chain"])
-    draft = load_dflash_checkpoint(tmp_path / "draft", target=target)
+    draft = load_checkpoint(tmp_path / "draft", target=target)
     assert draft.contract == contract
 
 
 def test_dflash_resume_is_bit_exact(tmp_path):
     from tiny import tiny_samples
 
-    from eaglewire.export.dflash_checkpoint import load_dflash_checkpoint
+    from eaglewire.export.checkpoint import load_checkpoint
     from eaglewire.train.loop import TrainConfig, train
 
     target, contract, feats = _dflash_setup()
@@ -175,8 +175,8 @@ def test_dflash_resume_is_bit_exact(tmp_path):
     train(target, contract, None, feats, samples[:20], samples[20:], c, tmp_path / "b", resume=True)
     strip = lambda ms: [{k: v for k, v in m.items() if k != "tok_per_s"} for m in ms]  # noqa: E731
     assert strip(_metrics(tmp_path / "a")) == strip(_metrics(tmp_path / "b"))
-    wa = load_dflash_checkpoint(tmp_path / "a" / "draft", target=target).state_dict()
-    wb = load_dflash_checkpoint(tmp_path / "b" / "draft", target=target).state_dict()
+    wa = load_checkpoint(tmp_path / "a" / "draft", target=target).state_dict()
+    wb = load_checkpoint(tmp_path / "b" / "draft", target=target).state_dict()
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
@@ -189,7 +189,7 @@ def test_cli_captures_dflash_taps_and_trains_a_dflash_draft(tiny_dir, tmp_path):
     from typer.testing import CliRunner
 
     from eaglewire.cli.app import app
-    from eaglewire.export.dflash_checkpoint import load_dflash_checkpoint
+    from eaglewire.export.checkpoint import load_checkpoint
     from eaglewire.target.loader import load_target
     from eaglewire.train.dflash import default_taps
 
@@ -203,7 +203,7 @@ def test_cli_captures_dflash_taps_and_trains_a_dflash_draft(tiny_dir, tmp_path):
     summary = json.loads((tmp_path / "d" / "summary.json").read_text())
     assert summary["contract"]["family"] == "dflash" and summary["contract"]["block"]["block_size"] == 4
     assert len(summary["heldout"]["acc"]) == 3 and summary["heldout"]["anchors"] > 0
-    draft = load_dflash_checkpoint(tmp_path / "d" / "draft", target=load_target(str(tiny_dir)))
+    draft = load_checkpoint(tmp_path / "d" / "draft", target=load_target(str(tiny_dir)))
     assert draft.contract.taps == tuple(taps)
     r = CliRunner().invoke(app, ["train", *map(str, common), "--out", str(tmp_path / "e")])  # eagle3, no --vocab
     assert r.exit_code == 2 and "vocab map" in r.output

@@ -1,5 +1,6 @@
-"""DFlash's training record: the block draft (draft/dflash.py), the block objective (train/block.py), and the
-checkpoint it is saved and resumed in. train/objectives.py keys it by family name.
+"""DFlash's training record: its contract, the block draft (draft/dflash.py) and the block objective
+(train/block.py); it is saved and resumed in the native checkpoint (family-keyed). train/objectives.py keys it by
+family name.
 
 A DFlash draft predicts over the target's full vocabulary through the target's own head (no d2t), so it takes
 no vocab map; its block size and mask token are the contract's (`BlockWiring`), and the training knobs that
@@ -9,7 +10,6 @@ have no meaning here and are refused rather than ignored.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from eaglewire.contract import WiringContract, from_engine
@@ -76,14 +76,3 @@ def block_model(draft: DFlashDraft, target: Any, vmap: VocabMap | None, features
                       num_anchors=c.anchors, gamma=c.block_gamma, loss=c.loss, seed=c.seed,
                       world_size=info.world_size, reduce_count=lambda x: all_reduce_sum(x, info))
 
-
-def save_draft(draft: DFlashDraft, contract: WiringContract, out: Path) -> Path:
-    from eaglewire.export.dflash_checkpoint import save_dflash_checkpoint
-
-    return save_dflash_checkpoint(draft, contract, out)
-
-
-def load_draft(path: Path, target: Any) -> DFlashDraft:
-    from eaglewire.export.dflash_checkpoint import load_dflash_checkpoint
-
-    return load_dflash_checkpoint(path, target=target)

@@ -38,6 +38,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from eaglewire.contract import WiringContract
 from eaglewire.data.samples import Sample
 from eaglewire.draft.vocab import VocabMap
+from eaglewire.export.checkpoint import save_checkpoint
 from eaglewire.train import state as trainer_state
 from eaglewire.train.config import TrainConfig
 from eaglewire.train.dist import DistInfo, all_reduce_sum, barrier
@@ -157,7 +158,7 @@ def train(target: Any, contract: WiringContract, vmap: VocabMap | None, features
         trainer_state.refuse_to_overwrite(out, any_entry=False)
     latest = trainer_state.latest_state(out) if resume else None
     if latest is not None:
-        step = trainer_state.load_state(latest, draft, target, opt, names, c.to_dict(), load=objective.load)
+        step = trainer_state.load_state(latest, draft, target, opt, names, c.to_dict())
         if info.is_main:
             _truncate_metrics(metrics, step)
     elif info.is_main:
@@ -186,12 +187,12 @@ def train(target: Any, contract: WiringContract, vmap: VocabMap | None, features
             if on_step:
                 on_step(last_eval)
         if info.is_main and (step % c.ckpt_every == 0 or step == c.max_steps):
-            trainer_state.save_state(out, step, draft, contract, opt, names, c.to_dict(), save=objective.save)
+            trainer_state.save_state(out, step, draft, contract, opt, names, c.to_dict())
         if info.is_main and step in c.snapshot_steps:
-            objective.save(draft, contract, out / "snapshots" / f"step-{step:06d}")
+            save_checkpoint(draft, contract, out / "snapshots" / f"step-{step:06d}")
         barrier(info)
     if info.is_main:
-        objective.save(draft, contract, out / "draft")
+        save_checkpoint(draft, contract, out / "draft")
     return last_eval
 
 

@@ -2,14 +2,13 @@
 
 The loop (train/loop.py) is family-blind: it asks the record for a draft, for the module whose forward is
 `(FeatureBatch, all_positions, draw) -> (loss, TTTStats)` (one module, so DDP sees a single forward), and
-for how the draft is saved and restored (final draft, snapshots, resumable checkpoints). A new family is a
-new row here, never a branch in the loop.
+the family's contract and default taps. Every family is saved and resumed in the native checkpoint
+(export/checkpoint.py, keyed by the contract's family). A new family is a new row here, never a branch in the loop.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 from torch import nn
@@ -17,7 +16,6 @@ from torch import nn
 from eaglewire.contract import WiringContract, default_taps
 from eaglewire.draft.vocab import VocabMap
 from eaglewire.errors import ContractMismatch
-from eaglewire.export.checkpoint import load_checkpoint, save_checkpoint
 from eaglewire.train import dflash, eagle3
 from eaglewire.train.config import TrainConfig
 from eaglewire.train.dist import DistInfo
@@ -35,14 +33,11 @@ class Objective:
     # (draft, target, vocab map or None, features, config, dist) -> the draft with its loss, forward
     # (FeatureBatch, all_positions, draw) -> (loss, TTTStats)
     build_model: Callable[..., nn.Module]
-    save: Callable[..., Path]  # (draft, contract, directory) -> the directory
-    load: Callable[..., nn.Module]  # (directory, target) -> the draft, loaded strictly
 
 
 OBJECTIVES: dict[str, Objective] = {
-    "eagle3": Objective("eagle3", default_taps, eagle3.make_contract, eagle3.build_draft, eagle3.ttt_model, save_checkpoint,
-                        lambda path, target: load_checkpoint(path, target=target)),
-    "dflash": Objective("dflash", dflash.default_taps, dflash.make_contract, dflash.build_draft, dflash.block_model, dflash.save_draft, dflash.load_draft),
+    "eagle3": Objective("eagle3", default_taps, eagle3.make_contract, eagle3.build_draft, eagle3.ttt_model),
+    "dflash": Objective("dflash", dflash.default_taps, dflash.make_contract, dflash.build_draft, dflash.block_model),
 }
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -33,15 +33,13 @@ def _optim_tensors(opt: torch.optim.Optimizer, names: dict[int, str]) -> tuple[d
 
 
 def save_state(out: Path, step: int, draft: Any, contract: WiringContract, opt: torch.optim.Optimizer,
-               param_names: list[str], config: dict[str, Any], keep: int = 2,
-               save: Callable[[Any, WiringContract, Path], Path] = save_checkpoint) -> Path:
-    """`save` writes the family's draft (train/objectives.py); EAGLE-3's native checkpoint by default."""
+               param_names: list[str], config: dict[str, Any], keep: int = 2) -> Path:
     root = Path(out) / "checkpoints"
     d = root / f"step-{step:06d}"
     if d.exists():
         shutil.rmtree(d)
     d.mkdir(parents=True)
-    save(draft, contract, d / "draft")
+    save_checkpoint(draft, contract, d / "draft")  # any family's (keyed by the contract's)
     tensors, meta = _optim_tensors(opt, dict(enumerate(param_names)))
     atomic_save_safetensors(tensors, d / "optim.safetensors", {"format": "eaglewire.optim/1"})
     atomic_write_json(d / "trainer.json", {"step": step, "config": config, "optimizer": meta})
@@ -113,9 +111,8 @@ def latest_state(out: Path) -> Path | None:
 
 
 def load_state(d: Path, draft: Any, target: Any, opt: torch.optim.Optimizer, param_names: list[str],
-               config: dict[str, Any], load: Callable[[Path, Any], Any] | None = None) -> int:
-    """Restore weights into `draft` and state into `opt` (built on draft's parameters); returns the step.
-    `load` reads the family's draft strictly (train/objectives.py); EAGLE-3's native checkpoint by default."""
+               config: dict[str, Any]) -> int:
+    """Restore weights into `draft` and state into `opt` (built on draft's parameters); returns the step."""
     meta = read_json_object(d / "trainer.json", what="a trainer state", error=CheckpointError)
     for key, kind in (("step", int), ("config", dict), ("optimizer", dict)):
         field_of(meta, key, kind, where=str(d / "trainer.json"), error=CheckpointError)
@@ -127,8 +124,7 @@ def load_state(d: Path, draft: Any, target: Any, opt: torch.optim.Optimizer, par
                               expected=json.dumps({k: stored.get(k) for k in diff}),
                               found=json.dumps({k: config.get(k) for k in diff}),
                               fix="resume with the settings of the interrupted run, or start a new --out")
-    # strict: keys, shapes, contract (and EAGLE-3's vocab map)
-    loaded = load(d / "draft", target) if load is not None else load_checkpoint(d / "draft", target=target)
+    loaded = load_checkpoint(d / "draft", target=target)  # strict: keys, shapes, contract, vocab map
     with torch.no_grad():
         for name, p in draft.state_dict().items():
             p.copy_(loaded.state_dict()[name])
