@@ -18,9 +18,11 @@ teacher-forced acceptance the trainer reports: top-1 agreement per drafted posit
 acceptance, and tau_chain = 1 + sum(chain) — for EAGLE-3 a chain of `--ttt-steps` drafts anchored at every
 position, for DFlash one block of B-1 drafts at random trained anchors.
 
-Online tau, per-position acceptance and tokens/s on MT-bench (128 new tokens) against the EAGLE-3 chain and tree
-come from `eaglewire bench` with the drafts this script leaves in OUT/runs/*/draft once the block proposer takes
-a DFlash draft. Results: OUT/results.json and OUT/README.md (the table and the command that made them).
+With `--bench-prompts N` (item 7's decoding half) each DFlash arm's draft is then benchmarked beside the EAGLE-3
+draft by `eaglewire bench` (one thread): vanilla, the EAGLE-3 chain and tree and DFlash, on N MT-bench first
+turns spread over the categories, `--max-new-tokens` each: tau, per-position acceptance and median tokens/s
+per method (OUT/bench-bB/bench.json; the medians in the table). Results: OUT/results.json and OUT/README.md
+(the table and the command that made them).
 """
 
 from __future__ import annotations
@@ -104,6 +106,17 @@ def matched_steps(arm: str, eagle_wall: float, paths: dict[str, Path], a: argpar
     return max(1, round(eagle_wall / (probe["wall_s"] / a.probe_steps)))
 
 
+def bench_arm(row: dict, eagle_draft: str, a: argparse.Namespace) -> dict:
+    """`eaglewire bench` of this DFlash arm's draft beside the EAGLE-3 draft: {method: (tau, median tok/s)}."""
+    out = a.out / f"bench-{row['arm']}"
+    if not (out / "bench.json").exists():
+        run_cli(["bench", "--draft", eagle_draft, "--dflash-draft", row["draft"], "--methods",
+                 "vanilla,eagle_chain,eagle_tree,dflash", "--questions", "mtbench", "--limit", str(a.bench_prompts),
+                 "--max-new-tokens", str(a.max_new_tokens), "--out", str(out)], a.work / f"bench-{row['arm']}.log")
+    methods = json.loads((out / "bench.json").read_text())["methods"]
+    return {m: [r.get("tau"), r.get("median_tok_s")] for m, r in methods.items()}
+
+
 def write(rows: list[dict], a: argparse.Namespace) -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "results.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()},
@@ -116,6 +129,9 @@ def write(rows: list[dict], a: argparse.Namespace) -> None:
               f"{r['loss_last']:.3f} | {fmt(r['heldout_acc'])} | {fmt(r['heldout_chain'])} | {num(r['tau_chain'])} |"
               for r in rows]
     cmd = "python benchmarks/dflash_vs_eagle3.py " + " ".join(sys.argv[1:])
+    decoded = [f"| {r['arm']} | {m} | {num(t)} | {num(s)} |" for r in rows for m, (t, s) in r.get("bench", {}).items()]
+    if decoded:
+        table += ["", "| arm | method | tau | median tok/s |", "|---|---|---|---|", *decoded]
     (a.out / "README.md").write_text(f"# DFlash vs EAGLE-3 at equal training compute ({a.match})\n\n"
                                      f"    {cmd}\n\n" + "\n".join(table) + "\n")
 
@@ -137,6 +153,8 @@ def main() -> None:
     ap.add_argument("--anchors", type=int, default=32)
     ap.add_argument("--match", choices=("tokens", "wall"), default="tokens")
     ap.add_argument("--probe-steps", type=int, default=10, help="--match wall: steps of each DFlash arm's probe")
+    ap.add_argument("--bench-prompts", type=int, default=0, help="MT-bench questions decoded per DFlash arm (0: none)")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
     a = ap.parse_args()
     sys.path.insert(0, str(HERE))
     from results_dir import run_dir  # benchmarks/ is the script's own directory
@@ -151,6 +169,8 @@ def main() -> None:
         arm = f"dflash-b{block}"
         steps = a.steps if a.match == "tokens" else matched_steps(arm, rows[0]["wall_s"], paths, a)
         rows.append(train_arm(arm, steps, paths, a))
+        if a.bench_prompts:
+            rows[-1]["bench"] = bench_arm(rows[-1], rows[0]["draft"], a)
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "draft"}), flush=True)
         write(rows, a)
     print(f"-> {a.out / 'README.md'}")
