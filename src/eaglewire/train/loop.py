@@ -147,6 +147,8 @@ def train(target: Any, contract: WiringContract, vmap: VocabMap | None, features
     out = Path(out)
     metrics = out / "metrics.jsonl"
     torch.manual_seed(c.seed)
+    if c.family != contract.family:  # the resumable config and the checkpoint must name the same family
+        raise ValueError(f"the config trains family {c.family!r}, the contract is a {contract.family!r} draft's")
     objective = objective_for(contract)
     draft = objective.build_draft(target, contract, vmap, c).to(info.device)
     model = objective.build_model(draft, target, vmap, features, c, info)
