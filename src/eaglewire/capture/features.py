@@ -28,6 +28,7 @@ from typing import Callable
 import torch
 
 from eaglewire.contract import WiringContract
+from eaglewire.families import DEFAULT_FAMILY
 from eaglewire.norms import NormFlags
 from eaglewire.data.samples import Sample
 from eaglewire.errors import ContractMismatch
@@ -58,8 +59,10 @@ class FeatureBatch:
 
 def features_view(contract: WiringContract) -> WiringContract:
     """The part of a contract features depend on: target, taps, capture point, chat template —
-    not the vocab map or the draft's norm flags, which are chosen after capture."""
-    return dataclasses.replace(contract, draft_vocab_size=None, vocab_map_sha256=None, norm=NormFlags())
+    not the vocab map, the draft's norm flags or its family (EAGLE-3 or a block drafter), which are chosen
+    after capture: one feature directory trains any family that reads its taps."""
+    return dataclasses.replace(contract, draft_vocab_size=None, vocab_map_sha256=None, norm=NormFlags(),
+                               family=DEFAULT_FAMILY, block=None)
 
 
 def collate(samples: list[Sample], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -196,8 +196,12 @@ def capture_cmd(
     data: str = typer.Option(..., "--data", help=DATA_HELP),
     out: Path = typer.Option(..., "--out", "-o", help="Feature directory (resumes if it exists)."),
     target: Optional[str] = typer.Option(None, "--target", "-t"),
-    taps: Optional[str] = typer.Option(None, "--taps", help="Tap ids (default boundaries [2, L//2, L-3])."),
+    taps: Optional[str] = typer.Option(None, "--taps", help="Tap ids (default: --family's taps, boundaries "
+                                       "[2, L//2, L-3] for eagle3)."),
     taps_from: str = typer.Option("boundary", "--taps-from"),
+    family: str = typer.Option("eagle3", "--family", help="Whose default taps to capture when --taps is omitted: "
+                               "eagle3, or dflash (z-lab's five). Features hold taps only: any family reading "
+                               "them trains on them."),
     max_length: int = typer.Option(DEFAULT_MAX_LENGTH, "--max-length"),
     limit: Optional[int] = typer.Option(None, "--limit"),
     skip: int = typer.Option(0, "--skip", min=0, help="Skip the first N valid conversations (captured into "
@@ -219,7 +223,10 @@ def capture_cmd(
     run_dtype = getattr(torch, parse_dtype(target_dtype, DTYPES, "--target-dtype"))
     tgt = load_target(target, dtype=run_dtype)
     samples = read_samples(tgt, data, max_length, limit, split_turns, skip=skip)
-    contract = tgt.contract(parse_taps(tgt, taps, taps_from))
+    from eaglewire.train.objectives import objective
+
+    default = objective(family).default_taps  # a clear error for a family with no training record
+    contract = tgt.contract(parse_taps(tgt, taps, taps_from) if taps else default(tgt.num_layers))
     with Progress(console=err_console) as progress:
         task = progress.add_task("capturing shards", total=None)
         manifest = capture_features(tgt, contract, samples, out, pad_id=tgt.pad_id, shard_samples=shard_samples,

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import typer
 
@@ -11,7 +12,7 @@ from eaglewire.cli.common import DATA_HELP, add_command, err_console, field_opti
     load_target_weights, out_console, parse_taps, read_samples
 from eaglewire.data.samples import DEFAULT_HELDOUT_FRACTION, DEFAULT_MAX_LENGTH
 from eaglewire.errors import EaglewireError, TargetError
-from eaglewire.train.config import TrainConfig, draft_norms, knob_fields
+from eaglewire.train.config import TrainConfig, knob_fields
 from eaglewire.draft.vocab import DEFAULT_DRAFT_VOCAB
 
 KNOBS = knob_fields("cli")  # the training knobs that are options of `eaglewire train`
@@ -53,11 +54,13 @@ def vocab_build(
 def train_cmd(
     data: Optional[str] = typer.Option(None, "--data", help=DATA_HELP + " (online mode)."),
     features: Optional[Path] = typer.Option(None, "--features", help="Offline feature dir from `data capture`."),
-    vocab: Path = typer.Option(..., "--vocab", help="Vocab map from `vocab build`."),
+    vocab: Optional[Path] = typer.Option(None, "--vocab", help="Vocab map from `vocab build` (EAGLE-3; a DFlash "
+                                         "draft predicts over the target's full vocabulary: none)."),
     out: Path = typer.Option(..., "--out", "-o", help="Run directory: metrics, checkpoints, final draft."),
     target: Optional[str] = typer.Option(None, "--target", "-t"),
-    taps: Optional[str] = typer.Option(None, "--taps", help="Online: the taps to capture (default [2, L//2, L-3]). "
-                                       "Offline: read from the features' manifest; if given, it must agree."),
+    taps: Optional[str] = typer.Option(None, "--taps", help="Online: the taps to capture (default: the family's, "
+                                       "[2, L//2, L-3] for eagle3, z-lab's five for dflash). Offline: read from "
+                                       "the features' manifest; if given, it must agree."),
     taps_from: str = typer.Option("boundary", "--taps-from"),
     max_length: int = typer.Option(DEFAULT_MAX_LENGTH, "--max-length"),
     limit: Optional[int] = typer.Option(None, "--limit"),
@@ -71,11 +74,13 @@ def train_cmd(
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoints/latest."),
     **knobs: Any,  # one option per training knob (train/config.py), added by field_options
 ) -> None:
-    """Train an EAGLE-3 draft with training-time test (runs under torchrun for DDP)."""
+    """Train a draft: EAGLE-3 with training-time test, or (--family dflash) a DFlash block drafter with the
+    block objective (runs under torchrun for DDP)."""
     from eaglewire.data.samples import split_heldout
     from eaglewire.train import dist
     from eaglewire.draft.vocab import load_vocab
     from eaglewire.pipeline.workflows import feature_source, mix_in_features, train_draft
+    from eaglewire.train.objectives import objective as train_objective
 
     cfg = TrainConfig(**field_values(KNOBS, knobs))
     if (data is None) == (features is None):
@@ -84,10 +89,11 @@ def train_cmd(
     if not resume:  # before the minutes of loading: a fresh run never lands on an earlier one
         from eaglewire.train.state import refuse_to_overwrite
         refuse_to_overwrite(out, any_entry=True)
+    objective = train_objective(cfg.family)
     info = dist.setup()
-    tgt, tap_list = _target_and_taps(target, features, taps, taps_from, info.device)
-    vmap, _, _ = load_vocab(vocab)
-    contract = tgt.contract(tap_list, vocab_map=vmap, norm=draft_norms(cfg))
+    tgt, tap_list = _target_and_taps(target, features, taps, taps_from, info.device, objective.default_taps)
+    vmap = load_vocab(vocab)[0] if vocab is not None else None
+    contract = objective.make_contract(tgt, tap_list, vmap, cfg)
     source, samples = feature_source(tgt, contract, features,
                                      lambda: read_samples(tgt, data, max_length, limit, split_turns))
     train_samples, heldout = split_heldout(samples, heldout_fraction)
@@ -107,15 +113,15 @@ def train_cmd(
         tau, rounds = summary["heldout"].get("tau_chain"), summary["heldout"].get("tau_rounds")
         out_console.print(f"draft -> {out / 'draft'}; held-out top-1 accuracy per position: "
                           + ", ".join(f"{a:.3f}" for a in acc)
-                          + (f"; teacher-forced chain tau (k={len(acc)}) {tau:.3f} at every position, "
-                             f"{rounds:.3f} round by round" if tau is not None else "")
+                          + (f"; teacher-forced chain tau (k={len(acc)}) {tau:.3f} at every position" +
+                             (f", {rounds:.3f} round by round" if rounds is not None and not math.isnan(rounds) else "") if tau is not None else "")
                           + f"; curves -> {out / 'training.png'}")
     dist.teardown(info)
 
 
 def _target_and_taps(target: Optional[str], features: Optional[Path], taps: Optional[str], taps_from: str,
-                     device: str) -> tuple[Any, tuple[int, ...]]:
-    """Online: the loaded target and --taps (default taps when omitted). Offline: the target's config,
+                     device: str, default: Callable[[int], tuple[int, ...]]) -> tuple[Any, tuple[int, ...]]:
+    """Online: the loaded target and --taps (`default(L)`, the family's, when omitted). Offline: the target's config,
     tokenizer and weight index only (the draft's few tensors are read by name; the model is never loaded)
     and the taps of the features' manifest (an explicit --taps must agree)."""
     from eaglewire.capture.features import captured_taps
@@ -123,7 +129,7 @@ def _target_and_taps(target: Optional[str], features: Optional[Path], taps: Opti
     if features is None:
         tgt = load_target(target)
         tgt.model.to(device)
-        return tgt, parse_taps(tgt, taps, taps_from)
+        return tgt, parse_taps(tgt, taps, taps_from) if taps else default(tgt.num_layers)
     try:
         tgt = load_target_weights(target)
     except TargetError as err:  # no safetensors, or names only transformers' load-time mapping knows

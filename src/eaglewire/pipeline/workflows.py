@@ -87,11 +87,11 @@ def mix_in_features(target: Any, contract: WiringContract, primary: Any,
     return mix, [s for part in range(1, len(mix.parts)) for s in mix.samples(part)]
 
 
-def train_draft(target: Any, contract: WiringContract, vmap: VocabMap, source: Any, train_samples: list[Sample],
+def train_draft(target: Any, contract: WiringContract, vmap: VocabMap | None, source: Any, train_samples: list[Sample],
                 heldout: list[Sample], cfg: TrainConfig, out: Path, info: DistInfo = DistInfo(), *,
                 resume: bool = False, on_step: Callable[[dict], None] | None = None) -> dict[str, Any]:
-    """TTT training into `out` (draft/, checkpoints/, metrics.jsonl, training.png, summary.json on the
-    main rank); returns the summary."""
+    """Training of the contract's family into `out` (draft/, checkpoints/, metrics.jsonl, training.png,
+    summary.json on the main rank); returns the summary. `vmap`: None for a full-vocabulary family (DFlash)."""
     from eaglewire.train.loop import train
     from eaglewire.train.plot import plot_metrics
 

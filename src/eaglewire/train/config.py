@@ -31,6 +31,7 @@ from eaglewire.train.ttt import LOSSES
 from eaglewire.train.warm import TRAIN_ONLY
 
 SUPERVISE = ("answers", "all")
+FAMILY_NAMES = ("eagle3", "dflash")  # the families train/objectives.py holds an objective for (tested equal)
 DTYPES = ("auto", "fp32", "bf16")  # hw.autocast_dtype's choices
 # The norm set `norms: auto` gives a draft trained from scratch: SGLang and vLLM both serve it, and at equal data
 # it trains better drafts than plain EAGLE-3 (`python benchmarks/peer_training.py`, docs/results/peer-training.md).
@@ -78,6 +79,17 @@ class TrainConfig:
                                  "target vocab between the draft's state (mapped into the target's) and the "
                                  "target's next state, tokens outside V_d too (train/ttt.py); 0: off", run=False, ge=0)
     num_layers: int = knob(1, "draft decoder layers", ge=1)
+    # The drafter family, and DFlash's block objective (train/block.py). CLI-only: the run config's train section
+    # is the train stage's cache key, which a new key would change for every EAGLE-3 run made before it.
+    family: str = knob("eagle3", "the drafter family trained (train/objectives.py): eagle3 (chain/tree drafts, TTT "
+                       "loss) or dflash (a block drafter: one pass drafts block_size - 1 tokens)", run=False,
+                       choices=FAMILY_NAMES)
+    block_size: int = knob(8, "dflash: tokens per draft pass, the anchor included (speculators' default)",
+                           run=False, ge=2)
+    anchors: int = knob(32, "dflash: random anchors (blocks) per sequence and step, all trained in one forward",
+                        run=False, ge=1)
+    block_gamma: float = knob(4.0, "dflash: slot k's loss weight exp(-(k-1)/gamma) (speculators' and DeepSpec's "
+                              "default)", run=False, gt=0)
     norms: str = knob("auto", "the draft's norm set (norms.NORM_PRESETS): eagle3 = none, every engine serves "
                       "it; eagle3.1 = an RMSNorm on each captured state and the post-norm state fed back (SGLang, "
                       f"vLLM); speculators = speculators' eagle3 defaults (vLLM); auto = {NEW_DRAFT_NORMS} for a "

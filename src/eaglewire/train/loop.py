@@ -1,4 +1,5 @@
-"""The training loop (nanoGPT-shaped): TTT loss, AdamW or Muon, warm-up + cosine, grad-clip, eval, resume.
+"""The training loop (nanoGPT-shaped): AdamW or Muon, warm-up + cosine, grad-clip, eval, resume, for the
+objective of the contract's family (train/objectives.py: EAGLE-3's TTT loss, DFlash's block loss).
 
 One process (CPU, fp32):
     eaglewire train --data regenerated.jsonl.gz --vocab vocab.safetensors --out runs/d1
@@ -13,10 +14,11 @@ Several nodes (run on every node; same --out on shared storage; rank 0 logs and 
 Each rank takes its own `batch_size` slice of every global batch; the TTT loss is normalised by the
 supervised-position count over all ranks, so the DDP update equals a single process on the global
 batch (tested). Resume (`--resume`) restores weights, optimizer state and step; the data order is a pure
-function of (seed, epoch), so the loss curve continues bit-exactly (tested).
+function of (seed, epoch) and an objective's random choices (DFlash's anchors) a pure function of (seed,
+micro-batch index), so the loss curve continues bit-exactly (tested).
 
 Large targets (e.g. a 7168-wide MoE target, 3x7168 taps): the draft is ~1-2 B parameters with a 32k
-head; wrap `TTTModel` in FSDP (`torch.distributed.fsdp.fully_shard` on each draft layer and the
+head; wrap the objective's module (`TTTModel`) in FSDP (`torch.distributed.fsdp.fully_shard` on each draft layer and the
 head) instead of DDP, capture features offline with the serving engine (SGLang/vLLM hidden-state
 export) so the target never sits in the trainer's memory, and read shards per rank.
 """
@@ -35,18 +37,16 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from eaglewire.contract import WiringContract
 from eaglewire.data.samples import Sample
-from eaglewire.draft.config import DraftConfig
-from eaglewire.draft.model import Eagle3Draft
+from eaglewire.draft.vocab import VocabMap
 from eaglewire.export.checkpoint import save_checkpoint
 from eaglewire.outputs import output_lock
 from eaglewire.train import state as trainer_state
 from eaglewire.train.config import TrainConfig
 from eaglewire.train.dist import DistInfo, all_reduce_sum, barrier
+from eaglewire.train.eagle3 import build_draft, feature_space  # noqa: F401  (callers import them from here)
+from eaglewire.train.objectives import objective_for
 from eaglewire.train.optim import build_optimizer
-from eaglewire.train.ttt import TTTModel, TTTStats
-from eaglewire.train.warm import freeze, head_affine, init_layers_from_target, warm_start
-from eaglewire.draft.vocab import VocabMap
-
+from eaglewire.train.ttt import TTTStats
 
 def lr_at(step: int, c: TrainConfig) -> float:
     """Linear warm-up to lr, then cosine down to lr * min_lr_ratio at max_steps."""
@@ -54,27 +54,6 @@ def lr_at(step: int, c: TrainConfig) -> float:
         return c.lr * (step + 1) / c.warmup_steps
     progress = min(1.0, (step - c.warmup_steps) / max(1, c.max_steps - c.warmup_steps))
     return c.lr * (c.min_lr_ratio + (1 - c.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-def build_draft(target: Any, contract: WiringContract, vmap: VocabMap, c: TrainConfig) -> Eagle3Draft:
-    """Random draft; lm_head rows and final norm start from the target's (for the kept ids): the
-    draft then begins by predicting what the target's head would from a similar state, which matters
-    when CPU data is scarce. With `init_from`, the weights then come from that draft (warm start); with
-    `train_only`, what does not train is frozen (`warm.freeze`)."""
-    draft = Eagle3Draft(DraftConfig.from_target(target.text_config, contract, num_layers=c.num_layers)).init_random(c.seed)
-    with torch.no_grad():
-        draft.d2t.copy_(vmap.d2t)
-        draft.t2d.copy_(vmap.t2d)
-        draft.lm_head.weight.copy_(target.head_rows(vmap.target_ids))  # [V_d, H]
-        norm_w = target.final_norm_weight()
-        if norm_w is not None and norm_w.shape == draft.norm.weight.shape:
-            draft.norm.weight.copy_(norm_w)
-    draft.attach_embedding(target.embedding())
-    if c.init_layers_from_target:
-        init_layers_from_target(draft, target)
-    new_rows = warm_start(draft, Path(c.init_from), target, vmap, tuple(contract.taps)) if c.init_from else None
-    freeze(draft, c.train_only, new_rows, c.weight_decay)
-    return draft
 
 
 def global_batches(samples: list[Sample], c: TrainConfig, info: DistInfo, epoch: int) -> list[list[Sample]]:
@@ -131,13 +110,16 @@ def _acc(stats_list: list[TTTStats], info: DistInfo) -> tuple[list[float], list[
 
 
 @torch.no_grad()
-def evaluate(model: TTTModel, features: Any, heldout: list[Sample], c: TrainConfig, info: DistInfo) -> dict:
-    """Held-out per-position top-1 accuracy and loss over the first eval_batches of this rank's share."""
+def evaluate(model: Any, features: Any, heldout: list[Sample], c: TrainConfig, info: DistInfo) -> dict:
+    """Held-out per-position top-1 accuracy and loss over the first eval_batches of this rank's share. Draws
+    (an objective's random choices, DFlash's anchors) are fixed negative numbers: every evaluation scores the
+    same positions."""
     mine = heldout[info.rank::info.world_size]
     stats, losses = [], []
     for i in range(0, min(len(mine), c.eval_batches * c.batch_size), c.batch_size):
         with _autocast(info, c.dtype):
-            loss, st = model(features.batch(mine[i:i + c.batch_size]).to(info.device))
+            loss, st = model(features.batch(mine[i:i + c.batch_size]).to(info.device),
+                             draw=-1 - (i // c.batch_size) * info.world_size - info.rank)
         stats.append(st)
         losses.append(float(loss))
     if not stats:
@@ -156,17 +138,18 @@ def evaluate(model: TTTModel, features: Any, heldout: list[Sample], c: TrainConf
             "anchors": int(anchors)}
 
 
-def train(target: Any, contract: WiringContract, vmap: VocabMap, features: Any, train_samples: list[Sample],
+def train(target: Any, contract: WiringContract, vmap: VocabMap | None, features: Any, train_samples: list[Sample],
           heldout: list[Sample], c: TrainConfig, out: Path, info: DistInfo = DistInfo(), *, resume: bool = False,
           on_step: Callable[[dict], None] | None = None, stop_at: int | None = None) -> dict:
-    """Train a draft; returns the last held-out evaluation. `stop_at` simulates a kill (tests). The main rank
-    holds `out`'s write lock throughout: a second run into the same folder is refused, naming this one."""
+    """Train a draft of the contract's family (train/objectives.py); returns the last held-out evaluation.
+    `vmap`: the draft vocabulary (EAGLE-3), None for a full-vocabulary family. `stop_at` simulates a kill (tests).
+    The main rank holds `out`'s write lock throughout: a second run into the same folder is refused, naming this one."""
     with output_lock(out) if info.is_main else nullcontext():
         return _train(target, contract, vmap, features, train_samples, heldout, c, out, info, resume=resume,
                       on_step=on_step, stop_at=stop_at)
 
 
-def _train(target: Any, contract: WiringContract, vmap: VocabMap, features: Any, train_samples: list[Sample],
+def _train(target: Any, contract: WiringContract, vmap: VocabMap | None, features: Any, train_samples: list[Sample],
            heldout: list[Sample], c: TrainConfig, out: Path, info: DistInfo, *, resume: bool,
            on_step: Callable[[dict], None] | None, stop_at: int | None) -> dict:
     if c.supervise not in ("answers", "all"):
@@ -174,8 +157,11 @@ def _train(target: Any, contract: WiringContract, vmap: VocabMap, features: Any,
     out = Path(out)
     metrics = out / "metrics.jsonl"
     torch.manual_seed(c.seed)
-    draft = build_draft(target, contract, vmap, c).to(info.device)
-    model = _ttt_model(draft, target, vmap, features, c, info)
+    if c.family != contract.family:  # the resumable config and the checkpoint must name the same family
+        raise ValueError(f"the config trains family {c.family!r}, the contract is a {contract.family!r} draft's")
+    objective = objective_for(contract)
+    draft = objective.build_draft(target, contract, vmap, c).to(info.device)
+    model = objective.build_model(draft, target, vmap, features, c, info)
     named = [(n, p) for n, p in draft.named_parameters() if p.requires_grad]
     names, params = [n for n, _ in named], [p for _, p in named]
     opt = build_optimizer(named, c.optimizer, c.lr, (c.beta1, c.beta2), c.weight_decay)
@@ -222,35 +208,7 @@ def _train(target: Any, contract: WiringContract, vmap: VocabMap, features: Any,
     return last_eval
 
 
-def _ttt_model(draft: Eagle3Draft, target: Any, vmap: VocabMap, features: Any, c: TrainConfig,
-               info: DistInfo) -> TTTModel:
-    """The draft and its TTT loss. Shards that store the target's top-1 need only the draft vocab's head rows
-    ([V_d, H]); the full [V, H] head (its argmax) only for shards captured before top-1 was stored, and online."""
-    full = not getattr(features, "stores_target_top1", False)
-    head = target.head_rows(None if full else vmap.target_ids).detach().to(info.device)
-    return TTTModel(draft, head if full else None, draft_head=None if full else head, steps=c.ttt_steps,
-                    decay=c.ttt_decay, loss=c.loss, world_size=info.world_size,
-                    reduce_count=lambda x: all_reduce_sum(x, info), round_weight=c.round_weight,
-                    feature_weight=c.feature_weight,
-                    feature_space=feature_space(draft, target, vmap, info.device) if c.feature_weight > 0 else None)
-
-
-@torch.no_grad()
-def feature_space(draft: Eagle3Draft, target: Any, vmap: VocabMap, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """(G, A) for the feature loss (train.ttt): G [H, H] the Gram matrix of the centred full target head over V
-    (s^T G s is the mean squared centred logit of state s), and A [H, H] the least-squares linear part of the
-    affine map from the target's head rows to the draft's on the draft vocab (draft row = target row @ A + c,
-    so the draft's logit of a state s is the target's logit of A s, up to a per-state constant). Fitted once,
-    at the start: a fresh draft's head is the target's rows (A = I); a warm start's has moved away from the
-    target's rows, so its states must be compared through A, not raw."""
-    full = target.head_rows(None).detach().float()  # [V, H]
-    centred = full - full.mean(0, keepdim=True)
-    gram = centred.T @ centred / len(full)  # [H, H]
-    amap = head_affine(full[vmap.target_ids], draft.lm_head.weight.detach())[:-1]  # [H, H]: the linear part
-    return gram.to(device), amap.to(device)
-
-
-def _train_step(ddp: Any, model: TTTModel, opt: Any, params: list, stream: MicroBatches,
+def _train_step(ddp: Any, model: Any, opt: Any, params: list, stream: MicroBatches,
                 features: Any, step: int, c: TrainConfig, info: DistInfo) -> dict:
     lr = lr_at(step, c)
     for g in opt.param_groups:
@@ -263,14 +221,15 @@ def _train_step(ddp: Any, model: TTTModel, opt: Any, params: list, stream: Micro
         sync = micro == c.grad_accum - 1 or not info.enabled
         ctx = ddp.no_sync() if not sync else nullcontext()
         with ctx, _autocast(info, c.dtype):
-            loss, st = ddp(fb, all_positions=c.supervise == "all")
+            draw = (step * c.grad_accum + micro) * info.world_size + info.rank  # seeds the objective's choices
+            loss, st = ddp(fb, all_positions=c.supervise == "all", draw=draw)
             (loss / c.grad_accum).backward()
         stats.append(st)
         loss_sum += float(loss.detach()) / c.grad_accum
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, c.grad_clip))
     opt.step()
     acc, counts = _acc(stats, info)
-    losses = [sum(s.losses[k] for s in stats) / len(stats) for k in range(c.ttt_steps)]
+    losses = [sum(s.losses[k] for s in stats) / len(stats) for k in range(len(stats[0].losses))]
     # Each rank's loss is its share of the global-batch loss (times world size): average for the log.
     loss_sum = float(all_reduce_sum(torch.tensor(loss_sum, dtype=torch.float64), info)) / info.world_size
     return {"lr": lr, "loss": loss_sum, "loss_k": losses, "acc": acc, "positions": counts,

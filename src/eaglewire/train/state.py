@@ -18,8 +18,8 @@ import torch
 
 from eaglewire.export.checkpoint import load_checkpoint, save_checkpoint
 from eaglewire.contract import WiringContract
-from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import CheckpointError
+from eaglewire.train.config import TrainConfig
 from eaglewire.safeio import atomic_save_safetensors, atomic_write_json, atomic_write_text, field_of, \
     open_safetensors, read_json_object
 
@@ -32,14 +32,14 @@ def _optim_tensors(opt: torch.optim.Optimizer, names: dict[int, str]) -> tuple[d
     return tensors, {"param_groups": groups}
 
 
-def save_state(out: Path, step: int, draft: Eagle3Draft, contract: WiringContract, opt: torch.optim.Optimizer,
+def save_state(out: Path, step: int, draft: Any, contract: WiringContract, opt: torch.optim.Optimizer,
                param_names: list[str], config: dict[str, Any], keep: int = 2) -> Path:
     root = Path(out) / "checkpoints"
     d = root / f"step-{step:06d}"
     if d.exists():
         shutil.rmtree(d)
     d.mkdir(parents=True)
-    save_checkpoint(draft, contract, d / "draft")
+    save_checkpoint(draft, contract, d / "draft")  # any family's (keyed by the contract's)
     tensors, meta = _optim_tensors(opt, dict(enumerate(param_names)))
     atomic_save_safetensors(tensors, d / "optim.safetensors", {"format": "eaglewire.optim/1"})
     atomic_write_json(d / "trainer.json", {"step": step, "config": config, "optimizer": meta})
@@ -110,16 +110,18 @@ def latest_state(out: Path) -> Path | None:
     return d
 
 
-def load_state(d: Path, draft: Eagle3Draft, target: Any, opt: torch.optim.Optimizer, param_names: list[str],
+def load_state(d: Path, draft: Any, target: Any, opt: torch.optim.Optimizer, param_names: list[str],
                config: dict[str, Any]) -> int:
     """Restore weights into `draft` and state into `opt` (built on draft's parameters); returns the step."""
     meta = read_json_object(d / "trainer.json", what="a trainer state", error=CheckpointError)
     for key, kind in (("step", int), ("config", dict), ("optimizer", dict)):
         field_of(meta, key, kind, where=str(d / "trainer.json"), error=CheckpointError)
-    if meta["config"] != config:
-        diff = sorted(k for k in config if meta["config"].get(k) != config.get(k))
+    # a knob added after the checkpoint was written ran at its default there (e.g. `family`: eagle3)
+    stored = {**{k: v for k, v in TrainConfig().to_dict().items() if k not in meta["config"]}, **meta["config"]}
+    if stored != config:
+        diff = sorted(k for k in {*config, *stored} if stored.get(k) != config.get(k))
         raise CheckpointError(f"--resume from {d} with different training settings",
-                              expected=json.dumps({k: meta["config"].get(k) for k in diff}),
+                              expected=json.dumps({k: stored.get(k) for k in diff}),
                               found=json.dumps({k: config.get(k) for k in diff}),
                               fix="resume with the settings of the interrupted run, or start a new --out")
     loaded = load_checkpoint(d / "draft", target=target)  # strict: keys, shapes, contract, vocab map

@@ -22,7 +22,7 @@ step k, carried into the target's state space by a fixed linear map A, and the t
 h_{t+1+k} (the state whose head gives p_{t+1+k}): (A s - h)^T G (A s - h) with G = W_c^T W_c / V the Gram matrix
 of the centred target head, O(H^2) per position instead of O(V H). On every trained position, tokens outside
 the draft vocab included, which the distribution loss never sees. A is the least-squares map from the draft's
-head to the target's (train.loop.feature_space; the identity for a fresh draft, whose head starts as the
+head to the target's (train.eagle3.feature_space; the identity for a fresh draft, whose head starts as the
 target's rows): a warm-started draft's state lives in its own head's space, where the raw cosine to h is low.
 """
 
@@ -192,9 +192,10 @@ class TTTModel(nn.Module):
             raise ValueError("this batch has no stored target top-1 and the model holds no full target head")
         return (fb.final_hidden.float() @ self.target_head.float().T).argmax(-1)
 
-    def forward(self, fb: FeatureBatch, all_positions: bool = False) -> tuple[torch.Tensor, TTTStats]:
+    def forward(self, fb: FeatureBatch, all_positions: bool = False, draw: int = 0) -> tuple[torch.Tensor, TTTStats]:
         """`all_positions` also supervises prompt tokens (the target's distribution there is as real; the
-        draft runs over them anyway): more signal per step. Evaluation always scores answers only."""
+        draft runs over them anyway): more signal per step. Evaluation always scores answers only. `draw`
+        (the loop's seed for an objective's random choices) is unused: TTT supervises every position."""
         d = self.draft
         B, T = fb.input_ids.shape
         # Targets in fp32 whatever the autocast dtype: soft labels are compared across TTT steps and runs.

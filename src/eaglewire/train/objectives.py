@@ -1,0 +1,54 @@
+"""The training objective of each drafter family, keyed by the family name its contract carries.
+
+The loop (train/loop.py) is family-blind: it asks the record for a draft, for the module whose forward is
+`(FeatureBatch, all_positions, draw) -> (loss, TTTStats)` (one module, so DDP sees a single forward), and
+the family's contract and default taps. Every family is saved and resumed in the native checkpoint
+(export/checkpoint.py, keyed by the contract's family). A new family is a new row here, never a branch in the loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from torch import nn
+
+from eaglewire.contract import WiringContract, default_taps
+from eaglewire.draft.vocab import VocabMap
+from eaglewire.errors import ContractMismatch
+from eaglewire.train import dflash, eagle3
+from eaglewire.train.config import TrainConfig
+from eaglewire.train.dist import DistInfo
+
+
+@dataclass(frozen=True)
+class Objective:
+    family: str
+    default_taps: Callable[[int], tuple[int, ...]]  # (target layers L) -> the family's default boundaries
+    # (target, taps, vocab map or None, config) -> the contract a new draft of this family is trained under
+    make_contract: Callable[[Any, tuple[int, ...], VocabMap | None, TrainConfig], WiringContract]
+    # Each family's own draft class and loss module flow through these (their signatures, in order):
+    # (target, contract, vocab map or None, config) -> the draft, on the CPU, its frozen parts attached
+    build_draft: Callable[..., nn.Module]
+    # (draft, target, vocab map or None, features, config, dist) -> the draft with its loss, forward
+    # (FeatureBatch, all_positions, draw) -> (loss, TTTStats)
+    build_model: Callable[..., nn.Module]
+
+
+OBJECTIVES: dict[str, Objective] = {
+    "eagle3": Objective("eagle3", default_taps, eagle3.make_contract, eagle3.build_draft, eagle3.ttt_model),
+    "dflash": Objective("dflash", dflash.default_taps, dflash.make_contract, dflash.build_draft, dflash.block_model),
+}
+
+
+def objective(family: str) -> Objective:
+    """The training record of `family`; a family with no training here is a clear error."""
+    if family not in OBJECTIVES:
+        raise ContractMismatch(f"eaglewire cannot train a {family!r} draft", expected=" / ".join(OBJECTIVES),
+                               found=repr(family), fix="train one of the families eaglewire has an objective for")
+    return OBJECTIVES[family]
+
+
+def objective_for(contract: WiringContract) -> Objective:
+    """The training record of the contract's family."""
+    return objective(contract.family)
