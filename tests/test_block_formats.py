@@ -172,3 +172,13 @@ def test_bf16_export_keeps_dtype(tmp_path, target, drafted):
     out = export_block_draft(drafted, drafted.contract, tmp_path / "b", "zlab", dtype=torch.bfloat16)
     back, _ = import_block_draft(out, "zlab", target=target)
     assert all(v.dtype == torch.bfloat16 for v in back.state_dict().values())
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_export_and_import_draft_route_by_family(tmp_path, target, drafted, fmt):
+    """The one export/import entry points (export/convert.py) take a DFlash draft to its family's records."""
+    from eaglewire.export.convert import export_draft, import_draft
+
+    out = export_draft(drafted, drafted.contract, tmp_path / fmt, fmt)
+    back, contract = import_draft(out, fmt, target=target)
+    assert _same(back, drafted) and contract == drafted.contract

@@ -25,7 +25,7 @@ slots, a reduced vocabulary, and in a z-lab config an eagle_aux_hidden_state_lay
 
 from __future__ import annotations
 
-import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +68,18 @@ BLOCK_FORMATS: dict[str, dict[str, BlockFormat]] = {"dflash": {f.name: f for f i
                 "speculators models/dflash/config.py; vllm transformers_utils/configs/speculators/algos.py"),
 )}}
 BLOCK_ALIASES = {"speculators": "vllm"}
+FAMILY_OF_ARCH = {ZLAB_ARCH: "dflash", SPECULATORS_ARCH: "dflash"}  # a config's architecture -> its family
+
+
+def block_family(config_path: Path) -> str | None:
+    """The block-drafter family an export's config.json declares (by its architecture), None for any other
+    config or none at all (the EAGLE-3 importers then report what is wrong)."""
+    try:
+        archs = json.loads(Path(config_path).read_text()).get("architectures")
+    except (OSError, ValueError, AttributeError):
+        return None
+    found = {FAMILY_OF_ARCH[a] for a in archs if isinstance(a, str) and a in FAMILY_OF_ARCH} if isinstance(archs, list) else set()
+    return found.pop() if len(found) == 1 else None
 
 
 def block_format(family: str, name: str) -> BlockFormat:
