@@ -182,3 +182,38 @@ def test_export_and_import_draft_route_by_family(tmp_path, target, drafted, fmt)
     out = export_draft(drafted, drafted.contract, tmp_path / fmt, fmt)
     back, contract = import_draft(out, fmt, target=target)
     assert _same(back, drafted) and contract == drafted.contract
+
+
+def test_vllm_reads_our_dflash_exports_as_we_wrote_them(tmp_path, target):
+    """vLLM's own config code (no engine start) on our z-lab and speculators exports, and on the two mistakes
+    its code makes silent: the ids it captures are our boundaries, every layer non-causal, our RoPE base and
+    mask token; speculators' default sliding_window_non_causal=false turns every layer causal, and an
+    eagle_aux_hidden_state_layer_ids left in a z-lab config wins over dflash_config."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    from eaglewire.vllm_client.server import vllm_available, vllm_python
+
+    if not vllm_available():
+        if os.environ.get("CI") == "true":
+            raise RuntimeError("CI must build vLLM's CPU build (scripts/vllm_venv.sh)")
+        pytest.skip("vLLM's CPU build is not installed (scripts/vllm_venv.sh)")
+    d = _draft(target, taps=(2, 4, 7), layers=2)
+    dirs = {f: export_block_draft(d, d.contract, tmp_path / f, f) for f in ("zlab", "sglang", "vllm")}
+    dirs["spec-default"] = export_block_draft(d, d.contract, tmp_path / "sd", "vllm")
+    _edit(dirs["spec-default"], lambda c: c.update(sliding_window_non_causal=False))
+    dirs["zlab-override"] = export_block_draft(d, d.contract, tmp_path / "zo", "zlab")
+    _edit(dirs["zlab-override"], lambda c: c.update(eagle_aux_hidden_state_layer_ids=[1, 2, 3]))
+    script = Path(__file__).parent / "clients" / "vllm_dflash_config.py"
+    out = subprocess.run([str(vllm_python()), str(script), *map(str, dirs.values())], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = {f: json.loads(out.stdout.strip().splitlines()[-1])[str(p)] for f, p in dirs.items()}
+    for f in ("zlab", "sglang", "vllm"):
+        assert got[f]["aux"] == [2, 4, 7], (f, got[f])  # vLLM captures the boundaries we trained on
+        assert got[f]["causal"] == [False, False] and got[f]["neox"] is True, (f, got[f])
+        assert got[f]["rope_theta"] == d.cfg.rope_theta and got[f]["mask_token_id"] == VOCAB - 1, (f, got[f])
+        assert got[f]["architectures"] == ["DFlashDraftModel"], (f, got[f])
+    assert got["spec-default"]["causal"] == [True, True]  # why our speculators export writes true
+    assert got["zlab-override"]["aux"] == [1, 2, 3]  # why a z-lab config with this key is refused on import
