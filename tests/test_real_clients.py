@@ -113,3 +113,26 @@ def test_specforge_training_head_gives_equal_logits(specforge_result, case):
     # with the sdpa and the flex_attention (its training default) backends
     assert result["train_max_abs_diff"] < 1e-4 * max(1.0, result["scale"]), result
     assert result["train_flex_max_abs_diff"] < 1e-4 * max(1.0, result["scale"]), result
+
+
+@pytest.mark.skipif(not PY, reason="set EAGLEWIRE_SPECULATORS_PYTHON (scripts/speculators_venv.sh)")
+def test_speculators_loads_our_dflash_export(tmp_path):
+    """speculators' own DFlash config and model read our vLLM/speculators DFlash export: the ids in its
+    numbering, block size, mask token, RoPE base, non-causal flag, and every weight as written."""
+    from eaglewire.draft.dflash import build_dflash_draft, dflash_contract
+    from eaglewire.families import BlockWiring
+
+    target = build_target("llama", layers=8)
+    target.model.save_pretrained(tmp_path / "target")  # speculators fills the embedding and head from here
+    block = BlockWiring(block_size=4, mask_token_id=255)
+    draft = build_dflash_draft(target, dflash_contract(target, (1, 3, 5, 8), block), 2, seed=3)
+    export_draft(draft, draft.contract, tmp_path / "export", "vllm", verifier=str(tmp_path / "target"))
+    script = Path(__file__).parent / "clients" / "speculators_dflash.py"
+    out = subprocess.run([PY, str(script), str(tmp_path / "export")], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["aux_hidden_state_layer_ids"] == [1, 3, 5, 8]  # boundaries, as vLLM captures them
+    assert (got["block_size"], got["mask_token_id"], got["num_layers"]) == (4, 255, 2)
+    assert got["sliding_window_non_causal"] is True and got["sample_from_anchor"] is False
+    assert got["rope_theta"] == draft.cfg.rope_theta and not got["use_draft_vocab"]
+    assert got["missing"] == [] and got["max_abs_diff"] == 0.0, got

@@ -413,3 +413,64 @@ def _stat(pid: str) -> list[str]:
         return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     except OSError:
         return []
+
+
+# ---- DFlash: our vLLM (speculators) export served by vLLM's `method: "dflash"` -------------------------------
+
+DFLASH_B = 4  # block size: the anchor and 3 masks, so vLLM's num_speculative_tokens is 3
+
+
+@pytest.fixture(scope="module")
+def dflash(setup):
+    """A 1-layer DFlash draft (z-lab's five default taps, the tokenizer's spare mask token) fitted for a few steps
+    to our target's greedy continuations of this module's prompts, so acceptance is far from zero: a wiring check
+    (vLLM must run the function we run), not a quality figure. Returns (draft, continuations, our accepted
+    drafts per round on them)."""
+    import torch
+    from dflash_ref import fit, greedy_acceptance, greedy_continuation
+
+    from eaglewire.contract import from_engine
+    from eaglewire.draft.dflash import build_dflash_draft, dflash_contract, pick_mask_token
+    from eaglewire.families import BlockWiring, zlab_default_ids
+
+    target, _draft, _export, prompts, _ = setup
+    L, B = target.num_layers, DFLASH_B
+    block = BlockWiring(block_size=B, mask_token_id=pick_mask_token(target.tokenizer))
+    contract = dflash_contract(target, from_engine(zlab_default_ids(L, 5), "zlab", L), block)
+    draft = build_dflash_draft(target, contract, 1, seed=0)
+    conts = [greedy_continuation(target, p, MAX_NEW + B) for p in prompts]
+    seqs = [torch.cat([p[0], torch.tensor(c)])[None] for p, c in zip(prompts, conts)]
+    torch.manual_seed(0)
+    fit(target, draft, seqs, [p.shape[1] - 1 for p in prompts], steps=45)
+    accepted = [greedy_acceptance(target, draft, p, c, MAX_NEW) for p, c in zip(prompts, conts)]
+    return draft, conts, accepted
+
+
+def test_vllm_serves_our_dflash_export_with_our_acceptance(tmp_path, setup, dflash):
+    """vLLM's CPU build serves our vLLM/speculators DFlash export (one engine start, eager: no compile, and
+    DFlash's context-KV pre-insert runs outside torch.compile anyway): its greedy output is the target's own
+    (ours, fp32, on most prompts: two fp32 kernels may part on a near tie), and vLLM's own tau and per-position
+    acceptance equal eaglewire's DFlash draft's on the same prompts (greedy, fp32)."""
+    from eaglewire.decoding.engine import SpecStats
+    from eaglewire.export.convert import export_draft
+
+    target, _draft, _export, prompts, target_dir = setup
+    draft, conts, accepted = dflash
+    export = export_draft(draft, draft.contract, tmp_path / "dflash-vllm", "vllm")
+    spec = {"method": "dflash", "model": str(export), "num_speculative_tokens": DFLASH_B - 1}
+    with VllmServer(target_dir, dtype="float32", speculative_config=spec, max_num_seqs=1, enforce_eager=True) as srv:
+        got = [complete_ids(srv.base_url, srv.model_name, p[0].tolist(), MAX_NEW) for p in prompts]
+        metrics = spec_metrics(srv.base_url)
+    eos = target.tokenizer.eos_token_id
+    strip = lambda t: t[:t.index(eos) + 1] if eos in t else t  # noqa: E731
+    same = [strip(a) == strip(c[:MAX_NEW]) for a, c in zip(got, conts)]
+    assert sum(same) >= 2, ("vLLM's DFlash greedy output should be the target's greedy output", got, conts)
+    ours = SpecStats(accepted=[x for a in accepted for x in a])  # pooled over the prompts, as vLLM's counters
+    print(f"\nDFlash k={DFLASH_B - 1}: vLLM tau {metrics.get('tau')} per position {metrics['per_position']}; "
+          f"ours tau {ours.tau:.3f} per position {ours.per_position(DFLASH_B - 1)}; same output {same}")
+    assert ours.tau > 1.05, f"the fitted draft should accept above chance on its own prompts: tau {ours.tau}"
+    assert metrics["num_drafts"] > 0, metrics
+    assert len(metrics["per_position"]) == DFLASH_B - 1, metrics
+    assert abs(metrics["tau"] - ours.tau) < 0.15, (metrics, ours.tau)
+    for got_p, ours_p in zip(metrics["per_position"], ours.per_position(DFLASH_B - 1)):
+        assert abs(got_p - ours_p) < 0.1, (metrics, ours.per_position(DFLASH_B - 1))

@@ -19,6 +19,7 @@ from eaglewire.draft.load import load_strict
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import CheckpointError, ContractMismatch
 from eaglewire.export.engines import FORMATS, NATIVE, Engine, engine_for
+from eaglewire.export.block import BLOCK_FORMATS, block_family, export_block_draft, import_block_draft
 from eaglewire.export.base import cast_floats, read_contract, read_json, read_safetensors, rename_all, write_dir, \
     CONTRACT_FILE, WEIGHTS
 from eaglewire.export.layouts import check_exportable, config_ids, draft_config_from, from_native, make_config, \
@@ -49,6 +50,9 @@ def export_draft(draft: Eagle3Draft, contract: WiringContract, out: Path, fmt: s
     """Write `draft` in the layout `fmt` names (FORMATS) plus the contract side file; `verifier` is for vLLM,
     `engine_version` the engine release whose layer-id rule applies (SGLang; default: the newest verified).
     An existing `out` must be an earlier export (or `force`) and never one of `inputs` (eaglewire.outputs)."""
+    if contract.family in BLOCK_FORMATS and fmt != NATIVE:  # a block drafter: its family's format records
+        return export_block_draft(draft, contract, out, fmt, dtype=dtype, verifier=verifier, force=force,
+                                  inputs=inputs)
     if fmt == NATIVE:
         from eaglewire.export.checkpoint import save_checkpoint
 
@@ -109,6 +113,12 @@ def import_draft(directory: Path, fmt: str, *, target: TargetInfo | None = None,
     them, and neither the config's layer ids nor a contract side file is read."""
     if fmt == NATIVE:
         return _import_native(Path(directory), target, taps)
+    family = block_family(Path(directory) / "config.json")
+    if family is not None:  # a block drafter's export (z-lab, SGLang, speculators DFlash configs)
+        if taps is not None:
+            raise CheckpointError(f"{directory}: measured taps are not supported for {family} drafts yet",
+                                  expected="no taps", found=f"taps {list(taps)}", fix="import with --target")
+        return import_block_draft(Path(directory), fmt, family=family, target=target)
     layout, directory = engine_for(fmt, engine_version), Path(directory)
     config = read_json(directory / "config.json")
     where = f"{fmt} export {directory}"

@@ -1,0 +1,305 @@
+"""Block drafters' (DFlash) checkpoint formats: one record per format, written and read strictly.
+
+The weights are z-lab's HF layout in every format (eaglewire.draft.dflash's state dict, key for key: no
+embedding, no head, no d2t: the target's are used). What differs is the config, read from each engine's code:
+
+    zlab         DFlashDraftModel, model_type qwen3, top-level block_size / num_target_layers / layer_types,
+                 dflash_config {mask_token_id, target_layer_ids}; id k = output of layer k (z-lab's reference
+                 reads HF hidden_states[k+1]: the last layer's entry is post-norm, so boundary L is refused)
+    sglang       the same config, with block_size and num_target_layers ALSO inside dflash_config (SGLang's
+                 parse_dflash_draft_config reads dflash_config first); SGLang captures before layer k+1
+    vllm         speculators' `dflash` config (speculators 0.9.0 DFlashSpeculatorConfig): transformer_layer_config
+                 (a Qwen3 config), aux_hidden_state_layer_ids in vLLM's own numbering (vLLM's update_dflash
+                 copies them as is to eagle_aux_hidden_state_layer_ids, which wins over every other field),
+                 mask_token_id, block_size, sample_from_anchor false, and sliding_window_non_causal TRUE:
+                 vLLM's update_dflash sets dflash_config.causal = not sliding_window_non_causal (default
+                 True), and dflash_config.causal overrides EVERY layer (qwen3_dflash.py _dflash_layer_causal),
+                 so speculators' own default (false) would make vLLM run the full-attention layers causal.
+
+Every format writes rope_theta / rope_parameters and is_neox_style explicitly: vLLM's DFlash layer falls
+back to rope_theta 1e6 (set_default_rope_theta) and both engines to neox when the config is silent.
+Semantics a format cannot carry, or that eaglewire's DFlash does not compute, are refused on export and on
+import (an engine would otherwise run another function): causal or sliding-window block layers, anchor-first
+slots, a reduced vocabulary, and in a z-lab config an eagle_aux_hidden_state_layer_ids (vLLM would let it win).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eaglewire.contract import WiringContract, from_engine, to_engine
+from eaglewire.draft.config import DraftConfig
+from eaglewire.draft.dflash import DFlashDraft
+from eaglewire.draft.load import _check_keys, _check_tensor, _float_dtype
+from eaglewire.errors import CheckpointError, ContractMismatch
+from eaglewire.export.base import WEIGHTS, cast_floats, read_contract, read_json, read_safetensors, write_dir
+from eaglewire.export.layouts import SPECULATORS_VERSION, _rope_theta
+from eaglewire.families import FULL, BlockWiring
+from eaglewire.safeio import field_of, require_finite
+
+ZLAB_ARCH = "DFlashDraftModel"
+SPECULATORS_ARCH = "DFlashSpeculator"
+# dflash_config fields eaglewire reads; any other one (use_swa, attention_sink_bias, causal, ...) changes what
+# the engine computes and is refused on import
+_DFLASH_CONFIG_KEYS = frozenset({"mask_token_id", "target_layer_ids", "block_size", "num_target_layers"})
+
+
+@dataclass(frozen=True)
+class BlockFormat:
+    name: str
+    style: str  # "hf" (z-lab's DFlashDraftModel config) or "speculators" (DFlashSpeculator)
+    ids_at: str  # dotted path of the tap ids in config.json
+    convention: str  # layer-id convention of those ids (eaglewire.contract)
+    block_in_dflash_config: bool  # also write block_size / num_target_layers inside dflash_config
+    source: str  # the engine code the record was read from
+
+
+BLOCK_FORMATS: dict[str, dict[str, BlockFormat]] = {"dflash": {f.name: f for f in (
+    BlockFormat("zlab", "hf", "dflash_config.target_layer_ids", "zlab", False,
+                "z-lab dflash/model.py extract_context_feature; vllm qwen3_dflash.py"),
+    BlockFormat("sglang", "hf", "dflash_config.target_layer_ids", "sglang-dflash", True,
+                "sglang srt/speculative/dflash_utils.py parse_dflash_draft_config; srt/models/dflash.py"),
+    BlockFormat("vllm", "speculators", "aux_hidden_state_layer_ids", "vllm", False,
+                "speculators models/dflash/config.py; vllm transformers_utils/configs/speculators/algos.py"),
+)}}
+BLOCK_ALIASES = {"speculators": "vllm"}
+FAMILY_OF_ARCH = {ZLAB_ARCH: "dflash", SPECULATORS_ARCH: "dflash"}  # a config's architecture -> its family
+
+
+def block_family(config_path: Path) -> str | None:
+    """The block-drafter family an export's config.json declares (by its architecture), None for any other
+    config or none at all (the EAGLE-3 importers then report what is wrong)."""
+    try:
+        archs = json.loads(Path(config_path).read_text()).get("architectures")
+    except (OSError, ValueError, AttributeError):
+        return None
+    found = {FAMILY_OF_ARCH[a] for a in archs if isinstance(a, str) and a in FAMILY_OF_ARCH} if isinstance(archs, list) else set()
+    return found.pop() if len(found) == 1 else None
+
+
+def block_format(family: str, name: str) -> BlockFormat:
+    formats = BLOCK_FORMATS.get(family)
+    if formats is None:
+        raise CheckpointError(f"no block-drafter formats for family {family!r}", expected=", ".join(BLOCK_FORMATS),
+                              found=family)
+    record = formats.get(BLOCK_ALIASES.get(name, name))
+    if record is None:
+        raise CheckpointError(f"{family} drafts have no {name!r} format", found=name,
+                              expected=", ".join([*formats, *BLOCK_ALIASES]),
+                              fix="pick one of the formats listed (native is eaglewire's own checkpoint)")
+    return record
+
+
+def _refuse_unportable(block: BlockWiring, cfg: DraftConfig, fmt: str) -> None:
+    problems = []
+    if block.anchor_layout != "bonus":
+        problems.append(("anchor_layout", "bonus (slot k predicts p+k, as z-lab's DFlash)", block.anchor_layout))
+    if block.causal or block.sliding_layers:
+        problems.append(("attention", "bidirectional full attention in every block layer",
+                         f"causal={block.causal}, sliding_layers={list(block.sliding_layers)}"))
+    if cfg.draft_vocab_size != cfg.vocab_size:
+        problems.append(("vocabulary", f"the full vocabulary ({cfg.vocab_size})", f"{cfg.draft_vocab_size}"))
+    if problems:
+        raise CheckpointError(f"this DFlash draft cannot be written as {fmt}",
+                              expected="; ".join(f"{k}: {e}" for k, e, _ in problems),
+                              found="; ".join(f"{k}: {f}" for k, _, f in problems),
+                              fix="these engines' DFlash loaders would run a different function; retrain with "
+                                  "the default block wiring")
+
+
+def _qwen3_fields(cfg: DraftConfig, num_layers: int, dtype: str) -> dict[str, Any]:
+    """A complete Qwen3 config for the draft's decoder layers (z-lab's drafts are Qwen3 layers: q/k norms)."""
+    return {"model_type": "qwen3", "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+            "num_attention_heads": cfg.num_attention_heads, "num_key_value_heads": cfg.num_key_value_heads,
+            "head_dim": cfg.head_dim, "num_hidden_layers": num_layers, "rms_norm_eps": cfg.rms_norm_eps,
+            "rope_theta": cfg.rope_theta, "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+            "rope_scaling": None, "max_position_embeddings": cfg.max_position_embeddings,
+            "vocab_size": cfg.vocab_size, "hidden_act": "silu", "attention_bias": False,
+            "tie_word_embeddings": False, "torch_dtype": dtype, "layer_types": [FULL] * num_layers,
+            "sliding_window": None, "use_sliding_window": False, "is_neox_style": True}
+
+
+def make_block_config(fmt: BlockFormat, cfg: DraftConfig, contract: WiringContract, dtype: str,
+                      verifier: str | None = None) -> dict[str, Any]:
+    block = contract.block
+    assert block is not None
+    ids = list(to_engine(contract.taps, fmt.convention, contract.target.num_layers))
+    layer = _qwen3_fields(cfg, cfg.num_layers, dtype)
+    if fmt.style == "speculators":
+        return {"architectures": [SPECULATORS_ARCH], "speculators_model_type": "dflash",
+                "speculators_version": SPECULATORS_VERSION, "transformer_layer_config": layer,
+                "draft_vocab_size": cfg.vocab_size, "block_size": block.block_size,
+                "target_hidden_size": cfg.target_hidden_size, "aux_hidden_state_layer_ids": ids,
+                "mask_token_id": block.mask_token_id, "sliding_window_non_causal": True,
+                "sample_from_anchor": False, "torch_dtype": dtype,
+                "speculators_config": {"algorithm": "dflash", "default_proposal_method": "greedy",
+                                       "proposal_methods": [{"proposal_type": "greedy",
+                                                             "speculative_tokens": block.drafts_per_round}],
+                                       "verifier": {"name_or_path": verifier or contract.target.name,
+                                                    "architectures": [contract.target.architecture]}}}
+    dflash: dict[str, Any] = {"mask_token_id": block.mask_token_id, "target_layer_ids": ids}
+    if fmt.block_in_dflash_config:
+        dflash.update(block_size=block.block_size, num_target_layers=contract.target.num_layers)
+    return {**layer, "architectures": [ZLAB_ARCH], "block_size": block.block_size,
+            "num_target_layers": contract.target.num_layers, "target_hidden_size": cfg.target_hidden_size,
+            "dflash_config": dflash}
+
+
+def export_block_draft(draft: DFlashDraft, contract: WiringContract, out: Path, fmt_name: str, *,
+                       dtype: torch.dtype | None = None, verifier: str | None = None, force: bool = False,
+                       inputs: tuple[Path, ...] = ()) -> Path:
+    """Write a block drafter in format `fmt_name` (BLOCK_FORMATS[family]) plus the contract side file; an
+    existing `out` must be an earlier export (or `force`) and never one of `inputs` (eaglewire.outputs)."""
+    fmt = block_format(contract.family, fmt_name)
+    block = contract.block
+    if block is None or draft.block != block:
+        raise ContractMismatch("the draft's block wiring is not its contract's", expected=repr(block),
+                               found=repr(draft.block), fix="export the draft with the contract it was trained with")
+    draft.cfg.require_matches(contract)
+    _refuse_unportable(block, draft.cfg, fmt.name)
+    tensors = cast_floats(dict(draft.state_dict()), dtype)
+    float_dtype = next(v.dtype for v in tensors.values() if v.is_floating_point())
+    config = make_block_config(fmt, draft.cfg, contract, str(float_dtype).removeprefix("torch."), verifier)
+    return write_dir(out, config, tensors, contract, force=force, inputs=inputs)
+
+
+# ---- import ---------------------------------------------------------------------------------------------
+
+
+def _path(config: dict[str, Any], dotted: str) -> Any:
+    node: Any = config
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def _refuse_semantics(fmt: BlockFormat, config: dict[str, Any], layer: dict[str, Any], where: str) -> None:
+    """Fields that make an engine compute something eaglewire's DFlash does not: refused, never ignored."""
+    found = []
+    dflash = config.get("dflash_config")
+    if fmt.style == "hf":
+        if not isinstance(dflash, dict):
+            raise CheckpointError(f"{where}: no dflash_config object", expected="dflash_config {mask_token_id, "
+                                  "target_layer_ids}", found=repr(dflash)[:80], fix="the directory is not a DFlash export")
+        found += [f"dflash_config.{k}" for k in sorted(dflash.keys() - _DFLASH_CONFIG_KEYS)]
+        if "eagle_aux_hidden_state_layer_ids" in config:
+            found.append("eagle_aux_hidden_state_layer_ids (vLLM reads it instead of dflash_config.target_layer_ids)")
+    elif config.get("sliding_window_non_causal") is not True:
+        found.append(f"sliding_window_non_causal={config.get('sliding_window_non_causal')!r} (vLLM then runs every "
+                     "layer causal)")
+    if fmt.style == "speculators" and config.get("sample_from_anchor", False):
+        found.append("sample_from_anchor=true (anchor-first slots)")
+    if layer.get("is_causal") or config.get("is_causal"):
+        found.append("is_causal=true")
+    if layer.get("is_neox_style", True) is not True or layer.get("rope_is_neox_style", True) is not True:
+        found.append("is_neox_style=false")
+    types = layer.get("layer_types")
+    if types is not None and any(t != FULL for t in types):
+        found.append(f"layer_types={types}")
+    rope = layer.get("rope_parameters") or {}
+    if layer.get("rope_scaling") or rope.get("rope_type", "default") != "default":
+        found.append("scaled RoPE")
+    if found:
+        raise CheckpointError(f"{where} asks for semantics eaglewire's DFlash does not compute",
+                              expected="a bidirectional, neox, full-attention, bonus-anchor DFlash draft",
+                              found="; ".join(found), fix="this draft needs the engine that trained it; "
+                              "eaglewire would decode (and the doctor check) another function")
+
+
+def _block_from(fmt: BlockFormat, config: dict[str, Any], where: str) -> BlockWiring:
+    dflash = config.get("dflash_config") or {}
+    src = config if fmt.style == "speculators" else {**config, **dflash}
+    block_size = field_of(src, "block_size", int, where=where, error=CheckpointError, positive=True)
+    mask = field_of(src, "mask_token_id", int, where=where, error=CheckpointError)
+    try:
+        return BlockWiring(block_size=block_size, mask_token_id=mask)
+    except ContractMismatch as err:
+        raise CheckpointError(f"{where}: {err}") from None
+
+
+def _ids_from(fmt: BlockFormat, config: dict[str, Any], where: str) -> list[int]:
+    ids = _path(config, fmt.ids_at)
+    if not isinstance(ids, list) or not ids or any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
+        raise CheckpointError(f"{where}: the layer-id list is missing or not a list of ints", expected=fmt.ids_at,
+                              found=repr(ids)[:80], fix="without it engines silently use a default tap formula; "
+                              "re-export with eaglewire")
+    return ids
+
+
+def _draft_config(fmt: BlockFormat, config: dict[str, Any], contract: WiringContract, where: str) -> DraftConfig:
+    layer = config.get("transformer_layer_config") if fmt.style == "speculators" else config
+    if not isinstance(layer, dict):
+        raise CheckpointError(f"{where}: transformer_layer_config is not an object", expected="a Qwen3 config",
+                              found=repr(layer)[:80], fix="the directory is not a speculators DFlash export")
+    try:
+        return DraftConfig(hidden_size=layer["hidden_size"], intermediate_size=layer["intermediate_size"],
+                           num_attention_heads=layer["num_attention_heads"],
+                           num_key_value_heads=layer.get("num_key_value_heads", layer["num_attention_heads"]),
+                           head_dim=layer["head_dim"], target_hidden_size=config.get("target_hidden_size")
+                           or layer["hidden_size"], num_taps=contract.num_taps, vocab_size=layer["vocab_size"],
+                           draft_vocab_size=config.get("draft_vocab_size") or layer["vocab_size"],
+                           num_layers=layer["num_hidden_layers"], rms_norm_eps=layer["rms_norm_eps"],
+                           rope_theta=_rope_theta(layer), max_position_embeddings=layer.get("max_position_embeddings", 2048))
+    except KeyError as err:
+        raise CheckpointError(f"{where} lacks a required field", expected=str(err), found="missing",
+                              fix="the directory is not an export of this format") from None
+
+
+def _contract_for(fmt: BlockFormat, config: dict[str, Any], directory: Path, target: Any, where: str) -> WiringContract:
+    ids, block = _ids_from(fmt, config, where), _block_from(fmt, config, where)
+    side = read_contract(directory)
+    if side is not None:
+        want = list(to_engine(side.taps, fmt.convention, side.target.num_layers))
+        if side.family != "dflash" or side.block != block or want != ids:
+            raise ContractMismatch(f"{where}: config.json disagrees with the wiring contract",
+                                   expected=f"{fmt.convention} ids {want}, {side.block}", found=f"ids {ids}, {block}",
+                                   fix="the config was edited after export; re-export from the native draft")
+        return side
+    if target is None:
+        raise CheckpointError(f"{directory} has no eaglewire_contract.json", expected="the contract side file, or "
+                              "--target to rebuild the contract", found="neither", fix="pass --target")
+    from eaglewire.draft.dflash import dflash_contract
+
+    taps = from_engine(ids, fmt.convention, target.num_layers)
+    return dflash_contract(target, taps, block)
+
+
+def import_block_draft(directory: Path, fmt_name: str, *, family: str = "dflash", target: Any | None = None,
+                       dtype: torch.dtype | None = None) -> tuple[DFlashDraft, WiringContract]:
+    """Load a block-drafter export strictly: exact key set, shapes, one float dtype, finite weights, the ids and
+    block wiring against the contract side file (or rebuilt on `target`). The target's embedding and head
+    are attached when `target` is given."""
+    fmt, directory = block_format(family, fmt_name), Path(directory)
+    where = f"{fmt.name} {family} export {directory}"
+    config = read_json(directory / "config.json")
+    arch = SPECULATORS_ARCH if fmt.style == "speculators" else ZLAB_ARCH
+    if config.get("architectures") != [arch]:
+        raise CheckpointError(f"{where} is not a {fmt.name} DFlash config", expected=f"architectures [{arch!r}]",
+                              found=repr(config.get("architectures")), fix="import it with the format that wrote it")
+    layer = config.get("transformer_layer_config") if fmt.style == "speculators" else config
+    _refuse_semantics(fmt, config, layer if isinstance(layer, dict) else {}, where)
+    contract = _contract_for(fmt, config, directory, target, where)
+    cfg = _draft_config(fmt, config, contract, where)
+    _refuse_unportable(contract.block, cfg, fmt.name)
+    cfg.require_matches(contract)
+    tensors = read_safetensors(directory / WEIGHTS)
+    draft = DFlashDraft(cfg, contract.block).fill_nan()
+    reference = draft.state_dict()
+    _check_keys(set(reference), set(tensors), set(), where)
+    floats = _float_dtype(tensors, where)
+    for k, t in tensors.items():
+        _check_tensor(k, t, reference[k], floats, where)
+    require_finite(tensors, where, CheckpointError)
+    draft.to(getattr(torch, floats))
+    draft.load_state_dict(tensors, strict=True)
+    if dtype is not None:
+        draft.to(dtype)
+    draft.contract = contract
+    if target is not None:
+        draft.attach_target(target.embedding(), target.head_rows())
+    return draft.eval(), contract
