@@ -114,7 +114,10 @@ def main() -> None:
                                          f"healthy export as the draft\n" + _text(json.dumps(rep.to_dict())))
         print(name, rep.verdict, flush=True)
         commands.append(f"- {name}: vLLM ids {CASES[name] or 'as exported'}; verdict {rep.verdict}")
-    (out / "README.md").write_text(
+    readme = out / "README.md"
+    if readme.exists():  # a curated README (several runs in one folder) is kept; this run's summary beside it
+        readme = out / f"run-{'-'.join(args.cases.split(','))}.md"
+    readme.write_text(
         "# `eaglewire doctor live` against real vLLM (CPU build 0.32.0)\n\n"
         f"    python benchmarks/live_probe_vllm.py --limit {args.limit} --max-tokens {args.max_tokens} --k {args.k}\n\n"
         "The released draft's vLLM export served by `python -m vllm.entrypoints.openai.api_server` (EAGLE-3 chain "
