@@ -5,9 +5,11 @@ and broken, the probe's output kept as an example.
 
 Per case: the export (ids edited in config.json for the broken ones, the contract side file dropped so vLLM
 and the doctor read only what a hand-edited config says) served by `python -m vllm.entrypoints.openai.api_server`
-(EAGLE-3 chain k, fp32, one sequence at a time, eager); then `eaglewire doctor live --url ... --draft HEALTHY
---json` and its text form, the user's draft being the healthy one (the draft is right, the engine's wiring is
-not). Writes OUT/<case>.json, OUT/<case>.txt, OUT/vllm_metrics.txt (the healthy server's /metrics after the
+(EAGLE-3 chain k, fp32, one sequence at a time, eager); then what `eaglewire doctor live --url ... --draft
+HEALTHY` runs (doctor.live: probe_engine, reference, compare; the CLI's printer for the text form), the user's
+draft being the healthy one (the draft is right, the engine's wiring is not). In-process rather than through the
+CLI so that our engine's reference decode runs once for all cases and after the server is stopped (an idle vLLM
+engine core spins a core, which on 2 cores halves the reference's speed). Writes OUT/<case>.json, OUT/<case>.txt, OUT/vllm_metrics.txt (the healthy server's /metrics after the
 probe) and OUT/README.md with the commands. Needs scripts/vllm_venv.sh.
 """
 
@@ -15,10 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
@@ -69,6 +68,17 @@ def _text(json_out: str) -> str:
     return buf.getvalue()
 
 
+def _reference(healthy: Path, chats: list, k: int, max_tokens: int):
+    from eaglewire.decoding.tree import TreeShape
+    from eaglewire.doctor.expect import load_any_draft
+    from eaglewire.doctor.live import reference
+    from eaglewire.target.loader import load_target
+
+    target = load_target()
+    draft, contract = load_any_draft(healthy, target)
+    return reference(target, draft, contract, TreeShape.chain(k), chats, max_tokens)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--limit", type=int, default=4)
@@ -78,30 +88,36 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--work", type=Path, default=Path("/tmp/eaglewire-live-probe"))
     args = ap.parse_args()
+    from eaglewire.cli.doctor_live import _chats
+    from eaglewire.doctor.live import compare, probe_engine
     from eaglewire.vllm_client.server import VllmServer
 
     out = args.out or run_dir("live_probe", "fp32")
     out.mkdir(parents=True, exist_ok=True)
     healthy, target_dir = _export(args.work)
+    ref, chats = None, None
     commands = []
     for name in args.cases.split(","):
         served = healthy if CASES[name] is None else _broken(healthy, args.work, name, CASES[name])
         spec = {"method": "eagle3", "model": str(served), "num_speculative_tokens": args.k}
         with VllmServer(target_dir, dtype="float32", speculative_config=spec, max_num_seqs=1, enforce_eager=True) as srv:
-            url = srv.base_url.removesuffix("/v1")
-            probe = [sys.executable, "-m", "eaglewire.cli", "doctor", "live", "--url", url, "--draft", str(healthy),
-                     "--limit", str(args.limit), "--max-tokens", str(args.max_tokens)]
-            res = subprocess.run(probe + ["--json"], capture_output=True, text=True)
-            (out / f"{name}.json").write_text(res.stdout)
-            (out / f"{name}.txt").write_text(f"$ eaglewire doctor live --url URL --draft HEALTHY_EXPORT --limit "
-                                             f"{args.limit} --max-tokens {args.max_tokens}   (exit {res.returncode})\n"
-                                             + _text(res.stdout) + res.stderr[-2000:])
+            chats = chats or _chats("mtbench", args.limit)
+            window = probe_engine(srv.base_url, chats, args.max_tokens)
             if name == "healthy":
-                with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+                with urllib.request.urlopen(srv.base_url.removesuffix("/v1") + "/metrics", timeout=30) as r:
                     (out / "vllm_metrics.txt").write_text(r.read().decode())
-            print(name, "exit", res.returncode, res.stderr[-500:], flush=True)
-        commands.append(f"- {name}: vLLM ids {CASES[name] or 'as exported'}; exit {res.returncode}")
-    (out / "README.md").write_text(
+        ref = ref or _reference(healthy, chats, args.k, args.max_tokens)  # the server is down: no core spinning
+        rep = compare(window, ref, args.k, str(healthy), None)
+        rep.timing = {"probe_s": round(window.seconds, 2), "prompts": len(chats), "max_tokens": args.max_tokens}
+        (out / f"{name}.json").write_text(json.dumps(rep.to_dict(), indent=2) + "\n")
+        (out / f"{name}.txt").write_text(f"vLLM serving {name} (ids {CASES[name] or 'as exported'}), probed with the "
+                                         f"healthy export as the draft\n" + _text(json.dumps(rep.to_dict())))
+        print(name, rep.verdict, flush=True)
+        commands.append(f"- {name}: vLLM ids {CASES[name] or 'as exported'}; verdict {rep.verdict}")
+    readme = out / "README.md"
+    if readme.exists():  # a curated README (several runs in one folder) is kept; this run's summary beside it
+        readme = out / f"run-{'-'.join(args.cases.split(','))}.md"
+    readme.write_text(
         "# `eaglewire doctor live` against real vLLM (CPU build 0.32.0)\n\n"
         f"    python benchmarks/live_probe_vllm.py --limit {args.limit} --max-tokens {args.max_tokens} --k {args.k}\n\n"
         "The released draft's vLLM export served by `python -m vllm.entrypoints.openai.api_server` (EAGLE-3 chain "
