@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 import typer
 
-from eaglewire.cli.common import err_console, load_target, out_console
+from eaglewire.cli.common import err_console, load_target, out_console, styled
 from eaglewire.errors import EaglewireError
 
 ENGINE_HELP = "vllm, sglang or eaglewire (default: detected from the server's /metrics)."
@@ -102,7 +102,7 @@ def _print_live(rep: Any, as_json: bool) -> None:
         return
     style = {"healthy": "bold green", "below_expectation": "bold red", "no_counters": "yellow"}[rep.verdict]
     m, p, ll = rep.measured, rep.predicted, rep.lossless
-    out_console.print(f"[{style}]{rep.verdict.upper().replace('_', ' ')}[/] {rep.engine}: {rep.message}",
+    out_console.print(styled((rep.verdict.upper().replace("_", " "), style), f" {rep.engine}: {rep.message}"),
                       highlight=False)
     out_console.print(f"{'':22}{'engine (window)':>18}{'our engine':>14}")
     fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
