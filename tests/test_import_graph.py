@@ -23,7 +23,7 @@ ROOT = "eaglewire"
 # contract -> the target and the draft -> export (native checkpoint, engine records, formats) -> data -> the vLLM client ->
 # capture -> train -> the speculative decoder -> its CPU acceleration -> the doctor -> the product
 # surfaces (bench, serve, peer rows) -> the `eaglewire run` pipeline -> the command line
-LAYERS = ("errors", "safeio", "outputs", "limits", "cache", "hw", "ops", "norms", "families", "contract", "target", "draft",
+LAYERS = ("errors", "safeio", "records", "outputs", "limits", "cache", "hw", "ops", "norms", "families", "contract", "target", "draft",
           "export", "data",
           "vllm_client", "capture", "train", "decoding", "fastcpu", "doctor", "serve", "pipeline", "cli")
 

@@ -50,7 +50,8 @@ from typing import Any, Literal, Sequence
 from eaglewire.errors import ContractMismatch, TranslationError
 from eaglewire.families import DEFAULT_FAMILY, BlockWiring, check_family_wiring
 from eaglewire.norms import NormFlags
-from eaglewire.safeio import check_dataclass_fields
+from eaglewire.records import build_exact_record as _build_exact, canonical_json, checked_record as _checked, \
+    flatten_dict as _flatten, sha256_text  # noqa: F401  (sha256_text: importers read it from the contract)
 
 SCHEMA = "eaglewire.wiring/1"
 CANONICAL = "boundary"
@@ -250,14 +251,6 @@ def describe_boundary(b: int, num_layers: int) -> str:
 # ---- the contract ---------------------------------------------------------------------------------
 
 
-def sha256_text(text: str | None) -> str | None:
-    return None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def canonical_json(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
-
-
 @dataclass(frozen=True)
 class TargetIdentity:
     """What a draft was built for. `name` is a label; the rest must match the target at load time."""
@@ -398,38 +391,3 @@ class WiringContract:
                 found="; ".join(f"target.{k}={w!r}" for k, _, w in diffs),
                 fix="use the target the draft was trained for, or train a draft for this target",
             )
-
-
-def _exact_keys(what: str, data: dict[str, Any], cls: type) -> None:
-    names = {f.name for f in dataclasses.fields(cls)}
-    required = {f.name for f in dataclasses.fields(cls)
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
-    unknown, missing = sorted(data.keys() - names), sorted(required - data.keys())
-    if unknown or missing:
-        raise ContractMismatch(f"{what} has the wrong fields", expected=f"fields {sorted(names)}",
-                               found=f"unknown {unknown}, missing {missing}",
-                               fix="the artifact was written by another tool or version; re-create it")
-
-
-def _checked(what: str, data: Any, cls: type) -> dict[str, Any]:
-    """A copy of `data` once it is a JSON object with exactly `cls`'s fields, each of its declared type."""
-    if not isinstance(data, dict):
-        raise ContractMismatch(f"{what} must be a JSON object", expected="{...}", found=type(data).__name__)
-    _exact_keys(what, data, cls)
-    check_dataclass_fields(data, cls, where=what, error=ContractMismatch)
-    return dict(data)
-
-
-def _build_exact(what: str, data: Any, cls: type) -> Any:
-    return cls(**_checked(what, data, cls))
-
-
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-

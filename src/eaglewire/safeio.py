@@ -7,9 +7,7 @@ import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 if TYPE_CHECKING:  # torch loads where tensors are touched: JSON-only callers (the contract, arithmetic commands) skip it
     import torch
