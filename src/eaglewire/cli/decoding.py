@@ -68,8 +68,7 @@ def generate_cmd(
 ) -> None:
     """Greedy speculative decoding (lossless: in float32 the text equals plain greedy decoding; in bfloat16
     every token is a greedy choice up to bf16 rounding, so the texts may part where two tokens tie)."""
-    from eaglewire.decoding.engine import SpecDecoder
-    from eaglewire.serve.runtimes import COMPILE_MODES, make_proposer, make_runtime
+    from eaglewire.compose import COMPILE_MODES, decoder
 
     shape = TreeShape.from_knobs(num_steps, topk, num_draft_tokens, num_speculative_tokens)
     if compile not in COMPILE_MODES:
@@ -77,9 +76,7 @@ def generate_cmd(
     tgt, d = _load(target, draft, dtype, draft_dtype)
     ids = tgt.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                             return_dict=True, return_tensors="pt")["input_ids"]
-    max_len = ids.shape[1] + max_new_tokens + shape.num_draft_tokens + 8
-    rt = make_runtime(tgt, max_len, calibrate=True, log=_say, compile=compile, verify_rows=(shape.num_draft_tokens,))
-    dec = SpecDecoder(rt, make_proposer(d, d.contract, shape, max_len, rt))
+    dec = decoder(tgt, d, shape, max_new_tokens, context=ids.shape[1] + max_new_tokens, log=_say, compile=compile)
     out, st = dec.generate(ids, max_new_tokens, eos={tgt.tokenizer.eos_token_id})
     text = tgt.tokenizer.decode(out, skip_special_tokens=True)
     stats = st.as_dict(shape.num_steps)

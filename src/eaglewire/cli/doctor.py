@@ -196,12 +196,13 @@ def expect_cmd(
     as_json: bool = typer.Option(False, "--json", help="JSON for CI."),
 ) -> None:
     """Predict tau for the engine's knobs; flag a measured tau far below the prediction."""
-    from eaglewire.doctor.expect import judge, load_any_draft, parse_log, parse_log_counts, predict
+    from eaglewire.compose import load_draft
+    from eaglewire.doctor.expect import judge, parse_log, parse_log_counts, predict
     from eaglewire.decoding.tree import TreeShape
 
     shape = TreeShape.from_knobs(num_steps, topk, num_draft_tokens, num_speculative_tokens)
     tgt = load_target(target)
-    draft, contract = load_any_draft(draft_dir, tgt)
+    draft, contract = load_draft(draft_dir, tgt)
     tau, per_pos = predict(tgt, draft, contract, shape, _first_turn_prompts(tgt, questions, limit), max_new_tokens)
     text = log.read_text() if log else ""
     measured = measured_tau if measured_tau is not None else (parse_log(text) if log else None)

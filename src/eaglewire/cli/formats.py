@@ -52,7 +52,7 @@ def import_cmd(
     """Read an engine-layout draft strictly into a native checkpoint; a draft from another tool gets a
     contract marked as inferred, with the evidence."""
     from eaglewire.export.checkpoint import save_checkpoint
-    from eaglewire.pipeline.workflows import import_any
+    from eaglewire.workflows import import_any
 
     tgt = load_target(target) if target else None
     with err_console.status("importing (a draft without a contract file is measured on the target)"):

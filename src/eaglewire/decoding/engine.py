@@ -29,7 +29,7 @@ from typing import Callable
 
 import torch
 
-from eaglewire.export.engines import acceptance_length
+from eaglewire.tau import acceptance_length
 from eaglewire.decoding.propose import Proposer
 from eaglewire.decoding.runtime import Runtime
 from eaglewire.decoding.tree import greedy_accept, sample_accept, target_probs

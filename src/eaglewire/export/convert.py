@@ -17,7 +17,7 @@ from eaglewire.norms import NormFlags
 from eaglewire.draft.load import EMBED_KEY as EMBED
 from eaglewire.draft.load import load_strict
 from eaglewire.draft.model import Eagle3Draft
-from eaglewire.errors import CheckpointError, ContractMismatch
+from eaglewire.errors import CheckpointError, ContractMismatch, EaglewireError
 from eaglewire.export.engines import FORMATS, NATIVE, Engine, engine_for
 from eaglewire.export.base import cast_floats, read_contract, read_json, read_safetensors, rename_all, write_dir, \
     WEIGHTS
@@ -27,7 +27,7 @@ from eaglewire.safeio import about_file
 from eaglewire.draft.vocab import VocabMap
 from eaglewire.target.protocol import TargetInfo
 
-__all__ = ["FORMATS", "export_draft", "import_draft"]
+__all__ = ["FORMATS", "detect_engine", "export_draft", "import_draft"]
 
 
 def export_draft(draft: Eagle3Draft, contract: WiringContract, out: Path, fmt: str, *,
@@ -118,3 +118,17 @@ def _import_native(directory: Path, target: TargetInfo, taps: tuple[int, ...] | 
                               fix="measured taps are for drafts from other tools (engine layouts)")
     draft = load_checkpoint(directory, target=target, dtype=None)
     return draft, draft.contract
+
+
+def detect_engine(config: dict[str, Any]) -> str:
+    """The engine layout an exported config.json was written in (its own keys say it)."""
+    if "speculators_model_type" in config:
+        return "vllm"
+    archs = config.get("architectures") or []
+    if "LlamaForCausalLMEagle3" in archs:
+        return "sglang"
+    if config.get("format") == "eaglewire.draft/1":
+        raise EaglewireError("this is a native eaglewire checkpoint, not an engine export",
+                             expected="an exported directory, or --engine to check it as that engine would load it",
+                             found="format eaglewire.draft/1", fix="eaglewire export DIR --format sglang|vllm ...")
+    return "eagle"

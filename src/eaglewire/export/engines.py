@@ -102,9 +102,3 @@ def engine_for(name: str) -> Engine:
                               fix=fix)
     return record
 
-
-def acceptance_length(accepted_drafts: int, verify_steps: int) -> float:
-    """tau: tokens a verify step yields on average, the accepted drafts plus the target's own (bonus)
-    token; nan before any step. The one definition (SpecStats, the server's counters, bench, the doctor,
-    vLLM's counters read back): vLLM's mean acceptance length counts the bonus token too."""
-    return (accepted_drafts + verify_steps) / verify_steps if verify_steps else float("nan")

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import torch
 
-from eaglewire.export.engines import acceptance_length
+from eaglewire.tau import acceptance_length
 from eaglewire.serve.chat_requests import BadRequest, Histogram, check_messages, check_params, content_length, \
     parse_body, render_chat, render_prompt
 
@@ -346,17 +346,17 @@ def build_server(target: Any, draft: Any, shape: Any, model_name: str | None, ma
                  log: Callable[[str], None] | None = None) -> ThreadingHTTPServer:
     """The `eaglewire serve` server: a loaded draft (in the target's dtype) on the target's runtime, bound to
     host:port. `log` hears what the start does (GEMM layout calibration measured, or reused from the cache)."""
+    from eaglewire.compose import cache_len, proposer, runtime
     from eaglewire.decoding.engine import SpecDecoder
-    from eaglewire.serve.runtimes import make_proposer, make_runtime
 
     say = log or (lambda _m: None)
     t0 = time.perf_counter()
     say(f"building the target runtime (context {max_context} + {shape.num_draft_tokens} draft tokens)")
-    rt = make_runtime(target, max_context + shape.num_draft_tokens + 8, calibrate=True, log=log,
-                      verify_rows=(shape.num_draft_tokens,))
+    max_len = cache_len(max_context, shape)
+    rt = runtime(target, max_len, calibrate=True, log=log, verify_rows=(shape.num_draft_tokens,))
     say(f"target runtime ready in {time.perf_counter() - t0:.1f} s; building the decoder")
     t1 = time.perf_counter()
-    decoder = SpecDecoder(rt, make_proposer(draft, draft.contract, shape, max_context, rt))
+    decoder = SpecDecoder(rt, proposer(draft, shape, max_len, rt))
     eos = {target.tokenizer.eos_token_id}
     say(f"decoder ready in {time.perf_counter() - t1:.1f} s; binding {host}:{port}")
 
