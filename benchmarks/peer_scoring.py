@@ -49,7 +49,7 @@ class Scorer:
             self.prompts = bench_prompts(self.target, "mtbench", self.a.prompts)  # the questions bench_sample asks
             self.max_len = max(p.shape[1] for p in self.prompts) + self.a.max_new_tokens + K + 16
             self.rt = plain_runtime(self.target, self.max_len)  # tau does not depend on how fast GEMMs run
-        prop = EagleProposer(draft, draft.contract, TreeShape.chain(K), self.max_len)
+        prop = EagleProposer(draft, TreeShape.chain(K), self.max_len)
         acc, eos = [], {self.target.tokenizer.eos_token_id}
         for p in self.prompts:
             acc += SpecDecoder(self.rt, prop).generate(p, self.a.max_new_tokens, eos=eos)[1].accepted

@@ -110,7 +110,7 @@ def main() -> None:
     tok = target.tokenizer
     max_len = 1024 + a.max_new_tokens + a.k + 8
     rt = plain_runtime(target, max_len)
-    rec = Recording(EagleProposer(draft, draft.contract, TreeShape.chain(a.k), max_len))
+    rec = Recording(EagleProposer(draft, TreeShape.chain(a.k), max_len))
     decoder = SpecDecoder(rt, rec)
     records, p1_all = [], []
     for q in spread_over_categories("mtbench", a.limit):

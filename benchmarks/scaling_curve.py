@@ -65,7 +65,7 @@ def main() -> None:
     rows = []
     for d in drafts:
         draft = load_checkpoint(d, target=target)
-        prop = EagleProposer(draft, draft.contract, TreeShape.chain(a.k), max_len)
+        prop = EagleProposer(draft, TreeShape.chain(a.k), max_len)
         acc = []
         for p in prompts:
             acc += SpecDecoder(rt, prop).generate(p, a.max_new_tokens, eos=eos)[1].accepted

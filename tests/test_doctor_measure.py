@@ -177,7 +177,7 @@ def test_engine_tau_at_a_tree_shape_from_our_engine(tmp_path, target, trained, b
     draft, contract = load_draft(broken, target)
     assert contract.taps == (0, 2, 4)
     assert predict(target, draft, contract, TREE, engine_prompts(target), ENGINE_NEW_TOKENS) == delivered
-    proposer = EagleProposer(draft, replace(contract, taps=TRAINED), TREE, 64)
+    proposer = EagleProposer(draft, TREE, 64, contract=replace(contract, taps=TRAINED))
     assert proposer.taps == TRAINED  # the engine asks the target for the contract's taps
 
     healthy = inspect_dir(_export(tmp_path / "h", trained, "vllm"), "vllm")

@@ -6,15 +6,15 @@
 """
 
 __version__ = "0.1.0"
-__all__ = ["Report", "TreeShape", "WiringContract", "build_vocab", "check", "decoder", "export", "import_",
-           "load_draft", "load_target", "measure_tau", "train"]
+__all__ = ["Report", "TreeShape", "WiringContract", "build_vocab", "check", "decoder", "export_draft",
+           "import_draft", "load_draft", "load_target", "measure_tau", "train_draft"]
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: `import eaglewire.cli` stays light
 if TYPE_CHECKING:  # the names as a type checker and an IDE see them
     from typing import Any
 
-    from eaglewire.api import (Report, TreeShape, WiringContract, build_vocab, check, decoder, export, import_,
-                               load_draft, load_target, measure_tau, train)
+    from eaglewire.api import (Report, TreeShape, WiringContract, build_vocab, check, decoder, export_draft,
+                               import_draft, load_draft, load_target, measure_tau, train_draft)
 
 
 def __getattr__(name: str) -> "Any":

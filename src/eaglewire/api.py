@@ -1,10 +1,10 @@
 """eaglewire from Python: the front door (`import eaglewire as ew`; these names are `eaglewire.__all__`).
 
-    target = ew.load_target()                                  # the embedded SmolLM2 target, or a path / hub id
-    draft, contract = ew.load_draft("out/run/train/draft", target)   # any format: the contract read or inferred
+    target = ew.load_target()                      # the embedded SmolLM2 target, or a path / hub id
+    draft, contract = ew.load_draft(None, target)  # the released draft, or any export: the contract read or inferred
     dec = ew.decoder(target, draft, ew.TreeShape.chain(3), max_new_tokens=128)
-    tokens, stats = dec.generate(prompt_ids, 128)              # lossless: plain greedy's tokens; stats.tau
-    report = ew.check("out/sglang", "sglang", target)          # the doctor, as `eaglewire doctor check` runs it
+    tokens, stats = dec.generate(prompt_ids, 128)  # lossless: plain greedy's tokens; stats.tau
+    report = ew.check("runs/export-vllm", "vllm", target)  # the doctor, as `eaglewire doctor check` runs it
 
 The command line and `eaglewire run` call these same functions (decoding is assembled in eaglewire.compose,
 training and import in eaglewire.workflows): what the CLI does, a script does with the same code.
@@ -27,15 +27,19 @@ from eaglewire.doctor.inspect import inspect_dir
 from eaglewire.doctor.measured_wiring import run_measurement
 from eaglewire.export.base import CONTRACT_FILE
 from eaglewire.export.checkpoint import FORMAT as NATIVE_FORMAT
-from eaglewire.export.convert import detect_engine, export_draft
+from eaglewire.export.checkpoint import resolve_draft
+from eaglewire.export.convert import detect_engine
+from eaglewire.export.convert import export_draft as _export
 from eaglewire.safeio import read_json_object
 from eaglewire.target.loader import Target
 from eaglewire.target.loader import load_target as _load_target
 from eaglewire.target.protocol import TargetInfo
-from eaglewire.workflows import build_vocab, import_any, train
+from eaglewire.workflows import build_vocab, import_any
+from eaglewire.workflows import train as train_draft
 
-__all__ = ["Report", "TreeShape", "WiringContract", "build_vocab", "check", "decoder", "export", "import_",
-           "load_draft", "load_target", "measure_tau", "train"]
+# `export` and `train` would be shadowed by the subpackages of those names once imported: hence *_draft
+__all__ = ["Report", "TreeShape", "WiringContract", "build_vocab", "check", "decoder", "export_draft",
+           "import_draft", "load_draft", "load_target", "measure_tau", "train_draft"]
 
 Status = Callable[[str], AbstractContextManager[Any]]
 
@@ -46,14 +50,15 @@ def load_target(spec: str | Path | None = None, *, dtype: torch.dtype = torch.fl
     return _load_target(None if spec is None else str(spec), dtype=dtype)
 
 
-def load_draft(directory: str | Path, target: TargetInfo | None = None, *, dtype: torch.dtype | None = None,
-               measure: bool = True) -> tuple[Any, WiringContract]:
-    """(draft, contract) from a native checkpoint or any engine export, its layout detected. The contract
+def load_draft(directory: str | Path | None = None, target: TargetInfo | None = None, *,
+               dtype: torch.dtype | None = None, measure: bool = True) -> tuple[Any, WiringContract]:
+    """(draft, contract) from a native checkpoint or any engine export, its layout detected (None: the draft
+    released for the embedded target, as the CLI's default --draft). The contract
     is the stored one; an export without one (a draft from another tool) gets one inferred and marked so
     (`contract.inferred`): with `target` and `measure`, from the boundaries its weights predict best on
     the target, else from the config's layer ids. dtype: the draft's (None: float32 for a native
     checkpoint, the file's own for an export)."""
-    directory = Path(directory)
+    directory = resolve_draft(None if directory is None else Path(directory))
     config = read_json_object(directory / "config.json", what="a draft config")
     if config.get("format") == NATIVE_FORMAT or (directory / CONTRACT_FILE).is_file() or target is None:
         return _load_stored(directory, target, dtype=dtype)
@@ -62,14 +67,14 @@ def load_draft(directory: str | Path, target: TargetInfo | None = None, *, dtype
     return (draft if dtype is None else draft.to(dtype)), contract
 
 
-def import_(directory: str | Path, fmt: str, target: TargetInfo | None = None, *,
+def import_draft(directory: str | Path, fmt: str, target: TargetInfo | None = None, *,
             measure: bool = True) -> tuple[Any, WiringContract, Any]:
     """`eaglewire import`'s reading of an export in layout `fmt`: (draft, contract, measurement or None);
-    save it with `export(draft, out, "native", contract=contract)`."""
+    save it with `export_draft(draft, out, "native", contract=contract)`."""
     return import_any(Path(directory), fmt, target, measure=measure)
 
 
-def export(draft: Draft, out: str | Path, fmt: str, *, contract: WiringContract | None = None,
+def export_draft(draft: Draft, out: str | Path, fmt: str, *, contract: WiringContract | None = None,
            dtype: torch.dtype | None = None, with_embedding: bool | None = None,
            verifier: str | None = None) -> Path:
     """Write `draft` in layout `fmt` ("sglang", "vllm", "eagle", "specforge", "native", ...) with its wiring
@@ -77,7 +82,7 @@ def export(draft: Draft, out: str | Path, fmt: str, *, contract: WiringContract 
     contract = contract if contract is not None else draft.contract
     if contract is None:
         raise ValueError("the draft carries no contract: pass contract=, or load it with load_draft")
-    return export_draft(draft, contract, Path(out), fmt, dtype=dtype, with_embedding=with_embedding,  # type: ignore[arg-type]
+    return _export(draft, contract, Path(out), fmt, dtype=dtype, with_embedding=with_embedding,  # type: ignore[arg-type]
                         verifier=verifier)
 
 

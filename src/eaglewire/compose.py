@@ -132,11 +132,12 @@ def proposer(draft: Draft, shape: TreeShape, max_len: int, rt: Runtime, *,
 
 
 def decoder(target: Target, draft: Draft, shape: TreeShape = DEFAULT_TREE, max_new_tokens: int = 256, *,
-            context: int | None = None, accelerate: bool = True, calibrate: bool = True, compile: str = "always",
+            context: int | None = None, accelerate: bool = True, calibrate: bool = True, compile: str = "cached",
             log: Log | None = None, contract: WiringContract | None = None) -> SpecDecoder:
     """A speculative decoder for `draft` on `target`: `decoder(...).generate(prompt_ids, max_new_tokens)`.
     It owns the runtime choice (`runtime`) and the cache size: room for `context` tokens (prompt + new; by
-    default DEFAULT_PROMPT_TOKENS of prompt plus max_new_tokens) and one verify."""
+    default DEFAULT_PROMPT_TOKENS of prompt plus max_new_tokens) and one verify. compile: `eaglewire
+    generate --compile`'s (the compiled layouts only where a start on this machine built them already)."""
     max_len = cache_len(context if context is not None else DEFAULT_PROMPT_TOKENS + max_new_tokens, shape)
     rt = runtime(target, max_len, accelerate=accelerate, calibrate=calibrate, log=log, compile=compile,
                  verify_rows=(shape.num_draft_tokens,))
@@ -197,7 +198,7 @@ def _eagle3_proposer(draft: Eagle3Draft, contract: WiringContract, shape: TreeSh
 
         if isinstance(rt, FastRuntime):
             drafter = FastDraft(draft, "auto", rt.compiled)
-    return EagleProposer(draft, contract, shape, max_len, drafter)
+    return EagleProposer(draft, shape, max_len, drafter, contract=contract)
 
 
 register(Family(EAGLE3, _eagle3_proposer, _eagle3_load))

@@ -18,6 +18,8 @@ from eaglewire.data.samples import Sample, split_heldout
 from eaglewire.train.dist import DistInfo
 from eaglewire.train.loop import TrainConfig
 from eaglewire.draft.vocab import VocabMap
+from eaglewire.target.loader import Target
+from eaglewire.target.protocol import TargetInfo
 
 
 @dataclass
@@ -30,7 +32,7 @@ class VocabBuild:
     heldout_samples: int
 
 
-def build_vocab(target: Any, samples: list[Sample], draft_vocab_size: int, heldout_fraction: float, out: Path, *,
+def build_vocab(target: TargetInfo, samples: list[Sample], draft_vocab_size: int, heldout_fraction: float, out: Path, *,
                 data: str, eval_samples: list[Sample] | None = None, keep: VocabMap | None = None) -> VocabBuild:
     """Count the trained tokens of the TRAINING split, keep the most frequent, save the map to `out`.
 
@@ -136,7 +138,7 @@ def import_any(directory: Path, fmt: str, target: Any = None, *, measure: bool =
     return draft, replace(contract, inferred=evidence), m
 
 
-def train(target: Any, taps: tuple[int, ...], vocab: Path, cfg: TrainConfig, out: Path, *,
+def train(target: Target, taps: tuple[int, ...], vocab: Path, cfg: TrainConfig, out: Path, *,
           samples: Callable[[], list[Sample]], features: Path | None = None, heldout_fraction: float = 0.0,
           train_limit: int | None = None, also_features: list[Path] | None = None, info: DistInfo = DistInfo(),
           resume: bool = False, on_start: Callable[[WiringContract, int, int], None] | None = None,

@@ -62,22 +62,13 @@ def check_cmd(
     and (measured on the target, or on its boundaries dump) the boundaries the draft's weights were trained on.
     Given the engine's knobs, our speculative engine also decodes on the target with the delivered and the
     best boundaries at that shape (tens of seconds per set for a small target on a CPU)."""
-    from eaglewire.doctor.checks import by_level, run_checks
-    from eaglewire.doctor.measured_wiring import run_measurement
-    from eaglewire.doctor.inspect import inspect_dir
+    from eaglewire.api import check
 
     shape = _engine_shape((num_steps, topk, num_draft_tokens, num_speculative_tokens), measure)
     tgt = _evidence(target, boundaries, measure)
-    ins = inspect_dir(draft, engine)
-    report = run_checks(ins, tgt)
-    if measure or boundaries is not None or shape is not None or (measure is None and target is not None
-                                                                   and ins.contract is None):
-        chain = steps if steps is not None else (shape.num_steps if shape is not None else 3)
-        with err_console.status("measuring the wiring on the target (seconds on a CPU for a small target"
-                                + (", and our engine decoding at the knobs: tens of seconds" if shape else "") + ")"):
-            m, found = run_measurement(ins, tgt, chain_steps=chain, shape=shape)
-        report.findings = by_level(report.findings + found)
-        report.measurement = m.to_dict() if m is not None else None
+    # a dump is evidence for the measurement; the default target (no --target) is measured only when asked
+    asked = True if boundaries is not None else (measure if measure is not None or target is not None else False)
+    report = check(draft, engine, tgt, measure=asked, steps=steps, shape=shape, status=err_console.status)
     if as_json:
         print(report.to_json())
     else:

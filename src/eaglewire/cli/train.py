@@ -72,7 +72,7 @@ def train_cmd(
     **knobs: Any,  # one option per training knob (train/config.py), added by field_options
 ) -> None:
     """Train an EAGLE-3 draft with training-time test (runs under torchrun for DDP)."""
-    from eaglewire.api import train
+    from eaglewire.api import train_draft
     from eaglewire.train import dist
 
     cfg = TrainConfig(**field_values(KNOBS, knobs))
@@ -89,7 +89,7 @@ def train_cmd(
         err_console.print(f"{n_train} training / {n_heldout} held-out samples; taps {list(contract.taps)}; "
                           f"contract {contract.fingerprint()}; rank {info.rank}/{info.world_size}")
 
-    summary = train(tgt, tap_list, vocab, cfg, out, features=features, heldout_fraction=heldout_fraction,
+    summary = train_draft(tgt, tap_list, vocab, cfg, out, features=features, heldout_fraction=heldout_fraction,
                     samples=lambda: read_samples(tgt, data, max_length, limit, split_turns),
                     train_limit=train_limit, also_features=also_features, info=info, resume=resume,
                     on_start=said, on_step=lambda r: _print_step(r, info.is_main))

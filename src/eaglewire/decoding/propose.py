@@ -43,10 +43,14 @@ class EagleProposer:
     (as in training); they live in a static DraftCache. Each round's tree nodes are written after them and
     overwritten by the next round's committed entries."""
 
-    def __init__(self, draft: Eagle3Draft, contract: WiringContract, shape: TreeShape, max_len: int,
-                 drafter: Drafter | None = None) -> None:
+    def __init__(self, draft: Eagle3Draft, shape: TreeShape, max_len: int, drafter: Drafter | None = None, *,
+                 contract: WiringContract | None = None) -> None:
         """drafter: a decoding copy of `draft` that runs it faster (eaglewire.fastcpu.draft.FastDraft); None
-        runs the draft's own modules."""
+        runs the draft's own modules. contract: the wiring to decode with, the draft's own by default (the
+        doctor decodes with other taps)."""
+        contract = contract if contract is not None else draft.contract
+        if contract is None:
+            raise ValueError("the draft carries no contract (built by hand?): pass contract=")
         draft.cfg.require_matches(contract)  # the taps we will ask the target for are the draft's
         self.lean = drafter
         self.d = draft if drafter is None else drafter.model
@@ -71,6 +75,7 @@ class EagleProposer:
         return int(self.lean.argmax(normed) if self.lean is not None else self.d.lm_head(normed).argmax(-1))
 
     def start(self, prompt_ids: torch.Tensor, prompt_taps: torch.Tensor | None, first_token: int) -> None:
+        prompt_taps = _required(prompt_taps)
         self.n = 0
         # draft id i -> target id i + d2t[i], in Python (a chain maps one id per step); read per generation:
         # with layout="module" d is the caller's draft
@@ -78,7 +83,7 @@ class EagleProposer:
         self._extend(prompt_taps, prompt_ids[0, 1:].tolist() + [first_token])
 
     def accept(self, taps: torch.Tensor | None, tokens: list[int]) -> None:
-        self._extend(taps, tokens)
+        self._extend(_required(taps), tokens)
 
     @torch.no_grad()
     def propose(self) -> DraftTree:
@@ -105,6 +110,7 @@ class EagleProposer:
             pos = torch.full((1, len(frontier)), self.n - 2 + level)
             out = self.d.step(toks, hidden, pos, mask, cache=self.cache, start=slot)
             slot += len(frontier)
+            assert out.logits is not None  # step() computes them unless told not to
             child = torch.log_softmax(out.logits[0].float(), -1).topk(K)  # [F, K]
             cand = (torch.tensor([scores[f] for f in frontier])[:, None] + child.values).flatten()
             base = len(scores)
@@ -162,6 +168,13 @@ class EagleProposer:
         index = {old: new for new, old in enumerate(keep)}
         target_ids = self.d.to_target_ids(torch.tensor([ids[i] for i in keep])).tolist()
         return DraftTree(tokens=target_ids, parents=[index[parents[i]] if parents[i] >= 0 else -1 for i in keep])
+
+
+def _required(taps: torch.Tensor | None) -> torch.Tensor:
+    """The target's taps, which an EAGLE-3 draft reads at every position (a runtime asked for `taps` gives them)."""
+    if taps is None:
+        raise ValueError("an EAGLE-3 proposer needs the target's taps from every forward; the runtime gave none")
+    return taps
 
 
 def _ancestors(i: int, parents: list[int]) -> list[int]:

@@ -13,6 +13,8 @@ import shutil
 import uuid
 from pathlib import Path
 
+from typing import Any
+
 import torch
 import eaglewire
 from eaglewire.contract import WiringContract
@@ -22,7 +24,7 @@ from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import CheckpointError
 from eaglewire.safeio import atomic_save_safetensors, atomic_write_json, about_file, field_of, read_json_object, \
     read_safetensors_file
-from eaglewire.target.loader import Target
+from eaglewire.target.protocol import TargetInfo
 from eaglewire.draft.vocab import validate_vocab_map, vocab_map_sha256
 
 FORMAT = "eaglewire.draft/1"
@@ -72,7 +74,7 @@ def save_checkpoint(draft: Eagle3Draft, contract: WiringContract, out: Path, *,
     return out
 
 
-def read_checkpoint_config(path: Path) -> tuple[DraftConfig, WiringContract, dict]:
+def read_checkpoint_config(path: Path) -> tuple[DraftConfig, WiringContract, dict[str, Any]]:
     cfg_path = Path(path) / CONFIG
     if not cfg_path.is_file():
         raise CheckpointError(f"{path} is not an eaglewire checkpoint", expected=f"{CONFIG} and {WEIGHTS}",
@@ -95,7 +97,7 @@ def read_checkpoint_config(path: Path) -> tuple[DraftConfig, WiringContract, dic
     return cfg, contract, meta
 
 
-def load_checkpoint(path: Path, *, target: Target | None = None,
+def load_checkpoint(path: Path, *, target: TargetInfo | None = None,
                     dtype: torch.dtype | None = torch.float32) -> Eagle3Draft:
     """Load strictly (the loader imports share). With `target`, also require the contract to be for it
     and attach its embedding. The draft's `contract` is the one stored with it. dtype None: as saved."""
@@ -109,10 +111,8 @@ def load_checkpoint(path: Path, *, target: Target | None = None,
                        float_dtype=meta["dtype"], target=target, dtype=dtype)
 
 
-def _require_template(contract: WiringContract, target: Target, path: Path) -> None:
-    from eaglewire.contract import sha256_text
-
-    found = sha256_text(target.chat_template)
+def _require_template(contract: WiringContract, target: TargetInfo, path: Path) -> None:
+    found = target.chat_template_sha256
     if contract.chat_template_sha256 is not None and found != contract.chat_template_sha256:
         raise CheckpointError(f"checkpoint {path} was trained with another chat template",
                               expected=f"chat_template_sha256={contract.chat_template_sha256}",

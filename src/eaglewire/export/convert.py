@@ -50,7 +50,7 @@ def export_draft(draft: Eagle3Draft, contract: WiringContract, out: Path, fmt: s
 
 
 def _contract_for(layout: Engine, config: dict[str, Any], native: dict[str, torch.Tensor], directory: Path,
-                  target: TargetInfo, flags: NormFlags) -> WiringContract:
+                  target: TargetInfo | None, flags: NormFlags) -> WiringContract:
     ids = config_ids(layout, config)
     if ids is None and not layout.hard_coded_taps:
         raise CheckpointError(f"{directory}: the layer-id list is missing from config.json",
@@ -58,7 +58,7 @@ def _contract_for(layout: Engine, config: dict[str, Any], native: dict[str, torc
                               fix="without it the engine silently uses its default taps; re-export with eaglewire")
     side = read_contract(directory)
     if side is not None:
-        if not layout.hard_coded_taps and list(side.engine_ids(layout.convention)) != list(ids):
+        if ids is not None and list(side.engine_ids(layout.convention)) != list(ids):
             raise ContractMismatch(f"{directory}: config.json layer ids disagree with the wiring contract",
                                    expected=f"{layout.convention} ids {list(side.engine_ids(layout.convention))} "
                                    f"(taps {list(side.taps)})", found=f"config ids {ids}",
@@ -69,7 +69,7 @@ def _contract_for(layout: Engine, config: dict[str, Any], native: dict[str, torc
                               "or --target to rebuild the contract", found="neither",
                               fix="pass --target (the trained boundaries are then measured on it)")
     L = target.num_layers
-    taps = default_taps(L) if layout.hard_coded_taps else from_engine(ids, layout.convention, L)
+    taps = default_taps(L) if ids is None else from_engine(ids, layout.convention, L)
     return target.contract(taps, norm=flags, vocab_map=_vocab_map(native, directory))
 
 
@@ -109,7 +109,8 @@ def import_draft(directory: Path, fmt: str, *, target: TargetInfo | None = None,
     return draft, contract
 
 
-def _import_native(directory: Path, target: TargetInfo, taps: tuple[int, ...] | None) -> tuple[Eagle3Draft, WiringContract]:
+def _import_native(directory: Path, target: TargetInfo | None,
+                   taps: tuple[int, ...] | None) -> tuple[Eagle3Draft, WiringContract]:
     from eaglewire.export.checkpoint import load_checkpoint
 
     if taps is not None:
@@ -117,6 +118,7 @@ def _import_native(directory: Path, target: TargetInfo, taps: tuple[int, ...] | 
                               expected="no measured taps", found=f"taps {list(taps)}",
                               fix="measured taps are for drafts from other tools (engine layouts)")
     draft = load_checkpoint(directory, target=target, dtype=None)
+    assert draft.contract is not None  # the native loader attaches the stored one
     return draft, draft.contract
 
 

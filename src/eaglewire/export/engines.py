@@ -12,6 +12,7 @@ loader facts in export/layouts.py's docstring).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from eaglewire.errors import CheckpointError
 
@@ -63,7 +64,7 @@ class Engine:
         return not self.id_keys
 
 
-_SGLANG = dict(config_style="eagle3", id_keys=(NESTED_IDS_KEY,), prefix0="midlayer.", layer0_prefixes=("midlayer.",),
+_SGLANG: dict[str, Any] = dict(config_style="eagle3", id_keys=(NESTED_IDS_KEY,), prefix0="midlayer.", layer0_prefixes=("midlayer.",),
                multi_layer=False, norms=frozenset({"fc_norm", "norm_output"}), replaces_embedding=True,
                skips_unknown_keys=True, tied_head_from_embedding=True)
 

@@ -207,7 +207,7 @@ def features(ctx: Ctx, work: Path) -> dict[str, Any]:
 
 def train(ctx: Ctx, work: Path) -> dict[str, Any]:
     """TTT training in `work` (resumes from work/checkpoints when a previous run was killed)."""
-    from eaglewire.api import train as train_draft
+    from eaglewire.api import train_draft
     from eaglewire.train import state as trainer_state
 
     t = ctx.cfg.train
