@@ -29,7 +29,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from eaglewire.doctor.counters import Counters, detect_engine, read_counters
 from eaglewire.doctor.expect import POS_MARGIN, Counts, judge, wilson
