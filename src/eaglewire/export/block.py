@@ -36,11 +36,11 @@ from eaglewire.contract import WiringContract, from_engine, to_engine
 from eaglewire.draft.config import DraftConfig
 from eaglewire.draft.dflash import DFlashDraft
 from eaglewire.draft.load import _check_keys, _check_tensor, _float_dtype
-from eaglewire.errors import CheckpointError, ContractMismatch
+from eaglewire.errors import CheckpointError, ContractMismatch, EaglewireError
 from eaglewire.export.base import WEIGHTS, cast_floats, read_contract, read_json, read_safetensors, write_dir
 from eaglewire.export.layouts import SPECULATORS_VERSION, _rope_theta
 from eaglewire.families import FULL, BlockWiring
-from eaglewire.safeio import field_of, require_finite
+from eaglewire.safeio import field_of, read_json_object, require_finite
 
 ZLAB_ARCH = "DFlashDraftModel"
 SPECULATORS_ARCH = "DFlashSpeculator"
@@ -74,9 +74,9 @@ FAMILY_OF_ARCH = {ZLAB_ARCH: "dflash", SPECULATORS_ARCH: "dflash"}  # a config's
 def block_family(config_path: Path) -> str | None:
     """The block-drafter family an export's config.json declares (by its architecture), None for any other
     config or none at all (the EAGLE-3 importers then report what is wrong)."""
-    try:
-        archs = json.loads(Path(config_path).read_text()).get("architectures")
-    except (OSError, ValueError, AttributeError):
+    try:  # the one JSON reader (size, encoding, nesting depth, duplicate keys), not a bare json.loads
+        archs = read_json_object(config_path, what="a draft config").get("architectures")
+    except EaglewireError:
         return None
     found = {FAMILY_OF_ARCH[a] for a in archs if isinstance(a, str) and a in FAMILY_OF_ARCH} if isinstance(archs, list) else set()
     return found.pop() if len(found) == 1 else None
