@@ -49,8 +49,8 @@ def main() -> None:
             draft = load_checkpoint(path, target=target, dtype=dtype)
             for lay in layouts:
                 name = lay if len(args.drafts) == 1 else f"draft {i} (V_d {draft.cfg.draft_vocab_size})"
-                props[name] = EagleProposer(draft, draft.contract, TreeShape.chain(args.k), MAX_LEN,
-                                              None if lay == "module" else FastDraft(draft, lay))
+                props[name] = EagleProposer(draft, TreeShape.chain(args.k), MAX_LEN,
+                                            None if lay == "module" else FastDraft(draft, lay))
         for p in props.values():
             p.start(torch.randint(0, 40000, (1, PROMPT)), torch.randn(1, PROMPT, width, dtype=dtype), 5)
         ms: dict[str, list[float]] = {k: [] for k in props}

@@ -70,12 +70,12 @@ def _text(json_out: str) -> str:
 
 def _reference(healthy: Path, chats: list, k: int, max_tokens: int):
     from eaglewire.decoding.tree import TreeShape
-    from eaglewire.doctor.expect import load_any_draft
+    from eaglewire.compose import load_draft
     from eaglewire.doctor.live import reference
     from eaglewire.target.loader import load_target
 
     target = load_target()
-    draft, contract = load_any_draft(healthy, target)
+    draft, contract = load_draft(healthy, target)
     return reference(target, draft, contract, TreeShape.chain(k), chats, max_tokens)
 
 

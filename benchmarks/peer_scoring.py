@@ -11,9 +11,7 @@ from pathlib import Path
 import torch
 from eaglewire.export.checkpoint import load_checkpoint
 from eaglewire.serve.bench import bench_prompts
-from eaglewire.decoding.engine import SpecDecoder, SpecStats
-from eaglewire.decoding.runtime import plain_runtime
-from eaglewire.decoding.propose import EagleProposer
+import eaglewire as ew
 from eaglewire.decoding.tree import TreeShape
 from eaglewire.export.convert import import_draft
 from eaglewire.hw import describe_cpu
@@ -32,7 +30,7 @@ class Scorer:
 
         self.target, self.heldout, self.a = target, heldout, a
         self.answers = bench_sample(target, a.prompts, a.max_new_tokens)  # [question + vanilla answer] each
-        self.rt = None
+        self.prompts = None
 
     def load(self, arm: str, run: Path):
         """The trained draft in eaglewire's model: native, or speculators' checkpoint through the vLLM import
@@ -45,15 +43,10 @@ class Scorer:
 
     def online(self, draft) -> dict:
         """SpecDecoder with a greedy k-chain on the same questions: tau and acceptance per position."""
-        if self.rt is None:
+        if self.prompts is None:
             self.prompts = bench_prompts(self.target, "mtbench", self.a.prompts)  # the questions bench_sample asks
-            self.max_len = max(p.shape[1] for p in self.prompts) + self.a.max_new_tokens + K + 16
-            self.rt = plain_runtime(self.target, self.max_len)  # tau does not depend on how fast GEMMs run
-        prop = EagleProposer(draft, draft.contract, TreeShape.chain(K), self.max_len)
-        acc, eos = [], {self.target.tokenizer.eos_token_id}
-        for p in self.prompts:
-            acc += SpecDecoder(self.rt, prop).generate(p, self.a.max_new_tokens, eos=eos)[1].accepted
-        st = SpecStats(accepted=acc)
+        st = ew.measure_tau(self.target, draft, self.prompts, TreeShape.chain(K), self.a.max_new_tokens)
+        acc = st.accepted
         return {"tau_online": round(st.tau, 4), "per_position_online": [round(x, 4) for x in st.per_position(K)],
                 "verify_steps": len(acc)}
 

@@ -91,7 +91,7 @@ def target_settings(a: argparse.Namespace, target) -> None:
 def prepare(a: argparse.Namespace, target) -> tuple[Path, Path, list[Sample], list[Sample]]:
     """(features dir, vocab file, training samples in capture order, held-out samples). The vocab counts the
     training split only; features hold the training samples the largest budget needs, then the held-out ones."""
-    from eaglewire.pipeline.workflows import build_vocab
+    from eaglewire.workflows import build_vocab
 
     work = a.work
     samples = load_samples(SOURCES, target.tokenizer, max_length=a.max_length)[0]

@@ -19,14 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from eaglewire.export.checkpoint import load_checkpoint, resolve_draft
 from eaglewire.serve.bench import spread_over_categories
 from eaglewire.decoding.engine import SpecDecoder
-from eaglewire.decoding.runtime import plain_runtime
-from eaglewire.decoding.propose import EagleProposer
+from eaglewire import compose
 from eaglewire.decoding.tree import TreeShape
 from eaglewire.hw import describe_cpu
 from eaglewire.target.loader import load_target
@@ -38,7 +38,7 @@ BUCKETS = (0.0, 0.3, 0.5, 0.8, 1.01)  # target top-1 probability bins: [lo, hi)
 class Recording:
     """An EagleProposer that keeps each round's level-1 draft logits [V_d] (what its first token is read from)."""
 
-    def __init__(self, inner: EagleProposer) -> None:
+    def __init__(self, inner: Any) -> None:  # an EagleProposer
         self.inner, self.taps, self.level1 = inner, inner.taps, []
 
     def start(self, prompt_ids, prompt_taps, first_token) -> None:
@@ -108,9 +108,10 @@ def main() -> None:
     target = load_target(dtype=torch.float32)
     draft = load_checkpoint(resolve_draft(a.draft), target=target, dtype=torch.float32)
     tok = target.tokenizer
-    max_len = 1024 + a.max_new_tokens + a.k + 8
-    rt = plain_runtime(target, max_len)
-    rec = Recording(EagleProposer(draft, draft.contract, TreeShape.chain(a.k), max_len))
+    chain = TreeShape.chain(a.k)
+    max_len = compose.cache_len(1024 + a.max_new_tokens, chain)
+    rt = compose.runtime(target, max_len, accelerate=False)  # tau does not depend on how fast the GEMMs run
+    rec = Recording(compose.proposer(draft, chain, max_len, rt))
     decoder = SpecDecoder(rt, rec)
     records, p1_all = [], []
     for q in spread_over_categories("mtbench", a.limit):

@@ -24,9 +24,7 @@ from pathlib import Path
 from eaglewire.export.checkpoint import load_checkpoint
 from eaglewire.hw import describe_cpu
 from eaglewire.serve.bench import bench_prompts
-from eaglewire.decoding.engine import SpecDecoder, SpecStats
-from eaglewire.decoding.runtime import plain_runtime
-from eaglewire.decoding.propose import EagleProposer
+import eaglewire as ew
 from eaglewire.decoding.tree import TreeShape
 from eaglewire.target.loader import load_target
 from results_dir import run_dir  # benchmarks/results/<topic>/<date>-<cpu>/
@@ -58,18 +56,13 @@ def main() -> None:
     if a.offline:
         return _offline(a, target)
     prompts = bench_prompts(target, "mtbench", a.prompts)  # spread over MT-bench's categories
-    max_len = max(p.shape[1] for p in prompts) + a.max_new_tokens + a.k + 16
-    rt = plain_runtime(target, max_len)  # tau does not depend on how fast the GEMMs run
     seen, drafts = _snapshots(a)
     eos = {target.tokenizer.eos_token_id}
     rows = []
     for d in drafts:
         draft = load_checkpoint(d, target=target)
-        prop = EagleProposer(draft, draft.contract, TreeShape.chain(a.k), max_len)
-        acc = []
-        for p in prompts:
-            acc += SpecDecoder(rt, prop).generate(p, a.max_new_tokens, eos=eos)[1].accepted
-        st = SpecStats(accepted=acc)  # all prompts' verify steps together
+        st = ew.measure_tau(target, draft, prompts, TreeShape.chain(a.k), a.max_new_tokens, eos=eos)  # pooled
+        acc = st.accepted
         step = _step(d, a.run, seen)
         row = {"draft": str(d), "step": step, "trained_tokens": seen.get(step) if step else None,
                "tau": st.tau, "per_position": st.per_position(a.k), "verify_steps": len(acc)}

@@ -13,7 +13,7 @@ from eaglewire.fastcpu import calibration as C
 from eaglewire.fastcpu.compiled_body import GRAPH, INDUCTOR_LAYOUTS
 from eaglewire.fastcpu.gemm import COMPILED, applies
 from eaglewire.fastcpu.start import make_fast_runtime as make_runtime
-from eaglewire.serve.runtimes import make_proposer
+from eaglewire.compose import proposer as make_proposer
 from eaglewire.fastcpu.runtime import CALIBRATION_PREFIX, FastRuntime
 from extras import needs_fastcpu
 
@@ -170,7 +170,7 @@ def test_cached_compile_waits_for_no_compiler_until_a_start_built_the_layouts(ca
         plain = make_runtime(target, 32)  # uncalibrated (the doctor's): its AUTO policy never compiles
         assert not set(plain.candidates) & {GRAPH, COMPILED} and not plain.compiled and not rt.compiled
         draft, contract = build_draft(target, taps=(1, 2, 3))
-        proposer = make_proposer(draft, contract, TreeShape.chain(2), 32, rt)
+        proposer = make_proposer(draft, TreeShape.chain(2), 32, rt, contract=contract)
         assert COMPILED not in proposer.lean.candidates  # the draft beside it compiles nothing either
     built = make_runtime(target, 32, calibrate=True, compile="always")
     marker = C.compiled_marker(target, built.max_len)

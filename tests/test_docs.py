@@ -25,7 +25,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_docs_build_strictly_with_every_nav_page(site: Path) -> None:
     for page in ("guides/diagnose", "reference/cli", "reference/config", "reference/doctor", "reference/formats",
-                 "results/peer", "results/experiments"):
+                 "reference/api", "results/peer", "results/experiments"):
         assert (site / page / "index.html").exists(), page
 
 
@@ -44,6 +44,15 @@ def test_cli_reference_lists_every_command_and_option(site: Path) -> None:
                 if opt.startswith("--") and opt != "--help":
                     assert opt in html, f"{path} {opt} missing from the CLI reference"
         stack += [(f"{path} {n}", c) for n, c in getattr(cmd, "commands", {}).items()]
+
+
+def test_api_reference_documents_every_name_of_the_front_door(site: Path) -> None:
+    import eaglewire
+
+    html = (site / "reference" / "api" / "index.html").read_text()
+    for name in eaglewire.__all__:
+        assert f'id="{name.lower()}"' in html, f"eaglewire.{name} missing from the API reference"
+        assert getattr(eaglewire, name).__doc__, f"eaglewire.{name} has no docstring"
 
 
 def test_doctor_catalogue_has_every_finding_code(site: Path) -> None:

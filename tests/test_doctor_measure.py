@@ -165,7 +165,8 @@ def test_engine_tau_at_a_tree_shape_from_our_engine(tmp_path, target, trained, b
     """At SGLang's tree knobs our engine decodes with the delivered and the trained boundaries: the
     broken export's delivered set accepts less, the healthy one's the same; the figures are exactly what
     doctor expect's runner gives for the same contract, prompts and shape."""
-    from eaglewire.doctor.expect import load_any_draft, predict
+    from eaglewire.compose import load_draft
+    from eaglewire.doctor.expect import predict
 
     broken = _export(tmp_path / "b", trained, "vllm", [0, 2, 4])
     m, (f,) = run_measurement(inspect_dir(broken, "vllm"), target, bounds, chain_steps=2, shape=TREE)
@@ -177,10 +178,10 @@ def test_engine_tau_at_a_tree_shape_from_our_engine(tmp_path, target, trained, b
     entry = m.to_dict()["tau"]["delivered_engine"]
     assert entry["shape"] == {"num_steps": 2, "topk": 2, "num_draft_tokens": 4} and len(entry["per_position"]) == 2
     # `doctor expect --draft broken`: the export as vLLM reads it (contract taps [0, 2, 4]), called directly
-    draft, contract = load_any_draft(broken, target)
+    draft, contract = load_draft(broken, target)
     assert contract.taps == (0, 2, 4)
     assert predict(target, draft, contract, TREE, engine_prompts(target), ENGINE_NEW_TOKENS) == delivered
-    proposer = EagleProposer(draft, replace(contract, taps=TRAINED), TREE, 64)
+    proposer = EagleProposer(draft, TREE, 64, contract=replace(contract, taps=TRAINED))
     assert proposer.taps == TRAINED  # the engine asks the target for the contract's taps
 
     healthy = inspect_dir(_export(tmp_path / "h", trained, "vllm"), "vllm")
@@ -246,7 +247,7 @@ def test_import_records_the_measured_taps_and_exports_carry_them(tmp_path, targe
     boundaries as an inferred contract; the native checkpoint and a re-export carry it, and the re-export's
     ids are the trained ones (the doctor then finds no error and says the contract was inferred)."""
     from eaglewire.export.checkpoint import load_checkpoint, save_checkpoint
-    from eaglewire.pipeline.workflows import import_any
+    from eaglewire.workflows import import_any
 
     broken = _export(tmp_path, trained, "vllm", [0, 2, 4])
     draft, contract, m = import_any(broken, "vllm", target, bounds=bounds)

@@ -75,7 +75,7 @@ def test_released_draft_runs_lossless_on_the_real_target(smollm):
     eos = {smollm.tokenizer.eos_token_id}
     ref = greedy_reference(StaticRuntime(smollm, 256), ids, 24, eos)
     shape = TreeShape(num_steps=3, topk=2, num_draft_tokens=6)
-    out, stats = SpecDecoder(StaticRuntime(smollm, 256), EagleProposer(draft, draft.contract, shape, 256)).generate(ids, 24, eos)
+    out, stats = SpecDecoder(StaticRuntime(smollm, 256), EagleProposer(draft, shape, 256)).generate(ids, 24, eos)
     assert out == ref and stats.verify_steps >= 1
 
 

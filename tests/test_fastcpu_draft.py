@@ -100,7 +100,7 @@ def test_the_proposer_drafts_the_same_tokens_on_either_path(shape):
     taps = torch.randn(1, 9, 3 * target.hidden_size, generator=g)
     trees = []
     for layout in ("module", "auto", "screened"):
-        prop = EagleProposer(draft, contract, shape, 64, None if layout == "module" else FastDraft(draft, "auto"))
+        prop = EagleProposer(draft, shape, 64, None if layout == "module" else FastDraft(draft, "auto"), contract=contract)
         if layout == "screened":  # the chain's greedy head through a bf16 screen, on any CPU
             prop.lean.screen = ScreenedHead(draft.lm_head.weight, packed=False)
             prop.lean.head_policy = {1: SCREENED}
@@ -120,7 +120,7 @@ def test_the_chain_path_drafts_what_the_tree_walk_drafts_for_topk_1(layout):
     g = torch.Generator().manual_seed(4)
     prompt = torch.randint(0, 256, (1, 12), generator=g)
     taps = torch.randn(1, 12, 3 * target.hidden_size, generator=g)
-    props = [EagleProposer(draft, contract, TreeShape.chain(4), 64, None if layout == "module" else FastDraft(draft, layout))
+    props = [EagleProposer(draft, TreeShape.chain(4), 64, None if layout == "module" else FastDraft(draft, layout), contract=contract)
              for _ in range(2)]
     for p in props:
         p.start(prompt, taps, 11)

@@ -19,13 +19,17 @@ from pathlib import Path
 SRC = Path(__file__).parents[1] / "src"
 ROOT = "eaglewire"
 
-# base: errors, safe file IO, the user cache, CPU features, tensor ops -> the norm flags -> the wiring
-# contract -> the target and the draft -> export (native checkpoint, engine records, formats) -> data -> the vLLM client ->
-# capture -> train -> the speculative decoder -> its CPU acceleration -> the doctor -> the product
-# surfaces (bench, serve, peer rows) -> the `eaglewire run` pipeline -> the command line
-LAYERS = ("errors", "safeio", "records", "outputs", "limits", "cache", "hw", "ops", "norms", "families", "contract", "target", "draft",
-          "export", "data",
-          "vllm_client", "capture", "train", "decoding", "fastcpu", "doctor", "serve", "pipeline", "cli")
+# base: errors, safe file IO, canonical records, guarded output writers, input limits, the user cache, CPU features, tensor ops, the
+# tau formula -> the norm flags -> the drafter families -> the wiring contract -> the target and the draft -> export
+# (native checkpoint, engine records, formats) -> data -> the vLLM client -> capture -> train -> the speculative
+# decoder -> its CPU acceleration -> decoding assembled (runtime choice, drafter families' proposers and loaders, any
+# draft directory) -> the doctor -> the workflows the CLI and `run` share (vocab, training, import) -> the Python
+# front door (eaglewire.api) -> the product surfaces (bench, serve, peer rows) -> the `eaglewire run` pipeline -> the
+# command line
+LAYERS = ("errors", "safeio", "records", "outputs", "limits", "cache", "hw", "ops", "tau", "norms", "families", "contract",
+          "target", "draft", "export", "data", "vllm_client", "capture", "train", "decoding", "fastcpu", "compose",
+          "doctor", "workflows", "api", "serve", "pipeline", "cli")
+FRONT_DOOR = "api"  # what the root package re-exports (lazily, eaglewire/__init__.py's __getattr__), and no more
 
 
 def _modules() -> dict[str, Path]:
@@ -109,9 +113,9 @@ def test_the_graph_sees_late_imports():
     graph = _graph()
     assert "eaglewire.cli.app" in graph and "eaglewire.cli.common" in graph["eaglewire.cli.data"]
     # stages.py imports the workflows only inside its stage functions
-    assert "eaglewire.pipeline.workflows" in graph["eaglewire.pipeline.stages"]
-    # serve.runtimes imports the accelerated start only inside make_runtime
-    assert "eaglewire.fastcpu.start" in graph["eaglewire.serve.runtimes"]
+    assert "eaglewire.workflows" in graph["eaglewire.pipeline.stages"]
+    # compose imports the accelerated start only inside runtime()
+    assert "eaglewire.fastcpu.start" in graph["eaglewire.compose"]
 
 
 def test_cycle_finder_names_the_cycle():
@@ -139,6 +143,8 @@ def package_violations(graph: dict[str, set[str]]) -> list[str]:
         a = _layer(mod)
         for target in sorted(targets):
             b = _layer(target)
+            if a == ROOT and b == FRONT_DOOR:
+                continue
             if a != b and (a not in rank or b not in rank or rank[b] > rank[a]):
                 bad.append(f"{mod} -> {target}")
     return bad
@@ -158,6 +164,7 @@ def test_the_layer_check_sees_an_upward_import():
     assert package_violations({"eaglewire.decoding.engine": {"eaglewire.fastcpu.gemm"}}) == \
         ["eaglewire.decoding.engine -> eaglewire.fastcpu.gemm"]
     assert package_violations({"eaglewire.fastcpu.gemm": {"eaglewire.decoding.layers"}}) == []
+    assert package_violations({"eaglewire": {"eaglewire.api", "eaglewire.cli.app"}}) == ["eaglewire -> eaglewire.cli.app"]
 
 
 def test_the_core_decoder_and_wiring_translate_load_no_acceleration_module():

@@ -32,7 +32,7 @@ def served():
     draft_dir = resolve_draft(None)
     draft = load_checkpoint(draft_dir, target=target)
     shape, max_len = TreeShape.chain(K), 1024
-    decoder = SpecDecoder(plain_runtime(target, max_len + K + 8), EagleProposer(draft, draft.contract, shape, max_len))
+    decoder = SpecDecoder(plain_runtime(target, max_len + K + 8), EagleProposer(draft, shape, max_len))
     eos = {target.tokenizer.eos_token_id}
 
     def generate(job, on_tokens):

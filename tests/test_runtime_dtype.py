@@ -80,7 +80,7 @@ def test_bf16_speculative_is_greedy_up_to_bf16_ties(arch, layout, shape):
     first_tie = next((i for i, g in enumerate(runner_up) if g <= TIE_ULPS), len(ref))
     # the oracle's drafts are mostly accepted, behind a wrong first sibling in the tree (so every round moves
     # the accepted branch in the KV cache); random ones almost never; the EAGLE draft is a random init
-    proposers = (OracleProposer(ref, shape), EagleProposer(draft, contract, shape, max_len=128),
+    proposers = (OracleProposer(ref, shape), EagleProposer(draft, shape, max_len=128, contract=contract),
                  RandomProposer(VOCAB, shape))
     for proposer in proposers:
         out, st = SpecDecoder(rt, proposer).generate(PROMPT, 30)
@@ -119,7 +119,7 @@ def test_bf16_draft_on_an_fp32_target_is_lossless_token_for_token(shape):
     draft, contract = build_draft(target, taps=(1, 2, 3))
     rt = FastRuntime(target, max_len=96)
     ref = greedy_reference(rt, PROMPT, 40)
-    out, st = SpecDecoder(rt, EagleProposer(draft.to(torch.bfloat16), contract, shape, max_len=96)).generate(PROMPT, 40)
+    out, st = SpecDecoder(rt, EagleProposer(draft.to(torch.bfloat16), shape, max_len=96, contract=contract)).generate(PROMPT, 40)
     assert out == ref and st.verify_steps > 0
 
 

@@ -67,7 +67,7 @@ def test_eagle_draft_lossless(arch, shape):
     target, rt = _setup(arch)
     draft, contract = build_draft(target, taps=(1, 2, 3))
     ref = greedy_reference(rt, PROMPT, 30)
-    out, st = SpecDecoder(rt, EagleProposer(draft, contract, shape, max_len=128)).generate(PROMPT, 30)
+    out, st = SpecDecoder(rt, EagleProposer(draft, shape, max_len=128, contract=contract)).generate(PROMPT, 30)
     assert out == ref
 
 
@@ -107,7 +107,7 @@ def test_proposer_drafts_what_the_training_forward_predicts():
     P = PROMPT.shape[1]
     logits, taps = rt.forward(PROMPT, torch.arange(P)[None], 0, taps=contract.taps)
     x = int(logits[0, -1].argmax())
-    prop = EagleProposer(draft, contract, CHAIN, max_len=64)
+    prop = EagleProposer(draft, CHAIN, max_len=64, contract=contract)
     prop.start(PROMPT, taps, x)
     drafted = prop.propose().tokens
     with torch.no_grad():
@@ -142,7 +142,7 @@ def test_hf_fallback_runtime_lossless(arch, shape):
     out, _ = SpecDecoder(plain_runtime(target, 128), RandomProposer(VOCAB, shape)).generate(PROMPT, 20)
     assert out == ref
     draft, contract = build_draft(target, taps=(1, 2, 3))
-    out, _ = SpecDecoder(plain_runtime(target, 128), EagleProposer(draft, contract, shape, 128)).generate(PROMPT, 20)
+    out, _ = SpecDecoder(plain_runtime(target, 128), EagleProposer(draft, shape, 128, contract=contract)).generate(PROMPT, 20)
     assert out == ref
 
 

@@ -14,7 +14,7 @@ from eaglewire.decoding.engine import SpecDecoder, greedy_reference
 from eaglewire.decoding.hf_runtime import HFRuntime
 from eaglewire.decoding.runtime import StaticRuntime, plain_runtime
 from eaglewire.decoding.tree import TreeShape
-from eaglewire.serve import runtimes
+from eaglewire import compose
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
@@ -30,25 +30,25 @@ def test_plain_runtime_falls_back_to_transformers_for_other_architectures():
 
 def test_without_the_extra_a_surface_decodes_on_the_plain_runtime_and_says_so_once(monkeypatch, caplog):
     monkeypatch.setattr(fastcpu, "available", lambda: "the fastcpu extra is not installed (test)")
-    monkeypatch.setattr(runtimes, "_said", set())
+    monkeypatch.setattr(compose, "_said", set())
     target = build_target("llama")
     said: list[str] = []
-    rt = runtimes.make_runtime(target, 64, calibrate=True, log=said.append)
-    runtimes.make_runtime(target, 64, calibrate=True, log=said.append)
+    rt = compose.runtime(target, 64, calibrate=True, log=said.append)
+    compose.runtime(target, 64, calibrate=True, log=said.append)
     assert type(rt) is StaticRuntime
     assert said == ["runtime: plain static-cache runtime (the fastcpu extra is not installed (test); the same "
                     "tokens, slower)"]
     draft, contract = build_draft(target, taps=(1, 2, 3))
-    prop = runtimes.make_proposer(draft, contract, TreeShape.chain(3), 64, rt)
+    prop = compose.proposer(draft, TreeShape.chain(3), 64, rt, contract=contract)
     assert prop.lean is None  # the draft's own modules
     prompt = torch.randint(0, VOCAB, (1, 7), generator=torch.Generator().manual_seed(3))
     ref = greedy_reference(rt, prompt, 16)
-    out, _ = SpecDecoder(runtimes.make_runtime(target, 64), prop).generate(prompt, 16)
+    out, _ = SpecDecoder(compose.runtime(target, 64), prop).generate(prompt, 16)
     assert out == ref
-    out, _ = SpecDecoder(runtimes.make_runtime(target, 64), OracleProposer(ref, TreeShape.chain(3))).generate(prompt, 16)
+    out, _ = SpecDecoder(compose.runtime(target, 64), OracleProposer(ref, TreeShape.chain(3))).generate(prompt, 16)
     assert out == ref
     with caplog.at_level(logging.INFO, logger="eaglewire"):  # no log callback: said through logging, once
-        monkeypatch.setattr(runtimes, "_said", set())
-        runtimes.make_runtime(target, 64)
-        runtimes.make_runtime(target, 64)
+        monkeypatch.setattr(compose, "_said", set())
+        compose.runtime(target, 64)
+        compose.runtime(target, 64)
     assert sum("plain static-cache runtime" in r.getMessage() for r in caplog.records) == 1

@@ -49,7 +49,7 @@ def _ours(target, draft, prompts):
     eos = {target.tokenizer.eos_token_id}
     max_len = max(p.shape[1] for p in prompts) + MAX_NEW + K + 16
     rt = plain_runtime(target, max_len)
-    prop = EagleProposer(draft, draft.contract, TreeShape.chain(K), max_len)
+    prop = EagleProposer(draft, TreeShape.chain(K), max_len)
     vanilla, accepted = [], []
     for p in prompts:
         vanilla.append(greedy_reference(rt, p, MAX_NEW, eos=eos))

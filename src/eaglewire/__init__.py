@@ -1,3 +1,30 @@
-"""eaglewire: train EAGLE-3 drafts, export them with proven wiring, run and measure speculative decoding."""
+"""eaglewire: train EAGLE-3 drafts, export them with proven wiring, run and measure speculative decoding.
+
+`import eaglewire as ew` gives the Python front door (eaglewire.api): `ew.load_target`, `ew.load_draft`,
+`ew.decoder`, `ew.measure_tau`, `ew.check`, ... Its names load on first use, so `import eaglewire.cli`
+(every command's start) does not import torch's models or the doctor until a command needs them.
+"""
 
 __version__ = "0.1.0"
+__all__ = ["Report", "TreeShape", "WiringContract", "build_vocab", "check", "decoder", "export_draft",
+           "import_draft", "load_draft", "load_target", "measure_tau", "train_draft"]
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: `import eaglewire.cli` stays light
+if TYPE_CHECKING:  # the names as a type checker and an IDE see them
+    from typing import Any
+
+    from eaglewire.api import (Report, TreeShape, WiringContract, build_vocab, check, decoder, export_draft,
+                               import_draft, load_draft, load_target, measure_tau, train_draft)
+
+
+def __getattr__(name: str) -> "Any":
+    """The front door's names, imported from eaglewire.api on first use (PEP 562)."""
+    if name in __all__:
+        from eaglewire import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'eaglewire' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*(n for n in globals() if n != "TYPE_CHECKING"), *__all__])

@@ -265,6 +265,8 @@ class TargetIdentity:
 
 @dataclass(frozen=True)
 class WiringContract:
+    """What a draft was trained against and every loader checks: the target, the tapped boundaries, the vocab map."""
+
     target: TargetIdentity
     taps: tuple[int, ...]
     capture: str = "residual_pre_norm"

@@ -1,5 +1,5 @@
 """`eaglewire generate|bench|serve`: speculative decoding on the local target with an EAGLE-3 or DFlash draft
-(the draft's contract names its family; its proposer and default shape come from decoding.propose.PROPOSERS)."""
+(the draft's contract names its family; its proposer and default shape come from eaglewire.compose.FAMILIES)."""
 
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ def _say(message: str) -> None:
 
 def _shape(contract, knobs: tuple) -> TreeShape:
     """The tree a round verifies: the knobs' shape, or the draft family's default when none is given (a block
-    drafter: its whole block; decoding.propose.proposal_shape)."""
-    from eaglewire.decoding.propose import proposal_shape
+    drafter: its whole block; eaglewire.compose.proposal_shape)."""
+    from eaglewire.compose import proposal_shape
 
     return proposal_shape(contract, TreeShape.from_knobs(*knobs) if any(k is not None for k in knobs) else None)
 
@@ -77,8 +77,7 @@ def generate_cmd(
 ) -> None:
     """Greedy speculative decoding (lossless: in float32 the text equals plain greedy decoding; in bfloat16
     every token is a greedy choice up to bf16 rounding, so the texts may part where two tokens tie)."""
-    from eaglewire.decoding.engine import SpecDecoder
-    from eaglewire.serve.runtimes import COMPILE_MODES, make_proposer, make_runtime
+    from eaglewire.compose import COMPILE_MODES, decoder
 
     shape = TreeShape.from_knobs(num_steps, topk, num_draft_tokens, num_speculative_tokens)
     if compile not in COMPILE_MODES:
@@ -87,9 +86,7 @@ def generate_cmd(
     shape = _shape(d.contract, (num_steps, topk, num_draft_tokens, num_speculative_tokens))
     ids = tgt.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                             return_dict=True, return_tensors="pt")["input_ids"]
-    max_len = ids.shape[1] + max_new_tokens + shape.num_draft_tokens + 8
-    rt = make_runtime(tgt, max_len, calibrate=True, log=_say, compile=compile, verify_rows=(shape.num_draft_tokens,))
-    dec = SpecDecoder(rt, make_proposer(d, d.contract, shape, max_len, rt))
+    dec = decoder(tgt, d, shape, max_new_tokens, context=ids.shape[1] + max_new_tokens, log=_say, compile=compile)
     out, st = dec.generate(ids, max_new_tokens, eos={tgt.tokenizer.eos_token_id})
     text = tgt.tokenizer.decode(out, skip_special_tokens=True)
     stats = st.as_dict(shape.num_steps)

@@ -65,24 +65,17 @@ def check_cmd(
     and (measured on the target, or on its boundaries dump) the boundaries the draft's weights were trained on.
     Given the engine's knobs, our speculative engine also decodes on the target with the delivered and the
     best boundaries at that shape (tens of seconds per set for a small target on a CPU)."""
-    from eaglewire.doctor.checks import by_level, run_checks
-    from eaglewire.doctor.geometry import require_default_target_fits, target_width
-    from eaglewire.doctor.measured_wiring import run_measurement
-    from eaglewire.doctor.inspect import inspect_dir
+    from eaglewire.api import check
+    from eaglewire.doctor.geometry import require_default_target_fits, stated_by
 
     shape = _engine_shape((num_steps, topk, num_draft_tokens, num_speculative_tokens), measure)
     tgt = _evidence(target, boundaries, measure)
-    ins = inspect_dir(draft, engine, engine_version)
-    require_default_target_fits(target_width(ins.layer_config), ins.contract, tgt,
-                                target_given=target is not None or boundaries is not None, draft=str(draft))
-    report = run_checks(ins, tgt)
-    if measure or boundaries is not None or shape is not None or (measure is None and target is not None
-                                                                   and ins.contract is None):
-        chain = steps if steps is not None else (shape.num_steps if shape is not None else 3)
-        with progress("doctor: measuring the wiring on the target") as say:
-            m, found = run_measurement(ins, tgt, chain_steps=chain, shape=shape, progress=say)
-        report.findings = by_level(report.findings + found)
-        report.measurement = m.to_dict() if m is not None else None
+    require_default_target_fits(*stated_by(draft), tgt, target_given=target is not None or boundaries is not None,
+                                draft=str(draft))
+    # a dump is evidence for the measurement; the default target (no --target) is measured only when asked
+    asked = True if boundaries is not None else (measure if measure is not None or target is not None else False)
+    report = check(draft, engine, tgt, measure=asked, steps=steps, shape=shape, engine_version=engine_version,
+                   progress=progress)
     if as_json:
         print(report.to_json())
     else:
@@ -208,14 +201,15 @@ def expect_cmd(
     as_json: bool = typer.Option(False, "--json", help="JSON for CI."),
 ) -> None:
     """Predict tau for the engine's knobs; flag a measured tau far below the prediction."""
-    from eaglewire.doctor.expect import judge, load_any_draft, parse_log, parse_log_counts, predict, rule_applied
+    from eaglewire.compose import load_draft
+    from eaglewire.doctor.expect import judge, parse_log, parse_log_counts, predict, rule_applied
     from eaglewire.decoding.tree import TreeShape
     from eaglewire.doctor.geometry import require_default_target_fits, stated_by
 
     shape = TreeShape.from_knobs(num_steps, topk, num_draft_tokens, num_speculative_tokens)
     tgt = load_target(target)
     require_default_target_fits(*stated_by(draft_dir), tgt, target_given=target is not None, draft=str(draft_dir))
-    draft, contract = load_any_draft(draft_dir, tgt, engine_version)
+    draft, contract = load_draft(draft_dir, tgt, engine_version=engine_version)
     rule = rule_applied(draft_dir, tgt, engine_version)
     tau, per_pos = predict(tgt, draft, contract, shape, _first_turn_prompts(tgt, questions, limit), max_new_tokens)
     text = log.read_text() if log else ""

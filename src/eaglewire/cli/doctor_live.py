@@ -77,7 +77,7 @@ def live_cmd(
     engine on the same prompts at the same shape. Verdict healthy / below expectation (where, and what to run
     next) / no speculative counters; also checks the engine's answers equal the target's own. Exit 1 unless
     healthy."""
-    from eaglewire.doctor.expect import load_any_draft
+    from eaglewire.compose import load_draft
     from eaglewire.doctor.live import compare, probe_engine, reference
 
     chats = _chats(prompts, limit)
@@ -85,7 +85,7 @@ def live_cmd(
         window = probe_engine(url, chats, max_tokens, engine)
     shape = _shape(num_speculative_tokens, (num_steps, topk, num_draft_tokens), window)
     tgt = load_target(target)
-    d, contract = load_any_draft(draft, tgt)
+    d, contract = load_draft(draft, tgt)
     with err_console.status(f"our engine on the same prompts at {shape.num_steps} draft positions"):
         ref = reference(tgt, d, contract, shape, chats, max_tokens)
     rep = compare(window, ref, shape.num_steps, str(draft), target)

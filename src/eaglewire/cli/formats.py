@@ -63,7 +63,7 @@ def import_cmd(
     from eaglewire.export.checkpoint import save_checkpoint
     from eaglewire.export.convert import check_out
     from eaglewire.export.engines import NATIVE, engine_for
-    from eaglewire.pipeline.workflows import import_any
+    from eaglewire.workflows import import_any
 
     check_out(out, "native", force=force, inputs=(directory,))
     tgt = load_target(target) if target else None

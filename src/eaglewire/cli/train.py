@@ -35,7 +35,7 @@ def vocab_build(
 ) -> None:
     """Count trained target tokens of the training split (held-out samples, as `train` splits them with the
     default --heldout-fraction, are left out), keep the most frequent, write d2t/t2d, report coverage."""
-    from eaglewire.pipeline.workflows import build_vocab, draft_vocab
+    from eaglewire.workflows import build_vocab, draft_vocab
 
     tgt = load_target(target)
     samples = read_samples(tgt, data, max_length, limit, split_turns)
@@ -76,10 +76,8 @@ def train_cmd(
 ) -> None:
     """Train a draft: EAGLE-3 with training-time test, or (--family dflash) a DFlash block drafter with the
     block objective (runs under torchrun for DDP)."""
-    from eaglewire.data.samples import split_heldout
+    from eaglewire.api import train_draft
     from eaglewire.train import dist
-    from eaglewire.draft.vocab import load_vocab
-    from eaglewire.pipeline.workflows import feature_source, mix_in_features, train_draft
     from eaglewire.train.objectives import objective as train_objective
 
     cfg = TrainConfig(**field_values(KNOBS, knobs))
@@ -92,22 +90,15 @@ def train_cmd(
     objective = train_objective(cfg.family)
     info = dist.setup()
     tgt, tap_list = _target_and_taps(target, features, taps, taps_from, info.device, objective.default_taps)
-    vmap = load_vocab(vocab)[0] if vocab is not None else None
-    contract = objective.make_contract(tgt, tap_list, vmap, cfg)
-    source, samples = feature_source(tgt, contract, features,
-                                     lambda: read_samples(tgt, data, max_length, limit, split_turns))
-    train_samples, heldout = split_heldout(samples, heldout_fraction)
-    train_samples = train_samples[:train_limit]
-    if also_features:
-        if features is None:
-            raise EaglewireError("--also-features needs --features", expected="a primary feature dir",
-                                 found="--data (online mode)")
-        source, extra = mix_in_features(tgt, contract, source, also_features)
-        train_samples += extra
-    err_console.print(f"{len(train_samples)} training / {len(heldout)} held-out samples; taps "
-                      f"{list(contract.taps)}; contract {contract.fingerprint()}; rank {info.rank}/{info.world_size}")
-    summary = train_draft(tgt, contract, vmap, source, train_samples, heldout, cfg, out, info, resume=resume,
-                          on_step=lambda r: _print_step(r, info.is_main))
+
+    def said(contract: Any, n_train: int, n_heldout: int) -> None:
+        err_console.print(f"{n_train} training / {n_heldout} held-out samples; taps {list(contract.taps)}; "
+                          f"contract {contract.fingerprint()}; rank {info.rank}/{info.world_size}")
+
+    summary = train_draft(tgt, tap_list, vocab, cfg, out, features=features, heldout_fraction=heldout_fraction,
+                          samples=lambda: read_samples(tgt, data, max_length, limit, split_turns),
+                          train_limit=train_limit, also_features=also_features, info=info, resume=resume,
+                          on_start=said, on_step=lambda r: _print_step(r, info.is_main))
     if info.is_main:
         acc = summary["heldout"].get("acc", [float("nan")])
         tau, rounds = summary["heldout"].get("tau_chain"), summary["heldout"].get("tau_rounds")

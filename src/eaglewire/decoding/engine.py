@@ -25,14 +25,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
-from eaglewire.export.engines import acceptance_length
+from eaglewire.tau import acceptance_length
 from eaglewire.decoding.propose import Proposer
 from eaglewire.decoding.runtime import Runtime
-from eaglewire.decoding.tree import greedy_accept, sample_accept, target_probs
+from eaglewire.decoding.tree import DraftTree, greedy_accept, sample_accept, target_probs
 
 
 @dataclass
@@ -55,7 +55,7 @@ class SpecStats:
         n = max(1, len(self.accepted))
         return [sum(a > i for a in self.accepted) / n for i in range(depth)]
 
-    def as_dict(self, depth: int) -> dict:
+    def as_dict(self, depth: int) -> dict[str, Any]:
         return {"tau": self.tau, "verify_steps": self.verify_steps, "new_tokens": self.new_tokens,
                 "per_position": self.per_position(depth), "tokens_per_s": self.new_tokens / self.total_s if self.total_s else 0,
                 "draft_s": self.draft_s, "verify_s": self.verify_s, "other_s": self.total_s - self.draft_s - self.verify_s}
@@ -78,7 +78,7 @@ class SpecDecoder:
         # greedy needs only each row's argmax (rt.greedy: the screened head where calibrated); sampling every logit
         target = self.rt.greedy if greedy else self.rt.forward
 
-        def choose(tree, vout):  # vout: argmax ids [1, M+1] or logits [1, M+1, V] -> (accepted path, bonus token)
+        def choose(tree: DraftTree, vout: torch.Tensor) -> tuple[list[int], int]:  # vout: argmax ids [1, M+1] or logits [1, M+1, V] -> (accepted path, bonus token)
             if greedy:
                 return greedy_accept(tree, vout[0].tolist())
             return sample_accept(tree, target_probs(vout[0], temperature, top_p), gen)

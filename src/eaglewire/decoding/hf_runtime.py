@@ -19,14 +19,15 @@ class HFRuntime:
         from transformers import DynamicCache
 
         self.target, self.max_len = target, max_len
-        self.cache = DynamicCache(config=target.model.config)
+        self.cache = DynamicCache(config=target.model.config)  # type: ignore[arg-type]  # a PreTrainedModel's
 
     def _length(self) -> int:
         return self.cache.get_seq_length()
 
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, start: int, mask: torch.Tensor | None = None,
-                taps: tuple[int, ...] = (), logit_rows: torch.Tensor | None = None):
+                taps: tuple[int, ...] = (), logit_rows: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Same contract as StaticRuntime.forward: the cache is cut back to `start` entries first (slots a
         previous tree verify wrote beyond the accepted path are dropped)."""
         B, T = ids.shape
@@ -36,7 +37,7 @@ class HFRuntime:
             self.cache.crop(start - self._length())  # negative: number of entries to remove
         if mask is None:
             mask = torch.ones(T, start + T, dtype=torch.bool, device=ids.device).tril(start)[None, None]
-        store: dict = {}
+        store: dict[int | str, list[torch.Tensor]] = {}
         with tap_hooks(self.target, taps, store) if taps else nullcontext():
             out = self.target.model(input_ids=ids, position_ids=positions, attention_mask=mask,
                                     past_key_values=self.cache, use_cache=True)

@@ -49,7 +49,7 @@ def _share(mods: list[torch.nn.Module], weight: torch.Tensor, bias: torch.Tensor
     """Point each module's weight (and bias) at its rows of the fused `weight` [sum out, in] (`bias`)."""
     row = 0
     for m in mods:
-        n = m.weight.shape[0]
+        n = int(m.weight.shape[0])
         m.weight.data = weight[row:row + n]  # contiguous rows: a view, not a copy
         if m.bias is not None:
             m.bias.data = bias[row:row + n]

@@ -7,22 +7,19 @@
 `taps` names the target boundaries a proposer needs from every verify forward (EAGLE-3: the contract's).
 Test doubles (an always-right and a random proposer) live in tests/proposers.py.
 
-`PROPOSERS` is the decoding layer's family registry (keyed by contract.family, as families.FAMILIES): how
-a family's draft proposes, and the per-round shape it verifies.
+Which proposer a draft decodes with (by the family its contract names) is chosen in one place, the
+composition root's registry (eaglewire.compose.FAMILIES).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import torch
 
 from eaglewire.contract import WiringContract
-from eaglewire.decoding.block import BlockProposer, block_shape
 from eaglewire.draft.model import DraftCache, Eagle3Draft
-from eaglewire.decoding.tree import DEFAULT_TREE, DraftTree, TreeShape
-from eaglewire.errors import EaglewireError
+from eaglewire.decoding.tree import DraftTree, TreeShape
 
 
 class Proposer(Protocol):
@@ -49,10 +46,14 @@ class EagleProposer:
     (as in training); they live in a static DraftCache. Each round's tree nodes are written after them and
     overwritten by the next round's committed entries."""
 
-    def __init__(self, draft: Eagle3Draft, contract: WiringContract, shape: TreeShape, max_len: int,
-                 drafter: Drafter | None = None) -> None:
+    def __init__(self, draft: Eagle3Draft, shape: TreeShape, max_len: int, drafter: Drafter | None = None, *,
+                 contract: WiringContract | None = None) -> None:
         """drafter: a decoding copy of `draft` that runs it faster (eaglewire.fastcpu.draft.FastDraft); None
-        runs the draft's own modules."""
+        runs the draft's own modules. contract: the wiring to decode with, the draft's own by default (the
+        doctor decodes with other taps)."""
+        contract = contract if contract is not None else draft.contract
+        if contract is None:
+            raise ValueError("the draft carries no contract (built by hand?): pass contract=")
         draft.cfg.require_matches(contract)  # the taps we will ask the target for are the draft's
         self.lean = drafter
         self.d = draft if drafter is None else drafter.model
@@ -77,6 +78,7 @@ class EagleProposer:
         return int(self.lean.argmax(normed) if self.lean is not None else self.d.lm_head(normed).argmax(-1))
 
     def start(self, prompt_ids: torch.Tensor, prompt_taps: torch.Tensor | None, first_token: int) -> None:
+        prompt_taps = _required(prompt_taps)
         self.n = 0
         # draft id i -> target id i + d2t[i], in Python (a chain maps one id per step); read per generation:
         # with layout="module" d is the caller's draft
@@ -84,7 +86,7 @@ class EagleProposer:
         self._extend(prompt_taps, prompt_ids[0, 1:].tolist() + [first_token])
 
     def accept(self, taps: torch.Tensor | None, tokens: list[int]) -> None:
-        self._extend(taps, tokens)
+        self._extend(_required(taps), tokens)
 
     @torch.no_grad()
     def propose(self) -> DraftTree:
@@ -111,6 +113,7 @@ class EagleProposer:
             pos = torch.full((1, len(frontier)), self.n - 2 + level)
             out = self.d.step(toks, hidden, pos, mask, cache=self.cache, start=slot)
             slot += len(frontier)
+            assert out.logits is not None  # step() computes them unless told not to
             child = torch.log_softmax(out.logits[0].float(), -1).topk(K)  # [F, K]
             cand = (torch.tensor([scores[f] for f in frontier])[:, None] + child.values).flatten()
             base = len(scores)
@@ -170,43 +173,16 @@ class EagleProposer:
         return DraftTree(tokens=target_ids, parents=[index[parents[i]] if parents[i] >= 0 else -1 for i in keep])
 
 
+def _required(taps: torch.Tensor | None) -> torch.Tensor:
+    """The target's taps, which an EAGLE-3 draft reads at every position (a runtime asked for `taps` gives them)."""
+    if taps is None:
+        raise ValueError("an EAGLE-3 proposer needs the target's taps from every forward; the runtime gave none")
+    return taps
+
+
 def _ancestors(i: int, parents: list[int]) -> list[int]:
     out, p = [], parents[i]
     while p >= 0:
         out.append(p)
         p = parents[p]
     return out
-
-
-@dataclass(frozen=True)
-class ProposerFamily:
-    """How a drafter family decodes: `shape(contract, knobs)` is the tree a round verifies (None = the
-    family's default), `make(draft, contract, shape, max_len, drafter)` its proposer; `fast_drafter` says
-    whether an accelerated decoding copy (fastcpu.draft.FastDraft) exists for its drafts."""
-
-    shape: Callable[[WiringContract, TreeShape | None], TreeShape]
-    make: Callable[[Any, WiringContract, TreeShape, int, Any], Proposer]
-    fast_drafter: bool
-
-
-PROPOSERS: dict[str, ProposerFamily] = {
-    "eagle3": ProposerFamily(shape=lambda contract, shape: shape or DEFAULT_TREE,
-                             make=lambda d, c, shape, max_len, drafter: EagleProposer(d, c, shape, max_len, drafter),
-                             fast_drafter=True),
-    "dflash": ProposerFamily(shape=block_shape,
-                             make=lambda d, c, shape, max_len, drafter: BlockProposer(d, c, shape, max_len),
-                             fast_drafter=False),
-}
-
-
-def proposer_family(contract: WiringContract) -> ProposerFamily:
-    if contract.family not in PROPOSERS:
-        raise EaglewireError(f"no proposer for the {contract.family} family", expected=" / ".join(PROPOSERS),
-                             found=contract.family, fix="decode it with a version of eaglewire that has one")
-    return PROPOSERS[contract.family]
-
-
-def proposal_shape(contract: WiringContract, shape: TreeShape | None) -> TreeShape:
-    """The tree a draft with `contract` verifies per round, from the command-line knobs' shape (None: none
-    given, the family's default)."""
-    return proposer_family(contract).shape(contract, shape)

@@ -173,7 +173,8 @@ class StaticRuntime:
             q, k = qk[:, :self.heads], qk[:, self.heads:]
         else:  # Qwen3: RMSNorm over each head (its own weight for q and for k) before RoPE
             q = rms_norm(qkv[..., :self.heads * hd].view(B, T, self.heads, hd), L.q_norm, self.eps)
-            k = rms_norm(qkv[..., self.heads * hd:nq * hd].view(B, T, self.kv_heads, hd), L.k_norm, self.eps)
+            k = rms_norm(qkv[..., self.heads * hd:nq * hd].view(B, T, self.kv_heads, hd), L.k_norm,  # type: ignore[arg-type]
+                         self.eps)  # k_norm is set wherever q_norm is (read_layer)
             q, k = rotate(q.transpose(1, 2), cos, sin), rotate(k.transpose(1, 2), cos, sin)
         v = qkv[..., nq * hd:].view(B, T, self.kv_heads, hd).transpose(1, 2)
         kc, vc = self.k_layers[i], self.v_layers[i]  # [batch, kv_heads, slots, D]

@@ -18,6 +18,8 @@ from eaglewire.errors import EaglewireError
 
 @dataclass(frozen=True)
 class TreeShape:
+    """A round's draft tree: depth S, branching K, N verified tokens (the root included); `chain(k)` for vLLM's k."""
+
     num_steps: int = 4  # S: draft depth (draft forwards per round)
     topk: int = 1  # K: branching per node (1 = chain)
     num_draft_tokens: int = 5  # N: verified tokens per round INCLUDING the root (SGLang's meaning)
@@ -109,7 +111,8 @@ def greedy_accept(tree: DraftTree, target_argmax: list[int]) -> tuple[list[int],
     children: dict[int, list[int]] = {}
     for i, p in enumerate(tree.parents):
         children.setdefault(p, []).append(i)
-    path, cur_pred, cur = [], target_argmax[0], -1
+    path: list[int] = []
+    cur_pred, cur = target_argmax[0], -1
     while True:
         nxt = next((c for c in children.get(cur, []) if tree.tokens[c] == cur_pred), None)
         if nxt is None:
@@ -140,7 +143,8 @@ def sample_accept(tree: DraftTree, probs: torch.Tensor, gen: torch.Generator) ->
     children: dict[int, list[int]] = {}
     for i, p in enumerate(tree.parents):
         children.setdefault(p, []).append(i)
-    path, cur = [], -1
+    path: list[int] = []
+    cur = -1
     while True:
         r = probs[0 if cur < 0 else 1 + cur].clone()
         nxt = None

@@ -377,6 +377,8 @@ def dtype_and_contract(ins: Inspection, target: Any) -> list[Finding]:
 
 @dataclass
 class Report:
+    """The doctor's verdict on one draft directory: its findings, most severe first; `errors` counts the errors."""
+
     directory: str
     engine: str
     findings: list[Finding]

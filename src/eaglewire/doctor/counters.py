@@ -17,7 +17,7 @@ Formats (each engine's own code is the source):
   "accept len: X" per interval. No delta and no per-position figure can be had from either; its reader
   returns the gauge (a window of SGLang's own choosing, not ours) and says so (`Counters.gauge_only`).
 
-tau is eaglewire.export.engines.acceptance_length (the one definition; vLLM's "mean acceptance length").
+tau is eaglewire.tau.acceptance_length (the one definition; vLLM's "mean acceptance length").
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from eaglewire.errors import EaglewireError
-from eaglewire.export.engines import acceptance_length
+from eaglewire.tau import acceptance_length
 
 VLLM_PREFIX = "vllm:spec_decode_"
 VLLM_NAMES = {f"{VLLM_PREFIX}num_drafts": "drafts", f"{VLLM_PREFIX}num_draft_tokens": "draft_tokens",

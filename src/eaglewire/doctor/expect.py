@@ -20,12 +20,10 @@ from __future__ import annotations
 import re
 import statistics
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # annotations only: the target is loaded by the caller
     from eaglewire.target.loader import Target
-    from eaglewire.target.protocol import TargetInfo
 
 RATIO, MARGIN = 0.75, 0.25
 LEVEL, POS_MARGIN = 0.99, 0.05
@@ -98,7 +96,7 @@ def judge(predicted: float, per_position: list[float], measured: float | None,
           counts: Counts | None = None) -> Expectation:
     """The verdict (module docstring). `counts`: the engine's own counters, for the first-position rule."""
     if measured is None and counts is not None:
-        from eaglewire.export.engines import acceptance_length
+        from eaglewire.tau import acceptance_length
 
         measured = acceptance_length(sum(counts.accepted_per_position), counts.drafts)
     if measured is None:
@@ -123,40 +121,16 @@ def judge(predicted: float, per_position: list[float], measured: float | None,
 
 def predict(target: Target, draft: Any, contract: Any, shape: Any, prompts: list[Any], max_new_tokens: int) -> tuple[float, list[float]]:
     """Run our engine with the engine's knobs on the prompts; tau and per-position acceptance."""
-    from eaglewire.decoding.engine import SpecDecoder, SpecStats
-    from eaglewire.decoding.runtime import plain_runtime
-    from eaglewire.decoding.propose import EagleProposer
+    from eaglewire.compose import measure_tau
 
-    max_len = max(p.shape[1] for p in prompts) + max_new_tokens + shape.num_draft_tokens + 16
-    rt = plain_runtime(target, max_len)  # tau does not depend on how fast the GEMMs run
-    dec = SpecDecoder(rt, EagleProposer(draft, contract, shape, max_len))
-    eos = {target.tokenizer.eos_token_id} if target.tokenizer is not None else set()
-    pooled = SpecStats()
-    for ids in prompts:
-        pooled.accepted += dec.generate(ids, max_new_tokens, eos)[1].accepted
+    pooled = measure_tau(target, draft, prompts, shape, max_new_tokens, contract=contract)
     tau = pooled.tau if pooled.accepted else 0.0  # no verify step at all: nothing was predicted
     return tau, pooled.per_position(shape.num_steps)
 
 
-def load_any_draft(path: Path, target: TargetInfo, engine_version: str | None = None) -> tuple[Any, Any]:
-    """A native checkpoint or any export (format detected the way the doctor does); `engine_version`: the
-    release whose layer-id rule reads an export's ids (SGLang; default: the newest verified)."""
-
-    from eaglewire.export.checkpoint import load_checkpoint
-    from eaglewire.doctor.inspect import detect_engine
-    from eaglewire.export.convert import import_draft
-    from eaglewire.safeio import read_json_object
-
-    cfg = read_json_object(Path(path) / "config.json", what="a draft config")
-    if cfg.get("format") == "eaglewire.draft/1":
-        d = load_checkpoint(path, target=target)
-        return d, d.contract
-    return import_draft(path, detect_engine(cfg), target=target, engine_version=engine_version)
-
-
 def rule_applied(path: Path, target: TargetInfo, engine_version: str | None = None) -> str:
     """Which engine rule read the export's layer ids ("SGLang 0.5.23 llama.py (sglang-plus1)"), "" if none."""
-    from eaglewire.doctor.inspect import detect_engine
+    from eaglewire.export.convert import detect_engine
     from eaglewire.export.engines import engine_for
     from eaglewire.safeio import read_json_object
 

@@ -17,6 +17,7 @@ from eaglewire.export.engines import Engine, engine_for
 from eaglewire.errors import EaglewireError
 from eaglewire.doctor.config_types import check_config_types
 from eaglewire.export.base import CONTRACT_FILE, read_contract
+from eaglewire.export.convert import detect_engine
 from eaglewire.safeio import about_file, open_safetensors, read_json_object
 
 
@@ -48,19 +49,6 @@ class Inspection:
                 return None
             node = node[part]
         return node
-
-
-def detect_engine(config: dict[str, Any]) -> str:
-    if "speculators_model_type" in config:
-        return "vllm"
-    archs = config.get("architectures") or []
-    if "LlamaForCausalLMEagle3" in archs:
-        return "sglang"
-    if config.get("format") == "eaglewire.draft/1":
-        raise EaglewireError("this is a native eaglewire checkpoint, not an engine export",
-                             expected="an exported directory, or --engine to check it as that engine would load it",
-                             found="format eaglewire.draft/1", fix="eaglewire export DIR --format sglang|vllm ...")
-    return "eagle"
 
 
 def inspect_dir(directory: Path, engine: str | None, engine_version: str | None = None) -> Inspection:

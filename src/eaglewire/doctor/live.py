@@ -29,7 +29,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from eaglewire.doctor.counters import Counters, detect_engine, read_counters
 from eaglewire.doctor.expect import POS_MARGIN, Counts, judge, wilson
@@ -128,19 +128,19 @@ class Reference:
 
 
 def reference(target: Any, draft: Any, contract: Any, shape: Any, chats: list[list[dict[str, str]]],
-              max_tokens: int, proposer: Callable[..., Any] | None = None) -> Reference:
-    """proposer(draft, contract, shape, max_len): the family's proposer (default EAGLE-3's); any family whose
-    proposer drafts shape.num_steps tokens a round gets per-position figures the engines' counters compare with."""
-    from eaglewire.decoding.engine import SpecDecoder, SpecStats
-    from eaglewire.decoding.propose import EagleProposer
-    from eaglewire.decoding.runtime import plain_runtime
+              max_tokens: int) -> Reference:
+    """Our engine on the chats at `shape`, with the proposer of the draft's family (eaglewire.compose); any
+    family whose proposer drafts shape.num_steps tokens a round gets per-position figures the engines'
+    counters compare with."""
+    from eaglewire.compose import decoder
+    from eaglewire.decoding.engine import SpecStats
 
     tok = target.tokenizer
     prompts = [tok.apply_chat_template(m, add_generation_prompt=True, return_dict=True,
                                        return_tensors="pt")["input_ids"] for m in chats]
-    max_len = max(p.shape[1] for p in prompts) + max_tokens + shape.num_draft_tokens + 16
-    rt = plain_runtime(target, max_len)  # tau does not depend on how fast the GEMMs run
-    dec = SpecDecoder(rt, (proposer or EagleProposer)(draft, contract, shape, max_len))
+    # tau does not depend on how fast the GEMMs run: the plain runtime
+    dec = decoder(target, draft, shape, max_tokens, context=max(p.shape[1] for p in prompts) + max_tokens,
+                  accelerate=False, calibrate=False, contract=contract)
     eos, pooled, answers = {tok.eos_token_id}, SpecStats(), []
     for ids in prompts:
         # our speculative decoder's greedy answer IS the target's own greedy answer (lossless by construction,

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from eaglewire.capture.boundaries import Boundaries
 from eaglewire.draft.model import Eagle3Draft
-from eaglewire.train.ttt import shift_left, ttt_attention_mask
+from eaglewire.draft.unroll import shift_left, ttt_attention_mask
 
 if TYPE_CHECKING:
     from eaglewire.doctor.measured_tau import EngineRun

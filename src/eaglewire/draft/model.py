@@ -191,6 +191,8 @@ class Eagle3Draft(nn.Module):
         self.layers = nn.ModuleList(DraftLayer(cfg, first=i == 0) for i in range(cfg.num_layers))
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(h, cfg.draft_vocab_size, bias=False)
+        self.d2t: torch.Tensor  # [V_d] int64: target id of draft id i = i + d2t[i]
+        self.t2d: torch.Tensor  # [V] bool: target ids the draft vocabulary holds
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
         self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
 

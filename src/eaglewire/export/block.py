@@ -82,6 +82,22 @@ def block_family(config_path: Path) -> str | None:
     return found.pop() if len(found) == 1 else None
 
 
+def block_layout(config: dict[str, Any], side: WiringContract | None = None) -> str:
+    """Which DFlash format wrote an export's config.json: speculators' architecture says vLLM's; z-lab's and
+    SGLang's share theirs, so the contract side file (`side`) decides by the convention whose ids the config
+    holds (where both read the same ids, either reads it the same). No side file: z-lab's, the publisher's
+    layout; another layout is then imported with `eaglewire import --format`."""
+    if config.get("architectures") == [SPECULATORS_ARCH]:
+        return "vllm"
+    ids = _path(config, BLOCK_FORMATS["dflash"]["zlab"].ids_at)
+    if side is not None:
+        for name in ("zlab", "sglang"):
+            conv = BLOCK_FORMATS["dflash"][name].convention
+            if list(to_engine(side.taps, conv, side.target.num_layers)) == ids:
+                return name
+    return "zlab"
+
+
 def block_format(family: str, name: str) -> BlockFormat:
     formats = BLOCK_FORMATS.get(family)
     if formats is None:
@@ -239,7 +255,7 @@ def _draft_config(fmt: BlockFormat, config: dict[str, Any], contract: WiringCont
     try:
         return DraftConfig(hidden_size=layer["hidden_size"], intermediate_size=layer["intermediate_size"],
                            num_attention_heads=layer["num_attention_heads"],
-                           num_key_value_heads=layer.get("num_key_value_heads", layer["num_attention_heads"]),
+                           num_key_value_heads=layer.get("num_key_value_heads") or layer["num_attention_heads"],
                            head_dim=layer["head_dim"], target_hidden_size=config.get("target_hidden_size")
                            or layer["hidden_size"], num_taps=contract.num_taps, vocab_size=layer["vocab_size"],
                            draft_vocab_size=config.get("draft_vocab_size") or layer["vocab_size"],
@@ -285,6 +301,7 @@ def import_block_draft(directory: Path, fmt_name: str, *, family: str = "dflash"
     _refuse_semantics(fmt, config, layer if isinstance(layer, dict) else {}, where)
     contract = _contract_for(fmt, config, directory, target, where)
     cfg = _draft_config(fmt, config, contract, where)
+    assert contract.block is not None  # _contract_for compared it with the config's (a dflash contract has one)
     _refuse_unportable(contract.block, cfg, fmt.name)
     cfg.require_matches(contract)
     tensors = read_safetensors(directory / WEIGHTS)

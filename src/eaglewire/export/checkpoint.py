@@ -22,7 +22,7 @@ from eaglewire.errors import CheckpointError
 from eaglewire.outputs import replace_dir
 from eaglewire.safeio import atomic_save_safetensors, atomic_write_json, about_file, field_of, read_json_object, \
     read_safetensors_file
-from eaglewire.target.loader import Target
+from eaglewire.target.protocol import TargetInfo
 from eaglewire.draft.vocab import validate_vocab_map, vocab_map_sha256
 
 FORMAT = "eaglewire.draft/1"
@@ -33,7 +33,7 @@ _CONFIG_KEYS = {"format", "eaglewire_version", "draft", "contract", "saved_embed
 def is_checkpoint(directory: Path) -> bool:
     """A native checkpoint: its config.json names this format."""
     try:
-        return json.loads((Path(directory) / CONFIG).read_text(encoding="utf-8")).get("format") == FORMAT
+        return bool(json.loads((Path(directory) / CONFIG).read_text(encoding="utf-8")).get("format") == FORMAT)
     except (OSError, ValueError, AttributeError):
         return False
 
@@ -86,7 +86,7 @@ def save_checkpoint(draft: Any, contract: WiringContract, out: Path, *,
                        what="checkpoint")
 
 
-def read_checkpoint_config(path: Path) -> tuple[DraftConfig, WiringContract, dict]:
+def read_checkpoint_config(path: Path) -> tuple[DraftConfig, WiringContract, dict[str, Any]]:
     cfg_path = Path(path) / CONFIG
     if not cfg_path.is_file():
         raise CheckpointError(f"{path} is not an eaglewire checkpoint", expected=f"{CONFIG} and {WEIGHTS}",
@@ -109,7 +109,7 @@ def read_checkpoint_config(path: Path) -> tuple[DraftConfig, WiringContract, dic
     return cfg, contract, meta
 
 
-def load_checkpoint(path: Path, *, target: Target | None = None,
+def load_checkpoint(path: Path, *, target: TargetInfo | None = None,
                     dtype: torch.dtype | None = torch.float32) -> Any:
     """Load strictly (the loader imports share, keyed by the contract's family: an Eagle3Draft or a
     DFlashDraft). With `target`, also require the contract to be for it and attach its embedding (and, for a
@@ -124,10 +124,8 @@ def load_checkpoint(path: Path, *, target: Target | None = None,
                        float_dtype=meta["dtype"], target=target, dtype=dtype)
 
 
-def _require_template(contract: WiringContract, target: Target, path: Path) -> None:
-    from eaglewire.contract import sha256_text
-
-    found = sha256_text(target.chat_template)
+def _require_template(contract: WiringContract, target: TargetInfo, path: Path) -> None:
+    found = target.chat_template_sha256
     if contract.chat_template_sha256 is not None and found != contract.chat_template_sha256:
         raise CheckpointError(f"checkpoint {path} was trained with another chat template",
                               expected=f"chat_template_sha256={contract.chat_template_sha256}",

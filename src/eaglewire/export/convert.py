@@ -16,8 +16,9 @@ from eaglewire.contract import WiringContract, default_taps, from_engine
 from eaglewire.norms import NormFlags
 from eaglewire.draft.load import EMBED_KEY as EMBED
 from eaglewire.draft.load import load_strict
+from eaglewire.draft.dflash import DFlashDraft
 from eaglewire.draft.model import Eagle3Draft
-from eaglewire.errors import CheckpointError, ContractMismatch
+from eaglewire.errors import CheckpointError, ContractMismatch, EaglewireError
 from eaglewire.export.engines import FORMATS, NATIVE, Engine, engine_for
 from eaglewire.export.block import BLOCK_FORMATS, block_family, export_block_draft, import_block_draft
 from eaglewire.export.base import cast_floats, read_contract, read_json, read_safetensors, rename_all, write_dir, \
@@ -28,7 +29,7 @@ from eaglewire.safeio import about_file
 from eaglewire.draft.vocab import VocabMap
 from eaglewire.target.protocol import TargetInfo
 
-__all__ = ["FORMATS", "check_out", "export_draft", "import_draft"]
+__all__ = ["FORMATS", "check_out", "detect_engine", "export_draft", "import_draft"]
 
 
 def check_out(out: Path, fmt: str, *, force: bool = False, inputs: tuple[Path, ...] = ()) -> None:
@@ -43,7 +44,7 @@ def check_out(out: Path, fmt: str, *, force: bool = False, inputs: tuple[Path, .
                      what="checkpoint" if native else "export")
 
 
-def export_draft(draft: Eagle3Draft, contract: WiringContract, out: Path, fmt: str, *,
+def export_draft(draft: Eagle3Draft | DFlashDraft, contract: WiringContract, out: Path, fmt: str, *,
                  dtype: torch.dtype | None = None, with_embedding: bool | None = None,
                  verifier: str | None = None, engine_version: str | None = None, force: bool = False,
                  inputs: tuple[Path, ...] = ()) -> Path:
@@ -51,6 +52,7 @@ def export_draft(draft: Eagle3Draft, contract: WiringContract, out: Path, fmt: s
     `engine_version` the engine release whose layer-id rule applies (SGLang; default: the newest verified).
     An existing `out` must be an earlier export (or `force`) and never one of `inputs` (eaglewire.outputs)."""
     if contract.family in BLOCK_FORMATS and fmt != NATIVE:  # a block drafter: its family's format records
+        assert isinstance(draft, DFlashDraft), f"a {contract.family} contract on a {type(draft).__name__}"
         return export_block_draft(draft, contract, out, fmt, dtype=dtype, verifier=verifier, force=force,
                                   inputs=inputs)
     if fmt == NATIVE:
@@ -70,7 +72,7 @@ def export_draft(draft: Eagle3Draft, contract: WiringContract, out: Path, fmt: s
 
 
 def _contract_for(layout: Engine, config: dict[str, Any], native: dict[str, torch.Tensor], directory: Path,
-                  target: TargetInfo, flags: NormFlags) -> WiringContract:
+                  target: TargetInfo | None, flags: NormFlags) -> WiringContract:
     ids = config_ids(layout, config)
     if ids is None and not layout.hard_coded_taps:
         raise CheckpointError(f"{directory}: the layer-id list is missing from config.json",
@@ -79,7 +81,7 @@ def _contract_for(layout: Engine, config: dict[str, Any], native: dict[str, torc
     side = read_contract(directory)
     if side is not None:
         conv = layout.convention_for(side.target.architecture)
-        if not layout.hard_coded_taps and list(side.engine_ids(conv)) != list(ids):
+        if ids is not None and list(side.engine_ids(conv)) != list(ids):
             raise ContractMismatch(f"{directory}: config.json layer ids disagree with the wiring contract",
                                    expected=f"{layout.rule_note(side.target.architecture) or conv} ids "
                                    f"{list(side.engine_ids(conv))} "
@@ -92,7 +94,7 @@ def _contract_for(layout: Engine, config: dict[str, Any], native: dict[str, torc
                               fix="pass --target (the trained boundaries are then measured on it)")
     L = target.num_layers
     conv = layout.convention_for(target.identity.architecture)
-    taps = default_taps(L) if layout.hard_coded_taps else from_engine(ids, conv, L)
+    taps = default_taps(L) if ids is None else from_engine(ids, conv, L)
     return target.contract(taps, norm=flags, vocab_map=_vocab_map(native, directory))
 
 
@@ -106,7 +108,7 @@ def _vocab_map(native: dict[str, torch.Tensor], directory: Path) -> VocabMap:
 
 def import_draft(directory: Path, fmt: str, *, target: TargetInfo | None = None,
                  taps: tuple[int, ...] | None = None, engine_version: str | None = None,
-                 ) -> tuple[Eagle3Draft, WiringContract]:
+                 ) -> tuple[Eagle3Draft | DFlashDraft, WiringContract]:
     """Load an exported draft strictly into the native model (float weights keep the file's dtype).
 
     taps: boundaries measured by the caller (eaglewire.doctor): the contract is built from `target` with
@@ -139,7 +141,8 @@ def import_draft(directory: Path, fmt: str, *, target: TargetInfo | None = None,
     return draft, contract
 
 
-def _import_native(directory: Path, target: TargetInfo, taps: tuple[int, ...] | None) -> tuple[Eagle3Draft, WiringContract]:
+def _import_native(directory: Path, target: TargetInfo | None,
+                   taps: tuple[int, ...] | None) -> tuple[Eagle3Draft, WiringContract]:
     from eaglewire.export.checkpoint import load_checkpoint
 
     if taps is not None:
@@ -147,4 +150,19 @@ def _import_native(directory: Path, target: TargetInfo, taps: tuple[int, ...] | 
                               expected="no measured taps", found=f"taps {list(taps)}",
                               fix="measured taps are for drafts from other tools (engine layouts)")
     draft = load_checkpoint(directory, target=target, dtype=None)
+    assert draft.contract is not None  # the native loader attaches the stored one
     return draft, draft.contract
+
+
+def detect_engine(config: dict[str, Any]) -> str:
+    """The engine layout an exported config.json was written in (its own keys say it)."""
+    if "speculators_model_type" in config:
+        return "vllm"
+    archs = config.get("architectures") or []
+    if "LlamaForCausalLMEagle3" in archs:
+        return "sglang"
+    if config.get("format") == "eaglewire.draft/1":
+        raise EaglewireError("this is a native eaglewire checkpoint, not an engine export",
+                             expected="an exported directory, or --engine to check it as that engine would load it",
+                             found="format eaglewire.draft/1", fix="eaglewire export DIR --format sglang|vllm ...")
+    return "eagle"

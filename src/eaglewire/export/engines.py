@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from eaglewire.errors import CheckpointError
 from eaglewire.export.sglang_rules import LEGACY_RELEASE
@@ -85,7 +86,7 @@ class Engine:
         return rule.describe() if rule is not None else ""
 
 
-_SGLANG = dict(config_style="eagle3", id_keys=(NESTED_IDS_KEY,), prefix0="midlayer.", layer0_prefixes=("midlayer.",),
+_SGLANG: dict[str, Any] = dict(config_style="eagle3", id_keys=(NESTED_IDS_KEY,), prefix0="midlayer.", layer0_prefixes=("midlayer.",),
                multi_layer=False, norms=frozenset({"fc_norm", "norm_output"}), replaces_embedding=True,
                skips_unknown_keys=True, tied_head_from_embedding=True)
 
@@ -125,9 +126,3 @@ def engine_for(name: str, version: str | None = None) -> Engine:
                               fix=fix)
     return record
 
-
-def acceptance_length(accepted_drafts: int, verify_steps: int) -> float:
-    """tau: tokens a verify step yields on average, the accepted drafts plus the target's own (bonus)
-    token; nan before any step. The one definition (SpecStats, the server's counters, bench, the doctor,
-    vLLM's counters read back): vLLM's mean acceptance length counts the bonus token too."""
-    return (accepted_drafts + verify_steps) / verify_steps if verify_steps else float("nan")

@@ -123,7 +123,7 @@ def config_ids(layout: Engine, config: dict[str, Any]) -> list[int] | None:
     node: Any = config
     for part in layout.id_keys[0].split("."):
         node = node.get(part) if isinstance(node, dict) else None
-    return node
+    return node  # type: ignore[no-any-return]  # the config's own list; config_types checks its items
 
 
 def _rope_theta(base: dict[str, Any]) -> float:
@@ -137,11 +137,12 @@ def _rope_theta(base: dict[str, Any]) -> float:
 
 def draft_config_from(layout: Engine, config: dict[str, Any], num_taps: int) -> DraftConfig:
     """DraftConfig from an exported config (the inverse of make_config)."""
-    base = config.get("transformer_layer_config") if layout.config_style == "speculators" else config
-    where = f"{layout.name} config.json" + (" transformer_layer_config" if base is not config else "")
-    if not isinstance(base, dict):
-        raise CheckpointError(f"{where} is not an object", expected="a JSON object", found=repr(base)[:80],
+    raw = config.get("transformer_layer_config") if layout.config_style == "speculators" else config
+    where = f"{layout.name} config.json" + (" transformer_layer_config" if raw is not config else "")
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{where} is not an object", expected="a JSON object", found=repr(raw)[:80],
                               fix="the directory is not an export of this format, or the file is damaged")
+    base: dict[str, Any] = raw
     for key in ("hidden_size", "num_attention_heads"):  # divided below, before DraftConfig checks the rest
         field_of(base, key, int, where=where, error=CheckpointError, positive=True)
     raw = {k: config.get(k, base.get(k, False)) for k in NormFlags.__dataclass_fields__}

@@ -46,7 +46,8 @@ DFLASH_SHIFT = {"sglang-plus1": 1, "as-is": 0}
 
 @lru_cache(maxsize=1)
 def record() -> dict[str, Any]:
-    return json.loads(RECORD.read_text())
+    rec: dict[str, Any] = json.loads(RECORD.read_text())
+    return rec
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,8 @@ def check_release(version: str | None) -> str:
 
 
 def _homes(kind: str, release: str) -> dict[str, dict[str, Any]]:
-    return record()[kind][release]
+    homes: dict[str, dict[str, Any]] = record()[kind][release]
+    return homes
 
 
 def rule_for(architecture: str | None, release: str | None = None, kind: str = "eagle3") -> SGLangRule:

@@ -10,8 +10,8 @@ its draft faster on a CPU, without changing a token (every layout is tested for 
     screened_head.py  the greedy head through a bf16 screen            draft.py          FastDraft
     calibration.py    per-machine calibration, cached                  start.py          make_fast_runtime
 
-`available()` says whether the extra is installed; eaglewire.serve.runtimes picks this layer only then.
-Nothing below eaglewire.serve imports it (tests/test_import_graph.py).
+`available()` says whether the extra is installed; eaglewire.compose.runtime picks this layer only then.
+Nothing below eaglewire.compose imports it (tests/test_import_graph.py).
 """
 
 from __future__ import annotations

@@ -152,7 +152,7 @@ def _regen_vllm(ctx: Ctx, out: Path, s: Any, on_batch: Callable) -> Any:
 
 
 def vocab(ctx: Ctx, work: Path) -> dict[str, Any]:
-    from eaglewire.pipeline.workflows import build_vocab
+    from eaglewire.workflows import build_vocab
 
     samples = _samples(ctx)
     keep = _warm_start_vocab(ctx)
@@ -170,7 +170,7 @@ def _warm_start_vocab(ctx: Ctx) -> Any:
     """The warm start's own vocabulary when training continues a draft of the same V_d (vocab.from_init):
     every head row of that draft is trained, while a map rebuilt from a short run's data would swap rows
     for untrained ones (quick's 292 conversations keep 4,775 of the release's 8,000 ids) and cover less."""
-    from eaglewire.pipeline.workflows import draft_vocab
+    from eaglewire.workflows import draft_vocab
 
     init = _resolve_init(ctx, ctx.cfg.train.train_config()).init_from
     if not (ctx.cfg.vocab.from_init and init):
@@ -207,31 +207,25 @@ def features(ctx: Ctx, work: Path) -> dict[str, Any]:
 
 def train(ctx: Ctx, work: Path) -> dict[str, Any]:
     """TTT training in `work` (resumes from work/checkpoints when a previous run was killed)."""
-    from eaglewire.data.samples import split_heldout
+    from eaglewire.api import train_draft
     from eaglewire.train import state as trainer_state
-    from eaglewire.draft.vocab import load_vocab
-    from eaglewire.pipeline.workflows import feature_source, train_draft
-    from eaglewire.train.config import draft_norms
 
     t = ctx.cfg.train
-    vmap, _, _ = load_vocab(Path(ctx.results["vocab"]["file"]))
     cfg = _resolve_init(ctx, t.train_config())  # before the contract: a warm start keeps its norm flags
-    contract = ctx.target.contract(ctx.contract.taps, vocab_map=vmap, norm=draft_norms(cfg))
     features_dir = ctx.dirs["features"] if t.features == "offline" else None
-    source, samples = feature_source(ctx.target, contract, features_dir, lambda: _samples(ctx))
-    train_samples, heldout = split_heldout(samples, t.heldout_fraction)
     resume = trainer_state.latest_state(work) is not None
     if resume:
         ctx.log("resuming training from its last checkpoint")
     t0 = time.perf_counter()
     if cfg.init_from:
         ctx.log(f"warm start from {cfg.init_from} (weights; head rows remapped to this vocab; optimizer fresh)")
-    summary = train_draft(ctx.target, contract, vmap, source, train_samples, heldout, cfg, work, resume=resume,
-                          on_step=lambda r: _train_progress(ctx, r, t.max_steps))
+    summary = train_draft(ctx.target, ctx.contract.taps, Path(ctx.results["vocab"]["file"]), cfg, work,
+                          samples=lambda: _samples(ctx), features=features_dir, heldout_fraction=t.heldout_fraction,
+                          resume=resume, on_step=lambda r: _train_progress(ctx, r, t.max_steps))
     return {"draft": str(work / "draft"), "heldout": summary["heldout"], "train_samples": summary["train_samples"],
             "heldout_samples": summary["heldout_samples"], "train_tokens": summary["train_tokens"],
             "seconds_this_run": time.perf_counter() - t0, "metrics": str(work / "metrics.jsonl"),
-            "png": str(work / "training.png"), "contract": contract.to_dict()}
+            "png": str(work / "training.png"), "contract": summary["contract"]}
 
 
 def _resolve_init(ctx: Ctx, cfg: Any) -> Any:

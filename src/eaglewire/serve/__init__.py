@@ -1,6 +1,6 @@
-"""The product surfaces of speculative decoding: what a user runs and measures.
+"""The product surfaces of speculative decoding: what a user runs and measures (decoders assembled by
+eaglewire.compose: the runtime, fastcpu where installed, and the drafter).
 
-    runtimes.py  which runtime and drafter decode here (fastcpu where installed, else the plain runtime)
     bench.py     the interleaved benchmark: vanilla, prompt lookup, EAGLE-3 chain and tree, one process
     server.py    the OpenAI-compatible server (127.0.0.1) with speculative decoding
     peer.py      the same questions through vLLM's CPU build, for side-by-side rows

@@ -22,8 +22,7 @@ import torch
 from eaglewire.data.conversations import read_conversations
 from eaglewire.errors import EaglewireError
 from eaglewire.decoding.engine import SpecDecoder, SpecStats, greedy_reference
-from eaglewire.decoding.propose import proposal_shape
-from eaglewire.serve.runtimes import make_proposer, make_runtime
+from eaglewire.compose import cache_len, proposal_shape, proposer, runtime
 from eaglewire.serve.peer import PEER_METHODS, PeerServers
 from eaglewire.decoding.tree import TreeShape
 from eaglewire.safeio import atomic_write_text
@@ -73,7 +72,7 @@ def make_methods(target: Any, draft: Any, chain: TreeShape, tree: TreeShape, max
     verify_rows = tuple(s.num_draft_tokens for s, m in ((chain, "eagle_chain"), (tree, "eagle_tree"), (block, "dflash"))
                         if m in names and s is not None)
     # one KV cache, reused by every method on our runtime
-    rt = make_runtime(target, max_len, calibrate=True, log=log, verify_rows=verify_rows)
+    rt = runtime(target, max_len, calibrate=True, log=log, verify_rows=verify_rows)
 
     def vanilla(ids: torch.Tensor, n: int) -> Run:
         t0 = time.perf_counter()
@@ -81,7 +80,7 @@ def make_methods(target: Any, draft: Any, chain: TreeShape, tree: TreeShape, max
         return Run(toks, time.perf_counter() - t0)
 
     def eagle(shape: TreeShape, draft: Any = draft) -> Callable[[torch.Tensor, int], Run]:
-        prop = make_proposer(draft, draft.contract, shape, max_len, rt)
+        prop = proposer(draft, shape, max_len, rt)
 
         def run(ids: torch.Tensor, n: int) -> Run:
             toks, st = SpecDecoder(rt, prop).generate(ids, n, eos={eos})
@@ -172,8 +171,8 @@ def run_bench(target: Any, draft: Any, prompts: list[torch.Tensor], max_new: int
         raise ValueError(f"repeats must be >= 1, not {repeats}")
     eos = target.tokenizer.eos_token_id
     block = block_shape_of(block_draft, methods)
-    verified = max(tree.num_draft_tokens, block.num_draft_tokens if block else 0)  # tokens per verify, at most
-    max_len = max(p.shape[1] for p in prompts) + max_new + verified + 16
+    wider = max((s for s in (chain, tree, block) if s is not None), key=lambda s: s.num_draft_tokens)
+    max_len = cache_len(max(p.shape[1] for p in prompts) + max_new, wider)
     peers = [m for m in PEER_METHODS if m in methods]
     dtype = str(target.dtype).removeprefix("torch.")  # every row runs in it: ours on the target, vLLM's told
     ours = make_methods(target, draft, chain, tree, max_len, eos, methods, log, block_draft)

@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from eaglewire.export.engines import acceptance_length
+from eaglewire.tau import acceptance_length
 from eaglewire.errors import EaglewireError
 
 PEER_METHODS = ("vllm_vanilla", "vllm_eagle_chain")

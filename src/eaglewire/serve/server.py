@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import torch
 
-from eaglewire.export.engines import acceptance_length
+from eaglewire.tau import acceptance_length
 from eaglewire.serve.spec_metrics import VllmSpecCounters
 from eaglewire.serve.chat_requests import BadRequest, Histogram, check_messages, check_params, content_length, \
     parse_body, render_chat, render_prompt
@@ -171,140 +171,146 @@ def _usage(job: Job, stats: Any) -> dict:
             "accepted_draft_tokens": sum(stats.accepted), "tau": stats.tau if stats.accepted else None}
 
 
-def make_handler(srv: SpecServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        timeout = READ_TIMEOUT_S  # socket reads: a half-sent body cannot hold a thread forever
+class Handler(BaseHTTPRequestHandler):
+    """The OpenAI-compatible routes over one SpecServer (`srv`, bound by make_handler: http.server builds a
+    handler per request from its class)."""
 
-        def log_message(self, *args: Any) -> None:  # quiet; /metrics is the record
-            pass
+    srv: SpecServer
+    protocol_version = "HTTP/1.1"
+    timeout = READ_TIMEOUT_S  # socket reads: a half-sent body cannot hold a thread forever
 
-        def _send(self, status: int, body: Any, ctype: str = "application/json") -> None:
-            data = (json.dumps(body) if ctype == "application/json" else body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(data)))
-            if self.close_connection:
-                self.send_header("Connection", "close")
-            self.end_headers()
-            self.wfile.write(data)
+    def log_message(self, *args: Any) -> None:  # quiet; /metrics is the record
+        pass
 
-        def _error(self, err: BadRequest) -> None:
-            with srv.lock:
-                srv.metrics.errors += 1
-            self._send(err.status, err.body())
-
-        def do_GET(self) -> None:  # noqa: N802
-            if self.path == "/metrics":
-                with srv.lock:
-                    text = srv.metrics.prometheus()
-                self._send(200, text, "text/plain; version=0.0.4")
-            elif self.path == "/health":
-                self._send(200, {"status": "ok", "queued": srv.jobs.qsize()})
-            elif self.path == "/v1/models":
-                self._send(200, {"object": "list", "data": [{"id": srv.model_name, "object": "model"}]})
-            else:
-                self._error(BadRequest(404, f"no route {self.path[:100]}", "not_found"))
-
-        def do_POST(self) -> None:  # noqa: N802
-            received, body_read = time.perf_counter(), False
-            try:
-                n = content_length(self.headers.get("Content-Length"))
-                raw = self.rfile.read(n)
-                body_read = len(raw) == n
-                if not body_read:
-                    raise BadRequest(400, f"Content-Length: declared {n} bytes, the body had {len(raw)}",
-                                     param="Content-Length")
-                if self.path not in ROUTES:
-                    raise BadRequest(404, f"no route {self.path[:100]}", "not_found")
-                job = srv.parse(self.path, parse_body(raw))
-                job.received = received
-                srv.submit(job)
-            except BadRequest as err:
-                if not body_read:
-                    self.close_connection = True  # an unread body must not be taken for the next request
-                return self._error(err)
-            except socket.timeout:
-                self.close_connection = True
-                return self._error(BadRequest(408, "body: not received in time", "timeout", "body"))
-            try:
-                (self._stream if job.stream else self._complete)(job)
-            except (BrokenPipeError, ConnectionResetError, socket.timeout):
-                job.cancelled.set()  # the client is gone: the worker stops after this round
-                self.close_connection = True
-                return
-            srv.metrics.latency.observe(time.perf_counter() - job.received)
-
-        def _client_gone(self) -> bool:
-            """True once the client closed its end (readable with nothing to read). A pipelined next request
-            also reads as readable: that client is still there."""
-            try:
-                ready, _, _ = select.select([self.connection], [], [], 0)
-                return bool(ready) and self.connection.recv(1, socket.MSG_PEEK) == b""
-            except OSError:
-                return True
-
-        def _wait(self, job: Job):
-            while True:
-                try:
-                    kind, payload = job.out.get(timeout=POLL_S)
-                except queue.Empty:
-                    kind = None
-                if self._client_gone():  # checked between tokens too: a closed stream may still accept writes
-                    raise ConnectionResetError("client closed the connection")
-                if kind is None:
-                    continue
-                yield kind, payload
-                if kind in ("done", "error"):
-                    return
-
-        def _complete(self, job: Job) -> None:
-            toks: list[int] = []
-            for kind, payload in self._wait(job):
-                if kind == "tokens":
-                    toks += payload
-                elif kind == "error":
-                    return self._error(BadRequest(500, payload, "server_error"))
-                else:
-                    text = srv.tok.decode(toks, skip_special_tokens=True)
-                    chat = self.path == "/v1/chat/completions"
-                    finish = finish_reason(toks, job.max_tokens, srv.eos)
-                    choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
-                              if chat else {"index": 0, "text": text, "finish_reason": finish})
-                    self._send(200, {"id": f"cmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion" if chat
-                                     else "text_completion", "created": int(time.time()), "model": srv.model_name,
-                                     "choices": [choice], "usage": _usage(job, payload)})
-
-        def _stream(self, job: Job) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
+    def _send(self, status: int, body: Any, ctype: str = "application/json") -> None:
+        data = (json.dumps(body) if ctype == "application/json" else body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        if self.close_connection:
             self.send_header("Connection", "close")
-            self.end_headers()
-            cid, chat, sent = f"chatcmpl-{uuid.uuid4().hex[:12]}", self.path == "/v1/chat/completions", []
-            for kind, payload in self._wait(job):
-                if kind == "tokens":
-                    before = srv.tok.decode(sent, skip_special_tokens=True)
-                    sent += payload
-                    delta = srv.tok.decode(sent, skip_special_tokens=True)[len(before):]
-                    chunk = {"index": 0, "delta": {"content": delta}} if chat else {"index": 0, "text": delta}
-                    self._event({"id": cid, "object": "chat.completion.chunk", "model": srv.model_name,
-                                 "choices": [chunk]})
-                elif kind == "done":
-                    self._event({"id": cid, "object": "chat.completion.chunk", "model": srv.model_name,
-                                 "choices": [{"index": 0, "delta": {},
-                                              "finish_reason": finish_reason(sent, job.max_tokens, srv.eos)}],
-                                 "usage": _usage(job, payload)})
-                else:
-                    self._event({"error": {"message": payload, "type": "server_error"}})
-            self.wfile.write(b"data: [DONE]\n\n")
-            self.wfile.flush()
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _error(self, err: BadRequest) -> None:
+        with self.srv.lock:
+            self.srv.metrics.errors += 1
+        self._send(err.status, err.body())
+
+    def do_GET(self) -> None:  # noqa: N802
+        if self.path == "/metrics":
+            with self.srv.lock:
+                text = self.srv.metrics.prometheus()
+            self._send(200, text, "text/plain; version=0.0.4")
+        elif self.path == "/health":
+            self._send(200, {"status": "ok", "queued": self.srv.jobs.qsize()})
+        elif self.path == "/v1/models":
+            self._send(200, {"object": "list", "data": [{"id": self.srv.model_name, "object": "model"}]})
+        else:
+            self._error(BadRequest(404, f"no route {self.path[:100]}", "not_found"))
+
+    def do_POST(self) -> None:  # noqa: N802
+        received, body_read = time.perf_counter(), False
+        try:
+            n = content_length(self.headers.get("Content-Length"))
+            raw = self.rfile.read(n)
+            body_read = len(raw) == n
+            if not body_read:
+                raise BadRequest(400, f"Content-Length: declared {n} bytes, the body had {len(raw)}",
+                                 param="Content-Length")
+            if self.path not in ROUTES:
+                raise BadRequest(404, f"no route {self.path[:100]}", "not_found")
+            job = self.srv.parse(self.path, parse_body(raw))
+            job.received = received
+            self.srv.submit(job)
+        except BadRequest as err:
+            if not body_read:
+                self.close_connection = True  # an unread body must not be taken for the next request
+            return self._error(err)
+        except socket.timeout:
             self.close_connection = True
+            return self._error(BadRequest(408, "body: not received in time", "timeout", "body"))
+        try:
+            (self._stream if job.stream else self._complete)(job)
+        except (BrokenPipeError, ConnectionResetError, socket.timeout):
+            job.cancelled.set()  # the client is gone: the worker stops after this round
+            self.close_connection = True
+            return
+        self.srv.metrics.latency.observe(time.perf_counter() - job.received)
 
-        def _event(self, obj: dict) -> None:
-            self.wfile.write(f"data: {json.dumps(obj)}\n\n".encode())
-            self.wfile.flush()
+    def _client_gone(self) -> bool:
+        """True once the client closed its end (readable with nothing to read). A pipelined next request
+        also reads as readable: that client is still there."""
+        try:
+            ready, _, _ = select.select([self.connection], [], [], 0)
+            return bool(ready) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
 
-    return Handler
+    def _wait(self, job: Job):
+        while True:
+            try:
+                kind, payload = job.out.get(timeout=POLL_S)
+            except queue.Empty:
+                kind = None
+            if self._client_gone():  # checked between tokens too: a closed stream may still accept writes
+                raise ConnectionResetError("client closed the connection")
+            if kind is None:
+                continue
+            yield kind, payload
+            if kind in ("done", "error"):
+                return
+
+    def _complete(self, job: Job) -> None:
+        toks: list[int] = []
+        for kind, payload in self._wait(job):
+            if kind == "tokens":
+                toks += payload
+            elif kind == "error":
+                return self._error(BadRequest(500, payload, "server_error"))
+            else:
+                text = self.srv.tok.decode(toks, skip_special_tokens=True)
+                chat = self.path == "/v1/chat/completions"
+                finish = finish_reason(toks, job.max_tokens, self.srv.eos)
+                choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+                          if chat else {"index": 0, "text": text, "finish_reason": finish})
+                self._send(200, {"id": f"cmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion" if chat
+                                 else "text_completion", "created": int(time.time()), "model": self.srv.model_name,
+                                 "choices": [choice], "usage": _usage(job, payload)})
+
+    def _stream(self, job: Job) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        cid, chat, sent = f"chatcmpl-{uuid.uuid4().hex[:12]}", self.path == "/v1/chat/completions", []
+        for kind, payload in self._wait(job):
+            if kind == "tokens":
+                before = self.srv.tok.decode(sent, skip_special_tokens=True)
+                sent += payload
+                delta = self.srv.tok.decode(sent, skip_special_tokens=True)[len(before):]
+                chunk = {"index": 0, "delta": {"content": delta}} if chat else {"index": 0, "text": delta}
+                self._event({"id": cid, "object": "chat.completion.chunk", "model": self.srv.model_name,
+                             "choices": [chunk]})
+            elif kind == "done":
+                self._event({"id": cid, "object": "chat.completion.chunk", "model": self.srv.model_name,
+                             "choices": [{"index": 0, "delta": {},
+                                          "finish_reason": finish_reason(sent, job.max_tokens, self.srv.eos)}],
+                             "usage": _usage(job, payload)})
+            else:
+                self._event({"error": {"message": payload, "type": "server_error"}})
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+        self.close_connection = True
+
+    def _event(self, obj: dict) -> None:
+        self.wfile.write(f"data: {json.dumps(obj)}\n\n".encode())
+        self.wfile.flush()
+
+
+def make_handler(srv: SpecServer) -> type[BaseHTTPRequestHandler]:
+    """Handler bound to `srv`."""
+    return type("BoundHandler", (Handler,), {"srv": srv})
 
 
 class _Server(ThreadingHTTPServer):
@@ -351,17 +357,17 @@ def build_server(target: Any, draft: Any, shape: Any, model_name: str | None, ma
                  log: Callable[[str], None] | None = None) -> ThreadingHTTPServer:
     """The `eaglewire serve` server: a loaded draft (in the target's dtype) on the target's runtime, bound to
     host:port. `log` hears what the start does (GEMM layout calibration measured, or reused from the cache)."""
+    from eaglewire.compose import cache_len, proposer, runtime
     from eaglewire.decoding.engine import SpecDecoder
-    from eaglewire.serve.runtimes import make_proposer, make_runtime
 
     say = log or (lambda _m: None)
     t0 = time.perf_counter()
     say(f"building the target runtime (context {max_context} + {shape.num_draft_tokens} draft tokens)")
-    rt = make_runtime(target, max_context + shape.num_draft_tokens + 8, calibrate=True, log=log,
-                      verify_rows=(shape.num_draft_tokens,))
+    max_len = cache_len(max_context, shape)
+    rt = runtime(target, max_len, calibrate=True, log=log, verify_rows=(shape.num_draft_tokens,))
     say(f"target runtime ready in {time.perf_counter() - t0:.1f} s; building the decoder")
     t1 = time.perf_counter()
-    decoder = SpecDecoder(rt, make_proposer(draft, draft.contract, shape, max_context, rt))
+    decoder = SpecDecoder(rt, proposer(draft, shape, max_len, rt))
     eos = {target.tokenizer.eos_token_id}
     say(f"decoder ready in {time.perf_counter() - t1:.1f} s; binding {host}:{port}")
 

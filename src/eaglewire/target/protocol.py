@@ -8,11 +8,12 @@ identity and draft-facing tensors takes a `TargetInfo`, so any of the three serv
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from eaglewire.contract import TargetIdentity
+from eaglewire.contract import TargetIdentity, WiringContract
+from eaglewire.norms import NormFlags
 
 
 @runtime_checkable
@@ -33,4 +34,10 @@ class TargetInfo(Protocol):
     @property
     def identity(self) -> TargetIdentity: ...
 
+    @property
+    def chat_template_sha256(self) -> str | None: ...  # what a draft's contract records of the template
+
     def embedding(self) -> torch.Tensor: ...  # [V, H] the input embedding (a draft shares it, frozen)
+
+    def contract(self, taps: tuple[int, ...], *, norm: NormFlags | None = None,
+                 vocab_map: Any | None = None) -> WiringContract: ...  # a wiring contract for this target

@@ -337,7 +337,7 @@ def spec_metrics(base_url: str) -> dict[str, Any]:
             out[name.removeprefix("vllm:spec_decode_")] = out.get(name.removeprefix("vllm:spec_decode_"), 0.0) + float(value)
     drafts = out.get("num_drafts", 0.0)
     if drafts:
-        from eaglewire.export.engines import acceptance_length
+        from eaglewire.tau import acceptance_length
 
         out["tau"] = acceptance_length(out.get("num_accepted_tokens", 0.0), drafts)
         out["per_position"] = [out["per_position"][p] / drafts for p in sorted(out["per_position"])]

@@ -18,6 +18,8 @@ from eaglewire.data.samples import Sample, split_heldout
 from eaglewire.train.dist import DistInfo
 from eaglewire.train.loop import TrainConfig
 from eaglewire.draft.vocab import VocabMap
+from eaglewire.target.loader import Target
+from eaglewire.target.protocol import TargetInfo
 
 
 @dataclass
@@ -30,7 +32,7 @@ class VocabBuild:
     heldout_samples: int
 
 
-def build_vocab(target: Any, samples: list[Sample], draft_vocab_size: int, heldout_fraction: float, out: Path, *,
+def build_vocab(target: TargetInfo, samples: list[Sample], draft_vocab_size: int, heldout_fraction: float, out: Path, *,
                 data: str, eval_samples: list[Sample] | None = None, keep: VocabMap | None = None) -> VocabBuild:
     """Count the trained tokens of the TRAINING split, keep the most frequent, save the map to `out`.
 
@@ -135,3 +137,35 @@ def import_any(directory: Path, fmt: str, target: Any = None, *, measure: bool =
     draft, contract = import_draft(directory, fmt, target=target, taps=m.best)
     evidence = {"source": "measured", "engine": fmt, **rule, "target": target.name, **m.to_dict()}
     return draft, replace(contract, inferred=evidence), m
+
+
+def train(target: Target, taps: tuple[int, ...], vocab: Path | None, cfg: TrainConfig, out: Path, *,
+          samples: Callable[[], list[Sample]], features: Path | None = None, heldout_fraction: float = 0.0,
+          train_limit: int | None = None, also_features: list[Path] | None = None, info: DistInfo = DistInfo(),
+          resume: bool = False, on_start: Callable[[WiringContract, int, int], None] | None = None,
+          on_step: Callable[[dict], None] | None = None) -> dict[str, Any]:
+    """Train a draft of `cfg.family` for `target` reading boundaries `taps`, with the vocab map in file `vocab`
+    (None for a full-vocabulary family, DFlash): the contract (the family's, train/objectives.py), the feature
+    source (offline `features`, else `samples()`
+    captured online), the held-out split, then train_draft. `also_features`: more offline directories of
+    the same contract, all training. on_start(contract, training samples, held-out samples) hears the
+    split before the first step."""
+    from eaglewire.draft.vocab import load_vocab
+    from eaglewire.errors import EaglewireError
+    from eaglewire.train.objectives import objective
+
+    vmap = load_vocab(vocab)[0] if vocab is not None else None
+    contract = objective(cfg.family).make_contract(target, taps, vmap, cfg)
+    source, all_samples = feature_source(target, contract, features, samples)
+    train_samples, heldout = split_heldout(all_samples, heldout_fraction)
+    train_samples = train_samples[:train_limit]
+    if also_features:
+        if features is None:
+            raise EaglewireError("--also-features needs --features", expected="a primary feature dir",
+                                 found="--data (online mode)")
+        source, extra = mix_in_features(target, contract, source, also_features)
+        train_samples += extra
+    if on_start is not None:
+        on_start(contract, len(train_samples), len(heldout))
+    return train_draft(target, contract, vmap, source, train_samples, heldout, cfg, out, info, resume=resume,
+                       on_step=on_step)

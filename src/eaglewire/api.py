@@ -1,0 +1,116 @@
+"""eaglewire from Python: the front door (`import eaglewire as ew`; these names are `eaglewire.__all__`).
+
+    target = ew.load_target()                      # the embedded SmolLM2 target, or a path / hub id
+    draft, contract = ew.load_draft(None, target)  # the released draft, or any export: the contract read or inferred
+    dec = ew.decoder(target, draft, ew.TreeShape.chain(3), max_new_tokens=128)
+    tokens, stats = dec.generate(prompt_ids, 128)  # lossless: plain greedy's tokens; stats.tau
+    report = ew.check("runs/export-vllm", "vllm", target)  # the doctor, as `eaglewire doctor check` runs it
+
+The command line and `eaglewire run` call these same functions (decoding is assembled in eaglewire.compose,
+training and import in eaglewire.workflows): what the CLI does, a script does with the same code.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from eaglewire.compose import Draft, decoder, measure_tau
+from eaglewire.compose import load_draft as _load_stored
+from eaglewire.contract import WiringContract
+from eaglewire.decoding.tree import TreeShape
+from eaglewire.doctor.checks import Report, by_level, run_checks
+from eaglewire.doctor.inspect import inspect_dir
+from eaglewire.doctor.measured_wiring import run_measurement
+from eaglewire.export.base import CONTRACT_FILE
+from eaglewire.export.block import block_family
+from eaglewire.export.checkpoint import FORMAT as NATIVE_FORMAT
+from eaglewire.export.checkpoint import resolve_draft
+from eaglewire.export.convert import detect_engine
+from eaglewire.export.convert import export_draft as _export
+from eaglewire.safeio import read_json_object
+from eaglewire.target.loader import Target
+from eaglewire.target.loader import load_target as _load_target
+from eaglewire.target.protocol import TargetInfo
+from eaglewire.workflows import build_vocab, import_any
+from eaglewire.workflows import train as train_draft
+
+# `export` and `train` would be shadowed by the subpackages of those names once imported: hence *_draft
+__all__ = ["Report", "TreeShape", "WiringContract", "build_vocab", "check", "decoder", "export_draft",
+           "import_draft", "load_draft", "load_target", "measure_tau", "train_draft"]
+
+# (title) -> a context yielding say(phase): cli/common.py's progress
+Progress = Callable[[str], AbstractContextManager[Callable[[str], None]]]
+
+
+def load_target(spec: str | Path | None = None, *, dtype: torch.dtype = torch.float32) -> Target:
+    """The target model: None = the embedded SmolLM2-135M (converted into the user cache on first use), else
+    a local directory or a hub id already in the local cache."""
+    return _load_target(None if spec is None else str(spec), dtype=dtype)
+
+
+def load_draft(directory: str | Path | None = None, target: TargetInfo | None = None, *,
+               dtype: torch.dtype | None = None, measure: bool = True) -> tuple[Any, WiringContract]:
+    """(draft, contract) from a native checkpoint or any engine export, its layout detected (None: the draft
+    released for the embedded target, as the CLI's default --draft). The contract
+    is the stored one; an export without one (a draft from another tool) gets one inferred and marked so
+    (`contract.inferred`): with `target` and `measure`, from the boundaries its weights predict best on
+    the target, else from the config's layer ids. dtype: the draft's (None: float32 for a native
+    checkpoint, the file's own for an export)."""
+    directory = resolve_draft(None if directory is None else Path(directory))
+    config = read_json_object(directory / "config.json", what="a draft config")
+    if config.get("format") == NATIVE_FORMAT or (directory / CONTRACT_FILE).is_file() or target is None \
+            or block_family(directory / "config.json") is not None:  # a block drafter's: its config's ids
+        return _load_stored(directory, target, dtype=dtype)
+    draft, contract, _ = import_any(directory, detect_engine(config), target, measure=measure)
+    draft.contract = contract  # the inferred contract, evidence included
+    return (draft if dtype is None else draft.to(dtype)), contract
+
+
+def import_draft(directory: str | Path, fmt: str, target: TargetInfo | None = None, *,
+            measure: bool = True) -> tuple[Any, WiringContract, Any]:
+    """`eaglewire import`'s reading of an export in layout `fmt`: (draft, contract, measurement or None);
+    save it with `export_draft(draft, out, "native", contract=contract)`."""
+    return import_any(Path(directory), fmt, target, measure=measure)
+
+
+def export_draft(draft: Draft, out: str | Path, fmt: str, *, contract: WiringContract | None = None,
+           dtype: torch.dtype | None = None, with_embedding: bool | None = None,
+           verifier: str | None = None) -> Path:
+    """Write `draft` in layout `fmt` ("sglang", "vllm", "eagle", "specforge", "native", ...) with its wiring
+    contract beside it; the draft's own contract unless `contract` is given."""
+    contract = contract if contract is not None else draft.contract
+    if contract is None:
+        raise ValueError("the draft carries no contract: pass contract=, or load it with load_draft")
+    return _export(draft, contract, Path(out), fmt, dtype=dtype, with_embedding=with_embedding,  # type: ignore[arg-type]
+                        verifier=verifier)
+
+
+def check(directory: str | Path, engine: str | None = None, target: TargetInfo | None = None, *,
+          measure: bool | None = None, steps: int | None = None, shape: TreeShape | None = None,
+          engine_version: str | None = None, progress: Progress | None = None) -> Report:
+    """The doctor on an exported draft as `engine` loads it (None: detected from config.json; `engine_version`:
+    the release whose layer-id rule applies, None the newest verified): static checks, and with `target` (a
+    loaded target or a boundaries dump's stand-in) the boundaries its weights were trained on, measured (by
+    default where the draft has no contract file; always with `shape`, the engine's knobs, at which our engine
+    then predicts τ). `report.errors` counts the errors; `progress(title)` wraps the measurement and yields
+    `say(phase)`, called as each phase starts."""
+    ins = inspect_dir(Path(directory), engine, engine_version)
+    report = run_checks(ins, target)
+    if target is None or not (measure or shape is not None or (measure is None and ins.contract is None)):
+        return report
+    chain = steps if steps is not None else (shape.num_steps if shape is not None else 3)
+    with (progress or _quiet)(
+            "doctor: measuring the wiring on the target (seconds on a CPU for a small target"
+            + (", and our engine decoding at the knobs: tens of seconds" if shape else "") + ")") as say:
+        m, found = run_measurement(ins, target, chain_steps=chain, shape=shape, progress=say)
+    report.findings = by_level(report.findings + found)
+    report.measurement = m.to_dict() if m is not None else None
+    return report
+
+
+def _quiet(_title: str) -> AbstractContextManager[Callable[[str], None]]:
+    return nullcontext(lambda _phase: None)

@@ -1,0 +1,244 @@
+"""Assembling speculative decoding, once: the runtime choice, the cache size, the proposer and the loader
+of each drafter family, the τ loop over prompts, and loading any draft directory.
+
+Every surface composes decoding here (the front door eaglewire.api, `generate`, `bench`, `serve`, the
+doctor's prediction, the benchmarks), so a fact such as "a verify needs N spare cache slots" or "the
+accelerated runtime only where the fastcpu extra is installed" is written once. It sits above the
+acceleration layer (it picks it) and below the doctor (which predicts τ with it); eaglewire.api, above
+the doctor, adds the check and the training and export verbs.
+
+A drafter family is one `Family` record (its proposer and its loader), registered by the name its
+wiring contract carries, so a second family is one `register` call, not a branch in every caller.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Protocol, Sequence
+
+import torch
+
+from eaglewire import fastcpu
+from eaglewire.contract import WiringContract
+from eaglewire.decoding.block import BlockProposer, block_shape
+from eaglewire.decoding.engine import SpecDecoder, SpecStats
+from eaglewire.decoding.propose import EagleProposer, Proposer
+from eaglewire.decoding.runtime import SUPPORTED, Runtime, plain_runtime
+from eaglewire.decoding.tree import DEFAULT_TREE, TreeShape
+from eaglewire.draft.dflash import DFlashDraft
+from eaglewire.draft.model import Eagle3Draft
+from eaglewire.export.base import CONTRACT_FILE, read_contract
+from eaglewire.export.block import block_family, block_layout, import_block_draft
+from eaglewire.export.checkpoint import FORMAT as NATIVE_FORMAT
+from eaglewire.export.checkpoint import load_checkpoint
+from eaglewire.export.convert import detect_engine, import_draft
+from eaglewire.safeio import read_json_object
+from eaglewire.target.loader import Target
+from eaglewire.target.protocol import TargetInfo
+
+__all__ = ["COMPILE_MODES", "DFLASH", "EAGLE3", "FAMILIES", "Family", "cache_len", "decoder", "family_of",
+           "load_draft", "measure_tau", "proposal_shape", "proposer", "register", "runtime"]
+
+COMPILE_MODES = fastcpu.COMPILE_MODES
+EAGLE3 = "eagle3"  # the family of every contract that names none (all contracts before block drafters)
+DFLASH = "dflash"  # block drafters (draft/dflash.py): a whole block of drafts from one forward
+SPARE_SLOTS = 8  # cache slots beyond the tokens and one verify's nodes: never written, so no view spans all
+DEFAULT_PROMPT_TOKENS = 1024  # the prompt room `decoder` sizes for when the caller names no context
+Log = Callable[[str], None]
+_said: set[str] = set()  # the runtime lines said in this process
+
+
+class Draft(Protocol):
+    """What composition needs of any family's draft: the contract it was trained for."""
+
+    contract: WiringContract | None
+
+
+@dataclass(frozen=True)
+class Family:
+    """One drafter family: how its proposer is built beside a runtime, and how its directories load.
+
+    proposer(draft, contract, shape, max_len, runtime) -> Proposer
+    load(directory, config, target, dtype, engine_version) -> (draft, contract); `config` is the directory's
+        config.json, `engine_version` the release whose layer-id rule reads an export's ids (None: the newest)
+    shape(contract, knobs' shape or None) -> the tree a round verifies (None: the family's default)"""
+
+    name: str
+    proposer: Callable[[Any, WiringContract, TreeShape, int, Runtime], Proposer]
+    load: Callable[[Path, dict[str, Any], TargetInfo | None, torch.dtype | None, str | None],
+                   tuple[Any, WiringContract]]
+    shape: Callable[[WiringContract, TreeShape | None], TreeShape] = lambda _contract, shape: shape or DEFAULT_TREE
+
+
+FAMILIES: dict[str, Family] = {}
+
+
+def register(family: Family) -> None:
+    """Make `family` the one that decodes and loads drafts whose contract names it."""
+    FAMILIES[family.name] = family
+
+
+def family_of(contract: WiringContract | dict[str, Any] | None) -> Family:
+    """The registered family a contract (or its JSON form) names; EAGLE-3 where it names none."""
+    name = (contract.get("family") if isinstance(contract, dict) else getattr(contract, "family", None)) or EAGLE3
+    if name not in FAMILIES:
+        from eaglewire.errors import ContractMismatch
+
+        raise ContractMismatch(f"no drafter family {name!r} is registered", expected=", ".join(sorted(FAMILIES)),
+                               found=str(name), fix="upgrade eaglewire, or load the draft with the tool that made it")
+    return FAMILIES[name]
+
+
+def proposal_shape(contract: WiringContract, shape: TreeShape | None) -> TreeShape:
+    """The tree a draft with `contract` verifies per round, from the command-line knobs' shape (None: none
+    given, the family's default: EAGLE-3's DEFAULT_TREE, a block drafter's whole block)."""
+    return family_of(contract).shape(contract, shape)
+
+
+# --- sizes and the runtime -----------------------------------------------------------------------------------
+def cache_len(tokens: int, shape: TreeShape) -> int:
+    """KV slots a decoder needs for `tokens` (prompt + new tokens): one verify's N nodes beyond them (the last
+    round may verify past the budget) and a few spare. The one margin every surface uses."""
+    return tokens + shape.num_draft_tokens + SPARE_SLOTS
+
+
+def _say_once(line: str, log: Log | None) -> None:
+    if line not in _said:
+        _said.add(line)
+        (log or logging.getLogger("eaglewire").info)(line)
+
+
+def runtime(target: Target, max_len: int, *, accelerate: bool = True, calibrate: bool = False,
+            log: Log | None = None, compile: str = "always", verify_rows: tuple[int, ...] = ()) -> Runtime:
+    """The runtime `target` decodes on, the one place that decides it. accelerate=False: the plain runtime
+    (τ does not depend on how fast the GEMMs run: the doctor, the quality benchmarks). Else the fastest one
+    installed here, said once per process: fastcpu's (calibrate / compile / verify_rows go to
+    fastcpu.start.make_fast_runtime) where the extra is installed, the plain static-cache runtime where
+    not, transformers' own forward for an architecture without a static-cache runtime (the same tokens)."""
+    if compile not in COMPILE_MODES:
+        raise ValueError(f"compile must be one of {COMPILE_MODES}, got {compile!r}")
+    if not accelerate:
+        return plain_runtime(target, max_len)
+    arch = target.text_config.model_type
+    missing = fastcpu.available()
+    if arch not in SUPPORTED:
+        _say_once(f"runtime: transformers' own forward (model_type {arch!r} has no static-cache runtime)", log)
+        return plain_runtime(target, max_len)
+    if missing:
+        _say_once(f"runtime: plain static-cache runtime ({missing}; the same tokens, slower)", log)
+        return plain_runtime(target, max_len)
+    from eaglewire.fastcpu.start import make_fast_runtime  # only where the extra is installed
+
+    _say_once("runtime: fastcpu (GEMM layouts calibrated on this machine, compiled graphs)", log)
+    return make_fast_runtime(target, max_len, calibrate=calibrate, log=log, compile=compile, verify_rows=verify_rows)
+
+
+def proposer(draft: Draft, shape: TreeShape, max_len: int, rt: Runtime, *,
+             contract: WiringContract | None = None) -> Proposer:
+    """The proposer of the draft's family beside runtime `rt`. contract: the wiring to decode with, the
+    draft's own by default (the doctor decodes with measured taps instead)."""
+    contract = contract if contract is not None else draft.contract
+    if contract is None:
+        raise ValueError("the draft carries no contract: pass contract=, or load it with load_draft")
+    return family_of(contract).proposer(draft, contract, shape, max_len, rt)
+
+
+def decoder(target: Target, draft: Draft, shape: TreeShape = DEFAULT_TREE, max_new_tokens: int = 256, *,
+            context: int | None = None, accelerate: bool = True, calibrate: bool = True, compile: str = "cached",
+            log: Log | None = None, contract: WiringContract | None = None) -> SpecDecoder:
+    """A speculative decoder for `draft` on `target`: `decoder(...).generate(prompt_ids, max_new_tokens)`.
+    It owns the runtime choice (`runtime`) and the cache size: room for `context` tokens (prompt + new; by
+    default DEFAULT_PROMPT_TOKENS of prompt plus max_new_tokens) and one verify. compile: `eaglewire
+    generate --compile`'s (the compiled layouts only where a start on this machine built them already)."""
+    max_len = cache_len(context if context is not None else DEFAULT_PROMPT_TOKENS + max_new_tokens, shape)
+    rt = runtime(target, max_len, accelerate=accelerate, calibrate=calibrate, log=log, compile=compile,
+                 verify_rows=(shape.num_draft_tokens,))
+    return SpecDecoder(rt, proposer(draft, shape, max_len, rt, contract=contract))
+
+
+def measure_tau(target: Target, draft: Draft, prompts: Sequence[torch.Tensor], shape: TreeShape = DEFAULT_TREE,
+                max_new_tokens: int = 64, *, contract: WiringContract | None = None,
+                eos: set[int] | None = None) -> SpecStats:
+    """Greedy speculative decoding of each prompt [1, P] on the plain runtime, the acceptance pooled: `.tau`,
+    `.per_position(depth)`. eos: the target tokenizer's EOS by default."""
+    if eos is None:
+        eos = {target.tokenizer.eos_token_id} if target.tokenizer is not None else set()
+    longest = max((int(p.shape[1]) for p in prompts), default=0)
+    dec = decoder(target, draft, shape, max_new_tokens, context=longest + max_new_tokens, accelerate=False,
+                  calibrate=False, contract=contract)
+    pooled = SpecStats()
+    for ids in prompts:
+        pooled.accepted += dec.generate(ids, max_new_tokens, eos)[1].accepted
+    return pooled
+
+
+# --- loading any draft directory -----------------------------------------------------------------------------
+def load_draft(directory: Path, target: TargetInfo | None = None, *, dtype: torch.dtype | None = None,
+               engine_version: str | None = None) -> tuple[Any, WiringContract]:
+    """(draft, contract) from a native checkpoint or any engine export (its layout detected from config.json),
+    by the family its contract names. The contract is the one stored with it, or, for an export without
+    its side file, rebuilt from `target` and the config's layer ids. dtype: the draft's; None: float32 for a
+    native checkpoint (the trainer's), the file's own for an export. engine_version: the release whose
+    layer-id rule reads an export's ids (SGLang; None: the newest verified)."""
+    directory = Path(directory)
+    config = read_json_object(directory / "config.json", what="a draft config")
+    if config.get("format") == NATIVE_FORMAT:
+        stored = config.get("contract")
+    else:
+        side = directory / CONTRACT_FILE
+        stored = read_json_object(side, what="a wiring contract") if side.is_file() else None
+        if stored is None:  # another tool's export: its config's architecture names the family
+            stored = {"family": block_family(directory / "config.json")}
+    return family_of(stored if isinstance(stored, dict) else None).load(directory, config, target, dtype,
+                                                                       engine_version)
+
+
+def _eagle3_load(directory: Path, config: dict[str, Any], target: TargetInfo | None, dtype: torch.dtype | None,
+                 engine_version: str | None) -> tuple[Eagle3Draft, WiringContract]:
+    if config.get("format") == NATIVE_FORMAT:
+        draft = load_checkpoint(directory, target=target, dtype=dtype or torch.float32)
+        assert draft.contract is not None  # the native loader attaches it
+        return draft, draft.contract
+    draft, contract = import_draft(directory, detect_engine(config), target=target, engine_version=engine_version)
+    assert isinstance(draft, Eagle3Draft)  # a block drafter's export names its family: load_draft sent it to its own
+    return (draft if dtype is None else draft.to(dtype)), contract
+
+
+def _eagle3_proposer(draft: Eagle3Draft, contract: WiringContract, shape: TreeShape, max_len: int,
+                     rt: Runtime) -> Proposer:
+    """EAGLE-3's proposer: the draft's accelerated copy where the runtime is accelerated (compiled layouts
+    only where the runtime's are), else the draft's own modules."""
+    drafter = None
+    if fastcpu.available() is None:
+        from eaglewire.fastcpu.draft import FastDraft
+        from eaglewire.fastcpu.runtime import FastRuntime
+
+        if isinstance(rt, FastRuntime):
+            drafter = FastDraft(draft, "auto", rt.compiled)
+    return EagleProposer(draft, shape, max_len, drafter, contract=contract)
+
+
+register(Family(EAGLE3, _eagle3_proposer, _eagle3_load))
+
+
+# --- DFlash (block drafters) ---------------------------------------------------------------------------------
+def _dflash_load(directory: Path, config: dict[str, Any], target: TargetInfo | None, dtype: torch.dtype | None,
+                 engine_version: str | None) -> tuple[DFlashDraft, WiringContract]:
+    """A native DFlash checkpoint (export/checkpoint.py loads it by its contract's family), or a z-lab,
+    SGLang or speculators DFlash export (export/block.py; the layout told apart by its config's own keys)."""
+    if config.get("format") == NATIVE_FORMAT:
+        draft = load_checkpoint(directory, target=target, dtype=dtype or torch.float32)
+        return draft, draft.contract
+    fmt = block_layout(config, read_contract(directory))
+    return import_block_draft(directory, fmt, family=DFLASH, target=target, dtype=dtype)
+
+
+def _dflash_proposer(draft: DFlashDraft, contract: WiringContract, shape: TreeShape, max_len: int,
+                     rt: Runtime) -> Proposer:
+    """The whole block drafted from one forward of the draft's own modules (no accelerated copy yet)."""
+    return BlockProposer(draft, contract, shape, max_len)
+
+
+register(Family(DFLASH, _dflash_proposer, _dflash_load, shape=block_shape))
