@@ -22,6 +22,8 @@ from eaglewire.compose import Draft, decoder, measure_tau
 from eaglewire.compose import load_draft as _load_stored
 from eaglewire.contract import WiringContract
 from eaglewire.decoding.tree import TreeShape
+from eaglewire.doctor.block_checks import check_block
+from eaglewire.doctor.block_inspect import is_block_dir
 from eaglewire.doctor.checks import Report, by_level, run_checks
 from eaglewire.doctor.inspect import inspect_dir
 from eaglewire.doctor.measured_wiring import run_measurement
@@ -98,6 +100,9 @@ def check(directory: str | Path, engine: str | None = None, target: TargetInfo |
     default where the draft has no contract file; always with `shape`, the engine's knobs, at which our engine
     then predicts τ). `report.errors` counts the errors; `progress(title)` wraps the measurement and yields
     `say(phase)`, called as each phase starts."""
+    block = is_block_dir(Path(directory))
+    if block is not None:  # DFlash-family drafts: their own checks (doctor/block_checks.py); not measured yet
+        return check_block(Path(directory), block, engine, engine_version, target)
     ins = inspect_dir(Path(directory), engine, engine_version)
     report = run_checks(ins, target)
     if target is None or not (measure or shape is not None or (measure is None and ins.contract is None)):

@@ -79,8 +79,11 @@ def check_cmd(
     if as_json:
         print(report.to_json())
     else:
+        layout = getattr(report, "layout", "")  # a block drafter's report names its family, layout, version
         out_console.print(f"doctor: {draft} as loaded by {report.engine}"
-                          + (f" {engine_version}" if engine_version else "") + f" with target {tgt.name}")
+                          + (f" {engine_version or report.engine_version}" if engine_version or layout else "")
+                          + f" with target {tgt.name}"
+                          + (f" ({report.family} draft, {layout} layout)" if layout else ""), highlight=False)
         for f in report.findings:
             out_console.print(styled((f"{f.level.upper():5}", STYLE[f.level]), f" {f.what}\n      why: {f.why}\n"
                                      f"      fix: {f.fix}"), highlight=False)

@@ -1,0 +1,188 @@
+"""What the doctor reads of a block drafter's directory (DFlash, DFlash2, DSpark): its family, the layout its
+tool wrote, the fields each engine reads, and the engine rule that applies (block_rules.json, keyed by engine
+and version), read without trusting the files: an oddity becomes data for block_checks.py, never an exception.
+
+Layouts (which tool wrote the config, and how that tool numbers the taps it trained on):
+
+    zlab         z-lab's HF layout (SpecForge writes the same): DFlashDraftModel, top-level block_size,
+                 dflash_config {mask_token_id, target_layer_ids}; id k = output of layer k (convention zlab)
+    sglang       the same, with block_size inside dflash_config (edited for SGLang's parse_dflash_draft_config)
+    vllm-edited  the same, with the eagle_aux_hidden_state_layer_ids that vLLM's speculators updater writes
+    speculators  speculators' config (speculators_model_type dflash / dflash2 / dspark): aux_hidden_state_layer_ids
+                 are HF indices (capture entering layer k = boundary k), transformer_layer_config
+    deepspec     DeepSpec's Qwen3DSparkModel: top-level target_layer_ids (block-k, -1 = the embedding),
+                 markov_rank 0 = its "dflash" configs, > 0 = DSpark
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from eaglewire.contract import WiringContract, from_engine
+from eaglewire.errors import EaglewireError, TranslationError
+from eaglewire.export.base import CONTRACT_FILE, read_contract
+from eaglewire.families import zlab_default_ids
+from eaglewire.safeio import open_safetensors, read_json_object
+
+RULES_FILE = Path(__file__).with_name("block_rules.json")
+SPECULATORS_TYPES = {"dflash": "dflash", "dflash2": "dflash2", "dspark": "dspark"}
+HF_ARCHS = {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash2"}
+DEEPSPEC_ARCH = "Qwen3DSparkModel"
+# the layout's own tap field and the convention its writer numbers it in (contract.CONVENTIONS)
+LAYOUT_IDS = {"zlab": ("dflash_config.target_layer_ids", "zlab"), "sglang": ("dflash_config.target_layer_ids", "zlab"),
+              "vllm-edited": ("dflash_config.target_layer_ids", "zlab"),
+              "speculators": ("aux_hidden_state_layer_ids", "speculators"),
+              "deepspec": ("target_layer_ids", "zlab")}
+
+
+@lru_cache(maxsize=1)
+def rules() -> dict[str, Any]:
+    table: dict[str, Any] = json.loads(RULES_FILE.read_text())
+    return table
+
+
+def engine_rule(engine: str, version: str | None) -> tuple[str, dict[str, Any]]:
+    """The (version, row) of block_rules.json that applies: `version`, or the engine's newest row."""
+    rows = rules().get(engine)
+    if rows is None:
+        raise EaglewireError(f"the doctor has no block-drafter rules for engine {engine!r}",
+                             expected=" or ".join(k for k in rules() if not k.startswith("_")), found=engine,
+                             fix="check a block drafter with --engine vllm or --engine sglang")
+    version = version or next(iter(rows))
+    if version not in rows:
+        raise EaglewireError(f"{engine} {version} is not a version whose block-drafter rules eaglewire has read",
+                             expected=", ".join(rows), found=version,
+                             fix="pick the listed version closest to yours (for vLLM, name the PR your build "
+                                 "lacks: before-pr54373, before-pr40727)")
+    return version, rows[version]
+
+
+def get(config: Any, dotted: str) -> Any:
+    node = config
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def block_layout(config: dict[str, Any]) -> tuple[str, str] | None:
+    """(family, layout) of a block drafter's config; None for anything else (EAGLE-3 drafts keep their doctor)."""
+    smt = config.get("speculators_model_type")
+    if smt in SPECULATORS_TYPES:
+        return SPECULATORS_TYPES[smt], "speculators"
+    archs = config.get("architectures")
+    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    if arch == DEEPSPEC_ARCH:
+        rank = config.get("markov_rank")
+        return ("dspark" if isinstance(rank, int) and rank > 0 else "dflash"), "deepspec"
+    if arch in HF_ARCHS or (arch is None and isinstance(config.get("dflash_config"), dict)):
+        family = HF_ARCHS.get(arch or "", "dflash")
+        dflash = config.get("dflash_config")
+        if config.get("eagle_aux_hidden_state_layer_ids") is not None:
+            return family, "vllm-edited"
+        if isinstance(dflash, dict) and "block_size" in dflash:
+            return family, "sglang"
+        return family, "zlab"
+    return None
+
+
+def _ints(value: Any) -> list[int] | None:
+    if isinstance(value, list) and value and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        return list(value)
+    return None
+
+
+@dataclass
+class BlockInspection:
+    directory: Path
+    config: dict[str, Any]
+    family: str
+    layout: str
+    engine: str
+    version: str
+    rule: dict[str, Any]
+    shapes: dict[str, tuple[int, ...]]
+    contract: WiringContract | None
+    target_layers: int | None  # L of the target (the --target, else the contract's)
+    target_vocab: int | None
+    target_arch: str | None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def layer(self) -> dict[str, Any]:
+        """The draft's own decoder-layer config (speculators nest it)."""
+        inner = self.config.get("transformer_layer_config")
+        return inner if self.layout == "speculators" and isinstance(inner, dict) else self.config
+
+    def ids(self, dotted: str) -> list[int] | None:
+        return _ints(get(self.config, dotted))
+
+    @property
+    def num_draft_layers(self) -> int | None:
+        n = self.layer.get("num_hidden_layers")
+        return n if isinstance(n, int) else None
+
+    @property
+    def num_taps(self) -> int | None:
+        """Taps the weights read: fc's input width / the target's hidden size."""
+        fc = self.shapes.get("fc.weight")
+        width = self.config.get("target_hidden_size") or self.layer.get("hidden_size")
+        if fc is None or len(fc) != 2 or not isinstance(width, int) or width <= 0 or fc[1] % width:
+            return None
+        return fc[1] // width
+
+    def trained(self) -> tuple[tuple[int, ...] | None, str]:
+        """The boundaries the draft was trained on, and where that is known from: the contract side file, else the
+        layout's own field in its writer's convention (unmeasured: doctor measures it)."""
+        if self.contract is not None:
+            return self.contract.taps, "the wiring contract (eaglewire_contract.json)"
+        at, conv = LAYOUT_IDS[self.layout]
+        ids, L = self.ids(at), self.target_layers
+        if ids is None or L is None:
+            return None, "unknown"
+        if self.layout == "deepspec":  # DeepSpec writes -1 for the embedding output (boundary 0)
+            return tuple(sorted(0 if i == -1 else i + 1 for i in ids)), f"{at} as DeepSpec numbers it (-1 = embedding)"
+        try:
+            return from_engine(ids, conv, L), f"{at} as {self.layout} numbers it ({conv}), unmeasured"
+        except TranslationError:
+            return None, f"{at} {ids} is outside a {L}-layer target"
+
+
+def read_block(directory: Path, config: dict[str, Any], engine: str, version: str | None,
+               target: Any) -> BlockInspection:
+    family, layout = block_layout(config) or ("dflash", "zlab")
+    version, row = engine_rule(engine, version)
+    shapes: dict[str, tuple[int, ...]] = {}
+    weights = directory / "model.safetensors"
+    if weights.is_file():
+        with open_safetensors(weights, what="draft weights") as f:
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    contract = read_contract(directory) if (directory / CONTRACT_FILE).is_file() else None
+    ident = getattr(target, "identity", None) if target is not None else None
+    ct = contract.target if contract is not None else None
+    L = getattr(target, "num_layers", None) if target is not None else None
+    return BlockInspection(directory, config, family, layout, engine, version, row, shapes, contract,
+                           L if isinstance(L, int) else (ct.num_layers if ct else None),
+                           getattr(target, "vocab_size", None) or (ct.vocab_size if ct else None),
+                           getattr(ident, "architecture", None) or (ct.architecture if ct else None))
+
+
+def is_block_dir(directory: Path) -> dict[str, Any] | None:
+    """The config of a block drafter's directory, None for any other directory."""
+    path = Path(directory) / "config.json"
+    if not path.is_file():
+        return None
+    config = read_json_object(path, what="a draft config")
+    return config if block_layout(config) is not None else None
+
+
+def sglang_guess(ins: BlockInspection) -> list[int] | None:
+    """SGLang's ids when a config has none: build_target_layer_ids(L, number of DRAFT layers) (sglang #37475)."""
+    if ins.target_layers is None or ins.num_draft_layers is None or ins.target_layers < 4:
+        return None
+    return list(zlab_default_ids(ins.target_layers, ins.num_draft_layers))
