@@ -83,7 +83,7 @@ def check_cmd(
         out_console.print(f"doctor: {draft} as loaded by {report.engine}"
                           + (f" {engine_version or report.engine_version}" if engine_version or layout else "")
                           + f" with target {tgt.name}"
-                          + (f" ({report.family} draft, {layout} layout)" if layout else ""), highlight=False)
+                          + (f" ({report.family} draft, {layout} layout)" if layout else ""))
         for f in report.findings:
             out_console.print(styled((f"{f.level.upper():5}", STYLE[f.level]), f" {f.what}\n      why: {f.why}\n"
                                      f"      fix: {f.fix}"), highlight=False)

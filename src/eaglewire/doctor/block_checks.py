@@ -126,7 +126,7 @@ def block_taps(ins: BlockInspection) -> list[Finding]:
         return _missing_ids(ins, d, trained)
     if d.boundaries is None:
         if "KeyError" in d.how:
-            return [_f("error", "block_taps", f"{d.field} is missing", d.how + ": the draft does not load",
+            return [_f("error", "block_ids_missing", f"{d.field} is missing", d.how + ": the draft does not load",
                        "re-export the draft (eaglewire import DIR --target T, then eaglewire export --format vllm)")]
         return [_f("warn", "block_taps", "the boundaries the engine captures could not be worked out", d.how,
                    "pass --target (or --engine-version) so the doctor knows the target's model file")]
