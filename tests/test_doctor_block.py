@@ -281,3 +281,35 @@ def test_cli_exit_codes_and_stable_json(tmp_path, drafted):
         assert code is None or code in {f["check"] for f in got["findings"] if f["level"] == "error"}
     r = runner.invoke(app, ["doctor", str(tmp_path / "clean" / "vllm"), "--engine", "vllm", "--target", str(tdir)])
     assert r.exit_code == 0 and "dflash draft, speculators layout" in r.stdout and "vllm 0.32" in r.stdout
+
+
+SPECULATORS_PY = __import__("os").environ.get("EAGLEWIRE_SPECULATORS_PYTHON")
+
+
+@pytest.mark.skipif(not SPECULATORS_PY and __import__("os").environ.get("CI") != "true",  # CI: absence fails
+                    reason="set EAGLEWIRE_SPECULATORS_PYTHON (scripts/speculators_venv.sh)")
+def test_speculators_own_writer_dflash_dspark_dflash2(tmp_path, target):
+    """speculators' own config classes and models write the drafts (its trainer's checkpoint layout): the doctor
+    names each family and layout, reads its HF-index taps, and finds what vLLM 0.32 would do to them: speculators'
+    default sliding_window_non_causal false turns every DFlash layer causal in vLLM (update_dflash + causal
+    override), DFlash2 needs the V2 runner; DSpark (sample_from_anchor true, written by speculators) is clean."""
+    import subprocess
+    from pathlib import Path
+
+    assert SPECULATORS_PY, "CI builds speculators' venv (scripts/speculators_venv.sh) and sets EAGLEWIRE_SPECULATORS_PYTHON"
+    target.model.save_pretrained(tmp_path / "target")
+    script = Path(__file__).parent / "clients" / "speculators_block_write.py"
+    r = subprocess.run([SPECULATORS_PY, str(script), str(tmp_path), str(tmp_path / "target"), "1,3,5,7", "4",
+                        str(MASK)], capture_output=True, text=True, timeout=600,
+                       env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    found = {}
+    for kind in ("dflash", "dspark", "dflash2"):
+        out = tmp_path / kind
+        report = _doctor(out, "vllm", target)
+        read = next(f for f in report.findings if f.check == "block_read")
+        assert (report.family, report.layout) == (kind, "speculators") and "[1, 3, 5, 7]" in read.what
+        found[kind] = (_codes(report), _codes(report, "warn"))
+    assert found["dflash"][0] == ["block_attention"]
+    assert found["dspark"][0] == []
+    assert found["dflash2"][0] == [] and "block_engine_path" in found["dflash2"][1]

@@ -275,11 +275,14 @@ def block_attention(ins: BlockInspection) -> list[Finding]:
                       "they run as full attention: acceptance falls off after the window's length (vLLM #40898)",
                       "serve on SGLang 0.5.23 or vLLM 0.32, which read layer_types"))
     snc = ins.config.get("sliding_window_non_causal")
-    if ins.layout == "speculators" and ins.engine == "vllm" and snc is False and not sliding:
-        out.append(_f("error", "block_attention", "sliding_window_non_causal is false",
-                      "vLLM's update_dflash sets dflash_config.causal = not sliding_window_non_causal, and causal "
-                      "overrides EVERY draft layer (_dflash_layer_causal): the full-attention block runs causal",
-                      "set sliding_window_non_causal: true (eaglewire export does)"))
+    full = not isinstance(types, list) or len(sliding) < len(types)
+    if ins.layout == "speculators" and ins.family in ("dflash", "dflash2") and ins.engine == "vllm" \
+            and snc is False and full:
+        out.append(_f("error", "block_attention", "sliding_window_non_causal is false (speculators' default)",
+                      "vLLM's update_dflash sets dflash_config.causal = not sliding_window_non_causal, and that "
+                      "overrides EVERY draft layer (qwen3_dflash.py _dflash_layer_causal): the full-attention "
+                      "layers, trained bidirectional, run causal", "set sliding_window_non_causal: true in "
+                      "config.json (eaglewire export writes it)"))
     return out
 
 
