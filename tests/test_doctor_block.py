@@ -313,3 +313,22 @@ def test_speculators_own_writer_dflash_dspark_dflash2(tmp_path, target):
     assert found["dflash"][0] == ["block_attention"]
     assert found["dspark"][0] == []
     assert found["dflash2"][0] == [] and "block_engine_path" in found["dflash2"][1]
+
+
+def test_the_remaining_findings(tmp_path, target, drafted):
+    """The rest of the catalogue: no target to resolve SGLang's model file or the layer count, ids outside the
+    target, no block size, two block sizes, no mask token, a mask token outside the vocabulary."""
+    bare = _export(drafted, tmp_path / "bare", "zlab", contract=False)
+    assert "block_taps" in _codes(_doctor(bare, "sglang", None), "warn")  # which SGLang model file: unknown
+    no_ids = _export(drafted, tmp_path / "no_ids", "zlab", _no_ids, contract=False)
+    assert "block_ids_missing" in _codes(_doctor(no_ids, "vllm", None))
+    far = _export(drafted, tmp_path / "far", "vllm", lambda c: c.update(aux_hidden_state_layer_ids=[1, 3, 5, 12]))
+    assert any("would capture" in f.what for f in _doctor(far, "vllm", target).findings)
+    no_block = _export(drafted, tmp_path / "nb", "zlab", lambda c: c.pop("block_size"))
+    assert "block_size" in _codes(_doctor(no_block, "vllm", target), "warn")
+    two = _export(drafted, tmp_path / "two", "sglang", lambda c: c.update(block_size=8))
+    assert any("disagree" in f.what for f in _doctor(two, "sglang", target).findings if f.level == "error")
+    no_mask = _export(drafted, tmp_path / "nm", "zlab", lambda c: c["dflash_config"].pop("mask_token_id"))
+    assert "block_mask_token" in _codes(_doctor(no_mask, "vllm", target))
+    big = _export(drafted, tmp_path / "big", "zlab", lambda c: c["dflash_config"].update(mask_token_id=VOCAB))
+    assert any("not a row" in f.what for f in _doctor(big, "vllm", target).findings)

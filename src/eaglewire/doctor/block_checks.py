@@ -180,8 +180,7 @@ def block_eagle_aux(ins: BlockInspection) -> list[Finding]:
     aux, ids = ins.ids("eagle_aux_hidden_state_layer_ids"), ins.ids("dflash_config.target_layer_ids")
     if aux is None or ids is None or aux == [i + 1 for i in ids] or ins.layout == "speculators":
         return []
-    level = "error" if ins.engine == "vllm" else "warn"
-    return [_f(level, "block_eagle_aux", f"eagle_aux_hidden_state_layer_ids {aux} is left beside "
+    return [_f("error" if ins.engine == "vllm" else "warn", "block_eagle_aux", f"eagle_aux_hidden_state_layer_ids {aux} is left beside "
                f"dflash_config.target_layer_ids {ids}, and they name different layers (vLLM reads the first as is, "
                "the second + 1)", "vLLM's runner takes eagle_aux_hidden_state_layer_ids first and silently ignores "
                "dflash_config.target_layer_ids (_get_eagle3_aux_layers_from_config); SGLang reads only the DFlash ids",
