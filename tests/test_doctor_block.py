@@ -281,6 +281,14 @@ def test_cli_exit_codes_and_stable_json(tmp_path, drafted):
         assert code is None or code in {f["check"] for f in got["findings"] if f["level"] == "error"}
     r = runner.invoke(app, ["doctor", str(tmp_path / "clean" / "vllm"), "--engine", "vllm", "--target", str(tdir)])
     assert r.exit_code == 0 and "dflash draft, speculators layout" in r.stdout and "vllm 0.32" in r.stdout
+    # `doctor expect` takes a DFlash export: our engine predicts per position with vLLM's k (= B - 1 here) and
+    # names the block rule that read the export (issue 47's "doctor expect for DFlash")
+    r = runner.invoke(app, ["doctor", "expect", "--draft", str(tmp_path / "clean" / "vllm"), "--target", str(tdir),
+                            "--num-speculative-tokens", "3", "--limit", "1", "--max-new-tokens", "8",
+                            "--measured-tau", "1.0", "--json"])
+    got = json.loads(r.stdout)
+    assert r.exit_code == 0 and len(got["per_position"]) == 3, r.stdout
+    assert got["layer_id_rule"] == "vllm 0.32 (dflash draft, speculators layout)"
 
 
 SPECULATORS_PY = __import__("os").environ.get("EAGLEWIRE_SPECULATORS_PYTHON")

@@ -20,10 +20,12 @@ from __future__ import annotations
 import re
 import statistics
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # annotations only: the target is loaded by the caller
     from eaglewire.target.loader import Target
+    from eaglewire.target.protocol import TargetInfo
 
 RATIO, MARGIN = 0.75, 0.25
 LEVEL, POS_MARGIN = 0.99, 0.05
@@ -137,4 +139,11 @@ def rule_applied(path: Path, target: TargetInfo, engine_version: str | None = No
     cfg = read_json_object(Path(path) / "config.json", what="a draft config")
     if cfg.get("format") == "eaglewire.draft/1":
         return ""
+    from eaglewire.doctor.block_inspect import block_layout, engine_rule
+
+    block = block_layout(cfg)
+    if block is not None:  # a block drafter: the doctor's block rules (the layout names the engine it is for)
+        engine = "sglang" if block[1] == "sglang" else "vllm"
+        version, _ = engine_rule(engine, engine_version if engine == "sglang" else None)
+        return f"{engine} {version} ({block[0]} draft, {block[1]} layout)"
     return engine_for(detect_engine(cfg), engine_version).rule_note(target.identity.architecture)
