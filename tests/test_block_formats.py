@@ -131,7 +131,7 @@ CONFIG_DAMAGE = [
     ("zlab", "ids edited", lambda c: c["dflash_config"].update(target_layer_ids=[1, 2, 4, 6]), ContractMismatch,
      "disagrees"),
     ("zlab", "mask edited", lambda c: c["dflash_config"].update(mask_token_id=3), ContractMismatch, "disagrees"),
-    ("zlab", "vLLM override", lambda c: c.update(eagle_aux_hidden_state_layer_ids=[1, 3, 5, 7]), CheckpointError,
+    ("zlab", "vLLM override", lambda c: c.update(eagle_aux_hidden_state_layer_ids=[2, 4, 6, 7]), CheckpointError,
      "eagle_aux"),
     ("zlab", "sliding", lambda c: c["dflash_config"].update(use_swa=True), CheckpointError, "use_swa"),
     ("zlab", "causal", lambda c: c.update(is_causal=True), CheckpointError, "is_causal"),

@@ -340,3 +340,23 @@ def test_the_remaining_findings(tmp_path, target, drafted):
     assert "block_mask_token" in _codes(_doctor(no_mask, "vllm", target))
     big = _export(drafted, tmp_path / "big", "zlab", lambda c: c["dflash_config"].update(mask_token_id=VOCAB))
     assert any("not a row" in f.what for f in _doctor(big, "vllm", target).findings)
+
+
+def test_import_reads_vllms_own_edit_and_refuses_other_families_by_name(tmp_path, target, drafted):
+    """`eaglewire import`: a z-lab config as vLLM's updater leaves it (eagle_aux = target_layer_ids + 1, the same
+    layers) imports as the z-lab layout; a DSpark / DFlash2 / DeepSpec draft is refused naming its family and
+    pointing at the doctor, instead of failing inside the EAGLE-3 reader."""
+    from eaglewire.errors import CheckpointError
+    from eaglewire.export.convert import import_draft
+
+    def vllm_edit(cfg):
+        cfg["eagle_aux_hidden_state_layer_ids"] = [i + 1 for i in cfg["dflash_config"]["target_layer_ids"]]
+    back, contract = import_draft(_export(drafted, tmp_path, "zlab", vllm_edit, contract=False), "zlab", target=target)
+    assert contract.taps == TAPS and back.block == drafted.block
+    for name, edit in [("dspark", lambda c: c.update(speculators_model_type="dspark", architectures=["DSparkSpeculator"])),
+                       ("dflash2", lambda c: c.update(speculators_model_type="dflash2",
+                                                      architectures=["DFlash2DraftModel"]))]:
+        out = _export(drafted, tmp_path / name, "vllm", edit, contract=False)
+        with pytest.raises(CheckpointError, match=f"a {name} block drafter") as err:
+            import_draft(out, "vllm", target=target)
+        assert "eaglewire doctor" in err.value.fix

@@ -71,6 +71,18 @@ BLOCK_ALIASES = {"speculators": "vllm"}
 FAMILY_OF_ARCH = {ZLAB_ARCH: "dflash", SPECULATORS_ARCH: "dflash"}  # a config's architecture -> its family
 
 
+# Block drafters of families eaglewire reads (the doctor) but does not compute: speculators_model_type or
+# architecture -> family. Importing one is refused by name instead of failing in the EAGLE-3 reader.
+FOREIGN_BLOCK = {"dspark": "dspark", "dflash2": "dflash2", "DFlash2DraftModel": "dflash2",
+                 "DSparkSpeculator": "dspark", "Qwen3DSparkModel": "dspark (DeepSpec)"}
+
+
+def foreign_block_family(config: dict[str, Any]) -> str | None:
+    archs = config.get("architectures")
+    names = [config.get("speculators_model_type"), *(archs if isinstance(archs, list) else [])]
+    return next((FOREIGN_BLOCK[n] for n in names if isinstance(n, str) and n in FOREIGN_BLOCK), None)
+
+
 def block_family(config_path: Path) -> str | None:
     """The block-drafter family an export's config.json declares (by its architecture), None for any other
     config or none at all (the EAGLE-3 importers then report what is wrong)."""
@@ -203,8 +215,11 @@ def _refuse_semantics(fmt: BlockFormat, config: dict[str, Any], layer: dict[str,
             raise CheckpointError(f"{where}: no dflash_config object", expected="dflash_config {mask_token_id, "
                                   "target_layer_ids}", found=repr(dflash)[:80], fix="the directory is not a DFlash export")
         found += [f"dflash_config.{k}" for k in sorted(dflash.keys() - _DFLASH_CONFIG_KEYS)]
-        if "eagle_aux_hidden_state_layer_ids" in config:
-            found.append("eagle_aux_hidden_state_layer_ids (vLLM reads it instead of dflash_config.target_layer_ids)")
+        aux, ids = config.get("eagle_aux_hidden_state_layer_ids"), dflash.get("target_layer_ids")
+        # vLLM's own edit (its speculators updater) writes aux = ids + 1, which captures what the ids say
+        if aux is not None and not (isinstance(ids, list) and aux == [i + 1 for i in ids if isinstance(i, int)]):
+            found.append("eagle_aux_hidden_state_layer_ids other than target_layer_ids + 1 (vLLM reads it instead "
+                         "of dflash_config.target_layer_ids)")
     elif config.get("sliding_window_non_causal") is not True:
         found.append(f"sliding_window_non_causal={config.get('sliding_window_non_causal')!r} (vLLM then runs every "
                      "layer causal)")

@@ -20,7 +20,8 @@ from eaglewire.draft.dflash import DFlashDraft
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import CheckpointError, ContractMismatch, EaglewireError
 from eaglewire.export.engines import FORMATS, NATIVE, Engine, engine_for
-from eaglewire.export.block import BLOCK_FORMATS, block_family, export_block_draft, import_block_draft
+from eaglewire.export.block import BLOCK_FORMATS, block_family, export_block_draft, foreign_block_family, \
+    import_block_draft
 from eaglewire.export.base import cast_floats, read_contract, read_json, read_safetensors, rename_all, write_dir, \
     CONTRACT_FILE, WEIGHTS
 from eaglewire.export.layouts import check_exportable, config_ids, draft_config_from, from_native, make_config, \
@@ -123,6 +124,11 @@ def import_draft(directory: Path, fmt: str, *, target: TargetInfo | None = None,
         return import_block_draft(Path(directory), fmt, family=family, target=target)
     layout, directory = engine_for(fmt, engine_version), Path(directory)
     config = read_json(directory / "config.json")
+    foreign = foreign_block_family(config)
+    if foreign is not None:
+        raise CheckpointError(f"{directory} is a {foreign} block drafter", expected="an EAGLE-3 or DFlash export",
+                              found=f"a {foreign} config", fix="eaglewire does not compute this family yet; "
+                              f"check its wiring with eaglewire doctor {directory} --engine vllm|sglang")
     where = f"{fmt} export {directory}"
     native = rename_all(read_safetensors(directory / WEIGHTS), lambda k: from_native(layout, k), where)
     # the norm flags as this layout means them (SpecForge's norm_output is not SGLang's): a contract
