@@ -360,3 +360,35 @@ def test_import_reads_vllms_own_edit_and_refuses_other_families_by_name(tmp_path
         with pytest.raises(CheckpointError, match=f"a {name} block drafter") as err:
             import_draft(out, "vllm", target=target)
         assert "eaglewire doctor" in err.value.fix
+
+
+def test_peagle_mask_hidden_and_mask_token(tmp_path, target):
+    """P-EAGLE (an EAGLE-3 draft with a mask token and a learned mask_hidden; no tool here writes one on a CPU,
+    so our EAGLE-3 vLLM export is given speculators' peagle fields): the EAGLE-3 doctor's verdict plus the P-EAGLE
+    finding, and nothing else on an EAGLE-3 export."""
+    import torch
+    from tiny import build_draft
+
+    from eaglewire.doctor.checks import run_checks
+    from eaglewire.doctor.inspect import inspect_dir
+    from eaglewire.export.convert import export_draft
+
+    draft, contract = build_draft(target, taps=(2, 4, 5), seed=7)
+    plain = export_draft(draft, contract, tmp_path / "e3", "vllm")
+    assert not any(f.check == "peagle" for f in run_checks(inspect_dir(plain, "vllm"), target).findings)
+
+    def peagle(name, mask_hidden, **fields):
+        out = export_draft(draft, contract, tmp_path / name, "vllm")
+        cfg = json.loads((out / "config.json").read_text())
+        cfg.update(speculators_model_type="peagle", architectures=["PEagleSpeculator"], **fields)
+        (out / "config.json").write_text(json.dumps(cfg))
+        if mask_hidden is not None:
+            save_file({**load_file(out / "model.safetensors"), "mask_hidden": mask_hidden}, out / "model.safetensors")
+        return [(f.level, f.what) for f in run_checks(inspect_dir(out, "vllm"), target).findings if f.check == "peagle"]
+
+    H = target.hidden_size
+    good = peagle("good", torch.randn(1, 3 * H), mask_token_id=5)
+    assert [lvl for lvl, _ in good] == ["info"]
+    assert any("without its mask_hidden" in w for _, w in peagle("none", None, mask_token_id=5))
+    assert any("not 3 taps" in w for _, w in peagle("shape", torch.zeros(1, H), mask_token_id=5))
+    assert any("without mask_token_id" in w for _, w in peagle("nomask", torch.zeros(1, 3 * H)))

@@ -401,3 +401,7 @@ def run_checks(ins: Inspection, target: Any) -> Report:
 def by_level(findings: list[Finding]) -> list[Finding]:
     order = {"error": 0, "warn": 1, "info": 2}
     return sorted(findings, key=lambda f: order[f.level])
+
+from eaglewire.doctor.peagle_checks import peagle  # noqa: E402  (a check of its own module, on P-EAGLE only)
+
+CHECKS.append(peagle)
