@@ -392,3 +392,19 @@ def test_peagle_mask_hidden_and_mask_token(tmp_path, target):
     assert any("without its mask_hidden" in w for _, w in peagle("none", None, mask_token_id=5))
     assert any("not 3 taps" in w for _, w in peagle("shape", torch.zeros(1, H), mask_token_id=5))
     assert any("without mask_token_id" in w for _, w in peagle("nomask", torch.zeros(1, 3 * H)))
+
+
+def test_engine_knobs_against_the_trained_block(tmp_path, target, drafted):
+    """vLLM's k (num_speculative_tokens) or SGLang's num_draft_tokens against the block of 4 (3 drafts)."""
+    from eaglewire.decoding.tree import TreeShape
+
+    out = _export(drafted, tmp_path, "vllm")
+    cfg = json.loads((out / "config.json").read_text())
+    over = check_block(out, cfg, "vllm", None, target, TreeShape.chain(5))
+    assert "block_knobs" in _codes(over) and "--num-speculative-tokens 3" in over.findings[0].fix
+    assert "block_knobs" in _codes(check_block(out, cfg, "vllm", None, target, TreeShape.chain(2)), "info")
+    assert check_block(out, cfg, "vllm", None, target, TreeShape.chain(3)).errors == 0
+    sg = _export(drafted, tmp_path / "s", "sglang")
+    f = check_block(sg, json.loads((sg / "config.json").read_text()), "sglang", None, target,
+                    TreeShape.from_knobs(7, 1, 8, None))
+    assert "block_knobs" in _codes(f) and "--speculative-num-draft-tokens 4" in f.findings[0].fix

@@ -102,7 +102,7 @@ def check(directory: str | Path, engine: str | None = None, target: TargetInfo |
     `say(phase)`, called as each phase starts."""
     block = is_block_dir(Path(directory))
     if block is not None:  # DFlash-family drafts: their own checks (doctor/block_checks.py); not measured yet
-        return check_block(Path(directory), block, engine, engine_version, target)
+        return check_block(Path(directory), block, engine, engine_version, target, shape)
     ins = inspect_dir(Path(directory), engine, engine_version)
     report = run_checks(ins, target)
     if target is None or not (measure or shape is not None or (measure is None and ins.contract is None)):

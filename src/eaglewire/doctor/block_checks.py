@@ -242,6 +242,28 @@ def block_size(ins: BlockInspection) -> list[Finding]:
 
 
 @block_check
+def block_knobs(ins: BlockInspection) -> list[Finding]:
+    """The engine's draft count against the block the draft was trained with (DFlash: B - 1, DSpark: B)."""
+    b = ins.contract.block if ins.contract is not None else None
+    size = b.block_size if b else _config_block(ins)[0]
+    if ins.drafts is None or size is None:
+        return []
+    first = (b.anchor_layout == "anchor_first") if b else ins.family == "dspark"
+    want = size if first else size - 1
+    knob = (f"--num-speculative-tokens {want}" if ins.engine == "vllm" else f"--speculative-num-draft-tokens {want + 1}")
+    if ins.drafts > want:
+        return [_f("error", "block_knobs", f"the engine's knobs draft {ins.drafts} tokens per round, the draft was "
+                   f"trained on blocks of {size} ({want} drafts)", "vLLM runs one bonus query and k mask queries "
+                   "(config/speculative.py), SGLang a block of its num_draft_tokens: slots past the trained block "
+                   "sit at positions the draft never learned and are rejected", f"launch with {knob}")]
+    if ins.drafts < want:
+        return [_f("info", "block_knobs", f"the engine's knobs draft {ins.drafts} of the {want} tokens a block of "
+                   f"{size} can draft", "a shorter block is served correctly; the later positions are left unused",
+                   f"{knob} drafts the whole block (worth it where acceptance at those positions pays)")]
+    return []
+
+
+@block_check
 def block_mask_token(ins: BlockInspection) -> list[Finding]:
     dflash = ins.config.get("dflash_config") if isinstance(ins.config.get("dflash_config"), dict) else {}
     m = dflash.get("mask_token_id", ins.config.get("mask_token_id"))
@@ -363,11 +385,12 @@ def run_block_checks(ins: BlockInspection) -> BlockReport:
 
 
 def check_block(directory: Path, config: dict[str, Any], engine: str | None, engine_version: str | None,
-                target: Any) -> BlockReport:
+                target: Any, shape: Any = None) -> BlockReport:
     """The doctor on a block drafter's directory for `engine` (None: SGLang for a config laid out for SGLang,
-    else vLLM) at `engine_version` (None: the newest row of block_rules.json)."""
+    else vLLM) at `engine_version` (None: the newest row of block_rules.json); `shape`: the engine's knobs."""
     from eaglewire.doctor.block_inspect import block_layout, read_block
 
     if engine is None:
         engine = "sglang" if (block_layout(config) or ("", ""))[1] == "sglang" else "vllm"
-    return run_block_checks(read_block(Path(directory), config, engine, engine_version, target))
+    drafts = shape.num_draft_tokens - 1 if shape is not None else None  # a decoding.tree.TreeShape (knobs)
+    return run_block_checks(read_block(Path(directory), config, engine, engine_version, target, drafts))

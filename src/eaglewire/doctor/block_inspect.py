@@ -111,6 +111,7 @@ class BlockInspection:
     target_layers: int | None  # L of the target (the --target, else the contract's)
     target_vocab: int | None
     target_arch: str | None
+    drafts: int | None = None  # tokens the engine's knobs draft per round (vLLM k; SGLang num_draft_tokens - 1)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -154,7 +155,7 @@ class BlockInspection:
 
 
 def read_block(directory: Path, config: dict[str, Any], engine: str, version: str | None,
-               target: Any) -> BlockInspection:
+               target: Any, drafts: int | None = None) -> BlockInspection:
     family, layout = block_layout(config) or ("dflash", "zlab")
     version, row = engine_rule(engine, version)
     shapes: dict[str, tuple[int, ...]] = {}
@@ -169,7 +170,7 @@ def read_block(directory: Path, config: dict[str, Any], engine: str, version: st
     return BlockInspection(directory, config, family, layout, engine, version, row, shapes, contract,
                            L if isinstance(L, int) else (ct.num_layers if ct else None),
                            getattr(target, "vocab_size", None) or (ct.vocab_size if ct else None),
-                           getattr(ident, "architecture", None) or (ct.architecture if ct else None))
+                           getattr(ident, "architecture", None) or (ct.architecture if ct else None), drafts)
 
 
 def is_block_dir(directory: Path) -> dict[str, Any] | None:
