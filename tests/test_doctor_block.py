@@ -408,3 +408,20 @@ def test_engine_knobs_against_the_trained_block(tmp_path, target, drafted):
     f = check_block(sg, json.loads((sg / "config.json").read_text()), "sglang", None, target,
                     TreeShape.from_knobs(7, 1, 8, None))
     assert "block_knobs" in _codes(f) and "--speculative-num-draft-tokens 4" in f.findings[0].fix
+
+
+def test_a_native_dflash_checkpoint_is_checked_as_its_export(tmp_path, target, drafted):
+    """`doctor CKPT --engine vllm|sglang` on our own DFlash checkpoint checks the export that engine gets (not the
+    EAGLE-3 reading of it); without --engine it is refused as an EAGLE-3 checkpoint is."""
+    from eaglewire.errors import EaglewireError
+    from eaglewire.export.checkpoint import save_checkpoint
+
+    ckpt = save_checkpoint(drafted, drafted.contract, tmp_path / "native")
+    config = json.loads((ckpt / "config.json").read_text())
+    assert is_block_dir(ckpt) is not None
+    for engine in ("vllm", "sglang"):
+        report = check_block(ckpt, config, engine, None, target)
+        assert report.errors == 0 and report.layout == f"native (as exported for {engine})", report.to_json()
+        assert report.directory == str(ckpt)
+    with pytest.raises(EaglewireError, match="native"):
+        check_block(ckpt, config, None, None, target)

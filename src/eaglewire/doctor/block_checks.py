@@ -15,10 +15,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from eaglewire.doctor.block_inspect import BlockInspection, sglang_guess
+from eaglewire.doctor.block_inspect import BlockInspection, Delivery, delivery
 from eaglewire.doctor.checks import Report
 from eaglewire.doctor.findings import Finding
-from eaglewire.errors import TranslationError
+from eaglewire.export.checkpoint import FORMAT as NATIVE_FORMAT
 
 BlockCheck = Callable[[BlockInspection], list[Finding]]
 BLOCK_CHECKS: list[BlockCheck] = []
@@ -32,71 +32,6 @@ def block_check(fn: BlockCheck) -> BlockCheck:
 
 def _f(level: str, name: str, what: str, why: str, fix: str) -> Finding:
     return Finding(level, name, what, why, fix)
-
-
-# ---- what the engine delivers ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Delivery:
-    boundaries: tuple[int, ...] | None  # None: the engine refuses to load, or eaglewire cannot say
-    field: str  # the config field the engine took them from
-    how: str  # the engine behaviour applied, with its source
-    guessed: bool = False  # the ids were missing and the engine made them up
-
-
-def _vllm_delivery(ins: BlockInspection) -> Delivery:
-    r, L = ins.rule, ins.target_layers
-    if ins.layout == "speculators":
-        aux = ins.ids("aux_hidden_state_layer_ids")
-        if aux is None:
-            return Delivery(None, "aux_hidden_state_layer_ids", "vLLM's speculators updater requires it (KeyError)")
-        return Delivery(tuple(aux), "aux_hidden_state_layer_ids", "vLLM's update_dflash copies them as is to "
-                        "eagle_aux_hidden_state_layer_ids, which its runner captures as is")
-    for at in ("eagle_aux_hidden_state_layer_ids", "eagle_config.eagle_aux_hidden_state_layer_ids"):
-        if ins.ids(at) is not None:
-            return Delivery(tuple(ins.ids(at) or ()), at, "vLLM's runner reads it first and as is "
-                            "(_get_eagle3_aux_layers_from_config): it wins over dflash_config.target_layer_ids")
-    at = "target_layer_ids" if ins.layout == "deepspec" else "dflash_config.target_layer_ids"
-    ids = ins.ids(at)
-    if ids is not None:
-        plus = 1 if r["dflash_ids_plus_one"] else 0
-        return Delivery(tuple(i + plus for i in ids), at, f"vLLM {ins.version} captures id + {plus}"
-                        + (" (PR #40727)" if plus else " (before PR #40727)"))
-    if L is None:
-        return Delivery(None, "(none)", "no layer ids, and no target to find vLLM's default on", guessed=True)
-    return Delivery((2, L // 2, L - 3), "(none)", "no layer ids: vLLM falls back to the target's EAGLE-3 default "
-                    "(2, L//2, L-3) with only an info log (vLLM #50170)", guessed=True)
-
-
-def _sglang_delivery(ins: BlockInspection) -> Delivery:
-    from eaglewire.export.sglang_rules import DFLASH_SHIFT, rule_for
-
-    at = "dflash_config.target_layer_ids"
-    ids = ins.ids(at) if ins.layout != "speculators" else None
-    if ids is None and ins.layout != "speculators" and ins.ids("target_layer_ids") is not None:
-        at, ids = "target_layer_ids", ins.ids("target_layer_ids")
-    guessed = ids is None
-    if guessed:
-        ids, at = sglang_guess(ins), "(none)"
-        if ids is None:
-            return Delivery(None, at, "no layer ids, and no target to find SGLang's guess on", guessed=True)
-    try:
-        rule = rule_for(ins.target_arch, ins.version, kind="dflash")
-    except TranslationError as err:
-        return Delivery(None, at, f"SGLang's shift is per model file and unknown here: {err.args[0]}", guessed)
-    shift = DFLASH_SHIFT.get(rule.rule)
-    if shift is None:
-        return Delivery(None, at, f"{rule.describe()} reads DFlash ids in a way eaglewire has not recorded", guessed)
-    how = f"{rule.describe()} set_dflash_layers_to_capture: captures id + {shift}"
-    if guessed:
-        how = ("no layer ids: SGLang guesses build_target_layer_ids(L, number of draft layers) silently "
-               f"(sglang #37475), then {how}")
-    return Delivery(tuple(i + shift for i in ids or ()), at, how, guessed)
-
-
-def delivery(ins: BlockInspection) -> Delivery:
-    return _vllm_delivery(ins) if ins.engine == "vllm" else _sglang_delivery(ins)
 
 
 # ---- the checks ----------------------------------------------------------------------------------------------
@@ -390,7 +325,31 @@ def check_block(directory: Path, config: dict[str, Any], engine: str | None, eng
     else vLLM) at `engine_version` (None: the newest row of block_rules.json); `shape`: the engine's knobs."""
     from eaglewire.doctor.block_inspect import block_layout, read_block
 
+    if config.get("format") == NATIVE_FORMAT:  # our own checkpoint: checked as its export for `engine` reads it
+        if engine is None:
+            from eaglewire.export.convert import detect_engine
+
+            detect_engine(config)  # refuses a native checkpoint without --engine, as for EAGLE-3 drafts
+        return _check_native(Path(directory), engine or "vllm", engine_version, target, shape)
     if engine is None:
         engine = "sglang" if (block_layout(config) or ("", ""))[1] == "sglang" else "vllm"
     drafts = shape.num_draft_tokens - 1 if shape is not None else None  # a decoding.tree.TreeShape (knobs)
     return run_block_checks(read_block(Path(directory), config, engine, engine_version, target, drafts))
+
+
+def _check_native(directory: Path, engine: str, engine_version: str | None, target: Any, shape: Any) -> BlockReport:
+    """A native block-drafter checkpoint, checked through the export `eaglewire export --format ENGINE` writes
+    (in a temporary directory): what that engine would be handed."""
+    import tempfile
+
+    from eaglewire.export.block import export_block_draft
+    from eaglewire.export.checkpoint import load_checkpoint
+    from eaglewire.safeio import read_json_object
+
+    draft = load_checkpoint(directory, dtype=None)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = export_block_draft(draft, draft.contract, Path(tmp) / engine, engine)
+        report = check_block(out, read_json_object(out / "config.json", what="a draft config"), engine,
+                             engine_version, target, shape)
+    report.directory, report.layout = str(directory), f"native (as exported for {engine})"
+    return report

@@ -1,6 +1,7 @@
 """What the doctor reads of a block drafter's directory (DFlash, DFlash2, DSpark): its family, the layout its
-tool wrote, the fields each engine reads, and the engine rule that applies (block_rules.json, keyed by engine
-and version), read without trusting the files: an oddity becomes data for block_checks.py, never an exception.
+tool wrote, the fields each engine reads, the engine rule that applies (block_rules.json, keyed by engine and
+version) and the boundaries the engine then captures (`delivery`), read without trusting the files: an oddity
+becomes data for block_checks.py, never an exception.
 
 Layouts (which tool wrote the config, and how that tool numbers the taps it trained on):
 
@@ -179,6 +180,9 @@ def is_block_dir(directory: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     config = read_json_object(path, what="a draft config")
+    if config.get("format") == "eaglewire.draft/1":  # a native checkpoint: its contract names the family
+        contract = config.get("contract")
+        return config if isinstance(contract, dict) and contract.get("family") not in (None, "eagle3") else None
     return config if block_layout(config) is not None else None
 
 
@@ -187,3 +191,68 @@ def sglang_guess(ins: BlockInspection) -> list[int] | None:
     if ins.target_layers is None or ins.num_draft_layers is None or ins.target_layers < 4:
         return None
     return list(zlab_default_ids(ins.target_layers, ins.num_draft_layers))
+
+
+# ---- what the engine delivers ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Delivery:
+    boundaries: tuple[int, ...] | None  # None: the engine refuses to load, or eaglewire cannot say
+    field: str  # the config field the engine took them from
+    how: str  # the engine behaviour applied, with its source
+    guessed: bool = False  # the ids were missing and the engine made them up
+
+
+def _vllm_delivery(ins: BlockInspection) -> Delivery:
+    r, L = ins.rule, ins.target_layers
+    if ins.layout == "speculators":
+        aux = ins.ids("aux_hidden_state_layer_ids")
+        if aux is None:
+            return Delivery(None, "aux_hidden_state_layer_ids", "vLLM's speculators updater requires it (KeyError)")
+        return Delivery(tuple(aux), "aux_hidden_state_layer_ids", "vLLM's update_dflash copies them as is to "
+                        "eagle_aux_hidden_state_layer_ids, which its runner captures as is")
+    for at in ("eagle_aux_hidden_state_layer_ids", "eagle_config.eagle_aux_hidden_state_layer_ids"):
+        if ins.ids(at) is not None:
+            return Delivery(tuple(ins.ids(at) or ()), at, "vLLM's runner reads it first and as is "
+                            "(_get_eagle3_aux_layers_from_config): it wins over dflash_config.target_layer_ids")
+    at = "target_layer_ids" if ins.layout == "deepspec" else "dflash_config.target_layer_ids"
+    ids = ins.ids(at)
+    if ids is not None:
+        plus = 1 if r["dflash_ids_plus_one"] else 0
+        return Delivery(tuple(i + plus for i in ids), at, f"vLLM {ins.version} captures id + {plus}"
+                        + (" (PR #40727)" if plus else " (before PR #40727)"))
+    if L is None:
+        return Delivery(None, "(none)", "no layer ids, and no target to find vLLM's default on", guessed=True)
+    return Delivery((2, L // 2, L - 3), "(none)", "no layer ids: vLLM falls back to the target's EAGLE-3 default "
+                    "(2, L//2, L-3) with only an info log (vLLM #50170)", guessed=True)
+
+
+def _sglang_delivery(ins: BlockInspection) -> Delivery:
+    from eaglewire.export.sglang_rules import DFLASH_SHIFT, rule_for
+
+    at = "dflash_config.target_layer_ids"
+    ids = ins.ids(at) if ins.layout != "speculators" else None
+    if ids is None and ins.layout != "speculators" and ins.ids("target_layer_ids") is not None:
+        at, ids = "target_layer_ids", ins.ids("target_layer_ids")
+    guessed = ids is None
+    if guessed:
+        ids, at = sglang_guess(ins), "(none)"
+        if ids is None:
+            return Delivery(None, at, "no layer ids, and no target to find SGLang's guess on", guessed=True)
+    try:
+        rule = rule_for(ins.target_arch, ins.version, kind="dflash")
+    except TranslationError as err:
+        return Delivery(None, at, f"SGLang's shift is per model file and unknown here: {err.args[0]}", guessed)
+    shift = DFLASH_SHIFT.get(rule.rule)
+    if shift is None:
+        return Delivery(None, at, f"{rule.describe()} reads DFlash ids in a way eaglewire has not recorded", guessed)
+    how = f"{rule.describe()} set_dflash_layers_to_capture: captures id + {shift}"
+    if guessed:
+        how = ("no layer ids: SGLang guesses build_target_layer_ids(L, number of draft layers) silently "
+               f"(sglang #37475), then {how}")
+    return Delivery(tuple(i + shift for i in ids or ()), at, how, guessed)
+
+
+def delivery(ins: BlockInspection) -> Delivery:
+    return _vllm_delivery(ins) if ins.engine == "vllm" else _sglang_delivery(ins)
