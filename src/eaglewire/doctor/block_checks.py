@@ -91,9 +91,12 @@ def block_taps(ins: BlockInspection) -> list[Finding]:
 def _missing_ids(ins: BlockInspection, d: Delivery, trained: tuple[int, ...] | None) -> list[Finding]:
     n = ins.num_taps
     if ins.layout == "speculators" and ins.engine == "sglang":
+        aux = ins.ids("aux_hidden_state_layer_ids") or []
         return [_f("error", "block_ids_missing", "a speculators config on SGLang: SGLang reads no "
-                   "aux_hidden_state_layer_ids, so it finds no target layer ids", d.how, "eaglewire import DIR "
-                   "--format vllm --target T, then eaglewire export --format sglang")]
+                   "aux_hidden_state_layer_ids, so it finds no target layer ids", d.how,
+                   f"write dflash_config.target_layer_ids {[i - 1 for i in aux]} (speculators' HF indices - 1: "
+                   "SGLang adds 1, speculators #753), or eaglewire import DIR --format vllm --target T, then "
+                   "eaglewire export --format sglang")]
     if d.boundaries is None:
         return [_f("error", "block_ids_missing", "the config names no target layer ids", d.how,
                    "write the ids the draft was trained on (eaglewire export writes them)")]
