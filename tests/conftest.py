@@ -5,6 +5,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/tiny.py helpers
+sys.path.append(str(Path(__file__).parents[1]))  # the repository root: `benchmarks.*`, for tests of benchmark code
 torch.set_num_threads(2)
 
 

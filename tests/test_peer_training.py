@@ -1,9 +1,7 @@
-"""benchmarks/peer_training.py's equal-data invariant: the batches it hands the peer trainer are exactly the ones
-eaglewire's trainer takes, step by step, for the same samples, batch size and seed."""
+"""benchmarks/peer_training/peer_training.py's equal-data invariant: the batches it hands the peer trainer are
+exactly the ones eaglewire's trainer takes, step by step, for the same samples, batch size and seed."""
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 
@@ -11,8 +9,7 @@ from eaglewire.data.samples import Sample
 from eaglewire.train.dist import DistInfo
 from eaglewire.train.loop import MicroBatches, TrainConfig
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
-from peer_training import step_batches  # noqa: E402
+from benchmarks.peer_training.peer_training import step_batches  # conftest: the root on sys.path
 
 
 def test_peer_batches_are_the_trainers_own():
@@ -36,7 +33,7 @@ def test_every_eaglewire_arm_is_options_the_trainer_takes():
 
     from eaglewire.norms import NORM_PRESETS
     from eaglewire.train.config import knob_fields
-    from peer_training import ARM_NORMS, ARMS
+    from benchmarks.peer_training.peer_training import ARM_NORMS, ARMS
 
     knobs = {"--" + name.replace("_", "-"): annotation for name, (annotation, _) in knob_fields("cli").items()}
     for arm, opts in ARMS.items():

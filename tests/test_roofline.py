@@ -1,18 +1,15 @@
-"""The roofline floor of a verify step (benchmarks/roofline.py): counts against a hand count, the floor's two
+"""The roofline floor of a verify step (benchmarks/decoding/roofline.py): counts against a hand count, the floor's two
 regimes, and the two measured rates on a small buffer."""
 
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))  # the roofline model is a benchmark's
-import roofline  # noqa: E402
-from roofline import RateProbe, StepCost, step_cost, widest_matrix
+from benchmarks.decoding import roofline  # the roofline model is a benchmark's (conftest: the root on sys.path)
+from benchmarks.decoding.roofline import RateProbe, StepCost, step_cost, widest_matrix
 from tiny import HIDDEN, LAYERS, VOCAB, build_target
 from extras import needs_fastcpu
 

@@ -5,7 +5,7 @@ and on a CPU it should cost about what one decode row costs: the weights stream 
 way, and at 4-8 rows the FMAs still fit in the time the stream takes. The GEMMs torch reaches do not get
 there for few rows on some CPUs (oneDNN's few-row kernels fall well short of the memory's pace). The kernel
 keeps a block of up to MR rows x NR output columns in registers and reads each weight once per block
-(panel_gemm.cpp has the layout and why). `python benchmarks/bench_gemm.py` times it against oneDNN's GEMM
+(panel_gemm.cpp has the layout and why). `python -m benchmarks.decoding.bench_gemm` times it against oneDNN's GEMM
 and a plain sum over the same bytes (the memory's pace).
 
 It is a candidate layout like the others (gemm.PANEL), timed by the calibration per row count, and the
