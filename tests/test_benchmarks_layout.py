@@ -9,8 +9,6 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-while not (ROOT / "benchmarks").is_dir():  # the same from tests/ or a subfolder of it
-    ROOT = ROOT.parent
 MODULE = re.compile(r"python -m (benchmarks(?:\.\w+)+)")
 PATH = re.compile(r"(?<![\w/.])(benchmarks/[\w/.-]+\.(?:py|sh))\b")
 
