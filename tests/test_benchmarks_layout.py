@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULE = re.compile(r"python -m (benchmarks(?:\.\w+)+)")
-PATH = re.compile(r"(?<![\w/.])(benchmarks/[\w/.-]+\.(?:py|sh))\b")
+PATH = re.compile(r"(?<![\w/.])(benchmarks/(?!test_)[\w/.-]+\.(?:py|sh))\b")  # test_*: tests/benchmarks/' own
 
 
 def _documented() -> list[tuple[str, str]]:
