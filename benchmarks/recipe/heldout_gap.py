@@ -9,6 +9,8 @@ anchored at every position and walked round by round as a decoder walks it, on t
 Each set also reports first-position agreement by the target's own confidence (`buckets`: the target's top-1
 probability at the token the first draft must guess, bins as in `round_starts.py`): whether a gap between two
 sets is the draft doing worse at equal target confidence, or the text being harder for the target itself.
+The plain figures (top-1 per position, chain tau) of one draft on one split are `eaglewire eval`; this adds
+the sets, dtypes, confidence buckets and per-category splits beside one another.
 fp32 vs bf16 target (--dtypes) separates a dtype mismatch (training features were captured with a bf16
 target, serving runs fp32) from a distribution gap (the same fp32 target on both sets).
 
