@@ -82,6 +82,12 @@ MOVES = {
     "test_train_offline.py": "train/test_train_offline.py",
     "test_vllm_client.py": "vllm_client/test_vllm_client.py",
     "test_weight_release.py": "fastcpu/test_weight_release.py",
+    # test files other branches add (placed when they are merged; a row whose file is absent is skipped)
+    "test_doctor_measure_block.py": "doctor/test_measured_block.py",
+    "test_live_probe_block.py": "doctor/test_live_probe_block.py",
+    "test_cli_lazy.py": "cli/test_cli_lazy.py",
+    "test_feature_shards.py": "capture/test_feature_shards.py",
+    "test_slow_clients.py": "serve/test_slow_clients.py",
     # tests of benchmark code
     "test_roofline.py": "benchmarks/test_roofline.py",
     "test_peer_training.py": "benchmarks/test_peer_training.py",
