@@ -74,7 +74,7 @@ _LIB.define("packed_linear(Tensor x, Tensor packed, Tensor? bias) -> Tensor")
 # new chunk and unmaps it on return: at those depths every GEMM costs an mmap + munmap pair, which slows the
 # whole step and can make the calibration time the graph slower than eager dnnl. The graph's C++ wrapper
 # (GRAPH_OPTIONS) calls the op through the dispatcher from C++ (torch 2.13's inductor; older ones called
-# custom ops back through Python), so no Python frame is left per GEMM (tests/test_runtime.py checks it).
+# custom ops back through Python), so no Python frame is left per GEMM (tests/fastcpu/test_fastcpu_runtime.py checks it).
 _packed_linear = functools.partial(torch.ops.mkldnn._linear_pointwise.default._op, attr="none", scalars=[],
                                    algorithm="")
 

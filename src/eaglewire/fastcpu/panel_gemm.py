@@ -17,7 +17,7 @@ the AVX-512 one (layout "panel-avx512": 16-column panels, blocks of up to 16 row
 registers, so a 16-row verify streams each weight once). Each is a layout of its own, so the calibration
 times them against each other and oneDNN's GEMM rather than assuming the wider one wins (some CPUs issue a
 zmm FMA as two 256-bit halves). The AVX-512 kernel's code (its width and block) is tested built for AVX2
-(tests/test_panel_gemm.py), and a machine offers it only where its probe product is right.
+(tests/fastcpu/test_panel_gemm.py), and a machine offers it only where its probe product is right.
 
 Availability: fp32 weights, a CPU with the kernel's instruction sets (read from /proc/cpuinfo at run time;
 the code is compiled for exactly those), a C++ compiler and ninja. Built once per machine, kernel, torch
@@ -25,7 +25,7 @@ install, compiler and source into the user cache, then loaded directly (no compi
 missing any of this does not get the layout and says why on stderr; the other layouts compute the same.
 
 Numerics: fp32, each output summed in k order with FMAs: another summation order than oneDNN's, so results
-differ from its in the last bits (tests/test_panel_gemm.py checks products against float64).
+differ from its in the last bits (tests/fastcpu/test_panel_gemm.py checks products against float64).
 """
 
 from __future__ import annotations

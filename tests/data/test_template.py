@@ -1,6 +1,6 @@
 """Loss masks by render boundary: golden files for SmolLM2 (ChatML), Llama-3 and Qwen3 (<think>).
 
-Regenerate goldens with `EAGLEWIRE_UPDATE_GOLDEN=1 python -m pytest tests/test_data_template.py`, then
+Regenerate goldens with `EAGLEWIRE_UPDATE_GOLDEN=1 python -m pytest tests/data/test_template.py`, then
 read the diff: ⟦…⟧ marks the tokens trained on.
 """
 
@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 from eaglewire.data.template import TemplateMismatch, render_with_mask
 from eaglewire.target.loader import resolve_target
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 CONV = [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "2+2 = 4."},
         {"role": "user", "content": "And 3+3?"}, {"role": "assistant", "content": "3+3 = 6."}]
 

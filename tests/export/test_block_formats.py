@@ -205,7 +205,7 @@ def test_vllm_reads_our_dflash_exports_as_we_wrote_them(tmp_path, target):
     _edit(dirs["spec-default"], lambda c: c.update(sliding_window_non_causal=False))
     dirs["zlab-override"] = export_block_draft(d, d.contract, tmp_path / "zo", "zlab")
     _edit(dirs["zlab-override"], lambda c: c.update(eagle_aux_hidden_state_layer_ids=[1, 2, 3]))
-    script = Path(__file__).parent / "clients" / "vllm_dflash_config.py"
+    script = Path(__file__).parents[1] / "clients" / "vllm_dflash_config.py"
     out = subprocess.run([str(vllm_python()), str(script), *map(str, dirs.values())], capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]

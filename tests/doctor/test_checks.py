@@ -283,7 +283,7 @@ def test_never_trained_layer_and_float16_overflow_in_an_export(tmp_path, target,
 
 def test_zero_embedding_as_speculators_resaves_it(tmp_path, target, drafted):
     """speculators 0.9.0's save_pretrained of a draft without its embedding writes embed_tokens of zeros
-    (tests/test_vllm_client.py); vLLM would use them."""
+    (tests/vllm_client/test_vllm_client.py); vLLM would use them."""
     out = _export(tmp_path, drafted, "vllm")
 
     def zero_embedding(t):

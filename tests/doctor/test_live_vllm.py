@@ -29,7 +29,7 @@ if not vllm_available():
     pytest.skip("vLLM's CPU build is not installed: " + BUILD_HINT, allow_module_level=True)
 
 K, MAX_TOKENS, LIMIT = 3, 48, 3
-TOLERANCE = 0.15  # |vLLM tau - our predicted tau| on the same prompts, as tests/test_vllm_client.py allows
+TOLERANCE = 0.15  # |vLLM tau - our predicted tau| on the same prompts, as tests/vllm_client/test_vllm_client.py allows
 BROKEN_IDS = [0, 2, 15]
 
 

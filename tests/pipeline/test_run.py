@@ -41,7 +41,7 @@ def tiny(tmp_path_factory):
 
 def tiny_config(tiny: Path, **over) -> dict:
     base = {"target": str(tiny / "model"),
-            # engine local: these tests are about the pipeline; tests/test_vllm_client.py covers vLLM
+            # engine local: these tests are about the pipeline; tests/vllm_client/test_vllm_client.py covers vLLM
             "data": {"source": str(tiny / "convs.jsonl"), "conversations": 16, "max_new_tokens": 8,
                      "max_turns": 1, "batch_size": 8, "max_length": 64, "engine": "local"},
             "vocab": {"draft_vocab_size": 200},

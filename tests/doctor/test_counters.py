@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 from eaglewire.doctor.counters import Counters, detect_engine, read_counters, read_sglang_log, read_vllm_metrics
 from eaglewire.errors import EaglewireError
 
-DATA = Path(__file__).parent / "data" / "live"
+DATA = Path(__file__).parents[1] / "data" / "live"
 P = "vllm:spec_decode_"
 
 label_names = st.from_regex(r"[a-z][a-z_]{0,8}", fullmatch=True).filter(lambda s: s != "position")

@@ -8,7 +8,7 @@ import re
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODULE = re.compile(r"python -m (benchmarks(?:\.\w+)+)")
 PATH = re.compile(r"(?<![\w/.])(benchmarks/(?!test_)[\w/.-]+\.(?:py|sh))\b")  # test_*: tests/benchmarks/' own
 

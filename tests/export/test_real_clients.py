@@ -6,7 +6,7 @@ speculators needs transformers <= 5.19, so it lives in a second venv made by scr
 scripts/specforge_venv.sh: it pins a CUDA torch and sglang) builds and warm-starts its own
 LlamaForCausalLMEagle3 from our SpecForge and SGLang exports and runs it on CPU (sdpa attention), gated by
 EAGLEWIRE_SPECFORGE_PYTHON. SGLang itself cannot be installed here (CUDA-only wheel pinning another torch);
-its loader is checked against its code in tests/test_formats.py and tests/test_doctor.py instead.
+its loader is checked against its code in tests/export/test_formats.py and tests/doctor/test_checks.py instead.
 """
 
 import json
@@ -39,7 +39,7 @@ def test_speculators_loads_our_vllm_export_with_equal_logits(tmp_path, norm):
     with torch.no_grad():
         logits = draft(ids, taps).logits
     save_file({"ids": ids, "taps": taps, "logits": logits}, str(tmp_path / "io.safetensors"))
-    script = Path(__file__).parent / "clients" / "speculators_logits.py"
+    script = Path(__file__).parents[1] / "clients" / "speculators_logits.py"
     out = subprocess.run([PY, str(script), str(tmp_path / "export"), str(tmp_path / "io.safetensors")],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -60,7 +60,7 @@ SPECFORGE_CASES = {
 # exporter writing SGLang's meaning into SpecForge exports; they now say norm_output: true. An SGLang export
 # warm-started in SpecForge still scores lm_head(h): an ecosystem trap the doctor reports for --engine specforge.
 SGLANG_IN_SPECFORGE = pytest.mark.xfail(strict=True, reason="SGLang's norm_output: false means 'no final norm' "
-                                        "to SpecForge (tests/test_doctor.py checks the doctor says so)")
+                                        "to SpecForge (tests/doctor/test_checks.py checks the doctor says so)")
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +81,7 @@ def specforge_result(tmp_path_factory):
             with torch.no_grad():
                 logits = draft(ids, taps).logits
             save_file({"ids": ids, "taps": taps, "logits": logits}, str(tmp / "io.safetensors"))
-            script = Path(__file__).parent / "clients" / "specforge_logits.py"
+            script = Path(__file__).parents[1] / "clients" / "specforge_logits.py"
             out = subprocess.run([SPECFORGE_PY, str(script), str(tmp / "export"), str(tmp / "target"),
                                   str(tmp / "io.safetensors")], capture_output=True, text=True, timeout=600)
             assert out.returncode == 0, out.stderr[-3000:]
@@ -127,7 +127,7 @@ def test_speculators_loads_our_dflash_export(tmp_path):
     block = BlockWiring(block_size=4, mask_token_id=255)
     draft = build_dflash_draft(target, dflash_contract(target, (1, 3, 5, 8), block), 2, seed=3)
     export_draft(draft, draft.contract, tmp_path / "export", "vllm", verifier=str(tmp_path / "target"))
-    script = Path(__file__).parent / "clients" / "speculators_dflash.py"
+    script = Path(__file__).parents[1] / "clients" / "speculators_dflash.py"
     out = subprocess.run([PY, str(script), str(tmp_path / "export")], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])

@@ -8,7 +8,7 @@ import time
 
 import pytest
 import torch
-from test_data_regenerate import S, EchoGenerator, source  # noqa: F401 (fixture)
+from test_regenerate import S, EchoGenerator, source  # noqa: F401 (fixture)
 from tiny import build_target, tiny_samples
 
 import eaglewire.train.warm as train_warm

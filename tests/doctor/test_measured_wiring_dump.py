@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from test_doctor_measure import TRAINED, _export, bounds, target, trained  # noqa: F401 (fixtures)
+from test_measured_wiring import TRAINED, _export, bounds, target, trained  # noqa: F401 (fixtures)
 
 from eaglewire.doctor.checks import run_checks
 from eaglewire.capture.boundary_file import FORMAT, DumpTarget, capture_dump, load_boundaries, load_dump, save_boundaries
