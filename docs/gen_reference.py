@@ -295,7 +295,7 @@ def _rule_cell(home: str, rule: str, delegates: dict[str, str]) -> str:
 
 def sglang_rules_table() -> str:
     """A snippet (no title) included by the diagnose and export guides: SGLang's layer-id rule per release and
-    model file, from the record that tests/test_sglang_rules.py checks against SGLang's wheels."""
+    model file, from the record that tests/export/test_sglang_rules.py checks against SGLang's wheels."""
     rules = _mod("sglang_rules")
     rec, releases = rules.record(), rules.RELEASES
     out = [GENERATED.strip(), ""]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# SGLang's released wheels, read (never installed: they pin CUDA builds) by tests/test_sglang_rules.py, which
+# SGLang's released wheels, read (never installed: they pin CUDA builds) by tests/export/test_sglang_rules.py, which
 # checks eaglewire's per-model-file SGLang layer-id record against SGLang's own set_eagle3_layers_to_capture /
 # set_dflash_layers_to_capture. The releases are eaglewire's (eaglewire.export.sglang_rules.RELEASES).
 #   bash scripts/sglang_wheels.sh && export EAGLEWIRE_SGLANG_WHEELS=~/.cache/eaglewire/sglang-wheels

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A second venv with the real SpecForge package, used by tests/test_real_clients.py to load our SpecForge and
+# A second venv with the real SpecForge package, used by tests/export/test_real_clients.py to load our SpecForge and
 # SGLang exports the way SpecForge warm-starts an EAGLE-3 draft (its own config resolver, builder, weight
 # loader and LlamaForCausalLMEagle3) and compare its logits with ours, on CPU.
 #   bash scripts/specforge_venv.sh && export EAGLEWIRE_SPECFORGE_PYTHON=~/.cache/eaglewire/client-venvs/specforge/bin/python

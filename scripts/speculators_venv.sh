@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A second venv with the real `speculators` package (it needs transformers <= 5.19, eaglewire uses newer),
-# used by tests/test_real_clients.py to load our vLLM/speculators export with speculators' own Eagle3 class.
-# (httpx: imported by speculators.train, which benchmarks/peer_training.py drives.)
+# used by tests/export/test_real_clients.py to load our vLLM/speculators export with speculators' own Eagle3 class.
+# (httpx: imported by speculators.train, which benchmarks/peer_training/peer_training.py drives.)
 #   bash scripts/speculators_venv.sh && export EAGLEWIRE_SPECULATORS_PYTHON=~/.cache/eaglewire/client-venvs/speculators/bin/python
 # The venv lives in the user cache (a third-party tree does not belong in the repository).
 set -euo pipefail

@@ -20,6 +20,6 @@ RESUME=""; [ -f "$W/train/checkpoints/latest" ] && RESUME="--resume"
 eaglewire train --features "$W/features" --vocab "$W/vocab.safetensors" --out "$W/train" $RESUME \
   --max-steps "$STEPS" --batch-size 8 --ttt-steps 3 --lr 1e-3 --warmup-steps 20 --eval-every 50 --ckpt-every 50 \
   --snapshot-steps "$SNAP"
-python benchmarks/scaling_curve.py "$W/train" --prompts 8 --max-new-tokens 128 --k 3 \
+python -m benchmarks.recipe.scaling_curve "$W/train" --prompts 8 --max-new-tokens 128 --k 3 \
   --also src/eaglewire/assets/drafts/smollm2-135m --out "benchmarks/results/scaling/$(date +%F)-local"
 echo "release with: python scripts/release_draft.py $W/train (reads $W/train/draft)"

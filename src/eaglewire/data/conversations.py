@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, TextIO
 
+from eaglewire.data.prompt_sets import PROMPT_SETS, prompt_set_file
 from eaglewire.errors import EaglewireError
 
 ROLE_ALIASES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "bing": "assistant",
@@ -202,7 +203,10 @@ CONTINUATION_SOURCES = {"sharegpt-parts": "sharegpt"}
 
 def resolve_source(source: str) -> Path:
     """'sharegpt' (training prompts) or 'mtbench' (80 two-turn questions) from their PyPI packages,
-    located without importing them; anything else is a local path."""
+    located without importing them; a named prompt set (data/prompt_sets.py: 'humaneval', 'mtbench-math')
+    built from its package into the cache; anything else is a local path."""
+    if source in PROMPT_SETS:
+        return prompt_set_file(source, lambda: resolve_source("mtbench"))
     if source in PACKAGED_SOURCES:
         package, pip_line, rel = PACKAGED_SOURCES[source]
         spec = importlib.util.find_spec(package)
@@ -213,7 +217,8 @@ def resolve_source(source: str) -> Path:
     path = Path(source)
     if not path.is_file():
         raise EaglewireError(f"conversation source {source!r} not found",
-                             expected="'sharegpt' or a .json/.jsonl(.gz) file", found="no such file")
+                             expected=f"one of {sorted(PACKAGED_SOURCES) + sorted(PROMPT_SETS)} or a .json/.jsonl(.gz) "
+                                      "file", found="no such file")
     return path
 
 

@@ -35,7 +35,7 @@ T = TypeVar("T")
 
 
 # Conversations a serving engine keeps in flight (vLLM's CPU build, or --server): its throughput rises with
-# the requests in flight until the cores are busy (benchmarks/regen_concurrency.sh measures it). HF
+# the requests in flight until the cores are busy (benchmarks/data/regen_concurrency.sh measures it). HF
 # generate's batch (GenerationSettings.batch_size) is another knob: it pads a batch to its longest answer.
 SERVER_IN_FLIGHT = 64
 

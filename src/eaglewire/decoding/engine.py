@@ -15,7 +15,7 @@ given the tokens before it, so the output equals plain greedy
 decoding token for token whatever the proposer does (tested with always-right and random drafts). In
 bf16 that holds up to bf16 rounding only: a verify of k rows does not round like a 1-row decode step
 (bf16 SDPA and some bf16 GEMMs are not batch-invariant) and bf16 logits tie exactly at a few % of
-positions, where the two may take different, equally greedy, tokens and part (tests/test_runtime_dtype.py).
+positions, where the two may take different, equally greedy, tokens and part (tests/decoding/test_runtime_dtype.py).
 With temperature > 0 the walk uses `sample_accept` (rejection sampling against point-mass proposals),
 so every emitted token is an exact sample of the target's distribution (statistical test).
 tau = mean over verify steps of (accepted drafts + 1).

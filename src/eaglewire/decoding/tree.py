@@ -69,7 +69,7 @@ class TreeShape:
 
 # The tree of `generate`, `serve`, `bench` and the run config's bench section (defined here only). Small:
 # on a CPU a verify costs more decode steps the more tokens it holds, by a ratio that differs between
-# machines (measured by `python benchmarks/bench_verify.py`), and with the released draft a deeper tree's
+# machines (measured by `python -m benchmarks.decoding.bench_verify`), and with the released draft a deeper tree's
 # extra accepted tokens do not pay for its larger verify (`eaglewire bench` compares tree shapes).
 DEFAULT_TREE = TreeShape(num_steps=2, topk=2, num_draft_tokens=3)
 

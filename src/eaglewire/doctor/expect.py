@@ -10,7 +10,7 @@ predicted, the embedding tap measured 1.10 in real vLLM. So when the engine's co
 "Accepted / Drafted tokens" and the per-position rates; its /metrics has them too), the first draft
 position is judged as a proportion over the drafts: flagged when the upper end of its `LEVEL` Wilson
 interval lies more than `POS_MARGIN` below our predicted first-position acceptance. A healthy vLLM export
-measures within 0.01 of our engine there (tests/test_vllm_client.py), and the interval shrinks with
+measures within 0.01 of our engine there (tests/vllm_client/test_vllm_client.py), and the interval shrinks with
 every draft, so a longer log sharpens the verdict instead of flagging noise.
 Probable causes are listed most-likely first.
 """

@@ -144,7 +144,7 @@ def reference(target: Any, draft: Any, contract: Any, shape: Any, chats: list[li
     eos, pooled, answers = {tok.eos_token_id}, SpecStats(), []
     for ids in prompts:
         # our speculative decoder's greedy answer IS the target's own greedy answer (lossless by construction,
-        # tests/test_spec_lossless.py), so one decode gives both the reference answer and the predicted tau
+        # tests/decoding/test_spec_lossless.py), so one decode gives both the reference answer and the predicted tau
         toks, st = dec.generate(ids, max_tokens, eos)
         pooled.accepted += st.accepted
         answers.append(tok.decode(toks, skip_special_tokens=True))

@@ -20,7 +20,7 @@ next draft step" (default false); in SpecForge 0.2.0 (llama3_eagle.py compute_lo
 final norm before lm_head" (default true), and its TTT always feeds the pre-norm state. Every eaglewire
 draft applies the final norm, so SpecForge exports say norm_output: true, eaglewire's own norm_output
 (post-norm feedback) cannot be exported to SpecForge, and an SGLang export (norm_output: false) is not a
-SpecForge export (found by loading our exports with SpecForge's own class: tests/test_real_clients.py).
+SpecForge export (found by loading our exports with SpecForge's own class: tests/export/test_real_clients.py).
 """
 
 from __future__ import annotations

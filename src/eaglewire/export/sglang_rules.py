@@ -10,7 +10,7 @@ eaglewire.contract's terms), captured in the model's forward loop before layer k
 
 sglang_rules.json is the record: per kind (eagle3, dflash) and release, each model file's class that defines
 the setter, its rule and the architectures (config `architectures[0]`, SGLang's registry key) it serves.
-tests/test_sglang_rules.py reads the same from SGLang's released wheels (downloaded by
+tests/export/test_sglang_rules.py reads the same from SGLang's released wheels (downloaded by
 scripts/sglang_wheels.sh) and runs every setter on id lists against eaglewire's translation, so a model file
 whose rule the record does not know, or a rule that reads ids otherwise, fails there with its name.
 """
@@ -75,7 +75,7 @@ def check_release(version: str | None) -> str:
     if version not in RELEASES:
         raise TranslationError(f"SGLang {version} is not a release eaglewire has read", expected=", ".join(RELEASES),
                                found=version, fix="pick a verified release with --engine-version (newer releases: "
-                               "add them to RELEASES and run tests/test_sglang_rules.py)")
+                               "add them to RELEASES and run tests/export/test_sglang_rules.py)")
     return version
 
 

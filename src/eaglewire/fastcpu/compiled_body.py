@@ -18,7 +18,7 @@ row, every larger row count) plus a static one per fused verify size; inductor c
 disk (TORCHINDUCTOR_CACHE_DIR), so only the first start for a cache size compiles. Options (GRAPH_OPTIONS,
 `_keep_guard`): x realized once rather than recomputed per output row; guards on the call's arguments only;
 a C++ wrapper, so that no Python frame is pushed per GEMM (see `_packed_linear`). The calibration times
-GRAPH against the eager layouts like any other; `python benchmarks/bench_verify.py` measures them all.
+GRAPH against the eager layouts like any other; `python -m benchmarks.decoding.bench_verify` measures them all.
 
 Numerics: fp32 throughout, another summation order for the GEMVs and norms (within 1e-4 of the eager
 layouts on the targets tested).
@@ -74,7 +74,7 @@ _LIB.define("packed_linear(Tensor x, Tensor packed, Tensor? bias) -> Tensor")
 # new chunk and unmaps it on return: at those depths every GEMM costs an mmap + munmap pair, which slows the
 # whole step and can make the calibration time the graph slower than eager dnnl. The graph's C++ wrapper
 # (GRAPH_OPTIONS) calls the op through the dispatcher from C++ (torch 2.13's inductor; older ones called
-# custom ops back through Python), so no Python frame is left per GEMM (tests/test_runtime.py checks it).
+# custom ops back through Python), so no Python frame is left per GEMM (tests/fastcpu/test_fastcpu_runtime.py checks it).
 _packed_linear = functools.partial(torch.ops.mkldnn._linear_pointwise.default._op, attr="none", scalars=[],
                                    algorithm="")
 
@@ -118,7 +118,7 @@ def fused_linear(lin: Gemm, x: torch.Tensor) -> torch.Tensor:  # x [B, T, in], B
     or activation before it realized once (GRAPH_OPTIONS). Whether it beats oneDNN's packed GEMM in the
     graph depends on the CPU and the row count (oneDNN's few-row kernels are slow on some CPUs; past a few
     rows the accumulators no longer fit), so FUSED_ROWS stops at 8 and a machine keeps a size's graph only
-    where it times faster there (FastRuntime.compile_graphs; `python benchmarks/bench_verify.py` reports
+    where it times faster there (FastRuntime.compile_graphs; `python -m benchmarks.decoding.bench_verify` reports
     graph-fused beside graph)."""
     B, T, _ = x.shape
     rows = x.reshape(B * T, -1)  # [R, in]

@@ -7,7 +7,7 @@ own [out, in] weight).
 
 It is one candidate layout among the others (gemm.COMPILED): the calibration times it against them on
 each machine and keeps it only where it wins, for one row only (for more rows the loop re-reads the weight
-and oneDNN's packed GEMM is faster). `python benchmarks/bench_verify.py` measures the layouts.
+and oneDNN's packed GEMM is faster). `python -m benchmarks.decoding.bench_verify` measures the layouts.
 
 Cost: the first use of each weight shape compiles a kernel (seconds a shape). The layout is offered only
 where a probe kernel builds (`available`, once per process; it is also the process's first inductor call,

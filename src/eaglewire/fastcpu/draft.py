@@ -6,7 +6,7 @@ plain matmul), q/k/v and gate/up fused into one GEMM each (as the target runtime
 Why: drafting is a few 1-4 row GEMMs per round, and nn.Linear's layout is among the slowest for so few
 rows, so drafting would cost a large share of a round beside verifying. Which layout wins differs by
 machine, row count and dtype, so the copy measures it (`calibrate`, a fraction of a second for a small
-draft) instead of assuming it. `python benchmarks/bench_draft.py` measures a round's drafting cost through
+draft) instead of assuming it. `python -m benchmarks.decoding.bench_draft` measures a round's drafting cost through
 nn.Linear and through these layouts side by side.
 """
 

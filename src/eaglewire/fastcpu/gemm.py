@@ -3,7 +3,7 @@ row count (`time_layouts`), and `pick` to look the winner up. Used by the target
 draft's decoding copy (draft.py) and the screened greedy head (screened_head.py).
 
 Why: for small row counts the GEMM's speed depends on how the weight is laid out, and the fastest layout
-differs by row count, dtype and machine, so it is measured, not assumed (`python benchmarks/bench_gemm.py`
+differs by row count, dtype and machine, so it is measured, not assumed (`python -m benchmarks.decoding.bench_gemm`
 times every layout offered on the machine it runs on).
 """
 

@@ -10,7 +10,7 @@
 // vector accumulators), and each k loads the panel's NR weights once and broadcasts one x value per row:
 // the weight streams from memory once per block, at MR FMAs per NR weights. Why MR = 8 in one block rather than
 // two blocks of 4: the second block would re-read the panel from cache with the memory idle, after the
-// first streamed it with the FMA units half idle; one block of 8 overlaps the two (benchmarks/bench_gemm.py
+// first streamed it with the FMA units half idle; one block of 8 overlaps the two (benchmarks/decoding/bench_gemm.py
 // times 8 rows). M > MR rows run as ceil(M / MR) balanced blocks (12 = 6 + 6). Each panel is read in one
 // sequential stream, prefetched PREFETCH floats ahead (the hardware prefetcher alone leaves the stream
 // short of the memory's pace). Panels are split between the threads of

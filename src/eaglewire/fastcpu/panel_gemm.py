@@ -5,7 +5,7 @@ and on a CPU it should cost about what one decode row costs: the weights stream 
 way, and at 4-8 rows the FMAs still fit in the time the stream takes. The GEMMs torch reaches do not get
 there for few rows on some CPUs (oneDNN's few-row kernels fall well short of the memory's pace). The kernel
 keeps a block of up to MR rows x NR output columns in registers and reads each weight once per block
-(panel_gemm.cpp has the layout and why). `python benchmarks/bench_gemm.py` times it against oneDNN's GEMM
+(panel_gemm.cpp has the layout and why). `python -m benchmarks.decoding.bench_gemm` times it against oneDNN's GEMM
 and a plain sum over the same bytes (the memory's pace).
 
 It is a candidate layout like the others (gemm.PANEL), timed by the calibration per row count, and the
@@ -17,7 +17,7 @@ the AVX-512 one (layout "panel-avx512": 16-column panels, blocks of up to 16 row
 registers, so a 16-row verify streams each weight once). Each is a layout of its own, so the calibration
 times them against each other and oneDNN's GEMM rather than assuming the wider one wins (some CPUs issue a
 zmm FMA as two 256-bit halves). The AVX-512 kernel's code (its width and block) is tested built for AVX2
-(tests/test_panel_gemm.py), and a machine offers it only where its probe product is right.
+(tests/fastcpu/test_panel_gemm.py), and a machine offers it only where its probe product is right.
 
 Availability: fp32 weights, a CPU with the kernel's instruction sets (read from /proc/cpuinfo at run time;
 the code is compiled for exactly those), a C++ compiler and ninja. Built once per machine, kernel, torch
@@ -25,7 +25,7 @@ install, compiler and source into the user cache, then loaded directly (no compi
 missing any of this does not get the layout and says why on stderr; the other layouts compute the same.
 
 Numerics: fp32, each output summed in k order with FMAs: another summation order than oneDNN's, so results
-differ from its in the last bits (tests/test_panel_gemm.py checks products against float64).
+differ from its in the last bits (tests/fastcpu/test_panel_gemm.py checks products against float64).
 """
 
 from __future__ import annotations

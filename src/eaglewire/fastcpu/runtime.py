@@ -1,7 +1,7 @@
 """The accelerated target runtime: StaticRuntime with every GEMM in the layout measured fastest on the machine.
 
 For a few rows a GEMM's speed depends on how its weight is laid out, and the fastest layout differs by row
-count, dtype and machine (benchmarks/bench_verify.py and benchmarks/bench_gemm.py measure them). The
+count, dtype and machine (benchmarks/decoding/bench_verify.py and benchmarks/decoding/bench_gemm.py measure them). The
 runtime offers every candidate layout (gemm.py), `calibrate()` measures each per row count, and every
 call uses the winner. One candidate, GRAPH (compiled_body.py), is not a GEMM layout alone: it runs the
 whole layer stack (`layers_forward`, the base class's code) as one inductor graph, the small ops between
@@ -30,7 +30,7 @@ from eaglewire.target.loader import Target
 CALIBRATION_KS, CALIBRATION_REPS = (1, 2, 3, 4, 8, 16, 32), 5  # verify row counts timed, repetitions each
 # cached tokens each timed verify attends to (slots the calibration writes first): a decode's context, not a
 # toy one: which layout wins depends on the cache length, so a calibration on a near-empty cache can rank
-# them otherwise than decoding meets them (benchmarks/bench_verify.py times verifies on a ~100-token cache)
+# them otherwise than decoding meets them (benchmarks/decoding/bench_verify.py times verifies on a ~100-token cache)
 CALIBRATION_PREFIX = 128
 
 
@@ -180,7 +180,7 @@ class FastRuntime(StaticRuntime):
         graph the one faster at most of them by ratio (geometric mean: a 16-row product's milliseconds
         do not outvote 4 rows'). Why measured: where oneDNN has AVX-512 kernels its few-row GEMMs can come
         near the memory's pace and beat a panel kernel, and an AVX-512 CPU offers two panel kernels, neither
-        known to win in advance (`python benchmarks/bench_gemm.py` times them all)."""
+        known to win in advance (`python -m benchmarks.decoding.bench_gemm` times them all)."""
         rows = tuple(k for k in ks if 2 <= k <= 16)
         gemms = tuple(g for g in GRAPH_GEMMS if g in self.candidates)
         if self.graph is None or not rows or len(gemms) < 2:

@@ -24,7 +24,7 @@ would (tens rather than a few on a real head), each an H-wide fp32 row. The kept
 fp32 and the first largest wins, the tie rule of torch.argmax. That recompute is another fp32 GEMM than
 the plain head's, so where two logits lie within fp32 accumulation error of each other
 (~2 gamma_n ||w|| ||h||) it may pick the other one: the same latitude as choosing another fp32 GEMM
-layout, never a bf16-quality answer (tests/test_screened_head.py: the bound covers the bf16 error at
+layout, never a bf16-quality answer (tests/fastcpu/test_screened_head.py: the bound covers the bf16 error at
 every scale, the screen finds the fp32 argmax where bf16 alone does not, and greedy decoding through it
 equals the plain head's).
 

