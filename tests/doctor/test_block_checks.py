@@ -4,7 +4,7 @@ for each engine, and each broken variant the field reports gets its finding and 
 The drafts here come from eaglewire's own writers (export/block.py) and, for the layouts whose tools need a GPU
 (z-lab's and SpecForge's trainers, DeepSpec: flex attention / CUDA), from those writers' configs edited into the
 other tool's layout field for field, as each tool's code writes it (cited per case). speculators' own writer
-runs here: tests/test_real_clients.py drives it for the speculators layouts."""
+runs here: tests/export/test_real_clients.py drives it for the speculators layouts."""
 
 import json
 
@@ -306,7 +306,7 @@ def test_speculators_own_writer_dflash_dspark_dflash2(tmp_path, target):
 
     assert SPECULATORS_PY, "CI builds speculators' venv (scripts/speculators_venv.sh) and sets EAGLEWIRE_SPECULATORS_PYTHON"
     target.model.save_pretrained(tmp_path / "target")
-    script = Path(__file__).parent / "clients" / "speculators_block_write.py"
+    script = Path(__file__).parents[1] / "clients" / "speculators_block_write.py"
     r = subprocess.run([SPECULATORS_PY, str(script), str(tmp_path), str(tmp_path / "target"), "1,3,5,7", "4",
                         str(MASK)], capture_output=True, text=True, timeout=600,
                        env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
