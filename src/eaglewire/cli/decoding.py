@@ -9,7 +9,6 @@ from typing import Optional
 
 import typer
 
-from eaglewire.export.checkpoint import resolve_draft
 from eaglewire.cli.common import add_command, err_console, load_target, out_console, parse_dtype
 from eaglewire.serve import bench as B
 from eaglewire.serve.peer import PEER_METHODS
@@ -43,7 +42,7 @@ def _shape(contract, knobs: tuple) -> TreeShape:
 def _load(target: Optional[str], draft: Optional[Path], dtype: str, draft_dtype: str) -> tuple:
     """(target in --dtype, draft in --draft-dtype), with a line on stderr for each."""
     from eaglewire import hw
-    from eaglewire.export.checkpoint import load_checkpoint
+    from eaglewire.export.checkpoint import load_checkpoint, resolve_draft
     from eaglewire.target.loader import DEFAULT_TARGET
 
     dt = hw.runtime_dtype(parse_dtype(dtype, {n: n for n in hw.RUNTIME_DTYPES}, "--dtype"))
@@ -144,6 +143,8 @@ def bench_cmd(
                          log=_say, repeats=repeats, block_draft=block_draft,
                          methods=list(dict.fromkeys([m.strip() for m in methods.split(",") if m.strip()]
                                                     + (list(PEER_METHODS) if vllm else []))))
+    from eaglewire.export.checkpoint import resolve_draft
+
     result["questions"], result["draft"], result["turns"] = questions, str(resolve_draft(draft)), turns
     B.write(result, out)
     out_console.print(B.markdown(result), markup=False, highlight=False)
