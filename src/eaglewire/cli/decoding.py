@@ -73,19 +73,26 @@ def generate_cmd(
                                 "size (a power of two above prompt + --max-new-tokens), else the eager layouts, "
                                 "so that a start takes seconds; 'always' builds them now (one to a few minutes, "
                                 "once per cache size); 'never'."),
+    calibrate: str = typer.Option("cached", "--calibrate", help="The GEMM layouts of the target's forward: "
+                                  "'cached' uses the ones a start on this machine measured before, else the "
+                                  "default layouts (the same tokens; the first token comes in seconds); 'always' "
+                                  "measures them now where none are cached (seconds to minutes, once per "
+                                  "machine); 'never'."),
 ) -> None:
     """Greedy speculative decoding (lossless: in float32 the text equals plain greedy decoding; in bfloat16
     every token is a greedy choice up to bf16 rounding, so the texts may part where two tokens tie)."""
-    from eaglewire.compose import COMPILE_MODES, decoder
+    from eaglewire.compose import CALIBRATE_MODES, COMPILE_MODES, decoder
 
     shape = TreeShape.from_knobs(num_steps, topk, num_draft_tokens, num_speculative_tokens)
-    if compile not in COMPILE_MODES:
-        raise typer.BadParameter(f"expected one of {', '.join(COMPILE_MODES)}, got {compile!r}", param_hint="--compile")
+    for flag, value, modes in (("--compile", compile, COMPILE_MODES), ("--calibrate", calibrate, CALIBRATE_MODES)):
+        if value not in modes:
+            raise typer.BadParameter(f"expected one of {', '.join(modes)}, got {value!r}", param_hint=flag)
     tgt, d = _load(target, draft, dtype, draft_dtype)
     shape = _shape(d.contract, (num_steps, topk, num_draft_tokens, num_speculative_tokens))
     ids = tgt.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                             return_dict=True, return_tensors="pt")["input_ids"]
-    dec = decoder(tgt, d, shape, max_new_tokens, context=ids.shape[1] + max_new_tokens, log=_say, compile=compile)
+    dec = decoder(tgt, d, shape, max_new_tokens, context=ids.shape[1] + max_new_tokens, log=_say, compile=compile,
+                  calibrate=calibrate)
     out, st = dec.generate(ids, max_new_tokens, eos={tgt.tokenizer.eos_token_id})
     text = tgt.tokenizer.decode(out, skip_special_tokens=True)
     stats = st.as_dict(shape.num_steps)
