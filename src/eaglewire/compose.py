@@ -38,10 +38,11 @@ from eaglewire.safeio import read_json_object
 from eaglewire.target.loader import Target
 from eaglewire.target.protocol import TargetInfo
 
-__all__ = ["COMPILE_MODES", "DFLASH", "EAGLE3", "FAMILIES", "Family", "cache_len", "decoder", "family_of",
+__all__ = ["CALIBRATE_MODES", "COMPILE_MODES", "DFLASH", "EAGLE3", "FAMILIES", "Family", "cache_len", "decoder", "family_of",
            "load_draft", "measure_tau", "proposal_shape", "proposer", "register", "runtime"]
 
 COMPILE_MODES = fastcpu.COMPILE_MODES
+CALIBRATE_MODES = fastcpu.CALIBRATE_MODES
 EAGLE3 = "eagle3"  # the family of every contract that names none (all contracts before block drafters)
 DFLASH = "dflash"  # block drafters (draft/dflash.py): a whole block of drafts from one forward
 SPARE_SLOTS = 8  # cache slots beyond the tokens and one verify's nodes: never written, so no view spans all
@@ -110,7 +111,7 @@ def _say_once(line: str, log: Log | None) -> None:
         (log or logging.getLogger("eaglewire").info)(line)
 
 
-def runtime(target: Target, max_len: int, *, accelerate: bool = True, calibrate: bool = False,
+def runtime(target: Target, max_len: int, *, accelerate: bool = True, calibrate: bool | str = False,
             log: Log | None = None, compile: str = "always", verify_rows: tuple[int, ...] = ()) -> Runtime:
     """The runtime `target` decodes on, the one place that decides it. accelerate=False: the plain runtime
     (τ does not depend on how fast the GEMMs run: the doctor, the quality benchmarks). Else the fastest one
@@ -146,12 +147,15 @@ def proposer(draft: Draft, shape: TreeShape, max_len: int, rt: Runtime, *,
 
 
 def decoder(target: Target, draft: Draft, shape: TreeShape = DEFAULT_TREE, max_new_tokens: int = 256, *,
-            context: int | None = None, accelerate: bool = True, calibrate: bool = True, compile: str = "cached",
+            context: int | None = None, accelerate: bool = True, calibrate: bool | str = "cached",
+            compile: str = "cached",
             log: Log | None = None, contract: WiringContract | None = None) -> SpecDecoder:
     """A speculative decoder for `draft` on `target`: `decoder(...).generate(prompt_ids, max_new_tokens)`.
     It owns the runtime choice (`runtime`) and the cache size: room for `context` tokens (prompt + new; by
     default DEFAULT_PROMPT_TOKENS of prompt plus max_new_tokens) and one verify. compile: `eaglewire
-    generate --compile`'s (the compiled layouts only where a start on this machine built them already)."""
+    generate --compile`'s (the compiled layouts only where a start on this machine built them already);
+    calibrate: its --calibrate (by default the GEMM layouts measured by an earlier start, never a measurement
+    before the first token: fastcpu.start.make_fast_runtime)."""
     max_len = cache_len(context if context is not None else DEFAULT_PROMPT_TOKENS + max_new_tokens, shape)
     rt = runtime(target, max_len, accelerate=accelerate, calibrate=calibrate, log=log, compile=compile,
                  verify_rows=(shape.num_draft_tokens,))
@@ -209,14 +213,14 @@ def _eagle3_load(directory: Path, config: dict[str, Any], target: TargetInfo | N
 def _eagle3_proposer(draft: Eagle3Draft, contract: WiringContract, shape: TreeShape, max_len: int,
                      rt: Runtime) -> Proposer:
     """EAGLE-3's proposer: the draft's accelerated copy where the runtime is accelerated (compiled layouts
-    only where the runtime's are), else the draft's own modules."""
+    only where the runtime's are, measured layouts only where the runtime's are), else the draft's own modules."""
     drafter = None
     if fastcpu.available() is None:
         from eaglewire.fastcpu.draft import FastDraft
         from eaglewire.fastcpu.runtime import FastRuntime
 
         if isinstance(rt, FastRuntime):
-            drafter = FastDraft(draft, "auto", rt.compiled)
+            drafter = FastDraft(draft, "auto", rt.compiled, calibrate=rt.calibrated)
     return EagleProposer(draft, shape, max_len, drafter, contract=contract)
 
 

@@ -140,6 +140,21 @@ def import_any(directory: Path, fmt: str, target: Any = None, *, measure: bool =
     return draft, replace(contract, inferred=evidence), m
 
 
+def start_draft(target: Target, taps: tuple[int, ...], vocab: Path | None, cfg: TrainConfig) -> tuple[Any, WiringContract]:
+    """(draft, contract) as training `cfg` begins it, before its first step: the warm start (cfg.init_from,
+    its head rows remapped to this vocab) or the family's fresh initial weights (cfg.seed). What a run's
+    report compares the trained draft with."""
+    from eaglewire.draft.vocab import load_vocab
+    from eaglewire.train.objectives import objective
+
+    vmap = load_vocab(vocab)[0] if vocab is not None else None
+    fam = objective(cfg.family)
+    contract = fam.make_contract(target, taps, vmap, cfg)
+    with torch.random.fork_rng():
+        torch.manual_seed(cfg.seed)  # as the trainer seeds before building it (train/loop.py)
+        return fam.build_draft(target, contract, vmap, cfg).eval(), contract
+
+
 def train(target: Target, taps: tuple[int, ...], vocab: Path | None, cfg: TrainConfig, out: Path, *,
           samples: Callable[[], list[Sample]], features: Path | None = None, heldout_fraction: float = 0.0,
           train_limit: int | None = None, also_features: list[Path] | None = None, info: DistInfo = DistInfo(),

@@ -47,6 +47,20 @@ def forwards(monkeypatch):
     return calls
 
 
+@pytest.fixture
+def short_calibration(monkeypatch):
+    """make_fast_runtime's starts calibrate KS once, unrefined (which start measures and which reuses is the
+    point of the tests using it, not the timings): the measuring start and the reusing one agree on it, as
+    they do on the defaults."""
+    from functools import partial
+
+    from eaglewire.fastcpu import start
+
+    monkeypatch.setattr(start, "calibrate_cached", partial(C.calibrate_cached, ks=KS, reps=1, refine=0))
+    for name, value in (("CALIBRATION_KS", KS), ("CALIBRATION_REPS", 1), ("REFINE_REPS", 0)):
+        monkeypatch.setattr(C, name, value)
+
+
 def _start(target, log):
     rt = FastRuntime(target, max_len=ROOM)
     policy, path, reused = C.calibrate_cached(rt, log.append, ks=KS, reps=1, refine=0)
@@ -190,7 +204,8 @@ def test_cached_compile_waits_for_no_compiler_until_a_start_built_the_layouts(ca
         make_runtime(target, 32, compile="sometimes")
 
 
-def test_generate_says_what_its_start_does(cache, tmp_path):
+def test_generate_says_what_its_start_does_and_times_nothing_before_its_first_token_unless_asked(
+        cache, tmp_path, monkeypatch, short_calibration):
     from test_server import _tiny_target_dir
 
     from eaglewire.export.checkpoint import save_checkpoint
@@ -202,12 +217,41 @@ def test_generate_says_what_its_start_does(cache, tmp_path):
     draft, contract = build_draft(load_target(str(tdir)), taps=(1, 2, 3))
     save_checkpoint(draft, contract, tmp_path / "draft")
     args = ["generate", "--target", str(tdir), "--draft", str(tmp_path / "draft"), "-p", "Hi.", "--max-new-tokens", "4"]
+    from eaglewire.fastcpu.draft import FastDraft
+
+    timed = []  # the target's calibrations, then the draft's (its layouts are timed beside the target's only)
+    for cls in (FastRuntime, FastDraft):
+        monkeypatch.setattr(cls, "calibrate", lambda self, *a, _real=cls.calibrate, _c=cls, **k:
+                            timed.append(_c.__name__) or _real(self, *a, **k))
     first = CliRunner().invoke(app, args)
     assert first.exit_code == 0, first.output + repr(first.exception)
     assert "loading target" in first.stderr and "loading draft" in first.stderr
-    assert "calibrating GEMM layouts" in first.stderr and str(cache / "calibration") in first.stderr
+    assert not timed and "no GEMM layout calibration for this machine yet" in first.stderr
+    assert "--calibrate always" in first.stderr and not (cache / "calibration").exists()
+    asked = CliRunner().invoke(app, args + ["--calibrate", "always"])
+    assert asked.exit_code == 0, asked.output + repr(asked.exception)
+    assert timed == ["FastRuntime", "FastDraft"] and "calibrating GEMM layouts" in asked.stderr and str(cache / "calibration") in asked.stderr
+    timed.clear()
     second = CliRunner().invoke(app, args)
     assert second.exit_code == 0 and "reusing GEMM layout calibration from" in second.stderr
+    assert timed == ["FastDraft"]  # the draft's layouts are measured per start, beside a calibrated target
+    bad = CliRunner().invoke(app, args + ["--calibrate", "sometimes"])
+    assert bad.exit_code == 2 and "--calibrate" in bad.output
+
+
+def test_a_cached_calibration_start_reuses_or_keeps_the_defaults_and_never_times(cache, forwards, short_calibration):
+    target, log = build_target("llama"), []
+    cold = make_runtime(target, 32, calibrate="cached", log=log.append, compile="never")
+    assert not forwards and cold.policy == FastRuntime(target, 8).policy  # the uncalibrated defaults
+    assert "no GEMM layout calibration for this machine yet" in log[-1]
+    measured = make_runtime(target, 32, calibrate="always", compile="never")
+    forwards.clear()
+    log.clear()
+    warm = make_runtime(target, 32, calibrate="cached", log=log.append, compile="never")
+    assert not forwards and warm.policy == measured.policy and warm.head_policy == measured.head_policy
+    assert log[0].startswith("reusing GEMM layout calibration from")
+    with pytest.raises(ValueError, match="calibrate must be"):
+        make_runtime(target, 32, calibrate="sometimes")
 
 
 def test_make_runtime_builds_the_fused_graph_of_the_verify_size_it_is_told_and_says_so(cache, monkeypatch):

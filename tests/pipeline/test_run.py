@@ -162,7 +162,12 @@ def test_run_writes_report_summary_exports_and_a_clean_doctor(finished_run):
     assert s["taps"] == [2, 4, 5] and s["engine_ids"] == {"sglang": [1, 3, 4], "vllm": [2, 4, 5]}
     assert "decoder layers 1, 3 and 4" in s["wiring"]
     assert s["doctor_errors"] == {"sglang": 0, "vllm": 0}
-    assert set(s["bench"]) == {"vanilla", "eagle_chain", "eagle_tree"}  # quick's rows: no HF-generate ones
+    assert set(s["bench"]) == set(BUDGETS["quick"]["bench"]["methods"])  # quick's rows: no HF-generate ones
+    # where the draft started and what training changed, on the bench's first prompts (both of them here)
+    t = s["tau_before_after"]
+    assert t["start"] == "a fresh draft (seed 0)" and not t["released"]  # no released draft for this target
+    assert t["prompts"] == 2 and t["chain_k"] == 2 and 1 <= t["before"] <= 3 and 1 <= t["after"] <= 3
+    assert f"τ {t['before']:.2f} before -> {t['after']:.2f} after" in s["verdict"]
     assert all(m["matches_vanilla"] == 2 for m in s["bench"].values())  # lossless on every prompt
     from eaglewire.hw import runtime_dtype  # the features were captured in the dtype "auto" picks here
     assert _state(out)["features"]["result"]["target_dtype"] == str(runtime_dtype("auto")).removeprefix("torch.")

@@ -9,7 +9,6 @@ from typing import Optional
 
 import typer
 
-from eaglewire.export.checkpoint import resolve_draft
 from eaglewire.cli.common import add_command, err_console, load_target, out_console, parse_dtype
 from eaglewire.serve import bench as B
 from eaglewire.serve.peer import PEER_METHODS
@@ -43,7 +42,7 @@ def _shape(contract, knobs: tuple) -> TreeShape:
 def _load(target: Optional[str], draft: Optional[Path], dtype: str, draft_dtype: str) -> tuple:
     """(target in --dtype, draft in --draft-dtype), with a line on stderr for each."""
     from eaglewire import hw
-    from eaglewire.export.checkpoint import load_checkpoint
+    from eaglewire.export.checkpoint import load_checkpoint, resolve_draft
     from eaglewire.target.loader import DEFAULT_TARGET
 
     dt = hw.runtime_dtype(parse_dtype(dtype, {n: n for n in hw.RUNTIME_DTYPES}, "--dtype"))
@@ -74,19 +73,26 @@ def generate_cmd(
                                 "size (a power of two above prompt + --max-new-tokens), else the eager layouts, "
                                 "so that a start takes seconds; 'always' builds them now (one to a few minutes, "
                                 "once per cache size); 'never'."),
+    calibrate: str = typer.Option("cached", "--calibrate", help="The GEMM layouts of the target's forward: "
+                                  "'cached' uses the ones a start on this machine measured before, else the "
+                                  "default layouts (the same tokens; the first token comes in seconds); 'always' "
+                                  "measures them now where none are cached (seconds to minutes, once per "
+                                  "machine); 'never'."),
 ) -> None:
     """Greedy speculative decoding (lossless: in float32 the text equals plain greedy decoding; in bfloat16
     every token is a greedy choice up to bf16 rounding, so the texts may part where two tokens tie)."""
-    from eaglewire.compose import COMPILE_MODES, decoder
+    from eaglewire.compose import CALIBRATE_MODES, COMPILE_MODES, decoder
 
     shape = TreeShape.from_knobs(num_steps, topk, num_draft_tokens, num_speculative_tokens)
-    if compile not in COMPILE_MODES:
-        raise typer.BadParameter(f"expected one of {', '.join(COMPILE_MODES)}, got {compile!r}", param_hint="--compile")
+    for flag, value, modes in (("--compile", compile, COMPILE_MODES), ("--calibrate", calibrate, CALIBRATE_MODES)):
+        if value not in modes:
+            raise typer.BadParameter(f"expected one of {', '.join(modes)}, got {value!r}", param_hint=flag)
     tgt, d = _load(target, draft, dtype, draft_dtype)
     shape = _shape(d.contract, (num_steps, topk, num_draft_tokens, num_speculative_tokens))
     ids = tgt.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                             return_dict=True, return_tensors="pt")["input_ids"]
-    dec = decoder(tgt, d, shape, max_new_tokens, context=ids.shape[1] + max_new_tokens, log=_say, compile=compile)
+    dec = decoder(tgt, d, shape, max_new_tokens, context=ids.shape[1] + max_new_tokens, log=_say, compile=compile,
+                  calibrate=calibrate)
     out, st = dec.generate(ids, max_new_tokens, eos={tgt.tokenizer.eos_token_id})
     text = tgt.tokenizer.decode(out, skip_special_tokens=True)
     stats = st.as_dict(shape.num_steps)
@@ -145,6 +151,8 @@ def bench_cmd(
                          log=_say, repeats=repeats, block_draft=block_draft,
                          methods=list(dict.fromkeys([m.strip() for m in methods.split(",") if m.strip()]
                                                     + (list(PEER_METHODS) if vllm else []))))
+    from eaglewire.export.checkpoint import resolve_draft
+
     result["questions"], result["draft"], result["turns"] = questions, str(resolve_draft(draft)), turns
     B.write(result, out)
     out_console.print(B.markdown(result), markup=False, highlight=False)

@@ -22,7 +22,7 @@ def run_cmd(
                                          "embedded SmolLM2-135M-Instruct). Overrides the config file's target."),
     out: Path = typer.Option(Path("runs/main"), "--out", "-o", help="Run directory (state, work, report)."),
     budget: str = typer.Option("quick", "--budget", "-b", help=" | ".join(BUDGETS) + ": presets of the run config "
-                               "(quick: <= 20 min on 2 CPU cores with the embedded target; see README)."),
+                               "(quick: the first run, ~10 min on 2 CPU cores with the embedded target; see README)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML/JSON run config; its fields override "
                                           "the budget's (schema: eaglewire.pipeline.config.RunConfig)."),
     show_config: bool = typer.Option(False, "--show-config", help="Print the resolved config as JSON and exit."),

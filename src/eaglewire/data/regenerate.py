@@ -24,8 +24,6 @@ from functools import partial
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Protocol, TypeVar
 
-import torch
-
 from eaglewire.data.conversations import Conversation, ReadStats, read_conversations
 from eaglewire.errors import EaglewireError
 from eaglewire.safeio import atomic_write_bytes, atomic_write_json, read_json_object
@@ -380,18 +378,20 @@ class LocalGenerator:
     def prompt_tokens(self, messages: list[dict[str, str]]) -> int:
         return len(self._encode(messages))
 
-    @torch.no_grad()
     def generate(self, prompts: list[list[dict[str, str]]], seed: int) -> list[Reply]:
+        import torch  # here, not at module level: the CLI's arithmetic commands import this module's settings
+
         enc = [self._encode(m) for m in prompts]
         width = max(map(len, enc))
         ids = torch.tensor([[self.pad] * (width - len(e)) + e for e in enc])
         mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in enc])
         torch.manual_seed(seed)
         sample = self.s.temperature > 0
-        out = self.t.model.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=self.s.max_new_tokens, do_sample=sample,
-            temperature=self.s.temperature if sample else None, top_p=self.s.top_p if sample else None,
-            top_k=None, pad_token_id=self.pad, eos_token_id=self.eos)
+        with torch.no_grad():
+            out = self.t.model.generate(
+                input_ids=ids, attention_mask=mask, max_new_tokens=self.s.max_new_tokens, do_sample=sample,
+                temperature=self.s.temperature if sample else None, top_p=self.s.top_p if sample else None,
+                top_k=None, pad_token_id=self.pad, eos_token_id=self.eos)
         replies = []
         for row in out[:, width:].tolist():
             n = row.index(self.eos) + 1 if self.eos in row else len(row)

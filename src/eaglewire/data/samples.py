@@ -5,12 +5,13 @@ from __future__ import annotations
 import hashlib
 import itertools
 from dataclasses import dataclass
-from typing import Any, Iterable
-
-import torch
+from typing import TYPE_CHECKING, Any, Iterable
 
 from eaglewire.data.conversations import Conversation, ReadStats, read_conversations
 from eaglewire.data.template import TemplateMismatch, render_with_mask
+
+if TYPE_CHECKING:  # torch is imported where samples are made: the CLI reads this module's defaults
+    import torch
 
 
 @dataclass
@@ -66,6 +67,8 @@ def tokenize_conversations(tok: Any, convs: Iterable[Conversation], *, max_lengt
                            stats: TokenizeStats | None = None) -> list[Sample]:
     """Render with the target's own chat template; truncate to max_length; skip (and count) samples
     without any trained token and templates that rewrite history (unless split_turns)."""
+    import torch
+
     stats = stats if stats is not None else TokenizeStats()
     out = []
     for conv in convs:

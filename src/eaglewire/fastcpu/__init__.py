@@ -20,6 +20,9 @@ import importlib.util
 import os
 
 COMPILE_MODES = ("always", "cached", "never")  # make_fast_runtime's `compile` (the CLI's --compile)
+# make_fast_runtime's `calibrate` (generate's --calibrate): measure when this machine has no calibration yet,
+# use only a calibration measured before (else the default layouts: a first start answers in seconds), or neither
+CALIBRATE_MODES = ("always", "cached", "never")
 
 
 def available() -> str | None:

@@ -124,18 +124,8 @@ def calibrate_cached(rt: FastRuntime, log: Callable[[str], None] | None = None, 
     say = log or (lambda _msg: None)
     key = calibration_key(rt, ks, reps, refine)
     path = calibration_path(key)
-    if path.exists():
-        try:
-            policy, head_policy, gemm = _read(path, key)
-        except _Unusable as why:
-            say(f"calibration cache {path} is unusable ({why}): calibrating again")
-        else:
-            rt.policy, rt.head_policy = policy, head_policy
-            if rt.graph is not None:
-                rt.set_graph_gemm(gemm)
-            say(f"reusing GEMM layout calibration from {path}: {_describe(rt.policy)}; greedy head "
-                f"{_describe(rt.head_policy)}{_graph_note(rt)}")
-            return rt.policy, path, True
+    if _reuse(rt, key, path, say, then="calibrating again"):
+        return rt.policy, path, True
     say(f"calibrating GEMM layouts {', '.join(key['layouts'])} for {len(ks)} row counts (one-off for this "
         f"machine; cached at {path})")
     t0 = time.perf_counter()
@@ -151,6 +141,38 @@ def calibrate_cached(rt: FastRuntime, log: Callable[[str], None] | None = None, 
     say(f"calibrated in {record['seconds']:.1f} s: {_describe(policy)}; greedy head {_describe(rt.head_policy)}"
         f"{_graph_note(rt)} (delete {path} to measure again)")
     return policy, path, False
+
+
+def reuse_cached(rt: FastRuntime, log: Callable[[str], None] | None = None) -> Path | None:
+    """Set rt's layout policy from this machine's cached calibration where there is a usable one (its file,
+    returned), never measuring: a start that must answer in seconds (`eaglewire generate`) keeps the
+    uncalibrated layouts otherwise, and says which command measures them once."""
+    say = log or (lambda _msg: None)
+    key = calibration_key(rt, CALIBRATION_KS, CALIBRATION_REPS, REFINE_REPS)
+    path = calibration_path(key)
+    if _reuse(rt, key, path, say, then="not used"):
+        return path
+    say("no GEMM layout calibration for this machine yet: default layouts this time (the same tokens, slower "
+        "decode steps); `eaglewire generate --calibrate always` measures them once (seconds to minutes) and "
+        f"every later start reuses them ({path})")
+    return None
+
+
+def _reuse(rt: FastRuntime, key: dict[str, Any], path: Path, say: Callable[[str], None], then: str) -> bool:
+    """Whether rt's policy was set from the usable calibration file at `path` (an unusable one is said)."""
+    if not path.exists():
+        return False
+    try:
+        policy, head_policy, gemm = _read(path, key)
+    except _Unusable as why:
+        say(f"calibration cache {path} is unusable ({why}): {then}")
+        return False
+    rt.policy, rt.head_policy = policy, head_policy
+    if rt.graph is not None:
+        rt.set_graph_gemm(gemm)
+    say(f"reusing GEMM layout calibration from {path}: {_describe(rt.policy)}; greedy head "
+        f"{_describe(rt.head_policy)}{_graph_note(rt)}")
+    return True
 
 
 def _graph_note(rt: FastRuntime) -> str:

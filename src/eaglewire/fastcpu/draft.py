@@ -47,8 +47,9 @@ class FastDraft:
     """A decoding copy of `draft` (shares the target's embedding, not the caller's Linears) plus its
     layout policy. `model` is called exactly like the Eagle3Draft it copies."""
 
-    def __init__(self, draft: Eagle3Draft, layout: str = "auto", compiled: bool = True) -> None:
-        """compiled=False: the one-row compiled GEMV is no candidate (nothing compiles, no inductor probe)."""
+    def __init__(self, draft: Eagle3Draft, layout: str = "auto", compiled: bool = True, calibrate: bool = True) -> None:
+        """compiled=False: the one-row compiled GEMV is no candidate (nothing compiles, no inductor probe).
+        calibrate=False: "auto" keeps the uncalibrated policy (beside a runtime that measured nothing either)."""
         dtype = draft.fc.weight.dtype
         self.candidates = candidate_layouts(dtype, compiled)
         if layout != "auto" and layout not in self.candidates:
@@ -75,7 +76,7 @@ class FastDraft:
                     setattr(parent, name, LayoutLinear([child], self.policy, lays))
         self.model.eval()
         self.calibration_ms: dict[int, dict[str, float]] = {}
-        if layout == "auto":
+        if layout == "auto" and calibrate:
             self.calibrate()
         self.settle_copies()
 

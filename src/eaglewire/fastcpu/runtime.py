@@ -43,6 +43,9 @@ class FastRuntime(StaticRuntime):
         "auto": the screened one where offered until `calibrate()` times both. compiled=False: only the
         eager layouts are candidates (no inductor compile at start-up)."""
         self.compiled = compiled  # whether inductor layouts may be candidates (a proposer beside it follows)
+        # whether its layouts were measured on this machine (now or by an earlier start): a draft beside it
+        # measures its own only then (compose's EAGLE-3 proposer), so a start that skips one skips both
+        self.calibrated = False
         self.candidates = target_layouts(target.dtype, compiled)
         if layout != "auto" and layout not in self.candidates:
             raise TargetError(f"GEMM layout {layout!r} is not available here", expected=" / ".join(

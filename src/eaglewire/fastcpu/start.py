@@ -9,20 +9,22 @@ from typing import Callable
 
 from eaglewire.decoding.hf_runtime import HFRuntime
 from eaglewire.decoding.runtime import SUPPORTED, Runtime
-from eaglewire.fastcpu import COMPILE_MODES
-from eaglewire.fastcpu.calibration import calibrate_cached, compiled_marker
+from eaglewire.fastcpu import CALIBRATE_MODES, COMPILE_MODES
+from eaglewire.fastcpu.calibration import calibrate_cached, compiled_marker, reuse_cached
 from eaglewire.fastcpu.compiled_body import FUSED, GRAPH, INDUCTOR_LAYOUTS
 from eaglewire.fastcpu.runtime import CALIBRATION_KS, CALIBRATION_PREFIX, FastRuntime, cache_slots
 from eaglewire.safeio import atomic_write_text
 from eaglewire.target.loader import Target
 
 
-def make_fast_runtime(target: Target, max_len: int, *, calibrate: bool = False,
+def make_fast_runtime(target: Target, max_len: int, *, calibrate: bool | str = False,
                       log: Callable[[str], None] | None = None, compile: str = "always",
                       verify_rows: tuple[int, ...] = ()) -> Runtime:
     """The accelerated runtime where the architecture is supported, else the HF fallback. calibrate: set the
     fast runtime's GEMM layouts from the machine's cached calibration, measuring it (seconds) the first time
-    (calibration.py); `log` hears what the start does. compile (with calibrate): whether the
+    (calibration.py); "cached": only a calibration measured before on this machine, else the default
+    layouts (`eaglewire generate`: no minutes of timing before its first token); True is "always", False
+    "never". `log` hears what the start does. compile (with calibrate): whether the
     inductor layouts (compiled_gemv.py, compiled_body.py's GRAPH) are candidates: "always" (serve, bench:
     a start on a cold machine compiles for one to a few minutes, and decode steps are then the fastest), "cached"
     (generate: only where a start on this machine already compiled them for this target and cache size,
@@ -32,6 +34,10 @@ def make_fast_runtime(target: Target, max_len: int, *, calibrate: bool = False,
     its own fused graph where that times faster (FastRuntime.compile_graphs)."""
     if compile not in COMPILE_MODES:
         raise ValueError(f"compile must be one of {COMPILE_MODES}, got {compile!r}")
+    mode = ("always" if calibrate else "never") if isinstance(calibrate, bool) else calibrate
+    if mode not in CALIBRATE_MODES:
+        raise ValueError(f"calibrate must be a bool or one of {CALIBRATE_MODES}, got {calibrate!r}")
+    calibrate = mode != "never"
     if target.text_config.model_type not in SUPPORTED:
         if log and calibrate:
             log(f"model_type {target.text_config.model_type!r}: HF transformers' forward (the fallback runtime), "
@@ -48,8 +54,11 @@ def make_fast_runtime(target: Target, max_len: int, *, calibrate: bool = False,
         say(f"no compiled layouts built on this machine yet for this target and a {cache_slots(n, True)}-slot "
             "cache: eager layouts this time (a start with --compile always builds them once, one to a few minutes)")
     rt = FastRuntime(target, n, compiled=compiled)
-    if calibrate:
+    if calibrate and mode == "always":
         calibrate_cached(rt, log)
+    elif calibrate and reuse_cached(rt, log) is None:
+        calibrate = False  # the default layouts: nothing the calibration chose to compile
+    rt.calibrated = calibrate
     # the weight copies the policy reads, and no others (a calibration built them all; a cached one only the
     # head's bf16 screen, where offered),
     # before compiling: the compile's own memory then comes on top of what decoding holds, not of 4x the weights

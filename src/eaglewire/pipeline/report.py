@@ -90,6 +90,16 @@ def _bench_rows(res: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
+def tau_change(res: dict[str, Any]) -> str:
+    """'Training started from X: τ 1.97 -> 2.01 ...' (bench.tau_prompts), or '' where it was not measured."""
+    t = res.get("tau_before_after")
+    if not t:
+        return ""
+    return (f"Training started from {t['start']}: τ {t['before']:.2f} before -> {t['after']:.2f} after "
+            f"(chain k = {t['chain_k']}, the same {t['prompts']} prompts × {t['max_new_tokens']} new tokens, "
+            "float32 drafts on the plain runtime).")
+
+
 def verdict(res: dict[str, Any]) -> str:
     m = res["methods"]
     best = max((n for n in m if n.startswith("eagle")), key=lambda n: m[n]["median_tok_s"])
@@ -103,7 +113,8 @@ def verdict(res: dict[str, Any]) -> str:
             (f" The real vLLM CPU build with the same draft: {label('vllm_eagle_chain', res)} "
              f"{m['vllm_eagle_chain']['median_tok_s']:.2f} tok/s ({m['vllm_eagle_chain']['speedup_vs_vllm_vanilla']:.2f}× "
              f"its vanilla, τ {m['vllm_eagle_chain']['tau']:.2f}); ours is {m[best]['speedup_vs_vllm_vanilla'] / m['vllm_eagle_chain']['speedup_vs_vllm_vanilla']:.2f}× its tok/s."
-             if "vllm_eagle_chain" in m and "vllm_vanilla" in m else ""))
+             if "vllm_eagle_chain" in m and "vllm_vanilla" in m else "") +
+            (" " + tau_change(res) if tau_change(res) else ""))
 
 
 def _sections(ctx: Ctx, timings: dict[str, dict[str, Any]], pngs: dict[str, Path]) -> list[Section]:
@@ -131,7 +142,8 @@ def _sections(ctx: Ctx, timings: dict[str, dict[str, Any]], pngs: dict[str, Path
         f"{cfg.train.max_steps} steps, batch {cfg.train.batch_size}, TTT {cfg.train.ttt_steps} steps, lr {cfg.train.lr}, "
         f"features {cfg.train.features}; {r['train']['train_samples']} training / {r['train']['heldout_samples']} "
         f"held-out samples.",
-        "Held-out top-1 accuracy per TTT position: " + ", ".join(f"{a:.3f}" for a in h.get("acc", []))],
+        "Held-out top-1 accuracy per TTT position: " + ", ".join(f"{a:.3f}" for a in h.get("acc", []))]
+        + [p for p in [tau_change(r["bench"]["result"])] if p],
         images=[("loss and per-position accuracy", pngs["training"])]))
     reps = r["doctor"]["reports"]
     rows = [[f["level"], fmt, f["check"], f["what"], f["fix"]] for fmt, rep in reps.items() for f in rep["findings"]]
@@ -262,6 +274,7 @@ def summary(ctx: Ctx, timings: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "exports": ctx.results["export"]["exports"],
             "doctor_errors": {f: r["errors"] for f, r in ctx.results["doctor"]["reports"].items()},
             "bench": {n: {k: m[k] for k in m if k not in ("tok_s",)} for n, m in res["methods"].items()},
+            "tau_before_after": res.get("tau_before_after"),
             "verdict": verdict(res), "launch": launch_commands(ctx), "stages": timings}
 
 

@@ -309,8 +309,31 @@ def bench(ctx: Ctx, work: Path) -> dict[str, Any]:
                                   log=lambda s: None, methods=methods,
                                   on_prompt=lambda i, n: ctx.progress(i, n, "prompts"))
     result.update(questions=b.source, draft=ctx.results["train"]["draft"], turns=1)
+    if b.tau_prompts:
+        result["tau_before_after"] = _tau_before_after(ctx, prompts[:b.tau_prompts])
     spec_bench.write(result, work)
     return {"result": result, "json": str(work / "bench.json"), "png": str(work / "bench.png")}
+
+
+def _tau_before_after(ctx: Ctx, prompts: list) -> dict[str, Any]:
+    """τ of the draft training started from (the warm start, or the fresh initial weights) and of the trained
+    draft: the same prompts, chain, new tokens and dtype (float32 drafts on the plain runtime, the target's
+    dtype), so the difference is the training's alone."""
+    from eaglewire.compose import measure_tau
+    from eaglewire.export.checkpoint import load_checkpoint
+    from eaglewire.workflows import start_draft
+
+    b = ctx.cfg.bench
+    cfg = _resolve_init(ctx, ctx.cfg.train.train_config())
+    before, contract = start_draft(ctx.target, ctx.contract.taps, Path(ctx.results["vocab"]["file"]), cfg)
+    after = load_checkpoint(Path(ctx.results["train"]["draft"]), target=ctx.target)
+    taus = {}
+    for i, (name, draft, con) in enumerate((("before", before, contract), ("after", after, None))):
+        ctx.progress(i, 2, f"τ {name} training")
+        taus[name] = measure_tau(ctx.target, draft, prompts, b.chain(), b.max_new_tokens, contract=con).tau
+    start = f"the warm start {cfg.init_from}" if cfg.init_from else f"a fresh draft (seed {cfg.seed})"
+    return {**taus, "start": start, "released": bool(cfg.init_from), "chain_k": b.chain_k,
+            "prompts": len(prompts), "max_new_tokens": b.max_new_tokens}
 
 
 def copy_into(src: Path, dst: Path) -> None:
