@@ -26,9 +26,9 @@ from typer.core import TyperGroup
 from eaglewire.cli.common import err_console
 
 # command name -> the cli module whose register() adds it, in the order of `eaglewire --help` (Typer's:
-# single commands first, then groups). tests/test_cli_lazy.py checks it against what each module registers.
+# single commands first, then groups). tests/cli/test_cli_lazy.py checks it against what each module registers.
 COMMAND_MODULES: dict[str, str] = {
-    "capture": "target", "export": "formats", "import": "formats", "train": "train",
+    "capture": "target", "export": "formats", "import": "formats", "train": "train", "eval": "train",
     "generate": "decoding", "bench": "decoding", "serve": "decoding", "run": "run",
     "target": "target", "wiring": "target", "doctor": "doctor", "data": "data", "vocab": "train",
 }
