@@ -35,46 +35,53 @@ Edit = Callable[[dict], None]
 AUX = "eagle_aux_hidden_state_layer_ids"
 
 
-def _dflash(cfg: dict) -> dict:
-    return cfg.setdefault("dflash_config", {})
+# Our vLLM export is speculators' layout (top-level aux_hidden_state_layer_ids in HF numbering, block_size,
+# mask_token_id; the layer config under transformer_layer_config), which vLLM's updater turns into dflash_config
+# and eagle_aux_hidden_state_layer_ids; z-lab's layout (--layout zlab) writes dflash_config itself. Each edit
+# damages whichever layout it is given, the key the engine reads.
+def _ids_key(cfg: dict) -> tuple[dict, str]:
+    return (cfg, "aux_hidden_state_layer_ids") if "aux_hidden_state_layer_ids" in cfg else \
+        (cfg.setdefault("dflash_config", {}), "target_layer_ids")
+
+
+def _block_key(cfg: dict, key: str) -> dict:
+    return cfg if key in cfg else cfg.setdefault("dflash_config", {})
+
+
+def _layer_cfg(cfg: dict) -> dict:
+    return cfg.get("transformer_layer_config", cfg)
 
 
 def _shift_ids(cfg: dict) -> None:
-    """Every written layer id one lower: the off-by-one of a tool that writes HF indices where vLLM adds +1."""
-    d = _dflash(cfg)
-    d["target_layer_ids"] = [i - 1 for i in d["target_layer_ids"]]
-    if AUX in cfg:
-        cfg[AUX] = [i - 1 for i in cfg[AUX]]
+    """Every written layer id one lower: the off-by-one of a tool that numbers taps another way."""
+    at, key = _ids_key(cfg)
+    at[key] = [i - 1 for i in at[key]]
 
 
 def _eagle_aux_leftover(cfg: dict) -> None:
     """An EAGLE-3 field left in the config (a converted or hand-edited draft): vLLM reads it first and it wins."""
-    cfg[AUX] = [2, 15, 27]  # EAGLE-3's default taps of a 30-layer target in vLLM's numbering
+    _layer_cfg(cfg)[AUX] = [2, 15, 27]  # EAGLE-3's default taps of a 30-layer target in vLLM's numbering
+    cfg[AUX] = [2, 15, 27]
 
 
 def _neox_off(cfg: dict) -> None:
-    cfg["is_neox_style"] = False  # vLLM 0.32 reads the draft's RoPE layout from this key (default True)
+    _layer_cfg(cfg)["is_neox_style"] = False  # vLLM 0.32 reads the draft's RoPE layout here (default True)
 
 
 def _block_size(cfg: dict) -> None:
-    """The config's block size doubled (the draft was trained with B): vLLM serves num_speculative_tokens
-    from the launch line, so the config's block size is what a user copies into it."""
-    b = 2 * _dflash(cfg).get("block_size", cfg.get("block_size", 8))
-    _dflash(cfg)["block_size"] = b
-    if "block_size" in cfg:
-        cfg["block_size"] = b
+    """The config's block size doubled (the draft was trained with B), launched with the nst it implies."""
+    at = _block_key(cfg, "block_size")
+    at["block_size"] = 2 * at["block_size"]
 
 
 def _mask_token(cfg: dict) -> None:
-    d = _dflash(cfg)
-    key = d if "mask_token_id" in d else cfg
-    key["mask_token_id"] = 0 if key["mask_token_id"] != 0 else 1  # a real token's row, not the trained mask
+    at = _block_key(cfg, "mask_token_id")
+    at["mask_token_id"] = 0 if at["mask_token_id"] != 0 else 1  # a real token's row, not the trained mask
 
 
 def _ids_missing(cfg: dict) -> None:
-    _dflash(cfg).pop("target_layer_ids", None)
-    cfg.pop(AUX, None)
-    cfg.pop("target_layer_ids", None)
+    at, key = _ids_key(cfg)
+    at.pop(key)
 
 
 # name -> (what, config edit, whether the launch line's num_speculative_tokens follows the damaged block size)
@@ -84,9 +91,9 @@ CASES: dict[str, tuple[str, Edit | None, bool]] = {
     "eagle_aux_leftover": ("an eagle_aux_hidden_state_layer_ids leftover (EAGLE-3's [2, 15, 27])",
                            _eagle_aux_leftover, False),
     "neox_off": ("is_neox_style: false (trained neox)", _neox_off, False),
-    "block_size": ("block_size doubled, launched with its num_speculative_tokens", _block_size, True),
+    "block_size": ("block_size doubled, launched with the nst it implies", _block_size, True),
     "mask_token": ("mask_token_id of another token", _mask_token, False),
-    "ids_missing": ("target_layer_ids missing (vLLM's default taps)", _ids_missing, False),
+    "ids_missing": ("layer ids missing", _ids_missing, False),
 }
 
 
@@ -114,14 +121,14 @@ def damaged(src: Path, out: Path, edit: Edit | None) -> Path:
 def nst_of(directory: Path) -> int:
     """The drafts per round the export's own config implies (B - 1): what its launch line asks vLLM for."""
     cfg = json.loads((directory / "config.json").read_text())
-    b = cfg.get("dflash_config", {}).get("block_size", cfg.get("block_size"))
-    return int(b) - 1
+    return int(_block_key(cfg, "block_size")["block_size"]) - 1
 
 
-def doctor(directory: Path) -> dict:
-    """`eaglewire doctor DIR --engine vllm --json` as users run it (this checkout's eaglewire)."""
+def doctor(directory: Path, src: Path | None) -> dict:
+    """`eaglewire doctor DIR --engine vllm --json` as users run it (this checkout's eaglewire, or the one in `src`)."""
     cmd = [sys.executable, "-m", "eaglewire.cli", "doctor", str(directory), "--engine", "vllm", "--json"]
-    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **({"PYTHONPATH": str(src)} if src else {})}
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     try:
         rep = json.loads(p.stdout)
     except json.JSONDecodeError:
@@ -160,11 +167,18 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--only", default="", help="comma list of cases (default: all)")
+    ap.add_argument("--layout", default="vllm", choices=("vllm", "zlab"), help="the export damaged: our vLLM "
+                    "(speculators) export, or z-lab's HF layout (dflash_config), which vLLM also loads")
     ap.add_argument("--doctor-only", action="store_true", help="no vLLM: the doctor column again, vLLM's rows "
                     "from the cache")
+    ap.add_argument("--doctor-src", type=Path, help="run the doctor of another eaglewire source tree (its src/)")
+    ap.add_argument("--fit-steps", type=int, default=0, help="first fit the draft to the target's greedy "
+                    "continuations of the measured prompts (tests/dflash_ref.py fit, as the CI test does): a wiring "
+                    "experiment with a draft that accepts well on these prompts, not a quality figure")
     ap.add_argument("--startup-timeout", type=int, default=900)
-    ap.add_argument("--out", type=Path, default=run_dir("doctor") / "dflash")
+    ap.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/doctor/DATE-CPU/dflash-LAYOUT")
     args = ap.parse_args()
+    args.out = args.out or run_dir("doctor") / f"dflash-{args.layout}"
     from eaglewire.cache import cache_root
     from eaglewire.export.checkpoint import load_checkpoint
     from eaglewire.export.convert import export_draft
@@ -175,14 +189,18 @@ def main() -> None:
     target, target_dir = load_target(), resolve_target(None)[1]
     draft_dir = args.draft or Path(__file__).parents[1] / "src/eaglewire/assets/drafts/smollm2-135m-dflash"
     draft = load_checkpoint(draft_dir, target=target)
-    work = cache_root() / "vllm_broken_dflash"  # damaged copies: never in the repository
-    base = export_draft(draft, draft.contract, work / "base", "vllm", force=True)
-    prompts = [p[0].tolist() for p in bench_prompts(target, "mtbench", args.prompts)]
+    prompt_ids = bench_prompts(target, "mtbench", args.prompts)
+    if args.fit_steps:
+        fit_to_prompts(target, draft, prompt_ids, args.max_new_tokens, args.fit_steps)
+    work = cache_root() / "vllm_broken_dflash" / args.layout  # damaged copies: never in the repository
+    base = export_draft(draft, draft.contract, work / "base", args.layout, force=True)
+    prompts = [p[0].tolist() for p in prompt_ids]
     args.out.mkdir(parents=True, exist_ok=True)
     cache_path = args.out / "vllm_cache.json"
     cache = json.loads(cache_path.read_text()) if cache_path.is_file() else {}
     rows: dict[str, Any] = {"_meta": {"cpu": describe_cpu()["model"], "draft": str(draft_dir),
                                       "contract": draft.contract.fingerprint(), "prompts": args.prompts,
+                                      "layout": args.layout, "fit_steps": args.fit_steps,
                                       "max_new_tokens": args.max_new_tokens, "block": draft.contract.block.to_dict()}}
     trained_nst = draft.contract.block.drafts_per_round
     for name in args.only.split(",") if args.only else list(CASES):
@@ -190,7 +208,8 @@ def main() -> None:
         d = damaged(base, work / name, edit)
         nst = nst_of(d) if follows else trained_nst
         key = hashlib.sha256(json.dumps([digest(d), prompts, args.max_new_tokens, nst]).encode()).hexdigest()
-        row: dict[str, Any] = {"case": what, "num_speculative_tokens": nst, "digest": key[:16], "doctor": doctor(d)}
+        row: dict[str, Any] = {"case": what, "num_speculative_tokens": nst, "digest": key[:16],
+                               "doctor": doctor(d, args.doctor_src)}
         if key not in cache and not args.doctor_only:
             cache[key] = serve(d, target_dir, prompts, args.max_new_tokens, nst, args.startup_timeout)
             cache_path.write_text(json.dumps(cache, indent=2))
@@ -202,12 +221,28 @@ def main() -> None:
     print(table(rows, " ".join(sys.argv[1:])))
 
 
+def fit_to_prompts(target: Any, draft: Any, prompts: list[Any], max_new: int, steps: int) -> None:
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))  # the CI test's reference fit, reused as is
+    from dflash_ref import fit, greedy_continuation
+
+    B = draft.block.block_size
+    seqs = [torch.cat([p[0], torch.tensor(greedy_continuation(target, p, max_new + B))])[None] for p in prompts]
+    torch.manual_seed(0)
+    losses = fit(target, draft, seqs, [p.shape[1] - 1 for p in prompts], steps=steps)
+    print(f"fitted {steps} steps to the prompts' continuations: loss {losses[0]:.3f} -> {losses[-1]:.3f}", flush=True)
+
+
 def table(rows: dict, argv: str) -> str:
     meta, clean = rows["_meta"], rows.get("clean", {}).get("outputs")
     b = meta["block"]
-    lines = [f"Broken vLLM exports of a DFlash draft (block {b['block_size']}, mask token {b['mask_token_id']}; "
+    lines = [f"Broken {meta['layout']}-layout exports of a DFlash draft (block {b['block_size']}, mask token {b['mask_token_id']}; "
              f"contract {meta['contract']}) in vLLM's CPU build (method dflash, fp32, greedy, eager; "
-             f"{meta['prompts']} MT-bench prompts x {meta['max_new_tokens']} tokens; CPU {meta['cpu']})", "",
+             f"{meta['prompts']} MT-bench prompts x {meta['max_new_tokens']} tokens; CPU {meta['cpu']})" +
+             (f". The draft was fitted {meta['fit_steps']} steps to the target's continuations of these prompts: "
+              "a wiring experiment, its clean τ is high by construction, not a quality figure" if meta["fit_steps"]
+              else ""), "",
              f"    python benchmarks/vllm_broken_dflash.py {argv}", "",
              "| case | nst | vLLM | τ | per-position | = clean output | doctor before launch |",
              "|---|---|---|---|---|---|---|"]
@@ -215,7 +250,8 @@ def table(rows: dict, argv: str) -> str:
         if name == "_meta":
             continue
         d = r["doctor"]
-        doc = ("caught: " + ", ".join(d["checks"]) if d["errors"] > 0 else "not caught" if d["errors"] == 0
+        doc = ("caught: " + ", ".join(d["checks"]) if d["errors"] > 0 else
+               ("no error" if name == "clean" else "not caught") if d["errors"] == 0
                else "doctor failed: " + d["first"][:80]) + f" (exit {d['exit']})"
         if r["vllm"] == "ran":
             same = "–" if clean is None or name == "clean" else ("yes" if r["outputs"] == clean else "no")
