@@ -3,7 +3,7 @@ each served by vLLM's CPU build (`method: "dflash"`), beside what `eaglewire doc
 says before launch. The DFlash counterpart of benchmarks/vllm_broken_exports.py (issue 52 item 4).
 
     python benchmarks/vllm_broken_dflash.py --draft DFLASH_DIR --prompts 2 --max-new-tokens 32
-    python benchmarks/vllm_broken_dflash.py --draft DFLASH_DIR --doctor-only   # seconds: the doctor column again
+    python benchmarks/vllm_broken_dflash.py --doctor-only --out RESULTS_DIR   # no vLLM: the doctor column again
 
 Per case: the vLLM export of the draft, damaged one way (CASES: the failures the field reports); the doctor on
 it (`eaglewire doctor DIR --engine vllm --json`, a subprocess, so it is the CLI users run; its exit code and
@@ -138,7 +138,8 @@ def doctor(directory: Path, src: Path | None) -> dict:
             "first": errs[0].get("what", "") if errs else ""}
 
 
-def serve(directory: Path, target_dir: Path, prompts: list[list[int]], max_new: int, nst: int, timeout: int) -> dict:
+def serve(directory: Path, target_dir: Path, prompts: list[list[int]], max_new: int, nst: int, timeout: int,
+          port: int | None) -> dict:
     from eaglewire.errors import EaglewireError
     from eaglewire.vllm_client.server import VllmServer, complete_ids, spec_metrics
 
@@ -146,6 +147,8 @@ def serve(directory: Path, target_dir: Path, prompts: list[list[int]], max_new: 
     t0 = time.perf_counter()
     srv = VllmServer(target_dir, dtype="float32", speculative_config=spec, max_num_seqs=1, startup_timeout=timeout,
                      enforce_eager=True)
+    if port:  # a port of the caller's choosing (127.0.0.1 only) instead of a free one
+        srv.port = port
     try:
         with srv:
             outs = [complete_ids(srv.base_url, srv.model_name, p, max_new) for p in prompts]
@@ -175,10 +178,11 @@ def main() -> None:
     ap.add_argument("--fit-steps", type=int, default=0, help="first fit the draft to the target's greedy "
                     "continuations of the measured prompts (tests/dflash_ref.py fit, as the CI test does): a wiring "
                     "experiment with a draft that accepts well on these prompts, not a quality figure")
+    ap.add_argument("--port", type=int, default=0, help="vLLM's port on 127.0.0.1 (default: a free one)")
     ap.add_argument("--startup-timeout", type=int, default=900)
-    ap.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/doctor/DATE-CPU/dflash-LAYOUT")
+    ap.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/doctor/DATE-CPU-fp32-dflash-LAYOUT")
     args = ap.parse_args()
-    args.out = args.out or run_dir("doctor") / f"dflash-{args.layout}"
+    args.out = args.out or run_dir("doctor", "fp32", f"dflash-{args.layout}")
     from eaglewire.cache import cache_root
     from eaglewire.export.checkpoint import load_checkpoint
     from eaglewire.export.convert import export_draft
@@ -186,13 +190,16 @@ def main() -> None:
     from eaglewire.serve.bench import bench_prompts
     from eaglewire.target.loader import load_target, resolve_target
 
+    work = cache_root() / "vllm_broken_dflash" / args.layout  # damaged copies: never in the repository
+    if args.doctor_only and (args.out / "cases.json").is_file() and all((work / n / "config.json").is_file()
+                                                                       for n in CASES):
+        return doctor_again(args, work)  # the exports the cached vLLM rows were measured on, as they are
     target, target_dir = load_target(), resolve_target(None)[1]
     draft_dir = args.draft or Path(__file__).parents[1] / "src/eaglewire/assets/drafts/smollm2-135m-dflash"
     draft = load_checkpoint(draft_dir, target=target)
     prompt_ids = bench_prompts(target, "mtbench", args.prompts)
     if args.fit_steps:
         fit_to_prompts(target, draft, prompt_ids, args.max_new_tokens, args.fit_steps)
-    work = cache_root() / "vllm_broken_dflash" / args.layout  # damaged copies: never in the repository
     base = export_draft(draft, draft.contract, work / "base", args.layout, force=True)
     prompts = [p[0].tolist() for p in prompt_ids]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -201,6 +208,7 @@ def main() -> None:
     rows: dict[str, Any] = {"_meta": {"cpu": describe_cpu()["model"], "draft": str(draft_dir),
                                       "contract": draft.contract.fingerprint(), "prompts": args.prompts,
                                       "layout": args.layout, "fit_steps": args.fit_steps,
+                                      "argv": " ".join(sys.argv[1:]),
                                       "max_new_tokens": args.max_new_tokens, "block": draft.contract.block.to_dict()}}
     trained_nst = draft.contract.block.drafts_per_round
     for name in args.only.split(",") if args.only else list(CASES):
@@ -211,7 +219,7 @@ def main() -> None:
         row: dict[str, Any] = {"case": what, "num_speculative_tokens": nst, "digest": key[:16],
                                "doctor": doctor(d, args.doctor_src)}
         if key not in cache and not args.doctor_only:
-            cache[key] = serve(d, target_dir, prompts, args.max_new_tokens, nst, args.startup_timeout)
+            cache[key] = serve(d, target_dir, prompts, args.max_new_tokens, nst, args.startup_timeout, args.port)
             cache_path.write_text(json.dumps(cache, indent=2))
         row.update(cache.get(key, {"vllm": "not measured"}))
         rows[name] = row
@@ -219,6 +227,20 @@ def main() -> None:
     (args.out / "cases.json").write_text(json.dumps(rows, indent=2))
     (args.out / "table.md").write_text(table(rows, " ".join(sys.argv[1:])))
     print(table(rows, " ".join(sys.argv[1:])))
+
+
+def doctor_again(args: argparse.Namespace, work: Path) -> None:
+    """The doctor column alone, on the damaged exports kept from the last full run (cases.json names them)."""
+    rows = json.loads((args.out / "cases.json").read_text())
+    cache = json.loads((args.out / "vllm_cache.json").read_text())
+    for name in [n for n in rows if n != "_meta"]:
+        rows[name]["doctor"] = doctor(work / name, args.doctor_src)
+        print(name, json.dumps(rows[name]["doctor"])[:300], flush=True)
+    if stale := [n for n, r in rows.items() if n != "_meta" and r["digest"] not in {k[:16] for k in cache}]:
+        raise SystemExit(f"cases {stale} have no vLLM row in {args.out / 'vllm_cache.json'}: run without --doctor-only")
+    (args.out / "cases.json").write_text(json.dumps(rows, indent=2))
+    (args.out / "table.md").write_text(table(rows, rows["_meta"].get("argv", "")))
+    print(table(rows, rows["_meta"].get("argv", "")))
 
 
 def fit_to_prompts(target: Any, draft: Any, prompts: list[Any], max_new: int, steps: int) -> None:

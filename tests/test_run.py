@@ -388,8 +388,10 @@ def test_a_dflash_run_resumes_and_its_keys_name_the_family_and_block(dflash_run,
     eagle3 = RunConfig(**tiny_config(tiny))  # an EAGLE-3 run keys its stages as before the family section existed
     root = {"target": tgt.identity.__dict__, "taps": [2, 4, 5]}
     assert keys["eagle3"]["prompts"][0] == runner._sha([root, "prompts", runner.STAGES[0].inputs(eagle3), []])
-    for st in ("features", "train", "export", "bench"):
-        assert len({keys[n][st][0] for n in keys}) == 3, st  # the family and its block size key every stage
+    for st in ("train", "export", "doctor", "bench"):
+        assert len({keys[n][st][0] for n in keys}) == 3, st  # the family and its block size key training onwards
+    for st in ("regenerate", "vocab", "features"):  # the same taps: the same data and features, reused
+        assert len({keys[n][st][0] for n in keys}) == 1, st
 
 
 # ---------------------------------------------------------------------------------- real target

@@ -101,9 +101,10 @@ class _FamilySection(_Strict):
         return {knob: getattr(self, name) for name, knob in FAMILY_KNOBS.items()}
 
     def changed(self) -> dict[str, Any]:
-        """The fields set to other than their defaults: what a stage key holds of this section, so an EAGLE-3 run
-        (every default) keys its stages exactly as before the section existed."""
-        return self.model_dump(mode="json", exclude_defaults=True)
+        """{TrainConfig knob: value} of the fields set to other than their defaults: what the train stage's key
+        holds of this section, so an EAGLE-3 run (every default) keys its stages exactly as before the section
+        existed."""
+        return {FAMILY_KNOBS[k]: v for k, v in self.model_dump(mode="json", exclude_defaults=True).items()}
 
 
 _ALL_KNOBS = knob_fields("cli")

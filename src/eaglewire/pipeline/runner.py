@@ -53,7 +53,10 @@ STAGES: tuple[Stage, ...] = (
     # the capture dtype as resolved on this machine: "auto" captures bf16 on one machine and fp32 on another
     Stage("features", "capture target features", S.features, ("regenerate",),
           lambda c: (c.data.max_length, c.train.features, str(runtime_dtype(c.train.capture_dtype)))),
-    Stage("train", "train the draft", S.train, ("vocab", "features"), lambda c: c.train.model_dump()),
+    # the family section's non-default knobs (none for EAGLE-3, whose keys predate the section); the stages
+    # after train see them through its key, the features only through the taps the family chose
+    Stage("train", "train the draft", S.train, ("vocab", "features"),
+          lambda c: {**c.train.model_dump(), **c.family.changed()}),
     Stage("export", "export for the engines", S.export, ("train",), lambda c: list(c.formats)),
     Stage("doctor", "doctor every export", S.doctor, ("export",), lambda c: None),
     Stage("bench", "benchmark", S.bench, ("train",), lambda c: c.bench.model_dump()),
@@ -65,9 +68,8 @@ def _sha(obj: Any) -> str:
 
 
 def stage_keys(cfg: RunConfig, target: Target, taps: tuple[int, ...]) -> dict[str, tuple[str, str]]:
-    """{stage: (key, directory key)}; both chain the target identity, the taps and the family section's
-    non-default fields (the family and its block knobs; none for EAGLE-3, whose keys predate the section) in."""
-    root = {"target": target.identity.__dict__, "taps": list(taps), **({"family": f} if (f := cfg.family.changed()) else {})}
+    """{stage: (key, directory key)}; both chain the target identity and the taps in."""
+    root = {"target": target.identity.__dict__, "taps": list(taps)}
     keys: dict[str, tuple[str, str]] = {}
     for st in STAGES:
         up = [keys[d][0] for d in st.deps]
