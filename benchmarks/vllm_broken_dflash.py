@@ -178,6 +178,7 @@ def main() -> None:
     ap.add_argument("--fit-steps", type=int, default=0, help="first fit the draft to the target's greedy "
                     "continuations of the measured prompts (tests/dflash_ref.py fit, as the CI test does): a wiring "
                     "experiment with a draft that accepts well on these prompts, not a quality figure")
+    ap.add_argument("--work", type=Path, help="where the damaged exports are written (default: the user cache)")
     ap.add_argument("--port", type=int, default=0, help="vLLM's port on 127.0.0.1 (default: a free one)")
     ap.add_argument("--startup-timeout", type=int, default=900)
     ap.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/doctor/DATE-CPU-fp32-dflash-LAYOUT")
@@ -190,7 +191,7 @@ def main() -> None:
     from eaglewire.serve.bench import bench_prompts
     from eaglewire.target.loader import load_target, resolve_target
 
-    work = cache_root() / "vllm_broken_dflash" / args.layout  # damaged copies: never in the repository
+    work = args.work or cache_root() / "vllm_broken_dflash" / args.layout  # damaged copies: never in the repository
     if args.doctor_only and (args.out / "cases.json").is_file() and all((work / n / "config.json").is_file()
                                                                        for n in CASES):
         return doctor_again(args, work)  # the exports the cached vLLM rows were measured on, as they are
