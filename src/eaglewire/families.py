@@ -130,6 +130,9 @@ class Family:
     summary: str
     block: bool  # True: the contract carries a BlockWiring
     engine_fields: tuple[EngineField, ...]
+    title: str = ""  # how reports name the family
+    vllm_method: str = ""  # vLLM's speculative_config "method"
+    sglang_algorithm: str = ""  # SGLang's --speculative-algorithm
 
     def fields_for(self, engine: str) -> tuple[EngineField, ...]:
         rows = tuple(f for f in self.engine_fields if f.engine == engine)
@@ -165,8 +168,10 @@ FAMILIES: dict[str, Family] = {
     f.name: f
     for f in [
         # EAGLE-3's fields are the engine records' (export/engines.py): one id list in one convention per engine
-        Family("eagle3", "EAGLE-3: a chain/tree drafter fed fused taps and its own hidden state", False, ()),
-        Family("dflash", "DFlash: a block drafter, one non-causal pass over [anchor, MASK x (B-1)]", True, _DFLASH_FIELDS),
+        Family("eagle3", "EAGLE-3: a chain/tree drafter fed fused taps and its own hidden state", False, (),
+               title="EAGLE-3", vllm_method="eagle3", sglang_algorithm="EAGLE3"),
+        Family("dflash", "DFlash: a block drafter, one non-causal pass over [anchor, MASK x (B-1)]", True, _DFLASH_FIELDS,
+               title="DFlash", vllm_method="dflash", sglang_algorithm="DFLASH"),
     ]
 }
 DEFAULT_FAMILY = "eagle3"

@@ -1,6 +1,7 @@
 """`eaglewire run` end to end on a tiny in-test target (every stage, report, resume), the run config
 schema, the report rendered by a real headless Chromium, and one short run on the real embedded target."""
 
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -81,7 +82,7 @@ def test_every_budget_resolves_to_a_valid_config():
                                         ({"bench": {"num_steps": 1, "topk": 1, "num_draft_tokens": 5}}, "bench"),
                                         ({"bench": {"methods": ["vanilla", "beam"]}}, "bench.methods"),
                                         ({"bench": {"methods": ["eagle_chain"]}}, "including vanilla"),
-                                        ({"bench": {"methods": ["vanilla", "prompt_lookup"]}}, "no EAGLE-3 row"),
+                                        ({"bench": {"methods": ["vanilla", "prompt_lookup"]}}, "no draft row"),
                                         ({"train": {"capture_dtype": "fp16"}}, "train.capture_dtype")])
 def test_config_refuses_unknown_keys_and_wrong_types_naming_the_field(tmp_path, bad, field):
     path = tmp_path / "c.yaml"
@@ -323,6 +324,79 @@ def test_report_renders_in_headless_chromium(finished_run, tmp_path):
     img = Image.open(shot).convert("L")
     colours = img.getcolors(maxcolors=1 << 16)
     assert img.size == (1200, 3000) and colours is not None and len(colours) > 50  # text, tables and plots drawn
+
+
+# ------------------------------------------------------------------------------------ DFlash family
+
+DFLASH = {"name": "dflash", "block_size": 4, "anchors": 4}
+# The doctor reads block-drafter exports once doctor/block_checks.py exists (the block-drafter doctor); before it,
+# a DFlash export gets EAGLE-3's checks and their errors
+BLOCK_DOCTOR = importlib.util.find_spec("eaglewire.doctor.block_checks") is not None
+
+
+@pytest.fixture(scope="module")
+def dflash_run(tiny, tmp_path_factory):
+    """A DFlash run through the CLI's --family, its block knobs from the config file's family section; the
+    plain runtime (no compiled graphs: this is about the pipeline, not speed)."""
+    tmp = tmp_path_factory.mktemp("dflash_run")
+    out, path = tmp / "out", tmp / "run.yaml"
+    path.write_text(yaml.safe_dump(tiny_config(tiny, family={"block_size": 4, "anchors": 4})))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EAGLEWIRE_FASTCPU", "0")
+        r = CliRunner().invoke(app, ["run", "--out", str(out), "--config", str(path), "--family", "dflash"])
+    errors = sum(json.loads((out / "summary.json").read_text())["doctor_errors"].values()) if out.joinpath(
+        "summary.json").is_file() else None
+    assert errors is not None and r.exit_code == (1 if errors else 0), r.output + repr(r.exception)
+    return out, tmp
+
+
+def test_a_dflash_run_trains_exports_and_benches_a_block_drafter(dflash_run):
+    out, _ = dflash_run
+    s = json.loads((out / "summary.json").read_text())
+    assert s["family"] == "dflash" and s["config"]["family"] == {**DFLASH, "block_gamma": 4.0}
+    assert s["taps"] == [2, 3, 4, 5, 6]  # z-lab's five default ids 1..5 of 8 layers, as boundaries
+    contract = _state(out)["train"]["result"]["contract"]
+    assert contract["family"] == "dflash" and contract["block"]["block_size"] == 4
+    assert contract["draft_vocab_size"] == contract["target"]["vocab_size"]  # the full vocabulary, no map
+    assert s["engine_ids"] == {"sglang": [1, 2, 3, 4, 5], "vllm": [1, 2, 3, 4, 5]}  # dflash_config's ids
+    assert set(s["bench"]) == {"vanilla", "dflash"}  # quick's EAGLE-3 rows replaced by the family's own
+    assert all(m["matches_vanilla"] == 2 for m in s["bench"].values())  # lossless on every prompt
+    assert len(s["bench"]["dflash"]["per_position"]) == 3  # B - 1 drafts per round
+    assert '"method": "dflash"' in s["launch"]["vllm"] and '"num_speculative_tokens": 3' in s["launch"]["vllm"]
+    assert "--speculative-algorithm DFLASH" in s["launch"]["sglang"]
+    assert "--speculative-num-draft-tokens 4" in s["launch"]["sglang"]
+    assert set(s["doctor_errors"]) == {"sglang", "vllm"}  # both exports were checked
+    assert s["verdict"].startswith("Best DFlash setting")
+    md = (out / "report.md").read_text()
+    assert md.startswith("# eaglewire run: DFlash draft for") and "block size 4 (3 drafts per pass" in md
+    assert "full vocabulary" in md
+
+
+@pytest.mark.xfail(not BLOCK_DOCTOR, reason="the doctor has no block-drafter checks in this tree", strict=True)
+def test_a_dflash_runs_exports_pass_the_doctor(dflash_run):
+    s = json.loads((dflash_run[0] / "summary.json").read_text())
+    assert s["doctor_errors"] == {"sglang": 0, "vllm": 0}
+
+
+def test_a_dflash_run_resumes_and_its_keys_name_the_family_and_block(dflash_run, tiny):
+    out, tmp = dflash_run
+    before = _state(out)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EAGLEWIRE_FASTCPU", "0")
+        r = run_cli(tiny_config(tiny, family=DFLASH), out, tmp, "again.yaml")  # the family from the file this time
+    assert _state(out) == before and r.output.count("done earlier") == len(runner.STAGES)
+    from eaglewire.target.loader import load_target
+
+    tgt = load_target(str(tiny / "model"))
+    keys = {name: runner.stage_keys(RunConfig(**tiny_config(tiny, family=fam)), tgt, (2, 4, 5))
+            for name, fam in (("eagle3", {}), ("dflash", DFLASH), ("b8", {**DFLASH, "block_size": 8}))}
+    eagle3 = RunConfig(**tiny_config(tiny))  # an EAGLE-3 run keys its stages as before the family section existed
+    root = {"target": tgt.identity.__dict__, "taps": [2, 4, 5]}
+    assert keys["eagle3"]["prompts"][0] == runner._sha([root, "prompts", runner.STAGES[0].inputs(eagle3), []])
+    for st in ("train", "export", "doctor", "bench"):
+        assert len({keys[n][st][0] for n in keys}) == 3, st  # the family and its block size key training onwards
+    for st in ("regenerate", "vocab", "features"):  # the same taps: the same data and features, reused
+        assert len({keys[n][st][0] for n in keys}) == 1, st
 
 
 # ---------------------------------------------------------------------------------- real target

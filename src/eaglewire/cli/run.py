@@ -25,12 +25,15 @@ def run_cmd(
                                "(quick: the first run, ~10 min on 2 CPU cores with the embedded target; see README)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML/JSON run config; its fields override "
                                           "the budget's (schema: eaglewire.pipeline.config.RunConfig)."),
+    family: Optional[str] = typer.Option(None, "--family", "-f", help="The drafter family to train: eagle3 (the "
+                                         "default) or dflash (a block drafter; its block knobs: the config file's "
+                                         "family section). Overrides the config file's family.name."),
     show_config: bool = typer.Option(False, "--show-config", help="Print the resolved config as JSON and exit."),
 ) -> None:
     from eaglewire.pipeline.config import resolve
     from eaglewire.pipeline.runner import STAGES, run_pipeline
 
-    cfg = resolve(budget, config, target=target)
+    cfg = resolve(budget, config, target=target, family={"name": family} if family is not None else None)
     if show_config:
         out_console.print_json(json.dumps(cfg.model_dump(mode="json")))
         return

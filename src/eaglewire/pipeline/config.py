@@ -90,6 +90,29 @@ def _train_fields() -> dict[str, Any]:
     return {**head, **dict(items[:at]), "heldout_fraction": _RUN_ONLY["heldout_fraction"], **dict(items[at:])}
 
 
+# The drafter family and its block objective: TrainConfig's CLI-only knobs (train/config.py), a section of their
+# own so the train section (and with it every EAGLE-3 run's cache keys) stays as it was. `name` is the `family` knob.
+FAMILY_KNOBS = {"name": "family", "block_size": "block_size", "anchors": "anchors", "block_gamma": "block_gamma"}
+
+
+class _FamilySection(_Strict):
+    def knobs(self) -> dict[str, Any]:
+        """{TrainConfig knob: value} of this section."""
+        return {knob: getattr(self, name) for name, knob in FAMILY_KNOBS.items()}
+
+    def changed(self) -> dict[str, Any]:
+        """{TrainConfig knob: value} of the fields set to other than their defaults: what the train stage's key
+        holds of this section, so an EAGLE-3 run (every default) keys its stages exactly as before the section
+        existed."""
+        return {FAMILY_KNOBS[k]: v for k, v in self.model_dump(mode="json", exclude_defaults=True).items()}
+
+
+_ALL_KNOBS = knob_fields("cli")
+FamilyCfg = create_model("FamilyCfg", __base__=_FamilySection, __doc__="The drafter family trained "
+                         "(train/objectives.py) and, for a block drafter, its block objective.",
+                         **{name: _ALL_KNOBS[knob] for name, knob in FAMILY_KNOBS.items()})
+
+
 TrainCfg = create_model("TrainCfg", __base__=_TrainSection, __doc__="The run's training: how features are made, "
                         "the held-out split, and the run=True training knobs.", **_train_fields())
 
@@ -119,9 +142,10 @@ class BenchCfg(_Strict):
     def _shapes(self) -> "BenchCfg":
         try:
             B.check_methods(self.methods)
-            if not any(m.startswith("eagle") for m in self.methods):
-                raise EaglewireError("no EAGLE-3 row in bench.methods", expected="eagle_chain and/or eagle_tree "
-                                     "(what the run trained a draft for)", found=str(list(self.methods)))
+            if not any(m in rows for rows in B.FAMILY_ROWS.values() for m in self.methods):
+                raise EaglewireError("no draft row in bench.methods", expected="eagle_chain and/or eagle_tree, or "
+                                     "dflash (a run of another family benchmarks its own rows in their place)",
+                                     found=str(list(self.methods)))
             self.tree(), self.chain()
         except EaglewireError as err:  # as ValueError, pydantic reports it under the field path "bench"
             raise ValueError(str(err).replace("\n", ";")) from None
@@ -137,12 +161,18 @@ class BenchCfg(_Strict):
 class RunConfig(_Strict):
     target: Optional[str] = Field(None, description="local HF dir; None = the embedded SmolLM2-135M")
     taps: Optional[tuple[int, ...]] = Field(None, description="residual-stream boundaries (eaglewire's "
-                                            "convention); None = default_taps(L) = [2, L//2, L-3], stated in the report")
+                                            "convention); None = the family's default taps (EAGLE-3: [2, L//2, "
+                                            "L-3]; DFlash: z-lab's five), stated in the report")
+    family: FamilyCfg = FamilyCfg()  # type: ignore[valid-type]
     data: DataCfg = DataCfg()
     vocab: VocabCfg = VocabCfg()
     train: TrainCfg = TrainCfg()
     bench: BenchCfg = BenchCfg()
     formats: tuple[Literal[ENGINE_FORMATS], ...] = DEFAULT_FORMATS  # type: ignore[valid-type]  # engines.py
+
+    def train_config(self) -> TrainConfig:
+        """The training knobs: the train section's and the family section's."""
+        return TrainConfig(**self.train.model_dump(exclude=set(_RUN_ONLY)), **self.family.knobs())
 
     def digest(self, *parts: str) -> str:
         """sha256 of the named sections (all when none), canonical JSON."""

@@ -20,6 +20,7 @@ from eaglewire import __version__, hw
 from eaglewire.contract import WiringContract, describe_boundary, to_engine
 from eaglewire.errors import TranslationError
 from eaglewire.export.engines import engine_for
+from eaglewire.families import Family, get_family
 from eaglewire.pipeline.stages import Ctx, copy_into
 from eaglewire.safeio import atomic_write_json, atomic_write_text
 
@@ -46,19 +47,34 @@ def wiring_words(ctx: Ctx) -> tuple[str, dict[str, list[int] | str]]:
     else:
         words = f"the draft reads: {'; '.join(parts)} of {ctx.target.name}"
     ids: dict[str, list[int] | str] = {}
-    arch = ctx.contract.target.architecture
+    arch, fam = ctx.contract.target.architecture, family(ctx)
     for eng in ENGINE_IDS:
-        try:
-            ids[eng] = list(to_engine(taps, engine_for(eng).convention_for(arch), L))
+        try:  # a family with engine fields of its own (a block drafter) numbers its taps by them, else the engine's
+            conv = fam.fields_for(eng)[0].convention if fam.engine_fields else engine_for(eng).convention_for(arch)
+            ids[eng] = list(to_engine(taps, conv, L))
         except TranslationError as err:
             ids[eng] = f"not expressible: {err.what}"
     return words, ids
 
 
+def family(ctx: Ctx) -> Family:
+    """The record of the family the run trained (families.py)."""
+    return get_family(ctx.cfg.family.name)
+
+
+def trained_contract(ctx: Ctx) -> WiringContract:
+    return WiringContract.from_dict(ctx.results["train"]["contract"])
+
+
 def launch_commands(ctx: Ctx) -> dict[str, str]:
-    """Engine launch lines for the exports, with the knobs the benchmark measured."""
-    b, exports = ctx.cfg.bench, ctx.results["export"]["exports"]
+    """Engine launch lines for the exports, with the knobs the benchmark measured (a block drafter: its block)."""
+    b, exports, fam = ctx.cfg.bench, ctx.results["export"]["exports"], family(ctx)
     target = str(ctx.target.path) if ctx.target.path else ctx.target.name
+    block = trained_contract(ctx).block
+    # SGLang's block-size flag counts the anchor (B); vLLM's num_speculative_tokens counts the drafts of a round
+    sglang_knobs = [f"--speculative-num-draft-tokens {block.block_size}"] if block else [
+        f"--speculative-num-steps {b.num_steps}", f"--speculative-eagle-topk {b.topk}",
+        f"--speculative-num-draft-tokens {b.num_draft_tokens}"]
     out = {}
     if "sglang" in exports:
         try:  # the layer ids in the export were written for one SGLang release's model-file rule
@@ -67,13 +83,20 @@ def launch_commands(ctx: Ctx) -> dict[str, str]:
             rule = f"# {err.what}\n"
         out["sglang"] = rule + " ".join([
             "python -m sglang.launch_server", f"--model-path {shlex.quote(target)}",
-            "--speculative-algorithm EAGLE3", f"--speculative-draft-model-path {shlex.quote(exports['sglang'])}",
-            f"--speculative-num-steps {b.num_steps}", f"--speculative-eagle-topk {b.topk}",
-            f"--speculative-num-draft-tokens {b.num_draft_tokens}", "--dtype float32"])
+            f"--speculative-algorithm {fam.sglang_algorithm}",
+            f"--speculative-draft-model-path {shlex.quote(exports['sglang'])}", *sglang_knobs, "--dtype float32"])
     if "vllm" in exports:
-        spec = json.dumps({"method": "eagle3", "model": exports["vllm"], "num_speculative_tokens": b.chain_k})
+        spec = json.dumps({"method": fam.vllm_method, "model": exports["vllm"],
+                           "num_speculative_tokens": block.drafts_per_round if block else b.chain_k})
         out["vllm"] = f"vllm serve {shlex.quote(target)} --speculative-config {shlex.quote(spec)} --dtype float32"
     return out
+
+
+def _block_words(contract: WiringContract) -> str:
+    """', block size 8 (7 drafts per pass), mask token 2' for a block drafter, '' otherwise."""
+    b = contract.block
+    return "" if b is None else (f", block size {b.block_size} ({b.drafts_per_round} drafts per pass, anchor layout "
+                                 f"{b.anchor_layout}), mask token {b.mask_token_id}, RoPE {b.rope_style}")
 
 
 def _bench_rows(res: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
@@ -100,14 +123,15 @@ def tau_change(res: dict[str, Any]) -> str:
             "float32 drafts on the plain runtime).")
 
 
-def verdict(res: dict[str, Any]) -> str:
-    m = res["methods"]
-    best = max((n for n in m if n.startswith("eagle")), key=lambda n: m[n]["median_tok_s"])
-    r = m[best]["speedup_vs_vanilla"]
-    from eaglewire.serve.bench import label
+def verdict(res: dict[str, Any], family: str = "eagle3") -> str:
+    from eaglewire.serve.bench import FAMILY_ROWS, label
+    from eaglewire.serve.peer import PEER_METHODS
 
+    m = res["methods"]
+    best = max((n for n in m if n in FAMILY_ROWS[family] and n not in PEER_METHODS), key=lambda n: m[n]["median_tok_s"])
+    r = m[best]["speedup_vs_vanilla"]
     word = "faster" if r > 1 else "slower"
-    return (f"Best EAGLE-3 setting: {label(best, res)} at {m[best]['median_tok_s']:.2f} tok/s = {r:.2f}× the "
+    return (f"Best {get_family(family).title} setting: {label(best, res)} at {m[best]['median_tok_s']:.2f} tok/s = {r:.2f}× the "
             f"tokens/s of vanilla decoding ({word}), τ {m[best]['tau']:.2f}" +
             (f", {m[best]['speedup_vs_prompt_lookup']:.2f}× prompt lookup" if "prompt_lookup" in m else "") + "." +
             (f" The real vLLM CPU build with the same draft: {label('vllm_eagle_chain', res)} "
@@ -125,8 +149,10 @@ def _sections(ctx: Ctx, timings: dict[str, dict[str, Any]], pngs: dict[str, Path
         f"{ctx.target.num_layers} layers (hidden {ctx.target.hidden_size}, so fc reads "
         f"{len(ctx.contract.taps)}×{ctx.target.hidden_size} = {len(ctx.contract.taps) * ctx.target.hidden_size}).",
         "; ".join(f"{e} ids {v}" for e, v in ids.items()) + ".",
-        f"Draft vocabulary {cfg.vocab.draft_vocab_size} of {ctx.target.vocab_size} tokens "
-        f"(vocab map {r['vocab']['sha256'][:16]}); contract fingerprint "
+        (f"Draft vocabulary {cfg.vocab.draft_vocab_size} of {ctx.target.vocab_size} tokens "
+         f"(vocab map {r['vocab']['sha256'][:16]})" if trained_contract(ctx).vocab_map_sha256 else
+         f"The draft predicts the target's full vocabulary ({ctx.target.vocab_size} tokens)")
+        + f"; {family(ctx).title} draft{_block_words(trained_contract(ctx))}; contract fingerprint "
         f"{WiringContract.from_dict(r['train']['contract']).fingerprint()} (eaglewire_contract.json in every export)."])]
     v = r["vocab"]
     sec.append(Section("Data", [
@@ -138,11 +164,13 @@ def _sections(ctx: Ctx, timings: dict[str, dict[str, Any]], pngs: dict[str, Path
         "Vocab coverage: " + ", ".join(f"{k} {c:.2%}" for k, c in v["coverage"].items())
         + f" of trained tokens ({v['distinct_trained_tokens']} distinct)."]))
     h = r["train"]["heldout"]
+    objective = (f"block {cfg.family.block_size}, {cfg.family.anchors} anchors per sequence"
+                 if trained_contract(ctx).block else f"TTT {cfg.train.ttt_steps} steps")
     sec.append(Section("Training", [
-        f"{cfg.train.max_steps} steps, batch {cfg.train.batch_size}, TTT {cfg.train.ttt_steps} steps, lr {cfg.train.lr}, "
+        f"{family(ctx).title}: {cfg.train.max_steps} steps, batch {cfg.train.batch_size}, {objective}, lr {cfg.train.lr}, "
         f"features {cfg.train.features}; {r['train']['train_samples']} training / {r['train']['heldout_samples']} "
         f"held-out samples.",
-        "Held-out top-1 accuracy per TTT position: " + ", ".join(f"{a:.3f}" for a in h.get("acc", []))]
+        "Held-out top-1 accuracy per draft position: " + ", ".join(f"{a:.3f}" for a in h.get("acc", []))]
         + [p for p in [tau_change(r["bench"]["result"])] if p],
         images=[("loss and per-position accuracy", pngs["training"])]))
     reps = r["doctor"]["reports"]
@@ -154,7 +182,8 @@ def _sections(ctx: Ctx, timings: dict[str, dict[str, Any]], pngs: dict[str, Path
     res = r["bench"]["result"]
     sec.append(Section("Benchmark", [
         f"{res['prompts']} prompts from {res['questions']} (first turns), {res['max_new_tokens']} new tokens, greedy, "
-        "one process, methods interleaved, medians; every method's tokens are compared with vanilla's.", verdict(res)],
+        "one process, methods interleaved, medians; every method's tokens are compared with vanilla's.",
+        verdict(res, cfg.family.name)],
         tables=[_bench_rows(res)], images=[("per-position acceptance (draft position 1, 2, 3 as in the training plot)", pngs["bench"])]))
     sec.append(Section("Deploy", ["Launch commands with the exported drafts and the benchmark's knobs "
                                   "(check first: eaglewire doctor DIR --engine sglang|vllm). On a GPU a verify "
@@ -266,7 +295,7 @@ def summary(ctx: Ctx, timings: dict[str, dict[str, Any]]) -> dict[str, Any]:
     words, ids = wiring_words(ctx)
     res = ctx.results["bench"]["result"]
     return {"format": "eaglewire.run-summary/1", "target": ctx.target.identity.__dict__,
-            "taps": list(ctx.contract.taps), "wiring": words, "engine_ids": ids,
+            "family": ctx.cfg.family.name, "taps": list(ctx.contract.taps), "wiring": words, "engine_ids": ids,
             "config": ctx.cfg.model_dump(mode="json"),
             "data": {k: ctx.results["regenerate"][k] for k in ("conversations", "from_shipped", "new_tokens_this_run")},
             "vocab": {k: ctx.results["vocab"][k] for k in ("coverage", "sha256", "samples", "tokens", "trained_tokens")},
@@ -275,7 +304,7 @@ def summary(ctx: Ctx, timings: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "doctor_errors": {f: r["errors"] for f, r in ctx.results["doctor"]["reports"].items()},
             "bench": {n: {k: m[k] for k in m if k not in ("tok_s",)} for n, m in res["methods"].items()},
             "tau_before_after": res.get("tau_before_after"),
-            "verdict": verdict(res), "launch": launch_commands(ctx), "stages": timings}
+            "verdict": verdict(res, ctx.cfg.family.name), "launch": launch_commands(ctx), "stages": timings}
 
 
 def write_report(ctx: Ctx, timings: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -283,7 +312,7 @@ def write_report(ctx: Ctx, timings: dict[str, dict[str, Any]]) -> dict[str, Any]
     pngs = {"training": out / "report-training.png", "bench": out / "report-bench.png"}
     copy_into(Path(ctx.results["train"]["png"]), pngs["training"])
     per_position_png(ctx.results["bench"]["result"], pngs["bench"])
-    title = f"eaglewire run: EAGLE-3 draft for {ctx.target.name}"
+    title = f"eaglewire run: {family(ctx).title} draft for {ctx.target.name}"
     sections = _sections(ctx, timings, pngs)
     data = {**summary(ctx, timings), "machine": machine()}
     header = machine_line(data["machine"])

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from eaglewire.contract import default_taps
 from eaglewire.errors import EaglewireError
 from eaglewire.safeio import read_json_object
 from eaglewire.hw import runtime_dtype
@@ -54,7 +53,10 @@ STAGES: tuple[Stage, ...] = (
     # the capture dtype as resolved on this machine: "auto" captures bf16 on one machine and fp32 on another
     Stage("features", "capture target features", S.features, ("regenerate",),
           lambda c: (c.data.max_length, c.train.features, str(runtime_dtype(c.train.capture_dtype)))),
-    Stage("train", "train the draft (TTT)", S.train, ("vocab", "features"), lambda c: c.train.model_dump()),
+    # the family section's non-default knobs (none for EAGLE-3, whose keys predate the section); the stages
+    # after train see them through its key, the features only through the taps the family chose
+    Stage("train", "train the draft", S.train, ("vocab", "features"),
+          lambda c: {**c.train.model_dump(), **c.family.changed()}),
     Stage("export", "export for the engines", S.export, ("train",), lambda c: list(c.formats)),
     Stage("doctor", "doctor every export", S.doctor, ("export",), lambda c: None),
     Stage("bench", "benchmark", S.bench, ("train",), lambda c: c.bench.model_dump()),
@@ -167,7 +169,10 @@ class RunState:
 
 
 def resolve_taps(cfg: RunConfig, target: Target) -> tuple[int, ...]:
-    return tuple(cfg.taps) if cfg.taps is not None else default_taps(target.num_layers)
+    """The config's taps, else the trained family's default ones (train/objectives.py)."""
+    from eaglewire.train.objectives import objective
+
+    return tuple(cfg.taps) if cfg.taps is not None else objective(cfg.family.name).default_taps(target.num_layers)
 
 
 def run_pipeline(cfg: RunConfig, out: Path, *, progress: Callable[[str, float, float | None, str], None],

@@ -172,7 +172,7 @@ def _warm_start_vocab(ctx: Ctx) -> Any:
     for untrained ones (quick's 292 conversations keep 4,775 of the release's 8,000 ids) and cover less."""
     from eaglewire.workflows import draft_vocab
 
-    init = _resolve_init(ctx, ctx.cfg.train.train_config()).init_from
+    init = _resolve_init(ctx, ctx.cfg.train_config()).init_from
     if not (ctx.cfg.vocab.from_init and init):
         return None
     vmap = draft_vocab(Path(init))
@@ -206,12 +206,15 @@ def features(ctx: Ctx, work: Path) -> dict[str, Any]:
 
 
 def train(ctx: Ctx, work: Path) -> dict[str, Any]:
-    """TTT training in `work` (resumes from work/checkpoints when a previous run was killed)."""
+    """The family's training in `work` (resumes from work/checkpoints when a previous run was killed); the
+    vocab stage's map only for a family that drafts a reduced vocabulary (train/objectives.py)."""
     from eaglewire.api import train_draft
     from eaglewire.train import state as trainer_state
+    from eaglewire.train.objectives import objective
 
     t = ctx.cfg.train
-    cfg = _resolve_init(ctx, t.train_config())  # before the contract: a warm start keeps its norm flags
+    cfg = _resolve_init(ctx, ctx.cfg.train_config())  # before the contract: a warm start keeps its norm flags
+    vocab = Path(ctx.results["vocab"]["file"]) if objective(cfg.family).reduced_vocab else None
     features_dir = ctx.dirs["features"] if t.features == "offline" else None
     resume = trainer_state.latest_state(work) is not None
     if resume:
@@ -219,7 +222,7 @@ def train(ctx: Ctx, work: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     if cfg.init_from:
         ctx.log(f"warm start from {cfg.init_from} (weights; head rows remapped to this vocab; optimizer fresh)")
-    summary = train_draft(ctx.target, ctx.contract.taps, Path(ctx.results["vocab"]["file"]), cfg, work,
+    summary = train_draft(ctx.target, ctx.contract.taps, vocab, cfg, work,
                           samples=lambda: _samples(ctx), features=features_dir, heldout_fraction=t.heldout_fraction,
                           resume=resume, on_step=lambda r: _train_progress(ctx, r, t.max_steps))
     return {"draft": str(work / "draft"), "heldout": summary["heldout"], "train_samples": summary["train_samples"],
@@ -230,7 +233,7 @@ def train(ctx: Ctx, work: Path) -> dict[str, Any]:
 
 def _resolve_init(ctx: Ctx, cfg: Any) -> Any:
     """init_from 'released': the released draft for this target when the
-    package has one for it and the run's taps; otherwise a fresh draft, said in the log."""
+    package has one for it, the run's taps and its family; otherwise a fresh draft, said in the log."""
     from dataclasses import replace
 
     from eaglewire.export.checkpoint import read_checkpoint_config, released_draft_dir
@@ -239,8 +242,9 @@ def _resolve_init(ctx: Ctx, cfg: Any) -> Any:
         return cfg
     path = released_draft_dir()
     _, contract, _ = read_checkpoint_config(path)
-    if contract.target.config_sha256 != ctx.target.identity.config_sha256 or tuple(contract.taps) != ctx.contract.taps:
-        ctx.log("no released draft for this target and taps: training starts from a fresh draft")
+    if contract.target.config_sha256 != ctx.target.identity.config_sha256 or tuple(contract.taps) != ctx.contract.taps \
+            or contract.family != cfg.family:
+        ctx.log(f"no released {cfg.family} draft for this target and taps: training starts from a fresh draft")
         return replace(cfg, init_from="")
     return replace(cfg, init_from=str(path))
 
@@ -305,8 +309,13 @@ def bench(ctx: Ctx, work: Path) -> dict[str, Any]:
                 ": adding its peer rows")
     elif b.vllm == "auto":
         ctx.log("bench: vLLM's CPU build is not installed: no peer rows (bash scripts/vllm_venv.sh adds them)")
+    family = draft.contract.family
+    rows = spec_bench.rows_for(family, methods)
+    if dropped := [m for m in methods if m not in rows]:
+        ctx.log(f"bench: a {family} draft: rows {dropped} (other families' drafts) are not run")
+    block = draft if any(m in spec_bench.BLOCK_METHODS for m in rows) else None  # the block rows' drafter
     result = spec_bench.run_bench(ctx.target, draft, prompts, b.max_new_tokens, b.chain(), b.tree(),
-                                  log=lambda s: None, methods=methods,
+                                  log=lambda s: None, methods=rows, block_draft=block,
                                   on_prompt=lambda i, n: ctx.progress(i, n, "prompts"))
     result.update(questions=b.source, draft=ctx.results["train"]["draft"], turns=1)
     if b.tau_prompts:

@@ -36,6 +36,9 @@ CHAIN_K = 1
 DEFAULT_METHODS = ("vanilla", "prompt_lookup", "eagle_chain", "eagle_tree")
 # Rows that decode with a block drafter (`--dflash-draft`): its whole block per round (decoding/block.py)
 BLOCK_METHODS = ("dflash",)
+# The rows that decode with a draft, per drafter family (the name its contract carries): a run of one family
+# benchmarks its own rows; vLLM's peer rows are served with the EAGLE-3 draft.
+FAMILY_ROWS = {"eagle3": ("eagle_chain", "eagle_tree", *PEER_METHODS), "dflash": BLOCK_METHODS}
 BASES = ("hf_generate", "vanilla", "prompt_lookup", "vllm_vanilla")  # the rows speedups are quoted against
 
 
@@ -53,6 +56,15 @@ def _hf(target: Any, ids: torch.Tensor, max_new: int, eos: int, **kw: Any) -> Ru
                                     do_sample=False, temperature=None, top_p=None, top_k=None, eos_token_id=eos,
                                     pad_token_id=eos, **kw)
     return Run(out[0, ids.shape[1]:].tolist(), time.perf_counter() - t0)
+
+
+def rows_for(family: str, names: Sequence[str]) -> tuple[str, ...]:
+    """`names` as a draft of `family` is benchmarked: the rows without a draft kept, the family's own rows kept
+    (all of them where `names` asks for none), the rows of other families' drafts dropped."""
+    own = FAMILY_ROWS[family]
+    others = {m for f, rows in FAMILY_ROWS.items() if f != family for m in rows} - set(own)
+    keep = [m for m in names if m not in others]
+    return tuple(keep if any(m in own for m in keep) else keep + list(own))
 
 
 def check_methods(names: Sequence[str]) -> None:

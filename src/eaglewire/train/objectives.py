@@ -33,11 +33,14 @@ class Objective:
     # (draft, target, vocab map or None, features, config, dist) -> the draft with its loss, forward
     # (FeatureBatch, all_positions, draw) -> (loss, TTTStats)
     build_model: Callable[..., nn.Module]
+    # True: the draft predicts a reduced vocabulary through a vocab map (d2t); False: the target's full one
+    reduced_vocab: bool = True
 
 
 OBJECTIVES: dict[str, Objective] = {
     "eagle3": Objective("eagle3", default_taps, eagle3.make_contract, eagle3.build_draft, eagle3.ttt_model),
-    "dflash": Objective("dflash", dflash.default_taps, dflash.make_contract, dflash.build_draft, dflash.block_model),
+    "dflash": Objective("dflash", dflash.default_taps, dflash.make_contract, dflash.build_draft, dflash.block_model,
+                        reduced_vocab=False),
 }
 
 
