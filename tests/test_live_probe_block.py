@@ -21,18 +21,34 @@ TAPS = (2, 4, 6)
 
 @pytest.fixture(scope="module")
 def dflash_export(tiny_dir, tmp_path_factory):  # noqa: F811
-    """A DFlash draft for the tiny target whose head is sharpened so the target's greedy text repeats (the
-    draft then accepts something), exported in z-lab's layout with its contract."""
-    from tiny import build_dflash
-
+    """A one-layer DFlash draft trained briefly on the tiny target's own greedy continuations (its loops are
+    learnable, so the draft accepts something), exported in z-lab's layout with its contract."""
+    from eaglewire.capture.features import OnlineFeatures
+    from eaglewire.data.samples import Sample
+    from eaglewire.draft.dflash import dflash_contract
+    from eaglewire.export.checkpoint import load_checkpoint
     from eaglewire.export.convert import export_draft
+    from eaglewire.families import BlockWiring
     from eaglewire.target.loader import load_target
+    from eaglewire.train.loop import TrainConfig, train
 
     target = load_target(str(tiny_dir))
-    draft, contract = build_dflash(target, taps=TAPS, block_size=BLOCK, layers=1,
-                                   mask_token_id=target.vocab_size - 1)
-    out = export_draft(draft, contract, tmp_path_factory.mktemp("dflash") / "zlab", "zlab")
-    return target, draft, contract, out
+    contract = dflash_contract(target, TAPS, BlockWiring(BLOCK, target.vocab_size - 1))
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(0, 2000, (64, 8), generator=g)
+    with torch.no_grad():
+        text = target.model.generate(input_ids=prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=40,
+                                     do_sample=False, pad_token_id=0, eos_token_id=None)  # [64, 48]
+    mask = torch.zeros(text.shape[1], dtype=torch.long)
+    mask[8:] = 1
+    samples = [Sample(id=f"g{i}", input_ids=t, loss_mask=mask) for i, t in enumerate(text)]
+    c = TrainConfig(family="dflash", block_size=BLOCK, anchors=8, max_steps=150, batch_size=8, lr=3e-3,
+                    warmup_steps=5, eval_every=10_000, ckpt_every=10_000, num_layers=1, loss="forward_kl",
+                    dtype="fp32")
+    run = tmp_path_factory.mktemp("dflash")
+    train(target, contract, None, OnlineFeatures(target, contract, pad_id=0), samples[:-4], samples[-4:], c, run)
+    draft = load_checkpoint(run / "draft", target=target)
+    return target, draft, contract, export_draft(draft, contract, run / "zlab", "zlab")
 
 
 def _serve(target, draft, contract, port):
@@ -78,6 +94,7 @@ def test_live_probe_of_a_dflash_draft_on_eaglewire_s_server(tiny_dir, dflash_exp
     # the same block proposer and runtime on the same prompts: the counters equal the reference's figures
     assert rep["measured"]["tau"] == pytest.approx(rep["predicted"]["tau"], abs=1e-3), rep
     assert rep["measured"]["per_position"] == pytest.approx(rep["predicted"]["per_position"], abs=1e-3), rep
+    assert rep["measured"]["per_position"][0] > 0.1, rep  # the trained draft accepts: the figures are not all 0
     assert rep["verdict"] == "healthy" and r.exit_code == 0, rep
     assert rep["lossless"]["identical"] == 2, rep["lossless"]
 

@@ -19,8 +19,7 @@ from eaglewire.export.block import block_family
 
 Result = tuple[Measurement | None, list[Finding]]
 # (inspection, target, engine name or None, bounds or None, chain steps, engine knobs' shape or None, progress)
-Run = Callable[[Inspection, Any, "str | None", "Boundaries | None", int, "TreeShape | None", Callable[[str], None]],
-               Result]
+Run = Callable[[Inspection, Any, str | None, Boundaries | None, int, TreeShape | None, Callable[[str], None]], Result]
 
 
 @dataclass(frozen=True)
