@@ -26,7 +26,7 @@ from eaglewire.doctor.block_checks import check_block
 from eaglewire.doctor.block_inspect import is_block_dir
 from eaglewire.doctor.checks import Report, by_level, run_checks
 from eaglewire.doctor.inspect import inspect_dir
-from eaglewire.doctor.measured_wiring import run_measurement
+from eaglewire.doctor.measures import measure_wiring
 from eaglewire.export.base import CONTRACT_FILE
 from eaglewire.export.block import block_family
 from eaglewire.export.checkpoint import FORMAT as NATIVE_FORMAT
@@ -111,7 +111,7 @@ def check(directory: str | Path, engine: str | None = None, target: TargetInfo |
     with (progress or _quiet)(
             "doctor: measuring the wiring on the target (seconds on a CPU for a small target"
             + (", and our engine decoding at the knobs: tens of seconds" if shape else "") + ")") as say:
-        m, found = run_measurement(ins, target, chain_steps=chain, shape=shape, progress=say)
+        m, found = measure_wiring(ins, target, engine=engine, chain_steps=chain, shape=shape, progress=say)
     report.findings = by_level(report.findings + found)
     report.measurement = m.to_dict() if m is not None else None
     return report

@@ -116,9 +116,9 @@ def import_any(directory: Path, fmt: str, target: Any = None, *, measure: bool =
     with `measure`, from the boundaries the draft's own weights predict best on `target` (the doctor's
     empirical check; the config's ids win any near-tie), else from the config's layer ids as the engine
     reads them. Later checks and exports carry the evidence with the contract."""
-    from eaglewire.doctor.measured_wiring import run_measurement
+    from eaglewire.doctor.measures import measure_wiring
     from eaglewire.doctor.inspect import inspect_dir
-    from eaglewire.export.engines import NATIVE, engine_for
+    from eaglewire.export.engines import ENGINE_FORMATS, NATIVE, engine_for
     from eaglewire.errors import EaglewireError
     from eaglewire.export.base import read_contract
     from eaglewire.export.convert import import_draft
@@ -127,11 +127,13 @@ def import_any(directory: Path, fmt: str, target: Any = None, *, measure: bool =
     if fmt == NATIVE or read_contract(directory) is not None or target is None:
         draft, contract = import_draft(directory, fmt, target=target, engine_version=engine_version)
         return draft, contract, None
-    rule = {"rule": note} if (note := engine_for(fmt, engine_version).rule_note(target.identity.architecture)) else {}
+    record = engine_for(fmt, engine_version) if fmt in ENGINE_FORMATS else None  # a block format has no record
+    rule = {"rule": note} if record and (note := record.rule_note(target.identity.architecture)) else {}
     if not measure:
         draft, contract = import_draft(directory, fmt, target=target, engine_version=engine_version)
         return draft, replace(contract, inferred={"source": "engine_config", "engine": fmt, **rule}), None
-    m, findings = run_measurement(inspect_dir(directory, fmt, engine_version), target, bounds)
+    ins = inspect_dir(directory, fmt if record else None, engine_version)
+    m, findings = measure_wiring(ins, target, engine=fmt, bounds=bounds)
     if m is None:
         raise EaglewireError(f"{directory}: the trained boundaries could not be measured", found=findings[0].what,
                              fix=findings[0].fix or "import with --no-measure to take the config's ids as they are")

@@ -29,17 +29,26 @@ from eaglewire.safeio import atomic_save_safetensors, check_dataclass_fields, op
 
 FORMAT = "eaglewire.boundaries/1"
 TENSORS = {"states": "a float", "input_ids": "torch.int64", "labels": "torch.int64", "scored": "torch.bool"}
+# Optional (`doctor sample --vocab`): the target's whole input embedding and output head [V, H]. A block
+# drafter (DFlash) embeds a mask token no text holds and predicts through the target's head, so its
+# measurement on a dump needs both; an EAGLE-3 draft needs neither (its own head, boundary 0's rows).
+VOCAB = ("embedding", "head")
 RECAPTURE = "re-capture it where the target runs: eaglewire doctor sample --target T --out FILE"
 
 
 def save_boundaries(bounds: Boundaries, path: Path, identity: TargetIdentity, *,
-                    chat_template_sha256: str | None = None) -> Path:
-    """Write `bounds` (states in the dtype given: bf16 halves a big target's file) with the target's identity."""
+                    chat_template_sha256: str | None = None,
+                    vocab: tuple[torch.Tensor, torch.Tensor] | None = None) -> Path:
+    """Write `bounds` (states in the dtype given: bf16 halves a big target's file) with the target's identity;
+    `vocab`: the target's (embedding, head), each [V, H], for block drafters."""
     _validate(bounds, identity, f"boundaries for {path}")  # never write a file load_boundaries refuses
     meta = {"format": FORMAT, "target": json.dumps(asdict(identity), sort_keys=True),
             "chat_template_sha256": json.dumps(chat_template_sha256)}
     tensors = {"states": bounds.states, "input_ids": bounds.input_ids, "labels": bounds.labels,
                "scored": bounds.scored}
+    if vocab is not None:
+        tensors.update(zip(VOCAB, (v.detach().to(bounds.states.dtype) for v in vocab)))
+        _validate_vocab(tensors, identity, f"boundaries for {path}")
     atomic_save_safetensors({k: v.cpu() for k, v in tensors.items()}, Path(path), metadata=meta)
     return Path(path)
 
@@ -59,16 +68,18 @@ def load_dump(path: Path) -> tuple[Boundaries, TargetIdentity, str | None]:
     with open_safetensors(path, what="a boundaries dump") as f:
         meta, keys = f.metadata(), set(f.keys())
         tensors = {k: f.get_tensor(k) for k in keys & set(TENSORS)}
+        vocab = {k: f.get_tensor(k) for k in keys & set(VOCAB)}
     if meta.get("format") != FORMAT:
         raise EaglewireError(f"{path} is not a boundaries dump", expected=f"metadata format {FORMAT!r}",
                              found=f"format {meta.get('format')!r}", fix=RECAPTURE)
-    if keys != set(TENSORS):
-        raise EaglewireError(f"{path} has the wrong set of tensors", expected=str(sorted(TENSORS)),
-                             found=f"missing {sorted(set(TENSORS) - keys)}, unexpected {sorted(keys - set(TENSORS))}",
-                             fix=RECAPTURE)
+    if keys not in (set(TENSORS), set(TENSORS) | set(VOCAB)):
+        raise EaglewireError(f"{path} has the wrong set of tensors", expected=f"{sorted(TENSORS)}, and "
+                             f"{list(VOCAB)} together or neither", found=f"missing {sorted(set(TENSORS) - keys)}, "
+                             f"unexpected {sorted(keys - set(TENSORS))}", fix=RECAPTURE)
     identity = _identity(meta, path)
     bounds = Boundaries(**tensors)
     _validate(bounds, identity, str(path))
+    _validate_vocab(vocab, identity, str(path))
     raw = meta.get("chat_template_sha256", "null")
     try:
         sha = json.loads(raw)
@@ -78,6 +89,25 @@ def load_dump(path: Path) -> tuple[Boundaries, TargetIdentity, str | None]:
         raise EaglewireError(f"{path}: metadata 'chat_template_sha256' is damaged", expected="a JSON string or null",
                              found=repr(raw)[:80], fix=RECAPTURE)
     return bounds, identity, sha
+
+
+def load_vocab(path: Path) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The target's (embedding, head) a dump holds (`doctor sample --vocab`), None where it holds neither;
+    call after load_dump, which validates them."""
+    with open_safetensors(Path(path), what="a boundaries dump") as f:
+        if not set(VOCAB) <= set(f.keys()):
+            return None
+        emb, head = (f.get_tensor(k) for k in VOCAB)
+    return emb, head
+
+
+def _validate_vocab(vocab: dict[str, torch.Tensor], ident: TargetIdentity, where: str) -> None:
+    want = (ident.vocab_size, ident.hidden_size)
+    for name in set(VOCAB) & set(vocab):
+        t = vocab[name]
+        if tuple(t.shape) != want or not t.is_floating_point() or not bool(torch.isfinite(t).all()):
+            raise EaglewireError(f"{where}: the target's {name} is damaged", expected=f"finite floats {list(want)}",
+                                 found=f"{t.dtype} {list(t.shape)}", fix=RECAPTURE)
 
 
 def _identity(meta: dict[str, str], path: Path) -> TargetIdentity:
@@ -130,8 +160,9 @@ class DumpTarget:
     (`loaded`) skip it."""
 
     def __init__(self, bounds: Boundaries, identity: TargetIdentity, chat_template_sha256: str | None,
-                 source: str) -> None:
+                 source: str, vocab: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         self.bounds, self.identity, self.chat_template_sha256 = bounds, identity, chat_template_sha256
+        self.vocab = vocab  # (embedding, head) [V, H] each, where the dump holds them
         self.name = f"{identity.name} (boundaries dump {source})"
         H = identity.hidden_size
         flat_ids, flat = bounds.input_ids.reshape(-1), bounds.states[0].reshape(-1, H)  # [N], [N, H]
@@ -151,7 +182,7 @@ class DumpTarget:
     @classmethod
     def from_file(cls, path: Path) -> "DumpTarget":
         bounds, identity, template = load_dump(path)
-        return cls(bounds, identity, template, Path(path).name)
+        return cls(bounds, identity, template, Path(path).name, load_vocab(path))
 
     @property
     def num_layers(self) -> int:
@@ -179,11 +210,23 @@ class DumpTarget:
     def embedding(self) -> torch.Tensor:
         """[V, H] fp32: the dump's tokens' rows, NaN for every other token (a read of one cannot pass).
         As large as the target's embedding, which a draft needs beside it anyway."""
+        if self._embedding is None and self.vocab is not None:
+            self._embedding = self.vocab[0].float()
         if self._embedding is None:
             emb = torch.full((self.vocab_size, self.hidden_size), float("nan"))
             emb[self._ids] = self._rows
             self._embedding = emb
         return self._embedding
+
+    def head_rows(self, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """[len(ids), H] fp32 rows of the target's output head (all V when None), where the dump holds it."""
+        if self.vocab is None:
+            raise EaglewireError(f"{self.name} holds no output head", expected="a dump written with the target's "
+                                 "embedding and head (a block drafter predicts through the target's head)",
+                                 found="states only", fix="re-capture it where the target runs: eaglewire doctor "
+                                 "sample --target T --vocab --out FILE")
+        head = self.vocab[1].float()
+        return head if ids is None else head[ids]
 
 
 def loaded(target: Any) -> bool:
@@ -204,8 +247,8 @@ def require_finite_rows(embedding: torch.Tensor, ids: torch.Tensor, where: str) 
                              "--boundaries FILE), or with the target")
 
 
-def capture_dump(target: Any, path: Path, dtype: torch.dtype = torch.float32) -> Boundaries:
-    """sample_target(target) written to `path`, after checking that boundary 0 is the target's embedding
+def capture_dump(target: Any, path: Path, dtype: torch.dtype = torch.float32, *, vocab: bool = False) -> Boundaries:
+    """sample_target(target) written to `path` (with the target's embedding and head where `vocab`), after checking that boundary 0 is the target's embedding
     (what the draft reads beside the taps; a target that scales it before layer 0, as Gemma does, is refused)."""
     bounds = sample_target(target)
     emb = target.embedding().detach()[bounds.input_ids.to(target.embedding().device)].float().cpu()
@@ -217,5 +260,6 @@ def capture_dump(target: Any, path: Path, dtype: torch.dtype = torch.float32) ->
                              "embedding by sqrt(hidden_size))",
                              fix="measure where the target loads: eaglewire doctor check DIR --target T")
     bounds = replace(bounds, states=bounds.states.to(dtype))
-    save_boundaries(bounds, path, target.identity, chat_template_sha256=sha256_text(target.chat_template))
+    save_boundaries(bounds, path, target.identity, chat_template_sha256=sha256_text(target.chat_template),
+                    vocab=(target.embedding().cpu(), target.head_rows().cpu()) if vocab else None)
     return bounds

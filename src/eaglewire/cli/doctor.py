@@ -128,6 +128,8 @@ def sample_cmd(
     target: Optional[str] = typer.Option(None, "--target", "-t", help="The target to dump (it is loaded and run)."),
     dtype: str = typer.Option("float32", "--dtype", help="float32 or bfloat16 (half the file; scores then "
                               "differ from measuring on the target by bf16 rounding)."),
+    vocab: bool = typer.Option(False, "--vocab", help="Also store the target's embedding and output head (2 x "
+                               "vocab x hidden): block drafters (DFlash) need both to be measured on the dump."),
 ) -> None:
     """Dump every residual-stream boundary of the target on the doctor's built-in prompts and its greedy
     answers, for `eaglewire doctor check DRAFT_DIR --boundaries FILE` where the target cannot be loaded.
@@ -143,7 +145,7 @@ def sample_cmd(
         raise EaglewireError(f"unsupported --dtype {dtype!r}", expected=" or ".join(dtypes), found=dtype)
     tgt = load_target(target)
     with err_console.status("capturing every boundary on the built-in prompts and the target's greedy answers"):
-        bounds = capture_dump(tgt, out, dtypes[dtype])
+        bounds = capture_dump(tgt, out, dtypes[dtype], vocab=vocab)
     out_console.print(f"wrote {out}: boundaries 0..{bounds.num_layers} of {tgt.name} on {int(bounds.scored.sum())} "
                       f"scored tokens ({out.stat().st_size / 2**20:.1f} MiB); next: eaglewire doctor check "
                       f"DRAFT_DIR --boundaries {out}", highlight=False)

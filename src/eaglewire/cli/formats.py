@@ -62,7 +62,7 @@ def import_cmd(
     contract marked as inferred, with the evidence."""
     from eaglewire.export.checkpoint import save_checkpoint
     from eaglewire.export.convert import check_out
-    from eaglewire.export.engines import NATIVE, engine_for
+    from eaglewire.export.engines import ENGINE_FORMATS, engine_for
     from eaglewire.workflows import import_any
 
     check_out(out, "native", force=force, inputs=(directory,))
@@ -75,7 +75,8 @@ def import_cmd(
                       f"{how[(contract.inferred or {}).get('source')]}contract {contract.fingerprint()})")
     if m is not None:
         out_console.print(_measured_summary(m), highlight=False)
-    if fmt != NATIVE and (note := engine_for(fmt, engine_version).rule_note(contract.target.architecture)):
+    # a block drafter's formats (zlab, ...) have no engine record: no per-model-file rule to name
+    if fmt in ENGINE_FORMATS and (note := engine_for(fmt, engine_version).rule_note(contract.target.architecture)):
         out_console.print(f"layer ids read by {note} for {contract.target.architecture}", highlight=False)
 
 

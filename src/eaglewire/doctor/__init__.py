@@ -8,6 +8,8 @@
     trained_taps.py     which boundaries a draft was trained on: tap sets scored on the target's boundaries
                         (capture/boundaries.py; paired NLL, bootstrap margin)
     measured_wiring.py  that score against what the engine will deliver: the `measured_wiring` finding
+    measured_block.py   the same for block drafters (DFlash): teacher-forced block NLL, the same rule
+    measures.py         each family's measured check, keyed by family: what check and import call
     measured_tau.py     our engine's tau under the engine's own knobs (tree shapes), on request
     vllm_dump.py        what real vLLM delivers to an export (capture/identify.py names each state)
     counters.py         a running engine's speculative counters, one reader per engine format, and their deltas

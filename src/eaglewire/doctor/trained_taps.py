@@ -16,7 +16,7 @@ and its spread (worst minus best candidate) small; the report then says the evid
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -131,7 +131,13 @@ def chain(draft: Eagle3Draft, bounds: Boundaries, pos: Positions, taps: Taps) ->
     return 1.0 + float(run.sum(-1).float().mean()), (run.sum(0) / alive).tolist()
 
 
-def paired_interval(worse: Score, best: Score, pos: Positions, seed: int = 0) -> tuple[float, float, float]:
+class Blocked(Protocol):
+    """Scored positions grouped into bootstrap blocks (Positions; a block drafter's, doctor/measured_block.py)."""
+
+    blocks: torch.Tensor  # [N] bootstrap block id of each scored entry (the Score.nll order)
+
+
+def paired_interval(worse: Score, best: Score, pos: Blocked, seed: int = 0) -> tuple[float, float, float]:
     """Mean NLL(worse) - NLL(best) and its LEVEL block-bootstrap interval."""
     diff = worse.nll - best.nll  # [N] paired: the same positions
     _, block = torch.unique(pos.blocks, return_inverse=True)
@@ -215,13 +221,26 @@ def measure(draft: Eagle3Draft, bounds: Boundaries, delivered: Taps | None, reas
             chain_steps: int = 3, priors: tuple[Taps, ...] = ()) -> Measurement:
     """Score every labelled candidate, search around the best, and compare the delivered set with it.
     `priors`: the sets a reading of the config gives (delivered, other conventions, defaults), in order."""
-    L = bounds.num_layers
     pos = positions(bounds, draft, chain_steps)
+    m = compare(lambda taps: first_step(draft, bounds, pos, taps), pos, bounds.num_layers, delivered, reasons,
+                priors, pos.coverage)
+    if chain_steps:
+        m.tau["best"] = chain(draft, bounds, pos, m.best)
+        if delivered is not None:
+            m.tau["delivered"] = chain(draft, bounds, pos, delivered)
+    return m
+
+
+def compare(scorer: Callable[[Taps], Score], pos: Blocked, L: int, delivered: Taps | None,
+            reasons: dict[Taps, list[str]], priors: tuple[Taps, ...] = (), coverage: float = 1.0) -> Measurement:
+    """The rule every family's measurement shares: score the labelled candidates (and the delivered set) with
+    `scorer` (paired: every Score over the same entries, grouped by `pos.blocks`), search around the best,
+    name a prior that the best does not beat by MARGIN, and the delivered set's paired gap to the best."""
     scores: dict[Taps, Score] = {}
 
     def score(taps: Taps) -> Score:
         if taps not in scores:
-            scores[taps] = first_step(draft, bounds, pos, taps)
+            scores[taps] = scorer(taps)
         return scores[taps]
 
     for taps in (*reasons, *([delivered] if delivered is not None else [])):
@@ -237,10 +256,5 @@ def measure(draft: Eagle3Draft, bounds: Boundaries, delivered: Taps | None, reas
             break
     nlls = sorted(s.mean_nll for s in scores.values())
     gap = paired_interval(scores[delivered], scores[best], pos) if delivered is not None else None
-    m = Measurement(delivered, best, scores, reasons, gap, nlls[-1] - nlls[0], pos.coverage,
-                    len(pos.rows))
-    if chain_steps:
-        m.tau["best"] = chain(draft, bounds, pos, best)
-        if delivered is not None:
-            m.tau["delivered"] = chain(draft, bounds, pos, delivered)
-    return m
+    return Measurement(delivered, best, scores, reasons, gap, nlls[-1] - nlls[0], coverage,
+                       len(scores[best].nll))

@@ -281,7 +281,14 @@ def _draft_config(fmt: BlockFormat, config: dict[str, Any], contract: WiringCont
                               fix="the directory is not an export of this format") from None
 
 
-def _contract_for(fmt: BlockFormat, config: dict[str, Any], directory: Path, target: Any, where: str) -> WiringContract:
+def _contract_for(fmt: BlockFormat, config: dict[str, Any], directory: Path, target: Any, where: str,
+                  taps: tuple[int, ...] | None = None) -> WiringContract:
+    from eaglewire.draft.dflash import dflash_contract
+
+    if taps is not None:  # the caller's boundaries (measured ones, or the doctor's placeholder): ids not read
+        if target is None:
+            raise CheckpointError(f"{where}: taps given without a target", expected="target=...", found="None")
+        return dflash_contract(target, tuple(taps), _block_from(fmt, config, where))
     ids, block = _ids_from(fmt, config, where), _block_from(fmt, config, where)
     side = read_contract(directory)
     if side is not None:
@@ -294,17 +301,18 @@ def _contract_for(fmt: BlockFormat, config: dict[str, Any], directory: Path, tar
     if target is None:
         raise CheckpointError(f"{directory} has no eaglewire_contract.json", expected="the contract side file, or "
                               "--target to rebuild the contract", found="neither", fix="pass --target")
-    from eaglewire.draft.dflash import dflash_contract
-
     taps = from_engine(ids, fmt.convention, target.num_layers)
     return dflash_contract(target, taps, block)
 
 
 def import_block_draft(directory: Path, fmt_name: str, *, family: str = "dflash", target: Any | None = None,
-                       dtype: torch.dtype | None = None) -> tuple[DFlashDraft, WiringContract]:
+                       dtype: torch.dtype | None = None,
+                       taps: tuple[int, ...] | None = None) -> tuple[DFlashDraft, WiringContract]:
     """Load a block-drafter export strictly: exact key set, shapes, one float dtype, finite weights, the ids and
     block wiring against the contract side file (or rebuilt on `target`). The target's embedding and head
-    are attached when `target` is given."""
+    are attached when `target` is given. `taps` (with `target`): the contract's boundaries instead of the
+    config's ids and any side file's (`eaglewire import` records the measured ones; the doctor measures
+    a draft whose ids are what is under test)."""
     fmt, directory = block_format(family, fmt_name), Path(directory)
     where = f"{fmt.name} {family} export {directory}"
     config = read_json(directory / "config.json")
@@ -314,7 +322,7 @@ def import_block_draft(directory: Path, fmt_name: str, *, family: str = "dflash"
                               found=repr(config.get("architectures")), fix="import it with the format that wrote it")
     layer = config.get("transformer_layer_config") if fmt.style == "speculators" else config
     _refuse_semantics(fmt, config, layer if isinstance(layer, dict) else {}, where)
-    contract = _contract_for(fmt, config, directory, target, where)
+    contract = _contract_for(fmt, config, directory, target, where, taps)
     cfg = _draft_config(fmt, config, contract, where)
     assert contract.block is not None  # _contract_for compared it with the config's (a dflash contract has one)
     _refuse_unportable(contract.block, cfg, fmt.name)

@@ -118,10 +118,7 @@ def import_draft(directory: Path, fmt: str, *, target: TargetInfo | None = None,
         return _import_native(Path(directory), target, taps)
     family = block_family(Path(directory) / "config.json")
     if family is not None:  # a block drafter's export (z-lab, SGLang, speculators DFlash configs)
-        if taps is not None:
-            raise CheckpointError(f"{directory}: measured taps are not supported for {family} drafts yet",
-                                  expected="no taps", found=f"taps {list(taps)}", fix="import with --target")
-        return import_block_draft(Path(directory), fmt, family=family, target=target)
+        return import_block_draft(Path(directory), fmt, family=family, target=target, taps=taps)
     layout, directory = engine_for(fmt, engine_version), Path(directory)
     config = read_json(directory / "config.json")
     foreign = foreign_block_family(config)

@@ -1,0 +1,274 @@
+"""Measured wiring for block drafters (DFlash): which boundaries a draft's own weights predict best from.
+
+The question, the statistics and the rule are EAGLE-3's (trained_taps.py: `compare`, the paired
+block-bootstrap interval, LEVEL, MARGIN, the search); only the score is the block drafter's own. Every
+scored position p of the target's greedy text anchors a block [x_p, MASK x (B-1)] that sees the context
+taps of positions < p and nothing else (train/block.py's mask through draft/dflash.py's training forward,
+so the draft is scored exactly as it was trained); slot k's NLL of the target's token at p+k is one entry,
+every drafted slot pooled. A bootstrap block holds neighbouring anchors of one sequence with all their
+slots (their entries are not independent). The teacher-forced τ of a round is 1 + the mean run of agreeing
+slots over anchors whose every slot is scored (what greedy verification of that block accepts).
+
+Candidates: the config's ids as the engine reads them (delivered; vLLM's eagle_aux_hidden_state_layer_ids
+wins over dflash_config.target_layer_ids), the same ids in every other layer-id convention, delivered ±1,
+the embedding for the first tap, and z-lab's default formula (what SGLang guesses when ids are missing,
+sglang #37475).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from eaglewire.capture.boundaries import Boundaries, sample_target
+from eaglewire.capture.boundary_file import DumpTarget, require_finite_rows
+from eaglewire.contract import CONVENTIONS, from_engine, to_engine
+from eaglewire.decoding.tree import TreeShape
+from eaglewire.doctor.checks import decodes
+from eaglewire.doctor.findings import Finding
+from eaglewire.doctor.inspect import Inspection
+from eaglewire.doctor.trained_taps import LEVEL, MARGIN, BLOCK, Measurement, Score, Taps, compare
+from eaglewire.draft.dflash import DFlashDraft
+from eaglewire.errors import EaglewireError
+from eaglewire.export.block import FAMILY_OF_ARCH, block_layout
+from eaglewire.export.convert import import_draft
+from eaglewire.families import EngineField, get_family, zlab_default_ids
+from eaglewire.train.block import block_inputs, block_mask, block_positions
+
+CHUNK = 64  # anchors per draft forward: bounds the [Q, S+Q] mask and the [Q, V] logits
+OVERRIDES = ("eagle_aux_hidden_state_layer_ids",)  # vLLM reads it first and lets it win (families.py's note)
+
+
+@dataclass
+class BlockPositions:
+    """The scored entries: slot k of the block anchored at p predicts the target's label at p+k-1+offset."""
+
+    rows: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]  # (b, anchors [A], per entry:
+    # its anchor's index in `anchors` [E], slot [E], label [E])
+    blocks: torch.Tensor  # [N] bootstrap block of each entry (all rows' entries in order)
+    full: torch.Tensor  # bool [N] the entry's anchor has every drafted slot scored
+    drafts: int  # drafted slots per block
+
+
+def block_entries(bounds: Boundaries, block_size: int, label_offset: int) -> BlockPositions:
+    first = 1 - label_offset  # the first drafted slot: 1 ("bonus": slot 0 is the anchor), 0 ("anchor_first")
+    drafts, T = block_size - first, bounds.input_ids.shape[1]
+    rows, blocks, full = [], [], []
+    for b in range(bounds.input_ids.shape[0]):
+        scored = bounds.scored[b]  # [T] label t (the target's token after t) counts
+        anchors = scored.nonzero().flatten()
+        anchors = anchors[anchors >= 1]  # a block needs context; slot `first` reads label p, which is scored
+        if not len(anchors):
+            continue
+        slots = torch.arange(first, block_size)  # [D]
+        at = anchors[:, None] + slots[None] - 1 + label_offset  # [A, D] label index of each slot
+        ok = (at < T) & scored[at.clamp(max=T - 1)]
+        a_idx, s_idx = ok.nonzero(as_tuple=True)
+        rows.append((b, anchors, a_idx, slots[s_idx], bounds.labels[b][at[a_idx, s_idx]]))
+        blocks.append(b * 10_000 + anchors[a_idx] // BLOCK)
+        full.append(ok.all(-1)[a_idx])
+    if not rows:
+        raise EaglewireError("no position to score a block drafter on", expected="scored positions >= 1",
+                             found="none", fix="capture the target's boundaries on longer prompts")
+    return BlockPositions(rows, torch.cat(blocks), torch.cat(full), drafts)
+
+
+@torch.no_grad()
+def block_score(draft: DFlashDraft, bounds: Boundaries, pos: BlockPositions, taps: Taps) -> Score:
+    """Teacher-forced block NLL of the target's tokens with the context read from boundaries `taps`."""
+    Bk, mask_id = draft.block.block_size, draft.block.mask_token_id
+    ctx = bounds.taps(taps)  # [B, T, n*H]
+    nll, hit = [], []
+    for b, anchors, a_idx, slot, label in pos.rows:
+        for c0 in range(0, len(anchors), CHUNK):
+            a = anchors[None, c0:c0 + CHUNK]  # [1, A]
+            S = int(a.max())  # no query sees context at or after its anchor
+            hidden = draft(ctx[b:b + 1, :S], torch.arange(S)[None], block_inputs(bounds.input_ids[b:b + 1], a, Bk,
+                           mask_id), block_positions(a, Bk), block_mask(a, S, Bk))  # [1, A*Bk, H]
+            sel = (a_idx >= c0) & (a_idx < c0 + CHUNK)
+            logits = draft.logits(hidden[0, (a_idx[sel] - c0) * Bk + slot[sel]]).float()  # [E, V]
+            nll.append(-F.log_softmax(logits, -1).gather(-1, label[sel][:, None])[:, 0])
+            hit.append(logits.argmax(-1) == label[sel])
+    return Score(taps, torch.cat(nll), torch.cat(hit))
+
+
+def block_tau(score: Score, pos: BlockPositions) -> tuple[float, list[float]]:
+    """(1 + mean accepted run per round, acceptance of each slot given the slots before it were accepted)."""
+    hits = score.hit[pos.full].view(-1, pos.drafts)  # [A, D] entries of a full anchor are contiguous, by slot
+    if not len(hits):
+        return 1.0, [0.0] * pos.drafts
+    run = hits.long().cumprod(-1)
+    alive = torch.cat([torch.ones_like(run[:, :1]), run[:, :-1]], -1).sum(0).clamp_min(1)
+    return 1.0 + float(run.sum(-1).float().mean()), (run.sum(0) / alive).tolist()
+
+
+# ---- what the engine delivers, and the suspects ---------------------------------------------------------
+
+
+def _ints(v: Any) -> list[int] | None:
+    ok = isinstance(v, list) and v and all(isinstance(i, int) and not isinstance(i, bool) for i in v)
+    return list(v) if ok else None
+
+
+def _get(config: dict[str, Any], dotted: str) -> Any:
+    node: Any = config
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def engine_of(config: dict[str, Any], engine: str | None) -> str:
+    """The engine whose reading is checked: the one named, if it serves the family, else the layout's own."""
+    family = get_family(block_family_of(config))
+    return engine if engine in family.engines else block_layout(config)
+
+
+def block_family_of(config: dict[str, Any]) -> str:
+    """The block family a config's architecture names (export/block.py's table; DFlash where none does)."""
+    archs = config.get("architectures")
+    names = {FAMILY_OF_ARCH[a] for a in archs if a in FAMILY_OF_ARCH} if isinstance(archs, list) else set()
+    return names.pop() if len(names) == 1 else "dflash"
+
+
+def read_ids(config: dict[str, Any], engine: str) -> tuple[list[int] | None, EngineField]:
+    """(ids the engine reads, the field it reads them from): its own fields, an override first; a speculators
+    config's aux ids (vLLM's updater copies them); the engine's first field where none is set."""
+    family = get_family(block_family_of(config))
+    own = sorted(family.fields_for(engine), key=lambda f: f.field not in OVERRIDES)
+    extra = family.fields_for("speculators") if "speculators_model_type" in config else ()
+    for f in (*own, *extra):
+        if (ids := _ints(_get(config, f.field))) is not None:
+            return ids, f
+    return None, own[-1]
+
+
+def delivered_block_taps(config: dict[str, Any], engine: str, L: int, n: int) -> tuple[Taps | None, str]:
+    ids, f = read_ids(config, engine)
+    if ids is None:
+        default = from_engine(zlab_default_ids(L, n), "zlab", L)
+        return default, f"no {f.field}: the fallback formula (z-lab build_target_layer_ids, sglang #37475)"
+    taps = decodes(ids, f.convention, L)
+    if taps is None:
+        return None, f"{f.field}={ids}, which {engine} cannot capture ({f.convention} convention)"
+    if len(taps) != n:
+        return None, f"{f.field}={ids}: {len(taps)} taps where the draft's fc reads {n}"
+    return taps, f"{f.field}={ids} read by {engine} ({f.note})"
+
+
+def block_candidates(config: dict[str, Any], engine: str, L: int, n: int,
+                     ) -> tuple[dict[Taps, list[str]], tuple[Taps, ...], Taps | None, str]:
+    """(suspects with why, the sets a reading of the config gives, delivered, how it is delivered)."""
+    delivered, how = delivered_block_taps(config, engine, L, n)
+    ids, f = read_ids(config, engine)
+    out: dict[Taps, list[str]] = {}
+
+    def add(taps: Taps | None, why: str) -> None:
+        if taps is not None and len(taps) == n and all(0 <= a < b <= L for a, b in zip(taps, taps[1:])) \
+                and 0 <= taps[0] and taps[-1] <= L:
+            out.setdefault(tuple(taps), []).append(why)
+
+    add(delivered, f"delivered: {how}")
+    for conv in CONVENTIONS if ids else ():
+        if conv != f.convention:
+            add(decodes(ids, conv, L), f"the ids read in the {conv} convention")
+    if n <= L - 3:
+        add(from_engine(zlab_default_ids(L, n), "zlab", L), "z-lab's default ids (SGLang's guess without ids)")
+    priors = tuple(out)
+    if delivered is not None:
+        add(tuple(b + 1 for b in delivered), "delivered +1")
+        add(tuple(b - 1 for b in delivered), "delivered -1")
+        add((0, *delivered[1:]), "the embedding substituted for the first tap")
+    return out, priors, delivered, how
+
+
+# ---- the measurement and its finding ----------------------------------------------------------------------
+
+
+def load_for_measure(ins: Inspection, target: Any, n: int) -> DFlashDraft:
+    """The draft's weights, fp32, read whatever its config's ids say (they are what is under test)."""
+    layout = block_layout(ins.config)
+    draft, _ = import_draft(ins.directory, layout, target=target, taps=tuple(range(1, n + 1)))
+    assert isinstance(draft, DFlashDraft)
+    return draft.float()
+
+
+def run_block_measurement(ins: Inspection, target: Any, engine: str | None = None, bounds: Boundaries | None = None,
+                          chain_steps: int = 3, shape: TreeShape | None = None,
+                          progress: Callable[[str], None] = lambda phase: None,
+                          ) -> tuple[Measurement | None, list[Finding]]:
+    """measured_wiring.run_measurement for a block drafter: (measurement, findings). `chain_steps` is unused
+    (the block's own slots are the chain); `shape` (our engine at the knobs) is not run for block drafters
+    yet, and a finding says so."""
+    L, H = target.num_layers, target.hidden_size
+    fc = ins.shapes.get("fc.weight")
+    if fc is None or fc[1] % H:
+        return None, [Finding("info", "measured_wiring", "the wiring was not measured: fc does not read whole "
+                              "target states", "see the fc finding", "fix fc first")]
+    n, engine = fc[1] // H, engine_of(ins.config, engine)
+    try:
+        draft = load_for_measure(ins, target, n)
+    except EaglewireError as err:
+        return None, [Finding("warn", "measured_wiring", f"the wiring was not measured: the draft does not load "
+                              f"({err.what})", "the empirical check runs the draft's own weights", err.fix or "")]
+    reasons, priors, delivered, how = block_candidates(ins.config, engine, L, n)
+    if bounds is None and isinstance(target, DumpTarget):
+        bounds = target.bounds
+    elif bounds is None:
+        progress("the target answers the built-in prompts greedily; every boundary is captured (the long phase)")
+        bounds = sample_target(target)
+    progress(f"scoring {len(reasons)} candidate tap sets by teacher-forced block NLL, then a search around the best")
+    assert draft.embed_weight is not None and draft.head_weight is not None  # the loader attached the target's
+    require_finite_rows(draft.embed_weight, torch.cat([bounds.input_ids.flatten(),
+                        torch.tensor([draft.block.mask_token_id])]), str(ins.directory))
+    pos = block_entries(bounds, draft.block.block_size, draft.block.label_offset)
+    m = compare(lambda taps: block_score(draft, bounds, pos, taps), pos, L, delivered, reasons, priors)
+    m.tau["best"] = block_tau(m.scores[m.best], pos)
+    if delivered is not None:
+        m.tau["delivered"] = block_tau(m.scores[delivered], pos)
+    skipped = [] if shape is None else [Finding("info", "measured_wiring", "our engine's tau at the engine's knobs "
+                                                "is not predicted for block drafters yet", "the teacher-forced tau "
+                                                "of a round is beside the measurement", "")]
+    return m, [block_finding(m, ins.config, engine, L, how), *skipped]
+
+
+def _fmt(m: Measurement, taps: Taps) -> str:
+    s = m.scores[taps]
+    return f"{list(taps)}: block NLL {s.mean_nll:.2f}, agreement {s.agreement:.2f}"
+
+
+def block_fix(m: Measurement, config: dict[str, Any], engine: str, L: int) -> str:
+    _, f = read_ids(config, engine)
+    try:
+        ids = list(to_engine(m.best, f.convention, L))
+    except EaglewireError as err:
+        return f"{engine} cannot capture boundaries {list(m.best)} through {f.field} ({err.what})"
+    drop = " and drop eagle_aux_hidden_state_layer_ids" if f.field not in OVERRIDES and \
+        _get(config, OVERRIDES[0]) is not None else ""
+    return f"write {f.field}: {ids} (boundaries {list(m.best)} in {engine}'s numbering){drop}, re-run the doctor"
+
+
+def block_finding(m: Measurement, config: dict[str, Any], engine: str, L: int, how: str) -> Finding:
+    """error when the delivered set is clearly worse than the best (trained_taps.py's rule), else info."""
+    weak = (f" Weak evidence: the draft predicts almost as well from any states (worst - best = "
+            f"{m.spread:.2f} nats); a better-trained draft gives a sharper answer." if m.weak else "")
+    tau = ", ".join(f"{k} {v[0]:.2f}" for k, v in sorted(m.tau.items()))
+    where = f" ({m.tokens} block slots scored; teacher-forced tau of a round: {tau})"
+    rule = (f"rule: error when the low end of the {LEVEL:.0%} paired block-bootstrap interval of "
+            f"NLL(delivered) - NLL(best) exceeds {MARGIN} nats")
+    best, fix = f"this block drafter predicts best from boundaries {_fmt(m, m.best)}", block_fix(m, config, engine, L)
+    if m.delivered is None:
+        return Finding("error", "measured_wiring", f"{best}; {how}{where}", "the engine feeds other or fewer "
+                       "states than the draft was trained on" + weak, fix)
+    mean, lo, hi = m.gap or (0.0, 0.0, 0.0)
+    gap = f"NLL gap {mean:.2f} [{lo:.2f}, {hi:.2f}] at {LEVEL:.0%}"
+    if m.clearly_worse:
+        return Finding("error", "measured_wiring", f"{best}; {engine} will deliver {_fmt(m, m.delivered)} "
+                       f"({how}) — {gap}{where}", "the draft was trained on other states than the engine delivers: "
+                       "acceptance falls with no error message (" + rule + ")." + weak, fix)
+    verdict = ("the delivered taps are the best measured" if m.delivered == m.best else
+               f"the best set {list(m.best)} is not clearly better ({gap})")
+    return Finding("info", "measured_wiring", f"measured: {engine} will deliver {_fmt(m, m.delivered)}; {verdict}"
+                   f"{where}", rule + "." + weak, "nothing to fix")

@@ -1,0 +1,57 @@
+"""The measured wiring check of each drafter family, one record per family keyed by the name its contract
+(or its export's config architecture) carries: callers (`eaglewire doctor check`, `eaglewire import`) ask
+`measure_wiring` and never branch on the family."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from eaglewire.capture.boundaries import Boundaries
+from eaglewire.compose import DFLASH, EAGLE3
+from eaglewire.decoding.tree import TreeShape
+from eaglewire.doctor.findings import Finding
+from eaglewire.doctor.inspect import Inspection
+from eaglewire.doctor.measured_block import run_block_measurement
+from eaglewire.doctor.measured_wiring import run_measurement
+from eaglewire.doctor.trained_taps import Measurement
+from eaglewire.export.block import block_family
+
+Result = tuple[Measurement | None, list[Finding]]
+# (inspection, target, engine name or None, bounds or None, chain steps, engine knobs' shape or None, progress)
+Run = Callable[[Inspection, Any, str | None, Boundaries | None, int, TreeShape | None, Callable[[str], None]], Result]
+
+
+@dataclass(frozen=True)
+class MeasuredWiring:
+    family: str
+    run: Run
+
+
+def _eagle3(ins: Inspection, target: Any, engine: str | None, bounds: Boundaries | None, steps: int,
+            shape: TreeShape | None, progress: Callable[[str], None]) -> Result:
+    return run_measurement(ins, target, bounds, steps, shape, progress)  # the engine is ins.engine's record
+
+
+MEASURED: dict[str, MeasuredWiring] = {m.family: m for m in (
+    MeasuredWiring(EAGLE3, _eagle3),
+    MeasuredWiring(DFLASH, run_block_measurement),
+)}
+
+
+def family_of_dir(ins: Inspection) -> str:
+    """The drafter family of an inspected directory: its contract's, else its config's architecture's."""
+    if ins.contract is not None:
+        return ins.contract.family
+    return block_family(ins.directory / "config.json") or EAGLE3
+
+
+def measure_wiring(ins: Inspection, target: Any, *, engine: str | None = None, bounds: Boundaries | None = None,
+                   chain_steps: int = 3, shape: TreeShape | None = None,
+                   progress: Callable[[str], None] = lambda phase: None) -> Result:
+    """The family's measured wiring check: (measurement or None, findings)."""
+    family = family_of_dir(ins)
+    if family not in MEASURED:
+        return None, [Finding("info", "measured_wiring", f"the wiring was not measured: no measurement for the "
+                              f"{family} family yet", "", "")]
+    return MEASURED[family].run(ins, target, engine, bounds, chain_steps, shape, progress)
