@@ -101,10 +101,14 @@ def check(directory: str | Path, engine: str | None = None, target: TargetInfo |
     then predicts τ). `report.errors` counts the errors; `progress(title)` wraps the measurement and yields
     `say(phase)`, called as each phase starts."""
     block = is_block_dir(Path(directory))
-    if block is not None:  # DFlash-family drafts: their own checks (doctor/block_checks.py); not measured yet
-        return check_block(Path(directory), block, engine, engine_version, target, shape)
-    ins = inspect_dir(Path(directory), engine, engine_version)
-    report = run_checks(ins, target)
+    if block is not None:  # block drafters' static checks are their own (doctor/block_checks.py)
+        report: Report = check_block(Path(directory), block, engine, engine_version, target, shape)
+        if target is None or measure is False:
+            return report
+        ins = inspect_dir(Path(directory), engine, engine_version)  # the measurement reads it as for EAGLE-3
+    else:
+        ins = inspect_dir(Path(directory), engine, engine_version)
+        report = run_checks(ins, target)
     if target is None or not (measure or shape is not None or (measure is None and ins.contract is None)):
         return report
     chain = steps if steps is not None else (shape.num_steps if shape is not None else 3)
