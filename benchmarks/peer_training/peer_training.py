@@ -160,14 +160,31 @@ def wait_peak(cmd: list[str], log: Path, env: dict | None = None) -> tuple[float
     return time.perf_counter() - t0, ru.ru_maxrss / 1024
 
 
+def family_options(arm: str, vocab: Path | None, a: argparse.Namespace) -> list[str]:
+    """`eaglewire train` options of the family and arm: DFlash's block, anchors and depth (the speculators
+    job's: `speculators_job`), or EAGLE-3's vocab, TTT depth and the arm's options."""
+    if is_dflash(a):
+        return ["--family", "dflash", "--block-size", str(a.block_size), "--anchors", str(a.anchors),
+                "--num-layers", str(DFLASH_LAYERS)]
+    return ["--vocab", str(vocab), "--ttt-steps", str(a.ttt), *ARMS[arm]]
+
+
+def speculators_job(run: Path, feats: Path, vocab: Path | None, batches: list[list[str]],
+                    a: argparse.Namespace) -> dict:
+    """What peer_speculators_arm.py reads: the features, the batches in order, and the draft's settings."""
+    job = {"features": str(feats), "batches": batches, "vocab": str(vocab) if vocab else None, "out": str(run),
+           "threads": 1, "verifier": str(a.verifier), "target_layer_ids": list(a.spec_layer_ids), "ttt_steps": a.ttt}
+    if is_dflash(a):  # eaglewire's draft and objective size (peer_speculators_arm.py's docstring)
+        job.update(family="dflash", block_size=a.block_size, mask_token_id=a.mask_token_id, num_layers=DFLASH_LAYERS,
+                   max_anchors=a.anchors * a.batch_size)
+    return job
+
+
 def train_eaglewire(run: Path, feats: Path, vocab: Path, steps: int, a: argparse.Namespace, arm: str) -> dict:
     """`eaglewire train` on the first steps x batch training samples of the features, one thread."""
-    family = (["--family", "dflash", "--block-size", str(a.block_size), "--anchors", str(a.anchors),
-               "--num-layers", str(DFLASH_LAYERS)] if is_dflash(a)
-              else ["--vocab", str(vocab), "--ttt-steps", str(a.ttt), *ARMS[arm]])
     args = ["train", "--features", str(feats), "--out", str(run), "--max-steps", str(steps),
             "--batch-size", str(a.batch_size), "--train-limit", str(steps * a.batch_size),
-            "--eval-every", str(steps), "--ckpt-every", str(steps), *family]
+            "--eval-every", str(steps), "--ckpt-every", str(steps), *family_options(arm, vocab, a)]
     code = ("import sys, torch; torch.set_num_threads(1); sys.argv = ['eaglewire'] + sys.argv[1:]; "
             "from eaglewire.cli.app import main; main()")
     wall, peak = wait_peak([sys.executable, "-c", code, *args], run.with_suffix(".log"))
@@ -181,11 +198,7 @@ def train_speculators(run: Path, feats: Path, vocab: Path, batches: list[list[st
         raise SystemExit(f"no speculators venv at {SPEC_PY}: bash scripts/speculators_venv.sh "
                          "(or set EAGLEWIRE_SPECULATORS_PYTHON)")
     run.mkdir(parents=True, exist_ok=True)
-    job = {"features": str(feats), "batches": batches, "vocab": str(vocab) if vocab else None, "out": str(run),
-           "threads": 1, "verifier": str(a.verifier), "target_layer_ids": list(a.spec_layer_ids), "ttt_steps": a.ttt}
-    if is_dflash(a):  # eaglewire's draft and objective size (peer_speculators_arm.py's docstring)
-        job.update(family="dflash", block_size=a.block_size, mask_token_id=a.mask_token_id, num_layers=DFLASH_LAYERS,
-                   max_anchors=a.anchors * a.batch_size)
+    job = speculators_job(run, feats, vocab, batches, a)
     (run / "job.json").write_text(json.dumps(job))
     wall, peak = wait_peak([str(SPEC_PY), str(HERE / "peer_speculators_arm.py"), str(run / "job.json")],
                            run.with_suffix(".log"))
