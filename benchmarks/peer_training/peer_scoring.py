@@ -65,7 +65,7 @@ class Scorer:
             shape = proposal_shape(draft.contract, None)
         else:
             shape = TreeShape.chain(K)
-        depth = shape.num_draft_tokens
+        depth = shape.num_steps  # drafted tokens per round (num_draft_tokens counts the root too)
         st = ew.measure_tau(self.target, draft, self.prompts, shape, self.a.max_new_tokens)
         acc = st.accepted
         return {"tau_online": round(st.tau, 4), "per_position_online": [round(x, 4) for x in st.per_position(depth)],
