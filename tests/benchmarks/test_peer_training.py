@@ -2,6 +2,7 @@
 exactly the ones eaglewire's trainer takes, step by step, for the same samples, batch size and seed."""
 
 import argparse
+from pathlib import Path
 
 import torch
 
@@ -50,8 +51,8 @@ def test_dflash_arms_train_the_same_draft():
 
     from eaglewire.contract import to_engine
     from eaglewire.train.config import knob_fields
-    from peer_speculators_arm import family_cli
-    from peer_training import family_options, speculators_job
+    from benchmarks.peer_training.peer_speculators_arm import family_cli
+    from benchmarks.peer_training.peer_training import family_options, speculators_job
 
     taps = (3, 10, 16, 22, 29)
     a = argparse.Namespace(family="dflash", block_size=8, anchors=32, batch_size=4, ttt=3, mask_token_id=16,

@@ -180,7 +180,7 @@ def test_bf16_export_keeps_dtype(tmp_path, target, drafted):
 
 def test_speculators_own_architecture_name_reads_as_its_layout(tmp_path, target, drafted):
     """speculators 0.9.0's DFlashDraftModel.save_pretrained writes architectures ["DFlashDraftModel"] (z-lab's
-    name) beside speculators_model_type "dflash" (benchmarks/peer_training.py --family dflash reads a real one):
+    name) beside speculators_model_type "dflash" (benchmarks/peer_training/peer_training.py --family dflash reads a real one):
     the speculators layout is recognised by its model type, and read the same."""
     from eaglewire.export.block import block_layout
 
