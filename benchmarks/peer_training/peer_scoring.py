@@ -29,12 +29,25 @@ class Scorer:
         from benchmarks.recipe.heldout_gap import bench_sample
 
         self.target, self.heldout, self.a = target, heldout, a
-        self.answers = bench_sample(target, a.prompts, a.max_new_tokens)  # [question + vanilla answer] each
+        self.dflash = getattr(a, "family", "eagle3") == "dflash"
+        # [question + vanilla answer] each (EAGLE-3's offline walk; a block draft is scored online)
+        self.answers = None if self.dflash else bench_sample(target, a.prompts, a.max_new_tokens)
         self.prompts = None
 
     def load(self, arm: str, run: Path):
         """The trained draft in eaglewire's model: native, or speculators' checkpoint through the vLLM import
-        (taps given: they are the features' own, not re-measured)."""
+        (taps given: they are the features' own, not re-measured). A DFlash draft of speculators': its
+        DFlashSpeculator checkpoint through eaglewire's import of the vLLM/speculators block layout."""
+        if arm == "speculators" and self.dflash:
+            from eaglewire.export.block import import_block_draft
+
+            draft, contract = import_block_draft(run / "draft", "vllm", family="dflash", target=self.target)
+            want = self.a.contract.block
+            if list(contract.taps) != list(self.a.taps) or (contract.block.block_size, contract.block.mask_token_id) \
+                    != (want.block_size, want.mask_token_id):
+                raise SystemExit(f"speculators' DFlash checkpoint reads back with taps {contract.taps} and block "
+                                 f"{contract.block}; trained with {self.a.taps} and {self.a.contract.block}")
+            return draft.float()
         if arm == "speculators":
             draft, _ = import_draft(run / "draft", "vllm", target=self.target, taps=tuple(self.a.taps))
             draft.attach_embedding(self.target.embedding())
@@ -42,18 +55,29 @@ class Scorer:
         return load_checkpoint(run / "draft", target=self.target).float()
 
     def online(self, draft) -> dict:
-        """SpecDecoder with a greedy k-chain on the same questions: tau and acceptance per position."""
+        """SpecDecoder with a greedy k-chain (a DFlash draft: its whole block, the family's shape) on the same
+        questions: tau and acceptance per position."""
         if self.prompts is None:
             self.prompts = bench_prompts(self.target, "mtbench", self.a.prompts)  # the questions bench_sample asks
-        st = ew.measure_tau(self.target, draft, self.prompts, TreeShape.chain(K), self.a.max_new_tokens)
+        if self.dflash:
+            from eaglewire.compose import proposal_shape
+
+            shape = proposal_shape(draft.contract, None)
+        else:
+            shape = TreeShape.chain(K)
+        depth = shape.num_steps  # drafted tokens per round (num_draft_tokens counts the root too)
+        st = ew.measure_tau(self.target, draft, self.prompts, shape, self.a.max_new_tokens)
         acc = st.accepted
-        return {"tau_online": round(st.tau, 4), "per_position_online": [round(x, 4) for x in st.per_position(K)],
+        return {"tau_online": round(st.tau, 4), "per_position_online": [round(x, 4) for x in st.per_position(depth)],
                 "verify_steps": len(acc)}
 
     def score(self, arm: str, run: Path, online: bool) -> dict:
         from benchmarks.recipe.heldout_gap import agreement
 
         draft = self.load(arm, run)
+        if self.dflash:  # tau is the online one (the offline walk and held-out top-1 are EAGLE-3's TTT scores)
+            on = self.online(draft)
+            return {"tau": on["tau_online"], "chain_every_position": on["per_position_online"], **on}
         held = agreement(draft, self.target, self.heldout, K)
         bench = agreement(draft, self.target, self.answers, K)
         probe = run / "probe.safetensors"
@@ -65,10 +89,10 @@ class Scorer:
 
 def write_results(rows: list[dict], a: argparse.Namespace) -> None:
     a.out.mkdir(parents=True, exist_ok=True)
-    setup = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()}
+    setup = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items() if k != "contract"}
     (a.out / "peer_training.json").write_text(json.dumps({"cpu": describe_cpu(), "setup": setup, "rows": rows,
                                                           "projections": projections(rows)}, indent=2) + "\n")
-    (a.out / "table.md").write_text(table(rows))
+    (a.out / "table.md").write_text(dflash_table(rows) if getattr(a, "family", "eagle3") == "dflash" else table(rows))
     plot(rows, a.out / "peer_training.png")
 
 
@@ -96,6 +120,18 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines + ["", "each eaglewire arm / speculators:"] + ratios
                      + ["", "projection (not a measurement): tau - 1 fitted linear in ln(trained tokens) over each "
                         "arm's budgets, at 10x and 100x its largest:"] + proj) + "\n"
+
+
+def dflash_table(rows: list[dict]) -> str:
+    """The DFlash comparison: tau and per-slot acceptance online (a whole block per round); train tok/s as the
+    run measured it (shared cores)."""
+    lines = ["| trainer | budget | steps | trained tokens | tau online | acceptance per slot online | train tok/s | "
+             "peak RSS MB |", "|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["budget"], r["arm"] != "speculators")):
+        per = " / ".join(f"{x:.3f}" for x in r["per_position_online"])
+        lines.append(f"| {r['arm']} | {r['budget']}x | {r['steps']} | {r['tokens']} | {r['tau_online']:.3f} | {per} | "
+                     f"{r['tok_per_s']:.0f} | {r['peak_rss_mb']:.0f} |")
+    return "\n".join(lines) + "\n"
 
 
 def projections(rows: list[dict]) -> dict[str, dict]:

@@ -26,6 +26,24 @@ What of speculators' training code runs, and what does not (and why):
   fills rows nearly full;
 - its `verifier_norm` is an identity here: eaglewire's shards store the target's state AFTER its final norm
   (the state whose head gives the logits), speculators' files the one before it.
+
+DFlash (job "family": "dflash"; speculators' `DFlashDraftModel`, speculators/models/dflash/): the same schema,
+`build_draft_model` -> `DFlashDraftModel.from_training_args` (embedding and full-vocabulary head from the
+verifier, no d2t), `get_trainer_kwargs`, its own forward (`select_anchors` over the packed row, the anchor/block
+mask of `create_anchor_block_mask_mod`, targets from the verifier head one position back, `compute_metrics`:
+its loss and per-position weights) and the same `Trainer.train_epoch`. Its own defaults run where they are a
+recipe (loss `ce`, D-PACE position weights, optimiser, schedule); pinned to eaglewire's draft so that the
+compute is equal: block size, mask token, taps and draft layers (the job's), every layer full attention
+(`full_attention_indices`; its default makes every layer sliding-window, which eaglewire's DFlash does not
+compute), `sliding_window_non_causal` true (it changes nothing here: its mask is non-causal in a full-attention
+layer whatever the flag, attention.py; but its default, false, makes vLLM run every layer causal, and
+eaglewire's import refuses it), and `max_anchors` = eaglewire's anchors per sequence x the step's samples (it draws anchors over the
+packed row, eaglewire per sequence). Changed for a CPU: draft_attn_impl "sdpa" (its default
+"simple_flex_attention" compiles flex attention's block mask, which needs a GPU compiler; "sdpa" takes the
+dense boolean mask flex attention's `create_mask` builds from the same mask mod), loss_implementation "eager";
+its forward's torch.compile is off by itself without CUDA (`conditional_torch_compile`). No preprocess (DFlash
+reads unshifted rows) and no probe (its forward returns a loss, not per-slot tokens): the import is checked by
+the scoring's tau instead.
 """
 
 from __future__ import annotations
@@ -87,14 +105,16 @@ def make_dataset(features: Path, ids: list[str]):
 class ExactPack:
     """speculators' CollateFn with its row length set to this step's total (after the shift): packed, unpadded."""
 
-    def __init__(self, hidden_size: int, num_taps: int) -> None:
+    def __init__(self, hidden_size: int, num_taps: int, family: str = "eagle3") -> None:
         from speculators.models.eagle3 import shift_batch
         from speculators.train.data import CollateFn
 
-        self.inner = CollateFn(1, hidden_size, num_taps, dtype=torch.float32, preprocess=shift_batch)
+        self.shift = 1 if family == "eagle3" else 0  # DFlash reads the rows as captured
+        self.inner = CollateFn(1, hidden_size, num_taps, dtype=torch.float32,
+                               preprocess=shift_batch if self.shift else None)
 
     def __call__(self, batch: list[dict]) -> dict:
-        self.inner.max_len = sum(int(b["input_ids"].shape[0]) - 1 for b in batch)
+        self.inner.max_len = sum(int(b["input_ids"].shape[0]) - self.shift for b in batch)
         return self.inner(batch)
 
 
@@ -107,17 +127,24 @@ def build(job: dict, steps: int):
     from speculators.train.config.schema import TrainConfig
     from speculators.train.trainer import TrainerConfig
 
+    family = job.get("family", "eagle3")
     cli = {"verifier_name_or_path": job["verifier"], "save_path": str(Path(job["out"]) / "ckpt"),
            "draft_attn_impl": "sdpa", "loss_implementation": "eager", "hidden_states_dtype": "float32",
-           "max_steps": steps, "target_layer_ids": job["target_layer_ids"], "ttt_steps": job["ttt_steps"],
+           "max_steps": steps, "target_layer_ids": job["target_layer_ids"], **family_cli(job),
            **job.get("overrides", {})}
     cfg = TrainConfig.from_sources(cli=cli, argv=["peer_speculators_arm.py"])
     args = argparse.Namespace(**cfg.flatten())
     torch.manual_seed(args.seed)
-    vocab = load_file(job["vocab"])
-    d2t, t2d = vocab["d2t"].long(), vocab["t2d"].bool()
-    model_class = SpeculatorModel.registry["eagle3"]
-    model = build_draft_model(args, model_class, t2d, d2t, int(d2t.numel()))
+    if job.get("vocab"):
+        vocab = load_file(job["vocab"])
+        d2t, t2d, v_d = vocab["d2t"].long(), vocab["t2d"].bool(), int(vocab["d2t"].numel())
+    else:  # full vocabulary (DFlash): no mapping, the draft vocab the verifier's (its "no draft vocab" case)
+        from transformers import AutoConfig
+
+        d2t = t2d = None
+        v_d = int(AutoConfig.from_pretrained(job["verifier"]).vocab_size)
+    model_class = SpeculatorModel.registry[family]
+    model = build_draft_model(args, model_class, t2d, d2t, v_d)
     model.verifier_norm = torch.nn.Identity()  # eaglewire stores the post-norm state (module docstring)
     train_kw, val_kw = model_class.get_trainer_kwargs(**vars(args))
     tc = TrainerConfig(num_epochs=1, save_path=args.save_path, lr=args.lr, train_call_kwargs=train_kw,
@@ -132,6 +159,15 @@ def build(job: dict, steps: int):
                        hidden_states_dtype=torch.float32, log_freq=10**9, max_steps=steps)
     resolved = {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, type(None)))}
     return model, tc, resolved
+
+
+def family_cli(job: dict) -> dict:
+    """The family's own settings: TTT depth for eagle3; for DFlash the draft eaglewire trains (module docstring)."""
+    if job.get("family", "eagle3") == "eagle3":
+        return {"ttt_steps": job["ttt_steps"]}
+    return {"speculator_type": "dflash", "block_size": job["block_size"], "mask_token_id": job["mask_token_id"],
+            "num_layers": job["num_layers"], "full_attention_indices": list(range(job["num_layers"])),
+            "max_anchors": job["max_anchors"], "sliding_window_non_causal": True}
 
 
 @torch.no_grad()
@@ -177,7 +213,7 @@ def main() -> None:
         spans.append(list(range(k, k + len(b))))
         k += len(b)
     model, tc, resolved = build(job, len(batches))
-    pack = ExactPack(model.hidden_size, len(job["target_layer_ids"]))
+    pack = ExactPack(model.hidden_size, len(job["target_layer_ids"]), job.get("family", "eagle3"))
     loader = DataLoader(data, batch_sampler=spans, collate_fn=pack, num_workers=0)
     trainer = trainer_mod.Trainer(model, tc, loader, None)
     t0 = time.perf_counter()

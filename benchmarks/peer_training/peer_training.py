@@ -29,6 +29,14 @@ optimizer; `eaglewire_eagle31_fp32` trains in fp32 as speculators does on a CPU 
 where the CPU has it natively); `eaglewire_eagle31_warm2` warms up 2 steps (about speculators' 1%) instead of 20;
 `eaglewire_eagle31_frozen_head` keeps the head at the target's rows, as speculators does.
 
+DFlash (`--family dflash`): the same frame for block drafters. One capture at z-lab's five default taps
+(`eaglewire data capture --family dflash`'s), the full vocabulary (no d2t), the same block size and mask token
+(eaglewire's contract: `pick_mask_token`, 16 for SmolLM2), one draft layer, the same batches in the same
+order; arms `eaglewire` (`eaglewire train --family dflash` with its defaults) and `speculators` (its
+DFlashDraftModel and trainer: what runs, and why, is peer_speculators_arm.py's docstring). Its checkpoint is
+read back through eaglewire's import of the vLLM/speculators DFlash layout (export/block.py). Both drafts are
+scored online only (eaglewire's lossless decoder, a whole block per round: tau and acceptance per slot).
+
 Resumable: every arm keeps its run in ~/.cache/eaglewire/peer_training/ and its scored row in rows/; a rerun
 skips what is finished. `--extra ARM@BUDGET` adds one arm at one budget.
 """
@@ -72,10 +80,21 @@ ARMS: dict[str, list[str]] = {
     "eaglewire_eagle31_frozen_head": ["--norms", "eagle3.1", "--train-only", "body"],
 }
 ARM_NORMS = {"speculators": "speculators", **{arm: opts[1] for arm, opts in ARMS.items()}}
+DFLASH_LAYERS = 1  # both DFlash arms: eaglewire's default draft depth (speculators' is 5; equal compute)
+
+
+def is_dflash(a: argparse.Namespace) -> bool:
+    return a.family == "dflash"
+
+
+def arm_norms(arm: str, a: argparse.Namespace) -> str:
+    return "-" if is_dflash(a) else ARM_NORMS[arm]
 
 
 def run_key(arm: str, budget: int, a: argparse.Namespace) -> str:
     """The name of one arm's run at one budget: a changed setting trains anew."""
+    if is_dflash(a):
+        return f"dflash-{arm}-x{budget}-s{a.base_steps * budget}-b{a.batch_size}-B{a.block_size}-A{a.anchors}-L{a.max_length}"
     return f"{arm}-x{budget}-s{a.base_steps * budget}-b{a.batch_size}-t{a.ttt}-L{a.max_length}"
 
 
@@ -85,6 +104,14 @@ def target_settings(a: argparse.Namespace, target) -> None:
     if not (a.verifier / "config.json").exists():
         target.model.save_pretrained(a.verifier)  # speculators reads the verifier's config, weights and
         target.tokenizer.save_pretrained(a.verifier)  # tokenizer here
+    if is_dflash(a):  # z-lab's five default taps, the mask token eaglewire picks: the one contract both arms use
+        from eaglewire.draft.dflash import default_dflash_contract
+        from eaglewire.export.block import block_format
+
+        a.contract = default_dflash_contract(target, a.block_size)
+        a.taps, a.mask_token_id = list(a.contract.taps), a.contract.block.mask_token_id
+        a.spec_layer_ids = list(a.contract.engine_ids(block_format("dflash", "vllm").convention))
+        return
     a.taps, a.spec_layer_ids = list(TAPS), list(target.contract(TAPS).engine_ids(engine_for("vllm").convention))
 
 
@@ -101,15 +128,20 @@ def prepare(a: argparse.Namespace, target) -> tuple[Path, Path, list[Sample], li
         raise SystemExit(f"the largest budget needs {need} training samples; {SOURCES} has {len(train)} at "
                          f"--max-length {a.max_length}: lower --base-steps or the budgets")
     vocab = work / "vocab.safetensors"
-    if not vocab.exists():
+    if is_dflash(a):
+        vocab = None  # full vocabulary
+    elif not vocab.exists():
         build_vocab(target, samples, DEFAULT_DRAFT_VOCAB, DEFAULT_HELDOUT_FRACTION, vocab, data=SOURCES)
     train, held = train[:need], held[:a.heldout]
     # a capture for more training samples holds these as its prefix (same order, same held-out): reuse it
-    pattern = f"features-L{a.max_length}-n*-h{a.heldout}"
+    tag = "dflash-" if is_dflash(a) else ""
+    pattern = f"{tag}features-L{a.max_length}-n*-h{a.heldout}"
     bigger = sorted((int(d.name.split("-n")[1].split("-")[0]), d) for d in work.glob(pattern)
                     if (d / "manifest.json").exists())
-    feats = next((d for n, d in bigger if n >= need), work / f"features-L{a.max_length}-n{need}-h{a.heldout}")
-    if not (feats / "manifest.json").exists():
+    feats = next((d for n, d in bigger if n >= need), work / f"{tag}features-L{a.max_length}-n{need}-h{a.heldout}")
+    if not (feats / "manifest.json").exists() and is_dflash(a):
+        capture_features(target, a.contract, train + held, feats, pad_id=target.pad_id)
+    elif not (feats / "manifest.json").exists():
         from eaglewire.draft.vocab import load_vocab
 
         contract = target.contract(TAPS, vocab_map=load_vocab(vocab)[0])
@@ -128,11 +160,31 @@ def wait_peak(cmd: list[str], log: Path, env: dict | None = None) -> tuple[float
     return time.perf_counter() - t0, ru.ru_maxrss / 1024
 
 
+def family_options(arm: str, vocab: Path | None, a: argparse.Namespace) -> list[str]:
+    """`eaglewire train` options of the family and arm: DFlash's block, anchors and depth (the speculators
+    job's: `speculators_job`), or EAGLE-3's vocab, TTT depth and the arm's options."""
+    if is_dflash(a):
+        return ["--family", "dflash", "--block-size", str(a.block_size), "--anchors", str(a.anchors),
+                "--num-layers", str(DFLASH_LAYERS)]
+    return ["--vocab", str(vocab), "--ttt-steps", str(a.ttt), *ARMS[arm]]
+
+
+def speculators_job(run: Path, feats: Path, vocab: Path | None, batches: list[list[str]],
+                    a: argparse.Namespace) -> dict:
+    """What peer_speculators_arm.py reads: the features, the batches in order, and the draft's settings."""
+    job = {"features": str(feats), "batches": batches, "vocab": str(vocab) if vocab else None, "out": str(run),
+           "threads": 1, "verifier": str(a.verifier), "target_layer_ids": list(a.spec_layer_ids), "ttt_steps": a.ttt}
+    if is_dflash(a):  # eaglewire's draft and objective size (peer_speculators_arm.py's docstring)
+        job.update(family="dflash", block_size=a.block_size, mask_token_id=a.mask_token_id, num_layers=DFLASH_LAYERS,
+                   max_anchors=a.anchors * a.batch_size)
+    return job
+
+
 def train_eaglewire(run: Path, feats: Path, vocab: Path, steps: int, a: argparse.Namespace, arm: str) -> dict:
     """`eaglewire train` on the first steps x batch training samples of the features, one thread."""
-    args = ["train", "--features", str(feats), "--vocab", str(vocab), "--out", str(run), "--max-steps", str(steps),
-            "--batch-size", str(a.batch_size), "--ttt-steps", str(a.ttt), "--train-limit", str(steps * a.batch_size),
-            "--eval-every", str(steps), "--ckpt-every", str(steps), *ARMS[arm]]
+    args = ["train", "--features", str(feats), "--out", str(run), "--max-steps", str(steps),
+            "--batch-size", str(a.batch_size), "--train-limit", str(steps * a.batch_size),
+            "--eval-every", str(steps), "--ckpt-every", str(steps), *family_options(arm, vocab, a)]
     code = ("import sys, torch; torch.set_num_threads(1); sys.argv = ['eaglewire'] + sys.argv[1:]; "
             "from eaglewire.cli.app import main; main()")
     wall, peak = wait_peak([sys.executable, "-c", code, *args], run.with_suffix(".log"))
@@ -146,14 +198,14 @@ def train_speculators(run: Path, feats: Path, vocab: Path, batches: list[list[st
         raise SystemExit(f"no speculators venv at {SPEC_PY}: bash scripts/speculators_venv.sh "
                          "(or set EAGLEWIRE_SPECULATORS_PYTHON)")
     run.mkdir(parents=True, exist_ok=True)
-    job = {"features": str(feats), "batches": batches, "vocab": str(vocab), "out": str(run), "threads": 1,
-           "verifier": str(a.verifier), "target_layer_ids": list(a.spec_layer_ids), "ttt_steps": a.ttt}
+    job = speculators_job(run, feats, vocab, batches, a)
     (run / "job.json").write_text(json.dumps(job))
     wall, peak = wait_peak([str(SPEC_PY), str(HERE / "peer_speculators_arm.py"), str(run / "job.json")],
                            run.with_suffix(".log"))
     # the trained model's own forward on one sample, for the import check of the scoring (peer_scoring.py)
-    wait_peak([str(SPEC_PY), str(HERE / "peer_speculators_arm.py"), "--probe", str(run / "job.json")],
-              run.with_suffix(".probe.log"))
+    if not is_dflash(a):
+        wait_peak([str(SPEC_PY), str(HERE / "peer_speculators_arm.py"), "--probe", str(run / "job.json")],
+                  run.with_suffix(".probe.log"))
     t = json.loads((run / "train.json").read_text())
     return {"wall_s": wall, "peak_rss_mb": peak, "tok_per_s": t["tok_per_s"], "tokens_seen": t["tokens"],
             "resolved_defaults": t["resolved_defaults"]}
@@ -180,10 +232,13 @@ def main() -> None:
     ap.add_argument("--online", type=int, nargs="*", default=[], metavar="BUDGET",
                     help="budgets also scored online (SpecDecoder; minutes per draft on one thread)")
     ap.add_argument("--arms", default="eaglewire,speculators", help=f"at every budget, of: speculators, {', '.join(ARMS)}")
+    ap.add_argument("--family", default="eagle3", choices=("eagle3", "dflash"), help="the drafter family trained")
+    ap.add_argument("--block-size", type=int, default=8, help="dflash: tokens per block (both arms)")
+    ap.add_argument("--anchors", type=int, default=32, help="dflash: anchors per sequence (speculators: x batch)")
     ap.add_argument("--extra", nargs="*", default=[], metavar="ARM@BUDGET", help="one more arm at one budget")
     a = ap.parse_args()
     for arm in a.arms.split(",") + [e.split("@")[0] for e in a.extra]:
-        if arm not in ARM_NORMS:
+        if arm not in (("eaglewire", "speculators") if is_dflash(a) else ARM_NORMS):
             raise SystemExit(f"unknown arm {arm!r}: expected one of {', '.join(ARM_NORMS)}")
     torch.set_num_threads(1)
     from benchmarks.peer_training.peer_scoring import Scorer, write_results
@@ -210,7 +265,7 @@ def run_arm(arm: str, budget: int, a: argparse.Namespace, feats: Path, vocab: Pa
     online = "-online" if budget in a.online else ""
     row_path = a.work / "rows" / f"{key}-p{a.prompts}-n{a.max_new_tokens}-h{a.heldout}{online}.json"
     if row_path.exists():
-        return {**json.loads(row_path.read_text()), "norms": ARM_NORMS[arm]}
+        return {**json.loads(row_path.read_text()), "norms": arm_norms(arm, a)}
     batches = step_batches(train, steps, a)
     run = a.work / "runs" / key
     done = run / "result.json"
@@ -224,7 +279,7 @@ def run_arm(arm: str, budget: int, a: argparse.Namespace, feats: Path, vocab: Pa
         r["tokens"] = sum(len(s.input_ids) for b in batches for s in b)
         done.write_text(json.dumps(r, indent=2))
     r = json.loads(done.read_text())
-    row = {"arm": arm, "norms": ARM_NORMS[arm], "budget": budget, "steps": steps, **r,
+    row = {"arm": arm, "norms": arm_norms(arm, a), "family": a.family, "budget": budget, "steps": steps, **r,
            **scorer.score(arm, run, budget in a.online)}
     row_path.parent.mkdir(parents=True, exist_ok=True)
     row_path.write_text(json.dumps(row, indent=2))

@@ -2,6 +2,7 @@
 exactly the ones eaglewire's trainer takes, step by step, for the same samples, batch size and seed."""
 
 import argparse
+from pathlib import Path
 
 import torch
 
@@ -41,3 +42,30 @@ def test_every_eaglewire_arm_is_options_the_trainer_takes():
         for flag, value in zip(opts[::2], opts[1::2]):
             TypeAdapter(knobs[flag]).validate_strings(value)  # KeyError: no such knob; ValidationError: refused
     assert ARM_NORMS["speculators"] == "speculators"
+
+
+def test_dflash_arms_train_the_same_draft():
+    """--family dflash: eaglewire's options are trainer knobs, and the speculators job asks its trainer for the
+    same block, mask token, taps (its numbering: HF indices), depth, all-full attention and anchors per step."""
+    from pydantic import TypeAdapter
+
+    from eaglewire.contract import to_engine
+    from eaglewire.train.config import knob_fields
+    from benchmarks.peer_training.peer_speculators_arm import family_cli
+    from benchmarks.peer_training.peer_training import family_options, speculators_job
+
+    taps = (3, 10, 16, 22, 29)
+    a = argparse.Namespace(family="dflash", block_size=8, anchors=32, batch_size=4, ttt=3, mask_token_id=16,
+                           verifier=Path("v"), spec_layer_ids=list(to_engine(taps, "vllm", 30)))
+    opts = family_options("eaglewire", None, a)
+    knobs = {"--" + name.replace("_", "-"): annotation for name, (annotation, _) in knob_fields("cli").items()}
+    for flag, value in zip(opts[::2], opts[1::2]):
+        TypeAdapter(knobs[flag]).validate_strings(value)
+    ours = dict(zip(opts[::2], opts[1::2]))
+    job = speculators_job(Path("r"), Path("f"), None, [["s0"]], a)
+    theirs = family_cli(job)
+    assert job["vocab"] is None and theirs["speculator_type"] == "dflash"
+    assert (theirs["block_size"], theirs["num_layers"]) == (int(ours["--block-size"]), int(ours["--num-layers"]))
+    assert theirs["mask_token_id"] == 16 and theirs["max_anchors"] == 32 * 4
+    assert theirs["full_attention_indices"] == list(range(theirs["num_layers"])) and theirs["sliding_window_non_causal"]
+    assert job["target_layer_ids"] == list(taps)  # speculators: HF hidden_states index = boundary

@@ -139,6 +139,10 @@ CONFIG_DAMAGE = [
     ("zlab", "wrong arch", lambda c: c.update(architectures=["LlamaForCausalLMEagle3"]), CheckpointError,
      "not a zlab"),
     ("zlab", "block size", lambda c: c.pop("block_size"), CheckpointError, "block_size"),
+    ("zlab", "speculators type", lambda c: c.update(speculators_model_type="dflash"), CheckpointError, "not a zlab"),
+    ("vllm", "no speculators type", lambda c: c.pop("speculators_model_type"), CheckpointError, "not a vllm"),
+    ("vllm", "wrong arch", lambda c: c.update(architectures=["LlamaForCausalLMEagle3"]), CheckpointError,
+     "not a vllm"),
     ("vllm", "speculators default", lambda c: c.update(sliding_window_non_causal=False), CheckpointError,
      "causal"),
     ("vllm", "anchor-first", lambda c: c.update(sample_from_anchor=True), CheckpointError, "anchor"),
@@ -172,6 +176,22 @@ def test_bf16_export_keeps_dtype(tmp_path, target, drafted):
     out = export_block_draft(drafted, drafted.contract, tmp_path / "b", "zlab", dtype=torch.bfloat16)
     back, _ = import_block_draft(out, "zlab", target=target)
     assert all(v.dtype == torch.bfloat16 for v in back.state_dict().values())
+
+
+def test_speculators_own_architecture_name_reads_as_its_layout(tmp_path, target, drafted):
+    """speculators 0.9.0's DFlashDraftModel.save_pretrained writes architectures ["DFlashDraftModel"] (z-lab's
+    name) beside speculators_model_type "dflash" (benchmarks/peer_training/peer_training.py --family dflash reads a real one):
+    the speculators layout is recognised by its model type, and read the same."""
+    from eaglewire.export.block import block_layout
+
+    out = export_block_draft(drafted, drafted.contract, tmp_path / "v", "vllm")
+    _edit(out, lambda c: c.update(architectures=["DFlashDraftModel"]))
+    config = json.loads((out / "config.json").read_text())
+    assert block_layout(config) == "vllm" and block_layout(config, drafted.contract) == "vllm"
+    back, contract = import_block_draft(out, "vllm", target=target)
+    assert _same(back, drafted) and contract == drafted.contract
+    with pytest.raises(CheckpointError, match="not a zlab"):
+        import_block_draft(out, "zlab", target=target)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -69,6 +69,16 @@ BLOCK_FORMATS: dict[str, dict[str, BlockFormat]] = {"dflash": {f.name: f for f i
 )}}
 BLOCK_ALIASES = {"speculators": "vllm"}
 FAMILY_OF_ARCH = {ZLAB_ARCH: "dflash", SPECULATORS_ARCH: "dflash"}  # a config's architecture -> its family
+# What names a speculators-layout config is `speculators_model_type` (vLLM's speculators loader keys on it and
+# rewrites `architectures` itself, algos.py update_dflash); speculators 0.9.0's own save_pretrained writes its
+# model class, DFlashDraftModel, z-lab's architecture name. Either architecture is read.
+SPECULATORS_TYPE = "dflash"
+SPECULATORS_ARCHS = ([SPECULATORS_ARCH], [ZLAB_ARCH])
+
+
+def is_speculators_config(config: dict[str, Any]) -> bool:
+    """A DFlash config in speculators' layout (its own writer's or eaglewire's vLLM export)."""
+    return config.get("speculators_model_type") == SPECULATORS_TYPE and config.get("architectures") in SPECULATORS_ARCHS
 
 
 # Block drafters of families eaglewire reads (the doctor) but does not compute: speculators_model_type or
@@ -99,7 +109,7 @@ def block_layout(config: dict[str, Any], side: WiringContract | None = None) -> 
     SGLang's share theirs, so the contract side file (`side`) decides by the convention whose ids the config
     holds (where both read the same ids, either reads it the same). No side file: z-lab's, the publisher's
     layout; another layout is then imported with `eaglewire import --format`."""
-    if config.get("architectures") == [SPECULATORS_ARCH]:
+    if is_speculators_config(config):
         return "vllm"
     ids = _path(config, BLOCK_FORMATS["dflash"]["zlab"].ids_at)
     if side is not None:
@@ -316,10 +326,17 @@ def import_block_draft(directory: Path, fmt_name: str, *, family: str = "dflash"
     fmt, directory = block_format(family, fmt_name), Path(directory)
     where = f"{fmt.name} {family} export {directory}"
     config = read_json(directory / "config.json")
-    arch = SPECULATORS_ARCH if fmt.style == "speculators" else ZLAB_ARCH
-    if config.get("architectures") != [arch]:
-        raise CheckpointError(f"{where} is not a {fmt.name} DFlash config", expected=f"architectures [{arch!r}]",
-                              found=repr(config.get("architectures")), fix="import it with the format that wrote it")
+    if fmt.style == "speculators":
+        ok, expected = is_speculators_config(config), (f"speculators_model_type {SPECULATORS_TYPE!r}, architectures "
+                                                       f"[{SPECULATORS_ARCH!r}] or [{ZLAB_ARCH!r}]")
+    else:
+        ok = config.get("architectures") == [ZLAB_ARCH] and "speculators_model_type" not in config
+        expected = f"architectures [{ZLAB_ARCH!r}], no speculators_model_type"
+    if not ok:
+        found = f"architectures {config.get('architectures')!r}, speculators_model_type " \
+                f"{config.get('speculators_model_type')!r}"
+        raise CheckpointError(f"{where} is not a {fmt.name} DFlash config", expected=expected, found=found,
+                              fix="import it with the format that wrote it")
     layer = config.get("transformer_layer_config") if fmt.style == "speculators" else config
     _refuse_semantics(fmt, config, layer if isinstance(layer, dict) else {}, where)
     contract = _contract_for(fmt, config, directory, target, where, taps)
