@@ -157,3 +157,13 @@ def test_measured_on_a_dump_with_the_vocab_as_with_the_target(tmp_path, target, 
     bare = save_boundaries(bounds, tmp_path / "bare.safetensors", target.identity)
     _, (f,) = measure_wiring(ins, DumpTarget.from_file(bare))
     assert f.level == "warn" and "no output head" in f.what and "--vocab" in f.fix
+
+
+def test_a_family_without_a_measurement_record_is_said_not_measured(tmp_path, target, trained, monkeypatch):
+    """A drafter family registered before its measurement exists gets an info finding naming it, not a crash
+    and not EAGLE-3's measurement run on the wrong model."""
+    from eaglewire.doctor import measures
+
+    monkeypatch.setattr(measures, "MEASURED", {k: v for k, v in measures.MEASURED.items() if k != "dflash"})
+    m, (f,) = measure_wiring(inspect_dir(_export(tmp_path, trained, "zlab"), None), target)
+    assert m is None and f.level == "info" and "no measurement for the dflash family" in f.what

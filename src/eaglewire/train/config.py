@@ -82,7 +82,7 @@ class TrainConfig:
     num_layers: int = knob(1, "draft decoder layers", ge=1)
     # The drafter family, and DFlash's block objective (train/block.py). CLI-only: the run config's train section
     # is the train stage's cache key, which a new key would change for every EAGLE-3 run made before it.
-    family: str = knob("eagle3", "the drafter family trained (train/objectives.py): eagle3 (chain/tree drafts, TTT "
+    family: str = knob("eagle3", "the drafter family trained: eagle3 (chain/tree drafts, TTT "
                        "loss) or dflash (a block drafter: one pass drafts block_size - 1 tokens)", run=False,
                        choices=FAMILY_NAMES)
     block_size: int = knob(8, "dflash: tokens per draft pass, the anchor included (speculators' default)",
