@@ -172,3 +172,15 @@ def test_a_mutated_feature_directory(made, data):
         r = CliRunner().invoke(app, ["data", "inspect", str(feat), "--no-target"])
         assert r.exit_code in (0, 2) and "Traceback" not in r.output, (r.output, r.exception)
         assert r.exit_code == 0 or name in "".join(r.output.split())
+
+
+def test_a_resumed_capture_recaptures_a_shard_changed_since_it_was_recorded(made, tmp_path):
+    from eaglewire.target.loader import load_target
+
+    feat = _copy(made, tmp_path)
+    DAMAGES["edited, digest kept"][0](feat)  # same layout and ids, other numbers
+    target = load_target(str(made["target"]))
+    capture_features(target, made["contract"], tiny_samples(10), feat, pad_id=0, shard_samples=4,
+                     dtype=torch.float32)
+    assert (feat / S1).read_bytes() == (made["feat"] / S1).read_bytes()  # captured again, not blessed
+    assert len(OfflineFeatures(feat, made["contract"], pad_id=0).sample_ids()) == 10

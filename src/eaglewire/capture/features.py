@@ -178,8 +178,10 @@ def write_feature_dir(out: Path, view: WiringContract, sample_ids: list[str],
     keys to the manifest (an import's source)."""
     fp = view.fingerprint()
     manifest_path = out / "manifest.json"
+    digests: dict[str, str] = {}  # file -> digest an earlier run recorded: a reused shard must still have it
     if manifest_path.exists():
         old = read_manifest(out)
+        digests = {sh["file"]: sh["digest"] for sh in old["shards"] if "digest" in sh}
         view.require_compatible(WiringContract.from_dict(old["contract"]), where=f"features in {out}")
         if old.get("target_dtype", "float32") != target_dtype:
             raise ContractMismatch(f"features in {out} were captured with the target in another dtype",
@@ -191,7 +193,8 @@ def write_feature_dir(out: Path, view: WiringContract, sample_ids: list[str],
     for k in range(n_shards):
         ids = sample_ids[k * shard_samples:(k + 1) * shard_samples]
         path = _shard_path(out, k)
-        if not _shard_ok(path, fp, ids):
+        recorded = digests.get(path.name)  # a shard changed since it was recorded is captured again
+        if not _shard_ok(path, fp, ids) or recorded is not None and sampled_digest(path) != recorded:
             atomic_save_safetensors(build(k, ids), path,
                                     {"format": FORMAT, "contract": fp, "sample_ids": json.dumps(ids)})
         with open_safetensors(path, what="a feature shard", error=ContractMismatch) as f:
