@@ -132,7 +132,7 @@ def config_ids(layout: Engine, config: dict[str, Any], where: str = "config.json
         raise CheckpointError(f"{where}: {layout.id_keys[0]} is not a list of layer ids",
                               expected=f"a list of 1 to {SIZE_LIMITS['num_taps']} integers",
                               found=repr(node)[:80], fix="re-export from the native draft (eaglewire export)")
-    return node
+    return None if node is None else [int(i) for i in node]
 
 
 def _rope_theta(base: dict[str, Any]) -> float:
