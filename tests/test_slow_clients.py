@@ -125,7 +125,7 @@ def _readable_closed(s: socket.socket) -> bool:
 
 def test_slow_clients_beyond_the_cap_do_not_lock_out_a_normal_client(tok):
     httpd, srv = _start(tok, deadline=30.0, max_connections=8)
-    port, stop, slow_opened = httpd.server_address[1], threading.Event(), [0]
+    port, stop, slow_opened, answers = httpd.server_address[1], threading.Event(), [0], []
 
     def trickle():  # keeps 16 connections (twice the cap) sending a header byte every 0.2 s, reopening closed ones
         socks: list[socket.socket] = []
@@ -140,6 +140,7 @@ def test_slow_clients_beyond_the_cap_do_not_lock_out_a_normal_client(tok):
                 try:
                     s.sendall(b"X")
                     if _readable_closed(s):
+                        answers.append(s.recv(4096)[:12])
                         raise OSError
                 except OSError:
                     socks.remove(s)
@@ -162,6 +163,7 @@ def test_slow_clients_beyond_the_cap_do_not_lock_out_a_normal_client(tok):
         assert [a[0] for a in answered] == [200] * 5, answered
         assert max(a[1] for a in answered) < 3.0, answered
         assert slow_opened[0] > 16  # slow connections were closed to make room (and reopened)
+        assert b"HTTP/1.1 408" in answers, answers[:5]  # told why, not reset
     finally:
         stop.set()
         t.join(timeout=10)

@@ -5,8 +5,8 @@
   hold its thread forever);
 - a per-connection budget: after MAX_REQUESTS_PER_CONNECTION requests or MAX_CONNECTION_BYTES read, the
   connection is closed after its current answer;
-- at the connection cap, the connection that has been reading its request the longest is closed to make
-  room, so clients that trickle bytes (reconnecting in a loop) cannot lock out ones that send whole requests;
+- at the connection cap, the connection that has been reading its request the longest is answered 408 and
+  closed to make room, so clients that trickle bytes (reconnecting in a loop) cannot lock out ones that send whole requests;
 - a half-closed client (it shut down its sending side after a complete request) is answered; one that is
   gone is told apart by the reset its kernel sends back to a harmless interim `100 Continue` (PeerWatch).
 """
@@ -54,6 +54,11 @@ class ConnectionTable:
             if time.monotonic() - began < older_than:
                 return False
             del self.reading[sock]
+        try:  # an answer, not a bare reset; never blocking the accepting thread on a client that does not read
+            sock.send(_response(408, "the request was not complete when the server, full, needed its "
+                                     "connection; retry", "timeout"), socket.MSG_DONTWAIT)
+        except OSError:
+            pass
         try:
             sock.shutdown(socket.SHUT_RDWR)  # its blocked read returns: the handler's thread ends
         except OSError:
@@ -134,12 +139,20 @@ class PeerWatch:
             return True
 
 
+def _response(status: int, message: str, kind: str) -> bytes:
+    """A whole JSON error answer that closes the connection (written outside the handler's routes)."""
+    import json
+    from http import HTTPStatus
+
+    body = json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
+    return (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n"
+            f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+
+
 def refuse_busy(sock: socket.socket) -> None:
     """The 503 a connection over the cap gets (then it is closed), rather than a reset."""
-    body = b'{"error": {"message": "too many open connections; retry later", "type": "server_busy", "code": 503}}'
     try:
-        sock.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                     b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        sock.sendall(_response(503, "too many open connections; retry later", "server_busy"))
     except OSError:
         pass
 
