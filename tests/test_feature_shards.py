@@ -182,5 +182,6 @@ def test_a_resumed_capture_recaptures_a_shard_changed_since_it_was_recorded(made
     target = load_target(str(made["target"]))
     capture_features(target, made["contract"], tiny_samples(10), feat, pad_id=0, shard_samples=4,
                      dtype=torch.float32)
-    assert (feat / S1).read_bytes() == (made["feat"] / S1).read_bytes()  # captured again, not blessed
+    with safe_open(str(feat / S1), framework="pt") as a, safe_open(str(made["feat"] / S1), framework="pt") as b:
+        assert torch.equal(a.get_tensor("final_hidden"), b.get_tensor("final_hidden"))  # captured again
     assert len(OfflineFeatures(feat, made["contract"], pad_id=0).sample_ids()) == 10

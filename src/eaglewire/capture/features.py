@@ -182,7 +182,8 @@ def write_feature_dir(out: Path, view: WiringContract, sample_ids: list[str],
     if manifest_path.exists():
         old = read_manifest(out)
         digests = {sh["file"]: sh["digest"] for sh in old["shards"] if "digest" in sh}
-        view.require_compatible(WiringContract.from_dict(old["contract"]), where=f"features in {out}")
+        view.require_compatible(WiringContract.from_dict(old["contract"]),
+                                where=f"features in {out / 'manifest.json'}")
         if old.get("target_dtype", "float32") != target_dtype:
             raise ContractMismatch(f"features in {out} were captured with the target in another dtype",
                                    expected=old.get("target_dtype", "float32"), found=target_dtype,
@@ -293,7 +294,8 @@ class OfflineFeatures:
         self.dir, self.pad_id = Path(directory), pad_id
         manifest = read_manifest(self.dir)
         self.view = features_view(contract)
-        self.view.require_compatible(WiringContract.from_dict(manifest["contract"]), where=f"features in {directory}")
+        self.view.require_compatible(WiringContract.from_dict(manifest["contract"]),
+                                     where=f"features in {self.dir / 'manifest.json'}")
         self.manifest = manifest
         # every shard checked against the manifest before a batch is drawn: the reader `data inspect` uses too
         shards = check_feature_dir(self.dir, manifest, self.view.fingerprint(), len(self.view.taps))

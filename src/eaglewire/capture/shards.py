@@ -102,14 +102,17 @@ def check_shard(path: Path, entry: dict[str, Any], fingerprint: str, num_taps: i
         raise _refuse(path, f"the shard {path.name} the manifest lists", "no such file" if not path.exists()
                       else "not a regular file")
     if "digest" in entry and sampled_digest(path) != entry["digest"]:
-        raise _refuse(path, f"the shard as captured (size:sampled sha256 {entry['digest'][:40]}...)",
-                      f"another file ({sampled_digest(path)[:40]}...): edited, cut or replaced since capture")
+        raise _refuse(path, f"the shard manifest.json records (size:sampled sha256 {entry['digest'][:40]}...)",
+                      f"another file ({sampled_digest(path)[:40]}...): the shard (or manifest.json's record of "
+                      "it) was edited, cut or replaced since capture")
     with open_safetensors(path, what=WHAT, error=ContractMismatch) as f:
         md = f.metadata()
         if md.get("contract") != fingerprint:
-            raise ContractMismatch(f"{path} was captured for another wiring contract",
-                                   expected=f"contract {fingerprint}", found=f"contract {md.get('contract')}",
-                                   fix="point --features at features captured for this contract")
+            raise ContractMismatch(f"{path} was captured for another wiring contract than its manifest.json "
+                                   "and this command name", expected=f"contract {fingerprint}",
+                                   found=f"contract {md.get('contract')} (the shard's metadata)",
+                                   fix="point --features at features captured for this contract; if "
+                                       "manifest.json was edited, restore it or capture again")
         shapes = _shapes(f, path)
         offsets = f.get_tensor("offsets").long().tolist()
     ids = shard_sample_ids(md, path)

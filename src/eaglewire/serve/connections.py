@@ -6,7 +6,8 @@
 - a per-connection budget: after MAX_REQUESTS_PER_CONNECTION requests or MAX_CONNECTION_BYTES read, the
   connection is closed after its current answer;
 - at the connection cap, the connection that has been reading its request the longest is answered 408 and
-  closed to make room, so clients that trickle bytes (reconnecting in a loop) cannot lock out ones that send whole requests;
+  closed to make room, so clients that trickle bytes (reconnecting in a loop) cannot lock out ones that send
+  whole requests;
 - a half-closed client (it shut down its sending side after a complete request) is answered; one that is
   gone is told apart by the reset its kernel sends back to a harmless interim `100 Continue` (PeerWatch).
 """
