@@ -187,6 +187,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
+        self.rfile.close()  # socketserver's reader: replaced by one held to each request's deadline
         self.reader = RequestReader(self.connection, getattr(self.server, "table", None), self.timeout)
         self.rfile, self.served = io.BufferedReader(self.reader), 0
         self.watch = PeerWatch(self.connection, interim_ok=False)
