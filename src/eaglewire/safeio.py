@@ -77,6 +77,7 @@ def atomic_save_safetensors(tensors: dict[str, torch.Tensor], path: Path,
 _PICKLE_PROTO = b"\x80"  # pickle protocol >= 2 opcode: what torch.save/pickle.dump write first
 _ZIP_MAGIC = b"PK\x03\x04"  # torch.save's zip container (a pickle inside)
 _MAX_JSON_BYTES = 64 << 20  # configs, manifests, contracts: far below this; a bigger one is not ours
+_MAX_HEADER_BYTES = 100_000_000  # a safetensors JSON header: the format's own cap (its reader refuses more)
 
 
 def damaged(path: Path | str, what: str, expected: str, found: str, fix: str | None = None,
@@ -263,6 +264,9 @@ def open_safetensors(path: Path | str, *, what: str,
     with open(path, "rb") as fh:
         head = fh.read(16)
     n = int.from_bytes(head[:8], "little") if len(head) >= 8 else -1
+    if n > _MAX_HEADER_BYTES:  # checked before safetensors reads (and allocates) the header
+        raise damaged(path, what, f"a safetensors header of at most {_MAX_HEADER_BYTES} bytes (safetensors' own "
+                      "limit)", f"a header length of {n} bytes in a file of {size}", error=error)
     if n < 2 or 8 + n > size or head[8:9] != b"{":
         found = "an empty file" if size == 0 else _sniff(head) if n < 0 or head[8:9] != b"{" else \
             f"a header of {n} bytes in a file of {size} (cut off?)"

@@ -61,11 +61,12 @@ def draft_vocab(draft_dir: Path) -> VocabMap:
     """A native draft's own vocabulary map (d2t/t2d read by name, validated): what a warm start keeps."""
     from eaglewire.export.checkpoint import WEIGHTS, read_checkpoint_config
     from eaglewire.errors import CheckpointError
-    from eaglewire.safeio import open_safetensors
+    from eaglewire.safeio import about_file, open_safetensors
 
     read_checkpoint_config(Path(draft_dir))  # a clear error for anything but a native checkpoint
     with open_safetensors(Path(draft_dir) / WEIGHTS, what="draft weights", error=CheckpointError) as f:
-        return VocabMap(d2t=f.get_tensor("d2t"), t2d=f.get_tensor("t2d"))
+        with about_file(Path(draft_dir) / WEIGHTS):  # the map's own checks name no file
+            return VocabMap(d2t=f.get_tensor("d2t"), t2d=f.get_tensor("t2d"))
 
 
 def feature_source(target: Any, contract: WiringContract, features: Path | None,

@@ -1,8 +1,8 @@
 """The request parser (serve/chat_requests.py) with drawn input: Content-Length accepts ASCII digits only (a
 Unicode digit is a 400, never a dropped connection), every accepted temperature/top_p gives the sampler finite
 probabilities (the rest is a 400 naming the field), and rendering refuses more than MAX_MESSAGES messages and is
-one pass over the rendered text. No server is started: the whole-request deadline, per-connection budget and
-slow-client test of issue 50 are not covered here."""
+one pass over the rendered text. No server is started here: the whole-request deadline, per-connection budget,
+half-close and slow-client tests are in test_slow_clients.py."""
 
 import math
 

@@ -32,9 +32,10 @@ from eaglewire.families import DEFAULT_FAMILY
 from eaglewire.norms import NormFlags
 from eaglewire.data.samples import Sample
 from eaglewire.errors import ContractMismatch
-from eaglewire.safeio import about_file, atomic_save_safetensors, atomic_write_json, damaged, field_of, open_safetensors, \
-    read_json_object
+from eaglewire.safeio import about_file, atomic_save_safetensors, atomic_write_json, field_of, open_safetensors, \
+    read_json_object, sampled_digest
 from eaglewire.capture.hooks import capture
+from eaglewire.capture.shards import SHARD_GLOB, check_feature_dir, shard_sample_ids
 from eaglewire.target.loader import Target
 
 FORMAT = "eaglewire.features/1"
@@ -108,19 +109,6 @@ def _shard_ok(path: Path, fingerprint: str, ids: list[str]) -> bool:
     return shard_sample_ids(md, path) == ids
 
 
-def shard_sample_ids(md: dict[str, str], path: Path) -> list[str]:
-    """A shard's sample ids (its metadata): a JSON list of strings, or a clear error naming the shard."""
-    try:
-        ids = json.loads(md.get("sample_ids", "[]"))
-    except (json.JSONDecodeError, RecursionError):
-        ids = None
-    if not (isinstance(ids, list) and all(isinstance(i, str) for i in ids)):
-        raise damaged(path, "a feature shard", "metadata 'sample_ids': a JSON list of strings",
-                      repr(md.get("sample_ids"))[:80], "capture the features again (eaglewire data capture)",
-                      ContractMismatch)
-    return ids
-
-
 def target_top1(head: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
     """The target's argmax token at each position: head [V, H] x hidden [T, H] -> [T] int32.
 
@@ -190,9 +178,12 @@ def write_feature_dir(out: Path, view: WiringContract, sample_ids: list[str],
     keys to the manifest (an import's source)."""
     fp = view.fingerprint()
     manifest_path = out / "manifest.json"
+    digests: dict[str, str] = {}  # file -> digest an earlier run recorded: a reused shard must still have it
     if manifest_path.exists():
         old = read_manifest(out)
-        view.require_compatible(WiringContract.from_dict(old["contract"]), where=f"features in {out}")
+        digests = {sh["file"]: sh["digest"] for sh in old["shards"] if "digest" in sh}
+        view.require_compatible(WiringContract.from_dict(old["contract"]),
+                                where=f"features in {out / 'manifest.json'}")
         if old.get("target_dtype", "float32") != target_dtype:
             raise ContractMismatch(f"features in {out} were captured with the target in another dtype",
                                    expected=old.get("target_dtype", "float32"), found=target_dtype,
@@ -203,20 +194,39 @@ def write_feature_dir(out: Path, view: WiringContract, sample_ids: list[str],
     for k in range(n_shards):
         ids = sample_ids[k * shard_samples:(k + 1) * shard_samples]
         path = _shard_path(out, k)
-        if not _shard_ok(path, fp, ids):
+        recorded = digests.get(path.name)  # a shard changed since it was recorded is captured again
+        if not _shard_ok(path, fp, ids) or recorded is not None and sampled_digest(path) != recorded:
             atomic_save_safetensors(build(k, ids), path,
                                     {"format": FORMAT, "contract": fp, "sample_ids": json.dumps(ids)})
         with open_safetensors(path, what="a feature shard", error=ContractMismatch) as f:
             tokens = int(f.get_tensor("offsets")[-1])
-        shards.append({"file": path.name, "samples": len(ids), "tokens": tokens})
+        shards.append({"file": path.name, "samples": len(ids), "tokens": tokens, "digest": sampled_digest(path)})
         if on_shard:
             on_shard(k + 1, n_shards, tokens)
+    _drop_stale_shards(out, n_shards, fp)
     manifest = {"format": FORMAT, "contract": view.to_dict(), "shards": shards, "target_dtype": target_dtype,
                 "store_dtype": str(store_dtype).removeprefix("torch."),
                 "tokens": sum(s["tokens"] for s in shards), "samples": len(sample_ids),
                 "tap_stats": _tap_stats(out, shards, view.taps), **(extra or {})}
     atomic_write_json(manifest_path, manifest)
     return manifest
+
+
+def _drop_stale_shards(out: Path, n_shards: int, fingerprint: str) -> None:
+    """Shards past the last one of this capture: a re-capture of fewer samples into the same --out leaves its
+    earlier run's tail, which readers would refuse as unlisted. Those this contract's captures wrote are
+    removed (this command's own earlier output); any other shard file is refused, never deleted."""
+    for path in sorted(out.glob(SHARD_GLOB)):
+        if path.name in {_shard_path(out, k).name for k in range(n_shards)}:
+            continue
+        with open_safetensors(path, what="a feature shard", error=ContractMismatch) as f:
+            md = f.metadata()
+        if md.get("format") != FORMAT or md.get("contract") != fingerprint:
+            raise ContractMismatch(f"{out} holds a shard file this capture did not write: {path.name}",
+                                   expected=f"shard-00000 .. shard-{n_shards - 1:05d} of contract {fingerprint}",
+                                   found=f"{path.name} (format {md.get('format')}, contract {md.get('contract')})",
+                                   fix="move it out, or capture into a new --out")
+        path.unlink()
 
 
 def _tap_stats(out: Path, shards: list[dict], taps: tuple[int, ...]) -> dict:
@@ -259,6 +269,8 @@ def read_manifest(directory: Path) -> dict:
             if field_of(sh, key, int, where=f"{where}: shards", error=ContractMismatch) < 0:
                 raise ContractMismatch(f"{where}: a shard with a negative {key} count", expected=f"{key} >= 0",
                                        found=str(sh[key]), fix="capture the features again")
+        if "digest" in sh:  # manifests written before digests were recorded have none
+            field_of(sh, "digest", str, where=f"{where}: shards", error=ContractMismatch)
     return manifest
 
 
@@ -282,19 +294,14 @@ class OfflineFeatures:
         self.dir, self.pad_id = Path(directory), pad_id
         manifest = read_manifest(self.dir)
         self.view = features_view(contract)
-        self.view.require_compatible(WiringContract.from_dict(manifest["contract"]), where=f"features in {directory}")
+        self.view.require_compatible(WiringContract.from_dict(manifest["contract"]),
+                                     where=f"features in {self.dir / 'manifest.json'}")
         self.manifest = manifest
-        self.index: dict[str, tuple[int, int]] = {}
-        self.stores_target_top1 = True  # every shard holds target_top1: training needs V_d head rows only
-        for k, sh in enumerate(manifest["shards"]):
-            with open_safetensors(self.dir / sh["file"], what="a feature shard", error=ContractMismatch) as f:
-                md = f.metadata()
-                self.stores_target_top1 &= "target_top1" in f.keys()
-            if md.get("contract") != self.view.fingerprint():
-                raise ContractMismatch(f"shard {sh['file']} was captured for another wiring contract",
-                                       expected=self.view.fingerprint(), found=str(md.get("contract")))
-            for j, sid in enumerate(shard_sample_ids(md, self.dir / sh["file"])):
-                self.index[sid] = (k, j)
+        # every shard checked against the manifest before a batch is drawn: the reader `data inspect` uses too
+        shards = check_feature_dir(self.dir, manifest, self.view.fingerprint(), len(self.view.taps))
+        self.stores_target_top1 = all(s.has_top1 for s in shards)  # then training needs V_d head rows only
+        self.index: dict[str, tuple[int, int]] = {sid: (k, j) for k, s in enumerate(shards)
+                                                  for j, sid in enumerate(s.sample_ids)}
         # Batches draw samples from random shards, so shards stay in memory once read (a few GB on CPU
         # runs); `max_cached_shards` bounds that for large captures (least recently used are dropped).
         self._cache: dict[int, dict[str, torch.Tensor]] = {}

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-from safetensors import safe_open
 
 from eaglewire.errors import EaglewireError
+from eaglewire.safeio import read_safetensors_file
 from eaglewire.vllm_client.server import VllmServer, post_completion
 
 PLUGIN_DIR = Path(__file__).parents[1] / "vllm_client" / "plugins"
@@ -65,8 +65,8 @@ def _read_states(path: Path, deadline: float, srv: VllmServer) -> dict[str, torc
         if not path.is_file():
             raise EaglewireError("vLLM released the lock without writing the hidden states",
                                  expected=str(path), found=f"no file; log {srv.log_path}:\n{srv.log_tail()}")
-        with safe_open(str(path), framework="pt") as f:  # safetensors: tensors only, nothing executed
-            return {k: f.get_tensor(k) for k in f.keys()}
+        # the one guarded reader: tensors only, header bounded, a damaged file named
+        return read_safetensors_file(path, what="vLLM's hidden states")
     finally:
         os.close(fd)
 

@@ -69,24 +69,29 @@ class Generator(Protocol):
 # --------------------------------------------------------------------------------------------------
 
 
+MAX_MEMBER_BYTES = 256 << 20  # one appended batch of records, decompressed (a batch of ShareGPT answers: ~1 MB)
+
+
 def read_done(path: Path, *, repair: bool = False) -> list[dict]:
     """All complete records of a regeneration file. A cut-off trailing gzip member (a killed run: a prefix of
     a valid member) is ignored; with `repair` (only the process that will append next) the file is rewritten
     without it, the cut-off bytes kept beside it first. A damaged member (bad deflate data, CRC, UTF-8 or
     JSON) is an error naming its byte offset, wherever it is: skipping it would drop every intact record
-    after it. Readers must not repair: a writer may be mid-append."""
+    after it, as is a member of over MAX_MEMBER_BYTES. Readers must not repair: a writer may be mid-append."""
     if not path.exists():
         return []
     raw = path.read_bytes()
-    records, pos = [], 0
+    view, records, pos = memoryview(raw), [], 0  # a view: slicing bytes would copy the rest once per member
     while pos < len(raw):
         d = zlib.decompressobj(wbits=31)  # one gzip member
-        try:
-            text = d.decompress(raw[pos:])
+        try:  # at most MAX_MEMBER_BYTES + 1 out: a gzip bomb stops here instead of taking the memory
+            text = d.decompress(view[pos:], MAX_MEMBER_BYTES + 1)
         except zlib.error as err:
             raise _damaged(path, pos, len(raw), f"gzip data error: {err}") from None
+        if len(text) > MAX_MEMBER_BYTES:
+            raise _damaged(path, pos, len(raw), f"a member of over {MAX_MEMBER_BYTES} bytes (MAX_MEMBER_BYTES)")
         if not d.eof:
-            break  # a prefix of a member: what a kill during append_records leaves
+            break  # a prefix of a member (all its bytes read, the limit not reached): a kill during append_records
         try:
             # split on "\n" only: str.splitlines also breaks at U+2028, U+0085, ... which json.dumps
             # (ensure_ascii=False) leaves raw inside strings; that once made a reader stop at such a record

@@ -107,8 +107,9 @@ class DraftConfig:
         data["norm"] = NormFlags(**data["norm"])
         return cls(**data)
 
-    def require_matches(self, contract: WiringContract) -> None:
-        """The architecture must be the one the contract describes (fc width, vocab sizes, norm flags)."""
+    def require_matches(self, contract: WiringContract, where: str | None = None) -> None:
+        """The architecture must be the one the contract describes (fc width, vocab sizes, norm flags); `where`
+        names the files both came from in the error."""
         pairs = [("target_hidden_size", self.target_hidden_size, contract.target.hidden_size),
                  ("num_taps", self.num_taps, contract.num_taps),
                  ("vocab_size", self.vocab_size, contract.target.vocab_size),
@@ -116,5 +117,8 @@ class DraftConfig:
                  ("norm", self.norm, contract.norm)]
         for name, mine, theirs in pairs:
             if mine != theirs:
-                raise CheckpointError(f"draft config field {name!r} disagrees with the wiring contract",
-                                      expected=f"{name}={theirs!r} (contract)", found=f"{name}={mine!r} (config)")
+                raise CheckpointError((f"{where}: " if where else "") + f"draft config field {name!r} disagrees "
+                                      "with the wiring contract", expected=f"{name}={theirs!r} (contract)",
+                                      found=f"{name}={mine!r} (config)",
+                                      fix="one of the two files was edited after it was written: export again "
+                                          "from the native draft, or restore the files from a copy")

@@ -19,7 +19,7 @@ from eaglewire.draft.config import DraftConfig
 from eaglewire.draft.dflash import DFlashDraft
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import CheckpointError, ContractMismatch
-from eaglewire.safeio import require_finite
+from eaglewire.safeio import about_file, require_finite
 from eaglewire.draft.vocab import validate_vocab_map, vocab_map_sha256
 from eaglewire.target.protocol import TargetInfo
 
@@ -65,7 +65,7 @@ def load_strict(cfg: DraftConfig, contract: WiringContract, tensors: dict[str, t
     embedding: True = the tensors must hold embed_tokens, False = they must not, None = either.
     float_dtype: the float dtype the tensors must have (None: any, as long as it is one).
     target: supplies the embedding when the tensors do not. dtype: cast after loading (None: keep)."""
-    cfg.require_matches(contract)
+    cfg.require_matches(contract, where)
     draft = Eagle3Draft(cfg).fill_nan()
     reference = draft.state_dict()  # detached views sharing storage with the parameters and buffers
     expected = {k for k in reference if k != EMBED_KEY or embedding is not False}
@@ -74,7 +74,8 @@ def load_strict(cfg: DraftConfig, contract: WiringContract, tensors: dict[str, t
     for k, t in tensors.items():
         _check_tensor(k, t, reference[k], floats, where)
     require_finite(tensors, where, CheckpointError)  # NaN or +-inf: a diverged run or a damaged file
-    validate_vocab_map(tensors["d2t"], tensors["t2d"], cfg.vocab_size)
+    with about_file(where):  # the map's own checks see tensors, not the file they came from
+        validate_vocab_map(tensors["d2t"], tensors["t2d"], cfg.vocab_size)
     found = vocab_map_sha256(tensors["d2t"], cfg.vocab_size)
     if found != contract.vocab_map_sha256:
         raise ContractMismatch(f"{where}: d2t is not the vocab map named by the contract",

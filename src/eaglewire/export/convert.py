@@ -74,7 +74,7 @@ def export_draft(draft: Eagle3Draft | DFlashDraft, contract: WiringContract, out
 
 def _contract_for(layout: Engine, config: dict[str, Any], native: dict[str, torch.Tensor], directory: Path,
                   target: TargetInfo | None, flags: NormFlags) -> WiringContract:
-    ids = config_ids(layout, config)
+    ids = config_ids(layout, config, str(directory / "config.json"))
     if ids is None and not layout.hard_coded_taps:
         raise CheckpointError(f"{directory}: the layer-id list is missing from config.json",
                               expected=layout.id_keys[0], found="absent",
@@ -104,7 +104,8 @@ def _vocab_map(native: dict[str, torch.Tensor], directory: Path) -> VocabMap:
         raise CheckpointError(f"{directory}: the vocab map is missing", expected="d2t and t2d tensors",
                               found=f"{'d2t' in native=}, {'t2d' in native=}",
                               fix="without d2t engines map draft id i to target id i")
-    return VocabMap(d2t=native["d2t"], t2d=native["t2d"])
+    with about_file(directory / WEIGHTS):  # the map's own checks name no file
+        return VocabMap(d2t=native["d2t"], t2d=native["t2d"])
 
 
 def import_draft(directory: Path, fmt: str, *, target: TargetInfo | None = None,

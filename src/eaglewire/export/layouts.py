@@ -116,14 +116,23 @@ def make_config(layout: Engine, cfg: DraftConfig, contract: WiringContract, dtyp
     return out
 
 
-def config_ids(layout: Engine, config: dict[str, Any]) -> list[int] | None:
-    """The layer ids where an export for this engine writes them (None: absent, or hard-coded taps)."""
+def config_ids(layout: Engine, config: dict[str, Any], where: str = "config.json") -> list[int] | None:
+    """The layer ids where an export for this engine writes them (None: absent, or hard-coded taps); anything
+    but a list of at most SIZE_LIMITS['num_taps'] ints is refused, naming `where` and the key."""
+    from eaglewire.limits import SIZE_LIMITS
+
     if layout.hard_coded_taps:
         return None
     node: Any = config
     for part in layout.id_keys[0].split("."):
         node = node.get(part) if isinstance(node, dict) else None
-    return node  # type: ignore[no-any-return]  # the config's own list; config_types checks its items
+    ok = node is None or isinstance(node, list) and 0 < len(node) <= SIZE_LIMITS["num_taps"] and all(
+        type(i) is int for i in node)
+    if not ok:
+        raise CheckpointError(f"{where}: {layout.id_keys[0]} is not a list of layer ids",
+                              expected=f"a list of 1 to {SIZE_LIMITS['num_taps']} integers",
+                              found=repr(node)[:80], fix="re-export from the native draft (eaglewire export)")
+    return None if node is None else [int(i) for i in node]
 
 
 def _rope_theta(base: dict[str, Any]) -> float:

@@ -12,9 +12,9 @@ verify round. Binds 127.0.0.1 unless told otherwise.
 
 from __future__ import annotations
 
+import io
 import json
 import queue
-import select
 import socket
 import threading
 import time
@@ -27,13 +27,15 @@ import torch
 
 from eaglewire.tau import acceptance_length
 from eaglewire.serve.spec_metrics import VllmSpecCounters
+from eaglewire.serve.connections import EVICT_AFTER_S, MAX_CONNECTION_BYTES, MAX_REQUESTS_PER_CONNECTION, \
+    REQUEST_DEADLINE_S, ConnectionTable, PeerWatch, RequestReader, refuse_busy
 from eaglewire.serve.chat_requests import BadRequest, Histogram, check_messages, check_params, content_length, \
     parse_body, render_chat, render_prompt
 
 ROUTES = ("/v1/chat/completions", "/v1/completions")
 LISTEN_BACKLOG = 256  # socketserver's default of 5 reset connections of a burst before they were accepted
 MAX_CONNECTIONS = 512  # open connections (one thread each) beyond which a new one gets a 503 and is closed
-READ_TIMEOUT_S = 10.0  # a client that declares a body and does not send it frees its thread after this
+READ_TIMEOUT_S = 10.0  # per socket operation (writes, keep-alive reads); a request's reads: REQUEST_DEADLINE_S
 POLL_S = 0.05  # how often a waiting request checks that its client is still there
 
 
@@ -177,13 +179,32 @@ class Handler(BaseHTTPRequestHandler):
 
     srv: SpecServer
     protocol_version = "HTTP/1.1"
-    timeout = READ_TIMEOUT_S  # socket reads: a half-sent body cannot hold a thread forever
+    timeout = READ_TIMEOUT_S
+    request_deadline_s = REQUEST_DEADLINE_S  # request line + headers + body together (serve/connections.py)
 
     def log_message(self, *args: Any) -> None:  # quiet; /metrics is the record
         pass
 
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # socketserver's reader: replaced by one held to each request's deadline
+        self.reader = RequestReader(self.connection, getattr(self.server, "table", None), self.timeout)
+        self.rfile, self.served = io.BufferedReader(self.reader), 0
+        self.watch = PeerWatch(self.connection, interim_ok=False)
+
+    def handle_one_request(self) -> None:
+        self.reader.begin(self.request_deadline_s)  # the wait for the next request counts towards it
+        try:
+            super().handle_one_request()
+        finally:
+            self.reader.end()
+            self.served += 1
+
     def _send(self, status: int, body: Any, ctype: str = "application/json") -> None:
         data = (json.dumps(body) if ctype == "application/json" else body).encode()
+        if self.served + 1 >= MAX_REQUESTS_PER_CONNECTION or self.reader.bytes >= MAX_CONNECTION_BYTES or \
+                self.watch.half_closed:  # the connection's budget is spent, or it can send nothing more
+            self.close_connection = True
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(data)))
@@ -198,6 +219,7 @@ class Handler(BaseHTTPRequestHandler):
         self._send(err.status, err.body())
 
     def do_GET(self) -> None:  # noqa: N802
+        self.reader.end()
         if self.path == "/metrics":
             with self.srv.lock:
                 text = self.srv.metrics.prometheus()
@@ -211,9 +233,11 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         received, body_read = time.perf_counter(), False
+        self.watch = PeerWatch(self.connection, interim_ok=self.request_version == "HTTP/1.1")
         try:
             n = content_length(self.headers.get("Content-Length"))
             raw = self.rfile.read(n)
+            self.reader.end()  # read in full (or not): no longer held to the request's deadline
             body_read = len(raw) == n
             if not body_read:
                 raise BadRequest(400, f"Content-Length: declared {n} bytes, the body had {len(raw)}",
@@ -229,7 +253,8 @@ class Handler(BaseHTTPRequestHandler):
             return self._error(err)
         except socket.timeout:
             self.close_connection = True
-            return self._error(BadRequest(408, "body: not received in time", "timeout", "body"))
+            return self._error(BadRequest(408, f"body: not received within the request's deadline of "
+                                          f"{self.request_deadline_s:g} s", "timeout", "body"))
         try:
             (self._stream if job.stream else self._complete)(job)
         except (BrokenPipeError, ConnectionResetError, socket.timeout):
@@ -238,22 +263,13 @@ class Handler(BaseHTTPRequestHandler):
             return
         self.srv.metrics.latency.observe(time.perf_counter() - job.received)
 
-    def _client_gone(self) -> bool:
-        """True once the client closed its end (readable with nothing to read). A pipelined next request
-        also reads as readable: that client is still there."""
-        try:
-            ready, _, _ = select.select([self.connection], [], [], 0)
-            return bool(ready) and self.connection.recv(1, socket.MSG_PEEK) == b""
-        except OSError:
-            return True
-
     def _wait(self, job: Job):
         while True:
             try:
                 kind, payload = job.out.get(timeout=POLL_S)
             except queue.Empty:
                 kind = None
-            if self._client_gone():  # checked between tokens too: a closed stream may still accept writes
+            if self.watch.gone():  # checked between tokens too: a closed stream may still accept writes
                 raise ConnectionResetError("client closed the connection")
             if kind is None:
                 continue
@@ -283,6 +299,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Connection", "close")
         self.end_headers()
+        self.watch.answer_started()
         cid, chat, sent = f"chatcmpl-{uuid.uuid4().hex[:12]}", self.path == "/v1/chat/completions", []
         for kind, payload in self._wait(job):
             if kind == "tokens":
@@ -318,23 +335,19 @@ class _Server(ThreadingHTTPServer):
 
     request_queue_size = LISTEN_BACKLOG
     daemon_threads = True
+    max_connections, evict_after = MAX_CONNECTIONS, EVICT_AFTER_S
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.open_connections, self.count_lock = 0, threading.Lock()
+        self.open_connections, self.count_lock, self.table = 0, threading.Lock(), ConnectionTable()
         super().__init__(*args, **kwargs)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        with self.count_lock:
-            full = self.open_connections >= MAX_CONNECTIONS
+        with self.count_lock:  # full: the connection longest in reading one request makes room, if any
+            full = self.open_connections >= self.max_connections and not self.table.evict_oldest(self.evict_after)
             if not full:
                 self.open_connections += 1
         if full:
-            body = b'{"error": {"message": "too many open connections; retry later", "type": "server_busy", "code": 503}}'
-            try:
-                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                                b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-            except OSError:
-                pass
+            refuse_busy(request)
             self.shutdown_request(request)
             return
         super().process_request(request, client_address)
@@ -343,8 +356,15 @@ class _Server(ThreadingHTTPServer):
         try:
             super().process_request_thread(request, client_address)
         finally:
+            self.table.end(request)
             with self.count_lock:
                 self.open_connections -= 1
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        if not isinstance(sys.exc_info()[1], OSError):  # a client gone or cut off mid-answer is no server fault
+            super().handle_error(request, client_address)
 
 
 def serve(srv: SpecServer, host: str = "127.0.0.1", port: int = 8000) -> ThreadingHTTPServer:

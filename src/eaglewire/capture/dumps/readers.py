@@ -47,9 +47,10 @@ from typing import Protocol
 import torch
 from torch.serialization import get_unsafe_globals_in_checkpoint
 
-from eaglewire.capture.features import read_manifest, shard_sample_ids
+from eaglewire.capture.features import read_manifest
+from eaglewire.data.samples import Sample
 from eaglewire.errors import EaglewireError
-from eaglewire.safeio import open_safetensors, read_json_object, read_safetensors_file
+from eaglewire.safeio import read_json_object, read_safetensors_file
 
 POST_NORM = "post-norm"  # the target's final-norm output (what the LM head reads)
 PRE_NORM = "pre-norm"  # the last decoder layer's output before the final norm (boundary L)
@@ -284,39 +285,33 @@ class SpeculatorsDump:
 
 
 class FeatureDirDump:
+    """Our own feature directory, read through `OfflineFeatures`, the reader `train` uses: inspect passes
+    exactly what training would accept (every shard checked against the manifest) and refuses the rest."""
+
     format, last_kind, missing_rows = "eaglewire", POST_NORM, 0
 
     def __init__(self, root: Path) -> None:
+        from eaglewire.capture.features import OfflineFeatures
         from eaglewire.contract import WiringContract
 
         self.root = Path(root)
         self.manifest = read_manifest(self.root)  # every field and its type checked
-        self.declared_taps = WiringContract.from_dict(self.manifest["contract"]).taps
-        self._where: dict[str, tuple[Path, int]] = {}
-        for sh in self.manifest["shards"]:
-            path = self.root / sh["file"]
-            with open_safetensors(path, what="a feature shard") as f:
-                for j, sid in enumerate(shard_sample_ids(f.metadata(), path)):
-                    self._where[sid] = (path, j)
-        self._cache: tuple[Path, dict[str, torch.Tensor]] | None = None  # one shard at a time
+        contract = WiringContract.from_dict(self.manifest["contract"])
+        self.declared_taps = contract.taps
+        self._features = OfflineFeatures(self.root, contract, pad_id=0, max_cached_shards=1)
 
     def ids(self) -> list[str]:
-        return list(self._where)
+        return self._features.sample_ids()
 
     def layout(self) -> str:
         return "eaglewire feature shards (taps [N, n*H], final_hidden [N, H] post-norm)"
 
     def read(self, sid: str) -> DumpSample:
-        path, j = self._where[sid]
-        if self._cache is None or self._cache[0] != path:
-            with open_safetensors(path, what="a feature shard") as f:
-                self._cache = (path, {k: f.get_tensor(k) for k in ("input_ids", "loss_mask", "taps",
-                                                                     "final_hidden", "offsets")})
-        sh = self._cache[1]
-        a, b = int(sh["offsets"][j]), int(sh["offsets"][j + 1])
-        H = sh["final_hidden"].shape[-1]
-        return DumpSample(sid, path, sh["input_ids"][a:b], sh["loss_mask"][a:b],
-                          sh["taps"][a:b].reshape(b - a, -1, H), sh["final_hidden"][a:b], POST_NORM)
+        k, _j = self._features.index[sid]
+        row = self._features.rows([Sample(sid, torch.empty(0), torch.empty(0))])[0]
+        T, H = row["final_hidden"].shape
+        return DumpSample(sid, self.root / self.manifest["shards"][k]["file"], row["input_ids"], row["loss_mask"],
+                          row["taps"].reshape(T, -1, H), row["final_hidden"], POST_NORM)
 
 
 def detect_format(src: Path) -> str:

@@ -1,0 +1,212 @@
+"""The server against slow, half-closing and greedy connections (serve/connections.py): a request must arrive
+whole within its deadline (not per read), clients trickling bytes beyond the connection cap do not lock out a
+client sending whole requests, a half-closed client is answered, a closed one is cancelled, and a connection's
+budget of requests closes it. A fake engine answers (no model): seconds in all. Loopback, ports 18500-18599,
+every loop bounded."""
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from eaglewire.serve import server as server_mod
+from eaglewire.serve.server import Handler, SpecServer, _Server
+
+PORTS = range(18500, 18600)
+
+
+class _Stats:
+    def __init__(self, n: int) -> None:
+        self.verify_steps, self.accepted, self.new_tokens, self.tau = n, [0] * n, n, 1.0
+
+
+def _generate(job, on_tokens):
+    """One token per 20 ms round, up to max_tokens; raises Cancelled (from on_tokens) when the client left."""
+    for _ in range(job.max_tokens):
+        on_tokens([42])
+        time.sleep(0.02)
+    return _Stats(job.max_tokens)
+
+
+class _Tok:
+    """The tokenizer surface the server uses for /v1/completions (a byte per token)."""
+
+    eos_token_id = 0
+
+    def __call__(self, text, split_special_tokens=True):
+        return {"input_ids": list(text.encode())}
+
+    def decode(self, ids, skip_special_tokens=True):
+        return bytes(i for i in ids if i).decode(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return _Tok()
+
+
+def _start(tok, deadline: float = 1.0, max_connections: int = 8):
+    srv = SpecServer(_generate, tok, "tiny", max_tokens_limit=400, max_context=512)
+    handler = type("H", (Handler,), {"srv": srv, "request_deadline_s": deadline})
+    for port in PORTS:  # the first free port of this test's range
+        try:
+            httpd = _Server(("127.0.0.1", port), handler)
+            break
+        except OSError:
+            continue
+    else:
+        pytest.skip("no free port in 18500-18599")
+    httpd.max_connections = max_connections
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    return httpd, srv
+
+
+def _request(max_tokens: int = 2, keep_alive: bool = False) -> bytes:
+    body = json.dumps({"prompt": "Hello", "max_tokens": max_tokens}).encode()
+    return (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+            f"Connection: {'keep-alive' if keep_alive else 'close'}\r\n\r\n").encode() + body
+
+
+def _read_answer(s: socket.socket, limit_s: float = 10.0) -> tuple[int, bytes, bytes]:
+    """(final status, headers, body) of one answer; interim 1xx answers skipped."""
+    s.settimeout(limit_s)
+    data = b""
+    for _ in range(10_000):
+        head, sep, rest = data.partition(b"\r\n\r\n")
+        if sep and head.startswith(b"HTTP/1.1 1"):  # an interim answer: skip it
+            data = rest
+            continue
+        if sep:
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length")), 0)
+            if len(rest) >= length:
+                return int(head.split()[1]), head, rest[:length]
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return 0, data, b""
+
+
+def test_a_trickled_request_is_closed_at_its_deadline_not_per_read(tok):
+    httpd, _ = _start(tok, deadline=1.0)
+    try:
+        body_start = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{"
+        for prefix in (b"", body_start):  # trickling the headers, then trickling the body
+            port = httpd.server_address[1]
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+                t0, closed = time.perf_counter(), False
+                s.sendall(prefix)
+                for _ in range(40):  # a byte every 0.1 s: each read is quick, the request never completes
+                    try:
+                        s.sendall(b"x" if not prefix else b" ")
+                    except OSError:
+                        closed = True
+                        break
+                    time.sleep(0.1)
+                    if _readable_closed(s):
+                        closed = True
+                        break
+                took = time.perf_counter() - t0
+                assert closed and 0.8 < took < 2.5, ("a trickling client held its connection", took)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def _readable_closed(s: socket.socket) -> bool:
+    """The server answered (a 408) or closed: readable."""
+    import select
+
+    return bool(select.select([s], [], [], 0)[0])
+
+
+def test_slow_clients_beyond_the_cap_do_not_lock_out_a_normal_client(tok):
+    httpd, srv = _start(tok, deadline=30.0, max_connections=8)
+    port, stop, slow_opened, answers = httpd.server_address[1], threading.Event(), [0], []
+
+    def trickle():  # keeps 16 connections (twice the cap) sending a header byte every 0.2 s, reopening closed ones
+        socks: list[socket.socket] = []
+        for _ in range(200):
+            if stop.is_set():
+                break
+            while len(socks) < 16:
+                socks.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+                socks[-1].sendall(b"POST /v1/completions HTTP/1.1\r\n")
+                slow_opened[0] += 1
+            for s in list(socks):
+                try:
+                    s.sendall(b"X")
+                    if _readable_closed(s):
+                        answers.append(s.recv(4096)[:12])
+                        raise OSError
+                except OSError:
+                    socks.remove(s)
+                    s.close()
+            time.sleep(0.2)
+        for s in socks:
+            s.close()
+
+    t = threading.Thread(target=trickle, daemon=True)
+    t.start()
+    try:
+        time.sleep(1.5)  # the slow clients fill the server (and reconnect when refused or closed)
+        answered = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+                s.sendall(_request())
+                status, _, body = _read_answer(s)
+            answered.append((status, time.perf_counter() - t0))
+        assert [a[0] for a in answered] == [200] * 5, answered
+        assert max(a[1] for a in answered) < 3.0, answered
+        assert slow_opened[0] > 16  # slow connections were closed to make room (and reopened)
+        assert b"HTTP/1.1 408" in answers, answers[:5]  # told why, not reset
+    finally:
+        stop.set()
+        t.join(timeout=10)
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_a_half_closed_client_is_answered_and_a_closed_one_cancelled(tok):
+    httpd, srv = _start(tok)
+    port = httpd.server_address[1]
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(_request(max_tokens=5))
+            s.shutdown(socket.SHUT_WR)  # nothing more to send: it waits for the answer
+            status, _, body = _read_answer(s)
+        assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 5
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s.sendall(_request(max_tokens=300))  # 6 s of rounds
+        time.sleep(0.1)
+        s.close()
+        t0 = time.perf_counter()
+        while srv.metrics.cancelled == 0:
+            assert time.perf_counter() - t0 < 3, "the closed client's generation ran on"
+            time.sleep(0.02)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_a_connection_is_closed_when_its_request_budget_is_spent(tok, monkeypatch):
+    monkeypatch.setattr(server_mod, "MAX_REQUESTS_PER_CONNECTION", 3)
+    httpd, _ = _start(tok)
+    try:
+        with socket.create_connection(("127.0.0.1", httpd.server_address[1]), timeout=5) as s:
+            heads = []
+            for _ in range(3):
+                s.sendall(_request(keep_alive=True))
+                status, head, _ = _read_answer(s)
+                assert status == 200
+                heads.append(head)
+            assert b"Connection: close" not in heads[1] and b"Connection: close" in heads[2]
+            s.settimeout(5)
+            assert s.recv(1) == b""  # closed by the server
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
