@@ -167,3 +167,15 @@ def test_a_family_without_a_measurement_record_is_said_not_measured(tmp_path, ta
     monkeypatch.setattr(measures, "MEASURED", {k: v for k, v in measures.MEASURED.items() if k != "dflash"})
     m, (f,) = measure_wiring(inspect_dir(_export(tmp_path, trained, "zlab"), None), target)
     assert m is None and f.level == "info" and "no measurement for the dflash family" in f.what
+
+
+def test_the_engine_knobs_are_said_not_predicted_for_a_block_drafter(tmp_path, target, trained, bounds):
+    """With the engine's knobs (a shape), EAGLE-3 also predicts our engine's tau at them; a block drafter's
+    measurement says plainly that it does not, instead of printing a number it did not compute."""
+    from eaglewire.decoding.tree import TreeShape
+
+    shape = TreeShape.chain(3)
+    m, found = measure_wiring(inspect_dir(_export(tmp_path, trained, "zlab"), None), target, bounds=bounds,
+                              shape=shape)
+    assert m is not None and m.delivered == m.best == TRAINED
+    assert [f.level for f in found] == ["info", "info"] and "not predicted for block drafters" in found[1].what
