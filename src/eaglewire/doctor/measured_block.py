@@ -30,7 +30,7 @@ from eaglewire.decoding.tree import TreeShape
 from eaglewire.doctor.checks import decodes
 from eaglewire.doctor.findings import Finding
 from eaglewire.doctor.inspect import Inspection
-from eaglewire.doctor.trained_taps import LEVEL, MARGIN, BLOCK, Measurement, Score, Taps, compare
+from eaglewire.doctor.trained_taps import BLOCK, Measurement, Score, Taps, compare, wiring_finding
 from eaglewire.draft.dflash import DFlashDraft
 from eaglewire.errors import EaglewireError
 from eaglewire.export.block import FAMILY_OF_ARCH, block_layout
@@ -252,23 +252,8 @@ def block_fix(m: Measurement, config: dict[str, Any], engine: str, L: int) -> st
 
 def block_finding(m: Measurement, config: dict[str, Any], engine: str, L: int, how: str) -> Finding:
     """error when the delivered set is clearly worse than the best (trained_taps.py's rule), else info."""
-    weak = (f" Weak evidence: the draft predicts almost as well from any states (worst - best = "
-            f"{m.spread:.2f} nats); a better-trained draft gives a sharper answer." if m.weak else "")
     tau = ", ".join(f"{k} {v[0]:.2f}" for k, v in sorted(m.tau.items()))
     where = f" ({m.tokens} block slots scored; teacher-forced tau of a round: {tau})"
-    rule = (f"rule: error when the low end of the {LEVEL:.0%} paired block-bootstrap interval of "
-            f"NLL(delivered) - NLL(best) exceeds {MARGIN} nats")
-    best, fix = f"this block drafter predicts best from boundaries {_fmt(m, m.best)}", block_fix(m, config, engine, L)
-    if m.delivered is None:
-        return Finding("error", "measured_wiring", f"{best}; {how}{where}", "the engine feeds other or fewer "
-                       "states than the draft was trained on" + weak, fix)
-    mean, lo, hi = m.gap or (0.0, 0.0, 0.0)
-    gap = f"NLL gap {mean:.2f} [{lo:.2f}, {hi:.2f}] at {LEVEL:.0%}"
-    if m.clearly_worse:
-        return Finding("error", "measured_wiring", f"{best}; {engine} will deliver {_fmt(m, m.delivered)} "
-                       f"({how}) — {gap}{where}", "the draft was trained on other states than the engine delivers: "
-                       "acceptance falls with no error message (" + rule + ")." + weak, fix)
-    verdict = ("the delivered taps are the best measured" if m.delivered == m.best else
-               f"the best set {list(m.best)} is not clearly better ({gap})")
-    return Finding("info", "measured_wiring", f"measured: {engine} will deliver {_fmt(m, m.delivered)}; {verdict}"
-                   f"{where}", rule + "." + weak, "nothing to fix")
+    delivered = _fmt(m, m.delivered) if m.delivered is not None else ""
+    return wiring_finding(m, engine, f"this block drafter predicts best from boundaries {_fmt(m, m.best)}",
+                          delivered, where, block_fix(m, config, engine, L), cannot=how, how=f" ({how})")

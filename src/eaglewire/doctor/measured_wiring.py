@@ -18,7 +18,7 @@ from eaglewire.capture.boundary_file import DumpTarget, require_finite_rows
 from eaglewire.doctor.measured_tau import EngineRun, run_engine
 from eaglewire.doctor.findings import Finding
 from eaglewire.doctor.inspect import Inspection, detect_engine
-from eaglewire.doctor.trained_taps import LEVEL, MARGIN, Measurement, Taps, measure
+from eaglewire.doctor.trained_taps import Measurement, Taps, measure, wiring_finding
 from eaglewire.capture.boundaries import Boundaries, sample_target
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.export.engines import Engine
@@ -166,23 +166,7 @@ def _fix(m: Measurement, engine: Engine, L: int, arch: str | None = None) -> str
 
 def finding(m: Measurement, engine: Engine, L: int, arch: str | None = None) -> Finding:
     """error when the delivered set is clearly worse than the best (trained_taps.py's rule), else info."""
-    fix, engine_name = _fix(m, engine, L, arch), engine.name
-    weak = (f" Weak evidence: the draft predicts almost as well from any states (worst - best = "
-            f"{m.spread:.2f} nats); a better-trained draft gives a sharper answer." if m.weak else "")
-    where = f" ({m.tokens} target tokens, draft vocab covers {m.coverage:.0%})"
-    rule = (f"rule: error when the low end of the {LEVEL:.0%} paired block-bootstrap interval of "
-            f"NLL(delivered) - NLL(best) exceeds {MARGIN} nats")
-    best = f"this draft predicts best from boundaries {_fmt(m, m.best)}"
-    if m.delivered is None:
-        return Finding("error", "measured_wiring", f"{best}; {engine_name} cannot capture the ids it is given"
-                       + where + _tau(m), "the engine feeds other or fewer states than the draft was trained on" + weak, fix)
-    mean, lo, hi = m.gap or (0.0, 0.0, 0.0)
-    gap = f"NLL gap {mean:.2f} [{lo:.2f}, {hi:.2f}] at {LEVEL:.0%}"
-    if m.clearly_worse:
-        return Finding("error", "measured_wiring", f"{best}; {engine_name} will deliver {_fmt(m, m.delivered)} — "
-                       f"{gap}{where}{_tau(m)}", "the draft was trained on other states than the engine delivers: "
-                       "acceptance falls with no error message (" + rule + ")." + weak, fix)
-    verdict = ("the delivered taps are the best measured" if m.delivered == m.best else
-               f"the best set {list(m.best)} is not clearly better ({gap})")
-    return Finding("info", "measured_wiring", f"measured: {engine_name} will deliver {_fmt(m, m.delivered)}; {verdict}"
-                   f"{where}{_tau(m)}", rule + "." + weak, "nothing to fix")
+    delivered = _fmt(m, m.delivered) if m.delivered is not None else ""
+    where = f" ({m.tokens} target tokens, draft vocab covers {m.coverage:.0%}){_tau(m)}"
+    return wiring_finding(m, engine.name, f"this draft predicts best from boundaries {_fmt(m, m.best)}", delivered,
+                          where, _fix(m, engine, L, arch), cannot=f"{engine.name} cannot capture the ids it is given")

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from eaglewire.capture.boundaries import Boundaries
+from eaglewire.doctor.findings import Finding
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.draft.unroll import shift_left, ttt_attention_mask
 
@@ -258,3 +259,28 @@ def compare(scorer: Callable[[Taps], Score], pos: Blocked, L: int, delivered: Ta
     gap = paired_interval(scores[delivered], scores[best], pos) if delivered is not None else None
     return Measurement(delivered, best, scores, reasons, gap, nlls[-1] - nlls[0], coverage,
                        len(scores[best].nll))
+
+
+def wiring_finding(m: Measurement, engine: str, best: str, delivered: str, where: str, fix: str, *,
+                   cannot: str, how: str = "") -> Finding:
+    """The measured wiring's verdict, one rule for every drafter family: error when the engine delivers no
+    set the draft can be scored on (`cannot` says why) or a set clearly worse than the best (MARGIN, LEVEL),
+    else info. The family says what was measured in its own words: `best` (the best set), `delivered` (the
+    delivered set's scores), `where` (what was scored, and its tau), `how` (the engine rule applied)."""
+    weak = (f" Weak evidence: the draft predicts almost as well from any states (worst - best = "
+            f"{m.spread:.2f} nats); a better-trained draft gives a sharper answer." if m.weak else "")
+    rule = (f"rule: error when the low end of the {LEVEL:.0%} paired block-bootstrap interval of "
+            f"NLL(delivered) - NLL(best) exceeds {MARGIN} nats")
+    if m.delivered is None:
+        return Finding("error", "measured_wiring", f"{best}; {cannot}{where}",
+                       "the engine feeds other or fewer states than the draft was trained on" + weak, fix)
+    mean, lo, hi = m.gap or (0.0, 0.0, 0.0)
+    gap = f"NLL gap {mean:.2f} [{lo:.2f}, {hi:.2f}] at {LEVEL:.0%}"
+    if m.clearly_worse:
+        return Finding("error", "measured_wiring", f"{best}; {engine} will deliver {delivered}{how} — {gap}{where}",
+                       "the draft was trained on other states than the engine delivers: acceptance falls with no "
+                       "error message (" + rule + ")." + weak, fix)
+    verdict = ("the delivered taps are the best measured" if m.delivered == m.best else
+               f"the best set {list(m.best)} is not clearly better ({gap})")
+    return Finding("info", "measured_wiring", f"measured: {engine} will deliver {delivered}; {verdict}{where}",
+                   rule + "." + weak, "nothing to fix")
