@@ -215,14 +215,24 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 MAX_CONFIG_BYTES = 1 << 20  # a run config is a few hundred bytes
+MAX_CONFIG_DEPTH = 32  # a run config nests sections two or three deep
 
 
 def _refuse_yaml_aliases(path: Path, text: str) -> None:
     """Aliases (`*a`) are refused: nested ones expand exponentially (a 'billion laughs' file), and a run
-    config has no use for them. Duplicate mapping keys are refused too (YAML keeps the last silently)."""
+    config has no use for them. Nesting deeper than MAX_CONFIG_DEPTH is refused while the events stream, so a
+    hostile file costs a few events, not a full pure-Python parse of every level (three of them below).
+    Duplicate mapping keys are refused too (YAML keeps the last silently)."""
     import yaml
 
+    depth = 0
     for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        depth += isinstance(event, yaml.CollectionStartEvent) - isinstance(event, yaml.CollectionEndEvent)
+        if depth > MAX_CONFIG_DEPTH:
+            raise EaglewireError(f"run config {path} nests deeper than {MAX_CONFIG_DEPTH} levels",
+                                 expected=f"sections of plain values (at most {MAX_CONFIG_DEPTH} levels: "
+                                 "MAX_CONFIG_DEPTH)", found=f"level {depth} at line {event.start_mark.line + 1}",
+                                 fix="point --config at the run's YAML config (eaglewire run --help lists its sections)")
         if isinstance(event, yaml.AliasEvent):
             raise EaglewireError(f"run config {path} uses a YAML alias (*{event.anchor})",
                                  expected="plain values (no anchors or aliases)", found=f"*{event.anchor}",
