@@ -32,16 +32,18 @@ from eaglewire.export.block import block_family
 from eaglewire.export.checkpoint import FORMAT as NATIVE_FORMAT
 from eaglewire.export.checkpoint import resolve_draft
 from eaglewire.export.convert import detect_engine
+from eaglewire.errors import EaglewireError
 from eaglewire.export.convert import export_draft as _export
 from eaglewire.safeio import read_json_object
 from eaglewire.target.loader import Target
 from eaglewire.target.loader import load_target as _load_target
 from eaglewire.target.protocol import TargetInfo
-from eaglewire.workflows import build_vocab, import_any
+from eaglewire.data.samples import Sample
+from eaglewire.workflows import build_vocab, evaluate_draft, import_any
 from eaglewire.workflows import train as train_draft
 
 # `export` and `train` would be shadowed by the subpackages of those names once imported: hence *_draft
-__all__ = ["Report", "TreeShape", "WiringContract", "build_vocab", "check", "decoder", "export_draft",
+__all__ = ["Report", "TreeShape", "WiringContract", "build_vocab", "check", "decoder", "evaluate", "export_draft",
            "import_draft", "load_draft", "load_target", "measure_tau", "train_draft"]
 
 # (title) -> a context yielding say(phase): cli/common.py's progress
@@ -119,6 +121,19 @@ def check(directory: str | Path, engine: str | None = None, target: TargetInfo |
     report.findings = by_level(report.findings + found)
     report.measurement = m.to_dict() if m is not None else None
     return report
+
+
+def evaluate(target: Target, draft: Draft, samples: list[Sample], *, contract: WiringContract | None = None,
+             positions: int = 3) -> dict[str, Any]:
+    """A draft's acceptance on `samples` as `eaglewire eval` and training's held-out evaluations measure it (any
+    family): teacher-forced top-1 per drafted position, the greedy chain's tau at every position (`tau_chain`)
+    and walked round by round (`tau_rounds`). `contract`: None = the draft's own."""
+    wiring = contract if contract is not None else draft.contract
+    if wiring is None:
+        raise EaglewireError("evaluate needs the draft's wiring contract", expected="a draft loaded with its contract "
+                             "(ew.load_draft) or contract=...", found="draft.contract is None",
+                             fix="load the draft with ew.load_draft(DIR, target), or pass contract=")
+    return evaluate_draft(target, draft, wiring, samples, positions=positions)
 
 
 def _quiet(_title: str) -> AbstractContextManager[Callable[[str], None]]:
