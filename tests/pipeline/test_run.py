@@ -365,6 +365,8 @@ def test_a_dflash_run_trains_exports_and_benches_a_block_drafter(dflash_run):
     assert "--speculative-num-draft-tokens 4" in s["launch"]["sglang"]
     assert set(s["doctor_errors"]) == {"sglang", "vllm"}  # both exports were checked
     assert s["verdict"].startswith("Best DFlash setting")
+    t = s["tau_before_after"]  # the draft training began from is the family's own fresh one, not an EAGLE-3 draft
+    assert t["family"] == "dflash" and t["start"].startswith("a fresh draft"), t
     md = (out / "report.md").read_text()
     assert md.startswith("# eaglewire run: DFlash draft for") and "block size 4 (3 drafts per pass" in md
     assert "full vocabulary" in md

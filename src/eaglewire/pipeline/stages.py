@@ -331,18 +331,20 @@ def _tau_before_after(ctx: Ctx, prompts: list) -> dict[str, Any]:
     dtype), so the difference is the training's alone."""
     from eaglewire.compose import measure_tau
     from eaglewire.export.checkpoint import load_checkpoint
+    from eaglewire.train.objectives import objective
     from eaglewire.workflows import start_draft
 
     b = ctx.cfg.bench
-    cfg = _resolve_init(ctx, ctx.cfg.train.train_config())
-    before, contract = start_draft(ctx.target, ctx.contract.taps, Path(ctx.results["vocab"]["file"]), cfg)
+    cfg = _resolve_init(ctx, ctx.cfg.train_config())  # the run's family section merged in, as the train stage's
+    vocab = Path(ctx.results["vocab"]["file"]) if objective(cfg.family).reduced_vocab else None
+    before, contract = start_draft(ctx.target, ctx.contract.taps, vocab, cfg)
     after = load_checkpoint(Path(ctx.results["train"]["draft"]), target=ctx.target)
     taus = {}
     for i, (name, draft, con) in enumerate((("before", before, contract), ("after", after, None))):
         ctx.progress(i, 2, f"τ {name} training")
         taus[name] = measure_tau(ctx.target, draft, prompts, b.chain(), b.max_new_tokens, contract=con).tau
     start = f"the warm start {cfg.init_from}" if cfg.init_from else f"a fresh draft (seed {cfg.seed})"
-    return {**taus, "start": start, "released": bool(cfg.init_from), "chain_k": b.chain_k,
+    return {**taus, "start": start, "family": contract.family, "released": bool(cfg.init_from), "chain_k": b.chain_k,
             "prompts": len(prompts), "max_new_tokens": b.max_new_tokens}
 
 
