@@ -169,7 +169,7 @@ def block_size(ins: BlockInspection) -> list[Finding]:
                "puts masks at positions the draft never learned")
         out.append(_f("error", "block_size", f"{at} is {b}, but the draft was trained with blocks of {trained}",
                       why, f"set {at} to {trained}; launch vLLM with num_speculative_tokens "
-                      f"{trained - 1 if ins.family != 'dspark' else trained}"))
+                      f"{trained if ins.record.anchor_first else trained - 1}"))
     top, inner = ins.config.get("block_size"), (ins.config.get("dflash_config") or {}).get("block_size") \
         if isinstance(ins.config.get("dflash_config"), dict) else None
     if isinstance(top, int) and isinstance(inner, int) and top != inner:
@@ -186,7 +186,7 @@ def block_knobs(ins: BlockInspection) -> list[Finding]:
     size = b.block_size if b else _config_block(ins)[0]
     if ins.drafts is None or size is None:
         return []
-    first = (b.anchor_layout == "anchor_first") if b else ins.family == "dspark"
+    first = (b.anchor_layout == "anchor_first") if b else ins.record.anchor_first
     want = size if first else size - 1
     knob = (f"--num-speculative-tokens {want}" if ins.engine == "vllm" else f"--speculative-num-draft-tokens {want + 1}")
     if ins.drafts > want:
@@ -235,7 +235,7 @@ def block_attention(ins: BlockInspection) -> list[Finding]:
                       "serve on SGLang 0.5.23 or vLLM 0.32, which read layer_types"))
     snc = ins.config.get("sliding_window_non_causal")
     full = not isinstance(types, list) or len(sliding) < len(types)
-    if ins.layout == "speculators" and ins.family in ("dflash", "dflash2") and ins.engine == "vllm" \
+    if ins.layout == "speculators" and ins.record.vllm_causal_override and ins.engine == "vllm" \
             and snc is False and full:
         out.append(_f("error", "block_attention", "sliding_window_non_causal is false (speculators' default)",
                       "vLLM's update_dflash sets dflash_config.causal = not sliding_window_non_causal, and that "
@@ -250,7 +250,7 @@ def block_anchor(ins: BlockInspection) -> list[Finding]:
     sfa = ins.config.get("sample_from_anchor")
     trained = ins.contract.block.anchor_layout if ins.contract is not None and ins.contract.block else None
     out = []
-    if ins.family == "dspark" and ins.layout == "speculators" and ins.engine == "vllm" and sfa is None:
+    if ins.record.vllm_anchor_default_differs and ins.layout == "speculators" and ins.engine == "vllm" and sfa is None:
         out.append(_f("error", "block_anchor", "a speculators DSpark config without sample_from_anchor",
                       "speculators' DSpark defaults to sample_from_anchor true (anchor-first), vLLM's update_dspark "
                       "to false: vLLM runs it in the DFlash layout (dspark_bonus_anchor true), one slot off",
@@ -264,7 +264,7 @@ def block_anchor(ins: BlockInspection) -> list[Finding]:
 
 @block_check
 def block_vocab(ins: BlockInspection) -> list[Finding]:
-    if ins.family == "dflash2" and ("d2t" in ins.shapes or ins.config.get("draft_vocab_size") not in
+    if ins.record.full_vocab_selector and ("d2t" in ins.shapes or ins.config.get("draft_vocab_size") not in
                                    (None, ins.target_vocab, ins.layer.get("vocab_size"))):
         return [_f("error", "block_vocab", "a DFlash2 draft with a reduced vocabulary (d2t / draft_vocab_size)",
                    "DFlash2's candidate selector scores the full vocabulary: speculators' DFlash2 config refuses a "
@@ -280,7 +280,7 @@ def block_engine_path(ins: BlockInspection) -> list[Finding]:
                       "a draft config copied from its target inherits the target's quantization: the engine then "
                       "quantizes (or fails to load) the bf16 draft layers (sglang #28196)",
                       "delete quantization_config unless the draft itself was quantized"))
-    if ins.family == "dflash2" and ins.engine == "vllm":
+    if ins.record.full_vocab_selector and ins.engine == "vllm":
         out.append(_f("warn", "block_engine_path", "a DFlash2 draft on vLLM",
                       "its candidate selector runs only on vLLM's V2 model runner; on V1 it silently runs as plain "
                       "DFlash, at lower acceptance (club-3090 #1064)", "serve with VLLM_USE_V2_MODEL_RUNNER=1"))

@@ -33,6 +33,22 @@ RULES_FILE = Path(__file__).with_name("block_rules.json")
 SPECULATORS_TYPES = {"dflash": "dflash", "dflash2": "dflash2", "dspark": "dspark"}
 HF_ARCHS = {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash2"}
 DEEPSPEC_ARCH = "Qwen3DSparkModel"
+
+
+@dataclass(frozen=True)
+class ReadFamily:
+    """What the doctor needs of a block-drafter family it reads (eaglewire trains DFlash only; its wiring record
+    is families.py's): the checks ask this record, never the family's name."""
+
+    anchor_first: bool  # slot 0 drafts (DSpark: num_speculative_tokens = B) or is the anchor (DFlash: B - 1)
+    vllm_causal_override: bool  # vLLM loads it through update_dflash: sliding_window_non_causal -> causal, all layers
+    vllm_anchor_default_differs: bool  # vLLM's sample_from_anchor default is not its writer's (update_dspark)
+    full_vocab_selector: bool = False  # a candidate selector over the full vocabulary (DFlash2): no d2t allowed,
+    # and on vLLM it runs only on the V2 model runner
+
+
+READ_FAMILIES = {"dflash": ReadFamily(False, True, False), "dflash2": ReadFamily(False, True, False, True),
+                 "dspark": ReadFamily(True, False, True)}
 # the layout's own tap field and the convention its writer numbers it in (contract.CONVENTIONS)
 LAYOUT_IDS = {"zlab": ("dflash_config.target_layer_ids", "zlab"), "sglang": ("dflash_config.target_layer_ids", "zlab"),
               "vllm-edited": ("dflash_config.target_layer_ids", "zlab"),
@@ -114,6 +130,10 @@ class BlockInspection:
     target_arch: str | None
     drafts: int | None = None  # tokens the engine's knobs draft per round (vLLM k; SGLang num_draft_tokens - 1)
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def record(self) -> ReadFamily:
+        return READ_FAMILIES[self.family]
 
     @property
     def layer(self) -> dict[str, Any]:
