@@ -24,7 +24,8 @@ from eaglewire.contract import WiringContract
 from eaglewire.decoding.tree import TreeShape
 from eaglewire.doctor.block_checks import check_block
 from eaglewire.doctor.block_inspect import is_block_dir
-from eaglewire.doctor.checks import Report, by_level, run_checks
+from eaglewire.doctor.checks import run_checks
+from eaglewire.doctor.findings import Report, by_level
 from eaglewire.doctor.inspect import inspect_dir
 from eaglewire.doctor.measures import measure_wiring
 from eaglewire.export.base import CONTRACT_FILE

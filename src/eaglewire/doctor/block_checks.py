@@ -16,13 +16,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from eaglewire.doctor.block_inspect import BlockInspection, Delivery, delivery
-from eaglewire.doctor.checks import Report
-from eaglewire.doctor.findings import Finding
+from eaglewire.doctor.findings import Finding, Report, by_level
 from eaglewire.export.checkpoint import FORMAT as NATIVE_FORMAT
 
 BlockCheck = Callable[[BlockInspection], list[Finding]]
 BLOCK_CHECKS: list[BlockCheck] = []
-ORDER = {"error": 0, "warn": 1, "info": 2}
 
 
 def block_check(fn: BlockCheck) -> BlockCheck:
@@ -317,7 +315,7 @@ class BlockReport(Report):
 
 
 def run_block_checks(ins: BlockInspection) -> BlockReport:
-    found = sorted((f for c in BLOCK_CHECKS for f in c(ins)), key=lambda f: ORDER[f.level])
+    found = by_level([f for c in BLOCK_CHECKS for f in c(ins)])
     return BlockReport(str(ins.directory), ins.engine, found, engine_version=ins.version, family=ins.family,
                        layout=ins.layout)
 

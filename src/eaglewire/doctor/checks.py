@@ -5,15 +5,13 @@ run the draft at acceptance ~1 (or not at all); a healthy export of any format y
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 import torch
 
 from eaglewire.contract import CONVENTIONS, default_taps, from_engine
 from eaglewire.capture.boundary_file import DumpTarget, loaded
-from eaglewire.doctor.findings import Finding
+from eaglewire.doctor.findings import Finding, Report, by_level
 from eaglewire.doctor.geometry import geometry_findings
 from eaglewire.doctor.inspect import Inspection
 from eaglewire.doctor.weights import weight_findings
@@ -375,32 +373,9 @@ def dtype_and_contract(ins: Inspection, target: Any) -> list[Finding]:
     return out
 
 
-@dataclass
-class Report:
-    """The doctor's verdict on one draft directory: its findings, most severe first; `errors` counts the errors."""
-
-    directory: str
-    engine: str
-    findings: list[Finding]
-    measurement: dict[str, Any] | None = None  # the empirical wiring check's figures (doctor/trained_taps.py)
-
-    @property
-    def errors(self) -> int:
-        return sum(f.level == "error" for f in self.findings)
-
-    def to_json(self) -> str:
-        return json.dumps({"directory": self.directory, "engine": self.engine, "errors": self.errors,
-                           "findings": [asdict(f) for f in self.findings],
-                           "measurement": self.measurement}, indent=2)
-
-
 def run_checks(ins: Inspection, target: Any) -> Report:
     return Report(str(ins.directory), ins.engine.name, by_level([f for c in CHECKS for f in c(ins, target)]))
 
-
-def by_level(findings: list[Finding]) -> list[Finding]:
-    order = {"error": 0, "warn": 1, "info": 2}
-    return sorted(findings, key=lambda f: order[f.level])
 
 from eaglewire.doctor.peagle_checks import peagle  # noqa: E402  (a check of its own module, on P-EAGLE only)
 
