@@ -30,7 +30,7 @@ from eaglewire.decoding.tree import TreeShape
 from eaglewire.doctor.checks import decodes
 from eaglewire.doctor.findings import Finding
 from eaglewire.doctor.inspect import Inspection
-from eaglewire.doctor.trained_taps import BLOCK, Measurement, Score, Taps, compare, wiring_finding
+from eaglewire.doctor.trained_taps import BLOCK, Measurement, Score, Taps, compare, suspect_adder, wiring_finding
 from eaglewire.draft.dflash import DFlashDraft
 from eaglewire.errors import EaglewireError
 from eaglewire.export.block import FAMILY_OF_ARCH, block_layout
@@ -164,11 +164,7 @@ def block_candidates(config: dict[str, Any], engine: str, L: int, n: int,
     delivered, how = delivered_block_taps(config, engine, L, n)
     ids, f = read_ids(config, engine)
     out: dict[Taps, list[str]] = {}
-
-    def add(taps: Taps | None, why: str) -> None:
-        if taps is not None and len(taps) == n and all(0 <= a < b <= L for a, b in zip(taps, taps[1:])) \
-                and 0 <= taps[0] and taps[-1] <= L:
-            out.setdefault(tuple(taps), []).append(why)
+    add = suspect_adder(out, n, L)
 
     add(delivered, f"delivered: {how}")
     for conv in CONVENTIONS if ids else ():

@@ -18,7 +18,7 @@ from eaglewire.capture.boundary_file import DumpTarget, require_finite_rows
 from eaglewire.doctor.measured_tau import EngineRun, run_engine
 from eaglewire.doctor.findings import Finding
 from eaglewire.doctor.inspect import Inspection, detect_engine
-from eaglewire.doctor.trained_taps import Measurement, Taps, measure, wiring_finding
+from eaglewire.doctor.trained_taps import Measurement, Taps, measure, suspect_adder, wiring_finding
 from eaglewire.capture.boundaries import Boundaries, sample_target
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.export.engines import Engine
@@ -55,11 +55,7 @@ def candidates(ins: Inspection, L: int, n: int, arch: str | None = None,
     delivered, how = delivered_taps(ins, L, arch)
     ids = engine_ids(ins)[0]
     out: dict[Taps, list[str]] = {}
-
-    def add(taps: Taps | None, why: str) -> None:
-        if taps is not None and len(taps) == n and all(0 <= a < b <= L for a, b in zip(taps, taps[1:])) \
-                and 0 <= taps[0] and taps[-1] <= L:
-            out.setdefault(tuple(taps), []).append(why)
+    add = suspect_adder(out, n, L)
 
     add(delivered, f"delivered: {how}")
     if ids:

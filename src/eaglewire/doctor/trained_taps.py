@@ -284,3 +284,13 @@ def wiring_finding(m: Measurement, engine: str, best: str, delivered: str, where
                f"the best set {list(m.best)} is not clearly better ({gap})")
     return Finding("info", "measured_wiring", f"measured: {engine} will deliver {delivered}; {verdict}{where}",
                    rule + "." + weak, "nothing to fix")
+
+
+def suspect_adder(out: dict[Taps, list[str]], n: int, L: int) -> Callable[[Taps | None, str], None]:
+    """add(taps, why): records a candidate tap set with why it is a suspect, for every family's measurement:
+    only sets of the draft's width n whose boundaries rise strictly inside [0, L]."""
+    def add(taps: Taps | None, why: str) -> None:
+        if taps is not None and len(taps) == n and all(0 <= a < b <= L for a, b in zip(taps, taps[1:])) \
+                and 0 <= taps[0] and taps[-1] <= L:
+            out.setdefault(tuple(taps), []).append(why)
+    return add
