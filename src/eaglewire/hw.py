@@ -80,6 +80,15 @@ def native_bf16() -> bool:
     return any(f in cpu_flags() for f in BF16_FLAGS)
 
 
+def amx_usable() -> bool:
+    """True when the CPU has AMX tiles and oneDNN is not capped below an AMX ISA (ONEDNN_MAX_CPU_ISA=
+    AVX512_CORE_BF16, say, measuring an AVX-512 CPU without AMX on one that has it)."""
+    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").upper()
+    if cap and cap not in ("ALL", "DEFAULT") and "AMX" not in cap:
+        return False
+    return any(f.startswith("amx") for f in cpu_flags())
+
+
 def describe_cpu() -> dict:
     """For benchmark files: which CPU an absolute number was measured on."""
     isa = sorted(f for f in cpu_flags() if f.startswith(("avx", "amx")) or f in ("fma", "f16c"))

@@ -20,6 +20,22 @@ def test_header_names_the_machine_and_the_version() -> None:
     assert "class='machine'" in html and f"eaglewire {__version__}" in html
 
 
+def test_a_capped_isa_is_named_and_amx_is_not_claimed_below_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from eaglewire import hw
+
+    monkeypatch.setattr(hw, "cpu_flags", lambda: frozenset({"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}))
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    assert hw.amx_usable() and "AMX" in report.machine()["isa"]
+    for cap, amx in (("AVX512_CORE_BF16", False), ("AVX2", False), ("AVX512_CORE_AMX", True), ("ALL", True)):
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+        isa = report.machine()["isa"]
+        assert hw.amx_usable() is amx and (", AMX" in isa) is amx and f"ONEDNN_MAX_CPU_ISA={cap}" in isa, (cap, isa)
+    monkeypatch.setattr(hw, "cpu_flags", lambda: frozenset({"avx2"}))
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    assert not hw.amx_usable() and "AMX" not in report.machine()["isa"]
+
+
 def test_per_position_plot_has_integer_draft_positions(tmp_path: Path) -> None:
     result = {"methods": {"vanilla": {"median_tok_s": 10.0},
                           "eagle_chain": {"per_position": [0.5, 0.25, 0.125], "median_tok_s": 12.0}},

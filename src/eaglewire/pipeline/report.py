@@ -200,8 +200,9 @@ def machine() -> dict[str, Any]:
     """What the report's figures were measured on (CPU, ISA, cores) and with which eaglewire: a number in the
     report means little without them."""
     cpu = hw.describe_cpu()
+    caps = "".join(f", {k}={v}" for k, v in cpu["isa_caps"].items())  # a capped run must say so
     isa = str(cpu["torch_capability"]) + (", native bf16" if cpu["native_bf16"] else "") + \
-        (", AMX" if any(f.startswith("amx") for f in cpu["isa"]) else "")
+        (", AMX" if hw.amx_usable() else "") + caps
     return {"cpu": cpu["model"], "isa": isa, "cores": os.cpu_count(), "threads": cpu["threads"],
             "eaglewire": __version__}
 
