@@ -272,3 +272,44 @@ def test_a_checkpoint_written_before_the_family_knobs_resumes(tmp_path):
     with pytest.raises(Exception, match="different training settings"):
         train(target, contract, vmap, feats, samples[:8], samples[8:], TrainConfig(**{**c.to_dict(), "lr": 0.5,
               "snapshot_steps": ()}), tmp_path, resume=True)
+
+
+def test_a_dflash_draft_started_from_the_target_computes_the_target_layer_s_context_keys():
+    """--init-layers-from-target for DFlash: layer 0 is the target layer that reads the last tap, hidden_norm its
+    input norm and fc the last tap passed through, so the context keys/values of layer 0 at step 0 are that target
+    layer's own (before the q/k norms a Llama target lacks); a fresh draft's are not."""
+    import dataclasses
+
+    from eaglewire.train import dflash
+    from eaglewire.train.config import TrainConfig
+
+    target, contract, feats = _dflash_setup()
+    from tiny import tiny_samples
+
+    fb = feats.batch(tiny_samples(2))
+    H = target.text_config.hidden_size
+    c = TrainConfig(family="dflash", block_size=4, init_layers_from_target=True)
+    for start in (True, False):
+        draft = dflash.build_draft(target, contract, None, dataclasses.replace(c, init_layers_from_target=start))
+        last = contract.taps[-1]
+        layer = target.layers[last]
+        with torch.no_grad():
+            ctx = draft.context(fb.taps)  # [N, T, H]
+            want = layer.self_attn.v_proj(layer.input_layernorm(fb.taps[..., -H:]))
+            got = draft.layers[0].self_attn.v_proj(ctx)
+        assert torch.allclose(got, want, atol=1e-5) is start
+
+
+def test_a_dflash_start_from_the_target_refuses_a_layer_of_another_shape():
+    import pytest
+
+    from eaglewire.errors import CheckpointError
+    from eaglewire.train import dflash
+    from eaglewire.train.config import TrainConfig
+
+    target, contract, _ = _dflash_setup()
+    draft = dflash.build_draft(target, contract, None, TrainConfig(family="dflash", block_size=4))
+    real = target.layer_parameters
+    target.layer_parameters = lambda i: {**real(i), "mlp.up_proj.weight": torch.zeros(3, 3)}
+    with pytest.raises(CheckpointError, match="cannot start DFlash layer 0"):
+        dflash.init_from_target(draft, target)

@@ -104,8 +104,10 @@ class TrainConfig:
     init_from: str = knob("", "warm start from this draft (same taps; head rows remapped by target id; optimizer "
                           "and lr schedule fresh); '' = a fresh draft ('released' in a run config: the draft "
                           "shipped for the embedded target)", path=True)
-    init_layers_from_target: bool = knob(False, "start draft layer i as target layer L - num_layers + i (layer 0's "
-                                         "embedding half of q/k/v stays random: the target has none)", run=False)
+    init_layers_from_target: bool = knob(False, "start the draft's layers from the target's: EAGLE-3, layer i as "
+                                         "target layer L - num_layers + i (layer 0's embedding half of q/k/v stays "
+                                         "random); dflash, layer i as the target layer reading the last tap + i, "
+                                         "fc passing that tap through", run=False)
     train_only: str = knob("", "what trains: every weight (''), the head alone (head), only the head rows a "
                            "grown vocab adds to init_from (new_head_rows: its own weights stay exactly as they were), "
                            "or everything but the head (body: a fresh draft's head stays the target's rows)",

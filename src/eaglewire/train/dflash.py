@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from eaglewire.contract import WiringContract, from_engine
 from eaglewire.draft.dflash import DFlashDraft, build_dflash_draft, dflash_contract, pick_mask_token
 from eaglewire.draft.vocab import VocabMap
-from eaglewire.errors import ContractMismatch
+from eaglewire.errors import CheckpointError, ContractMismatch
 from eaglewire.families import BlockWiring, zlab_default_ids
 from eaglewire.train.block import BlockModel
 from eaglewire.train.config import TrainConfig
@@ -23,7 +25,7 @@ from eaglewire.train.dist import DistInfo, all_reduce_sum
 
 DEFAULT_NUM_TAPS = 5  # z-lab's drafts, SpecForge's and DeepSpec's configs tap five target layers
 # knobs of EAGLE-3's record only: a DFlash run refuses a value other than their default
-_EAGLE3_ONLY = ("init_from", "init_layers_from_target", "train_only", "round_weight", "feature_weight", "norms")
+_EAGLE3_ONLY = ("init_from", "train_only", "round_weight", "feature_weight", "norms")
 
 
 def default_taps(num_layers: int, num_taps: int = DEFAULT_NUM_TAPS) -> tuple[int, ...]:
@@ -62,7 +64,41 @@ def build_draft(target: Any, contract: WiringContract, vmap: VocabMap | None, c:
         raise ContractMismatch("the training block size is not the contract's",
                                expected=f"block_size {c.block_size} (the knob)",
                                found=f"contract block {contract.block}", fix="build the contract from the knob")
-    return build_dflash_draft(target, contract, c.num_layers, seed=c.seed)
+    draft = build_dflash_draft(target, contract, c.num_layers, seed=c.seed)
+    if c.init_layers_from_target:
+        init_from_target(draft, target)
+    return draft
+
+
+def init_from_target(draft: DFlashDraft, target: Any) -> None:
+    """Start the draft where the target already is: draft layer i as target decoder layer s + i, s the layer that
+    reads the last tap's boundary (moved down where fewer than num_layers layers follow it); `hidden_norm` as
+    layer s's input norm and `fc` passing the last tap through (zero on the others), so at step 0 the context's
+    keys and values in layer 0 are target layer s's own. Weights the target lacks (a Llama target's q/k norms)
+    keep their init; a shape that differs is refused. Why: from a random start the block's queries see the
+    context through near-uniform attention and learn slowly (the experiment log has the side-by-side curve)."""
+    n, L, H = draft.cfg.num_layers, target.num_layers, draft.cfg.target_hidden_size
+    assert draft.contract is not None, "build_dflash_draft attaches the contract"
+    taps = draft.contract.taps
+    if draft.cfg.hidden_size != H:
+        raise ContractMismatch("cannot start the DFlash draft from the target's layers",
+                               expected=f"draft hidden size = target's ({H})", found=str(draft.cfg.hidden_size),
+                               fix="drop init_layers_from_target")
+    start = min(taps[-1], L - n)
+    with torch.no_grad():
+        for i, layer in enumerate(draft.layers):
+            src = target.layer_parameters(start + i)
+            for name, p in layer.named_parameters():
+                if name not in src:
+                    continue
+                if tuple(src[name].shape) != tuple(p.shape):
+                    raise CheckpointError(f"cannot start DFlash layer {i} from target layer {start + i}",
+                                          expected=f"{name} of shape {tuple(p.shape)}",
+                                          found=str(tuple(src[name].shape)), fix="drop init_layers_from_target")
+                p.copy_(src[name])
+        draft.hidden_norm.weight.copy_(target.layer_parameters(start)["input_layernorm.weight"])
+        draft.fc.weight.zero_()
+        draft.fc.weight[:, (len(taps) - 1) * H:].copy_(torch.eye(H))  # [H, n*H]: the last tap, as is
 
 
 def block_model(draft: DFlashDraft, target: Any, vmap: VocabMap | None, features: Any, c: TrainConfig,
