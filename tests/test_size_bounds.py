@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_mutated_files import _mutate_bytes
 
+from eaglewire.data import regen_file
 from eaglewire.data import regenerate as regen
 from eaglewire.data.regenerate import GenerationSettings, Reply, append_records, read_done
 from eaglewire.errors import EaglewireError
@@ -66,7 +67,7 @@ def test_a_header_length_over_the_formats_cap_is_refused_before_it_is_read(tmp_p
 
 
 def test_a_gzip_bomb_member_stops_at_the_member_limit(tmp_path, monkeypatch):
-    monkeypatch.setattr(regen, "MAX_MEMBER_BYTES", 1 << 20)
+    monkeypatch.setattr(regen_file, "MAX_MEMBER_BYTES", 1 << 20)
     path = tmp_path / "r.jsonl.gz"
     append_records(path, [{"id": "a", "messages": []}])
     first = path.stat().st_size

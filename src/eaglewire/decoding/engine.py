@@ -72,22 +72,13 @@ class SpecDecoder:
         """prompt [1, P] -> (new tokens, stats). temperature 0 = greedy; else lossless rejection sampling.
         `on_tokens` receives each round's newly committed tokens (streaming)."""
         eos, st, t0 = eos or set(), SpecStats(), time.perf_counter()
-        gen = torch.Generator().manual_seed(seed)
-
-        greedy = temperature <= 0
+        pick = _Pick(temperature <= 0, temperature, top_p, torch.Generator().manual_seed(seed))
         # greedy needs only each row's argmax (rt.greedy: the screened head where calibrated); sampling every logit
-        target = self.rt.greedy if greedy else self.rt.forward
-
-        def choose(tree: DraftTree, vout: torch.Tensor) -> tuple[list[int], int]:  # vout: argmax ids [1, M+1] or logits [1, M+1, V] -> (accepted path, bonus token)
-            if greedy:
-                return greedy_accept(tree, vout[0].tolist())
-            return sample_accept(tree, target_probs(vout[0], temperature, top_p), gen)
-
+        target = self.rt.greedy if pick.greedy else self.rt.forward
         taps = self.proposer.taps
         P = prompt.shape[1]
         out0, prompt_taps = target(prompt, torch.arange(P)[None], 0, taps=taps, logit_rows=torch.tensor([P - 1]))
-        x = int(out0[0, -1]) if greedy else \
-            int(torch.multinomial(target_probs(out0[0, -1], temperature, top_p), 1, generator=gen))
+        x = pick.first(out0)
         n, out = P, []
         t = time.perf_counter()
         self.proposer.start(prompt, prompt_taps, x)
@@ -106,7 +97,7 @@ class SpecDecoder:
             t2 = time.perf_counter()
             ids, pos, mask = tree.verify_inputs(x, n)
             vout, vtaps = target(ids, pos, n, mask, taps=taps)
-            path, bonus = choose(tree, vout)
+            path, bonus = pick.walk(tree, vout)
             slots = [n] + [n + 1 + i for i in path]
             if slots != list(range(n, n + len(slots))):
                 self.rt.commit(torch.tensor(slots), n)  # tree: move the accepted branch into place
@@ -128,6 +119,30 @@ class SpecDecoder:
             st.verify_s += t3 - t2
         st.new_tokens, st.total_s = len(out), time.perf_counter() - t0
         return out, st
+
+
+@dataclass
+class _Pick:
+    """How the target's output becomes tokens: greedy reads argmax ids, sampling draws from the logits
+    (lossless rejection sampling for the drafted tree)."""
+
+    greedy: bool
+    temperature: float
+    top_p: float
+    gen: torch.Generator
+
+    def first(self, out: torch.Tensor) -> int:
+        """The prefill's next token; out: argmax ids [1, 1] or logits [1, 1, V] (its last row)."""
+        if self.greedy:
+            return int(out[0, -1])
+        probs = target_probs(out[0, -1], self.temperature, self.top_p)  # [V]
+        return int(torch.multinomial(probs, 1, generator=self.gen))
+
+    def walk(self, tree: DraftTree, vout: torch.Tensor) -> tuple[list[int], int]:
+        """vout: argmax ids [1, M+1] or logits [1, M+1, V] of a verify -> (accepted path, bonus token)."""
+        if self.greedy:
+            return greedy_accept(tree, vout[0].tolist())
+        return sample_accept(tree, target_probs(vout[0], self.temperature, self.top_p), self.gen)
 
 
 def _stop_index(tokens: list[int], eos: set[int], room: int) -> int | None:
