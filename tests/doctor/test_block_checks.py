@@ -134,13 +134,18 @@ def test_vllms_own_edit_of_a_zlab_config_is_clean(tmp_path, target, drafted):
 
 def test_engine_versions_apply_their_own_rules(tmp_path, target, drafted):
     out = _export(drafted, tmp_path, "zlab")
-    old = _doctor(out, "vllm", target, "before-pr40727")  # no +1: every tap one boundary early
+    old = _doctor(out, "vllm", target, "0.21.0")  # before PR #40727, no +1: every tap one boundary early
     taps = next(f for f in old.findings if f.check == "block_taps")
-    assert taps.level == "error" and "off by -1" in taps.what and old.engine_version == "before-pr40727"
-    rope = _doctor(out, "vllm", target, "before-pr54373")  # the target's RoPE layout
+    assert taps.level == "error" and "off by -1" in taps.what and old.engine_version == "0.21.0 (rules of 0.20)"
+    assert "block_taps" in _codes(_doctor(out, "vllm", target, "before-pr40727"))  # the PR's name still works
+    assert "block_taps" not in _codes(_doctor(out, "vllm", target, "0.22.0"))  # PR #40727's first release
+    rope = _doctor(out, "vllm", target, "0.28.0")  # the target's RoPE layout (PR #51655, before PR #54373)
     assert rope.errors == 0 and "block_rope" in _codes(rope, "warn")
     neox_off = _export(drafted, tmp_path / "n", "zlab", _neox_off)
-    assert "block_rope" not in _codes(_doctor(neox_off, "vllm", target, "before-pr54373"))  # the flag is unread
+    assert "block_rope" not in _codes(_doctor(neox_off, "vllm", target, "0.28.0"))  # the flag is unread
+    assert "block_rope" in _codes(_doctor(neox_off, "vllm", target, "0.30.0"))  # read from 0.29 (PR #54373)
+    always = _doctor(neox_off, "vllm", target, "0.25.0")  # get_rope's neox whatever the flag says
+    assert always.errors == 0 and "block_rope" in _codes(always, "warn")
     from eaglewire.errors import EaglewireError
 
     with pytest.raises(EaglewireError, match="not a version"):

@@ -169,13 +169,29 @@ def test_a_family_without_a_measurement_record_is_said_not_measured(tmp_path, ta
     assert m is None and f.level == "info" and "no measurement for the dflash family" in f.what
 
 
-def test_the_engine_knobs_are_said_not_predicted_for_a_block_drafter(tmp_path, target, trained, bounds):
-    """With the engine's knobs (a shape), EAGLE-3 also predicts our engine's tau at them; a block drafter's
-    measurement says plainly that it does not, instead of printing a number it did not compute."""
+def test_our_engine_predicts_a_block_drafters_tau_at_the_engines_knobs(tmp_path, target, trained, bounds):
+    """With the engine's knobs (vLLM num_speculative_tokens k), our engine decodes the built-in prompts with the
+    delivered and the best sets through compose's proposer of the draft's family (the block proposer): the tau
+    the front door's measure_tau gives the draft imported as it is, in the finding beside the teacher-forced
+    one; ids one layer early decode on other taps, no better. The user compares it with the engine's logged
+    accept length."""
+    from eaglewire.compose import measure_tau
     from eaglewire.decoding.tree import TreeShape
+    from eaglewire.doctor.measured_tau import ENGINE_NEW_TOKENS, engine_prompts
+    from eaglewire.export.convert import import_draft
 
-    shape = TreeShape.chain(3)
-    m, found = measure_wiring(inspect_dir(_export(tmp_path, trained, "zlab"), None), target, bounds=bounds,
-                              shape=shape)
-    assert m is not None and m.delivered == m.best == TRAINED
-    assert [f.level for f in found] == ["info", "info"] and "not predicted for block drafters" in found[1].what
+    shape = TreeShape.chain(2)  # a block of 4 drafts 3; vLLM verifies the first 2
+    out = _export(tmp_path, trained, "zlab")
+    m, (f,) = measure_wiring(inspect_dir(out, None), target, bounds=bounds, shape=shape)
+    tau, per_position = m.engine.tau["best"]
+    assert m.delivered == m.best == TRAINED and m.engine.tau["delivered"] == (tau, per_position)
+    assert len(per_position) == 2 and 1.0 < tau <= 3.0
+    assert "our engine at vLLM num_speculative_tokens=2" in f.what and f"best {tau:.2f}" in f.what
+    draft, _ = import_draft(out, "zlab", target=target)
+    assert measure_tau(target, draft.float(), engine_prompts(target), shape, ENGINE_NEW_TOKENS).tau == tau
+    early, _ = measure_wiring(inspect_dir(_export(tmp_path / "e", trained, "zlab", [0, 3, 6]), None), target,
+                              bounds=bounds, shape=shape)
+    delivered = early.engine.tau["delivered"]  # decoded on other taps (the tiny target's gap is small: ~0.02)
+    assert early.engine.tau["best"][0] == tau and delivered[0] <= tau and delivered != (tau, per_position)
+    too_many, _ = measure_wiring(inspect_dir(out, None), target, bounds=bounds, shape=TreeShape.chain(4))
+    assert "at most 3 tokens" in too_many.engine.skipped  # the block proposes B-1 = 3 per round

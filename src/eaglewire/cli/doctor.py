@@ -45,8 +45,8 @@ def check_cmd(
     engine_version: Optional[str] = typer.Option(None, "--engine-version", help="Recorded in the report; for "
                                                  "sglang, the release whose per-model-file layer-id rule applies "
                                                  "(default: the newest verified); for a block drafter (DFlash, "
-                                                 "DSpark) the row of doctor/block_rules.json, e.g. vllm "
-                                                 "before-pr40727."),
+                                                 "DSpark) the engine release whose rules apply, e.g. vllm "
+                                                 "0.30.0 (doctor/block_rules.json)."),
     measure: Optional[bool] = typer.Option(None, "--measure/--no-measure", help="Measure which boundaries the "
                                            "draft was trained on by running it on the target (default: on when "
                                            "--target is given and the draft has no eaglewire_contract.json, "

@@ -137,9 +137,15 @@ def block_rope(ins: BlockInspection) -> list[Finding]:
                    "delete is_neox_style from the config, or set it to true")]
     if src == "target":
         return [_f("warn", "block_rope", f"vLLM {ins.version} gives the draft the TARGET's RoPE layout and ignores "
-                   "the draft config's is_neox_style", "before PR #54373 a neox-trained draft on an interleaved-RoPE "
-                   "target (GLM) ran at acceptance ~1.0 with no error (vLLM #53063)",
-                   "serve on a vLLM with PR #54373 (0.32 has it) when the target's RoPE is not neox")]
+                   "the draft config's is_neox_style", "vLLM 0.28 (PR #51655, before PR #54373): a neox-trained "
+                   "draft on an interleaved-RoPE target (GLM) ran at acceptance ~1.0 with no error (vLLM #53063)",
+                   "serve on vLLM 0.29 or later (PR #54373) when the target's RoPE is not neox")]
+    if off and src == "neox":
+        return [_f("warn", "block_rope", "the draft config says is_neox_style: false, and "
+                   f"vLLM {ins.version} ignores it: its DFlash attention always rotates neox (get_rope's default)",
+                   "a draft really trained with interleaved RoPE would accept ~1 with no error; vLLM reads the "
+                   "flag from 0.29 (PR #54373)", "if the draft was trained with neox RoPE (DFlash's default), delete "
+                   "the flag; if not, serve on vLLM 0.29 or later")]
     return []
 
 
@@ -230,7 +236,7 @@ def block_attention(ins: BlockInspection) -> list[Finding]:
         out.append(_f("error", "block_attention", f"draft layers {sliding} are sliding-window layers, and "
                       f"{ins.engine} {ins.version} has no layer_types reader for DFlash drafts",
                       "they run as full attention: acceptance falls off after the window's length (vLLM #40898)",
-                      "serve on SGLang 0.5.23 or vLLM 0.32, which read layer_types"))
+                      "serve on SGLang 0.5.23 or vLLM 0.25 or later, which read layer_types"))
     snc = ins.config.get("sliding_window_non_causal")
     full = not isinstance(types, list) or len(sliding) < len(types)
     if ins.layout == "speculators" and ins.record.vllm_causal_override and ins.engine == "vllm" \

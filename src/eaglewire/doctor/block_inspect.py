@@ -45,10 +45,25 @@ class ReadFamily:
     vllm_anchor_default_differs: bool  # vLLM's sample_from_anchor default is not its writer's (update_dspark)
     full_vocab_selector: bool = False  # a candidate selector over the full vocabulary (DFlash2): no d2t allowed,
     # and on vLLM it runs only on the V2 model runner
+    backbone_heads: tuple[str, ...] | None = None  # weights beside the DFlash backbone that the measured wiring
+    # sets aside (DSpark's Markov and confidence heads bias the backbone's logits); None: no backbone eaglewire
+    # computes (DFlash2 drafts through its candidate selector), so the taps are not measured
+
+    def anchor_layout(self, config: dict[str, Any]) -> str:
+        """The anchor layout the draft was trained in (families.py ANCHOR_LAYOUTS): an anchor-first family's
+        writer records it as sample_from_anchor (speculators' DSpark default: true, slot k predicts p+k+1);
+        DFlash's is always the bonus layout (slot 0 is the anchor)."""
+        if not self.anchor_first:
+            return "bonus"
+        return "bonus" if config.get("sample_from_anchor", True) is False else "anchor_first"
 
 
-READ_FAMILIES = {"dflash": ReadFamily(False, True, False), "dflash2": ReadFamily(False, True, False, True),
-                 "dspark": ReadFamily(True, False, True)}
+READ_FAMILIES = {"dflash": ReadFamily(False, True, False, backbone_heads=()),
+                 "dflash2": ReadFamily(False, True, False, True),
+                 "dspark": ReadFamily(True, False, True, backbone_heads=("markov_head.", "confidence_head."))}
+# the export format (export/block.py BLOCK_FORMATS) that reads each layout's fields, for the measurement's loader;
+# DeepSpec's layout has none
+LAYOUT_FORMATS = {"zlab": "zlab", "sglang": "sglang", "vllm-edited": "zlab", "speculators": "vllm"}
 # the layout's own tap field and the convention its writer numbers it in (contract.CONVENTIONS)
 LAYOUT_IDS = {"zlab": ("dflash_config.target_layer_ids", "zlab"), "sglang": ("dflash_config.target_layer_ids", "zlab"),
               "vllm-edited": ("dflash_config.target_layer_ids", "zlab"),
@@ -62,20 +77,57 @@ def rules() -> dict[str, Any]:
     return table
 
 
+def _release(version: str) -> tuple[int, ...] | None:
+    """A release number's numeric parts ("0.30.0" -> (0, 30, 0), "0.30" -> (0, 30)); None for anything else."""
+    parts = version.strip().lstrip("v").split(".")
+    return tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else None
+
+
+def _range_row(engine: str, version: str, rows: dict[str, Any]) -> str | None:
+    """The row a release of a ranged engine falls in: the newest row keyed at or before it (rows are keyed by the
+    first release with their behaviour). Refuses a release before the oldest row or after the newest read."""
+    asked = _release(version)
+    if asked is None:
+        return None
+    keyed = sorted(((_release(k) or (), k) for k in rows), reverse=True)
+    newest, oldest = keyed[0], keyed[-1]
+    if asked[:len(newest[0])] > newest[0]:
+        raise EaglewireError(f"{engine} {version} is newer than the newest release whose block-drafter rules "
+                             f"eaglewire has read ({newest[1]})", expected=f"a release up to {newest[1]}",
+                             found=version, fix=f"pass --engine-version {newest[1]} to apply the newest rules read, "
+                                                "and check the engine's changelog for DFlash changes since")
+    for key, name in keyed:
+        if asked >= key:
+            return name
+    raise EaglewireError(f"{engine} {version} is not a version whose block-drafter rules eaglewire has read: "
+                         f"block drafters arrived in {engine} {oldest[1]}", expected=f"a release from {oldest[1]}",
+                         found=version, fix=f"upgrade {engine} to {oldest[1]} or later")
+
+
 def engine_rule(engine: str, version: str | None) -> tuple[str, dict[str, Any]]:
-    """The (version, row) of block_rules.json that applies: `version`, or the engine's newest row."""
+    """The (version, row) of block_rules.json that applies: `version`, or the engine's newest row. A ranged engine
+    (vLLM) takes a release number and applies the row it falls in (the version then says so: "0.30.0 (rules of
+    0.29)"), or a named alias (before-pr40727)."""
     rows = rules().get(engine)
     if rows is None:
         raise EaglewireError(f"the doctor has no block-drafter rules for engine {engine!r}",
                              expected=" or ".join(k for k in rules() if not k.startswith("_")), found=engine,
                              fix="check a block drafter with --engine vllm or --engine sglang")
     version = version or next(iter(rows))
-    if version not in rows:
+    if version in rows:
+        return version, rows[version]
+    alias = rules().get("_aliases", {}).get(engine, {}).get(version)
+    key = alias or (_range_row(engine, version, rows) if engine in rules().get("_ranges", ()) else None)
+    if key is None:
+        aliases = ", ".join(rules().get("_aliases", {}).get(engine, {}))
         raise EaglewireError(f"{engine} {version} is not a version whose block-drafter rules eaglewire has read",
-                             expected=", ".join(rows), found=version,
-                             fix="pick the listed version closest to yours (for vLLM, name the PR your build "
-                                 "lacks: before-pr54373, before-pr40727)")
-    return version, rows[version]
+                             expected=", ".join(rows) + (f" (or a release number between them; aliases: {aliases})"
+                                                         if aliases else ""), found=version,
+                             fix="pass the engine's release number (e.g. --engine-version "
+                                 f"{next(iter(rows))}), or pick the listed version closest to yours")
+    exact = (_release(version) or ()) + (0,) * 3
+    same = exact[:len(_release(key) or ())] == _release(key) and not any(exact[len(_release(key) or ()):])
+    return (version if alias or same else f"{version} (rules of {key})"), rows[key]
 
 
 def get(config: Any, dotted: str) -> Any:
@@ -241,7 +293,7 @@ def _vllm_delivery(ins: BlockInspection) -> Delivery:
     if ids is not None:
         plus = 1 if r["dflash_ids_plus_one"] else 0
         return Delivery(tuple(i + plus for i in ids), at, f"vLLM {ins.version} captures id + {plus}"
-                        + (" (PR #40727)" if plus else " (before PR #40727)"))
+                        + (" (PR #40727, vLLM 0.22 on)" if plus else " (before PR #40727: vLLM 0.20 and 0.21)"))
     if L is None:
         return Delivery(None, "(none)", "no layer ids, and no target to find vLLM's default on", guessed=True)
     return Delivery((2, L // 2, L - 3), "(none)", "no layer ids: vLLM falls back to the target's EAGLE-3 default "

@@ -26,15 +26,17 @@ import torch.nn.functional as F
 from eaglewire.capture.boundaries import Boundaries, sample_target
 from eaglewire.capture.boundary_file import DumpTarget, require_finite_rows
 from eaglewire.contract import CONVENTIONS, from_engine, to_engine
+from eaglewire.decoding.block import block_shape
 from eaglewire.decoding.tree import TreeShape
+from eaglewire.doctor.block_inspect import LAYOUT_FORMATS, READ_FAMILIES, block_layout as read_block_layout
 from eaglewire.doctor.checks import decodes
 from eaglewire.doctor.findings import Finding
 from eaglewire.doctor.inspect import Inspection
+from eaglewire.doctor.measured_tau import EngineRun, knobs, run_engine
 from eaglewire.doctor.trained_taps import BLOCK, Measurement, Score, Taps, compare, suspect_adder, wiring_finding
 from eaglewire.draft.dflash import DFlashDraft
 from eaglewire.errors import EaglewireError
-from eaglewire.export.block import FAMILY_OF_ARCH, block_layout
-from eaglewire.export.convert import import_draft
+from eaglewire.export.block import FAMILY_OF_ARCH, block_layout, import_block_backbone
 from eaglewire.families import EngineField, get_family, zlab_default_ids
 from eaglewire.train.block import block_inputs, block_mask, block_positions
 
@@ -184,10 +186,16 @@ def block_candidates(config: dict[str, Any], engine: str, L: int, n: int,
 
 
 def load_for_measure(ins: Inspection, target: Any, n: int) -> DFlashDraft:
-    """The draft's weights, fp32, read whatever its config's ids say (they are what is under test)."""
-    layout = block_layout(ins.config)
-    draft, _ = import_draft(ins.directory, layout, target=target, taps=tuple(range(1, n + 1)))
-    assert isinstance(draft, DFlashDraft)
+    """The draft's DFlash backbone, fp32, read whatever its config's ids say (they are what is under test), in
+    the anchor layout of its family (DSpark: slot k predicts p+k+1) with the family's own heads set aside."""
+    family, layout = read_block_layout(ins.config) or ("dflash", "zlab")
+    record, fmt = READ_FAMILIES[family], LAYOUT_FORMATS.get(layout)
+    if record.backbone_heads is None or fmt is None:
+        raise EaglewireError(f"eaglewire computes no backbone of a {family} draft in the {layout} layout",
+                             expected="a DFlash or DSpark draft in the z-lab, SGLang or speculators layout",
+                             found=f"{family}, {layout}", fix="measure it where its own trainer runs")
+    draft = import_block_backbone(ins.directory, fmt, target=target, taps=tuple(range(1, n + 1)),
+                                  anchor_layout=record.anchor_layout(ins.config), heads=record.backbone_heads)
     return draft.float()
 
 
@@ -196,8 +204,8 @@ def run_block_measurement(ins: Inspection, target: Any, engine: str | None = Non
                           progress: Callable[[str], None] = lambda phase: None,
                           ) -> tuple[Measurement | None, list[Finding]]:
     """measured_wiring.run_measurement for a block drafter: (measurement, findings). `chain_steps` is unused
-    (the block's own slots are the chain); `shape` (our engine at the knobs) is not run for block drafters
-    yet, and a finding says so."""
+    (the block's own slots are the chain); `shape` (the engine's knobs): our engine also decodes at them with
+    the delivered and the best sets (`engine_run`), and the finding gives its tau beside the teacher-forced one."""
     L, H = target.num_layers, target.hidden_size
     fc = ins.shapes.get("fc.weight")
     if fc is None or fc[1] % H:
@@ -224,10 +232,25 @@ def run_block_measurement(ins: Inspection, target: Any, engine: str | None = Non
     m.tau["best"] = block_tau(m.scores[m.best], pos)
     if delivered is not None:
         m.tau["delivered"] = block_tau(m.scores[delivered], pos)
-    skipped = [] if shape is None else [Finding("info", "measured_wiring", "our engine's tau at the engine's knobs "
-                                                "is not predicted for block drafters yet", "the teacher-forced tau "
-                                                "of a round is beside the measurement", "")]
-    return m, [block_finding(m, ins.config, engine, L, how), *skipped]
+    if shape is not None:
+        progress(f"our engine decodes the prompts at {knobs(shape)} with the delivered and the best tap sets")
+        m.engine = engine_run(target, draft, shape, m)
+    return m, [block_finding(m, ins.config, engine, L, how)]
+
+
+def engine_run(target: Any, draft: DFlashDraft, shape: TreeShape, m: Measurement) -> EngineRun:
+    """Our engine at the engine's knobs (vLLM num_speculative_tokens k: the block drafted whole, its first k
+    drafts verified), once per tap set: compose's proposer of the draft's family (the block proposer) beside
+    the plain runtime, greedy on the built-in prompts, as `doctor expect` predicts. A DSpark draft decodes
+    with its backbone alone (its Markov head, which biases the drafts, is not run): a lower bound on its tau."""
+    assert draft.contract is not None  # the backbone loader attaches the contract it decodes with
+    if isinstance(target, DumpTarget):  # decoding needs the target's weights, which a dump does not hold
+        return EngineRun(shape, 0, 0, skipped="a boundaries dump holds no target to decode with: use --target")
+    try:
+        chain = block_shape(draft.contract, shape)
+    except EaglewireError as err:
+        return EngineRun(shape, 0, 0, skipped=f"{err.what} (expected {err.expected})")
+    return run_engine(target, draft, draft.contract, chain, {"delivered": m.delivered, "best": m.best})
 
 
 def _fmt(m: Measurement, taps: Taps) -> str:
@@ -249,7 +272,8 @@ def block_fix(m: Measurement, config: dict[str, Any], engine: str, L: int) -> st
 def block_finding(m: Measurement, config: dict[str, Any], engine: str, L: int, how: str) -> Finding:
     """error when the delivered set is clearly worse than the best (trained_taps.py's rule), else info."""
     tau = ", ".join(f"{k} {v[0]:.2f}" for k, v in sorted(m.tau.items()))
-    where = f" ({m.tokens} block slots scored; teacher-forced tau of a round: {tau})"
+    where = f" ({m.tokens} block slots scored; teacher-forced tau of a round: {tau}" \
+        f"{m.engine.text() if m.engine is not None else ''})"
     delivered = _fmt(m, m.delivered) if m.delivered is not None else ""
     return wiring_finding(m, engine, f"this block drafter predicts best from boundaries {_fmt(m, m.best)}",
                           delivered, where, block_fix(m, config, engine, L), cannot=how, how=f" ({how})")

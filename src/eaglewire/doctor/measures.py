@@ -8,14 +8,14 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from eaglewire.capture.boundaries import Boundaries
-from eaglewire.compose import DFLASH, EAGLE3
+from eaglewire.compose import EAGLE3
 from eaglewire.decoding.tree import TreeShape
+from eaglewire.doctor.block_inspect import READ_FAMILIES, block_layout
 from eaglewire.doctor.findings import Finding
 from eaglewire.doctor.inspect import Inspection
 from eaglewire.doctor.measured_block import run_block_measurement
 from eaglewire.doctor.measured_wiring import run_measurement
 from eaglewire.doctor.trained_taps import Measurement
-from eaglewire.export.block import block_family
 
 Result = tuple[Measurement | None, list[Finding]]
 # (inspection, target, engine name or None, bounds or None, chain steps, engine knobs' shape or None, progress)
@@ -33,17 +33,20 @@ def _eagle3(ins: Inspection, target: Any, engine: str | None, bounds: Boundaries
     return run_measurement(ins, target, bounds, steps, shape, progress)  # the engine is ins.engine's record
 
 
+# EAGLE-3's, and every block family whose record names a DFlash backbone (DFlash, DSpark): the family record
+# (block_inspect.READ_FAMILIES) gives the measurement its anchor layout and the heads it sets aside
 MEASURED: dict[str, MeasuredWiring] = {m.family: m for m in (
     MeasuredWiring(EAGLE3, _eagle3),
-    MeasuredWiring(DFLASH, run_block_measurement),
+    *(MeasuredWiring(name, run_block_measurement) for name, r in READ_FAMILIES.items() if r.backbone_heads is not None),
 )}
 
 
 def family_of_dir(ins: Inspection) -> str:
-    """The drafter family of an inspected directory: its contract's, else its config's architecture's."""
+    """The drafter family of an inspected directory: its contract's, else the one its config names."""
     if ins.contract is not None:
         return ins.contract.family
-    return block_family(ins.directory / "config.json") or EAGLE3
+    found = block_layout(ins.config)  # (family, layout) of any block drafter's config the doctor reads
+    return found[0] if found is not None else EAGLE3
 
 
 def measure_wiring(ins: Inspection, target: Any, *, engine: str | None = None, bounds: Boundaries | None = None,

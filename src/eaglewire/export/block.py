@@ -25,6 +25,7 @@ slots, a reduced vocabulary, and in a z-lab config an eagle_aux_hidden_state_lay
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -344,8 +345,40 @@ def import_block_draft(directory: Path, fmt_name: str, *, family: str = "dflash"
     assert contract.block is not None  # _contract_for compared it with the config's (a dflash contract has one)
     _refuse_unportable(contract.block, cfg, fmt.name)
     cfg.require_matches(contract)
-    tensors = read_safetensors(directory / WEIGHTS)
-    draft = DFlashDraft(cfg, contract.block).fill_nan()
+    draft = _load_weights(DFlashDraft(cfg, contract.block), read_safetensors(directory / WEIGHTS), where, dtype, target)
+    draft.contract = contract
+    return draft, contract
+
+
+def import_block_backbone(directory: Path, fmt_name: str, *, target: Any, taps: tuple[int, ...],
+                          anchor_layout: str = "bonus", heads: tuple[str, ...] = ()) -> DFlashDraft:
+    """The DFlash backbone of a block drafter, for the doctor's measured wiring: of a DFlash draft, or of a
+    family built on it (speculators' DSparkDraftModel is its DFlashDraftModel plus heads that bias the logits).
+    The config read through format `fmt_name`'s fields, its block in the family's `anchor_layout` (the family
+    record says which), the boundaries `taps` (the config's ids are what is under test), the backbone's weights
+    checked as strictly as an import, the weights under the prefixes `heads` set aside, the target's embedding
+    and head attached. Semantics eaglewire's DFlash does not compute are refused as on import."""
+    fmt, directory = block_format("dflash", fmt_name), Path(directory)
+    where = f"{fmt.name}-layout block-drafter backbone {directory}"
+    config = read_json(directory / "config.json")
+    layer = config.get("transformer_layer_config") if fmt.style == "speculators" else config
+    own = {k: v for k, v in config.items() if k != "sample_from_anchor" or anchor_layout != "anchor_first"}
+    _refuse_semantics(fmt, own, layer if isinstance(layer, dict) else {}, where)
+    block = dataclasses.replace(_block_from(fmt, config, where), anchor_layout=anchor_layout)
+    contract = _contract_for(fmt, config, directory, target, where, tuple(taps))
+    contract = dataclasses.replace(contract, block=block)
+    cfg = _draft_config(fmt, config, contract, where)
+    cfg.require_matches(contract)
+    tensors = {k: t for k, t in read_safetensors(directory / WEIGHTS).items() if not k.startswith(heads)}
+    draft = _load_weights(DFlashDraft(cfg, block), tensors, where, None, target)
+    draft.contract = contract
+    return draft
+
+
+def _load_weights(draft: DFlashDraft, tensors: dict[str, torch.Tensor], where: str, dtype: torch.dtype | None,
+                  target: Any | None) -> DFlashDraft:
+    """`tensors` into `draft` strictly: exact key set, shapes, one float dtype, finite values."""
+    draft = draft.fill_nan()
     reference = draft.state_dict()
     _check_keys(set(reference), set(tensors), set(), where)
     floats = _float_dtype(tensors, where)
@@ -356,7 +389,6 @@ def import_block_draft(directory: Path, fmt_name: str, *, family: str = "dflash"
     draft.load_state_dict(tensors, strict=True)
     if dtype is not None:
         draft.to(dtype)
-    draft.contract = contract
     if target is not None:
         draft.attach_target(target.embedding(), target.head_rows())
-    return draft.eval(), contract
+    return draft.eval()
