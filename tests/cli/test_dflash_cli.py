@@ -75,3 +75,24 @@ def test_server_decodes_with_a_dflash_draft(tmp_path):
     finally:
         httpd.shutdown()
     assert torch.equal(draft.fc.weight, load_checkpoint(ddir, target=target).fc.weight)
+
+
+def test_export_writes_a_dflash_draft_in_every_block_format_and_names_its_ids(tmp_path):
+    """`eaglewire export` of a DFlash draft: each of its formats is written, the summary line names the config
+    field and the ids in that format's numbering (an EAGLE-3 engine record used to be looked up for it, and
+    the command failed after writing), and the export reads back to the same contract."""
+    from eaglewire.export.block import import_block_draft
+
+    tdir, target, _ = _setup(tmp_path)
+    block = BlockWiring(block_size=4, mask_token_id=pick_mask_token(target.tokenizer))
+    draft = build_dflash_draft(target, dflash_contract(target, (1, 2, 3), block), num_layers=1)  # zlab: no final tap
+    save_checkpoint(draft, draft.contract, tmp_path / "d3")
+    ddir = tmp_path / "d3"
+    for fmt, field in (("zlab", "dflash_config.target_layer_ids"), ("sglang", "dflash_config.target_layer_ids"),
+                       ("vllm", "aux_hidden_state_layer_ids"), ("speculators", "aux_hidden_state_layer_ids")):
+        out = tmp_path / f"x-{fmt}"
+        r = CliRunner().invoke(app, ["export", str(ddir), "--format", fmt, "--out", str(out)])
+        assert r.exit_code == 0, r.output
+        assert f"{fmt} export -> " in r.output and field in r.output.replace("\n", ""), r.output
+        _, back = import_block_draft(out, fmt, target=target)
+        assert back.taps == draft.contract.taps and back.block == draft.contract.block

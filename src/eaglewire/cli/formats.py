@@ -10,7 +10,8 @@ import typer
 from eaglewire.cli.common import add_command, err_console, load_target, out_console, parse_dtype
 
 FORMAT_HELP = ("sglang (the layer-id rule of the target's SGLang model file, per release: --engine-version), "
-               "vllm / speculators, eagle (SafeAILab), specforge, native (eaglewire's own checkpoint)")
+               "vllm / speculators, eagle (SafeAILab), specforge, native (eaglewire's own checkpoint); a DFlash "
+               "draft: vllm / speculators, sglang, zlab")
 VERSION_HELP = "SGLang release whose per-model-file layer-id rule applies (default: the newest verified)."
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 FORCE_HELP = ("Replace an existing --out that is not an earlier output of this command (its content is deleted); "
@@ -82,8 +83,12 @@ def import_cmd(
 
 def _ids_note(fmt: str, version: Optional[str], contract) -> str:
     """"layer ids [...] (the rule that wrote them); " for an export's summary line."""
+    from eaglewire.export.block import BLOCK_FORMATS, block_format
     from eaglewire.export.engines import engine_for
 
+    if contract.family in BLOCK_FORMATS:  # a block drafter: its family's format record numbers the ids
+        block = block_format(contract.family, fmt)
+        return f"{block.ids_at} {list(contract.engine_ids(block.convention))}; "
     record, arch = engine_for(fmt, version), contract.target.architecture
     note = record.rule_note(arch)
     return f"layer ids {list(contract.engine_ids(record.convention_for(arch)))}" + (f" for {note}" if note else "") \
