@@ -11,6 +11,8 @@ from eaglewire.data.samples import split_heldout
 
 name, init, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 kw = dict(a.split("=", 1) for a in sys.argv[4:])
+TAPS_ARG = kw.pop("taps", "")
+FEATURES = kw.pop("features", "/tmp/dflash-run/features")
 target = load_target()
 orig = D.build_draft
 
@@ -66,8 +68,9 @@ O.OBJECTIVES["dflash"] = dataclasses.replace(O.OBJECTIVES["dflash"], build_draft
 
 c = TrainConfig(family="dflash", max_steps=steps, eval_every=int(kw.pop("eval_every", 25)), ckpt_every=int(kw.pop("ckpt_every", 1000)),
                 **{k: type(getattr(TrainConfig(), k))(v) for k, v in kw.items()})
-contract = D.make_contract(target, D.default_taps(target.num_layers), None, c)
-feats, samples = feature_source(target, contract, Path("/tmp/dflash-run/features"), lambda: [])
+TAPS = tuple(int(x) for x in TAPS_ARG.split("-")) if TAPS_ARG else D.default_taps(target.num_layers)
+contract = D.make_contract(target, TAPS, None, c)
+feats, samples = feature_source(target, contract, Path(FEATURES), lambda: [])
 FEATS[:] = [feats, samples]
 tr, held = split_heldout(samples, 0.05)
 out = Path(f"/tmp/dx/{name}")
