@@ -68,14 +68,19 @@ ONEDNN_BF16_ISAS = ("AVX512_CORE_BF16", "AVX10_1_512", "AVX512_CORE_FP16", "AVX1
                     "DEFAULT")
 
 
+def onednn_cap() -> str:
+    """The ISA oneDNN is capped to (ONEDNN_MAX_CPU_ISA, or its older name DNNL_MAX_CPU_ISA), upper-case; '' = none."""
+    return (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").upper()
+
+
 def native_bf16() -> bool:
     """True when bf16 matrix products run natively on this CPU (AVX512-BF16 or AMX-BF16) and oneDNN is not
     capped below them (ONEDNN_MAX_CPU_ISA=AVX2, say, measuring AVX2 kernels on such a machine: oneDNN then
     cannot pack a bf16 weight). `EAGLEWIRE_NO_BF16=1` forces False (to measure fp32 on such a machine)."""
     if os.environ.get("EAGLEWIRE_NO_BF16") == "1":
         return False
-    cap = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA")
-    if cap and cap.upper() not in ONEDNN_BF16_ISAS:
+    cap = onednn_cap()
+    if cap and cap not in ONEDNN_BF16_ISAS:
         return False
     return any(f in cpu_flags() for f in BF16_FLAGS)
 
@@ -83,7 +88,7 @@ def native_bf16() -> bool:
 def amx_usable() -> bool:
     """True when the CPU has AMX tiles and oneDNN is not capped below an AMX ISA (ONEDNN_MAX_CPU_ISA=
     AVX512_CORE_BF16, say, measuring an AVX-512 CPU without AMX on one that has it)."""
-    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").upper()
+    cap = onednn_cap()
     if cap and cap not in ("ALL", "DEFAULT") and "AMX" not in cap:
         return False
     return any(f.startswith("amx") for f in cpu_flags())

@@ -125,8 +125,9 @@ def engine_rule(engine: str, version: str | None) -> tuple[str, dict[str, Any]]:
                                                          if aliases else ""), found=version,
                              fix="pass the engine's release number (e.g. --engine-version "
                                  f"{next(iter(rows))}), or pick the listed version closest to yours")
-    exact = (_release(version) or ()) + (0,) * 3
-    same = exact[:len(_release(key) or ())] == _release(key) and not any(exact[len(_release(key) or ()):])
+    asked, row = _release(version) or (), _release(key) or ()
+    width = max(len(asked), len(row))
+    same = asked + (0,) * (width - len(asked)) == row + (0,) * (width - len(row))  # "0.29.0" is the "0.29" row
     return (version if alias or same else f"{version} (rules of {key})"), rows[key]
 
 

@@ -17,11 +17,12 @@ import torch
 from eaglewire.contract import WiringContract, from_engine
 from eaglewire.draft.dflash import DFlashDraft, build_dflash_draft, dflash_contract, pick_mask_token
 from eaglewire.draft.vocab import VocabMap
-from eaglewire.errors import CheckpointError, ContractMismatch
+from eaglewire.errors import ContractMismatch
 from eaglewire.families import BlockWiring, zlab_default_ids
 from eaglewire.train.block import BlockModel
 from eaglewire.train.config import TrainConfig
 from eaglewire.train.dist import DistInfo, all_reduce_sum
+from eaglewire.train.warm import copy_target_layer
 
 DEFAULT_NUM_TAPS = 5  # z-lab's drafts, SpecForge's and DeepSpec's configs tap five target layers
 # knobs of EAGLE-3's record only: a DFlash run refuses a value other than their default
@@ -87,15 +88,8 @@ def init_from_target(draft: DFlashDraft, target: Any) -> None:
     start = min(taps[-1], L - n)
     with torch.no_grad():
         for i, layer in enumerate(draft.layers):
-            src = target.layer_parameters(start + i)
-            for name, p in layer.named_parameters():
-                if name not in src:
-                    continue
-                if tuple(src[name].shape) != tuple(p.shape):
-                    raise CheckpointError(f"cannot start DFlash layer {i} from target layer {start + i}",
-                                          expected=f"{name} of shape {tuple(p.shape)}",
-                                          found=str(tuple(src[name].shape)), fix="drop init_layers_from_target")
-                p.copy_(src[name])
+            copy_target_layer(layer, target.layer_parameters(start + i), f"DFlash layer {i} from target layer "
+                              f"{start + i}")
         draft.hidden_norm.weight.copy_(target.layer_parameters(start)["input_layernorm.weight"])
         draft.fc.weight.zero_()
         draft.fc.weight[:, (len(taps) - 1) * H:].copy_(torch.eye(H))  # [H, n*H]: the last tap, as is

@@ -9,7 +9,7 @@ alone (`freeze`), leaving every weight the warm start had exactly as it was.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -19,26 +19,40 @@ from eaglewire.norms import norm_preset_name
 from eaglewire.draft.vocab import VocabMap
 
 
+def copy_target_layer(layer: torch.nn.Module, src: dict[str, torch.Tensor], what: str,
+                      place: Callable[[str, torch.Tensor, torch.Tensor], bool] | None = None) -> None:
+    """Start a draft layer from a target layer: each parameter the target layer holds by the same name (`src`,
+    target.layer_parameters) is copied; the others (the draft's own norms) keep their init. `place(name, p, w)`
+    may write a weight of another shape itself and return True; any other shape mismatch is refused, naming
+    `what` ("draft layer 0 from target layer 29"). Call under torch.no_grad()."""
+    for name, p in layer.named_parameters():
+        if name not in src:
+            continue
+        w = src[name]
+        if place is not None and place(name, p, w):
+            continue
+        if tuple(p.shape) != tuple(w.shape):
+            raise CheckpointError(f"cannot start {what}", expected=f"{name} of shape {tuple(p.shape)}",
+                                  found=str(tuple(w.shape)), fix="drop init_layers_from_target for this target")
+        p.copy_(w)
+
+
 def init_layers_from_target(draft: Eagle3Draft, target: Any) -> None:
     """Start draft layer i from target decoder layer L - n + i (the top of the stack, whose input is closest
     to the fused state the draft reads). Layer 0's q/k/v read [embed ; hidden] (2H wide): the hidden half
     takes the target's projection, the embedding half keeps its random init. Refused where shapes differ."""
-    n, L = draft.cfg.num_layers, target.num_layers
+    n, L, H = draft.cfg.num_layers, target.num_layers, draft.cfg.hidden_size
+
+    def hidden_half(name: str, p: torch.Tensor, w: torch.Tensor) -> bool:
+        if name.split(".")[-2] not in ("q_proj", "k_proj", "v_proj"):
+            return False
+        p[:, H:].copy_(w)  # [out, 2H]: columns H: read hidden_norm(hidden)
+        return True
+
     with torch.no_grad():
         for i, layer in enumerate(draft.layers):
-            src = target.layer_parameters(L - n + i)
-            for name, p in layer.named_parameters():
-                if name not in src:
-                    continue  # hidden_norm: the draft's own (the target has one input norm per layer)
-                w = src[name]
-                if layer.first and name.split(".")[-2] in ("q_proj", "k_proj", "v_proj"):
-                    p[:, draft.cfg.hidden_size:].copy_(w)  # [out, 2H]: columns H: read hidden_norm(hidden)
-                elif p.shape == w.shape:
-                    p.copy_(w)
-                else:
-                    raise CheckpointError(f"cannot start draft layer {i} from target layer {L - n + i}",
-                                          expected=f"{name} of shape {tuple(p.shape)}", found=str(tuple(w.shape)),
-                                          fix="drop init_layers_from_target for this target")
+            copy_target_layer(layer, target.layer_parameters(L - n + i), f"draft layer {i} from target layer "
+                              f"{L - n + i}", hidden_half if layer.first else None)
 
 
 GROWN_OUT_SCALE = 0.01  # an added layer's output projections start at this fraction of their random init
