@@ -44,14 +44,22 @@ def fit(target, draft, seqs: list[torch.Tensor], starts: list[int], steps: int, 
         own = torch.arange(n).repeat_interleave(B)  # block of each query row
         mask = torch.cat([torch.arange(T)[None] < p[own][:, None], own[:, None] == own[None]], -1)  # [nB, T+nB]
         hidden = draft(taps[i], torch.arange(T)[None], block.view(1, -1), pos.view(1, -1), mask[None])  # [1, nB, H]
-        logits = draft.logits(hidden.view(n, B, -1)[:, 1:])  # [n, B-1, V]: slot k predicts x[p+k]
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[pos[:, 1:]].reshape(-1))
+        logits = draft.logits(hidden.view(n, B, -1)[:, 1:])  # [n, B-1, V or V_d]: slot k predicts x[p+k]
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), _draft_ids(draft, x[pos[:, 1:]].reshape(-1)),
+                               ignore_index=-100)
         opt.zero_grad()
         loss.backward()
         opt.step()
         losses.append(loss.item())
     draft.eval()
     return losses
+
+
+def _draft_ids(draft, ids: torch.Tensor) -> torch.Tensor:
+    """Target ids -> the draft's output ids (a reduced vocabulary's; -100 where it lacks the token)."""
+    if not draft.reduced:
+        return ids
+    return torch.where(draft.t2d[ids], draft.t2d.long().cumsum(0)[ids] - 1, -100)
 
 
 @torch.no_grad()
@@ -65,7 +73,7 @@ def greedy_acceptance(target, draft, prompt: torch.Tensor, cont: list[int], max_
     accepted, p = [], P  # x[P] is the first token out (from the prefill)
     while p - P + 1 < max_new:
         draft.extend_context(cache, taps[:, cache.n:p])
-        drafts = draft.logits(draft.draft_block(cache, int(x[p]))[0, 1:]).argmax(-1).tolist()  # B-1 drafts
+        drafts = draft.target_ids(draft.logits(draft.draft_block(cache, int(x[p]))[0, 1:]).argmax(-1)).tolist()
         a = 0
         while a < B - 1 and drafts[a] == int(x[p + 1 + a]):
             a += 1

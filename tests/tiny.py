@@ -93,13 +93,18 @@ def build_draft(target: Target, taps=(1, 2, 3), draft_vocab: int = 128, seed: in
 
 
 def build_dflash(target: Target, taps=(1, 2, 3), block_size: int = 4, layers: int = 2, seed: int = 0,
-                 mask_token_id: int | None = None, **block_kw):
-    """A random-init DFlash draft for `target` (full vocabulary, mask token default the last id), target attached."""
+                 mask_token_id: int | None = None, vocab_every: int | None = None, **block_kw):
+    """A random-init DFlash draft for `target` (mask token default the last id), target attached: over the full
+    vocabulary, or (vocab_every k) a reduced one of every k-th id with its own head."""
     from eaglewire.draft.dflash import build_dflash_draft, dflash_contract
+    from eaglewire.draft.vocab import VocabMap
     from eaglewire.families import BlockWiring
 
-    contract = dflash_contract(target, tuple(taps), BlockWiring(block_size, target.vocab_size - 1 if mask_token_id is None else mask_token_id, **block_kw))
-    return build_dflash_draft(target, contract, layers, seed=seed), contract
+    V = target.vocab_size
+    vmap = VocabMap.from_target_ids(torch.arange(0, V, vocab_every), V) if vocab_every else None
+    block = BlockWiring(block_size, V - 1 if mask_token_id is None else mask_token_id, **block_kw)
+    contract = dflash_contract(target, tuple(taps), block, vmap)
+    return build_dflash_draft(target, contract, layers, seed=seed, vmap=vmap), contract
 
 
 def tiny_samples(n: int = 24, seed: int = 0, min_len: int = 12, max_len: int = 24):

@@ -95,7 +95,7 @@ def train_draft(target: Any, contract: WiringContract, vmap: VocabMap | None, so
                 heldout: list[Sample], cfg: TrainConfig, out: Path, info: DistInfo = DistInfo(), *,
                 resume: bool = False, on_step: Callable[[dict], None] | None = None) -> dict[str, Any]:
     """Training of the contract's family into `out` (draft/, checkpoints/, metrics.jsonl, training.png,
-    summary.json on the main rank); returns the summary. `vmap`: None for a full-vocabulary family (DFlash)."""
+    summary.json on the main rank); returns the summary. `vmap`: None for the full vocabulary (DFlash only)."""
     from eaglewire.train.loop import train
     from eaglewire.train.plot import plot_metrics
 
@@ -164,7 +164,7 @@ def train(target: Target, taps: tuple[int, ...], vocab: Path | None, cfg: TrainC
           resume: bool = False, on_start: Callable[[WiringContract, int, int], None] | None = None,
           on_step: Callable[[dict], None] | None = None) -> dict[str, Any]:
     """Train a draft of `cfg.family` for `target` reading boundaries `taps`, with the vocab map in file `vocab`
-    (None for a full-vocabulary family, DFlash): the contract (the family's, train/objectives.py), the feature
+    (None: the full vocabulary, which DFlash drafts can predict and EAGLE-3 drafts cannot): the contract (the family's, train/objectives.py), the feature
     source (offline `features`, else `samples()`
     captured online), the held-out split, then train_draft. `also_features`: more offline directories of
     the same contract, all training. on_start(contract, training samples, held-out samples) hears the

@@ -26,5 +26,5 @@ for d in sys.argv[1:]:
               "causal": [_dflash_layer_causal(hf, i) for i in range(hf.num_hidden_layers)],
               "rope_theta": hf.rope_parameters["rope_theta"], "neox": getattr(hf, "is_neox_style", True),
               "mask_token_id": (getattr(hf, "dflash_config", None) or {}).get("mask_token_id"),
-              "architectures": list(hf.architectures)}
+              "architectures": list(hf.architectures), "draft_vocab_size": getattr(hf, "draft_vocab_size", None)}
 print(json.dumps(out))

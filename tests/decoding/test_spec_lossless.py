@@ -159,8 +159,9 @@ def test_cli_tree_knob_defaults():
 @pytest.mark.parametrize("arch,block,shape", [
     ("llama", dict(block_size=4), None), ("qwen3", dict(block_size=4), None),
     ("llama", dict(block_size=6), TreeShape.chain(2)), ("qwen3", dict(block_size=3, anchor_layout="anchor_first"), None),
-    ("llama", dict(block_size=4, sliding_layers=(1,), sliding_window=5), None)],
-    ids=["b4-llama", "b4-qwen3", "b6-k2", "anchor-first", "sliding"])
+    ("llama", dict(block_size=4, sliding_layers=(1,), sliding_window=5), None),
+    ("qwen3", dict(block_size=4, vocab_every=3), None)],
+    ids=["b4-llama", "b4-qwen3", "b6-k2", "anchor-first", "sliding", "reduced-vocab"])
 def test_dflash_draft_lossless(arch, block, shape):
     """A block drafter (one non-causal pass over [anchor, MASK...] proposes a chain) keeps greedy output."""
     target, rt = _setup(arch)
@@ -175,11 +176,13 @@ def test_dflash_draft_lossless(arch, block, shape):
     assert st.accepted[-1] == 0 and prop.cache.n == PROMPT.shape[1] + len(out) - 1
 
 
-def test_block_proposer_drafts_what_the_training_forward_predicts():
+@pytest.mark.parametrize("vocab_every", [None, 2], ids=["full-vocab", "reduced-vocab"])
+def test_block_proposer_drafts_what_the_training_forward_predicts(vocab_every):
     """Engine and training agree: after prefill, and after a round's accept, the block proposer's drafts are
-    the training forward's argmax over the slots after the anchor, its context every verified position."""
+    the training forward's argmax over the slots after the anchor (a reduced vocabulary's mapped to target ids:
+    i + d2t[i]), its context every verified position."""
     target, rt = _setup("llama")
-    draft, contract = build_dflash(target, block_size=5, seed=3)
+    draft, contract = build_dflash(target, block_size=5, seed=3, vocab_every=vocab_every)
     ref = greedy_reference(rt, PROMPT, 8)
     P, B, mask_id = PROMPT.shape[1], 5, VOCAB - 1
     seq = torch.cat([PROMPT, torch.tensor([ref[:4]])], 1)
@@ -190,7 +193,8 @@ def test_block_proposer_drafts_what_the_training_forward_predicts():
         with torch.no_grad():
             h = draft(taps[:, :n], torch.arange(n)[None], ids, torch.arange(n, n + B)[None],
                       torch.ones(1, B, n + B, dtype=torch.bool))
-        return draft.logits(h[0, 1:]).argmax(-1).tolist()
+        drafted = draft.logits(h[0, 1:]).argmax(-1)  # [B-1] ids of the draft's vocabulary
+        return (drafted * vocab_every if vocab_every else drafted).tolist()  # kept ids 0, k, 2k, ...
 
     prop = BlockProposer(draft, contract, None, max_len=64)
     prop.start(PROMPT, taps[:, :P], ref[0])

@@ -39,15 +39,13 @@ def target():
     return t
 
 
-@pytest.fixture(scope="module")
-def trained(target, tmp_path_factory):
-    """A one-layer DFlash draft trained on TRAINED (~15 s on one thread)."""
+def _train(target, tmp_path_factory, vmap=None):
     from eaglewire.draft.dflash import dflash_contract
     from eaglewire.export.checkpoint import load_checkpoint
     from eaglewire.families import BlockWiring
     from eaglewire.train.loop import TrainConfig, train
 
-    contract = dflash_contract(target, TRAINED, BlockWiring(block_size=4, mask_token_id=VOCAB - 1))
+    contract = dflash_contract(target, TRAINED, BlockWiring(block_size=4, mask_token_id=VOCAB - 1), vmap)
     samples = _random_samples(1000, 0)
     c = TrainConfig(family="dflash", block_size=4, anchors=8, max_steps=600, batch_size=8, lr=3e-3, warmup_steps=5,
                     eval_every=10_000, ckpt_every=10_000, num_layers=1, loss="forward_kl", supervise="all")
@@ -55,10 +53,16 @@ def trained(target, tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        train(target, contract, None, OnlineFeatures(target, contract, pad_id=0), samples[:-8], samples[-8:], c, out)
+        train(target, contract, vmap, OnlineFeatures(target, contract, pad_id=0), samples[:-8], samples[-8:], c, out)
     finally:
         torch.set_num_threads(threads)
     return load_checkpoint(out / "draft", target=target), contract
+
+
+@pytest.fixture(scope="module")
+def trained(target, tmp_path_factory):
+    """A one-layer DFlash draft trained on TRAINED (~15 s on one thread)."""
+    return _train(target, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +104,19 @@ def test_mis_declared_block_taps_get_the_error_naming_the_trained_ones(tmp_path,
     assert f"predicts best from boundaries {list(TRAINED)}" in f.what and f"will deliver {list(delivered)}" in f.what
     assert "write dflash_config.target_layer_ids: [1, 4, 6]" in f.fix  # TRAINED in z-lab's numbering
     assert m.tau["best"][0] > m.tau["delivered"][0]
+
+
+def test_a_reduced_vocabulary_export_measures_its_taps(tmp_path, tmp_path_factory, target, bounds):
+    """A vLLM export with its own head over three quarters of the ids: the doctor scores its drafts as target ids
+    (a token the vocabulary lacks is a miss) and still finds the trained taps, and the ids one layer early worse."""
+    from eaglewire.draft.vocab import VocabMap
+
+    vmap = VocabMap.from_target_ids(torch.tensor([i for i in range(VOCAB) if i % 4]), VOCAB)
+    draft, contract = _train(target, tmp_path_factory, vmap)
+    assert draft.reduced
+    m, (f,) = measure_wiring(inspect_dir(_export(tmp_path, (draft, contract), "vllm"), None), target, bounds=bounds)
+    assert m.delivered == m.best == TRAINED and f.level == "info", m.to_dict()
+    assert 1.2 < m.tau["best"][0] and max(m.tau["best"][1]) < 1  # misses where the vocabulary lacks the token
 
 
 def test_ids_the_engine_cannot_capture_are_an_error(tmp_path, target, trained, bounds):

@@ -147,7 +147,8 @@ CONFIG_DAMAGE = [
      "causal"),
     ("vllm", "anchor-first", lambda c: c.update(sample_from_anchor=True), CheckpointError, "anchor"),
     ("vllm", "ids edited", lambda c: c.update(aux_hidden_state_layer_ids=[0, 3, 5, 7]), ContractMismatch, "disagrees"),
-    ("vllm", "reduced vocab", lambda c: c.update(draft_vocab_size=VOCAB // 2), CheckpointError, "vocabulary"),
+    ("vllm", "vocab size edited", lambda c: c.update(draft_vocab_size=VOCAB // 2), CheckpointError,
+     "draft_vocab_size"),
 ]
 
 
@@ -170,6 +171,70 @@ def test_unportable_wiring_refused_on_export(tmp_path, target):
     with pytest.raises(CheckpointError, match="no 'eagle'"):
         d = _draft(target, layers=1)
         export_block_draft(d, d.contract, tmp_path / "x", "eagle")
+
+
+# ---- a reduced vocabulary (vLLM's DFlash loader: draft_vocab_size, lm_head, d2t) -------------------------------
+
+
+def _reduced(target, kept):
+    from eaglewire.draft.dflash import build_dflash_draft, dflash_contract
+    from eaglewire.draft.vocab import VocabMap
+
+    vmap = VocabMap.from_target_ids(torch.tensor(sorted(kept)), VOCAB)
+    contract = dflash_contract(target, (1, 3, 5, 7), BlockWiring(block_size=4, mask_token_id=VOCAB - 1), vmap)
+    return build_dflash_draft(target, contract, 1, seed=3, vmap=vmap), vmap
+
+
+@settings(max_examples=10, deadline=None)
+@given(kept=st.sets(st.integers(0, VOCAB - 1), min_size=1, max_size=VOCAB - 1))
+def test_a_reduced_vocabulary_round_trips_as_vllm(tmp_path_factory, target, kept):
+    d, vmap = _reduced(target, kept)
+    out = export_block_draft(d, d.contract, tmp_path_factory.mktemp("r") / "vllm", "vllm")
+    config = json.loads((out / "config.json").read_text())
+    assert config["draft_vocab_size"] == len(kept) and config["transformer_layer_config"]["vocab_size"] == VOCAB
+    weights = load_file(out / "model.safetensors")
+    assert weights["lm_head.weight"].shape == (len(kept), d.cfg.hidden_size)
+    assert (torch.arange(len(kept)) + weights["d2t"]).tolist() == sorted(kept)  # offsets, as vLLM adds them
+    back, contract = import_block_draft(out, "vllm", target=target)
+    assert _same(back, d) and contract == d.contract
+    (out / CONTRACT_FILE).unlink()  # the map is rebuilt from the weights, the contract with it
+    back, rebuilt = import_block_draft(out, "vllm", target=target)
+    assert _same(back, d) and rebuilt == d.contract
+    ids = torch.tensor(sorted(kept))
+    assert back.target_ids(torch.arange(len(kept))).tolist() == ids.tolist()
+
+
+def test_a_reduced_vocabulary_is_refused_where_the_engine_has_no_head_of_its_own(tmp_path, target):
+    d, _ = _reduced(target, range(0, VOCAB, 2))
+    for fmt in ("zlab", "sglang"):
+        with pytest.raises(CheckpointError, match="vocabulary") as err:
+            export_block_draft(d, d.contract, tmp_path / fmt, fmt)
+        assert "vllm" in err.value.fix
+
+
+REDUCED_DAMAGE = [
+    ("absolute ids", lambda t: t.update(d2t=t["d2t"] + torch.arange(len(t["d2t"]))), "OFFSETS"),
+    ("another map", lambda t: t.update(d2t=torch.zeros_like(t["d2t"]), t2d=_first(len(t["d2t"]))), "vocab map named"),
+    ("t2d lost", lambda t: t.pop("t2d"), "half a vocab map"),
+    ("head rows", lambda t: t.update({"lm_head.weight": t["lm_head.weight"][:-1].contiguous()}), "wrong shape"),
+]
+
+
+def _first(n):
+    t2d = torch.zeros(VOCAB, dtype=torch.bool)
+    t2d[:n] = True
+    return t2d
+
+
+@pytest.mark.parametrize("what,damage,match", REDUCED_DAMAGE, ids=[d[0] for d in REDUCED_DAMAGE])
+def test_a_damaged_vocab_map_is_refused(tmp_path, target, what, damage, match):
+    from eaglewire.errors import EaglewireError
+
+    d, _ = _reduced(target, range(1, VOCAB, 2))
+    out = export_block_draft(d, d.contract, tmp_path / "v", "vllm")
+    _edit(out, damage, "model.safetensors")
+    with pytest.raises(EaglewireError, match=match):
+        import_block_draft(out, "vllm", target=target)
 
 
 def test_bf16_export_keeps_dtype(tmp_path, target, drafted):
@@ -223,6 +288,8 @@ def test_vllm_reads_our_dflash_exports_as_we_wrote_them(tmp_path, target):
     dirs = {f: export_block_draft(d, d.contract, tmp_path / f, f) for f in ("zlab", "sglang", "vllm")}
     dirs["spec-default"] = export_block_draft(d, d.contract, tmp_path / "sd", "vllm")
     _edit(dirs["spec-default"], lambda c: c.update(sliding_window_non_causal=False))
+    reduced, _ = _reduced(target, range(0, VOCAB, 2))
+    dirs["reduced"] = export_block_draft(reduced, reduced.contract, tmp_path / "rv", "vllm")
     dirs["zlab-override"] = export_block_draft(d, d.contract, tmp_path / "zo", "zlab")
     _edit(dirs["zlab-override"], lambda c: c.update(eagle_aux_hidden_state_layer_ids=[1, 2, 3]))
     script = Path(__file__).parents[1] / "clients" / "vllm_dflash_config.py"
@@ -235,5 +302,7 @@ def test_vllm_reads_our_dflash_exports_as_we_wrote_them(tmp_path, target):
         assert got[f]["causal"] == [False, False] and got[f]["neox"] is True, (f, got[f])
         assert got[f]["rope_theta"] == d.cfg.rope_theta and got[f]["mask_token_id"] == VOCAB - 1, (f, got[f])
         assert got[f]["architectures"] == ["DFlashDraftModel"], (f, got[f])
+    assert got["vllm"]["draft_vocab_size"] == VOCAB  # vLLM shares the target's head
+    assert got["reduced"]["draft_vocab_size"] == VOCAB // 2  # vLLM builds a head of V_d rows and loads d2t
     assert got["spec-default"]["causal"] == [True, True]  # why our speculators export writes true
     assert got["zlab-override"]["aux"] == [1, 2, 3]  # why a z-lab config with this key is refused on import

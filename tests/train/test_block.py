@@ -114,6 +114,38 @@ def test_a_draft_that_knows_the_target_s_next_tokens_gets_zero_loss_and_full_acc
         assert float(worse.detach()) > float(total.detach()) + 1 and sum(st_bad.correct) < sum(st.correct) / 2
 
 
+class _ReducedOracle(_Oracle):
+    """The oracle over a reduced vocabulary: its logits are the kept ids' columns (draft order)."""
+
+    def __init__(self, top1, vocab, shift, kept):
+        super().__init__(top1, vocab, shift)
+        self.kept = kept
+
+    def logits(self, hidden):
+        return hidden[..., self.kept] * self.scale
+
+
+def test_a_reduced_vocabulary_trains_on_the_tokens_it_holds_and_counts_the_others_as_misses():
+    from eaglewire.draft.vocab import VocabMap
+
+    fb, head = _batch()
+    vmap = VocabMap.from_target_ids(torch.arange(0, 32, 2), 32)  # the even ids
+    for loss_kind in ("greedy_ce", "soft_ce"):
+        make = lambda shift: BlockModel(_ReducedOracle(fb.target_top1, 32, shift, vmap.target_ids), head,  # noqa: E731
+                                        block_size=4, mask_token_id=31, num_anchors=5, gamma=7.0, loss=loss_kind,
+                                        vocab=(vmap.d2t, vmap.t2d))
+        total, st = make(0)(fb, draw=3)
+        full_total, full_st = BlockModel(_Oracle(fb.target_top1, 32, 0), head, block_size=4, mask_token_id=31,
+                                         num_anchors=5, gamma=7.0, loss=loss_kind)(fb, draw=3)
+        assert st.counts == full_st.counts  # the same rows are scored
+        assert 0 < sum(st.correct) < sum(st.counts)  # the odd top-1s cannot be drafted: misses, not dropped rows
+        assert st.chain[0] < st.anchors
+        if loss_kind == "greedy_ce":  # the rows it trains on (even top-1s) it gets right
+            assert float(total.detach()) < 1e-6
+        worse, _ = make(1)(fb, draw=3)
+        assert float(worse.detach()) > float(total.detach()) + 1
+
+
 # ---- the DFlash record through the one training loop --------------------------------------------------------
 
 
@@ -180,9 +212,44 @@ def test_dflash_resume_is_bit_exact(tmp_path):
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+def test_a_reduced_vocabulary_dflash_draft_trains_resumes_and_loads_with_its_map(tmp_path):
+    """A vocab map makes the draft's head its own [V_d, H], started from the target's rows; the map travels in
+    the contract (its hash) and the checkpoint (d2t/t2d), and resume stays bit-exact."""
+    import dataclasses
+
+    from tiny import VOCAB, tiny_samples
+
+    from eaglewire.draft.vocab import VocabMap
+    from eaglewire.export.checkpoint import load_checkpoint
+    from eaglewire.draft.dflash import dflash_contract
+    from eaglewire.train.dflash import build_draft
+    from eaglewire.train.loop import TrainConfig, train
+
+    target, full, feats = _dflash_setup()
+    vmap = VocabMap.from_target_ids(torch.arange(0, VOCAB, 3), VOCAB)
+    c = TrainConfig(family="dflash", block_size=4, anchors=4, max_steps=6, batch_size=4, warmup_steps=2,
+                    eval_every=3, ckpt_every=3, dtype="fp32")
+    contract = dflash_contract(target, full.taps, full.block, vmap)
+    assert contract.draft_vocab_size == vmap.draft_vocab_size and contract.vocab_map_sha256 == vmap.sha256()
+    assert dataclasses.replace(contract, draft_vocab_size=None, vocab_map_sha256=None) == \
+        dataclasses.replace(full, draft_vocab_size=None, vocab_map_sha256=None)
+    start = build_draft(target, contract, vmap, c)
+    assert torch.equal(start.lm_head.weight, target.head_rows()[vmap.target_ids])  # the target's rows of the kept ids
+    samples = tiny_samples(24)
+    train(target, contract, vmap, feats, samples[:20], samples[20:], c, tmp_path / "a")
+    train(target, contract, vmap, feats, samples[:20], samples[20:], c, tmp_path / "b", stop_at=4)
+    train(target, contract, vmap, feats, samples[:20], samples[20:], c, tmp_path / "b", resume=True)
+    a = load_checkpoint(tmp_path / "a" / "draft", target=target)
+    b = load_checkpoint(tmp_path / "b" / "draft", target=target)
+    assert a.contract == contract and a.reduced and torch.equal(a.d2t, vmap.d2t)
+    wa, wb = a.state_dict(), b.state_dict()
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert not torch.equal(wa["lm_head.weight"], start.lm_head.weight)  # its own head trains
+
+
 def test_cli_captures_dflash_taps_and_trains_a_dflash_draft(tiny_dir, tmp_path):
     """`data capture --family dflash` takes z-lab's five default taps; `train --family dflash` trains on them with
-    no vocab map (one given is refused, as an EAGLE-3 run without one is)."""
+    no vocab map (an EAGLE-3 run without one is refused)."""
     import json
 
     from test_cli_pipeline import _run

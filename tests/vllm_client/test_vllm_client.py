@@ -426,25 +426,32 @@ def _stat(pid: str) -> list[str]:
 DFLASH_B = 4  # block size: the anchor and 3 masks, so vLLM's num_speculative_tokens is 3
 
 
-@pytest.fixture(scope="module")
-def dflash(setup):
+@pytest.fixture(scope="module", params=["full", "reduced"])
+def dflash(setup, request):
     """A 1-layer DFlash draft (z-lab's five default taps, the tokenizer's spare mask token) fitted for a few steps
     to our target's greedy continuations of this module's prompts, so acceptance is far from zero: a wiring check
-    (vLLM must run the function we run), not a quality figure. Returns (draft, continuations, our accepted
-    drafts per round on them)."""
+    (vLLM must run the function we run), not a quality figure. Over the full vocabulary, or a reduced one (its own
+    head and d2t: every id of the prompts and all but every fifth id of the continuations, so some target tokens
+    cannot be drafted). Returns (draft, continuations, our accepted drafts per round on them)."""
     import torch
     from dflash_ref import fit, greedy_acceptance, greedy_continuation
 
     from eaglewire.contract import from_engine
     from eaglewire.draft.dflash import build_dflash_draft, dflash_contract, pick_mask_token
+    from eaglewire.draft.vocab import VocabMap
     from eaglewire.families import BlockWiring, zlab_default_ids
 
     target, _draft, _export, prompts, _ = setup
     L, B = target.num_layers, DFLASH_B
     block = BlockWiring(block_size=B, mask_token_id=pick_mask_token(target.tokenizer))
-    contract = dflash_contract(target, from_engine(zlab_default_ids(L, 5), "zlab", L), block)
-    draft = build_dflash_draft(target, contract, 1, seed=0)
     conts = [greedy_continuation(target, p, MAX_NEW + B) for p in prompts]
+    vmap = None
+    if request.param == "reduced":
+        seen = sorted({t for c in conts for t in c})
+        kept = [t for i, t in enumerate(seen) if i % 5] + [t for p in prompts for t in p[0].tolist()]
+        vmap = VocabMap.from_target_ids(torch.tensor(kept), target.vocab_size)
+    contract = dflash_contract(target, from_engine(zlab_default_ids(L, 5), "zlab", L), block, vmap)
+    draft = build_dflash_draft(target, contract, 1, seed=0, vmap=vmap)
     seqs = [torch.cat([p[0], torch.tensor(c)])[None] for p, c in zip(prompts, conts)]
     torch.manual_seed(0)
     fit(target, draft, seqs, [p.shape[1] - 1 for p in prompts], steps=45)

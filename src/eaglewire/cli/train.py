@@ -54,8 +54,9 @@ def vocab_build(
 def train_cmd(
     data: Optional[str] = typer.Option(None, "--data", help=DATA_HELP + " (online mode)."),
     features: Optional[Path] = typer.Option(None, "--features", help="Offline feature dir from `data capture`."),
-    vocab: Optional[Path] = typer.Option(None, "--vocab", help="Vocab map from `vocab build` (EAGLE-3; a DFlash "
-                                         "draft predicts over the target's full vocabulary: none)."),
+    vocab: Optional[Path] = typer.Option(None, "--vocab", help="Vocab map from `vocab build` (EAGLE-3: required; "
+                                         "DFlash: optional, its own head over that vocabulary instead of the "
+                                         "target's full one)."),
     out: Path = typer.Option(..., "--out", "-o", help="Run directory: metrics, checkpoints, final draft."),
     target: Optional[str] = typer.Option(None, "--target", "-t"),
     taps: Optional[str] = typer.Option(None, "--taps", help="Online: the taps to capture (default: the family's, "

@@ -70,5 +70,5 @@ class BlockProposer:
     @torch.no_grad()
     def propose(self) -> DraftTree:
         normed = self.d.draft_block(self.cache, self.anchor)  # [1, B, H]
-        tokens = self.d.logits(normed[0, self.slots]).argmax(-1).tolist()  # [k] target ids (full vocabulary)
+        tokens = self.d.target_ids(self.d.logits(normed[0, self.slots]).argmax(-1)).tolist()  # [k] target ids
         return DraftTree(tokens=tokens, parents=list(range(-1, self.k - 1)))

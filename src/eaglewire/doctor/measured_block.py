@@ -91,10 +91,20 @@ def block_score(draft: DFlashDraft, bounds: Boundaries, pos: BlockPositions, tap
             hidden = draft(ctx[b:b + 1, :S], torch.arange(S)[None], block_inputs(bounds.input_ids[b:b + 1], a, Bk,
                            mask_id), block_positions(a, Bk), block_mask(a, S, Bk))  # [1, A*Bk, H]
             sel = (a_idx >= c0) & (a_idx < c0 + CHUNK)
-            logits = draft.logits(hidden[0, (a_idx[sel] - c0) * Bk + slot[sel]]).float()  # [E, V]
-            nll.append(-F.log_softmax(logits, -1).gather(-1, label[sel][:, None])[:, 0])
-            hit.append(logits.argmax(-1) == label[sel])
+            logits = draft.logits(hidden[0, (a_idx[sel] - c0) * Bk + slot[sel]]).float()  # [E, V] or [E, V_d]
+            want, known = _draft_labels(draft, label[sel])  # [E] each
+            nll.append(-F.log_softmax(logits, -1).gather(-1, want[:, None])[:, 0] * known)
+            hit.append(draft.target_ids(logits.argmax(-1)) == label[sel])
     return Score(taps, torch.cat(nll), torch.cat(hit))
+
+
+def _draft_labels(draft: DFlashDraft, label: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the draft ids of target ids `label` [E], whether the draft vocabulary holds each [E]). A token a reduced
+    vocabulary lacks is a miss and adds no NLL: the same in every tap hypothesis, so paired comparisons hold."""
+    if not draft.reduced:
+        return label, torch.ones_like(label, dtype=torch.bool)
+    known = draft.t2d[label]
+    return (draft.t2d.long().cumsum(0) - 1)[label].clamp_min(0), known
 
 
 def block_tau(score: Score, pos: BlockPositions) -> tuple[float, list[float]]:

@@ -8,10 +8,13 @@
         k     = rope(k_norm(k))                                    neox RoPE at absolute positions
         x     = x + o_proj(attn(q, k, v, mask));  x = x + mlp(post_attention_layernorm(x))
     hidden = norm(x);  logits = target_head(hidden)                full vocabulary, no d2t
+                   or lm_head(hidden)                            a reduced vocabulary: the draft's own head
+                                                                 [V_d, H], target id = i + d2t[i]
 
 Attention inside a block is bidirectional in full-attention layers; a contract's BlockWiring can make layers
 causal in the block or sliding-window (`layer_mask`). The state dict is exactly z-lab's HF layout (no
-embedding, no head: both are the target's, attached frozen). Because k_norm and RoPE act per position, the
+embedding, no head: both are the target's, attached frozen); a reduced-vocabulary draft adds `lm_head.weight`,
+`d2t` and `t2d`, the names vLLM's DFlash loader and speculators' DFlash model read. Because k_norm and RoPE act per position, the
 context's keys/values of each layer can be computed once and cached (`DFlashCache`): decoding extends the
 cache with the accepted positions' taps and runs one block pass per round.
 """
@@ -28,6 +31,7 @@ from torch import nn
 from eaglewire.contract import WiringContract
 from eaglewire.draft.config import DraftConfig
 from eaglewire.draft.model import MLP, RMSNorm, rope_rows
+from eaglewire.draft.vocab import VocabMap
 from eaglewire.errors import CheckpointError, TapWidthError
 from eaglewire.families import SLIDING, BlockWiring
 from eaglewire.ops import rope_tables, rotate
@@ -99,10 +103,10 @@ class DFlashCache:
 class DFlashDraft(nn.Module):
     def __init__(self, cfg: DraftConfig, block: BlockWiring) -> None:
         super().__init__()
-        if cfg.draft_vocab_size != cfg.vocab_size:
-            raise CheckpointError("a DFlash draft predicts over the target's full vocabulary",
-                                  expected=f"draft_vocab_size = vocab_size = {cfg.vocab_size}",
-                                  found=f"draft_vocab_size={cfg.draft_vocab_size}", fix="build it with full vocab")
+        if not 0 < cfg.draft_vocab_size <= cfg.vocab_size:
+            raise CheckpointError("a DFlash draft's vocabulary must be the target's or a part of it",
+                                  expected=f"0 < draft_vocab_size <= vocab_size = {cfg.vocab_size}",
+                                  found=f"draft_vocab_size={cfg.draft_vocab_size}")
         block.layer_types(cfg.num_layers)  # refuses sliding-layer indices beyond the draft's layers
         self.cfg, self.block = cfg, block
         self.fc = nn.Linear(cfg.num_taps * cfg.target_hidden_size, cfg.hidden_size, bias=False)
@@ -113,6 +117,14 @@ class DFlashDraft(nn.Module):
         # attributes, not parameters or buffers), as z-lab's checkpoints hold neither.
         self.embed_weight: torch.Tensor | None = None
         self.head_weight: torch.Tensor | None = None
+        # A reduced vocabulary predicts V_d < V ids through its own head, started from the target's rows
+        self.reduced = cfg.draft_vocab_size < cfg.vocab_size
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False) if self.reduced else None
+        if self.reduced:
+            self.d2t: torch.Tensor  # [V_d] int64 offsets: target id of draft id i = i + d2t[i]
+            self.t2d: torch.Tensor  # [V] bool: the target ids the draft vocabulary holds
+            self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
+            self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
         self.contract: WiringContract | None = None  # set by the builder and the loaders
 
     # ---- initialisation ----------------------------------------------------------------------
@@ -128,7 +140,27 @@ class DFlashDraft(nn.Module):
         with torch.no_grad():
             for p in self.parameters():
                 p.fill_(float("nan"))
+            if self.reduced:
+                self.d2t.fill_(-(2**62))
         return self
+
+    def set_vocab(self, vmap: VocabMap, head: torch.Tensor | None = None) -> None:
+        """A reduced-vocabulary draft's map, and its head started as the target's rows `head[target ids]` [V_d, H]
+        when the target's head [V, H] is given."""
+        if not self.reduced or vmap.draft_vocab_size != self.cfg.draft_vocab_size:
+            raise CheckpointError("the vocab map does not fit this DFlash draft",
+                                  expected=f"V_d = {self.cfg.draft_vocab_size} < V = {self.cfg.vocab_size}",
+                                  found=f"V_d = {vmap.draft_vocab_size}", fix="build the draft for this vocab map")
+        assert self.lm_head is not None
+        with torch.no_grad():
+            self.d2t.copy_(vmap.d2t)
+            self.t2d.copy_(vmap.t2d)
+            if head is not None:
+                self.lm_head.weight.copy_(head[vmap.target_ids.to(head.device)])
+
+    def target_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """Ids of `logits`' last axis -> target ids (draft id i is i + d2t[i]; the full vocabulary's are)."""
+        return ids + self.d2t[ids] if self.reduced else ids
 
     def attach_target(self, embedding: torch.Tensor, head: torch.Tensor) -> None:
         """Use the target's input embedding and output head, each [V, H] (shared storage, frozen)."""
@@ -160,8 +192,9 @@ class DFlashDraft(nn.Module):
         return F.embedding(ids, self._attached()[0]).to(self.fc.weight.dtype)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Final-norm states [..., H] -> logits [..., V] through the target's head."""
-        head = self._attached()[1]
+        """Final-norm states [..., H] -> logits [..., V] through the target's head, or [..., V_d] through the
+        draft's own (`target_ids` maps an argmax back)."""
+        head = self.lm_head.weight if self.lm_head is not None else self._attached()[1]
         return F.linear(hidden.to(head.dtype), head)
 
     def layer_masks(self, mask: torch.Tensor | None, kv_pos: torch.Tensor, q_pos: torch.Tensor) -> list[torch.Tensor | None]:
@@ -239,11 +272,13 @@ class DFlashDraft(nn.Module):
         return self.norm(x)
 
 
-def build_dflash_draft(target: Any, contract: WiringContract, num_layers: int, *, seed: int = 0) -> DFlashDraft:
+def build_dflash_draft(target: Any, contract: WiringContract, num_layers: int, *, seed: int = 0,
+                       vmap: VocabMap | None = None) -> DFlashDraft:
     """A random DFlash draft for `target` (a TargetInfo with text_config, head_rows and final_norm_weight):
     architecture from the target (hidden size, heads, MLP width, RoPE base), its final norm started from the
     target's (the head it shares then reads states of the scale it was trained on), the target's embedding
-    and head attached, `contract` attached."""
+    and head attached, `contract` attached. With `vmap` (the contract's reduced vocabulary) its own head
+    starts as the target head's rows of the kept ids."""
     if contract.block is None:
         raise CheckpointError("a DFlash draft needs a block-drafter contract", expected="contract.family='dflash'",
                               found=f"family={contract.family!r}", fix="make the contract with dflash_contract()")
@@ -254,15 +289,26 @@ def build_dflash_draft(target: Any, contract: WiringContract, num_layers: int, *
         with torch.no_grad():
             draft.norm.weight.copy_(norm_w)
     draft.attach_target(target.embedding(), target.head_rows())
+    if draft.reduced:
+        if vmap is None or vmap.sha256() != contract.vocab_map_sha256:
+            raise CheckpointError("a reduced-vocabulary DFlash draft needs its contract's vocab map",
+                                  expected=f"vocab_map_sha256={contract.vocab_map_sha256}",
+                                  found="none" if vmap is None else vmap.sha256(), fix="pass the map the contract names")
+        draft.set_vocab(vmap, target.head_rows())
     draft.contract = contract
     return draft
 
 
-def dflash_contract(target: Any, taps: tuple[int, ...], block: BlockWiring) -> WiringContract:
-    """The contract of a DFlash draft for `target` (anything with .contract(taps)): full vocabulary, no d2t."""
+def dflash_contract(target: Any, taps: tuple[int, ...], block: BlockWiring,
+                    vmap: VocabMap | None = None) -> WiringContract:
+    """The contract of a DFlash draft for `target` (anything with .contract(taps)): the full vocabulary (no
+    d2t), or the reduced one `vmap` names (its size and hash, as an EAGLE-3 draft's)."""
     base = target.contract(tuple(taps))
-    return dataclasses.replace(base, family="dflash", block=block, draft_vocab_size=base.target.vocab_size,
-                               vocab_map_sha256=None)
+    if vmap is None:
+        return dataclasses.replace(base, family="dflash", block=block, draft_vocab_size=base.target.vocab_size,
+                                   vocab_map_sha256=None)
+    return dataclasses.replace(base, family="dflash", block=block, draft_vocab_size=vmap.draft_vocab_size,
+                               vocab_map_sha256=vmap.sha256())
 
 
 def default_dflash_contract(target: Any, block_size: int, *, taps: tuple[int, ...] | None = None,

@@ -20,7 +20,7 @@ from eaglewire.draft.dflash import DFlashDraft
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import CheckpointError, ContractMismatch
 from eaglewire.safeio import about_file, require_finite
-from eaglewire.draft.vocab import validate_vocab_map, vocab_map_sha256
+from eaglewire.draft.vocab import VocabMap, validate_vocab_map, vocab_map_sha256
 from eaglewire.target.protocol import TargetInfo
 
 EMBED_KEY = "embed_tokens.weight"  # the target's frozen embedding: in a file only when saved with it
@@ -57,6 +57,28 @@ def _check_tensor(key: str, t: torch.Tensor, ref: torch.Tensor, float_dtype: str
         raise CheckpointError(f"{where}: tensor {key!r} has the wrong dtype", expected=want, found=got)
 
 
+def check_vocab_tensors(tensors: dict[str, torch.Tensor], cfg: DraftConfig, contract: WiringContract,
+                        where: str) -> None:
+    """A checkpoint's d2t/t2d keep the vocab map's invariants and are the map the contract names (its hash)."""
+    with about_file(where):  # the map's own checks see tensors, not the file they came from
+        validate_vocab_map(tensors["d2t"], tensors["t2d"], cfg.vocab_size)
+    found = vocab_map_sha256(tensors["d2t"], cfg.vocab_size)
+    if found != contract.vocab_map_sha256:
+        raise ContractMismatch(f"{where}: d2t is not the vocab map named by the contract",
+                               expected=f"vocab_map_sha256={contract.vocab_map_sha256}", found=found)
+
+
+def vocab_from_tensors(tensors: dict[str, torch.Tensor], where: str) -> VocabMap | None:
+    """The reduced vocabulary a checkpoint's weights carry (d2t and t2d, checked), None where they hold neither."""
+    if "d2t" not in tensors and "t2d" not in tensors:
+        return None
+    if "d2t" not in tensors or "t2d" not in tensors:
+        raise CheckpointError(f"{where}: half a vocab map", expected="d2t and t2d, or neither",
+                              found=f"only {'d2t' if 'd2t' in tensors else 't2d'}", fix="re-export the draft")
+    with about_file(where):
+        return VocabMap(d2t=tensors["d2t"], t2d=tensors["t2d"])
+
+
 def load_strict(cfg: DraftConfig, contract: WiringContract, tensors: dict[str, torch.Tensor], where: str, *,
                 embedding: bool | None, float_dtype: str | None = None, target: TargetInfo | None = None,
                 dtype: torch.dtype | None = None) -> Eagle3Draft:
@@ -74,12 +96,7 @@ def load_strict(cfg: DraftConfig, contract: WiringContract, tensors: dict[str, t
     for k, t in tensors.items():
         _check_tensor(k, t, reference[k], floats, where)
     require_finite(tensors, where, CheckpointError)  # NaN or +-inf: a diverged run or a damaged file
-    with about_file(where):  # the map's own checks see tensors, not the file they came from
-        validate_vocab_map(tensors["d2t"], tensors["t2d"], cfg.vocab_size)
-    found = vocab_map_sha256(tensors["d2t"], cfg.vocab_size)
-    if found != contract.vocab_map_sha256:
-        raise ContractMismatch(f"{where}: d2t is not the vocab map named by the contract",
-                               expected=f"vocab_map_sha256={contract.vocab_map_sha256}", found=found)
+    check_vocab_tensors(tensors, cfg, contract, where)
     draft.to(getattr(torch, floats))  # .to() replaces the parameters' storage: take fresh views after it
     own = draft.state_dict()
     with torch.no_grad():
@@ -120,6 +137,8 @@ def load_dflash_strict(cfg: DraftConfig, contract: WiringContract, tensors: dict
     for k, t in tensors.items():
         _check_tensor(k, t, reference[k], floats, where)
     require_finite(tensors, where, CheckpointError)
+    if draft.reduced:
+        check_vocab_tensors(tensors, cfg, contract, where)
     draft.to(getattr(torch, floats))
     own = draft.state_dict()
     with torch.no_grad():

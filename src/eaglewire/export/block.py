@@ -1,7 +1,9 @@
 """Block drafters' (DFlash) checkpoint formats: one record per format, written and read strictly.
 
 The weights are z-lab's HF layout in every format (eaglewire.draft.dflash's state dict, key for key: no
-embedding, no head, no d2t: the target's are used). What differs is the config, read from each engine's code:
+embedding, no head, no d2t: the target's are used); a reduced-vocabulary draft adds lm_head, d2t and t2d and is
+written as vllm only (vLLM's DFlash loader reads draft_vocab_size, lm_head and d2t; z-lab's and SGLang's
+DFlash models have no head of their own). What differs is the config, read from each engine's code:
 
     zlab         DFlashDraftModel, model_type qwen3, top-level block_size / num_target_layers / layer_types,
                  dflash_config {mask_token_id, target_layer_ids}; id k = output of layer k (z-lab's reference
@@ -20,7 +22,7 @@ Every format writes rope_theta / rope_parameters and is_neox_style explicitly: v
 back to rope_theta 1e6 (set_default_rope_theta) and both engines to neox when the config is silent.
 Semantics a format cannot carry, or that eaglewire's DFlash does not compute, are refused on export and on
 import (an engine would otherwise run another function): causal or sliding-window block layers, anchor-first
-slots, a reduced vocabulary, and in a z-lab config an eagle_aux_hidden_state_layer_ids (vLLM would let it win).
+slots, a reduced vocabulary in z-lab's or SGLang's layout, and in a z-lab config an eagle_aux_hidden_state_layer_ids (vLLM would let it win).
 """
 
 from __future__ import annotations
@@ -36,10 +38,11 @@ import torch
 from eaglewire.contract import WiringContract, from_engine, to_engine
 from eaglewire.draft.config import DraftConfig
 from eaglewire.draft.dflash import DFlashDraft
-from eaglewire.draft.load import _check_keys, _check_tensor, _float_dtype
+from eaglewire.draft.load import _check_keys, _check_tensor, _float_dtype, check_vocab_tensors, vocab_from_tensors
 from eaglewire.errors import CheckpointError, ContractMismatch, EaglewireError
 from eaglewire.export.base import WEIGHTS, cast_floats, read_contract, read_json, read_safetensors, write_dir
 from eaglewire.export.layouts import SPECULATORS_VERSION, _rope_theta
+from eaglewire.draft.vocab import VocabMap
 from eaglewire.families import FULL, BlockWiring
 from eaglewire.safeio import field_of, read_json_object, require_finite
 
@@ -141,14 +144,15 @@ def _refuse_unportable(block: BlockWiring, cfg: DraftConfig, fmt: str) -> None:
     if block.causal or block.sliding_layers:
         problems.append(("attention", "bidirectional full attention in every block layer",
                          f"causal={block.causal}, sliding_layers={list(block.sliding_layers)}"))
-    if cfg.draft_vocab_size != cfg.vocab_size:
-        problems.append(("vocabulary", f"the full vocabulary ({cfg.vocab_size})", f"{cfg.draft_vocab_size}"))
+    if cfg.draft_vocab_size != cfg.vocab_size and fmt != "vllm":  # only vLLM's loader reads lm_head and d2t
+        problems.append(("vocabulary", f"the full vocabulary ({cfg.vocab_size}); a reduced one is written as "
+                         "vllm/speculators only", f"{cfg.draft_vocab_size}"))
     if problems:
         raise CheckpointError(f"this DFlash draft cannot be written as {fmt}",
                               expected="; ".join(f"{k}: {e}" for k, e, _ in problems),
                               found="; ".join(f"{k}: {f}" for k, _, f in problems),
                               fix="these engines' DFlash loaders would run a different function; retrain with "
-                                  "the default block wiring")
+                                  "the default block wiring (a reduced vocabulary: export as vllm)")
 
 
 def _qwen3_fields(cfg: DraftConfig, num_layers: int, dtype: str) -> dict[str, Any]:
@@ -172,7 +176,7 @@ def make_block_config(fmt: BlockFormat, cfg: DraftConfig, contract: WiringContra
     if fmt.style == "speculators":
         return {"architectures": [SPECULATORS_ARCH], "speculators_model_type": "dflash",
                 "speculators_version": SPECULATORS_VERSION, "transformer_layer_config": layer,
-                "draft_vocab_size": cfg.vocab_size, "block_size": block.block_size,
+                "draft_vocab_size": cfg.draft_vocab_size, "block_size": block.block_size,
                 "target_hidden_size": cfg.target_hidden_size, "aux_hidden_state_layer_ids": ids,
                 "mask_token_id": block.mask_token_id, "sliding_window_non_causal": True,
                 "sample_from_anchor": False, "torch_dtype": dtype,
@@ -293,13 +297,13 @@ def _draft_config(fmt: BlockFormat, config: dict[str, Any], contract: WiringCont
 
 
 def _contract_for(fmt: BlockFormat, config: dict[str, Any], directory: Path, target: Any, where: str,
-                  taps: tuple[int, ...] | None = None) -> WiringContract:
+                  taps: tuple[int, ...] | None = None, vmap: VocabMap | None = None) -> WiringContract:
     from eaglewire.draft.dflash import dflash_contract
 
     if taps is not None:  # the caller's boundaries (measured ones, or the doctor's placeholder): ids not read
         if target is None:
             raise CheckpointError(f"{where}: taps given without a target", expected="target=...", found="None")
-        return dflash_contract(target, tuple(taps), _block_from(fmt, config, where))
+        return dflash_contract(target, tuple(taps), _block_from(fmt, config, where), vmap)
     ids, block = _ids_from(fmt, config, where), _block_from(fmt, config, where)
     side = read_contract(directory)
     if side is not None:
@@ -313,7 +317,7 @@ def _contract_for(fmt: BlockFormat, config: dict[str, Any], directory: Path, tar
         raise CheckpointError(f"{directory} has no eaglewire_contract.json", expected="the contract side file, or "
                               "--target to rebuild the contract", found="neither", fix="pass --target")
     taps = from_engine(ids, fmt.convention, target.num_layers)
-    return dflash_contract(target, taps, block)
+    return dflash_contract(target, taps, block, vmap)
 
 
 def import_block_draft(directory: Path, fmt_name: str, *, family: str = "dflash", target: Any | None = None,
@@ -340,14 +344,13 @@ def import_block_draft(directory: Path, fmt_name: str, *, family: str = "dflash"
                               fix="import it with the format that wrote it")
     layer = config.get("transformer_layer_config") if fmt.style == "speculators" else config
     _refuse_semantics(fmt, config, layer if isinstance(layer, dict) else {}, where)
-    contract = _contract_for(fmt, config, directory, target, where, taps)
+    tensors = read_safetensors(directory / WEIGHTS)
+    contract = _contract_for(fmt, config, directory, target, where, taps, vocab_from_tensors(tensors, where))
     cfg = _draft_config(fmt, config, contract, where)
     assert contract.block is not None  # _contract_for compared it with the config's (a dflash contract has one)
     _refuse_unportable(contract.block, cfg, fmt.name)
     cfg.require_matches(contract)
-    draft = _load_weights(DFlashDraft(cfg, contract.block), read_safetensors(directory / WEIGHTS), where, dtype, target)
-    draft.contract = contract
-    return draft, contract
+    return _load_weights(DFlashDraft(cfg, contract.block), tensors, where, dtype, target, contract), contract
 
 
 def import_block_backbone(directory: Path, fmt_name: str, *, target: Any, taps: tuple[int, ...],
@@ -365,19 +368,18 @@ def import_block_backbone(directory: Path, fmt_name: str, *, target: Any, taps: 
     own = {k: v for k, v in config.items() if k != "sample_from_anchor" or anchor_layout != "anchor_first"}
     _refuse_semantics(fmt, own, layer if isinstance(layer, dict) else {}, where)
     block = dataclasses.replace(_block_from(fmt, config, where), anchor_layout=anchor_layout)
-    contract = _contract_for(fmt, config, directory, target, where, tuple(taps))
+    tensors = {k: t for k, t in read_safetensors(directory / WEIGHTS).items() if not k.startswith(heads)}
+    contract = _contract_for(fmt, config, directory, target, where, tuple(taps), vocab_from_tensors(tensors, where))
     contract = dataclasses.replace(contract, block=block)
     cfg = _draft_config(fmt, config, contract, where)
     cfg.require_matches(contract)
-    tensors = {k: t for k, t in read_safetensors(directory / WEIGHTS).items() if not k.startswith(heads)}
-    draft = _load_weights(DFlashDraft(cfg, block), tensors, where, None, target)
-    draft.contract = contract
-    return draft
+    return _load_weights(DFlashDraft(cfg, block), tensors, where, None, target, contract)
 
 
 def _load_weights(draft: DFlashDraft, tensors: dict[str, torch.Tensor], where: str, dtype: torch.dtype | None,
-                  target: Any | None) -> DFlashDraft:
-    """`tensors` into `draft` strictly: exact key set, shapes, one float dtype, finite values."""
+                  target: Any | None, contract: WiringContract) -> DFlashDraft:
+    """`tensors` into `draft` strictly: exact key set, shapes, one float dtype, finite values, a vocab map the
+    contract names; `contract` attached."""
     draft = draft.fill_nan()
     reference = draft.state_dict()
     _check_keys(set(reference), set(tensors), set(), where)
@@ -385,10 +387,13 @@ def _load_weights(draft: DFlashDraft, tensors: dict[str, torch.Tensor], where: s
     for k, t in tensors.items():
         _check_tensor(k, t, reference[k], floats, where)
     require_finite(tensors, where, CheckpointError)
+    if draft.reduced:
+        check_vocab_tensors(tensors, draft.cfg, contract, where)
     draft.to(getattr(torch, floats))
     draft.load_state_dict(tensors, strict=True)
     if dtype is not None:
         draft.to(dtype)
     if target is not None:
         draft.attach_target(target.embedding(), target.head_rows())
+    draft.contract = contract
     return draft.eval()

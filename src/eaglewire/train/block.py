@@ -112,11 +112,15 @@ class BlockModel(nn.Module):
 
     `draft(ctx_taps [N, S, n*H], ctx_pos [N, S], block_ids [N, Q], block_pos [N, Q], mask [N, Q, S+Q]) -> hidden
     [N, Q, H]` and `draft.logits(hidden [..., H]) -> [..., V]` (the training-time forward of draft/dflash.py);
-    `target_head` [V, H] the target's frozen LM head (soft labels, and the top-1 when batches do not bring it)."""
+    `target_head` [V, H] the target's frozen LM head (soft labels, and the top-1 when batches do not bring it).
+    `vocab` (d2t [V_d] offsets, t2d [V] bool): a reduced-vocabulary draft, whose logits are over V_d. As TTT's,
+    its labels are the target's distribution renormalised over the draft vocabulary, and a row whose target
+    top-1 lies outside it is not trained on but counts as a miss (no draft can propose that token)."""
 
     def __init__(self, draft: nn.Module, target_head: torch.Tensor, *, block_size: int, mask_token_id: int,
                  num_anchors: int, gamma: float, loss: str = "soft_ce", seed: int = 0, world_size: int = 1,
-                 reduce_count: Reducer | None = None) -> None:
+                 reduce_count: Reducer | None = None,
+                 vocab: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         super().__init__()
         if loss not in LOSSES:
             raise ValueError(f"loss must be one of {', '.join(LOSSES)}, not {loss!r}")
@@ -126,6 +130,13 @@ class BlockModel(nn.Module):
         self.block_size, self.mask_token_id, self.num_anchors, self.seed = block_size, mask_token_id, num_anchors, seed
         self.register_buffer("weights", slot_weights(block_size, gamma), persistent=False)  # [Bk]
         self.world_size, self.reduce_count = world_size, reduce_count or (lambda x: x)
+        self.d2t, self.t2d, self.label_head = None, None, target_head  # label_head [V_d or V, H]
+        if vocab is not None:
+            d2t, t2d = (v.to(target_head.device) for v in vocab)
+            self.d2t, self.t2d = d2t, t2d
+            self.draft_index = t2d.long().cumsum(0) - 1  # [V] the draft id of each kept target id
+            # the target's logits over the draft vocab only: its head's rows of the kept ids (draft order)
+            self.label_head = target_head[torch.arange(len(d2t), device=d2t.device) + d2t]
 
     def anchors(self, fb: FeatureBatch, trained: torch.Tensor, draw: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The anchors of this batch: a pure function of (seed, draw), so a resumed run draws the same ones and
@@ -145,32 +156,39 @@ class BlockModel(nn.Module):
         sup, source = block_labels(trained, anchors, keep, Bk)  # [B, Q] each
         rows = sup.nonzero(as_tuple=True)
         slot = rows[1] % Bk  # [R] the slot of each supervised row
-        logits = self.draft.logits(hidden[rows]).float()  # [R, V]
+        logits = self.draft.logits(hidden[rows]).float()  # [R, V] or [R, V_d]
         src = (rows[0], source[rows])
-        top1, per_row = self._loss(fb, src, logits)  # [R] each
-        hit = logits.argmax(-1) == top1  # [R]
-        n = self.reduce_count(torch.tensor(float(len(per_row)), dtype=torch.float64)).clamp_min(1)
-        total = (self.weights[slot] * per_row).sum() / n.to(per_row.dtype) * self.world_size
-        return total, self._stats(per_row.detach(), hit, slot, sup, rows, anchors.shape[1], keep)
+        top1, per_row, used = self._loss(fb, src, logits)  # [R] each; used: rows in the loss
+        drafted = logits.argmax(-1)  # [R] draft ids
+        hit = (drafted + self.d2t[drafted] if self.d2t is not None else drafted) == top1  # [R]
+        n = self.reduce_count(used.sum().to(torch.float64)).clamp_min(1)
+        total = (self.weights[slot] * per_row * used).sum() / n.to(per_row.dtype) * self.world_size
+        return total, self._stats(per_row.detach(), used, hit, slot, sup, rows, anchors.shape[1], keep)
 
     def _loss(self, fb: FeatureBatch, src: tuple[torch.Tensor, torch.Tensor],
-              logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the target's top-1 [R], loss per row [R]) for the supervised rows whose labels sit at `src`."""
+              logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(the target's top-1 [R], loss per row [R], rows in the loss [R] bool) for the supervised rows whose
+        labels sit at `src`; a reduced vocabulary leaves out rows whose top-1 it lacks."""
         with torch.no_grad(), torch.autocast(logits.device.type, enabled=False):
             # labels in fp32 whatever the autocast dtype, as TTTModel's
-            want = None if fb.target_top1 is not None and self.loss_kind == "greedy_ce" else \
-                fb.final_hidden[src].float() @ self.target_head.float().T  # [R, V]
-            top1 = fb.target_top1[src].long() if fb.target_top1 is not None else want.argmax(-1)
+            hid = fb.final_hidden[src].float()  # [R, H]
+            if fb.target_top1 is not None:
+                top1 = fb.target_top1[src].long()
+            else:  # the full head's argmax (a reduced vocabulary's rows cannot say what lies outside them)
+                top1 = (hid @ self.target_head.float().T).argmax(-1)
+            want = None if self.loss_kind == "greedy_ce" else hid @ self.label_head.float().T  # [R, V or V_d]
+            used = self.t2d[top1] if self.t2d is not None else torch.ones_like(top1, dtype=torch.bool)
+            label = top1 if self.t2d is None else self.draft_index[top1].clamp_min(0)  # draft ids
         if self.loss_kind == "greedy_ce":
-            return top1, F.cross_entropy(logits, top1, reduction="none")
-        return top1, LOSSES[self.loss_kind](logits, want)
+            return top1, F.cross_entropy(logits, label, reduction="none"), used
+        return top1, LOSSES[self.loss_kind](logits, want), used
 
-    def _stats(self, per_row: torch.Tensor, hit: torch.Tensor, slot: torch.Tensor, sup: torch.Tensor,
-               rows: tuple[torch.Tensor, torch.Tensor], n_blocks: int, keep: torch.Tensor) -> TTTStats:
+    def _stats(self, per_row: torch.Tensor, used: torch.Tensor, hit: torch.Tensor, slot: torch.Tensor,
+               sup: torch.Tensor, rows: tuple[torch.Tensor, torch.Tensor], n_blocks: int, keep: torch.Tensor) -> TTTStats:
         Bk, st = self.block_size, TTTStats()
         for k in range(1, Bk):
-            at = slot == k
-            st.losses.append(float(per_row[at].mean()) if at.any() else 0.0)
+            at, trained = slot == k, (slot == k) & used
+            st.losses.append(float(per_row[trained].mean()) if trained.any() else 0.0)
             st.correct.append(int(hit[at].sum()))
             st.counts.append(int(at.sum()))
         hits = torch.zeros_like(sup)

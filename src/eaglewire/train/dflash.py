@@ -2,9 +2,11 @@
 (train/block.py); it is saved and resumed in the native checkpoint (family-keyed). train/objectives.py keys it by
 family name.
 
-A DFlash draft predicts over the target's full vocabulary through the target's own head (no d2t), so it takes
-no vocab map; its block size and mask token are the contract's (`BlockWiring`), and the training knobs that
-shape the contract (`block_size`) must agree with it. EAGLE-3's warm-start, feature and round-weight knobs
+A DFlash draft predicts over the target's full vocabulary through the target's own head (no d2t), or, given a
+vocab map (`--vocab`), over that reduced vocabulary through its own head started from the target's rows (the
+layout vLLM's DFlash loader and speculators' DFlash model read: lm_head, d2t, t2d); its block size and mask
+token are the contract's (`BlockWiring`), and the training knobs that shape the contract (`block_size`) must
+agree with it. EAGLE-3's warm-start, feature and round-weight knobs
 have no meaning here and are refused rather than ignored.
 """
 
@@ -35,14 +37,10 @@ def default_taps(num_layers: int, num_taps: int = DEFAULT_NUM_TAPS) -> tuple[int
 
 
 def make_contract(target: Any, taps: tuple[int, ...], vmap: VocabMap | None, c: TrainConfig) -> WiringContract:
-    """A DFlash draft's contract: the taps, the full vocabulary, block_size from the knob, and the mask token
-    chosen for the target's tokenizer (draft/dflash.py pick_mask_token)."""
-    if vmap is not None:
-        raise ContractMismatch("a vocab map given for a DFlash draft", expected="none: DFlash drafts over the "
-                               "target's full vocabulary through its head", found=f"V_d={vmap.draft_vocab_size}",
-                               fix="drop --vocab")
+    """A DFlash draft's contract: the taps, the full vocabulary or `vmap`'s, block_size from the knob, and the
+    mask token chosen for the target's tokenizer (draft/dflash.py pick_mask_token)."""
     block = BlockWiring(block_size=c.block_size, mask_token_id=pick_mask_token(target.tokenizer))
-    return dflash_contract(target, tuple(taps), block)
+    return dflash_contract(target, tuple(taps), block, vmap)
 
 
 def _refuse_eagle3_knobs(c: TrainConfig) -> None:
@@ -58,14 +56,11 @@ def _refuse_eagle3_knobs(c: TrainConfig) -> None:
 def build_draft(target: Any, contract: WiringContract, vmap: VocabMap | None, c: TrainConfig) -> DFlashDraft:
     """A fresh DFlash draft of `c.num_layers` layers for the contract's block wiring."""
     _refuse_eagle3_knobs(c)
-    if vmap is not None:
-        raise ContractMismatch("a vocab map given for a DFlash draft", expected="none (full vocabulary)",
-                               found=f"V_d={vmap.draft_vocab_size}", fix="drop --vocab")
     if contract.block is None or contract.block.block_size != c.block_size:
         raise ContractMismatch("the training block size is not the contract's",
                                expected=f"block_size {c.block_size} (the knob)",
                                found=f"contract block {contract.block}", fix="build the contract from the knob")
-    draft = build_dflash_draft(target, contract, c.num_layers, seed=c.seed)
+    draft = build_dflash_draft(target, contract, c.num_layers, seed=c.seed, vmap=vmap)
     if c.init_layers_from_target:
         init_from_target(draft, target)
     return draft
@@ -102,7 +97,8 @@ def block_model(draft: DFlashDraft, target: Any, vmap: VocabMap | None, features
     assert emb is not None and head is not None, "build_dflash_draft attaches the target's embedding and head"
     draft.attach_target(emb.to(info.device), head.to(info.device))  # .to() is a no-op where they already are
     block = draft.block
-    return BlockModel(draft, head.to(info.device), block_size=block.block_size, mask_token_id=block.mask_token_id,
+    vocab = (draft.d2t, draft.t2d) if draft.reduced else None
+    return BlockModel(draft, head.to(info.device), vocab=vocab, block_size=block.block_size, mask_token_id=block.mask_token_id,
                       num_anchors=c.anchors, gamma=c.block_gamma, loss=c.loss, seed=c.seed,
                       world_size=info.world_size, reduce_count=lambda x: all_reduce_sum(x, info))
 

@@ -142,7 +142,7 @@ def train(target: Any, contract: WiringContract, vmap: VocabMap | None, features
           heldout: list[Sample], c: TrainConfig, out: Path, info: DistInfo = DistInfo(), *, resume: bool = False,
           on_step: Callable[[dict], None] | None = None, stop_at: int | None = None) -> dict:
     """Train a draft of the contract's family (train/objectives.py); returns the last held-out evaluation.
-    `vmap`: the draft vocabulary (EAGLE-3), None for a full-vocabulary family. `stop_at` simulates a kill (tests).
+    `vmap`: the draft vocabulary (EAGLE-3; DFlash optionally), None for the full one. `stop_at` simulates a kill (tests).
     The main rank holds `out`'s write lock throughout: a second run into the same folder is refused, naming this one."""
     with output_lock(out) if info.is_main else nullcontext():
         return _train(target, contract, vmap, features, train_samples, heldout, c, out, info, resume=resume,

@@ -33,7 +33,8 @@ class Objective:
     # (draft, target, vocab map or None, features, config, dist) -> the draft with its loss, forward
     # (FeatureBatch, all_positions, draw) -> (loss, TTTStats)
     build_model: Callable[..., nn.Module]
-    # True: the draft predicts a reduced vocabulary through a vocab map (d2t); False: the target's full one
+    # True: the family's drafts need a reduced vocabulary (a vocab map, d2t) and the pipeline builds one; False:
+    # the target's full vocabulary unless a map is given (DFlash)
     reduced_vocab: bool = True
 
 
