@@ -206,6 +206,40 @@ def test_dflash2_reduced_vocab_and_v2_runner(tmp_path, target, drafted):
     assert "block_engine_path" in _codes(report, "warn")
 
 
+@pytest.fixture(scope="module")
+def reduced(target):
+    import torch
+
+    from eaglewire.draft.dflash import build_dflash_draft, dflash_contract
+    from eaglewire.draft.vocab import VocabMap
+
+    vmap = VocabMap.from_target_ids(torch.arange(0, VOCAB, 2), VOCAB)
+    contract = dflash_contract(target, TAPS, BlockWiring(block_size=4, mask_token_id=MASK), vmap)
+    return build_dflash_draft(target, contract, 1, seed=3, vmap=vmap)
+
+
+def _weights(out, fn):
+    t = load_file(out / "model.safetensors")
+    fn(t)
+    save_file(t, out / "model.safetensors")
+
+
+def test_a_reduced_vocabulary_is_clean_on_vllm_and_its_vocab_map_faults_are_caught(tmp_path, target, reduced):
+    """The vocab-map checks are EAGLE-3's own (checks.vocab_map_findings), on a block drafter with its own head:
+    a clean vLLM export passes; SGLang (no head of its own: it skips lm_head and d2t) is an error; absolute ids,
+    a lost d2t (vLLM's zeros: draft id i drafts target id i) and a head of other rows each get their finding."""
+    out = _export(reduced, tmp_path, "vllm")
+    assert _codes(_doctor(out, "vllm", target)) == []
+    assert "block_vocab" in _codes(_doctor(out, "sglang", target))
+    cases = [("absolute", lambda t: t.update(d2t=t["d2t"] + __import__("torch").arange(len(t["d2t"]))), "d2t"),
+             ("lost", lambda t: t.pop("d2t"), "d2t"),
+             ("rows", lambda t: t.update({"lm_head.weight": t["lm_head.weight"][:-2].contiguous()}), "draft_vocab_size")]
+    for name, damage, code in cases:
+        bad = _export(reduced, tmp_path / name, "vllm", contract=False)
+        _weights(bad, damage)
+        assert code in _codes(_doctor(bad, "vllm", target)), name
+
+
 def test_deepspec_layout(tmp_path, target, drafted):
     """DeepSpec's Qwen3DSparkModel config (markov_rank 0: its 'dflash' recipes), ids at the top level, -1 for the
     embedding; its trainer needs CUDA, so the config is our z-lab export rewritten as DeepSpec's config.py writes it."""

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from eaglewire.doctor.block_inspect import BlockInspection, Delivery, delivery
+from eaglewire.doctor.checks import vocab_map_findings
 from eaglewire.doctor.findings import Finding, Report, by_level
 from eaglewire.export.checkpoint import FORMAT as NATIVE_FORMAT
 
@@ -268,12 +269,21 @@ def block_anchor(ins: BlockInspection) -> list[Finding]:
 
 @block_check
 def block_vocab(ins: BlockInspection) -> list[Finding]:
-    if ins.record.full_vocab_selector and ("d2t" in ins.shapes or ins.config.get("draft_vocab_size") not in
-                                   (None, ins.target_vocab, ins.layer.get("vocab_size"))):
+    vd, V = ins.config.get("draft_vocab_size"), ins.target_vocab or ins.layer.get("vocab_size")
+    reduced = "d2t" in ins.shapes or "lm_head.weight" in ins.shapes or vd not in (None, V, ins.layer.get("vocab_size"))
+    if ins.record.full_vocab_selector and reduced:
         return [_f("error", "block_vocab", "a DFlash2 draft with a reduced vocabulary (d2t / draft_vocab_size)",
                    "DFlash2's candidate selector scores the full vocabulary: speculators' DFlash2 config refuses a "
                    "d2t map, and an engine reading one drafts other tokens", "export with the full vocabulary")]
-    return []
+    if not reduced:
+        return []
+    out = []
+    if ins.engine == "sglang":
+        out.append(_f("error", "block_vocab", "a block drafter with its own head (lm_head / d2t) on SGLang",
+                      "SGLang's DFlash model has no head of its own: its load_weights skips lm_head and d2t and it "
+                      "drafts through the target's head, not the one the draft trained", "serve it on vLLM "
+                      "(eaglewire export --format vllm), or train over the full vocabulary"))
+    return out + vocab_map_findings(V, vd, ins.shapes.get("lm_head.weight"), ins.small.get("d2t"), ins.small.get("t2d"))
 
 
 @block_check

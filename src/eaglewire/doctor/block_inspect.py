@@ -23,6 +23,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from eaglewire.contract import WiringContract, from_engine
 from eaglewire.errors import EaglewireError, TranslationError
 from eaglewire.export.base import CONTRACT_FILE, read_contract
@@ -183,6 +185,7 @@ class BlockInspection:
     target_arch: str | None
     drafts: int | None = None  # tokens the engine's knobs draft per round (vLLM k; SGLang num_draft_tokens - 1)
     notes: list[str] = field(default_factory=list)
+    small: dict[str, torch.Tensor] = field(default_factory=dict)  # d2t, t2d (read fully)
 
     @property
     def record(self) -> ReadFamily:
@@ -233,10 +236,12 @@ def read_block(directory: Path, config: dict[str, Any], engine: str, version: st
     family, layout = block_layout(config) or ("dflash", "zlab")
     version, row = engine_rule(engine, version)
     shapes: dict[str, tuple[int, ...]] = {}
+    small: dict[str, torch.Tensor] = {}
     weights = directory / "model.safetensors"
     if weights.is_file():
         with open_safetensors(weights, what="draft weights") as f:
             shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+            small = {k: f.get_tensor(k) for k in ("d2t", "t2d") if k in shapes}
     contract = read_contract(directory) if (directory / CONTRACT_FILE).is_file() else None
     ident = getattr(target, "identity", None) if target is not None else None
     ct = contract.target if contract is not None else None
@@ -244,7 +249,8 @@ def read_block(directory: Path, config: dict[str, Any], engine: str, version: st
     return BlockInspection(directory, config, family, layout, engine, version, row, shapes, contract,
                            L if isinstance(L, int) else (ct.num_layers if ct else None),
                            getattr(target, "vocab_size", None) or (ct.vocab_size if ct else None),
-                           getattr(ident, "architecture", None) or (ct.architecture if ct else None), drafts)
+                           getattr(ident, "architecture", None) or (ct.architecture if ct else None), drafts,
+                           small=small)
 
 
 def is_block_dir(directory: Path) -> dict[str, Any] | None:

@@ -74,8 +74,14 @@ def heads_and_embeddings(ins: Inspection, target: Any) -> list[Finding]:
 @check
 def vocab_map(ins: Inspection, target: Any) -> list[Finding]:
     V = target.vocab_size if target is not None else ins.layer_config.get("vocab_size")
-    vd = ins.config.get("draft_vocab_size")
-    head = ins.shapes.get("lm_head.weight")
+    return vocab_map_findings(V, ins.config.get("draft_vocab_size"), ins.shapes.get("lm_head.weight"),
+                              ins.small.get("d2t"), ins.small.get("t2d"))
+
+
+def vocab_map_findings(V: int | None, vd: Any, head: tuple[int, ...] | None, d2t: torch.Tensor | None,
+                       t2d: torch.Tensor | None) -> list[Finding]:
+    """A draft's vocabulary as an engine reads it, for any family with a head of its own: the target's vocab
+    size V, the config's draft_vocab_size vd, the lm_head's shape, the d2t offsets and the t2d mask."""
     out = []
     if vd is not None and V is not None and vd > V:
         out.append(_f("error", "draft_vocab_size", f"draft_vocab_size {vd} > target vocab {V}",
@@ -88,7 +94,6 @@ def vocab_map(ins: Inspection, target: Any) -> list[Finding]:
     if head is not None and vd is not None and head[0] != vd:
         out.append(_f("error", "draft_vocab_size", f"lm_head has {head[0]} rows but draft_vocab_size is {vd}",
                       "the engine sizes its head from the config: loading fails or rows are misread", "re-export"))
-    d2t, t2d = ins.small.get("d2t"), ins.small.get("t2d")
     if d2t is None:
         if vd is not None and V is not None and vd < V:
             out.append(_f("error", "d2t", "d2t is missing for a reduced draft vocabulary",
