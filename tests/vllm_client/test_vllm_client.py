@@ -426,15 +426,24 @@ def _stat(pid: str) -> list[str]:
 DFLASH_B = 4  # block size: the anchor and 3 masks, so vLLM's num_speculative_tokens is 3
 
 
+@pytest.fixture(scope="module")
+def dflash_continuations(setup):
+    """Our target's greedy continuations of this module's prompts, B tokens past MAX_NEW (HF generate, fp32)."""
+    from dflash_ref import greedy_continuation
+
+    target, _draft, _export, prompts, _ = setup
+    return [greedy_continuation(target, p, MAX_NEW + DFLASH_B) for p in prompts]
+
+
 @pytest.fixture(scope="module", params=["full", "reduced"])
-def dflash(setup, request):
+def dflash(setup, dflash_continuations, request):
     """A 1-layer DFlash draft (z-lab's five default taps, the tokenizer's spare mask token) fitted for a few steps
     to our target's greedy continuations of this module's prompts, so acceptance is far from zero: a wiring check
     (vLLM must run the function we run), not a quality figure. Over the full vocabulary, or a reduced one (its own
     head and d2t: every id of the prompts and all but every fifth id of the continuations, so some target tokens
     cannot be drafted). Returns (draft, continuations, our accepted drafts per round on them)."""
     import torch
-    from dflash_ref import fit, greedy_acceptance, greedy_continuation
+    from dflash_ref import fit, greedy_acceptance
 
     from eaglewire.contract import from_engine
     from eaglewire.draft.dflash import build_dflash_draft, dflash_contract, pick_mask_token
@@ -444,7 +453,7 @@ def dflash(setup, request):
     target, _draft, _export, prompts, _ = setup
     L, B = target.num_layers, DFLASH_B
     block = BlockWiring(block_size=B, mask_token_id=pick_mask_token(target.tokenizer))
-    conts = [greedy_continuation(target, p, MAX_NEW + B) for p in prompts]
+    conts = dflash_continuations
     vmap = None
     if request.param == "reduced":
         seen = sorted({t for c in conts for t in c})
