@@ -4,6 +4,8 @@ import json
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tiny import build_target, tiny_samples
 
 from eaglewire.capture.features import OfflineFeatures, OnlineFeatures, capture_features
@@ -132,3 +134,15 @@ def test_heldout_split_keeps_a_conversations_turns_together():
     assert all(len(v) == 1 for v in sides.values())
     assert all(is_held_out(s.id, 0.3) for s in held if s.id.endswith("#0"))
     assert ("plain" in {s.id for s in held}) == is_held_out("plain", 0.3)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sets(st.integers(0, 63), min_size=1, max_size=64))
+def test_draft_index_inverts_d2t(kept):
+    """draft_index(t2d)[i + d2t[i]] == i for every draft id, -1 on every id the map drops."""
+    from eaglewire.draft.vocab import draft_index
+
+    vmap = VocabMap.from_target_ids(torch.tensor(sorted(kept)), 64)
+    idx = draft_index(vmap.t2d)
+    assert idx[vmap.target_ids].tolist() == list(range(vmap.draft_vocab_size))
+    assert (idx[~vmap.t2d] == -1).all()

@@ -35,6 +35,7 @@ from eaglewire.doctor.inspect import Inspection
 from eaglewire.doctor.measured_tau import EngineRun, knobs, run_engine
 from eaglewire.doctor.trained_taps import BLOCK, Measurement, Score, Taps, compare, suspect_adder, wiring_finding
 from eaglewire.draft.dflash import DFlashDraft
+from eaglewire.draft.vocab import draft_index
 from eaglewire.errors import EaglewireError
 from eaglewire.export.block import FAMILY_OF_ARCH, block_layout, import_block_backbone
 from eaglewire.families import EngineField, get_family, zlab_default_ids
@@ -103,8 +104,8 @@ def _draft_labels(draft: DFlashDraft, label: torch.Tensor) -> tuple[torch.Tensor
     vocabulary lacks is a miss and adds no NLL: the same in every tap hypothesis, so paired comparisons hold."""
     if not draft.reduced:
         return label, torch.ones_like(label, dtype=torch.bool)
-    known = draft.t2d[label]
-    return (draft.t2d.long().cumsum(0) - 1)[label].clamp_min(0), known
+    idx = draft_index(draft.t2d)[label]  # [E], -1 where the vocabulary lacks the token
+    return idx.clamp_min(0), idx >= 0
 
 
 def block_tau(score: Score, pos: BlockPositions) -> tuple[float, list[float]]:

@@ -90,6 +90,12 @@ class VocabMap:
         return vocab_map_sha256(self.d2t, self.vocab_size)
 
 
+def draft_index(t2d: torch.Tensor) -> torch.Tensor:
+    """t2d bool [V] -> long [V]: the draft id of each kept target id (draft ids follow ascending target ids), -1
+    for an id the draft vocabulary lacks. The inverse of target = i + d2t[i]."""
+    return torch.where(t2d, t2d.long().cumsum(0) - 1, torch.full_like(t2d, -1, dtype=torch.long))
+
+
 def vocab_map_sha256(d2t: torch.Tensor, vocab_size: int) -> str:
     """Identity of a vocab map: the target vocab size and the kept target ids (t2d follows from them)."""
     h = hashlib.sha256(f"V={vocab_size};".encode())

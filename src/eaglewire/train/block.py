@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eaglewire.capture.features import FeatureBatch
+from eaglewire.draft.vocab import draft_index
 from eaglewire.train.ttt import LOSSES, TTTStats
 
 Reducer = Callable[[torch.Tensor], torch.Tensor]
@@ -134,7 +135,7 @@ class BlockModel(nn.Module):
         if vocab is not None:
             d2t, t2d = (v.to(target_head.device) for v in vocab)
             self.d2t, self.t2d = d2t, t2d
-            self.draft_index = t2d.long().cumsum(0) - 1  # [V] the draft id of each kept target id
+            self.draft_index = draft_index(t2d)  # [V] the draft id of each kept target id, -1 for the others
             # the target's logits over the draft vocab only: its head's rows of the kept ids (draft order)
             self.label_head = target_head[torch.arange(len(d2t), device=d2t.device) + d2t]
 
