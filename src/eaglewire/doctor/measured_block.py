@@ -84,6 +84,7 @@ def block_score(draft: DFlashDraft, bounds: Boundaries, pos: BlockPositions, tap
     """Teacher-forced block NLL of the target's tokens with the context read from boundaries `taps`."""
     Bk, mask_id = draft.block.block_size, draft.block.mask_token_id
     ctx = bounds.taps(taps)  # [B, T, n*H]
+    index = draft_index(draft.t2d) if draft.reduced else None  # [V] draft id of each target id, -1 if not kept
     nll, hit = [], []
     for b, anchors, a_idx, slot, label in pos.rows:
         for c0 in range(0, len(anchors), CHUNK):
@@ -93,18 +94,19 @@ def block_score(draft: DFlashDraft, bounds: Boundaries, pos: BlockPositions, tap
                            mask_id), block_positions(a, Bk), block_mask(a, S, Bk))  # [1, A*Bk, H]
             sel = (a_idx >= c0) & (a_idx < c0 + CHUNK)
             logits = draft.logits(hidden[0, (a_idx[sel] - c0) * Bk + slot[sel]]).float()  # [E, V] or [E, V_d]
-            want, known = _draft_labels(draft, label[sel])  # [E] each
+            want, known = _draft_labels(index, label[sel])  # [E] each
             nll.append(-F.log_softmax(logits, -1).gather(-1, want[:, None])[:, 0] * known)
             hit.append(draft.target_ids(logits.argmax(-1)) == label[sel])
     return Score(taps, torch.cat(nll), torch.cat(hit))
 
 
-def _draft_labels(draft: DFlashDraft, label: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the draft ids of target ids `label` [E], whether the draft vocabulary holds each [E]). A token a reduced
-    vocabulary lacks is a miss and adds no NLL: the same in every tap hypothesis, so paired comparisons hold."""
-    if not draft.reduced:
+def _draft_labels(index: torch.Tensor | None, label: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the draft ids of target ids `label` [E], whether the draft vocabulary holds each [E]); `index` the
+    reduced vocabulary's draft_index, None for the full one. A token a reduced vocabulary lacks is a miss and adds
+    no NLL: the same in every tap hypothesis, so paired comparisons hold."""
+    if index is None:
         return label, torch.ones_like(label, dtype=torch.bool)
-    idx = draft_index(draft.t2d)[label]  # [E], -1 where the vocabulary lacks the token
+    idx = index[label]  # [E], -1 where the vocabulary lacks the token
     return idx.clamp_min(0), idx >= 0
 
 

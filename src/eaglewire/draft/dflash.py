@@ -14,8 +14,8 @@
 Attention inside a block is bidirectional in full-attention layers; a contract's BlockWiring can make layers
 causal in the block or sliding-window (`layer_mask`). The state dict is exactly z-lab's HF layout (no
 embedding, no head: both are the target's, attached frozen); a reduced-vocabulary draft adds `lm_head.weight`,
-`d2t` and `t2d`, the names vLLM's DFlash loader and speculators' DFlash model read. Because k_norm and RoPE act per position, the
-context's keys/values of each layer can be computed once and cached (`DFlashCache`): decoding extends the
+`d2t` and `t2d`, the names vLLM's DFlash loader and speculators' DFlash model read. Because k_norm and RoPE act
+per position, the context's keys/values of each layer can be computed once and cached (`DFlashCache`): decoding extends the
 cache with the accepted positions' taps and runs one block pass per round.
 """
 
@@ -304,11 +304,8 @@ def dflash_contract(target: Any, taps: tuple[int, ...], block: BlockWiring,
     """The contract of a DFlash draft for `target` (anything with .contract(taps)): the full vocabulary (no
     d2t), or the reduced one `vmap` names (its size and hash, as an EAGLE-3 draft's)."""
     base = target.contract(tuple(taps))
-    if vmap is None:
-        return dataclasses.replace(base, family="dflash", block=block, draft_vocab_size=base.target.vocab_size,
-                                   vocab_map_sha256=None)
-    return dataclasses.replace(base, family="dflash", block=block, draft_vocab_size=vmap.draft_vocab_size,
-                               vocab_map_sha256=vmap.sha256())
+    size, sha = (base.target.vocab_size, None) if vmap is None else (vmap.draft_vocab_size, vmap.sha256())
+    return dataclasses.replace(base, family="dflash", block=block, draft_vocab_size=size, vocab_map_sha256=sha)
 
 
 def default_dflash_contract(target: Any, block_size: int, *, taps: tuple[int, ...] | None = None,

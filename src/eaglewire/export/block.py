@@ -22,7 +22,8 @@ Every format writes rope_theta / rope_parameters and is_neox_style explicitly: v
 back to rope_theta 1e6 (set_default_rope_theta) and both engines to neox when the config is silent.
 Semantics a format cannot carry, or that eaglewire's DFlash does not compute, are refused on export and on
 import (an engine would otherwise run another function): causal or sliding-window block layers, anchor-first
-slots, a reduced vocabulary in z-lab's or SGLang's layout, and in a z-lab config an eagle_aux_hidden_state_layer_ids (vLLM would let it win).
+slots, a reduced vocabulary in z-lab's or SGLang's layout, and in a z-lab config an
+eagle_aux_hidden_state_layer_ids (vLLM would let it win).
 """
 
 from __future__ import annotations
@@ -39,10 +40,10 @@ from eaglewire.contract import WiringContract, from_engine, to_engine
 from eaglewire.draft.config import DraftConfig
 from eaglewire.draft.dflash import DFlashDraft
 from eaglewire.draft.load import _check_keys, _check_tensor, _float_dtype, check_vocab_tensors, vocab_from_tensors
+from eaglewire.draft.vocab import VocabMap
 from eaglewire.errors import CheckpointError, ContractMismatch, EaglewireError
 from eaglewire.export.base import WEIGHTS, cast_floats, read_contract, read_json, read_safetensors, write_dir
 from eaglewire.export.layouts import SPECULATORS_VERSION, _rope_theta
-from eaglewire.draft.vocab import VocabMap
 from eaglewire.families import FULL, BlockWiring
 from eaglewire.safeio import field_of, read_json_object, require_finite
 

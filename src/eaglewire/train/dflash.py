@@ -6,8 +6,8 @@ A DFlash draft predicts over the target's full vocabulary through the target's o
 vocab map (`--vocab`), over that reduced vocabulary through its own head started from the target's rows (the
 layout vLLM's DFlash loader and speculators' DFlash model read: lm_head, d2t, t2d); its block size and mask
 token are the contract's (`BlockWiring`), and the training knobs that shape the contract (`block_size`) must
-agree with it. EAGLE-3's warm-start, feature and round-weight knobs
-have no meaning here and are refused rather than ignored.
+agree with it. EAGLE-3's warm-start, feature and round-weight knobs have no meaning here and are refused
+rather than ignored.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def block_model(draft: DFlashDraft, target: Any, vmap: VocabMap | None, features
     draft.attach_target(emb.to(info.device), head.to(info.device))  # .to() is a no-op where they already are
     block = draft.block
     vocab = (draft.d2t, draft.t2d) if draft.reduced else None
-    return BlockModel(draft, head.to(info.device), vocab=vocab, block_size=block.block_size, mask_token_id=block.mask_token_id,
-                      num_anchors=c.anchors, gamma=c.block_gamma, loss=c.loss, seed=c.seed,
+    return BlockModel(draft, head.to(info.device), vocab=vocab, block_size=block.block_size,
+                      mask_token_id=block.mask_token_id, num_anchors=c.anchors, gamma=c.block_gamma, loss=c.loss, seed=c.seed,
                       world_size=info.world_size, reduce_count=lambda x: all_reduce_sum(x, info))
 
