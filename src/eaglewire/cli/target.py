@@ -13,7 +13,7 @@ from eaglewire.cli.common import CONV_NAMES, TARGET_HELP, add_command, load_targ
     parse_taps, styled
 from eaglewire.contract import CANONICAL, CONVENTIONS, default_taps, describe_boundary, from_engine, to_engine
 from eaglewire.errors import EaglewireError, TranslationError
-from eaglewire.export.engines import ENGINES, SGLANG, engine_for
+from eaglewire.export.engines import ENGINES, SGLANG, block_fields, engine_for
 from eaglewire.export.sglang_rules import RELEASES as SGLANG_RELEASES
 from eaglewire.export.sglang_rules import used_rules
 from eaglewire.families import FAMILIES, get_family, zlab_default_ids
@@ -95,13 +95,17 @@ def _family_translation(family: str, layers: int, to: str, taps: Optional[str], 
     """Every field an engine reads a `family` draft's taps from, with the ids to write there (default taps:
     z-lab's five, `build_target_layer_ids`)."""
     fam = get_family(family)
-    if not fam.engine_fields:
+    all_rows = block_fields(fam.name)
+    if not all_rows:
         raise EaglewireError(f"the {family} family's ids are one per engine convention", expected="--to <convention>",
                              found=f"--family {family}", fix=f"drop --family (conventions: {CONV_NAMES})")
     ids_in = parse_ints(taps) if taps is not None else zlab_default_ids(layers, 5)
     src = source if taps is not None else "zlab"
     boundaries = from_engine(ids_in, src, layers)
-    rows = fam.engine_fields if to == "all" else fam.fields_for(to)
+    rows = all_rows if to == "all" else tuple(f for f in all_rows if f.engine == to)
+    if not rows:
+        raise EaglewireError(f"no {to!r} field for the {family} family", found=to,
+                             expected=" / ".join(dict.fromkeys(f.engine for f in all_rows)))
     return {"family": family, "num_layers": layers, "from": src, "input_ids": list(ids_in),
             "boundaries": list(boundaries), "states": [describe_boundary(b, layers) for b in boundaries],
             "fields": [{"engine": f.engine, "field": f.field, "convention": f.convention,

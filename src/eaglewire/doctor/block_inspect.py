@@ -28,6 +28,7 @@ import torch
 from eaglewire.contract import WiringContract, from_engine
 from eaglewire.errors import EaglewireError, TranslationError
 from eaglewire.export.base import CONTRACT_FILE, read_contract
+from eaglewire.export.engines import engine_field
 from eaglewire.families import zlab_default_ids
 from eaglewire.safeio import open_safetensors, read_json_object
 
@@ -66,11 +67,20 @@ READ_FAMILIES = {"dflash": ReadFamily(False, True, False, backbone_heads=()),
 # the export format (export/block.py BLOCK_FORMATS) that reads each layout's fields, for the measurement's loader;
 # DeepSpec's layout has none
 LAYOUT_FORMATS = {"zlab": "zlab", "sglang": "sglang", "vllm-edited": "zlab", "speculators": "vllm"}
-# the layout's own tap field and the convention its writer numbers it in (contract.CONVENTIONS)
-LAYOUT_IDS = {"zlab": ("dflash_config.target_layer_ids", "zlab"), "sglang": ("dflash_config.target_layer_ids", "zlab"),
-              "vllm-edited": ("dflash_config.target_layer_ids", "zlab"),
-              "speculators": ("aux_hidden_state_layer_ids", "speculators"),
-              "deepspec": ("target_layer_ids", "zlab")}
+# the engine record's row (export/engines.py) whose numbering each layout's writer meant: SGLang's and vLLM-edited
+# z-lab configs are written the way z-lab's reference reads them; DeepSpec writes z-lab's ids at the top level
+LAYOUT_IDS = {"zlab": ("zlab", "zlab"), "sglang": ("zlab", "zlab"), "vllm-edited": ("zlab", "zlab"),
+              "speculators": ("vllm", "speculators")}
+# DeepSpec is a writer, not an engine: z-lab's ids at the top level, -1 for the embedding (contract: deepspec)
+DEEPSPEC_IDS = ("target_layer_ids", "deepspec")
+
+
+def layout_ids(layout: str) -> tuple[str, str]:
+    """(the field a layout keeps its tap ids in, the convention its writer numbers them in)."""
+    if layout == "deepspec":
+        return DEEPSPEC_IDS
+    row = engine_field(*LAYOUT_IDS[layout], "dflash")
+    return row.field, row.convention
 
 
 @lru_cache(maxsize=1)
@@ -219,13 +229,13 @@ class BlockInspection:
         layout's own field in its writer's convention (unmeasured: doctor measures it)."""
         if self.contract is not None:
             return self.contract.taps, "the wiring contract (eaglewire_contract.json)"
-        at, conv = LAYOUT_IDS[self.layout]
+        at, conv = layout_ids(self.layout)
         ids, L = self.ids(at), self.target_layers
         if ids is None or L is None:
             return None, "unknown"
-        if self.layout == "deepspec":  # DeepSpec writes -1 for the embedding output (boundary 0)
-            return tuple(sorted(0 if i == -1 else i + 1 for i in ids)), f"{at} as DeepSpec numbers it (-1 = embedding)"
         try:
+            if self.layout == "deepspec":  # DeepSpec writes -1 for the embedding output (boundary 0)
+                return from_engine(sorted(ids), conv, L), f"{at} as DeepSpec numbers it (-1 = embedding)"
             return from_engine(ids, conv, L), f"{at} as {self.layout} numbers it ({conv}), unmeasured"
         except TranslationError:
             return None, f"{at} {ids} is outside a {L}-layer target"

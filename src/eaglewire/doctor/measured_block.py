@@ -36,8 +36,9 @@ from eaglewire.doctor.measured_tau import EngineRun, knobs, run_engine
 from eaglewire.doctor.trained_taps import BLOCK, Measurement, Score, Taps, compare, suspect_adder, wiring_finding
 from eaglewire.draft.dflash import DFlashDraft
 from eaglewire.draft.vocab import draft_index
-from eaglewire.errors import EaglewireError
+from eaglewire.errors import ContractMismatch, EaglewireError
 from eaglewire.export.block import FAMILY_OF_ARCH, block_layout, import_block_backbone
+from eaglewire.export.engines import block_fields
 from eaglewire.families import EngineField, get_family, zlab_default_ids
 from eaglewire.train.block import block_inputs, block_mask, block_positions
 
@@ -138,7 +139,15 @@ def _get(config: dict[str, Any], dotted: str) -> Any:
 def engine_of(config: dict[str, Any], engine: str | None) -> str:
     """The engine whose reading is checked: the one named, if it serves the family, else the layout's own."""
     family = get_family(block_family_of(config))
-    return engine if engine in family.engines else block_layout(config)
+    return engine if engine in _fields_by_engine(family.name) else block_layout(config)
+
+
+def _fields_by_engine(family: str) -> dict[str, tuple[EngineField, ...]]:
+    """The engine records' fields for `family`'s taps, by the name each row is read under."""
+    out: dict[str, tuple[EngineField, ...]] = {}
+    for f in block_fields(family):
+        out[f.engine] = (*out.get(f.engine, ()), f)
+    return out
 
 
 def block_family_of(config: dict[str, Any]) -> str:
@@ -151,9 +160,12 @@ def block_family_of(config: dict[str, Any]) -> str:
 def read_ids(config: dict[str, Any], engine: str) -> tuple[list[int] | None, EngineField]:
     """(ids the engine reads, the field it reads them from): its own fields, an override first; a speculators
     config's aux ids (vLLM's updater copies them); the engine's first field where none is set."""
-    family = get_family(block_family_of(config))
-    own = sorted(family.fields_for(engine), key=lambda f: f.field not in OVERRIDES)
-    extra = family.fields_for("speculators") if "speculators_model_type" in config else ()
+    rows = _fields_by_engine(get_family(block_family_of(config)).name)
+    if engine not in rows:
+        raise ContractMismatch(f"no {engine!r} tap field for this block family", expected=" / ".join(rows),
+                               found=engine)
+    own = sorted(rows[engine], key=lambda f: f.field not in OVERRIDES)
+    extra = rows.get("speculators", ()) if "speculators_model_type" in config else ()
     for f in (*own, *extra):
         if (ids := _ints(_get(config, f.field))) is not None:
             return ids, f

@@ -43,8 +43,9 @@ from eaglewire.draft.load import _check_keys, _check_tensor, _float_dtype, check
 from eaglewire.draft.vocab import VocabMap
 from eaglewire.errors import CheckpointError, ContractMismatch, EaglewireError
 from eaglewire.export.base import WEIGHTS, cast_floats, read_contract, read_json, read_safetensors, write_dir
+from eaglewire.export.engines import engine_field
 from eaglewire.export.layouts import SPECULATORS_VERSION, _rope_theta
-from eaglewire.families import FULL, BlockWiring
+from eaglewire.families import FULL, BlockWiring, EngineField
 from eaglewire.safeio import field_of, read_json_object, require_finite
 
 ZLAB_ARCH = "DFlashDraftModel"
@@ -58,18 +59,31 @@ _DFLASH_CONFIG_KEYS = frozenset({"mask_token_id", "target_layer_ids", "block_siz
 class BlockFormat:
     name: str
     style: str  # "hf" (z-lab's DFlashDraftModel config) or "speculators" (DFlashSpeculator)
-    ids_at: str  # dotted path of the tap ids in config.json
-    convention: str  # layer-id convention of those ids (eaglewire.contract)
+    reads: tuple[str, str]  # (engine record, the name of its row): whose tap field holds the ids (export/engines.py)
     block_in_dflash_config: bool  # also write block_size / num_target_layers inside dflash_config
     source: str  # the engine code the record was read from
+    family: str = "dflash"
+
+    @property
+    def tap(self) -> EngineField:
+        """The engine record's field this format writes the taps to: where, and in which convention."""
+        return engine_field(*self.reads, self.family)
+
+    @property
+    def ids_at(self) -> str:
+        return self.tap.field
+
+    @property
+    def convention(self) -> str:
+        return self.tap.convention
 
 
 BLOCK_FORMATS: dict[str, dict[str, BlockFormat]] = {"dflash": {f.name: f for f in (
-    BlockFormat("zlab", "hf", "dflash_config.target_layer_ids", "zlab", False,
+    BlockFormat("zlab", "hf", ("zlab", "zlab"), False,
                 "z-lab dflash/model.py extract_context_feature; vllm qwen3_dflash.py"),
-    BlockFormat("sglang", "hf", "dflash_config.target_layer_ids", "sglang-dflash", True,
+    BlockFormat("sglang", "hf", ("sglang", "sglang"), True,
                 "sglang srt/speculative/dflash_utils.py parse_dflash_draft_config; srt/models/dflash.py"),
-    BlockFormat("vllm", "speculators", "aux_hidden_state_layer_ids", "vllm", False,
+    BlockFormat("vllm", "speculators", ("vllm", "speculators"), False,
                 "speculators models/dflash/config.py; vllm transformers_utils/configs/speculators/algos.py"),
 )}}
 BLOCK_ALIASES = {"speculators": "vllm"}

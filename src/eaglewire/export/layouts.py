@@ -53,7 +53,7 @@ def check_exportable(layout: Engine, cfg: DraftConfig) -> None:
     used = cfg.norm.on
     missing = sorted(used - layout.norms)
     if missing:
-        serving = [e.name for e in ENGINES.values() if used <= e.norms]
+        serving = [e.name for e in ENGINES.values() if e.serves_eagle3 and used <= e.norms]
         fits = [n for n, f in NORM_PRESETS.items() if f.on <= layout.norms]
         raise CheckpointError(f"{layout.name} does not implement {missing}", expected=f"only {sorted(layout.norms)}",
                               found=f"draft trained with {sorted(used)}",

@@ -50,7 +50,7 @@ def wiring_words(ctx: Ctx) -> tuple[str, dict[str, list[int] | str]]:
     arch, fam = ctx.contract.target.architecture, family(ctx)
     for eng in ENGINE_IDS:
         try:  # a family with engine fields of its own (a block drafter) numbers its taps by them, else the engine's
-            conv = fam.fields_for(eng)[0].convention if fam.engine_fields else engine_for(eng).convention_for(arch)
+            conv = engine_for(eng, family=fam.name).convention_for(arch, fam.name)
             ids[eng] = list(to_engine(taps, conv, L))
         except TranslationError as err:
             ids[eng] = f"not expressible: {err.what}"
