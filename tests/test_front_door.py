@@ -87,9 +87,9 @@ def test_a_second_family_is_one_registration(monkeypatch, tmp_path):
         calls.append(f"load {directory.name}")
         return object(), _with_family(base, "toy")
 
-    # the contract names only families with a wiring record (families.py); decoding and loading are compose's
-    monkeypatch.setitem(families.FAMILIES, "toy", families.Family("toy", "a test family", False, ()))
-    monkeypatch.setitem(compose.FAMILIES, "toy", compose.Family("toy", propose, load))
+    # the contract names only families with a record (families.py); decoding and loading are its decoding part
+    monkeypatch.setitem(families.FAMILIES, "toy", families.Family("toy", "a test family", False))
+    compose.register(compose.Decoding("toy", propose, load))
     _, base = build_draft(target)
     contract = _with_family(base, "toy")
     draft = type("ToyDraft", (), {"contract": contract})()

@@ -7,8 +7,9 @@ accelerated runtime only where the fastcpu extra is installed" is written once. 
 acceleration layer (it picks it) and below the doctor (which predicts τ with it); eaglewire.api, above
 the doctor, adds the check and the training and export verbs.
 
-A drafter family is one `Family` record (its proposer and its loader), registered by the name its
-wiring contract carries, so a second family is one `register` call, not a branch in every caller.
+A drafter family's decoding is one `Decoding` record (its proposer, its loader, its default tree), the
+"decoding" part of the family's record (families.py), so a second family is one `register` call, not a branch
+in every caller.
 """
 
 from __future__ import annotations
@@ -33,12 +34,14 @@ from eaglewire.export.base import CONTRACT_FILE, read_contract
 from eaglewire.export.block import block_family, block_layout, import_block_draft
 from eaglewire.export.checkpoint import FORMAT as NATIVE_FORMAT
 from eaglewire.export.checkpoint import load_checkpoint
+from eaglewire.errors import ContractMismatch
 from eaglewire.export.convert import detect_engine, import_draft
+from eaglewire.families import FAMILIES, families_with, register_part
 from eaglewire.safeio import read_json_object
 from eaglewire.target.loader import Target
 from eaglewire.target.protocol import TargetInfo
 
-__all__ = ["CALIBRATE_MODES", "COMPILE_MODES", "DFLASH", "EAGLE3", "FAMILIES", "Family", "cache_len", "decoder", "family_of",
+__all__ = ["CALIBRATE_MODES", "COMPILE_MODES", "DFLASH", "EAGLE3", "Decoding", "cache_len", "decoder", "family_of",
            "load_draft", "measure_tau", "proposal_shape", "proposer", "register", "runtime"]
 
 COMPILE_MODES = fastcpu.COMPILE_MODES
@@ -58,8 +61,8 @@ class Draft(Protocol):
 
 
 @dataclass(frozen=True)
-class Family:
-    """One drafter family: how its proposer is built beside a runtime, and how its directories load.
+class Decoding:
+    """One drafter family's decoding: how its proposer is built beside a runtime, and how its directories load.
 
     proposer(draft, contract, shape, max_len, runtime) -> Proposer
     load(directory, config, target, dtype, engine_version) -> (draft, contract); `config` is the directory's
@@ -73,23 +76,20 @@ class Family:
     shape: Callable[[WiringContract, TreeShape | None], TreeShape] = lambda _contract, shape: shape or DEFAULT_TREE
 
 
-FAMILIES: dict[str, Family] = {}
+def register(decoding: Decoding) -> None:
+    """Make `decoding` the one that decodes and loads drafts whose contract names its family (families.py)."""
+    register_part(decoding.name, "decoding", decoding)
 
 
-def register(family: Family) -> None:
-    """Make `family` the one that decodes and loads drafts whose contract names it."""
-    FAMILIES[family.name] = family
-
-
-def family_of(contract: WiringContract | dict[str, Any] | None) -> Family:
-    """The registered family a contract (or its JSON form) names; EAGLE-3 where it names none."""
+def family_of(contract: WiringContract | dict[str, Any] | None) -> Decoding:
+    """The decoding of the family a contract (or its JSON form) names; EAGLE-3 where it names none."""
     name = (contract.get("family") if isinstance(contract, dict) else getattr(contract, "family", None)) or EAGLE3
-    if name not in FAMILIES:
-        from eaglewire.errors import ContractMismatch
-
-        raise ContractMismatch(f"no drafter family {name!r} is registered", expected=", ".join(sorted(FAMILIES)),
+    if name not in FAMILIES or not FAMILIES[name].has("decoding"):
+        raise ContractMismatch(f"no drafter family {name!r} is registered",
+                               expected=", ".join(sorted(f.name for f in families_with("decoding"))),
                                found=str(name), fix="upgrade eaglewire, or load the draft with the tool that made it")
-    return FAMILIES[name]
+    found: Decoding = FAMILIES[name].part("decoding")
+    return found
 
 
 def proposal_shape(contract: WiringContract, shape: TreeShape | None) -> TreeShape:
@@ -224,7 +224,7 @@ def _eagle3_proposer(draft: Eagle3Draft, contract: WiringContract, shape: TreeSh
     return EagleProposer(draft, shape, max_len, drafter, contract=contract)
 
 
-register(Family(EAGLE3, _eagle3_proposer, _eagle3_load))
+register(Decoding(EAGLE3, _eagle3_proposer, _eagle3_load))
 
 
 # --- DFlash (block drafters) ---------------------------------------------------------------------------------
@@ -245,4 +245,4 @@ def _dflash_proposer(draft: DFlashDraft, contract: WiringContract, shape: TreeSh
     return BlockProposer(draft, contract, shape, max_len)
 
 
-register(Family(DFLASH, _dflash_proposer, _dflash_load, shape=block_shape))
+register(Decoding(DFLASH, _dflash_proposer, _dflash_load, shape=block_shape))

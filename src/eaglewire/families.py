@@ -1,9 +1,12 @@
-"""Drafter families as records: each family's wiring beyond the taps, and how each engine writes its taps.
+"""Drafter families as records: one `Family` per family, in one registry (`FAMILIES`), asked by every layer.
 
-A family is one row of `FAMILIES`. The contract (contract.WiringContract) names its family and carries its
-block record; the draft builder (draft/), the objective (train/) and the proposer (decoding/) each keep their
-own registry keyed by the same name. Nothing here shifts a layer id: an engine field names a layer-id
-convention of contract.py, whose `_id_offset` holds every off-by-one.
+A family's record holds its wiring facts (here) and the parts each layer above contributes (`PARTS`: its strict
+loader, its native checkpoint's tensors, its export formats, its training objective, its decoding, its benchmark
+rows). This module sits low and imports nothing above it: each layer registers its part for the families it
+implements (`register_part`, at import of the module that defines the part), and asks `get_family(name).part(kind)`
+instead of keeping a table keyed by the name. A new family is one `register_family(Family(...), **parts)` in
+its own module. How an engine numbers a family's taps is the engine's record (export/engines.py), never the
+family's. Nothing here shifts a layer id: contract.py's `_id_offset` holds every off-by-one.
 
 DFlash (z-lab, arXiv 2602.06036) drafts a whole block in one non-causal pass: slot 0 holds the anchor (the
 token the target just emitted), slots 1..B-1 hold the mask token, and slot k predicts position p+k (anchor
@@ -14,7 +17,7 @@ target's tapped states of every earlier position) enters each draft layer as ext
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from eaglewire.errors import ContractMismatch
@@ -128,6 +131,18 @@ class EngineField:
     family: str = "dflash"  # the drafter family whose taps the field carries
 
 
+# The parts a layer above registers for a family, and who registers them (the layer asks the record for it).
+PARTS = {
+    "load_strict": "draft/load.py: the strict loader of renamed tensors (load_strict's arguments) -> the draft",
+    "checkpoint_state": "export/checkpoint.py: (draft, contract, save_embedding) -> the tensors a native "
+                        "checkpoint holds",
+    "block_formats": "export/block.py: its export formats by name (a block family)",
+    "objective": "train/objectives.py: its training Objective",
+    "decoding": "compose.py: its Decoding (proposer, directory loader, default tree)",
+    "bench_rows": "serve/bench.py: the benchmark rows that decode with its draft",
+}
+
+
 @dataclass(frozen=True)
 class Family:
     name: str
@@ -136,6 +151,21 @@ class Family:
     title: str = ""  # how reports name the family
     vllm_method: str = ""  # vLLM's speculative_config "method"
     sglang_algorithm: str = ""  # SGLang's --speculative-algorithm
+    # what each layer registered (PARTS); not part of the record's identity
+    parts: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    def part(self, kind: str) -> Any:
+        """The `kind` part (PARTS) a layer registered for this family; a clear error where none did."""
+        if kind not in PARTS:
+            raise KeyError(f"{kind!r} is not a family part ({', '.join(PARTS)})")
+        if kind not in self.parts:
+            raise ContractMismatch(f"the {self.name} family has no {kind}", expected=PARTS[kind],
+                                   found=f"parts {sorted(self.parts)}",
+                                   fix="use a version of eaglewire that implements it for this family")
+        return self.parts[kind]
+
+    def has(self, kind: str) -> bool:
+        return kind in self.parts
 
 
 FAMILIES: dict[str, Family] = {
@@ -148,6 +178,33 @@ FAMILIES: dict[str, Family] = {
     ]
 }
 DEFAULT_FAMILY = "eagle3"
+
+
+def register_family(family: Family, **parts: Any) -> Family:
+    """Make `family` known (a contract may name it) with the parts given; the record for its name."""
+    if family.name in FAMILIES:
+        raise ValueError(f"drafter family {family.name!r} is registered already")
+    FAMILIES[family.name] = family
+    for kind, value in parts.items():
+        register_part(family.name, kind, value)
+    return family
+
+
+def unregister_family(name: str) -> None:
+    """Forget a family registered by `register_family` (tests' toy families)."""
+    FAMILIES.pop(name, None)
+
+
+def register_part(family: str, kind: str, value: Any) -> None:
+    """Layer code registers its `kind` part (PARTS) of `family`: the record then answers for it."""
+    if kind not in PARTS:
+        raise KeyError(f"{kind!r} is not a family part ({', '.join(PARTS)})")
+    get_family(family).parts[kind] = value
+
+
+def families_with(kind: str) -> tuple[Family, ...]:
+    """Every registered family that has a `kind` part."""
+    return tuple(f for f in FAMILIES.values() if f.has(kind))
 
 
 def get_family(name: str) -> Family:

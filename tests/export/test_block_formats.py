@@ -12,10 +12,11 @@ from tiny import VOCAB, build_target
 
 from eaglewire.errors import CheckpointError, ContractMismatch, TranslationError
 from eaglewire.export.base import CONTRACT_FILE
-from eaglewire.export.block import BLOCK_FORMATS, export_block_draft, import_block_draft
+from eaglewire.export.block_formats import DFLASH_FORMATS
+from eaglewire.export.block import export_block_draft, import_block_draft
 from eaglewire.families import BlockWiring
 
-FORMATS = (*BLOCK_FORMATS["dflash"], "speculators")
+FORMATS = (*DFLASH_FORMATS, "speculators")
 L = 8
 
 

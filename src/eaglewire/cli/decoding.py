@@ -1,5 +1,6 @@
 """`eaglewire generate|bench|serve`: speculative decoding on the local target with an EAGLE-3 or DFlash draft
-(the draft's contract names its family; its proposer and default shape come from eaglewire.compose.FAMILIES)."""
+(the draft's contract names its family; its proposer and default shape are its family record's decoding,
+eaglewire.compose)."""
 
 from __future__ import annotations
 

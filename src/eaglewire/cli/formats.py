@@ -83,10 +83,10 @@ def import_cmd(
 
 def _ids_note(fmt: str, version: Optional[str], contract) -> str:
     """"layer ids [...] (the rule that wrote them); " for an export's summary line."""
-    from eaglewire.export.block import BLOCK_FORMATS, block_format
+    from eaglewire.export.block_formats import block_format, is_block_family
     from eaglewire.export.engines import engine_for
 
-    if contract.family in BLOCK_FORMATS:  # a block drafter: its family's format record numbers the ids
+    if is_block_family(contract.family):  # a block drafter: its family's format record numbers the ids
         block = block_format(contract.family, fmt)
         return f"{block.ids_at} {list(contract.engine_ids(block.convention))}; "
     record, arch = engine_for(fmt, version), contract.target.architecture

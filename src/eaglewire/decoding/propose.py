@@ -8,7 +8,7 @@
 Test doubles (an always-right and a random proposer) live in tests/proposers.py.
 
 Which proposer a draft decodes with (by the family its contract names) is chosen in one place, the
-composition root's registry (eaglewire.compose.FAMILIES).
+family record's "decoding" part (eaglewire.families, registered by eaglewire.compose).
 """
 
 from __future__ import annotations

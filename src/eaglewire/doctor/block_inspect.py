@@ -64,7 +64,7 @@ class ReadFamily:
 READ_FAMILIES = {"dflash": ReadFamily(False, True, False, backbone_heads=()),
                  "dflash2": ReadFamily(False, True, False, True),
                  "dspark": ReadFamily(True, False, True, backbone_heads=("markov_head.", "confidence_head."))}
-# the export format (export/block.py BLOCK_FORMATS) that reads each layout's fields, for the measurement's loader;
+# the export format (export/block.py DFLASH_FORMATS) that reads each layout's fields, for the measurement's loader;
 # DeepSpec's layout has none
 LAYOUT_FORMATS = {"zlab": "zlab", "sglang": "sglang", "vllm-edited": "zlab", "speculators": "vllm"}
 # the engine record's row (export/engines.py) whose numbering each layout's writer meant: SGLang's and vLLM-edited

@@ -1,6 +1,6 @@
 """The one strict loader behind the native checkpoint (eaglewire.export.checkpoint) and every import
 (eaglewire.export.convert): tensors already renamed to native names become an Eagle3Draft, or nothing.
-`LOADERS` keys the strict loader by the contract's family (a DFlash draft: `load_dflash_strict`).
+Each family's strict loader is its record's "load_strict" part (families.py; a DFlash draft: `load_dflash_strict`).
 
 Checked, in order: the exact key set (a renamed key is reported with its likely intended name), shapes,
 dtypes (one float dtype), the d2t/t2d invariants and their hash against the contract. The model starts
@@ -18,6 +18,7 @@ from eaglewire.contract import WiringContract
 from eaglewire.draft.config import DraftConfig
 from eaglewire.draft.dflash import DFlashDraft
 from eaglewire.draft.model import Eagle3Draft
+from eaglewire.families import get_family, register_part
 from eaglewire.errors import CheckpointError, ContractMismatch
 from eaglewire.safeio import about_file, require_finite
 from eaglewire.draft.vocab import VocabMap, validate_vocab_map, vocab_map_sha256
@@ -152,12 +153,11 @@ def load_dflash_strict(cfg: DraftConfig, contract: WiringContract, tensors: dict
     return draft.eval()
 
 
-# The strict loader of each drafter family (families.FAMILIES), called with load_strict's arguments.
-LOADERS: dict[str, Callable[..., Any]] = {"eagle3": load_strict, "dflash": load_dflash_strict}
+# The strict loader of each drafter family, called with load_strict's arguments: its record's part.
+register_part("eagle3", "load_strict", load_strict)
+register_part("dflash", "load_strict", load_dflash_strict)
 
 
 def loader_for(contract: WiringContract) -> Callable[..., Any]:
-    if contract.family not in LOADERS:
-        raise CheckpointError(f"no loader for {contract.family} drafts", expected=" / ".join(LOADERS),
-                              found=contract.family, fix="load it with a version of eaglewire that has one")
-    return LOADERS[contract.family]
+    loader: Callable[..., Any] = get_family(contract.family).part("load_strict")
+    return loader

@@ -43,9 +43,9 @@ from eaglewire.draft.load import _check_keys, _check_tensor, _float_dtype, check
 from eaglewire.draft.vocab import VocabMap
 from eaglewire.errors import CheckpointError, ContractMismatch, EaglewireError
 from eaglewire.export.base import WEIGHTS, cast_floats, read_contract, read_json, read_safetensors, write_dir
-from eaglewire.export.engines import engine_field
+from eaglewire.export.block_formats import DFLASH_FORMATS, BlockFormat, block_format
 from eaglewire.export.layouts import SPECULATORS_VERSION, _rope_theta
-from eaglewire.families import FULL, BlockWiring, EngineField
+from eaglewire.families import FULL, BlockWiring
 from eaglewire.safeio import field_of, read_json_object, require_finite
 
 ZLAB_ARCH = "DFlashDraftModel"
@@ -55,38 +55,6 @@ SPECULATORS_ARCH = "DFlashSpeculator"
 _DFLASH_CONFIG_KEYS = frozenset({"mask_token_id", "target_layer_ids", "block_size", "num_target_layers"})
 
 
-@dataclass(frozen=True)
-class BlockFormat:
-    name: str
-    style: str  # "hf" (z-lab's DFlashDraftModel config) or "speculators" (DFlashSpeculator)
-    reads: tuple[str, str]  # (engine record, the name of its row): whose tap field holds the ids (export/engines.py)
-    block_in_dflash_config: bool  # also write block_size / num_target_layers inside dflash_config
-    source: str  # the engine code the record was read from
-    family: str = "dflash"
-
-    @property
-    def tap(self) -> EngineField:
-        """The engine record's field this format writes the taps to: where, and in which convention."""
-        return engine_field(*self.reads, self.family)
-
-    @property
-    def ids_at(self) -> str:
-        return self.tap.field
-
-    @property
-    def convention(self) -> str:
-        return self.tap.convention
-
-
-BLOCK_FORMATS: dict[str, dict[str, BlockFormat]] = {"dflash": {f.name: f for f in (
-    BlockFormat("zlab", "hf", ("zlab", "zlab"), False,
-                "z-lab dflash/model.py extract_context_feature; vllm qwen3_dflash.py"),
-    BlockFormat("sglang", "hf", ("sglang", "sglang"), True,
-                "sglang srt/speculative/dflash_utils.py parse_dflash_draft_config; srt/models/dflash.py"),
-    BlockFormat("vllm", "speculators", ("vllm", "speculators"), False,
-                "speculators models/dflash/config.py; vllm transformers_utils/configs/speculators/algos.py"),
-)}}
-BLOCK_ALIASES = {"speculators": "vllm"}
 FAMILY_OF_ARCH = {ZLAB_ARCH: "dflash", SPECULATORS_ARCH: "dflash"}  # a config's architecture -> its family
 # What names a speculators-layout config is `speculators_model_type` (vLLM's speculators loader keys on it and
 # rewrites `architectures` itself, algos.py update_dflash); speculators 0.9.0's own save_pretrained writes its
@@ -130,26 +98,13 @@ def block_layout(config: dict[str, Any], side: WiringContract | None = None) -> 
     layout; another layout is then imported with `eaglewire import --format`."""
     if is_speculators_config(config):
         return "vllm"
-    ids = _path(config, BLOCK_FORMATS["dflash"]["zlab"].ids_at)
+    ids = _path(config, DFLASH_FORMATS["zlab"].ids_at)
     if side is not None:
         for name in ("zlab", "sglang"):
-            conv = BLOCK_FORMATS["dflash"][name].convention
+            conv = DFLASH_FORMATS[name].convention
             if list(to_engine(side.taps, conv, side.target.num_layers)) == ids:
                 return name
     return "zlab"
-
-
-def block_format(family: str, name: str) -> BlockFormat:
-    formats = BLOCK_FORMATS.get(family)
-    if formats is None:
-        raise CheckpointError(f"no block-drafter formats for family {family!r}", expected=", ".join(BLOCK_FORMATS),
-                              found=family)
-    record = formats.get(BLOCK_ALIASES.get(name, name))
-    if record is None:
-        raise CheckpointError(f"{family} drafts have no {name!r} format", found=name,
-                              expected=", ".join([*formats, *BLOCK_ALIASES]),
-                              fix="pick one of the formats listed (native is eaglewire's own checkpoint)")
-    return record
 
 
 def _refuse_unportable(block: BlockWiring, cfg: DraftConfig, fmt: str) -> None:
@@ -211,7 +166,7 @@ def make_block_config(fmt: BlockFormat, cfg: DraftConfig, contract: WiringContra
 def export_block_draft(draft: DFlashDraft, contract: WiringContract, out: Path, fmt_name: str, *,
                        dtype: torch.dtype | None = None, verifier: str | None = None, force: bool = False,
                        inputs: tuple[Path, ...] = ()) -> Path:
-    """Write a block drafter in format `fmt_name` (BLOCK_FORMATS[family]) plus the contract side file; an
+    """Write a block drafter in format `fmt_name` (its family record's block_formats) plus the contract side file; an
     existing `out` must be an earlier export (or `force`) and never one of `inputs` (eaglewire.outputs)."""
     fmt = block_format(contract.family, fmt_name)
     block = contract.block

@@ -19,6 +19,7 @@ from eaglewire.draft.config import DraftConfig
 from eaglewire.draft.load import EMBED_KEY, loader_for
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import CheckpointError
+from eaglewire.families import get_family, register_part
 from eaglewire.outputs import replace_dir
 from eaglewire.safeio import atomic_save_safetensors, atomic_write_json, about_file, field_of, read_json_object, \
     read_safetensors_file
@@ -55,9 +56,9 @@ def _dflash_state(draft: Any, contract: WiringContract, save_embedding: bool) ->
     return dict(draft.state_dict())  # z-lab's keys; the target's embedding and head are never in it
 
 
-# What each drafter family (families.FAMILIES) writes: its tensors, checked against the contract.
-_STATE: dict[str, Callable[[Any, WiringContract, bool], dict[str, torch.Tensor]]] = {
-    "eagle3": _eagle3_state, "dflash": _dflash_state}
+# What each drafter family writes: its tensors, checked against the contract (its record's part).
+register_part("eagle3", "checkpoint_state", _eagle3_state)
+register_part("dflash", "checkpoint_state", _dflash_state)
 
 
 def save_checkpoint(draft: Any, contract: WiringContract, out: Path, *,
@@ -66,10 +67,9 @@ def save_checkpoint(draft: Any, contract: WiringContract, out: Path, *,
     """Write `out/` atomically. Float weights are cast to `dtype` if given (e.g. bf16 for release). An existing
     `out` must be an earlier checkpoint (or `force`), and is never one of `inputs` (eaglewire.outputs)."""
     draft.cfg.require_matches(contract)
-    if contract.family not in _STATE:
-        raise CheckpointError(f"no native checkpoint for {contract.family} drafts", expected=" / ".join(_STATE),
-                              found=contract.family)
-    state = _STATE[contract.family](draft, contract, save_embedding)
+    state_of: Callable[[Any, WiringContract, bool], dict[str, torch.Tensor]] = \
+        get_family(contract.family).part("checkpoint_state")
+    state = state_of(draft, contract, save_embedding)
     if dtype is not None:
         state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     float_dtype = next(v.dtype for v in state.values() if v.is_floating_point())

@@ -20,8 +20,8 @@ from eaglewire.draft.dflash import DFlashDraft
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import CheckpointError, ContractMismatch, EaglewireError
 from eaglewire.export.engines import FORMATS, NATIVE, Engine, engine_for
-from eaglewire.export.block import BLOCK_FORMATS, block_family, export_block_draft, foreign_block_family, \
-    import_block_draft
+from eaglewire.export.block import block_family, export_block_draft, foreign_block_family, import_block_draft
+from eaglewire.export.block_formats import is_block_family
 from eaglewire.export.base import cast_floats, read_contract, read_json, read_safetensors, rename_all, write_dir, \
     CONTRACT_FILE, WEIGHTS
 from eaglewire.export.layouts import check_exportable, config_ids, draft_config_from, from_native, make_config, \
@@ -52,7 +52,7 @@ def export_draft(draft: Eagle3Draft | DFlashDraft, contract: WiringContract, out
     """Write `draft` in the layout `fmt` names (FORMATS) plus the contract side file; `verifier` is for vLLM,
     `engine_version` the engine release whose layer-id rule applies (SGLang; default: the newest verified).
     An existing `out` must be an earlier export (or `force`) and never one of `inputs` (eaglewire.outputs)."""
-    if contract.family in BLOCK_FORMATS and fmt != NATIVE:  # a block drafter: its family's format records
+    if is_block_family(contract.family) and fmt != NATIVE:  # a block drafter: its family's format records
         assert isinstance(draft, DFlashDraft), f"a {contract.family} contract on a {type(draft).__name__}"
         return export_block_draft(draft, contract, out, fmt, dtype=dtype, verifier=verifier, force=force,
                                   inputs=inputs)

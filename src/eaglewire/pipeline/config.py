@@ -142,7 +142,7 @@ class BenchCfg(_Strict):
     def _shapes(self) -> "BenchCfg":
         try:
             B.check_methods(self.methods)
-            if not any(m in rows for rows in B.FAMILY_ROWS.values() for m in self.methods):
+            if not any(m in rows for rows in B.family_rows().values() for m in self.methods):
                 raise EaglewireError("no draft row in bench.methods", expected="eagle_chain and/or eagle_tree, or "
                                      "dflash (a run of another family benchmarks its own rows in their place)",
                                      found=str(list(self.methods)))

@@ -124,11 +124,11 @@ def tau_change(res: dict[str, Any]) -> str:
 
 
 def verdict(res: dict[str, Any], family: str = "eagle3") -> str:
-    from eaglewire.serve.bench import FAMILY_ROWS, label
+    from eaglewire.serve.bench import family_rows, label
     from eaglewire.serve.peer import PEER_METHODS
 
     m = res["methods"]
-    best = max((n for n in m if n in FAMILY_ROWS[family] and n not in PEER_METHODS), key=lambda n: m[n]["median_tok_s"])
+    best = max((n for n in m if n in family_rows()[family] and n not in PEER_METHODS), key=lambda n: m[n]["median_tok_s"])
     r = m[best]["speedup_vs_vanilla"]
     word = "faster" if r > 1 else "slower"
     return (f"Best {get_family(family).title} setting: {label(best, res)} at {m[best]['median_tok_s']:.2f} tok/s = {r:.2f}× the "

@@ -21,6 +21,7 @@ import torch
 
 from eaglewire.data.conversations import read_conversations
 from eaglewire.errors import EaglewireError
+from eaglewire.families import families_with, get_family, register_part
 from eaglewire.decoding.engine import SpecDecoder, SpecStats, greedy_reference
 from eaglewire.compose import cache_len, proposal_shape, proposer, runtime
 from eaglewire.serve.peer import PEER_METHODS, PeerServers
@@ -38,7 +39,13 @@ DEFAULT_METHODS = ("vanilla", "prompt_lookup", "eagle_chain", "eagle_tree")
 BLOCK_METHODS = ("dflash",)
 # The rows that decode with a draft, per drafter family (the name its contract carries): a run of one family
 # benchmarks its own rows; vLLM's peer rows are served with the EAGLE-3 draft.
-FAMILY_ROWS = {"eagle3": ("eagle_chain", "eagle_tree", *PEER_METHODS), "dflash": BLOCK_METHODS}
+register_part("eagle3", "bench_rows", ("eagle_chain", "eagle_tree", *PEER_METHODS))
+register_part("dflash", "bench_rows", BLOCK_METHODS)
+
+
+def family_rows() -> dict[str, tuple[str, ...]]:
+    """Each family's benchmark rows (its record's "bench_rows" part), by family name."""
+    return {f.name: tuple(f.part("bench_rows")) for f in families_with("bench_rows")}
 BASES = ("hf_generate", "vanilla", "prompt_lookup", "vllm_vanilla")  # the rows speedups are quoted against
 
 
@@ -61,8 +68,9 @@ def _hf(target: Any, ids: torch.Tensor, max_new: int, eos: int, **kw: Any) -> Ru
 def rows_for(family: str, names: Sequence[str]) -> tuple[str, ...]:
     """`names` as a draft of `family` is benchmarked: the rows without a draft kept, the family's own rows kept
     (all of them where `names` asks for none), the rows of other families' drafts dropped."""
-    own = FAMILY_ROWS[family]
-    others = {m for f, rows in FAMILY_ROWS.items() if f != family for m in rows} - set(own)
+    rows_of = family_rows()
+    own = get_family(family).part("bench_rows")
+    others = {m for f, rows in rows_of.items() if f != family for m in rows} - set(own)
     keep = [m for m in names if m not in others]
     return tuple(keep if any(m in own for m in keep) else keep + list(own))
 

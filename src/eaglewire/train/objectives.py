@@ -3,7 +3,7 @@
 The loop (train/loop.py) is family-blind: it asks the record for a draft, for the module whose forward is
 `(FeatureBatch, all_positions, draw) -> (loss, TTTStats)` (one module, so DDP sees a single forward), and
 the family's contract and default taps. Every family is saved and resumed in the native checkpoint
-(export/checkpoint.py, keyed by the contract's family). A new family is a new row here, never a branch in the loop.
+(export/checkpoint.py, keyed by the contract's family). A new family registers its Objective as its record's part, never a branch in the loop.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from torch import nn
 from eaglewire.contract import WiringContract, default_taps
 from eaglewire.draft.vocab import VocabMap
 from eaglewire.errors import ContractMismatch
+from eaglewire.families import families_with, get_family, register_part
 from eaglewire.train import dflash, eagle3
 from eaglewire.train.config import TrainConfig
 from eaglewire.train.dist import DistInfo
@@ -38,19 +39,22 @@ class Objective:
     reduced_vocab: bool = True
 
 
-OBJECTIVES: dict[str, Objective] = {
-    "eagle3": Objective("eagle3", default_taps, eagle3.make_contract, eagle3.build_draft, eagle3.ttt_model),
-    "dflash": Objective("dflash", dflash.default_taps, dflash.make_contract, dflash.build_draft, dflash.block_model,
-                        reduced_vocab=False),
-}
+# Each family's training record is its record's "objective" part (families.py)
+register_part("eagle3", "objective", Objective("eagle3", default_taps, eagle3.make_contract, eagle3.build_draft,
+                                               eagle3.ttt_model))
+register_part("dflash", "objective", Objective("dflash", dflash.default_taps, dflash.make_contract,
+                                               dflash.build_draft, dflash.block_model, reduced_vocab=False))
 
 
 def objective(family: str) -> Objective:
     """The training record of `family`; a family with no training here is a clear error."""
-    if family not in OBJECTIVES:
-        raise ContractMismatch(f"eaglewire cannot train a {family!r} draft", expected=" / ".join(OBJECTIVES),
+    fam = get_family(family)
+    if not fam.has("objective"):
+        raise ContractMismatch(f"eaglewire cannot train a {family!r} draft",
+                               expected=" / ".join(f.name for f in families_with("objective")),
                                found=repr(family), fix="train one of the families eaglewire has an objective for")
-    return OBJECTIVES[family]
+    found: Objective = fam.part("objective")
+    return found
 
 
 def objective_for(contract: WiringContract) -> Objective:
