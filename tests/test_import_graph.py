@@ -26,10 +26,13 @@ ROOT = "eaglewire"
 # draft directory) -> the doctor -> the workflows the CLI and `run` share (vocab, training, import) -> the Python
 # front door (eaglewire.api) -> the product surfaces (bench, serve, peer rows) -> the `eaglewire run` pipeline -> the
 # command line
-LAYERS = ("errors", "safeio", "records", "outputs", "limits", "cache", "hw", "ops", "tau", "norms", "families", "contract",
+LAYERS = ("version", "errors", "safeio", "records", "outputs", "limits", "cache", "hw", "ops", "tau", "norms", "families", "contract",
           "target", "draft", "export", "data", "vllm_client", "capture", "train", "decoding", "fastcpu", "compose",
           "doctor", "workflows", "api", "serve", "pipeline", "cli")
 FRONT_DOOR = "api"  # what the root package re-exports (lazily, eaglewire/__init__.py's __getattr__), and no more
+# The root package itself ranks with the front door it re-exports: a module that imports a name of `eaglewire`
+# (not a submodule) may reach eaglewire.api through it, so only the layers above the front door may
+ROOT_RANK = LAYERS.index(FRONT_DOOR)
 
 
 def _modules() -> dict[str, Path]:
@@ -59,6 +62,7 @@ def _imports(tree: ast.AST, module: str, is_package: bool) -> list[str]:
             continue
         if isinstance(node, ast.Import):
             names += [a.name for a in node.names]
+            names += [ROOT_NAME + "*" for a in node.names if a.name == ROOT]  # `import eaglewire`: its names
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
@@ -67,8 +71,13 @@ def _imports(tree: ast.AST, module: str, is_package: bool) -> list[str]:
                 base = ".".join(pkg + ([base] if base else []))
             names.append(base)
             names += [f"{base}.{a.name}" for a in node.names]  # kept only where it is a module
+            if base == ROOT:  # `from eaglewire import X`: the root package's own name X unless X is a module
+                names += [ROOT_NAME + a.name for a in node.names]
         stack.extend(ast.iter_child_nodes(node))
     return names
+
+
+ROOT_NAME = "<root>."  # marks a name of the root package itself (its __init__), not a submodule
 
 
 def _graph() -> dict[str, set[str]]:
@@ -76,6 +85,10 @@ def _graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {m: set() for m in mods}
     for mod, path in mods.items():
         for name in _imports(ast.parse(path.read_text(), str(path)), mod, path.name == "__init__.py"):
+            if name.startswith(ROOT_NAME):  # an edge to the root package unless the name is a submodule
+                if f"{ROOT}.{name.removeprefix(ROOT_NAME)}" not in mods and mod != ROOT:
+                    graph[mod].add(ROOT)
+                continue
             if not (name == ROOT or name.startswith(ROOT + ".")):
                 continue
             parts = name.split(".")
@@ -138,12 +151,13 @@ def _layer(module: str) -> str:
 def package_violations(graph: dict[str, set[str]]) -> list[str]:
     """Every import of a later layer (or of an unlisted one), as 'module -> module'."""
     rank = {name: i for i, name in enumerate(LAYERS)}
+    rank[ROOT] = ROOT_RANK
     bad = []
     for mod, targets in sorted(graph.items()):
         a = _layer(mod)
         for target in sorted(targets):
             b = _layer(target)
-            if a == ROOT and b == FRONT_DOOR:
+            if a == ROOT and b in (FRONT_DOOR, LAYERS[0]):  # the lazy front door; the version it re-exports
                 continue
             if a != b and (a not in rank or b not in rank or rank[b] > rank[a]):
                 bad.append(f"{mod} -> {target}")
@@ -165,6 +179,19 @@ def test_the_layer_check_sees_an_upward_import():
         ["eaglewire.decoding.engine -> eaglewire.fastcpu.gemm"]
     assert package_violations({"eaglewire.fastcpu.gemm": {"eaglewire.decoding.layers"}}) == []
     assert package_violations({"eaglewire": {"eaglewire.api", "eaglewire.cli.app"}}) == ["eaglewire -> eaglewire.cli.app"]
+    # the root package is as high as the front door it re-exports: below it, importing it points up
+    assert package_violations({"eaglewire.export.checkpoint": {"eaglewire"}, "eaglewire.cli.app": {"eaglewire"}}) == \
+        ["eaglewire.export.checkpoint -> eaglewire"]
+
+
+def test_the_graph_sees_imports_of_the_root_package():
+    """`import eaglewire` and `from eaglewire import __version__` are edges to the root package (its __init__);
+    `from eaglewire import hw` is an edge to the submodule only."""
+    tree = ast.parse("import eaglewire\nfrom eaglewire import __version__, hw\n")
+    names = _imports(tree, "eaglewire.export.checkpoint", False)
+    assert ROOT_NAME + "__version__" in names and ROOT_NAME + "*" in names and "eaglewire.hw" in names
+    graph = _graph()
+    assert all(ROOT not in targets for mod, targets in graph.items() if _layer(mod) not in ("serve", "pipeline", "cli"))
 
 
 def test_the_core_decoder_and_wiring_translate_load_no_acceleration_module():

@@ -5,7 +5,8 @@
 (every command's start) does not import torch's models or the doctor until a command needs them.
 """
 
-__version__ = "0.1.0"
+from eaglewire.version import __version__
+
 __all__ = ["Report", "TreeShape", "WiringContract", "build_vocab", "check", "decoder", "export_draft",
            "import_draft", "load_draft", "load_target", "measure_tau", "train_draft"]
 

@@ -22,7 +22,7 @@ from eaglewire.capture.boundaries import sample_target
 from eaglewire.doctor.inspect import inspect_dir
 from eaglewire.doctor.measures import measure_wiring
 from eaglewire.families import BlockWiring
-from eaglewire.train.block import block_inputs, block_mask, block_positions
+from eaglewire.draft.blocks import block_inputs, block_mask, block_positions
 
 B, MASK, RANK = 4, VOCAB - 1, 8
 

@@ -34,13 +34,13 @@ from eaglewire.doctor.findings import Finding
 from eaglewire.doctor.inspect import Inspection
 from eaglewire.doctor.measured_tau import EngineRun, knobs, run_engine
 from eaglewire.doctor.trained_taps import BLOCK, Measurement, Score, Taps, compare, suspect_adder, wiring_finding
+from eaglewire.draft.blocks import block_inputs, block_mask, block_positions
 from eaglewire.draft.dflash import DFlashDraft
 from eaglewire.draft.vocab import draft_index
 from eaglewire.errors import ContractMismatch, EaglewireError
 from eaglewire.export.block import FAMILY_OF_ARCH, block_layout, import_block_backbone
 from eaglewire.export.engines import block_fields
 from eaglewire.families import EngineField, get_family, zlab_default_ids
-from eaglewire.train.block import block_inputs, block_mask, block_positions
 
 CHUNK = 64  # anchors per draft forward: bounds the [Q, S+Q] mask and the [Q, V] logits
 OVERRIDES = ("eagle_aux_hidden_state_layer_ids",)  # vLLM reads it first and lets it win (families.py's note)

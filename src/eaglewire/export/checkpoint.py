@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import eaglewire
 from eaglewire.contract import WiringContract
 from eaglewire.draft.config import DraftConfig
 from eaglewire.draft.load import EMBED_KEY, loader_for
@@ -24,6 +23,7 @@ from eaglewire.outputs import replace_dir
 from eaglewire.safeio import atomic_save_safetensors, atomic_write_json, about_file, field_of, read_json_object, \
     read_safetensors_file
 from eaglewire.target.protocol import TargetInfo
+from eaglewire.version import __version__
 from eaglewire.draft.vocab import validate_vocab_map, vocab_map_sha256
 
 FORMAT = "eaglewire.draft/1"
@@ -77,7 +77,7 @@ def save_checkpoint(draft: Any, contract: WiringContract, out: Path, *,
     def fill(tmp: Path) -> None:
         atomic_save_safetensors(state, tmp / WEIGHTS, metadata={"format": FORMAT})
         atomic_write_json(tmp / CONFIG, {
-            "format": FORMAT, "eaglewire_version": eaglewire.__version__, "draft": draft.cfg.to_dict(),
+            "format": FORMAT, "eaglewire_version": __version__, "draft": draft.cfg.to_dict(),
             "contract": contract.to_dict(), "saved_embedding": save_embedding,
             "dtype": str(float_dtype).removeprefix("torch."),
         })

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eaglewire import __version__, hw
+from eaglewire import hw
+from eaglewire.version import __version__
 from eaglewire.contract import WiringContract, describe_boundary, to_engine
 from eaglewire.errors import TranslationError
 from eaglewire.export.engines import engine_for
