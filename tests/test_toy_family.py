@@ -71,3 +71,35 @@ def test_an_unregistered_family_is_refused_by_name():
     _, base = build_draft(target)
     with pytest.raises(ContractMismatch, match="unknown drafter family 'toy'"):
         replace(base, family=TOY)
+
+
+
+# Tables whose keys look like family names but are not the family axis: the norm presets ("eagle3" = the
+# published norms), the doctor's readings of other tools' block drafters (families eaglewire does not
+# implement: dflash2, dspark), the benchmark's rows by method ("dflash" = the method row).
+ALLOWED_FAMILY_TABLES = frozenset({"families.py", "norms.py", "doctor/block_inspect.py", "serve/bench.py"})
+
+
+def _family_keyed_tables(allowed: frozenset[str]) -> list[str]:
+    """Dict literals keyed by a built-in family's name in modules not `allowed` (parsed, not imported)."""
+    import ast
+    from pathlib import Path
+
+    src = Path(__file__).parents[1] / "src" / "eaglewire"
+    out = []
+    for path in sorted(src.rglob("*.py")):
+        rel = path.relative_to(src).as_posix()
+        if rel in allowed:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Dict) and any(isinstance(k, ast.Constant) and k.value in ("eagle3", "dflash")
+                                                  for k in node.keys):
+                out.append(f"{rel}:{node.lineno}")
+    return out
+
+
+def test_no_module_keeps_a_table_keyed_by_a_family_name():
+    """Each layer registers its part on the family's record (families.register_part) instead of keeping a table
+    keyed by the name, so a new family is one record and no row in another module."""
+    assert _family_keyed_tables(ALLOWED_FAMILY_TABLES) == []
+    assert any(row.startswith("norms.py") for row in _family_keyed_tables(frozenset()))  # the scan sees one

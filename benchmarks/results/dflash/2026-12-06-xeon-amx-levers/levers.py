@@ -64,7 +64,7 @@ def build(target, contract, vmap, c):
     return d
 FEATS = []
 D.build_draft = build
-O.OBJECTIVES["dflash"] = dataclasses.replace(O.OBJECTIVES["dflash"], build_draft=build)
+O.register_part("dflash", "objective", dataclasses.replace(O.objective("dflash"), build_draft=build))  # the family record's objective
 
 c = TrainConfig(family="dflash", max_steps=steps, eval_every=int(kw.pop("eval_every", 25)), ckpt_every=int(kw.pop("ckpt_every", 1000)),
                 **{k: type(getattr(TrainConfig(), k))(v) for k, v in kw.items()})
