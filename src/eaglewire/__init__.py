@@ -5,7 +5,7 @@
 (every command's start) does not import torch's models or the doctor until a command needs them.
 """
 
-from eaglewire.version import __version__
+from eaglewire.version import __version__ as __version__  # re-exported
 
 __all__ = ["Report", "TreeShape", "WiringContract", "build_vocab", "check", "decoder", "export_draft",
            "import_draft", "load_draft", "load_target", "measure_tau", "train_draft"]

@@ -29,8 +29,6 @@ eagle_aux_hidden_state_layer_ids (vLLM would let it win).
 from __future__ import annotations
 
 import dataclasses
-import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 

@@ -1,7 +1,8 @@
 """Export a native draft to an engine layout and import it back, strictly.
 
 `native` (eaglewire.export.checkpoint) is one of the formats: the same strict loader reads it, so any-to-any
-conversion is import A then export B, and export -> import is bit-identical for every format (tested). A missing or unexpected key, a wrong shape, a layer-id list that was lost or disagrees with
+conversion is import A then export B, and export -> import is bit-identical for every format (tested). A missing or
+unexpected key, a wrong shape, a layer-id list that was lost or disagrees with
 the contract, or a missing vocab map stops the conversion with a message.
 """
 

@@ -137,7 +137,8 @@ def verdict(res: dict[str, Any], family: str = "eagle3") -> str:
             (f", {m[best]['speedup_vs_prompt_lookup']:.2f}× prompt lookup" if "prompt_lookup" in m else "") + "." +
             (f" The real vLLM CPU build with the same draft: {label('vllm_eagle_chain', res)} "
              f"{m['vllm_eagle_chain']['median_tok_s']:.2f} tok/s ({m['vllm_eagle_chain']['speedup_vs_vllm_vanilla']:.2f}× "
-             f"its vanilla, τ {m['vllm_eagle_chain']['tau']:.2f}); ours is {m[best]['speedup_vs_vllm_vanilla'] / m['vllm_eagle_chain']['speedup_vs_vllm_vanilla']:.2f}× its tok/s."
+             f"its vanilla, τ {m['vllm_eagle_chain']['tau']:.2f}); ours is "
+             f"{m[best]['speedup_vs_vllm_vanilla'] / m['vllm_eagle_chain']['speedup_vs_vllm_vanilla']:.2f}× its tok/s."
              if "vllm_eagle_chain" in m and "vllm_vanilla" in m else "") +
             (" " + tau_change(res) if tau_change(res) else ""))
 

@@ -19,7 +19,6 @@ from eaglewire.errors import ContractMismatch
 from eaglewire.families import families_with, get_family, register_part
 from eaglewire.train import dflash, eagle3
 from eaglewire.train.config import TrainConfig
-from eaglewire.train.dist import DistInfo
 
 
 @dataclass(frozen=True)

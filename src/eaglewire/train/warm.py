@@ -96,7 +96,8 @@ def warm_start(draft: Eagle3Draft, path: Path, target: Any, vmap: VocabMap, taps
     the levers tried).
     A deeper `draft` grows: the source's layers are copied and each added layer's two output projections
     (o_proj, down_proj) start at GROWN_OUT_SCALE of their random init, so the grown draft predicts what
-    the source did (to ~1e-3) and every weight of the new layer learns from step 1. Not exactly zero: Adam normalises the gradient, so a layer whose output projections are zero
+    the source did (to ~1e-3) and every weight of the new layer learns from step 1. Not exactly zero: Adam normalises
+    the gradient, so a layer whose output projections are zero
     gives its q/k/v and MLP inputs a zero update until those projections move (such a layer's training then
     matches the shallower control's).
     The optimizer state and the lr schedule start afresh."""
