@@ -26,6 +26,11 @@ PROMPT = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed
 
 def test_every_name_of_the_front_door_resolves_and_nothing_else_does():
     assert ew.__all__ == sorted(ew.__all__) and len(ew.__all__) >= 10
+    from eaglewire import api
+
+    assert api.__all__ is ew.__all__  # written once
+    for name in ew.__all__:  # every name imports, as a user writes it
+        exec(f"from eaglewire import {name}", {})
     for name in ew.__all__:
         assert getattr(ew, name) is not None
     assert set(ew.__all__) <= set(dir(ew))

@@ -5,17 +5,18 @@
 (every command's start) does not import torch's models or the doctor until a command needs them.
 """
 
-from eaglewire.version import __version__ as __version__  # re-exported
+from eaglewire.about import FRONT_DOOR as _FRONT_DOOR, __version__ as __version__
 
-__all__ = ["Report", "TreeShape", "WiringContract", "build_vocab", "check", "decoder", "export_draft",
-           "import_draft", "load_draft", "load_target", "measure_tau", "train_draft"]
+__all__ = _FRONT_DOOR  # the front door's names, written once (eaglewire/about.py)
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: `import eaglewire.cli` stays light
 if TYPE_CHECKING:  # the names as a type checker and an IDE see them
     from typing import Any
 
-    from eaglewire.api import (Report, TreeShape, WiringContract, build_vocab, check, decoder, export_draft,
-                               import_draft, load_draft, load_target, measure_tau, train_draft)
+    from eaglewire.api import (Report as Report, TreeShape as TreeShape, WiringContract as WiringContract,
+                               build_vocab as build_vocab, check as check, decoder as decoder, evaluate as evaluate,
+                               export_draft as export_draft, import_draft as import_draft, load_draft as load_draft,
+                               load_target as load_target, measure_tau as measure_tau, train_draft as train_draft)
 
 
 def __getattr__(name: str) -> "Any":

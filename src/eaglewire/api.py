@@ -18,14 +18,15 @@ from typing import Any, Callable
 
 import torch
 
-from eaglewire.compose import Draft, decoder, measure_tau
+from eaglewire.compose import Draft
+from eaglewire.compose import decoder as decoder, measure_tau as measure_tau  # re-exported (__all__)
 from eaglewire.compose import load_draft as _load_stored
-from eaglewire.contract import WiringContract
-from eaglewire.decoding.tree import TreeShape
+from eaglewire.contract import WiringContract as WiringContract
+from eaglewire.decoding.tree import TreeShape as TreeShape
 from eaglewire.doctor.block_checks import check_block
 from eaglewire.doctor.block_inspect import is_block_dir
 from eaglewire.doctor.checks import run_checks
-from eaglewire.doctor.findings import Report, by_level
+from eaglewire.doctor.findings import Report as Report, by_level
 from eaglewire.doctor.inspect import inspect_dir
 from eaglewire.doctor.measures import measure_wiring
 from eaglewire.export.base import CONTRACT_FILE
@@ -40,12 +41,16 @@ from eaglewire.target.loader import Target
 from eaglewire.target.loader import load_target as _load_target
 from eaglewire.target.protocol import TargetInfo
 from eaglewire.data.samples import Sample
-from eaglewire.workflows import build_vocab, evaluate_draft, import_any
-from eaglewire.workflows import train as train_draft
+from eaglewire.workflows import evaluate_draft, import_any
+from eaglewire.workflows import build_vocab as build_vocab  # re-exported (__all__)
+from eaglewire.workflows import train as _train
 
 # `export` and `train` would be shadowed by the subpackages of those names once imported: hence *_draft
-__all__ = ["Report", "TreeShape", "WiringContract", "build_vocab", "check", "decoder", "evaluate", "export_draft",
-           "import_draft", "load_draft", "load_target", "measure_tau", "train_draft"]
+from eaglewire.about import FRONT_DOOR  # noqa: E402
+
+__all__ = FRONT_DOOR  # the one list (eaglewire.__all__ is the same)
+
+train_draft = _train  # workflows.train, the training the CLI and `eaglewire run` share
 
 # (title) -> a context yielding say(phase): cli/common.py's progress
 Progress = Callable[[str], AbstractContextManager[Callable[[str], None]]]

@@ -23,7 +23,7 @@ from eaglewire.outputs import replace_dir
 from eaglewire.safeio import atomic_save_safetensors, atomic_write_json, about_file, field_of, read_json_object, \
     read_safetensors_file
 from eaglewire.target.protocol import TargetInfo
-from eaglewire.version import __version__
+from eaglewire.about import __version__
 from eaglewire.draft.vocab import validate_vocab_map, vocab_map_sha256
 
 FORMAT = "eaglewire.draft/1"

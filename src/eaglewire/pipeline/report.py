@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglewire import hw
-from eaglewire.version import __version__
+from eaglewire.about import __version__
 from eaglewire.contract import WiringContract, describe_boundary, to_engine
 from eaglewire.errors import TranslationError
 from eaglewire.export.engines import engine_for

@@ -1,0 +1,6 @@
+"""What the package is, in the lowest layer: its version (what artifacts record and reports print) and the names of
+its front door (`FRONT_DOOR`: `eaglewire.__all__` and `eaglewire.api.__all__` are this one list)."""
+
+__version__ = "0.1.0"  # pyproject.toml's [project] version
+FRONT_DOOR = ["Report", "TreeShape", "WiringContract", "build_vocab", "check", "decoder", "evaluate", "export_draft",
+           "import_draft", "load_draft", "load_target", "measure_tau", "train_draft"]
