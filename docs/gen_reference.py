@@ -248,7 +248,8 @@ NATIVE_KEYS = ("fc.weight", "layers.0.hidden_norm.weight", "layers.0.input_layer
 
 
 def formats_page() -> str:
-    engines, lay = _mod("engines").ENGINES, _mod("layouts")
+    engines = {n: e for n, e in _mod("engines").ENGINES.items() if e.serves_eagle3}  # EAGLE-3 formats
+    lay = _mod("layouts")
     out = ["# Export formats", "", f"One record per engine (`{MODULES['engines']}.ENGINES`) and the exporter "
            f"(`{MODULES['layouts']}`). Layer ids are shown for the embedded target (30 layers, taps = boundaries "
            "[2, 15, 27]).", "", "Two tables, so that each fits the page: the wiring, then the layout.", "",
