@@ -35,13 +35,18 @@ class _CheckByDefault(TyperGroup):
 
 
 def check_cmd(
-    draft: Path = typer.Argument(..., help="An exported draft directory (any engine layout)."),
+    draft: Path = typer.Argument(..., help="An exported draft directory (any engine layout), or a GGUF draft "
+                                 "file (llama.cpp)."),
     target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_OPTION_HELP),
+    target_gguf: Optional[Path] = typer.Option(None, "--target-gguf", help="A GGUF draft's target GGUF "
+                                               "(llama-server -m): its hidden size, layers and vocabulary "
+                                               "against the draft's."),
     boundaries: Optional[Path] = typer.Option(None, "--boundaries", "-b", help="A dump of every boundary of the "
                                               "target from `eaglewire doctor sample` (run where the target runs): "
                                               "measure on it, no target loaded here. Not with --target."),
-    engine: Optional[str] = typer.Option(None, "--engine", "-e", help=f"{', '.join(ENGINES)} (default: detected "
-                                         "from config.json; sglang = the layer-id rule of the target's SGLang model file)"),
+    engine: Optional[str] = typer.Option(None, "--engine", "-e", help=f"{', '.join(ENGINES)}, llamacpp (default: "
+                                         "detected from config.json, llamacpp for a .gguf; sglang = the layer-id "
+                                         "rule of the target's SGLang model file)"),
     engine_version: Optional[str] = typer.Option(None, "--engine-version", help="Recorded in the report; for "
                                                  "sglang, the release whose per-model-file layer-id rule applies "
                                                  "(default: the newest verified); for a block drafter (DFlash, "
@@ -77,7 +82,7 @@ def check_cmd(
     # a dump is evidence for the measurement; the default target (no --target) is measured only when asked
     asked = True if boundaries is not None else (measure if measure is not None or target is not None else False)
     report = check(draft, engine, tgt, measure=asked, steps=steps, shape=shape, engine_version=engine_version,
-                   progress=progress)
+                   progress=progress, target_gguf=target_gguf)
     if as_json:
         print(report.to_json())
     else:
