@@ -32,6 +32,7 @@ How engines write the same physical state (read from each engine's source; recor
     zlab            b - 1  (DFlash target_layer_ids)  1 .. L-1          reads HF hidden_states[id+1]
     sglang-dflash   b - 1  (SGLang adds +1 always)    1 .. L-1          set_dflash_layers_to_capture
     vllm-dflash     b - 1  (vLLM adds +1, PR #40727)  1 .. L            dflash_config.target_layer_ids
+    llamacpp        b  (GGUF <arch>.target_layers)    0 .. L-1          input of layer id; id L reads t_h_nextn
 
 A draft's family (eagle3, dflash) and its block wiring are records of families.py; which engine field
 carries a family's ids, in which of these conventions, is its `engine_fields`.
@@ -97,6 +98,9 @@ CONVENTIONS: dict[str, Convention] = {
         Convention("zlab", "DFlash target_layer_ids (z-lab, SpecForge): id k = output of layer k", 1, False),
         Convention("sglang-dflash", "SGLang DFLASH target_layer_ids: +1 always (capture before k+1)", 1, False),
         Convention("vllm-dflash", "vLLM dflash_config.target_layer_ids: +1 (PR #40727)", 1, True),
+        # llama.cpp captures the INPUT of layer id (llama_set_embeddings_layer_inp); id L reads t_h_nextn, which
+        # a llama target never sets and DFlash never turns on: L is refused (export/llamacpp_layout.py)
+        Convention("llamacpp", "llama.cpp GGUF <arch>.target_layers: the input of layer id", 0, False),
     ]
 }
 

@@ -162,6 +162,9 @@ _DFLASH_FIELDS = (
     EngineField("speculators", "aux_hidden_state_layer_ids", "speculators", "HF indices (capture entering "
                 "layer k); vLLM's updater writes them to eagle_aux_hidden_state_layer_ids as is and their -1 to "
                 "dflash_config.target_layer_ids", "vllm transformers_utils/configs/speculators/algos.py update_dflash"),
+    EngineField("llamacpp", "dflash.target_layers (GGUF)", "llamacpp", "llama.cpp captures the INPUT of layer id "
+                "(llama_set_embeddings_layer_inp), ids 0 <= id < L; its converter writes target_layer_ids + 1",
+                "llama.cpp (llama-cpp-python 0.3.36) common/speculative.cpp draft_dflash; conversion/qwen.py"),
 )
 
 FAMILIES: dict[str, Family] = {

@@ -18,6 +18,7 @@ from typing import Any
 from eaglewire.errors import CheckpointError
 from eaglewire.export.sglang_rules import LEGACY_RELEASE
 from eaglewire.export.sglang_rules import SGLangRule, check_release, rule_for
+from eaglewire.export import llamacpp_layout as gguf_layout
 
 IDS_KEY = "eagle_aux_hidden_state_layer_ids"
 NESTED_IDS_KEY = "eagle_config." + IDS_KEY
@@ -105,6 +106,11 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
                                       "when captured through SGLang (SpecForge 0.2)",
                                       "the same config taps other layers depending on SpecForge's capture backend",
                                       "train taps starting at boundary 2 (ids starting at 1 read the same in both)")),
+    # llama.cpp (GGUF, export/llamacpp_layout.py): the input of layer id, exactly 3 taps and 1 layer (eagle3.cpp),
+    # d2t kept (absolute ids), t2d dropped; its own token_embd if the file has one, else the target's
+    Engine("llamacpp", "llamacpp", gguf_layout.STYLE, (gguf_layout.EAGLE3.key(gguf_layout.TARGET_LAYERS),), "blk.0.",
+           ("blk.0.",), multi_layer=False, norms=gguf_layout.EAGLE3.norms, replaces_embedding=False,
+           skips_unknown_keys=False, num_taps=3, release=gguf_layout.NEWEST),
 )}
 ALIASES = {"speculators": "vllm"}  # the speculators format is what vLLM loads
 ENGINE_FORMATS = (*ENGINES, *ALIASES)  # every name `--engine` and the run config's `formats` accept
@@ -118,6 +124,8 @@ def engine_for(name: str, version: str | None = None) -> Engine:
     if record is not None and version is not None:
         if record.per_model_file:  # other engines' rules hold for every release: the version is a label there
             check_release(version)
+        if record.config_style == gguf_layout.STYLE:  # llama.cpp: what each release reads (llamacpp_layout.py)
+            record = dataclasses.replace(record, norms=gguf_layout.release(version).eagle3_norms)
         record = dataclasses.replace(record, release=version)
     if record is None:
         fix = ("native is eaglewire's own checkpoint, not an engine: name the engine that will load the draft"

@@ -30,6 +30,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from eaglewire.errors import CheckpointError
+
+STYLE = "gguf"  # the engine record's config_style (export/engines.py)
 GGUF_FILE = "draft.gguf"  # what `eaglewire export --format llamacpp` writes (llama-server -md DIR/draft.gguf)
 # llama.cpp's GGUF type names the exporter writes (gguf.GGMLQuantizationType members); q8_0 quantizes the 2-D
 # weights only (llama.cpp keeps norms and 1-D tensors in f32 whatever the file type)
@@ -158,3 +161,31 @@ DFLASH = GGUFFamily(
 
 FAMILIES: dict[str, GGUFFamily] = {f.family: f for f in (EAGLE3, DFLASH)}
 BY_ARCH: dict[str, GGUFFamily] = {f.arch: f for f in FAMILIES.values()}
+
+
+@dataclass(frozen=True)
+class Release:
+    """What one llama.cpp (as a llama-cpp-python version vendors it) serves and converts."""
+
+    version: str  # the llama-cpp-python version whose sdist vendors this llama.cpp (vendor/llama.cpp)
+    families: tuple[str, ...]  # src/models/eagle3.cpp, src/models/dflash.cpp present
+    eagle3_norms: frozenset[str]  # the norm keys eagle3.cpp reads
+    converter_reads_ids: bool  # conversion/llama.py writes the draft config's ids (else always the default)
+
+
+RELEASES: dict[str, Release] = {r.version: r for r in (
+    Release("0.3.36", ("eagle3", "dflash"), EAGLE3.norms, converter_reads_ids=True),
+    # 0.3.30: no dflash.cpp; eagle3.cpp reads norm_before_residual only; conversion/llama.py writes
+    # [2, n//2, n-3] whatever the draft config says (only a GGUF written with the ids keeps them)
+    Release("0.3.30", ("eagle3",), frozenset({"norm_before_residual"}), converter_reads_ids=False),
+)}
+NEWEST = "0.3.36"
+
+
+def release(version: str | None) -> Release:
+    """The record of a llama.cpp release (None: the newest read)."""
+    if (version or NEWEST) not in RELEASES:
+        raise CheckpointError(f"llama.cpp release {version!r} was not read", expected=", ".join(RELEASES),
+                              found=str(version), fix="name a llama-cpp-python version whose llama.cpp was read "
+                              "(tests/export/test_llamacpp_rules.py), or omit --engine-version for the newest")
+    return RELEASES[version or NEWEST]
