@@ -108,7 +108,7 @@ def check(directory: str | Path, engine: str | None = None, target: TargetInfo |
     `say(phase)`, called as each phase starts. A GGUF draft (a .gguf file, or a directory holding one and no
     config.json) is checked as llama.cpp loads it, against `target_gguf` (the target GGUF) when given."""
     if engine == LLAMACPP or is_gguf(Path(directory)):
-        return _check_gguf(Path(directory), engine, target, measure, steps, progress, target_gguf)
+        return _check_gguf(Path(directory), engine, target, measure, steps, progress, target_gguf, engine_version)
     block = is_block_dir(Path(directory))
     if block is not None:  # block drafters' static checks are their own (doctor/block_checks.py)
         report: Report = check_block(Path(directory), block, engine, engine_version, target, shape)
@@ -131,17 +131,19 @@ def check(directory: str | Path, engine: str | None = None, target: TargetInfo |
 
 
 def _check_gguf(path: Path, engine: str | None, target: TargetInfo | None, measure: bool | None,
-                steps: int | None, progress: Progress | None, target_gguf: str | Path | None) -> Report:
+                steps: int | None, progress: Progress | None, target_gguf: str | Path | None,
+                version: str | None) -> Report:
     if engine not in (None, LLAMACPP) or not is_gguf(path):
         raise EaglewireError(f"{path} is checked as --engine {engine}", expected="a GGUF draft with --engine "
                              "llamacpp (or none), a draft directory with any other engine",
                              found=f"{path} with --engine {engine}", fix="point --engine llamacpp at the .gguf "
                              "file, or drop --engine llamacpp for a draft directory")
     if target is None or measure is False:
-        return check_gguf(path, target, target_gguf=Path(target_gguf) if target_gguf else None, measure_it=False)
+        return check_gguf(path, target, target_gguf=Path(target_gguf) if target_gguf else None, measure_it=False,
+                          version=version)
     with (progress or _quiet)("doctor: measuring the wiring on the target (seconds on a CPU for a small target)") as say:
         return check_gguf(path, target, target_gguf=Path(target_gguf) if target_gguf else None, measure_it=measure,
-                          chain_steps=steps or 3, progress=say)
+                          chain_steps=steps or 3, progress=say, version=version)
 
 
 def evaluate(target: Target, draft: Draft, samples: list[Sample], *, contract: WiringContract | None = None,

@@ -1,31 +1,26 @@
-"""Reading a GGUF draft (or the target GGUF it will be served with) for the doctor and importers.
+"""Reading a GGUF draft (or the target GGUF it will be served with) for the doctor, every knob as stored.
 
 The file is parsed by the PyPI `gguf` package's GGUFReader (a memory map of typed fields and tensors:
 nothing is unpickled or executed). Which keys and tensors a draft has is llama.cpp's layout record
-(export/llamacpp_layout.py); this module only reads them back. A GGUF whose general.architecture is not a
-draft family llama.cpp serves (a target model, say) is refused with what it is, never read as a draft.
+(export/llamacpp_layout.py); this module reads each knob back (None where absent), any GGUF's sizes and
+vocabulary (a target GGUF's too); the weights go into the native model through `eaglewire import --format
+llamacpp`'s loader (export/gguf_import.py). A GGUF whose general.architecture is not a draft family
+llama.cpp serves (a target model, say) is refused naming what it is, never read as a draft.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from eaglewire.errors import CheckpointError
-from eaglewire.safeio import about_file
 from eaglewire.export.llamacpp_layout import (ARCH_KEY, BLOCK_SIZE, BY_ARCH, CAUSAL, D2T, GGUF_FILE, HPARAMS,
                                               MASK_TOKEN_KEY, NORM_BEFORE_FC, NORM_BEFORE_RESIDUAL,
                                               SLIDING_WINDOW, TARGET_HIDDEN_SIZE, TARGET_LAYERS, GGUFFamily)
-
-if TYPE_CHECKING:
-    from eaglewire.contract import WiringContract
-    from eaglewire.draft.config import DraftConfig
-    from eaglewire.draft.model import Eagle3Draft
-    from eaglewire.target.protocol import TargetInfo
 
 TOKENS_KEY = "tokenizer.ggml.tokens"  # the vocabulary's token texts (llama-server compares draft and target)
 TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id")
@@ -191,77 +186,3 @@ def read_gguf_draft(path: Path, *, with_tensors: bool = True) -> GGUFDraft:
                                   "--target-gguf")
     tensors = {t.name: _tensor(t) for t in reader.tensors} if with_tensors else {}
     return GGUFDraft(model.path, model.arch, model.metadata, model.tokens, model.tensor_shapes, family, tensors)
-
-
-def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
-    """Inverse of llama.cpp's converter permute (LlamaModel.permute: each head's rotary halves interleaved for
-    its NORM rope), giving back HF's row order. w: [n_head * head_dim, in]"""
-    rows = w.shape[0]
-    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def native_state(draft: GGUFDraft) -> dict[str, torch.Tensor]:
-    """The draft's tensors under eaglewire's native names, as the model holds them: q/k rows back in HF
-    order where the family permutes them, d2t back to offsets (target id - draft index). Tensors the
-    layout record does not name are refused rather than dropped."""
-    fam, out = draft.family, {}
-    n_head, n_kv = draft.hparam("head_count"), draft.hparam("head_count_kv")
-    for name, t in draft.tensors.items():
-        native = fam.native_name(name)
-        if native is None:
-            raise CheckpointError(f"{draft.path}: tensor {name!r} is not part of llama.cpp's {fam.arch} layout",
-                                  expected=f"the {fam.arch} tensors of export/llamacpp_layout.py", found=name,
-                                  fix="re-convert the draft with llama.cpp's converter or eaglewire export")
-        if fam.permute_qk and native.endswith("self_attn.q_proj.weight"):
-            t = unpermute_qk(t, n_head)
-        elif fam.permute_qk and native.endswith("self_attn.k_proj.weight"):
-            t = unpermute_qk(t, n_kv or n_head)
-        elif native == D2T:
-            t = t - torch.arange(t.numel())  # int64 [V_d]: llama.cpp's absolute ids -> our offsets
-        out[native] = t
-    return out
-
-
-def gguf_draft_config(draft: GGUFDraft, num_taps: int, vocab_size: int) -> "DraftConfig":
-    """An EAGLE-3 DraftConfig from a GGUF draft's hyperparameters. llama.cpp stores no fc_norm and feeds the
-    pre-norm state to the next step (eagle3.cpp), so those two flags are off; the others are its keys."""
-    from eaglewire.draft.config import DraftConfig
-    from eaglewire.norms import NormFlags
-
-    h = {role: draft.hparam(role) for role in HPARAMS}
-    missing = [HPARAMS[r].format(arch=draft.arch) for r in ("embedding_length", "feed_forward_length",
-                                                           "head_count", "rms_eps") if h[r] is None]
-    if missing:
-        raise CheckpointError(f"{draft.path} lacks hyperparameters", expected=", ".join(missing), found="absent",
-                              fix="re-convert the draft (eaglewire export --format llamacpp)")
-    flags = {k: bool(v) for k, v in draft.norms.items()}
-    return DraftConfig(hidden_size=h["embedding_length"], intermediate_size=h["feed_forward_length"],
-                       num_attention_heads=h["head_count"], num_key_value_heads=h["head_count_kv"] or h["head_count"],
-                       head_dim=h["key_length"] or h["embedding_length"] // h["head_count"],
-                       target_hidden_size=draft.target_hidden_size or h["embedding_length"], num_taps=num_taps,
-                       vocab_size=vocab_size, draft_vocab_size=draft.draft_vocab_size or vocab_size,
-                       num_layers=h["block_count"] or 1, rms_norm_eps=float(h["rms_eps"]),
-                       rope_theta=float(h["rope_freq_base"] or 10000.0),
-                       max_position_embeddings=h["context_length"] or 2048, norm=NormFlags(**flags))
-
-
-def load_gguf_eagle3(draft: GGUFDraft, target: "TargetInfo", taps: tuple[int, ...]) -> tuple["Eagle3Draft", "WiringContract"]:
-    """The GGUF draft's weights strictly in the native EAGLE-3 model, fp32, with a contract for `target` at
-    boundaries `taps` (the doctor's measurement replaces them with each set it scores). t2d, which llama.cpp
-    does not store, is rebuilt from d2t; a draft without d2t shares the target's vocabulary."""
-    from eaglewire.draft.load import load_strict
-    from eaglewire.draft.vocab import VocabMap
-
-    if draft.family.family != "eagle3":
-        raise CheckpointError(f"{draft.path} is a {draft.family.family} draft", expected="an EAGLE-3 GGUF draft",
-                              found=draft.arch, fix="block drafters are measured by their own loader")
-    V = target.vocab_size
-    state = native_state(draft)
-    abs_ids = draft.d2t_absolute
-    with about_file(draft.path):
-        vmap = VocabMap.from_target_ids(abs_ids, V) if abs_ids is not None else VocabMap.identity(V)
-    state.update(d2t=vmap.d2t, t2d=vmap.t2d)
-    cfg = gguf_draft_config(draft, len(taps), V)
-    contract = target.contract(tuple(taps), norm=cfg.norm, vocab_map=vmap)
-    model = load_strict(cfg, contract, state, str(draft.path), embedding=None, target=target)
-    return model.float(), contract
