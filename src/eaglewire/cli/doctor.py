@@ -74,7 +74,6 @@ def check_cmd(
     from eaglewire.doctor.geometry import require_default_target_fits, stated_by
 
     shape = _engine_shape((num_steps, topk, num_draft_tokens, num_speculative_tokens), measure)
-    # a GGUF draft is checked against --target-gguf: the default HF target is loaded only when named
     tgt = None if _is_gguf(draft, engine) and target is None else _evidence(target, boundaries, measure)
     require_default_target_fits(*stated_by(draft), tgt, target_given=target is not None or boundaries is not None,
                                 draft=str(draft))
@@ -98,6 +97,7 @@ def check_cmd(
 
 
 def _is_gguf(draft: Path, engine: Optional[str]) -> bool:
+    """A GGUF draft is checked against --target-gguf: the default HF target is loaded only when named."""
     from eaglewire.doctor.gguf_measure import is_gguf
 
     return engine == "llamacpp" or is_gguf(draft)
