@@ -37,21 +37,35 @@ class GGUFModel:
     tokens: list[str] | None  # tokenizer.ggml.tokens
     tensor_shapes: dict[str, tuple[int, ...]]  # in torch's order ([out, in] for a weight)
 
-    def hparam(self, role: str) -> Any:
-        return self.metadata.get(HPARAMS[role].format(arch=self.arch))
+    def number(self, key: str) -> int | None:
+        """An integer key's value (None: absent); a value of another type is refused naming the key."""
+        v = self.metadata.get(key)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise CheckpointError(f"{self.path}: {key} is not an integer", expected=f"{key}: an integer",
+                                  found=repr(v)[:80], fix="re-convert the GGUF; it is damaged or hand-edited")
+        return v
+
+    def flag(self, key: str) -> bool | None:
+        v = self.metadata.get(key)
+        if v is not None and not isinstance(v, bool):
+            raise CheckpointError(f"{self.path}: {key} is not a boolean", expected=f"{key}: true or false",
+                                  found=repr(v)[:80], fix="re-convert the GGUF; it is damaged or hand-edited")
+        return v
 
     @property
     def hidden_size(self) -> int | None:
-        return self.hparam("embedding_length")
+        return self.number(HPARAMS["embedding_length"].format(arch=self.arch))
 
     @property
     def num_layers(self) -> int | None:
-        return self.hparam("block_count")
+        return self.number(HPARAMS["block_count"].format(arch=self.arch))
 
     @property
     def vocab_size(self) -> int | None:
         """{arch}.vocab_size, else the token list's length (what llama.cpp itself falls back to)."""
-        v = self.hparam("vocab_size")
+        v = self.number(HPARAMS["vocab_size"].format(arch=self.arch))
         return v if v is not None else (len(self.tokens) if self.tokens is not None else None)
 
 
@@ -62,39 +76,41 @@ class GGUFDraft(GGUFModel):
     family: GGUFFamily = field(default=None)  # type: ignore[assignment]  # always set by read_gguf_draft
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)  # GGUF names, float32 (d2t int64)
 
-    def key(self, template: str) -> Any:
-        return self.metadata.get(self.family.key(template))
-
     @property
     def target_layers(self) -> list[int] | None:
-        v = self.key(TARGET_LAYERS)
-        return [int(i) for i in v] if v is not None else None
+        key = self.family.key(TARGET_LAYERS)
+        v = self.metadata.get(key)
+        if v is not None and not (isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool)
+                                                               for i in v)):
+            raise CheckpointError(f"{self.path}: {key} is not a list of layer ids", expected=f"{key}: integers",
+                                  found=repr(v)[:80], fix="re-convert the GGUF; it is damaged or hand-edited")
+        return v
 
     @property
     def target_hidden_size(self) -> int | None:
-        return self.key(TARGET_HIDDEN_SIZE)
+        return self.number(self.family.key(TARGET_HIDDEN_SIZE))
 
     @property
     def norms(self) -> dict[str, bool | None]:
         """The norm flags llama.cpp reads for this family, as stored (None: the key is absent)."""
         keys = {"norm_before_residual": NORM_BEFORE_RESIDUAL, "norm_before_fc": NORM_BEFORE_FC}
-        return {flag: self.key(keys[flag]) for flag in sorted(self.family.norms)}
+        return {flag: self.flag(self.family.key(keys[flag])) for flag in sorted(self.family.norms)}
 
     @property
     def block_size(self) -> int | None:
-        return self.key(BLOCK_SIZE)
+        return self.number(self.family.key(BLOCK_SIZE))
 
     @property
     def causal(self) -> bool | None:
-        return self.key(CAUSAL)
+        return self.flag(self.family.key(CAUSAL))
 
     @property
     def sliding_window(self) -> int | None:
-        return self.key(SLIDING_WINDOW)
+        return self.number(self.family.key(SLIDING_WINDOW))
 
     @property
     def mask_token_id(self) -> int | None:
-        return self.metadata.get(MASK_TOKEN_KEY)
+        return self.number(MASK_TOKEN_KEY)
 
     @property
     def draft_vocab_size(self) -> int | None:
