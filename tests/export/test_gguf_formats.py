@@ -194,7 +194,7 @@ def test_cli_prints_the_server_line_and_imports_back(tmp_path, target, vocab_ggu
     line = f"llama-server -m {vocab_gguf} -md {tmp_path / 'g' / lay.GGUF_FILE} --spec-type draft-eagle3 " \
            "--spec-draft-n-max 2"
     text = r.output.replace("\n", "")
-    assert line in text and "layer ids [1, 3, 6]" in text
+    assert line in text and "eagle3.target_layers [1, 3, 6]" in text
     r = CliRunner().invoke(app, ["export", str(native), "--format", "llamacpp", "--out", str(tmp_path / "f"),
                                  "--target-gguf", str(vocab_gguf)])
     assert r.exit_code == 0, r.output
@@ -202,3 +202,13 @@ def test_cli_prints_the_server_line_and_imports_back(tmp_path, target, vocab_ggu
     assert r.exit_code == 0, r.output
     back, _ = import_draft(tmp_path / "n", "native", target=target)
     assert _same(draft, back)
+
+
+def test_cli_exports_a_dflash_draft(tmp_path, target, vocab_gguf):
+    draft, contract = build_dflash(target, taps=(1, 3, 6), block_size=5)
+    native = export_draft(draft, contract, tmp_path / "native", "native")
+    r = CliRunner().invoke(app, ["export", str(native), "--format", "llamacpp", "--out", str(tmp_path / "g"),
+                                 "--target-gguf", str(vocab_gguf)])
+    assert r.exit_code == 0, r.output
+    text = r.output.replace("\n", "")
+    assert "dflash.target_layers [1, 3, 6]" in text and "--spec-type draft-dflash --spec-draft-n-max 4" in text
