@@ -212,3 +212,29 @@ def test_cli_exports_a_dflash_draft(tmp_path, target, vocab_gguf):
     assert r.exit_code == 0, r.output
     text = r.output.replace("\n", "")
     assert "dflash.target_layers [1, 3, 6]" in text and "--spec-type draft-dflash --spec-draft-n-max 4" in text
+
+
+def test_import_without_a_contract_file(tmp_path, target):
+    """A GGUF without eaglewire_contract.json: its target_layers read in llama.cpp's numbering (--no-measure), the
+    contract marked as inferred; measuring a GGUF draft's wiring is refused by name, not attempted."""
+    from eaglewire.errors import EaglewireError
+    from eaglewire.workflows import import_any
+
+    draft, contract = build_draft(target, taps=(0, 3, 7))  # boundary 0: llama.cpp's input of layer 0
+    out = export_draft(draft, contract, tmp_path / "g", "llamacpp")
+    (out / "eaglewire_contract.json").unlink()
+    back, c2, m = import_any(out, "llamacpp", target, measure=False)
+    assert m is None and c2.taps == (0, 3, 7) and c2.inferred["source"] == "engine_config" and _same(draft, back)
+    with pytest.raises(EaglewireError, match="measuring a GGUF draft's wiring is not built yet"):
+        import_any(out, "llamacpp", target, measure=True)
+
+
+def test_wiring_translate_to_llamacpp():
+    r = CliRunner().invoke(app, ["wiring", "translate", "--to", "llamacpp", "-L", "30", "--taps", "1,8,14",
+                                 "--from", "specforge", "--json"])
+    assert r.exit_code == 0, r.output
+    assert '"ids": [\n    2,\n    9,\n    15\n  ]' in r.output  # SpecForge's output-of-layer ids are inputs of the next
+    r = CliRunner().invoke(app, ["wiring", "translate", "--family", "dflash", "--to", "llamacpp", "-L", "30"])
+    assert r.exit_code == 0 and "llamacpp: dflash.target_layers (GGUF) = [2, 9, 15, 21, 28]" in r.output
+    r = CliRunner().invoke(app, ["wiring", "translate", "--to", "llamacpp", "-L", "30", "--taps", "2,15,30"])
+    assert r.exit_code == 2 and "cannot express tap boundary 30" in r.output
