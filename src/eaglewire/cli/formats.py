@@ -43,11 +43,11 @@ def export_cmd(
 
     from eaglewire.export.checkpoint import load_checkpoint
     from eaglewire.export.convert import check_out, export_draft
-    from eaglewire.export.engines import NATIVE, engine_for
+    from eaglewire.export.engines import ENGINE_FORMATS, NATIVE, engine_for
     from eaglewire.export.llamacpp_layout import STYLE as GGUF_STYLE
 
     check_out(out, fmt, force=force, inputs=(draft,))  # before any loading: refuse an --out it may not replace
-    gguf = fmt != NATIVE and engine_for(fmt, engine_version).config_style == GGUF_STYLE
+    gguf = fmt in ENGINE_FORMATS and engine_for(fmt, engine_version).config_style == GGUF_STYLE
     vocab = (target_gguf or _embedded_gguf(target)) if gguf else None  # before loading anything
     tgt = load_target(target) if target else None
     d = load_checkpoint(draft, target=tgt)
@@ -113,8 +113,11 @@ def import_cmd(
 def _ids_note(fmt: str, version: Optional[str], contract) -> str:
     """"layer ids [...] (the rule that wrote them); " for an export's summary line."""
     from eaglewire.export.block import BLOCK_FORMATS, block_format
-    from eaglewire.export.engines import engine_for
+    from eaglewire.export.engines import ENGINE_FORMATS, engine_for
+    from eaglewire.export.llamacpp_layout import FAMILIES, STYLE, TARGET_LAYERS
 
+    if fmt in ENGINE_FORMATS and (gguf := engine_for(fmt, version)).config_style == STYLE:  # one GGUF per family
+        return f"{FAMILIES[contract.family].key(TARGET_LAYERS)} {list(contract.engine_ids(gguf.convention))}; "
     if contract.family in BLOCK_FORMATS:  # a block drafter: its family's format record numbers the ids
         block = block_format(contract.family, fmt)
         return f"{block.ids_at} {list(contract.engine_ids(block.convention))}; "

@@ -19,7 +19,7 @@ from eaglewire.draft.load import load_strict
 from eaglewire.draft.dflash import DFlashDraft
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import CheckpointError, ContractMismatch, EaglewireError
-from eaglewire.export.engines import FORMATS, NATIVE, Engine, engine_for
+from eaglewire.export.engines import ENGINE_FORMATS, FORMATS, NATIVE, Engine, engine_for
 from eaglewire.export.block import BLOCK_FORMATS, block_family, export_block_draft, foreign_block_family, \
     import_block_draft
 from eaglewire.export.base import cast_floats, read_contract, read_json, read_safetensors, rename_all, write_dir, \
@@ -55,7 +55,7 @@ def export_draft(draft: Eagle3Draft | DFlashDraft, contract: WiringContract, out
     llamacpp: `gguf_dtype` f32 / f16 / bf16 / q8_0 (default: `dtype`'s, else the draft's), `vocab_from` the target
     GGUF whose vocabulary the draft carries (export/gguf_draft.py).
     An existing `out` must be an earlier export (or `force`) and never one of `inputs` (eaglewire.outputs)."""
-    if fmt != NATIVE and engine_for(fmt, engine_version).config_style == GGUF_STYLE:
+    if fmt in ENGINE_FORMATS and engine_for(fmt, engine_version).config_style == GGUF_STYLE:
         from eaglewire.export.gguf_draft import export_gguf
 
         floats = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -127,7 +127,7 @@ def import_draft(directory: Path, fmt: str, *, target: TargetInfo | None = None,
     them, and neither the config's layer ids nor a contract side file is read."""
     if fmt == NATIVE:
         return _import_native(Path(directory), target, taps)
-    if engine_for(fmt, engine_version).config_style == GGUF_STYLE:
+    if fmt in ENGINE_FORMATS and engine_for(fmt, engine_version).config_style == GGUF_STYLE:
         from eaglewire.export.gguf_import import import_gguf
 
         return import_gguf(Path(directory), target=target, taps=taps)

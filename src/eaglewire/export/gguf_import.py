@@ -158,7 +158,8 @@ def _contract(g: GGUFDraft, target: Any | None, taps: tuple[int, ...] | None, vm
     if vmap is None:
         raise CheckpointError(f"{g.path}: an EAGLE-3 GGUF without d2t", expected="d2t", found="absent",
                               fix="eaglewire's EAGLE-3 drafts carry their vocabulary map; re-export the draft")
-    return target.contract(tuple(taps), norm=norm, vocab_map=vmap)
+    contract: WiringContract = target.contract(tuple(taps), norm=norm, vocab_map=vmap)
+    return contract
 
 
 def import_gguf(path: Path, *, target: Any | None = None, taps: tuple[int, ...] | None = None) -> tuple[Any, WiringContract]:
