@@ -3,7 +3,8 @@
 exports; and a rewrite that copies a GGUF with some keys or tensors changed (the broken variants).
 
 The converter needs the target's tokenizer (SmolLM2's, from the cached embedded target: the tiny target
-here has its 49152-token vocabulary) and imports `sentencepiece`; tests skip where either is missing.
+here has its 49152-token vocabulary) and imports `sentencepiece` (scripts/llamacpp_build.sh puts it beside the
+sources); tests skip where one is missing, and fail so in CI ($EAGLEWIRE_LLAMACPP set).
 """
 
 from __future__ import annotations
@@ -21,20 +22,29 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
+from eaglewire.export.llamacpp_layout import NEWEST
 from eaglewire.target.loader import wrap_model
 
-LLAMACPP = Path.home() / ".cache/eaglewire/llamacpp/0.3.36/src"
+ENV = os.environ.get("EAGLEWIRE_LLAMACPP")  # set in CI: a missing source or dependency then fails, not skips
+ROOT = Path(ENV) if ENV else Path.home() / ".cache" / "eaglewire" / "llamacpp"
+LLAMACPP = ROOT / NEWEST / "src"  # the vendored source scripts/llamacpp_build.sh unpacks
+DEPS = ROOT / "converter-deps"  # sentencepiece, which the converter imports (scripts/llamacpp_build.sh)
 SMOLLM = Path.home() / ".cache/eaglewire/targets/smollm2-135m"
 VOCAB = 49152  # SmolLM2's tokenizer: the converter writes the target's vocabulary into the draft
 
 
 def need_converter() -> None:
-    if not (LLAMACPP / "convert_hf_to_gguf.py").is_file():
-        pytest.skip(f"llama.cpp's source is not at {LLAMACPP} (scripts/llamacpp_build.sh unpacks it)")
-    if not (SMOLLM / "tokenizer.json").is_file():
-        pytest.skip(f"the embedded target's tokenizer is not at {SMOLLM}")
-    if importlib.util.find_spec("sentencepiece") is None:
-        pytest.skip("llama.cpp's converter imports sentencepiece (pip install sentencepiece)")
+    """Skip (fail in CI, $EAGLEWIRE_LLAMACPP set) where the converter or what it reads is missing."""
+    missing = [what for what, ok in (
+        (f"llama.cpp's source at {LLAMACPP} (bash scripts/llamacpp_build.sh)",
+         (LLAMACPP / "convert_hf_to_gguf.py").is_file()),
+        (f"the embedded target's tokenizer at {SMOLLM} (eaglewire target info)", (SMOLLM / "tokenizer.json").is_file()),
+        (f"sentencepiece in {DEPS} (bash scripts/llamacpp_build.sh)",
+         (DEPS / "sentencepiece").is_dir() or importlib.util.find_spec("sentencepiece") is not None))
+        if not ok]
+    if missing:
+        assert not ENV, "missing: " + "; ".join(missing)
+        pytest.skip("missing: " + "; ".join(missing))
 
 
 def tiny_target(out: Path, layers: int = 8, seed: int = 0):
@@ -50,12 +60,12 @@ def tiny_target(out: Path, layers: int = 8, seed: int = 0):
     return wrap_model(model, name="tiny-llama-smollm-vocab")
 
 
-def convert(export_dir: Path, target_dir: Path, out: Path) -> Path:
+def convert(export_dir: Path, target_dir: Path, out: Path, *extra: str) -> Path:
     """llama.cpp's converter on an export directory, f32; the contract side file is kept beside the GGUF."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(LLAMACPP / "gguf-py"), *sys.path])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(LLAMACPP / "gguf-py"), str(DEPS), *sys.path])}
     out.parent.mkdir(parents=True, exist_ok=True)
     run = subprocess.run([sys.executable, str(LLAMACPP / "convert_hf_to_gguf.py"), str(export_dir),
-                          "--target-model-dir", str(target_dir), "--outfile", str(out), "--outtype", "f32"],
+                          "--target-model-dir", str(target_dir), "--outfile", str(out), "--outtype", "f32", *extra],
                          env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     side = export_dir / "eaglewire_contract.json"
