@@ -26,7 +26,7 @@ from eaglewire.doctor.block_checks import check_block
 from eaglewire.doctor.block_inspect import is_block_dir
 from eaglewire.doctor.checks import run_checks
 from eaglewire.doctor.findings import Report, by_level
-from eaglewire.doctor.gguf_checks import LLAMACPP
+from eaglewire.doctor.gguf_checks import NAME as LLAMACPP
 from eaglewire.doctor.gguf_measure import check_gguf, is_gguf
 from eaglewire.doctor.inspect import inspect_dir
 from eaglewire.doctor.measures import measure_wiring

@@ -21,11 +21,14 @@ from eaglewire.doctor.findings import Finding
 from eaglewire.doctor.trained_taps import Measurement
 from eaglewire.errors import CheckpointError, EaglewireError
 from eaglewire.export.base import read_contract
+from eaglewire.export.engines import engine_for
 from eaglewire.export.gguf_read import GGUFDraft, GGUFModel, read_gguf, read_gguf_draft
 from eaglewire.export.llamacpp_layout import BY_ARCH, TARGET_LAYERS, release
 
-LLAMACPP = "llamacpp"  # the layer-id convention (eaglewire.contract) of a GGUF's <arch>.target_layers
-ENGINE = "llama.cpp"
+RECORD = engine_for("llamacpp")  # llama.cpp's engine record (export/engines.py)
+NAME = RECORD.name  # what --engine names it
+LLAMACPP = RECORD.convention  # the layer-id convention of a GGUF's <arch>.target_layers (EAGLE-3 and DFlash)
+ENGINE = "llama.cpp"  # how messages name it
 
 
 @dataclass

@@ -13,7 +13,8 @@ from eaglewire.capture.boundary_file import DumpTarget, require_finite_rows
 from eaglewire.contract import default_taps
 from eaglewire.doctor.checks import decodes
 from eaglewire.doctor.findings import Finding, Report, by_level
-from eaglewire.doctor.gguf_checks import ENGINE, LLAMACPP, GGUFInspection, right_ids_fix, gguf_findings, inspect_gguf
+from eaglewire.doctor.gguf_checks import (ENGINE, LLAMACPP, NAME, GGUFInspection, gguf_findings, inspect_gguf,
+                                          right_ids_fix)
 from eaglewire.doctor.measured_wiring import _fmt, _tau, candidates_from
 from eaglewire.doctor.trained_taps import Measurement, measure, wiring_finding
 from eaglewire.errors import EaglewireError
@@ -37,7 +38,7 @@ def check_gguf(path: Path, target: Any = None, *, target_gguf: Path | None = Non
     found: list[Finding] = []
     if target is not None and (measure_it or (measure_it is None and gi.contract is None)):
         gi.measured, found = run_gguf_measurement(gi, target, chain_steps, progress)
-    report = Report(str(gi.draft.path), LLAMACPP, by_level(gguf_findings(gi) + found))
+    report = Report(str(gi.draft.path), NAME, by_level(gguf_findings(gi) + found))
     report.measurement = gi.measured.to_dict() if gi.measured is not None else None
     return report
 
