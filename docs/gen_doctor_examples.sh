@@ -6,4 +6,5 @@ set -e
 rm -f docs/doctor-examples.json  # afresh: a finding whose text changed leaves no stale example behind
 EAGLEWIRE_RECORD_FINDINGS="$PWD/docs/doctor-examples.json" OMP_NUM_THREADS=1 python -m pytest -q -p no:randomly \
   tests/doctor/test_checks.py tests/doctor/test_measured_wiring.py tests/doctor/test_measured_wiring_dump.py tests/test_damaged_files.py \
-  tests/doctor/test_block_checks.py tests/doctor/test_measured_block.py "$@"
+  tests/doctor/test_block_checks.py tests/doctor/test_measured_block.py tests/doctor/test_gguf_findings.py \
+  tests/doctor/test_gguf_doctor_ours.py "$@"

@@ -53,5 +53,8 @@ build() {  # $1 version -> $D/$1/bin/llama-server
 }
 
 for v in "${VERSIONS[@]}"; do unpack "$v"; done
+# the converter (convert_hf_to_gguf.py, run by tests/export/test_llamacpp_converter.py with its own gguf-py) imports
+# sentencepiece even for a BPE tokenizer; it lives beside the sources, not in the project's venv
+[ -d "$D/converter-deps/sentencepiece" ] || "$PY" -m pip install -q --target "$D/converter-deps" "sentencepiece>=0.1.98,<0.3.0"
 build "${VERSIONS[0]}"
 echo "llama.cpp sources: ${VERSIONS[*]}; llama-server ${VERSIONS[0]}: $D/${VERSIONS[0]}/bin/llama-server"

@@ -27,6 +27,8 @@ from eaglewire.doctor.block_checks import check_block
 from eaglewire.doctor.block_inspect import is_block_dir
 from eaglewire.doctor.checks import run_checks
 from eaglewire.doctor.findings import Report as Report, by_level
+from eaglewire.doctor.gguf_checks import NAME as LLAMACPP
+from eaglewire.doctor.gguf_measure import check_gguf, is_gguf
 from eaglewire.doctor.inspect import inspect_dir
 from eaglewire.doctor.measures import measure_wiring
 from eaglewire.export.base import CONTRACT_FILE
@@ -101,13 +103,17 @@ def export_draft(draft: Draft, out: str | Path, fmt: str, *, contract: WiringCon
 
 def check(directory: str | Path, engine: str | None = None, target: TargetInfo | None = None, *,
           measure: bool | None = None, steps: int | None = None, shape: TreeShape | None = None,
-          engine_version: str | None = None, progress: Progress | None = None) -> Report:
+          engine_version: str | None = None, progress: Progress | None = None,
+          target_gguf: str | Path | None = None) -> Report:
     """The doctor on an exported draft as `engine` loads it (None: detected from config.json; `engine_version`:
     the release whose layer-id rule applies, None the newest verified): static checks, and with `target` (a
     loaded target or a boundaries dump's stand-in) the boundaries its weights were trained on, measured (by
     default where the draft has no contract file; always with `shape`, the engine's knobs, at which our engine
     then predicts τ). `report.errors` counts the errors; `progress(title)` wraps the measurement and yields
-    `say(phase)`, called as each phase starts."""
+    `say(phase)`, called as each phase starts. A GGUF draft (a .gguf file, or a directory holding one and no
+    config.json) is checked as llama.cpp loads it, against `target_gguf` (the target GGUF) when given."""
+    if engine == LLAMACPP or is_gguf(Path(directory)):
+        return _check_gguf(Path(directory), engine, target, measure, steps, progress, target_gguf, engine_version)
     block = is_block_dir(Path(directory))
     if block is not None:  # block drafters' static checks are their own (doctor/block_checks.py)
         report: Report = check_block(Path(directory), block, engine, engine_version, target, shape)
@@ -127,6 +133,22 @@ def check(directory: str | Path, engine: str | None = None, target: TargetInfo |
     report.findings = by_level(report.findings + found)
     report.measurement = m.to_dict() if m is not None else None
     return report
+
+
+def _check_gguf(path: Path, engine: str | None, target: TargetInfo | None, measure: bool | None,
+                steps: int | None, progress: Progress | None, target_gguf: str | Path | None,
+                version: str | None) -> Report:
+    if engine not in (None, LLAMACPP) or not is_gguf(path):
+        raise EaglewireError(f"{path} is checked as --engine {engine}", expected="a GGUF draft with --engine "
+                             "llamacpp (or none), a draft directory with any other engine",
+                             found=f"{path} with --engine {engine}", fix="point --engine llamacpp at the .gguf "
+                             "file, or drop --engine llamacpp for a draft directory")
+    if target is None or measure is False:
+        return check_gguf(path, target, target_gguf=Path(target_gguf) if target_gguf else None, measure_it=False,
+                          version=version)
+    with (progress or _quiet)("doctor: measuring the wiring on the target (seconds on a CPU for a small target)") as say:
+        return check_gguf(path, target, target_gguf=Path(target_gguf) if target_gguf else None, measure_it=measure,
+                          chain_steps=steps or 3, progress=say, version=version)
 
 
 def evaluate(target: Target, draft: Draft, samples: list[Sample], *, contract: WiringContract | None = None,

@@ -33,6 +33,7 @@ How engines write the same physical state (read from each engine's source; recor
     sglang-dflash   b - 1  (SGLang adds +1 always)    1 .. L-1          set_dflash_layers_to_capture
     vllm-dflash     b - 1  (vLLM adds +1, PR #40727)  1 .. L            dflash_config.target_layer_ids
     deepspec        b - 1  (-1 = the embedding)       0 .. L-1          DeepSpec's target_layer_ids
+    llamacpp        b  (GGUF <arch>.target_layers)    0 .. L-1          input of layer id; id L reads t_h_nextn
 
 A draft's family (eagle3, dflash) and its block wiring are records of families.py; which engine field
 carries a family's ids, in which of these conventions, is the engine record's `block_fields` (export/engines.py).
@@ -100,6 +101,9 @@ CONVENTIONS: dict[str, Convention] = {
         Convention("vllm-dflash", "vLLM dflash_config.target_layer_ids: +1 (PR #40727)", 1, True),
         # DeepSpec (a trainer, read by the doctor): z-lab's "output of layer k" ids, -1 for the embedding output
         Convention("deepspec", "DeepSpec target_layer_ids: id k = output of layer k, -1 = embedding", 0, False),
+        # llama.cpp captures the INPUT of layer id (llama_set_embeddings_layer_inp); id L reads t_h_nextn, which
+        # a llama target never sets and DFlash never turns on: L is refused (export/llamacpp_layout.py)
+        Convention("llamacpp", "llama.cpp GGUF <arch>.target_layers: the input of layer id", 0, False),
     ]
 }
 

@@ -133,6 +133,10 @@ def import_any(directory: Path, fmt: str, target: Any = None, *, measure: bool =
     if not measure:
         draft, contract = import_draft(directory, fmt, target=target, engine_version=engine_version)
         return draft, replace(contract, inferred={"source": "engine_config", "engine": fmt, **rule}), None
+    if record is not None and record.config_style == "gguf":  # export/llamacpp_layout.py STYLE
+        raise EaglewireError(f"{directory}: measuring a GGUF draft's wiring is not built yet",
+                             expected="--no-measure (the GGUF's target_layers, read in llama.cpp's numbering)",
+                             found="a GGUF draft without eaglewire_contract.json", fix="import with --no-measure")
     ins = inspect_dir(directory, fmt if record else None, engine_version)
     m, findings = measure_wiring(ins, target, engine=fmt, bounds=bounds)
     if m is None:

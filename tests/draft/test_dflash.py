@@ -108,6 +108,7 @@ def test_dflash_engine_numbering_for_30_layers():
                    ("sglang", "dflash_config.target_layer_ids"): ids,
                    ("vllm", "dflash_config.target_layer_ids"): ids,
                    ("vllm", "eagle_aux_hidden_state_layer_ids"): b,
+                   ("llamacpp", "dflash.target_layers (GGUF)"): b,  # the input of layer id: the boundary
                    ("speculators", "aux_hidden_state_layer_ids"): b}
     # the final boundary: vLLM captures it, z-lab's HF reference (post-norm entry) and SGLang cannot
     assert to_engine((2, 30), "vllm-dflash", 30) == (1, 29)

@@ -38,6 +38,8 @@ def test_export_import_bit_identical(tmp_path, target, drafted, fmt):
     out = export_draft(draft, contract, tmp_path / fmt, fmt)
     back, c2 = import_draft(out, fmt, target=target)
     assert c2 == contract and _same(draft, back)
+    if fmt == "llamacpp":  # one GGUF file: its names and what it keeps are test_gguf_formats.py's
+        return
     keys = set(load_file(str(out / "model.safetensors")))
     assert ("midlayer.self_attn.q_proj.weight" in keys) == (fmt not in ("vllm", "speculators", "native"))
     assert "embed_tokens.weight" not in keys and {"d2t", "t2d"} <= keys

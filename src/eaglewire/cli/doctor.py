@@ -35,13 +35,16 @@ class _CheckByDefault(TyperGroup):
 
 
 def check_cmd(
-    draft: Path = typer.Argument(..., help="An exported draft directory (any engine layout)."),
+    draft: Path = typer.Argument(..., help="An exported draft directory (any engine layout) or a GGUF draft."),
     target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_OPTION_HELP),
+    target_gguf: Optional[Path] = typer.Option(None, "--target-gguf", help="A GGUF draft's target GGUF (llama-"
+                                               "server -m): its sizes and vocabulary against the draft's."),
     boundaries: Optional[Path] = typer.Option(None, "--boundaries", "-b", help="A dump of every boundary of the "
                                               "target from `eaglewire doctor sample` (run where the target runs): "
                                               "measure on it, no target loaded here. Not with --target."),
-    engine: Optional[str] = typer.Option(None, "--engine", "-e", help=f"{', '.join(ENGINES)} (default: detected "
-                                         "from config.json; sglang = the layer-id rule of the target's SGLang model file)"),
+    engine: Optional[str] = typer.Option(None, "--engine", "-e", help=f"{', '.join(ENGINES)} (default: "
+                                         "detected from config.json, llamacpp for a .gguf; sglang = the layer-id "
+                                         "rule of the target's SGLang model file)"),
     engine_version: Optional[str] = typer.Option(None, "--engine-version", help="Recorded in the report; for "
                                                  "sglang, the release whose per-model-file layer-id rule applies "
                                                  "(default: the newest verified); for a block drafter (DFlash, "
@@ -71,26 +74,33 @@ def check_cmd(
     from eaglewire.doctor.geometry import require_default_target_fits, stated_by
 
     shape = _engine_shape((num_steps, topk, num_draft_tokens, num_speculative_tokens), measure)
-    tgt = _evidence(target, boundaries, measure)
+    tgt = None if _is_gguf(draft, engine) and target is None else _evidence(target, boundaries, measure)
     require_default_target_fits(*stated_by(draft), tgt, target_given=target is not None or boundaries is not None,
                                 draft=str(draft))
     # a dump is evidence for the measurement; the default target (no --target) is measured only when asked
     asked = True if boundaries is not None else (measure if measure is not None or target is not None else False)
     report = check(draft, engine, tgt, measure=asked, steps=steps, shape=shape, engine_version=engine_version,
-                   progress=progress)
+                   progress=progress, target_gguf=target_gguf)
     if as_json:
         print(report.to_json())
     else:
         layout = getattr(report, "layout", "")  # a block drafter's report names its family, layout, version
         out_console.print(f"doctor: {draft} as loaded by {report.engine}"
                           + (f" {engine_version or report.engine_version}" if engine_version or layout else "")
-                          + f" with target {tgt.name}"
+                          + (f" with target {tgt.name}" if tgt is not None else f" with target GGUF {target_gguf}")
                           + (f" ({report.family} draft, {layout} layout)" if layout else ""))
         for f in report.findings:
             out_console.print(styled((f"{f.level.upper():5}", STYLE[f.level]), f" {f.what}\n      why: {f.why}\n"
                                      f"      fix: {f.fix}"), highlight=False)
         out_console.print(f"{report.errors} error(s), {len(report.findings) - report.errors} other finding(s)")
     raise typer.Exit(1 if report.errors else 0)
+
+
+def _is_gguf(draft: Path, engine: Optional[str]) -> bool:
+    """A GGUF draft is checked against --target-gguf: the default HF target is loaded only when named."""
+    from eaglewire.doctor.gguf_measure import is_gguf
+
+    return engine == "llamacpp" or is_gguf(draft)
 
 
 def _engine_shape(knobs: tuple[Optional[int], ...], measure: Optional[bool]) -> Any:

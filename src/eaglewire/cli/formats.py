@@ -8,11 +8,15 @@ from typing import Optional
 import typer
 
 from eaglewire.cli.common import add_command, err_console, load_target, out_console, parse_dtype
+from eaglewire.errors import EaglewireError
 
 FORMAT_HELP = ("sglang (the layer-id rule of the target's SGLang model file, per release: --engine-version), "
-               "vllm / speculators, eagle (SafeAILab), specforge, native (eaglewire's own checkpoint); a DFlash "
-               "draft: vllm / speculators, sglang, zlab")
-VERSION_HELP = "SGLang release whose per-model-file layer-id rule applies (default: the newest verified)."
+               "vllm / speculators, eagle (SafeAILab), specforge, llamacpp (a GGUF for llama-server -md), native "
+               "(eaglewire's own checkpoint); a DFlash draft: vllm / speculators, sglang, zlab, llamacpp")
+VERSION_HELP = ("SGLang release whose per-model-file layer-id rule applies (default: the newest verified); llamacpp: "
+                "the llama-cpp-python version whose llama.cpp serves the draft (default: the newest read).")
+GGUF_HELP = ("llamacpp: the target GGUF llama-server will load with -m; the draft carries its vocabulary (llama-server "
+             "refuses a draft whose vocabulary differs). Default: the embedded target's shipped GGUF.")
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 FORCE_HELP = ("Replace an existing --out that is not an earlier output of this command (its content is deleted); "
               "never the input or a folder holding it.")
@@ -23,29 +27,54 @@ def export_cmd(
     fmt: str = typer.Option(..., "--format", "-f", help=FORMAT_HELP),
     out: Path = typer.Option(..., "--out", "-o"),
     target: Optional[str] = typer.Option(None, "--target", "-t", help="Checks the draft belongs to this target."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 | fp16 | fp32 (default: as trained)."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 | fp16 | fp32 (default: as trained); llamacpp "
+                                        "also q8_0 (the 2-D weights; norms stay f32)."),
     with_embedding: bool = typer.Option(False, "--with-embedding", help="Also write the (frozen) target embedding."),
     verifier: Optional[str] = typer.Option(None, "--verifier", help="vllm/speculators: the target path or hub id "
                                            "vLLM should load (default: the --target path, else its name)."),
     engine_version: Optional[str] = typer.Option(None, "--engine-version", help=VERSION_HELP),
     force: bool = typer.Option(False, "--force", help=FORCE_HELP),
+    target_gguf: Optional[Path] = typer.Option(None, "--target-gguf", help=GGUF_HELP),
+    n_max: int = typer.Option(3, "--spec-draft-n-max", help="llamacpp EAGLE-3: the chain length the printed "
+                              "llama-server line asks for (DFlash: the block's drafts per round)."),
 ) -> None:
     """Write a draft in an engine's layout, plus eaglewire_contract.json (engines ignore it)."""
     import torch
 
     from eaglewire.export.checkpoint import load_checkpoint
     from eaglewire.export.convert import check_out, export_draft
-    from eaglewire.export.engines import NATIVE
+    from eaglewire.export.engines import ENGINE_FORMATS, NATIVE, engine_for
+    from eaglewire.export.llamacpp_layout import STYLE as GGUF_STYLE
 
     check_out(out, fmt, force=force, inputs=(draft,))  # before any loading: refuse an --out it may not replace
+    gguf = fmt in ENGINE_FORMATS and engine_for(fmt, engine_version).config_style == GGUF_STYLE
+    vocab = (target_gguf or _embedded_gguf(target)) if gguf else None  # before loading anything
     tgt = load_target(target) if target else None
     d = load_checkpoint(draft, target=tgt)
-    cast = getattr(torch, parse_dtype(dtype, DTYPES, "--dtype")) if dtype is not None else None
+    quant = gguf and dtype == "q8_0"
+    cast = getattr(torch, parse_dtype(dtype, DTYPES, "--dtype")) if dtype is not None and not quant else None
     path = export_draft(d, d.contract, out, fmt, dtype=cast, with_embedding=with_embedding,
                         verifier=verifier or (str(tgt.path) if tgt is not None and tgt.path else None),
-                        engine_version=engine_version, force=force, inputs=(draft,))
+                        engine_version=engine_version, force=force, inputs=(draft,),
+                        gguf_dtype="q8_0" if quant else None, vocab_from=vocab)
     ids = "" if fmt == NATIVE else _ids_note(fmt, engine_version, d.contract)
     out_console.print(f"{fmt} export -> {path} ({ids}taps {list(d.contract.taps)})")
+    if gguf:
+        from eaglewire.export.gguf_draft import server_line
+
+        out_console.print(server_line(d.contract, path, vocab, n_max), highlight=False, soft_wrap=True)
+
+
+def _embedded_gguf(target: Optional[str]) -> Path:
+    """The embedded target's shipped GGUF (llama-server's -m), or a refusal naming --target-gguf."""
+    from eaglewire.target.loader import DEFAULT_TARGET, EMBEDDED, _package_dir
+
+    emb = EMBEDDED.get(target or DEFAULT_TARGET)
+    if emb is None:
+        raise EaglewireError("a llama.cpp draft needs its target's GGUF", expected="--target-gguf TARGET.gguf (the "
+                             "file llama-server loads with -m)", found=f"--target {target} and no --target-gguf",
+                             fix="convert the target with llama.cpp's convert_hf_to_gguf.py and pass that file")
+    return _package_dir(emb.package, emb.pip_name) / emb.gguf
 
 
 def import_cmd(
@@ -84,9 +113,12 @@ def import_cmd(
 def _ids_note(fmt: str, version: Optional[str], contract) -> str:
     """"layer ids [...] (the rule that wrote them); " for an export's summary line."""
     from eaglewire.export.block_formats import block_format, is_block_family
-    from eaglewire.export.engines import engine_for
+    from eaglewire.export.engines import ENGINE_FORMATS, engine_for
+    from eaglewire.export.llamacpp_layout import FAMILIES, STYLE, TARGET_LAYERS
 
-    if is_block_family(contract.family):  # a block drafter: its family's format record numbers the ids
+    if fmt in ENGINE_FORMATS and (gguf := engine_for(fmt, version)).config_style == STYLE:  # one GGUF per family
+        return f"{FAMILIES[contract.family].key(TARGET_LAYERS)} {list(contract.engine_ids(gguf.convention))}; "
+    if is_block_family(contract.family):  # a block drafter: its family's format records number the ids
         block = block_format(contract.family, fmt)
         return f"{block.ids_at} {list(contract.engine_ids(block.convention))}; "
     record, arch = engine_for(fmt, version), contract.target.architecture

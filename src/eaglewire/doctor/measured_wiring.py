@@ -53,14 +53,20 @@ def candidates(ins: Inspection, L: int, n: int, arch: str | None = None,
     """Tap sets worth scoring, each with why it is a suspect (only sets of the draft's width n), and the
     ones a reading of the config gives (delivered first: measure's tie-break)."""
     delivered, how = delivered_taps(ins, L, arch)
-    ids = engine_ids(ins)[0]
+    return candidates_from(delivered, how, engine_ids(ins)[0], _own_convention(ins, arch), L, n)
+
+
+def candidates_from(delivered: Taps | None, how: str, ids: list[int] | None, own: str, L: int, n: int,
+                    ) -> tuple[dict[Taps, list[str]], tuple[Taps, ...]]:
+    """candidates() for any reader of a draft: the delivered set and how it was read, the raw ids, the
+    convention `own` they are read in by the engine checked for (a GGUF draft's llama.cpp, say)."""
     out: dict[Taps, list[str]] = {}
     add = suspect_adder(out, n, L)
 
     add(delivered, f"delivered: {how}")
     if ids:
         for conv in CONVENTIONS:
-            if conv not in (CANONICAL, _own_convention(ins, arch)):
+            if conv not in (CANONICAL, own):
                 add(decodes(list(ids), conv, L), f"the ids read in the {conv} convention")
     if L >= 8:
         add(default_taps(L), "the engines' default taps")

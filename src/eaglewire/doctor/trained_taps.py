@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from eaglewire.capture.boundaries import Boundaries
 from eaglewire.doctor.findings import Finding
 from eaglewire.draft.model import Eagle3Draft
+from eaglewire.errors import EaglewireError
 from eaglewire.draft.unroll import shift_left, ttt_attention_mask
 
 if TYPE_CHECKING:
@@ -223,6 +224,11 @@ def measure(draft: Eagle3Draft, bounds: Boundaries, delivered: Taps | None, reas
     """Score every labelled candidate, search around the best, and compare the delivered set with it.
     `priors`: the sets a reading of the config gives (delivered, other conventions, defaults), in order."""
     pos = positions(bounds, draft, chain_steps)
+    if not pos.rows.numel():  # no paired entries: every score and interval below would be empty
+        raise EaglewireError("nothing to measure: the draft's vocabulary holds none of the target's answer "
+                             "tokens", expected="answer positions whose target token the draft can name",
+                             found=f"coverage {pos.coverage:.0%} of {bounds.input_ids.numel()} tokens",
+                             fix="measure on prompts in the draft's domain, or check its vocab map (d2t)")
     m = compare(lambda taps: first_step(draft, bounds, pos, taps), pos, bounds.num_layers, delivered, reasons,
                 priors, pos.coverage)
     if chain_steps:

@@ -20,11 +20,12 @@ from eaglewire.draft.load import load_strict
 from eaglewire.draft.dflash import DFlashDraft
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import CheckpointError, ContractMismatch, EaglewireError
-from eaglewire.export.engines import FORMATS, NATIVE, Engine, engine_for
+from eaglewire.export.engines import ENGINE_FORMATS, FORMATS, NATIVE, Engine, engine_for
 from eaglewire.export.block import block_family, export_block_draft, foreign_block_family, import_block_draft
 from eaglewire.export.block_formats import is_block_family
 from eaglewire.export.base import cast_floats, read_contract, read_json, read_safetensors, rename_all, write_dir, \
     CONTRACT_FILE, WEIGHTS
+from eaglewire.export.llamacpp_layout import GGUF_FILE, STYLE as GGUF_STYLE
 from eaglewire.export.layouts import check_exportable, config_ids, draft_config_from, from_native, make_config, \
     native_to
 from eaglewire.safeio import about_file
@@ -41,7 +42,7 @@ def check_out(out: Path, fmt: str, *, force: bool = False, inputs: tuple[Path, .
     from eaglewire.outputs import check_output_dir
 
     native = fmt == NATIVE
-    check_output_dir(out, names=(WEIGHTS, CONFIG) if native else (WEIGHTS, CONFIG, CONTRACT_FILE),
+    check_output_dir(out, names=(WEIGHTS, CONFIG) if native else (WEIGHTS, CONFIG, CONTRACT_FILE, GGUF_FILE),
                      owned=is_checkpoint if native else is_export, force=force, inputs=inputs,
                      what="checkpoint" if native else "export")
 
@@ -49,10 +50,19 @@ def check_out(out: Path, fmt: str, *, force: bool = False, inputs: tuple[Path, .
 def export_draft(draft: Eagle3Draft | DFlashDraft, contract: WiringContract, out: Path, fmt: str, *,
                  dtype: torch.dtype | None = None, with_embedding: bool | None = None,
                  verifier: str | None = None, engine_version: str | None = None, force: bool = False,
-                 inputs: tuple[Path, ...] = ()) -> Path:
+                 inputs: tuple[Path, ...] = (), gguf_dtype: str | None = None, vocab_from: Path | None = None) -> Path:
     """Write `draft` in the layout `fmt` names (FORMATS) plus the contract side file; `verifier` is for vLLM,
     `engine_version` the engine release whose layer-id rule applies (SGLang; default: the newest verified).
+    llamacpp: `gguf_dtype` f32 / f16 / bf16 / q8_0 (default: `dtype`'s, else the draft's), `vocab_from` the target
+    GGUF whose vocabulary the draft carries (export/gguf_draft.py).
     An existing `out` must be an earlier export (or `force`) and never one of `inputs` (eaglewire.outputs)."""
+    if fmt in ENGINE_FORMATS and engine_for(fmt, engine_version).config_style == GGUF_STYLE:
+        from eaglewire.export.gguf_draft import export_gguf
+
+        floats = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+        name = gguf_dtype or floats[dtype or next(v.dtype for v in draft.state_dict().values() if v.is_floating_point())]
+        return export_gguf(draft, contract, out, dtype=name, vocab_from=vocab_from, with_embedding=bool(with_embedding),
+                           version=engine_version, force=force, inputs=inputs)
     if is_block_family(contract.family) and fmt != NATIVE:  # a block drafter: its family's format records
         assert isinstance(draft, DFlashDraft), f"a {contract.family} contract on a {type(draft).__name__}"
         return export_block_draft(draft, contract, out, fmt, dtype=dtype, verifier=verifier, force=force,
@@ -118,6 +128,10 @@ def import_draft(directory: Path, fmt: str, *, target: TargetInfo | None = None,
     them, and neither the config's layer ids nor a contract side file is read."""
     if fmt == NATIVE:
         return _import_native(Path(directory), target, taps)
+    if fmt in ENGINE_FORMATS and engine_for(fmt, engine_version).config_style == GGUF_STYLE:
+        from eaglewire.export.gguf_import import import_gguf
+
+        return import_gguf(Path(directory), target=target, taps=taps)
     family = block_family(Path(directory) / "config.json")
     if family is not None:  # a block drafter's export (z-lab, SGLang, speculators DFlash configs)
         return import_block_draft(Path(directory), fmt, family=family, target=target, taps=taps)

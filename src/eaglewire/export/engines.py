@@ -25,6 +25,7 @@ from eaglewire.errors import CheckpointError, ContractMismatch
 from eaglewire.export.sglang_rules import LEGACY_RELEASE
 from eaglewire.export.sglang_rules import SGLangRule, check_release, rule_for
 from eaglewire.families import DEFAULT_FAMILY, EngineField
+from eaglewire.export import llamacpp_layout as gguf_layout
 
 IDS_KEY = "eagle_aux_hidden_state_layer_ids"
 NESTED_IDS_KEY = "eagle_config." + IDS_KEY
@@ -133,6 +134,10 @@ _VLLM_DFLASH = (
                 "layer k); vLLM's updater writes them to eagle_aux_hidden_state_layer_ids as is and their -1 to "
                 "dflash_config.target_layer_ids", "vllm transformers_utils/configs/speculators/algos.py update_dflash"),
 )
+_LLAMACPP_DFLASH = (EngineField("llamacpp", "dflash.target_layers (GGUF)", "llamacpp", "llama.cpp captures the INPUT "
+                                "of layer id (llama_set_embeddings_layer_inp), ids 0 <= id < L; its converter writes "
+                                "target_layer_ids + 1", "llama.cpp (llama-cpp-python 0.3.36) common/speculative.cpp "
+                                "draft_dflash; conversion/qwen.py"),)
 # A block-only engine's EAGLE-3 facts: none (engine_for refuses it for an EAGLE-3 draft)
 _NO_EAGLE3: dict[str, Any] = dict(config_style="", id_keys=(), prefix0="", layer0_prefixes=(), multi_layer=False,
                                   norms=frozenset(), replaces_embedding=False, skips_unknown_keys=False,
@@ -159,6 +164,11 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
                                       "when captured through SGLang (SpecForge 0.2)",
                                       "the same config taps other layers depending on SpecForge's capture backend",
                                       "train taps starting at boundary 2 (ids starting at 1 read the same in both)")),
+    # llama.cpp (GGUF, export/llamacpp_layout.py): the input of layer id, exactly 3 taps and 1 layer (eagle3.cpp),
+    # d2t kept (absolute ids), t2d dropped; its own token_embd if the file has one, else the target's
+    Engine("llamacpp", "llamacpp", gguf_layout.STYLE, (gguf_layout.EAGLE3.key(gguf_layout.TARGET_LAYERS),), "blk.0.",
+           ("blk.0.",), multi_layer=False, norms=gguf_layout.EAGLE3.norms, replaces_embedding=False,
+           skips_unknown_keys=False, num_taps=3, release=gguf_layout.NEWEST, block_fields=_LLAMACPP_DFLASH),
 )}
 ALIASES = {"speculators": "vllm"}  # the speculators format is what vLLM loads
 # every name `--engine` and the run config's `formats` accept for an EAGLE-3 draft
@@ -192,6 +202,8 @@ def engine_for(name: str, version: str | None = None, family: str = DEFAULT_FAMI
     if record is not None and version is not None:
         if record.per_model_file:  # other engines' rules hold for every release: the version is a label there
             check_release(version)
+        if record.config_style == gguf_layout.STYLE:  # llama.cpp: what each release reads (llamacpp_layout.py)
+            record = dataclasses.replace(record, norms=gguf_layout.release(version).eagle3_norms)
         record = dataclasses.replace(record, release=version)
     if record is None:
         fix = ("native is eaglewire's own checkpoint, not an engine: name the engine that will load the draft"

@@ -1,0 +1,85 @@
+"""The doctor's verdict on a GGUF draft: its static findings (gguf_checks.py) and, given the target, the wiring
+measured from its weights exactly as for every other format (the same candidates, score and rule:
+measured_wiring.candidates_from, trained_taps.measure / wiring_finding), on the GGUF's tensors loaded into
+our draft model by `eaglewire import --format llamacpp`'s loader (export/gguf_import.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from eaglewire.capture.boundaries import Boundaries, sample_target
+from eaglewire.capture.boundary_file import DumpTarget, require_finite_rows
+from eaglewire.contract import default_taps
+from eaglewire.doctor.checks import decodes
+from eaglewire.doctor.findings import Finding, Report, by_level
+from eaglewire.doctor.gguf_checks import (ENGINE, LLAMACPP, NAME, GGUFInspection, gguf_findings, inspect_gguf,
+                                          right_ids_fix)
+from eaglewire.doctor.measured_wiring import _fmt, _tau, candidates_from
+from eaglewire.doctor.trained_taps import Measurement, measure, wiring_finding
+from eaglewire.errors import EaglewireError
+from eaglewire.export.gguf_import import import_gguf
+from eaglewire.export.llamacpp_layout import TARGET_LAYERS
+
+
+def is_gguf(path: Path) -> bool:
+    """A .gguf file, or a directory whose draft is one (export --format llamacpp's)."""
+    path = Path(path)
+    return path.suffix == ".gguf" or (path.is_dir() and any(path.glob("*.gguf"))
+                                      and not (path / "config.json").is_file())
+
+
+def check_gguf(path: Path, target: Any = None, *, target_gguf: Path | None = None, measure_it: bool | None = None,
+               chain_steps: int = 3, progress: Callable[[str], None] = lambda phase: None,
+               version: str | None = None) -> Report:
+    """The doctor on a GGUF draft as llama.cpp loads it; measured on `target` when given (by default where no
+    contract file sits beside the GGUF, as for every format). `report.errors` counts the errors."""
+    gi = inspect_gguf(path, target, target_gguf, version)
+    found: list[Finding] = []
+    if target is not None and (measure_it or (measure_it is None and gi.contract is None)):
+        gi.measured, found = run_gguf_measurement(gi, target, chain_steps, progress)
+    report = Report(str(gi.draft.path), NAME, by_level(gguf_findings(gi) + found))
+    report.measurement = gi.measured.to_dict() if gi.measured is not None else None
+    return report
+
+
+def run_gguf_measurement(gi: GGUFInspection, target: Any, chain_steps: int = 3,
+                         progress: Callable[[str], None] = lambda phase: None, bounds: Boundaries | None = None,
+                         ) -> tuple[Measurement | None, list[Finding]]:
+    """Score the tap sets a reading of target_layers gives (llama.cpp's, every other numbering, the converter's
+    default, ±1, the embedding) with the GGUF's own weights on the target's boundaries (captured on the
+    doctor's prompts unless given; a boundaries dump brings its own)."""
+    g, L, H = gi.draft, target.num_layers, target.hidden_size
+    if g.family.family != "eagle3":
+        return None, [Finding("info", "measured_wiring", f"the wiring was not measured: no GGUF measurement for "
+                              f"the {g.family.family} family yet", "its static checks ran", "")]
+    fc = g.tensor_shapes.get("fc.weight")
+    if fc is None or fc[1] % H:
+        return None, []  # fc does not read whole target states: the target finding (gguf_checks) names it
+    n, ids = fc[1] // H, g.target_layers
+    try:
+        placeholder = default_taps(L) if n == 3 and L >= 8 else tuple(range(1, n + 1))  # each scored set replaces it
+        draft = import_gguf(g.path, target=target, taps=placeholder)[0].float()
+    except EaglewireError as err:
+        return None, [Finding("warn", "measured_wiring", f"the wiring was not measured: the draft does not load "
+                              f"({err.what})", "the empirical check runs the draft's own weights", err.fix or "")]
+    delivered = decodes(ids, LLAMACPP, L) if ids else None
+    key = g.family.key(TARGET_LAYERS)
+    reasons, priors = candidates_from(delivered, f"{key}={ids} read by {ENGINE}", ids, LLAMACPP, L, n)
+    if bounds is None and isinstance(target, DumpTarget):
+        bounds = target.bounds
+    elif bounds is None:
+        progress("the target answers the built-in prompts greedily; every boundary is captured (the long phase)")
+        bounds = sample_target(target)
+    progress(f"scoring {len(reasons)} candidate tap sets, then a search around the best")
+    require_finite_rows(draft.embed_tokens.weight, bounds.input_ids, str(g.path))
+    try:
+        m = measure(draft, bounds, delivered, reasons, chain_steps, priors)
+    except EaglewireError as err:
+        return None, [Finding("warn", "measured_wiring", f"the wiring was not measured: {err.what}",
+                              err.found or "", err.fix or "")]
+    where = f" ({m.tokens} target tokens, draft vocab covers {m.coverage:.0%}){_tau(m)}"
+    return m, [wiring_finding(m, ENGINE, f"this draft predicts best from boundaries {_fmt(m, m.best)}",
+                              _fmt(m, m.delivered) if m.delivered is not None else "", where,
+                              right_ids_fix(gi, L, m.best) + ", re-run the doctor",
+                              cannot=f"{ENGINE} cannot capture the ids it is given")]
