@@ -99,10 +99,9 @@ CONVENTIONS: dict[str, Convention] = {
         Convention("zlab", "DFlash target_layer_ids (z-lab, SpecForge): id k = output of layer k", 1, False),
         Convention("sglang-dflash", "SGLang DFLASH target_layer_ids: +1 always (capture before k+1)", 1, False),
         Convention("vllm-dflash", "vLLM dflash_config.target_layer_ids: +1 (PR #40727)", 1, True),
-        # DeepSpec (a trainer, read by the doctor): z-lab's "output of layer k" ids, -1 for the embedding output
-        Convention("deepspec", "DeepSpec target_layer_ids: id k = output of layer k, -1 = embedding", 0, False),
-        # llama.cpp captures the INPUT of layer id (llama_set_embeddings_layer_inp); id L reads t_h_nextn, which
-        # a llama target never sets and DFlash never turns on: L is refused (export/llamacpp_layout.py)
+        Convention("deepspec", "DeepSpec target_layer_ids (a trainer the doctor reads): id k = output of layer k, "
+                   "-1 = embedding", 0, False),
+        # llama.cpp captures the INPUT of layer id; id L reads t_h_nextn, never set for a llama target: L refused
         Convention("llamacpp", "llama.cpp GGUF <arch>.target_layers: the input of layer id", 0, False),
     ]
 }
