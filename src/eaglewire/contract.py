@@ -58,8 +58,7 @@ from eaglewire.records import build_exact_record as _build_exact, canonical_json
 SCHEMA = "eaglewire.wiring/1"
 CANONICAL = "boundary"
 CAPTURE_POINTS = ("residual_pre_norm",)  # the only capture point eaglewire produces
-# How an inferred contract's taps were found: measured from the draft's weights on the target (the doctor's
-# empirical check), or read from the engine config's layer ids without a measurement.
+# How an inferred contract's taps were found: measured from the draft's weights (the doctor), or read from ids
 INFERRED_SOURCES = ("measured", "engine_config")
 
 
