@@ -23,7 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
 from eaglewire.serve.connections import EVICT_AFTER_S, MAX_CONNECTION_BYTES, MAX_REQUESTS_PER_CONNECTION, \
-    REQUEST_DEADLINE_S, ConnectionTable, PeerWatch, RequestReader, refuse_busy
+    REQUEST_DEADLINE_S, SSE_PROBE, ConnectionTable, PeerWatch, RequestReader, refuse_busy
 from eaglewire.serve.chat_requests import BadRequest, content_length, parse_body
 from eaglewire.serve.worker import Cancelled, Job, Metrics, SpecServer, finish_reason
 
@@ -169,7 +169,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Connection", "close")
         self.end_headers()
-        self.watch.answer_started()
+        self.watch.answer_started(SSE_PROBE)  # a client that read this head and left is found by the probe
         cid, chat, sent = f"chatcmpl-{uuid.uuid4().hex[:12]}", self.path == "/v1/chat/completions", []
         for kind, payload in self._wait(job):
             if kind == "tokens":
