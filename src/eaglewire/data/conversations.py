@@ -22,6 +22,7 @@ from typing import Any, Iterator, TextIO
 
 from eaglewire.data.prompt_sets import PROMPT_SETS, prompt_set_file
 from eaglewire.errors import EaglewireError
+from eaglewire.paths import check_path
 
 ROLE_ALIASES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "bing": "assistant",
                 "bard": "assistant", "assistant": "assistant", "model": "assistant", "system": "system"}
@@ -214,7 +215,7 @@ def resolve_source(source: str) -> Path:
             raise EaglewireError(f"the data source {source!r} needs a PyPI package", expected=f"{package} installed",
                                  found="not installed", fix=pip_line)
         return Path(next(iter(spec.submodule_search_locations))) / rel
-    path = Path(source)
+    path = check_path(source, "conversation source")
     if not path.is_file():
         raise EaglewireError(f"conversation source {source!r} not found",
                              expected=f"one of {sorted(PACKAGED_SOURCES) + sorted(PROMPT_SETS)} or a .json/.jsonl(.gz) "
