@@ -131,3 +131,115 @@ def test_os_errors_become_messages_naming_the_path_and_the_fault(code):
 
 def test_a_missing_path_is_left_to_the_command():
     assert check_path("/no/such/place", "--data") == Path("/no/such/place")
+
+
+# ------------------------------------------------------------------------------------------------------
+# Disk and permission faults while writing (a real tmpfs, mounted for the test: root only): a clear error
+# naming the fault, the earlier good output byte for byte as it was, and no temp file left behind.
+# ------------------------------------------------------------------------------------------------------
+
+OUTCOMES: list[int] = []  # exit codes of the full-disk exports (the space must hold both kinds)
+
+
+@pytest.fixture(scope="module")
+def tiny_fs(tmp_path_factory):
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = Path(tempfile.mkdtemp(prefix="ew-tinyfs-"))
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)]).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    from tiny import build_draft, build_target
+
+    from eaglewire.export.checkpoint import save_checkpoint
+
+    draft, contract = build_draft(build_target("llama", layers=8), taps=(2, 4, 5), num_layers=1)
+    native = save_checkpoint(draft, contract, tmp_path_factory.mktemp("native") / "native")
+    yield mnt, native
+    subprocess.run(["umount", str(mnt)])
+    mnt.rmdir()
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _free(mnt: Path) -> int:
+    st = os.statvfs(mnt)
+    return st.f_bavail * st.f_frsize
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(left=st.integers(0, 300_000), fmt=st.sampled_from(["sglang", "native", "vllm"]))
+def test_a_full_disk_during_export_is_a_clear_error_and_the_old_export_stays(tiny_fs, left, fmt):
+    mnt, native = tiny_fs
+    for p in mnt.iterdir():
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    out = mnt / "out"
+    first = CliRunner().invoke(app, ["export", str(native), "-f", fmt, "--out", str(out)])
+    assert first.exit_code == 0, first.output
+    good = _snapshot(out)
+    filler = mnt / "filler"
+    with open(filler, "wb") as f:  # leave `left` bytes free (tmpfs counts whole pages)
+        f.write(b"\0" * max(_free(mnt) - left, 0))
+    result = CliRunner().invoke(app, ["export", str(native), "-f", fmt, "--out", str(out)])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    OUTCOMES.append(result.exit_code)
+    if result.exit_code == 0:  # it fitted: the new export is whole
+        assert _snapshot(out) == good
+    else:
+        assert result.exit_code == 2 and "disk is full" in result.output and "ENOSPC" in result.output, result.output
+        assert _snapshot(out) == good  # the earlier export, byte for byte
+    assert sorted(p.name for p in mnt.iterdir()) == ["filler", "out"]  # no temp folder or file left
+
+
+def test_a_read_only_or_forbidden_output_folder_is_a_clear_error(tiny_fs):
+    import subprocess
+
+    mnt, native = tiny_fs
+    for p in mnt.iterdir():
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    os.chmod(mnt, 0o755)
+    subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+    try:
+        result = CliRunner().invoke(app, ["export", str(native), "-f", "sglang", "--out", str(mnt / "out")])
+        assert result.exit_code == 2 and "read-only" in result.output and "EROFS" in result.output, result.output
+    finally:
+        subprocess.run(["mount", "-o", "remount,rw", str(mnt)], check=True)
+    (mnt / "locked").mkdir(mode=0o755)
+    with _as(NOBODY):  # a folder owned by root, written by another user
+        result = CliRunner().invoke(app, ["export", str(native), "-f", "sglang", "--out", str(mnt / "locked" / "o")])
+    assert result.exit_code == 2 and "permission denied" in result.output, result.output
+    assert not any((mnt / "locked").iterdir())
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(left=st.integers(0, 200_000))
+def test_a_full_disk_while_saving_a_vocab_map_keeps_the_old_one(tiny_fs, left):
+    import torch
+
+    from eaglewire.draft.vocab import VocabMap, save_vocab
+
+    mnt, _ = tiny_fs
+    for p in mnt.iterdir():
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    vmap = VocabMap.from_target_ids(torch.arange(0, 40_000, 2), 40_000)
+    path = mnt / "vocab.safetensors"
+    save_vocab(path, vmap, torch.ones(40_000, dtype=torch.int64), {"m": 1})
+    good = path.read_bytes()
+    with open(mnt / "filler", "wb") as f:
+        f.write(b"\0" * max(_free(mnt) - left, 0))
+    try:
+        save_vocab(path, vmap, torch.ones(40_000, dtype=torch.int64), {"m": 2})
+    except OSError as err:
+        assert err.errno == errno.ENOSPC and "disk is full" in str(os_error(err))
+        assert path.read_bytes() == good
+    assert sorted(p.name for p in mnt.iterdir()) == ["filler", "vocab.safetensors"]
+
+
+def test_the_full_disk_space_held_both_outcomes():
+    """Runs after the property above (file order): its drawn free space both failed and fitted exports."""
+    if not OUTCOMES:
+        pytest.skip("the full-disk property did not run")
+    assert 2 in OUTCOMES and 0 in OUTCOMES, OUTCOMES

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import socket
 from pathlib import Path
 
 from eaglewire.errors import EaglewireError
@@ -36,13 +37,18 @@ _OS_FIXES = {  # errno name -> (what it means, what was expected, how to fix it)
             "file from a copy"),
     "EADDRINUSE": ("the address is already in use", "a free port", "stop the program using it, or pick another "
                    "--port"),
+    "EADDRNOTAVAIL": ("not an address of this machine", "one of this machine's addresses (127.0.0.1, 0.0.0.0, ...)",
+                      "check --host"),
+    "gaierror": ("the host name does not resolve to an address", "an address or a resolvable host name",
+                 "check --host"),
 }
 
 
 def os_error(err: OSError, role: str = "") -> EaglewireError:
     """An OSError as an EaglewireError naming the path (or address), the fault and how to fix it; `role`: what
     the path is to the command (an option name, "conversation source")."""
-    name = errno.errorcode.get(err.errno or 0, type(err).__name__)
+    name = type(err).__name__ if isinstance(err, socket.gaierror) else \
+        errno.errorcode.get(err.errno or 0, type(err).__name__)
     meaning, expected, fix = _OS_FIXES.get(name, (err.strerror or str(err), "the operation to succeed",
                                                   "check the path and the disk"))
     where = " -> ".join(str(f) for f in (err.filename, err.filename2) if f is not None)

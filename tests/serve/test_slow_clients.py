@@ -319,3 +319,39 @@ def test_after_many_clients_left_a_queued_stream_the_next_request_is_answered_at
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+@settings(max_examples=20, deadline=None)
+@given(host=st.sampled_from(["127.0.0.1", "0.0.0.0", "localhost", "256.1.1.1", "no-such-host.invalid", "10.255.255.1",
+                             "::1"]), busy=st.booleans())
+def test_serve_takes_its_port_before_loading_and_names_any_fault(host, busy):
+    """`serve` binds before the model loads (cli.decoding: bind, then _load): a port in use, an address not this
+    machine's or a name that does not resolve is an EaglewireError at once; otherwise the port is held."""
+    from typer.testing import CliRunner
+
+    from eaglewire.cli import decoding
+    from eaglewire.cli.app import app
+    from eaglewire.errors import EaglewireError
+
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    holder.bind(("127.0.0.1", 0))
+    port = holder.getsockname()[1]
+    if busy:
+        holder.listen()
+    else:
+        holder.close()
+    loaded = []
+    real = decoding._load
+    decoding._load = lambda *a, **k: (loaded.append(1), (_ for _ in ()).throw(EaglewireError("stop here")))[1]
+    try:
+        result = CliRunner().invoke(app, ["serve", "--host", host, "--port", str(port)])
+    finally:
+        decoding._load = real
+        holder.close()
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    if loaded:  # bound: the model would load next
+        assert "stop here" in result.output
+    else:
+        assert "listening on" in result.output and "fix:" in result.output, result.output
+        assert not (busy and host in ("127.0.0.1", "localhost")) or "already in use" in result.output

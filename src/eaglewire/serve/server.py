@@ -27,7 +27,7 @@ from eaglewire.serve.connections import EVICT_AFTER_S, MAX_CONNECTION_BYTES, MAX
 from eaglewire.serve.chat_requests import BadRequest, content_length, parse_body
 from eaglewire.serve.worker import Cancelled, Job, Metrics, SpecServer, finish_reason
 
-__all__ = ["Cancelled", "Handler", "Job", "Metrics", "SpecServer", "build_server", "finish_reason", "make_handler",
+__all__ = ["Cancelled", "Handler", "Job", "Metrics", "SpecServer", "bind", "build_server", "finish_reason", "make_handler",
            "serve"]  # the model side (Job, SpecServer, Metrics) lives in serve/worker.py; importable from here too
 
 ROUTES = ("/v1/chat/completions", "/v1/completions")
@@ -242,11 +242,25 @@ def serve(srv: SpecServer, host: str = "127.0.0.1", port: int = 8000) -> Threadi
     return _Server((host, port), make_handler(srv))
 
 
+def bind(host: str, port: int) -> ThreadingHTTPServer:
+    """The listening socket, taken before the model loads (build_server(..., httpd=) answers on it): a port in
+    use or an address this machine does not have is an error at once, not after minutes of loading.
+    Connections that arrive while the model loads wait in the listen backlog."""
+    from eaglewire.paths import os_error
+
+    try:
+        return _Server((host, port), Handler)
+    except OSError as err:  # in use, not this machine's address, a privileged port, a name that does not resolve
+        raise os_error(err, f"listening on --host {host} --port {port}") from None
+
+
 def build_server(target: Any, draft: Any, shape: Any, model_name: str | None, max_context: int,
                  max_tokens_limit: int, host: str, port: int,
-                 log: Callable[[str], None] | None = None) -> ThreadingHTTPServer:
+                 log: Callable[[str], None] | None = None, httpd: ThreadingHTTPServer | None = None
+                 ) -> ThreadingHTTPServer:
     """The `eaglewire serve` server: a loaded draft (in the target's dtype) on the target's runtime, bound to
-    host:port. `log` hears what the start does (GEMM layout calibration measured, or reused from the cache)."""
+    host:port (or on `httpd`, from `bind`, taken before loading). `log` hears what the start does (GEMM layout
+    calibration measured, or reused from the cache)."""
     from eaglewire.compose import cache_len, proposer, runtime
     from eaglewire.decoding.engine import SpecDecoder
 
@@ -268,7 +282,10 @@ def build_server(target: Any, draft: Any, shape: Any, model_name: str | None, ma
 
     srv = SpecServer(generate, target.tokenizer, model_name or target.name, max_tokens_limit, max_context, eos=eos,
                      draft_depth=shape.num_steps)
-    httpd = serve(srv, host, port)
+    if httpd is None:
+        httpd = serve(srv, host, port)
+    else:
+        httpd.RequestHandlerClass = make_handler(srv)
     say(f"listening on {host}:{httpd.server_address[1]} (backlog {LISTEN_BACKLOG}, queue {srv.jobs.maxsize}); "
         f"start took {time.perf_counter() - t0:.1f} s")
     return httpd
