@@ -42,8 +42,7 @@ from eaglewire.draft.dflash import DFlashDraft
 from eaglewire.draft.load import _check_keys, _check_tensor, _float_dtype, check_vocab_tensors, vocab_from_tensors
 from eaglewire.draft.vocab import VocabMap
 from eaglewire.errors import CheckpointError, ContractMismatch, EaglewireError
-from eaglewire.export.base import WEIGHTS, cast_floats, read_contract, read_draft_config, read_safetensors, \
-    write_dir
+from eaglewire.export.base import WEIGHTS, cast_floats, read_contract, read_draft_config, read_safetensors, write_dir
 from eaglewire.export.layouts import SPECULATORS_VERSION, _rope_theta
 from eaglewire.families import FULL, BlockWiring
 from eaglewire.safeio import field_of, read_json_object, require_finite
