@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -171,7 +171,9 @@ def _free(mnt: Path) -> int:
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(left=st.integers(0, 300_000), fmt=st.sampled_from(["sglang", "native", "vllm"]))
+@given(left=st.integers(0, 600_000), fmt=st.sampled_from(["sglang", "native", "vllm"]))
+@example(left=0, fmt="sglang").via("no room at all")
+@example(left=600_000, fmt="vllm").via("room for the new export beside the old one")
 def test_a_full_disk_during_export_is_a_clear_error_and_the_old_export_stays(tiny_fs, left, fmt):
     mnt, native = tiny_fs
     for p in mnt.iterdir():
