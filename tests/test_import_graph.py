@@ -26,7 +26,7 @@ ROOT = "eaglewire"
 # draft directory) -> the doctor -> the workflows the CLI and `run` share (vocab, training, import) -> the Python
 # front door (eaglewire.api) -> the product surfaces (bench, serve, peer rows) -> the `eaglewire run` pipeline -> the
 # command line
-LAYERS = ("about", "errors", "safeio", "records", "outputs", "limits", "cache", "hw", "ops", "tau", "norms", "families", "contract",
+LAYERS = ("about", "errors", "paths", "safeio", "records", "outputs", "limits", "cache", "hw", "ops", "tau", "norms", "families", "contract",
           "target", "draft", "export", "data", "vllm_client", "capture", "train", "decoding", "fastcpu", "compose",
           "doctor", "workflows", "api", "serve", "pipeline", "cli")
 FRONT_DOOR = "api"  # what the root package re-exports (lazily, eaglewire/__init__.py's __getattr__), and no more

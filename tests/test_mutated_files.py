@@ -154,7 +154,7 @@ RUN = {"data": {"conversations": 16, "max_new_tokens": 8, "engine": "local"}, "t
 def test_a_mutated_run_config(data, yaml_file):
     import yaml
 
-    kind = data.draw(st.sampled_from(["value", "bytes", "alias", "duplicate"]))
+    kind = data.draw(st.sampled_from(["value", "bytes", "alias", "duplicate", "tag"]))
     if kind == "value":
         section = data.draw(st.sampled_from(sorted(RUN)))
         obj = {**RUN, section: {**RUN[section], data.draw(st.sampled_from(sorted(RUN[section]))): data.draw(values)}}
@@ -163,6 +163,10 @@ def test_a_mutated_run_config(data, yaml_file):
         text = "a: &a [x, x]\n" + "".join(f"{c}: &{c} [*{p}, *{p}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
     elif kind == "duplicate":
         text = "train:\n  max_steps: 3\ntrain:\n  lr: 1\n" if yaml_file else '{"train": {}, "train": {}}'
+    elif kind == "tag" and yaml_file:  # any tag written in the file, on any value (a set of formats, ...)
+        tag = data.draw(st.sampled_from(["!!set", "!!omap", "!!binary", "!!str", "!!python/tuple", "!!int", "!x"]))
+        value = {"!!set": "{sglang, vllm}", "!!omap": "[a: 1]", "!!binary": "aGk=", "!!python/tuple": "[vllm]"}
+        text = f"formats: {tag} {value.get(tag, '[sglang]')}\n"
     else:
         text = _mutate_bytes((yaml.safe_dump(RUN) if yaml_file else json.dumps(RUN)).encode(), data).decode(
             "latin-1")
@@ -172,5 +176,5 @@ def test_a_mutated_run_config(data, yaml_file):
         r = CliRunner().invoke(app, ["run", "--config", str(path), "--show-config", "--out", str(Path(d) / "o")])
         _clean_failure(r, path)
         assert not (Path(d) / "o").exists()
-        if kind in ("alias", "duplicate"):
-            assert r.exit_code == 2
+        if kind in ("alias", "duplicate") or kind == "tag" and yaml_file:
+            assert r.exit_code == 2 and (kind != "tag" or "YAML tag" in r.output), r.output

@@ -20,7 +20,7 @@ SIZE_LIMITS: dict[str, int] = {
     "num_hidden_layers": 1024, "num_layers": 1024, "hidden_size": 1 << 16, "target_hidden_size": 1 << 16,
     "intermediate_size": 1 << 20, "moe_intermediate_size": 1 << 20, "num_attention_heads": 1024,
     "num_key_value_heads": 1024, "head_dim": 4096, "vocab_size": 1 << 22, "draft_vocab_size": 1 << 22,
-    "num_taps": 64, "max_position_embeddings": 1 << 24, "num_experts": 1 << 12, "num_local_experts": 1 << 12,
+    "num_taps": 64, "num_aux_hidden_states": 64, "max_position_embeddings": 1 << 24, "num_experts": 1 << 12, "num_local_experts": 1 << 12,
 }
 ZERO_OK = {"num_experts", "num_local_experts"}  # 0: a dense model
 NONE_OK = {"head_dim", "num_key_value_heads", "max_position_embeddings", "num_experts", "num_local_experts",
@@ -61,7 +61,7 @@ def _leaves(obj: Any, prefix: str, depth: int = 0):
         return
     for k, v in obj.items():
         path = f"{prefix}{k}"
-        if isinstance(v, dict):
+        if isinstance(v, dict) and k not in SIZE_LIMITS and k not in PHYSICS:  # a size given an object: refused
             yield from _leaves(v, path + ".", depth + 1)
         else:
             yield k, v, path

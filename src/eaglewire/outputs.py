@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from eaglewire.errors import EaglewireError
+from eaglewire.paths import resolve_path
 
 _held: dict[str, int] = {}  # lock paths this process holds -> depth (re-entrant within one process)
 
@@ -111,9 +112,9 @@ def check_output_dir(out: Path, *, names: Iterable[str], owned: Callable[[Path],
     """Refuse an `out` this writer may not replace. `names`: the entries the writer puts in it; `owned(out)`:
     it recognises out's content as its own kind of output."""
     out = Path(out)
-    real = out.resolve()
+    real = resolve_path(out, "--out")
     for inp in inputs:
-        if _inside(real, Path(inp).resolve()):
+        if _inside(real, resolve_path(inp, "input")):
             raise EaglewireError(f"--out {out} is the input {inp} or holds it", expected=f"an {what} folder "
                                  "apart from the command's inputs", found=f"{out} -> {real}",
                                  fix="pass another --out (--force never replaces an input or a folder holding "

@@ -17,26 +17,31 @@ def _tmp_for(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 
-def atomic_write_text(path: Path, text: str) -> None:
+@contextmanager
+def _temp_beside(path: Path) -> Iterator[Path]:
+    """A temp name beside `path` for the block to write, renamed over `path` when the block ends; on any
+    failure (a full disk, a read-only folder) the temp file is removed and `path` is left as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _tmp_for(path)
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_for(path)
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    with _temp_beside(path) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def atomic_copy(src: Path, dst: Path) -> None:
@@ -46,10 +51,8 @@ def atomic_copy(src: Path, dst: Path) -> None:
 
     for a, b in ((Path(f"{src}.meta.json"), Path(f"{dst}.meta.json")), (Path(src), Path(dst))):
         if a.is_file():
-            b.parent.mkdir(parents=True, exist_ok=True)
-            tmp = _tmp_for(b)
-            shutil.copyfile(a, tmp)
-            os.replace(tmp, b)
+            with _temp_beside(b) as tmp:
+                shutil.copyfile(a, tmp)
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
@@ -58,14 +61,21 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 
 def atomic_save_safetensors(tensors: dict[str, torch.Tensor], path: Path,
                             metadata: dict[str, str] | None = None) -> None:
-    """safetensors.save_file to a temp name, then rename. Tensors are made contiguous (required)."""
+    """safetensors.save_file to a temp name, then rename. Tensors are made contiguous (required). The writer's
+    I/O failures (Rust errors that name an OS error code) are raised as the OSError they are."""
+    import re
+
     from safetensors.torch import save_file
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_for(path)
-    save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
-    os.replace(tmp, path)
+    with _temp_beside(Path(path)) as tmp:
+        try:
+            save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+        except Exception as err:  # SafetensorError("... I/O error: No space left on device (os error 28)")
+            code = re.search(r"\(os error (\d+)\)|\bcode: (\d+)", str(err))
+            if code is None or isinstance(err, OSError):
+                raise
+            n = int(code.group(1) or code.group(2))
+            raise OSError(n, os.strerror(n), str(path)) from None
 
 
 # ------------------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from typing import Any, Callable
 import torch
 
 from eaglewire.contract import WiringContract
+from eaglewire.errors import EaglewireError
 from eaglewire.data.samples import Sample, split_heldout
 from eaglewire.train.dist import DistInfo
 from eaglewire.train.loop import TrainConfig
@@ -45,6 +46,11 @@ def build_vocab(target: TargetInfo, samples: list[Sample], draft_vocab_size: int
 
     train_s, held = split_heldout(samples, heldout_fraction)
     counts = count_masked_tokens(train_s, target.vocab_size)
+    if not int(counts.sum()):  # a map from no tokens would be saved with coverage NaN: refused instead
+        raise EaglewireError("no trained token to build the vocabulary from", expected="samples in the training "
+                             f"split (held-out fraction {heldout_fraction:g}) with loss-masked tokens",
+                             found=f"{len(samples)} samples, {len(train_s)} in the training split, 0 trained tokens",
+                             fix="pass more data (--data, --limit), or a smaller held-out fraction")
     vmap = build_vocab_map(counts, draft_vocab_size) if keep is None else grow_vocab_map(keep, counts, draft_vocab_size)
     cov = {"train": coverage(vmap, counts)}
     for name, extra in (("held-out", held), ("eval", eval_samples)):
@@ -120,7 +126,6 @@ def import_any(directory: Path, fmt: str, target: Any = None, *, measure: bool =
     from eaglewire.doctor.measures import measure_wiring
     from eaglewire.doctor.inspect import inspect_dir
     from eaglewire.export.engines import ENGINE_FORMATS, NATIVE, engine_for
-    from eaglewire.errors import EaglewireError
     from eaglewire.export.base import read_contract
     from eaglewire.export.convert import import_draft
 
@@ -174,7 +179,6 @@ def train(target: Target, taps: tuple[int, ...], vocab: Path | None, cfg: TrainC
     the same contract, all training. on_start(contract, training samples, held-out samples) hears the
     split before the first step."""
     from eaglewire.draft.vocab import load_vocab
-    from eaglewire.errors import EaglewireError
     from eaglewire.train.objectives import objective
 
     vmap = load_vocab(vocab)[0] if vocab is not None else None

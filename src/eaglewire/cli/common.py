@@ -45,13 +45,30 @@ def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)  # typer reads the wrapped signature through __wrapped__
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from eaglewire.paths import os_error
+
         try:
+            _check_paths(kwargs)
             return fn(*args, **kwargs)
         except EaglewireError as err:
             err_console.print(styled(("error:", "bold red"), f" {err}"), highlight=False)
             raise typer.Exit(2) from None
+        except OSError as err:  # a full disk, a read-only folder, a port in use: what failed and how to fix it
+            err_console.print(styled(("error:", "bold red"), f" {os_error(err)}"), highlight=False)
+            raise typer.Exit(2) from None
 
     return wrapper
+
+
+def _check_paths(kwargs: dict[str, Any]) -> None:
+    """Every path argument through eaglewire.paths.check_path before the command runs (loops, dangling links,
+    folders that may not be searched), named by its option."""
+    from eaglewire.paths import check_path
+
+    for name, value in kwargs.items():
+        for v in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(v, Path):
+                check_path(v, f"--{name.replace('_', '-')}")
 
 
 def add_command(group: typer.Typer, fn: Callable[..., Any], name: str, **kwargs: Any) -> None:

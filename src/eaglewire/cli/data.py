@@ -173,15 +173,20 @@ def show_cmd(
     from rich.text import Text
     from transformers import AutoTokenizer
 
-    from eaglewire.data.conversations import read_conversations
+    from eaglewire.data.conversations import ReadStats, read_conversations
     from eaglewire.data.template import render_with_mask
     from eaglewire.target.loader import resolve_target
 
+    stats = ReadStats()
+    conv = next((c for i, c in enumerate(read_conversations(data, stats)) if i == index), None)
+    if conv is None:  # the count of valid ones, and the skipped records (an index counts valid ones only)
+        raise EaglewireError(f"no conversation {index} in {data}: --index counts valid conversations only",
+                             expected=f"--index from 0 to {stats.kept - 1}", found=f"{stats.kept} valid "
+                             f"conversation(s); {stats.summary()}", fix="pass a smaller --index")
+    if stats.read > stats.kept:
+        err_console.print(f"note: --index {index} counts valid conversations; records skipped before it: "
+                          f"{stats.summary()}", highlight=False)
     tok = AutoTokenizer.from_pretrained(resolve_target(target)[1])
-    conv = next((c for i, c in enumerate(read_conversations(data)) if i == index), None)
-    if conv is None:
-        raise EaglewireError(f"no conversation {index} in {data}", expected="index < number of "
-                             "valid conversations", found=str(index))
     for sample in render_with_mask(tok, conv.messages(), split_turns=split_turns,
                                    template_kwargs=json.loads(template_kwargs)):
         text = Text()

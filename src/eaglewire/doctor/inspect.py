@@ -16,7 +16,7 @@ from eaglewire.contract import WiringContract
 from eaglewire.export.engines import Engine, engine_for
 from eaglewire.errors import EaglewireError
 from eaglewire.doctor.config_types import check_config_types
-from eaglewire.export.base import CONTRACT_FILE, read_contract
+from eaglewire.export.base import CONTRACT_FILE, read_contract, read_draft_config
 from eaglewire.export.convert import detect_engine
 from eaglewire.safeio import about_file, open_safetensors, read_json_object
 
@@ -57,7 +57,7 @@ def inspect_dir(directory: Path, engine: str | None, engine_version: str | None 
     if not cfg_path.is_file():
         raise EaglewireError(f"{directory} has no config.json", expected="a draft directory", found="no config.json",
                              fix="point the doctor at the exported draft directory")
-    config = read_json_object(cfg_path, what="a draft config")
+    config = read_draft_config(cfg_path)  # the values import refuses, the doctor refuses too
     name = engine or detect_engine(config)
     record = engine_for(name, engine_version)
     check_config_types(config, cfg_path, record.id_keys)

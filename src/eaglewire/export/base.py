@@ -45,11 +45,18 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     return read_safetensors_file(path, what="draft weights", error=CheckpointError)
 
 
-def read_json(path: Path) -> dict[str, Any]:
+def read_draft_config(path: Path) -> dict[str, Any]:
+    """A draft's config.json (any layout, native included), its values checked by the one validation every
+    reader of a config shares (eaglewire.limits.check_config_values: sizes and physics at every nesting level):
+    import, export and the doctor read configs through here, so none passes what another refuses."""
+    from eaglewire.limits import check_config_values
+
     if not path.is_file():
         raise CheckpointError(f"missing {path.name} in {path.parent}", expected=path.name, found="no such file",
                               fix="point at the exported draft directory (it holds config.json and the weights)")
-    return read_json_object(path, what="a draft config", error=CheckpointError)
+    config = read_json_object(path, what="a draft config", error=CheckpointError)
+    check_config_values(config, str(path), CheckpointError)
+    return config
 
 
 def read_contract(directory: Path) -> WiringContract | None:

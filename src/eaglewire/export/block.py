@@ -40,7 +40,8 @@ from eaglewire.draft.dflash import DFlashDraft
 from eaglewire.draft.load import _check_keys, _check_tensor, _float_dtype, check_vocab_tensors, vocab_from_tensors
 from eaglewire.draft.vocab import VocabMap
 from eaglewire.errors import CheckpointError, ContractMismatch, EaglewireError
-from eaglewire.export.base import WEIGHTS, cast_floats, read_contract, read_json, read_safetensors, write_dir
+from eaglewire.export.base import WEIGHTS, cast_floats, read_contract, read_draft_config, \
+    read_safetensors, write_dir
 from eaglewire.export.block_formats import DFLASH_FORMATS, BlockFormat, block_format
 from eaglewire.export.layouts import SPECULATORS_VERSION, _rope_theta
 from eaglewire.families import FULL, BlockWiring
@@ -298,7 +299,7 @@ def import_block_draft(directory: Path, fmt_name: str, *, family: str = "dflash"
     a draft whose ids are what is under test)."""
     fmt, directory = block_format(family, fmt_name), Path(directory)
     where = f"{fmt.name} {family} export {directory}"
-    config = read_json(directory / "config.json")
+    config = read_draft_config(directory / "config.json")
     if fmt.style == "speculators":
         ok, expected = is_speculators_config(config), (f"speculators_model_type {SPECULATORS_TYPE!r}, architectures "
                                                        f"[{SPECULATORS_ARCH!r}] or [{ZLAB_ARCH!r}]")
@@ -331,7 +332,7 @@ def import_block_backbone(directory: Path, fmt_name: str, *, target: Any, taps: 
     and head attached. Semantics eaglewire's DFlash does not compute are refused as on import."""
     fmt, directory = block_format("dflash", fmt_name), Path(directory)
     where = f"{fmt.name}-layout block-drafter backbone {directory}"
-    config = read_json(directory / "config.json")
+    config = read_draft_config(directory / "config.json")
     layer = config.get("transformer_layer_config") if fmt.style == "speculators" else config
     own = {k: v for k, v in config.items() if k != "sample_from_anchor" or anchor_layout != "anchor_first"}
     _refuse_semantics(fmt, own, layer if isinstance(layer, dict) else {}, where)

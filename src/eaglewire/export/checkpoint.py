@@ -19,6 +19,7 @@ from eaglewire.draft.load import EMBED_KEY, loader_for
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import CheckpointError
 from eaglewire.families import get_family, register_part
+from eaglewire.export.base import read_draft_config
 from eaglewire.outputs import replace_dir
 from eaglewire.safeio import atomic_save_safetensors, atomic_write_json, about_file, field_of, read_json_object, \
     read_safetensors_file
@@ -91,7 +92,7 @@ def read_checkpoint_config(path: Path) -> tuple[DraftConfig, WiringContract, dic
     if not cfg_path.is_file():
         raise CheckpointError(f"{path} is not an eaglewire checkpoint", expected=f"{CONFIG} and {WEIGHTS}",
                               found=f"no {CONFIG}", fix="point at the directory `eaglewire train` wrote")
-    meta = read_json_object(cfg_path, what="a native checkpoint config", error=CheckpointError)
+    meta = read_draft_config(cfg_path)
     if meta.get("format") != FORMAT or set(meta) != _CONFIG_KEYS:
         raise CheckpointError(f"{cfg_path} is not an eaglewire native checkpoint config",
                               expected=f"format={FORMAT} with keys {sorted(_CONFIG_KEYS)}",

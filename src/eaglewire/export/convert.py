@@ -23,8 +23,8 @@ from eaglewire.errors import CheckpointError, ContractMismatch, EaglewireError
 from eaglewire.export.engines import ENGINE_FORMATS, FORMATS, NATIVE, Engine, engine_for
 from eaglewire.export.block import block_family, export_block_draft, foreign_block_family, import_block_draft
 from eaglewire.export.block_formats import is_block_family
-from eaglewire.export.base import cast_floats, read_contract, read_json, read_safetensors, rename_all, write_dir, \
-    CONTRACT_FILE, WEIGHTS
+from eaglewire.export.base import cast_floats, read_contract, read_draft_config, read_safetensors, \
+    rename_all, write_dir, CONTRACT_FILE, WEIGHTS
 from eaglewire.export.llamacpp_layout import GGUF_FILE, STYLE as GGUF_STYLE
 from eaglewire.export.layouts import check_exportable, config_ids, draft_config_from, from_native, make_config, \
     native_to
@@ -136,7 +136,7 @@ def import_draft(directory: Path, fmt: str, *, target: TargetInfo | None = None,
     if family is not None:  # a block drafter's export (z-lab, SGLang, speculators DFlash configs)
         return import_block_draft(Path(directory), fmt, family=family, target=target, taps=taps)
     layout, directory = engine_for(fmt, engine_version), Path(directory)
-    config = read_json(directory / "config.json")
+    config = read_draft_config(directory / "config.json")
     foreign = foreign_block_family(config)
     if foreign is not None:
         raise CheckpointError(f"{directory} is a {foreign} block drafter", expected="an EAGLE-3 or DFlash export",

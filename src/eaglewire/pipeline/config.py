@@ -220,7 +220,7 @@ MAX_CONFIG_DEPTH = 32  # a run config nests sections two or three deep
 
 def _refuse_yaml_aliases(path: Path, text: str) -> None:
     """Aliases (`*a`) are refused: nested ones expand exponentially (a 'billion laughs' file), and a run
-    config has no use for them. Nesting deeper than MAX_CONFIG_DEPTH is refused while the events stream, so a
+    config has no use for them; so are tags (`!!set`, `!!binary`, ...): a run config holds plain values. Nesting deeper than MAX_CONFIG_DEPTH is refused while the events stream, so a
     hostile file costs a few events, not a full pure-Python parse of every level (three of them below).
     Duplicate mapping keys are refused too (YAML keeps the last silently)."""
     import yaml
@@ -237,6 +237,11 @@ def _refuse_yaml_aliases(path: Path, text: str) -> None:
             raise EaglewireError(f"run config {path} uses a YAML alias (*{event.anchor})",
                                  expected="plain values (no anchors or aliases)", found=f"*{event.anchor}",
                                  fix="write the value out where it is used")
+        if getattr(event, "tag", None) is not None:  # only a tag written in the file is set: !!set, !!binary, ...
+            raise EaglewireError(f"run config {path} uses a YAML tag ({event.tag})",
+                                 expected="plain values, lists and mappings (no tags)",
+                                 found=f"{event.tag} at line {event.start_mark.line + 1}",
+                                 fix="write the value as a plain list or mapping (a set is a list here)")
     _refuse_yaml_duplicates(path, yaml.compose(text, Loader=yaml.SafeLoader))
 
 

@@ -47,8 +47,17 @@ def _bad(param: str, message: str) -> BadRequest:
     return BadRequest(400, f"{param}: {message}", param=param)
 
 
-def content_length(header: str | None) -> int:
-    """The body size a POST declares: required, a plain non-negative integer, at most MAX_BODY_BYTES."""
+def content_length(headers: list[str] | str | None, transfer: list[str] | None = None) -> int:
+    """The body size a POST declares: one Content-Length, a plain non-negative integer, at most MAX_BODY_BYTES.
+    Two of them, or a Transfer-Encoding (with one or without), are refused: servers and proxies disagree on
+    which wins (request smuggling's classic pairs), so no reading is safe."""
+    if transfer:
+        raise BadRequest(400 if headers else 411, f"Transfer-Encoding: {transfer[0][:40]!r} is not accepted; send "
+                         "the body with one Content-Length header alone", param="Transfer-Encoding")
+    if isinstance(headers, list) and len(headers) > 1:
+        raise BadRequest(400, f"Content-Length: given {len(headers)} times ({', '.join(h[:20] for h in headers[:4])})"
+                         "; send it once", param="Content-Length")
+    header = (headers[0] if headers else None) if isinstance(headers, list) else headers
     if header is None:
         raise BadRequest(411, "Content-Length: required (chunked request bodies are not accepted)",
                          param="Content-Length")
@@ -107,6 +116,14 @@ class Params:
     stream: bool
 
 
+def _same(value: Any, allowed: Any) -> bool:
+    """Equal and of the same JSON type (Python's True == 1 and 0 == False must not let a boolean pass for a
+    number or the reverse; 0 and 0.0 are one JSON number)."""
+    if isinstance(value, bool) or isinstance(allowed, bool):
+        return type(value) is type(allowed) and value == allowed
+    return value == allowed and (value is None) == (allowed is None)
+
+
 def _number(body: dict, key: str, default: float) -> float:
     v = body.get(key, default)
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
@@ -120,12 +137,16 @@ def check_params(body: dict, path: str, max_tokens_limit: int) -> Params:
     for key in body:
         if key not in known:
             raise _bad(key, "is not a parameter this server supports")
-        if key in NEUTRAL and body[key] not in NEUTRAL[key]:
+        if key in NEUTRAL and not any(_same(body[key], v) for v in NEUTRAL[key]):  # true is not 1, 0 not false
             raise _bad(key, f"is not supported (only {NEUTRAL[key][-1]!r} or absent): got {body[key]!r}"[:200])
+    for name in ("max_tokens", "max_completion_tokens"):  # each one given is checked, not only the one used
+        mt = body.get(name)
+        if name in body and (isinstance(mt, bool) or not isinstance(mt, int) or not 1 <= mt <= max_tokens_limit):
+            raise _bad(name, f"must be an integer in [1, {max_tokens_limit}], got {mt!r}"[:200])
+    if "max_tokens" in body and "max_completion_tokens" in body and \
+            body["max_tokens"] != body["max_completion_tokens"]:
+        raise _bad("max_completion_tokens", "disagrees with max_tokens (give one, or both equal)")
     mt = body.get("max_tokens", body.get("max_completion_tokens", min(256, max_tokens_limit)))
-    name = "max_tokens" if "max_tokens" in body or "max_completion_tokens" not in body else "max_completion_tokens"
-    if isinstance(mt, bool) or not isinstance(mt, int) or not 1 <= mt <= max_tokens_limit:
-        raise _bad(name, f"must be an integer in [1, {max_tokens_limit}], got {mt!r}"[:200])
     temperature, top_p = _number(body, "temperature", 0.0), _number(body, "top_p", 1.0)
     if not (temperature == 0 or MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE):
         raise _bad("temperature", f"must be 0 (greedy) or in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}], got "
@@ -141,8 +162,10 @@ def check_params(body: dict, path: str, max_tokens_limit: int) -> Params:
     if not isinstance(stream, bool):
         raise _bad("stream", f"must be true or false (a JSON boolean), got {stream!r}"[:120])
     opts = body.get("stream_options")
-    if opts is not None and not (isinstance(opts, dict) and set(opts) <= {"include_usage"}):
-        raise _bad("stream_options", "only {\"include_usage\": bool} is supported (usage is always sent)")
+    if opts is not None and not (isinstance(opts, dict) and set(opts) <= {"include_usage"} and
+                                 isinstance(opts.get("include_usage", False), bool)):
+        raise _bad("stream_options", "only {\"include_usage\": true or false} is supported (usage is always sent), "
+                   f"got {opts!r}"[:200])
     if body.get("user") is not None and not isinstance(body["user"], str):
         raise _bad("user", "must be a string")
     return Params(mt, temperature, top_p, seed, stream)

@@ -9,7 +9,8 @@
   closed to make room, so clients that trickle bytes (reconnecting in a loop) cannot lock out ones that send
   whole requests;
 - a half-closed client (it shut down its sending side after a complete request) is answered; one that is
-  gone is told apart by the reset its kernel sends back to a harmless interim `100 Continue` (PeerWatch).
+  gone (FIN or reset, before or after the answer's head) is told apart by the reset its kernel sends back to a
+  harmless probe (an interim `100 Continue`, a stream's SSE comment), while its job still waits (PeerWatch).
 """
 
 from __future__ import annotations
@@ -113,17 +114,23 @@ class PeerWatch:
     """Whether the client of the request being answered is still there, checked while it waits.
 
     Readable with nothing to read means the client shut down its sending side: a half-close still waiting for
-    its answer, or a closed socket; the two look the same until something is written. So the first time, an
-    interim `100 Continue` is written (when the answer has not started and the request is HTTP/1.1): a closed
-    socket answers it with a reset, seen at the next check; a half-closed client is answered in full. A
-    pipelined next request is readable too: that client is still there."""
+    its answer, or a closed socket (FIN); the two look the same until something is written. So the first time,
+    a harmless probe is written: an interim `100 Continue` before the answer (HTTP/1.1), an SSE comment line
+    once a stream's head is out (clients skip both). A closed socket answers the probe with a reset, seen at the
+    next check; a half-closed client is answered in full. Where no harmless bytes exist (an HTTP/1.0 answer not
+    yet started, a plain answer whose head is out), end of input is taken as gone: such a client cannot be told
+    apart, and one that left must not hold the queue. A pipelined next request is readable too: that client is
+    still there."""
 
     def __init__(self, sock: socket.socket, interim_ok: bool) -> None:
-        self.sock, self.probed, self.half_closed = sock, not interim_ok, False
+        self.sock, self.half_closed = sock, False
+        self.probe: bytes | None = PROBE if interim_ok else None  # the harmless bytes to write now, if any
+        self.probed = False  # a probe went out after the end of input was seen: a reset now means gone
 
-    def answer_started(self) -> None:
-        """Bytes of the answer went out: they are the probe (a closed socket resets on them)."""
-        self.probed = True
+    def answer_started(self, probe: bytes | None = None) -> None:
+        """Bytes of the answer went out (they probe a socket closed before them); `probe`: harmless bytes the
+        answer may still carry (a stream's SSE comment), None where the answer's next bytes are its body."""
+        self.probe = probe
 
     def gone(self) -> bool:
         try:
@@ -131,13 +138,20 @@ class PeerWatch:
             if not ready or self.sock.recv(1, socket.MSG_PEEK) != b"":
                 return False
             self.half_closed = True  # no next request can come: close after this answer
-            if not self.probed:
-                self.probed = True
-                self.sock.sendall(PROBE)
-                return False
-            return _reset(self.sock)
+            if _reset(self.sock):
+                return True
+            if self.probed:
+                return False  # probed, no reset back: a half-closed client still waiting for its answer
+            if self.probe is None:
+                return True  # nothing harmless to write: a half-close and a FIN look the same, and both are done
+            self.probed = True
+            self.sock.sendall(self.probe)
+            return False
         except OSError:
             return True
+
+
+SSE_PROBE = b": waiting\n\n"  # an SSE comment line: event-stream clients skip it
 
 
 def _response(status: int, message: str, kind: str) -> bytes:

@@ -23,11 +23,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
 from eaglewire.serve.connections import EVICT_AFTER_S, MAX_CONNECTION_BYTES, MAX_REQUESTS_PER_CONNECTION, \
-    REQUEST_DEADLINE_S, ConnectionTable, PeerWatch, RequestReader, refuse_busy
+    REQUEST_DEADLINE_S, SSE_PROBE, ConnectionTable, PeerWatch, RequestReader, refuse_busy
 from eaglewire.serve.chat_requests import BadRequest, content_length, parse_body
 from eaglewire.serve.worker import Cancelled, Job, Metrics, SpecServer, finish_reason
 
-__all__ = ["Cancelled", "Handler", "Job", "Metrics", "SpecServer", "build_server", "finish_reason", "make_handler",
+__all__ = ["Cancelled", "Handler", "Job", "Metrics", "SpecServer", "bind", "build_server", "finish_reason", "make_handler",
            "serve"]  # the model side (Job, SpecServer, Metrics) lives in serve/worker.py; importable from here too
 
 ROUTES = ("/v1/chat/completions", "/v1/completions")
@@ -81,22 +81,82 @@ class Handler(BaseHTTPRequestHandler):
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()
-        self.wfile.write(data)
+        if self.command != "HEAD":  # a HEAD answer is the head alone
+            self.wfile.write(data)
 
     def _error(self, err: BadRequest) -> None:
         with self.srv.lock:
             self.srv.metrics.errors += 1
         self._send(err.status, err.body())
 
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own refusals (a request line or header too long, too many headers, a method or an HTTP
+        version it does not know, an HTTP/2 preface) as the JSON error every route answers with, not its HTML
+        page; the connection closes (what follows on it cannot be trusted to be a request)."""
+        from http import HTTPStatus
+
+        if self.request_version not in ("HTTP/1.0", "HTTP/1.1"):  # unparsed: still answer with a status line
+            self.request_version = "HTTP/1.1"
+        self.close_connection = True
+        kinds = {408: "timeout", 413: "request_too_large", 414: "request_too_large", 431: "request_too_large"}
+        text = message or HTTPStatus(code).phrase
+        self._error(BadRequest(code, f"{text}{f' ({explain})' if explain else ''}"[:300],
+                               kinds.get(code, "invalid_request_error")))
+
+    def parse_request(self) -> bool:
+        """http.server's parse, with only HTTP/1.0 and 1.1 accepted: it would answer HTTP/0.9 with a bare body
+        (no status line) and take HTTP/2's preface for a method."""
+        if not super().parse_request():
+            return False
+        if self.request_version not in ("HTTP/1.0", "HTTP/1.1"):
+            self.send_error(505, f"HTTP version {self.request_version[:20]!r} is not supported; use HTTP/1.1")
+            return False
+        return True
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self._not_allowed()
+
+    def do_OPTIONS(self) -> None:  # noqa: N802
+        self._not_allowed()
+
+    def do_PUT(self) -> None:  # noqa: N802
+        self._not_allowed()
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        self._not_allowed()
+
+    def _not_allowed(self) -> None:
+        self.reader.end()
+        self.close_connection = True  # a body it may have sent is not read
+        allowed = "POST" if self.path.split("?")[0] in ROUTES else "GET"
+        self._error(BadRequest(405, f"method {self.command} is not allowed on {self.path[:100]}; use {allowed}",
+                               "method_not_allowed"))
+
+    def _route(self) -> str:
+        """The request target's path: an absolute-form target (http://host/path) names its path; a query string
+        is refused (no route takes parameters there, and none may be silently ignored)."""
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(self.path)
+        path = parts.path if parts.scheme in ("http", "https") or self.path.startswith("/") else self.path
+        if parts.query or self.path.endswith("?"):
+            raise BadRequest(400, f"the target {self.path[:100]!r} has a query string; this server takes "
+                             "parameters in the JSON body only", param="query")
+        return path
+
     def do_GET(self) -> None:  # noqa: N802
         self.reader.end()
-        if self.path == "/metrics":
+        try:
+            route = self._route()
+        except BadRequest as err:
+            return self._error(err)
+        if route == "/metrics":
             with self.srv.lock:
                 text = self.srv.metrics.prometheus()
             self._send(200, text, "text/plain; version=0.0.4")
-        elif self.path == "/health":
+        elif route == "/health":
             self._send(200, {"status": "ok", "queued": self.srv.jobs.qsize()})
-        elif self.path == "/v1/models":
+        elif route == "/v1/models":
             self._send(200, {"object": "list", "data": [{"id": self.srv.model_name, "object": "model"}]})
         else:
             self._error(BadRequest(404, f"no route {self.path[:100]}", "not_found"))
@@ -105,16 +165,18 @@ class Handler(BaseHTTPRequestHandler):
         received, body_read = time.perf_counter(), False
         self.watch = PeerWatch(self.connection, interim_ok=self.request_version == "HTTP/1.1")
         try:
-            n = content_length(self.headers.get("Content-Length"))
+            n = content_length(self.headers.get_all("Content-Length"), self.headers.get_all("Transfer-Encoding"))
             raw = self.rfile.read(n)
             self.reader.end()  # read in full (or not): no longer held to the request's deadline
             body_read = len(raw) == n
             if not body_read:
                 raise BadRequest(400, f"Content-Length: declared {n} bytes, the body had {len(raw)}",
                                  param="Content-Length")
-            if self.path not in ROUTES:
+            route = self._route()
+            if route not in ROUTES:
                 raise BadRequest(404, f"no route {self.path[:100]}", "not_found")
-            job = self.srv.parse(self.path, parse_body(raw))
+            self.route = route
+            job = self.srv.parse(route, parse_body(raw))
             job.received = received
             self.srv.submit(job)
         except BadRequest as err:
@@ -156,7 +218,7 @@ class Handler(BaseHTTPRequestHandler):
                 return self._error(BadRequest(500, payload, "server_error"))
             else:
                 text = self.srv.tok.decode(toks, skip_special_tokens=True)
-                chat = self.path == "/v1/chat/completions"
+                chat = self.route == "/v1/chat/completions"
                 finish = finish_reason(toks, job.max_tokens, self.srv.eos)
                 choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
                           if chat else {"index": 0, "text": text, "finish_reason": finish})
@@ -169,20 +231,22 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Connection", "close")
         self.end_headers()
-        self.watch.answer_started()
-        cid, chat, sent = f"chatcmpl-{uuid.uuid4().hex[:12]}", self.path == "/v1/chat/completions", []
+        self.watch.answer_started(SSE_PROBE)  # a client that read this head and left is found by the probe
+        chat, sent = self.route == "/v1/chat/completions", []
+        cid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:12]}"
+        label = "chat.completion.chunk" if chat else "text_completion"  # what OpenAI labels each route's chunks
         for kind, payload in self._wait(job):
             if kind == "tokens":
                 before = self.srv.tok.decode(sent, skip_special_tokens=True)
                 sent += payload
                 delta = self.srv.tok.decode(sent, skip_special_tokens=True)[len(before):]
                 chunk = {"index": 0, "delta": {"content": delta}} if chat else {"index": 0, "text": delta}
-                self._event({"id": cid, "object": "chat.completion.chunk", "model": self.srv.model_name,
-                             "choices": [chunk]})
+                self._event({"id": cid, "object": label, "model": self.srv.model_name, "choices": [chunk]})
             elif kind == "done":
-                self._event({"id": cid, "object": "chat.completion.chunk", "model": self.srv.model_name,
-                             "choices": [{"index": 0, "delta": {},
-                                          "finish_reason": finish_reason(sent, job.max_tokens, self.srv.eos)}],
+                end = finish_reason(sent, job.max_tokens, self.srv.eos)
+                last = {"index": 0, "delta": {}, "finish_reason": end} if chat else \
+                    {"index": 0, "text": "", "finish_reason": end}
+                self._event({"id": cid, "object": label, "model": self.srv.model_name, "choices": [last],
                              "usage": _usage(job, payload)})
             else:
                 self._event({"error": {"message": payload, "type": "server_error"}})
@@ -242,11 +306,25 @@ def serve(srv: SpecServer, host: str = "127.0.0.1", port: int = 8000) -> Threadi
     return _Server((host, port), make_handler(srv))
 
 
+def bind(host: str, port: int) -> ThreadingHTTPServer:
+    """The listening socket, taken before the model loads (build_server(..., httpd=) answers on it): a port in
+    use or an address this machine does not have is an error at once, not after minutes of loading.
+    Connections that arrive while the model loads wait in the listen backlog."""
+    from eaglewire.paths import os_error
+
+    try:
+        return _Server((host, port), Handler)
+    except OSError as err:  # in use, not this machine's address, a privileged port, a name that does not resolve
+        raise os_error(err, f"listening on --host {host} --port {port}") from None
+
+
 def build_server(target: Any, draft: Any, shape: Any, model_name: str | None, max_context: int,
                  max_tokens_limit: int, host: str, port: int,
-                 log: Callable[[str], None] | None = None) -> ThreadingHTTPServer:
+                 log: Callable[[str], None] | None = None, httpd: ThreadingHTTPServer | None = None
+                 ) -> ThreadingHTTPServer:
     """The `eaglewire serve` server: a loaded draft (in the target's dtype) on the target's runtime, bound to
-    host:port. `log` hears what the start does (GEMM layout calibration measured, or reused from the cache)."""
+    host:port (or on `httpd`, from `bind`, taken before loading). `log` hears what the start does (GEMM layout
+    calibration measured, or reused from the cache)."""
     from eaglewire.compose import cache_len, proposer, runtime
     from eaglewire.decoding.engine import SpecDecoder
 
@@ -268,7 +346,10 @@ def build_server(target: Any, draft: Any, shape: Any, model_name: str | None, ma
 
     srv = SpecServer(generate, target.tokenizer, model_name or target.name, max_tokens_limit, max_context, eos=eos,
                      draft_depth=shape.num_steps)
-    httpd = serve(srv, host, port)
+    if httpd is None:
+        httpd = serve(srv, host, port)
+    else:
+        httpd.RequestHandlerClass = make_handler(srv)
     say(f"listening on {host}:{httpd.server_address[1]} (backlog {LISTEN_BACKLOG}, queue {srv.jobs.maxsize}); "
         f"start took {time.perf_counter() - t0:.1f} s")
     return httpd

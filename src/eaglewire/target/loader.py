@@ -21,6 +21,7 @@ from eaglewire.cache import cache_root, ensure_dir
 from eaglewire.contract import TargetIdentity, WiringContract, canonical_json, sha256_text
 from eaglewire.norms import NormFlags
 from eaglewire.errors import TargetError
+from eaglewire.paths import check_path, resolve_path
 from eaglewire.safeio import read_json_object
 
 log = logging.getLogger(__name__)
@@ -268,7 +269,7 @@ def resolve_target(spec: str | None) -> tuple[str, Path]:
     if spec is None or spec in EMBEDDED:
         name = spec or DEFAULT_TARGET
         return EMBEDDED[name].display, embedded_target_dir(name)
-    path = Path(spec).expanduser()
+    path = check_path(Path(spec).expanduser(), "target")
     if not path.exists():
         raise TargetError(f"target {spec!r} does not exist",
                           expected=f"a local HF model directory or one of {sorted(EMBEDDED)}",
@@ -278,7 +279,8 @@ def resolve_target(spec: str | None) -> tuple[str, Path]:
                           expected="a directory with config.json and weights (*.safetensors or *.bin)",
                           found=f"{'a file' if path.is_file() else 'a directory without config.json'}",
                           fix="point at the model's directory (save_pretrained writes config.json into it)")
-    return path.resolve().name, path.resolve()
+    real = resolve_path(path, "target")
+    return real.name, real
 
 
 def read_target_config(path: Path, bytes_per: int = 4) -> dict:
