@@ -97,7 +97,9 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path == "/health":
             self._send(200, {"status": "ok", "queued": self.srv.jobs.qsize()})
         elif self.path == "/v1/models":
-            self._send(200, {"object": "list", "data": [{"id": self.srv.model_name, "object": "model"}]})
+            model = {"id": self.srv.model_name, "object": "model"}
+            self._send(200, {"object": "list", "data": [{**model, "eaglewire": self.srv.about} if self.srv.about
+                                                        else model]})
         else:
             self._error(BadRequest(404, f"no route {self.path[:100]}", "not_found"))
 
@@ -266,8 +268,9 @@ def build_server(target: Any, draft: Any, shape: Any, model_name: str | None, ma
                                     top_p=job.top_p, seed=job.seed, on_tokens=on_tokens)
         return stats
 
+    about = {"dtype": str(target.dtype).removeprefix("torch."), "runtime": type(rt).__name__, "shape": f"S{shape.num_steps} K{shape.topk} N{shape.num_draft_tokens}"}
     srv = SpecServer(generate, target.tokenizer, model_name or target.name, max_tokens_limit, max_context, eos=eos,
-                     draft_depth=shape.num_steps)
+                     draft_depth=shape.num_steps, about=about)
     httpd = serve(srv, host, port)
     say(f"listening on {host}:{httpd.server_address[1]} (backlog {LISTEN_BACKLOG}, queue {srv.jobs.maxsize}); "
         f"start took {time.perf_counter() - t0:.1f} s")
