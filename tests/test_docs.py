@@ -196,3 +196,13 @@ def test_tables_fit_the_page_at_1280_px_and_names_never_wrap(site: Path, tmp_pat
         if bad:
             problems[page] = bad
     assert not problems, problems
+
+
+def test_the_glossary_explains_every_kind_of_tau() -> None:
+    """Every kind a printed τ names (eaglewire.tau.TAU_KINDS) is a row of the glossary's "why the τ differ"."""
+    from eaglewire.tau import TAU_KINDS
+
+    text = (ROOT / "docs" / "guides" / "glossary.md").read_text()
+    section = text[text.index("{ #tau-kinds }"):]
+    missing = [k for k in TAU_KINDS if f"\n| {k} |" not in section]
+    assert not missing, f"tau kinds the glossary does not explain: {missing}"

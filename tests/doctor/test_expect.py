@@ -14,6 +14,19 @@ def test_judge_thresholds():
     assert judge(2.4, [0.6], 1.05).causes[0].startswith("layer ids")
 
 
+def test_each_printed_tau_names_its_kind():
+    """The prediction is the `expect` kind, the measured one the engine's (eaglewire.tau.TAU_KINDS)."""
+    import pytest
+
+    from eaglewire.tau import TAU_KINDS, named_tau
+
+    assert "tau (expect) 2.40 predicted" in judge(2.4, [0.6], 2.2).message
+    assert "tau (expect) 2.40" in judge(2.4, [0.6], None).message
+    assert set(TAU_KINDS) >= {"teacher-forced", "doctor's engine", "expect", "bench", "live"}
+    with pytest.raises(ValueError):
+        named_tau("measured", 1.0)
+
+
 def test_first_position_rule_catches_what_the_tau_rule_misses():
     """The issue's case: a tau-1.30 draft predicted 0.24 at the first position; the embedding tap measured
     tau 1.10 in real vLLM (first position ~0.08): inside the tau rule's bounds, outside the interval."""

@@ -167,7 +167,7 @@ def test_run_writes_report_summary_exports_and_a_clean_doctor(finished_run):
     t = s["tau_before_after"]
     assert t["start"] == "a fresh draft (seed 0)" and not t["released"]  # no released draft for this target
     assert t["prompts"] == 2 and t["chain_k"] == 2 and 1 <= t["before"] <= 3 and 1 <= t["after"] <= 3
-    assert f"τ {t['before']:.2f} before -> {t['after']:.2f} after" in s["verdict"]
+    assert f"τ (bench) {t['before']:.2f} before -> {t['after']:.2f} after" in s["verdict"]
     assert all(m["matches_vanilla"] == 2 for m in s["bench"].values())  # lossless on every prompt
     from eaglewire.hw import runtime_dtype  # the features were captured in the dtype "auto" picks here
     assert _state(out)["features"]["result"]["target_dtype"] == str(runtime_dtype("auto")).removeprefix("torch.")

@@ -119,7 +119,8 @@ def _print_live(rep: Any, as_json: bool) -> None:
                       highlight=False)
     out_console.print(f"{'':22}{'engine (window)':>18}{'our engine':>14}")
     fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
-    out_console.print(f"{'tau':22}{fmt(m['tau']):>18}{fmt(p['tau']):>14}", highlight=False)
+    # the two figures are of two kinds (eaglewire.tau.TAU_KINDS): the engine's counters, our decoder's prediction
+    out_console.print(f"{'tau (live | expect)':22}{fmt(m['tau']):>18}{fmt(p['tau']):>14}", highlight=False)
     for i in range(max(len(m["per_position"]), len(p["per_position"]))):
         a = m["per_position"][i] if i < len(m["per_position"]) else None
         b = p["per_position"][i] if i < len(p["per_position"]) else None

@@ -12,6 +12,7 @@ from eaglewire.cli.common import DATA_HELP, add_command, err_console, field_opti
     load_target_weights, out_console, parse_taps, read_samples
 from eaglewire.data.samples import DEFAULT_HELDOUT_FRACTION, DEFAULT_MAX_LENGTH
 from eaglewire.errors import EaglewireError, TargetError
+from eaglewire.tau import named_tau
 from eaglewire.train.config import TrainConfig, knob_fields
 from eaglewire.draft.vocab import DEFAULT_DRAFT_VOCAB
 
@@ -105,7 +106,7 @@ def train_cmd(
         tau, rounds = summary["heldout"].get("tau_chain"), summary["heldout"].get("tau_rounds")
         out_console.print(f"draft -> {out / 'draft'}; held-out top-1 accuracy per position: "
                           + ", ".join(f"{a:.3f}" for a in acc)
-                          + (f"; teacher-forced chain tau (k={len(acc)}) {tau:.3f} at every position" +
+                          + (f"; {named_tau('teacher-forced', tau, 3)} (chain k={len(acc)}) at every position" +
                              (f", {rounds:.3f} round by round" if rounds is not None and not math.isnan(rounds) else "") if tau is not None else "")
                           + f"; curves -> {out / 'training.png'}")
     dist.teardown(info)
@@ -168,14 +169,16 @@ def eval_cmd(
     out_console.print(f"{r['samples']} samples ({split}), {r['positions'][0]} answer tokens\n"
                       f"top-1 per position {' '.join(f'{a:.3f}' for a in r['acc'])}\n"
                       f"chain acceptance   {' '.join(f'{a:.3f}' for a in r['chain'])}\n"
-                      f"tau {r['tau_chain']:.3f} at every position, {r['tau_rounds']:.3f} round by round")
+                      f"{named_tau('teacher-forced', r['tau_chain'], 3)} at every position, {r['tau_rounds']:.3f} "
+                      "round by round")
 
 
 def _print_step(r: dict[str, Any], is_main: bool) -> None:
     if is_main and (r["split"] == "heldout" or r["step"] % 10 == 0):
         acc = " ".join(f"{a:.2f}" for a in r.get("acc", []))
         extra = f" {r['tok_per_s']:.0f} tok/s" if "tok_per_s" in r else ""
-        extra += f" chain tau {r['tau_chain']:.3f} (rounds {r['tau_rounds']:.3f})" if "tau_chain" in r else ""
+        extra += f" {named_tau('teacher-forced', r['tau_chain'], 3)} (rounds {r['tau_rounds']:.3f})" \
+            if "tau_chain" in r else ""
         err_console.print(f"[{r['split']}] step {r['step']} loss {r.get('loss', float('nan')):.3f} acc {acc}{extra}")
 
 

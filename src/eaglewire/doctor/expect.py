@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from eaglewire.tau import named_tau
+
 if TYPE_CHECKING:  # annotations only: the target is loaded by the caller
     from eaglewire.target.loader import Target
     from eaglewire.target.protocol import TargetInfo
@@ -103,9 +105,9 @@ def judge(predicted: float, per_position: list[float], measured: float | None,
         measured = acceptance_length(sum(counts.accepted_per_position), counts.drafts)
     if measured is None:
         return Expectation(predicted, per_position, None, False,
-                           f"a correctly wired engine should measure tau ~ {predicted:.2f}", [])
+                           f"a correctly wired engine should measure {named_tau('expect', predicted)}", [])
     low = measured < RATIO * predicted and measured < predicted - MARGIN
-    msg = f"measured tau {measured:.2f} vs predicted {predicted:.2f}"
+    msg = f"the engine's measured tau {measured:.2f} vs {named_tau('expect', predicted)} predicted"
     first = None
     if counts is not None and per_position:
         p = counts.per_position[0]

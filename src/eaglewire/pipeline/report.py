@@ -103,7 +103,8 @@ def _bench_rows(res: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     from eaglewire.serve.bench import label
 
     bases = [b for b in ("vanilla", "prompt_lookup", "hf_generate", "vllm_vanilla") if b in res["methods"]]
-    head = ["method", "median tok/s"] + [f"× {b}" for b in bases] + ["τ", "per-position acceptance", "= vanilla"]
+    head = ["method", "median tok/s"] + [f"× {b}" for b in bases] + ["τ (bench)", "per-position acceptance",
+                                                                     "= vanilla"]
     rows = []
     for name, m in res["methods"].items():
         rows.append([label(name, res), f"{m['median_tok_s']:.2f}"] + [f"{m[f'speedup_vs_{b}']:.2f}×" for b in bases]
@@ -118,7 +119,7 @@ def tau_change(res: dict[str, Any]) -> str:
     t = res.get("tau_before_after")
     if not t:
         return ""
-    return (f"Training started from {t['start']}: τ {t['before']:.2f} before -> {t['after']:.2f} after "
+    return (f"Training started from {t['start']}: τ (bench) {t['before']:.2f} before -> {t['after']:.2f} after "
             f"(chain k = {t['chain_k']}, the same {t['prompts']} prompts × {t['max_new_tokens']} new tokens, "
             "float32 drafts on the plain runtime).")
 
@@ -132,7 +133,7 @@ def verdict(res: dict[str, Any], family: str = "eagle3") -> str:
     r = m[best]["speedup_vs_vanilla"]
     word = "faster" if r > 1 else "slower"
     return (f"Best {get_family(family).title} setting: {label(best, res)} at {m[best]['median_tok_s']:.2f} tok/s = {r:.2f}× the "
-            f"tokens/s of vanilla decoding ({word}), τ {m[best]['tau']:.2f}" +
+            f"tokens/s of vanilla decoding ({word}), τ (bench) {m[best]['tau']:.2f}" +
             (f", {m[best]['speedup_vs_prompt_lookup']:.2f}× prompt lookup" if "prompt_lookup" in m else "") + "." +
             (f" The real vLLM CPU build with the same draft: {label('vllm_eagle_chain', res)} "
              f"{m['vllm_eagle_chain']['median_tok_s']:.2f} tok/s ({m['vllm_eagle_chain']['speedup_vs_vllm_vanilla']:.2f}× "
