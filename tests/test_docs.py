@@ -206,3 +206,22 @@ def test_the_glossary_explains_every_kind_of_tau() -> None:
     section = text[text.index("{ #tau-kinds }"):]
     missing = [k for k in TAU_KINDS if f"\n| {k} |" not in section]
     assert not missing, f"tau kinds the glossary does not explain: {missing}"
+
+
+def test_dflash_status_is_stated_where_a_user_chooses_it() -> None:
+    """Every page that offers DFlash beside EAGLE-3 gives its measured status (the results pages' figures),
+    and the export guide's vLLM launch drafts B - 1 tokens for the block the train guide's recipe trains."""
+    import re
+
+    pages = [ROOT / "README.md"] + [ROOT / "docs" / p for p in ("guides/train.md", "guides/export.md",
+                                                               "concepts/block-drafters.md")]
+    results = (ROOT / "docs" / "results" / "index.md").read_text()
+    assert "0.98× vanilla" in results and "0.77× EAGLE-3's best" in results  # the figures the pages repeat
+    for page in pages:
+        text = page.read_text()
+        assert "0.98× vanilla" in text and "0.77× EAGLE-3's best" in text and "not shipped" in text, page.name
+    block = int(re.search(r"eaglewire train --family dflash[^`]*?--block-size (\d+)",
+                          (ROOT / "docs" / "guides" / "train.md").read_text(), re.S).group(1))
+    ks = re.findall(r'"method": "dflash"[^}]*"num_speculative_tokens": (\d+)',
+                    (ROOT / "docs" / "guides" / "export.md").read_text())
+    assert ks and all(int(k) == block - 1 for k in ks), (block, ks)

@@ -35,7 +35,7 @@ def run_cmd(
 
     cfg = resolve(budget, config, target=target, family={"name": family} if family is not None else None)
     if show_config:
-        out_console.print_json(json.dumps(cfg.model_dump(mode="json")))
+        out_console.print_json(json.dumps(cfg.shown()))
         return
     tgt = load_target(cfg.target)
     cols = [TextColumn("{task.description:<12}"), BarColumn(), TextColumn("{task.fields[detail]}"),
