@@ -287,10 +287,20 @@ RULE_WORDS = {"sglang-plus1": "id + 1", "sglang-first1": "id + 1 only if the fir
 
 
 def _rule_cell(home: str, rule: str, delegates: dict[str, str]) -> str:
-    """A short cell (the rule's name; the legend above the table says what it does), so the table fits."""
+    """A short cell: what the file does to a config id (RULE_WORDS), so the table fits and no cell reads like a
+    name `--engine` would take."""
     if rule == "delegate":
         return f"as {delegates[home]}" if home in delegates else "hands the ids on: refused"
-    return f"`{rule}`" if rule in RULE_WORDS else f"refused ({rule})"
+    return RULE_WORDS[rule] if rule in RULE_WORDS else f"refused ({rule})"
+
+
+def _engine_flag(release: str) -> str:
+    """The doctor / export flags that apply `release`'s rules (export/engines.py: sglang-legacy is pinned to
+    the legacy release, sglang defaults to the newest read)."""
+    rules = _mod("sglang_rules")
+    if release == rules.LEGACY_RELEASE:
+        return "`--engine sglang-legacy`"
+    return "`--engine sglang`" if release == rules.NEWEST else f"`--engine sglang --engine-version {release}`"
 
 
 def sglang_rules_table() -> str:
@@ -302,8 +312,11 @@ def sglang_rules_table() -> str:
     for kind, setter in (("eagle3", "set_eagle3_layers_to_capture"), ("dflash", "set_dflash_layers_to_capture")):
         homes = sorted({h for r in releases for h, v in rec[kind][r].items() if v["archs"]})
         out += [f"**{kind}**: the boundary `{setter}` captures for config id `id` (boundary k = the residual "
-                "stream entering decoder layer k); " + "; ".join(f"`{k}`: {v}" for k, v in RULE_WORDS.items()), "",
-                "| model file | " + " | ".join(f"SGLang {r}" for r in releases) + " | architectures |",
+                "stream entering decoder layer k); L = the target's layer count. Each column names the flags that "
+                "apply its release's rules. A release between two columns gets their rule where they agree for "
+                "the model file (said in the doctor's `layer_ids` finding), else an error naming both.", "",
+                "| model file | " + " | ".join(f"SGLang {r}: {_engine_flag(r)}" for r in releases) +
+                " | architectures |",
                 "|---" * (len(releases) + 2) + "|"]
         for home in homes:
             cells, served = [], {}

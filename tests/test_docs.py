@@ -225,3 +225,20 @@ def test_dflash_status_is_stated_where_a_user_chooses_it() -> None:
     ks = re.findall(r'"method": "dflash"[^}]*"num_speculative_tokens": (\d+)',
                     (ROOT / "docs" / "guides" / "export.md").read_text())
     assert ks and all(int(k) == block - 1 for k in ks), (block, ks)
+
+
+def test_the_sglang_rule_table_link_lands_on_the_table_and_names_engines_the_cli_takes(site: Path) -> None:
+    """The diagnose page's `#sglang-rule-table` heading is followed by the table itself (not a pointer), and every
+    `--engine NAME` the table names is an engine `--engine` accepts; no cell reads like an engine name."""
+    import re
+
+    from eaglewire.export.engines import ENGINE_FORMATS
+
+    html = (site / "guides" / "diagnose" / "index.html").read_text()
+    start = html.index('id="sglang-rule-table"')
+    section = html[start:html.index("<h2", start)]
+    assert "<table>" in section and "llama.py" in section
+    named = set(re.findall(r"--engine (\S+?)<", section)) | set(re.findall(r"--engine ([a-z][\w-]*) ", section))
+    assert named and named <= set(ENGINE_FORMATS), named
+    cells = re.findall(r"<td>(.*?)</td>", section)
+    assert not [c for c in cells if re.fullmatch(r"(<code>)?sglang-\w+(</code>)?", c)], "a cell names a rule as an engine"
