@@ -249,13 +249,15 @@ def build_server(target: Any, draft: Any, shape: Any, model_name: str | None, ma
                  log: Callable[[str], None] | None = None) -> ThreadingHTTPServer:
     """The `eaglewire serve` server: a loaded draft (in the target's dtype) on the target's runtime, bound to
     host:port. `log` hears what the start does (GEMM layout calibration measured, or reused from the cache)."""
-    from eaglewire.compose import cache_len, proposer, runtime
+    from eaglewire.compose import FIRST_START_NOTE, cache_len, first_start_builds, proposer, runtime
     from eaglewire.decoding.engine import SpecDecoder
 
     say = log or (lambda _m: None)
     t0 = time.perf_counter()
-    say(f"building the target runtime (context {max_context} + {shape.num_draft_tokens} draft tokens)")
     max_len = cache_len(max_context, shape)
+    if first_start_builds(target, max_len):  # said before the minutes start, not after
+        say(FIRST_START_NOTE)
+    say(f"building the target runtime (context {max_context} + {shape.num_draft_tokens} draft tokens)")
     rt = runtime(target, max_len, calibrate=True, log=log, verify_rows=(shape.num_draft_tokens,))
     say(f"target runtime ready in {time.perf_counter() - t0:.1f} s; building the decoder")
     t1 = time.perf_counter()
