@@ -90,6 +90,9 @@ def test_expect_cli_on_tiny_pipeline(tmp_path):
     assert r.exit_code == 0, r.output
     pred = json.loads(r.stdout)["predicted_tau"]
     assert pred >= 1.0
+    # not a terminal: a line per prompt while our engine decodes, so minutes of prediction are never silent
+    lines = [x for x in r.stderr.splitlines() if "doctor expect: our engine on 1 prompts" in x]
+    assert len(lines) == 3 and "prompt 1/1" in lines[1] and lines[-1].endswith("done"), r.stderr
     r = CliRunner().invoke(app, args + ["--measured-tau", str(max(0.5, pred - 2))])
     flagged = json.loads(r.stdout)["flagged"]
     assert flagged == (pred - 2 < 0.75 * pred) and r.exit_code == (1 if flagged else 0)
