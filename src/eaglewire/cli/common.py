@@ -54,6 +54,9 @@ def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+TARGET_HELP = "The target: a local HF directory or hub id (default: the embedded SmolLM2-135M)."
+
+
 def add_command(group: typer.Typer, fn: Callable[..., Any], name: str, **kwargs: Any) -> None:
     """Register `fn` as `name` on `group` with the error formatting every command gets."""
     group.command(name, **kwargs)(friendly(fn))
