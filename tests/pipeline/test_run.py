@@ -173,9 +173,13 @@ def test_run_writes_report_summary_exports_and_a_clean_doctor(finished_run):
     assert _state(out)["features"]["result"]["target_dtype"] == str(runtime_dtype("auto")).removeprefix("torch.")
     for eng in ("sglang", "vllm"):
         assert (Path(s["exports"][eng]) / "eaglewire_contract.json").is_file()
-    assert "--speculative-num-draft-tokens 4" in s["launch"]["sglang"]
+    # the shape the bench ran (quick: the chain k = 2 only), in SGLang's spelling and in vLLM's
+    assert "--speculative-num-steps 2 --speculative-eagle-topk 1 --speculative-num-draft-tokens 3" in s["launch"]["sglang"]
     assert '"num_speculative_tokens": 2' in s["launch"]["vllm"]
+    assert s["command"].startswith("eaglewire run --out ") and "--budget quick --config " in s["command"]
+    assert s["total_s"] == pytest.approx(sum(t["seconds"] for t in s["stages"].values()), abs=0.1)
     md = (out / "report.md").read_text()
+    assert f"Command: {s['command']}. Total: " in md
     for title in ("Wiring contract", "Data", "Training", "Doctor", "Benchmark", "Deploy"):
         assert f"## {title}" in md
     html = (out / "report.html").read_text()

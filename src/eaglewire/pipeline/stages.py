@@ -32,6 +32,7 @@ class Ctx:
     dirs: dict[str, Path] = field(default_factory=dict)  # finished stages' work directories
     progress: Progress = lambda done, total, detail: None
     log: Callable[[str], None] = print
+    command: str = ""  # the command line that ran (the report names it)
 
 
 def _regen_file(ctx: Ctx) -> Path:
