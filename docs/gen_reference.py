@@ -185,8 +185,14 @@ def doctor_findings() -> list[dict[str, Any]]:
                    "why": _text(why), "fix": _text(fix),
                    "patterns": {k: _pattern(n) for k, n in (("level", level), ("what", what), ("why", why),
                                                             ("fix", fix))}}
-            row["example"] = next((e for e in examples if e["check"] == row["code"] and all(
-                re.fullmatch(p, e[k], re.S) for k, p in row["patterns"].items())), None)
+            # the first example from each test file that built the case: a finding shared by families (the
+            # measured wiring of an EAGLE-3 draft and of a block drafter) shows each family's own
+            first: dict[str, dict[str, Any]] = {}
+            for e in examples:
+                if e["check"] == row["code"] and all(re.fullmatch(p, e[k], re.S) for k, p in row["patterns"].items()):
+                    first.setdefault(e["test"].split("::")[0], e)
+            row["examples"] = list(first.values())
+            row["example"] = row["examples"][0] if row["examples"] else None
             rows.append(row)
     return rows
 
@@ -195,10 +201,13 @@ def _finding_md(r: dict[str, Any]) -> list[str]:
     e = r["example"]
     if e is None:  # tests/test_docs.py fails on this: rerun docs/gen_doctor_examples.sh
         return [f"- **{r['level']}** (no recorded example): {_cell(r['what'])}", ""]
-    test = e["test"].replace("::", " · ")
-    return [f"**{e['level']}** · {_cell(e['what'])}", "",
-            f"- **why:** {_cell(e['why'])}", f"- **fix:** {_cell(e['fix'])}",
-            f"- <small>seen in `{test}`</small>", ""]
+    out = []
+    for e in r["examples"]:
+        test = e["test"].replace("::", " · ")
+        out += [f"**{e['level']}** · {_cell(e['what'])}", "",
+                f"- **why:** {_cell(e['why'])}", f"- **fix:** {_cell(e['fix'])}",
+                f"- <small>seen in `{test}`</small>", ""]
+    return out
 
 
 def doctor_page() -> str:
@@ -288,10 +297,20 @@ RULE_WORDS = {"sglang-plus1": "id + 1", "sglang-first1": "id + 1 only if the fir
 
 
 def _rule_cell(home: str, rule: str, delegates: dict[str, str]) -> str:
-    """A short cell (the rule's name; the legend above the table says what it does), so the table fits."""
+    """A short cell: what the file does to a config id (RULE_WORDS), so the table fits and no cell reads like a
+    name `--engine` would take."""
     if rule == "delegate":
         return f"as {delegates[home]}" if home in delegates else "hands the ids on: refused"
-    return f"`{rule}`" if rule in RULE_WORDS else f"refused ({rule})"
+    return RULE_WORDS[rule] if rule in RULE_WORDS else f"refused ({rule})"
+
+
+def _engine_flag(release: str) -> str:
+    """The doctor / export flags that apply `release`'s rules (export/engines.py: sglang-legacy is pinned to
+    the legacy release, sglang defaults to the newest read)."""
+    rules = _mod("sglang_rules")
+    if release == rules.LEGACY_RELEASE:
+        return "`--engine sglang-legacy`"
+    return "`--engine sglang`" if release == rules.NEWEST else f"`--engine sglang --engine-version {release}`"
 
 
 def sglang_rules_table() -> str:
@@ -303,8 +322,11 @@ def sglang_rules_table() -> str:
     for kind, setter in (("eagle3", "set_eagle3_layers_to_capture"), ("dflash", "set_dflash_layers_to_capture")):
         homes = sorted({h for r in releases for h, v in rec[kind][r].items() if v["archs"]})
         out += [f"**{kind}**: the boundary `{setter}` captures for config id `id` (boundary k = the residual "
-                "stream entering decoder layer k); " + "; ".join(f"`{k}`: {v}" for k, v in RULE_WORDS.items()), "",
-                "| model file | " + " | ".join(f"SGLang {r}" for r in releases) + " | architectures |",
+                "stream entering decoder layer k); L = the target's layer count. Each column names the flags that "
+                "apply its release's rules. A release between two columns gets their rule where they agree for "
+                "the model file (said in the doctor's `layer_ids` finding), else an error naming both.", "",
+                "| model file | " + " | ".join(f"SGLang {r}: {_engine_flag(r)}" for r in releases) +
+                " | architectures |",
                 "|---" * (len(releases) + 2) + "|"]
         for home in homes:
             cells, served = [], {}

@@ -25,7 +25,7 @@ from eaglewire.contract import WiringContract as WiringContract
 from eaglewire.decoding.tree import TreeShape as TreeShape
 from eaglewire.doctor.block_checks import check_block
 from eaglewire.doctor.block_inspect import is_block_dir
-from eaglewire.doctor.checks import run_checks
+from eaglewire.doctor.checks import after_measurement, run_checks
 from eaglewire.doctor.findings import Report as Report, by_level
 from eaglewire.doctor.gguf_checks import NAME as LLAMACPP
 from eaglewire.doctor.gguf_measure import check_gguf, is_gguf
@@ -130,7 +130,7 @@ def check(directory: str | Path, engine: str | None = None, target: TargetInfo |
             "doctor: measuring the wiring on the target (seconds on a CPU for a small target"
             + (", and our engine decoding at the knobs: tens of seconds" if shape else "") + ")") as say:
         m, found = measure_wiring(ins, target, engine=engine, chain_steps=chain, shape=shape, progress=say)
-    report.findings = by_level(report.findings + found)
+    report.findings = by_level((after_measurement(report.findings) if m is not None else report.findings) + found)
     report.measurement = m.to_dict() if m is not None else None
     return report
 

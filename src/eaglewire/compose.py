@@ -136,6 +136,24 @@ def runtime(target: Target, max_len: int, *, accelerate: bool = True, calibrate:
     return make_fast_runtime(target, max_len, calibrate=calibrate, log=log, compile=compile, verify_rows=verify_rows)
 
 
+# What a first start costs, from a measured run: `eaglewire run --budget quick` took 423 s the first time (kernels
+# built, GEMM layouts calibrated) and 265 s the second (benchmarks/results/run/*-xeon-amx-quick/, Intel
+# Xeon, 2 cores); a loaded machine takes longer.
+FIRST_START_NOTE = ("first start on this machine: the decoding kernels are compiled and the GEMM layouts timed "
+                    "before the server answers, one to a few minutes on a small CPU (a quick run's first start "
+                    "took ~160 s longer than its second on a 2-core Xeon); later starts reuse them")
+
+
+def first_start_builds(target: Target, max_len: int) -> bool:
+    """Whether `runtime(target, max_len, calibrate=True, compile="always")` compiles kernels now (fastcpu
+    installed, the architecture supported, nothing built for it on this machine yet)."""
+    if fastcpu.available() is not None or target.text_config.model_type not in SUPPORTED:
+        return False
+    from eaglewire.fastcpu.start import compiles_on_start
+
+    return compiles_on_start(target, max_len)
+
+
 def proposer(draft: Draft, shape: TreeShape, max_len: int, rt: Runtime, *,
              contract: WiringContract | None = None) -> Proposer:
     """The proposer of the draft's family beside runtime `rt`. contract: the wiring to decode with, the

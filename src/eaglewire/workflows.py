@@ -117,12 +117,14 @@ def train_draft(target: Any, contract: WiringContract, vmap: VocabMap | None, so
 
 
 def import_any(directory: Path, fmt: str, target: Any = None, *, measure: bool = True,
-               bounds: Any = None, engine_version: str | None = None) -> tuple[Any, WiringContract, Any]:
+               bounds: Any = None, engine_version: str | None = None,
+               progress: Callable[[str], None] = lambda phase: None) -> tuple[Any, WiringContract, Any]:
     """(draft, contract, measurement or None). An export with its contract file (or a native checkpoint)
     is imported as it is. Without one, the contract is inferred and says so (`WiringContract.inferred`):
     with `measure`, from the boundaries the draft's own weights predict best on `target` (the doctor's
     empirical check; the config's ids win any near-tie), else from the config's layer ids as the engine
-    reads them. Later checks and exports carry the evidence with the contract."""
+    reads them. Later checks and exports carry the evidence with the contract. `progress(phase)` hears each
+    phase of the measurement as it starts."""
     from eaglewire.doctor.measures import measure_wiring
     from eaglewire.doctor.inspect import inspect_dir
     from eaglewire.export.engines import ENGINE_FORMATS, NATIVE, engine_for
@@ -143,7 +145,7 @@ def import_any(directory: Path, fmt: str, target: Any = None, *, measure: bool =
                              expected="--no-measure (the GGUF's target_layers, read in llama.cpp's numbering)",
                              found="a GGUF draft without eaglewire_contract.json", fix="import with --no-measure")
     ins = inspect_dir(directory, fmt if record else None, engine_version)
-    m, findings = measure_wiring(ins, target, engine=fmt, bounds=bounds)
+    m, findings = measure_wiring(ins, target, engine=fmt, bounds=bounds, progress=progress)
     if m is None:
         raise EaglewireError(f"{directory}: the trained boundaries could not be measured", found=findings[0].what,
                              fix=findings[0].fix or "import with --no-measure to take the config's ids as they are")

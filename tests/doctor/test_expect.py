@@ -14,6 +14,19 @@ def test_judge_thresholds():
     assert judge(2.4, [0.6], 1.05).causes[0].startswith("layer ids")
 
 
+def test_each_printed_tau_names_its_kind():
+    """The prediction is the `expect` kind, the measured one the engine's (eaglewire.tau.TAU_KINDS)."""
+    import pytest
+
+    from eaglewire.tau import TAU_KINDS, named_tau
+
+    assert "tau (expect) 2.40 predicted" in judge(2.4, [0.6], 2.2).message
+    assert "tau (expect) 2.40" in judge(2.4, [0.6], None).message
+    assert set(TAU_KINDS) >= {"teacher-forced", "doctor's engine", "expect", "bench", "live"}
+    with pytest.raises(ValueError):
+        named_tau("measured", 1.0)
+
+
 def test_first_position_rule_catches_what_the_tau_rule_misses():
     """The issue's case: a tau-1.30 draft predicted 0.24 at the first position; the embedding tap measured
     tau 1.10 in real vLLM (first position ~0.08): inside the tau rule's bounds, outside the interval."""
@@ -77,6 +90,9 @@ def test_expect_cli_on_tiny_pipeline(tmp_path):
     assert r.exit_code == 0, r.output
     pred = json.loads(r.stdout)["predicted_tau"]
     assert pred >= 1.0
+    # not a terminal: a line per prompt while our engine decodes, so minutes of prediction are never silent
+    lines = [x for x in r.stderr.splitlines() if "doctor expect: our engine on 1 prompts" in x]
+    assert len(lines) == 3 and "prompt 1/1" in lines[1] and lines[-1].endswith("done"), r.stderr
     r = CliRunner().invoke(app, args + ["--measured-tau", str(max(0.5, pred - 2))])
     flagged = json.loads(r.stdout)["flagged"]
     assert flagged == (pred - 2 < 0.75 * pred) and r.exit_code == (1 if flagged else 0)

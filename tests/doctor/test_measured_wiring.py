@@ -148,8 +148,13 @@ def test_cli_measures_by_default_with_a_target_and_not_without(tmp_path, target,
     # not a terminal: one progress line per phase with the seconds elapsed, so a CI log is not silent
     phases = [line for line in r.stderr.splitlines() if "doctor: measuring the wiring" in line]
     assert len(phases) >= 4 and " s] " in phases[0] and "greedily" in phases[1] and phases[-1].endswith("done")
+    # the no-contract INFO says the boundaries were measured, never "give --target" once it was given
+    (info,) = [f for f in report["findings"] if f["check"] == "contract"]
+    assert "--target to measure" not in info["fix"] and "were measured on the target" in info["why"], info
     r = CliRunner().invoke(app, args + ["--no-measure"])
     assert json.loads(r.stdout)["measurement"] is None
+    (info,) = [f for f in json.loads(r.stdout)["findings"] if f["check"] == "contract"]
+    assert "give --target to measure" in info["fix"]  # not measured: the INFO still says how to
     r = CliRunner().invoke(app, args + ["--num-steps", "2", "--topk", "2", "--num-draft-tokens", "4"])
     tau = json.loads(r.stdout)["measurement"]["tau"]  # SGLang's tree knobs: our engine at that shape
     assert tau["best_engine"]["tau"] > tau["delivered_engine"]["tau"] and tau["best_engine"]["shape"]["topk"] == 2
@@ -240,6 +245,21 @@ def test_weights_nan_in_fc_zero_norm_and_copied_head(tmp_path, target):
     assert ("error", "fc.weight holds 1 NaN/Inf value(s)") in found
     assert ("error", "norm.weight is all zeros") in found
     assert ("warn", "lm_head equals the target's lm_head rows bit for bit") in found
+
+
+def test_import_with_a_target_prints_its_phases_while_it_measures(tmp_path, target, trained):
+    """`eaglewire import --target` measures for minutes on a real target: a line per phase in a CI log."""
+    from typer.testing import CliRunner
+
+    from eaglewire.cli.app import app
+
+    target.model.save_pretrained(tmp_path / "t")
+    broken = _export(tmp_path, trained, "vllm", [0, 2, 4])
+    r = CliRunner().invoke(app, ["import", str(broken), "--format", "vllm", "--target", str(tmp_path / "t"),
+                                 "--out", str(tmp_path / "imported")])
+    assert r.exit_code == 0, r.output
+    lines = [x for x in r.stderr.splitlines() if x.split("] ", 1)[-1].startswith("importing: no contract file")]
+    assert len(lines) >= 4 and lines[0].endswith("started") and lines[-1].endswith("done"), r.stderr
 
 
 def test_import_records_the_measured_taps_and_exports_carry_them(tmp_path, target, trained, bounds):

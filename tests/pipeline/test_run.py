@@ -167,15 +167,19 @@ def test_run_writes_report_summary_exports_and_a_clean_doctor(finished_run):
     t = s["tau_before_after"]
     assert t["start"] == "a fresh draft (seed 0)" and not t["released"]  # no released draft for this target
     assert t["prompts"] == 2 and t["chain_k"] == 2 and 1 <= t["before"] <= 3 and 1 <= t["after"] <= 3
-    assert f"τ {t['before']:.2f} before -> {t['after']:.2f} after" in s["verdict"]
+    assert f"τ (bench) {t['before']:.2f} before -> {t['after']:.2f} after" in s["verdict"]
     assert all(m["matches_vanilla"] == 2 for m in s["bench"].values())  # lossless on every prompt
     from eaglewire.hw import runtime_dtype  # the features were captured in the dtype "auto" picks here
     assert _state(out)["features"]["result"]["target_dtype"] == str(runtime_dtype("auto")).removeprefix("torch.")
     for eng in ("sglang", "vllm"):
         assert (Path(s["exports"][eng]) / "eaglewire_contract.json").is_file()
-    assert "--speculative-num-draft-tokens 4" in s["launch"]["sglang"]
+    # the shape the bench ran (quick: the chain k = 2 only), in SGLang's spelling and in vLLM's
+    assert "--speculative-num-steps 2 --speculative-eagle-topk 1 --speculative-num-draft-tokens 3" in s["launch"]["sglang"]
     assert '"num_speculative_tokens": 2' in s["launch"]["vllm"]
+    assert s["command"].startswith("eaglewire run --out ") and "--budget quick --config " in s["command"]
+    assert s["total_s"] == pytest.approx(sum(t["seconds"] for t in s["stages"].values()), abs=0.1)
     md = (out / "report.md").read_text()
+    assert f"Command: {s['command']}. Total: " in md
     for title in ("Wiring contract", "Data", "Training", "Doctor", "Benchmark", "Deploy"):
         assert f"## {title}" in md
     html = (out / "report.html").read_text()
@@ -327,7 +331,9 @@ def test_report_renders_in_headless_chromium(finished_run, tmp_path):
 
 # ------------------------------------------------------------------------------------ DFlash family
 
-DFLASH = {"name": "dflash", "block_size": 4, "anchors": 4}
+# the full vocabulary (not DFlash's run default, its own head) so that both engines' exports are checked
+DFLASH = {"name": "dflash", "block_size": 4, "anchors": 4, "reduced_vocab": False}
+BOTH = ["sglang", "vllm"]
 # The doctor reads block-drafter exports once doctor/block_checks.py exists (the block-drafter doctor); before it,
 # a DFlash export gets EAGLE-3's checks and their errors
 
@@ -338,7 +344,8 @@ def dflash_run(tiny, tmp_path_factory):
     plain runtime (no compiled graphs: this is about the pipeline, not speed)."""
     tmp = tmp_path_factory.mktemp("dflash_run")
     out, path = tmp / "out", tmp / "run.yaml"
-    path.write_text(yaml.safe_dump(tiny_config(tiny, family={"block_size": 4, "anchors": 4})))
+    family = {k: v for k, v in DFLASH.items() if k != "name"}  # the name from --family
+    path.write_text(yaml.safe_dump(tiny_config(tiny, family=family, formats=BOTH)))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("EAGLEWIRE_FASTCPU", "0")
         r = CliRunner().invoke(app, ["run", "--out", str(out), "--config", str(path), "--family", "dflash"])
@@ -351,7 +358,8 @@ def dflash_run(tiny, tmp_path_factory):
 def test_a_dflash_run_trains_exports_and_benches_a_block_drafter(dflash_run):
     out, _ = dflash_run
     s = json.loads((out / "summary.json").read_text())
-    assert s["family"] == "dflash" and s["config"]["family"] == {**DFLASH, "block_gamma": 4.0}
+    # the file's block knobs over DFlash's run defaults (train/objectives.py): layers from the target's
+    assert s["family"] == "dflash" and s["config"]["family"] == {**DFLASH, "block_gamma": 4.0, "init_from_target": True}
     assert s["taps"] == [2, 3, 4, 5, 6]  # z-lab's five default ids 1..5 of 8 layers, as boundaries
     contract = _state(out)["train"]["result"]["contract"]
     assert contract["family"] == "dflash" and contract["block"]["block_size"] == 4
@@ -382,7 +390,8 @@ def test_a_dflash_run_resumes_and_its_keys_name_the_family_and_block(dflash_run,
     before = _state(out)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("EAGLEWIRE_FASTCPU", "0")
-        r = run_cli(tiny_config(tiny, family=DFLASH), out, tmp, "again.yaml")  # the family from the file this time
+        # the family from the file this time
+        r = run_cli(tiny_config(tiny, family=DFLASH, formats=BOTH), out, tmp, "again.yaml")
     assert _state(out) == before and r.output.count("done earlier") == len(runner.STAGES)
     from eaglewire.target.loader import load_target
 

@@ -355,3 +355,38 @@ def test_hostile_requests_are_counted_in_metrics(server):
     _, errors = _metric(url, "eaglewire_request_errors_total")
     _raw(url, _req(_chat(', "temperature": NaN')), _chat(', "temperature": NaN'))
     assert _metric(url, "eaglewire_request_errors_total")[1] == errors + 1
+
+
+def test_models_route_reports_the_numerics_answers_depend_on(server):
+    """`doctor live` reads the server's dtype, runtime and shape here to decode its reference alike."""
+    url, target = server
+    with urllib.request.urlopen(url + "/v1/models") as r:
+        about = json.loads(r.read())["data"][0]["eaglewire"]
+    assert about["dtype"] == str(target.dtype).removeprefix("torch.") and about["shape"] == "S3 K2 N5"
+    assert about["runtime"]
+
+
+def test_a_first_start_says_the_kernels_compile_before_it_compiles(tmp_path, monkeypatch):
+    """Where the start will build kernels (compose.first_start_builds), the note comes before the runtime is
+    built, so minutes of silence are announced, not explained afterwards."""
+    import eaglewire.compose as compose
+    from eaglewire.decoding.runtime import plain_runtime
+    from tiny import build_draft
+
+    target = load_target(str(_tiny_target_dir(tmp_path)))
+    draft, contract = build_draft(target, taps=(1, 2, 3))
+    save_checkpoint(draft, contract, tmp_path / "draft")
+    built: list[str] = []
+    monkeypatch.setattr(compose, "first_start_builds", lambda t, n: True)
+    monkeypatch.setattr(compose, "runtime", lambda t, n, **kw: built.append("runtime") or plain_runtime(t, n))
+    said: list[str] = []
+    log = lambda m: said.append(built[-1] + ": " + m if built else m)  # noqa: E731
+    httpd = build_server(target, load_checkpoint(tmp_path / "draft", target=target), TreeShape.chain(2), "tiny", 128,
+                         32, "127.0.0.1", 0, log=log)
+    httpd.server_close()
+    assert said[0] == compose.FIRST_START_NOTE and "compiled" in said[0] and "minutes" in said[0], said
+    monkeypatch.setattr(compose, "first_start_builds", lambda t, n: False)
+    said.clear()
+    build_server(target, load_checkpoint(tmp_path / "draft", target=target), TreeShape.chain(2), "tiny", 128, 32,
+                 "127.0.0.1", 0, log=log).server_close()
+    assert compose.FIRST_START_NOTE not in said

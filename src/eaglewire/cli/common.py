@@ -71,6 +71,9 @@ def _check_paths(kwargs: dict[str, Any]) -> None:
                 check_path(v, f"--{name.replace('_', '-')}")
 
 
+TARGET_HELP = "The target: a local HF directory or hub id (default: the embedded SmolLM2-135M)."
+
+
 def add_command(group: typer.Typer, fn: Callable[..., Any], name: str, **kwargs: Any) -> None:
     """Register `fn` as `name` on `group` with the error formatting every command gets."""
     group.command(name, **kwargs)(friendly(fn))

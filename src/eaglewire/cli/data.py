@@ -9,7 +9,7 @@ from typing import Any, Optional
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from eaglewire.cli.common import DATA_HELP, add_command, err_console, load_target, out_console, parse_dtype, \
+from eaglewire.cli.common import TARGET_HELP, DATA_HELP, add_command, err_console, load_target, out_console, parse_dtype, \
     parse_ints, parse_taps, read_samples, resolve_convention, styled
 from eaglewire.data.conversations import DEFAULT_SOURCE, ReadStats
 from eaglewire.data.regenerate import SERVER_IN_FLIGHT, GenerationSettings, RegenStats, regenerate
@@ -26,12 +26,12 @@ def regenerate_cmd(
     source: str = typer.Option(DEFAULT_SOURCE, "--source", help="'sharegpt' (package) or a JSON/JSONL file."),
     target: Optional[str] = typer.Option(None, "--target", "-t", help="Target dir or 'smollm2-135m'."),
     limit: int = typer.Option(1000, "--limit", help="Regenerate the first N conversations of the source (those already in --out are kept)."),
-    max_new_tokens: int = typer.Option(G.max_new_tokens, "--max-new-tokens"),
+    max_new_tokens: int = typer.Option(G.max_new_tokens, "--max-new-tokens", help="Tokens generated per prompt (greedy unless a temperature is given)."),
     temperature: float = typer.Option(G.temperature, "--temperature", help="0 = greedy."),
-    top_p: float = typer.Option(G.top_p, "--top-p"),
-    seed: int = typer.Option(G.seed, "--seed"),
+    top_p: float = typer.Option(G.top_p, "--top-p", help="Nucleus sampling: keep the smallest token set whose probability reaches this."),
+    seed: int = typer.Option(G.seed, "--seed", help="The sampling seed (the same seed and settings give the same answers)."),
     max_turns: int = typer.Option(G.max_turns, "--max-turns", help="User turns answered per conversation."),
-    max_prompt_tokens: int = typer.Option(G.max_prompt_tokens, "--max-prompt-tokens"),
+    max_prompt_tokens: int = typer.Option(G.max_prompt_tokens, "--max-prompt-tokens", help="Prompts longer than this many tokens are skipped."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1, help=f"HF generate's batch (default "
                                              f"{G.batch_size}); with --engine vllm or --server, conversations in "
                                              f"flight (default {SERVER_IN_FLIGHT})."),
@@ -109,8 +109,8 @@ def self_prompts_cmd(
     count: int = typer.Option(..., "--count", help="Draw samples 0..N-1 (duplicates, unfinished ones and "
                               "benchmark questions are recorded as skipped, so fewer prompts are kept)."),
     target: Optional[str] = typer.Option(None, "--target", "-t", help="Target dir or 'smollm2-135m' (an instruct model)."),
-    temperature: float = typer.Option(P.temperature, "--temperature"),
-    top_p: float = typer.Option(P.top_p, "--top-p"),
+    temperature: float = typer.Option(P.temperature, "--temperature", help="Sampling temperature (0 = greedy)."),
+    top_p: float = typer.Option(P.top_p, "--top-p", help="Nucleus sampling: keep the smallest token set whose probability reaches this."),
     max_new_tokens: int = typer.Option(P.max_new_tokens, "--max-new-tokens", help="A prompt still running at "
                                        "this length is dropped as unfinished."),
     seed: int = typer.Option(P.seed, "--seed", help="Sample k uses seed + k."),
@@ -200,20 +200,20 @@ def show_cmd(
 def capture_cmd(
     data: str = typer.Option(..., "--data", help=DATA_HELP),
     out: Path = typer.Option(..., "--out", "-o", help="Feature directory (resumes if it exists)."),
-    target: Optional[str] = typer.Option(None, "--target", "-t"),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_HELP),
     taps: Optional[str] = typer.Option(None, "--taps", help="Tap ids (default: --family's taps, boundaries "
                                        "[2, L//2, L-3] for eagle3)."),
-    taps_from: str = typer.Option("boundary", "--taps-from"),
+    taps_from: str = typer.Option("boundary", "--taps-from", help="The numbering --taps is given in: boundary (eaglewire's), or an engine's layer ids (vllm, sglang, specforge, ...)."),
     family: str = typer.Option("eagle3", "--family", help="Whose default taps to capture when --taps is omitted: "
                                "eagle3, or dflash (z-lab's five). Features hold taps only: any family reading "
                                "them trains on them."),
-    max_length: int = typer.Option(DEFAULT_MAX_LENGTH, "--max-length"),
-    limit: Optional[int] = typer.Option(None, "--limit"),
+    max_length: int = typer.Option(DEFAULT_MAX_LENGTH, "--max-length", help="Tokens per sample; longer conversations are cut at this length."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Use only the first N conversations (default: all)."),
     skip: int = typer.Option(0, "--skip", min=0, help="Skip the first N valid conversations (captured into "
                              "another directory, e.g. by an earlier capture): capture only what is new."),
-    shard_samples: int = typer.Option(256, "--shard-samples"),
-    batch_size: int = typer.Option(4, "--batch-size"),
-    split_turns: bool = typer.Option(False, "--split-turns"),
+    shard_samples: int = typer.Option(256, "--shard-samples", help="Samples per feature shard file (smaller shards: less memory while reading)."),
+    batch_size: int = typer.Option(4, "--batch-size", help="Samples per target forward while capturing (memory vs speed; the features are the same)."),
+    split_turns: bool = typer.Option(False, "--split-turns", help="One sample per assistant turn (each with its history) instead of one per conversation."),
     target_dtype: str = typer.Option("float32", "--target-dtype", help="Run the target in float32 or bfloat16 "
                                      "(AVX512-BF16/AMX CPUs: ~3x faster; taps within ~0.5%, top-1 agrees 99%)."),
     store_dtype: str = typer.Option("bfloat16", "--store-dtype", help="bfloat16 (4.6 KB/token for 3 taps of 576) "
@@ -246,13 +246,13 @@ def import_cmd(
                                "Arrow dataset with hidden_states/hs_*.safetensors."),
     fmt: str = typer.Option("auto", "--format", help="specforge, speculators or auto (from the layout)."),
     out: Path = typer.Option(..., "--out", "-o", help="Feature directory to write (resumes if it exists)."),
-    target: Optional[str] = typer.Option(None, "--target", "-t"),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_HELP),
     taps: Optional[str] = typer.Option(None, "--taps", help="The layer ids the tool was run with (default: "
                                        "its default ids for this target)."),
     taps_from: Optional[str] = typer.Option(None, "--taps-from", help="Their convention (default: the "
                                             "format's own: specforge, or vllm for speculators)."),
-    shard_samples: int = typer.Option(256, "--shard-samples"),
-    store_dtype: str = typer.Option("bfloat16", "--store-dtype"),
+    shard_samples: int = typer.Option(256, "--shard-samples", help="Samples per feature shard file (smaller shards: less memory while reading)."),
+    store_dtype: str = typer.Option("bfloat16", "--store-dtype", help="The dtype features are stored in (bfloat16 halves the disk; float32 keeps every bit)."),
     verify: int = typer.Option(2, "--verify", help="Samples checked against the target's own forward before "
                                "anything is written (0 skips, for a target too large to run here)."),
     states_dir: Optional[Path] = typer.Option(None, "--states-dir", help="speculators: the hs_*.safetensors "
@@ -285,7 +285,7 @@ def inspect_cmd(
     taps_from: Optional[str] = typer.Option(None, "--taps-from", help="Their convention (specforge, speculators, "
                                             "vllm, sglang, boundary; default: the format's own)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Scan at most N samples for the statistics."),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help="JSON on stdout, for scripts and CI."),
     states_dir: Optional[Path] = typer.Option(None, "--states-dir", help="speculators: the hs_*.safetensors "
                                               "directory when it is not DIR/hidden_states (its --output)."),
 ) -> None:

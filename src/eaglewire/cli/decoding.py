@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from eaglewire.cli.common import add_command, err_console, load_target, out_console, parse_dtype
+from eaglewire.cli.common import TARGET_HELP, add_command, err_console, load_target, out_console, parse_dtype
 from eaglewire.serve import bench as B
 from eaglewire.serve.peer import PEER_METHODS
 from eaglewire.decoding.tree import DEFAULT_TREE as SHAPE
@@ -59,14 +59,14 @@ def _load(target: Optional[str], draft: Optional[Path], dtype: str, draft_dtype:
 def generate_cmd(
     prompt: str = typer.Option(..., "--prompt", "-p", help="User message (rendered with the chat template)."),
     draft: Optional[Path] = typer.Option(None, "--draft", "-d", help=DRAFT_HELP),
-    target: Optional[str] = typer.Option(None, "--target", "-t"),
-    max_new_tokens: int = typer.Option(256, "--max-new-tokens"),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_HELP),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens", help="Tokens generated per prompt (greedy unless a temperature is given)."),
     num_steps: Optional[int] = typer.Option(None, "--num-steps", help=f"S (default {SHAPE.num_steps}). " + TREE_HELP),
     topk: Optional[int] = typer.Option(None, "--topk", help=f"K (default {SHAPE.topk})."),
     num_draft_tokens: Optional[int] = typer.Option(None, "--num-draft-tokens",
                                                    help=f"N incl. the root (default {SHAPE.num_draft_tokens})."),
     num_speculative_tokens: Optional[int] = typer.Option(None, "--num-speculative-tokens", help="vLLM chain k."),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help="JSON on stdout, for scripts and CI."),
     dtype: str = typer.Option("float32", "--dtype", help=DTYPE_HELP),
     draft_dtype: str = typer.Option("auto", "--draft-dtype", help=DRAFT_DTYPE_HELP),
     compile: str = typer.Option("cached", "--compile", help="The compiled layouts of the target's forward (inductor): "
@@ -109,7 +109,7 @@ def generate_cmd(
 def bench_cmd(
     draft: Optional[Path] = typer.Option(None, "--draft", "-d", help=DRAFT_HELP),
     out: Path = typer.Option(Path("out/bench"), "--out", "-o", help="Writes bench.json, bench.md, bench.png."),
-    target: Optional[str] = typer.Option(None, "--target", "-t"),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_HELP),
     questions: str = typer.Option(B.QUESTIONS, "--questions", help="'mtbench', a named prompt set "
                                    "('humaneval', 'mtbench-math') or a FastChat/any conversation file."),
     limit: int = typer.Option(B.PROMPTS, "--limit", help="Number of questions."),
@@ -117,7 +117,7 @@ def bench_cmd(
                               "regenerated first answer (from --answers)."),
     answers: str = typer.Option("smollm2-mtbench-regen", "--answers", help="Regenerated answers for --turns 2 "
                                 "(`data regenerate --source mtbench` output)."),
-    max_new_tokens: int = typer.Option(B.MAX_NEW_TOKENS, "--max-new-tokens"),
+    max_new_tokens: int = typer.Option(B.MAX_NEW_TOKENS, "--max-new-tokens", help="Tokens generated per prompt (greedy unless a temperature is given)."),
     chain_k: int = typer.Option(B.CHAIN_K, "--num-speculative-tokens", help="Chain length for the chain run (vLLM's k)."),
     num_steps: int = typer.Option(SHAPE.num_steps, "--num-steps", help="Tree run: S. " + TREE_HELP),
     topk: int = typer.Option(SHAPE.topk, "--topk", help="Tree run: K."),
@@ -162,16 +162,16 @@ def bench_cmd(
 
 def serve_cmd(
     draft: Optional[Path] = typer.Option(None, "--draft", "-d", help=DRAFT_HELP),
-    target: Optional[str] = typer.Option(None, "--target", "-t"),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_HELP),
     host: str = typer.Option("127.0.0.1", "--host", help="Bind address (loopback by default)."),
-    port: int = typer.Option(8000, "--port"),
+    port: int = typer.Option(8000, "--port", help="TCP port to listen on (0: any free port, printed at start)."),
     model_name: Optional[str] = typer.Option(None, "--model-name", help="Name clients must send (default: target name)."),
     max_context: int = typer.Option(4096, "--max-context", help="Prompt + generated tokens per request."),
-    max_tokens_limit: int = typer.Option(1024, "--max-tokens-limit"),
+    max_tokens_limit: int = typer.Option(1024, "--max-tokens-limit", help="The largest max_tokens a request may ask for (larger requests get a 400)."),
     num_steps: Optional[int] = typer.Option(None, "--num-steps", help=TREE_HELP),
-    topk: Optional[int] = typer.Option(None, "--topk"),
-    num_draft_tokens: Optional[int] = typer.Option(None, "--num-draft-tokens"),
-    num_speculative_tokens: Optional[int] = typer.Option(None, "--num-speculative-tokens"),
+    topk: Optional[int] = typer.Option(None, "--topk", help="SGLang's --speculative-eagle-topk K: branching per tree node (1 = a chain; see --num-steps)."),
+    num_draft_tokens: Optional[int] = typer.Option(None, "--num-draft-tokens", help="SGLang's --speculative-num-draft-tokens N: verified tokens per round, the root included (see --num-steps)."),
+    num_speculative_tokens: Optional[int] = typer.Option(None, "--num-speculative-tokens", help="vLLM's k: a chain of k drafted tokens per round (= --num-steps k --topk 1 --num-draft-tokens k+1)."),
     dtype: str = typer.Option("float32", "--dtype", help=DTYPE_HELP),
     draft_dtype: str = typer.Option("auto", "--draft-dtype", help=DRAFT_DTYPE_HELP),
 ) -> None:

@@ -228,7 +228,11 @@ def expect_cmd(
     require_default_target_fits(*stated_by(draft_dir), tgt, target_given=target is not None, draft=str(draft_dir))
     draft, contract = load_draft(draft_dir, tgt, engine_version=engine_version)
     rule = rule_applied(draft_dir, tgt, engine_version)
-    tau, per_pos = predict(tgt, draft, contract, shape, _first_turn_prompts(tgt, questions, limit), max_new_tokens)
+    prompts = _first_turn_prompts(tgt, questions, limit)
+    with progress(f"doctor expect: our engine on {len(prompts)} prompts x {max_new_tokens} greedy tokens at "
+                  f"S{shape.num_steps} K{shape.topk} N{shape.num_draft_tokens} (seconds to a minute a prompt on a "
+                  "CPU)") as say:
+        tau, per_pos = predict(tgt, draft, contract, shape, prompts, max_new_tokens, progress=say)
     text = log.read_text() if log else ""
     measured = measured_tau if measured_tau is not None else (parse_log(text) if log else None)
     if log is not None and measured is None:

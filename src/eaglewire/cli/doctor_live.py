@@ -75,20 +75,32 @@ def live_cmd(
 ) -> None:
     """Probe a RUNNING engine: its speculative counters before and after greedy requests (deltas), against our
     engine on the same prompts at the same shape. Verdict healthy / below expectation (where, and what to run
-    next) / no speculative counters; also checks the engine's answers equal the target's own. Exit 1 unless
-    healthy."""
+    next) / no speculative counters / not lossless: an answer that differs from the target's greedy answer
+    beyond a near-tie of the target's logits (each difference's cause is named; the reference decodes in the
+    dtype the server reports). Exit 1 unless healthy."""
+    import torch
+
     from eaglewire.compose import load_draft
-    from eaglewire.doctor.live import compare, probe_engine, reference
+    from eaglewire.doctor.live import chat_prompts, compare, probe_engine, reference, served_numerics
+    from eaglewire.doctor.live_lossless import divergences, numerics_line, tie_tolerance
 
     chats = _chats(prompts, limit)
     with err_console.status(f"probing {url}: {len(chats)} prompts x {max_tokens} greedy tokens"):
         window = probe_engine(url, chats, max_tokens, engine)
     shape = _shape(num_speculative_tokens, (num_steps, topk, num_draft_tokens), window)
-    tgt = load_target(target)
+    numerics = served_numerics(url)
+    dtype = numerics.get("dtype") if numerics.get("dtype") in ("float32", "bfloat16") else "float32"
+    err_console.print(f"our reference decodes in {dtype}" + (" (the server's dtype)" if numerics.get("dtype") else
+                      " (the engine does not report its dtype)"), highlight=False)
+    tgt = load_target(target, dtype=getattr(torch, dtype))
     d, contract = load_draft(draft, tgt)
     with err_console.status(f"our engine on the same prompts at {shape.num_steps} draft positions"):
         ref = reference(tgt, d, contract, shape, chats, max_tokens)
-    rep = compare(window, ref, shape.num_steps, str(draft), target)
+    with err_console.status("reading the target's margins where an answer differs"):
+        divs = divergences(tgt, chat_prompts(tgt.tokenizer, chats), ref.tokens, [a.text for a in window.answers],
+                           ref.answers)
+    rep = compare(window, ref, shape.num_steps, str(draft), target, divs, tie_tolerance(dtype, numerics.get("dtype")),
+                  numerics_line(dtype, numerics))
     rep.timing = {"probe_s": round(window.seconds, 2), "prompts": len(chats), "max_tokens": max_tokens}
     if plain_url:
         rep.timing.update(_plain_timing(plain_url, chats, max_tokens, window))
@@ -100,13 +112,15 @@ def _print_live(rep: Any, as_json: bool) -> None:
     if as_json:
         print(json.dumps(rep.to_dict(), indent=2))
         return
-    style = {"healthy": "bold green", "below_expectation": "bold red", "no_counters": "yellow"}[rep.verdict]
+    style = {"healthy": "bold green", "below_expectation": "bold red", "no_counters": "yellow",
+             "not_lossless": "bold red"}[rep.verdict]
     m, p, ll = rep.measured, rep.predicted, rep.lossless
     out_console.print(styled((rep.verdict.upper().replace("_", " "), style), f" {rep.engine}: {rep.message}"),
                       highlight=False)
     out_console.print(f"{'':22}{'engine (window)':>18}{'our engine':>14}")
     fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
-    out_console.print(f"{'tau':22}{fmt(m['tau']):>18}{fmt(p['tau']):>14}", highlight=False)
+    # the two figures are of two kinds (eaglewire.tau.TAU_KINDS): the engine's counters, our decoder's prediction
+    out_console.print(f"{'tau (live | expect)':22}{fmt(m['tau']):>18}{fmt(p['tau']):>14}", highlight=False)
     for i in range(max(len(m["per_position"]), len(p["per_position"]))):
         a = m["per_position"][i] if i < len(m["per_position"]) else None
         b = p["per_position"][i] if i < len(p["per_position"]) else None
@@ -116,6 +130,8 @@ def _print_live(rep: Any, as_json: bool) -> None:
                       f"equal the target's greedy answers" + ("" if ll["same_template"] else
                                                               " (the engine's prompt lengths differ from ours: "
                                                               "another chat template?)"), highlight=False)
+    if ll.get("cause") and ll["cause"] not in rep.message:  # every difference is named in the verdict line
+        out_console.print(f"why they differ: {ll['cause']}", highlight=False)
     if rep.points_at:
         out_console.print(f"points at: {rep.points_at}\nnext: {rep.next_command}", highlight=False)
     if rep.timing.get("round_cost"):

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from eaglewire.cli.common import add_command, err_console, load_target, out_console, parse_dtype
+from eaglewire.cli.common import add_command, err_console, load_target, out_console, parse_dtype, progress
 from eaglewire.errors import EaglewireError
 
 FORMAT_HELP = ("sglang (the layer-id rule of the target's SGLang model file, per release: --engine-version), "
@@ -25,7 +25,7 @@ FORCE_HELP = ("Replace an existing --out that is not an earlier output of this c
 def export_cmd(
     draft: Path = typer.Argument(..., help="Native draft checkpoint directory (from `eaglewire train`)."),
     fmt: str = typer.Option(..., "--format", "-f", help=FORMAT_HELP),
-    out: Path = typer.Option(..., "--out", "-o"),
+    out: Path = typer.Option(..., "--out", "-o", help="The export's output directory."),
     target: Optional[str] = typer.Option(None, "--target", "-t", help="Checks the draft belongs to this target."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 | fp16 | fp32 (default: as trained); llamacpp "
                                         "also q8_0 (the 2-D weights; norms stay f32)."),
@@ -97,8 +97,11 @@ def import_cmd(
 
     check_out(out, "native", force=force, inputs=(directory,))
     tgt = load_target(target) if target else None
-    with err_console.status("importing (a draft without a contract file is measured on the target)"):
-        d, contract, m = import_any(directory, fmt, tgt, measure=measure, engine_version=engine_version)
+    title = ("importing: no contract file, so the trained boundaries are measured on the target (minutes on a CPU "
+             "for a small target; one line per phase)" if tgt is not None and measure else "importing")
+    with progress(title) as say:
+        d, contract, m = import_any(directory, fmt, tgt, measure=measure, engine_version=engine_version,
+                                    progress=say)
     save_checkpoint(d, contract, out, force=force, inputs=(directory,))
     how = {None: "", "measured": "inferred by measurement, ", "engine_config": "inferred from the config's ids, "}
     out_console.print(f"imported {fmt} draft -> {out} (taps {list(contract.taps)}, "

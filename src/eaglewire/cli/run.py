@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Optional
 
@@ -35,8 +36,11 @@ def run_cmd(
 
     cfg = resolve(budget, config, target=target, family={"name": family} if family is not None else None)
     if show_config:
-        out_console.print_json(json.dumps(cfg.model_dump(mode="json")))
+        out_console.print_json(json.dumps(cfg.shown()))
         return
+    command = shlex.join(["eaglewire", "run", "--out", str(out), "--budget", budget]
+                         + [x for flag, v in (("--config", config), ("--target", target), ("--family", family))
+                            if v is not None for x in (flag, str(v))])
     tgt = load_target(cfg.target)
     cols = [TextColumn("{task.description:<12}"), BarColumn(), TextColumn("{task.fields[detail]}"),
             TimeElapsedColumn()]
@@ -51,7 +55,8 @@ def run_cmd(
             finished = sum(1 for t in bar.tasks if t.id != overall and t.finished)
             bar.update(overall, completed=finished, detail=f"stage {stage}")
 
-        summary = run_pipeline(cfg, out, progress=progress, log=lambda s: bar.console.print(s), target=tgt)
+        summary = run_pipeline(cfg, out, progress=progress, log=lambda s: bar.console.print(s), target=tgt,
+                               command=command)
     out_console.print(summary["verdict"], highlight=False)
     errors = sum(summary["doctor_errors"].values())
     out_console.print(f"report -> {out / 'report.html'} (also report.md, summary.json); doctor errors: {errors}")

@@ -8,10 +8,11 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from eaglewire.cli.common import DATA_HELP, add_command, err_console, field_options, field_values, load_target, \
+from eaglewire.cli.common import TARGET_HELP, DATA_HELP, add_command, err_console, field_options, field_values, load_target, \
     load_target_weights, out_console, parse_taps, read_samples
 from eaglewire.data.samples import DEFAULT_HELDOUT_FRACTION, DEFAULT_MAX_LENGTH
 from eaglewire.errors import EaglewireError, TargetError
+from eaglewire.tau import named_tau
 from eaglewire.train.config import TrainConfig, knob_fields
 from eaglewire.draft.vocab import DEFAULT_DRAFT_VOCAB
 
@@ -21,14 +22,14 @@ KNOBS = knob_fields("cli")  # the training knobs that are options of `eaglewire 
 def vocab_build(
     data: str = typer.Option(..., "--data", help=DATA_HELP),
     out: Path = typer.Option(..., "--out", "-o", help="Output vocab map (.safetensors)."),
-    target: Optional[str] = typer.Option(None, "--target", "-t"),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_HELP),
     draft_vocab_size: Optional[int] = typer.Option(None, "--draft-vocab-size", help=f"V_d (default {DEFAULT_DRAFT_VOCAB}; "
                                                    "with --keep-from, the kept draft's, or larger to grow its map)."),
-    max_length: int = typer.Option(DEFAULT_MAX_LENGTH, "--max-length"),
+    max_length: int = typer.Option(DEFAULT_MAX_LENGTH, "--max-length", help="Tokens per sample; longer conversations are cut at this length."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Use the first N conversations."),
     eval_data: Optional[str] = typer.Option(None, "--eval-data", help="Also report coverage on this data "
                                             "(e.g. regenerated MT-bench answers)."),
-    split_turns: bool = typer.Option(False, "--split-turns"),
+    split_turns: bool = typer.Option(False, "--split-turns", help="One sample per assistant turn (each with its history) instead of one per conversation."),
     keep_from: Optional[Path] = typer.Option(None, "--keep-from", help="Keep this draft's map (a warm start's: "
                                              "all its head rows are trained) and report its coverage of --data; "
                                              "a larger --draft-vocab-size adds the most frequent other ids)."),
@@ -58,18 +59,18 @@ def train_cmd(
                                          "DFlash: optional, its own head over that vocabulary instead of the "
                                          "target's full one)."),
     out: Path = typer.Option(..., "--out", "-o", help="Run directory: metrics, checkpoints, final draft."),
-    target: Optional[str] = typer.Option(None, "--target", "-t"),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_HELP),
     taps: Optional[str] = typer.Option(None, "--taps", help="Online: the taps to capture (default: the family's, "
                                        "[2, L//2, L-3] for eagle3, z-lab's five for dflash). Offline: read from "
                                        "the features' manifest; if given, it must agree."),
-    taps_from: str = typer.Option("boundary", "--taps-from"),
-    max_length: int = typer.Option(DEFAULT_MAX_LENGTH, "--max-length"),
-    limit: Optional[int] = typer.Option(None, "--limit"),
-    heldout_fraction: float = typer.Option(DEFAULT_HELDOUT_FRACTION, "--heldout-fraction"),
+    taps_from: str = typer.Option("boundary", "--taps-from", help="The numbering --taps is given in: boundary (eaglewire's), or an engine's layer ids (vllm, sglang, specforge, ...)."),
+    max_length: int = typer.Option(DEFAULT_MAX_LENGTH, "--max-length", help="Tokens per sample; longer conversations are cut at this length."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Use only the first N conversations (default: all)."),
+    heldout_fraction: float = typer.Option(DEFAULT_HELDOUT_FRACTION, "--heldout-fraction", help="Share of the conversations held out for evaluation (never trained on)."),
     train_limit: Optional[int] = typer.Option(None, "--train-limit", help="Train on only the first N training "
                                               "samples of --features (held-out set unchanged): data-scaling "
                                               "experiments."),
-    split_turns: bool = typer.Option(False, "--split-turns"),
+    split_turns: bool = typer.Option(False, "--split-turns", help="One sample per assistant turn (each with its history) instead of one per conversation."),
     also_features: Optional[list[Path]] = typer.Option(None, "--also-features", help="Extra feature dirs (same "
                                                       "taps): every sample trains; held-out comes from --features."),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoints/latest."),
@@ -105,7 +106,7 @@ def train_cmd(
         tau, rounds = summary["heldout"].get("tau_chain"), summary["heldout"].get("tau_rounds")
         out_console.print(f"draft -> {out / 'draft'}; held-out top-1 accuracy per position: "
                           + ", ".join(f"{a:.3f}" for a in acc)
-                          + (f"; teacher-forced chain tau (k={len(acc)}) {tau:.3f} at every position" +
+                          + (f"; {named_tau('teacher-forced', tau, 3)} (chain k={len(acc)}) at every position" +
                              (f", {rounds:.3f} round by round" if rounds is not None and not math.isnan(rounds) else "") if tau is not None else "")
                           + f"; curves -> {out / 'training.png'}")
     dist.teardown(info)
@@ -133,16 +134,16 @@ def _target_and_taps(target: Optional[str], features: Optional[Path], taps: Opti
 def eval_cmd(
     draft: Optional[Path] = typer.Option(None, "--draft", "-d", help="Draft directory: native checkpoint or any "
                                          "engine export (default: the draft shipped for the embedded target)."),
-    target: Optional[str] = typer.Option(None, "--target", "-t"),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_HELP),
     data: str = typer.Option("smollm2-regen+smollm2-regen-vllm", "--data", help=DATA_HELP + " Default: the "
                              "released draft's training data (its held-out split was never trained on)."),
     split: str = typer.Option("heldout", "--split", help="heldout: the split `train` holds out (by conversation "
                               "id hash, --heldout-fraction); all: every sample (an evaluation set)."),
-    heldout_fraction: float = typer.Option(DEFAULT_HELDOUT_FRACTION, "--heldout-fraction"),
+    heldout_fraction: float = typer.Option(DEFAULT_HELDOUT_FRACTION, "--heldout-fraction", help="Share of the conversations held out for evaluation (never trained on)."),
     samples: int = typer.Option(48, "--samples", help="Samples scored (the first of the split)."),
     positions: int = typer.Option(3, "--positions", help="Drafted positions scored (the chain length)."),
-    max_length: int = typer.Option(DEFAULT_MAX_LENGTH, "--max-length"),
-    as_json: bool = typer.Option(False, "--json"),
+    max_length: int = typer.Option(DEFAULT_MAX_LENGTH, "--max-length", help="Tokens per sample; longer conversations are cut at this length."),
+    as_json: bool = typer.Option(False, "--json", help="JSON on stdout, for scripts and CI."),
 ) -> None:
     """Score a draft offline, as `train` does at each held-out evaluation: teacher-forced top-1 per drafted
     position and the greedy chain's tau, on a data split, without decoding (seconds to minutes)."""
@@ -168,14 +169,16 @@ def eval_cmd(
     out_console.print(f"{r['samples']} samples ({split}), {r['positions'][0]} answer tokens\n"
                       f"top-1 per position {' '.join(f'{a:.3f}' for a in r['acc'])}\n"
                       f"chain acceptance   {' '.join(f'{a:.3f}' for a in r['chain'])}\n"
-                      f"tau {r['tau_chain']:.3f} at every position, {r['tau_rounds']:.3f} round by round")
+                      f"{named_tau('teacher-forced', r['tau_chain'], 3)} at every position, {r['tau_rounds']:.3f} "
+                      "round by round")
 
 
 def _print_step(r: dict[str, Any], is_main: bool) -> None:
     if is_main and (r["split"] == "heldout" or r["step"] % 10 == 0):
         acc = " ".join(f"{a:.2f}" for a in r.get("acc", []))
         extra = f" {r['tok_per_s']:.0f} tok/s" if "tok_per_s" in r else ""
-        extra += f" chain tau {r['tau_chain']:.3f} (rounds {r['tau_rounds']:.3f})" if "tau_chain" in r else ""
+        extra += f" {named_tau('teacher-forced', r['tau_chain'], 3)} (rounds {r['tau_rounds']:.3f})" \
+            if "tau_chain" in r else ""
         err_console.print(f"[{r['split']}] step {r['step']} loss {r.get('loss', float('nan')):.3f} acc {acc}{extra}")
 
 

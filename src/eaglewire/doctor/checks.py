@@ -353,6 +353,18 @@ def dump_scope(ins: Inspection, target: Any) -> list[Finding]:
                "target's", "run eaglewire doctor DIR --target T where the target loads for those")]
 
 
+NO_CONTRACT = "no eaglewire_contract.json: the training-side truth is unknown"
+
+
+def after_measurement(findings: list[Finding]) -> list[Finding]:
+    """The findings once the boundaries were measured on the target: the no-contract INFO says what was done and
+    what to do with it, instead of asking for the --target that was given."""
+    return [_f("info", "contract", NO_CONTRACT, "so the trained boundaries were measured on the target "
+               "(measured_wiring)", "record what was measured: eaglewire import DIR --format ENGINE --target T "
+               "--out DIR2 (every export from it writes the measured ids)")
+            if f.check == "contract" and f.what == NO_CONTRACT else f for f in findings]
+
+
 @check
 def dtype_and_contract(ins: Inspection, target: Any) -> list[Finding]:
     out = []
@@ -364,7 +376,7 @@ def dtype_and_contract(ins: Inspection, target: Any) -> list[Finding]:
         out.append(_f("error", "d2t", f"d2t is {ins.dtypes['d2t']}, not int64", "engines add it to int64 ids",
                       "re-export"))
     if ins.contract is None:
-        out.append(_f("info", "contract", "no eaglewire_contract.json: the training-side truth is unknown",
+        out.append(_f("info", "contract", NO_CONTRACT,
                       "layer ids, taps and norms can only be checked for internal consistency, or measured",
                       "give --target to measure the trained boundaries (eaglewire doctor DIR --target T), "
                       "or import with --target to record them"))

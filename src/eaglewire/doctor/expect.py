@@ -21,7 +21,9 @@ import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
+
+from eaglewire.tau import named_tau
 
 if TYPE_CHECKING:  # annotations only: the target is loaded by the caller
     from eaglewire.target.loader import Target
@@ -103,9 +105,9 @@ def judge(predicted: float, per_position: list[float], measured: float | None,
         measured = acceptance_length(sum(counts.accepted_per_position), counts.drafts)
     if measured is None:
         return Expectation(predicted, per_position, None, False,
-                           f"a correctly wired engine should measure tau ~ {predicted:.2f}", [])
+                           f"a correctly wired engine should measure {named_tau('expect', predicted)}", [])
     low = measured < RATIO * predicted and measured < predicted - MARGIN
-    msg = f"measured tau {measured:.2f} vs predicted {predicted:.2f}"
+    msg = f"the engine's measured tau {measured:.2f} vs {named_tau('expect', predicted)} predicted"
     first = None
     if counts is not None and per_position:
         p = counts.per_position[0]
@@ -121,11 +123,17 @@ def judge(predicted: float, per_position: list[float], measured: float | None,
                        counts.drafts if counts else None)
 
 
-def predict(target: Target, draft: Any, contract: Any, shape: Any, prompts: list[Any], max_new_tokens: int) -> tuple[float, list[float]]:
-    """Run our engine with the engine's knobs on the prompts; tau and per-position acceptance."""
+def predict(target: Target, draft: Any, contract: Any, shape: Any, prompts: list[Any], max_new_tokens: int,
+            progress: Callable[[str], None] = lambda phase: None) -> tuple[float, list[float]]:
+    """Run our engine with the engine's knobs on the prompts; tau and per-position acceptance. `progress`
+    hears each prompt as it starts (a prompt is seconds to a minute on a CPU)."""
     from eaglewire.compose import measure_tau
+    from eaglewire.decoding.engine import SpecStats
 
-    pooled = measure_tau(target, draft, prompts, shape, max_new_tokens, contract=contract)
+    pooled = SpecStats()
+    for i, ids in enumerate(prompts):
+        progress(f"prompt {i + 1}/{len(prompts)} ({int(ids.shape[1])} tokens), {max_new_tokens} new tokens")
+        pooled.accepted += measure_tau(target, draft, [ids], shape, max_new_tokens, contract=contract).accepted
     tau = pooled.tau if pooled.accepted else 0.0  # no verify step at all: nothing was predicted
     return tau, pooled.per_position(shape.num_steps)
 

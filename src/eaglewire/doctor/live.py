@@ -33,10 +33,12 @@ from typing import Any
 
 from eaglewire.doctor.counters import Counters, detect_engine, read_counters
 from eaglewire.doctor.expect import POS_MARGIN, Counts, judge, wilson
+from eaglewire.doctor.live_lossless import TIE_LOGITS, Divergence
+from eaglewire.doctor.live_lossless import judge as lossless_judge
 from eaglewire.errors import EaglewireError
 
 HTTP_TIMEOUT_S = 600.0  # one greedy request on a loaded CPU server; every loop here is over a finite list
-VERDICTS = ("healthy", "below_expectation", "no_counters")
+VERDICTS = ("healthy", "below_expectation", "no_counters", "not_lossless")  # not_lossless: doctor/live_lossless.py
 
 
 def server_root(url: str) -> str:
@@ -62,6 +64,14 @@ def snapshot(url: str, engine: str | None = None) -> Counters:
 def served_model(url: str) -> str:
     data = json.loads(_get(server_root(url) + "/v1/models"))
     return data["data"][0]["id"]
+
+
+def served_numerics(url: str) -> dict[str, Any]:
+    """What the server says it computes in ({"dtype", "runtime", "shape"}: `eaglewire serve` says; vLLM and
+    SGLang do not, {})."""
+    data = json.loads(_get(server_root(url) + "/v1/models"))
+    about = data["data"][0].get("eaglewire") if data.get("data") else None
+    return about if isinstance(about, dict) else {}
 
 
 @dataclass
@@ -117,6 +127,12 @@ def probe_engine(url: str, chats: list[list[dict[str, str]]], max_tokens: int, e
     return EngineWindow(snapshot(url, before.engine).minus(before), answers, seconds)
 
 
+def chat_prompts(tok: Any, chats: list[list[dict[str, str]]]) -> list[Any]:
+    """Each chat rendered with the target's template, [1, P] ids (as our reference decodes them)."""
+    return [tok.apply_chat_template(m, add_generation_prompt=True, return_dict=True,
+                                    return_tensors="pt")["input_ids"] for m in chats]
+
+
 @dataclass
 class Reference:
     """Our engine on the same prompts at the engine's shape, and the target's own greedy answers."""
@@ -125,6 +141,8 @@ class Reference:
     per_position: list[float]
     answers: list[str]
     prompt_tokens: list[int]
+    tokens: list[list[int]] = field(default_factory=list)  # the answers' token ids (live_lossless reads them)
+    dtype: str = "float32"  # the target's, as the reference decoded it
 
 
 def reference(target: Any, draft: Any, contract: Any, shape: Any, chats: list[list[dict[str, str]]],
@@ -136,20 +154,20 @@ def reference(target: Any, draft: Any, contract: Any, shape: Any, chats: list[li
     from eaglewire.decoding.engine import SpecStats
 
     tok = target.tokenizer
-    prompts = [tok.apply_chat_template(m, add_generation_prompt=True, return_dict=True,
-                                       return_tensors="pt")["input_ids"] for m in chats]
+    prompts = chat_prompts(tok, chats)
     # tau does not depend on how fast the GEMMs run: the plain runtime
     dec = decoder(target, draft, shape, max_tokens, context=max(p.shape[1] for p in prompts) + max_tokens,
                   accelerate=False, calibrate=False, contract=contract)
-    eos, pooled, answers = {tok.eos_token_id}, SpecStats(), []
+    eos, pooled, answers, tokens = {tok.eos_token_id}, SpecStats(), [], []
     for ids in prompts:
         # our speculative decoder's greedy answer IS the target's own greedy answer (lossless by construction,
         # tests/decoding/test_spec_lossless.py), so one decode gives both the reference answer and the predicted tau
         toks, st = dec.generate(ids, max_tokens, eos)
         pooled.accepted += st.accepted
         answers.append(tok.decode(toks, skip_special_tokens=True))
+        tokens.append([int(t) for t in toks])
     return Reference(pooled.tau if pooled.accepted else 0.0, pooled.per_position(shape.num_steps), answers,
-                     [int(p.shape[1]) for p in prompts])
+                     [int(p.shape[1]) for p in prompts], tokens, str(target.dtype).removeprefix("torch."))
 
 
 @dataclass
@@ -219,24 +237,38 @@ class LiveReport:
         return asdict(self)
 
 
-def lossless_check(window: EngineWindow, ref: Reference) -> dict[str, Any]:
-    """The engine's greedy answers against the target's own (text; the server's prompt length against ours)."""
+def lossless_check(window: EngineWindow, ref: Reference, divs: list[Divergence] | None = None,
+                   tol: float = TIE_LOGITS["bfloat16"], numerics: str = "") -> dict[str, Any]:
+    """The engine's greedy answers against the target's own (text; the server's prompt length against ours),
+    and every difference's cause (doctor/live_lossless.py): `ok` False where one is not a near-tie."""
     same = [a.text == b for a, b in zip(window.answers, ref.answers)]
     first = [next((i for i, (x, y) in enumerate(zip(a.text, b)) if x != y), min(len(a.text), len(b)))
              for a, b, s in zip(window.answers, ref.answers, same) if not s]
     template = [a.prompt_tokens for a in window.answers] == ref.prompt_tokens or \
         all(a.prompt_tokens is None for a in window.answers)
+    if divs is None and not all(same):  # nobody measured the margins: a difference is not explained
+        ok, cause = False, (f"{len(same) - sum(same)} answer(s) differ from the target's greedy answers and their "
+                            "margins were not measured")
+    else:
+        ok, cause = lossless_judge(divs or [], template, tol, numerics)
     return {"identical": sum(same), "prompts": len(same), "first_difference_chars": first,
             "engine_prompt_tokens": [a.prompt_tokens for a in window.answers], "our_prompt_tokens": ref.prompt_tokens,
-            "same_template": template}
+            "same_template": template, "ok": ok, "cause": cause, "divergences": [vars(d) for d in divs or []]}
 
 
-def compare(window: EngineWindow, ref: Reference, k: int, draft: str, target: str | None) -> LiveReport:
-    """The verdict (module docstring)."""
+def compare(window: EngineWindow, ref: Reference, k: int, draft: str, target: str | None,
+            divs: list[Divergence] | None = None, tol: float = TIE_LOGITS["bfloat16"],
+            numerics: str = "") -> LiveReport:
+    """The verdict (module docstring); an answer that differs from the target's beyond a near-tie makes it
+    `not_lossless` whatever the counters say (divs: live_lossless.divergences of the answers that differ)."""
     c = window.counters
     measured = c.to_dict()
     predicted = {"tau": round(ref.tau, 4), "per_position": [round(p, 4) for p in ref.per_position]}
-    lossless = lossless_check(window, ref)
+    lossless = lossless_check(window, ref, divs, tol, numerics)
+    if not lossless["ok"]:
+        return LiveReport(c.engine, "not_lossless", "the engine's answers are not the target's: " + lossless["cause"],
+                          k, measured, predicted, lossless, next_command="serve at the dtype the answers must match "
+                          "(eaglewire serve --dtype float32), greedy (temperature 0), with the target's chat template")
     if not c.exposed or (c.drafts is not None and c.drafts == 0):
         why = ("the engine exposes no speculative counters" if not c.exposed else
                "the engine's speculative counters did not move while the probe ran: it is not speculating")
@@ -249,6 +281,8 @@ def compare(window: EngineWindow, ref: Reference, k: int, draft: str, target: st
     flagged = exp.flagged or bool(low)
     msg = exp.message + ("" if not c.gauge_only else " (SGLang's gauge: the mean of its last log interval, no "
                                                      "per-position counters)")
+    if lossless["cause"]:  # every difference a near-tie: the verdict stands, and names it
+        msg += "; " + lossless["cause"]
     rep = LiveReport(c.engine, "below_expectation" if flagged else "healthy", msg, k, measured, predicted, lossless,
                      [vars(f) for f in low])
     if flagged:

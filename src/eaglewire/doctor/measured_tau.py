@@ -70,7 +70,7 @@ class EngineRun:
             return f"{head}: not run ({self.skipped})"
         parts = [f"{name} {v[0]:.2f}" if v is not None else f"{name}: none (the engine cannot capture it)"
                  for name, v in sorted(self.tau.items())]
-        return (f"{head} ({self.prompts} built-in prompts x {self.new_tokens} greedy tokens) predicts tau "
+        return (f"{head} ({self.prompts} built-in prompts x {self.new_tokens} greedy tokens) predicts tau (doctor's engine) "
                 + ", ".join(parts))
 
 

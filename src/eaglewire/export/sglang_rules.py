@@ -17,11 +17,14 @@ whose rule the record does not know, or a rule that reads ids otherwise, fails t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
+
+from packaging.version import InvalidVersion, Version
 
 from eaglewire.cache import cache_root
 from eaglewire.errors import TranslationError
@@ -60,6 +63,7 @@ class SGLangRule:
     home: str  # "model_file.py:Class" whose setter runs
     rule: str  # eagle3: a contract convention (sglang-plus1 / -first1 / -final); dflash: a DFLASH_SHIFT key
     via: str | None = None  # the wrapper whose setter handed the ids on, if any
+    read_as: tuple[str, str] | None = None  # a release not read: the read releases either side, which agree
 
     @property
     def model_file(self) -> str:
@@ -67,15 +71,43 @@ class SGLangRule:
 
     def describe(self) -> str:
         via = f" via {self.via.split(':')[0]}" if self.via else ""
-        return f"SGLang {self.release} {self.model_file}{via} ({self.rule})"
+        unread = (f"; {self.release} not read, the rule of {self.read_as[0]} and {self.read_as[1]}, the read "
+                  f"releases either side, which agree for {self.model_file}") if self.read_as else ""
+        return f"SGLang {self.release} {self.model_file}{via} ({self.rule}{unread})"
+
+
+def _version(text: str) -> Version | None:
+    try:
+        return Version(text)
+    except InvalidVersion:
+        return None
+
+
+def neighbours(version: str) -> tuple[str, str] | None:
+    """The read releases just below and just above `version` (a release number between the oldest and the
+    newest read), or None where it is read itself, outside that range, or not a release number."""
+    v = _version(version)
+    if version in RELEASES or v is None:
+        return None
+    below = [r for r in RELEASES if Version(r) < v]
+    above = [r for r in RELEASES if Version(r) > v]
+    return (below[-1], above[0]) if below and above else None
 
 
 def check_release(version: str | None) -> str:
+    """`version` (default: the newest read) where eaglewire can say how it reads layer ids: a read release, or
+    one between two read releases (rule_for then applies their rule where they agree for the model file)."""
     version = version or NEWEST
-    if version not in RELEASES:
-        raise TranslationError(f"SGLang {version} is not a release eaglewire has read", expected=", ".join(RELEASES),
-                               found=version, fix="pick a verified release with --engine-version (newer releases: "
-                               "add them to RELEASES and run tests/export/test_sglang_rules.py)")
+    if version not in RELEASES and neighbours(version) is None:
+        v = _version(version)
+        newer = v is not None and v > Version(NEWEST)
+        raise TranslationError(f"SGLang {version} is not a release eaglewire has read" +
+                               (f" and is newer than the newest read ({NEWEST})" if newer else ""),
+                               expected=f"a read release ({', '.join(RELEASES)}) or one between two of them",
+                               found=version, fix=(f"pass --engine-version {NEWEST} to apply the newest rules read "
+                                                   "after checking that your release's model file "
+                                                   "(sglang/srt/models/*.py) still sets the capture ids the same way"
+                                                   if newer else f"pass one of {', '.join(RELEASES)}"))
     return version
 
 
@@ -85,8 +117,12 @@ def _homes(kind: str, release: str) -> dict[str, dict[str, Any]]:
 
 
 def rule_for(architecture: str | None, release: str | None = None, kind: str = "eagle3") -> SGLangRule:
-    """The rule SGLang `release` (default: the newest verified) applies to `architecture`'s layer ids."""
+    """The rule SGLang `release` (default: the newest verified) applies to `architecture`'s layer ids. A
+    release between two read ones gets their rule where both read the architecture's ids through the same
+    model file by the same rule (said in `read_as` and describe()), else a clear error naming both."""
     release = check_release(release)
+    if release not in RELEASES:
+        return _between(architecture, release, kind)
     if not architecture:
         raise TranslationError("SGLang's layer-id rule depends on the target's architecture",
                                expected="an architecture (config.json `architectures[0]`)", found="none",
@@ -114,6 +150,19 @@ def rule_for(architecture: str | None, release: str | None = None, kind: str = "
                                    "wrapper to DELEGATES after reading its source")
         via, architecture = home, DELEGATES[home]
     raise TranslationError("SGLang delegation loop", expected="a model that captures", found=architecture)
+
+
+def _between(architecture: str | None, release: str, kind: str) -> SGLangRule:
+    """An unread release between two read ones: their rule where they agree (vLLM's ranged rows do likewise)."""
+    low, high = neighbours(release) or (NEWEST, NEWEST)
+    a, b = rule_for(architecture, low, kind), rule_for(architecture, high, kind)
+    if (a.home, a.rule, a.via) != (b.home, b.rule, b.via):
+        raise TranslationError(f"SGLang {release} is not a release eaglewire has read, and the read releases either "
+                               f"side read {architecture}'s {kind} layer ids differently",
+                               expected=f"a release whose rule is known: {a.describe()} or {b.describe()}",
+                               found=release, fix=f"read your release's {a.model_file} (set_{kind}_layers_to_capture), "
+                               f"then pass --engine-version {low} or {high}, whichever it matches")
+    return dataclasses.replace(a, release=release, read_as=(low, high))
 
 
 def used_rules(kind: str = "eagle3") -> tuple[str, ...]:

@@ -17,6 +17,14 @@ from eaglewire.safeio import atomic_write_text
 from eaglewire.target.loader import Target
 
 
+def compiles_on_start(target: Target, max_len: int) -> bool:
+    """Whether a calibrated start with compile "always" (serve, bench) builds compiled layouts now: no start on
+    this machine has built them for this target and cache size yet (calibration.compiled_marker)."""
+    if target.text_config.model_type not in SUPPORTED:
+        return False
+    return not compiled_marker(target, max(max_len, CALIBRATION_PREFIX + max(CALIBRATION_KS))).exists()
+
+
 def make_fast_runtime(target: Target, max_len: int, *, calibrate: bool | str = False,
                       log: Callable[[str], None] | None = None, compile: str = "always",
                       verify_rows: tuple[int, ...] = ()) -> Runtime:

@@ -92,19 +92,24 @@ def _train_fields() -> dict[str, Any]:
 
 # The drafter family and its block objective: TrainConfig's CLI-only knobs (train/config.py), a section of their
 # own so the train section (and with it every EAGLE-3 run's cache keys) stays as it was. `name` is the `family` knob.
-FAMILY_KNOBS = {"name": "family", "block_size": "block_size", "anchors": "anchors", "block_gamma": "block_gamma"}
+FAMILY_KNOBS = {"name": "family", "block_size": "block_size", "anchors": "anchors", "block_gamma": "block_gamma",
+                "init_from_target": "init_layers_from_target"}
 
 
 class _FamilySection(_Strict):
+    reduced_vocab: bool = Field(False, description="dflash: draft over the run's reduced vocabulary (vocab."
+                                "draft_vocab_size ids, its own head; vLLM's DFlash loader reads it) instead of the "
+                                "target's full one (EAGLE-3 always drafts a reduced vocabulary)")
+
     def knobs(self) -> dict[str, Any]:
         """{TrainConfig knob: value} of this section."""
         return {knob: getattr(self, name) for name, knob in FAMILY_KNOBS.items()}
 
     def changed(self) -> dict[str, Any]:
-        """{TrainConfig knob: value} of the fields set to other than their defaults: what the train stage's key
-        holds of this section, so an EAGLE-3 run (every default) keys its stages exactly as before the section
-        existed."""
-        return {FAMILY_KNOBS[k]: v for k, v in self.model_dump(mode="json", exclude_defaults=True).items()}
+        """{TrainConfig knob (or this section's own field): value} of the fields set to other than their
+        defaults: what the train stage's key holds of this section, so an EAGLE-3 run (every default) keys its
+        stages exactly as before the section existed."""
+        return {FAMILY_KNOBS.get(k, k): v for k, v in self.model_dump(mode="json", exclude_defaults=True).items()}
 
 
 _ALL_KNOBS = knob_fields("cli")
@@ -126,9 +131,10 @@ class BenchCfg(_Strict):
     num_steps: int = DEFAULT_TREE.num_steps
     topk: int = DEFAULT_TREE.topk
     num_draft_tokens: int = DEFAULT_TREE.num_draft_tokens
-    methods: tuple[Literal[B.METHODS], ...] = Field(B.DEFAULT_METHODS, description="the rows on our "  # type: ignore[valid-type]
-                                                    "runtime (vanilla is the lossless reference; hf_generate and "
-                                                    "prompt_lookup run HF generate and are slow)")
+    methods: tuple[Literal[B.METHODS + B.BLOCK_METHODS], ...] = Field(B.DEFAULT_METHODS, description="the rows "  # type: ignore[valid-type]
+                                                    "on our runtime (vanilla is the lossless reference; hf_generate "
+                                                    "and prompt_lookup run HF generate and are slow; dflash: a "
+                                                    "block drafter's row)")
     draft_dtype: Literal[DRAFT_DTYPES] = Field("auto", description="the dtype our EAGLE rows' draft runs in "  # type: ignore[valid-type]
                                                "(auto = bfloat16 where the CPU has it natively; output stays the target's)")
     tau_prompts: int = Field(8, ge=0, description="the first this many bench prompts decode with the draft "
@@ -173,6 +179,16 @@ class RunConfig(_Strict):
     def train_config(self) -> TrainConfig:
         """The training knobs: the train section's and the family section's."""
         return TrainConfig(**self.train.model_dump(exclude=set(_RUN_ONLY)), **self.family.knobs())
+
+    def shown(self) -> dict[str, Any]:
+        """The config as `run --show-config` prints it: without the fields the family never reads."""
+        from eaglewire.train.objectives import objective
+
+        d = self.model_dump(mode="json")
+        for dotted in objective(self.family.name).unused_run_fields:
+            section, key = dotted.split(".")
+            d[section].pop(key, None)
+        return d
 
     def digest(self, *parts: str) -> str:
         """sha256 of the named sections (all when none), canonical JSON."""
@@ -295,14 +311,27 @@ def _read_file(path: Path) -> dict[str, Any]:
     return data
 
 
+def _family_defaults(given: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:
+    """The trained family's run defaults (train/objectives.py run_defaults): the family the flags or the config
+    file name; a budget's fields give way to them, the file's and the flags' do not."""
+    from eaglewire.families import FAMILIES
+    from eaglewire.train.objectives import objective
+
+    name = next((s["name"] for s in (flags.get("family"), given.get("family"))
+                 if isinstance(s, dict) and isinstance(s.get("name"), str)), "eagle3")
+    known = name in FAMILIES and FAMILIES[name].has("objective")  # an unknown name: the schema says so
+    return dict(objective(name).run_defaults) if known else {}
+
+
 def resolve(budget: str = "quick", config: Path | None = None, **flags: Any) -> RunConfig:
     """Budget preset, then the config file, then explicit flags (None = not given)."""
     if budget not in BUDGETS:
         raise EaglewireError(f"unknown budget {budget!r}", expected=" | ".join(BUDGETS), found=budget)
     merged = dict(BUDGETS[budget])
-    if config is not None:
-        merged = _merge(merged, _read_file(Path(config)))
-    merged = _merge(merged, {k: v for k, v in flags.items() if v is not None})
+    given = _read_file(Path(config)) if config is not None else {}
+    flags = {k: v for k, v in flags.items() if v is not None}
+    merged = _merge(_merge(merged, _family_defaults(given, flags)), given)
+    merged = _merge(merged, flags)
     try:
         return RunConfig.model_validate(merged)
     except ValidationError as err:

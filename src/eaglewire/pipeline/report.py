@@ -73,9 +73,12 @@ def launch_commands(ctx: Ctx) -> dict[str, str]:
     target = str(ctx.target.path) if ctx.target.path else ctx.target.name
     block = trained_contract(ctx).block
     # SGLang's block-size flag counts the anchor (B); vLLM's num_speculative_tokens counts the drafts of a round
+    # EAGLE-3: the shape the bench ran, the tree where its row ran, else the chain (as SGLang spells a chain)
+    ran = ctx.results.get("bench", {}).get("result", {}).get("methods", {})
+    shape = b.tree() if "eagle_tree" in ran else b.chain()
     sglang_knobs = [f"--speculative-num-draft-tokens {block.block_size}"] if block else [
-        f"--speculative-num-steps {b.num_steps}", f"--speculative-eagle-topk {b.topk}",
-        f"--speculative-num-draft-tokens {b.num_draft_tokens}"]
+        f"--speculative-num-steps {shape.num_steps}", f"--speculative-eagle-topk {shape.topk}",
+        f"--speculative-num-draft-tokens {shape.num_draft_tokens}"]
     out = {}
     if "sglang" in exports:
         try:  # the layer ids in the export were written for one SGLang release's model-file rule
@@ -104,7 +107,8 @@ def _bench_rows(res: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     from eaglewire.serve.bench import label
 
     bases = [b for b in ("vanilla", "prompt_lookup", "hf_generate", "vllm_vanilla") if b in res["methods"]]
-    head = ["method", "median tok/s"] + [f"× {b}" for b in bases] + ["τ", "per-position acceptance", "= vanilla"]
+    head = ["method", "median tok/s"] + [f"× {b}" for b in bases] + ["τ (bench)", "per-position acceptance",
+                                                                     "= vanilla"]
     rows = []
     for name, m in res["methods"].items():
         rows.append([label(name, res), f"{m['median_tok_s']:.2f}"] + [f"{m[f'speedup_vs_{b}']:.2f}×" for b in bases]
@@ -119,7 +123,7 @@ def tau_change(res: dict[str, Any]) -> str:
     t = res.get("tau_before_after")
     if not t:
         return ""
-    return (f"Training started from {t['start']}: τ {t['before']:.2f} before -> {t['after']:.2f} after "
+    return (f"Training started from {t['start']}: τ (bench) {t['before']:.2f} before -> {t['after']:.2f} after "
             f"(chain k = {t['chain_k']}, the same {t['prompts']} prompts × {t['max_new_tokens']} new tokens, "
             "float32 drafts on the plain runtime).")
 
@@ -133,7 +137,7 @@ def verdict(res: dict[str, Any], family: str = "eagle3") -> str:
     r = m[best]["speedup_vs_vanilla"]
     word = "faster" if r > 1 else "slower"
     return (f"Best {get_family(family).title} setting: {label(best, res)} at {m[best]['median_tok_s']:.2f} tok/s = {r:.2f}× the "
-            f"tokens/s of vanilla decoding ({word}), τ {m[best]['tau']:.2f}" +
+            f"tokens/s of vanilla decoding ({word}), τ (bench) {m[best]['tau']:.2f}" +
             (f", {m[best]['speedup_vs_prompt_lookup']:.2f}× prompt lookup" if "prompt_lookup" in m else "") + "." +
             (f" The real vLLM CPU build with the same draft: {label('vllm_eagle_chain', res)} "
              f"{m['vllm_eagle_chain']['median_tok_s']:.2f} tok/s ({m['vllm_eagle_chain']['speedup_vs_vllm_vanilla']:.2f}× "
@@ -192,7 +196,12 @@ def _sections(ctx: Ctx, timings: dict[str, dict[str, Any]], pngs: dict[str, Path
                                   "of many tokens costs about one decode step, so deeper knobs pay off there; "
                                   "eaglewire doctor expect --draft DIR predicts τ for any knobs."],
                        code=list(launch_commands(ctx).values())))
-    sec.append(Section("Stages", tables=[(["stage", "seconds", "status", "directory"],
+    ran = sum(t["seconds"] for t in timings.values() if not t["reused"])
+    kept = [n for n, t in timings.items() if t["reused"]]
+    sec.append(Section("Stages", [f"Command: {ctx.command or 'eaglewire run'}. Total: "
+                                  f"{sum(t['seconds'] for t in timings.values()):.0f} s over every stage, {ran:.0f} s "
+                                  "in this invocation" + (f" ({len(kept)} stage(s) kept from an earlier run)"
+                                                          if kept else "") + "."], tables=[(["stage", "seconds", "status", "directory"],
                                           [[n, f"{t['seconds']:.0f}", "kept from earlier run" if t["reused"] else "ran",
                                             t["dir"]] for n, t in timings.items()])]))
     return sec
@@ -307,7 +316,8 @@ def summary(ctx: Ctx, timings: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "doctor_errors": {f: r["errors"] for f, r in ctx.results["doctor"]["reports"].items()},
             "bench": {n: {k: m[k] for k in m if k not in ("tok_s",)} for n, m in res["methods"].items()},
             "tau_before_after": res.get("tau_before_after"),
-            "verdict": verdict(res, ctx.cfg.family.name), "launch": launch_commands(ctx), "stages": timings}
+            "verdict": verdict(res, ctx.cfg.family.name), "launch": launch_commands(ctx), "stages": timings,
+            "command": ctx.command, "total_s": round(sum(t["seconds"] for t in timings.values()), 1)}
 
 
 def write_report(ctx: Ctx, timings: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -176,23 +176,24 @@ def resolve_taps(cfg: RunConfig, target: Target) -> tuple[int, ...]:
 
 
 def run_pipeline(cfg: RunConfig, out: Path, *, progress: Callable[[str, float, float | None, str], None],
-                 log: Callable[[str], None], target: Target | None = None) -> dict[str, Any]:
-    """Run (or resume) every stage, then write the report. Returns summary.json's content."""
+                 log: Callable[[str], None], target: Target | None = None, command: str = "") -> dict[str, Any]:
+    """Run (or resume) every stage, then write the report (naming `command`, the line that ran it). Returns
+    summary.json's content."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     with output_lock(out):  # one `run` per run folder
-        return _run(cfg, out, progress, log, target)
+        return _run(cfg, out, progress, log, target, command)
 
 
 def _run(cfg: RunConfig, out: Path, progress: Callable[[str, float, float | None, str], None],
-         log: Callable[[str], None], target: Target | None) -> dict[str, Any]:
+         log: Callable[[str], None], target: Target | None, command: str = "") -> dict[str, Any]:
     from eaglewire.pipeline.report import write_report
 
     atomic_write_json(out / "run_config.json", cfg.model_dump(mode="json"))
     target = target or load_target(cfg.target)
     taps = resolve_taps(cfg, target)
     keys, state = stage_keys(cfg, target, taps), RunState(out)
-    ctx = S.Ctx(cfg, out, target, target.contract(taps), log=log)
+    ctx = S.Ctx(cfg, out, target, target.contract(taps), log=log, command=command)
     timings: dict[str, dict[str, Any]] = {}
     for i, st in enumerate(STAGES):
         key, dkey = keys[st.name]

@@ -32,6 +32,7 @@ class Ctx:
     dirs: dict[str, Path] = field(default_factory=dict)  # finished stages' work directories
     progress: Progress = lambda done, total, detail: None
     log: Callable[[str], None] = print
+    command: str = ""  # the command line that ran (the report names it)
 
 
 def _regen_file(ctx: Ctx) -> Path:
@@ -214,7 +215,8 @@ def train(ctx: Ctx, work: Path) -> dict[str, Any]:
 
     t = ctx.cfg.train
     cfg = _resolve_init(ctx, ctx.cfg.train_config())  # before the contract: a warm start keeps its norm flags
-    vocab = Path(ctx.results["vocab"]["file"]) if objective(cfg.family).reduced_vocab else None
+    vocab = Path(ctx.results["vocab"]["file"]) if objective(cfg.family).reduced_vocab or \
+        ctx.cfg.family.reduced_vocab else None  # DFlash: its own head over the run's vocabulary when asked
     features_dir = ctx.dirs["features"] if t.features == "offline" else None
     resume = trainer_state.latest_state(work) is not None
     if resume:
@@ -336,7 +338,8 @@ def _tau_before_after(ctx: Ctx, prompts: list) -> dict[str, Any]:
 
     b = ctx.cfg.bench
     cfg = _resolve_init(ctx, ctx.cfg.train_config())  # the run's family section merged in, as the train stage's
-    vocab = Path(ctx.results["vocab"]["file"]) if objective(cfg.family).reduced_vocab else None
+    vocab = Path(ctx.results["vocab"]["file"]) if objective(cfg.family).reduced_vocab or \
+        ctx.cfg.family.reduced_vocab else None  # DFlash: its own head over the run's vocabulary when asked
     before, contract = start_draft(ctx.target, ctx.contract.taps, vocab, cfg)
     after = load_checkpoint(Path(ctx.results["train"]["draft"]), target=ctx.target)
     taus = {}

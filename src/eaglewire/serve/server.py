@@ -157,7 +157,9 @@ class Handler(BaseHTTPRequestHandler):
         elif route == "/health":
             self._send(200, {"status": "ok", "queued": self.srv.jobs.qsize()})
         elif route == "/v1/models":
-            self._send(200, {"object": "list", "data": [{"id": self.srv.model_name, "object": "model"}]})
+            model = {"id": self.srv.model_name, "object": "model"}
+            self._send(200, {"object": "list", "data": [{**model, "eaglewire": self.srv.about} if self.srv.about
+                                                        else model]})
         else:
             self._error(BadRequest(404, f"no route {self.path[:100]}", "not_found"))
 
@@ -325,13 +327,15 @@ def build_server(target: Any, draft: Any, shape: Any, model_name: str | None, ma
     """The `eaglewire serve` server: a loaded draft (in the target's dtype) on the target's runtime, bound to
     host:port (or on `httpd`, from `bind`, taken before loading). `log` hears what the start does (GEMM layout
     calibration measured, or reused from the cache)."""
-    from eaglewire.compose import cache_len, proposer, runtime
+    from eaglewire.compose import FIRST_START_NOTE, cache_len, first_start_builds, proposer, runtime
     from eaglewire.decoding.engine import SpecDecoder
 
     say = log or (lambda _m: None)
     t0 = time.perf_counter()
-    say(f"building the target runtime (context {max_context} + {shape.num_draft_tokens} draft tokens)")
     max_len = cache_len(max_context, shape)
+    if first_start_builds(target, max_len):  # said before the minutes start, not after
+        say(FIRST_START_NOTE)
+    say(f"building the target runtime (context {max_context} + {shape.num_draft_tokens} draft tokens)")
     rt = runtime(target, max_len, calibrate=True, log=log, verify_rows=(shape.num_draft_tokens,))
     say(f"target runtime ready in {time.perf_counter() - t0:.1f} s; building the decoder")
     t1 = time.perf_counter()
@@ -344,8 +348,9 @@ def build_server(target: Any, draft: Any, shape: Any, model_name: str | None, ma
                                     top_p=job.top_p, seed=job.seed, on_tokens=on_tokens)
         return stats
 
+    about = {"dtype": str(target.dtype).removeprefix("torch."), "runtime": type(rt).__name__, "shape": f"S{shape.num_steps} K{shape.topk} N{shape.num_draft_tokens}"}
     srv = SpecServer(generate, target.tokenizer, model_name or target.name, max_tokens_limit, max_context, eos=eos,
-                     draft_depth=shape.num_steps)
+                     draft_depth=shape.num_steps, about=about)
     if httpd is None:
         httpd = serve(srv, host, port)
     else:

@@ -80,8 +80,9 @@ class SpecServer:
 
     def __init__(self, generate: Callable[[Job, Callable[[list[int]], None]], Any], tokenizer: Any, model_name: str,
                  max_tokens_limit: int, max_context: int, max_queue: int = 64, eos: set[int] | None = None,
-                 draft_depth: int = 0) -> None:
+                 draft_depth: int = 0, about: dict[str, Any] | None = None) -> None:
         self.generate, self.tok, self.model_name = generate, tokenizer, model_name
+        self.about = about or {}  # the numerics answers depend on (dtype, runtime, shape): /v1/models shows them
         self.max_tokens_limit, self.max_context = max_tokens_limit, max_context
         self.eos = eos if eos is not None else {tokenizer.eos_token_id}
         self.jobs: "queue.Queue[Job]" = queue.Queue(maxsize=max_queue)

@@ -8,7 +8,7 @@ the family's contract and default taps. Every family is saved and resumed in the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from torch import nn
@@ -36,13 +36,28 @@ class Objective:
     # True: the family's drafts need a reduced vocabulary (a vocab map, d2t) and the pipeline builds one; False:
     # the target's full vocabulary unless a map is given (DFlash)
     reduced_vocab: bool = True
+    # `eaglewire run`'s defaults for the family, a partial run config applied over the budget (a config file and
+    # flags still win): the best recipe measured for it (docs/results/experiments.md)
+    run_defaults: dict[str, Any] = field(default_factory=dict)
+    # run-config fields (section.key) the family's training and bench never read: `run --show-config` omits them
+    unused_run_fields: tuple[str, ...] = ()
 
 
+# DFlash's best measured recipe on a CPU (benchmarks/results/dflash/*-data-vocab, *-levers: block 4, 64 anchors,
+# lr 3e-3, layers from the target, its own 16k head); its bench rows are the block's, not EAGLE-3's chain/tree.
+# A draft with its own head is read by vLLM's DFlash loader only (export/block.py refuses the others): vllm alone.
+DFLASH_RUN = {"family": {"block_size": 4, "anchors": 64, "init_from_target": True, "reduced_vocab": True},
+              "train": {"lr": 3e-3, "init_from": ""}, "vocab": {"draft_vocab_size": 16000},
+              "bench": {"methods": ("vanilla", "dflash")}, "formats": ("vllm",)}
 # Each family's training record is its record's "objective" part (families.py)
 register_part("eagle3", "objective", Objective("eagle3", default_taps, eagle3.make_contract, eagle3.build_draft,
                                                eagle3.ttt_model))
 register_part("dflash", "objective", Objective("dflash", dflash.default_taps, dflash.make_contract,
-                                               dflash.build_draft, dflash.block_model, reduced_vocab=False))
+                                               dflash.build_draft, dflash.block_model, reduced_vocab=False,
+                                               run_defaults=DFLASH_RUN,
+                                               unused_run_fields=("train.ttt_steps", "train.ttt_decay",
+                                                                  "bench.num_steps", "bench.topk",
+                                                                  "bench.num_draft_tokens")))
 
 
 def objective(family: str) -> Objective:
