@@ -14,11 +14,11 @@ import json
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from eaglewire.data.regenerate import SERVER_IN_FLIGHT, GenerationSettings
 from eaglewire.export.engines import ENGINE_FORMATS
-from eaglewire.hw import DRAFT_DTYPES, RUNTIME_DTYPES
+from eaglewire.hw import DEVICE_DEFAULT, DEVICE_HELP, DRAFT_DTYPES, RUNTIME_DTYPES, check_device
 from eaglewire.data.samples import DEFAULT_HELDOUT_FRACTION, DEFAULT_MAX_LENGTH
 from eaglewire.errors import EaglewireError
 from eaglewire.decoding.tree import DEFAULT_TREE, TreeShape
@@ -169,6 +169,17 @@ class RunConfig(_Strict):
     train: TrainCfg = TrainCfg()
     bench: BenchCfg = BenchCfg()
     formats: tuple[Literal[ENGINE_FORMATS], ...] = DEFAULT_FORMATS  # type: ignore[valid-type]  # engines.py
+    # where every stage runs (--device is the same knob): not in any stage's key, so a run started on one
+    # machine resumes on another; the dtype a GPU computes in is (train.capture_dtype)
+    device: str = Field(DEVICE_DEFAULT, description=DEVICE_HELP)
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        try:
+            return check_device(value)
+        except EaglewireError as err:  # as ValueError, pydantic names the field
+            raise ValueError(str(err).replace("\n", ";")) from None
 
     def train_config(self) -> TrainConfig:
         """The training knobs: the train section's and the family section's."""

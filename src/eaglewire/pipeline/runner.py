@@ -175,6 +175,18 @@ def resolve_taps(cfg: RunConfig, target: Target) -> tuple[int, ...]:
     return tuple(cfg.taps) if cfg.taps is not None else objective(cfg.family.name).default_taps(target.num_layers)
 
 
+def _load_run_target(cfg: RunConfig, log: Callable[[str], None]) -> Target:
+    """The run's target on the run config's device (compose.device decides: cuda when visible), in bfloat16
+    on a GPU, float32 on the CPU (hw.default_dtype_name)."""
+    import torch
+
+    from eaglewire.compose import device
+    from eaglewire.hw import default_dtype_name
+
+    where = device(cfg.device, log)
+    return load_target(cfg.target, device=where, dtype=getattr(torch, default_dtype_name(where)))
+
+
 def run_pipeline(cfg: RunConfig, out: Path, *, progress: Callable[[str, float, float | None, str], None],
                  log: Callable[[str], None], target: Target | None = None) -> dict[str, Any]:
     """Run (or resume) every stage, then write the report. Returns summary.json's content."""
@@ -189,7 +201,7 @@ def _run(cfg: RunConfig, out: Path, progress: Callable[[str, float, float | None
     from eaglewire.pipeline.report import write_report
 
     atomic_write_json(out / "run_config.json", cfg.model_dump(mode="json"))
-    target = target or load_target(cfg.target)
+    target = target or _load_run_target(cfg, log)
     taps = resolve_taps(cfg, target)
     keys, state = stage_keys(cfg, target, taps), RunState(out)
     ctx = S.Ctx(cfg, out, target, target.contract(taps), log=log)

@@ -33,6 +33,11 @@ class Ctx:
     progress: Progress = lambda done, total, detail: None
     log: Callable[[str], None] = print
 
+    @property
+    def device(self) -> str:
+        """Where the stages run: the run's target's device (the run config's `device` put it there)."""
+        return str(self.target.device)
+
 
 def _regen_file(ctx: Ctx) -> Path:
     return ctx.dirs["regenerate"] / "regen.jsonl.gz"
@@ -191,9 +196,10 @@ def features(ctx: Ctx, work: Path) -> dict[str, Any]:
 
     if ctx.cfg.train.features == "online":
         return {"mode": "online"}
-    dtype = runtime_dtype(ctx.cfg.train.capture_dtype)
+    dtype = runtime_dtype(ctx.cfg.train.capture_dtype, ctx.device)
     # the run's target stays in its own dtype (the bench's reference); capture loads a copy in this one
-    target = ctx.target if dtype == ctx.target.dtype else load_target(ctx.cfg.target, dtype=dtype)
+    target = ctx.target if dtype == ctx.target.dtype else load_target(ctx.cfg.target, dtype=dtype,
+                                                                      device=ctx.device)
     ctx.log(f"features: the target runs in {str(dtype).removeprefix('torch.')} for capture (train.capture_dtype "
             f"{ctx.cfg.train.capture_dtype}; native bf16: {'yes' if native_bf16() else 'no'})")
     manifest = capture_features(target, ctx.contract, _samples(ctx), work, pad_id=ctx.target.pad_id,
@@ -210,6 +216,7 @@ def train(ctx: Ctx, work: Path) -> dict[str, Any]:
     vocab stage's map only for a family that drafts a reduced vocabulary (train/objectives.py)."""
     from eaglewire.api import train_draft
     from eaglewire.train import state as trainer_state
+    from eaglewire.train.dist import DistInfo
     from eaglewire.train.objectives import objective
 
     t = ctx.cfg.train
@@ -224,7 +231,8 @@ def train(ctx: Ctx, work: Path) -> dict[str, Any]:
         ctx.log(f"warm start from {cfg.init_from} (weights; head rows remapped to this vocab; optimizer fresh)")
     summary = train_draft(ctx.target, ctx.contract.taps, vocab, cfg, work,
                           samples=lambda: _samples(ctx), features=features_dir, heldout_fraction=t.heldout_fraction,
-                          resume=resume, on_step=lambda r: _train_progress(ctx, r, t.max_steps))
+                          resume=resume, on_step=lambda r: _train_progress(ctx, r, t.max_steps),
+                          info=DistInfo(device=ctx.device))
     return {"draft": str(work / "draft"), "heldout": summary["heldout"], "train_samples": summary["train_samples"],
             "heldout_samples": summary["heldout_samples"], "train_tokens": summary["train_tokens"],
             "seconds_this_run": time.perf_counter() - t0, "metrics": str(work / "metrics.jsonl"),
@@ -301,7 +309,7 @@ def bench(ctx: Ctx, work: Path) -> dict[str, Any]:
 
     b = ctx.cfg.bench
     draft = load_checkpoint(Path(ctx.results["train"]["draft"]), target=ctx.target,
-                            dtype=draft_dtype(b.draft_dtype, ctx.target.dtype))
+                            dtype=draft_dtype(b.draft_dtype, ctx.target.dtype, ctx.device))
     prompts = spec_bench.bench_prompts(ctx.target, b.source, b.prompts)
     methods = list(b.methods)
     if b.vllm == "on" or (b.vllm == "auto" and vllm_available()):
