@@ -68,7 +68,7 @@ def _greedy(target: Target, prompts: list[torch.Tensor], new_tokens: int) -> lis
     pad = target.pad_id if target.tokenizer is not None else 0
     eos = target.tokenizer.eos_token_id if target.tokenizer is not None else None
     width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)  # [B, Tp] left-padded for generate
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long, device="cpu")  # [B, Tp] left-padded, host
     mask = torch.zeros_like(ids)
     for i, p in enumerate(prompts):
         ids[i, width - len(p):], mask[i, width - len(p):] = p, 1
@@ -91,7 +91,7 @@ def sample_target(target: Target, prompts: list[torch.Tensor] | None = None, *, 
     prompts = prompts if prompts is not None else builtin_prompts(target)
     seqs = _greedy(target, prompts, new_tokens) if new_tokens else list(prompts)
     T = max(len(s) for s in seqs)
-    ids = torch.zeros((len(seqs), T), dtype=torch.long)  # [B, T] right-padded: real tokens never see pads
+    ids = torch.zeros((len(seqs), T), dtype=torch.long, device="cpu")  # [B, T] right-padded, host: real tokens never see pads
     mask = torch.zeros_like(ids)
     scored = torch.zeros_like(ids, dtype=torch.bool)
     for i, (s, p) in enumerate(zip(seqs, prompts)):
