@@ -52,6 +52,10 @@ class DataCfg(_Strict):
     engine_dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="vLLM's dtype for regeneration")
     engine_in_flight: int = Field(SERVER_IN_FLIGHT, ge=1, description="conversations vLLM keeps in flight, a "
                                   "rolling pool (throughput only: the results' data-engine throughput page)")
+    server: str = Field("", description="an OpenAI-compatible server already serving the target (vLLM or SGLang "
+                        "on GPUs, e.g. http://127.0.0.1:8000/v1): regeneration goes through it, engine_in_flight "
+                        "requests at a time, instead of data.engine; '' = none")
+    server_model: str = Field("", description="the model name to send to data.server ('' = 'default')")
 
     def generation(self) -> GenerationSettings:
         return GenerationSettings(max_new_tokens=self.max_new_tokens, temperature=self.temperature,

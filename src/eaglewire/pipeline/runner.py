@@ -43,11 +43,17 @@ class Stage:
 
 THROUGHPUT_ONLY = {"batch_size", "engine_in_flight"}  # data fields that change speed, never the text: not in a key
 
+
+def _data_key(c: RunConfig, leave_out: set[str]) -> dict[str, Any]:
+    """The data fields a regeneration's text depends on; data.server and its model only when set, so a run
+    that names none keys its stages as before the fields existed."""
+    unset = {"server", "server_model"} if not c.data.server else set()
+    return c.data.model_dump(exclude=THROUGHPUT_ONLY | leave_out | unset)
+
 STAGES: tuple[Stage, ...] = (
     Stage("prompts", "check the prompt source", S.prompts, (), lambda c: (c.data.source, c.data.conversations)),
     Stage("regenerate", "regenerate answers with the target", S.regenerate, (),
-          lambda c: (c.data.model_dump(exclude=THROUGHPUT_ONLY),),
-          lambda c: (c.data.model_dump(exclude=THROUGHPUT_ONLY | {"conversations"}),)),
+          lambda c: (_data_key(c, set()),), lambda c: (_data_key(c, {"conversations"}),)),
     Stage("vocab", "build the draft vocabulary", S.vocab, ("regenerate",),
           lambda c: (c.vocab.model_dump(), c.data.max_length, c.train.heldout_fraction, c.train.init_from)),
     # the capture dtype as resolved on this machine: "auto" captures bf16 on one machine and fp32 on another
