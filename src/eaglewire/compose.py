@@ -269,7 +269,9 @@ def _dflash_load(directory: Path, config: dict[str, Any], target: TargetInfo | N
 
 def _dflash_proposer(draft: DFlashDraft, contract: WiringContract, shape: TreeShape, max_len: int,
                      rt: Runtime) -> Proposer:
-    """The whole block drafted from one forward of the draft's own modules (no accelerated copy yet)."""
+    """The whole block drafted from one forward of the draft's own modules (no accelerated copy yet), the
+    target's embedding and head it reads beside them."""
+    draft.move_attached(draft.fc.weight.device)
     return BlockProposer(draft, contract, shape, max_len)
 
 

@@ -193,3 +193,15 @@ def test_each_command_says_its_device_first_and_loads_the_target_there(argv, tmp
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     refused = CliRunner().invoke(app, [*args, "--device", "cuda"])
     assert refused.exit_code == 2 and "torch sees 0 GPU" in refused.output and seen == ["cpu"]
+
+
+def test_a_block_drafts_attached_target_tensors_follow_its_modules():
+    """A DFlash draft reads the target's embedding and head as plain attributes, which Module.to leaves behind:
+    its proposer takes them to the device its modules are on (a target spread over GPUs keeps its head on the
+    last one)."""
+    target = build_target("llama")
+    draft, contract = build_dflash(target, taps=(1, 2, 3))
+    draft.to("meta")
+    assert draft.embed_weight.device.type == "cpu"
+    compose.FAMILIES[compose.DFLASH].proposer(draft, contract, TreeShape.chain(3), 64, None)
+    assert draft.embed_weight.device.type == draft.head_weight.device.type == "meta"

@@ -67,8 +67,7 @@ def features_view(contract: WiringContract) -> WiringContract:
 
 
 def collate(samples: list[Sample], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-pad to the longest sample: (input_ids, loss_mask, attention_mask), each [B, T], on the host (the
-    target's and the trainer's devices take them from there)."""
+    """Right-pad to the longest sample: (input_ids, loss_mask, attention_mask), each [B, T], on the host."""
     width = max(len(s.input_ids) for s in samples)
     ids = torch.full((len(samples), width), pad_id, dtype=torch.long, device="cpu")
     loss = torch.zeros(len(samples), width, dtype=torch.long, device="cpu")

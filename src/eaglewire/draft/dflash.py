@@ -172,6 +172,12 @@ class DFlashDraft(nn.Module):
                                       found=str(tuple(w.shape)))
         self.embed_weight, self.head_weight = embedding.detach(), head.detach()
 
+    def move_attached(self, device: torch.device | str) -> None:
+        """The attached target embedding and head moved to `device` (a copy where they live elsewhere: a target
+        spread over GPUs, a draft scored on the CPU). They are plain attributes, which Module.to leaves alone."""
+        if self.embed_weight is not None and self.head_weight is not None:
+            self.embed_weight, self.head_weight = self.embed_weight.to(device), self.head_weight.to(device)
+
     def _attached(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.embed_weight is None or self.head_weight is None:
             raise CheckpointError("the DFlash draft has no target embedding/head attached",
