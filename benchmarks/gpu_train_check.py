@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -101,7 +102,7 @@ def _measured(stage, device: str, into: dict):
     return dataclasses.replace(stage, fn=fn)
 
 
-def whole_job(tmp: Path, target_dir: Path, device: str, conversations: int, steps: int) -> dict:
+def whole_job(tmp: Path, target_dir: Path, device: str, conversations: int, steps: int, bench_tokens: int) -> dict:
     """`eaglewire run` on the small target, every stage measured; the run's summary and the stage table."""
     from eaglewire.pipeline import runner
     from eaglewire.pipeline.config import resolve
@@ -112,7 +113,7 @@ def whole_job(tmp: Path, target_dir: Path, device: str, conversations: int, step
                   vocab={"draft_vocab_size": 200},
                   train={"features": "offline", "max_steps": steps, "init_from": "", "eval_every": steps // 2,
                          "ckpt_every": steps // 2, "warmup_steps": 5, "batch_size": 4},
-                  bench={"source": "mtbench", "prompts": 4, "max_new_tokens": 128, "tau_prompts": 2,
+                  bench={"source": "mtbench", "prompts": 4, "max_new_tokens": bench_tokens, "tau_prompts": 2,
                          "methods": ("vanilla", "eagle_chain"), "vllm": "off"})
     stages: dict[str, dict] = {}
     saved = runner.STAGES
@@ -266,6 +267,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--layers", type=int, default=8, help="the whole job's small target: decoder layers")
     ap.add_argument("--conversations", type=int, default=32, help="the whole job: conversations regenerated")
     ap.add_argument("--job-steps", type=int, default=40, help="the whole job: training steps")
+    ap.add_argument("--bench-tokens", type=int, default=128, help="the whole job: new tokens per bench prompt")
     ap.add_argument("--parts", default="job,lossless,checks,throughput", help="which parts run (comma list)")
     ap.add_argument("--device", default="cuda", help="cuda; cpu only to dry-run this script's own logic")
     return ap.parse_args(argv)
@@ -276,6 +278,8 @@ def main(argv: list[str] | None = None) -> None:
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         print(NO_CUDA.format(version=torch.__version__, cuda=torch.version.cuda or "none"), file=sys.stderr)
         raise SystemExit(2)
+    if a.device == "cpu":  # a dry run checks this script's logic: no minutes of CPU kernel compilation
+        os.environ.setdefault("EAGLEWIRE_FASTCPU", "0")
     import transformers
 
     parts = set(a.parts.split(","))
@@ -285,7 +289,7 @@ def main(argv: list[str] | None = None) -> None:
         tmp = Path(d)
         if parts & {"job", "lossless"}:
             target_dir = build_small_target(tmp / "target", a.hidden, a.layers)
-            res["job"] = whole_job(tmp, target_dir, a.device, a.conversations, a.job_steps)
+            res["job"] = whole_job(tmp, target_dir, a.device, a.conversations, a.job_steps, a.bench_tokens)
             if "lossless" in parts:
                 res["lossless"] = lossless(tmp / "run", target_dir, a.device)
             print(json.dumps(res, indent=2), flush=True)
