@@ -128,7 +128,7 @@ def whole_job(tmp: Path, target_dir: Path, device: str, conversations: int, step
         stages[name]["ran_on_gpu"] = None if extra is None else extra > 1.0
     return {"wall_s": round(time.perf_counter() - t0, 1), "stages": stages,
             "doctor_errors": summary["doctor_errors"], "verdict": summary["verdict"],
-            "draft": str(tmp / "run"), "ok": all(stages[n].get("ran_on_gpu") is not False for n in GPU_STAGES)
+            "ok": all(stages[n].get("ran_on_gpu") is not False for n in GPU_STAGES)
             and not sum(summary["doctor_errors"].values())}
 
 
