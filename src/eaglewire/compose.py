@@ -109,7 +109,7 @@ def device(choice: str = "auto", log: Log | None = None) -> str:
     from eaglewire import hw
 
     picked = hw.pick_device(choice)
-    _say_once(f"device: {hw.describe_device(picked)}{' (--device auto)' if choice == 'auto' else ''}", log)
+    _say_once(f"device: {hw.describe_device(picked)}", log)  # the same line whoever decides again (a rank)
     return picked
 
 
