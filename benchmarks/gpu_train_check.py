@@ -1,23 +1,32 @@
-"""Training on a CUDA device: the checks a CPU machine cannot run, and what a GPU hour buys.
-
-Checks (tiny random Llama target from tests/tiny.py, online features, so no model download):
-  1. fp32 on CUDA (TF32 off) trains the same draft as fp32 on the CPU (device placement of draft, features,
-     masks and optimizer state), within float tolerance;
-  2. a run killed at step 3 and resumed on CUDA ends where an uninterrupted CUDA run ends (the trainer
-     state goes to and from the device);
-  3. bf16 autocast on CUDA (`dtype="auto"`) learns (the loss falls) and its checkpoint loads on the CPU.
-Then throughput: TTT training at the embedded target's shapes (SmolLM2-135M: hidden 576, 30 layers,
-vocab 49152; random weights, since no model travels here) with the released draft's settings (draft vocab
-8000, TTT 3, batch 8), online features, in tokens per second as the trainer reports them.
+"""The whole job on a CUDA device, in one command: the checks a CPU machine cannot run, and what a GPU hour buys.
 
     PYTHONPATH=src:tests python benchmarks/gpu_train_check.py --out gpu_train_check.json
     PYTHONPATH=src:tests python benchmarks/gpu_train_check.py --shape llama-8b --out gpu_train_check_8b.json
+
+Nothing is downloaded: the target is a small Llama the script builds (random weights, its head sharpened so
+greedy answers are decisive) with a byte-level tokenizer and a ChatML template made in-process, saved as an HF
+directory. On a machine without CUDA it refuses at once (exit 2) and says so.
+
+1. The whole job (`eaglewire run`'s pipeline, --device cuda): regenerate (HF generate on the GPU), capture,
+   vocab, train, export, doctor, bench; per stage its wall time and the CUDA memory it allocated beyond what
+   was resident when it started (a stage that ran on the CPU allocates none), asserted for the stages that run
+   the target or the draft;
+2. lossless greedy: the trained draft decoding on the GPU (fp32, TF32 off), chain and tree, gives exactly the
+   target's plain greedy tokens;
+3. training checks: fp32 on CUDA trains the same draft as fp32 on the CPU; a run killed at step 3 and resumed
+   on CUDA ends where an uninterrupted one ends; bf16 autocast learns and its checkpoint loads on the CPU;
+4. throughput: TTT training at the embedded target's shapes (or Llama-3.1-8B's, --shape llama-8b), online
+   features, tokens per second as the trainer reports them, and peak memory.
+
+One JSON (--out) for benchmarks/results/training/<date>-<gpu>/; `ok` is true only when every assertion held.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,6 +42,122 @@ from eaglewire.target.loader import wrap_model
 from eaglewire.draft.vocab import VocabMap
 
 TAPS = (1, 2, 3)
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+# the stages that run the target or the draft: each must allocate CUDA memory of its own
+GPU_STAGES = ("regenerate", "features", "train", "bench")
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+# --- 1. the whole job ---------------------------------------------------------------------------------------
+def build_small_target(out: Path, hidden: int, layers: int) -> Path:
+    """A small Llama with a byte-level tokenizer and a ChatML template, saved as an HF directory: a target
+    the whole pipeline can run (regeneration needs a chat template) with nothing downloaded."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    core.pre_tokenizer, core.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    core.add_special_tokens(["<|im_start|>", "<|im_end|>", "<pad>"])
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<|im_start|>", eos_token="<|im_end|>",
+                                  pad_token="<pad>", chat_template=CHATML)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=hidden * 8 // 3 // 64 * 64 or 64,
+                      num_hidden_layers=layers, num_attention_heads=max(1, hidden // 64),
+                      num_key_value_heads=max(1, hidden // 128), max_position_embeddings=4096,
+                      tie_word_embeddings=False, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():  # a random target is nearly uniform; a sharper head makes its greedy choices decisive
+        model.lm_head.weight.mul_(30)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def _measured(stage, device: str, into: dict):
+    """`stage` with its wall time and the CUDA memory it allocated beyond what was resident at its start."""
+    import dataclasses
+
+    def fn(ctx, work):
+        _sync(device)
+        cuda = device.startswith("cuda")
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        base, t0 = torch.cuda.memory_allocated() if cuda else 0, time.perf_counter()
+        result = stage.fn(ctx, work)
+        _sync(device)
+        extra = (torch.cuda.max_memory_allocated() - base) / 2**20 if cuda else None
+        into[stage.name] = {"seconds": round(time.perf_counter() - t0, 2),
+                            "cuda_peak_beyond_resident_mib": None if extra is None else round(extra, 1),
+                            "target_device": str(ctx.target.device)}
+        return result
+
+    return dataclasses.replace(stage, fn=fn)
+
+
+def whole_job(tmp: Path, target_dir: Path, device: str, conversations: int, steps: int, bench_tokens: int) -> dict:
+    """`eaglewire run` on the small target, every stage measured; the run's summary and the stage table."""
+    from eaglewire.pipeline import runner
+    from eaglewire.pipeline.config import resolve
+
+    cfg = resolve("quick", None, target=str(target_dir), device=device,
+                  data={"source": "smollm2-regen", "conversations": conversations, "max_new_tokens": 64,
+                        "max_prompt_tokens": 2048, "max_length": 1024, "use_shipped": False, "engine": "local"},
+                  vocab={"draft_vocab_size": 200},
+                  train={"features": "offline", "max_steps": steps, "init_from": "", "eval_every": steps // 2,
+                         "ckpt_every": steps // 2, "warmup_steps": 5, "batch_size": 4},
+                  bench={"source": "mtbench", "prompts": 4, "max_new_tokens": bench_tokens, "tau_prompts": 2,
+                         "methods": ("vanilla", "eagle_chain"), "vllm": "off"})
+    stages: dict[str, dict] = {}
+    saved = runner.STAGES
+    runner.STAGES = tuple(_measured(st, device, stages) for st in saved)
+    try:
+        t0 = time.perf_counter()
+        summary = runner.run_pipeline(cfg, tmp / "run", progress=lambda *a: None, log=lambda line: print(line))
+    finally:
+        runner.STAGES = saved
+    for name in GPU_STAGES:
+        extra = stages[name]["cuda_peak_beyond_resident_mib"]
+        stages[name]["ran_on_gpu"] = None if extra is None else extra > 1.0
+    return {"wall_s": round(time.perf_counter() - t0, 1), "stages": stages,
+            "doctor_errors": summary["doctor_errors"], "verdict": summary["verdict"],
+            "ok": all(stages[n].get("ran_on_gpu") is not False for n in GPU_STAGES)
+            and not sum(summary["doctor_errors"].values())}
+
+
+# --- 2. lossless greedy on the device -----------------------------------------------------------------------
+def lossless(run_dir: Path, target_dir: Path, device: str, prompts: int = 4, new_tokens: int = 48) -> dict:
+    """The trained draft on the device, fp32 target (TF32 off): chain and tree decoding equal plain greedy."""
+    from eaglewire.compose import decoder
+    from eaglewire.decoding.engine import greedy_reference
+    from eaglewire.decoding.runtime import plain_runtime
+    from eaglewire.decoding.tree import TreeShape
+    from eaglewire.target.loader import load_target
+
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    target = load_target(str(target_dir), dtype=torch.float32, device=device)
+    draft = load_checkpoint(next((run_dir / "work").glob("train-*")) / "draft", target=target)
+    g = torch.Generator().manual_seed(1)
+    rows, same = [], True
+    for i in range(prompts):
+        ids = torch.randint(0, 256, (1, 16 + 8 * i), generator=g)
+        ref = greedy_reference(plain_runtime(target, 256), ids, new_tokens)
+        for shape in (TreeShape.chain(3), TreeShape(num_steps=3, topk=2, num_draft_tokens=6)):
+            out, st = decoder(target, draft, shape, new_tokens, context=256, accelerate=False).generate(ids, new_tokens)
+            same &= out == ref
+            rows.append({"prompt": i, "shape": [shape.num_steps, shape.topk, shape.num_draft_tokens],
+                         "equal": out == ref, "tau": round(st.tau, 3)})
+    return {"device": str(target.device), "rows": rows, "ok": bool(same)}
+
+
+# --- 3. training checks -------------------------------------------------------------------------------------
 
 
 def _tiny(device: str):
@@ -126,27 +251,58 @@ def throughput(tmp: Path, steps: int, seq: int, device: str, shape: str = "smoll
             "max_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device == "cuda" else None}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+NO_CUDA = ("gpu_train_check: no CUDA device is visible to torch {version} (CUDA build: {cuda}); this check runs "
+           "the whole job on a GPU and proves nothing on a CPU. Run it on a GPU machine with torch's CUDA build "
+           "(docs/guides/gpu.md), or pass --device cpu to dry-run the script's own logic.")
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=Path("gpu_train_check.json"))
-    ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=60, help="throughput: training steps measured")
+    ap.add_argument("--seq", type=int, default=1024, help="throughput: tokens per sample")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="smollm2-135m",
                     help="the target shape the throughput is measured at (llama-8b: ~40 GB of GPU memory, estimated)")
+    ap.add_argument("--hidden", type=int, default=512, help="the whole job's small target: hidden size")
+    ap.add_argument("--layers", type=int, default=8, help="the whole job's small target: decoder layers")
+    ap.add_argument("--conversations", type=int, default=32, help="the whole job: conversations regenerated")
+    ap.add_argument("--job-steps", type=int, default=40, help="the whole job: training steps")
+    ap.add_argument("--bench-tokens", type=int, default=128, help="the whole job: new tokens per bench prompt")
+    ap.add_argument("--parts", default="job,lossless,checks,throughput", help="which parts run (comma list)")
     ap.add_argument("--device", default="cuda", help="cuda; cpu only to dry-run this script's own logic")
-    a = ap.parse_args()
-    if a.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("no CUDA device: this check is for a GPU machine")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parse(argv)
+    if a.device.startswith("cuda") and not torch.cuda.is_available():
+        print(NO_CUDA.format(version=torch.__version__, cuda=torch.version.cuda or "none"), file=sys.stderr)
+        raise SystemExit(2)
+    if a.device == "cpu":  # a dry run checks this script's logic: no minutes of CPU kernel compilation
+        os.environ.setdefault("EAGLEWIRE_FASTCPU", "0")
     import transformers
 
-    res = {"torch": torch.__version__, "transformers": transformers.__version__,
-           "device": torch.cuda.get_device_name(0) if a.device == "cuda" else a.device}
+    parts = set(a.parts.split(","))
+    res: dict = {"torch": torch.__version__, "transformers": transformers.__version__,
+                 "device": torch.cuda.get_device_name(0) if a.device.startswith("cuda") else a.device}
     with tempfile.TemporaryDirectory() as d:
-        res["checks"] = checks(Path(d), a.device)
-        print(json.dumps(res, indent=2), flush=True)
-        res["throughput"] = throughput(Path(d), a.steps, a.seq, a.device, a.shape)
+        tmp = Path(d)
+        if parts & {"job", "lossless"}:
+            target_dir = build_small_target(tmp / "target", a.hidden, a.layers)
+            res["job"] = whole_job(tmp, target_dir, a.device, a.conversations, a.job_steps, a.bench_tokens)
+            if "lossless" in parts:
+                res["lossless"] = lossless(tmp / "run", target_dir, a.device)
+            print(json.dumps(res, indent=2), flush=True)
+        if "checks" in parts:
+            res["checks"] = checks(tmp, a.device)
+            print(json.dumps(res, indent=2), flush=True)
+        if "throughput" in parts:
+            res["throughput"] = throughput(tmp, a.steps, a.seq, a.device, a.shape)
+    res["ok"] = all(res[k]["ok"] for k in ("job", "lossless", "checks") if k in res)
     a.out.write_text(json.dumps(res, indent=2))
     print(json.dumps(res, indent=2))
+    if not res["ok"]:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

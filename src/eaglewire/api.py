@@ -58,10 +58,14 @@ train_draft = _train  # workflows.train, the training the CLI and `eaglewire run
 Progress = Callable[[str], AbstractContextManager[Callable[[str], None]]]
 
 
-def load_target(spec: str | Path | None = None, *, dtype: torch.dtype = torch.float32) -> Target:
+def load_target(spec: str | Path | None = None, *, dtype: torch.dtype = torch.float32,
+                device: str = "cpu") -> Target:
     """The target model: None = the embedded SmolLM2-135M (converted into the user cache on first use), else
-    a local directory or a hub id already in the local cache."""
-    return _load_target(None if spec is None else str(spec), dtype=dtype)
+    a local directory or a hub id already in the local cache. device: 'cpu', 'cuda', 'cuda:N' or 'auto' (cuda
+    when visible: eaglewire.compose.device, the command line's --device)."""
+    from eaglewire.compose import device as decide
+
+    return _load_target(None if spec is None else str(spec), dtype=dtype, device=decide(device))
 
 
 def load_draft(directory: str | Path | None = None, target: TargetInfo | None = None, *,

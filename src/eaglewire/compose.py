@@ -7,6 +7,9 @@ accelerated runtime only where the fastcpu extra is installed" is written once. 
 acceleration layer (it picks it) and below the doctor (which predicts τ with it); eaglewire.api, above
 the doctor, adds the check and the training and export verbs.
 
+Where everything runs is decided here too (`device`: hw.pick_device's choice, said once): the target is
+loaded there, and the draft and every decoder follow the target (`on_target_device`).
+
 A drafter family's decoding is one `Decoding` record (its proposer, its loader, its default tree), the
 "decoding" part of the family's record (families.py), so a second family is one `register` call, not a branch
 in every caller.
@@ -41,8 +44,9 @@ from eaglewire.safeio import read_json_object
 from eaglewire.target.loader import Target
 from eaglewire.target.protocol import TargetInfo
 
-__all__ = ["CALIBRATE_MODES", "COMPILE_MODES", "DFLASH", "EAGLE3", "Decoding", "cache_len", "decoder", "family_of",
-           "load_draft", "measure_tau", "proposal_shape", "proposer", "register", "runtime"]
+__all__ = ["CALIBRATE_MODES", "COMPILE_MODES", "DFLASH", "EAGLE3", "Decoding", "cache_len", "decoder", "device",
+           "family_of", "load_draft", "measure_tau", "on_target_device", "proposal_shape", "proposer", "register",
+           "runtime"]
 
 COMPILE_MODES = fastcpu.COMPILE_MODES
 CALIBRATE_MODES = fastcpu.CALIBRATE_MODES
@@ -98,6 +102,27 @@ def proposal_shape(contract: WiringContract, shape: TreeShape | None) -> TreeSha
     return family_of(contract).shape(contract, shape)
 
 
+# --- where it runs -------------------------------------------------------------------------------------------
+def device(choice: str = "auto", log: Log | None = None) -> str:
+    """The device every stage of this process runs on (hw.pick_device: cuda when visible, else cpu; `choice`
+    from --device or a run config's `device`), said once per process as a command's first line."""
+    from eaglewire import hw
+
+    picked = hw.pick_device(choice)
+    _say_once(f"device: {hw.describe_device(picked)}", log)  # the same line whoever decides again (a rank)
+    return picked
+
+
+def on_target_device(target: Target, draft: Any) -> Any:
+    """`draft` moved to where the target's inputs go (the draft reads the target's taps and embedding there);
+    a no-op where it is already there. Every decoder and measurement composes through it."""
+    where = target.device
+    first = next(iter(draft.parameters()), None) if isinstance(draft, torch.nn.Module) else None
+    if first is not None and first.device != where:
+        draft.to(where)
+    return draft
+
+
 # --- sizes and the runtime -----------------------------------------------------------------------------------
 def cache_len(tokens: int, shape: TreeShape) -> int:
     """KV slots a decoder needs for `tokens` (prompt + new tokens): one verify's N nodes beyond them (the last
@@ -121,6 +146,9 @@ def runtime(target: Target, max_len: int, *, accelerate: bool = True, calibrate:
     if compile not in COMPILE_MODES:
         raise ValueError(f"compile must be one of {COMPILE_MODES}, got {compile!r}")
     if not accelerate:
+        return plain_runtime(target, max_len)
+    if target.device.type != "cpu":  # fastcpu is the CPU's: a GPU runs torch's own kernels
+        _say_once(f"runtime: plain static-cache runtime on {target.device}", log)
         return plain_runtime(target, max_len)
     arch = target.text_config.model_type
     missing = fastcpu.available()
@@ -161,7 +189,7 @@ def proposer(draft: Draft, shape: TreeShape, max_len: int, rt: Runtime, *,
     contract = contract if contract is not None else draft.contract
     if contract is None:
         raise ValueError("the draft carries no contract: pass contract=, or load it with load_draft")
-    return family_of(contract).proposer(draft, contract, shape, max_len, rt)
+    return family_of(contract).proposer(on_target_device(rt.target, draft), contract, shape, max_len, rt)
 
 
 def decoder(target: Target, draft: Draft, shape: TreeShape = DEFAULT_TREE, max_new_tokens: int = 256, *,
@@ -259,7 +287,9 @@ def _dflash_load(directory: Path, config: dict[str, Any], target: TargetInfo | N
 
 def _dflash_proposer(draft: DFlashDraft, contract: WiringContract, shape: TreeShape, max_len: int,
                      rt: Runtime) -> Proposer:
-    """The whole block drafted from one forward of the draft's own modules (no accelerated copy yet)."""
+    """The whole block drafted from one forward of the draft's own modules (no accelerated copy yet), the
+    target's embedding and head it reads beside them."""
+    draft.move_attached(draft.fc.weight.device)
     return BlockProposer(draft, contract, shape, max_len)
 
 

@@ -4,6 +4,11 @@ an AVX2-only CPU and on one with AVX-512 and AVX512-BF16). fp32 is the default w
 Why it matters: on a CPU with AVX512-BF16 or AMX a bf16 GEMM is several times faster than the fp32 one;
 without them PyTorch emulates bf16 and it is slower than fp32 (`python -m benchmarks.training.bench_train_dtype`
 measures both, the CPU stated).
+
+Where eaglewire runs is decided here too, once per process (`pick_device`): CUDA when a GPU is visible, else
+the CPU, overridable by `--device` and a run config's `device` (both made from DEVICE_DEFAULT / DEVICE_HELP).
+torch is imported inside the functions that need it: the command line imports this module for the
+option's text, and its arithmetic commands stay torch-free.
 """
 
 from __future__ import annotations
@@ -12,8 +17,10 @@ import functools
 import os
 import platform
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo names of native bf16 dot products
 # environment variables that cap the kernels' ISA below the CPU's flags (to measure AVX2 kernels on an
@@ -96,6 +103,8 @@ def amx_usable() -> bool:
 
 def describe_cpu() -> dict:
     """For benchmark files: which CPU an absolute number was measured on."""
+    import torch
+
     isa = sorted(f for f in cpu_flags() if f.startswith(("avx", "amx")) or f in ("fma", "f16c"))
     return {"model": cpu_model(), "isa": isa, "threads": torch.get_num_threads(), "native_bf16": native_bf16(),
             "torch_capability": torch.backends.cpu.get_cpu_capability(),
@@ -124,6 +133,8 @@ def _use_bf16(device: str, choice: str, names: tuple[str, str]) -> bool:
 def autocast_dtype(device: str, dtype: str) -> torch.dtype | None:
     """The autocast dtype for training/capture: 'fp32' -> None; 'bf16' -> bf16 (refused on a CPU
     without native bf16); 'auto' -> bf16 on CUDA and on native-bf16 CPUs, else None."""
+    import torch
+
     return torch.bfloat16 if _use_bf16(device, dtype, ("fp32", "bf16")) else None
 
 
@@ -133,6 +144,8 @@ RUNTIME_DTYPES = ("float32", "bfloat16", "auto")  # `--dtype` of generate / benc
 def runtime_dtype(choice: str, device: str = "cpu") -> torch.dtype:
     """The dtype the target and draft decode in: 'float32', 'bfloat16' (refused on a CPU without native
     bf16) or 'auto' (bfloat16 where native, else float32)."""
+    import torch
+
     return torch.bfloat16 if _use_bf16(device, choice, ("float32", "bfloat16")) else torch.float32
 
 
@@ -144,6 +157,8 @@ def draft_dtype(choice: str, target_dtype: torch.dtype, device: str = "cpu") -> 
     without native bf16) or 'auto': bfloat16 where bf16 is native, else the target's. The draft only
     proposes: the target verifies every token, so greedy output is the target's whatever the draft computes
     in, and a one-layer draft is memory-bound, so half the bytes per weight is most of its cost."""
+    import torch
+
     if choice not in DRAFT_DTYPES:
         raise ValueError(f"draft dtype must be one of {', '.join(DRAFT_DTYPES)}, not {choice!r}")
     if choice == "target":
@@ -166,3 +181,65 @@ def return_freed_memory() -> bool:
         return False
     trim(0)  # returns whether it released anything: either way the call did what it could
     return True
+
+
+# --- where eaglewire runs ------------------------------------------------------------------------------------
+DEVICE_DEFAULT = "auto"
+DEVICE_HELP = ("auto | cpu | cuda | cuda:N: where the target, the draft and every stage run (capture, "
+               "regeneration, training, the measured doctor, generate / bench / serve / eval). auto = cuda when a "
+               "GPU is visible, else cpu. On a GPU the target runs in bfloat16 unless a dtype is named; a target "
+               "too large for one GPU is spread over the visible GPUs (transformers' device_map).")
+
+
+def check_device(choice: str) -> str:
+    """The spelling of a device choice (auto, cpu, cuda, cuda:N), checked without looking at the machine."""
+    import re
+
+    if re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", str(choice)):
+        return str(choice)
+    from eaglewire.errors import EaglewireError
+
+    raise EaglewireError(f"unknown device {choice!r}", expected="auto, cpu, cuda or cuda:N (N: a GPU index)",
+                         found=str(choice), fix="use --device auto (cuda when a GPU is visible, else cpu)")
+
+
+def pick_device(choice: str = DEVICE_DEFAULT) -> str:
+    """The one device decision: 'auto' -> 'cuda' where torch sees a GPU, else 'cpu'; 'cuda' / 'cuda:N' asked
+    for on a machine where torch sees none (or fewer) is refused, never quietly run on the CPU."""
+    import torch
+
+    choice = check_device(choice)
+    if choice == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if choice.startswith("cuda"):
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = int(choice.partition(":")[2] or 0)
+        if index >= count:
+            from eaglewire.errors import EaglewireError
+
+            build = f"torch {torch.__version__} (CUDA {torch.version.cuda or 'none: a CPU-only build'})"
+            raise EaglewireError(f"device {choice!r} asked for, but torch sees {count} GPU(s)",
+                                 expected=f"a visible CUDA GPU with index {index}", found=build,
+                                 fix="install torch's CUDA build (docs: the GPU page), check CUDA_VISIBLE_DEVICES, "
+                                     "or use --device cpu")
+    return choice
+
+
+def default_dtype_name(device: str) -> str:
+    """The dtype the target runs in when none is named: bfloat16 on a GPU (every GPU eaglewire targets computes
+    it natively, at half the memory), float32 on the CPU (bf16 pays only where it is native: RUNTIME_DTYPES'
+    'auto' says so where it is wanted)."""
+    return "bfloat16" if device.startswith("cuda") else "float32"
+
+
+def describe_device(device: str) -> str:
+    """One line for a command's first lines: the device and what it is."""
+    import torch
+
+    if device.startswith("cuda"):
+        index = int(device.partition(":")[2] or torch.cuda.current_device())
+        props = torch.cuda.get_device_properties(index)
+        count = torch.cuda.device_count()
+        return (f"{device} ({props.name}, {props.total_memory / 2**30:.0f} GiB; {count} visible GPU"
+                f"{'s' if count != 1 else ''}; target in {default_dtype_name(device)} unless a dtype is named)")
+    return f"{device} ({cpu_model()}, {torch.get_num_threads()} threads)"

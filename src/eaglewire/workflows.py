@@ -222,5 +222,6 @@ def evaluate_draft(target: Any, draft: Any, contract: WiringContract, samples: l
     cfg = TrainConfig(family=contract.family, ttt_steps=positions, batch_size=batch_size, dtype="fp32",
                       eval_batches=math.ceil(len(samples) / batch_size))
     features = OnlineFeatures(target, contract, pad_id=target.pad_id if pad_id is None else pad_id)
-    model = objective_for(contract).build_model(draft.float(), target, None, features, cfg, DistInfo()).eval()
-    return {**evaluate(model, features, samples, cfg, DistInfo()), "samples": len(samples)}
+    info = DistInfo(device=str(target.device))  # scored where the target runs (its states never leave it)
+    model = objective_for(contract).build_model(draft.float().to(info.device), target, None, features, cfg, info).eval()
+    return {**evaluate(model, features, samples, cfg, info), "samples": len(samples)}

@@ -68,12 +68,13 @@ def _greedy(target: Target, prompts: list[torch.Tensor], new_tokens: int) -> lis
     pad = target.pad_id if target.tokenizer is not None else 0
     eos = target.tokenizer.eos_token_id if target.tokenizer is not None else None
     width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)  # [B, Tp] left-padded for generate
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long, device="cpu")  # [B, Tp] left-padded, host
     mask = torch.zeros_like(ids)
     for i, p in enumerate(prompts):
         ids[i, width - len(p):], mask[i, width - len(p):] = p, 1
-    out = target.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
-                                pad_token_id=pad, eos_token_id=eos)  # [B, Tp + new]
+    out = target.model.generate(input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
+                                max_new_tokens=new_tokens, do_sample=False, pad_token_id=pad,
+                                eos_token_id=eos).cpu()  # [B, Tp + new]
     seqs = []
     for i, p in enumerate(prompts):
         answer = out[i, width:]
@@ -90,7 +91,7 @@ def sample_target(target: Target, prompts: list[torch.Tensor] | None = None, *, 
     prompts = prompts if prompts is not None else builtin_prompts(target)
     seqs = _greedy(target, prompts, new_tokens) if new_tokens else list(prompts)
     T = max(len(s) for s in seqs)
-    ids = torch.zeros((len(seqs), T), dtype=torch.long)  # [B, T] right-padded: real tokens never see pads
+    ids = torch.zeros((len(seqs), T), dtype=torch.long, device="cpu")  # [B, T] right-padded, host: real tokens never see pads
     mask = torch.zeros_like(ids)
     scored = torch.zeros_like(ids, dtype=torch.bool)
     for i, (s, p) in enumerate(zip(seqs, prompts)):
@@ -98,7 +99,8 @@ def sample_target(target: Target, prompts: list[torch.Tensor] | None = None, *, 
         # label t predicts token t+1; answers start at token len(p), so label len(p)-1 is the first answer one
         scored[i, (0 if score_prompt else len(p) - 1): len(s) - 1] = True
     L, H = target.num_layers, target.hidden_size
-    cap = capture(target, tuple(range(L + 1)), ids, mask, logits=True)
-    states = cap.taps.view(len(seqs), T, L + 1, H).permute(2, 0, 1, 3).contiguous()  # [L+1, B, T, H]
-    labels = cap.logits.argmax(-1)  # [B, T]
-    return Boundaries(states=states.float(), input_ids=ids, labels=labels, scored=scored & mask.bool())
+    cap = capture(target, tuple(range(L + 1)), ids.to(target.device), mask.to(target.device), logits=True)
+    # computed where the target runs, kept on the CPU: the doctor's checks read them beside CPU-side data
+    states = cap.taps.view(len(seqs), T, L + 1, H).permute(2, 0, 1, 3).float().cpu()  # [L+1, B, T, H]
+    labels = cap.logits.argmax(-1).cpu()  # [B, T]
+    return Boundaries(states=states.contiguous(), input_ids=ids, labels=labels, scored=scored & mask.bool())

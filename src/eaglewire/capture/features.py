@@ -67,11 +67,11 @@ def features_view(contract: WiringContract) -> WiringContract:
 
 
 def collate(samples: list[Sample], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-pad to the longest sample: (input_ids, loss_mask, attention_mask), each [B, T]."""
+    """Right-pad to the longest sample: (input_ids, loss_mask, attention_mask), each [B, T], on the host."""
     width = max(len(s.input_ids) for s in samples)
-    ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
-    loss = torch.zeros(len(samples), width, dtype=torch.long)
-    attn = torch.zeros(len(samples), width, dtype=torch.long)
+    ids = torch.full((len(samples), width), pad_id, dtype=torch.long, device="cpu")
+    loss = torch.zeros(len(samples), width, dtype=torch.long, device="cpu")
+    attn = torch.zeros(len(samples), width, dtype=torch.long, device="cpu")
     for i, s in enumerate(samples):
         n = len(s.input_ids)
         ids[i, :n], loss[i, :n], attn[i, :n] = s.input_ids, s.loss_mask, 1
@@ -88,7 +88,7 @@ class OnlineFeatures:
 
     def batch(self, samples: list[Sample]) -> FeatureBatch:
         ids, loss, attn = collate(samples, self.pad_id)
-        dev = next(self.target.model.parameters()).device
+        dev = self.target.device  # where the target reads its inputs (the first GPU of a spread target)
         cap = capture(self.target, self.contract.taps, ids.to(dev), attn.to(dev))
         return FeatureBatch(ids, loss, attn, cap.taps, cap.final_hidden)
 
@@ -142,9 +142,10 @@ def capture_shard(target: Target, contract: WiringContract, samples: list[Sample
         for r, j in enumerate(idx):
             n = len(samples[j].input_ids)  # right padding: the first n positions are real
             hid = fb.final_hidden[r, :n]
+            # computed where the target ran, stored from the CPU (shards are host files)
             rows[j] = {"input_ids": fb.input_ids[r, :n], "loss_mask": fb.loss_mask[r, :n],
-                       "taps": fb.taps[r, :n].to(dtype), "final_hidden": hid.to(dtype),
-                       "target_top1": target_top1(head, hid)}  # before storage
+                       "taps": fb.taps[r, :n].to("cpu", dtype), "final_hidden": hid.to("cpu", dtype),
+                       "target_top1": target_top1(head, hid.to(head.device)).cpu()}  # before storage
     return pack_rows(rows)
 
 

@@ -91,6 +91,9 @@ def capture(target: Target, taps: Sequence[int], input_ids: torch.Tensor,
     attention_mask: [B, T] 1 for real tokens, 0 for padding (None = no padding)
     """
     taps = validate_boundaries(taps, target.num_layers)
+    dev = target.device  # where the target reads its inputs; the states come back there
+    input_ids = input_ids.to(dev)
+    attention_mask = attention_mask.to(dev) if attention_mask is not None else None
     store: dict[int | str, list[torch.Tensor]] = {}
     with tap_hooks(target, taps, store):
         out = target.model(**forward_kwargs(target, input_ids, attention_mask, logits=logits))
@@ -102,16 +105,17 @@ def capture(target: Target, taps: Sequence[int], input_ids: torch.Tensor,
                 found=f"decoder layers at {target.layers_path}",
                 fix="this model runs its layers more than once; capture is not supported for it",
             )
-    states = [store[b][0] for b in taps]  # each [B, T, H]
-    return Captured(taps=torch.cat(states, dim=-1), final_hidden=store["final"][0],
-                    logits=out.logits if logits else None)
+    states = [store[b][0].to(dev) for b in taps]  # each [B, T, H]; a spread target's layers sit on several GPUs
+    return Captured(taps=torch.cat(states, dim=-1), final_hidden=store["final"][0].to(dev),
+                    logits=out.logits.to(dev) if logits else None)
 
 
 def save_capture(path: Path, captured: Captured, contract: WiringContract, input_ids: torch.Tensor) -> None:
     """Write a capture dump whose metadata carries the wiring contract."""
-    tensors = {"taps": captured.taps, "final_hidden": captured.final_hidden, "input_ids": input_ids}
+    # written from the CPU: a dump is a host file, whatever device the target ran on
+    tensors = {"taps": captured.taps.cpu(), "final_hidden": captured.final_hidden.cpu(), "input_ids": input_ids.cpu()}
     if captured.logits is not None:
-        tensors["logits"] = captured.logits
+        tensors["logits"] = captured.logits.cpu()
     atomic_save_safetensors(tensors, path, metadata={"format": CAPTURE_FORMAT,
                                                      "contract": contract.to_json(indent=None)})
 

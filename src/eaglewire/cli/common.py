@@ -22,6 +22,7 @@ from rich.text import Text
 
 from eaglewire.contract import CANONICAL, CONVENTIONS, default_taps, from_engine
 from eaglewire.errors import EaglewireError
+from eaglewire.hw import DEVICE_DEFAULT, DEVICE_HELP
 
 # The one printer: text is printed as it is, never read as rich markup. Messages carry what came from outside
 # (file content, record ids, paths, request fields, arguments), and a `[/]`, `[bold]` or `:smile:` in those must neither
@@ -98,12 +99,30 @@ def progress(title: str) -> Iterator[Callable[[str], None]]:
     say("done")
 
 
-def load_target(target: Optional[str], **kwargs: Any) -> Any:
-    """The target, with a status line: the first use of the embedded default converts its GGUF."""
+def device_option() -> Any:
+    """`--device` (hw.DEVICE_HELP): every command that runs the target takes it; its value goes to load_target."""
+    return typer.Option(DEVICE_DEFAULT, "--device", help=DEVICE_HELP)
+
+
+def decide_device(device: str = DEVICE_DEFAULT) -> str:
+    """The process's device (eaglewire.compose.device), said on stderr as the command's first line."""
+    from eaglewire.compose import device as decide
+
+    return decide(device, log=lambda line: err_console.print(line, highlight=False, soft_wrap=True))
+
+
+def load_target(target: Optional[str], device: str = DEVICE_DEFAULT, **kwargs: Any) -> Any:
+    """The target on the decided device (`--device`; bfloat16 on a GPU unless a dtype is given), with a status
+    line: the first use of the embedded default converts its GGUF."""
+    import torch
+
+    from eaglewire.hw import default_dtype_name
     from eaglewire.target.loader import load_target as load
 
+    where = decide_device(device)
+    kwargs["dtype"] = kwargs.get("dtype") or getattr(torch, default_dtype_name(where))
     with err_console.status("loading target (the first run converts the embedded GGUF, ~30 s)"):
-        return load(target, **kwargs)
+        return load(target, device=where, **kwargs)
 
 
 def load_target_weights(target: Optional[str]) -> Any:

@@ -9,7 +9,7 @@ from typing import Any, Optional
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from eaglewire.cli.common import TARGET_HELP, DATA_HELP, add_command, err_console, load_target, out_console, parse_dtype, \
+from eaglewire.cli.common import TARGET_HELP, DATA_HELP, add_command, device_option, err_console, load_target, out_console, parse_dtype, \
     parse_ints, parse_taps, read_samples, resolve_convention, styled
 from eaglewire.data.conversations import DEFAULT_SOURCE, ReadStats
 from eaglewire.data.regenerate import SERVER_IN_FLIGHT, GenerationSettings, RegenStats, regenerate
@@ -44,6 +44,7 @@ def regenerate_cmd(
                               "AVX512-BF16/AMX CPUs, where bf16 runs natively)."),
     start: int = typer.Option(0, "--start", help="Skip the first N conversations of the source (another file "
                               "holds them): this file holds conversations [start, start + limit)."),
+    device: str = device_option(),
 ) -> None:
     """Re-answer every assistant turn with the target (resumable, append-only).
 
@@ -67,7 +68,7 @@ def regenerate_cmd(
     else:
         from eaglewire.data.regenerate import LocalGenerator
 
-        gen = LocalGenerator(load_target(target), s)
+        gen = LocalGenerator(load_target(target, device), s)
     _run_regen(gen, s, source, out, limit, start)
 
 
@@ -218,6 +219,7 @@ def capture_cmd(
                                      "(AVX512-BF16/AMX CPUs: ~3x faster; taps within ~0.5%, top-1 agrees 99%)."),
     store_dtype: str = typer.Option("bfloat16", "--store-dtype", help="bfloat16 (4.6 KB/token for 3 taps of 576) "
                                     "or float32 (twice that) for the stored taps and final state."),
+    device: str = device_option(),
 ) -> None:
     """Capture tapped target states for training into resumable safetensors shards + manifest."""
     import torch
@@ -226,7 +228,7 @@ def capture_cmd(
 
     store = getattr(torch, parse_dtype(store_dtype, DTYPES, "--store-dtype"))
     run_dtype = getattr(torch, parse_dtype(target_dtype, DTYPES, "--target-dtype"))
-    tgt = load_target(target, dtype=run_dtype)
+    tgt = load_target(target, device, dtype=run_dtype)
     samples = read_samples(tgt, data, max_length, limit, split_turns, skip=skip)
     from eaglewire.train.objectives import objective
 

@@ -10,7 +10,8 @@ from typing import Optional
 
 import typer
 
-from eaglewire.cli.common import TARGET_HELP, add_command, err_console, load_target, out_console, parse_dtype
+from eaglewire.cli.common import TARGET_HELP, add_command, decide_device, device_option, err_console, load_target, \
+    out_console, parse_dtype
 from eaglewire.serve import bench as B
 from eaglewire.serve.peer import PEER_METHODS
 from eaglewire.decoding.tree import DEFAULT_TREE as SHAPE
@@ -20,8 +21,9 @@ DRAFT_HELP = "Native draft checkpoint directory (default: the draft shipped for 
 TREE_HELP = ("Tree knobs use SGLang's meaning: --num-steps S (draft depth), --topk K (branching), "
              "--num-draft-tokens N (verified tokens per round INCLUDING the root/last accepted token). "
              "vLLM's chain spelling: --num-speculative-tokens k  ==  S=k, K=1, N=k+1.")
-DTYPE_HELP = ("float32 | bfloat16 | auto: the target runs in it. auto = bfloat16 where "
-              "the CPU has native bf16 (AVX512-BF16/AMX), else float32; bfloat16 elsewhere is refused (emulated, slower).")
+DTYPE_HELP = ("float32 | bfloat16 | auto: the target runs in it (default: float32 on the CPU, bfloat16 on a GPU). "
+              "auto = bfloat16 on a GPU or where the CPU has native bf16 (AVX512-BF16/AMX), else float32; bfloat16 "
+              "on a CPU without it is refused (emulated, slower).")
 DRAFT_DTYPE_HELP = ("auto | target | float32 | bfloat16: the draft runs in it. auto = bfloat16 where the CPU has native "
                     "bf16, else the target's dtype. Output stays the target's (it verifies every token); a bf16 "
                     "draft only proposes slightly differently, at half the bytes read per weight.")
@@ -40,17 +42,20 @@ def _shape(contract, knobs: tuple) -> TreeShape:
     return proposal_shape(contract, TreeShape.from_knobs(*knobs) if any(k is not None for k in knobs) else None)
 
 
-def _load(target: Optional[str], draft: Optional[Path], dtype: str, draft_dtype: str) -> tuple:
-    """(target in --dtype, draft in --draft-dtype), with a line on stderr for each."""
+def _load(target: Optional[str], draft: Optional[Path], dtype: Optional[str], draft_dtype: str,
+          device: str) -> tuple:
+    """(target in --dtype on --device, draft in --draft-dtype), with a line on stderr for each."""
     from eaglewire import hw
     from eaglewire.export.checkpoint import load_checkpoint, resolve_draft
     from eaglewire.target.loader import DEFAULT_TARGET
 
-    dt = hw.runtime_dtype(parse_dtype(dtype, {n: n for n in hw.RUNTIME_DTYPES}, "--dtype"))
-    ddt = hw.draft_dtype(parse_dtype(draft_dtype, {n: n for n in hw.DRAFT_DTYPES}, "--draft-dtype"), dt)
+    where = decide_device(device)
+    dtype = dtype or hw.default_dtype_name(where)
+    dt = hw.runtime_dtype(parse_dtype(dtype, {n: n for n in hw.RUNTIME_DTYPES}, "--dtype"), where)
+    ddt = hw.draft_dtype(parse_dtype(draft_dtype, {n: n for n in hw.DRAFT_DTYPES}, "--draft-dtype"), dt, where)
     name, dname = (str(t).removeprefix("torch.") for t in (dt, ddt))
     _say(f"loading target {target or DEFAULT_TARGET} ({name}{', from --dtype auto' if dtype == 'auto' else ''})")
-    tgt = load_target(target, dtype=dt)
+    tgt = load_target(target, device=where, dtype=dt)
     path = resolve_draft(draft)
     _say(f"loading draft {path} ({dname}{', from --draft-dtype auto' if draft_dtype == 'auto' else ''})")
     return tgt, load_checkpoint(path, target=tgt, dtype=ddt)
@@ -67,8 +72,9 @@ def generate_cmd(
                                                    help=f"N incl. the root (default {SHAPE.num_draft_tokens})."),
     num_speculative_tokens: Optional[int] = typer.Option(None, "--num-speculative-tokens", help="vLLM chain k."),
     as_json: bool = typer.Option(False, "--json", help="JSON on stdout, for scripts and CI."),
-    dtype: str = typer.Option("float32", "--dtype", help=DTYPE_HELP),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP),
     draft_dtype: str = typer.Option("auto", "--draft-dtype", help=DRAFT_DTYPE_HELP),
+    device: str = device_option(),
     compile: str = typer.Option("cached", "--compile", help="The compiled layouts of the target's forward (inductor): "
                                 "'cached' uses them once a start on this machine has built them for this cache "
                                 "size (a power of two above prompt + --max-new-tokens), else the eager layouts, "
@@ -88,7 +94,7 @@ def generate_cmd(
     for flag, value, modes in (("--compile", compile, COMPILE_MODES), ("--calibrate", calibrate, CALIBRATE_MODES)):
         if value not in modes:
             raise typer.BadParameter(f"expected one of {', '.join(modes)}, got {value!r}", param_hint=flag)
-    tgt, d = _load(target, draft, dtype, draft_dtype)
+    tgt, d = _load(target, draft, dtype, draft_dtype, device)
     shape = _shape(d.contract, (num_steps, topk, num_draft_tokens, num_speculative_tokens))
     ids = tgt.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                             return_dict=True, return_tensors="pt")["input_ids"]
@@ -129,9 +135,10 @@ def bench_cmd(
                                                 "dflash row (its whole block per round)."),
     vllm: bool = typer.Option(False, "--vllm", help="Add the peer rows " + " and ".join(PEER_METHODS) + ": the "
                               "real vLLM CPU build on the same prompts, draft, k and dtype (scripts/vllm_venv.sh)."),
-    dtype: str = typer.Option("float32", "--dtype", help=DTYPE_HELP + " Every row runs in it (HF generate, vanilla, "
+    dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP + " Every row runs in it (HF generate, vanilla, "
                               "EAGLE, vLLM's); bench.json records it."),
     draft_dtype: str = typer.Option("auto", "--draft-dtype", help=DRAFT_DTYPE_HELP),
+    device: str = device_option(),
     repeats: int = typer.Option(1, "--repeats", min=1, help="Run every prompt this many times (every row, the "
                                 "vLLM ones included, interleaved prompt by prompt); bench.md gives each "
                                 "repetition's ours / vLLM ratios."),
@@ -139,7 +146,7 @@ def bench_cmd(
     """HF generate vs vanilla vs prompt lookup vs EAGLE-3 chain vs tree, interleaved in one process.
 
     Questions are taken round-robin over the file's categories (MT-bench: one of each of its 8 first)."""
-    tgt, d = _load(target, draft, dtype, draft_dtype)
+    tgt, d = _load(target, draft, dtype, draft_dtype, device)
     block_draft = None
     if dflash_draft is not None:
         from eaglewire.export.checkpoint import load_checkpoint
@@ -172,15 +179,16 @@ def serve_cmd(
     topk: Optional[int] = typer.Option(None, "--topk", help="SGLang's --speculative-eagle-topk K: branching per tree node (1 = a chain; see --num-steps)."),
     num_draft_tokens: Optional[int] = typer.Option(None, "--num-draft-tokens", help="SGLang's --speculative-num-draft-tokens N: verified tokens per round, the root included (see --num-steps)."),
     num_speculative_tokens: Optional[int] = typer.Option(None, "--num-speculative-tokens", help="vLLM's k: a chain of k drafted tokens per round (= --num-steps k --topk 1 --num-draft-tokens k+1)."),
-    dtype: str = typer.Option("float32", "--dtype", help=DTYPE_HELP),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP),
     draft_dtype: str = typer.Option("auto", "--draft-dtype", help=DRAFT_DTYPE_HELP),
+    device: str = device_option(),
 ) -> None:
     """OpenAI-compatible server (/v1/chat/completions, /v1/completions, /metrics) with speculative decoding."""
     from eaglewire.serve.server import bind, build_server
 
     TreeShape.from_knobs(num_steps, topk, num_draft_tokens, num_speculative_tokens)  # bad knobs fail before loading
     httpd = bind(host, port)  # a port in use fails before loading too
-    tgt, d = _load(target, draft, dtype, draft_dtype)
+    tgt, d = _load(target, draft, dtype, draft_dtype, device)
     shape = _shape(d.contract, (num_steps, topk, num_draft_tokens, num_speculative_tokens))
     server = build_server(tgt, d, shape, model_name, max_context, max_tokens_limit, host, port, log=_say,
                           httpd=httpd)

@@ -16,7 +16,7 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from eaglewire.cli.common import add_command, err_console, load_target, out_console, parse_ints, progress, \
+from eaglewire.cli.common import add_command, device_option, err_console, load_target, out_console, parse_ints, progress, \
     styled
 from eaglewire.export.engines import ENGINES
 from eaglewire.errors import EaglewireError
@@ -65,6 +65,7 @@ def check_cmd(
     num_speculative_tokens: Optional[int] = typer.Option(None, "--num-speculative-tokens", help="vLLM k: our "
                                                          "engine predicts tau for this chain."),
     as_json: bool = typer.Option(False, "--json", help="JSON for CI."),
+    device: str = device_option(),
 ) -> None:
     """Find silent wiring failures: key names, vocab map, fc width, layer ids, norm flags, target mismatch,
     and (measured on the target, or on its boundaries dump) the boundaries the draft's weights were trained on.
@@ -74,7 +75,7 @@ def check_cmd(
     from eaglewire.doctor.geometry import require_default_target_fits, stated_by
 
     shape = _engine_shape((num_steps, topk, num_draft_tokens, num_speculative_tokens), measure)
-    tgt = None if _is_gguf(draft, engine) and target is None else _evidence(target, boundaries, measure)
+    tgt = None if _is_gguf(draft, engine) and target is None else _evidence(target, boundaries, measure, device)
     require_default_target_fits(*stated_by(draft), tgt, target_given=target is not None or boundaries is not None,
                                 draft=str(draft))
     # a dump is evidence for the measurement; the default target (no --target) is measured only when asked
@@ -116,10 +117,10 @@ def _engine_shape(knobs: tuple[Optional[int], ...], measure: Optional[bool]) -> 
     return TreeShape.from_knobs(*knobs)
 
 
-def _evidence(target: Optional[str], boundaries: Optional[Path], measure: Optional[bool]) -> Any:
-    """The loaded target, or the stand-in built from a boundaries dump (one source, never both)."""
+def _evidence(target: Optional[str], boundaries: Optional[Path], measure: Optional[bool], device: str) -> Any:
+    """The loaded target (on --device), or the stand-in built from a boundaries dump (one source, never both)."""
     if boundaries is None:
-        return load_target(target)
+        return load_target(target, device)
     if target is not None:
         raise EaglewireError("--target and --boundaries were both given", expected="one source of the target's "
                              "states: --target T (loaded and run here) or --boundaries FILE (a dump of it)",

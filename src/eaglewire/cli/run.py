@@ -11,6 +11,7 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from eaglewire.cli.common import add_command, err_console, load_target, out_console
+from eaglewire.hw import DEVICE_HELP
 from eaglewire.pipeline.config import BUDGETS
 
 RUN_HELP = ("One command from a target to a verified, exported, benchmarked draft, with OUT/report.html. "
@@ -30,18 +31,21 @@ def run_cmd(
                                          "default) or dflash (a block drafter; its block knobs: the config file's "
                                          "family section). Overrides the config file's family.name."),
     show_config: bool = typer.Option(False, "--show-config", help="Print the resolved config as JSON and exit."),
+    device: Optional[str] = typer.Option(None, "--device", help=DEVICE_HELP + " Overrides the config file's "
+                                         "device (default auto)."),
 ) -> None:
     from eaglewire.pipeline.config import resolve
     from eaglewire.pipeline.runner import STAGES, run_pipeline
 
-    cfg = resolve(budget, config, target=target, family={"name": family} if family is not None else None)
+    cfg = resolve(budget, config, target=target, family={"name": family} if family is not None else None,
+                  device=device)
     if show_config:
         out_console.print_json(json.dumps(cfg.shown()))
         return
     command = shlex.join(["eaglewire", "run", "--out", str(out), "--budget", budget]
                          + [x for flag, v in (("--config", config), ("--target", target), ("--family", family))
                             if v is not None for x in (flag, str(v))])
-    tgt = load_target(cfg.target)
+    tgt = load_target(cfg.target, cfg.device)
     cols = [TextColumn("{task.description:<12}"), BarColumn(), TextColumn("{task.fields[detail]}"),
             TimeElapsedColumn()]
     with Progress(*cols, console=err_console) as bar:

@@ -9,7 +9,7 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
-from eaglewire.cli.common import CONV_NAMES, TARGET_HELP, add_command, load_target, out_console, parse_ints, \
+from eaglewire.cli.common import CONV_NAMES, TARGET_HELP, add_command, device_option, load_target, out_console, parse_ints, \
     parse_taps, styled
 from eaglewire.contract import CANONICAL, CONVENTIONS, default_taps, describe_boundary, from_engine, to_engine
 from eaglewire.errors import EaglewireError, TranslationError
@@ -198,13 +198,14 @@ def capture_cmd(
     source: str = typer.Option(CANONICAL, "--taps-from", help=f"Convention of --taps: {CONV_NAMES}."),
     chat: bool = typer.Option(False, "--chat", help="Wrap the text as a user turn with the chat template."),
     logits: bool = typer.Option(False, "--logits", help="Also store the target's logits [1, T, V]."),
+    device: str = device_option(),
 ) -> None:
     """Capture the tapped hidden states of one text and write them with the wiring contract."""
     import torch
 
     from eaglewire.capture.hooks import capture, save_capture
 
-    tgt = load_target(target)
+    tgt = load_target(target, device)
     boundaries = parse_taps(tgt, taps, source)
     if chat:
         if tgt.chat_template is None:

@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from eaglewire.cli.common import TARGET_HELP, DATA_HELP, add_command, err_console, field_options, field_values, load_target, \
+from eaglewire.cli.common import TARGET_HELP, DATA_HELP, add_command, decide_device, device_option, err_console, field_options, field_values, load_target, \
     load_target_weights, out_console, parse_taps, read_samples
 from eaglewire.data.samples import DEFAULT_HELDOUT_FRACTION, DEFAULT_MAX_LENGTH
 from eaglewire.errors import EaglewireError, TargetError
@@ -74,6 +74,7 @@ def train_cmd(
     also_features: Optional[list[Path]] = typer.Option(None, "--also-features", help="Extra feature dirs (same "
                                                       "taps): every sample trains; held-out comes from --features."),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoints/latest."),
+    device: str = device_option(),
     **knobs: Any,  # one option per training knob (train/config.py), added by field_options
 ) -> None:
     """Train a draft: EAGLE-3 with training-time test, or (--family dflash) a DFlash block drafter with the
@@ -90,7 +91,7 @@ def train_cmd(
         from eaglewire.train.state import refuse_to_overwrite
         refuse_to_overwrite(out, any_entry=True)
     objective = train_objective(cfg.family)
-    info = dist.setup()
+    info = dist.setup(decide_device(device))
     tgt, tap_list = _target_and_taps(target, features, taps, taps_from, info.device, objective.default_taps)
 
     def said(contract: Any, n_train: int, n_heldout: int) -> None:
@@ -119,15 +120,14 @@ def _target_and_taps(target: Optional[str], features: Optional[Path], taps: Opti
     and the taps of the features' manifest (an explicit --taps must agree)."""
     from eaglewire.capture.features import captured_taps
 
-    if features is None:
-        tgt = load_target(target)
-        tgt.model.to(device)
+    if features is None:  # online: the target runs beside the draft, on this rank's device
+        tgt = load_target(target, device=device)
         return tgt, parse_taps(tgt, taps, taps_from) if taps else default(tgt.num_layers)
     try:
         tgt = load_target_weights(target)
     except TargetError as err:  # no safetensors, or names only transformers' load-time mapping knows
         err_console.print(f"note: loading the whole target, its tensors cannot be read by name: {err.what}")
-        tgt = load_target(target)
+        tgt = load_target(target, device=device)
     return tgt, captured_taps(features, parse_taps(tgt, taps, taps_from) if taps else None)
 
 
@@ -144,6 +144,7 @@ def eval_cmd(
     positions: int = typer.Option(3, "--positions", help="Drafted positions scored (the chain length)."),
     max_length: int = typer.Option(DEFAULT_MAX_LENGTH, "--max-length", help="Tokens per sample; longer conversations are cut at this length."),
     as_json: bool = typer.Option(False, "--json", help="JSON on stdout, for scripts and CI."),
+    device: str = device_option(),
 ) -> None:
     """Score a draft offline, as `train` does at each held-out evaluation: teacher-forced top-1 per drafted
     position and the greedy chain's tau, on a data split, without decoding (seconds to minutes)."""
@@ -158,7 +159,7 @@ def eval_cmd(
 
     if split not in ("heldout", "all"):
         raise EaglewireError("unknown --split", expected="heldout or all", found=repr(split), fix="--split heldout")
-    tgt = load_target(target)
+    tgt = load_target(target, device)
     dr, contract = load_draft(resolve_draft(draft), tgt, dtype=torch.float32)
     pool = read_samples(tgt, data, max_length, None, False)
     chosen = (split_heldout(pool, heldout_fraction)[1] if split == "heldout" else pool)[:samples]

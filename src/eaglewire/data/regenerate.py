@@ -289,8 +289,9 @@ class LocalGenerator:
 
         enc = [self._encode(m) for m in prompts]
         width = max(map(len, enc))
-        ids = torch.tensor([[self.pad] * (width - len(e)) + e for e in enc])
-        mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in enc])
+        dev = self.t.device  # the target's: regeneration runs where the target was loaded
+        ids = torch.tensor([[self.pad] * (width - len(e)) + e for e in enc], device=dev)
+        mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in enc], device=dev)
         torch.manual_seed(seed)
         sample = self.s.temperature > 0
         with torch.no_grad():

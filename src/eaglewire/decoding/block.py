@@ -48,7 +48,7 @@ class BlockProposer:
         self.taps = contract.taps
         self.k = block_shape(contract, shape).num_steps  # drafts verified per round
         first = 1 - self.block.label_offset  # the first slot that predicts a token after the anchor
-        self.slots = torch.arange(first, first + self.k)
+        self.slots = torch.arange(first, first + self.k, device=draft.fc.weight.device)
         self.cache = draft.new_cache(max_len + self.block.block_size + 8)
         self.anchor = -1
 

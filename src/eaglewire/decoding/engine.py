@@ -75,9 +75,10 @@ class SpecDecoder:
         pick = _Pick(temperature <= 0, temperature, top_p, torch.Generator().manual_seed(seed))
         # greedy needs only each row's argmax (rt.greedy: the screened head where calibrated); sampling every logit
         target = self.rt.greedy if pick.greedy else self.rt.forward
-        taps = self.proposer.taps
-        P = prompt.shape[1]
-        out0, prompt_taps = target(prompt, torch.arange(P)[None], 0, taps=taps, logit_rows=torch.tensor([P - 1]))
+        taps, dev = self.proposer.taps, self.rt.target.device  # every tensor made here goes to the target's device
+        prompt, P = prompt.to(dev), prompt.shape[1]
+        out0, prompt_taps = target(prompt, torch.arange(P, device=dev)[None], 0, taps=taps,
+                                   logit_rows=torch.tensor([P - 1], device=dev))
         x = pick.first(out0)
         n, out = P, []
         t = time.perf_counter()
@@ -95,12 +96,12 @@ class SpecDecoder:
             t = time.perf_counter()
             tree = self.proposer.propose()
             t2 = time.perf_counter()
-            ids, pos, mask = tree.verify_inputs(x, n)
+            ids, pos, mask = tree.verify_inputs(x, n, dev)
             vout, vtaps = target(ids, pos, n, mask, taps=taps)
             path, bonus = pick.walk(tree, vout)
             slots = [n] + [n + 1 + i for i in path]
             if slots != list(range(n, n + len(slots))):
-                self.rt.commit(torch.tensor(slots), n)  # tree: move the accepted branch into place
+                self.rt.commit(torch.tensor(slots, device=dev), n)  # tree: move the accepted branch into place
             st.verify_steps += 1
             st.accepted.append(len(path))
             accepted = [tree.tokens[i] for i in path]
@@ -111,7 +112,7 @@ class SpecDecoder:
                 st.draft_s, st.verify_s = st.draft_s + t2 - t, st.verify_s + t3 - t2
                 break
             emit(accepted)
-            rows = torch.tensor([0] + [1 + i for i in path])  # the root and the path in the verify batch
+            rows = torch.tensor([0] + [1 + i for i in path], device=dev)  # the root and the path in the verify batch
             n += len(slots)
             self.proposer.accept(vtaps[:, rows] if vtaps is not None else None, accepted + [bonus])
             x = bonus
@@ -135,14 +136,15 @@ class _Pick:
         """The prefill's next token; out: argmax ids [1, 1] or logits [1, 1, V] (its last row)."""
         if self.greedy:
             return int(out[0, -1])
-        probs = target_probs(out[0, -1], self.temperature, self.top_p)  # [V]
+        # sampled on the CPU with a CPU generator: the same seed draws the same tokens on any device
+        probs = target_probs(out[0, -1], self.temperature, self.top_p).cpu()  # [V]
         return int(torch.multinomial(probs, 1, generator=self.gen))
 
     def walk(self, tree: DraftTree, vout: torch.Tensor) -> tuple[list[int], int]:
         """vout: argmax ids [1, M+1] or logits [1, M+1, V] of a verify -> (accepted path, bonus token)."""
         if self.greedy:
             return greedy_accept(tree, vout[0].tolist())
-        return sample_accept(tree, target_probs(vout[0], self.temperature, self.top_p), self.gen)
+        return sample_accept(tree, target_probs(vout[0], self.temperature, self.top_p).cpu(), self.gen)
 
 
 def _stop_index(tokens: list[int], eos: set[int], room: int) -> int | None:
@@ -156,11 +158,12 @@ def _stop_index(tokens: list[int], eos: set[int], room: int) -> int | None:
 @torch.no_grad()
 def greedy_reference(runtime: Runtime, prompt: torch.Tensor, max_new_tokens: int, eos: set[int] | None = None) -> list[int]:
     """Plain greedy decoding on the same runtime (one token per forward): the lossless reference."""
-    eos, P = eos or set(), prompt.shape[1]
-    tok, _ = runtime.greedy(prompt, torch.arange(P)[None], 0, logit_rows=torch.tensor([P - 1]))
+    eos, P, dev = eos or set(), prompt.shape[1], runtime.target.device
+    tok, _ = runtime.greedy(prompt.to(dev), torch.arange(P, device=dev)[None], 0,
+                            logit_rows=torch.tensor([P - 1], device=dev))
     out = [int(tok[0, -1])]
     while out[-1] not in eos and len(out) < max_new_tokens:
         n = P + len(out) - 1
-        tok, _ = runtime.greedy(torch.tensor([[out[-1]]]), torch.tensor([[n]]), n)
+        tok, _ = runtime.greedy(torch.tensor([[out[-1]]], device=dev), torch.tensor([[n]], device=dev), n)
         out.append(int(tok[0, -1]))
     return out

@@ -41,8 +41,9 @@ class HFRuntime:
         with tap_hooks(self.target, taps, store) if taps else nullcontext():
             out = self.target.model(input_ids=ids, position_ids=positions, attention_mask=mask,
                                     past_key_values=self.cache, use_cache=True)
-        logits = out.logits if logit_rows is None else out.logits[:, logit_rows]
-        tapped = torch.cat([store[b][0] for b in taps], dim=-1) if taps else None
+        logits = out.logits if logit_rows is None else out.logits[:, logit_rows.to(out.logits.device)]
+        # a target spread over GPUs taps layers on several devices: the taps meet where the inputs are
+        tapped = torch.cat([store[b][0].to(ids.device) for b in taps], dim=-1) if taps else None
         return logits, tapped
 
     def greedy(self, ids: torch.Tensor, positions: torch.Tensor, start: int, mask: torch.Tensor | None = None,
@@ -53,9 +54,9 @@ class HFRuntime:
 
     def commit(self, src: torch.Tensor, dst_start: int) -> None:
         """Move accepted slots into place in every layer's keys and values."""
-        dst = torch.arange(dst_start, dst_start + src.numel())
         for layer in self.cache.layers:
             for name in ("keys", "values"):
                 t = getattr(layer, name, None)
-                if t is not None and t.numel():
-                    t[:, :, dst] = t[:, :, src]
+                if t is not None and t.numel():  # each layer's cache on its own device (a target spread over GPUs)
+                    dst = torch.arange(dst_start, dst_start + src.numel(), device=t.device)
+                    t[:, :, dst] = t[:, :, src.to(t.device)]

@@ -62,14 +62,15 @@ class EagleProposer:
         self.cache = DraftCache(draft.cfg, 1, max_len + shape.num_draft_tokens * shape.num_steps + 8,
                                 dtype=draft.fc.weight.dtype, device=draft.fc.weight.device)
         self.n = 0  # committed draft entries (= target tokens in the target's cache)
+        self.dev = draft.fc.weight.device  # every tensor a round makes goes where the draft is
 
     @torch.no_grad()
     def _extend(self, taps: torch.Tensor, tokens: list[int]) -> None:
         """Append entries for positions n..n+T-1: (taps[t], tokens[t]); keep the last one's output. The taps
         come in the target's dtype and are read in the draft's (an fp32 target may have a bf16 draft:
         hw.draft_dtype)."""
-        ids = torch.tensor([tokens], device=taps.device)
-        out = self.d(ids, taps.to(self.cache.k.dtype), cache=self.cache, start=self.n, compute_logits=False)
+        ids = torch.tensor([tokens], device=self.dev)
+        out = self.d(ids, taps.to(self.dev, self.cache.k.dtype), cache=self.cache, start=self.n, compute_logits=False)
         self.n += len(tokens)
         self.last_normed, self.last_hidden = out.normed[:, -1:], out.hidden[:, -1:]  # [1, 1, H] each
 
@@ -106,16 +107,16 @@ class EagleProposer:
         slot = self.n  # first free cache slot; node fed at level d sits at position n - 2 + d
         fed: dict[int, int] = {}  # node -> cache slot it was fed at (for descendants' masks)
         for level in range(2, S + 1):
-            toks = self.d.to_target_ids(torch.tensor([ids[f] for f in frontier]))[None]  # [1, F] target ids
+            toks = self.d.to_target_ids(torch.tensor([ids[f] for f in frontier], device=self.dev))[None]  # [1, F] target ids
             mask = self._mask(frontier, parents, fed, slot)
             for j, f in enumerate(frontier):
                 fed[f] = slot + j
-            pos = torch.full((1, len(frontier)), self.n - 2 + level)
+            pos = torch.full((1, len(frontier)), self.n - 2 + level, device=self.dev)
             out = self.d.step(toks, hidden, pos, mask, cache=self.cache, start=slot)
             slot += len(frontier)
             assert out.logits is not None  # step() computes them unless told not to
             child = torch.log_softmax(out.logits[0].float(), -1).topk(K)  # [F, K]
-            cand = (torch.tensor([scores[f] for f in frontier])[:, None] + child.values).flatten()
+            cand = (torch.tensor([scores[f] for f in frontier], device=self.dev)[:, None] + child.values).flatten()
             base = len(scores)
             for j, f in enumerate(frontier):
                 for c in range(K):
@@ -138,8 +139,8 @@ class EagleProposer:
         ids = [self._argmax(self.last_normed)]  # draft-vocab ids, level 1..S
         hidden = self.last_hidden  # [1, 1, H]: the root step's output feeds level 2
         for level in range(2, self.shape.num_steps + 1):
-            tok = torch.tensor([[ids[-1] + self.d2t[ids[-1]]]])  # [1, 1] target id
-            pos = torch.tensor([[self.n - 2 + level]])
+            tok = torch.tensor([[ids[-1] + self.d2t[ids[-1]]]], device=self.dev)  # [1, 1] target id
+            pos = torch.tensor([[self.n - 2 + level]], device=self.dev)
             out = self.d.step(tok, hidden, pos, None, cache=self.cache, start=self.n + level - 2, compute_logits=False)
             ids.append(self._argmax(out.normed))
             hidden = out.hidden  # [1, 1, H]
@@ -148,7 +149,7 @@ class EagleProposer:
     def _mask(self, frontier: list[int], parents: list[int], fed: dict[int, int], slot: int) -> torch.Tensor:
         """Frontier node j (written at slot+j) sees the committed entries, itself, and its fed ancestors."""
         F_ = len(frontier)
-        mask = torch.zeros(F_, slot + F_, dtype=torch.bool)
+        mask = torch.zeros(F_, slot + F_, dtype=torch.bool, device=self.dev)
         mask[:, : self.n] = True
         for j, f in enumerate(frontier):
             mask[j, slot + j] = True
@@ -169,7 +170,7 @@ class EagleProposer:
         kept = set(keep)
         keep = [i for i in keep if all(a in kept for a in _ancestors(i, parents))]
         index = {old: new for new, old in enumerate(keep)}
-        target_ids = self.d.to_target_ids(torch.tensor([ids[i] for i in keep])).tolist()
+        target_ids = self.d.to_target_ids(torch.tensor([ids[i] for i in keep], device=self.dev)).tolist()
         return DraftTree(tokens=target_ids, parents=[index[parents[i]] if parents[i] >= 0 else -1 for i in keep])
 
 

@@ -197,6 +197,7 @@ class StaticRuntime:
 def plain_runtime(target: Target, max_len: int) -> Runtime:
     """The runtime that needs nothing beyond torch: StaticRuntime where the architecture is supported, else
     transformers' own forward (the same tokens, slower). Acceptance does not depend on which runs."""
-    if target.text_config.model_type in SUPPORTED:
+    spread = len({str(d) for d in (getattr(target.model, "hf_device_map", None) or {}).values()}) > 1
+    if target.text_config.model_type in SUPPORTED and not spread:
         return StaticRuntime(target, max_len)
-    return HFRuntime(target, max_len)
+    return HFRuntime(target, max_len)  # transformers' forward moves activations between a spread target's GPUs

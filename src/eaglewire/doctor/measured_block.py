@@ -221,7 +221,9 @@ def load_for_measure(ins: Inspection, target: Any, n: int) -> DFlashDraft:
                              found=f"{family}, {layout}", fix="measure it where its own trainer runs")
     draft = import_block_backbone(ins.directory, fmt, target=target, taps=tuple(range(1, n + 1)),
                                   anchor_layout=record.anchor_layout(ins.config), heads=record.backbone_heads)
-    return draft.float()
+    draft = draft.float().cpu()  # scored on the CPU beside the Boundaries; the engine run moves it
+    draft.move_attached("cpu")
+    return draft
 
 
 def run_block_measurement(ins: Inspection, target: Any, engine: str | None = None, bounds: Boundaries | None = None,

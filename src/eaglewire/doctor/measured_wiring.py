@@ -90,7 +90,7 @@ def load_for_measure(ins: Inspection, target: TargetInfo, n: int) -> tuple[Eagle
     layout = ins.engine.name if ins.engine.config_style == style else detect_engine(ins.config)
     placeholder = default_taps(target.num_layers) if n == 3 and target.num_layers >= 8 else tuple(range(1, n + 1))
     draft, contract = import_draft(ins.directory, layout, target=target, taps=placeholder)
-    return draft.float(), contract
+    return draft.float().cpu(), contract  # scored on the CPU beside the Boundaries; the engine run moves it
 
 
 def run_measurement(ins: Inspection, target: TargetInfo, bounds: Boundaries | None = None, chain_steps: int = 3,

@@ -92,11 +92,12 @@ class DFlashCache:
     ([layers, 1, kv_heads, max_len, D]), and the RoPE rows of every position it can hold. Slot j holds
     target position j; `n` slots are filled."""
 
-    def __init__(self, cfg: DraftConfig, max_len: int, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, cfg: DraftConfig, max_len: int, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu") -> None:
         shape = (cfg.num_layers, 1, cfg.num_key_value_heads, max_len, cfg.head_dim)
-        self.k, self.v = torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
+        self.k, self.v = torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
         self.max_len, self.n = max_len, 0
-        cos, ssin = rope_tables(torch.arange(max_len)[None], cfg.head_dim, cfg.rope_theta, dtype)
+        cos, ssin = rope_tables(torch.arange(max_len, device=device)[None], cfg.head_dim, cfg.rope_theta, dtype)
         self.rope = torch.cat([cos[0, 0], ssin[0, 0]], dim=-1)  # [max_len, 2D]
 
 
@@ -171,6 +172,12 @@ class DFlashDraft(nn.Module):
                                       found=str(tuple(w.shape)))
         self.embed_weight, self.head_weight = embedding.detach(), head.detach()
 
+    def move_attached(self, device: torch.device | str) -> None:
+        """The attached target embedding and head moved to `device` (a copy where they live elsewhere: a target
+        spread over GPUs, a draft scored on the CPU). They are plain attributes, which Module.to leaves alone."""
+        if self.embed_weight is not None and self.head_weight is not None:
+            self.embed_weight, self.head_weight = self.embed_weight.to(device), self.head_weight.to(device)
+
     def _attached(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.embed_weight is None or self.head_weight is None:
             raise CheckpointError("the DFlash draft has no target embedding/head attached",
@@ -186,7 +193,7 @@ class DFlashDraft(nn.Module):
             raise TapWidthError("target taps fed to the DFlash draft have the wrong width",
                                 expected=f"{n} taps x {ht} = {n * ht} channels", found=f"{taps.shape[-1]} channels",
                                 fix="feed the taps the draft's contract names (run `eaglewire doctor`)")
-        return self.hidden_norm(self.fc(taps.to(self.fc.weight.dtype)))
+        return self.hidden_norm(self.fc(taps.to(self.fc.weight.device, self.fc.weight.dtype)))
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self._attached()[0]).to(self.fc.weight.dtype)
@@ -239,7 +246,7 @@ class DFlashDraft(nn.Module):
 
     # ---- decoding: a static context cache, one block pass per round --------------------------
     def new_cache(self, max_len: int) -> DFlashCache:
-        return DFlashCache(self.cfg, max_len, self.fc.weight.dtype)
+        return DFlashCache(self.cfg, max_len, self.fc.weight.dtype, self.fc.weight.device)
 
     @torch.no_grad()
     def extend_context(self, cache: DFlashCache, taps: torch.Tensor) -> None:
@@ -248,7 +255,7 @@ class DFlashDraft(nn.Module):
         if cache.n + t > cache.max_len:
             raise ValueError(f"DFlash context cache full: {cache.n}+{t} > {cache.max_len}")
         ctx = self.context(taps)
-        cos, ssin = rope_rows(cache.rope, torch.arange(cache.n, cache.n + t)[None])
+        cos, ssin = rope_rows(cache.rope, torch.arange(cache.n, cache.n + t, device=cache.k.device)[None])
         for i, layer in enumerate(self.layers):
             k, v = layer.self_attn.kv(ctx, cos, ssin)
             cache.k[i, :, :, cache.n:cache.n + t], cache.v[i, :, :, cache.n:cache.n + t] = k, v
@@ -259,13 +266,14 @@ class DFlashDraft(nn.Module):
         """One draft pass over [anchor, MASK x (B-1)] at positions n..n+B-1 (n = cache.n: the anchor is the
         pending token, not yet in the context) -> final-norm states [1, B, H]."""
         B, n = self.block.block_size, cache.n
-        ids = torch.full((1, B), self.block.mask_token_id, dtype=torch.long)
+        dev = cache.k.device
+        ids = torch.full((1, B), self.block.mask_token_id, dtype=torch.long, device=dev)
         ids[0, 0] = anchor
-        pos = torch.arange(n, n + B)[None]  # [1, B]
+        pos = torch.arange(n, n + B, device=dev)[None]  # [1, B]
         if n + B > cache.max_len:
             raise ValueError(f"DFlash context cache too small for a block at {n}: max_len {cache.max_len}")
         cos, ssin = rope_rows(cache.rope, pos)
-        masks = self.layer_masks(None, torch.arange(n + B)[None], pos)
+        masks = self.layer_masks(None, torch.arange(n + B, device=dev)[None], pos)
         x = self.embed(ids)
         for i, (layer, m) in enumerate(zip(self.layers, masks)):
             x = layer(x, cos, ssin, (cache.k[i, :, :, :n], cache.v[i, :, :, :n]), m)

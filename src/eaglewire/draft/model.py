@@ -261,7 +261,8 @@ class Eagle3Draft(nn.Module):
                                   found="a placeholder", fix="load with target=... or call attach_embedding()")
         if position_ids is None:
             first = start if cache is not None else (0 if past is None else past[0][0].shape[2])
-            position_ids = torch.arange(first, first + input_ids.shape[1]).expand(input_ids.shape[0], -1)
+            position_ids = torch.arange(first, first + input_ids.shape[1],
+                                        device=input_ids.device).expand(input_ids.shape[0], -1)
         embeds = self.embed_tokens(input_ids)
         kv: list[KV] = []
         h = hidden

@@ -37,7 +37,7 @@ def validate_vocab_map(d2t: torch.Tensor, t2d: torch.Tensor, vocab_size: int) ->
     if int(t2d.sum()) != n_draft:
         raise VocabMapError("t2d.sum() must equal the draft vocab size len(d2t)", expected=str(n_draft),
                             found=str(int(t2d.sum())), fix="rebuild the vocab map (eaglewire vocab build)")
-    target_ids = torch.arange(n_draft) + d2t
+    target_ids = torch.arange(n_draft, device=d2t.device) + d2t
     if n_draft and (int(target_ids.min()) < 0 or int(target_ids.max()) >= vocab_size):
         raise VocabMapError("d2t maps draft ids outside the target vocabulary",
                             expected=f"i + d2t[i] in [0, {vocab_size})",
@@ -72,19 +72,19 @@ class VocabMap:
 
     @property
     def target_ids(self) -> torch.Tensor:  # int64 [V_d]
-        return torch.arange(self.draft_vocab_size) + self.d2t
+        return torch.arange(self.draft_vocab_size, device=self.d2t.device) + self.d2t
 
     @classmethod
     def from_target_ids(cls, ids: torch.Tensor, vocab_size: int) -> "VocabMap":
         """Kept target ids (any order, unique) -> ascending map."""
         ids = torch.unique(ids.long())  # sorted ascending
-        t2d = torch.zeros(vocab_size, dtype=torch.bool)
+        t2d = torch.zeros(vocab_size, dtype=torch.bool, device=ids.device)
         t2d[ids] = True
-        return cls(d2t=ids - torch.arange(ids.numel()), t2d=t2d)
+        return cls(d2t=ids - torch.arange(ids.numel(), device=ids.device), t2d=t2d)
 
     @classmethod
     def identity(cls, vocab_size: int) -> "VocabMap":
-        return cls.from_target_ids(torch.arange(vocab_size), vocab_size)
+        return cls.from_target_ids(torch.arange(vocab_size, device="cpu"), vocab_size)
 
     def sha256(self) -> str:
         return vocab_map_sha256(self.d2t, self.vocab_size)
@@ -99,7 +99,7 @@ def draft_index(t2d: torch.Tensor) -> torch.Tensor:
 def vocab_map_sha256(d2t: torch.Tensor, vocab_size: int) -> str:
     """Identity of a vocab map: the target vocab size and the kept target ids (t2d follows from them)."""
     h = hashlib.sha256(f"V={vocab_size};".encode())
-    h.update((torch.arange(d2t.numel()) + d2t).to(torch.int64).numpy().tobytes())
+    h.update((torch.arange(d2t.numel(), device=d2t.device) + d2t).to("cpu", torch.int64).numpy().tobytes())
     return h.hexdigest()
 
 
@@ -110,7 +110,7 @@ def vocab_map_sha256(d2t: torch.Tensor, vocab_size: int) -> str:
 
 def count_masked_tokens(samples, vocab_size: int) -> torch.Tensor:
     """int64 [V]: how often each target id is a trained (loss-masked) token."""
-    counts = torch.zeros(vocab_size, dtype=torch.int64)
+    counts = torch.zeros(vocab_size, dtype=torch.int64, device="cpu")  # host-side counting
     for s in samples:
         counts += torch.bincount(s.input_ids[s.loss_mask.bool()], minlength=vocab_size)
     return counts

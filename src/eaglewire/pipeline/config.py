@@ -14,11 +14,11 @@ import json
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from eaglewire.data.regenerate import SERVER_IN_FLIGHT, GenerationSettings
 from eaglewire.export.engines import ENGINE_FORMATS
-from eaglewire.hw import DRAFT_DTYPES, RUNTIME_DTYPES
+from eaglewire.hw import DEVICE_DEFAULT, DEVICE_HELP, DRAFT_DTYPES, RUNTIME_DTYPES, check_device
 from eaglewire.data.samples import DEFAULT_HELDOUT_FRACTION, DEFAULT_MAX_LENGTH
 from eaglewire.errors import EaglewireError
 from eaglewire.decoding.tree import DEFAULT_TREE, TreeShape
@@ -52,6 +52,10 @@ class DataCfg(_Strict):
     engine_dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="vLLM's dtype for regeneration")
     engine_in_flight: int = Field(SERVER_IN_FLIGHT, ge=1, description="conversations vLLM keeps in flight, a "
                                   "rolling pool (throughput only: the results' data-engine throughput page)")
+    server: str = Field("", description="an OpenAI-compatible server already serving the target (vLLM or SGLang "
+                        "on GPUs, e.g. http://127.0.0.1:8000/v1): regeneration goes through it, engine_in_flight "
+                        "requests at a time, instead of data.engine; '' = none")
+    server_model: str = Field("", description="the model name to send to data.server ('' = 'default')")
 
     def generation(self) -> GenerationSettings:
         return GenerationSettings(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
@@ -175,6 +179,17 @@ class RunConfig(_Strict):
     train: TrainCfg = TrainCfg()
     bench: BenchCfg = BenchCfg()
     formats: tuple[Literal[ENGINE_FORMATS], ...] = DEFAULT_FORMATS  # type: ignore[valid-type]  # engines.py
+    # where every stage runs (--device is the same knob): not in any stage's key, so a run started on one
+    # machine resumes on another; the dtype a GPU computes in is (train.capture_dtype)
+    device: str = Field(DEVICE_DEFAULT, description=DEVICE_HELP)
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        try:
+            return check_device(value)
+        except EaglewireError as err:  # as ValueError, pydantic names the field
+            raise ValueError(str(err).replace("\n", ";")) from None
 
     def train_config(self) -> TrainConfig:
         """The training knobs: the train section's and the family section's."""

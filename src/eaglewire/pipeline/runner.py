@@ -43,11 +43,17 @@ class Stage:
 
 THROUGHPUT_ONLY = {"batch_size", "engine_in_flight"}  # data fields that change speed, never the text: not in a key
 
+
+def _data_key(c: RunConfig, leave_out: set[str]) -> dict[str, Any]:
+    """The data fields a regeneration's text depends on; data.server and its model only when set, so a run
+    that names none keys its stages as before the fields existed."""
+    unset = {"server", "server_model"} if not c.data.server else set()
+    return c.data.model_dump(exclude=THROUGHPUT_ONLY | leave_out | unset)
+
 STAGES: tuple[Stage, ...] = (
     Stage("prompts", "check the prompt source", S.prompts, (), lambda c: (c.data.source, c.data.conversations)),
     Stage("regenerate", "regenerate answers with the target", S.regenerate, (),
-          lambda c: (c.data.model_dump(exclude=THROUGHPUT_ONLY),),
-          lambda c: (c.data.model_dump(exclude=THROUGHPUT_ONLY | {"conversations"}),)),
+          lambda c: (_data_key(c, set()),), lambda c: (_data_key(c, {"conversations"}),)),
     Stage("vocab", "build the draft vocabulary", S.vocab, ("regenerate",),
           lambda c: (c.vocab.model_dump(), c.data.max_length, c.train.heldout_fraction, c.train.init_from)),
     # the capture dtype as resolved on this machine: "auto" captures bf16 on one machine and fp32 on another
@@ -175,6 +181,18 @@ def resolve_taps(cfg: RunConfig, target: Target) -> tuple[int, ...]:
     return tuple(cfg.taps) if cfg.taps is not None else objective(cfg.family.name).default_taps(target.num_layers)
 
 
+def _load_run_target(cfg: RunConfig, log: Callable[[str], None]) -> Target:
+    """The run's target on the run config's device (compose.device decides: cuda when visible), in bfloat16
+    on a GPU, float32 on the CPU (hw.default_dtype_name)."""
+    import torch
+
+    from eaglewire.compose import device
+    from eaglewire.hw import default_dtype_name
+
+    where = device(cfg.device, log)
+    return load_target(cfg.target, device=where, dtype=getattr(torch, default_dtype_name(where)))
+
+
 def run_pipeline(cfg: RunConfig, out: Path, *, progress: Callable[[str, float, float | None, str], None],
                  log: Callable[[str], None], target: Target | None = None, command: str = "") -> dict[str, Any]:
     """Run (or resume) every stage, then write the report (naming `command`, the line that ran it). Returns
@@ -190,7 +208,7 @@ def _run(cfg: RunConfig, out: Path, progress: Callable[[str, float, float | None
     from eaglewire.pipeline.report import write_report
 
     atomic_write_json(out / "run_config.json", cfg.model_dump(mode="json"))
-    target = target or load_target(cfg.target)
+    target = target or _load_run_target(cfg, log)
     taps = resolve_taps(cfg, target)
     keys, state = stage_keys(cfg, target, taps), RunState(out)
     ctx = S.Ctx(cfg, out, target, target.contract(taps), log=log, command=command)

@@ -58,6 +58,7 @@ class Run:
 
 def _hf(target: Any, ids: torch.Tensor, max_new: int, eos: int, **kw: Any) -> Run:
     t0 = time.perf_counter()
+    ids = ids.to(target.device)  # HF generate runs where the target is
     with torch.no_grad():
         out = target.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
                                     do_sample=False, temperature=None, top_p=None, top_k=None, eos_token_id=eos,

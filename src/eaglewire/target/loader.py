@@ -81,6 +81,12 @@ class Target:
         return int(self.text_config.vocab_size)
 
     @property
+    def device(self) -> torch.device:
+        """Where the target's inputs go: its input embedding's device (a target spread over several GPUs runs
+        its first layers there; transformers' hooks move activations between its parts)."""
+        return self.embed_tokens.weight.device
+
+    @property
     def dtype(self) -> torch.dtype:
         """The dtype the target computes in (that of its parameters)."""
         return next(self.model.parameters()).dtype
@@ -295,16 +301,37 @@ def read_target_config(path: Path, bytes_per: int = 4) -> dict:
     return cfg
 
 
+def placement(device: str, weight_bytes: int) -> dict[str, Any]:
+    """from_pretrained's keyword for putting a target of `weight_bytes` on `device` (hw.pick_device's choice):
+    nothing on the CPU; the whole model on the one GPU named where it fits in that GPU's free memory (or
+    only one GPU is visible: then CUDA's own out-of-memory error says so); else `device_map="auto"`, the
+    layers spread over every visible GPU (accelerate's dispatch), for a target too large for one."""
+    if not device.startswith("cuda"):
+        return {} if device == "cpu" else {"device_map": {"": device}}
+    index = int(device.partition(":")[2] or torch.cuda.current_device())
+    free, _total = torch.cuda.mem_get_info(index)
+    # 0.85: the KV cache, activations and (when training) the draft need the rest
+    if torch.cuda.device_count() == 1 or weight_bytes < 0.85 * free:
+        return {"device_map": {"": f"cuda:{index}"}}
+    log.info("target of %.1f GB > one GPU's free %.1f GB: spread over %d GPUs (device_map='auto')",
+             weight_bytes / 1e9, free / 1e9, torch.cuda.device_count())
+    return {"device_map": "auto"}
+
+
 def load_target(spec: str | None = None, *, dtype: torch.dtype = torch.float32,
-                with_tokenizer: bool = True) -> Target:
-    """Load a target for capture/drafting. fp32 by default: bf16 pays only where the CPU has it natively
-    (hw.native_bf16; `eaglewire.hw.runtime_dtype` makes that choice for the decoding commands)."""
+                with_tokenizer: bool = True, device: str = "cpu") -> Target:
+    """Load a target for capture/drafting on `device` (hw.pick_device decides it; placement). fp32 by default:
+    bf16 pays only where the CPU has it natively (hw.native_bf16; `eaglewire.hw.runtime_dtype` makes that
+    choice for the decoding commands) — on a GPU the callers pass bf16 (hw.default_dtype_name)."""
     from transformers import AutoModelForCausalLM
+
+    from eaglewire.limits import estimated_params
 
     name, path = resolve_target(spec)
     cfg = read_target_config(path, bytes_per=dtype.itemsize)
+    where = placement(device, estimated_params(cfg) * dtype.itemsize)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **where)
     except torch.serialization.pickle.UnpicklingError:
         # transformers unpickles .bin weights with weights_only=True; its message then suggests turning that
         # off, which would run whatever the file names: that advice is not passed on

@@ -63,8 +63,8 @@ def sample_anchors(valid: torch.Tensor, num_anchors: int, generator: torch.Gener
     of any row) (at least 1); a padding slot has anchor 0 and keep False. Draws on the CPU with `generator`."""
     rows = [r.nonzero().flatten() for r in valid.cpu()]
     n = max(1, min(num_anchors, max(len(r) for r in rows)))
-    anchors = torch.zeros(len(rows), n, dtype=torch.long)
-    keep = torch.zeros(len(rows), n, dtype=torch.bool)
+    anchors = torch.zeros(len(rows), n, dtype=torch.long, device="cpu")
+    keep = torch.zeros(len(rows), n, dtype=torch.bool, device="cpu")
     for i, cand in enumerate(rows):
         pick = cand[torch.randperm(len(cand), generator=generator)[:n]].sort().values
         anchors[i, :len(pick)], keep[i, :len(pick)] = pick, True

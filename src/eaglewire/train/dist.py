@@ -1,7 +1,9 @@
 """torch.distributed set-up for training. Nothing else in eaglewire imports torch.distributed.
 
 Under `torchrun` (WORLD_SIZE set) a process group is created: gloo on CPU, nccl on CUDA. Without it,
-everything degrades to one process with no collective calls.
+everything degrades to one process with no collective calls. The device is the process's decision
+(eaglewire.compose.device: --device, cuda when visible), never picked here again: under torchrun a CUDA
+decision means each rank's own GPU, cuda:LOCAL_RANK.
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ class DistInfo:
         return self.world_size > 1
 
 
-def setup() -> DistInfo:
+def setup(device: str = "cpu") -> DistInfo:
+    """One process on `device`, or under torchrun this rank of the group (`device` cuda: its own GPU)."""
     if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) == 1:
-        return DistInfo(device="cuda" if torch.cuda.is_available() else "cpu")
+        return DistInfo(device=device)
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
-    cuda = torch.cuda.is_available()
+    cuda = device.startswith("cuda")
     if cuda:
         torch.cuda.set_device(local)
     if not dist.is_initialized():

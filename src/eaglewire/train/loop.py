@@ -60,13 +60,13 @@ def global_batches(samples: list[Sample], c: TrainConfig, info: DistInfo, epoch:
     """This rank's micro-batches for one epoch: a seeded permutation, length-sorted in windows of
     8 global batches (less padding), sliced per rank. A pure function of (seed, epoch)."""
     g = torch.Generator().manual_seed(c.seed * 1000 + epoch)
-    order = [samples[i] for i in torch.randperm(len(samples), generator=g).tolist()]
+    order = [samples[i] for i in torch.randperm(len(samples), generator=g, device="cpu").tolist()]
     gb = c.batch_size * info.world_size
     window = gb * 8
     for w in range(0, len(order), window):
         order[w:w + window] = sorted(order[w:w + window], key=lambda s: len(s.input_ids))
     batches = [order[i:i + gb] for i in range(0, len(order) - gb + 1, gb)]
-    perm = torch.randperm(len(batches), generator=g).tolist()
+    perm = torch.randperm(len(batches), generator=g, device="cpu").tolist()  # host-side draws
     return [batches[i][info.rank * c.batch_size:(info.rank + 1) * c.batch_size] for i in perm]
 
 
@@ -103,8 +103,11 @@ def _truncate_metrics(path: Path, step: int) -> None:
 
 def _acc(stats_list: list[TTTStats], info: DistInfo) -> tuple[list[float], list[int]]:
     steps = len(stats_list[0].correct)
-    correct = torch.tensor([sum(s.correct[k] for s in stats_list) for k in range(steps)], dtype=torch.float64)
-    counts = torch.tensor([sum(s.counts[k] for s in stats_list) for k in range(steps)], dtype=torch.float64)
+    # on the rank's device: NCCL reduces CUDA tensors only
+    correct = torch.tensor([sum(s.correct[k] for s in stats_list) for k in range(steps)], dtype=torch.float64,
+                           device=info.device)
+    counts = torch.tensor([sum(s.counts[k] for s in stats_list) for k in range(steps)], dtype=torch.float64,
+                          device=info.device)
     correct, counts = all_reduce_sum(correct, info), all_reduce_sum(counts, info)
     return [float(a / n) if n else float("nan") for a, n in zip(correct, counts)], [int(n) for n in counts]
 
@@ -125,12 +128,12 @@ def evaluate(model: Any, features: Any, heldout: list[Sample], c: TrainConfig, i
     if not stats:
         return {}
     acc, counts = _acc(stats, info)
-    chain = all_reduce_sum(torch.tensor([sum(s.chain[k] for s in stats) for k in range(len(acc))],
-                                        dtype=torch.float64), info)
-    anchors = float(all_reduce_sum(torch.tensor([float(sum(s.anchors for s in stats))], dtype=torch.float64), info))
+    on = {"dtype": torch.float64, "device": info.device}  # NCCL reduces CUDA tensors only
+    chain = all_reduce_sum(torch.tensor([sum(s.chain[k] for s in stats) for k in range(len(acc))], **on), info)
+    anchors = float(all_reduce_sum(torch.tensor([float(sum(s.anchors for s in stats))], **on), info))
     chain_acc = [float(a / anchors) if anchors else float("nan") for a in chain]
     tokens, rounds = all_reduce_sum(torch.tensor([float(sum(s.round_tokens for s in stats)),
-                                                  float(sum(s.rounds for s in stats))], dtype=torch.float64), info).tolist()
+                                                  float(sum(s.rounds for s in stats))], **on), info).tolist()
     # tau_chain: the teacher-forced tau of a greedy chain as long as the TTT unroll, anchored at every
     # position (see TTTStats.chain); tau_rounds: the same chains walked round by round as a decoder does
     return {"loss": sum(losses) / len(losses), "acc": acc, "positions": counts, "chain": chain_acc,
@@ -160,7 +163,9 @@ def _train(target: Any, contract: WiringContract, vmap: VocabMap | None, feature
     if c.family != contract.family:  # the resumable config and the checkpoint must name the same family
         raise ValueError(f"the config trains family {c.family!r}, the contract is a {contract.family!r} draft's")
     objective = objective_for(contract)
-    draft = objective.build_draft(target, contract, vmap, c).to(info.device)
+    with torch.device("cpu"):  # built on the host, seeded as on any device, then moved
+        draft = objective.build_draft(target, contract, vmap, c)
+    draft = draft.to(info.device)
     model = objective.build_model(draft, target, vmap, features, c, info)
     named = [(n, p) for n, p in draft.named_parameters() if p.requires_grad]
     names, params = [n for n, _ in named], [p for _, p in named]
@@ -231,7 +236,8 @@ def _train_step(ddp: Any, model: Any, opt: Any, params: list, stream: MicroBatch
     acc, counts = _acc(stats, info)
     losses = [sum(s.losses[k] for s in stats) / len(stats) for k in range(len(stats[0].losses))]
     # Each rank's loss is its share of the global-batch loss (times world size): average for the log.
-    loss_sum = float(all_reduce_sum(torch.tensor(loss_sum, dtype=torch.float64), info)) / info.world_size
+    loss_sum = float(all_reduce_sum(torch.tensor(loss_sum, dtype=torch.float64, device=info.device), info)) \
+        / info.world_size
     return {"lr": lr, "loss": loss_sum, "loss_k": losses, "acc": acc, "positions": counts,
             "grad_norm": grad_norm, "_tokens": tokens * info.world_size}
 

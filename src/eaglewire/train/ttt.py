@@ -253,5 +253,5 @@ class TTTModel(nn.Module):
         then yields exactly the single-process gradient of the global batch."""
         num = per_pos.sum() if weight is None else (weight * per_pos).sum()
         den = float(per_pos.numel()) if weight is None else float(weight.sum())
-        n = self.reduce_count(torch.tensor(den, dtype=torch.float64)).clamp_min(1)
+        n = self.reduce_count(torch.tensor(den, dtype=torch.float64, device=per_pos.device)).clamp_min(1)
         return num / n.to(per_pos.dtype) * self.world_size
