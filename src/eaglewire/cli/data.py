@@ -204,7 +204,8 @@ def capture_cmd(
     target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_HELP),
     taps: Optional[str] = typer.Option(None, "--taps", help="Tap ids (default: --family's taps, boundaries "
                                        "[2, L//2, L-3] for eagle3)."),
-    taps_from: str = typer.Option("boundary", "--taps-from", help="The numbering --taps is given in: boundary (eaglewire's), or an engine's layer ids (vllm, sglang, specforge, ...)."),
+    taps_from: str = typer.Option("boundary", "--taps-from", help="The numbering --taps is given in: boundary (eaglewire's), or an engine's "
+                                   "layer ids (vllm, sglang, specforge, ...)."),
     family: str = typer.Option("eagle3", "--family", help="Whose default taps to capture when --taps is omitted: "
                                "eagle3, or dflash (z-lab's five). Features hold taps only: any family reading "
                                "them trains on them."),

@@ -177,8 +177,10 @@ def serve_cmd(
     max_tokens_limit: int = typer.Option(1024, "--max-tokens-limit", help="The largest max_tokens a request may ask for (larger requests get a 400)."),
     num_steps: Optional[int] = typer.Option(None, "--num-steps", help=TREE_HELP),
     topk: Optional[int] = typer.Option(None, "--topk", help="SGLang's --speculative-eagle-topk K: branching per tree node (1 = a chain; see --num-steps)."),
-    num_draft_tokens: Optional[int] = typer.Option(None, "--num-draft-tokens", help="SGLang's --speculative-num-draft-tokens N: verified tokens per round, the root included (see --num-steps)."),
-    num_speculative_tokens: Optional[int] = typer.Option(None, "--num-speculative-tokens", help="vLLM's k: a chain of k drafted tokens per round (= --num-steps k --topk 1 --num-draft-tokens k+1)."),
+    num_draft_tokens: Optional[int] = typer.Option(None, "--num-draft-tokens", help="SGLang's --speculative-num-draft-tokens N: verified tokens per round, "
+                                                    "the root included (see --num-steps)."),
+    num_speculative_tokens: Optional[int] = typer.Option(None, "--num-speculative-tokens", help="vLLM's k: a chain of k drafted tokens per round "
+                                                          "(= --num-steps k --topk 1 --num-draft-tokens k+1)."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP),
     draft_dtype: str = typer.Option("auto", "--draft-dtype", help=DRAFT_DTYPE_HELP),
     device: str = device_option(),

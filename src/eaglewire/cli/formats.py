@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from eaglewire.cli.common import add_command, err_console, load_target, out_console, parse_dtype, progress
+from eaglewire.cli.common import add_command, load_target, out_console, parse_dtype, progress
 from eaglewire.errors import EaglewireError
 
 FORMAT_HELP = ("sglang (the layer-id rule of the target's SGLang model file, per release: --engine-version), "

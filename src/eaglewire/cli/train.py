@@ -63,10 +63,12 @@ def train_cmd(
     taps: Optional[str] = typer.Option(None, "--taps", help="Online: the taps to capture (default: the family's, "
                                        "[2, L//2, L-3] for eagle3, z-lab's five for dflash). Offline: read from "
                                        "the features' manifest; if given, it must agree."),
-    taps_from: str = typer.Option("boundary", "--taps-from", help="The numbering --taps is given in: boundary (eaglewire's), or an engine's layer ids (vllm, sglang, specforge, ...)."),
+    taps_from: str = typer.Option("boundary", "--taps-from", help="The numbering --taps is given in: boundary (eaglewire's), or an engine's "
+                                   "layer ids (vllm, sglang, specforge, ...)."),
     max_length: int = typer.Option(DEFAULT_MAX_LENGTH, "--max-length", help="Tokens per sample; longer conversations are cut at this length."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Use only the first N conversations (default: all)."),
-    heldout_fraction: float = typer.Option(DEFAULT_HELDOUT_FRACTION, "--heldout-fraction", help="Share of the conversations held out for evaluation (never trained on)."),
+    heldout_fraction: float = typer.Option(DEFAULT_HELDOUT_FRACTION, "--heldout-fraction", 
+                                            help="Share of the conversations held out for evaluation (never trained on)."),
     train_limit: Optional[int] = typer.Option(None, "--train-limit", help="Train on only the first N training "
                                               "samples of --features (held-out set unchanged): data-scaling "
                                               "experiments."),
@@ -139,7 +141,8 @@ def eval_cmd(
                              "released draft's training data (its held-out split was never trained on)."),
     split: str = typer.Option("heldout", "--split", help="heldout: the split `train` holds out (by conversation "
                               "id hash, --heldout-fraction); all: every sample (an evaluation set)."),
-    heldout_fraction: float = typer.Option(DEFAULT_HELDOUT_FRACTION, "--heldout-fraction", help="Share of the conversations held out for evaluation (never trained on)."),
+    heldout_fraction: float = typer.Option(DEFAULT_HELDOUT_FRACTION, "--heldout-fraction", 
+                                            help="Share of the conversations held out for evaluation (never trained on)."),
     samples: int = typer.Option(48, "--samples", help="Samples scored (the first of the split)."),
     positions: int = typer.Option(3, "--positions", help="Drafted positions scored (the chain length)."),
     max_length: int = typer.Option(DEFAULT_MAX_LENGTH, "--max-length", help="Tokens per sample; longer conversations are cut at this length."),

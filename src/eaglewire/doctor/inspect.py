@@ -18,7 +18,7 @@ from eaglewire.errors import EaglewireError
 from eaglewire.doctor.config_types import check_config_types
 from eaglewire.export.base import CONTRACT_FILE, read_contract, read_draft_config
 from eaglewire.export.convert import detect_engine
-from eaglewire.safeio import about_file, open_safetensors, read_json_object
+from eaglewire.safeio import about_file, open_safetensors
 
 
 @dataclass

@@ -21,8 +21,7 @@ from eaglewire.errors import CheckpointError
 from eaglewire.families import get_family, register_part
 from eaglewire.export.base import read_draft_config
 from eaglewire.outputs import replace_dir
-from eaglewire.safeio import atomic_save_safetensors, atomic_write_json, about_file, field_of, read_json_object, \
-    read_safetensors_file
+from eaglewire.safeio import atomic_save_safetensors, atomic_write_json, about_file, field_of, read_safetensors_file
 from eaglewire.target.protocol import TargetInfo
 from eaglewire.about import __version__
 from eaglewire.draft.vocab import validate_vocab_map, vocab_map_sha256

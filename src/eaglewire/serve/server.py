@@ -348,7 +348,8 @@ def build_server(target: Any, draft: Any, shape: Any, model_name: str | None, ma
                                     top_p=job.top_p, seed=job.seed, on_tokens=on_tokens)
         return stats
 
-    about = {"dtype": str(target.dtype).removeprefix("torch."), "runtime": type(rt).__name__, "shape": f"S{shape.num_steps} K{shape.topk} N{shape.num_draft_tokens}"}
+    about = {"dtype": str(target.dtype).removeprefix("torch."), "runtime": type(rt).__name__,
+             "shape": f"S{shape.num_steps} K{shape.topk} N{shape.num_draft_tokens}"}
     srv = SpecServer(generate, target.tokenizer, model_name or target.name, max_tokens_limit, max_context, eos=eos,
                      draft_depth=shape.num_steps, about=about)
     if httpd is None:
