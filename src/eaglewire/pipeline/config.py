@@ -252,7 +252,8 @@ MAX_CONFIG_DEPTH = 32  # a run config nests sections two or three deep
 def _refuse_yaml_aliases(path: Path, text: str) -> None:
     """Aliases (`*a`) are refused: nested ones expand exponentially (a 'billion laughs' file), and a run
     config has no use for them; so are tags (`!!set`, `!!binary`, ...): a run config holds plain values.
-    Nesting deeper than MAX_CONFIG_DEPTH is refused while the events stream, so a hostile file costs a few events, not a full pure-Python parse of every level (three of them below).
+    Nesting deeper than MAX_CONFIG_DEPTH is refused while the events stream, so a hostile file costs a few events,
+    not a full pure-Python parse of every level (three of them below).
     Duplicate mapping keys are refused too (YAML keeps the last silently)."""
     import yaml
 
