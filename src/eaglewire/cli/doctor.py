@@ -85,16 +85,20 @@ def check_cmd(
     if as_json:
         print(report.to_json())
     else:
-        layout = getattr(report, "layout", "")  # a block drafter's report names its family, layout, version
-        out_console.print(f"doctor: {draft} as loaded by {report.engine}"
-                          + (f" {engine_version or report.engine_version}" if engine_version or layout else "")
-                          + (f" with target {tgt.name}" if tgt is not None else f" with target GGUF {target_gguf}")
-                          + (f" ({report.family} draft, {layout} layout)" if layout else ""))
-        for f in report.findings:
-            out_console.print(styled((f"{f.level.upper():5}", STYLE[f.level]), f" {f.what}\n      why: {f.why}\n"
-                                     f"      fix: {f.fix}"), highlight=False)
-        out_console.print(f"{report.errors} error(s), {len(report.findings) - report.errors} other finding(s)")
+        _print_report(report, draft, engine_version, tgt, target_gguf)
     raise typer.Exit(1 if report.errors else 0)
+
+
+def _print_report(report, draft: Path, engine_version: Optional[str], tgt, target_gguf: Optional[Path]) -> None:
+    layout = getattr(report, "layout", "")  # a block drafter's report names its family, layout, version
+    out_console.print(f"doctor: {draft} as loaded by {report.engine}"
+                      + (f" {engine_version or report.engine_version}" if engine_version or layout else "")
+                      + (f" with target {tgt.name}" if tgt is not None else f" with target GGUF {target_gguf}")
+                      + (f" ({report.family} draft, {layout} layout)" if layout else ""))
+    for f in report.findings:
+        out_console.print(styled((f"{f.level.upper():5}", STYLE[f.level]), f" {f.what}\n      why: {f.why}\n"
+                                 f"      fix: {f.fix}"), highlight=False)
+    out_console.print(f"{report.errors} error(s), {len(report.findings) - report.errors} other finding(s)")
 
 
 def _is_gguf(draft: Path, engine: Optional[str]) -> bool:

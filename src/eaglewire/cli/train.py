@@ -16,6 +16,7 @@ from eaglewire.tau import named_tau
 from eaglewire.train.config import TrainConfig, knob_fields
 from eaglewire.draft.vocab import DEFAULT_DRAFT_VOCAB
 
+HELDOUT_HELP = "Share of the conversations held out for evaluation (never trained on)."
 KNOBS = knob_fields("cli")  # the training knobs that are options of `eaglewire train`
 
 
@@ -67,8 +68,7 @@ def train_cmd(
                                    "layer ids (vllm, sglang, specforge, ...)."),
     max_length: int = typer.Option(DEFAULT_MAX_LENGTH, "--max-length", help="Tokens per sample; longer conversations are cut at this length."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Use only the first N conversations (default: all)."),
-    heldout_fraction: float = typer.Option(DEFAULT_HELDOUT_FRACTION, "--heldout-fraction", 
-                                            help="Share of the conversations held out for evaluation (never trained on)."),
+    heldout_fraction: float = typer.Option(DEFAULT_HELDOUT_FRACTION, "--heldout-fraction", help=HELDOUT_HELP),
     train_limit: Optional[int] = typer.Option(None, "--train-limit", help="Train on only the first N training "
                                               "samples of --features (held-out set unchanged): data-scaling "
                                               "experiments."),
@@ -141,8 +141,7 @@ def eval_cmd(
                              "released draft's training data (its held-out split was never trained on)."),
     split: str = typer.Option("heldout", "--split", help="heldout: the split `train` holds out (by conversation "
                               "id hash, --heldout-fraction); all: every sample (an evaluation set)."),
-    heldout_fraction: float = typer.Option(DEFAULT_HELDOUT_FRACTION, "--heldout-fraction", 
-                                            help="Share of the conversations held out for evaluation (never trained on)."),
+    heldout_fraction: float = typer.Option(DEFAULT_HELDOUT_FRACTION, "--heldout-fraction", help=HELDOUT_HELP),
     samples: int = typer.Option(48, "--samples", help="Samples scored (the first of the split)."),
     positions: int = typer.Option(3, "--positions", help="Drafted positions scored (the chain length)."),
     max_length: int = typer.Option(DEFAULT_MAX_LENGTH, "--max-length", help="Tokens per sample; longer conversations are cut at this length."),
