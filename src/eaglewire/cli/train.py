@@ -16,6 +16,8 @@ from eaglewire.tau import named_tau
 from eaglewire.train.config import TrainConfig, knob_fields
 from eaglewire.draft.vocab import DEFAULT_DRAFT_VOCAB
 
+TAPS_FROM_HELP = ("The numbering --taps is given in: boundary (eaglewire's), or an engine's layer ids "
+                  "(vllm, sglang, specforge, ...).")
 HELDOUT_HELP = "Share of the conversations held out for evaluation (never trained on)."
 KNOBS = knob_fields("cli")  # the training knobs that are options of `eaglewire train`
 
@@ -64,8 +66,7 @@ def train_cmd(
     taps: Optional[str] = typer.Option(None, "--taps", help="Online: the taps to capture (default: the family's, "
                                        "[2, L//2, L-3] for eagle3, z-lab's five for dflash). Offline: read from "
                                        "the features' manifest; if given, it must agree."),
-    taps_from: str = typer.Option("boundary", "--taps-from", help="The numbering --taps is given in: boundary (eaglewire's), or an engine's "
-                                   "layer ids (vllm, sglang, specforge, ...)."),
+    taps_from: str = typer.Option("boundary", "--taps-from", help=TAPS_FROM_HELP),
     max_length: int = typer.Option(DEFAULT_MAX_LENGTH, "--max-length", help="Tokens per sample; longer conversations are cut at this length."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Use only the first N conversations (default: all)."),
     heldout_fraction: float = typer.Option(DEFAULT_HELDOUT_FRACTION, "--heldout-fraction", help=HELDOUT_HELP),
