@@ -127,13 +127,14 @@ def test_the_seeds_wiring_faults_are_served_silently_by_llamacpp(setup, plain_id
     """Each fault converts without a word and llama-server serves it: output still lossless (verification is
     the target's), tau down. Ids: the embedding tapped ([0, 2, 15]: llama.cpp's id i is the INPUT of layer i,
     so 0 is the embedding), SGLang's numbering of our taps read as llama.cpp's (each tap one layer early),
-    one state (every id n_layer: the final output three times, what a draft fed a single state sees)."""
+    one state (every id L-3: one state three times, what a draft fed a single state sees; id L itself would
+    read a state a llama target never sets)."""
     from eaglewire.contract import to_engine
 
     target, draft = setup[0], setup[1]
     L = target.num_layers
     ids = {"embedding tap": (0, 2, 15), "sglang-numbered ids": to_engine(draft.contract.taps, "sglang-plus1", L),
-           "one state": (L, L, L)}[fault]
+           "one state": (L - 3,) * 3}[fault]
     gguf_path = _gguf(setup, _with_ids(setup[2], tmp_path / "export", ids), tmp_path / "draft.gguf")
     assert _target_layers(gguf_path) == list(ids)  # kept as written: nothing in llama.cpp objects
     got, c, _ = _serve(setup, gguf_path)
