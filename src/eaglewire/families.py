@@ -133,6 +133,7 @@ class Family:
     title: str = ""  # how reports name the family
     vllm_method: str = ""  # vLLM's speculative_config "method"
     sglang_algorithm: str = ""  # SGLang's --speculative-algorithm
+    llamacpp_spec_type: str = ""  # llama-server's --spec-type (common/speculative.cpp's names)
 
     def fields_for(self, engine: str) -> tuple[EngineField, ...]:
         rows = tuple(f for f in self.engine_fields if f.engine == engine)
@@ -169,9 +170,11 @@ FAMILIES: dict[str, Family] = {
     for f in [
         # EAGLE-3's fields are the engine records' (export/engines.py): one id list in one convention per engine
         Family("eagle3", "EAGLE-3: a chain/tree drafter fed fused taps and its own hidden state", False, (),
-               title="EAGLE-3", vllm_method="eagle3", sglang_algorithm="EAGLE3"),
+               title="EAGLE-3", vllm_method="eagle3", sglang_algorithm="EAGLE3",
+               llamacpp_spec_type="draft-eagle3"),
         Family("dflash", "DFlash: a block drafter, one non-causal pass over [anchor, MASK x (B-1)]", True, _DFLASH_FIELDS,
-               title="DFlash", vllm_method="dflash", sglang_algorithm="DFLASH"),
+               title="DFlash", vllm_method="dflash", sglang_algorithm="DFLASH",
+               llamacpp_spec_type="draft-dflash"),
     ]
 }
 DEFAULT_FAMILY = "eagle3"

@@ -107,7 +107,11 @@ def test_the_clients_flags_and_request_fields_exist_in_llamacpp(monkeypatch, tmp
     assert {"-md", "--spec-type", "--spec-draft-n-max", "--metrics", "--poll"} <= set(flags)
     for flag in flags:
         assert re.search(rf'[{{ ]"{re.escape(flag)}"[,}}]', args), flag
-    assert '"draft-eagle3"' in _read(src, "common/speculative.cpp")
+    from eaglewire.families import FAMILIES
+
+    names = _read(src, "common/speculative.cpp")
+    for fam in FAMILIES.values():  # each family record's --spec-type is one of llama.cpp's names
+        assert re.search(rf'{{"{fam.llamacpp_spec_type}",\s*COMMON_SPECULATIVE_TYPE_', names), fam.name
     schema = _read(src, "tools/server/server-schema.cpp")
     for field in ("n_predict", "temperature", "top_k", "seed", "cache_prompt", "return_tokens"):
         assert f'"{field}"' in schema, field

@@ -66,14 +66,16 @@ def rows_for(family: str, names: Sequence[str]) -> tuple[str, ...]:
     own = FAMILY_ROWS[family]
     others = {m for f, rows in FAMILY_ROWS.items() if f != family for m in rows} - set(own)
     keep = [m for m in names if m not in others]
-    return tuple(keep if any(m in own for m in keep) else keep + list(own))
+    engines = PEER_METHODS + LLAMACPP_METHODS  # another engine's rows: only where asked for
+    return tuple(keep if any(m in own for m in keep) else keep + [m for m in own if m not in engines])
 
 
 def check_methods(names: Sequence[str]) -> None:
     """Refuse an unknown row, or a set without vanilla (every row's tokens are checked against it)."""
-    unknown = [n for n in names if n not in METHODS + BLOCK_METHODS + PEER_METHODS]
+    known = METHODS + BLOCK_METHODS + PEER_METHODS + LLAMACPP_METHODS
+    unknown = [n for n in names if n not in known]
     if unknown or "vanilla" not in names:
-        raise EaglewireError("unknown benchmark methods", expected=f"a subset of {METHODS + BLOCK_METHODS + PEER_METHODS} "
+        raise EaglewireError("unknown benchmark methods", expected=f"a subset of {known} "
                              "including vanilla (the lossless reference)", found=str(list(names)))
 
 

@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from eaglewire.errors import EaglewireError
+from eaglewire.families import get_family
 
 LLAMACPP_METHODS = ("llamacpp_vanilla", "llamacpp_eagle_chain")
 TARGET_PRECISIONS, DRAFT_PRECISIONS = ("q4_1", "f32"), ("f32", "f16", "bf16", "q8_0")
@@ -69,6 +70,7 @@ class LlamacppPeers:
                                  f"{DRAFT_PRECISIONS}", found=f"target {target_precision}, draft {draft_precision}")
         self.target, self.draft, self.max_new, self.k, self.names = target, draft, max_new, k, list(names)
         self.precision = (target_precision, draft_precision)
+        self.spec_type = get_family(draft.contract.family).llamacpp_spec_type
         self.threads = threads or torch.get_num_threads()  # as many as our rows use
         self.warmup = prompts[0][0].tolist()
         self.ctx = max(p.shape[1] for p in prompts) + max_new + k + 16
@@ -90,8 +92,8 @@ class LlamacppPeers:
                 self.log(f"{name}: starting llama-server ({self.precision[0]} target"
                          + (f", {self.precision[1]} EAGLE-3 draft, k={self.k}" if dgguf else ", no draft")
                          + f", {self.threads} threads); paused between its requests")
-                srv = stack.enter_context(LlamaServer(model, dgguf, n_max=self.k, ctx=self.ctx,
-                                                      threads=self.threads))
+                srv = stack.enter_context(LlamaServer(model, dgguf, spec_type=self.spec_type, n_max=self.k,
+                                                      ctx=self.ctx, threads=self.threads))
                 srv.complete(self.warmup, min(16, self.max_new))  # not counted
                 if dgguf:
                     self.before[name] = srv.counters()
