@@ -151,3 +151,21 @@ def test_llamacpp_reader_recovers_every_counter_in_its_layout(drafts, tokens, ac
     assert (c.drafts, c.draft_tokens, c.accepted) == (drafts, tokens, accepted)
     assert c.accepted_per_pos == tuple(per_pos) and c.k == (len(per_pos) or None)
     assert read_counters("llamacpp", text) == c
+
+
+def test_recorded_llamacpp_metrics_and_log_read_back():
+    """/metrics and the end-of-request log lines of a real llama-server (0.3.36's llama.cpp, k=3, 3 greedy
+    requests; tests/data/live/README.md): the counters, and the log pooled by `doctor expect --log` into the same
+    rounds (its rounds counted from the rates: some rounds drafted fewer than k, 272 tokens in 93 rounds)."""
+    from eaglewire.doctor.expect import parse_log, parse_log_counts
+
+    text = (DATA / "llamacpp_metrics.txt").read_text()
+    assert detect_engine(text) == "llamacpp"
+    c = read_counters("llamacpp", text)
+    assert (c.drafts, c.draft_tokens, c.accepted, c.accepted_per_pos) == (93, 272, 47, (35, 10, 2))
+    assert c.k == 3 and c.tau == pytest.approx(1 + 47 / 93)
+    log = (DATA / "llamacpp_server.log").read_text()
+    counts = parse_log_counts(log)
+    assert counts.drafts == pytest.approx(93, abs=0.1)
+    assert counts.accepted_per_position == pytest.approx([35, 10, 2], abs=0.1)
+    assert parse_log(log) == pytest.approx((1.35 + 1.47 + 1.74) / 3)  # each request's printed mean length
