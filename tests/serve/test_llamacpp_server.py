@@ -125,8 +125,10 @@ def _target_layers(path):
 @pytest.mark.parametrize("fault", ["embedding tap", "sglang-numbered ids", "one state"])
 def test_the_seeds_wiring_faults_are_served_silently_by_llamacpp(setup, plain_ids, healthy, tmp_path, fault):
     """Each fault converts without a word and llama-server serves it: output still lossless (verification is
-    the target's), tau down. Ids: the embedding tapped ([0, 2, 15]: llama.cpp's id i is the INPUT of layer i,
-    so 0 is the embedding), SGLang's numbering of our taps read as llama.cpp's (each tap one layer early),
+    the target's), the draft fed other states. Ids: the embedding tapped ([0, 2, 15]: llama.cpp's id i is the INPUT
+    of layer i, so 0 is the embedding; tau collapses), SGLang's numbering of our taps read as llama.cpp's (each tap
+    one layer early: other per-position counts, tau about the same for this draft, as in vLLM where it measured
+    1.73 -> 1.68; the doctor's static check is what names it),
     one state (every id L-3: one state three times, what a draft fed a single state sees; id L itself would
     read a state a llama target never sets)."""
     from eaglewire.contract import to_engine
@@ -143,7 +145,9 @@ def test_the_seeds_wiring_faults_are_served_silently_by_llamacpp(setup, plain_id
     healthy_tau = healthy[1].tau
     print(f"\n{fault} {list(ids)}: llama.cpp tau {c.tau:.3f} (healthy {healthy_tau:.3f}), per position "
           f"{c.per_position}")
-    assert c.drafts > 0 and c.tau < healthy_tau - 0.2, (fault, c.to_dict(), healthy_tau)
+    assert c.drafts > 0 and c.accepted_per_pos != healthy[1].accepted_per_pos  # other states reached the draft
+    if fault != "sglang-numbered ids":
+        assert c.tau < healthy_tau - 0.2, (fault, c.to_dict(), healthy_tau)
 
 
 def test_ids_the_converter_cannot_find_default_silently(setup, tmp_path):

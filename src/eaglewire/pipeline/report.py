@@ -98,10 +98,11 @@ def _llamacpp_line(ctx: Ctx, exports: dict[str, str], n_max: int) -> str:
     """llama-server's line: the GGUF export when the run wrote one, else llama.cpp's converter on the vLLM export
     first (an EAGLE-3 draft; llama.cpp's own converter reads the vLLM layout's top-level ids)."""
     from eaglewire.serve.llamacpp import server_line
-    from eaglewire.target.loader import EMBEDDED, embedded_gguf_path
+    from eaglewire.target.loader import embedded_gguf_path, embedded_key
 
     spec_type = family(ctx).llamacpp_spec_type
-    gguf = shlex.quote(str(embedded_gguf_path(ctx.target.name))) if ctx.target.name in EMBEDDED else "TARGET.gguf"
+    key = embedded_key(ctx.target.path)
+    gguf = "TARGET.gguf" if key is None else shlex.quote(str(embedded_gguf_path(key)))
     if "llamacpp" in exports:
         return server_line(gguf, shlex.quote(exports["llamacpp"]), spec_type, n_max)
     target = shlex.quote(str(ctx.target.path)) if ctx.target.path else "TARGET_HF_DIR"

@@ -331,7 +331,7 @@ def _llamacpp_rows(ctx: Ctx) -> list[str]:
     """llama.cpp's rows when bench.llamacpp asks for them (auto: a llama-server found and a target GGUF at hand)."""
     from eaglewire.serve.llamacpp import BUILD_HINT, find_llama_server
     from eaglewire.serve.llamacpp_peer import LLAMACPP_METHODS
-    from eaglewire.target.loader import EMBEDDED
+    from eaglewire.target.loader import embedded_key
 
     b = ctx.cfg.bench
     found = find_llama_server()
@@ -340,7 +340,7 @@ def _llamacpp_rows(ctx: Ctx) -> list[str]:
     if b.llamacpp == "on" and found is None:
         raise EaglewireError("bench.llamacpp is on but no llama-server is found", expected="a llama-server binary",
                              found="EAGLEWIRE_LLAMA_SERVER unset, none built, none on PATH", fix=BUILD_HINT)
-    if b.llamacpp == "auto" and (found is None or (ctx.target.name not in EMBEDDED and b.llamacpp_target == "q4_1")):
+    if b.llamacpp == "auto" and (found is None or (embedded_key(ctx.target.path) is None and b.llamacpp_target == "q4_1")):
         why = "no llama-server found (" + BUILD_HINT + ")" if found is None else "the target ships no Q4_1 GGUF"
         ctx.log(f"bench: no llama.cpp rows: {why}")
         return []

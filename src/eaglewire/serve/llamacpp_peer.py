@@ -46,10 +46,10 @@ def draft_gguf(target: Any, draft: Any, out: Path, precision: str = "f32") -> Pa
 
 def _target_gguf(target: Any, precision: str, tmp: Path) -> Path:
     from eaglewire.serve.llamacpp import convert_hf, target_gguf
-    from eaglewire.target.loader import EMBEDDED
+    from eaglewire.target.loader import embedded_key
 
-    if target.name in EMBEDDED:
-        return target_gguf(precision, target.name)
+    if (key := embedded_key(target.path)) is not None:
+        return target_gguf(precision, key)
     if precision == "q4_1":
         raise EaglewireError("only the embedded target ships a Q4_1 GGUF", expected="--llamacpp-target f32 for "
                              "another target", found=f"target {target.name!r} with q4_1")

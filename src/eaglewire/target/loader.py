@@ -246,6 +246,14 @@ def embedded_gguf_path(name: str = DEFAULT_TARGET) -> Path:
     return gguf_path
 
 
+def embedded_key(path: str | Path | None) -> str | None:
+    """Which embedded target (its EMBEDDED key) a loaded target's directory is, or None (another model)."""
+    if path is None:
+        return None
+    here = Path(path).resolve()
+    return next((key for key in EMBEDDED if (cache_root() / "targets" / key).resolve() == here), None)
+
+
 def embedded_target_dir(name: str = DEFAULT_TARGET) -> Path:
     emb = EMBEDDED[name]
     gguf_path = embedded_gguf_path(name)
