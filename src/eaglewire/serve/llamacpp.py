@@ -23,6 +23,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -33,7 +34,7 @@ from typing import Any, Sequence
 
 from eaglewire.cache import cache_root
 from eaglewire.errors import EaglewireError
-from eaglewire.vllm_client.server import _die_with_parent, free_port
+from eaglewire.vllm_client.server import _WATCHDOG, _die_with_parent, free_port
 
 BUILD_HINT = ("bash scripts/llamacpp_build.sh   (builds llama-server from the llama-cpp-python sdist into the user "
               "cache; or point EAGLEWIRE_LLAMA_SERVER at a llama-server binary)")
@@ -105,8 +106,6 @@ def convert_hf(model_dir: Path, out: Path, outtype: str = "f32", target_dir: Pat
 
 
 def _python() -> str:
-    import sys
-
     return sys.executable
 
 
@@ -149,6 +148,7 @@ class LlamaServer:
         self.port = free_port()
         self.log_path = log_path or cache_root() / "logs" / f"llama-server-{self.port}.log"
         self.proc: subprocess.Popen | None = None
+        self.watchdog: subprocess.Popen | None = None  # ends the server if this process dies unstopped
 
     @property
     def url(self) -> str:
@@ -185,6 +185,11 @@ class LlamaServer:
             # own session (stop() signals the group); the parent-death signal ends it if we die unstopped
             self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True, preexec_fn=partial(_die_with_parent, 0))
+        # a server paused by the bench (SIGSTOP) holds the parent-death SIGTERM pending: the watchdog (vLLM's, see
+        # vllm_client/server.py) resumes and kills it when this process ends however it ends (seen: a bench killed
+        # by `timeout` left its paused llama-server behind)
+        self.watchdog = subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(self.proc.pid)],
+                                         stdin=subprocess.PIPE, start_new_session=True)
         try:
             self._wait_ready()
         except BaseException:
@@ -210,16 +215,20 @@ class LlamaServer:
                              found=f"no answer; log {self.log_path}:\n{self.log_tail()}")
 
     def stop(self, grace: float = 20.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=grace)
-        except ProcessLookupError:  # already gone
-            pass
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGCONT)  # a paused server would hold the SIGTERM
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=grace)
+            except ProcessLookupError:  # already gone
+                pass
+        if self.watchdog is not None:
+            self.watchdog.stdin.close()  # EOF: it finds the group gone and exits
+            self.watchdog.wait(timeout=grace)
+            self.watchdog = None
 
     def complete(self, prompt_ids: list[int], n_predict: int, timeout: float = 600.0) -> Completion:
         """Greedy completion of a token-id prompt (the exact ids our engine used, no template), its own
