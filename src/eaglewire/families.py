@@ -151,6 +151,7 @@ class Family:
     title: str = ""  # how reports name the family
     vllm_method: str = ""  # vLLM's speculative_config "method"
     sglang_algorithm: str = ""  # SGLang's --speculative-algorithm
+    llamacpp_spec_type: str = ""  # llama-server's --spec-type (common/speculative.cpp's names)
     # what each layer registered (PARTS); not part of the record's identity
     parts: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -172,9 +173,11 @@ FAMILIES: dict[str, Family] = {
     f.name: f
     for f in [
         Family("eagle3", "EAGLE-3: a chain/tree drafter fed fused taps and its own hidden state", False,
-               title="EAGLE-3", vllm_method="eagle3", sglang_algorithm="EAGLE3"),
+               title="EAGLE-3", vllm_method="eagle3", sglang_algorithm="EAGLE3",
+               llamacpp_spec_type="draft-eagle3"),
         Family("dflash", "DFlash: a block drafter, one non-causal pass over [anchor, MASK x (B-1)]", True,
-               title="DFlash", vllm_method="dflash", sglang_algorithm="DFLASH"),
+               title="DFlash", vllm_method="dflash", sglang_algorithm="DFLASH",
+               llamacpp_spec_type="draft-dflash"),
     ]
 }
 DEFAULT_FAMILY = "eagle3"

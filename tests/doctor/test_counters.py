@@ -125,3 +125,47 @@ def test_eaglewire_server_mirror_reads_back_as_vllm(rounds, depth):
     if flat:
         st_ = SpecStats(accepted=flat)
         assert c.per_position == pytest.approx(st_.per_position(depth)) and c.tau == pytest.approx(st_.tau)
+
+
+@settings(max_examples=100, deadline=None)
+@given(drafts=counts, tokens=counts, accepted=counts, per_pos=st.lists(counts, max_size=8), seed=st.integers(0, 2**16))
+def test_llamacpp_reader_recovers_every_counter_in_its_layout(drafts, tokens, accepted, per_pos, seed):
+    """llama-server's /metrics layout (tools/server/server-task.cpp, to_metrics: HELP and TYPE per item, the
+    `_total` in the family name, other counters and gauges beside; the per-position family only once a request
+    with a draft ended): every figure read back, the engine detected."""
+    from eaglewire.doctor.counters import read_llamacpp_metrics
+
+    items = [("prompt_tokens_total", "counter", 17), ("n_decode_total", "counter", 99),
+             ("spec_decode_num_draft_tokens_total", "counter", tokens),
+             ("spec_decode_num_accepted_tokens_total", "counter", accepted),
+             ("spec_decode_num_drafts_total", "counter", drafts), ("predicted_tokens_seconds", "gauge", 80.5),
+             ("requests_processing", "gauge", 0)]
+    random.Random(seed).shuffle(items)
+    text = "".join(f"# HELP llamacpp:{n} what it is\n# TYPE llamacpp:{n} {t}\nllamacpp:{n} {v}\n" for n, t, v in items)
+    if per_pos:
+        name = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"
+        text += f"# HELP {name} Accepted tokens per draft position\n# TYPE {name} counter\n"
+        text += "".join(f'{name}{{position="{i}"}} {v}\n' for i, v in enumerate(per_pos))
+    assert detect_engine(text) == "llamacpp"
+    c = read_llamacpp_metrics(text)
+    assert (c.drafts, c.draft_tokens, c.accepted) == (drafts, tokens, accepted)
+    assert c.accepted_per_pos == tuple(per_pos) and c.k == (len(per_pos) or None)
+    assert read_counters("llamacpp", text) == c
+
+
+def test_recorded_llamacpp_metrics_and_log_read_back():
+    """/metrics and the end-of-request log lines of a real llama-server (0.3.36's llama.cpp, k=3, 3 greedy
+    requests; tests/data/live/README.md): the counters, and the log pooled by `doctor expect --log` into the same
+    rounds (its rounds counted from the rates: some rounds drafted fewer than k, 272 tokens in 93 rounds)."""
+    from eaglewire.doctor.expect import parse_log, parse_log_counts
+
+    text = (DATA / "llamacpp_metrics.txt").read_text()
+    assert detect_engine(text) == "llamacpp"
+    c = read_counters("llamacpp", text)
+    assert (c.drafts, c.draft_tokens, c.accepted, c.accepted_per_pos) == (93, 272, 47, (35, 10, 2))
+    assert c.k == 3 and c.tau == pytest.approx(1 + 47 / 93)
+    log = (DATA / "llamacpp_server.log").read_text()
+    counts = parse_log_counts(log)
+    assert counts.drafts == pytest.approx(93, abs=0.1)
+    assert counts.accepted_per_position == pytest.approx([35, 10, 2], abs=0.1)
+    assert parse_log(log) == pytest.approx((1.35 + 1.47 + 1.74) / 3)  # each request's printed mean length

@@ -248,7 +248,7 @@ def test_cli_translate_family_prints_every_field():
     assert {f["field"]: f["ids"] for f in out["fields"]} == {
         "dflash_config.target_layer_ids": [1, 8, 14, 20, 27], "eagle_aux_hidden_state_layer_ids": [2, 9, 15, 21, 28]}
     r = CliRunner().invoke(app, ["wiring", "translate", "--family", "dflash", "-L", "30", "--to", "all", "--json"])
-    assert {f["engine"] for f in json.loads(r.stdout)["fields"]} == {"zlab", "sglang", "vllm", "speculators"}
+    assert {f["engine"] for f in json.loads(r.stdout)["fields"]} == {"zlab", "sglang", "vllm", "speculators", "llamacpp"}
     r = CliRunner().invoke(app, ["wiring", "translate", "--family", "dflash", "-L", "30", "--to", "speculators",
                                  "--taps", "2,9,15,21,29", "--from", "speculators"])
     assert r.exit_code == 0 and "[2, 9, 15, 21, 29]" in r.output

@@ -423,4 +423,11 @@ def test_short_run_on_the_real_embedded_target(tmp_path):
     assert s["engine_ids"] == {"sglang": [1, 14, 26], "vllm": [2, 15, 27]}
     assert s["data"]["from_shipped"] >= 3 and s["data"]["new_tokens_this_run"] == 0
     assert s["doctor_errors"] == {"sglang": 0, "vllm": 0}
-    assert all(m["matches_vanilla"] == 1 for m in s["bench"].values())
+    ours = {n: m for n, m in s["bench"].items() if not n.startswith("llamacpp_")}  # llama.cpp's Q4_1 is its own text
+    assert all(m["matches_vanilla"] == 1 for m in ours.values())
+    assert "llama-server -m" in s["launch"]["llamacpp"] and "--spec-type draft-eagle3" in s["launch"]["llamacpp"]
+    from eaglewire.serve.llamacpp import find_llama_server
+
+    if find_llama_server() is not None:  # bench.llamacpp auto: llama.cpp's rows, lossless, its tau in the verdict
+        assert s["bench"]["llamacpp_eagle_chain"]["matches_llamacpp_vanilla"] == 1
+        assert "llama.cpp with the same draft" in s["verdict"] and s["bench"]["llamacpp_eagle_chain"]["tau"] >= 1

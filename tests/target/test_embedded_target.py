@@ -107,3 +107,14 @@ def test_the_embedded_target_decodes_the_same_through_the_screen(smollm):
     assert not (per_token & ~kept).any()  # a superset: no possible argmax is ruled out
     counts = kept.sum(1)  # [47] candidates per state, each a 2.3 KB fp32 row to recompute
     assert counts.min() >= 1 and counts.float().median() <= 64 and counts.max() <= head.w.shape[0] // 100
+
+
+def test_embedded_key_names_the_embedded_target_by_its_directory_only(tmp_path):
+    """What ships a GGUF llama.cpp can serve as is: the embedded target's cached directory, under any spelling
+    of its path; any other directory, or an in-memory model, is no embedded target."""
+    from eaglewire.target.loader import embedded_gguf_path, embedded_key, resolve_target
+
+    path = resolve_target(None)[1]
+    assert embedded_key(path) == embedded_key(str(path / ".." / path.name)) == "smollm2-135m"
+    assert embedded_key(tmp_path) is None and embedded_key(None) is None and embedded_key(path.parent) is None
+    assert embedded_gguf_path("smollm2-135m").suffix == ".gguf"

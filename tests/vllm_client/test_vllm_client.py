@@ -41,28 +41,11 @@ def setup(tmp_path_factory):
 
 
 def _ours(target, draft, prompts, vanilla=None):
-    """Our engine's (vanilla greedy ids, tau, per-position acceptance) of `draft` on the prompts, its output
-    checked equal to the target's plain greedy decode. `vanilla`: that decode, from an earlier call on the same
-    target, prompts and MAX_NEW (it depends on neither the draft nor the call: fp32, the same plain runtime), so
-    the module decodes it once instead of once per draft."""
-    from eaglewire.decoding.engine import SpecDecoder, SpecStats, greedy_reference
-    from eaglewire.decoding.runtime import plain_runtime
-    from eaglewire.decoding.propose import EagleProposer
-    from eaglewire.decoding.tree import TreeShape
+    """Our engine's (vanilla greedy ids, tau, per-position acceptance) at this module's MAX_NEW and K
+    (spec_reference.our_acceptance: its output checked equal to the target's plain greedy decode)."""
+    from spec_reference import our_acceptance
 
-    eos = {target.tokenizer.eos_token_id}
-    max_len = max(p.shape[1] for p in prompts) + MAX_NEW + K + 16
-    rt = plain_runtime(target, max_len)
-    prop = EagleProposer(draft, TreeShape.chain(K), max_len)
-    if vanilla is None:
-        vanilla = [greedy_reference(rt, p, MAX_NEW, eos=eos) for p in prompts]
-    accepted = []
-    for p, plain in zip(prompts, vanilla, strict=True):
-        toks, st = SpecDecoder(rt, prop).generate(p, MAX_NEW, eos=eos)
-        assert toks == plain
-        accepted += st.accepted
-    st = SpecStats(accepted=accepted)
-    return vanilla, st.tau, st.per_position(K)
+    return our_acceptance(target, draft, prompts, MAX_NEW, K, vanilla)
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ import typer
 from eaglewire.cli.common import TARGET_HELP, add_command, decide_device, device_option, err_console, load_target, \
     out_console, parse_dtype
 from eaglewire.serve import bench as B
+from eaglewire.serve.llamacpp_peer import DRAFT_PRECISIONS, LLAMACPP_METHODS, TARGET_PRECISIONS
 from eaglewire.serve.peer import PEER_METHODS
 from eaglewire.decoding.tree import DEFAULT_TREE as SHAPE
 from eaglewire.decoding.tree import TreeShape
@@ -129,12 +130,20 @@ def bench_cmd(
     topk: int = typer.Option(SHAPE.topk, "--topk", help="Tree run: K."),
     num_draft_tokens: int = typer.Option(SHAPE.num_draft_tokens, "--num-draft-tokens", help="Tree run: N including the root."),
     methods: str = typer.Option(",".join(B.METHODS), "--methods", help="Comma list of " + ", ".join(B.METHODS) +
-                                ", " + ", ".join(B.BLOCK_METHODS + PEER_METHODS) + " (vanilla is always needed: "
+                                ", " + ", ".join(B.BLOCK_METHODS + PEER_METHODS + LLAMACPP_METHODS) + " (vanilla is always needed: "
                                 "the lossless reference and the speedup base; dflash needs --dflash-draft)."),
     dflash_draft: Optional[Path] = typer.Option(None, "--dflash-draft", help="A DFlash draft checkpoint for the "
                                                 "dflash row (its whole block per round)."),
     vllm: bool = typer.Option(False, "--vllm", help="Add the peer rows " + " and ".join(PEER_METHODS) + ": the "
                               "real vLLM CPU build on the same prompts, draft, k and dtype (scripts/vllm_venv.sh)."),
+    llamacpp: bool = typer.Option(False, "--llamacpp", help="Add the rows " + " and ".join(LLAMACPP_METHODS) + ": "
+                                  "llama.cpp's llama-server alone and with the draft as a GGUF, same prompts and k "
+                                  "(scripts/llamacpp_build.sh or EAGLEWIRE_LLAMA_SERVER)."),
+    llamacpp_target: str = typer.Option("q4_1", "--llamacpp-target", help="The llama.cpp rows' target GGUF: "
+                                        + " or ".join(TARGET_PRECISIONS) + " (q4_1: the file the embedded target "
+                                        "ships; f32: llama.cpp's conversion of the float target)."),
+    llamacpp_draft: str = typer.Option("f32", "--llamacpp-draft", help="The draft GGUF's precision: "
+                                       + ", ".join(DRAFT_PRECISIONS) + "."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP + " Every row runs in it (HF generate, vanilla, "
                               "EAGLE, vLLM's); bench.json records it."),
     draft_dtype: str = typer.Option("auto", "--draft-dtype", help=DRAFT_DTYPE_HELP),
@@ -157,14 +166,19 @@ def bench_cmd(
     result = B.run_bench(tgt, d, prompts, max_new_tokens, TreeShape.chain(chain_k),
                          TreeShape(num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens),
                          log=_say, repeats=repeats, block_draft=block_draft,
-                         methods=list(dict.fromkeys([m.strip() for m in methods.split(",") if m.strip()]
-                                                    + (list(PEER_METHODS) if vllm else []))))
+                         llamacpp_gguf=(llamacpp_target, llamacpp_draft), methods=_rows(methods, vllm, llamacpp))
     from eaglewire.export.checkpoint import resolve_draft
 
     result["questions"], result["draft"], result["turns"] = questions, str(resolve_draft(draft)), turns
     B.write(result, out)
     out_console.print(B.markdown(result), markup=False, highlight=False)
     out_console.print(f"-> {out}/bench.json, bench.md, bench.png")
+
+
+def _rows(methods: str, vllm: bool, llamacpp: bool) -> list[str]:
+    """--methods, then the peer rows --vllm / --llamacpp add, each once, in order."""
+    listed = [m.strip() for m in methods.split(",") if m.strip()]
+    return list(dict.fromkeys(listed + (list(PEER_METHODS) if vllm else []) + (list(LLAMACPP_METHODS) if llamacpp else [])))
 
 
 def serve_cmd(

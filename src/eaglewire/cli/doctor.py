@@ -208,12 +208,14 @@ def expect_cmd(
     draft_dir: Path = typer.Option(..., "--draft", help="The draft (native or any export)."),
     target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_OPTION_HELP),
     measured_tau: Optional[float] = typer.Option(None, "--measured-tau", help="The engine's accept length."),
-    log: Optional[Path] = typer.Option(None, "--log", help="An SGLang/vLLM log to read accept lengths from."),
+    log: Optional[Path] = typer.Option(None, "--log", help="An SGLang/vLLM/llama-server log to read accept "
+                                       "lengths from (llama-server's per-position rates need -lv 4)."),
     num_steps: Optional[int] = typer.Option(None, "--num-steps", help="SGLang --speculative-num-steps."),
     topk: Optional[int] = typer.Option(None, "--topk", help="SGLang --speculative-eagle-topk."),
     num_draft_tokens: Optional[int] = typer.Option(None, "--num-draft-tokens",
                                                    help="SGLang --speculative-num-draft-tokens (counts the root)."),
-    num_speculative_tokens: Optional[int] = typer.Option(None, "--num-speculative-tokens", help="vLLM k."),
+    num_speculative_tokens: Optional[int] = typer.Option(None, "--num-speculative-tokens",
+                                                         help="vLLM k (llama.cpp: --spec-draft-n-max)."),
     questions: str = typer.Option("mtbench", "--questions", help="Prompts (first user turns)."),
     limit: int = typer.Option(4, "--limit", help="Number of prompts."),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Tokens per prompt."),
@@ -241,8 +243,8 @@ def expect_cmd(
     text = log.read_text() if log else ""
     measured = measured_tau if measured_tau is not None else (parse_log(text) if log else None)
     if log is not None and measured is None:
-        raise EaglewireError(f"no acceptance length found in {log}", expected="SGLang 'accept len: X' or vLLM "
-                             "'Mean acceptance length: X' lines", found="none")
+        raise EaglewireError(f"no acceptance length found in {log}", expected="SGLang 'accept len: X', vLLM "
+                             "'Mean acceptance length: X' or llama-server 'mean len = X' lines", found="none")
     res = judge(tau, per_pos, measured, parse_log_counts(text) if log else None)
     if as_json:
         print(json.dumps({**dataclasses.asdict(res), **({"layer_id_rule": rule} if rule else {})}, indent=2))

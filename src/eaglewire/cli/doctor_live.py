@@ -11,7 +11,8 @@ import typer
 from eaglewire.cli.common import err_console, load_target, out_console, styled
 from eaglewire.errors import EaglewireError
 
-ENGINE_HELP = "vllm, sglang or eaglewire (default: detected from the server's /metrics)."
+ENGINE_HELP = ("vllm, sglang, llamacpp or eaglewire (default: detected from the server's /metrics; llama-server "
+               "needs --metrics).")
 URL_HELP = "The running server, http://127.0.0.1:PORT (with or without /v1)."
 
 
@@ -63,8 +64,9 @@ def live_cmd(
                                 "conversation file; first user turns, spread over its categories."),
     limit: int = typer.Option(4, "--limit", help="Number of prompts (sent one at a time)."),
     max_tokens: int = typer.Option(64, "--max-tokens", help="Greedy tokens per prompt."),
-    num_speculative_tokens: Optional[int] = typer.Option(None, "--num-speculative-tokens", help="vLLM k "
-                                                         "(default: read from the server's per-position counters)."),
+    num_speculative_tokens: Optional[int] = typer.Option(None, "--num-speculative-tokens", help="vLLM k, llama.cpp "
+                                                         "--spec-draft-n-max (default: read from the server's "
+                                                         "per-position counters)."),
     num_steps: Optional[int] = typer.Option(None, "--num-steps", help="SGLang --speculative-num-steps."),
     topk: Optional[int] = typer.Option(None, "--topk", help="SGLang --speculative-eagle-topk."),
     num_draft_tokens: Optional[int] = typer.Option(None, "--num-draft-tokens",

@@ -16,6 +16,15 @@ Formats (each engine's own code is the source):
   `sglang:spec_accept_rate` are gauges holding the mean of its last decode-log interval, and its log prints
   "accept len: X" per interval. No delta and no per-position figure can be had from either; its reader
   returns the gauge (a window of SGLang's own choosing, not ours) and says so (`Counters.gauge_only`).
+- llama.cpp's llama-server with --metrics (tools/server/server-task.cpp, `server_task_result_metrics::to_metrics`):
+  vLLM's counters under its own prefix, `llamacpp:spec_decode_num_drafts_total` (verification steps),
+  `…_num_draft_tokens_total`, `…_num_accepted_tokens_total` and
+  `…_num_accepted_tokens_per_pos_total{position="i"}` (one series per drafted position, written only once a
+  request with a draft has finished: llama-server adds a request's counts when it ends, never mid-stream).
+  Per request it also returns `timings.draft_n` / `timings.draft_n_accepted` (tools/server/server-common.cpp,
+  `server_slot_stats::to_json`; absent for a request without a draft) and logs "draft acceptance = …
+  (A accepted / G generated), mean len = X" when a request ends (tools/server/server-context.cpp);
+  tests/doctor/test_llamacpp_names.py reads these names from the vendored source.
 
 tau is eaglewire.tau.acceptance_length (the one definition; vLLM's "mean acceptance length").
 """
@@ -33,6 +42,11 @@ VLLM_PREFIX = "vllm:spec_decode_"
 VLLM_NAMES = {f"{VLLM_PREFIX}num_drafts": "drafts", f"{VLLM_PREFIX}num_draft_tokens": "draft_tokens",
               f"{VLLM_PREFIX}num_accepted_tokens": "accepted"}
 VLLM_PER_POS = f"{VLLM_PREFIX}num_accepted_tokens_per_pos"
+LLAMACPP_PREFIX = "llamacpp:spec_decode_"  # the names above, for llama-server
+LLAMACPP_NAMES = {f"{LLAMACPP_PREFIX}num_drafts": "drafts", f"{LLAMACPP_PREFIX}num_draft_tokens": "draft_tokens",
+                  f"{LLAMACPP_PREFIX}num_accepted_tokens": "accepted"}
+LLAMACPP_PER_POS = f"{LLAMACPP_PREFIX}num_accepted_tokens_per_pos"
+LLAMACPP_TIMINGS = ("draft_n", "draft_n_accepted")  # per request: draft tokens proposed, accepted
 SGLANG_GAUGES = {"sglang:spec_accept_length": "tau", "sglang:spec_accept_rate": "rate"}
 
 
@@ -132,16 +146,27 @@ def _base(name: str) -> str:
 
 def read_vllm_metrics(text: str, engine: str = "vllm") -> Counters:
     """vLLM's names (module docstring): label sets summed (several engines or models behind one server)."""
+    return _read_counter_names(text, engine, VLLM_NAMES, VLLM_PER_POS)
+
+
+def read_llamacpp_metrics(text: str) -> Counters:
+    """llama-server's /metrics (module docstring): vLLM's counters under the `llamacpp:` prefix. A server
+    started without a draft writes the three totals as 0 and no per-position series."""
+    return _read_counter_names(text, "llamacpp", LLAMACPP_NAMES, LLAMACPP_PER_POS)
+
+
+def _read_counter_names(text: str, engine: str, names: dict[str, str], per_pos_name: str) -> Counters:
+    """Sum every label set of the counters `names` (metric -> field) and of the per-position counter."""
     sums: dict[str, float] = {}
     per_pos: dict[int, float] = {}
     for name, labels, value in _samples(text):
         base = _base(name)
-        if base in VLLM_NAMES:
-            sums[VLLM_NAMES[base]] = sums.get(VLLM_NAMES[base], 0.0) + value
-        elif base == VLLM_PER_POS:
+        if base in names:
+            sums[names[base]] = sums.get(names[base], 0.0) + value
+        elif base == per_pos_name:
             pos = labels.get("position")
             if pos is None or not pos.isdigit():
-                raise EaglewireError(f"{VLLM_PER_POS} without a position label", expected='position="0", "1", ...',
+                raise EaglewireError(f"{per_pos_name} without a position label", expected='position="0", "1", ...',
                                      found=str(labels))
             per_pos[int(pos)] = per_pos.get(int(pos), 0.0) + value
     if per_pos and sorted(per_pos) != list(range(len(per_pos))):
@@ -172,6 +197,7 @@ READERS: dict[str, Callable[[str], Counters]] = {  # engine -> reader of its /me
     "vllm": read_vllm_metrics,
     "eaglewire": lambda text: read_vllm_metrics(text, "eaglewire"),  # the vLLM names, written by serve/server.py
     "sglang": read_sglang_metrics,
+    "llamacpp": read_llamacpp_metrics,
 }
 
 
@@ -184,9 +210,11 @@ def detect_engine(text: str) -> str:
         return "sglang"
     if any(n.startswith("vllm:") for n in names):
         return "vllm"
-    raise EaglewireError("cannot tell which engine serves this /metrics", expected="vllm:*, sglang:* or "
-                         "eaglewire_* metrics", found=f"{len(names)} other names, e.g. {sorted(names)[:5]}",
-                         fix="name it: --engine vllm|sglang|eaglewire")
+    if any(n.startswith("llamacpp:") for n in names):
+        return "llamacpp"
+    raise EaglewireError("cannot tell which engine serves this /metrics", expected="vllm:*, sglang:*, llamacpp:* "
+                         "or eaglewire_* metrics", found=f"{len(names)} other names, e.g. {sorted(names)[:5]}",
+                         fix="name it: --engine vllm|sglang|llamacpp|eaglewire (llama-server needs --metrics)")
 
 
 def read_counters(engine: str, text: str) -> Counters:

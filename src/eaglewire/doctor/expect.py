@@ -33,9 +33,17 @@ RATIO, MARGIN = 0.75, 0.25
 LEVEL, POS_MARGIN = 0.99, 0.05
 Z = {0.95: 1.959964, 0.99: 2.575829}[LEVEL]
 VLLM_COUNTS = re.compile(r"Drafted: (\d+) tokens, Per-position acceptance rate: ([0-9., ]+?), Avg")
-LOG_PATTERNS = {  # what the engines print per decode batch / periodically
+# llama-server, when a request ends (tools/server/server-context.cpp, print_timings): "draft acceptance = R
+# (A accepted / G generated), mean len = X" at the default verbosity, then "acc per pos = (r0, r1, ...)" (rates
+# over the request's verification steps) at -lv 4 only. Its rounds draft fewer than k tokens near the end of a
+# request (measured: 272 drafted in 93 rounds at k = 3), so rounds = A / sum(r), not G / k; G / k only where
+# nothing was accepted
+LLAMACPP_COUNTS = re.compile(r"\(\s*(\d+) accepted /\s*(\d+) generated\), mean len =\s*[0-9.]+[^\n]*\n"
+                             r"[^\n]*acc per pos = \(([0-9., ]+)\)")
+LOG_PATTERNS = {  # what the engines print per decode batch / periodically / per request
     "sglang": re.compile(r"accept len:\s*([0-9.]+)"),
     "vllm": re.compile(r"Mean acceptance length:\s*([0-9.]+)"),
+    "llamacpp": re.compile(r"generated\), mean len =\s*([0-9.]+)"),
 }
 CAUSES = [
     "layer ids / taps: the engine feeds other layers than training (eaglewire doctor; doctor probe)",
@@ -73,14 +81,21 @@ class Counts:
 
 
 def parse_log_counts(text: str) -> Counts | None:
-    """vLLM's per-interval SpecDecoding lines pooled: drafts = drafted tokens / k per interval."""
+    """vLLM's per-interval SpecDecoding lines (drafts = drafted tokens / k per interval), or llama-server's
+    per-request lines at -lv 4 (drafts = accepted / the sum of its rates: LLAMACPP_COUNTS), pooled."""
+    rounds = [(int(drafted) / len(r), r) for drafted, r in ((d, _rates(x)) for d, x in VLLM_COUNTS.findall(text))]
+    for accepted, drafted, rates in LLAMACPP_COUNTS.findall(text):
+        r = _rates(rates)
+        rounds.append((int(accepted) / sum(r) if sum(r) > 0 else int(drafted) / len(r), r))
     drafts, acc = 0.0, []
-    for drafted, rates in VLLM_COUNTS.findall(text):
-        r = [float(x) for x in rates.split(",")]
-        d = int(drafted) / len(r)
+    for d, r in rounds:
         acc = [a + p * d for a, p in zip(acc, r)] if acc else [p * d for p in r]
         drafts += d
     return Counts(drafts, acc) if drafts else None
+
+
+def _rates(text: str) -> list[float]:
+    return [float(x) for x in text.split(",")]
 
 
 def wilson(p: float, n: float) -> tuple[float, float]:

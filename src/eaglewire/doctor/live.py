@@ -19,7 +19,8 @@ the conditional acceptance at each draft position (rounds accepted at i / rounds
   back, TTT depth trained shorter than the engine drafts, a block drafter's block layout):
   `eaglewire doctor check --num-speculative-tokens k`.
 Positions count the draft tokens of a round in order, so the same pattern reads for any family that drafts k
-tokens a round (EAGLE-3's chain, a DFlash block).
+tokens a round (EAGLE-3's chain, a DFlash block). llama-server (with --metrics) has the same counters as vLLM under
+`llamacpp:`; it adds a request's counts when the request ends, which the probe's one-at-a-time requests wait for.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from eaglewire.doctor.counters import Counters, detect_engine, read_counters
+from eaglewire.doctor.counters import LLAMACPP_TIMINGS, Counters, detect_engine, read_counters
 from eaglewire.doctor.expect import POS_MARGIN, Counts, judge, wilson
 from eaglewire.doctor.live_lossless import TIE_LOGITS, Divergence
 from eaglewire.doctor.live_lossless import judge as lossless_judge
@@ -80,6 +81,7 @@ class Answer:
     prompt_tokens: int | None
     completion_tokens: int | None
     decode_s: float  # first streamed token to the last: the decode rounds' time, without prefill
+    timings: dict[str, Any] = field(default_factory=dict)  # llama-server's per-request draft_n, draft_n_accepted
 
 
 def chat(url: str, model: str, messages: list[dict[str, str]], max_tokens: int) -> Answer:
@@ -88,7 +90,7 @@ def chat(url: str, model: str, messages: list[dict[str, str]], max_tokens: int) 
             "stream_options": {"include_usage": True}}
     req = urllib.request.Request(server_root(url) + "/v1/chat/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
-    parts, usage, first, last = [], {}, None, None
+    parts, usage, timings, first, last = [], {}, {}, None, None
     try:
         with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT_S) as r:
             for raw in r:  # bounded: the server ends the stream after max_tokens at most
@@ -97,6 +99,7 @@ def chat(url: str, model: str, messages: list[dict[str, str]], max_tokens: int) 
                     continue
                 event = json.loads(line[6:])
                 usage = event.get("usage") or usage
+                timings = event.get("timings") or timings  # llama-server: on its last chunk
                 for choice in event.get("choices") or ():
                     piece = (choice.get("delta") or {}).get("content")
                     if piece:
@@ -106,7 +109,8 @@ def chat(url: str, model: str, messages: list[dict[str, str]], max_tokens: int) 
         raise EaglewireError("the engine did not answer a chat completion", expected="200 with a streamed answer",
                              found=str(err)) from None
     return Answer("".join(parts), usage.get("prompt_tokens"), usage.get("completion_tokens"),
-                  (last - first) if first is not None else 0.0)
+                  (last - first) if first is not None else 0.0,
+                  {k: int(timings[k]) for k in LLAMACPP_TIMINGS if k in timings})
 
 
 @dataclass
@@ -263,6 +267,8 @@ def compare(window: EngineWindow, ref: Reference, k: int, draft: str, target: st
     `not_lossless` whatever the counters say (divs: live_lossless.divergences of the answers that differ)."""
     c = window.counters
     measured = c.to_dict()
+    if any(a.timings for a in window.answers):  # llama-server's own per-request figures, beside its counters
+        measured["request_timings"] = {k: sum(a.timings.get(k, 0) for a in window.answers) for k in LLAMACPP_TIMINGS}
     predicted = {"tau": round(ref.tau, 4), "per_position": [round(p, 4) for p in ref.per_position]}
     lossless = lossless_check(window, ref, divs, tol, numerics)
     if not lossless["ok"]:
@@ -274,7 +280,8 @@ def compare(window: EngineWindow, ref: Reference, k: int, draft: str, target: st
                "the engine's speculative counters did not move while the probe ran: it is not speculating")
         return LiveReport(c.engine, "no_counters", f"{why} (our engine predicts tau {ref.tau:.2f})", k, measured,
                           predicted, lossless, next_command="start the engine with its speculative config "
-                          "(vLLM --speculative-config, SGLang --speculative-algorithm EAGLE3)")
+                          "(vLLM --speculative-config, SGLang --speculative-algorithm EAGLE3, llama-server "
+                          "-md DRAFT.gguf --spec-type draft-eagle3)")
     counts = Counts(c.drafts, list(c.accepted_per_pos)) if c.drafts and c.accepted_per_pos else None
     exp = judge(ref.tau, ref.per_position, c.tau, counts)
     low = low_positions(c, ref.per_position) if counts else []

@@ -147,6 +147,12 @@ class BenchCfg(_Strict):
     vllm: Literal["auto", "on", "off"] = Field("off", description="peer rows on the real vLLM CPU build "
                                                "(~1-2 min per server start): auto = when its "
                                                "venv is installed; on = required")
+    llamacpp: Literal["auto", "on", "off"] = Field("auto", description="rows on llama.cpp's llama-server, alone and "
+                                                   "with the EAGLE-3 draft as a GGUF (seconds per server start): "
+                                                   "auto = when a llama-server is found and the target ships a GGUF "
+                                                   "(the embedded one); on = required")
+    llamacpp_target: Literal["q4_1", "f32"] = Field("q4_1", description="the llama.cpp rows' target GGUF: the "
+                                                    "embedded target's shipped Q4_1, or f32 (llama.cpp's conversion)")
 
     @model_validator(mode="after")
     def _shapes(self) -> "BenchCfg":

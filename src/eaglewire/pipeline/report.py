@@ -93,7 +93,26 @@ def launch_commands(ctx: Ctx) -> dict[str, str]:
         spec = json.dumps({"method": fam.vllm_method, "model": exports["vllm"],
                            "num_speculative_tokens": block.drafts_per_round if block else b.chain_k})
         out["vllm"] = f"vllm serve {shlex.quote(target)} --speculative-config {shlex.quote(spec)} --dtype float32"
+    if "llamacpp" in exports or ("vllm" in exports and not block):
+        out["llamacpp"] = _llamacpp_line(ctx, exports, block.drafts_per_round if block else b.chain_k)
     return out
+
+
+def _llamacpp_line(ctx: Ctx, exports: dict[str, str], n_max: int) -> str:
+    """llama-server's line: the GGUF export when the run wrote one, else llama.cpp's converter on the vLLM export
+    first (an EAGLE-3 draft; llama.cpp's own converter reads the vLLM layout's top-level ids)."""
+    from eaglewire.serve.llamacpp import server_line
+    from eaglewire.target.loader import embedded_gguf_path, embedded_key
+
+    spec_type = family(ctx).llamacpp_spec_type
+    key = embedded_key(ctx.target.path)
+    gguf = "TARGET.gguf" if key is None else shlex.quote(str(embedded_gguf_path(key)))
+    if "llamacpp" in exports:
+        return server_line(gguf, shlex.quote(exports["llamacpp"]), spec_type, n_max)
+    target = shlex.quote(str(ctx.target.path)) if ctx.target.path else "TARGET_HF_DIR"
+    return (f"# the GGUF draft: llama.cpp's converter on the vLLM export\npython convert_hf_to_gguf.py "
+            f"{shlex.quote(exports['vllm'])} --target-model-dir {target} --outfile draft.gguf --outtype f32\n"
+            + server_line(gguf, "draft.gguf", spec_type, n_max))
 
 
 def _block_words(contract: WiringContract) -> str:
@@ -106,7 +125,8 @@ def _block_words(contract: WiringContract) -> str:
 def _bench_rows(res: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     from eaglewire.serve.bench import label
 
-    bases = [b for b in ("vanilla", "prompt_lookup", "hf_generate", "vllm_vanilla") if b in res["methods"]]
+    bases = [b for b in ("vanilla", "prompt_lookup", "hf_generate", "vllm_vanilla", "llamacpp_vanilla")
+             if b in res["methods"]]
     head = ["method", "median tok/s"] + [f"× {b}" for b in bases] + ["τ (bench)", "per-position acceptance",
                                                                      "= vanilla"]
     rows = []
@@ -130,10 +150,12 @@ def tau_change(res: dict[str, Any]) -> str:
 
 def verdict(res: dict[str, Any], family: str = "eagle3") -> str:
     from eaglewire.serve.bench import family_rows, label
+    from eaglewire.serve.llamacpp_peer import LLAMACPP_METHODS
     from eaglewire.serve.peer import PEER_METHODS
 
     m = res["methods"]
-    best = max((n for n in m if n in family_rows()[family] and n not in PEER_METHODS), key=lambda n: m[n]["median_tok_s"])
+    engines = PEER_METHODS + LLAMACPP_METHODS  # another engine's rows: quoted beside ours, never as our best
+    best = max((n for n in m if n in family_rows()[family] and n not in engines), key=lambda n: m[n]["median_tok_s"])
     r = m[best]["speedup_vs_vanilla"]
     word = "faster" if r > 1 else "slower"
     return (f"Best {get_family(family).title} setting: {label(best, res)} at {m[best]['median_tok_s']:.2f} tok/s = {r:.2f}× the "
@@ -143,8 +165,23 @@ def verdict(res: dict[str, Any], family: str = "eagle3") -> str:
              f"{m['vllm_eagle_chain']['median_tok_s']:.2f} tok/s ({m['vllm_eagle_chain']['speedup_vs_vllm_vanilla']:.2f}× "
              f"its vanilla, τ {m['vllm_eagle_chain']['tau']:.2f}); ours is "
              f"{m[best]['speedup_vs_vllm_vanilla'] / m['vllm_eagle_chain']['speedup_vs_vllm_vanilla']:.2f}× its tok/s."
-             if "vllm_eagle_chain" in m and "vllm_vanilla" in m else "") +
+             if "vllm_eagle_chain" in m and "vllm_vanilla" in m else "") + _llamacpp_words(res) +
             (" " + tau_change(res) if tau_change(res) else ""))
+
+
+def _llamacpp_words(res: dict[str, Any]) -> str:
+    """llama.cpp's measured tau and speed with the draft, against llama.cpp alone ('' without its rows)."""
+    from eaglewire.serve.bench import label
+
+    m = res["methods"]
+    if "llamacpp_eagle_chain" not in m or "llamacpp_vanilla" not in m:
+        return ""
+    r = m["llamacpp_eagle_chain"]
+    same = f"; {r['matches_llamacpp_vanilla']}/{len(r['tok_s'])} answers equal its own plain ones" \
+        if "matches_llamacpp_vanilla" in r else ""
+    return (f" llama.cpp with the same draft, {label('llamacpp_eagle_chain', res)}: τ {r['tau']:.2f}, "
+            f"{r['median_tok_s']:.2f} tok/s = {r['speedup_vs_llamacpp_vanilla']:.2f}× llama.cpp alone "
+            f"({m['llamacpp_vanilla']['median_tok_s']:.2f} tok/s){same}.")
 
 
 def _sections(ctx: Ctx, timings: dict[str, dict[str, Any]], pngs: dict[str, Path]) -> list[Section]:

@@ -327,6 +327,7 @@ def bench(ctx: Ctx, work: Path) -> dict[str, Any]:
                 ": adding its peer rows")
     elif b.vllm == "auto":
         ctx.log("bench: vLLM's CPU build is not installed: no peer rows (bash scripts/vllm_venv.sh adds them)")
+    methods += _llamacpp_rows(ctx)
     family = draft.contract.family
     rows = spec_bench.rows_for(family, methods)
     if dropped := [m for m in methods if m not in rows]:
@@ -334,12 +335,34 @@ def bench(ctx: Ctx, work: Path) -> dict[str, Any]:
     block = draft if any(m in spec_bench.BLOCK_METHODS for m in rows) else None  # the block rows' drafter
     result = spec_bench.run_bench(ctx.target, draft, prompts, b.max_new_tokens, b.chain(), b.tree(),
                                   log=lambda s: None, methods=rows, block_draft=block,
-                                  on_prompt=lambda i, n: ctx.progress(i, n, "prompts"))
+                                  on_prompt=lambda i, n: ctx.progress(i, n, "prompts"),
+                                  llamacpp_gguf=(b.llamacpp_target, "f32"))
     result.update(questions=b.source, draft=ctx.results["train"]["draft"], turns=1)
     if b.tau_prompts:
         result["tau_before_after"] = _tau_before_after(ctx, prompts[:b.tau_prompts])
     spec_bench.write(result, work)
     return {"result": result, "json": str(work / "bench.json"), "png": str(work / "bench.png")}
+
+
+def _llamacpp_rows(ctx: Ctx) -> list[str]:
+    """llama.cpp's rows when bench.llamacpp asks for them (auto: a llama-server found and a target GGUF at hand)."""
+    from eaglewire.serve.llamacpp import BUILD_HINT, find_llama_server
+    from eaglewire.serve.llamacpp_peer import LLAMACPP_METHODS
+    from eaglewire.target.loader import embedded_key
+
+    b = ctx.cfg.bench
+    found = find_llama_server()
+    if b.llamacpp == "off":
+        return []
+    if b.llamacpp == "on" and found is None:
+        raise EaglewireError("bench.llamacpp is on but no llama-server is found", expected="a llama-server binary",
+                             found="EAGLEWIRE_LLAMA_SERVER unset, none built, none on PATH", fix=BUILD_HINT)
+    if b.llamacpp == "auto" and (found is None or (embedded_key(ctx.target.path) is None and b.llamacpp_target == "q4_1")):
+        why = "no llama-server found (" + BUILD_HINT + ")" if found is None else "the target ships no Q4_1 GGUF"
+        ctx.log(f"bench: no llama.cpp rows: {why}")
+        return []
+    ctx.log(f"bench: llama-server {found}: adding llama.cpp's rows ({b.llamacpp_target} target, f32 draft GGUF)")
+    return list(LLAMACPP_METHODS)
 
 
 def _tau_before_after(ctx: Ctx, prompts: list) -> dict[str, Any]:

@@ -3,8 +3,8 @@ same chat template, same max new tokens, greedy — interleaved in ONE process (
 per prompt, so machine noise hits every method alike). A warm-up prompt runs every method first and is
 not counted. Reported per method: median tokens/s over prompts, speedup vs HF generate (ratio of
 medians), tau and per-position acceptance for EAGLE, and whether the tokens equal our vanilla loop.
-Optional peer rows run the real vLLM CPU build on the same prompts, interleaved with ours (its servers
-paused between their requests: serve/peer.py).
+Optional peer rows run the real vLLM CPU build or llama.cpp's llama-server on the same prompts, interleaved with
+ours (their servers paused between their requests: serve/peer.py, serve/llamacpp_peer.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -24,6 +24,7 @@ from eaglewire.errors import EaglewireError
 from eaglewire.families import families_with, get_family, register_part
 from eaglewire.decoding.engine import SpecDecoder, SpecStats, greedy_reference
 from eaglewire.compose import cache_len, proposal_shape, proposer, runtime
+from eaglewire.serve.llamacpp_peer import LLAMACPP_METHODS, LlamacppPeers
 from eaglewire.serve.peer import PEER_METHODS, PeerServers
 from eaglewire.decoding.tree import TreeShape
 from eaglewire.safeio import atomic_write_text
@@ -39,14 +40,17 @@ DEFAULT_METHODS = ("vanilla", "prompt_lookup", "eagle_chain", "eagle_tree")
 BLOCK_METHODS = ("dflash",)
 # The rows that decode with a draft, per drafter family (the name its contract carries): a run of one family
 # benchmarks its own rows; vLLM's peer rows are served with the EAGLE-3 draft.
-register_part("eagle3", "bench_rows", ("eagle_chain", "eagle_tree", *PEER_METHODS))
+register_part("eagle3", "bench_rows", ("eagle_chain", "eagle_tree", *PEER_METHODS, *LLAMACPP_METHODS))
 register_part("dflash", "bench_rows", BLOCK_METHODS)
 
 
 def family_rows() -> dict[str, tuple[str, ...]]:
     """Each family's benchmark rows (its record's "bench_rows" part), by family name."""
     return {f.name: tuple(f.part("bench_rows")) for f in families_with("bench_rows")}
-BASES = ("hf_generate", "vanilla", "prompt_lookup", "vllm_vanilla")  # the rows speedups are quoted against
+
+
+BASES = ("hf_generate", "vanilla", "prompt_lookup", "vllm_vanilla", "llamacpp_vanilla")  # speedups quoted against
+PEER_BASES = {"vllm_": "vllm_vanilla", "llamacpp_": "llamacpp_vanilla"}  # a peer row's own engine's plain row
 
 
 @dataclass
@@ -73,14 +77,16 @@ def rows_for(family: str, names: Sequence[str]) -> tuple[str, ...]:
     own = get_family(family).part("bench_rows")
     others = {m for f, rows in rows_of.items() if f != family for m in rows} - set(own)
     keep = [m for m in names if m not in others]
-    return tuple(keep if any(m in own for m in keep) else keep + list(own))
+    engines = PEER_METHODS + LLAMACPP_METHODS  # another engine's rows: only where asked for
+    return tuple(keep if any(m in own for m in keep) else keep + [m for m in own if m not in engines])
 
 
 def check_methods(names: Sequence[str]) -> None:
     """Refuse an unknown row, or a set without vanilla (every row's tokens are checked against it)."""
-    unknown = [n for n in names if n not in METHODS + BLOCK_METHODS + PEER_METHODS]
+    known = METHODS + BLOCK_METHODS + PEER_METHODS + LLAMACPP_METHODS
+    unknown = [n for n in names if n not in known]
     if unknown or "vanilla" not in names:
-        raise EaglewireError("unknown benchmark methods", expected=f"a subset of {METHODS + BLOCK_METHODS + PEER_METHODS} "
+        raise EaglewireError("unknown benchmark methods", expected=f"a subset of {known} "
                              "including vanilla (the lossless reference)", found=str(list(names)))
 
 
@@ -183,37 +189,50 @@ def bench_prompts(target: Any, questions: str, limit: int, turns: int = 1,
 def run_bench(target: Any, draft: Any, prompts: list[torch.Tensor], max_new: int, chain: TreeShape,
               tree: TreeShape, log: Callable[[str], None] = print, methods: Sequence[str] = METHODS,
               on_prompt: Callable[[int, int], None] | None = None, peer_eager: bool = False,
-              repeats: int = 1, block_draft: Any | None = None) -> dict:
-    """Every method on every prompt, interleaved prompt by prompt, the peer rows (vLLM, its servers paused
-    between their requests: serve/peer.py) included. With `repeats` R every prompt runs R times:
+              repeats: int = 1, block_draft: Any | None = None, llamacpp_gguf: tuple[str, str] = ("q4_1", "f32")) -> dict:
+    """Every method on every prompt, interleaved prompt by prompt, the peer rows (vLLM, llama.cpp: their
+    servers paused between their requests) included. With `repeats` R every prompt runs R times:
     `repeats` in the result holds each repetition's medians and its ours / peer ratios, the method rows
-    pool every run."""
+    pool every run. `llamacpp_gguf`: the llama.cpp rows' (target, draft) GGUF precisions."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, not {repeats}")
     eos = target.tokenizer.eos_token_id
     block = block_shape_of(block_draft, methods)
     wider = max((s for s in (chain, tree, block) if s is not None), key=lambda s: s.num_draft_tokens)
     max_len = cache_len(max(p.shape[1] for p in prompts) + max_new, wider)
-    peers = [m for m in PEER_METHODS if m in methods]
+    peers = [m for m in (*PEER_METHODS, *LLAMACPP_METHODS) if m in methods]
     dtype = str(target.dtype).removeprefix("torch.")  # every row runs in it: ours on the target, vLLM's told
     ours = make_methods(target, draft, chain, tree, max_len, eos, methods, log, block_draft)
     for fn in ours.values():  # warm-up, not counted
         fn(prompts[0], min(16, max_new))
     runs: dict[str, list[Run]] = {m: [] for m in (*ours, *peers)}
     per_repeat = []
-    with (PeerServers(target, draft, prompts, max_new, chain.num_steps, peers, dtype, log, peer_eager)
-          if peers else nullcontext()) as servers:
-        every = {**ours, **{name: _timed(servers.method(name)) for name in peers}}
+    with ExitStack() as stack:
+        servers = _peer_servers(stack, target, draft, prompts, max_new, chain.num_steps, peers, dtype, log,
+                                peer_eager, llamacpp_gguf)
+        every = {**ours, **{name: _timed(servers[name].method(name)) for name in peers}}
         for r in range(repeats):
             if repeats > 1:
                 log(f"repetition {r + 1}/{repeats}")
             _run_all(every, prompts, max_new, runs, log, on_prompt, offset=r * len(prompts))
             per_repeat.append(_repeat_summary({m: rs[-len(prompts):] for m, rs in runs.items()}))
-        reported = {name: servers.acceptance(name) for name in peers}  # vLLM's own counters
+        reported = {name: servers[name].acceptance(name) for name in peers}  # the engines' own counters
     out = summarize(runs, chain, tree, max_new, reported, block)
     if repeats > 1:  # the method rows pool every repetition: `prompts` runs each time
         out["prompts"], out["repetitions"], out["repeats"] = len(prompts), repeats, per_repeat
     return {**out, "dtype": dtype, "draft_dtype": str(draft.fc.weight.dtype).removeprefix("torch.")}
+
+
+def _peer_servers(stack: ExitStack, target: Any, draft: Any, prompts: list[torch.Tensor], max_new: int, k: int,
+                  peers: list[str], dtype: str, log: Callable[[str], None], eager: bool,
+                  gguf: tuple[str, str]) -> dict[str, Any]:
+    """Each peer row's server group (vLLM's, llama.cpp's), started and paused, entered on `stack`."""
+    groups = []
+    if rows := [m for m in peers if m in PEER_METHODS]:
+        groups.append(stack.enter_context(PeerServers(target, draft, prompts, max_new, k, rows, dtype, log, eager)))
+    if rows := [m for m in peers if m in LLAMACPP_METHODS]:
+        groups.append(stack.enter_context(LlamacppPeers(target, draft, prompts, max_new, k, rows, log, *gguf)))
+    return {name: g for g in groups for name in g.names}
 
 
 def _timed(fn: Callable[[torch.Tensor, int], tuple[list[int], float]]) -> Callable[[torch.Tensor, int], Run]:
@@ -236,7 +255,8 @@ def _run_all(methods: dict[str, Callable[[torch.Tensor, int], Run]], prompts: li
             on_prompt(i + 1, len(prompts))
 
 
-PEER_PAIRS = (("eagle_chain", "vllm_eagle_chain"), ("vanilla", "vllm_vanilla"))  # ours, the peer's same row
+PEER_PAIRS = (("eagle_chain", "vllm_eagle_chain"), ("vanilla", "vllm_vanilla"),  # ours, the peer's same row
+              ("eagle_chain", "llamacpp_eagle_chain"), ("vanilla", "llamacpp_vanilla"))
 
 
 def _repeat_summary(runs: dict[str, list[Run]]) -> dict:
@@ -290,10 +310,10 @@ def summarize(runs: dict[str, list[Run]], chain: TreeShape, tree: TreeShape, max
 def _round_costs(methods: dict[str, dict]) -> None:
     """Where a speculative method's time goes: one round (draft + verify) / one decode step of the same
     engine = (tau / its tok/s) / (1 / that engine's vanilla tok/s), from medians. Above 1 a round costs more
-    than the step it replaces, so tau must exceed it for any speedup; ours against vanilla, vLLM's
-    against vllm_vanilla."""
+    than the step it replaces, so tau must exceed it for any speedup; ours against vanilla, a peer engine's
+    against its own plain row (vllm_vanilla, llamacpp_vanilla)."""
     for name, m in methods.items():
-        base = methods.get("vllm_vanilla" if name.startswith("vllm_") else "vanilla")
+        base = methods.get(next((b for p, b in PEER_BASES.items() if name.startswith(p)), "vanilla"))
         if "tau" in m and base:
             m["round_vs_decode_step"] = m["tau"] / m["median_tok_s"] * base["median_tok_s"]
             m["decode_step_ms"] = 1e3 / base["median_tok_s"]
@@ -302,7 +322,9 @@ def _round_costs(methods: dict[str, dict]) -> None:
 def label(name: str, result: dict) -> str:
     """'eagle_tree (S=4, K=2, N=6)' etc.: the knobs belong next to the numbers."""
     c, t = result["chain"], result["tree"]
+    gguf = result["methods"].get("llamacpp_eagle_chain", {}).get("gguf", {})
     knobs = {"eagle_chain": f" (k={c['num_steps']})", "vllm_eagle_chain": f" (k={c['num_steps']})",
+             "llamacpp_eagle_chain": f" (k={c['num_steps']}, {gguf.get('target')} target, {gguf.get('draft')} draft)",
              "eagle_tree": f" (S={t['num_steps']}, K={t['topk']}, N={t['num_draft_tokens']})",
              **{m: f" (k={result['block']['num_steps']} per block)" for m in BLOCK_METHODS if "block" in result}}
     return name + knobs.get(name, "")
@@ -325,6 +347,10 @@ def markdown(result: dict) -> str:
                      if "draft_ms_per_round" in m else "")
             lines.append(f"\n{label(name, result)}: one round / one decode step ({m['decode_step_ms']:.1f} ms) "
                          f"= {m['round_vs_decode_step']:.2f}{split}")
+    for name, m in result["methods"].items():
+        if "matches_llamacpp_vanilla" in m:  # llama.cpp's losslessness: against its own plain answers
+            lines.append(f"\n{label(name, result)}: {m['matches_llamacpp_vanilla']}/{len(m['tok_s'])} answers equal "
+                         "llamacpp_vanilla's")
     cpu = result.get("cpu")
     if cpu:
         ddt = result.get("draft_dtype", result["dtype"])
@@ -350,7 +376,7 @@ def plot(result: dict, png: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for name in ("eagle_chain", "eagle_tree", "vllm_eagle_chain", *BLOCK_METHODS):
+    for name in ("eagle_chain", "eagle_tree", "vllm_eagle_chain", "llamacpp_eagle_chain", *BLOCK_METHODS):
         pp = result["methods"].get(name, {}).get("per_position", [])
         if pp:
             a.plot(range(1, len(pp) + 1), pp, "o-", label=label(name, result))

