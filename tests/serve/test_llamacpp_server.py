@@ -3,9 +3,9 @@ embedded target (f32, llama.cpp's own conversion of the cached float target) wit
 a GGUF: greedy output equal to its own plain greedy output, acceptance equal to our engine's on the same prompts
 at the same precision, and the seeds' wiring faults served as llama.cpp serves them: silently, tau down.
 
-The GGUF draft is llama.cpp's own converter run on our vLLM export (convert_hf_to_gguf.py --target-model-dir):
-that is how a user gets one today, and the converter is the reference `eaglewire export --format llamacpp` is
-held against. Locally a missing build skips these tests with the command to build it; in CI (CI=true) its absence
+The healthy GGUF draft is our own `export --format llamacpp`; the faulty ones are llama.cpp's own converter run
+on a vLLM export with wrong ids (convert_hf_to_gguf.py --target-model-dir), how another tool's draft reaches
+llama.cpp (tests/export/test_llamacpp_converter.py holds our GGUF equal to the converter's). Locally a missing build skips these tests with the command to build it; in CI (CI=true) its absence
 is a failure. One thread per server (the machine's other tests keep running) and few tokens: this checks wiring,
 never speed.
 """
@@ -88,7 +88,12 @@ def _serve(setup, draft_gguf):
 
 @pytest.fixture(scope="module")
 def healthy(setup, tmp_path_factory):
-    return _serve(setup, _gguf(setup, setup[2], tmp_path_factory.mktemp("gguf") / "draft.gguf"))
+    """Our own `export --format llamacpp` of the released draft (its vocabulary from the f32 target GGUF)."""
+    from eaglewire.export.convert import export_draft
+
+    out = export_draft(setup[1], setup[1].contract, tmp_path_factory.mktemp("gguf") / "llamacpp", "llamacpp",
+                       vocab_from=setup[5])
+    return _serve(setup, out / "draft.gguf")
 
 
 def test_llamacpp_serves_our_eagle3_draft_losslessly_with_our_acceptance(setup, plain_ids, ours, healthy):

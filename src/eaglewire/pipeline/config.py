@@ -27,7 +27,8 @@ from eaglewire.train.config import TrainConfig, knob_fields
 from eaglewire.draft.vocab import DEFAULT_DRAFT_VOCAB
 
 G = GenerationSettings()
-DEFAULT_FORMATS = ("sglang", "vllm")  # the two engines a run exports for by default
+DEFAULT_FORMATS = ("sglang", "vllm")  # the engines a run exports for by default; llama.cpp too where a target GGUF is
+GGUF_FORMAT = "llamacpp"  # at hand (the embedded target ships one; another target names its own: target_gguf)
 
 
 class _Strict(BaseModel):
@@ -185,6 +186,22 @@ class RunConfig(_Strict):
     train: TrainCfg = TrainCfg()
     bench: BenchCfg = BenchCfg()
     formats: tuple[Literal[ENGINE_FORMATS], ...] = DEFAULT_FORMATS  # type: ignore[valid-type]  # engines.py
+    target_gguf: Optional[str] = Field(None, description="the target as a GGUF file (llama-server -m): a llamacpp "
+                                       "export carries its vocabulary; None = the embedded target's shipped GGUF")
+
+    @model_validator(mode="after")
+    def _gguf_at_hand(self) -> "RunConfig":
+        if GGUF_FORMAT in self.formats and self.target_gguf is None and not _embedded(self.target):
+            raise ValueError("a llamacpp export carries the vocabulary of the target's GGUF (llama-server refuses a "
+                             "draft whose vocabulary differs): set target_gguf to the file llama-server loads with -m "
+                             "(llama.cpp's convert_hf_to_gguf.py makes it), or drop llamacpp from formats")
+        return self
+
+    def gguf(self) -> Path:
+        """The target GGUF a llamacpp export carries the vocabulary of: target_gguf, else the embedded target's."""
+        from eaglewire.target.loader import DEFAULT_TARGET, embedded_gguf_path
+
+        return Path(self.target_gguf) if self.target_gguf else embedded_gguf_path(self.target or DEFAULT_TARGET)
     # where every stage runs (--device is the same knob): not in any stage's key, so a run started on one
     # machine resumes on another; the dtype a GPU computes in is (train.capture_dtype)
     device: str = Field(DEVICE_DEFAULT, description=DEVICE_HELP)
@@ -354,9 +371,17 @@ def resolve(budget: str = "quick", config: Path | None = None, **flags: Any) -> 
     flags = {k: v for k, v in flags.items() if v is not None}
     merged = _merge(_merge(merged, _family_defaults(given, flags)), given)
     merged = _merge(merged, flags)
+    if "formats" not in merged and (merged.get("target_gguf") or _embedded(merged.get("target"))):
+        merged["formats"] = (*DEFAULT_FORMATS, GGUF_FORMAT)  # llama-server can load what the run writes
     try:
         return RunConfig.model_validate(merged)
     except ValidationError as err:
         lines = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']} (got {e.get('input')!r})" for e in err.errors()]
         raise EaglewireError(f"invalid run config{f' {config}' if config is not None else ''}", expected="fields of the RunConfig schema (README: run config)",
                              found="; ".join(lines), fix="fix or remove the named fields") from None
+
+
+def _embedded(target: Any) -> bool:
+    from eaglewire.target.loader import EMBEDDED
+
+    return target is None or target in EMBEDDED

@@ -63,7 +63,7 @@ STAGES: tuple[Stage, ...] = (
     # after train see them through its key, the features only through the taps the family chose
     Stage("train", "train the draft", S.train, ("vocab", "features"),
           lambda c: {**c.train.model_dump(), **c.family.changed()}),
-    Stage("export", "export for the engines", S.export, ("train",), lambda c: list(c.formats)),
+    Stage("export", "export for the engines", S.export, ("train",), lambda c: list(c.formats) + ([f"target_gguf={c.target_gguf}"] if c.target_gguf else [])),
     Stage("doctor", "doctor every export", S.doctor, ("export",), lambda c: None),
     Stage("bench", "benchmark", S.bench, ("train",), lambda c: c.bench.model_dump()),
 )

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from eaglewire.contract import WiringContract
 from eaglewire.errors import EaglewireError
-from eaglewire.pipeline.config import RunConfig
+from eaglewire.pipeline.config import GGUF_FORMAT, RunConfig
 from eaglewire.target.loader import Target
 
 Progress = Callable[[float, float | None, str], None]  # (completed, total, detail)
@@ -284,7 +284,8 @@ def export(ctx: Ctx, work: Path) -> dict[str, Any]:
     draft = load_checkpoint(Path(ctx.results["train"]["draft"]), target=ctx.target)
     out = {}
     for i, fmt in enumerate(ctx.cfg.formats):
-        out[fmt] = str(export_draft(draft, draft.contract, work / fmt, fmt))
+        gguf = {"vocab_from": ctx.cfg.gguf()} if fmt == GGUF_FORMAT else {}  # llama-server's -m vocabulary
+        out[fmt] = str(export_draft(draft, draft.contract, work / fmt, fmt, **gguf))
         ctx.progress(i + 1, len(ctx.cfg.formats), fmt)
     return {"exports": out}
 

@@ -90,10 +90,10 @@ def convert_hf(model_dir: Path, out: Path, outtype: str = "f32", target_dir: Pat
                version: str | None = None) -> Path:
     """llama.cpp's own convert_hf_to_gguf.py on an HF directory (a target, or a draft with `target_dir`, its
     --target-model-dir). Its gguf-py comes from the same source; `sentencepiece`, which its llama vocabulary
-    path imports even for a tokenizer.json model, from <llamacpp_root>/pydeps when the venv lacks it."""
+    path imports even for a tokenizer.json model, from <llamacpp_root>/converter-deps (scripts/llamacpp_build.sh) when the venv lacks it."""
     src = llamacpp_source(version)
     out.parent.mkdir(parents=True, exist_ok=True)
-    path = [str(src / "gguf-py"), str(llamacpp_root() / "pydeps"), os.environ.get("PYTHONPATH", "")]
+    path = [str(src / "gguf-py"), str(llamacpp_root() / "converter-deps"), os.environ.get("PYTHONPATH", "")]
     cmd = [_python(), str(src / "convert_hf_to_gguf.py"), str(model_dir), "--outfile", str(out), "--outtype", outtype]
     if target_dir is not None:
         cmd += ["--target-model-dir", str(target_dir)]

@@ -30,18 +30,13 @@ LLAMACPP_METHODS = ("llamacpp_vanilla", "llamacpp_eagle_chain")
 TARGET_PRECISIONS, DRAFT_PRECISIONS = ("q4_1", "f32"), ("f32", "f16", "bf16", "q8_0")
 
 
-def draft_gguf(target: Any, draft: Any, out: Path, precision: str = "f32") -> Path:
-    """Our EAGLE-3 draft as a GGUF llama-server loads: our vLLM export, converted by llama.cpp's own converter
-    with the target's HF directory (its tokenizer, its hidden size)."""
+def draft_gguf(target: Any, draft: Any, out: Path, precision: str = "f32", vocab_from: Path | None = None) -> Path:
+    """Our EAGLE-3 draft as a GGUF llama-server loads (`export --format llamacpp`), carrying the vocabulary of the
+    target GGUF it will be served with (`vocab_from`; llama-server refuses a draft whose vocabulary differs)."""
     from eaglewire.export.convert import export_draft
-    from eaglewire.serve.llamacpp import convert_hf
 
-    if target.path is None:
-        raise EaglewireError("llama.cpp's converter reads the target's tokenizer from its directory",
-                             expected="a target with a model directory", found="an in-memory model",
-                             fix="pass --target DIR")
-    export = export_draft(draft, draft.contract, out.parent / "vllm-export", "vllm")
-    return convert_hf(export, out, precision, target_dir=Path(target.path))
+    return export_draft(draft, draft.contract, out.parent / "llamacpp-export", "llamacpp", gguf_dtype=precision,
+                        vocab_from=vocab_from) / "draft.gguf"
 
 
 def _target_gguf(target: Any, precision: str, tmp: Path) -> Path:
@@ -87,7 +82,7 @@ class LlamacppPeers:
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="eaglewire-llamacpp-")))
             model = _target_gguf(self.target, self.precision[0], tmp)
             for name in self.names:
-                dgguf = draft_gguf(self.target, self.draft, tmp / "draft.gguf", self.precision[1]) \
+                dgguf = draft_gguf(self.target, self.draft, tmp / "draft.gguf", self.precision[1], vocab_from=model) \
                     if name == "llamacpp_eagle_chain" else None
                 self.log(f"{name}: starting llama-server ({self.precision[0]} target"
                          + (f", {self.precision[1]} EAGLE-3 draft, k={self.k}" if dgguf else ", no draft")
