@@ -15,7 +15,7 @@ from eaglewire.train.config import TrainConfig, knob_fields
 # `eaglewire train`'s options that are not training knobs (data, target, run directory); any other
 # option must come from a TrainConfig field
 NOT_KNOBS = {"data", "features", "vocab", "out", "target", "taps", "taps_from", "max_length", "limit",
-             "heldout_fraction", "train_limit", "split_turns", "also_features", "resume"}
+             "heldout_fraction", "train_limit", "split_turns", "also_features", "resume", "device"}
 RUN_ONLY = {"features", "capture_dtype", "heldout_fraction"}  # the run config's own train-section fields
 
 # the flags and run-config keys users have scripts and YAML files for: renaming or dropping one breaks them
