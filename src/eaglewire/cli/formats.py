@@ -28,7 +28,7 @@ def export_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="The export's output directory."),
     target: Optional[str] = typer.Option(None, "--target", "-t", help="Checks the draft belongs to this target."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 | fp16 | fp32 (default: as trained); llamacpp "
-                                        "also q8_0 (the 2-D weights; norms stay f32)."),
+                                        "also q8_0 and q4_0 (the 2-D weights; norms stay f32)."),
     with_embedding: bool = typer.Option(False, "--with-embedding", help="Also write the (frozen) target embedding."),
     verifier: Optional[str] = typer.Option(None, "--verifier", help="vllm/speculators: the target path or hub id "
                                            "vLLM should load (default: the --target path, else its name)."),
@@ -51,12 +51,12 @@ def export_cmd(
     vocab = (target_gguf or _embedded_gguf(target)) if gguf else None  # before loading anything
     tgt = load_target(target) if target else None
     d = load_checkpoint(draft, target=tgt)
-    quant = gguf and dtype == "q8_0"
+    quant = gguf and dtype in ("q8_0", "q4_0")
     cast = getattr(torch, parse_dtype(dtype, DTYPES, "--dtype")) if dtype is not None and not quant else None
     path = export_draft(d, d.contract, out, fmt, dtype=cast, with_embedding=with_embedding,
                         verifier=verifier or (str(tgt.path) if tgt is not None and tgt.path else None),
                         engine_version=engine_version, force=force, inputs=(draft,),
-                        gguf_dtype="q8_0" if quant else None, vocab_from=vocab)
+                        gguf_dtype=dtype if quant else None, vocab_from=vocab)
     ids = "" if fmt == NATIVE else _ids_note(fmt, engine_version, d.contract)
     out_console.print(f"{fmt} export -> {path} ({ids}taps {list(d.contract.taps)})")
     if gguf:

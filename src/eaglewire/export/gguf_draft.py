@@ -26,7 +26,7 @@ from eaglewire.errors import CheckpointError
 from eaglewire.export import llamacpp_layout as lay
 from eaglewire.export.base import CONTRACT_FILE, is_export
 
-FILE_TYPES = {"f32": 0, "f16": 1, "q8_0": 7, "bf16": 32}  # gguf.LlamaFileType (general.file_type)
+FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "bf16": 32}  # gguf.LlamaFileType (general.file_type)
 Q8_BLOCK = 32  # gguf.GGML_QUANT_SIZES[Q8_0][0]: a Q8_0 row must be a multiple of it
 
 
@@ -139,9 +139,9 @@ def _weights(fam: lay.GGUFFamily, draft: Any, dtype: str, with_embedding: bool) 
         elif dtype == "f16":
             out.append((gname, data.astype(np.float16), q.F16))
         else:
-            kind = q.BF16 if dtype == "bf16" else q.Q8_0
-            if kind == q.Q8_0 and data.shape[-1] % Q8_BLOCK:
-                raise CheckpointError(f"{gname} cannot be stored as Q8_0", expected=f"rows a multiple of {Q8_BLOCK}",
+            kind = {"bf16": q.BF16, "q8_0": q.Q8_0, "q4_0": q.Q4_0}[dtype]
+            if kind != q.BF16 and data.shape[-1] % Q8_BLOCK:  # Q4_0's block is Q8_0's 32 too
+                raise CheckpointError(f"{gname} cannot be stored as {kind.name}", expected=f"rows a multiple of {Q8_BLOCK}",
                                       found=f"shape {list(data.shape)}", fix="export with --dtype f16 or bf16")
             out.append((gname, gguf.quants.quantize(data, kind), kind))
     return out

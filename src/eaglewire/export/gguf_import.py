@@ -86,7 +86,7 @@ class GGUFDraft:
             shape = [int(n) for n in reversed(t.shape)]
             if t.tensor_type in (q.F32, q.F16, q.I64):
                 data = np.array(t.data).reshape(shape)
-            elif t.tensor_type in (q.BF16, q.Q8_0):
+            elif t.tensor_type in (q.BF16, q.Q8_0, q.Q4_0):
                 data = gguf.quants.dequantize(np.array(t.data), t.tensor_type).reshape(shape)
             else:
                 raise CheckpointError(f"{self.path}: {t.name} is {t.tensor_type.name}", expected="F32, F16, BF16, "

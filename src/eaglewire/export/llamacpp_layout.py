@@ -34,9 +34,9 @@ from eaglewire.errors import CheckpointError
 
 STYLE = "gguf"  # the engine record's config_style (export/engines.py)
 GGUF_FILE = "draft.gguf"  # what `eaglewire export --format llamacpp` writes (llama-server -md DIR/draft.gguf)
-# llama.cpp's GGUF type names the exporter writes (gguf.GGMLQuantizationType members); q8_0 quantizes the 2-D
+# llama.cpp's GGUF type names the exporter writes (gguf.GGMLQuantizationType members); q8_0 / q4_0 quantize the 2-D
 # weights only (llama.cpp keeps norms and 1-D tensors in f32 whatever the file type)
-DTYPES = ("f32", "f16", "bf16", "q8_0")
+DTYPES = ("f32", "f16", "bf16", "q8_0", "q4_0")
 
 # general keys and per-arch hyperparameters (constants.py Keys.General / Keys.LLM / Keys.Attention / Keys.Rope)
 ARCH_KEY = "general.architecture"

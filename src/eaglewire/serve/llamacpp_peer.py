@@ -27,7 +27,7 @@ from eaglewire.errors import EaglewireError
 from eaglewire.families import get_family
 
 LLAMACPP_METHODS = ("llamacpp_vanilla", "llamacpp_eagle_chain")
-TARGET_PRECISIONS, DRAFT_PRECISIONS = ("q4_1", "f32"), ("f32", "f16", "bf16", "q8_0")
+TARGET_PRECISIONS, DRAFT_PRECISIONS = ("q4_1", "f32"), ("f32", "f16", "bf16", "q8_0", "q4_0")
 
 
 def draft_gguf(target: Any, draft: Any, out: Path, precision: str = "f32", vocab_from: Path | None = None) -> Path:
