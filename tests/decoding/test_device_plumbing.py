@@ -203,5 +203,5 @@ def test_a_block_drafts_attached_target_tensors_follow_its_modules():
     draft, contract = build_dflash(target, taps=(1, 2, 3))
     draft.to("meta")
     assert draft.embed_weight.device.type == "cpu"
-    compose.FAMILIES[compose.DFLASH].proposer(draft, contract, TreeShape.chain(3), 64, None)
+    compose.family_of(contract).proposer(draft, contract, TreeShape.chain(3), 64, None)
     assert draft.embed_weight.device.type == draft.head_weight.device.type == "meta"

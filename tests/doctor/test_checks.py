@@ -343,7 +343,7 @@ def test_doctor_commands_refuse_the_default_target_for_a_foreign_draft(tmp_path,
     from eaglewire.cli.app import app
 
     real = cli_doctor.load_target
-    monkeypatch.setattr(cli_doctor, "load_target", lambda t, **kw: default_target if t is None else real(t, **kw))
+    monkeypatch.setattr(cli_doctor, "load_target", lambda t, *a, **kw: default_target if t is None else real(t, *a, **kw))
     out = _export(tmp_path, drafted)
     dump = tmp_path / "dump.safetensors"
     save_file({"hidden": torch.zeros(4, 3 * 64), "input_ids": torch.arange(4)}, str(dump))

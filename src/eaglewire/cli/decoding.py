@@ -204,10 +204,14 @@ def serve_cmd(
 
     TreeShape.from_knobs(num_steps, topk, num_draft_tokens, num_speculative_tokens)  # bad knobs fail before loading
     httpd = bind(host, port)  # a port in use fails before loading too
-    tgt, d = _load(target, draft, dtype, draft_dtype, device)
-    shape = _shape(d.contract, (num_steps, topk, num_draft_tokens, num_speculative_tokens))
-    server = build_server(tgt, d, shape, model_name, max_context, max_tokens_limit, host, port, log=_say,
-                          httpd=httpd)
+    try:
+        tgt, d = _load(target, draft, dtype, draft_dtype, device)
+        shape = _shape(d.contract, (num_steps, topk, num_draft_tokens, num_speculative_tokens))
+        server = build_server(tgt, d, shape, model_name, max_context, max_tokens_limit, host, port, log=_say,
+                              httpd=httpd)
+    except BaseException:  # a start that fails gives the port back (a retry in the same process finds it free)
+        httpd.server_close()
+        raise
     err_console.print(f"serving on http://{host}:{server.server_address[1]}/v1 (Ctrl-C to stop)")
     server.serve_forever()
 
