@@ -422,7 +422,7 @@ def test_short_run_on_the_real_embedded_target(tmp_path):
     s = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert s["engine_ids"] == {"sglang": [1, 14, 26], "vllm": [2, 15, 27]}
     assert s["data"]["from_shipped"] >= 3 and s["data"]["new_tokens_this_run"] == 0
-    assert s["doctor_errors"] == {"sglang": 0, "vllm": 0}
+    assert s["doctor_errors"] == {"sglang": 0, "vllm": 0, "llamacpp": 0}
     ours = {n: m for n, m in s["bench"].items() if not n.startswith("llamacpp_")}  # llama.cpp's Q4_1 is its own text
     assert all(m["matches_vanilla"] == 1 for m in ours.values())
     assert "llama-server -m" in s["launch"]["llamacpp"] and "--spec-type draft-eagle3" in s["launch"]["llamacpp"]
