@@ -95,7 +95,7 @@ def gguf_check(fn: GGUFCheck) -> GGUFCheck:
 def converter_default(g: GGUFDraft, L: int) -> list[int] | None:
     """What llama.cpp's converter writes when the source config has no top-level ids ([2, n//2, n-3] for
     EAGLE-3, conversion/llama.py; DFlash has no default: layout record's converter_default)."""
-    return [2, L // 2, L - 3] if g.family.family == "eagle3" else None
+    return g.family.default_ids(L) if g.family.default_ids is not None else None
 
 
 @gguf_check
@@ -175,7 +175,7 @@ def gguf_norms(gi: GGUFInspection) -> list[Finding]:
     """Each norm flag the draft was trained with against the key llama.cpp reads (absent = off)."""
     if gi.contract is None:
         return []
-    read = release(gi.version).eagle3_norms if gi.draft.family.family == "eagle3" else gi.draft.family.norms
+    read = gi.draft.family.norms_read(release(gi.version))
     out, stored = [], {k: v for k, v in gi.draft.norms.items() if k in read}  # what this release reads
     for flag, on in sorted(gi.contract.norm.__dict__.items()):
         if flag not in stored:
@@ -276,7 +276,7 @@ def gguf_block(gi: GGUFInspection) -> list[Finding]:
     """A block drafter's (DFlash) knobs against the contract: block size, mask token, causal flag, window."""
     block = gi.contract.block if gi.contract is not None else None
     g = gi.draft
-    if block is None or g.family.family == "eagle3":
+    if block is None or not g.family.block:
         return []
     out = []
     trained_causal = bool(block.causal)  # None: full-attention layers see the whole block (non-causal)

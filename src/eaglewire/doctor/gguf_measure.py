@@ -50,7 +50,7 @@ def run_gguf_measurement(gi: GGUFInspection, target: Any, chain_steps: int = 3,
     default, ±1, the embedding) with the GGUF's own weights on the target's boundaries (captured on the
     doctor's prompts unless given; a boundaries dump brings its own)."""
     g, L, H = gi.draft, target.num_layers, target.hidden_size
-    if g.family.family != "eagle3":
+    if not g.family.measured:
         return None, [Finding("info", "measured_wiring", f"the wiring was not measured: no GGUF measurement for "
                               f"the {g.family.family} family yet", "its static checks ran", "")]
     fc = g.tensor_shapes.get("fc.weight")

@@ -58,7 +58,7 @@ def check_gguf_exportable(draft: Any, contract: WiringContract, version: str | N
     if fam.max_layers is not None and cfg.num_layers > fam.max_layers:
         raise _refuse(f"{fam.arch} builds {fam.max_layers} decoder layer", f"num_layers <= {fam.max_layers}",
                       f"num_layers={cfg.num_layers}", "serve a multi-layer EAGLE-3 draft on vLLM")
-    norms = rel.eagle3_norms if fam is lay.EAGLE3 else fam.norms
+    norms = fam.norms_read(rel)
     if missing := sorted(cfg.norm.on - norms):
         raise _refuse(f"llama.cpp {rel.version} does not implement {missing}", f"only {sorted(norms)}",
                       f"draft trained with {sorted(cfg.norm.on)}", "retrain with `eaglewire train --norms eagle3`, "
@@ -86,7 +86,7 @@ def _hparams(w: Any, fam: lay.GGUFFamily, cfg: Any, contract: WiringContract, dt
     w.add_uint32(lay.FILE_TYPE_KEY, FILE_TYPES[dtype])
     w.add_uint32("general.quantization_version", gguf.GGML_QUANT_VERSION)
     w.add_array(k(lay.TARGET_LAYERS), [int(i) for i in contract.engine_ids("llamacpp")])
-    if fam is lay.EAGLE3:
+    if not fam.block:  # EAGLE-3: its own vocabulary size, rope dims, target width and norm keys
         w.add_uint32(k(lay.HPARAMS["vocab_size"]), int(cfg.vocab_size))
         w.add_uint32(k(lay.HPARAMS["rope_dimension_count"]), int(cfg.head_dim))
         w.add_uint32(k(lay.TARGET_HIDDEN_SIZE), int(cfg.target_hidden_size))

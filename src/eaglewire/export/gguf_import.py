@@ -153,7 +153,7 @@ def _contract(g: GGUFDraft, target: Any | None, taps: tuple[int, ...] | None, vm
         raise CheckpointError(f"{g.path.parent} has no eaglewire_contract.json", expected="the contract side file, "
                               "or --target to rebuild the contract", found="neither", fix="pass --target")
     taps = taps if taps is not None else from_engine(g.ids, "llamacpp", target.num_layers)
-    if g.family is lay.DFLASH:
+    if g.family.block:
         return dflash_contract(target, tuple(taps), _block(g), vmap)
     if vmap is None:
         raise CheckpointError(f"{g.path}: an EAGLE-3 GGUF without d2t", expected="d2t", found="absent",
@@ -176,7 +176,7 @@ def import_gguf(path: Path, *, target: Any | None = None, taps: tuple[int, ...] 
     norm = NormFlags(norm_before_fc=bool(g.value(lay.NORM_BEFORE_FC, False)),
                      norm_before_residual=bool(g.value(lay.NORM_BEFORE_RESIDUAL, False)))
     contract = _contract(g, target, taps, vmap, norm)
-    block, here = contract.block, _block(g) if g.family is lay.DFLASH else None
+    block, here = contract.block, _block(g) if g.family.block else None
     if block is not None and here is not None and (block.block_size, block.mask_token_id, bool(block.causal)) != \
             (here.block_size, here.mask_token_id, bool(here.causal)):
         raise ContractMismatch(f"{g.path}: block size / mask token / causal flag disagree with the contract",

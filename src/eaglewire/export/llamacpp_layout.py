@@ -29,6 +29,7 @@ The PyPI `gguf` package (0.19) has no EAGLE3 / DFLASH arch enums, so the on-disk
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from eaglewire.errors import CheckpointError
 
@@ -88,6 +89,18 @@ class GGUFFamily:
     final_tap: str  # what id == n_layer captures on the target
     converter_ids: str  # how the converter turns the HF config's ids into target_layers
     converter_default: str  # what it writes when the ids are absent
+    default_ids: Callable[[int], list[int]] | None = None  # that default for an L-layer target (None: no ids)
+    norms_per_release: bool = False  # the norm keys read differ by release (Release.eagle3_norms)
+    measured: bool = False  # the doctor measures its wiring from the GGUF's own weights (doctor/gguf_measure.py)
+
+    @property
+    def block(self) -> bool:
+        """A block drafter: its block size, mask token, causal flag and window are GGUF keys."""
+        return BLOCK_SIZE in self.keys
+
+    def norms_read(self, release: "Release") -> frozenset[str]:
+        """The norm flags `release` of llama.cpp reads for this family."""
+        return release.eagle3_norms if self.norms_per_release else self.norms
 
     def key(self, template: str) -> str:
         return template.format(arch=self.arch)
@@ -144,6 +157,7 @@ EAGLE3 = GGUFFamily(
               "qwen3.5, ...) and there the pre-norm output; a llama target never sets it",
     converter_ids="the draft config's top-level eagle_aux_hidden_state_layer_ids, as is",
     converter_default="[2, n//2, n-3] (n = the target's num_hidden_layers), with only an INFO log line",
+    default_ids=lambda n: [2, n // 2, n - 3], norms_per_release=True, measured=True,
 )
 
 DFLASH = GGUFFamily(
