@@ -34,7 +34,7 @@ from typing import Any, Sequence
 
 from eaglewire.cache import cache_root
 from eaglewire.errors import EaglewireError
-from eaglewire.vllm_client.server import _WATCHDOG, _die_with_parent, free_port
+from eaglewire.vllm_client.server import _WATCHDOG, ServerProcess, _die_with_parent, free_port
 
 BUILD_HINT = ("bash scripts/llamacpp_build.sh   (builds llama-server from the llama-cpp-python sdist into the user "
               "cache; or point EAGLEWIRE_LLAMA_SERVER at a llama-server binary)")
@@ -136,8 +136,10 @@ class Completion:
     predicted_ms: float
 
 
-class LlamaServer:
+class LlamaServer(ServerProcess):
     """One llama-server process for a target GGUF, with a GGUF draft when `draft` is given; one slot, greedy."""
+
+    LOG_LINES = 30
 
     def __init__(self, model: Path, draft: Path | None = None, *, spec_type: str = "draft-eagle3", n_max: int = 3,
                  ctx: int = 2048, threads: int = 2, seed: int = 0, poll: int = 0, startup_timeout: float = 300.0,
@@ -165,19 +167,6 @@ class LlamaServer:
                     "--spec-draft-p-min", "0", "--threads-draft", t, "--threads-batch-draft", t,
                     "--poll-draft", "0" if self.poll == 0 else "1"]
         return cmd + self.extra_args
-
-    def log_tail(self, n: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return "(no log)"
-
-    def __enter__(self) -> "LlamaServer":
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

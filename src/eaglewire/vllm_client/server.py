@@ -32,7 +32,7 @@ import urllib.request
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Self, Sequence
 
 from eaglewire.cache import cache_root
 from eaglewire.errors import EaglewireError
@@ -94,7 +94,34 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class VllmServer:
+class ServerProcess:
+    """A served engine's process as a context manager (vLLM's here, llama.cpp's in serve/llamacpp.py): started on
+    enter, stopped on exit; `log_path` holds what it printed."""
+
+    log_path: Path
+    LOG_LINES = 40  # lines of its log an error quotes
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def log_tail(self, n: int | None = None) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-(n or self.LOG_LINES):])
+        except OSError:
+            return "(no log)"
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class VllmServer(ServerProcess):
     """`python -m vllm.entrypoints.openai.api_server` for one model, in its own process group."""
 
     def __init__(self, model_dir: str | Path, *, dtype: str = "float32", max_model_len: int = 2048,
@@ -134,19 +161,6 @@ class VllmServer:
         if self.enforce_eager:
             cmd.append("--enforce-eager")
         return cmd + self.extra_args
-
-    def log_tail(self, n: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return "(no log)"
-
-    def __enter__(self) -> "VllmServer":
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
