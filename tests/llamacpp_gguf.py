@@ -113,3 +113,19 @@ def rewrite(src: Path, dst: Path, *, set_keys: dict[str, Any] | None = None, dro
     if keep_contract and side.is_file():
         shutil.copy(side, dst.parent / side.name)
     return dst
+
+
+def need_llama_server() -> None:
+    """Skip the calling test module where llama-server is not built; in CI (CI=true) its absence is a failure."""
+    from eaglewire.errors import EaglewireError
+    from eaglewire.serve.llamacpp import BUILD_HINT, find_llama_server, llamacpp_source
+
+    try:
+        llamacpp_source()
+        have = find_llama_server() is not None and find_llama_server().is_file()
+    except EaglewireError:
+        have = False
+    if not have:
+        if os.environ.get("CI") == "true":
+            raise RuntimeError("CI must build llama.cpp's llama-server: " + BUILD_HINT)
+        pytest.skip("llama.cpp's llama-server is not built: " + BUILD_HINT, allow_module_level=True)

@@ -7,26 +7,17 @@ embedding tapped is judged below expectation at the first position. Locally a mi
 from __future__ import annotations
 
 import json
-import os
 import shutil
 
 import pytest
 from typer.testing import CliRunner
 
-from eaglewire.errors import EaglewireError
-from eaglewire.serve.llamacpp import BUILD_HINT, LlamaServer, convert_hf, find_llama_server, llamacpp_source
+from eaglewire.serve.llamacpp import LlamaServer, convert_hf
+from llamacpp_gguf import need_llama_server
 
 pytestmark = pytest.mark.real_target
 
-try:
-    llamacpp_source()
-    _have = find_llama_server() is not None and find_llama_server().is_file()
-except EaglewireError:
-    _have = False
-if not _have:
-    if os.environ.get("CI") == "true":
-        raise RuntimeError("CI must build llama.cpp's llama-server: " + BUILD_HINT)
-    pytest.skip("llama.cpp's llama-server is not built: " + BUILD_HINT, allow_module_level=True)
+need_llama_server()
 
 
 @pytest.fixture(scope="module")
