@@ -8,14 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from eaglewire.capture.boundaries import Boundaries, sample_target
-from eaglewire.capture.boundary_file import DumpTarget, require_finite_rows
+from eaglewire.capture.boundaries import Boundaries
+from eaglewire.capture.boundary_file import require_finite_rows
 from eaglewire.contract import default_taps
 from eaglewire.doctor.checks import decodes
 from eaglewire.doctor.findings import Finding, Report, by_level
 from eaglewire.doctor.gguf_checks import (ENGINE, LLAMACPP, NAME, GGUFInspection, gguf_findings, inspect_gguf,
                                           right_ids_fix)
-from eaglewire.doctor.measured_wiring import _fmt, _tau, candidates_from
+from eaglewire.doctor.measured_wiring import _fmt, _tau, boundaries_for, candidates_from
 from eaglewire.doctor.trained_taps import Measurement, measure, wiring_finding
 from eaglewire.errors import EaglewireError
 from eaglewire.export.gguf_import import import_gguf
@@ -66,11 +66,7 @@ def run_gguf_measurement(gi: GGUFInspection, target: Any, chain_steps: int = 3,
     delivered = decodes(ids, LLAMACPP, L) if ids else None
     key = g.family.key(TARGET_LAYERS)
     reasons, priors = candidates_from(delivered, f"{key}={ids} read by {ENGINE}", ids, LLAMACPP, L, n)
-    if bounds is None and isinstance(target, DumpTarget):
-        bounds = target.bounds
-    elif bounds is None:
-        progress("the target answers the built-in prompts greedily; every boundary is captured (the long phase)")
-        bounds = sample_target(target)
+    bounds = boundaries_for(target, bounds, progress)
     progress(f"scoring {len(reasons)} candidate tap sets, then a search around the best")
     require_finite_rows(draft.embed_tokens.weight, bounds.input_ids, str(g.path))
     try:

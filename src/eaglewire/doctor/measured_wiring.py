@@ -116,11 +116,7 @@ def run_measurement(ins: Inspection, target: TargetInfo, bounds: Boundaries | No
     if not reasons:
         return None, [Finding("info", "measured_wiring", f"the wiring was not measured: no {n}-tap candidate",
                               "", "")]
-    if bounds is None and isinstance(target, DumpTarget):
-        bounds = target.bounds
-    elif bounds is None:
-        progress("the target answers the built-in prompts greedily; every boundary is captured (the long phase)")
-        bounds = sample_target(target)
+    bounds = boundaries_for(target, bounds, progress)
     progress(f"scoring {len(reasons)} candidate tap sets, then a search around the best")
     # every token the draft embeds is one of the Boundaries' own (measure._normed): a dump's stand-in
     # holds exactly those rows, and a NaN row read anyway would poison every score without a word
@@ -131,6 +127,16 @@ def run_measurement(ins: Inspection, target: TargetInfo, bounds: Boundaries | No
                  "with the delivered and the best tap sets")
         m.engine = _engine(target, draft, contract, shape, m)
     return m, [finding(m, ins.engine, L, arch)]
+
+
+def boundaries_for(target: TargetInfo, bounds: Boundaries | None, progress: Callable[[str], None]) -> Boundaries:
+    """The boundaries to score on: those given, a dump's own, else every boundary captured on the built-in prompts."""
+    if bounds is not None:
+        return bounds
+    if isinstance(target, DumpTarget):
+        return target.bounds
+    progress("the target answers the built-in prompts greedily; every boundary is captured (the long phase)")
+    return sample_target(target)
 
 
 def _engine(target: TargetInfo, draft: Eagle3Draft, contract: WiringContract, shape: TreeShape, m: Measurement) -> EngineRun:
