@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from eaglewire.contract import CANONICAL, CONVENTIONS, WiringContract, from_engine, renumber
+from eaglewire.contract import CANONICAL, WiringContract, from_engine, renumber
 from eaglewire.errors import EaglewireError, TranslationError
 from eaglewire.export.base import CONTRACT_FILE, read_contract
 from eaglewire.export.engines import engine_field, engine_for
@@ -345,7 +345,7 @@ def _sglang_delivery(ins: BlockInspection) -> Delivery:
     conv = DFLASH_CONVENTIONS.get(rule.rule)
     if conv is None:
         return Delivery(None, at, f"{rule.describe()} reads DFlash ids in a way eaglewire has not recorded", guessed)
-    how = f"{rule.describe()} set_dflash_layers_to_capture: {CONVENTIONS[conv].summary}"
+    how = f"{rule.describe()} set_dflash_layers_to_capture: captures id + {renumber((0,), conv, CANONICAL, None)[0]}"
     if guessed:
         how = ("no layer ids: SGLang guesses build_target_layer_ids(L, number of draft layers) silently "
                f"(sglang #37475), then {how}")

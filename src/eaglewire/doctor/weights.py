@@ -24,7 +24,7 @@ from eaglewire.doctor.findings import Finding
 from eaglewire.doctor.inspect import Inspection
 from eaglewire.export.base import WEIGHTS
 from eaglewire.safeio import open_safetensors
-from eaglewire.target.protocol import TargetInfo
+from eaglewire.target.protocol import RunnableTarget, TargetInfo
 
 
 def weight_findings(ins: Inspection, target: TargetInfo | None) -> list[Finding]:
@@ -93,7 +93,7 @@ def at_init(name: str, t: torch.Tensor) -> str | None:
     return None
 
 
-def _copied_head(head: torch.Tensor, ins: Inspection, target: TargetInfo | None) -> bool:
+def _copied_head(head: torch.Tensor, ins: Inspection, target: RunnableTarget) -> bool:
     d2t = ins.small.get("d2t")
     ref = target.model.get_output_embeddings().weight.detach()  # [V, H]
     if d2t is None or d2t.numel() != head.shape[0] or ref.shape[1] != head.shape[1]:
