@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eaglewire.contract import (CONVENTIONS, TargetIdentity, WiringContract, default_taps, from_engine,
-                                to_engine, translate)
+from eaglewire.contract import (CANONICAL, CONVENTIONS, TargetIdentity, WiringContract, default_taps, from_engine,
+                                misnumbered, renumber, to_engine, translate)
 from eaglewire.norms import NormFlags
 from eaglewire.errors import ContractMismatch, TranslationError
 
@@ -155,6 +155,34 @@ def test_any_to_any_translation_preserves_physical_states(L, data):
         return
     ids_src = to_engine(taps, src, L)
     assert from_engine(translate(ids_src, src, dst, L), dst, L) == taps
+
+
+@settings(max_examples=300, deadline=None)
+@given(L=st.sampled_from(LAYER_COUNTS), data=st.data())
+def test_renumber_is_translate_without_its_checks(L, data):
+    """Where translate accepts ids, renumber gives its answer; anywhere else (ids outside the target, unsorted,
+    doubled) it still answers, and reading its answer back gives the ids: what an engine delivers from a bad config."""
+    ids = data.draw(st.lists(st.integers(-2, L + 2), min_size=1, max_size=4))
+    src, dst = data.draw(st.sampled_from(list(CONVENTIONS))), data.draw(st.sampled_from(list(CONVENTIONS)))
+    try:
+        want = translate(ids, src, dst, L)
+    except TranslationError:
+        want = None
+    got = renumber(ids, src, dst, L)
+    assert want is None or got == want
+    bounds = renumber(ids, src, CANONICAL, L)
+    assert len(bounds) == len(ids) and all(abs(b - i) <= 1 for b, i in zip(bounds, ids))
+    if src not in ("sglang-first1", "sglang-final"):  # the value-free rules: one offset for every id, invertible
+        assert renumber(bounds, CANONICAL, src, L) == tuple(ids)
+
+
+def test_renumber_needs_the_depth_only_where_a_rule_reads_it():
+    assert renumber([1, 14, 26], "sglang-dflash", CANONICAL, None) == (2, 15, 27)
+    assert renumber([2, 15, 27], "speculators", "sglang-dflash", None) == (1, 14, 26)
+    assert renumber([], "vllm", CANONICAL, None) == ()
+    with pytest.raises(TranslationError, match="depth"):
+        renumber([5, 10, 30], "sglang-final", CANONICAL, None)
+    assert misnumbered((2, 15, 27)) == ((3, 16, 28), (1, 14, 26))
 
 
 def test_cli_translate(tmp_path):

@@ -20,13 +20,13 @@ SRC = Path(__file__).parents[1] / "src"
 ROOT = "eaglewire"
 
 # base: errors, safe file IO, canonical records, guarded output writers, input limits, the user cache, CPU features, tensor ops, the
-# tau formula -> the norm flags -> the drafter families -> the wiring contract -> the target and the draft -> export
+# tau formula -> the norm flags -> the drafter families -> what a valid tap list is -> the wiring contract -> the target and the draft -> export
 # (native checkpoint, engine records, formats) -> data -> the vLLM client -> capture -> train -> the speculative
 # decoder -> its CPU acceleration -> decoding assembled (runtime choice, drafter families' proposers and loaders, any
 # draft directory) -> the doctor -> the workflows the CLI and `run` share (vocab, training, import) -> the Python
 # front door (eaglewire.api) -> the product surfaces (bench, serve, peer rows) -> the `eaglewire run` pipeline -> the
 # command line
-LAYERS = ("about", "errors", "paths", "safeio", "records", "outputs", "limits", "cache", "hw", "ops", "tau", "norms", "families", "contract",
+LAYERS = ("about", "errors", "paths", "safeio", "records", "outputs", "limits", "cache", "hw", "ops", "tau", "norms", "families", "taps", "contract",
           "target", "draft", "export", "data", "vllm_client", "capture", "train", "decoding", "fastcpu", "compose",
           "doctor", "workflows", "api", "serve", "pipeline", "cli")
 FRONT_DOOR = "api"  # what the root package re-exports (lazily, eaglewire/__init__.py's __getattr__), and no more

@@ -20,7 +20,8 @@ ROOT_TESTS = {"test_cache_integrity.py", "test_contract.py", "test_damaged_files
               "test_code_size.py",
               "test_docs.py", "test_front_door.py", "test_import_graph.py", "test_mutated_files.py",
               "test_no_data_loss.py", "test_no_history.py", "test_outputs.py", "test_paths.py", "test_readme.py",
-              "test_tests_mirror_src.py", "test_toy_family.py", "test_types.py", "test_lint.py"}
+              "test_tests_mirror_src.py", "test_toy_family.py", "test_types.py", "test_lint.py",
+              "test_one_off_by_one.py"}
 
 
 def _packages() -> set[str]:

@@ -1,6 +1,7 @@
-"""The type checker runs strictly on the contract, the norms, the tau formula, decoding, export, the
-composition of decoding and the Python front door (pyproject.toml [tool.mypy] names them), so a public
-signature cannot say one thing and do another. Its cache lives in the user cache: a rerun takes seconds."""
+"""The type checker runs strictly on the contract, the norms, the tau formula, the drafter families, the records,
+the taps, the target (its loader and protocols), decoding, export, the composition of decoding and the Python
+front door (pyproject.toml [tool.mypy] names them), so a public signature cannot say one thing and do another.
+Its cache lives in the user cache: a rerun takes seconds."""
 
 from __future__ import annotations
 

@@ -31,6 +31,7 @@ How engines write the same physical state (read from each engine's source; recor
     eagle           hard-coded (2, L//2, L-3)         default only      SafeAILab EAGLE has no setting
     zlab            b - 1  (DFlash target_layer_ids)  1 .. L-1          reads HF hidden_states[id+1]
     sglang-dflash   b - 1  (SGLang adds +1 always)    1 .. L-1          set_dflash_layers_to_capture
+    sglang-dflash-asis  b  (a model file keeps ids)   1 .. L-1          its setter keeps them: before layer id
     vllm-dflash     b - 1  (vLLM adds +1, PR #40727)  1 .. L            dflash_config.target_layer_ids
     deepspec        b - 1  (-1 = the embedding)       0 .. L-1          DeepSpec's target_layer_ids
     llamacpp        b  (GGUF <arch>.target_layers)    0 .. L-1          input of layer id; id L reads t_h_nextn
@@ -52,11 +53,13 @@ from typing import Any, Literal, Sequence
 from eaglewire.errors import ContractMismatch, TranslationError
 from eaglewire.families import DEFAULT_FAMILY, BlockWiring, check_family_wiring
 from eaglewire.norms import NormFlags
+from eaglewire.taps import default_taps as default_taps, validate_boundaries as validate_boundaries  # importers read them here
 from eaglewire.records import build_exact_record as _build_exact, canonical_json, checked_record as _checked, \
     flatten_dict as _flatten, sha256_text  # noqa: F401  (sha256_text: importers read it from the contract)
 
 SCHEMA = "eaglewire.wiring/1"
 CANONICAL = "boundary"
+HOOKED = "modelopt"  # a forward hook on decoder layer id captures its output, boundary id + 1 (ModelOpt's numbering)
 CAPTURE_POINTS = ("residual_pre_norm",)  # the only capture point eaglewire produces
 # How an inferred contract's taps were found: measured from the draft's weights (the doctor), or read from ids
 INFERRED_SOURCES = ("measured", "engine_config")
@@ -97,6 +100,8 @@ CONVENTIONS: dict[str, Convention] = {
         # is post-norm at k = L-1; SGLang captures before layer k+1, so not after the last one either)
         Convention("zlab", "DFlash target_layer_ids (z-lab, SpecForge): id k = output of layer k", 1, False),
         Convention("sglang-dflash", "SGLang DFLASH target_layer_ids: +1 always (capture before k+1)", 1, False),
+        Convention("sglang-dflash-asis", "SGLang model files whose set_dflash_layers_to_capture keeps the ids "
+                   "(export/sglang_rules.json rule as-is): captured before layer k", 1, False),
         Convention("vllm-dflash", "vLLM dflash_config.target_layer_ids: +1 (PR #40727)", 1, True),
         Convention("deepspec", "DeepSpec target_layer_ids (a trainer the doctor reads): id k = output of layer k, "
                    "-1 = embedding", 0, False),
@@ -106,7 +111,7 @@ CONVENTIONS: dict[str, Convention] = {
 }
 
 
-def _id_offset(convention: str, values: Sequence[int], num_layers: int,
+def _id_offset(convention: str, values: Sequence[int], num_layers: int | None,
                direction: Literal["encode", "decode"]) -> int:
     """THE off-by-one: engine id = boundary - offset. Nothing else in eaglewire shifts a layer id.
 
@@ -116,14 +121,16 @@ def _id_offset(convention: str, values: Sequence[int], num_layers: int,
     written as ids starting at 1, which every SGLang model file reads the same; final keeps ids as they are
     when the last one is L (gpt_oss.py).
     """
-    if convention in ("sglang-plus1", "specforge", "modelopt"):
+    if convention in ("sglang-plus1", "specforge", "modelopt",
+                      "zlab", "sglang-dflash", "vllm-dflash", "deepspec"):  # the last four: DFlash's "output of layer k"
         return 1
     if convention == "sglang-first1":
         return int(values[0] == (2 if direction == "encode" else 1))
     if convention == "sglang-final":
+        if num_layers is None and direction == "decode":
+            raise TranslationError("sglang-final reads ids by the target's depth", expected="the number of layers",
+                                   found="none", fix="pass --target (or --layers)")
         return 1 if direction == "encode" else int(max(values) != num_layers)
-    if convention in ("zlab", "sglang-dflash", "vllm-dflash", "deepspec"):  # DFlash's "output of layer k" ids
-        return 1
     return 0
 
 
@@ -136,44 +143,6 @@ RETIRED = {
                       "every release, deepseek_v2.py did before 0.5.13", "use sglang-plus1, or name the "
                       "architecture (--arch) and the release (--engine-version) and let the SGLang record pick"),
 }
-
-
-def default_taps(num_layers: int) -> tuple[int, ...]:
-    """Boundaries [2, L//2, L-3]: the physical states every engine's default lands on.
-
-    For shallow targets these collide and engines would silently capture fewer states; we refuse.
-    """
-    taps = (2, num_layers // 2, num_layers - 3)
-    if not 0 < taps[0] < taps[1] < taps[2] < num_layers:
-        raise TranslationError(
-            f"the default taps [2, L//2, L-3] are not distinct and ascending for L={num_layers}",
-            expected="a target with at least 8 decoder layers, or explicit taps",
-            found=f"L={num_layers} gives boundaries {list(taps)}",
-            fix="pass explicit taps, e.g. --taps 1,2,3 (boundaries, ascending)",
-        )
-    return taps
-
-
-def validate_boundaries(taps: Sequence[int], num_layers: int) -> tuple[int, ...]:
-    """Canonical taps must be non-empty, strictly ascending, and inside [0, L]."""
-    taps = tuple(int(t) for t in taps)
-    if not taps:
-        raise TranslationError("empty tap list", expected="at least one boundary", found="[]")
-    if any(b < 0 or b > num_layers for b in taps):
-        raise TranslationError(
-            "tap outside the residual stream",
-            expected=f"boundaries in [0, {num_layers}] for a target with L={num_layers} layers",
-            found=str(list(taps)),
-            fix="boundary b = output of decoder layer b-1; b=0 is the embedding, b=L the last layer",
-        )
-    if any(a >= b for a, b in zip(taps, taps[1:])):
-        raise TranslationError(
-            "taps must be strictly ascending and distinct",
-            expected="ascending order (every engine concatenates taps in layer order)",
-            found=str(list(taps)),
-            fix=f"use {sorted(set(taps))}; a draft trained on another order must be retrained",
-        )
-    return taps
 
 
 def _refuse(engine: str, tap: int, why: str, fix: str) -> TranslationError:
@@ -243,6 +212,20 @@ def from_engine(ids: Sequence[int], engine: str, num_layers: int) -> tuple[int, 
 def translate(ids: Sequence[int], source: str, target: str, num_layers: int) -> tuple[int, ...]:
     """Ids in convention `source` -> ids in convention `target` for the same physical states."""
     return to_engine(from_engine(ids, source, num_layers), target, num_layers)
+
+
+def renumber(ids: Sequence[int], source: str, target: str, num_layers: int | None) -> tuple[int, ...]:
+    """`translate` without its checks: also ids no engine accepts (outside the target, unsorted), as an engine
+    reading a bad config delivers them, for the doctor to report. CANONICAL as `target`: the boundaries captured.
+    `num_layers` may be None where the rules do not need it (all but sglang-final)."""
+    ids = tuple(int(i) for i in ids)
+    bounds = tuple(i + _id_offset(get_convention(source).name, ids, num_layers, "decode") for i in ids) if ids else ()
+    return tuple(b - _id_offset(get_convention(target).name, bounds, num_layers, "encode") for b in bounds) if ids else ()
+
+
+def misnumbered(taps: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """`taps` one boundary late and one early: what a reader off by one delivers (the doctor scores both)."""
+    return tuple(b + 1 for b in taps), tuple(b - 1 for b in taps)
 
 
 def describe_boundary(b: int, num_layers: int) -> str:

@@ -20,7 +20,7 @@ from sglang_code import MODELS, defining_classes, readings, run_setter, wheel_fo
 
 from eaglewire.contract import CONVENTIONS, from_engine, to_engine
 from eaglewire.errors import TranslationError
-from eaglewire.export.sglang_rules import DELEGATES, DFLASH_SHIFT, EAGLE3_RULES, RELEASES, dflash_boundaries, \
+from eaglewire.export.sglang_rules import DELEGATES, DFLASH_CONVENTIONS, EAGLE3_RULES, RELEASES, dflash_boundaries, \
     record, rule_for
 
 FOLDER = os.environ.get("EAGLEWIRE_SGLANG_WHEELS")
@@ -136,7 +136,7 @@ def test_dflash_rules_are_what_each_sglang_setter_captures(wheels, release):
     L = 30
     checked = 0
     for home, v in record()["dflash"][release].items():
-        if not v["archs"] or v["rule"] not in DFLASH_SHIFT:
+        if not v["archs"] or v["rule"] not in DFLASH_CONVENTIONS:
             continue  # wrappers resolve to the file they hand the ids to; other rules are refused by rule_for
         rule = rule_for(v["archs"][0], release, "dflash")
         assert rule.home == home

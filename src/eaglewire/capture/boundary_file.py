@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 
@@ -26,6 +26,7 @@ from eaglewire.norms import NormFlags
 from eaglewire.capture.boundaries import Boundaries, sample_target
 from eaglewire.errors import EaglewireError
 from eaglewire.safeio import atomic_save_safetensors, check_dataclass_fields, open_safetensors
+from eaglewire.target.protocol import RunnableTarget, TargetInfo
 
 FORMAT = "eaglewire.boundaries/1"
 TENSORS = {"states": "a float", "input_ids": "torch.int64", "labels": "torch.int64", "scored": "torch.bool"}
@@ -229,7 +230,7 @@ class DumpTarget:
         return head if ids is None else head[ids]
 
 
-def loaded(target: Any) -> bool:
+def loaded(target: TargetInfo | None) -> TypeGuard[RunnableTarget]:
     """A loaded target, not a dump's stand-in, which knows the target's identity and sizes only: the doctor's
     checks that read a target's weights or config skip the stand-in (checks.dump_scope says which)."""
     return target is not None and not isinstance(target, DumpTarget)
@@ -247,7 +248,7 @@ def require_finite_rows(embedding: torch.Tensor, ids: torch.Tensor, where: str) 
                              "--boundaries FILE), or with the target")
 
 
-def capture_dump(target: Any, path: Path, dtype: torch.dtype = torch.float32, *, vocab: bool = False) -> Boundaries:
+def capture_dump(target: RunnableTarget, path: Path, dtype: torch.dtype = torch.float32, *, vocab: bool = False) -> Boundaries:
     """sample_target(target) written to `path` (with the target's embedding and head where `vocab`), after checking that boundary 0 is the target's embedding
     (what the draft reads beside the taps; a target that scales it before layer 0, as Gemma does, is refused)."""
     bounds = sample_target(target)

@@ -18,7 +18,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from eaglewire.contract import WiringContract, validate_boundaries
+from eaglewire.contract import CANONICAL, HOOKED, WiringContract, renumber, validate_boundaries
 from eaglewire.errors import ContractMismatch, EaglewireError
 from eaglewire.safeio import atomic_save_safetensors, open_safetensors
 from eaglewire.target.loader import Target
@@ -55,7 +55,8 @@ def tap_hooks(target: Target, taps: Sequence[int], store: dict[int | str, list[t
         else:
             def post(_m, _args, out, b=b):
                 record(b, _first_tensor(out))
-            handles.append(target.layers[b - 1].register_forward_hook(post))
+            layer = renumber((b,), CANONICAL, HOOKED, target.num_layers)[0]  # whose output boundary b is
+            handles.append(target.layers[layer].register_forward_hook(post))
     handles.append(target.final_norm.register_forward_hook(lambda _m, _a, out: record("final", out)))
     try:
         yield

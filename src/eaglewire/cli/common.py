@@ -23,6 +23,7 @@ from rich.text import Text
 from eaglewire.contract import CANONICAL, CONVENTIONS, default_taps, from_engine
 from eaglewire.errors import EaglewireError
 from eaglewire.hw import DEVICE_DEFAULT, DEVICE_HELP
+from eaglewire.target.protocol import RunnableTarget, TargetInfo
 
 # The one printer: text is printed as it is, never read as rich markup. Messages carry what came from outside
 # (file content, record ids, paths, request fields, arguments), and a `[/]`, `[bold]` or `:smile:` in those must neither
@@ -143,7 +144,7 @@ def parse_ints(text: str) -> tuple[int, ...]:
                              found=text) from None
 
 
-def resolve_convention(name: Optional[str], target: Any) -> Optional[str]:
+def resolve_convention(name: Optional[str], target: TargetInfo | None) -> Optional[str]:
     """A --taps-from name as a contract convention: an engine whose rule is per model file (sglang) resolves
     to the rule of the target's architecture in its newest verified release."""
     from eaglewire.export.engines import ENGINES
@@ -152,7 +153,7 @@ def resolve_convention(name: Optional[str], target: Any) -> Optional[str]:
     return record.convention_for(target.identity.architecture) if record and record.per_model_file else name
 
 
-def parse_taps(target: Any, taps: Optional[str], source: str = CANONICAL) -> tuple[int, ...]:
+def parse_taps(target: TargetInfo, taps: Optional[str], source: str = CANONICAL) -> tuple[int, ...]:
     """--taps in convention `source` as boundaries; the default taps when omitted."""
     if not taps:
         return default_taps(target.num_layers)
@@ -166,7 +167,7 @@ def parse_dtype(name: str, allowed: dict[str, str], option: str) -> str:
     return allowed[name]
 
 
-def read_samples(target: Any, data: str, max_length: int, limit: Optional[int], split_turns: bool,
+def read_samples(target: RunnableTarget, data: str, max_length: int, limit: Optional[int], split_turns: bool,
                  skip: int = 0) -> list:
     """Tokenized, loss-masked samples of `data` (valid conversations [skip, skip + limit)), with what was
     read and kept said on stderr."""

@@ -24,6 +24,7 @@ from typing import Any, Callable, Protocol
 import torch
 import torch.nn.functional as F
 
+from eaglewire.contract import CANONICAL, HOOKED, renumber
 from eaglewire.decoding.hf_runtime import HFRuntime
 from eaglewire.decoding.layers import Dense, Layer, find_rotary, head_dim, read_layer
 from eaglewire.errors import TargetError
@@ -152,12 +153,13 @@ class StaticRuntime:
         x)` runs each GEMM and `attend` the attention, so that an accelerated subclass can trace this very
         code with its own GEMMs and attention (one definition of the layer)."""
         collected = [h] if 0 in taps else []
+        tapped_after = set(renumber([b for b in taps if b], CANONICAL, HOOKED, len(self.layers)))  # layers read
         for i, L in enumerate(self.layers):
             h = h + self._attention(L, i, rms_norm(h, L.ln1, self.eps), cos, sin, start, mask, linear, attend)
             x = rms_norm(h, L.ln2, self.eps)
             gate, up = linear(L.gate_up, x).chunk(2, dim=-1)  # [B, T, I] views of one [B, T, 2I] GEMM output
             h = h + linear(L.down, F.silu(gate) * up)
-            if i + 1 in taps:
+            if i in tapped_after:
                 collected.append(h)
         return h, (torch.cat(collected, dim=-1) if taps else None)
 

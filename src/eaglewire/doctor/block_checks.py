@@ -15,11 +15,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from eaglewire.doctor.block_inspect import BlockInspection, Delivery, delivery
+from eaglewire.contract import renumber
+from eaglewire.doctor.block_inspect import BlockInspection, Delivery, delivery, field_convention
 from eaglewire.doctor.checks import vocab_map_findings
 from eaglewire.doctor.findings import Finding, Report, by_level
 from eaglewire.export.checkpoint import FORMAT as NATIVE_FORMAT
+from eaglewire.target.protocol import TargetInfo
 
+_IDS, _AUX = "dflash_config.target_layer_ids", "eagle_aux_hidden_state_layer_ids"
 BlockCheck = Callable[[BlockInspection], list[Finding]]
 BLOCK_CHECKS: list[BlockCheck] = []
 
@@ -90,10 +93,12 @@ def block_taps(ins: BlockInspection) -> list[Finding]:
 def _missing_ids(ins: BlockInspection, d: Delivery, trained: tuple[int, ...] | None) -> list[Finding]:
     n = ins.num_taps
     if ins.layout == "speculators" and ins.engine == "sglang":
-        aux = ins.ids("aux_hidden_state_layer_ids") or []
+        aux, L = ins.ids("aux_hidden_state_layer_ids") or [], ins.target_layers
+        speculators, sglang = field_convention("vllm", "aux_hidden_state_layer_ids"), field_convention("sglang", _IDS)
         return [_f("error", "block_ids_missing", "a speculators config on SGLang: SGLang reads no "
                    "aux_hidden_state_layer_ids, so it finds no target layer ids", d.how,
-                   f"write dflash_config.target_layer_ids {[i - 1 for i in aux]} (speculators' HF indices - 1: "
+                   f"write dflash_config.target_layer_ids {list(renumber(aux, speculators, sglang, L))} "
+                   "(speculators' HF indices - 1: "
                    "SGLang adds 1, speculators #753), or eaglewire import DIR --format vllm --target T, then "
                    "eaglewire export --format sglang")]
     if d.boundaries is None:
@@ -114,8 +119,10 @@ def _missing_ids(ins: BlockInspection, d: Delivery, trained: tuple[int, ...] | N
 
 @block_check
 def block_eagle_aux(ins: BlockInspection) -> list[Finding]:
-    aux, ids = ins.ids("eagle_aux_hidden_state_layer_ids"), ins.ids("dflash_config.target_layer_ids")
-    if aux is None or ids is None or aux == [i + 1 for i in ids] or ins.layout == "speculators":
+    aux, ids = ins.ids(_AUX), ins.ids(_IDS)
+    same = aux is not None and ids is not None and \
+        tuple(aux) == renumber(ids, field_convention("vllm", _IDS), field_convention("vllm", _AUX), ins.target_layers)
+    if aux is None or ids is None or same or ins.layout == "speculators":
         return []
     return [_f("error" if ins.engine == "vllm" else "warn", "block_eagle_aux", f"eagle_aux_hidden_state_layer_ids {aux} is left beside "
                f"dflash_config.target_layer_ids {ids}, and they name different layers (vLLM reads the first as is, "
@@ -337,7 +344,7 @@ def run_block_checks(ins: BlockInspection) -> BlockReport:
 
 
 def check_block(directory: Path, config: dict[str, Any], engine: str | None, engine_version: str | None,
-                target: Any, shape: Any = None) -> BlockReport:
+                target: TargetInfo | None, shape: Any = None) -> BlockReport:
     """The doctor on a block drafter's directory for `engine` (None: SGLang for a config laid out for SGLang,
     else vLLM) at `engine_version` (None: the newest row of block_rules.json); `shape`: the engine's knobs."""
     from eaglewire.doctor.block_inspect import block_layout, read_block
@@ -354,7 +361,7 @@ def check_block(directory: Path, config: dict[str, Any], engine: str | None, eng
     return run_block_checks(read_block(Path(directory), config, engine, engine_version, target, drafts))
 
 
-def _check_native(directory: Path, engine: str, engine_version: str | None, target: Any, shape: Any) -> BlockReport:
+def _check_native(directory: Path, engine: str, engine_version: str | None, target: TargetInfo | None, shape: Any) -> BlockReport:
     """A native block-drafter checkpoint, checked through the export `eaglewire export --format ENGINE` writes
     (in a temporary directory): what that engine would be handed."""
     import tempfile

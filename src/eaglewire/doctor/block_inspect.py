@@ -25,14 +25,16 @@ from typing import Any
 
 import torch
 
-from eaglewire.contract import WiringContract, from_engine
+from eaglewire.contract import CANONICAL, WiringContract, from_engine, renumber
 from eaglewire.errors import EaglewireError, TranslationError
 from eaglewire.export.base import CONTRACT_FILE, read_contract
-from eaglewire.export.engines import engine_field
+from eaglewire.export.engines import engine_field, engine_for
 from eaglewire.families import zlab_default_ids
 from eaglewire.safeio import open_safetensors, read_json_object
+from eaglewire.target.protocol import TargetInfo
 
 RULES_FILE = Path(__file__).with_name("block_rules.json")
+_DFLASH_IDS, _AUX_IDS = "dflash_config.target_layer_ids", "eagle_aux_hidden_state_layer_ids"
 SPECULATORS_TYPES = {"dflash": "dflash", "dflash2": "dflash2", "dspark": "dspark"}
 HF_ARCHS = {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash2"}
 DEEPSPEC_ARCH = "Qwen3DSparkModel"
@@ -73,6 +75,11 @@ LAYOUT_IDS = {"zlab": ("zlab", "zlab"), "sglang": ("zlab", "zlab"), "vllm-edited
               "speculators": ("vllm", "speculators")}
 # DeepSpec is a writer, not an engine: z-lab's ids at the top level, -1 for the embedding (contract: deepspec)
 DEEPSPEC_IDS = ("target_layer_ids", "deepspec")
+
+
+def field_convention(engine: str, at: str) -> str:
+    """The convention `engine`'s record reads block-drafter ids in at config field `at` (export/engines.py)."""
+    return next(f.convention for f in engine_for(engine, family="dflash").fields("dflash") if f.field == at)
 
 
 def layout_ids(layout: str) -> tuple[str, str]:
@@ -242,7 +249,7 @@ class BlockInspection:
 
 
 def read_block(directory: Path, config: dict[str, Any], engine: str, version: str | None,
-               target: Any, drafts: int | None = None) -> BlockInspection:
+               target: TargetInfo | None, drafts: int | None = None) -> BlockInspection:
     family, layout = block_layout(config) or ("dflash", "zlab")
     version, row = engine_rule(engine, version)
     shapes: dict[str, tuple[int, ...]] = {}
@@ -308,9 +315,11 @@ def _vllm_delivery(ins: BlockInspection) -> Delivery:
     at = "target_layer_ids" if ins.layout == "deepspec" else "dflash_config.target_layer_ids"
     ids = ins.ids(at)
     if ids is not None:
-        plus = 1 if r["dflash_ids_plus_one"] else 0
-        return Delivery(tuple(i + plus for i in ids), at, f"vLLM {ins.version} captures id + {plus}"
-                        + (" (PR #40727, vLLM 0.22 on)" if plus else " (before PR #40727: vLLM 0.20 and 0.21)"))
+        plus = bool(r["dflash_ids_plus_one"])  # before PR #40727 vLLM read them as it reads eagle aux ids
+        conv = field_convention("vllm", _DFLASH_IDS if plus else _AUX_IDS)
+        return Delivery(renumber(ids, conv, CANONICAL, L), at, f"vLLM {ins.version} "
+                        f"captures id + {int(plus)}" + (" (PR #40727, vLLM 0.22 on)" if plus else
+                                                        " (before PR #40727: vLLM 0.20 and 0.21)"))
     if L is None:
         return Delivery(None, "(none)", "no layer ids, and no target to find vLLM's default on", guessed=True)
     return Delivery((2, L // 2, L - 3), "(none)", "no layer ids: vLLM falls back to the target's EAGLE-3 default "
@@ -318,7 +327,7 @@ def _vllm_delivery(ins: BlockInspection) -> Delivery:
 
 
 def _sglang_delivery(ins: BlockInspection) -> Delivery:
-    from eaglewire.export.sglang_rules import DFLASH_SHIFT, rule_for
+    from eaglewire.export.sglang_rules import DFLASH_CONVENTIONS, rule_for
 
     at = "dflash_config.target_layer_ids"
     ids = ins.ids(at) if ins.layout != "speculators" else None
@@ -333,14 +342,14 @@ def _sglang_delivery(ins: BlockInspection) -> Delivery:
         rule = rule_for(ins.target_arch, ins.version, kind="dflash")
     except TranslationError as err:
         return Delivery(None, at, f"SGLang's shift is per model file and unknown here: {err.args[0]}", guessed)
-    shift = DFLASH_SHIFT.get(rule.rule)
-    if shift is None:
+    conv = DFLASH_CONVENTIONS.get(rule.rule)
+    if conv is None:
         return Delivery(None, at, f"{rule.describe()} reads DFlash ids in a way eaglewire has not recorded", guessed)
-    how = f"{rule.describe()} set_dflash_layers_to_capture: captures id + {shift}"
+    how = f"{rule.describe()} set_dflash_layers_to_capture: captures id + {renumber((0,), conv, CANONICAL, None)[0]}"
     if guessed:
         how = ("no layer ids: SGLang guesses build_target_layer_ids(L, number of draft layers) silently "
                f"(sglang #37475), then {how}")
-    return Delivery(tuple(i + shift for i in ids or ()), at, how, guessed)
+    return Delivery(renumber(ids or (), conv, CANONICAL, ins.target_layers), at, how, guessed)
 
 
 def delivery(ins: BlockInspection) -> Delivery:

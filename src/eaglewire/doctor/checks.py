@@ -34,7 +34,7 @@ def _f(level: str, name: str, what: str, why: str, fix: str) -> Finding:
 
 
 @check
-def key_naming(ins: Inspection, target: Any) -> list[Finding]:
+def key_naming(ins: Inspection, target: TargetInfo | None) -> list[Finding]:
     layer_keys = [k for k in ins.shapes if k.startswith(("midlayer.", "layers."))]
     wrong = [k for k in layer_keys if not k.startswith(ins.engine.layer0_prefixes) and not
              (ins.engine.multi_layer and k.startswith("layers."))]
@@ -48,7 +48,7 @@ def key_naming(ins: Inspection, target: Any) -> list[Finding]:
 
 
 @check
-def heads_and_embeddings(ins: Inspection, target: Any) -> list[Finding]:
+def heads_and_embeddings(ins: Inspection, target: TargetInfo | None) -> list[Finding]:
     out = []
     if "lm_head.weight" not in ins.shapes:
         out.append(_f("error", "lm_head", "lm_head.weight is missing",
@@ -72,7 +72,7 @@ def heads_and_embeddings(ins: Inspection, target: Any) -> list[Finding]:
 
 
 @check
-def vocab_map(ins: Inspection, target: Any) -> list[Finding]:
+def vocab_map(ins: Inspection, target: TargetInfo | None) -> list[Finding]:
     V = target.vocab_size if target is not None else ins.layer_config.get("vocab_size")
     return vocab_map_findings(V, ins.config.get("draft_vocab_size"), ins.shapes.get("lm_head.weight"),
                               ins.small.get("d2t"), ins.small.get("t2d"))
@@ -136,7 +136,7 @@ def engine_ids(ins: Inspection) -> tuple[list[int] | None, str | None, list[str]
 
 
 @check
-def layer_ids(ins: Inspection, target: Any) -> list[Finding]:
+def layer_ids(ins: Inspection, target: TargetInfo | None) -> list[Finding]:
     if ins.engine.hard_coded_taps:
         return _eagle_taps(ins, target)
     L = target.num_layers if target is not None else None
@@ -182,7 +182,7 @@ def layer_ids(ins: Inspection, target: Any) -> list[Finding]:
     return out
 
 
-def architecture(ins: Inspection, target: Any) -> str | None:
+def architecture(ins: Inspection, target: TargetInfo | None) -> str | None:
     """The target's architecture (config `architectures[0]`): what picks SGLang's model file."""
     ident = getattr(target, "identity", None)
     if ident is not None:
@@ -230,7 +230,7 @@ def decodes(ids: list[int], conv: str, L: int) -> tuple[int, ...] | None:
         return None
 
 
-def _eagle_taps(ins: Inspection, target: Any) -> list[Finding]:
+def _eagle_taps(ins: Inspection, target: TargetInfo | None) -> list[Finding]:
     if ins.contract is None or target is None or target.num_layers < 8:
         return []
     if tuple(ins.contract.taps) != default_taps(target.num_layers):
@@ -241,7 +241,7 @@ def _eagle_taps(ins: Inspection, target: Any) -> list[Finding]:
 
 
 @check
-def fc_width(ins: Inspection, target: Any) -> list[Finding]:
+def fc_width(ins: Inspection, target: TargetInfo | None) -> list[Finding]:
     fc = ins.shapes.get("fc.weight")
     if fc is None:
         return [_f("error", "fc", "fc.weight is missing", "the taps cannot be fused", "re-export")]
@@ -260,7 +260,7 @@ def fc_width(ins: Inspection, target: Any) -> list[Finding]:
 
 
 @check
-def norm_flags(ins: Inspection, target: Any) -> list[Finding]:
+def norm_flags(ins: Inspection, target: TargetInfo | None) -> list[Finding]:
     trained = ins.contract.norm.__dict__ if ins.contract else {k: bool(ins.config.get(k)) for k in
                                                               ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")}
     if ins.contract is None and ins.engine.norm_output_is_final_norm:
@@ -300,7 +300,7 @@ def norm_flags(ins: Inspection, target: Any) -> list[Finding]:
 
 
 @check
-def target_match(ins: Inspection, target: Any) -> list[Finding]:
+def target_match(ins: Inspection, target: TargetInfo | None) -> list[Finding]:
     if target is None:
         return []
     out, lc = [], ins.layer_config
@@ -344,7 +344,7 @@ def _config_match(lc: dict[str, Any], tc: Any) -> list[Finding]:
 
 
 @check
-def dump_scope(ins: Inspection, target: Any) -> list[Finding]:
+def dump_scope(ins: Inspection, target: TargetInfo | None) -> list[Finding]:
     if not isinstance(target, DumpTarget):
         return []
     return [_f("info", "target", f"checked against {target.name}, not the loaded target",
@@ -366,7 +366,7 @@ def after_measurement(findings: list[Finding]) -> list[Finding]:
 
 
 @check
-def dtype_and_contract(ins: Inspection, target: Any) -> list[Finding]:
+def dtype_and_contract(ins: Inspection, target: TargetInfo | None) -> list[Finding]:
     out = []
     floats = {d for k, d in ins.dtypes.items() if k not in ("d2t", "t2d")}
     if len(floats) > 1:
@@ -390,10 +390,11 @@ def dtype_and_contract(ins: Inspection, target: Any) -> list[Finding]:
     return out
 
 
-def run_checks(ins: Inspection, target: Any) -> Report:
+def run_checks(ins: Inspection, target: TargetInfo | None) -> Report:
     return Report(str(ins.directory), ins.engine.name, by_level([f for c in CHECKS for f in c(ins, target)]))
 
 
 from eaglewire.doctor.peagle_checks import peagle  # noqa: E402  (a check of its own module, on P-EAGLE only)
+from eaglewire.target.protocol import TargetInfo
 
 CHECKS.append(peagle)

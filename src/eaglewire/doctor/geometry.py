@@ -13,13 +13,14 @@ from eaglewire.doctor.inspect import Inspection
 from eaglewire.errors import EaglewireError
 from eaglewire.export.base import read_contract
 from eaglewire.safeio import about_file, read_json_object
+from eaglewire.target.protocol import TargetInfo
 
 
 def _f(what: str, why: str, fix: str) -> Finding:
     return Finding("error", "geometry", what, why, fix)
 
 
-def geometry_findings(ins: Inspection, target: Any) -> list[Finding]:
+def geometry_findings(ins: Inspection, target: TargetInfo | None) -> list[Finding]:
     """Head counts, then each weight's shape against what an engine builds from the config."""
     lc = ins.layer_config
     H, heads, I = lc.get("hidden_size"), lc.get("num_attention_heads"), lc.get("intermediate_size")
@@ -69,7 +70,7 @@ def target_width(layer_config: dict[str, Any]) -> Any:
     return layer_config.get("target_hidden_size") or layer_config.get("hidden_size")
 
 
-def require_default_target_fits(hidden_size: Any, contract: WiringContract | None, target: Any, *,
+def require_default_target_fits(hidden_size: Any, contract: WiringContract | None, target: TargetInfo | None, *,
                                 target_given: bool, draft: str) -> None:
     """Refuse to check a draft against the default (embedded) target when it was made for another model.
 

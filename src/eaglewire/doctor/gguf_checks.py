@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
@@ -24,6 +24,7 @@ from eaglewire.export.base import read_contract
 from eaglewire.export.engines import engine_for
 from eaglewire.export.gguf_read import GGUFDraft, GGUFModel, read_gguf, read_gguf_draft
 from eaglewire.export.llamacpp_layout import BY_ARCH, TARGET_LAYERS, release
+from eaglewire.target.protocol import TargetInfo
 
 RECORD = engine_for("llamacpp")  # llama.cpp's engine record (export/engines.py)
 NAME = RECORD.name  # what --engine names it
@@ -38,7 +39,7 @@ class GGUFInspection:
     draft: GGUFDraft
     contract: WiringContract | None
     target_gguf: GGUFModel | None
-    target: Any  # a loaded target (TargetInfo) or a boundaries dump's stand-in, or None
+    target: TargetInfo | None  # a loaded target or a boundaries dump's stand-in (capture.boundary_file.DumpTarget)
     measured: Measurement | None = None  # the empirical check's result, when it ran
     version: str | None = None  # the llama.cpp release (llama-cpp-python version) whose rules apply; None: newest
 
@@ -63,7 +64,7 @@ class GGUFInspection:
         return tuple(self.contract.taps) if self.contract is not None else None
 
 
-def inspect_gguf(path: Path, target: Any = None, target_gguf: Path | None = None,
+def inspect_gguf(path: Path, target: TargetInfo | None = None, target_gguf: Path | None = None,
                  version: str | None = None) -> GGUFInspection:
     """Read the draft GGUF, the contract side file beside it (if any) and the target GGUF (if given);
     `version`: the llama.cpp release whose rules apply (refused unless read: llamacpp_layout.RELEASES)."""

@@ -6,7 +6,7 @@ our draft model by `eaglewire import --format llamacpp`'s loader (export/gguf_im
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from eaglewire.capture.boundaries import Boundaries
 from eaglewire.capture.boundary_file import require_finite_rows
@@ -20,6 +20,7 @@ from eaglewire.doctor.trained_taps import Measurement, measure, wiring_finding
 from eaglewire.errors import EaglewireError
 from eaglewire.export.gguf_import import import_gguf
 from eaglewire.export.llamacpp_layout import TARGET_LAYERS
+from eaglewire.target.protocol import TargetInfo
 
 
 def is_gguf(path: Path) -> bool:
@@ -29,7 +30,7 @@ def is_gguf(path: Path) -> bool:
                                       and not (path / "config.json").is_file())
 
 
-def check_gguf(path: Path, target: Any = None, *, target_gguf: Path | None = None, measure_it: bool | None = None,
+def check_gguf(path: Path, target: TargetInfo | None = None, *, target_gguf: Path | None = None, measure_it: bool | None = None,
                chain_steps: int = 3, progress: Callable[[str], None] = lambda phase: None,
                version: str | None = None) -> Report:
     """The doctor on a GGUF draft as llama.cpp loads it; measured on `target` when given (by default where no
@@ -43,7 +44,7 @@ def check_gguf(path: Path, target: Any = None, *, target_gguf: Path | None = Non
     return report
 
 
-def run_gguf_measurement(gi: GGUFInspection, target: Any, chain_steps: int = 3,
+def run_gguf_measurement(gi: GGUFInspection, target: TargetInfo, chain_steps: int = 3,
                          progress: Callable[[str], None] = lambda phase: None, bounds: Boundaries | None = None,
                          ) -> tuple[Measurement | None, list[Finding]]:
     """Score the tap sets a reading of target_layers gives (llama.cpp's, every other numbering, the converter's

@@ -37,6 +37,7 @@ from eaglewire.doctor.expect import POS_MARGIN, Counts, judge, wilson
 from eaglewire.doctor.live_lossless import TIE_LOGITS, Divergence
 from eaglewire.doctor.live_lossless import judge as lossless_judge
 from eaglewire.errors import EaglewireError
+from eaglewire.target.protocol import RunnableTarget
 
 HTTP_TIMEOUT_S = 600.0  # one greedy request on a loaded CPU server; every loop here is over a finite list
 VERDICTS = ("healthy", "below_expectation", "no_counters", "not_lossless")  # not_lossless: doctor/live_lossless.py
@@ -149,7 +150,7 @@ class Reference:
     dtype: str = "float32"  # the target's, as the reference decoded it
 
 
-def reference(target: Any, draft: Any, contract: Any, shape: Any, chats: list[list[dict[str, str]]],
+def reference(target: RunnableTarget, draft: Any, contract: Any, shape: Any, chats: list[list[dict[str, str]]],
               max_tokens: int) -> Reference:
     """Our engine on the chats at `shape`, with the proposer of the draft's family (eaglewire.compose); any
     family whose proposer drafts shape.num_steps tokens a round gets per-position figures the engines'

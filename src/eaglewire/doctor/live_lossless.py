@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from eaglewire.target.protocol import RunnableTarget
+
 # The largest logit move on the embedded target when the same tokens go through other GEMM shapes (a batched
 # prefill against one-row cached decoding): 6.6e-5 in float32, 1.0 in bfloat16; 0.77 between the float32 and the
 # bfloat16 target (benchmarks/results/live_probe/*-epyc-avx512/logit_spread.json, benchmarks/doctor/logit_spread.py).
@@ -48,7 +50,7 @@ def _shared_prefix(tok: Any, ref: list[int], text: str) -> int:
     return k
 
 
-def first_divergence(target: Any, prompt: torch.Tensor, ref: list[int], text: str, answer: int) -> Divergence:
+def first_divergence(target: RunnableTarget, prompt: torch.Tensor, ref: list[int], text: str, answer: int) -> Divergence:
     """Where the engine's text leaves the reference tokens `ref`, and the target's margin against its token
     there (prompt [1, P]: the chat-rendered prompt both sides decoded from)."""
     tok = target.tokenizer
@@ -65,7 +67,7 @@ def first_divergence(target: Any, prompt: torch.Tensor, ref: list[int], text: st
     return Divergence(answer, k, name(ours), name(theirs), max(margin, 0.0))
 
 
-def divergences(target: Any, prompts: list[torch.Tensor], ref_tokens: list[list[int]],
+def divergences(target: RunnableTarget, prompts: list[torch.Tensor], ref_tokens: list[list[int]],
                 engine_texts: list[str], ref_texts: list[str]) -> list[Divergence]:
     """One Divergence per answer whose text differs from the reference's."""
     return [first_divergence(target, p, r, e, i)

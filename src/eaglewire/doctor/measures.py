@@ -16,6 +16,7 @@ from eaglewire.doctor.inspect import Inspection
 from eaglewire.doctor.measured_block import run_block_measurement
 from eaglewire.doctor.measured_wiring import run_measurement
 from eaglewire.doctor.trained_taps import Measurement
+from eaglewire.target.protocol import TargetInfo
 
 Result = tuple[Measurement | None, list[Finding]]
 # (inspection, target, engine name or None, bounds or None, chain steps, engine knobs' shape or None, progress)
@@ -28,7 +29,7 @@ class MeasuredWiring:
     run: Run
 
 
-def _eagle3(ins: Inspection, target: Any, engine: str | None, bounds: Boundaries | None, steps: int,
+def _eagle3(ins: Inspection, target: TargetInfo, engine: str | None, bounds: Boundaries | None, steps: int,
             shape: TreeShape | None, progress: Callable[[str], None]) -> Result:
     return run_measurement(ins, target, bounds, steps, shape, progress)  # the engine is ins.engine's record
 
@@ -49,7 +50,7 @@ def family_of_dir(ins: Inspection) -> str:
     return found[0] if found is not None else EAGLE3
 
 
-def measure_wiring(ins: Inspection, target: Any, *, engine: str | None = None, bounds: Boundaries | None = None,
+def measure_wiring(ins: Inspection, target: TargetInfo, *, engine: str | None = None, bounds: Boundaries | None = None,
                    chain_steps: int = 3, shape: TreeShape | None = None,
                    progress: Callable[[str], None] = lambda phase: None) -> Result:
     """The family's measured wiring check: (measurement or None, findings)."""

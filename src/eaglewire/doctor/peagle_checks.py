@@ -9,13 +9,13 @@ is refused; with it off, `mask_hidden` is skipped with a log warning and the dra
 
 from __future__ import annotations
 
-from typing import Any
 
 from eaglewire.doctor.findings import Finding
 from eaglewire.doctor.inspect import Inspection
+from eaglewire.target.protocol import TargetInfo
 
 
-def peagle(ins: Inspection, target: Any) -> list[Finding]:
+def peagle(ins: Inspection, target: TargetInfo | None) -> list[Finding]:
     if ins.config.get("speculators_model_type") != "peagle":
         return []
     out = []

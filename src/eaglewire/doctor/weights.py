@@ -16,7 +16,6 @@ target's dtype; SGLang loads it with the server's --dtype): a float16 server tur
 
 from __future__ import annotations
 
-from typing import Any
 
 import torch
 
@@ -25,9 +24,10 @@ from eaglewire.doctor.findings import Finding
 from eaglewire.doctor.inspect import Inspection
 from eaglewire.export.base import WEIGHTS
 from eaglewire.safeio import open_safetensors
+from eaglewire.target.protocol import RunnableTarget, TargetInfo
 
 
-def weight_findings(ins: Inspection, target: Any) -> list[Finding]:
+def weight_findings(ins: Inspection, target: TargetInfo | None) -> list[Finding]:
     path = ins.directory / WEIGHTS
     if not path.is_file():
         return []
@@ -93,7 +93,7 @@ def at_init(name: str, t: torch.Tensor) -> str | None:
     return None
 
 
-def _copied_head(head: torch.Tensor, ins: Inspection, target: Any) -> bool:
+def _copied_head(head: torch.Tensor, ins: Inspection, target: RunnableTarget) -> bool:
     d2t = ins.small.get("d2t")
     ref = target.model.get_output_embeddings().weight.detach()  # [V, H]
     if d2t is None or d2t.numel() != head.shape[0] or ref.shape[1] != head.shape[1]:

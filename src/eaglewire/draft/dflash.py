@@ -35,6 +35,7 @@ from eaglewire.draft.vocab import VocabMap
 from eaglewire.errors import CheckpointError, TapWidthError
 from eaglewire.families import SLIDING, BlockWiring
 from eaglewire.ops import rope_tables, rotate
+from eaglewire.target.protocol import TargetInfo, TargetTensors
 
 KV = tuple[torch.Tensor, torch.Tensor]  # ([N, kv_heads, S, D], same)
 
@@ -280,7 +281,7 @@ class DFlashDraft(nn.Module):
         return self.norm(x)
 
 
-def build_dflash_draft(target: Any, contract: WiringContract, num_layers: int, *, seed: int = 0,
+def build_dflash_draft(target: TargetTensors, contract: WiringContract, num_layers: int, *, seed: int = 0,
                        vmap: VocabMap | None = None) -> DFlashDraft:
     """A random DFlash draft for `target` (a TargetInfo with text_config, head_rows and final_norm_weight):
     architecture from the target (hidden size, heads, MLP width, RoPE base), its final norm started from the
@@ -307,7 +308,7 @@ def build_dflash_draft(target: Any, contract: WiringContract, num_layers: int, *
     return draft
 
 
-def dflash_contract(target: Any, taps: tuple[int, ...], block: BlockWiring,
+def dflash_contract(target: TargetInfo, taps: tuple[int, ...], block: BlockWiring,
                     vmap: VocabMap | None = None) -> WiringContract:
     """The contract of a DFlash draft for `target` (anything with .contract(taps)): the full vocabulary (no
     d2t), or the reduced one `vmap` names (its size and hash, as an EAGLE-3 draft's)."""
@@ -316,7 +317,7 @@ def dflash_contract(target: Any, taps: tuple[int, ...], block: BlockWiring,
     return dataclasses.replace(base, family="dflash", block=block, draft_vocab_size=size, vocab_map_sha256=sha)
 
 
-def default_dflash_contract(target: Any, block_size: int, *, taps: tuple[int, ...] | None = None,
+def default_dflash_contract(target: TargetTensors, block_size: int, *, taps: tuple[int, ...] | None = None,
                             num_taps: int = 5) -> WiringContract:
     """A DFlash contract for a loaded target (with its tokenizer): the mask token `pick_mask_token` chooses, and
     taps given as boundaries or, by default, z-lab's `num_taps` (`build_target_layer_ids`, as boundaries)."""

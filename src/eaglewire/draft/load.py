@@ -120,7 +120,7 @@ def load_strict(cfg: DraftConfig, contract: WiringContract, tensors: dict[str, t
 
 
 def load_dflash_strict(cfg: DraftConfig, contract: WiringContract, tensors: dict[str, torch.Tensor], where: str, *,
-                       embedding: bool | None = None, float_dtype: str | None = None, target: Any | None = None,
+                       embedding: bool | None = None, float_dtype: str | None = None, target: TargetInfo | None = None,
                        dtype: torch.dtype | None = None) -> DFlashDraft:
     """A DFlashDraft holding exactly `tensors` (z-lab's names), in eval mode, `contract` attached; the target's
     embedding and head attached when `target` is given (they are never in a DFlash checkpoint)."""

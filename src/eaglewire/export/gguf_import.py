@@ -24,6 +24,7 @@ from eaglewire.export.base import read_contract
 from eaglewire.export.gguf_draft import unpermute_qk
 from eaglewire.families import BlockWiring
 from eaglewire.norms import NormFlags
+from eaglewire.target.protocol import TargetInfo
 
 
 def gguf_path(path: Path) -> Path:
@@ -137,7 +138,7 @@ def _block(g: GGUFDraft) -> BlockWiring:
                        causal=True if g.value(lay.CAUSAL, False) else None)
 
 
-def _contract(g: GGUFDraft, target: Any | None, taps: tuple[int, ...] | None, vmap: VocabMap | None,
+def _contract(g: GGUFDraft, target: TargetInfo | None, taps: tuple[int, ...] | None, vmap: VocabMap | None,
               norm: NormFlags) -> WiringContract:
     from eaglewire.draft.dflash import dflash_contract
 
@@ -162,7 +163,7 @@ def _contract(g: GGUFDraft, target: Any | None, taps: tuple[int, ...] | None, vm
     return contract
 
 
-def import_gguf(path: Path, *, target: Any | None = None, taps: tuple[int, ...] | None = None) -> tuple[Any, WiringContract]:
+def import_gguf(path: Path, *, target: TargetInfo | None = None, taps: tuple[int, ...] | None = None) -> tuple[Any, WiringContract]:
     """The native draft and its contract (side file, or rebuilt on `target` from target_layers or `taps`)."""
     from eaglewire.draft.load import loader_for
 

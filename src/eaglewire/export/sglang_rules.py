@@ -27,6 +27,7 @@ from typing import Any, Sequence
 from packaging.version import InvalidVersion, Version
 
 from eaglewire.cache import cache_root
+from eaglewire.contract import CANONICAL, renumber
 from eaglewire.errors import TranslationError
 
 RELEASES = ("0.5.12.post1", "0.5.13", "0.5.23")  # verified against their wheels; oldest first (0.5.13: PR #25454)
@@ -43,8 +44,8 @@ DELEGATES = {
     "nano_nemotron_vl.py:NemotronH_Nano_VL_V2": "NemotronHForCausalLM",
 }
 EAGLE3_RULES = ("sglang-plus1", "sglang-first1", "sglang-final")  # contract conventions, one per SGLang rule
-# DFlash rules: config id i -> the boundary captured (the DFlash family reads this, see dflash_boundaries).
-DFLASH_SHIFT = {"sglang-plus1": 1, "as-is": 0}
+# DFlash rules: the contract convention each names (dflash_boundaries reads config ids in it; the offset is contract's)
+DFLASH_CONVENTIONS = {"sglang-plus1": "sglang-dflash", "as-is": "sglang-dflash-asis"}
 
 
 @lru_cache(maxsize=1)
@@ -61,7 +62,7 @@ class SGLangRule:
     architecture: str
     kind: str  # "eagle3" | "dflash"
     home: str  # "model_file.py:Class" whose setter runs
-    rule: str  # eagle3: a contract convention (sglang-plus1 / -first1 / -final); dflash: a DFLASH_SHIFT key
+    rule: str  # eagle3: a contract convention (sglang-plus1 / -first1 / -final); dflash: a DFLASH_CONVENTIONS key
     via: str | None = None  # the wrapper whose setter handed the ids on, if any
     read_as: tuple[str, str] | None = None  # a release not read: the read releases either side, which agree
 
@@ -138,7 +139,7 @@ def rule_for(architecture: str | None, release: str | None = None, kind: str = "
                                    "`architectures` (docs: guides/export.md, the SGLang rule table)")
         rule = homes[home]["rule"]
         if rule != "delegate":
-            if rule not in (EAGLE3_RULES if kind == "eagle3" else DFLASH_SHIFT):
+            if rule not in (EAGLE3_RULES if kind == "eagle3" else DFLASH_CONVENTIONS):
                 raise TranslationError(f"SGLang {release}'s {home} reads {kind} layer ids in a way eaglewire "
                                        "cannot translate", expected=", ".join(EAGLE3_RULES), found=rule,
                                        fix="serve the target on vLLM, or on an SGLang release with a known rule")
@@ -168,16 +169,16 @@ def _between(architecture: str | None, release: str, kind: str) -> SGLangRule:
 def used_rules(kind: str = "eagle3") -> tuple[str, ...]:
     """Every rule a served model file of a verified release applies (ids portable across SGLang agree on all)."""
     found = {v["rule"] for r in RELEASES for v in _homes(kind, r).values() if v["archs"]}
-    return tuple(rule for rule in (EAGLE3_RULES if kind == "eagle3" else tuple(DFLASH_SHIFT)) if rule in found)
+    return tuple(rule for rule in (EAGLE3_RULES if kind == "eagle3" else tuple(DFLASH_CONVENTIONS)) if rule in found)
 
 
 def dflash_boundaries(ids: Sequence[int], rule: SGLangRule, num_layers: int) -> tuple[int, ...]:
     """The boundaries SGLang captures for DFlash target layer ids under `rule` (kind dflash)."""
-    if rule.rule not in DFLASH_SHIFT:
+    if rule.rule not in DFLASH_CONVENTIONS:
         raise TranslationError(f"{rule.describe()} captures DFlash layers in a way eaglewire cannot translate",
-                               expected=" or ".join(DFLASH_SHIFT), found=rule.rule,
+                               expected=" or ".join(DFLASH_CONVENTIONS), found=rule.rule,
                                fix="serve the target on another SGLang release or engine")
-    out = tuple(int(i) + DFLASH_SHIFT[rule.rule] for i in ids)
+    out = renumber(ids, DFLASH_CONVENTIONS[rule.rule], CANONICAL, num_layers)
     if any(not 1 <= b < num_layers for b in out):
         raise TranslationError(f"{rule.describe()} would capture boundaries {list(out)}",
                                expected=f"boundaries in [1, {num_layers - 1}] (states entering a decoder layer)",

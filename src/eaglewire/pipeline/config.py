@@ -381,7 +381,7 @@ def resolve(budget: str = "quick", config: Path | None = None, **flags: Any) -> 
                              found="; ".join(lines), fix="fix or remove the named fields") from None
 
 
-def _embedded(target: Any) -> bool:
+def _embedded(target: object) -> bool:  # the run config's target spec (a str, or None), before validation
     from eaglewire.target.loader import EMBEDDED
 
     return target is None or target in EMBEDDED

@@ -28,6 +28,7 @@ from eaglewire.serve.llamacpp_peer import LLAMACPP_METHODS, LlamacppPeers
 from eaglewire.serve.peer import PEER_METHODS, PeerServers
 from eaglewire.decoding.tree import TreeShape
 from eaglewire.safeio import atomic_write_text
+from eaglewire.target.protocol import RunnableTarget
 
 METHODS = ("hf_generate", "vanilla", "prompt_lookup", "eagle_chain", "eagle_tree")  # on our runtime
 # Defaults of `eaglewire bench` and of the run config's bench section (defined here only; the tree is
@@ -60,7 +61,7 @@ class Run:
     stats: SpecStats | None = None
 
 
-def _hf(target: Any, ids: torch.Tensor, max_new: int, eos: int, **kw: Any) -> Run:
+def _hf(target: RunnableTarget, ids: torch.Tensor, max_new: int, eos: int, **kw: Any) -> Run:
     t0 = time.perf_counter()
     ids = ids.to(target.device)  # HF generate runs where the target is
     with torch.no_grad():
@@ -90,7 +91,7 @@ def check_methods(names: Sequence[str]) -> None:
                              "including vanilla (the lossless reference)", found=str(list(names)))
 
 
-def make_methods(target: Any, draft: Any, chain: TreeShape, tree: TreeShape, max_len: int, eos: int,
+def make_methods(target: RunnableTarget, draft: Any, chain: TreeShape, tree: TreeShape, max_len: int, eos: int,
                  names: Sequence[str] = METHODS, log: Callable[[str], None] | None = None,
                  block_draft: Any | None = None) -> dict[str, Callable[[torch.Tensor, int], Run]]:
     """block_draft: the block drafter the BLOCK_METHODS rows decode with (None: those rows are refused)."""
@@ -168,7 +169,7 @@ def spread_over_categories(questions: str, limit: int) -> list[Any]:
     return picked
 
 
-def bench_prompts(target: Any, questions: str, limit: int, turns: int = 1,
+def bench_prompts(target: RunnableTarget, questions: str, limit: int, turns: int = 1,
                   answers: str = "smollm2-mtbench-regen") -> list[torch.Tensor]:
     """Chat-templated prompts [1, P]: first turns of `limit` questions spread over the categories; with
     turns=2 also the second turns after the target's own regenerated first answers (from `answers`)."""
@@ -186,7 +187,7 @@ def bench_prompts(target: Any, questions: str, limit: int, turns: int = 1,
                                                  return_tensors="pt")["input_ids"] for m in chats]
 
 
-def run_bench(target: Any, draft: Any, prompts: list[torch.Tensor], max_new: int, chain: TreeShape,
+def run_bench(target: RunnableTarget, draft: Any, prompts: list[torch.Tensor], max_new: int, chain: TreeShape,
               tree: TreeShape, log: Callable[[str], None] = print, methods: Sequence[str] = METHODS,
               on_prompt: Callable[[int, int], None] | None = None, peer_eager: bool = False,
               repeats: int = 1, block_draft: Any | None = None, llamacpp_gguf: tuple[str, str] = ("q4_1", "f32")) -> dict:
@@ -223,7 +224,7 @@ def run_bench(target: Any, draft: Any, prompts: list[torch.Tensor], max_new: int
     return {**out, "dtype": dtype, "draft_dtype": str(draft.fc.weight.dtype).removeprefix("torch.")}
 
 
-def _peer_servers(stack: ExitStack, target: Any, draft: Any, prompts: list[torch.Tensor], max_new: int, k: int,
+def _peer_servers(stack: ExitStack, target: RunnableTarget, draft: Any, prompts: list[torch.Tensor], max_new: int, k: int,
                   peers: list[str], dtype: str, log: Callable[[str], None], eager: bool,
                   gguf: tuple[str, str]) -> dict[str, Any]:
     """Each peer row's server group (vLLM's, llama.cpp's), started and paused, entered on `stack`."""

@@ -25,12 +25,13 @@ import torch
 
 from eaglewire.errors import EaglewireError
 from eaglewire.families import get_family
+from eaglewire.target.protocol import RunnableTarget
 
 LLAMACPP_METHODS = ("llamacpp_vanilla", "llamacpp_eagle_chain")
 TARGET_PRECISIONS, DRAFT_PRECISIONS = ("q4_1", "f32"), ("f32", "f16", "bf16", "q8_0", "q4_0")
 
 
-def draft_gguf(target: Any, draft: Any, out: Path, precision: str = "f32", vocab_from: Path | None = None) -> Path:
+def draft_gguf(target: RunnableTarget, draft: Any, out: Path, precision: str = "f32", vocab_from: Path | None = None) -> Path:
     """Our EAGLE-3 draft as a GGUF llama-server loads (`export --format llamacpp`), carrying the vocabulary of the
     target GGUF it will be served with (`vocab_from`; llama-server refuses a draft whose vocabulary differs)."""
     from eaglewire.export.convert import export_draft
@@ -39,7 +40,7 @@ def draft_gguf(target: Any, draft: Any, out: Path, precision: str = "f32", vocab
                         vocab_from=vocab_from) / "draft.gguf"
 
 
-def _target_gguf(target: Any, precision: str, tmp: Path) -> Path:
+def _target_gguf(target: RunnableTarget, precision: str, tmp: Path) -> Path:
     from eaglewire.serve.llamacpp import convert_hf, target_gguf
     from eaglewire.target.loader import embedded_key
 
@@ -54,7 +55,7 @@ def _target_gguf(target: Any, precision: str, tmp: Path) -> Path:
 class LlamacppPeers:
     """The llama.cpp rows' servers, all up and paused (module docstring)."""
 
-    def __init__(self, target: Any, draft: Any, prompts: list[torch.Tensor], max_new: int, k: int,
+    def __init__(self, target: RunnableTarget, draft: Any, prompts: list[torch.Tensor], max_new: int, k: int,
                  names: Sequence[str], log: Callable[[str], None] = print, target_precision: str = "q4_1",
                  draft_precision: str = "f32", threads: int | None = None) -> None:
         unknown = [n for n in names if n not in LLAMACPP_METHODS]

@@ -24,6 +24,7 @@ import torch
 
 from eaglewire.tau import acceptance_length
 from eaglewire.errors import EaglewireError
+from eaglewire.target.protocol import RunnableTarget
 
 PEER_METHODS = ("vllm_vanilla", "vllm_eagle_chain")
 
@@ -58,7 +59,7 @@ class PeerServers:
     """The peer rows' servers, all up and paused (module docstring): `method(name)` runs one prompt on a row,
     `acceptance(name)` reads vLLM's counters over the row's measured requests so far."""
 
-    def __init__(self, target: Any, draft: Any, prompts: list[torch.Tensor], max_new: int, k: int,
+    def __init__(self, target: RunnableTarget, draft: Any, prompts: list[torch.Tensor], max_new: int, k: int,
                  names: Sequence[str], dtype: str = "float32", log: Callable[[str], None] = print,
                  enforce_eager: bool = False) -> None:
         """prompts [1, P] each: the longest sizes the servers' context, the first is each server's warm-up

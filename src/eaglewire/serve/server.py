@@ -26,6 +26,7 @@ from eaglewire.serve.connections import EVICT_AFTER_S, MAX_CONNECTION_BYTES, MAX
     REQUEST_DEADLINE_S, SSE_PROBE, ConnectionTable, PeerWatch, RequestReader, refuse_busy
 from eaglewire.serve.chat_requests import BadRequest, content_length, parse_body
 from eaglewire.serve.worker import Cancelled, Job, Metrics, SpecServer, finish_reason
+from eaglewire.target.protocol import RunnableTarget
 
 __all__ = ["Cancelled", "Handler", "Job", "Metrics", "SpecServer", "bind", "build_server", "finish_reason", "make_handler",
            "serve"]  # the model side (Job, SpecServer, Metrics) lives in serve/worker.py; importable from here too
@@ -320,7 +321,7 @@ def bind(host: str, port: int) -> ThreadingHTTPServer:
         raise os_error(err, f"listening on --host {host} --port {port}") from None
 
 
-def build_server(target: Any, draft: Any, shape: Any, model_name: str | None, max_context: int,
+def build_server(target: RunnableTarget, draft: Any, shape: Any, model_name: str | None, max_context: int,
                  max_tokens_limit: int, host: str, port: int,
                  log: Callable[[str], None] | None = None, httpd: ThreadingHTTPServer | None = None
                  ) -> ThreadingHTTPServer:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import logging
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,8 @@ import torch
 from torch import nn
 
 from eaglewire.cache import cache_root, ensure_dir
-from eaglewire.contract import TargetIdentity, WiringContract, canonical_json, sha256_text
+from eaglewire.contract import TargetIdentity, WiringContract
+from eaglewire.records import canonical_json, sha256_text
 from eaglewire.norms import NormFlags
 from eaglewire.errors import TargetError
 from eaglewire.paths import check_path, resolve_path
@@ -103,7 +105,10 @@ class Target:
     def pad_id(self) -> int:
         """The id batches are padded with: the tokenizer's pad token, else EOS (many chat models lack one)."""
         tok = self.tokenizer
-        return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        if tok is None:
+            raise TargetError(f"target {self.name!r} has no tokenizer to pad with", expected="a tokenizer",
+                              found="none (a target built in-process)", fix="load the target from a directory")
+        return int(tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
 
     @property
     def identity(self) -> TargetIdentity:
@@ -125,7 +130,7 @@ class Target:
 
     def head_rows(self, ids: torch.Tensor | None = None) -> torch.Tensor:
         """[len(ids), H] the output head's rows for target ids `ids` (all V rows when None)."""
-        head = self.model.get_output_embeddings().weight
+        head: torch.Tensor = self.model.get_output_embeddings().weight
         return head if ids is None else head[ids]
 
     def final_norm_weight(self) -> torch.Tensor | None:
@@ -305,7 +310,7 @@ def resolve_target(spec: str | None) -> tuple[str, Path]:
     return real.name, real
 
 
-def read_target_config(path: Path, bytes_per: int = 4) -> dict:
+def read_target_config(path: Path, bytes_per: int = 4) -> dict[str, Any]:
     """config.json of HF directory `path`, its sizes and physics checked (eaglewire.limits) before transformers
     builds anything from it: a damaged size is an error naming the field, not an allocation."""
     from eaglewire.limits import check_config_values, check_weight_bytes, estimated_params
@@ -348,7 +353,7 @@ def load_target(spec: str | None = None, *, dtype: torch.dtype = torch.float32,
     where = placement(device, estimated_params(cfg) * dtype.itemsize)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **where)
-    except torch.serialization.pickle.UnpicklingError:
+    except pickle.UnpicklingError:  # what torch.serialization raises (it unpickles with the stdlib's pickle)
         # transformers unpickles .bin weights with weights_only=True; its message then suggests turning that
         # off, which would run whatever the file names: that advice is not passed on
         raise TargetError(f"target {str(path)!r} has pickled weights that are not plain tensors",

@@ -114,7 +114,7 @@ def load_target_weights(spec: str | None = None, *, dtype: torch.dtype = torch.f
     try:
         config = AutoConfig.from_pretrained(path)
         with torch.device("meta"):  # structure only: no storage is allocated, no weight is read
-            skeleton = AutoModelForCausalLM.from_config(config)
+            skeleton = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]  # untyped upstream
     except Exception as err:  # any failure of transformers on an untrusted config is this error
         raise TargetError(f"transformers cannot build target {str(path)!r} as a causal LM",
                           expected="a config AutoModelForCausalLM knows",

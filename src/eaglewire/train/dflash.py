@@ -25,6 +25,7 @@ from eaglewire.train.block import BlockModel
 from eaglewire.train.config import TrainConfig
 from eaglewire.train.dist import DistInfo, all_reduce_sum
 from eaglewire.train.warm import copy_target_layer
+from eaglewire.target.protocol import TargetTensors
 
 DEFAULT_NUM_TAPS = 5  # z-lab's drafts, SpecForge's and DeepSpec's configs tap five target layers
 # knobs of EAGLE-3's record only: a DFlash run refuses a value other than their default
@@ -36,7 +37,7 @@ def default_taps(num_layers: int, num_taps: int = DEFAULT_NUM_TAPS) -> tuple[int
     return from_engine(zlab_default_ids(num_layers, num_taps), "zlab", num_layers)
 
 
-def make_contract(target: Any, taps: tuple[int, ...], vmap: VocabMap | None, c: TrainConfig) -> WiringContract:
+def make_contract(target: TargetTensors, taps: tuple[int, ...], vmap: VocabMap | None, c: TrainConfig) -> WiringContract:
     """A DFlash draft's contract: the taps, the full vocabulary or `vmap`'s, block_size from the knob, and the
     mask token chosen for the target's tokenizer (draft/dflash.py pick_mask_token)."""
     block = BlockWiring(block_size=c.block_size, mask_token_id=pick_mask_token(target.tokenizer))
@@ -53,7 +54,7 @@ def _refuse_eagle3_knobs(c: TrainConfig) -> None:
                                fix="drop them, or train an EAGLE-3 draft (--family eagle3)")
 
 
-def build_draft(target: Any, contract: WiringContract, vmap: VocabMap | None, c: TrainConfig) -> DFlashDraft:
+def build_draft(target: TargetTensors, contract: WiringContract, vmap: VocabMap | None, c: TrainConfig) -> DFlashDraft:
     """A fresh DFlash draft of `c.num_layers` layers for the contract's block wiring."""
     _refuse_eagle3_knobs(c)
     if contract.block is None or contract.block.block_size != c.block_size:
@@ -66,7 +67,7 @@ def build_draft(target: Any, contract: WiringContract, vmap: VocabMap | None, c:
     return draft
 
 
-def init_from_target(draft: DFlashDraft, target: Any) -> None:
+def init_from_target(draft: DFlashDraft, target: TargetTensors) -> None:
     """Start the draft where the target already is: draft layer i as target decoder layer s + i, s the layer that
     reads the last tap's boundary (moved down where fewer than num_layers layers follow it); `hidden_norm` as
     layer s's input norm and `fc` passing the last tap through (zero on the others), so at step 0 the context's
@@ -90,7 +91,7 @@ def init_from_target(draft: DFlashDraft, target: Any) -> None:
         draft.fc.weight[:, (len(taps) - 1) * H:].copy_(torch.eye(H))  # [H, n*H]: the last tap, as is
 
 
-def block_model(draft: DFlashDraft, target: Any, vmap: VocabMap | None, features: Any, c: TrainConfig,
+def block_model(draft: DFlashDraft, target: TargetTensors, vmap: VocabMap | None, features: Any, c: TrainConfig,
                 info: DistInfo) -> BlockModel:
     """The draft and its block loss; the attached target embedding and head follow it to the device."""
     emb, head = draft.embed_weight, draft.head_weight

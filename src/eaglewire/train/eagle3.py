@@ -17,9 +17,10 @@ from eaglewire.train.config import TrainConfig, draft_norms
 from eaglewire.train.dist import DistInfo, all_reduce_sum
 from eaglewire.train.ttt import TTTModel
 from eaglewire.train.warm import freeze, head_affine, init_layers_from_target, warm_start
+from eaglewire.target.protocol import TargetTensors
 
 
-def make_contract(target: Any, taps: tuple[int, ...], vmap: VocabMap | None, c: TrainConfig) -> WiringContract:
+def make_contract(target: TargetTensors, taps: tuple[int, ...], vmap: VocabMap | None, c: TrainConfig) -> WiringContract:
     """An EAGLE-3 draft's contract: the taps, its reduced vocabulary and its norm flags (`draft_norms`)."""
     if vmap is None:
         raise ContractMismatch("an EAGLE-3 draft needs a vocab map", expected="--vocab (from `eaglewire vocab build`)",
@@ -27,7 +28,7 @@ def make_contract(target: Any, taps: tuple[int, ...], vmap: VocabMap | None, c: 
     return target.contract(tuple(taps), vocab_map=vmap, norm=draft_norms(c))
 
 
-def build_draft(target: Any, contract: WiringContract, vmap: VocabMap, c: TrainConfig) -> Eagle3Draft:
+def build_draft(target: TargetTensors, contract: WiringContract, vmap: VocabMap, c: TrainConfig) -> Eagle3Draft:
     """Random draft; lm_head rows and final norm start from the target's (for the kept ids): the
     draft then begins by predicting what the target's head would from a similar state, which matters
     when CPU data is scarce. With `init_from`, the weights then come from that draft (warm start); with
@@ -48,7 +49,7 @@ def build_draft(target: Any, contract: WiringContract, vmap: VocabMap, c: TrainC
     return draft
 
 
-def ttt_model(draft: Eagle3Draft, target: Any, vmap: VocabMap, features: Any, c: TrainConfig,
+def ttt_model(draft: Eagle3Draft, target: TargetTensors, vmap: VocabMap, features: Any, c: TrainConfig,
                info: DistInfo) -> TTTModel:
     """The draft and its TTT loss. Shards that store the target's top-1 need only the draft vocab's head rows
     ([V_d, H]); the full [V, H] head (its argmax) only for shards captured before top-1 was stored, and online."""
@@ -62,7 +63,7 @@ def ttt_model(draft: Eagle3Draft, target: Any, vmap: VocabMap, features: Any, c:
 
 
 @torch.no_grad()
-def feature_space(draft: Eagle3Draft, target: Any, vmap: VocabMap, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def feature_space(draft: Eagle3Draft, target: TargetTensors, vmap: VocabMap, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """(G, A) for the feature loss (train.ttt): G [H, H] the Gram matrix of the centred full target head over V
     (s^T G s is the mean squared centred logit of state s), and A [H, H] the least-squares linear part of the
     affine map from the target's head rows to the draft's on the draft vocab (draft row = target row @ A + c,

@@ -47,6 +47,7 @@ from eaglewire.train.eagle3 import build_draft, feature_space  # noqa: F401  (ca
 from eaglewire.train.objectives import objective_for
 from eaglewire.train.optim import build_optimizer
 from eaglewire.train.ttt import TTTStats
+from eaglewire.target.protocol import TargetTensors
 
 def lr_at(step: int, c: TrainConfig) -> float:
     """Linear warm-up to lr, then cosine down to lr * min_lr_ratio at max_steps."""
@@ -141,7 +142,7 @@ def evaluate(model: Any, features: Any, heldout: list[Sample], c: TrainConfig, i
             "anchors": int(anchors)}
 
 
-def train(target: Any, contract: WiringContract, vmap: VocabMap | None, features: Any, train_samples: list[Sample],
+def train(target: TargetTensors, contract: WiringContract, vmap: VocabMap | None, features: Any, train_samples: list[Sample],
           heldout: list[Sample], c: TrainConfig, out: Path, info: DistInfo = DistInfo(), *, resume: bool = False,
           on_step: Callable[[dict], None] | None = None, stop_at: int | None = None) -> dict:
     """Train a draft of the contract's family (train/objectives.py); returns the last held-out evaluation.
@@ -152,7 +153,7 @@ def train(target: Any, contract: WiringContract, vmap: VocabMap | None, features
                       on_step=on_step, stop_at=stop_at)
 
 
-def _train(target: Any, contract: WiringContract, vmap: VocabMap | None, features: Any, train_samples: list[Sample],
+def _train(target: TargetTensors, contract: WiringContract, vmap: VocabMap | None, features: Any, train_samples: list[Sample],
            heldout: list[Sample], c: TrainConfig, out: Path, info: DistInfo, *, resume: bool,
            on_step: Callable[[dict], None] | None, stop_at: int | None) -> dict:
     if c.supervise not in ("answers", "all"):

@@ -22,6 +22,7 @@ from eaglewire.errors import CheckpointError
 from eaglewire.train.config import TrainConfig
 from eaglewire.safeio import atomic_save_safetensors, atomic_write_json, atomic_write_text, field_of, \
     open_safetensors, read_json_object
+from eaglewire.target.protocol import TargetTensors
 
 
 def _optim_tensors(opt: torch.optim.Optimizer, names: dict[int, str]) -> tuple[dict[str, torch.Tensor], dict]:
@@ -110,7 +111,7 @@ def latest_state(out: Path) -> Path | None:
     return d
 
 
-def load_state(d: Path, draft: Any, target: Any, opt: torch.optim.Optimizer, param_names: list[str],
+def load_state(d: Path, draft: Any, target: TargetTensors, opt: torch.optim.Optimizer, param_names: list[str],
                config: dict[str, Any]) -> int:
     """Restore weights into `draft` and state into `opt` (built on draft's parameters); returns the step."""
     meta = read_json_object(d / "trainer.json", what="a trainer state", error=CheckpointError)

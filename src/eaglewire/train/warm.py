@@ -9,7 +9,7 @@ alone (`freeze`), leaving every weight the warm start had exactly as it was.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
@@ -17,6 +17,7 @@ from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import CheckpointError
 from eaglewire.norms import norm_preset_name
 from eaglewire.draft.vocab import VocabMap
+from eaglewire.target.protocol import TargetTensors
 
 
 def copy_target_layer(layer: torch.nn.Module, src: dict[str, torch.Tensor], what: str,
@@ -37,7 +38,7 @@ def copy_target_layer(layer: torch.nn.Module, src: dict[str, torch.Tensor], what
         p.copy_(w)
 
 
-def init_layers_from_target(draft: Eagle3Draft, target: Any) -> None:
+def init_layers_from_target(draft: Eagle3Draft, target: TargetTensors) -> None:
     """Start draft layer i from target decoder layer L - n + i (the top of the stack, whose input is closest
     to the fused state the draft reads). Layer 0's q/k/v read [embed ; hidden] (2H wide): the hidden half
     takes the target's projection, the embedding half keeps its random init. Refused where shapes differ."""
@@ -83,7 +84,7 @@ def _with_ones(rows: torch.Tensor) -> torch.Tensor:
     return torch.cat([rows.float(), rows.new_ones(len(rows), 1, dtype=torch.float32)], 1)  # [N, H+1]
 
 
-def warm_start(draft: Eagle3Draft, path: Path, target: Any, vmap: VocabMap, taps: tuple[int, ...]) -> torch.Tensor:
+def warm_start(draft: Eagle3Draft, path: Path, target: TargetTensors, vmap: VocabMap, taps: tuple[int, ...]) -> torch.Tensor:
     """Copy a trained draft's weights into `draft` (a run continues an earlier one's training); returns
     [V_d] bool, the head rows of ids new to this vocab (what `freeze` may train alone).
 

@@ -36,6 +36,7 @@ from typing import Any, Iterator, Self, Sequence
 
 from eaglewire.cache import cache_root
 from eaglewire.errors import EaglewireError
+from eaglewire.target.protocol import RunnableTarget
 
 VLLM_VERSION = "0.32.0"  # the pin in scripts/vllm_venv.sh
 PAUSE_TIMEOUT = 10.0  # s for every thread of a paused server to reach state T (they take milliseconds)
@@ -294,7 +295,7 @@ def _wait_group_stopped(pgid: int, timeout: float) -> None:
 
 
 @contextmanager
-def vllm_regenerator(target: Any, s: Any, dtype: str = "bfloat16") -> Iterator[Any]:
+def vllm_regenerator(target: RunnableTarget, s: Any, dtype: str = "bfloat16") -> Iterator[Any]:
     """A ServerGenerator on vLLM serving `target` (a loaded eaglewire Target with a model directory) for
     the block's duration. Its identity names what runs (engine, version, dtype, target config), not the
     port, so a file regenerated through it resumes in a later run."""
