@@ -251,3 +251,31 @@ def test_a_prompt_is_a_user_message_or_chat_messages_else_a_clear_error(prompt):
     want = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else \
         [{"role": m["role"], "content": m["content"]} for m in prompt]
     assert got == want
+
+
+def test_training_and_export_take_a_config_object(tmp_path):
+    """ew.train_draft(target, taps or None, vocab, TrainConfig, out, samples=[...]) is `eaglewire train`'s
+    training; ew.export_draft takes the directory it wrote and never writes over it."""
+    from tiny import tiny_samples
+
+    from eaglewire.contract import default_taps
+    from eaglewire.errors import EaglewireError
+
+    import types
+
+    target, samples = build_target("llama", layers=8), tiny_samples(12)  # 8 layers: the default taps are distinct
+    target.tokenizer = types.SimpleNamespace(pad_token_id=0, eos_token_id=1)  # what online capture pads with
+    ew.build_vocab(target, samples, 64, 0.0, tmp_path / "vocab.safetensors", data="tiny")
+    cfg = ew.TrainConfig(max_steps=2, batch_size=4, warmup_steps=1, eval_every=2, ckpt_every=2, ttt_steps=2,
+                         dtype="fp32")
+    heard: list[int] = []
+    summary = ew.train_draft(target, None, tmp_path / "vocab.safetensors", cfg, tmp_path / "run", samples=samples,
+                             heldout_fraction=0.25, on_start=lambda c, n, h: heard.extend([n, h]))
+    assert tuple(summary["contract"]["taps"]) == default_taps(target.num_layers)  # None: the family's taps
+    assert summary["config"]["max_steps"] == 2 and sum(heard) == len(samples) and heard[1] > 0
+    out = ew.export_draft(tmp_path / "run" / "draft", tmp_path / "vllm", "vllm")
+    assert (out / "config.json").is_file() and (out / "eaglewire_contract.json").is_file()
+    with pytest.raises(EaglewireError, match="is the input"):  # the draft read is never the folder written
+        ew.export_draft(tmp_path / "run" / "draft", tmp_path / "run", "vllm")
+    with pytest.raises(EaglewireError, match="training needs data"):
+        ew.train_draft(target, None, tmp_path / "vocab.safetensors", cfg, tmp_path / "none")
