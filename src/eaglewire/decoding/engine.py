@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
@@ -55,12 +55,6 @@ class SpecStats:
         """Share of verify steps that accepted at least i+1 drafts, i = 0..depth-1."""
         n = max(1, len(self.accepted))
         return [sum(a > i for a in self.accepted) / n for i in range(depth)]
-
-    def as_dict(self, depth: int) -> dict[str, Any]:
-        return {"tau": self.tau, "verify_steps": self.verify_steps, "new_tokens": self.new_tokens,
-                "per_position": self.per_position(depth), "tokens_per_s": self.new_tokens / self.total_s if self.total_s else 0,
-                "prefill_s": self.prefill_s, "draft_s": self.draft_s, "verify_s": self.verify_s,
-                "other_s": self.total_s - self.draft_s - self.verify_s}
 
 
 class SpecDecoder:
