@@ -23,12 +23,12 @@ ROOT = "eaglewire"
 # tau formula -> the norm flags -> the drafter families -> what a valid tap list is -> the wiring contract -> the target and the draft -> export
 # (native checkpoint, engine records, formats) -> data -> the vLLM client -> capture -> train -> the speculative
 # decoder -> its CPU acceleration -> decoding assembled (runtime choice, drafter families' proposers and loaders, any
-# draft directory) -> the doctor -> the workflows the CLI and `run` share (vocab, training, import) -> the Python
-# front door (eaglewire.api) -> the product surfaces (bench, serve, peer rows) -> the `eaglewire run` pipeline -> the
-# command line
+# draft directory) -> text generation (a chat prompt decoded: `eaglewire generate` and `ew.generate`) -> the doctor
+# -> the workflows the CLI and `run` share (vocab, training, import) -> the Python front door (eaglewire.api) -> the
+# product surfaces (bench, serve, peer rows) -> the `eaglewire run` pipeline -> the command line
 LAYERS = ("about", "errors", "paths", "safeio", "records", "outputs", "limits", "cache", "hw", "ops", "tau", "norms", "families", "taps", "contract",
           "target", "draft", "export", "data", "vllm_client", "capture", "train", "decoding", "fastcpu", "compose",
-          "doctor", "workflows", "api", "serve", "pipeline", "cli")
+          "generation", "doctor", "workflows", "api", "serve", "pipeline", "cli")
 FRONT_DOOR = "api"  # what the root package re-exports (lazily, eaglewire/__init__.py's __getattr__), and no more
 # The root package itself ranks with the front door it re-exports: a module that imports a name of `eaglewire`
 # (not a submodule) may reach eaglewire.api through it, so only the layers above the front door may

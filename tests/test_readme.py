@@ -2,9 +2,12 @@
 line is a valid `eaglewire run` invocation (CI runs the same pipeline on a tiny target in test_run.py;
 the real quick budget takes ~20 minutes and is measured, not run on every push)."""
 
+import json
+import re
 import shlex
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from eaglewire.cli.app import app
@@ -31,6 +34,27 @@ def test_readme_main_job_is_a_valid_run_command():
     r = CliRunner().invoke(app, main[1:] + ["--show-config"])
     assert r.exit_code == 0, r.output
     assert '"conversations"' in r.output
+
+
+def _python_example() -> str:
+    """The README's Python example: the first python block after "The same from Python"."""
+    text = ROOT.joinpath("README.md").read_text()
+    return text.split("The same from Python", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.real_target
+def test_the_readme_python_example_prints_what_the_command_prints(capsys):
+    """The block runs as a user pastes it (the embedded target, the released draft) and prints the text that
+    `eaglewire generate` prints for the same prompt and budget."""
+    block = _python_example()
+    asked = re.search(r'ew\.generate\(target, None, "([^"]+)", max_new_tokens=(\d+)\)', block)
+    assert asked is not None, block
+    exec(compile(block, "README.md", "exec"), {})
+    printed = capsys.readouterr().out
+    r = CliRunner().invoke(app, ["generate", "-p", asked[1], "--max-new-tokens", asked[2], "--json"])
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    text = json.loads(r.stdout)["text"]
+    assert text.strip() and printed == text + "\n"
 
 
 def test_no_third_party_tree_is_tracked():

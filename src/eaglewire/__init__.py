@@ -1,7 +1,7 @@
 """eaglewire: train EAGLE-3 drafts, export them with proven wiring, run and measure speculative decoding.
 
-`import eaglewire as ew` gives the Python front door (eaglewire.api): `ew.load_target`, `ew.load_draft`,
-`ew.decoder`, `ew.measure_tau`, `ew.check`, ... Its names load on first use, so `import eaglewire.cli`
+`import eaglewire as ew` gives the Python front door (eaglewire.api): `ew.generate`, `ew.load_target`,
+`ew.load_draft`, `ew.check`, `ew.train_draft`, ... Its names load on first use, so `import eaglewire.cli`
 (every command's start) does not import torch's models or the doctor until a command needs them.
 """
 
@@ -13,9 +13,10 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: `import 
 if TYPE_CHECKING:  # the names as a type checker and an IDE see them
     from typing import Any
 
-    from eaglewire.api import (Report as Report, TreeShape as TreeShape, WiringContract as WiringContract,
-                               build_vocab as build_vocab, check as check, decoder as decoder, evaluate as evaluate,
-                               export_draft as export_draft, import_draft as import_draft, load_draft as load_draft,
+    from eaglewire.api import (Generation as Generation, Report as Report, TrainConfig as TrainConfig,
+                               TreeShape as TreeShape, WiringContract as WiringContract, build_vocab as build_vocab,
+                               check as check, decoder as decoder, evaluate as evaluate, export_draft as export_draft,
+                               generate as generate, import_draft as import_draft, load_draft as load_draft,
                                load_target as load_target, measure_tau as measure_tau, train_draft as train_draft)
 
 

@@ -1,13 +1,15 @@
 """eaglewire from Python: the front door (`import eaglewire as ew`; these names are `eaglewire.__all__`).
 
     target = ew.load_target()                      # the embedded SmolLM2 target, or a path / hub id
-    draft, contract = ew.load_draft(None, target)  # the released draft, or any export: the contract read or inferred
-    dec = ew.decoder(target, draft, ew.TreeShape.chain(3), max_new_tokens=128)
-    tokens, stats = dec.generate(prompt_ids, 128)  # lossless: plain greedy's tokens; stats.tau
+    g = ew.generate(target, None, "Give me three tips.", max_new_tokens=64)  # the released draft; chat template
+    print(g.text, g.tau, g.tokens_per_s)           # `eaglewire generate`'s text; a frozen ew.Generation
+    ew.train_draft(target, None, "vocab.safetensors", ew.TrainConfig(max_steps=300), "runs/mine", samples=samples)
+    ew.export_draft("runs/mine/draft", "runs/export-vllm", "vllm")  # a draft directory, or a loaded draft
     report = ew.check("runs/export-vllm", "vllm", target)  # the doctor, as `eaglewire doctor check` runs it
 
-The command line and `eaglewire run` call these same functions (decoding is assembled in eaglewire.compose,
-training and import in eaglewire.workflows): what the CLI does, a script does with the same code.
+The command line and `eaglewire run` call these same functions (text generation in eaglewire.generation,
+decoding assembled in eaglewire.compose, training and import in eaglewire.workflows): what the CLI does, a
+script does with the same code.
 """
 
 from __future__ import annotations
@@ -45,14 +47,15 @@ from eaglewire.target.protocol import TargetInfo
 from eaglewire.data.samples import Sample
 from eaglewire.workflows import evaluate_draft, import_any
 from eaglewire.workflows import build_vocab as build_vocab  # re-exported (__all__)
-from eaglewire.workflows import train as _train
+from eaglewire.workflows import train_draft as train_draft  # re-exported: the CLI's and `eaglewire run`'s training
+from eaglewire.generation import Generation as Generation, Prompt
+from eaglewire.generation import generate_text
+from eaglewire.train.config import TrainConfig as TrainConfig  # re-exported: train_draft's config
 
 # `export` and `train` would be shadowed by the subpackages of those names once imported: hence *_draft
 from eaglewire.about import FRONT_DOOR  # noqa: E402
 
 __all__ = FRONT_DOOR  # the one list (eaglewire.__all__ is the same)
-
-train_draft = _train  # workflows.train, the training the CLI and `eaglewire run` share
 
 # (title) -> a context yielding say(phase): cli/common.py's progress
 Progress = Callable[[str], AbstractContextManager[Callable[[str], None]]]
@@ -86,6 +89,37 @@ def load_draft(directory: str | Path | None = None, target: TargetInfo | None = 
     return (draft if dtype is None else draft.to(dtype)), contract
 
 
+def generate(target: Target | None, draft: Draft | str | Path | None, prompt: Prompt, max_new_tokens: int = 256, *,
+             shape: TreeShape | None = None, draft_dtype: str = "auto", temperature: float = 0.0, top_p: float = 1.0,
+             seed: int = 0, compile: str = "cached", calibrate: str = "cached") -> Generation:
+    """Text from `prompt` (a user message, or a list of {"role", "content"} chat messages), rendered with the
+    target's chat template, decoded speculatively up to `max_new_tokens` new tokens or the EOS: the
+    `Generation` (text, tokens, tau, per-position acceptance, timings, tree shape). `eaglewire generate` runs
+    the same code (eaglewire.generation.generate_text), so its text is this one. target: a loaded target, or None
+    for the embedded one (ew.load_target()). draft: a loaded draft, a draft directory, or None for the draft
+    released for the embedded target (the CLI's default --draft); a directory loads through ew.load_draft in
+    `draft_dtype` (the CLI's --draft-dtype: auto = bfloat16 where the CPU has native bf16, else the target's).
+    shape: the tree verified per round (None: the draft family's default). temperature 0: greedy (plain
+    greedy decoding's text); above 0, exact samples of the target's distribution (seeded)."""
+    from eaglewire import hw
+
+    tgt = target if target is not None else load_target()
+    if draft is None or isinstance(draft, (str, Path)):
+        dtype = hw.draft_dtype(draft_dtype, tgt.dtype, str(tgt.device))
+        draft = _draft_of(load_draft(draft, tgt, dtype=dtype))
+    return generate_text(tgt, draft, prompt, max_new_tokens, shape=shape, temperature=temperature, top_p=top_p,
+                         seed=seed, compile=compile, calibrate=calibrate)
+
+
+def _draft_of(loaded: Any) -> Draft:
+    """The draft load_draft returned: the draft alone (its contract inside), or the older (draft, contract) pair."""
+    if isinstance(loaded, tuple):
+        draft, contract = loaded
+        draft.contract = contract
+        return draft  # type: ignore[no-any-return]
+    return loaded  # type: ignore[no-any-return]
+
+
 def import_draft(directory: str | Path, fmt: str, target: TargetInfo | None = None, *,
             measure: bool = True) -> tuple[Any, WiringContract, Any]:
     """`eaglewire import`'s reading of an export in layout `fmt`: (draft, contract, measurement or None);
@@ -93,16 +127,20 @@ def import_draft(directory: str | Path, fmt: str, target: TargetInfo | None = No
     return import_any(Path(directory), fmt, target, measure=measure)
 
 
-def export_draft(draft: Draft, out: str | Path, fmt: str, *, contract: WiringContract | None = None,
-           dtype: torch.dtype | None = None, with_embedding: bool | None = None,
-           verifier: str | None = None) -> Path:
-    """Write `draft` in layout `fmt` ("sglang", "vllm", "eagle", "specforge", "native", ...) with its wiring
-    contract beside it; the draft's own contract unless `contract` is given."""
+def export_draft(draft: Draft | str | Path, out: str | Path, fmt: str, *, contract: WiringContract | None = None,
+                 dtype: torch.dtype | None = None, with_embedding: bool | None = None,
+                 verifier: str | None = None) -> Path:
+    """Write `draft` (a loaded draft, or a draft directory: ew.load_draft reads it) in layout `fmt` ("sglang",
+    "vllm", "eagle", "specforge", "native", ...) with its wiring contract beside it, as `eaglewire export` does;
+    the draft's own contract unless `contract` is given."""
+    inputs = (Path(draft),) if isinstance(draft, (str, Path)) else ()  # never written over (eaglewire.outputs)
+    if isinstance(draft, (str, Path)):
+        draft = _draft_of(load_draft(draft))
     contract = contract if contract is not None else draft.contract
     if contract is None:
         raise ValueError("the draft carries no contract: pass contract=, or load it with load_draft")
     return _export(draft, contract, Path(out), fmt, dtype=dtype, with_embedding=with_embedding,  # type: ignore[arg-type]
-                        verifier=verifier)
+                        verifier=verifier, inputs=inputs)
 
 
 def check(directory: str | Path, engine: str | None = None, target: TargetInfo | None = None, *,

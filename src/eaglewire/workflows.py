@@ -1,6 +1,7 @@
 """The workflows both the CLI (`eaglewire vocab build`, `eaglewire train`, `eaglewire import`) and
 `eaglewire run` (pipeline/stages.py) call, so the two cannot drift apart: build the draft vocabulary from
-the training split, choose the feature source, train a draft and write its summary, import a draft from
+the training split, choose the feature source, train a draft and write its summary (`train_draft`, the front
+door's too), import a draft from
 another tool with its taps measured, score a draft offline as training's held-out evaluation does (`eaglewire
 eval`).
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -97,11 +98,13 @@ def mix_in_features(target: Any, contract: WiringContract, primary: Any,
     return mix, [s for part in range(1, len(mix.parts)) for s in mix.samples(part)]
 
 
-def train_draft(target: Any, contract: WiringContract, vmap: VocabMap | None, source: Any, train_samples: list[Sample],
-                heldout: list[Sample], cfg: TrainConfig, out: Path, info: DistInfo = DistInfo(), *,
-                resume: bool = False, on_step: Callable[[dict], None] | None = None) -> dict[str, Any]:
-    """Training of the contract's family into `out` (draft/, checkpoints/, metrics.jsonl, training.png,
-    summary.json on the main rank); returns the summary. `vmap`: None for the full vocabulary (DFlash only)."""
+def train_on_source(target: Any, contract: WiringContract, vmap: VocabMap | None, source: Any,
+                    train_samples: list[Sample], heldout: list[Sample], cfg: TrainConfig, out: Path,
+                    info: DistInfo = DistInfo(), *, resume: bool = False,
+                    on_step: Callable[[dict], None] | None = None) -> dict[str, Any]:
+    """Training of the contract's family on a feature source already chosen (train_draft's last step) into `out`
+    (draft/, checkpoints/, metrics.jsonl, training.png, summary.json on the main rank); returns the summary.
+    `vmap`: None for the full vocabulary (DFlash only)."""
     from eaglewire.train.loop import train
     from eaglewire.train.plot import plot_metrics
 
@@ -169,23 +172,32 @@ def start_draft(target: Target, taps: tuple[int, ...], vocab: Path | None, cfg: 
         return fam.build_draft(target, contract, vmap, cfg).eval(), contract
 
 
-def train(target: Target, taps: tuple[int, ...], vocab: Path | None, cfg: TrainConfig, out: Path, *,
-          samples: Callable[[], list[Sample]], features: Path | None = None, heldout_fraction: float = 0.0,
-          train_limit: int | None = None, also_features: list[Path] | None = None, info: DistInfo = DistInfo(),
-          resume: bool = False, on_start: Callable[[WiringContract, int, int], None] | None = None,
-          on_step: Callable[[dict], None] | None = None) -> dict[str, Any]:
-    """Train a draft of `cfg.family` for `target` reading boundaries `taps`, with the vocab map in file `vocab`
-    (None: the full vocabulary, which DFlash drafts can predict and EAGLE-3 drafts cannot): the contract (the family's, train/objectives.py), the feature
-    source (offline `features`, else `samples()`
-    captured online), the held-out split, then train_draft. `also_features`: more offline directories of
-    the same contract, all training. on_start(contract, training samples, held-out samples) hears the
-    split before the first step."""
+def train_draft(target: Target, taps: Sequence[int] | None, vocab: Path | None, cfg: TrainConfig, out: Path, *,
+                samples: list[Sample] | Callable[[], list[Sample]] | None = None, features: Path | None = None,
+                heldout_fraction: float = 0.0, train_limit: int | None = None, also_features: list[Path] | None = None,
+                info: DistInfo = DistInfo(), resume: bool = False,
+                on_start: Callable[[WiringContract, int, int], None] | None = None,
+                on_step: Callable[[dict], None] | None = None) -> dict[str, Any]:
+    """Train a draft of `cfg.family` (a TrainConfig: every training knob) for `target` into `out` (draft/,
+    checkpoints/, metrics.jsonl, training.png, summary.json); returns the summary, as `eaglewire train` and
+    `eaglewire run` do. taps: the boundaries it reads (None: the family's default); vocab: the map file from
+    build_vocab (None: the full vocabulary, which DFlash drafts can predict and EAGLE-3 drafts cannot).
+    Features: offline from a `data capture` directory `features` (its samples come with it), else `samples`
+    (a list, or a function returning it) captured online through the target. The held-out split
+    (`heldout_fraction`) is never trained on; `also_features`: more offline directories of the same contract,
+    all training. on_start(contract, training samples, held-out samples) hears the split before the first step."""
     from eaglewire.draft.vocab import load_vocab
     from eaglewire.train.objectives import objective
 
     vmap = load_vocab(vocab)[0] if vocab is not None else None
-    contract = objective(cfg.family).make_contract(target, taps, vmap, cfg)
-    source, all_samples = feature_source(target, contract, features, samples)
+    family = objective(cfg.family)
+    tap_ids = tuple(taps) if taps is not None else family.default_taps(target.num_layers)
+    contract = family.make_contract(target, tap_ids, vmap, cfg)
+    if features is None and samples is None:
+        raise EaglewireError("training needs data", expected="samples= (online capture) or features= (a `data "
+                             "capture` directory)", found="neither", fix="pass samples=[...] or features=DIR")
+    read = samples if callable(samples) else (lambda: list(samples or []))
+    source, all_samples = feature_source(target, contract, features, read)
     train_samples, heldout = split_heldout(all_samples, heldout_fraction)
     train_samples = train_samples[:train_limit]
     if also_features:
@@ -196,8 +208,8 @@ def train(target: Target, taps: tuple[int, ...], vocab: Path | None, cfg: TrainC
         train_samples += extra
     if on_start is not None:
         on_start(contract, len(train_samples), len(heldout))
-    return train_draft(target, contract, vmap, source, train_samples, heldout, cfg, out, info, resume=resume,
-                       on_step=on_step)
+    return train_on_source(target, contract, vmap, source, train_samples, heldout, cfg, out, info, resume=resume,
+                           on_step=on_step)
 
 
 def evaluate_draft(target: Any, draft: Any, contract: WiringContract, samples: list[Sample], *, positions: int = 3,

@@ -89,28 +89,25 @@ def generate_cmd(
 ) -> None:
     """Greedy speculative decoding (lossless: in float32 the text equals plain greedy decoding; in bfloat16
     every token is a greedy choice up to bf16 rounding, so the texts may part where two tokens tie)."""
-    from eaglewire.compose import CALIBRATE_MODES, COMPILE_MODES, decoder
+    from eaglewire.compose import CALIBRATE_MODES, COMPILE_MODES
+    from eaglewire.generation import generate_text
 
-    shape = TreeShape.from_knobs(num_steps, topk, num_draft_tokens, num_speculative_tokens)
+    knobs = (num_steps, topk, num_draft_tokens, num_speculative_tokens)
+    shape = TreeShape.from_knobs(*knobs)  # bad knobs fail before loading
     for flag, value, modes in (("--compile", compile, COMPILE_MODES), ("--calibrate", calibrate, CALIBRATE_MODES)):
         if value not in modes:
             raise typer.BadParameter(f"expected one of {', '.join(modes)}, got {value!r}", param_hint=flag)
     tgt, d = _load(target, draft, dtype, draft_dtype, device)
-    shape = _shape(d.contract, (num_steps, topk, num_draft_tokens, num_speculative_tokens))
-    ids = tgt.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                            return_dict=True, return_tensors="pt")["input_ids"]
-    dec = decoder(tgt, d, shape, max_new_tokens, context=ids.shape[1] + max_new_tokens, log=_say, compile=compile,
-                  calibrate=calibrate)
-    out, st = dec.generate(ids, max_new_tokens, eos={tgt.tokenizer.eos_token_id})
-    text = tgt.tokenizer.decode(out, skip_special_tokens=True)
-    stats = st.as_dict(shape.num_steps)
+    # the text `ew.generate` returns: the same function renders the chat prompt, decodes and stops at EOS
+    g = generate_text(tgt, d, prompt, max_new_tokens, shape=shape if any(k is not None for k in knobs) else None,
+                      log=_say, compile=compile, calibrate=calibrate)
     if as_json:
-        print(json.dumps({"text": text, "tokens": out, "stats": stats}, indent=2))
+        print(json.dumps({"text": g.text, "tokens": list(g.tokens), "stats": g.stats()}, indent=2))
         return
-    out_console.print(text, markup=False, highlight=False)
-    err_console.print(f"tau {stats['tau']:.2f}  per-position {[round(p, 2) for p in stats['per_position']]}  "
-                      f"{stats['tokens_per_s']:.1f} tok/s  ({st.verify_steps} verify steps, draft "
-                      f"{st.draft_s:.1f}s / verify {st.verify_s:.1f}s)")
+    out_console.print(g.text, markup=False, highlight=False)
+    err_console.print(f"tau {g.tau:.2f}  per-position {[round(p, 2) for p in g.per_position]}  "
+                      f"{g.tokens_per_s:.1f} tok/s  ({g.verify_steps} verify steps, prefill {g.prefill_s:.1f}s, "
+                      f"draft {g.draft_s:.1f}s / verify {g.verify_s:.1f}s)")
 
 
 def bench_cmd(

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
@@ -42,6 +42,7 @@ class SpecStats:
     verify_steps: int = 0
     accepted: list[int] = field(default_factory=list)  # accepted drafts per verify step
     new_tokens: int = 0
+    prefill_s: float = 0.0  # the prompt's forward to its first new token (within total_s)
     draft_s: float = 0.0
     verify_s: float = 0.0
     total_s: float = 0.0
@@ -54,11 +55,6 @@ class SpecStats:
         """Share of verify steps that accepted at least i+1 drafts, i = 0..depth-1."""
         n = max(1, len(self.accepted))
         return [sum(a > i for a in self.accepted) / n for i in range(depth)]
-
-    def as_dict(self, depth: int) -> dict[str, Any]:
-        return {"tau": self.tau, "verify_steps": self.verify_steps, "new_tokens": self.new_tokens,
-                "per_position": self.per_position(depth), "tokens_per_s": self.new_tokens / self.total_s if self.total_s else 0,
-                "draft_s": self.draft_s, "verify_s": self.verify_s, "other_s": self.total_s - self.draft_s - self.verify_s}
 
 
 class SpecDecoder:
@@ -79,7 +75,8 @@ class SpecDecoder:
         prompt, P = prompt.to(dev), prompt.shape[1]
         out0, prompt_taps = target(prompt, torch.arange(P, device=dev)[None], 0, taps=taps,
                                    logit_rows=torch.tensor([P - 1], device=dev))
-        x = pick.first(out0)
+        x = pick.first(out0)  # an int: the prefill has finished on any device
+        st.prefill_s = time.perf_counter() - t0
         n, out = P, []
         t = time.perf_counter()
         self.proposer.start(prompt, prompt_taps, x)

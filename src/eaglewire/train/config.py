@@ -53,6 +53,9 @@ def knob(default: Any, description: str, *, cli: bool = True, run: bool = True, 
 
 @dataclass(frozen=True, config=ConfigDict(extra="forbid"))
 class TrainConfig:
+    """Every training knob of one draft (ew.train_draft's config; `eaglewire train`'s options and a run config's
+    `train` section set the same fields), each validated on construction: TrainConfig(max_steps=300, lr=1e-3)."""
+
     # a pydantic dataclass, not a BaseModel: `dataclasses.replace` and `asdict` keep working for its callers
     max_steps: int = knob(300, "optimizer steps", ge=1)
     batch_size: int = knob(4, "samples per micro-batch per process", ge=1)
