@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # the names as a type checker and an IDE see them
 
     from eaglewire.api import (Report as Report, TreeShape as TreeShape, WiringContract as WiringContract,
                                build_vocab as build_vocab, check as check, decoder as decoder, evaluate as evaluate,
-                               export_draft as export_draft, import_draft as import_draft, load_draft as load_draft,
+                               export_draft as export_draft, load_draft as load_draft,
                                load_target as load_target, measure_tau as measure_tau, train_draft as train_draft)
 
 

@@ -3,4 +3,4 @@ its front door (`FRONT_DOOR`: `eaglewire.__all__` and `eaglewire.api.__all__` ar
 
 __version__ = "0.1.0"  # pyproject.toml's [project] version
 FRONT_DOOR = ["Report", "TreeShape", "WiringContract", "build_vocab", "check", "decoder", "evaluate", "export_draft",
-           "import_draft", "load_draft", "load_target", "measure_tau", "train_draft"]
+           "load_draft", "load_target", "measure_tau", "train_draft"]

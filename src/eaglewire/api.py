@@ -1,7 +1,7 @@
 """eaglewire from Python: the front door (`import eaglewire as ew`; these names are `eaglewire.__all__`).
 
     target = ew.load_target()                      # the embedded SmolLM2 target, or a path / hub id
-    draft, contract = ew.load_draft(None, target)  # the released draft, or any export: the contract read or inferred
+    draft = ew.load_draft(None, target)            # the released draft, or any export: draft.contract read or inferred
     dec = ew.decoder(target, draft, ew.TreeShape.chain(3), max_new_tokens=128)
     tokens, stats = dec.generate(prompt_ids, 128)  # lossless: plain greedy's tokens; stats.tau
     report = ew.check("runs/export-vllm", "vllm", target)  # the doctor, as `eaglewire doctor check` runs it
@@ -20,7 +20,7 @@ import torch
 
 from eaglewire.compose import Draft
 from eaglewire.compose import decoder as decoder, measure_tau as measure_tau  # re-exported (__all__)
-from eaglewire.compose import load_draft as _load_stored
+from eaglewire.compose import load_draft as load_draft  # the one loader (re-exported, __all__)
 from eaglewire.contract import WiringContract as WiringContract
 from eaglewire.decoding.tree import TreeShape as TreeShape
 from eaglewire.doctor.block_checks import check_block
@@ -31,19 +31,13 @@ from eaglewire.doctor.gguf_checks import NAME as LLAMACPP
 from eaglewire.doctor.gguf_measure import check_gguf, is_gguf
 from eaglewire.doctor.inspect import inspect_dir
 from eaglewire.doctor.measures import measure_wiring
-from eaglewire.export.base import CONTRACT_FILE
-from eaglewire.export.block import block_family
-from eaglewire.export.checkpoint import FORMAT as NATIVE_FORMAT
-from eaglewire.export.checkpoint import resolve_draft
-from eaglewire.export.convert import detect_engine
 from eaglewire.errors import EaglewireError
 from eaglewire.export.convert import export_draft as _export
-from eaglewire.safeio import read_json_object
 from eaglewire.target.loader import Target
 from eaglewire.target.loader import load_target as _load_target
 from eaglewire.target.protocol import TargetInfo
 from eaglewire.data.samples import Sample
-from eaglewire.workflows import evaluate_draft, import_any
+from eaglewire.workflows import evaluate_draft
 from eaglewire.workflows import build_vocab as build_vocab  # re-exported (__all__)
 from eaglewire.workflows import train as _train
 
@@ -66,31 +60,6 @@ def load_target(spec: str | Path | None = None, *, dtype: torch.dtype = torch.fl
     from eaglewire.compose import device as decide
 
     return _load_target(None if spec is None else str(spec), dtype=dtype, device=decide(device))
-
-
-def load_draft(directory: str | Path | None = None, target: TargetInfo | None = None, *,
-               dtype: torch.dtype | None = None, measure: bool = True) -> tuple[Any, WiringContract]:
-    """(draft, contract) from a native checkpoint or any engine export, its layout detected (None: the draft
-    released for the embedded target, as the CLI's default --draft). The contract
-    is the stored one; an export without one (a draft from another tool) gets one inferred and marked so
-    (`contract.inferred`): with `target` and `measure`, from the boundaries its weights predict best on
-    the target, else from the config's layer ids. dtype: the draft's (None: float32 for a native
-    checkpoint, the file's own for an export)."""
-    directory = resolve_draft(None if directory is None else Path(directory))
-    config = read_json_object(directory / "config.json", what="a draft config")
-    if config.get("format") == NATIVE_FORMAT or (directory / CONTRACT_FILE).is_file() or target is None \
-            or block_family(directory / "config.json") is not None:  # a block drafter's: its config's ids
-        return _load_stored(directory, target, dtype=dtype)
-    draft, contract, _ = import_any(directory, detect_engine(config), target, measure=measure)
-    draft.contract = contract  # the inferred contract, evidence included
-    return (draft if dtype is None else draft.to(dtype)), contract
-
-
-def import_draft(directory: str | Path, fmt: str, target: TargetInfo | None = None, *,
-            measure: bool = True) -> tuple[Any, WiringContract, Any]:
-    """`eaglewire import`'s reading of an export in layout `fmt`: (draft, contract, measurement or None);
-    save it with `export_draft(draft, out, "native", contract=contract)`."""
-    return import_any(Path(directory), fmt, target, measure=measure)
 
 
 def export_draft(draft: Draft, out: str | Path, fmt: str, *, contract: WiringContract | None = None,
