@@ -37,9 +37,10 @@ from eaglewire.export.base import read_contract
 from eaglewire.export.block import block_family, block_layout
 from eaglewire.export.checkpoint import FORMAT as NATIVE_FORMAT
 from eaglewire.export.checkpoint import load_checkpoint, resolve_draft
-from eaglewire.errors import CheckpointError, ContractMismatch
+from eaglewire.errors import CheckpointError, ContractMismatch, EaglewireError
 from eaglewire.export.convert import detect_engine, import_draft
-from eaglewire.export.engines import ENGINE_FORMATS, ENGINES, NATIVE, engine_for
+from eaglewire.export.engines import ENGINE_FORMATS, ENGINES, NATIVE, Engine, engine_for
+from eaglewire.export.layouts import config_ids, draft_config_from
 from eaglewire.export.llamacpp_layout import GGUF_FILE
 from eaglewire.export.llamacpp_layout import STYLE as GGUF_STYLE
 from eaglewire.families import FAMILIES, families_with, register_part
@@ -292,8 +293,29 @@ def _inferred(fmt: str, target: TargetInfo, engine_version: str | None) -> dict[
     return {"source": "engine_config", "engine": fmt, **({"rule": note} if note else {})}
 
 
-def _eagle3_layout(config: dict[str, Any], _side: WiringContract | None) -> str:
-    return detect_engine(config)  # its own keys say which engine's layout wrote it
+def _eagle3_layout(config: dict[str, Any], side: WiringContract | None) -> str:
+    """The engine layout whose config this is: its own keys say which style; layouts of one style (SGLang's,
+    its older releases', SpecForge's: the same keys, other meanings of norm_output and the ids) are told apart
+    by the side file, the one whose reading of the config is the contract (without one: the style's own)."""
+    found = detect_engine(config)
+    if side is None:
+        return found
+    style = engine_for(found).config_style
+    for name in (found, *(n for n in ENGINES if n != found and ENGINES[n].config_style == style)):
+        if _reads_as(engine_for(name), config, side):
+            return name
+    return found  # none agrees: its reader then says where the config and the contract disagree
+
+
+def _reads_as(layout: Engine, config: dict[str, Any], side: WiringContract) -> bool:
+    """Whether `layout`'s reading of `config` gives the contract's norm flags and layer ids."""
+    try:
+        ids = config_ids(layout, config)
+        conv = layout.convention_for(side.target.architecture)
+        norm = draft_config_from(layout, config, side.num_taps).norm
+    except EaglewireError:
+        return False
+    return norm == side.norm and (ids is None or list(ids) == list(side.engine_ids(conv)))
 
 
 def _eagle3_proposer(draft: Eagle3Draft, contract: WiringContract, shape: TreeShape, max_len: int,
