@@ -16,6 +16,7 @@ OTHER_FOLDERS = {"benchmarks", "clients"}
 # top-level test files: a top-level module's (contract.py, cache.py, api.py as the front door, ...) or the
 # whole project's (docs, README, import order, types, every reader's damaged files, ...)
 ROOT_TESTS = {"test_cache_integrity.py", "test_contract.py", "test_damaged_files.py", "test_dflash_engine_rules.py",
+              "test_one_loader.py",
               "test_evaluate_draft.py", "test_mutated_exports.py", "test_size_bounds.py",
               "test_code_size.py",
               "test_docs.py", "test_front_door.py", "test_import_graph.py", "test_mutated_files.py",

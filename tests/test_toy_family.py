@@ -35,7 +35,7 @@ def toy_family():
     record = register_family(
         Family(TOY, "a test-only family: EAGLE-3's parts under another name", block=False, title="Toy"),
         load_strict=eagle3.part("load_strict"), checkpoint_state=eagle3.part("checkpoint_state"),
-        decoding=compose.Decoding(TOY, decoding.proposer, decoding.load), bench_rows=("toy_chain",))
+        decoding=compose.Decoding(TOY, decoding.proposer, decoding.layout), bench_rows=("toy_chain",))
     yield record
     unregister_family(TOY)
 
@@ -47,16 +47,16 @@ def test_a_new_family_is_one_record(toy_family, tmp_path):
     draft.contract = contract
 
     native = ew.export_draft(draft, tmp_path / "native", "native", contract=contract)  # saved: its part
-    loaded, c = ew.load_draft(native, target)  # loaded: its decoding's loader, its strict loader
-    assert c.family == TOY and loaded.contract == contract
+    loaded = ew.load_draft(native, target)  # loaded: its strict loader
+    assert loaded.contract.family == TOY and loaded.contract == contract
 
     dec = ew.decoder(target, loaded, ew.TreeShape.chain(3), 16, context=40, accelerate=False)  # decoded
     out, stats = dec.generate(PROMPT, 16)
     assert out == greedy_reference(plain_runtime(target, 64), PROMPT, 16) and stats.tau >= 1.0
 
     vllm = ew.export_draft(loaded, tmp_path / "vllm", "vllm")  # exported for an engine, read back
-    again, c2 = ew.load_draft(vllm, target)
-    assert c2.family == TOY and torch.equal(again.fc.weight, draft.fc.weight)
+    again = ew.load_draft(vllm, target)  # its decoding's layout, the engine's reader
+    assert again.contract.family == TOY and torch.equal(again.fc.weight, draft.fc.weight)
     report = ew.check(vllm, "vllm", target)  # checked
     assert report.errors == 0, report.to_json()
 

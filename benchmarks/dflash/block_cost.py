@@ -60,10 +60,10 @@ def main() -> None:
     from eaglewire.serve import bench as B
 
     target = ew.load_target()
-    draft, _ = ew.load_draft(target=target)
+    draft = ew.load_draft(target=target)
     prompts = B.bench_prompts(target, "mtbench", a.limit)
     chain, tree = TreeShape.chain(a.chain_k), TreeShape(num_steps=2, topk=2, num_draft_tokens=3)
-    trained = ew.load_draft(a.dflash_draft, target, dtype=draft.fc.weight.dtype)[0] if a.dflash_draft else None
+    trained = ew.load_draft(a.dflash_draft, target, dtype=draft.fc.weight.dtype) if a.dflash_draft else None
     sizes = [int(s) for s in a.block_sizes.split(",")]
     blocks = [(b, random_dflash(target, b, draft.fc.weight.dtype), False) for b in sizes]
     if trained is not None:

@@ -75,7 +75,8 @@ def _reference(healthy: Path, chats: list, k: int, max_tokens: int):
     from eaglewire import load_target
 
     target = load_target()
-    draft, contract = load_draft(healthy, target)
+    draft = load_draft(healthy, target)
+    contract = draft.contract
     return reference(target, draft, contract, TreeShape.chain(k), chats, max_tokens)
 
 

@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # the names as a type checker and an IDE see them
     from eaglewire.api import (Generation as Generation, Report as Report, TrainConfig as TrainConfig,
                                TreeShape as TreeShape, WiringContract as WiringContract, build_vocab as build_vocab,
                                check as check, decoder as decoder, evaluate as evaluate, export_draft as export_draft,
-                               generate as generate, import_draft as import_draft, load_draft as load_draft,
+                               generate as generate, load_draft as load_draft,
                                load_target as load_target, measure_tau as measure_tau, train_draft as train_draft)
 
 

@@ -22,7 +22,7 @@ import torch
 
 from eaglewire.compose import Draft
 from eaglewire.compose import decoder as decoder, measure_tau as measure_tau  # re-exported (__all__)
-from eaglewire.compose import load_draft as _load_stored
+from eaglewire.compose import load_draft as load_draft  # the one loader (re-exported, __all__)
 from eaglewire.contract import WiringContract as WiringContract
 from eaglewire.decoding.tree import TreeShape as TreeShape
 from eaglewire.doctor.block_checks import check_block
@@ -33,19 +33,13 @@ from eaglewire.doctor.gguf_checks import NAME as LLAMACPP
 from eaglewire.doctor.gguf_measure import check_gguf, is_gguf
 from eaglewire.doctor.inspect import inspect_dir
 from eaglewire.doctor.measures import measure_wiring
-from eaglewire.export.base import CONTRACT_FILE
-from eaglewire.export.block import block_family
-from eaglewire.export.checkpoint import FORMAT as NATIVE_FORMAT
-from eaglewire.export.checkpoint import resolve_draft
-from eaglewire.export.convert import detect_engine
 from eaglewire.errors import EaglewireError
 from eaglewire.export.convert import export_draft as _export
-from eaglewire.safeio import read_json_object
 from eaglewire.target.loader import Target
 from eaglewire.target.loader import load_target as _load_target
 from eaglewire.target.protocol import TargetInfo
 from eaglewire.data.samples import Sample
-from eaglewire.workflows import evaluate_draft, import_any
+from eaglewire.workflows import evaluate_draft
 from eaglewire.workflows import build_vocab as build_vocab  # re-exported (__all__)
 from eaglewire.workflows import train_draft as train_draft  # re-exported: the CLI's and `eaglewire run`'s training
 from eaglewire.generation import Generation as Generation, Prompt
@@ -71,24 +65,6 @@ def load_target(spec: str | Path | None = None, *, dtype: torch.dtype = torch.fl
     return _load_target(None if spec is None else str(spec), dtype=dtype, device=decide(device))
 
 
-def load_draft(directory: str | Path | None = None, target: TargetInfo | None = None, *,
-               dtype: torch.dtype | None = None, measure: bool = True) -> tuple[Any, WiringContract]:
-    """(draft, contract) from a native checkpoint or any engine export, its layout detected (None: the draft
-    released for the embedded target, as the CLI's default --draft). The contract
-    is the stored one; an export without one (a draft from another tool) gets one inferred and marked so
-    (`contract.inferred`): with `target` and `measure`, from the boundaries its weights predict best on
-    the target, else from the config's layer ids. dtype: the draft's (None: float32 for a native
-    checkpoint, the file's own for an export)."""
-    directory = resolve_draft(None if directory is None else Path(directory))
-    config = read_json_object(directory / "config.json", what="a draft config")
-    if config.get("format") == NATIVE_FORMAT or (directory / CONTRACT_FILE).is_file() or target is None \
-            or block_family(directory / "config.json") is not None:  # a block drafter's: its config's ids
-        return _load_stored(directory, target, dtype=dtype)
-    draft, contract, _ = import_any(directory, detect_engine(config), target, measure=measure)
-    draft.contract = contract  # the inferred contract, evidence included
-    return (draft if dtype is None else draft.to(dtype)), contract
-
-
 def generate(target: Target | None, draft: Draft | str | Path | None, prompt: Prompt, max_new_tokens: int = 256, *,
              shape: TreeShape | None = None, draft_dtype: str = "auto", temperature: float = 0.0, top_p: float = 1.0,
              seed: int = 0, compile: str = "cached", calibrate: str = "cached") -> Generation:
@@ -106,25 +82,9 @@ def generate(target: Target | None, draft: Draft | str | Path | None, prompt: Pr
     tgt = target if target is not None else load_target()
     if draft is None or isinstance(draft, (str, Path)):
         dtype = hw.draft_dtype(draft_dtype, tgt.dtype, str(tgt.device))
-        draft = _draft_of(load_draft(draft, tgt, dtype=dtype))
+        draft = load_draft(draft, tgt, dtype=dtype)
     return generate_text(tgt, draft, prompt, max_new_tokens, shape=shape, temperature=temperature, top_p=top_p,
                          seed=seed, compile=compile, calibrate=calibrate)
-
-
-def _draft_of(loaded: Any) -> Draft:
-    """The draft load_draft returned: the draft alone (its contract inside), or the older (draft, contract) pair."""
-    if isinstance(loaded, tuple):
-        draft, contract = loaded
-        draft.contract = contract
-        return draft  # type: ignore[no-any-return]
-    return loaded  # type: ignore[no-any-return]
-
-
-def import_draft(directory: str | Path, fmt: str, target: TargetInfo | None = None, *,
-            measure: bool = True) -> tuple[Any, WiringContract, Any]:
-    """`eaglewire import`'s reading of an export in layout `fmt`: (draft, contract, measurement or None);
-    save it with `export_draft(draft, out, "native", contract=contract)`."""
-    return import_any(Path(directory), fmt, target, measure=measure)
 
 
 def export_draft(draft: Draft | str | Path, out: str | Path, fmt: str, *, contract: WiringContract | None = None,
@@ -135,7 +95,7 @@ def export_draft(draft: Draft | str | Path, out: str | Path, fmt: str, *, contra
     the draft's own contract unless `contract` is given."""
     inputs = (Path(draft),) if isinstance(draft, (str, Path)) else ()  # never written over (eaglewire.outputs)
     if isinstance(draft, (str, Path)):
-        draft = _draft_of(load_draft(draft))
+        draft = load_draft(draft)
     contract = contract if contract is not None else draft.contract
     if contract is None:
         raise ValueError("the draft carries no contract: pass contract=, or load it with load_draft")

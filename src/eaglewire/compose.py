@@ -18,7 +18,7 @@ in every caller.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
@@ -33,19 +33,23 @@ from eaglewire.decoding.runtime import SUPPORTED, Runtime, plain_runtime
 from eaglewire.decoding.tree import DEFAULT_TREE, TreeShape
 from eaglewire.draft.dflash import DFlashDraft
 from eaglewire.draft.model import Eagle3Draft
-from eaglewire.export.base import CONTRACT_FILE, read_contract
-from eaglewire.export.block import block_family, block_layout, import_block_draft
+from eaglewire.export.base import read_contract
+from eaglewire.export.block import block_family, block_layout
 from eaglewire.export.checkpoint import FORMAT as NATIVE_FORMAT
-from eaglewire.export.checkpoint import load_checkpoint
-from eaglewire.errors import ContractMismatch
+from eaglewire.export.checkpoint import load_checkpoint, resolve_draft
+from eaglewire.errors import CheckpointError, ContractMismatch, EaglewireError
 from eaglewire.export.convert import detect_engine, import_draft
+from eaglewire.export.engines import ENGINE_FORMATS, ENGINES, NATIVE, Engine, engine_for
+from eaglewire.export.layouts import config_ids, draft_config_from
+from eaglewire.export.llamacpp_layout import GGUF_FILE
+from eaglewire.export.llamacpp_layout import STYLE as GGUF_STYLE
 from eaglewire.families import FAMILIES, families_with, register_part
 from eaglewire.safeio import read_json_object
 from eaglewire.target.loader import Target
 from eaglewire.target.protocol import TargetInfo
 
 __all__ = ["CALIBRATE_MODES", "COMPILE_MODES", "DFLASH", "EAGLE3", "Decoding", "cache_len", "decoder", "device",
-           "family_of", "load_draft", "measure_tau", "on_target_device", "proposal_shape", "proposer", "register",
+           "draft_layout", "family_of", "load_draft", "measure_tau", "on_target_device", "proposal_shape", "proposer", "register",
            "runtime"]
 
 COMPILE_MODES = fastcpu.COMPILE_MODES
@@ -66,17 +70,16 @@ class Draft(Protocol):
 
 @dataclass(frozen=True)
 class Decoding:
-    """One drafter family's decoding: how its proposer is built beside a runtime, and how its directories load.
+    """One drafter family's decoding: how its proposer is built beside a runtime, and which layout its exports are.
 
     proposer(draft, contract, shape, max_len, runtime) -> Proposer
-    load(directory, config, target, dtype, engine_version) -> (draft, contract); `config` is the directory's
-        config.json, `engine_version` the release whose layer-id rule reads an export's ids (None: the newest)
+    layout(config, side contract or None) -> the layout (a format name) that wrote an export of the family:
+        what `load_draft` reads it as when no format is named
     shape(contract, knobs' shape or None) -> the tree a round verifies (None: the family's default)"""
 
     name: str
     proposer: Callable[[Any, WiringContract, TreeShape, int, Runtime], Proposer]
-    load: Callable[[Path, dict[str, Any], TargetInfo | None, torch.dtype | None, str | None],
-                   tuple[Any, WiringContract]]
+    layout: Callable[[dict[str, Any], WiringContract | None], str]
     shape: Callable[[WiringContract, TreeShape | None], TreeShape] = lambda _contract, shape: shape or DEFAULT_TREE
 
 
@@ -224,36 +227,95 @@ def measure_tau(target: Target, draft: Draft, prompts: Sequence[torch.Tensor], s
     return pooled
 
 
-# --- loading any draft directory -----------------------------------------------------------------------------
-def load_draft(directory: Path, target: TargetInfo | None = None, *, dtype: torch.dtype | None = None,
-               engine_version: str | None = None) -> tuple[Any, WiringContract]:
-    """(draft, contract) from a native checkpoint or any engine export (its layout detected from config.json),
-    by the family its contract names. The contract is the one stored with it, or, for an export without
-    its side file, rebuilt from `target` and the config's layer ids. dtype: the draft's; None: float32 for a
-    native checkpoint (the trainer's), the file's own for an export. engine_version: the release whose
-    layer-id rule reads an export's ids (SGLang; None: the newest verified)."""
+# --- loading any draft directory: the one loader ------------------------------------------------------------
+# (directory, layout, target, engine_version) -> (the boundaries the draft was trained on, the evidence): how an
+# export that carries no contract gets its taps measured (the doctor's: eaglewire.doctor.measures.measured_taps)
+Measure = Callable[[Path, str, TargetInfo, "str | None"], tuple[tuple[int, ...], dict[str, Any]]]
+GGUF_ENGINE = next(e.name for e in ENGINES.values() if e.config_style == GGUF_STYLE)  # the layout a .gguf is
+
+
+def draft_layout(directory: Path) -> str:
+    """The layout a draft directory is written in: native (its config names the format), a GGUF (a .gguf file,
+    or a directory holding one and no config.json), else the layout the family its contract (or its config's
+    architecture) names reads from the config (its decoding record's `layout`)."""
     directory = Path(directory)
+    if directory.suffix == ".gguf" or (not (directory / "config.json").is_file() and (directory / GGUF_FILE).is_file()):
+        return GGUF_ENGINE
     config = read_json_object(directory / "config.json", what="a draft config")
     if config.get("format") == NATIVE_FORMAT:
-        stored = config.get("contract")
-    else:
-        side = directory / CONTRACT_FILE
-        stored = read_json_object(side, what="a wiring contract") if side.is_file() else None
-        if stored is None:  # another tool's export: its config's architecture names the family
-            stored = {"family": block_family(directory / "config.json")}
-    return family_of(stored if isinstance(stored, dict) else None).load(directory, config, target, dtype,
-                                                                       engine_version)
+        return NATIVE
+    side = read_contract(directory)
+    family = side.family if side is not None else (block_family(directory / "config.json") or EAGLE3)
+    return family_of({"family": family}).layout(config, side)
 
 
-def _eagle3_load(directory: Path, config: dict[str, Any], target: TargetInfo | None, dtype: torch.dtype | None,
-                 engine_version: str | None) -> tuple[Eagle3Draft, WiringContract]:
-    if config.get("format") == NATIVE_FORMAT:
-        draft = load_checkpoint(directory, target=target, dtype=dtype or torch.float32)
-        assert draft.contract is not None  # the native loader attaches it
-        return draft, draft.contract
-    draft, contract = import_draft(directory, detect_engine(config), target=target, engine_version=engine_version)
-    assert isinstance(draft, Eagle3Draft)  # a block drafter's export names its family: load_draft sent it to its own
-    return (draft if dtype is None else draft.to(dtype)), contract
+def load_draft(directory: str | Path | None = None, target: TargetInfo | None = None, *, fmt: str | None = None,
+               dtype: torch.dtype | None = None, engine_version: str | None = None,
+               taps: tuple[int, ...] | None = None, measure: Measure | None = None) -> Any:
+    """The one loader: the draft in any directory (None: the draft released for the embedded target), its
+    wiring contract inside (`draft.contract`). A native checkpoint, or any engine's export of any family, its
+    layout detected (`draft_layout`) unless `fmt` names it; weights read strictly. The contract is the stored
+    one; an export without one (another tool's) gets one built on `target` and marked so (`contract.inferred`):
+    the boundaries `measure` finds (the doctor's measured_taps), else the config's ids as the engine reads them.
+    taps: the caller's boundaries instead (the doctor's measurement feeds each set it scores); neither the
+    config's ids nor a side file is then read. dtype: the draft's; None: float32 for a native checkpoint (the
+    trainer's), the file's own for an export. engine_version: the release whose layer-id rule reads the ids."""
+    directory = resolve_draft(None if directory is None else Path(directory))
+    fmt = fmt or draft_layout(directory)
+    if fmt == NATIVE:
+        if taps is not None:
+            raise CheckpointError(f"{directory} is a native checkpoint: it carries its contract",
+                                  expected="no boundaries given", found=f"taps {list(taps)}",
+                                  fix="given boundaries are for drafts from other tools (engine layouts)")
+        draft: Any = load_checkpoint(directory, target=target, dtype=dtype or torch.float32)
+        return draft
+    evidence = None
+    if taps is None and target is not None and read_contract(_contract_home(directory)) is None:
+        evidence = _inferred(fmt, target, engine_version)
+        if measure is not None:
+            taps, found = measure(directory, fmt, target, engine_version)
+            evidence = {**evidence, **found, "source": "measured"}
+    draft, contract = import_draft(directory, fmt, target=target, taps=taps, engine_version=engine_version)
+    if evidence is not None:
+        draft.contract = replace(contract, inferred=evidence)  # the evidence travels with it to every export
+    return draft if dtype is None else draft.to(dtype)
+
+
+def _contract_home(path: Path) -> Path:
+    """The directory a contract side file sits in (a .gguf file's own)."""
+    return path.parent if path.suffix == ".gguf" else path
+
+
+def _inferred(fmt: str, target: TargetInfo, engine_version: str | None) -> dict[str, Any]:
+    """How a contract read from an export's ids was inferred: the engine and, where per model file, its rule."""
+    record = engine_for(fmt, engine_version) if fmt in ENGINE_FORMATS else None  # a block format has no record
+    note = record.rule_note(target.identity.architecture) if record is not None else ""
+    return {"source": "engine_config", "engine": fmt, **({"rule": note} if note else {})}
+
+
+def _eagle3_layout(config: dict[str, Any], side: WiringContract | None) -> str:
+    """The engine layout whose config this is: its own keys say which style; layouts of one style (SGLang's,
+    its older releases', SpecForge's: the same keys, other meanings of norm_output and the ids) are told apart
+    by the side file, the one whose reading of the config is the contract (without one: the style's own)."""
+    found = detect_engine(config)
+    if side is None:
+        return found
+    style = engine_for(found).config_style
+    for name in (found, *(n for n in ENGINES if n != found and ENGINES[n].config_style == style)):
+        if _reads_as(engine_for(name), config, side):
+            return name
+    return found  # none agrees: its reader then says where the config and the contract disagree
+
+
+def _reads_as(layout: Engine, config: dict[str, Any], side: WiringContract) -> bool:
+    """Whether `layout`'s reading of `config` gives the contract's norm flags and layer ids."""
+    try:
+        ids = config_ids(layout, config)
+        conv = layout.convention_for(side.target.architecture)
+        norm = draft_config_from(layout, config, side.num_taps).norm
+    except EaglewireError:
+        return False
+    return norm == side.norm and (ids is None or list(ids) == list(side.engine_ids(conv)))
 
 
 def _eagle3_proposer(draft: Eagle3Draft, contract: WiringContract, shape: TreeShape, max_len: int,
@@ -270,19 +332,13 @@ def _eagle3_proposer(draft: Eagle3Draft, contract: WiringContract, shape: TreeSh
     return EagleProposer(draft, shape, max_len, drafter, contract=contract)
 
 
-register(Decoding(EAGLE3, _eagle3_proposer, _eagle3_load))
+register(Decoding(EAGLE3, _eagle3_proposer, _eagle3_layout))
 
 
 # --- DFlash (block drafters) ---------------------------------------------------------------------------------
-def _dflash_load(directory: Path, config: dict[str, Any], target: TargetInfo | None, dtype: torch.dtype | None,
-                 engine_version: str | None) -> tuple[DFlashDraft, WiringContract]:
-    """A native DFlash checkpoint (export/checkpoint.py loads it by its contract's family), or a z-lab,
-    SGLang or speculators DFlash export (export/block.py; the layout told apart by its config's own keys)."""
-    if config.get("format") == NATIVE_FORMAT:
-        draft = load_checkpoint(directory, target=target, dtype=dtype or torch.float32)
-        return draft, draft.contract
-    fmt = block_layout(config, read_contract(directory))
-    return import_block_draft(directory, fmt, family=DFLASH, target=target, dtype=dtype)
+def _dflash_layout(config: dict[str, Any], side: WiringContract | None) -> str:
+    """z-lab's, SGLang's or speculators' layout, told apart by the config's own keys and the side file's ids."""
+    return block_layout(config, side)
 
 
 def _dflash_proposer(draft: DFlashDraft, contract: WiringContract, shape: TreeShape, max_len: int,
@@ -293,4 +349,4 @@ def _dflash_proposer(draft: DFlashDraft, contract: WiringContract, shape: TreeSh
     return BlockProposer(draft, contract, shape, max_len)
 
 
-register(Decoding(DFLASH, _dflash_proposer, _dflash_load, shape=block_shape))
+register(Decoding(DFLASH, _dflash_proposer, _dflash_layout, shape=block_shape))

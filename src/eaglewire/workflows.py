@@ -1,15 +1,15 @@
-"""The workflows both the CLI (`eaglewire vocab build`, `eaglewire train`, `eaglewire import`) and
+"""The workflows both the CLI (`eaglewire vocab build`, `eaglewire train`, `eaglewire eval`) and
 `eaglewire run` (pipeline/stages.py) call, so the two cannot drift apart: build the draft vocabulary from
 the training split, choose the feature source, train a draft and write its summary (`train_draft`, the front
-door's too), import a draft from
-another tool with its taps measured, score a draft offline as training's held-out evaluation does (`eaglewire
-eval`).
+door's too), score a draft offline as training's held-out evaluation does (`eaglewire eval`). A draft from another
+tool is imported by the one loader, eaglewire.compose.load_draft, its taps measured by the doctor
+(eaglewire.doctor.measures.measured_taps).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -117,44 +117,6 @@ def train_on_source(target: Any, contract: WiringContract, vmap: VocabMap | None
         plot_metrics(out / "metrics.jsonl", out / "training.png")
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
-
-
-def import_any(directory: Path, fmt: str, target: Any = None, *, measure: bool = True,
-               bounds: Any = None, engine_version: str | None = None,
-               progress: Callable[[str], None] = lambda phase: None) -> tuple[Any, WiringContract, Any]:
-    """(draft, contract, measurement or None). An export with its contract file (or a native checkpoint)
-    is imported as it is. Without one, the contract is inferred and says so (`WiringContract.inferred`):
-    with `measure`, from the boundaries the draft's own weights predict best on `target` (the doctor's
-    empirical check; the config's ids win any near-tie), else from the config's layer ids as the engine
-    reads them. Later checks and exports carry the evidence with the contract. `progress(phase)` hears each
-    phase of the measurement as it starts."""
-    from eaglewire.doctor.measures import measure_wiring
-    from eaglewire.doctor.inspect import inspect_dir
-    from eaglewire.export.engines import ENGINE_FORMATS, NATIVE, engine_for
-    from eaglewire.export.base import read_contract
-    from eaglewire.export.convert import import_draft
-
-    directory = Path(directory)
-    if fmt == NATIVE or read_contract(directory) is not None or target is None:
-        draft, contract = import_draft(directory, fmt, target=target, engine_version=engine_version)
-        return draft, contract, None
-    record = engine_for(fmt, engine_version) if fmt in ENGINE_FORMATS else None  # a block format has no record
-    rule = {"rule": note} if record and (note := record.rule_note(target.identity.architecture)) else {}
-    if not measure:
-        draft, contract = import_draft(directory, fmt, target=target, engine_version=engine_version)
-        return draft, replace(contract, inferred={"source": "engine_config", "engine": fmt, **rule}), None
-    if record is not None and record.config_style == "gguf":  # export/llamacpp_layout.py STYLE
-        raise EaglewireError(f"{directory}: measuring a GGUF draft's wiring is not built yet",
-                             expected="--no-measure (the GGUF's target_layers, read in llama.cpp's numbering)",
-                             found="a GGUF draft without eaglewire_contract.json", fix="import with --no-measure")
-    ins = inspect_dir(directory, fmt if record else None, engine_version)
-    m, findings = measure_wiring(ins, target, engine=fmt, bounds=bounds, progress=progress)
-    if m is None:
-        raise EaglewireError(f"{directory}: the trained boundaries could not be measured", found=findings[0].what,
-                             fix=findings[0].fix or "import with --no-measure to take the config's ids as they are")
-    draft, contract = import_draft(directory, fmt, target=target, taps=m.best)
-    evidence = {"source": "measured", "engine": fmt, **rule, "target": target.name, **m.to_dict()}
-    return draft, replace(contract, inferred=evidence), m
 
 
 def start_draft(target: Target, taps: tuple[int, ...], vocab: Path | None, cfg: TrainConfig) -> tuple[Any, WiringContract]:

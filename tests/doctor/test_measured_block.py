@@ -135,21 +135,25 @@ def test_the_engine_named_reads_its_own_field_and_convention(tmp_path, target, t
 
 
 def test_import_records_the_measured_block_taps(tmp_path, target, trained, bounds):
+    from functools import partial
+
+    from eaglewire.compose import load_draft
+    from eaglewire.doctor.measures import measured_taps
     from eaglewire.export.checkpoint import load_checkpoint, save_checkpoint
-    from eaglewire.workflows import import_any
 
     broken = _export(tmp_path, trained, "zlab", [0, 3, 6])
-    draft, contract, m = import_any(broken, "zlab", target, bounds=bounds)
-    assert contract.taps == TRAINED and m.delivered == (1, 4, 7)
+    draft = load_draft(broken, target, fmt="zlab", measure=partial(measured_taps, bounds=bounds))
+    contract = draft.contract
     ev = contract.inferred
+    assert contract.taps == TRAINED and ev["delivered"] == [1, 4, 7]
     assert ev["source"] == "measured" and ev["best"] == list(TRAINED) and ev["error"] is True
     assert contract == trained[1]  # the inferred evidence is provenance only
     again = load_checkpoint(save_checkpoint(draft, contract, tmp_path / "native"), target=target)
     assert again.contract.inferred == ev
     fixed = export_draft(again, again.contract, tmp_path / "fixed", "zlab")
     assert json.loads((fixed / "config.json").read_text())["dflash_config"]["target_layer_ids"] == [1, 4, 6]
-    d2, c2, m2 = import_any(broken, "zlab", target, measure=False)  # the config's ids as they are
-    assert m2 is None and c2.taps == (1, 4, 7) and c2.inferred["source"] == "engine_config"
+    c2 = load_draft(broken, target).contract  # the config's ids as they are; the layout detected
+    assert c2.taps == (1, 4, 7) and c2.inferred == {"source": "engine_config", "engine": "zlab"}
 
 
 def test_measured_on_a_dump_with_the_vocab_as_with_the_target(tmp_path, target, trained, bounds):

@@ -183,8 +183,9 @@ def test_engine_tau_at_a_tree_shape_from_our_engine(tmp_path, target, trained, b
     entry = m.to_dict()["tau"]["delivered_engine"]
     assert entry["shape"] == {"num_steps": 2, "topk": 2, "num_draft_tokens": 4} and len(entry["per_position"]) == 2
     # `doctor expect --draft broken`: the export as vLLM reads it (contract taps [0, 2, 4]), called directly
-    draft, contract = load_draft(broken, target)
-    assert contract.taps == (0, 2, 4)
+    draft = load_draft(broken, target)
+    contract = draft.contract
+    assert contract.taps == (0, 2, 4) and contract.inferred == {"source": "engine_config", "engine": "vllm"}
     assert predict(target, draft, contract, TREE, engine_prompts(target), ENGINE_NEW_TOKENS) == delivered
     proposer = EagleProposer(draft, TREE, 64, contract=replace(contract, taps=TRAINED))
     assert proposer.taps == TRAINED  # the engine asks the target for the contract's taps
@@ -266,15 +267,20 @@ def test_import_records_the_measured_taps_and_exports_carry_them(tmp_path, targe
     """A foreign draft whose config gives the embedding tap: import with the target records the trained
     boundaries as an inferred contract; the native checkpoint and a re-export carry it, and the re-export's
     ids are the trained ones (the doctor then finds no error and says the contract was inferred)."""
+    from functools import partial
+
+    from eaglewire.compose import load_draft
+    from eaglewire.doctor.measures import measured_taps
     from eaglewire.export.checkpoint import load_checkpoint, save_checkpoint
-    from eaglewire.workflows import import_any
 
     broken = _export(tmp_path, trained, "vllm", [0, 2, 4])
-    draft, contract, m = import_any(broken, "vllm", target, bounds=bounds)
-    assert contract.taps == TRAINED and m.best == TRAINED and m.delivered == (0, 2, 4)
+    measured = partial(measured_taps, bounds=bounds)
+    draft = load_draft(broken, target, fmt="vllm", measure=measured)
+    contract = draft.contract
     ev = contract.inferred
-    assert ev["source"] == "measured" and ev["best"] == list(TRAINED) and ev["delivered"] == [0, 2, 4]
-    assert ev["error"] is True and ev["tokens"] == m.tokens
+    assert contract.taps == TRAINED and ev["source"] == "measured" and ev["engine"] == "vllm"
+    assert ev["best"] == list(TRAINED) and ev["delivered"] == [0, 2, 4]
+    assert ev["error"] is True and ev["tokens"] > 0 and ev["target"] == target.name
     assert contract == trained[1] and contract.fingerprint() == trained[1].fingerprint()  # provenance only
     native = save_checkpoint(draft, contract, tmp_path / "native")
     again = load_checkpoint(native, target=target)
@@ -285,7 +291,11 @@ def test_import_records_the_measured_taps_and_exports_carry_them(tmp_path, targe
     assert report.errors == 0
     assert any(f.check == "contract" and "were inferred" in f.what for f in report.findings), report.findings
 
-    d2, c2, m2 = import_any(broken, "vllm", target, measure=False)  # the config's ids, as vLLM reads them
-    assert m2 is None and c2.taps == (0, 2, 4) and c2.inferred == {"source": "engine_config", "engine": "vllm"}
-    d3, c3, m3 = import_any(fixed, "vllm", target)  # a contract file: imported as it is, nothing measured
-    assert m3 is None and c3.inferred == ev
+    c2 = load_draft(broken, target, fmt="vllm").contract  # the config's ids, as vLLM reads them
+    assert c2.taps == (0, 2, 4) and c2.inferred == {"source": "engine_config", "engine": "vllm"}
+
+    def never(*_args):
+        raise AssertionError("a draft with its contract file is not measured")
+
+    c3 = load_draft(fixed, target, measure=never).contract  # a contract file: imported as it is
+    assert c3.inferred == ev

@@ -217,16 +217,18 @@ def test_cli_exports_a_dflash_draft(tmp_path, target, vocab_gguf):
 def test_import_without_a_contract_file(tmp_path, target):
     """A GGUF without eaglewire_contract.json: its target_layers read in llama.cpp's numbering (--no-measure), the
     contract marked as inferred; measuring a GGUF draft's wiring is refused by name, not attempted."""
+    from eaglewire.compose import load_draft
+    from eaglewire.doctor.measures import measured_taps
     from eaglewire.errors import EaglewireError
-    from eaglewire.workflows import import_any
 
     draft, contract = build_draft(target, taps=(0, 3, 7))  # boundary 0: llama.cpp's input of layer 0
     out = export_draft(draft, contract, tmp_path / "g", "llamacpp")
     (out / "eaglewire_contract.json").unlink()
-    back, c2, m = import_any(out, "llamacpp", target, measure=False)
-    assert m is None and c2.taps == (0, 3, 7) and c2.inferred["source"] == "engine_config" and _same(draft, back)
+    back = load_draft(out, target)  # the layout detected: a directory holding a GGUF and no config.json
+    c2 = back.contract
+    assert c2.taps == (0, 3, 7) and c2.inferred["source"] == "engine_config" and _same(draft, back)
     with pytest.raises(EaglewireError, match="measuring a GGUF draft's wiring is not built yet"):
-        import_any(out, "llamacpp", target, measure=True)
+        load_draft(out, target, measure=measured_taps)
 
 
 def test_wiring_translate_to_llamacpp():

@@ -18,7 +18,8 @@ from eaglewire.serve.peer import PEER_METHODS
 from eaglewire.decoding.tree import DEFAULT_TREE as SHAPE
 from eaglewire.decoding.tree import TreeShape
 
-DRAFT_HELP = "Native draft checkpoint directory (default: the draft shipped for the embedded SmolLM2 target)."
+DRAFT_HELP = ("Draft directory: a native checkpoint or any engine export (default: the draft shipped for the "
+              "embedded SmolLM2 target).")
 TREE_HELP = ("Tree knobs use SGLang's meaning: --num-steps S (draft depth), --topk K (branching), "
              "--num-draft-tokens N (verified tokens per round INCLUDING the root/last accepted token). "
              "vLLM's chain spelling: --num-speculative-tokens k  ==  S=k, K=1, N=k+1.")
@@ -47,7 +48,8 @@ def _load(target: Optional[str], draft: Optional[Path], dtype: Optional[str], dr
           device: str) -> tuple:
     """(target in --dtype on --device, draft in --draft-dtype), with a line on stderr for each."""
     from eaglewire import hw
-    from eaglewire.export.checkpoint import load_checkpoint, resolve_draft
+    from eaglewire.compose import load_draft
+    from eaglewire.export.checkpoint import resolve_draft
     from eaglewire.target.loader import DEFAULT_TARGET
 
     where = decide_device(device)
@@ -59,7 +61,7 @@ def _load(target: Optional[str], draft: Optional[Path], dtype: Optional[str], dr
     tgt = load_target(target, device=where, dtype=dt)
     path = resolve_draft(draft)
     _say(f"loading draft {path} ({dname}{', from --draft-dtype auto' if draft_dtype == 'auto' else ''})")
-    return tgt, load_checkpoint(path, target=tgt, dtype=ddt)
+    return tgt, load_draft(path, tgt, dtype=ddt)
 
 
 def generate_cmd(
@@ -155,10 +157,10 @@ def bench_cmd(
     tgt, d = _load(target, draft, dtype, draft_dtype, device)
     block_draft = None
     if dflash_draft is not None:
-        from eaglewire.export.checkpoint import load_checkpoint
+        from eaglewire.compose import load_draft
 
         _say(f"loading block draft {dflash_draft}")
-        block_draft = load_checkpoint(dflash_draft, target=tgt, dtype=d.fc.weight.dtype)
+        block_draft = load_draft(dflash_draft, tgt, dtype=d.fc.weight.dtype)
     prompts = B.bench_prompts(tgt, questions, limit, turns, answers)
     result = B.run_bench(tgt, d, prompts, max_new_tokens, TreeShape.chain(chain_k),
                          TreeShape(num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens),

@@ -233,7 +233,8 @@ def expect_cmd(
     shape = TreeShape.from_knobs(num_steps, topk, num_draft_tokens, num_speculative_tokens)
     tgt = load_target(target)
     require_default_target_fits(*stated_by(draft_dir), tgt, target_given=target is not None, draft=str(draft_dir))
-    draft, contract = load_draft(draft_dir, tgt, engine_version=engine_version)
+    draft = load_draft(draft_dir, tgt, engine_version=engine_version)
+    contract = draft.contract
     rule = rule_applied(draft_dir, tgt, engine_version)
     prompts = _first_turn_prompts(tgt, questions, limit)
     with progress(f"doctor expect: our engine on {len(prompts)} prompts x {max_new_tokens} greedy tokens at "

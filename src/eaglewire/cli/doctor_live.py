@@ -95,7 +95,8 @@ def live_cmd(
     err_console.print(f"our reference decodes in {dtype}" + (" (the server's dtype)" if numerics.get("dtype") else
                       " (the engine does not report its dtype)"), highlight=False)
     tgt = load_target(target, dtype=getattr(torch, dtype))
-    d, contract = load_draft(draft, tgt)
+    d = load_draft(draft, tgt)
+    contract = d.contract
     with err_console.status(f"our engine on the same prompts at {shape.num_steps} draft positions"):
         ref = reference(tgt, d, contract, shape, chats, max_tokens)
     with err_console.status("reading the target's margins where an answer differs"):

@@ -41,7 +41,7 @@ def export_cmd(
     """Write a draft in an engine's layout, plus eaglewire_contract.json (engines ignore it)."""
     import torch
 
-    from eaglewire.export.checkpoint import load_checkpoint
+    from eaglewire.compose import load_draft
     from eaglewire.export.convert import check_out, export_draft
     from eaglewire.export.engines import ENGINE_FORMATS, NATIVE, engine_for
     from eaglewire.export.llamacpp_layout import STYLE as GGUF_STYLE
@@ -50,7 +50,7 @@ def export_cmd(
     gguf = fmt in ENGINE_FORMATS and engine_for(fmt, engine_version).config_style == GGUF_STYLE
     vocab = (target_gguf or _embedded_gguf(target)) if gguf else None  # before loading anything
     tgt = load_target(target) if target else None
-    d = load_checkpoint(draft, target=tgt)
+    d = load_draft(draft, tgt)
     quant = gguf and dtype in ("q8_0", "q4_0")
     cast = getattr(torch, parse_dtype(dtype, DTYPES, "--dtype")) if dtype is not None and not quant else None
     path = export_draft(d, d.contract, out, fmt, dtype=cast, with_embedding=with_embedding,
@@ -90,24 +90,29 @@ def import_cmd(
 ) -> None:
     """Read an engine-layout draft strictly into a native checkpoint; a draft from another tool gets a
     contract marked as inferred, with the evidence."""
+    from functools import partial
+
+    from eaglewire.compose import load_draft
+    from eaglewire.doctor.measures import measured_taps
     from eaglewire.export.checkpoint import save_checkpoint
     from eaglewire.export.convert import check_out
     from eaglewire.export.engines import ENGINE_FORMATS, engine_for
-    from eaglewire.workflows import import_any
 
     check_out(out, "native", force=force, inputs=(directory,))
     tgt = load_target(target) if target else None
     title = ("importing: no contract file, so the trained boundaries are measured on the target (minutes on a CPU "
              "for a small target; one line per phase)" if tgt is not None and measure else "importing")
     with progress(title) as say:
-        d, contract, m = import_any(directory, fmt, tgt, measure=measure, engine_version=engine_version,
-                                    progress=say)
+        d = load_draft(directory, tgt, fmt=fmt, engine_version=engine_version,
+                       measure=partial(measured_taps, progress=say) if measure else None)
+    contract = d.contract
     save_checkpoint(d, contract, out, force=force, inputs=(directory,))
+    evidence = contract.inferred or {}
     how = {None: "", "measured": "inferred by measurement, ", "engine_config": "inferred from the config's ids, "}
     out_console.print(f"imported {fmt} draft -> {out} (taps {list(contract.taps)}, "
-                      f"{how[(contract.inferred or {}).get('source')]}contract {contract.fingerprint()})")
-    if m is not None:
-        out_console.print(_measured_summary(m), highlight=False)
+                      f"{how[evidence.get('source')]}contract {contract.fingerprint()})")
+    if evidence.get("source") == "measured":
+        out_console.print(_measured_summary(evidence), highlight=False)
     # a block drafter's formats (zlab, ...) have no engine record: no per-model-file rule to name
     if fmt in ENGINE_FORMATS and (note := engine_for(fmt, engine_version).rule_note(contract.target.architecture)):
         out_console.print(f"layer ids read by {note} for {contract.target.architecture}", highlight=False)
@@ -130,15 +135,16 @@ def _ids_note(fmt: str, version: Optional[str], contract) -> str:
         + "; "
 
 
-def _measured_summary(m) -> str:
-    best = m.scores[m.best]
-    line = f"measured: the draft predicts best from boundaries {list(m.best)} (NLL {best.mean_nll:.2f}, " \
-           f"agreement {best.agreement:.2f}, {m.tokens} tokens)"
-    if m.delivered != m.best:
-        got = "cannot be captured" if m.delivered is None else f"deliver {list(m.delivered)}"
-        line += f"; the config's ids {got}: the imported contract records {list(m.best)}, and exports write those"
-    if m.weak:
-        line += f"; weak evidence (worst - best = {m.spread:.2f} nats)"
+def _measured_summary(evidence: dict) -> str:
+    """The measurement's line, from the evidence the imported contract carries (Measurement.to_dict)."""
+    best = next(row for row in evidence["candidates"] if row["taps"] == evidence["best"])
+    line = f"measured: the draft predicts best from boundaries {evidence['best']} (NLL {best['nll']:.2f}, " \
+           f"agreement {best['agreement']:.2f}, {evidence['tokens']} tokens)"
+    if evidence["delivered"] != evidence["best"]:
+        got = "cannot be captured" if evidence["delivered"] is None else f"deliver {evidence['delivered']}"
+        line += f"; the config's ids {got}: the imported contract records {evidence['best']}, and exports write those"
+    if evidence["weak_evidence"]:
+        line += f"; weak evidence (worst - best = {evidence['spread']:.2f} nats)"
     return line
 
 

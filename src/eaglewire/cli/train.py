@@ -157,16 +157,15 @@ def eval_cmd(
 
     from eaglewire.compose import load_draft
     from eaglewire.data.samples import split_heldout
-    from eaglewire.export.checkpoint import resolve_draft
     from eaglewire.api import evaluate
 
     if split not in ("heldout", "all"):
         raise EaglewireError("unknown --split", expected="heldout or all", found=repr(split), fix="--split heldout")
     tgt = load_target(target, device)
-    dr, contract = load_draft(resolve_draft(draft), tgt, dtype=torch.float32)
+    dr = load_draft(draft, tgt, dtype=torch.float32)
     pool = read_samples(tgt, data, max_length, None, False)
     chosen = (split_heldout(pool, heldout_fraction)[1] if split == "heldout" else pool)[:samples]
-    r = evaluate(tgt, dr, chosen, contract=contract, positions=positions)
+    r = evaluate(tgt, dr, chosen, positions=positions)
     if as_json:
         print(json.dumps(r, indent=2))
         return

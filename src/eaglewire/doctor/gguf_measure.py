@@ -8,8 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+import torch
+
 from eaglewire.capture.boundaries import Boundaries
 from eaglewire.capture.boundary_file import require_finite_rows
+from eaglewire.compose import GGUF_ENGINE, load_draft
 from eaglewire.contract import default_taps
 from eaglewire.doctor.checks import decodes
 from eaglewire.doctor.findings import Finding, Report, by_level
@@ -18,7 +21,6 @@ from eaglewire.doctor.gguf_checks import (ENGINE, LLAMACPP, NAME, GGUFInspection
 from eaglewire.doctor.measured_wiring import _fmt, _tau, boundaries_for, candidates_from
 from eaglewire.doctor.trained_taps import Measurement, measure, wiring_finding
 from eaglewire.errors import EaglewireError
-from eaglewire.export.gguf_import import import_gguf
 from eaglewire.export.llamacpp_layout import TARGET_LAYERS
 from eaglewire.target.protocol import TargetInfo
 
@@ -60,7 +62,7 @@ def run_gguf_measurement(gi: GGUFInspection, target: TargetInfo, chain_steps: in
     n, ids = fc[1] // H, g.target_layers
     try:
         placeholder = default_taps(L) if n == 3 and L >= 8 else tuple(range(1, n + 1))  # each scored set replaces it
-        draft = import_gguf(g.path, target=target, taps=placeholder)[0].float()
+        draft = load_draft(g.path, target, fmt=GGUF_ENGINE, taps=placeholder, dtype=torch.float32)  # the one loader
     except EaglewireError as err:
         return None, [Finding("warn", "measured_wiring", f"the wiring was not measured: the draft does not load "
                               f"({err.what})", "the empirical check runs the draft's own weights", err.fix or "")]

@@ -210,7 +210,7 @@ def block_candidates(config: dict[str, Any], engine: str, L: int, n: int,
 # ---- the measurement and its finding ----------------------------------------------------------------------
 
 
-def load_for_measure(ins: Inspection, target: Any, n: int) -> DFlashDraft:
+def backbone_for_measure(ins: Inspection, target: Any, n: int) -> DFlashDraft:
     """The draft's DFlash backbone, fp32, read whatever its config's ids say (they are what is under test), in
     the anchor layout of its family (DSpark: slot k predicts p+k+1) with the family's own heads set aside."""
     family, layout = read_block_layout(ins.config) or ("dflash", "zlab")
@@ -240,7 +240,7 @@ def run_block_measurement(ins: Inspection, target: Any, engine: str | None = Non
                               "target states", "see the fc finding", "fix fc first")]
     n, engine = fc[1] // H, engine_of(ins.config, engine)
     try:
-        draft = load_for_measure(ins, target, n)
+        draft = backbone_for_measure(ins, target, n)
     except EaglewireError as err:
         return None, [Finding("warn", "measured_wiring", f"the wiring was not measured: the draft does not load "
                               f"({err.what})", "the empirical check runs the draft's own weights", err.fix or "")]

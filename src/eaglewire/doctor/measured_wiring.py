@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from typing import Callable
 
+import torch
+
+from eaglewire.compose import load_draft
 from eaglewire.contract import CANONICAL, CONVENTIONS, WiringContract, default_taps, to_engine
 from eaglewire.decoding.tree import TreeShape
 from eaglewire.doctor.checks import architecture, decodes, engine_ids
@@ -23,7 +26,6 @@ from eaglewire.capture.boundaries import Boundaries, sample_target
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.export.engines import Engine
 from eaglewire.errors import EaglewireError
-from eaglewire.export.convert import import_draft
 from eaglewire.target.protocol import TargetInfo
 
 
@@ -79,18 +81,18 @@ def candidates_from(delivered: Taps | None, how: str, ids: list[int] | None, own
 
 
 def load_for_measure(ins: Inspection, target: TargetInfo, n: int) -> tuple[Eagle3Draft, WiringContract]:
-    """The draft's weights as the native model, fp32, whatever its config's ids say (they are what is
-    under test): read in the layout its files are written in, not the engine it is checked for. The
-    contract's taps are a placeholder (its vocab map and norm flags are the draft's): the engine run
-    replaces them with each set it feeds."""
+    """The one loader (compose.load_draft) with the measurement's choices: the layout its files are written in
+    (not the engine it is checked for), boundaries given (the config's ids are what is under test: the
+    contract's taps are a placeholder, its vocab map and norm flags the draft's; the engine run replaces them
+    with each set it feeds), fp32 on the CPU."""
     style = "speculators" if ins.is_speculators else \
         ("eagle3" if "LlamaForCausalLMEagle3" in (ins.config.get("architectures") or []) else "llama")
     # the engine it is checked for reads its config fields its own way (SpecForge's norm_output) when the
     # file is in that engine's style; otherwise the style the file is written in decides
     layout = ins.engine.name if ins.engine.config_style == style else detect_engine(ins.config)
     placeholder = default_taps(target.num_layers) if n == 3 and target.num_layers >= 8 else tuple(range(1, n + 1))
-    draft, contract = import_draft(ins.directory, layout, target=target, taps=placeholder)
-    return draft.float().cpu(), contract  # scored on the CPU beside the Boundaries; the engine run moves it
+    draft = load_draft(ins.directory, target, fmt=layout, taps=placeholder, dtype=torch.float32)
+    return draft.cpu(), draft.contract  # scored on the CPU beside the Boundaries; the engine run moves it
 
 
 def run_measurement(ins: Inspection, target: TargetInfo, bounds: Boundaries | None = None, chain_steps: int = 3,

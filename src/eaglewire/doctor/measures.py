@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from eaglewire.capture.boundaries import Boundaries
@@ -12,10 +13,13 @@ from eaglewire.compose import EAGLE3
 from eaglewire.decoding.tree import TreeShape
 from eaglewire.doctor.block_inspect import READ_FAMILIES, block_layout
 from eaglewire.doctor.findings import Finding
-from eaglewire.doctor.inspect import Inspection
+from eaglewire.doctor.inspect import Inspection, inspect_dir
 from eaglewire.doctor.measured_block import run_block_measurement
 from eaglewire.doctor.measured_wiring import run_measurement
 from eaglewire.doctor.trained_taps import Measurement
+from eaglewire.errors import EaglewireError
+from eaglewire.export.engines import ENGINE_FORMATS, engine_for
+from eaglewire.export.llamacpp_layout import STYLE as GGUF_STYLE
 from eaglewire.target.protocol import TargetInfo
 
 Result = tuple[Measurement | None, list[Finding]]
@@ -59,3 +63,23 @@ def measure_wiring(ins: Inspection, target: TargetInfo, *, engine: str | None = 
         return None, [Finding("info", "measured_wiring", f"the wiring was not measured: no measurement for the "
                               f"{family} family yet", "", "")]
     return MEASURED[family].run(ins, target, engine, bounds, chain_steps, shape, progress)
+
+
+def measured_taps(directory: Path, fmt: str, target: TargetInfo, engine_version: str | None = None, *,
+                  bounds: Boundaries | None = None, progress: Callable[[str], None] = lambda phase: None,
+                  ) -> tuple[tuple[int, ...], dict[str, Any]]:
+    """The boundaries an export's own weights predict best on `target` and the evidence (the doctor's empirical
+    check; the config's ids win any near-tie): how the one loader infers the contract of a draft from another
+    tool (`compose.load_draft(..., measure=measured_taps)`, a compose.Measure). `bounds`: boundaries captured
+    already; `progress(phase)` hears each phase of the measurement as it starts."""
+    record = engine_for(fmt, engine_version) if fmt in ENGINE_FORMATS else None  # a block format has no record
+    if record is not None and record.config_style == GGUF_STYLE:
+        raise EaglewireError(f"{directory}: measuring a GGUF draft's wiring is not built yet",
+                             expected="no measurement (the GGUF's target_layers, read in llama.cpp's numbering)",
+                             found="a GGUF draft without eaglewire_contract.json", fix="import with --no-measure")
+    ins = inspect_dir(Path(directory), fmt if record else None, engine_version)
+    m, findings = measure_wiring(ins, target, engine=fmt, bounds=bounds, progress=progress)
+    if m is None:
+        raise EaglewireError(f"{directory}: the trained boundaries could not be measured", found=findings[0].what,
+                             fix=findings[0].fix or "import with --no-measure to take the config's ids as they are")
+    return m.best, {"source": "measured", "target": target.name, **m.to_dict()}

@@ -32,7 +32,7 @@ from eaglewire.contract import WiringContract
 from eaglewire.draft.config import DraftConfig
 from eaglewire.draft.model import MLP, RMSNorm, rope_rows
 from eaglewire.draft.vocab import VocabMap
-from eaglewire.errors import CheckpointError, TapWidthError
+from eaglewire.errors import CheckpointError, ContractMismatch, TapWidthError
 from eaglewire.families import SLIDING, BlockWiring
 from eaglewire.ops import rope_tables, rotate
 from eaglewire.target.protocol import TargetInfo, TargetTensors
@@ -103,14 +103,22 @@ class DFlashCache:
 
 
 class DFlashDraft(nn.Module):
-    def __init__(self, cfg: DraftConfig, block: BlockWiring) -> None:
+    """A block drafter wired as its contract says: the block (size, mask token, anchor layout, attention) is
+    read from `contract.block`, the one place it is held, so the draft and its contract cannot disagree."""
+
+    def __init__(self, cfg: DraftConfig, contract: WiringContract) -> None:
         super().__init__()
+        if contract.block is None:
+            raise ContractMismatch("a DFlash draft needs block wiring in its contract", expected="a contract with "
+                                   "block wiring (family 'dflash')", found=f"family={contract.family!r}, no block",
+                                   fix="make the contract with dflash_contract()")
         if not 0 < cfg.draft_vocab_size <= cfg.vocab_size:
             raise CheckpointError("a DFlash draft's vocabulary must be the target's or a part of it",
                                   expected=f"0 < draft_vocab_size <= vocab_size = {cfg.vocab_size}",
                                   found=f"draft_vocab_size={cfg.draft_vocab_size}")
-        block.layer_types(cfg.num_layers)  # refuses sliding-layer indices beyond the draft's layers
-        self.cfg, self.block = cfg, block
+        contract.block.layer_types(cfg.num_layers)  # refuses sliding-layer indices beyond the draft's layers
+        self.cfg = cfg
+        self.contract: WiringContract = contract  # the wiring, the block included; the loaders replace it
         self.fc = nn.Linear(cfg.num_taps * cfg.target_hidden_size, cfg.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.layers = nn.ModuleList(BlockLayer(cfg) for _ in range(cfg.num_layers))
@@ -127,7 +135,16 @@ class DFlashDraft(nn.Module):
             self.t2d: torch.Tensor  # [V] bool: the target ids the draft vocabulary holds
             self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
             self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
-        self.contract: WiringContract | None = None  # set by the builder and the loaders
+
+    @property
+    def block(self) -> BlockWiring:
+        """The block wiring, read from the contract (its one holder)."""
+        block = self.contract.block
+        if block is None:
+            raise ContractMismatch("this DFlash draft's contract lost its block wiring", expected="contract.block",
+                                   found=f"family={self.contract.family!r}, no block",
+                                   fix="attach the draft's own contract (a dflash one)")
+        return block
 
     # ---- initialisation ----------------------------------------------------------------------
     def init_random(self, seed: int = 0, std: float = 0.02) -> "DFlashDraft":
@@ -292,7 +309,7 @@ def build_dflash_draft(target: TargetTensors, contract: WiringContract, num_laye
         raise CheckpointError("a DFlash draft needs a block-drafter contract", expected="contract.family='dflash'",
                               found=f"family={contract.family!r}", fix="make the contract with dflash_contract()")
     cfg = DraftConfig.from_target(target.text_config, contract, num_layers=num_layers)
-    draft = DFlashDraft(cfg, contract.block).init_random(seed)
+    draft = DFlashDraft(cfg, contract).init_random(seed)
     norm_w = target.final_norm_weight()
     if norm_w is not None and tuple(norm_w.shape) == tuple(draft.norm.weight.shape):
         with torch.no_grad():

@@ -131,7 +131,7 @@ def load_dflash_strict(cfg: DraftConfig, contract: WiringContract, tensors: dict
         raise ContractMismatch(f"{where}: a DFlash draft needs block wiring in its contract",
                                expected="contract.family='dflash'", found=f"family={contract.family!r}")
     cfg.require_matches(contract)
-    draft = DFlashDraft(cfg, contract.block).fill_nan()
+    draft = DFlashDraft(cfg, contract).fill_nan()
     reference = draft.state_dict()
     _check_keys(set(reference), set(tensors), set(), where)
     floats = float_dtype or _float_dtype(tensors, where)

@@ -169,9 +169,9 @@ def export_block_draft(draft: DFlashDraft, contract: WiringContract, out: Path, 
     existing `out` must be an earlier export (or `force`) and never one of `inputs` (eaglewire.outputs)."""
     fmt = block_format(contract.family, fmt_name)
     block = contract.block
-    if block is None or draft.block != block:
-        raise ContractMismatch("the draft's block wiring is not its contract's", expected=repr(block),
-                               found=repr(draft.block), fix="export the draft with the contract it was trained with")
+    if block is None or draft.contract.block != block:  # the draft's wiring is its own contract's
+        raise ContractMismatch("the contract given is not the draft's block wiring", expected=repr(draft.contract.block),
+                               found=repr(block), fix="export the draft with the contract it was trained with")
     draft.cfg.require_matches(contract)
     _refuse_unportable(block, draft.cfg, fmt.name)
     tensors = cast_floats(dict(draft.state_dict()), dtype)
@@ -319,7 +319,7 @@ def import_block_draft(directory: Path, fmt_name: str, *, family: str = "dflash"
     assert contract.block is not None  # _contract_for compared it with the config's (a dflash contract has one)
     _refuse_unportable(contract.block, cfg, fmt.name)
     cfg.require_matches(contract)
-    return _load_weights(DFlashDraft(cfg, contract.block), tensors, where, dtype, target, contract), contract
+    return _load_weights(DFlashDraft(cfg, contract), tensors, where, dtype, target, contract), contract
 
 
 def import_block_backbone(directory: Path, fmt_name: str, *, target: Any, taps: tuple[int, ...],
@@ -342,7 +342,7 @@ def import_block_backbone(directory: Path, fmt_name: str, *, target: Any, taps: 
     contract = dataclasses.replace(contract, block=block)
     cfg = _draft_config(fmt, config, contract, where)
     cfg.require_matches(contract)
-    return _load_weights(DFlashDraft(cfg, block), tensors, where, None, target, contract)
+    return _load_weights(DFlashDraft(cfg, contract), tensors, where, None, target, contract)
 
 
 def _load_weights(draft: DFlashDraft, tensors: dict[str, torch.Tensor], where: str, dtype: torch.dtype | None,

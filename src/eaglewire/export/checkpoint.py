@@ -49,10 +49,10 @@ def _eagle3_state(draft: Eagle3Draft, contract: WiringContract, save_embedding: 
 
 
 def _dflash_state(draft: Any, contract: WiringContract, save_embedding: bool) -> dict[str, torch.Tensor]:
-    if save_embedding or draft.block != contract.block:
+    if save_embedding or draft.contract.block != contract.block:  # the draft's wiring is its own contract's
         raise CheckpointError("a DFlash checkpoint holds its own weights, wired as its contract says",
-                              expected=f"no embedding; block {contract.block}",
-                              found=f"save_embedding={save_embedding}; block {draft.block}")
+                              expected=f"no embedding; block {draft.contract.block}",
+                              found=f"save_embedding={save_embedding}; block {contract.block}")
     return dict(draft.state_dict())  # z-lab's keys; the target's embedding and head are never in it
 
 

@@ -278,10 +278,10 @@ def _train_progress(ctx: Ctx, r: dict[str, Any], total: int) -> None:
 
 
 def export(ctx: Ctx, work: Path) -> dict[str, Any]:
-    from eaglewire.export.checkpoint import load_checkpoint
+    from eaglewire.compose import load_draft
     from eaglewire.export.convert import export_draft
 
-    draft = load_checkpoint(Path(ctx.results["train"]["draft"]), target=ctx.target)
+    draft = load_draft(Path(ctx.results["train"]["draft"]), ctx.target)
     out = {}
     for i, fmt in enumerate(ctx.cfg.formats):
         gguf = {"vocab_from": ctx.cfg.gguf()} if fmt == GGUF_FORMAT else {}  # llama-server's -m vocabulary
@@ -311,15 +311,15 @@ def doctor(ctx: Ctx, work: Path) -> dict[str, Any]:
 
 
 def bench(ctx: Ctx, work: Path) -> dict[str, Any]:
-    from eaglewire.export.checkpoint import load_checkpoint
+    from eaglewire.compose import load_draft
     from eaglewire.vllm_client.server import vllm_available
     from eaglewire.serve import bench as spec_bench
     from eaglewire.serve.peer import PEER_METHODS
     from eaglewire.hw import draft_dtype
 
     b = ctx.cfg.bench
-    draft = load_checkpoint(Path(ctx.results["train"]["draft"]), target=ctx.target,
-                            dtype=draft_dtype(b.draft_dtype, ctx.target.dtype, ctx.device))
+    draft = load_draft(Path(ctx.results["train"]["draft"]), ctx.target,
+                       dtype=draft_dtype(b.draft_dtype, ctx.target.dtype, ctx.device))
     prompts = spec_bench.bench_prompts(ctx.target, b.source, b.prompts)
     methods = list(b.methods)
     if b.vllm == "on" or (b.vllm == "auto" and vllm_available()):
@@ -370,8 +370,7 @@ def _tau_before_after(ctx: Ctx, prompts: list) -> dict[str, Any]:
     """τ of the draft training started from (the warm start, or the fresh initial weights) and of the trained
     draft: the same prompts, chain, new tokens and dtype (float32 drafts on the plain runtime, the target's
     dtype), so the difference is the training's alone."""
-    from eaglewire.compose import measure_tau
-    from eaglewire.export.checkpoint import load_checkpoint
+    from eaglewire.compose import load_draft, measure_tau
     from eaglewire.train.objectives import objective
     from eaglewire.workflows import start_draft
 
@@ -380,7 +379,7 @@ def _tau_before_after(ctx: Ctx, prompts: list) -> dict[str, Any]:
     vocab = Path(ctx.results["vocab"]["file"]) if objective(cfg.family).reduced_vocab or \
         ctx.cfg.family.reduced_vocab else None  # DFlash: its own head over the run's vocabulary when asked
     before, contract = start_draft(ctx.target, ctx.contract.taps, vocab, cfg)
-    after = load_checkpoint(Path(ctx.results["train"]["draft"]), target=ctx.target)
+    after = load_draft(Path(ctx.results["train"]["draft"]), ctx.target)
     taus = {}
     for i, (name, draft, con) in enumerate((("before", before, contract), ("after", after, None))):
         ctx.progress(i, 2, f"τ {name} training")
