@@ -25,11 +25,7 @@ COUNT_WORDS = {"num", "n", "count", "len", "size", "width", "token", "tokens", "
 # Shifts left in modules another change rewrites now (the loader rewrite): each is routed through contract when that
 # lands (renumber with the engine record's conventions; misnumbered for the doctor's ±1 candidates). Path -> the
 # exact source text of each. Stale entries fail below, so this list only shrinks.
-PENDING: dict[str, list[str]] = {
-    "eaglewire/export/block.py": ["i + 1"],
-    "eaglewire/doctor/measured_wiring.py": ["b + 1", "b - 1"],
-    "eaglewire/doctor/measured_block.py": ["b + 1", "b - 1"],
-}
+PENDING: dict[str, list[str]] = {}
 
 
 def _words(name: str) -> set[str]:

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from eaglewire.capture.boundaries import Boundaries, sample_target
 from eaglewire.capture.boundary_file import DumpTarget, require_finite_rows
-from eaglewire.contract import CONVENTIONS, from_engine, to_engine
+from eaglewire.contract import CONVENTIONS, from_engine, misnumbered, to_engine
 from eaglewire.decoding.block import block_shape
 from eaglewire.decoding.tree import TreeShape
 from eaglewire.doctor.block_inspect import LAYOUT_FORMATS, READ_FAMILIES, block_layout as read_block_layout
@@ -201,8 +201,9 @@ def block_candidates(config: dict[str, Any], engine: str, L: int, n: int,
         add(from_engine(zlab_default_ids(L, n), "zlab", L), "z-lab's default ids (SGLang's guess without ids)")
     priors = tuple(out)
     if delivered is not None:
-        add(tuple(b + 1 for b in delivered), "delivered +1")
-        add(tuple(b - 1 for b in delivered), "delivered -1")
+        late, early = misnumbered(delivered)
+        add(late, "delivered +1")
+        add(early, "delivered -1")
         add((0, *delivered[1:]), "the embedding substituted for the first tap")
     return out, priors, delivered, how
 

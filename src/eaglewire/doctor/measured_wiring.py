@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 
 from eaglewire.compose import load_draft
-from eaglewire.contract import CANONICAL, CONVENTIONS, WiringContract, default_taps, to_engine
+from eaglewire.contract import CANONICAL, CONVENTIONS, WiringContract, default_taps, misnumbered, to_engine
 from eaglewire.decoding.tree import TreeShape
 from eaglewire.doctor.checks import architecture, decodes, engine_ids
 from eaglewire.capture.boundary_file import DumpTarget, require_finite_rows
@@ -74,8 +74,9 @@ def candidates_from(delivered: Taps | None, how: str, ids: list[int] | None, own
         add(default_taps(L), "the engines' default taps")
     priors = tuple(out)  # what some reading of this config delivers; the perturbations below are not
     if delivered is not None:
-        add(tuple(b + 1 for b in delivered), "delivered +1")
-        add(tuple(b - 1 for b in delivered), "delivered -1")
+        late, early = misnumbered(delivered)
+        add(late, "delivered +1")
+        add(early, "delivered -1")
         add((0, *delivered[1:]), "the embedding substituted for the first tap")
     return out, priors
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from eaglewire.contract import WiringContract, from_engine, to_engine
+from eaglewire.contract import WiringContract, from_engine, renumber, to_engine
 from eaglewire.draft.config import DraftConfig
 from eaglewire.draft.dflash import DFlashDraft
 from eaglewire.draft.load import _check_keys, _check_tensor, _float_dtype, check_vocab_tensors, vocab_from_tensors
@@ -200,8 +200,9 @@ def _refuse_semantics(fmt: BlockFormat, config: dict[str, Any], layer: dict[str,
                                   "target_layer_ids}", found=repr(dflash)[:80], fix="the directory is not a DFlash export")
         found += [f"dflash_config.{k}" for k in sorted(dflash.keys() - _DFLASH_CONFIG_KEYS)]
         aux, ids = config.get("eagle_aux_hidden_state_layer_ids"), dflash.get("target_layer_ids")
-        # vLLM's own edit (its speculators updater) writes aux = ids + 1, which captures what the ids say
-        if aux is not None and not (isinstance(ids, list) and aux == [i + 1 for i in ids if isinstance(i, int)]):
+        # vLLM's own edit (its speculators updater) writes aux as the same boundaries in its EAGLE-3 numbering
+        if aux is not None and not (isinstance(ids, list) and all(isinstance(i, int) for i in ids)
+                                    and aux == list(renumber(ids, "vllm-dflash", "vllm", None))):
             found.append("eagle_aux_hidden_state_layer_ids other than target_layer_ids + 1 (vLLM reads it instead "
                          "of dflash_config.target_layer_ids)")
     elif config.get("sliding_window_non_causal") is not True:
