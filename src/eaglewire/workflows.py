@@ -19,7 +19,7 @@ from eaglewire.contract import WiringContract
 from eaglewire.errors import EaglewireError
 from eaglewire.data.samples import Sample, split_heldout
 from eaglewire.train.dist import DistInfo
-from eaglewire.train.loop import TrainConfig
+from eaglewire.train.config import TrainConfig
 from eaglewire.draft.vocab import VocabMap
 from eaglewire.target.loader import Target
 from eaglewire.target.protocol import TargetInfo
@@ -76,7 +76,7 @@ def draft_vocab(draft_dir: Path) -> VocabMap:
             return VocabMap(d2t=f.get_tensor("d2t"), t2d=f.get_tensor("t2d"))
 
 
-def feature_source(target: Any, contract: WiringContract, features: Path | None,
+def feature_source(target: Target, contract: WiringContract, features: Path | None,
                    samples: Callable[[], list[Sample]]) -> tuple[Any, list[Sample]]:
     """Offline features from a `data capture` directory (its samples come with it), else online capture
     of `samples()` through the target."""
@@ -88,7 +88,7 @@ def feature_source(target: Any, contract: WiringContract, features: Path | None,
     return OnlineFeatures(target, contract, pad_id=target.pad_id), samples()
 
 
-def mix_in_features(target: Any, contract: WiringContract, primary: Any,
+def mix_in_features(target: Target, contract: WiringContract, primary: Any,
                     extra_dirs: list[Path]) -> tuple[Any, list[Sample]]:
     """`primary` (offline features) plus extra directories of the same contract, served as one source;
     returns it and the extras' samples (all of them train: held-out comes from the primary only)."""
@@ -98,10 +98,10 @@ def mix_in_features(target: Any, contract: WiringContract, primary: Any,
     return mix, [s for part in range(1, len(mix.parts)) for s in mix.samples(part)]
 
 
-def train_on_source(target: Any, contract: WiringContract, vmap: VocabMap | None, source: Any,
+def train_on_source(target: Target, contract: WiringContract, vmap: VocabMap | None, source: Any,
                     train_samples: list[Sample], heldout: list[Sample], cfg: TrainConfig, out: Path,
                     info: DistInfo = DistInfo(), *, resume: bool = False,
-                    on_step: Callable[[dict], None] | None = None) -> dict[str, Any]:
+                    on_step: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Training of the contract's family on a feature source already chosen (train_draft's last step) into `out`
     (draft/, checkpoints/, metrics.jsonl, training.png, summary.json on the main rank); returns the summary.
     `vmap`: None for the full vocabulary (DFlash only)."""
@@ -139,7 +139,7 @@ def train_draft(target: Target, taps: Sequence[int] | None, vocab: Path | None, 
                 heldout_fraction: float = 0.0, train_limit: int | None = None, also_features: list[Path] | None = None,
                 info: DistInfo = DistInfo(), resume: bool = False,
                 on_start: Callable[[WiringContract, int, int], None] | None = None,
-                on_step: Callable[[dict], None] | None = None) -> dict[str, Any]:
+                on_step: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Train a draft of `cfg.family` (a TrainConfig: every training knob) for `target` into `out` (draft/,
     checkpoints/, metrics.jsonl, training.png, summary.json); returns the summary, as `eaglewire train` and
     `eaglewire run` do. taps: the boundaries it reads (None: the family's default); vocab: the map file from
@@ -174,7 +174,7 @@ def train_draft(target: Target, taps: Sequence[int] | None, vocab: Path | None, 
                            on_step=on_step)
 
 
-def evaluate_draft(target: Any, draft: Any, contract: WiringContract, samples: list[Sample], *, positions: int = 3,
+def evaluate_draft(target: Target, draft: Any, contract: WiringContract, samples: list[Sample], *, positions: int = 3,
                    batch_size: int = 4, pad_id: int | None = None) -> dict[str, Any]:
     """A draft's acceptance measured offline, as `eaglewire train` measures it at each held-out evaluation
     (train.loop.evaluate through the family's objective record, so any family): teacher-forced top-1 per

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from eaglewire.target.protocol import TargetInfo
 from eaglewire.contract import WiringContract, from_engine, renumber, to_engine
 from eaglewire.draft.config import DraftConfig
 from eaglewire.draft.dflash import DFlashDraft
@@ -266,7 +267,7 @@ def _draft_config(fmt: BlockFormat, config: dict[str, Any], contract: WiringCont
                               fix="the directory is not an export of this format") from None
 
 
-def _contract_for(fmt: BlockFormat, config: dict[str, Any], directory: Path, target: Any, where: str,
+def _contract_for(fmt: BlockFormat, config: dict[str, Any], directory: Path, target: TargetInfo | None, where: str,
                   taps: tuple[int, ...] | None = None, vmap: VocabMap | None = None) -> WiringContract:
     from eaglewire.draft.dflash import dflash_contract
 
@@ -290,7 +291,7 @@ def _contract_for(fmt: BlockFormat, config: dict[str, Any], directory: Path, tar
     return dflash_contract(target, taps, block, vmap)
 
 
-def import_block_draft(directory: Path, fmt_name: str, *, family: str = "dflash", target: Any | None = None,
+def import_block_draft(directory: Path, fmt_name: str, *, family: str = "dflash", target: TargetInfo | None = None,
                        dtype: torch.dtype | None = None,
                        taps: tuple[int, ...] | None = None) -> tuple[DFlashDraft, WiringContract]:
     """Load a block-drafter export strictly: exact key set, shapes, one float dtype, finite weights, the ids and
@@ -323,7 +324,7 @@ def import_block_draft(directory: Path, fmt_name: str, *, family: str = "dflash"
     return _load_weights(DFlashDraft(cfg, contract), tensors, where, dtype, target, contract), contract
 
 
-def import_block_backbone(directory: Path, fmt_name: str, *, target: Any, taps: tuple[int, ...],
+def import_block_backbone(directory: Path, fmt_name: str, *, target: TargetInfo, taps: tuple[int, ...],
                           anchor_layout: str = "bonus", heads: tuple[str, ...] = ()) -> DFlashDraft:
     """The DFlash backbone of a block drafter, for the doctor's measured wiring: of a DFlash draft, or of a
     family built on it (speculators' DSparkDraftModel is its DFlashDraftModel plus heads that bias the logits).
@@ -347,7 +348,7 @@ def import_block_backbone(directory: Path, fmt_name: str, *, target: Any, taps: 
 
 
 def _load_weights(draft: DFlashDraft, tensors: dict[str, torch.Tensor], where: str, dtype: torch.dtype | None,
-                  target: Any | None, contract: WiringContract) -> DFlashDraft:
+                  target: TargetInfo | None, contract: WiringContract) -> DFlashDraft:
     """`tensors` into `draft` strictly: exact key set, shapes, one float dtype, finite values, a vocab map the
     contract names; `contract` attached."""
     draft = draft.fill_nan()
