@@ -133,6 +133,25 @@ def test_dflash_rule(version):
     assert not lay.DFLASH.permute_qk
 
 
+@pytest.mark.parametrize("version", RELEASES)
+def test_dflash_block_is_n_max_plus_one(version):
+    """llama.cpp drafts DFlash's block as [id_last, MASK x n_max] (n_max = --spec-draft-n-max, clamped to
+    block_size - 1) and reads slots 1..n_max: below block_size - 1 the block is SHORTER than the one the draft
+    was trained on (vLLM and our engine draft the whole block and verify its first k), which changes every
+    slot's draft of a non-causal draft. The layout record says so, and the export's line serves the whole block."""
+    if "dflash" not in lay.RELEASES[version].families:
+        return
+    spec = read(version, "common/speculative.cpp")
+    dflash = spec[spec.index("struct common_speculative_impl_draft_dflash"):]
+    dflash = dflash[:dflash.index("\n};\n")]
+    assert "const int32_t n_draft = params.n_max;" in dflash
+    assert "const int32_t n_block_tokens = n_draft + (is_dspark && sample_from_anchor ? 0 : 1);" in dflash
+    assert "batch.add(i == 0 ? dp.id_last : mask_token_id, n + i, seq_id" in dflash
+    assert "const int32_t n_draft_max = is_dspark && sample_from_anchor ? block_size : block_size - 1;" in dflash
+    assert "for (int32_t i = 1; i < n_block_tokens; ++i) {" in dflash  # slots 1..n_max, the anchor not read
+    assert lay.DFLASH.block_drafted == "n_max + 1"
+
+
 def _constants(version: str):
     spec = importlib.util.spec_from_file_location(f"llamacpp_constants_{version.replace('.', '_')}",
                                                   src(version) / "gguf-py/gguf/constants.py")

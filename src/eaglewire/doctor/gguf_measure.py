@@ -1,7 +1,8 @@
 """The doctor's verdict on a GGUF draft: its static findings (gguf_checks.py) and, given the target, the wiring
 measured from its weights exactly as for every other format (the same candidates, score and rule:
-measured_wiring.candidates_from, trained_taps.measure / wiring_finding), on the GGUF's tensors loaded into
-our draft model by `eaglewire import --format llamacpp`'s loader (export/gguf_import.py)."""
+measured_wiring.candidates_from, trained_taps.measure / wiring_finding; a DFlash GGUF's by the block score of
+measured_block.measure_block, as for a DFlash directory), on the GGUF's tensors loaded into our draft model by
+`eaglewire import --format llamacpp`'s loader (export/gguf_import.py)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from eaglewire.doctor.checks import decodes
 from eaglewire.doctor.findings import Finding, Report, by_level
 from eaglewire.doctor.gguf_checks import (ENGINE, LLAMACPP, NAME, GGUFInspection, gguf_findings, inspect_gguf,
                                           right_ids_fix)
+from eaglewire.doctor.measured_block import block_fmt, block_where, measure_block
 from eaglewire.doctor.measured_wiring import _fmt, _tau, boundaries_for, candidates_from
-from eaglewire.doctor.trained_taps import Measurement, measure, wiring_finding
+from eaglewire.doctor.trained_taps import Measurement, Taps, measure, wiring_finding
 from eaglewire.errors import EaglewireError
 from eaglewire.export.llamacpp_layout import TARGET_LAYERS
 from eaglewire.target.protocol import TargetInfo
@@ -51,7 +53,8 @@ def run_gguf_measurement(gi: GGUFInspection, target: TargetInfo, chain_steps: in
                          ) -> tuple[Measurement | None, list[Finding]]:
     """Score the tap sets a reading of target_layers gives (llama.cpp's, every other numbering, the converter's
     default, ±1, the embedding) with the GGUF's own weights on the target's boundaries (captured on the
-    doctor's prompts unless given; a boundaries dump brings its own)."""
+    doctor's prompts unless given; a boundaries dump brings its own): a chain drafter's by next-token NLL, a
+    block drafter's by teacher-forced block NLL (the family record's `block`), one rule for both."""
     g, L, H = gi.draft, target.num_layers, target.hidden_size
     if not g.family.measured:
         return None, [Finding("info", "measured_wiring", f"the wiring was not measured: no GGUF measurement for "
@@ -71,14 +74,33 @@ def run_gguf_measurement(gi: GGUFInspection, target: TargetInfo, chain_steps: in
     reasons, priors = candidates_from(delivered, f"{key}={ids} read by {ENGINE}", ids, LLAMACPP, L, n)
     bounds = boundaries_for(target, bounds, progress)
     progress(f"scoring {len(reasons)} candidate tap sets, then a search around the best")
-    require_finite_rows(draft.embed_tokens.weight, bounds.input_ids, str(g.path))
     try:
-        m = measure(draft, bounds, delivered, reasons, chain_steps, priors)
+        m, best, where = (_block if g.family.block else _chain)(draft, bounds, delivered, reasons, priors,
+                                                                 chain_steps, str(g.path))
     except EaglewireError as err:
         return None, [Finding("warn", "measured_wiring", f"the wiring was not measured: {err.what}",
                               err.found or "", err.fix or "")]
-    where = f" ({m.tokens} target tokens, draft vocab covers {m.coverage:.0%}){_tau(m)}"
-    return m, [wiring_finding(m, ENGINE, f"this draft predicts best from boundaries {_fmt(m, m.best)}",
-                              _fmt(m, m.delivered) if m.delivered is not None else "", where,
+    return m, [wiring_finding(m, ENGINE, f"this draft predicts best from boundaries {best(m, m.best)}",
+                              best(m, m.delivered) if m.delivered is not None else "", where,
                               right_ids_fix(gi, L, m.best) + ", re-run the doctor",
                               cannot=f"{ENGINE} cannot capture the ids it is given")]
+
+
+Scored = tuple[Measurement, Callable[[Measurement, Taps], str], str]  # (measurement, a set's scores as text, where)
+
+
+def _chain(draft: Any, bounds: Boundaries, delivered: Taps | None, reasons: dict[Taps, list[str]],
+           priors: tuple[Taps, ...], chain_steps: int, where: str) -> Scored:
+    """A chain drafter (EAGLE-3): next-token NLL, and the teacher-forced chain's tau."""
+    require_finite_rows(draft.embed_tokens.weight, bounds.input_ids, where)
+    m = measure(draft, bounds, delivered, reasons, chain_steps, priors)
+    return m, _fmt, f" ({m.tokens} target tokens, draft vocab covers {m.coverage:.0%}){_tau(m)}"
+
+
+def _block(draft: Any, bounds: Boundaries, delivered: Taps | None, reasons: dict[Taps, list[str]],
+           priors: tuple[Taps, ...], chain_steps: int, where: str) -> Scored:
+    """A block drafter (DFlash): the directory measurement's own score, rule and tau (measured_block.py); its
+    block's slots are the chain, so `chain_steps` is unused."""
+    draft.move_attached("cpu")  # the target's embedding and head, scored on the CPU beside the Boundaries
+    m = measure_block(draft, bounds, delivered, reasons, priors, where)
+    return m, block_fmt, block_where(m)

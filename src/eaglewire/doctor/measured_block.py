@@ -252,18 +252,29 @@ def run_block_measurement(ins: Inspection, target: Any, engine: str | None = Non
         progress("the target answers the built-in prompts greedily; every boundary is captured (the long phase)")
         bounds = sample_target(target)
     progress(f"scoring {len(reasons)} candidate tap sets by teacher-forced block NLL, then a search around the best")
-    assert draft.embed_weight is not None and draft.head_weight is not None  # the loader attached the target's
-    require_finite_rows(draft.embed_weight, torch.cat([bounds.input_ids.flatten(),
-                        torch.tensor([draft.block.mask_token_id])]), str(ins.directory))
-    pos = block_entries(bounds, draft.block.block_size, draft.block.label_offset)
-    m = compare(lambda taps: block_score(draft, bounds, pos, taps), pos, L, delivered, reasons, priors)
-    m.tau["best"] = block_tau(m.scores[m.best], pos)
-    if delivered is not None:
-        m.tau["delivered"] = block_tau(m.scores[delivered], pos)
+    m = measure_block(draft, bounds, delivered, reasons, priors, str(ins.directory))
     if shape is not None:
         progress(f"our engine decodes the prompts at {knobs(shape)} with the delivered and the best tap sets")
         m.engine = engine_run(target, draft, shape, m)
     return m, [block_finding(m, ins.config, engine, L, how)]
+
+
+def measure_block(draft: DFlashDraft, bounds: Boundaries, delivered: Taps | None, reasons: dict[Taps, list[str]],
+                  priors: tuple[Taps, ...] = (), where: str = "the draft") -> Measurement:
+    """trained_taps.measure for a block drafter, whatever file it was read from (a directory's config, a GGUF):
+    every labelled candidate scored by teacher-forced block NLL, the search, the rule, and each set's tau."""
+    assert draft.embed_weight is not None and draft.head_weight is not None  # the loader attached the target's
+    # every token the block embeds is one of the Boundaries' own or the mask token: a NaN row read anyway
+    # (a dump's stand-in holds only those rows) would poison every score without a word
+    require_finite_rows(draft.embed_weight, torch.cat([bounds.input_ids.flatten(),
+                        torch.tensor([draft.block.mask_token_id])]), where)
+    pos = block_entries(bounds, draft.block.block_size, draft.block.label_offset)
+    m = compare(lambda taps: block_score(draft, bounds, pos, taps), pos, bounds.num_layers, delivered, reasons,
+                priors)
+    m.tau["best"] = block_tau(m.scores[m.best], pos)
+    if delivered is not None:
+        m.tau["delivered"] = block_tau(m.scores[delivered], pos)
+    return m
 
 
 def engine_run(target: Any, draft: DFlashDraft, shape: TreeShape, m: Measurement) -> EngineRun:
@@ -281,9 +292,17 @@ def engine_run(target: Any, draft: DFlashDraft, shape: TreeShape, m: Measurement
     return run_engine(target, draft, draft.contract, chain, {"delivered": m.delivered, "best": m.best})
 
 
-def _fmt(m: Measurement, taps: Taps) -> str:
+def block_fmt(m: Measurement, taps: Taps) -> str:
+    """A tap set's scores as a block drafter's finding names them."""
     s = m.scores[taps]
     return f"{list(taps)}: block NLL {s.mean_nll:.2f}, agreement {s.agreement:.2f}"
+
+
+def block_where(m: Measurement) -> str:
+    """What was scored, and each set's teacher-forced tau of a round (and our engine's, when it ran)."""
+    tau = ", ".join(f"{k} {v[0]:.2f}" for k, v in sorted(m.tau.items()))
+    return f" ({m.tokens} block slots scored; teacher-forced tau of a round: {tau}" \
+        f"{m.engine.text() if m.engine is not None else ''})"
 
 
 def block_fix(m: Measurement, config: dict[str, Any], engine: str, L: int) -> str:
@@ -299,9 +318,6 @@ def block_fix(m: Measurement, config: dict[str, Any], engine: str, L: int) -> st
 
 def block_finding(m: Measurement, config: dict[str, Any], engine: str, L: int, how: str) -> Finding:
     """error when the delivered set is clearly worse than the best (trained_taps.py's rule), else info."""
-    tau = ", ".join(f"{k} {v[0]:.2f}" for k, v in sorted(m.tau.items()))
-    where = f" ({m.tokens} block slots scored; teacher-forced tau of a round: {tau}" \
-        f"{m.engine.text() if m.engine is not None else ''})"
-    delivered = _fmt(m, m.delivered) if m.delivered is not None else ""
-    return wiring_finding(m, engine, f"this block drafter predicts best from boundaries {_fmt(m, m.best)}",
-                          delivered, where, block_fix(m, config, engine, L), cannot=how, how=f" ({how})")
+    delivered = block_fmt(m, m.delivered) if m.delivered is not None else ""
+    return wiring_finding(m, engine, f"this block drafter predicts best from boundaries {block_fmt(m, m.best)}",
+                          delivered, block_where(m), block_fix(m, config, engine, L), cannot=how, how=f" ({how})")

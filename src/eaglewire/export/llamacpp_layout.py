@@ -92,6 +92,10 @@ class GGUFFamily:
     default_ids: Callable[[int], list[int]] | None = None  # that default for an L-layer target (None: no ids)
     norms_per_release: bool = False  # the norm keys read differ by release (Release.eagle3_norms)
     measured: bool = False  # the doctor measures its wiring from the GGUF's own weights (doctor/gguf_measure.py)
+    # a block drafter's block as llama.cpp drafts it: "n_max + 1" = [id_last, MASK x n_max] (speculative.cpp), so a
+    # --spec-draft-n-max below block_size - 1 shortens the block the draft attends over (vLLM and eaglewire draft
+    # the whole block and verify its first k): serve the whole block (gguf_draft.server_line does)
+    block_drafted: str = ""
 
     @property
     def block(self) -> bool:
@@ -170,7 +174,8 @@ DFLASH = GGUFFamily(
     dropped=("t2d",), keys=(TARGET_LAYERS, BLOCK_SIZE, CAUSAL, SLIDING_WINDOW),
     final_tap="nothing: DFlash turns on layer inputs only (the graph has no input of layer n_layer)",
     converter_ids="dflash_config.target_layer_ids + 1 (z-lab's 'output of layer k' ids made layer inputs)",
-    converter_default="no target_layers key at all (llama.cpp then refuses to load the draft)",
+    converter_default="no target_layers key at all (llama.cpp then refuses to load the draft)", measured=True,
+    block_drafted="n_max + 1",
 )
 
 FAMILIES: dict[str, GGUFFamily] = {f.family: f for f in (EAGLE3, DFLASH)}
