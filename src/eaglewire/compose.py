@@ -244,6 +244,11 @@ def draft_layout(directory: Path) -> str:
     config = read_json_object(directory / "config.json", what="a draft config")
     if config.get("format") == NATIVE_FORMAT:
         return NATIVE
+    if "format" in config and "architectures" not in config:  # a native-looking config of another format: say so
+        raise CheckpointError(f"{directory / 'config.json'} names format {config['format']!r}",
+                              expected=f"format {NATIVE_FORMAT!r} (an eaglewire checkpoint) or an engine export's "
+                              "config (with `architectures`)", found=f"format {config['format']!r}",
+                              fix="point at an eaglewire checkpoint or an exported draft directory")
     side = read_contract(directory)
     family = side.family if side is not None else (block_family(directory / "config.json") or EAGLE3)
     return family_of({"family": family}).layout(config, side)

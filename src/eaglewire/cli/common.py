@@ -23,7 +23,9 @@ from rich.text import Text
 from eaglewire.contract import CANONICAL, CONVENTIONS, default_taps, from_engine
 from eaglewire.errors import EaglewireError
 from eaglewire.hw import DEVICE_DEFAULT, DEVICE_HELP
-from eaglewire.target.protocol import RunnableTarget, TargetInfo
+
+if typing.TYPE_CHECKING:  # types only: the light commands (wiring translate, --help) never import torch
+    from eaglewire.target.protocol import RunnableTarget, TargetInfo
 
 # The one printer: text is printed as it is, never read as rich markup. Messages carry what came from outside
 # (file content, record ids, paths, request fields, arguments), and a `[/]`, `[bold]` or `:smile:` in those must neither
