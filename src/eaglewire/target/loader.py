@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import logging
-import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -353,7 +352,7 @@ def load_target(spec: str | None = None, *, dtype: torch.dtype = torch.float32,
     where = placement(device, estimated_params(cfg) * dtype.itemsize)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **where)
-    except pickle.UnpicklingError:  # what torch.serialization raises (it unpickles with the stdlib's pickle)
+    except torch.serialization.pickle.UnpicklingError:  # type: ignore[attr-defined]  # (torch re-exports the stdlib's; src never imports pickle)
         # transformers unpickles .bin weights with weights_only=True; its message then suggests turning that
         # off, which would run whatever the file names: that advice is not passed on
         raise TargetError(f"target {str(path)!r} has pickled weights that are not plain tensors",
