@@ -80,10 +80,9 @@ def generate(target: Target | None, draft: Draft | str | Path | None, prompt: Pr
     from eaglewire import hw
 
     tgt = target if target is not None else load_target()
-    if draft is None or isinstance(draft, (str, Path)):
-        dtype = hw.draft_dtype(draft_dtype, tgt.dtype, str(tgt.device))
-        draft = load_draft(draft, tgt, dtype=dtype)
-    return generate_text(tgt, draft, prompt, max_new_tokens, shape=shape, temperature=temperature, top_p=top_p,
+    loaded: Draft = draft if draft is not None and not isinstance(draft, (str, Path)) else \
+        load_draft(draft, tgt, dtype=hw.draft_dtype(draft_dtype, tgt.dtype, str(tgt.device)))
+    return generate_text(tgt, loaded, prompt, max_new_tokens, shape=shape, temperature=temperature, top_p=top_p,
                          seed=seed, compile=compile, calibrate=calibrate)
 
 
@@ -94,12 +93,11 @@ def export_draft(draft: Draft | str | Path, out: str | Path, fmt: str, *, contra
     "vllm", "eagle", "specforge", "native", ...) with its wiring contract beside it, as `eaglewire export` does;
     the draft's own contract unless `contract` is given."""
     inputs = (Path(draft),) if isinstance(draft, (str, Path)) else ()  # never written over (eaglewire.outputs)
-    if isinstance(draft, (str, Path)):
-        draft = load_draft(draft)
-    contract = contract if contract is not None else draft.contract
+    loaded: Draft = load_draft(draft) if isinstance(draft, (str, Path)) else draft
+    contract = contract if contract is not None else loaded.contract
     if contract is None:
         raise ValueError("the draft carries no contract: pass contract=, or load it with load_draft")
-    return _export(draft, contract, Path(out), fmt, dtype=dtype, with_embedding=with_embedding,  # type: ignore[arg-type]
+    return _export(loaded, contract, Path(out), fmt, dtype=dtype, with_embedding=with_embedding,  # type: ignore[arg-type]
                         verifier=verifier, inputs=inputs)
 
 

@@ -7,7 +7,7 @@ measured_block.measure_block, as for a DFlash directory), on the GGUF's tensors 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
