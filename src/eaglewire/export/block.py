@@ -279,7 +279,7 @@ def _contract_for(fmt: BlockFormat, config: dict[str, Any], directory: Path, tar
     side = read_contract(directory)
     if side is not None:
         want = list(to_engine(side.taps, fmt.convention, side.target.num_layers))
-        if side.family != "dflash" or side.block != block or want != ids:
+        if side.family != fmt.family or side.block != block or want != ids:
             raise ContractMismatch(f"{where}: config.json disagrees with the wiring contract",
                                    expected=f"{fmt.convention} ids {want}, {side.block}", found=f"ids {ids}, {block}",
                                    fix="the config was edited after export; re-export from the native draft")
