@@ -10,20 +10,16 @@ texts are equal by construction; only loading the target and the draft (paths, d
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence, Union
+from typing import Any, Callable
 
-import torch
 
 from eaglewire.compose import Draft, decoder, proposal_shape
+from eaglewire.data.template import Prompt, chat_ids, messages_of
 from eaglewire.decoding.tree import TreeShape
 from eaglewire.errors import EaglewireError
 from eaglewire.target.loader import Target
 
 __all__ = ["Generation", "Prompt", "chat_ids", "generate_text", "messages_of"]
-
-# one user message, or chat messages [{"role": "system" | "user" | "assistant", "content": "..."}, ...]
-Prompt = Union[str, Sequence[Mapping[str, str]]]
-
 
 @dataclass(frozen=True)
 class Generation:
@@ -57,37 +53,6 @@ class Generation:
                 "verify_s": self.verify_s, "other_s": self.prefill_s + self.decode_s - self.draft_s - self.verify_s,
                 "shape": {"num_steps": self.shape.num_steps, "topk": self.shape.topk,
                           "num_draft_tokens": self.shape.num_draft_tokens}}
-
-
-def messages_of(prompt: Prompt) -> list[dict[str, str]]:
-    """The chat messages a prompt stands for: a string is one user message; a list is checked message by message."""
-    if isinstance(prompt, str):
-        return [{"role": "user", "content": prompt}]
-    fix = 'pass a string, or messages like [{"role": "user", "content": "Hi."}]'
-    if isinstance(prompt, Mapping) or not isinstance(prompt, Sequence) or not prompt:
-        raise EaglewireError("a prompt is one user message or a non-empty list of chat messages",
-                             expected="a str, or a list of {'role': ..., 'content': ...}",
-                             found=type(prompt).__name__ if prompt else "an empty list", fix=fix)
-    out = []
-    for i, m in enumerate(prompt):
-        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise EaglewireError(f"chat message {i} is not a role and a text", expected="{'role': str, "
-                                 "'content': str}", found=repr(m)[:200], fix=fix)
-        out.append({"role": m["role"], "content": m["content"]})
-    return out
-
-
-def chat_ids(tokenizer: Any, prompt: Prompt) -> torch.Tensor:
-    """The prompt rendered with the tokenizer's chat template and its generation prompt: ids [1, P]."""
-    messages = messages_of(prompt)
-    if tokenizer is None or getattr(tokenizer, "chat_template", None) is None:
-        raise EaglewireError("the prompt cannot be rendered: the target has no chat template",
-                             expected="a target whose tokenizer has a chat template (an instruct / chat model)",
-                             found="no tokenizer" if tokenizer is None else "a tokenizer without chat_template",
-                             fix="load an instruct model, or set tokenizer.chat_template")
-    ids: torch.Tensor = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True,
-                                                      return_tensors="pt")["input_ids"]
-    return ids  # [1, P]
 
 
 def generate_text(target: Target, draft: Draft, prompt: Prompt, max_new_tokens: int = 256, *,

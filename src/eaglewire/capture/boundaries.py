@@ -15,6 +15,7 @@ from typing import Sequence
 import torch
 
 from eaglewire.capture.hooks import capture
+from eaglewire.data.template import chat_ids
 from eaglewire.target.loader import Target
 
 PROMPTS = (  # short, varied first turns (writing, reasoning, coding, facts): the draft's everyday diet
@@ -57,8 +58,7 @@ def builtin_prompts(target: Target) -> list[torch.Tensor]:
         g = torch.Generator().manual_seed(0)
         return [torch.randint(0, target.vocab_size, (NO_TOKENIZER_PROMPT_LEN,), generator=g) for _ in PROMPTS]
     if getattr(tok, "chat_template", None):
-        return [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                        return_dict=True, return_tensors="pt")["input_ids"][0] for p in PROMPTS]
+        return [chat_ids(tok, p)[0] for p in PROMPTS]
     return [tok(p, return_tensors="pt")["input_ids"][0] for p in PROMPTS]
 
 

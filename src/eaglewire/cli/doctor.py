@@ -199,9 +199,9 @@ def _first_turn_prompts(tgt: Any, questions: str, limit: int) -> list[Any]:
     from eaglewire.data.conversations import read_conversations
 
     convs = [c for _, c in zip(range(limit), read_conversations(questions))]
-    return [tgt.tokenizer.apply_chat_template([{"role": "user", "content": c.user_turns[0]}],
-                                              add_generation_prompt=True, return_dict=True,
-                                              return_tensors="pt")["input_ids"] for c in convs]
+    from eaglewire.data.template import chat_ids
+
+    return [chat_ids(tgt.tokenizer, c.user_turns[0]) for c in convs]
 
 
 def expect_cmd(

@@ -211,8 +211,9 @@ def capture_cmd(
         if tgt.chat_template is None:
             raise EaglewireError("--chat needs a chat template", expected="tokenizer.chat_template",
                                  found="none", fix="drop --chat")
-        ids = tgt.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                                return_dict=True, return_tensors="pt")["input_ids"]
+        from eaglewire.data.template import chat_ids
+
+        ids = chat_ids(tgt.tokenizer, text)  # [1, P]
     else:
         ids = tgt.tokenizer(text, return_tensors="pt")["input_ids"]
     contract = tgt.contract(boundaries)

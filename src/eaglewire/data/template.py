@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
 
 from eaglewire.errors import EaglewireError
+
+if TYPE_CHECKING:
+    import torch
 
 
 class TemplateMismatch(EaglewireError):
@@ -122,3 +125,38 @@ def render_with_mask(tok: Any, messages: list[dict], *, template: str | None = N
             text, start = _turn_span(tok, messages, i, template, template_kwargs or {})
             out.append(_tokenize_with_mask(tok, text, [(start, len(text))]))
     return out
+
+
+# one user message, or chat messages [{"role": "system" | "user" | "assistant", "content": "..."}, ...]
+Prompt = Union[str, Sequence[Mapping[str, str]]]
+
+
+def messages_of(prompt: Prompt) -> list[dict[str, str]]:
+    """The chat messages a prompt stands for: a string is one user message; a list is checked message by message."""
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    fix = 'pass a string, or messages like [{"role": "user", "content": "Hi."}]'
+    if isinstance(prompt, Mapping) or not isinstance(prompt, Sequence) or not prompt:
+        raise EaglewireError("a prompt is one user message or a non-empty list of chat messages",
+                             expected="a str, or a list of {'role': ..., 'content': ...}",
+                             found=type(prompt).__name__ if prompt else "an empty list", fix=fix)
+    out = []
+    for i, m in enumerate(prompt):
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise EaglewireError(f"chat message {i} is not a role and a text", expected="{'role': str, "
+                                 "'content': str}", found=repr(m)[:200], fix=fix)
+        out.append({"role": m["role"], "content": m["content"]})
+    return out
+
+
+def chat_ids(tokenizer: Any, prompt: Prompt) -> torch.Tensor:
+    """The prompt rendered with the tokenizer's chat template and its generation prompt: ids [1, P]."""
+    messages = messages_of(prompt)
+    if tokenizer is None or getattr(tokenizer, "chat_template", None) is None:
+        raise EaglewireError("the prompt cannot be rendered: the target has no chat template",
+                             expected="a target whose tokenizer has a chat template (an instruct / chat model)",
+                             found="no tokenizer" if tokenizer is None else "a tokenizer without chat_template",
+                             fix="load an instruct model, or set tokenizer.chat_template")
+    ids: torch.Tensor = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True,
+                                                      return_tensors="pt")["input_ids"]
+    return ids  # [1, P]

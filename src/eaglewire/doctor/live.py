@@ -38,6 +38,7 @@ from eaglewire.doctor.live_lossless import TIE_LOGITS, Divergence
 from eaglewire.doctor.live_lossless import judge as lossless_judge
 from eaglewire.errors import EaglewireError
 from eaglewire.target.protocol import RunnableTarget
+from eaglewire.data.template import chat_ids
 
 HTTP_TIMEOUT_S = 600.0  # one greedy request on a loaded CPU server; every loop here is over a finite list
 VERDICTS = ("healthy", "below_expectation", "no_counters", "not_lossless")  # not_lossless: doctor/live_lossless.py
@@ -134,8 +135,7 @@ def probe_engine(url: str, chats: list[list[dict[str, str]]], max_tokens: int, e
 
 def chat_prompts(tok: Any, chats: list[list[dict[str, str]]]) -> list[Any]:
     """Each chat rendered with the target's template, [1, P] ids (as our reference decodes them)."""
-    return [tok.apply_chat_template(m, add_generation_prompt=True, return_dict=True,
-                                    return_tensors="pt")["input_ids"] for m in chats]
+    return [chat_ids(tok, m) for m in chats]
 
 
 @dataclass

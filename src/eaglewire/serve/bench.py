@@ -29,6 +29,7 @@ from eaglewire.serve.peer import PEER_METHODS, PeerServers
 from eaglewire.decoding.tree import TreeShape
 from eaglewire.safeio import atomic_write_text
 from eaglewire.target.protocol import RunnableTarget
+from eaglewire.data.template import chat_ids
 
 METHODS = ("hf_generate", "vanilla", "prompt_lookup", "eagle_chain", "eagle_tree")  # on our runtime
 # Defaults of `eaglewire bench` and of the run config's bench section (defined here only; the tree is
@@ -183,8 +184,7 @@ def bench_prompts(target: RunnableTarget, questions: str, limit: int, turns: int
                                  expected=f"answers for ids {missing[:5]} in {answers}", found="missing",
                                  fix="eaglewire data regenerate --source mtbench --out FILE, then --answers FILE")
         chats += [regen[c.id].messages()[:2] + [{"role": "user", "content": c.user_turns[1]}] for c in convs]
-    return [target.tokenizer.apply_chat_template(m, add_generation_prompt=True, return_dict=True,
-                                                 return_tensors="pt")["input_ids"] for m in chats]
+    return [chat_ids(target.tokenizer, m) for m in chats]
 
 
 def run_bench(target: RunnableTarget, draft: Any, prompts: list[torch.Tensor], max_new: int, chain: TreeShape,
