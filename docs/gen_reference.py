@@ -69,8 +69,11 @@ def _command_md(cmd: Any, path: str) -> list[str]:
     if params:
         lines += ["| option | type | default | help |", "|---|---|---|---|"]
         for p in params:
-            names = ", ".join(f"`{o}`" for o in (p.opts + p.secondary_opts)) if p.param_type_name == "option" \
+            names = (
+                ", ".join(f"`{o}`" for o in (p.opts + p.secondary_opts))
+                if p.param_type_name == "option"
                 else f"`{p.name.upper()}` (argument)"
+            )
             default = "" if p.default is None or callable(p.default) else _code_list(p.default)
             if getattr(p, "required", False):
                 default = "required"
@@ -93,8 +96,13 @@ def _walk(cmd: Any, path: str) -> list[str]:
 
 def cli_page() -> str:
     root = typer.main.get_command(_mod("cli_app").app)
-    body = ["# CLI reference", "", "Every command and option of `eaglewire`, read from the Typer app "
-            f"(`{MODULES['cli_app']}:app`). `eaglewire COMMAND --help` prints the same.", ""]
+    body = [
+        "# CLI reference",
+        "",
+        "Every command and option of `eaglewire`, read from the Typer app "
+        f"(`{MODULES['cli_app']}:app`). `eaglewire COMMAND --help` prints the same.",
+        "",
+    ]
     return GENERATED + "\n".join(body + _walk(root, "eaglewire")) + "\n"
 
 
@@ -116,23 +124,41 @@ def _type_name(spec: dict[str, Any]) -> str:
 def config_page() -> str:
     schema = _mod("run_config").RunConfig.model_json_schema()
     defs = schema.get("$defs", {})
-    out = ["# Run config schema", "", f"`eaglewire run --config FILE` (YAML or JSON) is validated by "
-           f"`{MODULES['run_config']}.RunConfig`: unknown keys and wrong types are refused with the field named. "
-           "`eaglewire run --budget B --show-config` prints a resolved config.", ""]
-    sections = [("top level", schema)] + [(name, defs[ref["$ref"].rsplit("/", 1)[-1]])
-                                          for name, ref in schema["properties"].items() if "$ref" in ref]
+    out = [
+        "# Run config schema",
+        "",
+        f"`eaglewire run --config FILE` (YAML or JSON) is validated by "
+        f"`{MODULES['run_config']}.RunConfig`: unknown keys and wrong types are refused with the field named. "
+        "`eaglewire run --budget B --show-config` prints a resolved config.",
+        "",
+    ]
+    sections = [("top level", schema)] + [
+        (name, defs[ref["$ref"].rsplit("/", 1)[-1]]) for name, ref in schema["properties"].items() if "$ref" in ref
+    ]
     for title, node in sections:
-        out += [f"## `{title}`" if title != "top level" else "## top level", "",
-                "| field | type | default | constraints | description |", "|---|---|---|---|---|"]
+        out += [
+            f"## `{title}`" if title != "top level" else "## top level",
+            "",
+            "| field | type | default | constraints | description |",
+            "|---|---|---|---|---|",
+        ]
         for name, spec in node["properties"].items():
             if "$ref" in spec:
                 continue
-            limits = ", ".join(f"{k} {spec[k]}" for k in ("minimum", "exclusiveMinimum", "maximum",
-                                                           "exclusiveMaximum") if k in spec)
-            default = ((", ".join(f"`{v}`" for v in spec["default"]) or "`[]`") if isinstance(spec.get("default"), list)
-                       else f"`{spec['default']}`" if "default" in spec else "required")
-            out.append(f"| `{name}` | {_cell(_type_name(spec))} | {_cell(default)} | {_cell(limits)} | "
-                       f"{_cell(spec.get('description', ''))} |")
+            limits = ", ".join(
+                f"{k} {spec[k]}" for k in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum") if k in spec
+            )
+            default = (
+                (", ".join(f"`{v}`" for v in spec["default"]) or "`[]`")
+                if isinstance(spec.get("default"), list)
+                else f"`{spec['default']}`"
+                if "default" in spec
+                else "required"
+            )
+            out.append(
+                f"| `{name}` | {_cell(_type_name(spec))} | {_cell(default)} | {_cell(limits)} | "
+                f"{_cell(spec.get('description', ''))} |"
+            )
         out.append("")
     return GENERATED + "\n".join(out) + "\n"
 
@@ -145,8 +171,7 @@ def _text(node: ast.AST) -> str:
     if isinstance(node, ast.Constant):
         return str(node.value)
     if isinstance(node, ast.JoinedStr):
-        return "".join(_text(v) if isinstance(v, ast.Constant) else f"‹{ast.unparse(v.value)}›"
-                       for v in node.values)
+        return "".join(_text(v) if isinstance(v, ast.Constant) else f"‹{ast.unparse(v.value)}›" for v in node.values)
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
         return _text(node.left) + _text(node.right)
     if isinstance(node, ast.IfExp):
@@ -175,16 +200,22 @@ def doctor_findings() -> list[dict[str, Any]]:
     rows = []
     for src in sorted(pkg.glob("*.py")):
         for node in ast.walk(ast.parse(src.read_text())):
-            if not (isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("Finding", "_f")
-                    and len(node.args) == 5):
+            if not (
+                isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("Finding", "_f") and len(node.args) == 5
+            ):
                 continue
             level, code, what, why, fix = node.args
             if not isinstance(code, ast.Constant):
                 continue  # the helper that builds findings (_f), not a finding
-            row = {"module": src.stem, "level": _text(level), "code": _text(code), "what": _text(what),
-                   "why": _text(why), "fix": _text(fix),
-                   "patterns": {k: _pattern(n) for k, n in (("level", level), ("what", what), ("why", why),
-                                                            ("fix", fix))}}
+            row = {
+                "module": src.stem,
+                "level": _text(level),
+                "code": _text(code),
+                "what": _text(what),
+                "why": _text(why),
+                "fix": _text(fix),
+                "patterns": {k: _pattern(n) for k, n in (("level", level), ("what", what), ("why", why), ("fix", fix))},
+            }
             # the first example from each test file that built the case: a finding shared by families (the
             # measured wiring of an EAGLE-3 draft and of a block drafter) shows each family's own
             first: dict[str, dict[str, Any]] = {}
@@ -204,26 +235,38 @@ def _finding_md(r: dict[str, Any]) -> list[str]:
     out = []
     for e in r["examples"]:
         test = e["test"].replace("::", " · ")
-        out += [f"**{e['level']}** · {_cell(e['what'])}", "",
-                f"- **why:** {_cell(e['why'])}", f"- **fix:** {_cell(e['fix'])}",
-                f"- <small>seen in `{test}`</small>", ""]
+        out += [
+            f"**{e['level']}** · {_cell(e['what'])}",
+            "",
+            f"- **why:** {_cell(e['why'])}",
+            f"- **fix:** {_cell(e['fix'])}",
+            f"- <small>seen in `{test}`</small>",
+            "",
+        ]
     return out
 
 
 def doctor_page() -> str:
     rows = sorted(doctor_findings(), key=lambda r: (r["code"], r["level"], r["what"]))
     codes = sorted({r["code"] for r in rows})
-    out = ["# Doctor findings catalogue", "", f"Every finding `eaglewire doctor` can report, read from the checks "
-           f"in `{MODULES['doctor']}` ({len(rows)} findings, {len(codes)} codes), each shown as the doctor "
-           "printed it on a broken draft the tests build (the test is named under it; `docs/gen_doctor_examples.sh` "
-           "records them). The numbers in the examples are those of the tests' small targets. An **error** is "
-           "something that makes an engine run the draft at acceptance ≈ 1 (or not at all); the exit code is 1 "
-           "when any is found. Words: [glossary](../guides/glossary.md).", "",
-           "| code | findings | levels |", "|---|---|---|"]
+    out = [
+        "# Doctor findings catalogue",
+        "",
+        f"Every finding `eaglewire doctor` can report, read from the checks "
+        f"in `{MODULES['doctor']}` ({len(rows)} findings, {len(codes)} codes), each shown as the doctor "
+        "printed it on a broken draft the tests build (the test is named under it; `docs/gen_doctor_examples.sh` "
+        "records them). The numbers in the examples are those of the tests' small targets. An **error** is "
+        "something that makes an engine run the draft at acceptance ≈ 1 (or not at all); the exit code is 1 "
+        "when any is found. Words: [glossary](../guides/glossary.md).",
+        "",
+        "| code | findings | levels |",
+        "|---|---|---|",
+    ]
     for c in codes:
         mine = [r for r in rows if r["code"] == c]
-        out.append(f"| [`{c}`](#{c.replace('_', '-')}) | {len(mine)} | "
-                   f"{', '.join(sorted({r['level'] for r in mine}))} |")
+        out.append(
+            f"| [`{c}`](#{c.replace('_', '-')}) | {len(mine)} | {', '.join(sorted({r['level'] for r in mine}))} |"
+        )
     for c in codes:
         out += ["", f"## `{c}` {{ #{c.replace('_', '-')} }}", ""]
         for r in (r for r in rows if r["code"] == c):
@@ -239,8 +282,17 @@ def _example_config(engine: Any) -> dict[str, Any]:
     c, d, lay = _mod("contract"), _mod("draft_config"), _mod("layouts")
     ident = c.TargetIdentity("smollm2-135m", "LlamaForCausalLM", "0" * 64, 30, 576, 49152)
     contract = c.WiringContract.for_target(ident, c.default_taps(30))
-    cfg = d.DraftConfig(hidden_size=576, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3,
-                        head_dim=64, target_hidden_size=576, num_taps=3, vocab_size=49152, draft_vocab_size=8000)
+    cfg = d.DraftConfig(
+        hidden_size=576,
+        intermediate_size=1536,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        target_hidden_size=576,
+        num_taps=3,
+        vocab_size=49152,
+        draft_vocab_size=8000,
+    )
     return lay.make_config(engine, cfg, contract, "bfloat16")
 
 
@@ -251,49 +303,99 @@ def _keys(d: dict[str, Any], prefix: str = "") -> list[str]:
     return out
 
 
-NATIVE_KEYS = ("fc.weight", "layers.0.hidden_norm.weight", "layers.0.input_layernorm.weight",
-               "layers.0.self_attn.q_proj.weight", "layers.0.mlp.gate_proj.weight", "norm.weight", "lm_head.weight",
-               "d2t", "t2d")
+NATIVE_KEYS = (
+    "fc.weight",
+    "layers.0.hidden_norm.weight",
+    "layers.0.input_layernorm.weight",
+    "layers.0.self_attn.q_proj.weight",
+    "layers.0.mlp.gate_proj.weight",
+    "norm.weight",
+    "lm_head.weight",
+    "d2t",
+    "t2d",
+)
 
 
 def formats_page() -> str:
     engines = {n: e for n, e in _mod("engines").ENGINES.items() if e.serves_eagle3}  # EAGLE-3 formats
     lay = _mod("layouts")
-    out = ["# Export formats", "", f"One record per engine (`{MODULES['engines']}.ENGINES`) and the exporter "
-           f"(`{MODULES['layouts']}`). Layer ids are shown for the embedded target (30 layers, taps = boundaries "
-           "[2, 15, 27]).", "", "Two tables, so that each fits the page: the wiring, then the layout.", "",
-           "| format | layer-id convention | ids read from | taps |", "|---|---|---|---|"]
+    out = [
+        "# Export formats",
+        "",
+        f"One record per engine (`{MODULES['engines']}.ENGINES`) and the exporter "
+        f"(`{MODULES['layouts']}`). Layer ids are shown for the embedded target (30 layers, taps = boundaries "
+        "[2, 15, 27]).",
+        "",
+        "Two tables, so that each fits the page: the wiring, then the layout.",
+        "",
+        "| format | layer-id convention | ids read from | taps |",
+        "|---|---|---|---|",
+    ]
     for e in engines.values():
         ids = ", ".join(f"`{k}`" for k in e.id_keys) or "hard-coded"
-        conv = f"the target's model file in SGLang {e.release or _mod('sglang_rules').NEWEST}" \
-            if e.per_model_file else f"`{e.convention}`"
+        conv = (
+            f"the target's model file in SGLang {e.release or _mod('sglang_rules').NEWEST}"
+            if e.per_model_file
+            else f"`{e.convention}`"
+        )
         out.append(f"| `{e.name}` | {conv} | {ids} | {e.num_taps or 'any'} |")
-    out += ["", "| format | config style | layer-0 prefix | layers | norm flags | embedding |", "|---|---|---|---|---|---|"]
+    out += [
+        "",
+        "| format | config style | layer-0 prefix | layers | norm flags | embedding |",
+        "|---|---|---|---|---|---|",
+    ]
     for e in engines.values():
-        out.append(f"| `{e.name}` | {e.config_style} | `{e.prefix0}` | {'any' if e.multi_layer else '1'} | "
-                   f"{', '.join(sorted(e.norms)) or 'none'} | "
-                   f"{'target' if e.replaces_embedding else 'checkpoint or target'} |")
+        out.append(
+            f"| `{e.name}` | {e.config_style} | `{e.prefix0}` | {'any' if e.multi_layer else '1'} | "
+            f"{', '.join(sorted(e.norms)) or 'none'} | "
+            f"{'target' if e.replaces_embedding else 'checkpoint or target'} |"
+        )
     presets, new = _mod("norms").NORM_PRESETS, _mod("train_config").NEW_DRAFT_NORMS
-    out += ["", "## Norm sets", "", f"`eaglewire train --norms` (`{MODULES['norms']}.NORM_PRESETS`); a new draft "
-            f"gets `{new}`, a warm start keeps its own. An export to an engine that does not implement a flag is "
-            "refused.", "", "| `--norms` | flags | engines that serve it |", "|---|---|---|"]
+    out += [
+        "",
+        "## Norm sets",
+        "",
+        f"`eaglewire train --norms` (`{MODULES['norms']}.NORM_PRESETS`); a new draft "
+        f"gets `{new}`, a warm start keeps its own. An export to an engine that does not implement a flag is "
+        "refused.",
+        "",
+        "| `--norms` | flags | engines that serve it |",
+        "|---|---|---|",
+    ]
     for name, flags in presets.items():
-        out.append(f"| `{name}`{' (new drafts)' if name == new else ''} | {', '.join(sorted(flags.on)) or 'none'} | "
-                   + ", ".join(e.name for e in engines.values() if flags.on <= e.norms) + " |")
+        out.append(
+            f"| `{name}`{' (new drafts)' if name == new else ''} | {', '.join(sorted(flags.on)) or 'none'} | "
+            + ", ".join(e.name for e in engines.values() if flags.on <= e.norms)
+            + " |"
+        )
     for e in engines.values():
         conf = _example_config(e)
         ids = lay.config_ids(e, conf)
-        out += ["", f"## `{e.name}`", "", f"Layer ids written: `{ids}`." if ids is not None else
-                "Layer ids: none (the engine's taps are hard-coded).", "", "Weight names (native → this format): " +
-                ", ".join(f"`{k}` → `{lay.native_to(e, k)}`" for k in NATIVE_KEYS if k.startswith("layers."))
-                + "; others unchanged.", "", "Config fields: " + ", ".join(f"`{k}`" for k in _keys(conf)) + "."]
+        out += [
+            "",
+            f"## `{e.name}`",
+            "",
+            f"Layer ids written: `{ids}`."
+            if ids is not None
+            else "Layer ids: none (the engine's taps are hard-coded).",
+            "",
+            "Weight names (native → this format): "
+            + ", ".join(f"`{k}` → `{lay.native_to(e, k)}`" for k in NATIVE_KEYS if k.startswith("layers."))
+            + "; others unchanged.",
+            "",
+            "Config fields: " + ", ".join(f"`{k}`" for k in _keys(conf)) + ".",
+        ]
     return GENERATED + "\n".join(out) + "\n"
 
 
 # ---------------------------------------------------------------------------------- SGLang rules
 
-RULE_WORDS = {"sglang-plus1": "id + 1", "sglang-first1": "id + 1 only if the first id is 1, else id",
-              "sglang-final": "id if the last id is L, else id + 1", "as-is": "id"}
+RULE_WORDS = {
+    "sglang-plus1": "id + 1",
+    "sglang-first1": "id + 1 only if the first id is 1, else id",
+    "sglang-final": "id if the last id is L, else id + 1",
+    "as-is": "id",
+}
 
 
 def _rule_cell(home: str, rule: str, delegates: dict[str, str]) -> str:
@@ -321,19 +423,21 @@ def sglang_rules_table() -> str:
     out = [GENERATED.strip(), ""]
     for kind, setter in (("eagle3", "set_eagle3_layers_to_capture"), ("dflash", "set_dflash_layers_to_capture")):
         homes = sorted({h for r in releases for h, v in rec[kind][r].items() if v["archs"]})
-        out += [f"**{kind}**: the boundary `{setter}` captures for config id `id` (boundary k = the residual "
-                "stream entering decoder layer k); L = the target's layer count. Each column names the flags that "
-                "apply its release's rules. A release between two columns gets their rule where they agree for "
-                "the model file (said in the doctor's `layer_ids` finding), else an error naming both.", "",
-                "| model file | " + " | ".join(f"SGLang {r}: {_engine_flag(r)}" for r in releases) +
-                " | architectures |",
-                "|---" * (len(releases) + 2) + "|"]
+        out += [
+            f"**{kind}**: the boundary `{setter}` captures for config id `id` (boundary k = the residual "
+            "stream entering decoder layer k); L = the target's layer count. Each column names the flags that "
+            "apply its release's rules. A release between two columns gets their rule where they agree for "
+            "the model file (said in the doctor's `layer_ids` finding), else an error naming both.",
+            "",
+            "| model file | " + " | ".join(f"SGLang {r}: {_engine_flag(r)}" for r in releases) + " | architectures |",
+            "|---" * (len(releases) + 2) + "|",
+        ]
         for home in homes:
             cells, served = [], {}
             for r in releases:
                 v = rec[kind][r].get(home)
                 cells.append(_rule_cell(home, v["rule"], rules.DELEGATES) if v and v["archs"] else "–")
-                for arch in (v["archs"] if v else []):
+                for arch in v["archs"] if v else []:
                     served.setdefault(arch, []).append(r)
             every = max(served.values(), key=len)  # the releases the file serves architectures in
             archs = [a if rs == every else f"{a} ({', '.join(rs)} only)" for a, rs in sorted(served.items())]
@@ -341,8 +445,6 @@ def sglang_rules_table() -> str:
             out.append(f"| `{file}` | " + " | ".join(cells) + " | " + ", ".join(archs) + " |")
         out.append("")
     return "\n".join(out)
-
-
 
 
 # ------------------------------------------------------------------------------------------- Python API
@@ -368,10 +470,16 @@ def api_entries() -> list[tuple[str, str, str]]:
 
 def api_page() -> str:
     pkg = _mod("front_door")
-    out = ["# Python API", "", f"`import eaglewire as ew`: the names of `{MODULES['front_door']}.__all__` "
-           "(defined in `eaglewire.api`, imported on first use). The command line calls these same functions.", "",
-           "```python", textwrap.dedent(inspect.cleandoc(importlib.import_module("eaglewire.api").__doc__).split("\n\n")[1]),
-           "```"]
+    out = [
+        "# Python API",
+        "",
+        f"`import eaglewire as ew`: the names of `{MODULES['front_door']}.__all__` "
+        "(defined in `eaglewire.api`, imported on first use). The command line calls these same functions.",
+        "",
+        "```python",
+        textwrap.dedent(inspect.cleandoc(importlib.import_module("eaglewire.api").__doc__).split("\n\n")[1]),
+        "```",
+    ]
     assert pkg.__all__, "the front door exports nothing"
     for name, sig, doc in api_entries():
         first = doc.split("\n\n")[0].replace("\n", " ") if doc else "–"
@@ -379,9 +487,14 @@ def api_page() -> str:
     return GENERATED + "\n".join(out) + "\n"
 
 
-
-PAGES = {"cli.md": cli_page, "config.md": config_page, "doctor.md": doctor_page, "formats.md": formats_page,
-         "sglang-rules.md": sglang_rules_table, "api.md": api_page}
+PAGES = {
+    "cli.md": cli_page,
+    "config.md": config_page,
+    "doctor.md": doctor_page,
+    "formats.md": formats_page,
+    "sglang-rules.md": sglang_rules_table,
+    "api.md": api_page,
+}
 
 
 def generate(out_dir: Path) -> list[Path]:

@@ -20,8 +20,10 @@ def runs(topic: str | None = None) -> list[dict[str, Any]]:
 
 
 def _head(r: dict[str, Any]) -> str:
-    return (f"**{r['date']}, {r['machine']}, {r['dtype']}** — {r['what']}  \n"
-            f"`{r['command']}`  \nfiles: `benchmarks/results/{r['path']}/`\n")
+    return (
+        f"**{r['date']}, {r['machine']}, {r['dtype']}** — {r['what']}  \n"
+        f"`{r['command']}`  \nfiles: `benchmarks/results/{r['path']}/`\n"
+    )
 
 
 def _img(r: dict[str, Any], name: str) -> str:
@@ -37,14 +39,19 @@ def _img(r: dict[str, Any], name: str) -> str:
 def bench_table(r: dict[str, Any]) -> str:
     """The rows of an `eaglewire bench` run (bench.json)."""
     b = json.loads((RESULTS / r["path"] / "bench.json").read_text())
-    lines = [_head(r), "| method | median tok/s | vs vanilla | vs vLLM vanilla | τ | per position | = vanilla |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        _head(r),
+        "| method | median tok/s | vs vanilla | vs vLLM vanilla | τ | per position | = vanilla |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, m in b["methods"].items():
         vs_vllm = f"{m['speedup_vs_vllm_vanilla']:.2f}×" if "speedup_vs_vllm_vanilla" in m else "–"
         pos = ", ".join(f"{p:.2f}" for p in m.get("per_position", [])) or "–"
         tau = f"{m['tau']:.2f}" if "tau" in m else "–"
-        lines.append(f"| {name} | {m['median_tok_s']:.2f} | {m['speedup_vs_vanilla']:.2f}× | {vs_vllm} | {tau} | "
-                     f"{pos} | {m['matches_vanilla']}/{len(m.get('tok_s', [])) or '?'} |")
+        lines.append(
+            f"| {name} | {m['median_tok_s']:.2f} | {m['speedup_vs_vanilla']:.2f}× | {vs_vllm} | {tau} | "
+            f"{pos} | {m['matches_vanilla']}/{len(m.get('tok_s', [])) or '?'} |"
+        )
     return "\n".join(lines) + "\n" + _img(r, "bench.png")
 
 
@@ -70,26 +77,29 @@ def scaling_table(r: dict[str, Any]) -> str:
     for row in s["rows"]:
         pos = ", ".join(f"{p:.2f}" for p in row.get("per_position", []))
         name = Path(str(row.get("draft", ""))).name
-        lines.append(f"| {name} | {row.get('step', '–')} | {row.get('trained_tokens', '–')} | "
-                     f"{row.get('tau', float('nan')):.3f} | {pos} |")
+        lines.append(
+            f"| {name} | {row.get('step', '–')} | {row.get('trained_tokens', '–')} | "
+            f"{row.get('tau', float('nan')):.3f} | {pos} |"
+        )
     return "\n".join(lines) + "\n" + _img(r, "scaling.png")
 
 
 def runs_table() -> str:
     lines = ["| topic | date | machine | dtype | what | folder |", "|---|---|---|---|---|---|"]
     for r in runs():
-        lines.append(f"| {r['topic']} | {r['date']} | {r['machine']} | {r['dtype']} | {r['what']} | "
-                     f"`{r['path']}/` |")
+        lines.append(f"| {r['topic']} | {r['date']} | {r['machine']} | {r['dtype']} | {r['what']} | `{r['path']}/` |")
     return "\n".join(lines) + "\n"
 
 
 def generate() -> list[Path]:
     OUT.mkdir(parents=True, exist_ok=True)
-    pages = {"peer.md": "\n".join(bench_table(r) for r in runs("peer")),
-             "quality.md": "\n".join(bench_table(r) for r in runs("quality")),
-             "verify.md": "\n".join(verify_table(r) for r in runs("verify")),
-             "scaling.md": "\n".join(scaling_table(r) for r in runs("scaling")),
-             "runs.md": runs_table()}
+    pages = {
+        "peer.md": "\n".join(bench_table(r) for r in runs("peer")),
+        "quality.md": "\n".join(bench_table(r) for r in runs("quality")),
+        "verify.md": "\n".join(verify_table(r) for r in runs("verify")),
+        "scaling.md": "\n".join(scaling_table(r) for r in runs("scaling")),
+        "runs.md": runs_table(),
+    }
     written = []
     for name, text in pages.items():
         path = OUT / name

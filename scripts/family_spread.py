@@ -18,8 +18,16 @@ from pathlib import Path
 
 FAMILY_NAMES = {"eagle3", "dflash"}
 # unambiguous convention names (contract.CONVENTIONS less those that are also engine names)
-CONVENTION_NAMES = {"zlab", "sglang-dflash", "vllm-dflash", "sglang-plus1", "sglang-first1", "sglang-final",
-                    "vllm-legacy", "modelopt"}
+CONVENTION_NAMES = {
+    "zlab",
+    "sglang-dflash",
+    "vllm-dflash",
+    "sglang-plus1",
+    "sglang-first1",
+    "sglang-final",
+    "vllm-legacy",
+    "modelopt",
+}
 NOT_FAMILY_TABLES = {"norms.py"}  # NORM_PRESETS: "eagle3" there names a norm preset, not a family
 
 
@@ -47,8 +55,9 @@ def scan(src: Path) -> dict[str, list[str]]:
         docs = _docstrings(tree)
         if any(isinstance(n, ast.Constant) and n.value in FAMILY_NAMES and id(n) not in docs for n in ast.walk(tree)):
             found["files"].append(rel)
-        if not rel.endswith("contract.py") and any(isinstance(n, ast.Constant) and n.value in CONVENTION_NAMES
-                                                   and id(n) not in docs for n in ast.walk(tree)):
+        if not rel.endswith("contract.py") and any(
+            isinstance(n, ast.Constant) and n.value in CONVENTION_NAMES and id(n) not in docs for n in ast.walk(tree)
+        ):
             found["taps-modules"].append(rel)
         for node in ast.walk(tree):
             if _keys_family(node) and not rel.endswith("families.py") and rel not in NOT_FAMILY_TABLES:
@@ -56,13 +65,23 @@ def scan(src: Path) -> dict[str, list[str]]:
             if isinstance(node, ast.ClassDef):
                 if node.name == "Family":
                     found["family-classes"].append(f"{rel}:{node.lineno}")
-                fields = {s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
+                fields = {
+                    s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
+                }
                 if "convention" in fields and not rel.endswith("contract.py"):
                     found["taps"].append(f"{rel}:{node.lineno} class {node.name}")
-            if isinstance(node, ast.Dict) and node.keys and not rel.endswith("contract.py") and all(
-                    isinstance(k, ast.Constant) and isinstance(k.value, str) for k in node.keys) and all(
-                    isinstance(v, ast.Constant) and type(v.value) is int for v in node.values) and any(
-                    "sglang" in str(k.value) or "dflash" in str(k.value) for k in node.keys if isinstance(k, ast.Constant)):
+            if (
+                isinstance(node, ast.Dict)
+                and node.keys
+                and not rel.endswith("contract.py")
+                and all(isinstance(k, ast.Constant) and isinstance(k.value, str) for k in node.keys)
+                and all(isinstance(v, ast.Constant) and type(v.value) is int for v in node.values)
+                and any(
+                    "sglang" in str(k.value) or "dflash" in str(k.value)
+                    for k in node.keys
+                    if isinstance(k, ast.Constant)
+                )
+            ):
                 found["taps"].append(f"{rel}:{node.lineno} shift table")
     return found
 

@@ -108,6 +108,7 @@ def _stem(name: str) -> str:
 
 def _deeper(text: str, levels: int) -> str:
     """`Path(__file__)[.resolve()].parent` / `.parents[N]` of a file moved `levels` folders down."""
+
     def parents(m: re.Match[str]) -> str:
         return f"{m.group(1)}.parents[{int(m.group(2)) + levels}]"
 

@@ -30,8 +30,12 @@ def _checkpoint_summary(run: Path, step: int) -> tuple[Path, dict]:
     state = json.loads((ckpt / "trainer.json").read_text())
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line]
     held = [r for r in rows if r["split"] == "heldout" and r["step"] <= step]
-    summary = {"heldout": held[-1] if held else {}, "stopped_at_step": step, "config": state["config"],
-               "note": f"released from the step-{step} checkpoint of a {state['config']['max_steps']}-step schedule"}
+    summary = {
+        "heldout": held[-1] if held else {},
+        "stopped_at_step": step,
+        "config": state["config"],
+        "note": f"released from the step-{step} checkpoint of a {state['config']['max_steps']}-step schedule",
+    }
     return ckpt / "draft", summary
 
 

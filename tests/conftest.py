@@ -72,7 +72,10 @@ def pytest_sessionfinish(session, exitstatus):
     rows = [dict(zip(("level", "check", "what", "why", "fix"), k), test=t) for k, t in _RECORDED.items()]
     if Path(path).is_file():  # a partial rerun adds to the file; docs/gen_doctor_examples.sh starts afresh
         seen = {tuple(r[k] for k in ("level", "check", "what", "why", "fix")) for r in rows}
-        rows += [r for r in json.loads(Path(path).read_text())["findings"]
-                 if tuple(r[k] for k in ("level", "check", "what", "why", "fix")) not in seen]
+        rows += [
+            r
+            for r in json.loads(Path(path).read_text())["findings"]
+            if tuple(r[k] for k in ("level", "check", "what", "why", "fix")) not in seen
+        ]
     rows.sort(key=lambda r: (r["check"], r["level"], r["what"]))
     Path(path).write_text(json.dumps({"findings": rows}, indent=1, ensure_ascii=False) + "\n")

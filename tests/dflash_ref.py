@@ -20,9 +20,15 @@ from eaglewire.capture.hooks import capture
 def greedy_continuation(target, prompt: torch.Tensor, n: int) -> list[int]:
     """The target's own greedy tokens after `prompt` [1, P] (HF generate, fp32)."""
     with torch.no_grad():
-        out = target.model.generate(prompt, max_new_tokens=n, do_sample=False, pad_token_id=0,
-                                    eos_token_id=None, attention_mask=torch.ones_like(prompt))
-    return out[0, prompt.shape[1]:].tolist()
+        out = target.model.generate(
+            prompt,
+            max_new_tokens=n,
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=None,
+            attention_mask=torch.ones_like(prompt),
+        )
+    return out[0, prompt.shape[1] :].tolist()
 
 
 def fit(target, draft, seqs: list[torch.Tensor], starts: list[int], steps: int, lr: float = 5e-3) -> list[float]:
@@ -45,8 +51,9 @@ def fit(target, draft, seqs: list[torch.Tensor], starts: list[int], steps: int, 
         mask = torch.cat([torch.arange(T)[None] < p[own][:, None], own[:, None] == own[None]], -1)  # [nB, T+nB]
         hidden = draft(taps[i], torch.arange(T)[None], block.view(1, -1), pos.view(1, -1), mask[None])  # [1, nB, H]
         logits = draft.logits(hidden.view(n, B, -1)[:, 1:])  # [n, B-1, V or V_d]: slot k predicts x[p+k]
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), _draft_ids(draft, x[pos[:, 1:]].reshape(-1)),
-                               ignore_index=-100)
+        loss = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), _draft_ids(draft, x[pos[:, 1:]].reshape(-1)), ignore_index=-100
+        )
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -72,7 +79,7 @@ def greedy_acceptance(target, draft, prompt: torch.Tensor, cont: list[int], max_
     cache = draft.new_cache(x.shape[0] + B)
     accepted, p = [], P  # x[P] is the first token out (from the prefill)
     while p - P + 1 < max_new:
-        draft.extend_context(cache, taps[:, cache.n:p])
+        draft.extend_context(cache, taps[:, cache.n : p])
         drafts = draft.target_ids(draft.logits(draft.draft_block(cache, int(x[p]))[0, 1:]).argmax(-1)).tolist()
         a = 0
         while a < B - 1 and drafts[a] == int(x[p + 1 + a]):

@@ -42,8 +42,13 @@ def client_python(name: str) -> str | None:
 def run_client(py: str, script: str, *args: str) -> str:
     """Run tests/clients/SCRIPT in a client venv; our PYTHONPATH stays out (it would shadow the venv's packages)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    res = subprocess.run([py, str(Path(__file__).parent / "clients" / script), *args], capture_output=True,
-                         text=True, timeout=300, env=env)
+    res = subprocess.run(
+        [py, str(Path(__file__).parent / "clients" / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     return res.stdout
 
@@ -70,24 +75,42 @@ def save_specforge_sample(path: Path, data: dict) -> None:
         torch.save(data, path)
 
 
-def write_specforge(root: Path, target: Target, samples: list[Sample], stored: Sequence[int], *,
-                    last: str = "post-norm", dtype: torch.dtype = torch.float32, compress: bool = False,
-                    group: int = 2000) -> list[Path]:
+def write_specforge(
+    root: Path,
+    target: Target,
+    samples: list[Sample],
+    stored: Sequence[int],
+    *,
+    last: str = "post-norm",
+    dtype: torch.dtype = torch.float32,
+    compress: bool = False,
+    group: int = 2000,
+) -> list[Path]:
     """One data_{i}.ckpt per sample; `last="pre-norm"` stores boundary L where SpecForge stores post-norm."""
     paths = []
     for i, s in enumerate(samples):
         states, post = true_states(target, s.input_ids)
         hidden = post if last == "post-norm" else states[:, -1]  # [T, H]
-        data = {"input_ids": s.input_ids.clone(), "loss_mask": s.loss_mask.clone(),  # DataPoint's field order
-                "hidden_state": hidden[None].to(dtype).clone(),  # [1, T, H]
-                "aux_hidden_state": states[:, list(stored)].flatten(1)[None].to(dtype).clone()}  # [1, T, k*H]
+        data = {
+            "input_ids": s.input_ids.clone(),
+            "loss_mask": s.loss_mask.clone(),  # DataPoint's field order
+            "hidden_state": hidden[None].to(dtype).clone(),  # [1, T, H]
+            "aux_hidden_state": states[:, list(stored)].flatten(1)[None].to(dtype).clone(),
+        }  # [1, T, k*H]
         paths.append(specforge_path(root, i, group, compress))
         save_specforge_sample(paths[-1], data)
     return paths
 
 
-def write_speculators_states(root: Path, target: Target, samples: list[Sample], stored: Sequence[int], *,
-                             dtype: torch.dtype = torch.float32, skip: Sequence[int] = ()) -> list[Path]:
+def write_speculators_states(
+    root: Path,
+    target: Target,
+    samples: list[Sample],
+    stored: Sequence[int],
+    *,
+    dtype: torch.dtype = torch.float32,
+    skip: Sequence[int] = (),
+) -> list[Path]:
     """DIR/hidden_states/hs_{row}.safetensors: the taps then boundary L (vLLM's extra last-layer id)."""
     out = Path(root) / "hidden_states"
     out.mkdir(parents=True, exist_ok=True)
@@ -116,8 +139,13 @@ def write_speculators_arrow(root: Path, samples: list[Sample], real_tool: bool =
     import pyarrow as pa  # the caller skips when neither is there
     import pyarrow.ipc as ipc
 
-    table = pa.table({"input_ids": [r["input_ids"] for r in rows], "loss_mask": [r["loss_mask"] for r in rows],
-                      "seq_len": [len(r["input_ids"]) for r in rows]})
+    table = pa.table(
+        {
+            "input_ids": [r["input_ids"] for r in rows],
+            "loss_mask": [r["loss_mask"] for r in rows],
+            "seq_len": [len(r["input_ids"]) for r in rows],
+        }
+    )
     with ipc.new_stream(str(Path(root) / "data-00000-of-00001.arrow"), table.schema) as w:
         w.write_table(table)
     (Path(root) / "state.json").write_text(json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}))

@@ -35,13 +35,24 @@ VOCAB = 49152  # SmolLM2's tokenizer: the converter writes the target's vocabula
 
 def need_converter() -> None:
     """Skip (fail in CI, $EAGLEWIRE_LLAMACPP set) where the converter or what it reads is missing."""
-    missing = [what for what, ok in (
-        (f"llama.cpp's source at {LLAMACPP} (bash scripts/llamacpp_build.sh)",
-         (LLAMACPP / "convert_hf_to_gguf.py").is_file()),
-        (f"the embedded target's tokenizer at {SMOLLM} (eaglewire target info)", (SMOLLM / "tokenizer.json").is_file()),
-        (f"sentencepiece in {DEPS} (bash scripts/llamacpp_build.sh)",
-         (DEPS / "sentencepiece").is_dir() or importlib.util.find_spec("sentencepiece") is not None))
-        if not ok]
+    missing = [
+        what
+        for what, ok in (
+            (
+                f"llama.cpp's source at {LLAMACPP} (bash scripts/llamacpp_build.sh)",
+                (LLAMACPP / "convert_hf_to_gguf.py").is_file(),
+            ),
+            (
+                f"the embedded target's tokenizer at {SMOLLM} (eaglewire target info)",
+                (SMOLLM / "tokenizer.json").is_file(),
+            ),
+            (
+                f"sentencepiece in {DEPS} (bash scripts/llamacpp_build.sh)",
+                (DEPS / "sentencepiece").is_dir() or importlib.util.find_spec("sentencepiece") is not None,
+            ),
+        )
+        if not ok
+    ]
     if missing:
         assert not ENV, "missing: " + "; ".join(missing)
         pytest.skip("missing: " + "; ".join(missing))
@@ -50,9 +61,16 @@ def need_converter() -> None:
 def tiny_target(out: Path, layers: int = 8, seed: int = 0):
     """A tiny llama target with SmolLM2's vocabulary, saved (with the tokenizer) where the converter reads it."""
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                      tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+    )
     model = AutoModelForCausalLM.from_config(cfg).float().eval()
     model.save_pretrained(out)
     for f in ("tokenizer.json", "tokenizer_config.json"):
@@ -64,9 +82,24 @@ def convert(export_dir: Path, target_dir: Path, out: Path, *extra: str) -> Path:
     """llama.cpp's converter on an export directory, f32; the contract side file is kept beside the GGUF."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(LLAMACPP / "gguf-py"), str(DEPS), *sys.path])}
     out.parent.mkdir(parents=True, exist_ok=True)
-    run = subprocess.run([sys.executable, str(LLAMACPP / "convert_hf_to_gguf.py"), str(export_dir),
-                          "--target-model-dir", str(target_dir), "--outfile", str(out), "--outtype", "f32", *extra],
-                         env=env, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(LLAMACPP / "convert_hf_to_gguf.py"),
+            str(export_dir),
+            "--target-model-dir",
+            str(target_dir),
+            "--outfile",
+            str(out),
+            "--outtype",
+            "f32",
+            *extra,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     side = export_dir / "eaglewire_contract.json"
     if side.is_file():
@@ -74,8 +107,15 @@ def convert(export_dir: Path, target_dir: Path, out: Path, *extra: str) -> Path:
     return out
 
 
-def rewrite(src: Path, dst: Path, *, set_keys: dict[str, Any] | None = None, drop: tuple[str, ...] = (),
-            tensors: dict[str, np.ndarray] | None = None, keep_contract: bool = True) -> Path:
+def rewrite(
+    src: Path,
+    dst: Path,
+    *,
+    set_keys: dict[str, Any] | None = None,
+    drop: tuple[str, ...] = (),
+    tensors: dict[str, np.ndarray] | None = None,
+    keep_contract: bool = True,
+) -> Path:
     """A copy of GGUF `src` with keys set (same value type as before, or new ints/bools/int lists), keys
     and tensors dropped, tensors replaced; the contract side file beside it copied when asked."""
     from gguf import GGUFReader, GGUFValueType, GGUFWriter

@@ -24,7 +24,7 @@ class OracleProposer:
         self.done += len(tokens)
 
     def propose(self) -> DraftTree:
-        nxt = self.ref[self.done: self.done + self.shape.num_steps] or [self.wrong]
+        nxt = self.ref[self.done : self.done + self.shape.num_steps] or [self.wrong]
         tokens, parents = [], []
         for d, tok in enumerate(nxt):
             if self.shape.topk > 1 and len(tokens) + 2 <= self.shape.num_draft_tokens - 1:

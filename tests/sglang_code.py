@@ -44,8 +44,9 @@ class _Class:
 
 
 @lru_cache(maxsize=8)
-def _parse(path: Path) -> tuple[dict[str, dict[str, _Class]], dict[str, dict[str, tuple[str, str]]],
-                                dict[str, list[str]]]:
+def _parse(
+    path: Path,
+) -> tuple[dict[str, dict[str, _Class]], dict[str, dict[str, tuple[str, str]]], dict[str, list[str]]]:
     """Per model file of the wheel: its classes, its imports of other model files' names, its EntryClass names."""
     with zipfile.ZipFile(path) as zf:
         return _parse_zip(zf)
@@ -56,9 +57,9 @@ def _parse_zip(zf: zipfile.ZipFile) -> tuple[dict, dict, dict]:
     imports: dict[str, dict[str, tuple[str, str]]] = {}
     entries: dict[str, list[str]] = {}
     for name in zf.namelist():
-        if not (name.startswith(MODELS) and name.endswith(".py") and "/" not in name[len(MODELS):]):
+        if not (name.startswith(MODELS) and name.endswith(".py") and "/" not in name[len(MODELS) :]):
             continue
-        file = name[len(MODELS):]
+        file = name[len(MODELS) :]
         src = zf.read(name).decode("utf-8")
         try:
             tree = ast.parse(src)
@@ -67,15 +68,19 @@ def _parse_zip(zf: zipfile.ZipFile) -> tuple[dict, dict, dict]:
         classes[file], imports[file], entries[file] = {}, {}, []
         for node in tree.body:
             if isinstance(node, ast.ClassDef):
-                methods = {f.name: textwrap.dedent(ast.get_source_segment(src, f) or "") for f in node.body
-                           if isinstance(f, ast.FunctionDef) and f.name in SETTERS}
+                methods = {
+                    f.name: textwrap.dedent(ast.get_source_segment(src, f) or "")
+                    for f in node.body
+                    if isinstance(f, ast.FunctionDef) and f.name in SETTERS
+                }
                 bases = [ast.unparse(b).split(".")[-1] for b in node.bases]
                 classes[file][node.name] = _Class(file, node.name, bases, methods)
             elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sglang.srt.models."):
                 for a in node.names:
                     imports[file][a.asname or a.name] = (node.module.rsplit(".", 1)[1] + ".py", a.name)
-            elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "EntryClass"
-                                                      for t in node.targets):
+            elif isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "EntryClass" for t in node.targets
+            ):
                 value = node.value
                 items = value.elts if isinstance(value, (ast.List, ast.Tuple)) else [value]
                 entries[file] += [ast.unparse(i).split(".")[-1] for i in items]
@@ -130,8 +135,10 @@ def defining_classes(path: Path) -> dict[str, dict[str, str]]:
     """{setter: {"file.py:Class": source}} for every class that defines it, served by an architecture of
     its own or not (an inner model, a wrapper picked at run time): every one the record must know."""
     classes, _, _ = _parse(path)
-    return {s: {f"{f}:{c.name}": c.methods[s] for f, cs in classes.items() for c in cs.values() if s in c.methods}
-            for s in SETTERS}
+    return {
+        s: {f"{f}:{c.name}": c.methods[s] for f, cs in classes.items() for c in cs.values() if s in c.methods}
+        for s in SETTERS
+    }
 
 
 # ---- running a setter on a stub --------------------------------------------------------------------------
@@ -150,8 +157,13 @@ class _Stub:
         if name.startswith("__"):
             raise AttributeError(name)
         L = self._L
-        special = {"is_last_rank": True, "world_size": 1, "is_first_rank": True, "num_hidden_layers": L,
-                   "layers": [_Stub(f"{self._path}.layers[{i}]", self._log, L) for i in range(L)]}
+        special = {
+            "is_last_rank": True,
+            "world_size": 1,
+            "is_first_rank": True,
+            "num_hidden_layers": L,
+            "layers": [_Stub(f"{self._path}.layers[{i}]", self._log, L) for i in range(L)],
+        }
         value = special.get(name)
         if value is None:
             value = _Stub(f"{self._path}.{name}", self._log, L)
@@ -172,8 +184,13 @@ class _Stub:
 
 @lru_cache(maxsize=512)
 def _compiled(source: str) -> tuple[Any, frozenset[str]]:
-    code = compile("from typing import *\n" + source, "<sglang>", "exec",
-                   flags=__future__.annotations.compiler_flag, dont_inherit=True)
+    code = compile(
+        "from typing import *\n" + source,
+        "<sglang>",
+        "exec",
+        flags=__future__.annotations.compiler_flag,
+        dont_inherit=True,
+    )
     return code, frozenset(n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name))
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 
-def our_acceptance(target: Any, draft: Any, prompts: list[Any], max_new: int, k: int,
-                   vanilla: list[list[int]] | None = None) -> tuple[list[list[int]], float, list[float]]:
+def our_acceptance(
+    target: Any, draft: Any, prompts: list[Any], max_new: int, k: int, vanilla: list[list[int]] | None = None
+) -> tuple[list[list[int]], float, list[float]]:
     """Our engine's (vanilla greedy ids, tau, per-position acceptance) of `draft` as a k-token chain on the
     prompts, its output checked equal to the target's plain greedy decode. `vanilla`: that decode, from an
     earlier call on the same target, prompts and max_new (it depends on neither the draft nor the call: fp32,

@@ -21,6 +21,7 @@ def _builder(calls: list):
         calls.append(tmp)
         (tmp / "model.safetensors").write_bytes(bytes(range(256)) * (SIZE // 256))
         (tmp / "config.json").write_text('{"layers": 2}')
+
     return build
 
 
@@ -31,8 +32,12 @@ def _built(d: Path, calls: list) -> Path:
 
 
 @settings(max_examples=CASES, deadline=None)
-@given(start=st.integers(0, SIZE - 1), length=st.integers(1, 1 << 20), byte=st.integers(0, 255),
-       name=st.sampled_from(["model.safetensors", "config.json"]))
+@given(
+    start=st.integers(0, SIZE - 1),
+    length=st.integers(1, 1 << 20),
+    byte=st.integers(0, 255),
+    name=st.sampled_from(["model.safetensors", "config.json"]),
+)
 def test_a_file_changed_in_place_with_its_size_kept_is_rebuilt(start, length, byte, name):
     with tempfile.TemporaryDirectory() as d:
         calls: list = []
@@ -41,9 +46,9 @@ def test_a_file_changed_in_place_with_its_size_kept_is_rebuilt(start, length, by
         raw = bytearray(f.read_bytes())
         start %= len(raw)
         patch = bytes([byte]) * min(length, len(raw) - start)
-        if raw[start:start + len(patch)] == patch:
+        if raw[start : start + len(patch)] == patch:
             return  # the drawn change changes nothing
-        raw[start:start + len(patch)] = patch
+        raw[start : start + len(patch)] = patch
         f.write_bytes(bytes(raw))  # same size
         assert not cache.is_complete(path, {"v": 1})
         _, built = cache.ensure_dir(path, {"v": 1}, _builder(calls))
@@ -71,14 +76,22 @@ def test_a_zeroed_sampled_block_is_caught_with_the_time_put_back_and_a_touch_is_
 
 markers = st.one_of(
     st.binary(max_size=64),
-    st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
-                 lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=8), kids, max_size=3),
-                 max_leaves=8).map(lambda v: json.dumps(v).encode()),
-    st.sampled_from([b'{"fingerprint": {"v": 1}, "files": {"config.json": "13"}}',
-                     b'{"fingerprint": {"v": 1}, "files": []}',
-                     b'{"fingerprint": {"v": 1}, "files": {"config.json": true}}',
-                     b'{"fingerprint": {"v": 1}, "files": {"config.json": 13}, "digests": [1]}',
-                     b'\xff\xfe{}', b'[' * 100000]))
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+        lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=8), kids, max_size=3),
+        max_leaves=8,
+    ).map(lambda v: json.dumps(v).encode()),
+    st.sampled_from(
+        [
+            b'{"fingerprint": {"v": 1}, "files": {"config.json": "13"}}',
+            b'{"fingerprint": {"v": 1}, "files": []}',
+            b'{"fingerprint": {"v": 1}, "files": {"config.json": true}}',
+            b'{"fingerprint": {"v": 1}, "files": {"config.json": 13}, "digests": [1]}',
+            b"\xff\xfe{}",
+            b"[" * 100000,
+        ]
+    ),
+)
 
 
 @settings(max_examples=CASES, deadline=None)

@@ -69,9 +69,11 @@ def test_the_scan_finds_long_functions_methods_and_nested_ones() -> None:
     """The scan itself: a 61-line method and a nested function are found, by qualified name and with the
     decorator counted; a 60-line one is not."""
     body = "".join(f"        x{i} = {i}\n" for i in range(58))
-    text = (f"class A:\n    @staticmethod\n    def long():\n{body}        return 0\n\n"  # 1 + 1 + 58 + 1 = 61 lines
-            f"    def fits():\n{body}        return 0\n\n"  # 60 lines
-            f"def outer():\n    def inner():\n{body.replace('        ', '            ')}"
-            f"            return 1\n            return 2\n    return inner\n")
+    text = (
+        f"class A:\n    @staticmethod\n    def long():\n{body}        return 0\n\n"  # 1 + 1 + 58 + 1 = 61 lines
+        f"    def fits():\n{body}        return 0\n\n"  # 60 lines
+        f"def outer():\n    def inner():\n{body.replace('        ', '            ')}"
+        f"            return 1\n            return 2\n    return inner\n"
+    )
     assert long_functions(text) == {"A.long": 61, "outer": 63, "outer.inner": 61}
     assert module_lines(text) == len(text.splitlines())

@@ -7,8 +7,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eaglewire.contract import (CANONICAL, CONVENTIONS, TargetIdentity, WiringContract, default_taps, from_engine,
-                                misnumbered, renumber, to_engine, translate)
+from eaglewire.contract import (
+    CANONICAL,
+    CONVENTIONS,
+    TargetIdentity,
+    WiringContract,
+    default_taps,
+    from_engine,
+    misnumbered,
+    renumber,
+    to_engine,
+    translate,
+)
 from eaglewire.norms import NormFlags
 from eaglewire.errors import ContractMismatch, TranslationError
 
@@ -16,13 +26,25 @@ LAYER_COUNTS = (4, 30, 61)
 
 
 def _target(L: int = 30) -> TargetIdentity:
-    return TargetIdentity(name="t", architecture="LlamaForCausalLM", config_sha256="ab" * 32, num_layers=L,
-                          hidden_size=576, vocab_size=49152)
+    return TargetIdentity(
+        name="t",
+        architecture="LlamaForCausalLM",
+        config_sha256="ab" * 32,
+        num_layers=L,
+        hidden_size=576,
+        vocab_size=49152,
+    )
 
 
 def test_contract_json_round_trip():
-    c = WiringContract(target=_target(), taps=(2, 15, 27), draft_vocab_size=8000, vocab_map_sha256="cd" * 32,
-                       chat_template_sha256="ef" * 32, norm=NormFlags(norm_output=True))
+    c = WiringContract(
+        target=_target(),
+        taps=(2, 15, 27),
+        draft_vocab_size=8000,
+        vocab_map_sha256="cd" * 32,
+        chat_template_sha256="ef" * 32,
+        norm=NormFlags(norm_output=True),
+    )
     again = WiringContract.from_json(c.to_json())
     assert again == c and again.fingerprint() == c.fingerprint()
     assert again.tap_width == 3 * 576 and again.engine_ids("vllm") == (2, 15, 27)
@@ -56,13 +78,24 @@ def test_contract_differences_name_the_field():
     assert "target.num_layers=32" in str(err.value)
 
 
-@pytest.mark.parametrize("L,conv,expected", [
-    (30, "hf", (2, 15, 27)), (30, "vllm", (2, 15, 27)), (30, "speculators", (2, 15, 27)),
-    (30, "vllm-legacy", (2, 15, 27)), (30, "sglang-first1", (1, 14, 26)), (30, "sglang-plus1", (1, 14, 26)),
-    (30, "sglang-final", (1, 14, 26)),
-    (30, "specforge", (1, 14, 26)), (30, "modelopt", (1, 14, 26)), (30, "eagle", (2, 15, 27)),
-    (61, "sglang-first1", (1, 29, 57)), (61, "vllm", (2, 30, 58)), (61, "specforge", (1, 29, 57)),
-])
+@pytest.mark.parametrize(
+    "L,conv,expected",
+    [
+        (30, "hf", (2, 15, 27)),
+        (30, "vllm", (2, 15, 27)),
+        (30, "speculators", (2, 15, 27)),
+        (30, "vllm-legacy", (2, 15, 27)),
+        (30, "sglang-first1", (1, 14, 26)),
+        (30, "sglang-plus1", (1, 14, 26)),
+        (30, "sglang-final", (1, 14, 26)),
+        (30, "specforge", (1, 14, 26)),
+        (30, "modelopt", (1, 14, 26)),
+        (30, "eagle", (2, 15, 27)),
+        (61, "sglang-first1", (1, 29, 57)),
+        (61, "vllm", (2, 30, 58)),
+        (61, "specforge", (1, 29, 57)),
+    ],
+)
 def test_default_taps_per_engine(L, conv, expected):
     """Every engine's default lands on the same physical states: outputs of layers 1, L//2-1, L-4."""
     assert to_engine(default_taps(L), conv, L) == expected
@@ -82,8 +115,11 @@ def test_sglang_rules_differ_off_the_default():
     assert from_engine((2, 15, 27), "sglang-first1", 30) == (2, 15, 27)
     assert from_engine((2, 15, 27), "sglang-plus1", 30) == (3, 16, 28)
     # ... and [1, 14, 26] means the same under all three.
-    assert from_engine((1, 14, 26), "sglang-first1", 30) == from_engine((1, 14, 26), "sglang-plus1", 30) \
+    assert (
+        from_engine((1, 14, 26), "sglang-first1", 30)
+        == from_engine((1, 14, 26), "sglang-plus1", 30)
         == from_engine((1, 14, 26), "sglang-final", 30)
+    )
     # gpt_oss.py keeps ids reaching L as they are; the final boundary is written as L-1 (+1 gives L too)
     assert from_engine((5, 10, 30), "sglang-final", 30) == (5, 10, 30)
     assert to_engine((5, 10, 30), "sglang-final", 30) == (4, 9, 29)
@@ -96,18 +132,21 @@ def test_sglang_names_without_a_rule_are_refused_with_the_way_out(name):
     assert "--arch" in str(err.value)
 
 
-@pytest.mark.parametrize("conv,taps,match", [
-    ("hf", (2, 15, 30), "AFTER the final norm"),
-    ("sglang-first1", (0, 15, 27), "boundary 0 is the embedding"),
-    ("sglang-first1", (2, 15, 30), "never after the last one"),
-    ("sglang-first1", (1, 15, 27), "PR #25454"),
-    ("sglang-plus1", (0, 15, 27), "embedding"),
-    ("sglang-plus1", (2, 15, 30), "never after the last one"),
-    ("sglang-final", (0, 15, 27), "embedding"),
-    ("vllm-legacy", (2, 15, 30), "never after the last one"),
-    ("specforge", (0, 15, 27), "embedding"),
-    ("eagle", (3, 15, 27), "hard-codes"),
-])
+@pytest.mark.parametrize(
+    "conv,taps,match",
+    [
+        ("hf", (2, 15, 30), "AFTER the final norm"),
+        ("sglang-first1", (0, 15, 27), "boundary 0 is the embedding"),
+        ("sglang-first1", (2, 15, 30), "never after the last one"),
+        ("sglang-first1", (1, 15, 27), "PR #25454"),
+        ("sglang-plus1", (0, 15, 27), "embedding"),
+        ("sglang-plus1", (2, 15, 30), "never after the last one"),
+        ("sglang-final", (0, 15, 27), "embedding"),
+        ("vllm-legacy", (2, 15, 30), "never after the last one"),
+        ("specforge", (0, 15, 27), "embedding"),
+        ("eagle", (3, 15, 27), "hard-codes"),
+    ],
+)
 def test_impossible_translations_raise_with_reason(conv, taps, match):
     with pytest.raises(TranslationError, match=match) as err:
         to_engine(taps, conv, 30)
@@ -190,17 +229,21 @@ def test_cli_translate(tmp_path):
 
     from eaglewire.cli.app import app
 
-    r = CliRunner().invoke(app, ["wiring", "translate", "--layers", "30", "--to", "sglang", "--arch",
-                                 "LlamaForCausalLM", "--json"])
+    r = CliRunner().invoke(
+        app, ["wiring", "translate", "--layers", "30", "--to", "sglang", "--arch", "LlamaForCausalLM", "--json"]
+    )
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["ids"] == [1, 14, 26] and out["boundaries"] == [2, 15, 27] and out["to"] == "sglang-plus1"
     assert "llama.py" in out["to_rule"] and all(r["same"] for r in out["other_releases"].values())
-    r = CliRunner().invoke(app, ["wiring", "translate", "-L", "30", "--taps", "1,14,26", "--from", "sglang-plus1",
-                                 "--to", "vllm", "--json"])
+    r = CliRunner().invoke(
+        app,
+        ["wiring", "translate", "-L", "30", "--taps", "1,14,26", "--from", "sglang-plus1", "--to", "vllm", "--json"],
+    )
     assert json.loads(r.stdout)["ids"] == [2, 15, 27]
-    r = CliRunner().invoke(app, ["wiring", "translate", "-L", "30", "--taps", "0,15,27", "--to", "sglang",
-                                 "--arch", "LlamaForCausalLM"])
+    r = CliRunner().invoke(
+        app, ["wiring", "translate", "-L", "30", "--taps", "0,15,27", "--to", "sglang", "--arch", "LlamaForCausalLM"]
+    )
     assert r.exit_code == 2 and "cannot express tap boundary 0" in r.output
     # without an architecture: ids every SGLang model file reads alike, or a refusal naming the way out
     r = CliRunner().invoke(app, ["wiring", "translate", "-L", "30", "--to", "sglang", "--json"])
@@ -216,8 +259,22 @@ def test_cli_translate_for_the_embedded_target_is_what_llama_py_captures():
 
     from eaglewire.cli.app import app
 
-    r = CliRunner().invoke(app, ["wiring", "translate", "--layers", "30", "--to", "sglang", "--taps", "3,16,29",
-                                 "--target", "smollm2-135m", "--json"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "wiring",
+            "translate",
+            "--layers",
+            "30",
+            "--to",
+            "sglang",
+            "--taps",
+            "3,16,29",
+            "--target",
+            "smollm2-135m",
+            "--json",
+        ],
+    )
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["ids"] == [2, 15, 28] and out["architecture"] == "LlamaForCausalLM"

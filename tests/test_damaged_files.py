@@ -37,6 +37,7 @@ class _Payload:
 # ------------------------------------------------------------------------------------------- damages
 # Each takes the file to damage and the test's tmp dir, and rewrites the file in place.
 
+
 def _truncated(p: Path, _: Path) -> None:
     p.write_bytes(p.read_bytes()[: max(1, p.stat().st_size // 2)])
 
@@ -87,6 +88,7 @@ def _deep(p: Path, _: Path) -> None:
 
 def _edit(**changes):
     """A JSON edit: dotted keys set to values (wrong JSON types, zero/negative sizes)."""
+
     def damage(p: Path, _: Path) -> None:
         data = json.loads(p.read_text())
         for dotted, value in changes.items():
@@ -96,6 +98,7 @@ def _edit(**changes):
                 node = node[part]
             node[last] = value
         p.write_text(json.dumps(data))
+
     damage.__name__ = "edit " + ", ".join(f"{k}={v!r}" for k, v in changes.items())
     return damage
 
@@ -106,6 +109,7 @@ def _tensor(key: str, value: float):
         t[key] = t[key].clone()
         t[key].view(-1)[0] = value
         save_file(t, str(p), metadata={"format": "eaglewire.draft/1"})
+
     damage.__name__ = f"{key} {value}"
     return damage
 
@@ -180,32 +184,66 @@ def _readers(target, contract) -> dict[str, tuple[str, str, Callable[[Path], obj
         "run config": ("run.yaml", "", lambda p: resolve(config=p)),
         "target config": ("target", "config.json", lambda d: load_target(str(d), with_tokenizer=False)),
         "regeneration file": ("regen.jsonl.gz", "", lambda p: read_done(p, repair=True)),
-        "regeneration settings": ("regen.jsonl.gz.meta.json", "",
-                                  lambda p: check_meta(p.with_name("regen.jsonl.gz"), {"target": "tiny"})),
+        "regeneration settings": (
+            "regen.jsonl.gz.meta.json",
+            "",
+            lambda p: check_meta(p.with_name("regen.jsonl.gz"), {"target": "tiny"}),
+        ),
     }
 
 
 # the doctor reports missing weights as findings (test_doctor_refuses_zero_heads_...), not as an error
-CASES = [(reader, d) for reader in ("native weights", "import weights", "doctor weights", "vocab map",
-                                    "feature shard", "boundaries dump") for d in BINARY
-         if (reader, d) != ("doctor weights", _missing)]
-CASES += [(reader, d) for reader in ("native config", "import config", "import contract", "doctor config",
-                                     "feature manifest", "run config", "target config") for d in JSON]
+CASES = [
+    (reader, d)
+    for reader in (
+        "native weights",
+        "import weights",
+        "doctor weights",
+        "vocab map",
+        "feature shard",
+        "boundaries dump",
+    )
+    for d in BINARY
+    if (reader, d) != ("doctor weights", _missing)
+]
+CASES += [
+    (reader, d)
+    for reader in (
+        "native config",
+        "import config",
+        "import contract",
+        "doctor config",
+        "feature manifest",
+        "run config",
+        "target config",
+    )
+    for d in JSON
+]
 CASES += [("regeneration file", d) for d in (_wrong_magic, _pickle, _torch_save, _not_utf8)]
 CASES += [("regeneration settings", d) for d in JSON if d is not _missing]  # missing: written afresh
 CASES += [  # wrong JSON types per field, zero/negative sizes
-    ("native config", _edit(draft=None)), ("native config", _edit(**{"draft.hidden_size": "64"})),
-    ("native config", _edit(**{"draft.num_attention_heads": 0})), ("native config", _edit(dtype=7)),
-    ("native config", _edit(**{"contract.taps": "1,2,3"})), ("native config", _edit(**{"draft.vocab_size": -5})),
-    ("import config", _edit(hidden_size="64")), ("import config", _edit(num_attention_heads=0)),
-    ("import config", _edit(draft_vocab_size=-1)), ("import config", _edit(norm_output="false")),
-    ("doctor config", _edit(hidden_size="64")), ("doctor config", _edit(**{"eagle_config": None})),
-    ("doctor config", _edit(rms_norm_eps="tiny")), ("doctor config", _edit(num_key_value_heads=True)),
-    ("import contract", _edit(taps="1,2,3")), ("import contract", _edit(target=None)),
-    ("feature manifest", _edit(shards={})), ("feature manifest", _edit(**{"contract.taps": "1,2,3"})),
+    ("native config", _edit(draft=None)),
+    ("native config", _edit(**{"draft.hidden_size": "64"})),
+    ("native config", _edit(**{"draft.num_attention_heads": 0})),
+    ("native config", _edit(dtype=7)),
+    ("native config", _edit(**{"contract.taps": "1,2,3"})),
+    ("native config", _edit(**{"draft.vocab_size": -5})),
+    ("import config", _edit(hidden_size="64")),
+    ("import config", _edit(num_attention_heads=0)),
+    ("import config", _edit(draft_vocab_size=-1)),
+    ("import config", _edit(norm_output="false")),
+    ("doctor config", _edit(hidden_size="64")),
+    ("doctor config", _edit(**{"eagle_config": None})),
+    ("doctor config", _edit(rms_norm_eps="tiny")),
+    ("doctor config", _edit(num_key_value_heads=True)),
+    ("import contract", _edit(taps="1,2,3")),
+    ("import contract", _edit(target=None)),
+    ("feature manifest", _edit(shards={})),
+    ("feature manifest", _edit(**{"contract.taps": "1,2,3"})),
     ("feature manifest", _edit(shards=[{"file": "../../etc/passwd", "samples": 1, "tokens": 1}])),
     ("feature manifest", _edit(shards=[{"file": "shard-00000.safetensors", "samples": -1, "tokens": 1}])),
-    ("native weights", _tensor("fc.weight", float("inf"))), ("native weights", _tensor("fc.weight", float("-inf"))),
+    ("native weights", _tensor("fc.weight", float("inf"))),
+    ("native weights", _tensor("fc.weight", float("-inf"))),
     ("native weights", _tensor("norm.weight", float("nan"))),
     ("import weights", _tensor("fc.weight", float("inf"))),
 ]
@@ -243,8 +281,11 @@ def test_doctor_refuses_zero_heads_and_shapes_against_the_config(made, tmp_path)
     assert any("gate_proj.weight has shape" in w for w in errors) and any("down_proj" in w for w in errors)
     gone = _copy(root / "sglang", tmp_path / "gone")
     _missing(gone / "model.safetensors", tmp_path)
-    assert any("lm_head.weight is missing" in f.what
-               for f in run_checks(inspect_dir(gone, None), target).findings if f.level == "error")
+    assert any(
+        "lm_head.weight is missing" in f.what
+        for f in run_checks(inspect_dir(gone, None), target).findings
+        if f.level == "error"
+    )
     floats = _copy(root / "sglang", tmp_path / "floats")
     _float_d2t(floats / "model.safetensors", tmp_path)
     found = run_checks(inspect_dir(floats, None), target).findings
@@ -277,8 +318,9 @@ CLI_CASES = [
 ]
 
 
-@pytest.mark.parametrize("name,artifact,inner,damage,args", CLI_CASES,
-                         ids=[f"{c[0]}-{c[2]}-{c[3].__name__.strip('_')}" for c in CLI_CASES])
+@pytest.mark.parametrize(
+    "name,artifact,inner,damage,args", CLI_CASES, ids=[f"{c[0]}-{c[2]}-{c[3].__name__.strip('_')}" for c in CLI_CASES]
+)
 def test_cli_exit_code_2_with_the_file_named(made, tmp_path, name, artifact, inner, damage, args):
     root, _, _ = made
     copy = _copy(root / artifact, tmp_path / artifact)

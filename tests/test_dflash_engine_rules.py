@@ -49,10 +49,18 @@ def test_vllm_reads_dflash_taps_as_the_family_record_says():
     fields = {(f.engine, f.field): f.convention for f in block_fields("dflash")}
     ids = list(to_engine(boundaries, fields[("vllm", "dflash_config.target_layer_ids")], L))
     aux = list(to_engine(boundaries, fields[("vllm", "eagle_aux_hidden_state_layer_ids")], L))
-    query = {"ids": ids, "aux": list(to_engine(boundaries, fields[("speculators", "aux_hidden_state_layer_ids")], L)),
-             "other": [3, 4]}
-    r = subprocess.run([str(vllm_python()), "-c", PROBE, json.dumps(query)], capture_output=True, text=True,
-                       timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    query = {
+        "ids": ids,
+        "aux": list(to_engine(boundaries, fields[("speculators", "aux_hidden_state_layer_ids")], L)),
+        "other": [3, 4],
+    }
+    r = subprocess.run(
+        [str(vllm_python()), "-c", PROBE, json.dumps(query)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     # vLLM's runner captures "boundary" ids (its EagleModelMixin convention): both fields land on our taps

@@ -17,15 +17,28 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shuti
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("site")
-    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
-                        "-d", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"), "-d", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     return out
 
 
 def test_docs_build_strictly_with_every_nav_page(site: Path) -> None:
-    for page in ("guides/diagnose", "reference/cli", "reference/config", "reference/doctor", "reference/formats",
-                 "reference/api", "results/peer", "results/experiments"):
+    for page in (
+        "guides/diagnose",
+        "reference/cli",
+        "reference/config",
+        "reference/doctor",
+        "reference/formats",
+        "reference/api",
+        "results/peer",
+        "results/experiments",
+    ):
         assert (site / page / "index.html").exists(), page
 
 
@@ -77,6 +90,8 @@ def test_sglang_rule_table_is_in_the_diagnose_and_export_guides(site: Path) -> N
         assert all(f"SGLang {r}" in html for r in RELEASES), page
         missing = [f for f in served if f"<code>{f}</code>" not in html]
         assert not missing, f"{page} lacks the SGLang rule of {missing}"
+
+
 def test_every_doctor_finding_shows_a_real_example_in_full(site: Path) -> None:
     """Each catalogue entry is a finding the doctor really printed on a broken draft of the tests (recorded in
     docs/doctor-examples.json by docs/gen_doctor_examples.sh), matching the check's current text, with why
@@ -85,13 +100,18 @@ def test_every_doctor_finding_shows_a_real_example_in_full(site: Path) -> None:
     import gen_reference
 
     missing = [f"{r['code']}: {r['what']}" for r in gen_reference.doctor_findings() if r["example"] is None]
-    assert not missing, "findings with no recorded example (rerun docs/gen_doctor_examples.sh, or add a test " \
+    assert not missing, (
+        "findings with no recorded example (rerun docs/gen_doctor_examples.sh, or add a test "
         "that builds the broken case): " + "; ".join(missing)
+    )
     html = (site / "reference" / "doctor" / "index.html").read_text()
     assert "‹" not in html and "no recorded example" not in html
     rows = gen_reference.doctor_findings()
-    assert html.count("<strong>why:</strong>") == html.count("<strong>fix:</strong>") == sum(
-        len(r["examples"]) for r in rows)
+    assert (
+        html.count("<strong>why:</strong>")
+        == html.count("<strong>fix:</strong>")
+        == sum(len(r["examples"]) for r in rows)
+    )
     # task A's case: an EAGLE-3 export whose ids deliver other boundaries than it was trained on
     assert "this draft predicts best from boundaries" in html and "this block drafter predicts best" in html
 
@@ -126,8 +146,12 @@ def test_config_field_descriptions_point_at_no_source_file() -> None:
     schema = RunConfig.model_json_schema()
     nodes = [("", schema)] + [(f"{k}.", v) for k, v in schema.get("$defs", {}).items()]
     bad = re.compile(r"\b[\w/]+\.py\b|README|\b(?:hw|serve|capture|decoding|pipeline|fastcpu|contract|norms)\.[a-z_]+")
-    found = [f"{p}{k}: {v['description']}" for p, n in nodes for k, v in n.get("properties", {}).items()
-             if bad.search(v.get("description", ""))]
+    found = [
+        f"{p}{k}: {v['description']}"
+        for p, n in nodes
+        for k, v in n.get("properties", {}).items()
+        if bad.search(v.get("description", ""))
+    ]
     assert not found, found
 
 
@@ -135,8 +159,11 @@ def test_results_tables_come_from_the_indexed_files(site: Path) -> None:
     import json
 
     index = json.loads((ROOT / "benchmarks" / "results" / "index.json").read_text())["runs"]
-    folders = {p.relative_to(ROOT / "benchmarks" / "results").as_posix()
-               for p in (ROOT / "benchmarks" / "results").glob("*/*") if p.is_dir()}
+    folders = {
+        p.relative_to(ROOT / "benchmarks" / "results").as_posix()
+        for p in (ROOT / "benchmarks" / "results").glob("*/*")
+        if p.is_dir()
+    }
     assert {r["path"] for r in index} == folders  # every run is indexed, every index entry exists
     html = (site / "results" / "peer" / "index.html").read_text()
     bench = json.loads((ROOT / "benchmarks/results/peer/2026-12-05-epyc-avx2-fp32/bench.json").read_text())
@@ -195,8 +222,18 @@ _FIT_JS = """<script>addEventListener('load', () => {
   document.body.setAttribute('data-overflow', JSON.stringify(bad));
 });</script>"""
 MUST_FIT = ["code findings levels", "budget"]  # the findings catalogue's index, the train guide's budget table
-WIDE_PAGES = ("reference/cli", "reference/config", "reference/doctor", "reference/formats", "guides/diagnose",
-              "guides/glossary", "guides/gpu", "guides/train", "results", "")
+WIDE_PAGES = (
+    "reference/cli",
+    "reference/config",
+    "reference/doctor",
+    "reference/formats",
+    "guides/diagnose",
+    "guides/glossary",
+    "guides/gpu",
+    "guides/train",
+    "results",
+    "",
+)
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (apt-get install chromium)")
@@ -204,8 +241,16 @@ def test_pages_read_at_1280_px_whole_words_whole_names_whole_commands(site: Path
     import json
     import re
 
-    flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}",
-             "--window-size=1280,1000", "--virtual-time-budget=5000", "--dump-dom"]
+    flags = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--window-size=1280,1000",
+        "--virtual-time-budget=5000",
+        "--dump-dom",
+    ]
     probe_js = _FIT_JS % (json.dumps(MUST_FIT), RECIPE_CHARS)
     problems, shots = {}, tmp_path / "shots"
     shots.mkdir()
@@ -216,8 +261,9 @@ def test_pages_read_at_1280_px_whole_words_whole_names_whole_commands(site: Path
         # one browser start per page gives its DOM and a screenshot of it at 1280 px (the probe script only sets an
         # attribute on <body>: the page renders as without it)
         shot = shots / f"{(page or 'home').replace('/', '-')}.png"
-        dom = subprocess.run(flags + [f"--screenshot={shot}", probe.resolve().as_uri()], capture_output=True,
-                             text=True, timeout=120).stdout
+        dom = subprocess.run(
+            flags + [f"--screenshot={shot}", probe.resolve().as_uri()], capture_output=True, text=True, timeout=120
+        ).stdout
         found = re.search(r'data-overflow="([^"]*)"', dom)
         assert found, f"{page}: the probe did not run"
         bad = json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&"))
@@ -232,7 +278,7 @@ def test_the_glossary_explains_every_kind_of_tau() -> None:
     from eaglewire.tau import TAU_KINDS
 
     text = (ROOT / "docs" / "guides" / "glossary.md").read_text()
-    section = text[text.index("{ #tau-kinds }"):]
+    section = text[text.index("{ #tau-kinds }") :]
     missing = [k for k in TAU_KINDS if f"\n| {k} |" not in section]
     assert not missing, f"tau kinds the glossary does not explain: {missing}"
 
@@ -242,17 +288,24 @@ def test_dflash_status_is_stated_where_a_user_chooses_it() -> None:
     and the export guide's vLLM launch drafts B - 1 tokens for the block the train guide's recipe trains."""
     import re
 
-    pages = [ROOT / "README.md"] + [ROOT / "docs" / p for p in ("guides/train.md", "guides/export.md",
-                                                               "concepts/block-drafters.md")]
+    pages = [ROOT / "README.md"] + [
+        ROOT / "docs" / p for p in ("guides/train.md", "guides/export.md", "concepts/block-drafters.md")
+    ]
     results = (ROOT / "docs" / "results" / "index.md").read_text()
     assert "0.98× vanilla" in results and "0.77× EAGLE-3's best" in results  # the figures the pages repeat
     for page in pages:
         text = page.read_text()
         assert "0.98× vanilla" in text and "0.77× EAGLE-3's best" in text and "not shipped" in text, page.name
-    block = int(re.search(r"eaglewire train --family dflash[^`]*?--block-size (\d+)",
-                          (ROOT / "docs" / "guides" / "train.md").read_text(), re.S).group(1))
-    ks = re.findall(r'"method": "dflash"[^}]*"num_speculative_tokens": (\d+)',
-                    (ROOT / "docs" / "guides" / "export.md").read_text())
+    block = int(
+        re.search(
+            r"eaglewire train --family dflash[^`]*?--block-size (\d+)",
+            (ROOT / "docs" / "guides" / "train.md").read_text(),
+            re.S,
+        ).group(1)
+    )
+    ks = re.findall(
+        r'"method": "dflash"[^}]*"num_speculative_tokens": (\d+)', (ROOT / "docs" / "guides" / "export.md").read_text()
+    )
     assert ks and all(int(k) == block - 1 for k in ks), (block, ks)
 
 
@@ -265,12 +318,14 @@ def test_the_sglang_rule_table_link_lands_on_the_table_and_names_engines_the_cli
 
     html = (site / "guides" / "diagnose" / "index.html").read_text()
     start = html.index('id="sglang-rule-table"')
-    section = html[start:html.index("<h2", start)]
+    section = html[start : html.index("<h2", start)]
     assert "<table>" in section and "llama.py" in section
     named = set(re.findall(r"--engine (\S+?)<", section)) | set(re.findall(r"--engine ([a-z][\w-]*) ", section))
     assert named and named <= set(ENGINE_FORMATS), named
     cells = re.findall(r"<td>(.*?)</td>", section)
-    assert not [c for c in cells if re.fullmatch(r"(<code>)?sglang-\w+(</code>)?", c)], "a cell names a rule as an engine"
+    assert not [c for c in cells if re.fullmatch(r"(<code>)?sglang-\w+(</code>)?", c)], (
+        "a cell names a rule as an engine"
+    )
 
 
 def test_home_names_both_families_and_installs_exactly_as_the_readme() -> None:
@@ -280,6 +335,9 @@ def test_home_names_both_families_and_installs_exactly_as_the_readme() -> None:
 
     home, readme = (ROOT / "docs" / "index.md").read_text(), (ROOT / "README.md").read_text()
     assert "trains EAGLE-3 and DFlash draft models" in home
-    install = lambda t: [ln for ln in re.search(r"```bash\n(.*?)```", t, re.S).group(1).splitlines()  # noqa: E731
-                         if "install" in ln or "venv" in ln]
+    install = lambda t: [
+        ln
+        for ln in re.search(r"```bash\n(.*?)```", t, re.S).group(1).splitlines()  # noqa: E731
+        if "install" in ln or "venv" in ln
+    ]
     assert install(home) == install(readme) and len([ln for ln in install(home) if ln.startswith("pip ")]) == 1

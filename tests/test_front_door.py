@@ -42,6 +42,7 @@ def test_every_name_of_the_front_door_resolves_and_nothing_else_does():
         ew.decode  # noqa: B018
     import eaglewire.export  # noqa: F401  the subpackages load: the front door's names stay functions
     import eaglewire.train  # noqa: F401
+
     assert callable(ew.export_draft) and callable(ew.train_draft)
     from eaglewire import workflows
 
@@ -61,8 +62,11 @@ def test_each_front_door_name_has_one_meaning():
     defined: dict[str, list[str]] = {}
     for path in sorted((ROOT / "src" / "eaglewire").rglob("*.py")):
         for node in ast.parse(path.read_text()).body:
-            names = [node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else \
-                [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
+            names = (
+                [node.name]
+                if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+                else [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
+            )
             for name in set(names) & set(ew.__all__):
                 defined.setdefault(name, []).append(path.relative_to(ROOT).as_posix())
     assert set(defined) == set(ew.__all__)  # each defined somewhere: the scan sees them
@@ -72,8 +76,10 @@ def test_each_front_door_name_has_one_meaning():
 
 
 def test_the_command_line_package_does_not_load_the_front_door():
-    code = ("import sys, eaglewire.cli; "
-            "print(sorted(m for m in sys.modules if m.startswith(('eaglewire.api', 'eaglewire.compose', 'torch'))))")
+    code = (
+        "import sys, eaglewire.cli; "
+        "print(sorted(m for m in sys.modules if m.startswith(('eaglewire.api', 'eaglewire.compose', 'torch'))))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
@@ -86,11 +92,17 @@ def test_the_package_ships_its_type_marker_and_guards_its_target_folder(tmp_path
     # a global gitignore's `target/` (Rust, Maven) must not hide the target package from git
     excludes = tmp_path / "global-gitignore"
     excludes.write_text("target/\n")
-    r = subprocess.run(["git", "-c", f"core.excludesFile={excludes}", "check-ignore", "-q",
-                        "src/eaglewire/target/loader.py"], cwd=ROOT, capture_output=True)
+    r = subprocess.run(
+        ["git", "-c", f"core.excludesFile={excludes}", "check-ignore", "-q", "src/eaglewire/target/loader.py"],
+        cwd=ROOT,
+        capture_output=True,
+    )
     assert r.returncode == 1, "src/eaglewire/target/ is ignored under a global `target/` entry"
-    r = subprocess.run(["git", "-c", f"core.excludesFile={excludes}", "check-ignore", "-q", "rust/target/x"],
-                       cwd=ROOT, capture_output=True)
+    r = subprocess.run(
+        ["git", "-c", f"core.excludesFile={excludes}", "check-ignore", "-q", "rust/target/x"],
+        cwd=ROOT,
+        capture_output=True,
+    )
     assert r.returncode == 0  # the check itself can fail: other target/ folders stay ignored
 
 
@@ -182,8 +194,9 @@ def chat_dirs(tmp_path_factory):
 
 
 def _chat_greedy(target, prompt: str, n: int, eos: set[int]) -> list[int]:
-    ids = target.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                               return_dict=True, return_tensors="pt")["input_ids"]
+    ids = target.tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, return_dict=True, return_tensors="pt"
+    )["input_ids"]
     return greedy_reference(plain_runtime(target, 256), ids, n, eos=eos)
 
 
@@ -199,8 +212,11 @@ def test_generate_renders_the_chat_prompt_and_equals_the_command_line(chat_dirs,
     tdir, ddir = chat_dirs
     target = ew.load_target(tdir)
     sized: list[int] = []
-    monkeypatch.setattr(generation, "decoder", lambda *a, context, **k: sized.append(context) or
-                        compose.decoder(*a, context=context, **k))
+    monkeypatch.setattr(
+        generation,
+        "decoder",
+        lambda *a, context, **k: sized.append(context) or compose.decoder(*a, context=context, **k),
+    )
     g = ew.generate(target, ddir, "Hi.", max_new_tokens=12, draft_dtype="target", compile="never")
     eos = {target.tokenizer.eos_token_id}
     assert list(g.tokens) == _chat_greedy(target, "Hi.", 12, eos)  # lossless, on the chat-rendered prompt
@@ -210,11 +226,29 @@ def test_generate_renders_the_chat_prompt_and_equals_the_command_line(chat_dirs,
     assert g.prefill_s > 0 and g.decode_s > 0 and g.tokens_per_s == len(g.tokens) / (g.prefill_s + g.decode_s)
     with pytest.raises(dataclasses.FrozenInstanceError):
         g.text = "x"  # type: ignore[misc]
-    as_messages = ew.generate(target, ddir, [{"role": "user", "content": "Hi."}], 12, draft_dtype="target",
-                              compile="never")
+    as_messages = ew.generate(
+        target, ddir, [{"role": "user", "content": "Hi."}], 12, draft_dtype="target", compile="never"
+    )
     assert as_messages.tokens == g.tokens
-    r = CliRunner().invoke(app, ["generate", "--target", str(tdir), "--draft", str(ddir), "-p", "Hi.", "--json",
-                                 "--max-new-tokens", "12", "--draft-dtype", "target", "--compile", "never"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "generate",
+            "--target",
+            str(tdir),
+            "--draft",
+            str(ddir),
+            "-p",
+            "Hi.",
+            "--json",
+            "--max-new-tokens",
+            "12",
+            "--draft-dtype",
+            "target",
+            "--compile",
+            "never",
+        ],
+    )
     assert r.exit_code == 0, r.output + repr(r.exception)
     cli = json.loads(r.stdout)
     assert cli["text"] == g.text and tuple(cli["tokens"]) == g.tokens
@@ -230,28 +264,49 @@ def test_generate_stops_at_the_eos(chat_dirs):
     target.tokenizer.eos_token = target.tokenizer.convert_ids_to_tokens(stop)
     assert target.tokenizer.eos_token_id == stop
     g = ew.generate(target, ddir, "Count to ten.", max_new_tokens=16, draft_dtype="target", compile="never")
-    assert list(g.tokens) == free[:free.index(stop) + 1]
+    assert list(g.tokens) == free[: free.index(stop) + 1]
 
 
 @settings(max_examples=200, deadline=None)  # the first example imports eaglewire.generation
-@given(st.one_of(st.text(max_size=20), st.lists(st.fixed_dictionaries(
-    {"role": st.sampled_from(["system", "user", "assistant"]), "content": st.text(max_size=20)}), max_size=4),
-    st.lists(st.dictionaries(st.sampled_from(["role", "content", "name"]), st.one_of(st.text(max_size=5),
-                                                                                      st.integers())), max_size=3),
-    st.fixed_dictionaries({"role": st.just("user"), "content": st.text(max_size=5)}), st.integers(), st.none()))
+@given(
+    st.one_of(
+        st.text(max_size=20),
+        st.lists(
+            st.fixed_dictionaries(
+                {"role": st.sampled_from(["system", "user", "assistant"]), "content": st.text(max_size=20)}
+            ),
+            max_size=4,
+        ),
+        st.lists(
+            st.dictionaries(
+                st.sampled_from(["role", "content", "name"]), st.one_of(st.text(max_size=5), st.integers())
+            ),
+            max_size=3,
+        ),
+        st.fixed_dictionaries({"role": st.just("user"), "content": st.text(max_size=5)}),
+        st.integers(),
+        st.none(),
+    )
+)
 def test_a_prompt_is_a_user_message_or_chat_messages_else_a_clear_error(prompt):
     from eaglewire.errors import EaglewireError
     from eaglewire.generation import messages_of
 
-    valid = isinstance(prompt, str) or (isinstance(prompt, list) and len(prompt) > 0 and all(
-        isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt))
+    valid = isinstance(prompt, str) or (
+        isinstance(prompt, list)
+        and len(prompt) > 0
+        and all(isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt)
+    )
     if not valid:
         with pytest.raises(EaglewireError, match="prompt|chat message"):
             messages_of(prompt)
         return
     got = messages_of(prompt)
-    want = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else \
-        [{"role": m["role"], "content": m["content"]} for m in prompt]
+    want = (
+        [{"role": "user", "content": prompt}]
+        if isinstance(prompt, str)
+        else [{"role": m["role"], "content": m["content"]} for m in prompt]
+    )
     assert got == want
 
 
@@ -268,11 +323,20 @@ def test_training_and_export_take_a_config_object(tmp_path):
     target, samples = build_target("llama", layers=8), tiny_samples(12)  # 8 layers: the default taps are distinct
     target.tokenizer = types.SimpleNamespace(pad_token_id=0, eos_token_id=1)  # what online capture pads with
     ew.build_vocab(target, samples, 64, 0.0, tmp_path / "vocab.safetensors", data="tiny")
-    cfg = ew.TrainConfig(max_steps=2, batch_size=4, warmup_steps=1, eval_every=2, ckpt_every=2, ttt_steps=2,
-                         dtype="fp32")
+    cfg = ew.TrainConfig(
+        max_steps=2, batch_size=4, warmup_steps=1, eval_every=2, ckpt_every=2, ttt_steps=2, dtype="fp32"
+    )
     heard: list[int] = []
-    summary = ew.train_draft(target, None, tmp_path / "vocab.safetensors", cfg, tmp_path / "run", samples=samples,
-                             heldout_fraction=0.25, on_start=lambda c, n, h: heard.extend([n, h]))
+    summary = ew.train_draft(
+        target,
+        None,
+        tmp_path / "vocab.safetensors",
+        cfg,
+        tmp_path / "run",
+        samples=samples,
+        heldout_fraction=0.25,
+        on_start=lambda c, n, h: heard.extend([n, h]),
+    )
     assert tuple(summary["contract"]["taps"]) == default_taps(target.num_layers)  # None: the family's taps
     assert summary["config"]["max_steps"] == 2 and sum(heard) == len(samples) and heard[1] > 0
     out = ew.export_draft(tmp_path / "run" / "draft", tmp_path / "vllm", "vllm")

@@ -26,9 +26,40 @@ ROOT = "eaglewire"
 # draft directory) -> text generation (a chat prompt decoded: `eaglewire generate` and `ew.generate`) -> the doctor
 # -> the workflows the CLI and `run` share (vocab, training, import) -> the Python front door (eaglewire.api) -> the
 # product surfaces (bench, serve, peer rows) -> the `eaglewire run` pipeline -> the command line
-LAYERS = ("about", "errors", "paths", "safeio", "records", "outputs", "limits", "cache", "hw", "ops", "tau", "norms", "families", "taps", "contract",
-          "target", "draft", "export", "data", "vllm_client", "capture", "train", "decoding", "fastcpu", "compose",
-          "generation", "doctor", "workflows", "api", "serve", "pipeline", "cli")
+LAYERS = (
+    "about",
+    "errors",
+    "paths",
+    "safeio",
+    "records",
+    "outputs",
+    "limits",
+    "cache",
+    "hw",
+    "ops",
+    "tau",
+    "norms",
+    "families",
+    "taps",
+    "contract",
+    "target",
+    "draft",
+    "export",
+    "data",
+    "vllm_client",
+    "capture",
+    "train",
+    "decoding",
+    "fastcpu",
+    "compose",
+    "generation",
+    "doctor",
+    "workflows",
+    "api",
+    "serve",
+    "pipeline",
+    "cli",
+)
 FRONT_DOOR = "api"  # what the root package re-exports (lazily, eaglewire/__init__.py's __getattr__), and no more
 # The root package itself ranks with the front door it re-exports: a module that imports a name of `eaglewire`
 # (not a submodule) may reach eaglewire.api through it, so only the layers above the front door may
@@ -47,8 +78,9 @@ def _modules() -> dict[str, Path]:
 
 def _is_type_checking(node: ast.If) -> bool:
     test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
-        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _imports(tree: ast.AST, module: str, is_package: bool) -> list[str]:
@@ -67,7 +99,7 @@ def _imports(tree: ast.AST, module: str, is_package: bool) -> list[str]:
             base = node.module or ""
             if node.level:
                 pkg = module.split(".") if is_package else module.split(".")[:-1]
-                pkg = pkg[:len(pkg) - node.level + 1]
+                pkg = pkg[: len(pkg) - node.level + 1]
                 base = ".".join(pkg + ([base] if base else []))
             names.append(base)
             names += [f"{base}.{a.name}" for a in node.names]  # kept only where it is a module
@@ -108,7 +140,7 @@ def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state and (found := visit(nxt)):
                 return found
         path.pop()
@@ -138,8 +170,10 @@ def test_cycle_finder_names_the_cycle():
 
 def test_no_import_cycle_in_src():
     cycle = _find_cycle(_graph())
-    assert cycle is None, "import cycle: " + " -> ".join(cycle) + " (move the shared piece into a module " \
+    assert cycle is None, (
+        "import cycle: " + " -> ".join(cycle) + " (move the shared piece into a module "
         "both can import, or pass it in as an argument)"
+    )
 
 
 def _layer(module: str) -> str:
@@ -175,13 +209,17 @@ def test_layers_only_point_down():
 
 
 def test_the_layer_check_sees_an_upward_import():
-    assert package_violations({"eaglewire.decoding.engine": {"eaglewire.fastcpu.gemm"}}) == \
-        ["eaglewire.decoding.engine -> eaglewire.fastcpu.gemm"]
+    assert package_violations({"eaglewire.decoding.engine": {"eaglewire.fastcpu.gemm"}}) == [
+        "eaglewire.decoding.engine -> eaglewire.fastcpu.gemm"
+    ]
     assert package_violations({"eaglewire.fastcpu.gemm": {"eaglewire.decoding.layers"}}) == []
-    assert package_violations({"eaglewire": {"eaglewire.api", "eaglewire.cli.app"}}) == ["eaglewire -> eaglewire.cli.app"]
+    assert package_violations({"eaglewire": {"eaglewire.api", "eaglewire.cli.app"}}) == [
+        "eaglewire -> eaglewire.cli.app"
+    ]
     # the root package is as high as the front door it re-exports: below it, importing it points up
-    assert package_violations({"eaglewire.export.checkpoint": {"eaglewire"}, "eaglewire.cli.app": {"eaglewire"}}) == \
-        ["eaglewire.export.checkpoint -> eaglewire"]
+    assert package_violations({"eaglewire.export.checkpoint": {"eaglewire"}, "eaglewire.cli.app": {"eaglewire"}}) == [
+        "eaglewire.export.checkpoint -> eaglewire"
+    ]
 
 
 def test_the_graph_sees_imports_of_the_root_package():
@@ -205,10 +243,12 @@ def test_the_core_decoder_and_wiring_translate_load_no_acceleration_module():
             seen.add(m)
             todo.extend(graph[m])
     assert not [m for m in seen if _layer(m) == "fastcpu"]
-    code = ("import sys; from typer.testing import CliRunner; from eaglewire.cli.app import app; "
-            "r = CliRunner().invoke(app, ['wiring', 'translate', '--layers', '30', '--to', 'vllm']); "
-            "assert r.exit_code == 0, r.output; "
-            "print(sorted(m for m in sys.modules if m.startswith('eaglewire.fastcpu.')))")
+    code = (
+        "import sys; from typer.testing import CliRunner; from eaglewire.cli.app import app; "
+        "r = CliRunner().invoke(app, ['wiring', 'translate', '--layers', '30', '--to', 'vllm']); "
+        "assert r.exit_code == 0, r.output; "
+        "print(sorted(m for m in sys.modules if m.startswith('eaglewire.fastcpu.')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"

@@ -1,4 +1,6 @@
-"""The linter as a test: `ruff check src` with the configuration in pyproject.toml ([tool.ruff]) passes.
+"""The linter and the formatter as tests: `ruff check src` and `ruff format --check` (the whole tree: src, tests,
+benchmarks, scripts, docs) pass with the configuration in pyproject.toml ([tool.ruff]). A change that is not
+formatted fails here; `ruff format` formats it.
 
 ruff comes with the dev extra; where it is not installed the test skips (CI installs the dev extra)."""
 
@@ -28,14 +30,26 @@ def _ruff() -> list[str] | None:
 def test_the_configuration_is_the_one_in_pyproject():
     conf = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ruff"]
     assert conf["line-length"] >= 100 and {"E9", "F"} <= set(conf["lint"]["select"])
-    assert any(dep.startswith("ruff") for dep in tomllib.loads((ROOT / "pyproject.toml").read_text())
-               ["project"]["optional-dependencies"]["dev"])
+    assert conf["format"]["skip-magic-trailing-comma"] is True  # the size rule counts lines
+    assert any(
+        dep.startswith("ruff")
+        for dep in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]
+    )
 
 
 def test_ruff_check_passes_on_src():
     ruff = _ruff()
     if ruff is None:
         pytest.skip("ruff is not installed (pip install -e '.[dev]')")
-    out = subprocess.run([*ruff, "check", "src", "--output-format", "concise"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(
+        [*ruff, "check", "src", "--output-format", "concise"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+
+
+def test_ruff_format_leaves_the_tree_unchanged():
+    ruff = _ruff()
+    if ruff is None:
+        pytest.skip("ruff is not installed (pip install -e '.[dev]')")
+    out = subprocess.run([*ruff, "format", "--check", "."], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, "run `ruff format` (files it would change):\n" + out.stdout[-4000:] + out.stderr[-2000:]

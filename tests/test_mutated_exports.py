@@ -23,8 +23,9 @@ from eaglewire.cli.app import app
 from eaglewire.export.checkpoint import save_checkpoint
 
 CASES = 20
-SETTINGS = settings(max_examples=CASES, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=CASES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 FORMATS = ("vllm", "sglang")
 
 
@@ -109,7 +110,8 @@ def test_mutated_native_weights_are_exported_or_refused_and_write_nothing(made, 
         else:
             weights.write_bytes(_mutate_bytes(weights.read_bytes(), data))
         out = Path(d) / "out"
-        r = CliRunner().invoke(app, ["export", str(native), "--format", data.draw(st.sampled_from(FORMATS)),
-                                     "--out", str(out)])
+        r = CliRunner().invoke(
+            app, ["export", str(native), "--format", data.draw(st.sampled_from(FORMATS)), "--out", str(out)]
+        )
         _clean(r, ("model.safetensors", str(native)))
         assert r.exit_code == 0 or not out.exists()

@@ -21,20 +21,30 @@ from eaglewire.errors import EaglewireError
 from eaglewire.export.checkpoint import save_checkpoint
 
 CASES = 15
-SETTINGS = settings(max_examples=CASES, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=CASES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 
-numbers = st.one_of(st.integers(-2, 2), st.integers(10**6, 10**13), st.sampled_from([1e12, 1e308, 1e-30, -1.0, 0.0,
-                                                                                     float("inf"), 5e-324]))
-values = st.one_of(numbers, st.none(), st.booleans(), st.text(max_size=4), st.lists(st.integers(0, 3), max_size=2),
-                   st.just({"factor": 1e9}))
+numbers = st.one_of(
+    st.integers(-2, 2),
+    st.integers(10**6, 10**13),
+    st.sampled_from([1e12, 1e308, 1e-30, -1.0, 0.0, float("inf"), 5e-324]),
+)
+values = st.one_of(
+    numbers,
+    st.none(),
+    st.booleans(),
+    st.text(max_size=4),
+    st.lists(st.integers(0, 3), max_size=2),
+    st.just({"factor": 1e9}),
+)
 
 
 def _mutate_bytes(raw: bytes, data) -> bytes:
     kind = data.draw(st.sampled_from(["flip", "cut", "insert"]))
     i = data.draw(st.integers(0, max(len(raw) - 1, 0)))
     if kind == "flip":
-        return raw[:i] + bytes([raw[i] ^ data.draw(st.integers(1, 255))]) + raw[i + 1:] if raw else b"\xff"
+        return raw[:i] + bytes([raw[i] ^ data.draw(st.integers(1, 255))]) + raw[i + 1 :] if raw else b"\xff"
     if kind == "cut":
         return raw[:i]
     return raw[:i] + data.draw(st.sampled_from([b"\xff\xfe", b"\x00", b'"', b"[/]", b"\x1f\x8b"])) + raw[i:]
@@ -73,8 +83,18 @@ def native(tmp_path_factory):
     return save_checkpoint(draft, contract, tmp_path_factory.mktemp("ckpt") / "native")
 
 
-TARGET_KEYS = ["num_hidden_layers", "hidden_size", "intermediate_size", "vocab_size", "num_attention_heads",
-               "num_key_value_heads", "rms_norm_eps", "rope_theta", "rope_scaling", "max_position_embeddings"]
+TARGET_KEYS = [
+    "num_hidden_layers",
+    "hidden_size",
+    "intermediate_size",
+    "vocab_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "rms_norm_eps",
+    "rope_theta",
+    "rope_scaling",
+    "max_position_embeddings",
+]
 
 
 @SETTINGS
@@ -92,8 +112,18 @@ def test_a_mutated_target_config(tiny_target, data):
         _clean_failure(r, t)
 
 
-DRAFT_KEYS = ["hidden_size", "intermediate_size", "num_layers", "vocab_size", "draft_vocab_size", "rms_norm_eps",
-              "rope_theta", "num_taps", "target_hidden_size", "head_dim"]
+DRAFT_KEYS = [
+    "hidden_size",
+    "intermediate_size",
+    "num_layers",
+    "vocab_size",
+    "draft_vocab_size",
+    "rms_norm_eps",
+    "rope_theta",
+    "num_taps",
+    "target_hidden_size",
+    "head_dim",
+]
 
 
 @SETTINGS
@@ -121,8 +151,10 @@ def test_a_mutated_native_checkpoint_config_writes_no_export(native, data):
 
 
 def _conversations() -> bytes:
-    recs = [{"id": f"c{i}", "messages": [{"role": "user", "content": f"q{i}"},
-                                         {"role": "assistant", "content": f"a{i}"}]} for i in range(6)]
+    recs = [
+        {"id": f"c{i}", "messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]}
+        for i in range(6)
+    ]
     return "".join(json.dumps(r) + "\n" for r in recs).encode()
 
 
@@ -168,8 +200,7 @@ def test_a_mutated_run_config(data, yaml_file):
         value = {"!!set": "{sglang, vllm}", "!!omap": "[a: 1]", "!!binary": "aGk=", "!!python/tuple": "[vllm]"}
         text = f"formats: {tag} {value.get(tag, '[sglang]')}\n"
     else:
-        text = _mutate_bytes((yaml.safe_dump(RUN) if yaml_file else json.dumps(RUN)).encode(), data).decode(
-            "latin-1")
+        text = _mutate_bytes((yaml.safe_dump(RUN) if yaml_file else json.dumps(RUN)).encode(), data).decode("latin-1")
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / ("run.yaml" if yaml_file else "run.json")
         path.write_bytes(text.encode("latin-1", errors="replace") if kind == "bytes" else text.encode())

@@ -30,8 +30,20 @@ def test_cli_train_into_a_non_empty_out_is_refused_before_loading_anything(tmp_p
     out = tmp_path / "run"
     out.mkdir()
     (out / "notes.txt").write_text("an earlier run's notes")
-    r = CliRunner().invoke(app, ["train", "--data", "x.jsonl", "--vocab", str(tmp_path / "none.safetensors"),
-                                 "--out", str(out), "--target", str(tmp_path / "no-target")])
+    r = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "--data",
+            "x.jsonl",
+            "--vocab",
+            str(tmp_path / "none.safetensors"),
+            "--out",
+            str(out),
+            "--target",
+            str(tmp_path / "no-target"),
+        ],
+    )
     assert r.exit_code == 2, r.output
     for field in ("expected:", "found:", "fix:", "notes.txt", "--resume", "new --out"):
         assert field in r.output
@@ -77,8 +89,11 @@ def _three_members(path):
     for i in range(3):
         append_records(path, [{"id": f"c{i}{j}", "messages": []} for j in range(4)])
     raw = path.read_bytes()
-    one = len(gzip.compress(("".join(json.dumps({"id": f"c0{j}", "messages": []}) + "\n"
-                                     for j in range(4))).encode(), mtime=0))
+    one = len(
+        gzip.compress(
+            ("".join(json.dumps({"id": f"c0{j}", "messages": []}) + "\n" for j in range(4))).encode(), mtime=0
+        )
+    )
     return raw, one
 
 

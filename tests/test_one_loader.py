@@ -53,17 +53,30 @@ def drafts(draw, target, family: str):
     seed = draw(st.integers(0, 2**16))
     if FAMILIES[family].block:
         taps = tuple(sorted(draw(st.lists(st.integers(1, L - 1), min_size=1, max_size=4, unique=True))))
-        return build_dflash(target, taps=taps, block_size=draw(st.integers(2, 9)), layers=draw(st.integers(1, 2)),
-                            vocab_every=draw(st.sampled_from([None, 2])), seed=seed,
-                            mask_token_id=draw(st.integers(0, VOCAB - 1)))
-    taps = draw(st.one_of(st.just(default_taps(L)), st.lists(st.integers(0, L - 1), min_size=3, max_size=3,
-                                                              unique=True).map(lambda t: tuple(sorted(t)))))
+        return build_dflash(
+            target,
+            taps=taps,
+            block_size=draw(st.integers(2, 9)),
+            layers=draw(st.integers(1, 2)),
+            vocab_every=draw(st.sampled_from([None, 2])),
+            seed=seed,
+            mask_token_id=draw(st.integers(0, VOCAB - 1)),
+        )
+    taps = draw(
+        st.one_of(
+            st.just(default_taps(L)),
+            st.lists(st.integers(0, L - 1), min_size=3, max_size=3, unique=True).map(lambda t: tuple(sorted(t))),
+        )
+    )
     norm = draw(st.sampled_from([NormFlags(), NormFlags(norm_before_fc=True), NormFlags(norm_before_residual=True)]))
     return build_draft(target, taps=taps, seed=seed, norm=norm, draft_vocab=draw(st.sampled_from([32, 128])))
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                  HealthCheck.filter_too_much])
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much],
+)
 @given(data=st.data(), which=st.sampled_from(FAMILY_LAYOUTS))
 def test_every_family_in_every_layout_loads_back_as_it_was(tmp_path_factory, target, data, which):
     family, fmt = which

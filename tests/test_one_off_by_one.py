@@ -62,8 +62,11 @@ class _Scan(ast.NodeVisitor):
             return self.is_id(node.value)
         if isinstance(node, ast.BoolOp):  # `ids or ()`
             return any(self.is_id(v) for v in node.values)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("int", "enumerate",
-                                                                                               "sorted", "tuple", "list"):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("int", "enumerate", "sorted", "tuple", "list")
+        ):
             return any(self.is_id(a) for a in node.args)
         return False
 
@@ -129,8 +132,10 @@ def test_no_layer_id_is_shifted_outside_the_contract() -> None:
     found = _found()
     new = {p: [f"{line}: {src}" for line, src in f if src not in PENDING.get(p, [])] for p, f in found.items()}
     new = {p: f for p, f in new.items() if f}
-    assert not new, ("a layer id shifted outside contract.py's _id_offset (read it through the engine record's "
-                     f"convention and contract.renumber / from_engine / to_engine): {new}")
+    assert not new, (
+        "a layer id shifted outside contract.py's _id_offset (read it through the engine record's "
+        f"convention and contract.renumber / from_engine / to_engine): {new}"
+    )
     stale = {p: [s for s in srcs if s not in {src for _, src in found.get(p, [])}] for p, srcs in PENDING.items()}
     stale = {p: s for p, s in stale.items() if s}
     assert not stale, f"PENDING lists shifts that are gone: drop them: {stale}"
@@ -139,7 +144,7 @@ def test_no_layer_id_is_shifted_outside_the_contract() -> None:
 def test_the_scan_sees_the_shifts_it_exists_for() -> None:
     """The forms this repo had (SGLang's DFlash shift, the doctor's vLLM +1, the hook on layer b-1, the runtime's
     layer index), each seen; counts, lengths, batch rows and token positions not."""
-    planted = '''
+    planted = """
 def f(ids, taps, target, aux, layers, rule, delivered):
     a = tuple(int(i) + SHIFT[rule] for i in ids)
     b = [i - 1 for i in aux] + [i + plus for i in ids or ()]
@@ -152,10 +157,18 @@ def f(ids, taps, target, aux, layers, rule, delivered):
     d = tuple(x - 1 for x in delivered)
     layer_id = 3
     layer_id += 1
-'''
-    assert shifts(planted) == [(3, "int(i) + SHIFT[rule]"), (4, "i + plus"), (4, "i - 1"), (6, "t - 1"), (8, "i + 1"),
-                               (10, "ids[0] + 1"), (11, "x - 1"), (13, "layer_id += 1")]
-    innocent = '''
+"""
+    assert shifts(planted) == [
+        (3, "int(i) + SHIFT[rule]"),
+        (4, "i + plus"),
+        (4, "i - 1"),
+        (6, "t - 1"),
+        (8, "i + 1"),
+        (10, "ids[0] + 1"),
+        (11, "x - 1"),
+        (13, "layer_id += 1"),
+    ]
+    innocent = """
 def g(num_layers, taps, n, tokens, ctx, rows, target, input_ids, label_offset):
     last = num_layers - 1
     width = (len(taps) - 1) * 4
@@ -166,7 +179,7 @@ def g(num_layers, taps, n, tokens, ctx, rows, target, input_ids, label_offset):
     z = target.num_layers + 1
     p = input_ids.shape[1] + 1
     q = 1 - label_offset + len(taps)
-'''
+"""
     assert shifts(innocent) == []
 
 

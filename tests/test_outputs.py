@@ -40,12 +40,14 @@ def _fill(tag: bytes):
     def fill(tmp: Path) -> None:
         (tmp / "model.safetensors").write_bytes(tag * 100)
         (tmp / "config.json").write_bytes(b'{"ours": "' + tag + b'"}')
+
     return fill
 
 
 name = st.text("abcxyz._-", min_size=1, max_size=8).filter(lambda s: s not in (".", ".."))
-trees = st.dictionaries(st.lists(name, min_size=1, max_size=3).map(tuple), st.binary(max_size=64), min_size=1,
-                        max_size=6)
+trees = st.dictionaries(
+    st.lists(name, min_size=1, max_size=3).map(tuple), st.binary(max_size=64), min_size=1, max_size=6
+)
 
 
 def _write_tree(root: Path, tree: dict) -> None:
@@ -216,9 +218,11 @@ def test_two_runs_into_one_output_one_is_refused_and_the_file_is_untouched(tmp_p
     (out / "keep").write_text("first run's")
     p = _holder(out)
     try:
-        for call in (lambda: regenerate("x", out, None, GenerationSettings(), limit=1),
-                     lambda: train(None, None, None, None, [], [], None, out),
-                     lambda: run_pipeline(None, out, progress=None, log=None)):
+        for call in (
+            lambda: regenerate("x", out, None, GenerationSettings(), limit=1),
+            lambda: train(None, None, None, None, [], [], None, out),
+            lambda: run_pipeline(None, out, progress=None, log=None),
+        ):
             with pytest.raises(EaglewireError, match=f"pid {p.pid}"):
                 call()
     finally:
@@ -240,13 +244,15 @@ def _cli(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
-def test_export_and_import_refuse_foreign_folders_inputs_and_the_working_directory(checkpoint, tmp_path,
-                                                                                   monkeypatch):
+def test_export_and_import_refuse_foreign_folders_inputs_and_the_working_directory(checkpoint, tmp_path, monkeypatch):
     user = tmp_path / "mine"
     user.mkdir()
     (user / "notes.txt").write_text("mine")
-    for cmd in (("export", checkpoint, "--format", "vllm"), ("export", checkpoint, "--format", "native"),
-                ("import", checkpoint, "--format", "native")):
+    for cmd in (
+        ("export", checkpoint, "--format", "vllm"),
+        ("export", checkpoint, "--format", "native"),
+        ("import", checkpoint, "--format", "native"),
+    ):
         r = _cli(*cmd, "--out", user)
         assert r.exit_code == 2 and "notes.txt" in r.output and "--force" in r.output, r.output
     assert _snapshot(user) == {"notes.txt": b"mine"}

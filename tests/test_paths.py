@@ -22,8 +22,21 @@ from eaglewire.errors import EaglewireError
 from eaglewire.paths import check_path, os_error, resolve_path
 
 NOBODY = 65534
-PARTS = ("file", "dir", "missing", "self_loop", "loop_a", "dangling", "to_file", "to_dir", "chain", "locked",
-         "x" * 300, "..", ".")
+PARTS = (
+    "file",
+    "dir",
+    "missing",
+    "self_loop",
+    "loop_a",
+    "dangling",
+    "to_file",
+    "to_dir",
+    "chain",
+    "locked",
+    "x" * 300,
+    "..",
+    ".",
+)
 
 
 @pytest.fixture(scope="module")
@@ -110,18 +123,20 @@ def test_commands_answer_every_bad_path_with_a_clear_error(tree, tmp_path, inp, 
     """An input and an --out drawn from the space: exit 2 with an error (these are never a draft, a data
     file or a usable output), never a traceback, and no file outside the output is touched."""
     before = sorted(str(q) for q in tree.rglob("*") if "locked" not in q.parts)
-    args = command(str(tree.joinpath(*inp)), str(tree.joinpath(*out, "o") if out[-1] == "dir" else
-                                               tree.joinpath(*out)))
+    args = command(str(tree.joinpath(*inp)), str(tree.joinpath(*out, "o") if out[-1] == "dir" else tree.joinpath(*out)))
     result = CliRunner().invoke(app, args)
-    assert result.exit_code == 2 and result.exception is None or isinstance(result.exception, SystemExit), \
-        (args, result.output, result.exception)
-    assert "Traceback" not in result.output and "error:" in result.output and "Usage:" not in result.output, \
+    assert result.exit_code == 2 and result.exception is None or isinstance(result.exception, SystemExit), (
+        args,
+        result.output,
+        result.exception,
+    )
+    assert "Traceback" not in result.output and "error:" in result.output and "Usage:" not in result.output, (
         result.output
+    )
     assert sorted(str(q) for q in tree.rglob("*") if "locked" not in q.parts) == before
 
 
-@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EADDRINUSE, errno.EIO,
-                                  errno.EXDEV])
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EADDRINUSE, errno.EIO, errno.EXDEV])
 def test_os_errors_become_messages_naming_the_path_and_the_fault(code):
     err = os_error(OSError(code, os.strerror(code), "/some/out/model.safetensors"), "--out")
     msg = str(err)

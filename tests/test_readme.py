@@ -74,8 +74,13 @@ def test_no_third_party_tree_is_tracked():
 
 # ------------------------------------------------------------------ every command in the README and the guides
 
-DOC_FILES = [ROOT / "README.md", ROOT / "docs" / "index.md", ROOT / "docs" / "install.md",
-             *sorted((ROOT / "docs").glob("guides/*.md")), *sorted((ROOT / "docs").glob("concepts/*.md"))]
+DOC_FILES = [
+    ROOT / "README.md",
+    ROOT / "docs" / "index.md",
+    ROOT / "docs" / "install.md",
+    *sorted((ROOT / "docs").glob("guides/*.md")),
+    *sorted((ROOT / "docs").glob("concepts/*.md")),
+]
 
 
 def _documented_commands() -> list[tuple[str, str]]:
@@ -121,16 +126,20 @@ def test_every_documented_command_exists_with_its_options():
         for w in rest:
             if w.startswith("-") and not w.lstrip("-").replace(".", "").isdigit():
                 assert w.split("=", 1)[0] in known, f"{where}: `{line}`: {w} is not an option of {cmd.name}"
-        r = CliRunner().invoke(app, words[1:len(words) - len(rest)] + ["--help"])
+        r = CliRunner().invoke(app, words[1 : len(words) - len(rest)] + ["--help"])
         assert r.exit_code == 0, f"{where}: `{line}`: --help failed\n{r.output}"
 
 
 def test_wiring_translations_in_the_docs_are_what_the_cli_prints():
     """The tour's and the taps page's translations are run, not only parsed (they take a second)."""
-    for args, expected in ((["wiring", "translate", "--layers", "30", "--to", "sglang"], "[1, 14, 26]"),
-                           (["wiring", "translate", "--layers", "30", "--to", "vllm"], "[2, 15, 27]"),
-                           (["wiring", "translate", "-L", "30", "--taps", "1,14,26", "--from", "specforge", "--to",
-                             "vllm"], "[2, 15, 27]")):
+    for args, expected in (
+        (["wiring", "translate", "--layers", "30", "--to", "sglang"], "[1, 14, 26]"),
+        (["wiring", "translate", "--layers", "30", "--to", "vllm"], "[2, 15, 27]"),
+        (
+            ["wiring", "translate", "-L", "30", "--taps", "1,14,26", "--from", "specforge", "--to", "vllm"],
+            "[2, 15, 27]",
+        ),
+    ):
         r = CliRunner().invoke(app, args)
         assert r.exit_code == 0 and expected in r.output, (args, r.output)
     r = CliRunner().invoke(app, ["wiring", "translate", "-L", "30", "--taps", "0,15,27", "--to", "sglang"])

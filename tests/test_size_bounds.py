@@ -23,8 +23,9 @@ from eaglewire.errors import EaglewireError
 from eaglewire.safeio import open_safetensors
 
 CASES = 25
-SETTINGS = settings(max_examples=CASES, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=CASES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 huge = st.one_of(st.integers(0, 64), st.integers(2**31, 2**64 - 1), st.just(-1))
 
 
@@ -41,16 +42,25 @@ def _open(path: Path) -> None:
 
 
 @SETTINGS
-@given(shape=st.lists(huge, max_size=3), start=huge, end=huge, dtype=st.sampled_from(["F32", "BF16", "I64", "Q9", ""]),
-       data_len=st.integers(0, 64), length=st.one_of(st.none(), st.integers(0, 64), st.integers(2**31, 2**64 - 1)))
+@given(
+    shape=st.lists(huge, max_size=3),
+    start=huge,
+    end=huge,
+    dtype=st.sampled_from(["F32", "BF16", "I64", "Q9", ""]),
+    data_len=st.integers(0, 64),
+    length=st.one_of(st.none(), st.integers(0, 64), st.integers(2**31, 2**64 - 1)),
+)
 def test_a_hostile_safetensors_header_is_refused_naming_the_file(shape, start, end, dtype, data_len, length):
     """Shapes and offsets from 0 to 2^64, unknown dtypes, header lengths beyond the file: opened and read only
     when it all adds up to the bytes there, else one clean error naming the file; nothing is allocated from a
     claimed size (the test would run out of memory or time)."""
     with tempfile.TemporaryDirectory() as d:
-        path = _safetensors(Path(d) / "w.safetensors", {"t": {"dtype": dtype, "shape": shape,
-                                                               "data_offsets": [start, end]}}, b"\0" * data_len,
-                            length)
+        path = _safetensors(
+            Path(d) / "w.safetensors",
+            {"t": {"dtype": dtype, "shape": shape, "data_offsets": [start, end]}},
+            b"\0" * data_len,
+            length,
+        )
         try:
             _open(path)
             assert 0 <= start <= end <= data_len  # accepted only when the header describes the bytes there
@@ -88,9 +98,13 @@ def test_many_members_read_back_in_order(tmp_path):
     assert [r["id"] for r in read_done(path)] == [f"c{i}" for i in range(100)]
 
 
-RECORDS = [[{"id": f"c{i}{j}", "messages": [{"role": "user", "content": f"q{i}{j}"},
-                                             {"role": "assistant", "content": "a"}]} for j in range(2)]
-           for i in range(3)]
+RECORDS = [
+    [
+        {"id": f"c{i}{j}", "messages": [{"role": "user", "content": f"q{i}{j}"}, {"role": "assistant", "content": "a"}]}
+        for j in range(2)
+    ]
+    for i in range(3)
+]
 
 
 class _Gen:
@@ -124,7 +138,7 @@ def test_a_mutated_regeneration_file(data):
         written = [r for batch in RECORDS for r in batch]
         try:
             kept = read_done(out)
-            assert kept == written[:len(kept)]  # a prefix: a cut tail is dropped, nothing else
+            assert kept == written[: len(kept)]  # a prefix: a cut tail is dropped, nothing else
         except EaglewireError as err:
             assert str(out) in err.what and "offset" in err.what and err.fix
             kept = None
@@ -132,7 +146,7 @@ def test_a_mutated_regeneration_file(data):
             regen.regenerate(str(src), out, _Gen(), s, limit=len(written))
             assert kept is not None
             after = read_done(out)
-            assert after[:len(kept)] == kept  # every intact record kept as it was
+            assert after[: len(kept)] == kept  # every intact record kept as it was
             assert sorted(r["id"] for r in after) == sorted(r["id"] for r in written)  # none lost or doubled
         except EaglewireError as err:
             assert out.read_bytes() == before and str(out.name) in str(err)

@@ -15,14 +15,31 @@ PACKAGE = ROOT / "src" / "eaglewire"
 OTHER_FOLDERS = {"benchmarks", "clients"}
 # top-level test files: a top-level module's (contract.py, cache.py, api.py as the front door, ...) or the
 # whole project's (docs, README, import order, types, every reader's damaged files, ...)
-ROOT_TESTS = {"test_cache_integrity.py", "test_contract.py", "test_damaged_files.py", "test_dflash_engine_rules.py",
-              "test_one_loader.py",
-              "test_evaluate_draft.py", "test_mutated_exports.py", "test_size_bounds.py",
-              "test_code_size.py",
-              "test_docs.py", "test_front_door.py", "test_import_graph.py", "test_mutated_files.py",
-              "test_no_data_loss.py", "test_no_history.py", "test_outputs.py", "test_paths.py", "test_readme.py",
-              "test_tests_mirror_src.py", "test_toy_family.py", "test_types.py", "test_lint.py",
-              "test_one_off_by_one.py"}
+ROOT_TESTS = {
+    "test_cache_integrity.py",
+    "test_contract.py",
+    "test_damaged_files.py",
+    "test_dflash_engine_rules.py",
+    "test_one_loader.py",
+    "test_evaluate_draft.py",
+    "test_mutated_exports.py",
+    "test_size_bounds.py",
+    "test_code_size.py",
+    "test_docs.py",
+    "test_front_door.py",
+    "test_import_graph.py",
+    "test_mutated_files.py",
+    "test_no_data_loss.py",
+    "test_no_history.py",
+    "test_outputs.py",
+    "test_paths.py",
+    "test_readme.py",
+    "test_tests_mirror_src.py",
+    "test_toy_family.py",
+    "test_types.py",
+    "test_lint.py",
+    "test_one_off_by_one.py",
+}
 
 
 def _packages() -> set[str]:
@@ -53,7 +70,15 @@ def test_test_basenames_are_unique():
 def test_no_test_folder_is_hidden_by_a_global_target_ignore(tmp_path):
     excludes = tmp_path / "global-gitignore"
     excludes.write_text("target/\n")
-    hidden = [d.name for d in sorted(TESTS.iterdir()) if any(d.glob("test_*.py")) and subprocess.run(
-        ["git", "-c", f"core.excludesFile={excludes}", "check-ignore", "-q", f"tests/{d.name}/test_x.py"],
-        cwd=ROOT, capture_output=True).returncode == 0]
+    hidden = [
+        d.name
+        for d in sorted(TESTS.iterdir())
+        if any(d.glob("test_*.py"))
+        and subprocess.run(
+            ["git", "-c", f"core.excludesFile={excludes}", "check-ignore", "-q", f"tests/{d.name}/test_x.py"],
+            cwd=ROOT,
+            capture_output=True,
+        ).returncode
+        == 0
+    ]
     assert not hidden, f"tests/ folders a global `target/` entry hides from git: {hidden}"

@@ -34,8 +34,11 @@ def toy_family():
     decoding = eagle3.part("decoding")
     record = register_family(
         Family(TOY, "a test-only family: EAGLE-3's parts under another name", block=False, title="Toy"),
-        load_strict=eagle3.part("load_strict"), checkpoint_state=eagle3.part("checkpoint_state"),
-        decoding=compose.Decoding(TOY, decoding.proposer, decoding.layout), bench_rows=("toy_chain",))
+        load_strict=eagle3.part("load_strict"),
+        checkpoint_state=eagle3.part("checkpoint_state"),
+        decoding=compose.Decoding(TOY, decoding.proposer, decoding.layout),
+        bench_rows=("toy_chain",),
+    )
     yield record
     unregister_family(TOY)
 
@@ -73,7 +76,6 @@ def test_an_unregistered_family_is_refused_by_name():
         replace(base, family=TOY)
 
 
-
 # Tables whose keys look like family names but are not the family axis: the norm presets ("eagle3" = the
 # published norms), the doctor's readings of other tools' block drafters (families eaglewire does not
 # implement: dflash2, dspark), the benchmark's rows by method ("dflash" = the method row).
@@ -92,8 +94,9 @@ def _family_keyed_tables(allowed: frozenset[str]) -> list[str]:
         if rel in allowed:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Dict) and any(isinstance(k, ast.Constant) and k.value in ("eagle3", "dflash")
-                                                  for k in node.keys):
+            if isinstance(node, ast.Dict) and any(
+                isinstance(k, ast.Constant) and k.value in ("eagle3", "dflash") for k in node.keys
+            ):
                 out.append(f"{rel}:{node.lineno}")
     return out
 

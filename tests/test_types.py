@@ -15,8 +15,13 @@ ROOT = Path(__file__).parents[1]
 
 
 def test_mypy_strict_on_the_typed_modules():
-    out = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(cache_root() / "mypy")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    out = subprocess.run(
+        [sys.executable, "-m", "mypy", "--cache-dir", str(cache_root() / "mypy")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-2000:]
     assert "Success" in out.stdout
 

@@ -4,14 +4,31 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import (AutoModelForCausalLM, DeepseekV3Config, LlamaConfig, MistralConfig, PretrainedConfig,
-                          PreTrainedModel, Qwen2Config, Qwen3Config, Qwen3MoeConfig)
+from transformers import (
+    AutoModelForCausalLM,
+    DeepseekV3Config,
+    LlamaConfig,
+    MistralConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen3Config,
+    Qwen3MoeConfig,
+)
 
 from eaglewire.target.loader import Target, wrap_model
 
 VOCAB, HIDDEN, LAYERS = 256, 64, 4
-_COMMON = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=LAYERS,
-               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False)
+_COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=HIDDEN,
+    intermediate_size=128,
+    num_hidden_layers=LAYERS,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    tie_word_embeddings=False,
+)
 
 
 def _configs(layers: int = LAYERS) -> dict[str, PretrainedConfig]:
@@ -21,12 +38,30 @@ def _configs(layers: int = LAYERS) -> dict[str, PretrainedConfig]:
         "qwen2": Qwen2Config(**_COMMON),  # q/k/v biases
         "qwen3": Qwen3Config(**_COMMON, head_dim=16),  # q/k norms
         "mistral": MistralConfig(**_COMMON),
-        "qwen3_moe": Qwen3MoeConfig(**_COMMON, head_dim=16, moe_intermediate_size=32, num_experts=4,
-                                    num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[]),
+        "qwen3_moe": Qwen3MoeConfig(
+            **_COMMON,
+            head_dim=16,
+            moe_intermediate_size=32,
+            num_experts=4,
+            num_experts_per_tok=2,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        ),
         "deepseek_v3": DeepseekV3Config(
-            **{**_COMMON, "num_key_value_heads": 4}, moe_intermediate_size=32, n_routed_experts=4,
-            n_shared_experts=1, num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1,
-            q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16),
+            **{**_COMMON, "num_key_value_heads": 4},
+            moe_intermediate_size=32,
+            n_routed_experts=4,
+            n_shared_experts=1,
+            num_experts_per_tok=2,
+            n_group=1,
+            topk_group=1,
+            first_k_dense_replace=1,
+            q_lora_rank=16,
+            kv_lora_rank=16,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=16,
+        ),
     }
 
 
@@ -63,7 +98,9 @@ class KimiLikeForConditionalGeneration(PreTrainedModel):
 def build_model(arch: str, seed: int = 0, layers: int = LAYERS) -> nn.Module:
     torch.manual_seed(seed)
     if arch == "nested_kimi_like":
-        cfg = KimiLikeConfig(text_config=_configs(layers)["deepseek_v3"], architectures=["KimiLikeForConditionalGeneration"])
+        cfg = KimiLikeConfig(
+            text_config=_configs(layers)["deepseek_v3"], architectures=["KimiLikeForConditionalGeneration"]
+        )
         model = KimiLikeForConditionalGeneration(cfg)
     else:
         model = AutoModelForCausalLM.from_config(_configs(layers)[arch])
@@ -92,8 +129,16 @@ def build_draft(target: Target, taps=(1, 2, 3), draft_vocab: int = 128, seed: in
     return draft, contract
 
 
-def build_dflash(target: Target, taps=(1, 2, 3), block_size: int = 4, layers: int = 2, seed: int = 0,
-                 mask_token_id: int | None = None, vocab_every: int | None = None, **block_kw):
+def build_dflash(
+    target: Target,
+    taps=(1, 2, 3),
+    block_size: int = 4,
+    layers: int = 2,
+    seed: int = 0,
+    mask_token_id: int | None = None,
+    vocab_every: int | None = None,
+    **block_kw,
+):
     """A random-init DFlash draft for `target` (mask token default the last id), target attached: over the full
     vocabulary, or (vocab_every k) a reduced one of every k-th id with its own head."""
     from eaglewire.draft.dflash import build_dflash_draft, dflash_contract
@@ -118,7 +163,7 @@ def tiny_samples(n: int = 24, seed: int = 0, min_len: int = 12, max_len: int = 2
         start = int(torch.randint(0, VOCAB - 40, (1,), generator=g))
         ids = (start + torch.arange(T) * 3) % VOCAB  # an arithmetic pattern the draft can learn
         mask = torch.zeros(T, dtype=torch.long)
-        mask[T // 2:] = 1
+        mask[T // 2 :] = 1
         out.append(Sample(id=f"s{i}", input_ids=ids, loss_mask=mask))
     return out
 
@@ -136,5 +181,5 @@ def assert_matches_hf(target: Target, rt) -> None:
     torch.testing.assert_close(logits, ref[:, :9], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(taps, capture(target, (0, 2, 4), ids[:, :9]).taps, atol=1e-4, rtol=1e-4)
     for t in range(9, 12):  # single-token decode steps on the cache
-        step, _ = rt.forward(ids[:, t:t + 1], pos[:, t:t + 1], t)
+        step, _ = rt.forward(ids[:, t : t + 1], pos[:, t : t + 1], t)
         torch.testing.assert_close(step[:, 0], ref[:, t], atol=1e-4, rtol=1e-4)

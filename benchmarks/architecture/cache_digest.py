@@ -40,19 +40,31 @@ def main() -> None:
     files = [p for p in sorted(a.dir.rglob("*")) if p.is_file() and p.name != cache.MARKER]
     rows = {}
     for p in files:
-        rows[p.name] = {"bytes": p.stat().st_size,
-                        "sampled_s": _median_s(lambda: sampled_digest(p), a.reps),
-                        "full_s": _median_s(lambda: full_digest(p), a.reps)}
-        print(f"{p.name}: {rows[p.name]['bytes'] / 1e6:.1f} MB  sampled {rows[p.name]['sampled_s'] * 1e3:.2f} ms  "
-              f"full {rows[p.name]['full_s'] * 1e3:.1f} ms")
+        rows[p.name] = {
+            "bytes": p.stat().st_size,
+            "sampled_s": _median_s(lambda: sampled_digest(p), a.reps),
+            "full_s": _median_s(lambda: full_digest(p), a.reps),
+        }
+        print(
+            f"{p.name}: {rows[p.name]['bytes'] / 1e6:.1f} MB  sampled {rows[p.name]['sampled_s'] * 1e3:.2f} ms  "
+            f"full {rows[p.name]['full_s'] * 1e3:.1f} ms"
+        )
     total = {k: sum(r[k] for r in rows.values()) for k in ("bytes", "sampled_s", "full_s")}
-    print(f"all files: sampled {total['sampled_s'] * 1e3:.2f} ms per use, full {total['full_s'] * 1e3:.1f} ms "
-          f"once per process ({total['bytes'] / max(total['full_s'], 1e-9) / 1e9:.2f} GB/s)")
+    print(
+        f"all files: sampled {total['sampled_s'] * 1e3:.2f} ms per use, full {total['full_s'] * 1e3:.1f} ms "
+        f"once per process ({total['bytes'] / max(total['full_s'], 1e-9) / 1e9:.2f} GB/s)"
+    )
     out = a.out or run_dir("cache")
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "cache_digest.json", json.dumps(
-        {"dir": str(a.dir), "reps": a.reps, "files": rows, "total": total, "cpu": describe_cpu()},
-        indent=2, default=str) + "\n")
+    atomic_write_text(
+        out / "cache_digest.json",
+        json.dumps(
+            {"dir": str(a.dir), "reps": a.reps, "files": rows, "total": total, "cpu": describe_cpu()},
+            indent=2,
+            default=str,
+        )
+        + "\n",
+    )
     print(f"-> {out / 'cache_digest.json'}")
 
 

@@ -24,7 +24,17 @@ from benchmarks.results_dir import run_dir  # benchmarks/results/<topic>/<date>-
 
 COMMANDS = {
     "import eaglewire.cli": [sys.executable, "-c", "import eaglewire.cli"],
-    "wiring translate": [sys.executable, "-m", "eaglewire.cli", "wiring", "translate", "--layers", "30", "--to", "vllm"],
+    "wiring translate": [
+        sys.executable,
+        "-m",
+        "eaglewire.cli",
+        "wiring",
+        "translate",
+        "--layers",
+        "30",
+        "--to",
+        "vllm",
+    ],
 }
 
 
@@ -50,8 +60,17 @@ def main() -> None:
     medians = {name: {c: round(statistics.median(v), 3) for c, v in cs.items()} for name, cs in samples.items()}
     out = a.out or run_dir("architecture")
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "startup.json", json.dumps({"setup": {"cpu": describe_cpu(), "reps": a.reps, "trees": trees},
-                                                         "median_s": medians, "samples_s": samples}, indent=1))
+    atomic_write_text(
+        out / "startup.json",
+        json.dumps(
+            {
+                "setup": {"cpu": describe_cpu(), "reps": a.reps, "trees": trees},
+                "median_s": medians,
+                "samples_s": samples,
+            },
+            indent=1,
+        ),
+    )
     print(json.dumps(medians, indent=1))
 
 

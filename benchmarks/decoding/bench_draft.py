@@ -35,8 +35,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=80)
     ap.add_argument("--k", type=int, default=3)
-    ap.add_argument("--drafts", nargs="+", default=[DRAFT], help="one draft: module vs lean layouts; several: "
-                    "each through the lean layouts")
+    ap.add_argument(
+        "--drafts",
+        nargs="+",
+        default=[DRAFT],
+        help="one draft: module vs lean layouts; several: each through the lean layouts",
+    )
     args = ap.parse_args()
     torch.manual_seed(0)
     target = load_target(None)
@@ -49,8 +53,9 @@ def main() -> None:
             draft = load_checkpoint(path, target=target, dtype=dtype)
             for lay in layouts:
                 name = lay if len(args.drafts) == 1 else f"draft {i} (V_d {draft.cfg.draft_vocab_size})"
-                props[name] = EagleProposer(draft, TreeShape.chain(args.k), MAX_LEN,
-                                            None if lay == "module" else FastDraft(draft, lay))
+                props[name] = EagleProposer(
+                    draft, TreeShape.chain(args.k), MAX_LEN, None if lay == "module" else FastDraft(draft, lay)
+                )
         for p in props.values():
             p.start(torch.randint(0, 40000, (1, PROMPT)), torch.randn(1, PROMPT, width, dtype=dtype), 5)
         ms: dict[str, list[float]] = {k: [] for k in props}
@@ -68,10 +73,16 @@ def main() -> None:
                 ms[name].append((time.perf_counter() - t0) * 1e3)
         med = {k: statistics.median(v[WARMUP:]) for k, v in ms.items()}
         first = next(iter(med.values()))
-        ratio = f" ({med['module'] / med['auto']:.2f}x)" if "module" in med else \
-            " (" + ", ".join(f"{v / first:.2f}x" for v in med.values()) + " of the first)"
-        print(f"{str(dtype).removeprefix('torch.')}: ms per chain-{args.k} drafting round, median of {args.rounds}: "
-              + ", ".join(f"{k} {v:.2f}" for k, v in med.items()) + ratio)
+        ratio = (
+            f" ({med['module'] / med['auto']:.2f}x)"
+            if "module" in med
+            else " (" + ", ".join(f"{v / first:.2f}x" for v in med.values()) + " of the first)"
+        )
+        print(
+            f"{str(dtype).removeprefix('torch.')}: ms per chain-{args.k} drafting round, median of {args.rounds}: "
+            + ", ".join(f"{k} {v:.2f}" for k, v in med.items())
+            + ratio
+        )
         if len(args.drafts) > 1:
             print("  drafts: " + ", ".join(f"{i}: {d}" for i, d in enumerate(args.drafts)))
     print(f"CPU: {describe_cpu()}")

@@ -56,11 +56,19 @@ def main() -> None:
                 for lin in lins:
                     lin(xs[lin.w.shape[1]], lay)
                 times[lay][k].append(time.perf_counter() - t0)
-        print(f"{k:>2} rows: " + " ".join(f"{n} {statistics.median(v[k]) * 1e3:.2f} ms" for n, v in times.items()),
-              flush=True)
+        print(
+            f"{k:>2} rows: " + " ".join(f"{n} {statistics.median(v[k]) * 1e3:.2f} ms" for n, v in times.items()),
+            flush=True,
+        )
     result = {n: {"median_ms": {k: statistics.median(v) * 1e3 for k, v in per_k.items()}} for n, per_k in times.items()}
-    result["setup"] = {"weights": len(lins), "bytes": nbytes, "reps": a.reps, "threads": a.threads,
-                       "dtype": "float32", "cpu": describe_cpu()}
+    result["setup"] = {
+        "weights": len(lins),
+        "bytes": nbytes,
+        "reps": a.reps,
+        "threads": a.threads,
+        "dtype": "float32",
+        "cpu": describe_cpu(),
+    }
     a.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(a.out, json.dumps(result, indent=1))
     print("wrote", a.out)

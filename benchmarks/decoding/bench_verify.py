@@ -52,10 +52,15 @@ def _roofline(target, probe: RateProbe, decode_ms: float) -> dict:
     the calibrated runtime's measured 1-row step (decode_ms)."""
     floor = {k: step_cost(target, k, CACHED).floor_s(probe.bandwidth, probe.peak) * 1e3 for k in KS}
     shape = probe.shape
-    return {"bandwidth_gb_s": probe.bandwidth / 1e9, "gemm_peak_gflop_s": probe.peak / 1e9,
-            "gemm_shape": f"[{PEAK_ROWS}, {shape[0]}] x [{shape[0]}, {shape[1]}]", "samples": len(probe.read_s),
-            "floor_ms": floor, "floor_ratio_to_decode": {k: floor[k] / decode_ms for k in KS},
-            "decode_ms": decode_ms}
+    return {
+        "bandwidth_gb_s": probe.bandwidth / 1e9,
+        "gemm_peak_gflop_s": probe.peak / 1e9,
+        "gemm_shape": f"[{PEAK_ROWS}, {shape[0]}] x [{shape[0]}, {shape[1]}]",
+        "samples": len(probe.read_s),
+        "floor_ms": floor,
+        "floor_ratio_to_decode": {k: floor[k] / decode_ms for k in KS},
+        "decode_ms": decode_ms,
+    }
 
 
 def _runtimes(target, layouts: tuple[str, ...]) -> dict[str, FastRuntime]:
@@ -71,8 +76,12 @@ def _runtimes(target, layouts: tuple[str, ...]) -> dict[str, FastRuntime]:
     print("calibrated layouts:", calibrated.calibrate(ks=KS))
     calibrated.settle_copies()  # the copies its policy reads, as make_runtime holds them before compiling
     calibrated.compile_graphs(verify_rows=fused_ks)
-    print("fused verify graphs (ms):", calibrated.fused_ms, "kept:", sorted(calibrated.graph.fused)
-          if calibrated.graph else [])
+    print(
+        "fused verify graphs (ms):",
+        calibrated.fused_ms,
+        "kept:",
+        sorted(calibrated.graph.fused) if calibrated.graph else [],
+    )
     for k, per_layout in calibrated.calibration_ms.items():
         print(f"  calibration, {k} rows:", " ".join(f"{lay} {ms:.1f}" for lay, ms in per_layout.items()))
     return runtimes
@@ -96,7 +105,9 @@ def main() -> None:
         rt.forward(prefix, torch.arange(CACHED)[None], 0)
 
     probe = RateProbe(*widest_matrix(target), dtype=dtype)  # sampled beside every k of every round
-    times: dict[str, dict[int, list[float]]] = {n: {k: [] for k in KS} for n in (*runtimes, "lean_calibrated_greedy", "hf")}
+    times: dict[str, dict[int, list[float]]] = {
+        n: {k: [] for k in KS} for n in (*runtimes, "lean_calibrated_greedy", "hf")
+    }
     for r in range(a.rounds):
         for k in KS:
             ids = torch.ones(1, k, dtype=torch.long)
@@ -110,28 +121,40 @@ def main() -> None:
             times["lean_calibrated_greedy"][k].append(time.perf_counter() - t0)
             times["hf"][k].append(_hf_verify(target, prefix, k))
             probe.sample()
-        print(f"round {r + 1}: " + " ".join(f"k{k}={statistics.median(times['lean_calibrated'][k]) * 1e3:.0f}ms"
-                                            for k in KS), flush=True)
+        print(
+            f"round {r + 1}: "
+            + " ".join(f"k{k}={statistics.median(times['lean_calibrated'][k]) * 1e3:.0f}ms" for k in KS),
+            flush=True,
+        )
     result: dict = {}
     for name, per_k in times.items():
         med = {k: statistics.median(v) * 1e3 for k, v in per_k.items()}
         result[name] = {"median_ms": med, "ratio_to_decode": {k: med[k] / med[1] for k in KS}}
-    result["setup"] = {"rounds": a.rounds, "cache_tokens": CACHED, "dtype": str(dtype).removeprefix("torch."),
-                       "threads": a.threads, "layouts": list(layouts), "calibrated": policy,
-                       "calibration_ms": runtimes["lean_calibrated"].calibration_ms,
-                       "fused_ms": fused_ms,
-                       "greedy_head": runtimes["lean_calibrated"].head_policy,
-                       "graph_gemm": runtimes["lean_calibrated"].graph_gemm,  # the graph's multi-row GEMM
-                       "graph_gemm_ms": runtimes["lean_calibrated"].graph_gemm_ms,
-                       "fused": "q/k/v and gate/up one GEMM each", "cpu": describe_cpu()}
+    result["setup"] = {
+        "rounds": a.rounds,
+        "cache_tokens": CACHED,
+        "dtype": str(dtype).removeprefix("torch."),
+        "threads": a.threads,
+        "layouts": list(layouts),
+        "calibrated": policy,
+        "calibration_ms": runtimes["lean_calibrated"].calibration_ms,
+        "fused_ms": fused_ms,
+        "greedy_head": runtimes["lean_calibrated"].head_policy,
+        "graph_gemm": runtimes["lean_calibrated"].graph_gemm,  # the graph's multi-row GEMM
+        "graph_gemm_ms": runtimes["lean_calibrated"].graph_gemm_ms,
+        "fused": "q/k/v and gate/up one GEMM each",
+        "cpu": describe_cpu(),
+    }
     result["roofline"] = _roofline(target, probe, result["lean_calibrated"]["median_ms"][1])
     atomic_write_text(a.out, json.dumps(result, indent=2))
     for name in times:
         print(name, {k: f"{result[name]['median_ms'][k]:.0f}ms x{result[name]['ratio_to_decode'][k]:.2f}" for k in KS})
     roof = result["roofline"]
-    print(f"roofline: read {roof['bandwidth_gb_s']:.0f} GB/s, GEMM peak {roof['gemm_peak_gflop_s']:.0f} GFLOP/s "
-          f"{roof['gemm_shape']}; floor", {k: f"{roof['floor_ms'][k]:.1f}ms x{roof['floor_ratio_to_decode'][k]:.2f}"
-                                             for k in KS})
+    print(
+        f"roofline: read {roof['bandwidth_gb_s']:.0f} GB/s, GEMM peak {roof['gemm_peak_gflop_s']:.0f} GFLOP/s "
+        f"{roof['gemm_shape']}; floor",
+        {k: f"{roof['floor_ms'][k]:.1f}ms x{roof['floor_ratio_to_decode'][k]:.2f}" for k in KS},
+    )
 
 
 if __name__ == "__main__":

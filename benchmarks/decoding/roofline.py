@@ -73,7 +73,9 @@ class RateProbe:
         self.shape = (in_features, out_features)
         self.x = torch.randn(PEAK_ROWS, in_features, dtype=dtype)  # [R, in]
         packed = PACKED in candidate_layouts(dtype, compiled=False)
-        self.lin = Gemm(torch.randn(out_features, in_features, dtype=dtype), None, (PACKED,) if packed else ())  # [out, in]
+        self.lin = Gemm(
+            torch.randn(out_features, in_features, dtype=dtype), None, (PACKED,) if packed else ()
+        )  # [out, in]
         self.layout = PACKED if packed else "tn"
         self.flop = 2 * PEAK_ROWS * in_features * out_features
         self.buf.sum(), self.gemm()  # untimed: first calls pay for page faults and oneDNN's kernel choice

@@ -29,8 +29,9 @@ CACHED = 200  # tokens in the KV cache before the timed forwards
 def runtime_at(rev: str):
     """fastcpu/runtime.py as it was at `rev`, imported as its own module (it still imports today's
     eaglewire for everything else)."""
-    src = subprocess.run(["git", "show", f"{rev}:src/eaglewire/fastcpu/runtime.py"], check=True,
-                         capture_output=True, text=True).stdout
+    src = subprocess.run(
+        ["git", "show", f"{rev}:src/eaglewire/fastcpu/runtime.py"], check=True, capture_output=True, text=True
+    ).stdout
     path = Path(tempfile.mkdtemp()) / "runtime_at_rev.py"
     path.write_text(src)
     spec = importlib.util.spec_from_file_location("runtime_at_rev", path)
@@ -48,8 +49,10 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     target = load_target(dtype=torch.float32)
-    rts = {a.against: runtime_at(a.against).FastRuntime(target, 512, layout="dnnl"),
-           "working tree": current.FastRuntime(target, 512, layout="dnnl")}
+    rts = {
+        a.against: runtime_at(a.against).FastRuntime(target, 512, layout="dnnl"),
+        "working tree": current.FastRuntime(target, 512, layout="dnnl"),
+    }
     prefix = torch.randint(0, target.vocab_size, (1, CACHED), generator=torch.Generator().manual_seed(0))
     for rt in rts.values():
         rt.forward(prefix, torch.arange(CACHED)[None], 0)
@@ -63,8 +66,11 @@ def main() -> None:
                 t0 = time.perf_counter()
                 rt.forward(ids, pos, CACHED)
                 times[name].append(time.perf_counter() - t0)
-        print(f"{rows} row(s): " + ", ".join(f"{n} {statistics.median(t) * 1e3:.2f} ms" for n, t in times.items())
-              + f"; max |logit difference| {float((logits[0] - logits[1]).abs().max()):.3g}")
+        print(
+            f"{rows} row(s): "
+            + ", ".join(f"{n} {statistics.median(t) * 1e3:.2f} ms" for n, t in times.items())
+            + f"; max |logit difference| {float((logits[0] - logits[1]).abs().max()):.3g}"
+        )
 
 
 if __name__ == "__main__":

@@ -36,11 +36,19 @@ def random_dflash(target: Any, block_size: int, dtype: Any) -> Any:
 def rows_for(result: dict[str, Any], goal: float, eagle_best: float, block_size: int, trained: bool) -> dict[str, Any]:
     m = result["methods"]["dflash"]
     round_ms = m["draft_ms_per_round"] + m["verify_ms_per_round"]
-    return {"block_size": block_size, "drafts_per_round": block_size - 1, "trained": trained,
-            "draft_ms_per_round": m["draft_ms_per_round"], "verify_ms_per_round": m["verify_ms_per_round"],
-            "round_ms": round_ms, "tau_needed": goal * eagle_best * round_ms / 1000,
-            "tau": m["tau"], "per_position": m["per_position"], "tok_s": m["median_tok_s"],
-            "max_tau": float(block_size)}
+    return {
+        "block_size": block_size,
+        "drafts_per_round": block_size - 1,
+        "trained": trained,
+        "draft_ms_per_round": m["draft_ms_per_round"],
+        "verify_ms_per_round": m["verify_ms_per_round"],
+        "round_ms": round_ms,
+        "tau_needed": goal * eagle_best * round_ms / 1000,
+        "tau": m["tau"],
+        "per_position": m["per_position"],
+        "tok_s": m["median_tok_s"],
+        "max_tau": float(block_size),
+    }
 
 
 def main() -> None:
@@ -71,8 +79,9 @@ def main() -> None:
     results, eagle = [], None
     for i, (b, block_draft, is_trained) in enumerate(blocks):
         methods = ["vanilla", "dflash"] + (["eagle_chain", "eagle_tree"] if i == 0 else [])
-        r = B.run_bench(target, draft, prompts, a.max_new_tokens, chain, tree, methods=methods,
-                        block_draft=block_draft, log=print)
+        r = B.run_bench(
+            target, draft, prompts, a.max_new_tokens, chain, tree, methods=methods, block_draft=block_draft, log=print
+        )
         if eagle is None:
             eagle = {k: r["methods"][k] for k in ("vanilla", "eagle_chain", "eagle_tree")}
         results.append((b, is_trained, r))
@@ -80,19 +89,32 @@ def main() -> None:
     rows = [rows_for(r, a.goal, best, b, t) for b, t, r in results]
     out = a.out or run_dir("dflash", "fp32", "block-cost")
     out.mkdir(parents=True, exist_ok=True)
-    summary = {"goal": a.goal, "eagle_best_tok_s": best, "eagle": eagle, "rows": rows,
-               "prompts": a.limit, "max_new_tokens": a.max_new_tokens, "chain_k": a.chain_k,
-               "cpu": describe_cpu()}
+    summary = {
+        "goal": a.goal,
+        "eagle_best_tok_s": best,
+        "eagle": eagle,
+        "rows": rows,
+        "prompts": a.limit,
+        "max_new_tokens": a.max_new_tokens,
+        "chain_k": a.chain_k,
+        "cpu": describe_cpu(),
+    }
     (out / "block_cost.json").write_text(json.dumps(summary, indent=1))
-    lines = ["| B | drafts/round | draft ms/round | verify ms/round | round ms | tau needed | tau measured |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| B | drafts/round | draft ms/round | verify ms/round | round ms | tau needed | tau measured |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['block_size']}{' (trained)' if r['trained'] else ''} | {r['drafts_per_round']} | "
-                     f"{r['draft_ms_per_round']:.1f} | {r['verify_ms_per_round']:.1f} | {r['round_ms']:.1f} | "
-                     f"{r['tau_needed']:.2f} | {r['tau']:.2f} |")
-    text = (f"EAGLE-3 best: {best:.2f} tok/s (chain k={a.chain_k} tau {eagle['eagle_chain']['tau']:.2f}, tree tau "
-            f"{eagle['eagle_tree']['tau']:.2f}); vanilla {eagle['vanilla']['median_tok_s']:.2f} tok/s; goal "
-            f"{a.goal}x EAGLE-3's best.\n\n" + "\n".join(lines) + "\n")
+        lines.append(
+            f"| {r['block_size']}{' (trained)' if r['trained'] else ''} | {r['drafts_per_round']} | "
+            f"{r['draft_ms_per_round']:.1f} | {r['verify_ms_per_round']:.1f} | {r['round_ms']:.1f} | "
+            f"{r['tau_needed']:.2f} | {r['tau']:.2f} |"
+        )
+    text = (
+        f"EAGLE-3 best: {best:.2f} tok/s (chain k={a.chain_k} tau {eagle['eagle_chain']['tau']:.2f}, tree tau "
+        f"{eagle['eagle_tree']['tau']:.2f}); vanilla {eagle['vanilla']['median_tok_s']:.2f} tok/s; goal "
+        f"{a.goal}x EAGLE-3's best.\n\n" + "\n".join(lines) + "\n"
+    )
     (out / "block_cost.md").write_text(text)
     print(text, f"-> {out}")
 

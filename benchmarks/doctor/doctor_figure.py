@@ -38,19 +38,28 @@ def draw(run_dir: Path) -> Path:
         colour = "#4c9a2a" if ok else "#c0392b"
         if tau is not None:
             ax.barh(i, tau - 1, left=1, color=colour, height=0.6)
-            ax.text(tau + 0.02, i, f"τ {tau:.2f} · {verdict}", va="center", fontsize=9,
-                    bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
+            ax.text(
+                tau + 0.02,
+                i,
+                f"τ {tau:.2f} · {verdict}",
+                va="center",
+                fontsize=9,
+                bbox={"facecolor": "white", "edgecolor": "none", "pad": 1},
+            )
         else:
             ax.text(1.02, i, f"vLLM {vllm} · {verdict}", va="center", fontsize=9, color=colour)
     ax.axvline(meta["predicted_tau"], color="grey", ls="--", lw=1)
     ax.set_yticks(range(len(data)), [d[0] for d in data], fontsize=9)
     ax.invert_yaxis()
     ax.set_xlim(1, meta["predicted_tau"] + 0.9)
-    ax.set_xlabel(f"acceptance length τ in vLLM's CPU build (chain k={meta['k']}, {meta['prompts']} MT-bench "
-                  f"prompts)\ndashed: our engine's prediction for the healthy export, {meta['predicted_tau']:.2f}",
-                  fontsize=9)
-    ax.set_title("One draft exported broken ten ways: the τ vLLM served it at, and what the doctor said before",
-                 fontsize=10)
+    ax.set_xlabel(
+        f"acceptance length τ in vLLM's CPU build (chain k={meta['k']}, {meta['prompts']} MT-bench "
+        f"prompts)\ndashed: our engine's prediction for the healthy export, {meta['predicted_tau']:.2f}",
+        fontsize=9,
+    )
+    ax.set_title(
+        "One draft exported broken ten ways: the τ vLLM served it at, and what the doctor said before", fontsize=10
+    )
     fig.tight_layout()
     out = run_dir / "doctor.png"
     fig.savefig(out, dpi=110)

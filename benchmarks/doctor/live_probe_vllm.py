@@ -101,7 +101,9 @@ def main() -> None:
     for name in args.cases.split(","):
         served = healthy if CASES[name] is None else _broken(healthy, args.work, name, CASES[name])
         spec = {"method": "eagle3", "model": str(served), "num_speculative_tokens": args.k}
-        with VllmServer(target_dir, dtype="float32", speculative_config=spec, max_num_seqs=1, enforce_eager=True) as srv:
+        with VllmServer(
+            target_dir, dtype="float32", speculative_config=spec, max_num_seqs=1, enforce_eager=True
+        ) as srv:
             chats = chats or _chats("mtbench", args.limit)
             window = probe_engine(srv.base_url, chats, args.max_tokens)
             if name == "healthy":
@@ -111,8 +113,10 @@ def main() -> None:
         rep = compare(window, ref, args.k, str(healthy), None)
         rep.timing = {"probe_s": round(window.seconds, 2), "prompts": len(chats), "max_tokens": args.max_tokens}
         (out / f"{name}.json").write_text(json.dumps(rep.to_dict(), indent=2) + "\n")
-        (out / f"{name}.txt").write_text(f"vLLM serving {name} (ids {CASES[name] or 'as exported'}), probed with the "
-                                         f"healthy export as the draft\n" + _text(json.dumps(rep.to_dict())))
+        (out / f"{name}.txt").write_text(
+            f"vLLM serving {name} (ids {CASES[name] or 'as exported'}), probed with the "
+            f"healthy export as the draft\n" + _text(json.dumps(rep.to_dict()))
+        )
         print(name, rep.verdict, flush=True)
         commands.append(f"- {name}: vLLM ids {CASES[name] or 'as exported'}; verdict {rep.verdict}")
     readme = out / "README.md"
@@ -124,7 +128,9 @@ def main() -> None:
         "The released draft's vLLM export served by `python -m vllm.entrypoints.openai.api_server` (EAGLE-3 chain "
         f"k={args.k}, fp32, max-num-seqs 1, eager), probed with the healthy export as `--draft` "
         "(`<case>.json` the --json report, `<case>.txt` the same report as the CLI prints it).\n\n"
-        + "\n".join(commands) + "\n")
+        + "\n".join(commands)
+        + "\n"
+    )
 
 
 if __name__ == "__main__":

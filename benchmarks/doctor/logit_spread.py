@@ -14,8 +14,12 @@ from pathlib import Path
 
 import torch
 
-PROMPTS = ("Give me three tips for staying healthy.", "Write a short poem about the sea.",
-           "Explain photosynthesis to a child.", "Compose a travel blog post about a trip to Hawaii.")
+PROMPTS = (
+    "Give me three tips for staying healthy.",
+    "Write a short poem about the sea.",
+    "Explain photosynthesis to a child.",
+    "Compose a travel blog post about a trip to Hawaii.",
+)
 
 
 def _one_row(model, full: torch.Tensor, n: int) -> torch.Tensor:
@@ -23,7 +27,7 @@ def _one_row(model, full: torch.Tensor, n: int) -> torch.Tensor:
     out = model(full[:, :n], use_cache=True)
     cache, rows = out.past_key_values, [out.logits[0, -1]]
     for j in range(n, full.shape[1] - 1):
-        out = model(full[:, j:j + 1], past_key_values=cache, use_cache=True)
+        out = model(full[:, j : j + 1], past_key_values=cache, use_cache=True)
         cache = out.past_key_values
         rows.append(out.logits[0, -1])
     return torch.stack(rows).float()
@@ -41,19 +45,29 @@ def main() -> None:
     spread = {"float32_shapes": 0.0, "bfloat16_shapes": 0.0, "float32_vs_bfloat16": 0.0}
     with torch.no_grad():
         for q in PROMPTS:
-            ids = t32.tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                                    return_tensors="pt", return_dict=True)["input_ids"]
+            ids = t32.tokenizer.apply_chat_template(
+                [{"role": "user", "content": q}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+            )["input_ids"]
             n = ids.shape[1]
             full = t32.model.generate(ids, max_new_tokens=args.new_tokens, do_sample=False)
-            a32 = t32.model(full).logits[0, n - 1:-1].float()
-            a16 = t16.model(full).logits[0, n - 1:-1].float()
-            spread["float32_shapes"] = max(spread["float32_shapes"], (a32 - _one_row(t32.model, full, n)).abs().max().item())
-            spread["bfloat16_shapes"] = max(spread["bfloat16_shapes"], (a16 - _one_row(t16.model, full, n)).abs().max().item())
+            a32 = t32.model(full).logits[0, n - 1 : -1].float()
+            a16 = t16.model(full).logits[0, n - 1 : -1].float()
+            spread["float32_shapes"] = max(
+                spread["float32_shapes"], (a32 - _one_row(t32.model, full, n)).abs().max().item()
+            )
+            spread["bfloat16_shapes"] = max(
+                spread["bfloat16_shapes"], (a16 - _one_row(t16.model, full, n)).abs().max().item()
+            )
             spread["float32_vs_bfloat16"] = max(spread["float32_vs_bfloat16"], (a32 - a16).abs().max().item())
     args.out.mkdir(parents=True, exist_ok=True)
-    rec = {"max_abs_logit_difference": spread, "prompts": len(PROMPTS), "new_tokens": args.new_tokens,
-           "target": t32.name, "torch": torch.__version__,
-           "command": f"python -m benchmarks.doctor.logit_spread --out {args.out}"}
+    rec = {
+        "max_abs_logit_difference": spread,
+        "prompts": len(PROMPTS),
+        "new_tokens": args.new_tokens,
+        "target": t32.name,
+        "torch": torch.__version__,
+        "command": f"python -m benchmarks.doctor.logit_spread --out {args.out}",
+    }
     (args.out / "logit_spread.json").write_text(json.dumps(rec, indent=1) + "\n")
     print(json.dumps(rec, indent=1))
 

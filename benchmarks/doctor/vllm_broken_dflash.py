@@ -40,8 +40,11 @@ AUX = "eagle_aux_hidden_state_layer_ids"
 # and eagle_aux_hidden_state_layer_ids; z-lab's layout (--layout zlab) writes dflash_config itself. Each edit
 # damages whichever layout it is given, the key the engine reads.
 def _ids_key(cfg: dict) -> tuple[dict, str]:
-    return (cfg, "aux_hidden_state_layer_ids") if "aux_hidden_state_layer_ids" in cfg else \
-        (cfg.setdefault("dflash_config", {}), "target_layer_ids")
+    return (
+        (cfg, "aux_hidden_state_layer_ids")
+        if "aux_hidden_state_layer_ids" in cfg
+        else (cfg.setdefault("dflash_config", {}), "target_layer_ids")
+    )
 
 
 def _block_key(cfg: dict, key: str) -> dict:
@@ -88,8 +91,11 @@ def _ids_missing(cfg: dict) -> None:
 CASES: dict[str, tuple[str, Edit | None, bool]] = {
     "clean": ("the export as written", None, False),
     "ids_shifted": ("layer ids shifted by one (-1)", _shift_ids, False),
-    "eagle_aux_leftover": ("an eagle_aux_hidden_state_layer_ids leftover (EAGLE-3's [2, 15, 27])",
-                           _eagle_aux_leftover, False),
+    "eagle_aux_leftover": (
+        "an eagle_aux_hidden_state_layer_ids leftover (EAGLE-3's [2, 15, 27])",
+        _eagle_aux_leftover,
+        False,
+    ),
     "neox_off": ("is_neox_style: false (trained neox)", _neox_off, False),
     "block_size": ("block_size doubled, launched with the nst it implies", _block_size, True),
     "mask_token": ("mask_token_id of another token", _mask_token, False),
@@ -134,19 +140,30 @@ def doctor(directory: Path, src: Path | None) -> dict:
     except json.JSONDecodeError:
         return {"exit": p.returncode, "errors": -1, "checks": [], "first": (p.stderr or p.stdout)[-300:]}
     errs = [f for f in rep.get("findings", []) if f.get("level") == "error"]
-    return {"exit": p.returncode, "errors": len(errs), "checks": sorted({f.get("check", "?") for f in errs}),
-            "first": errs[0].get("what", "") if errs else ""}
+    return {
+        "exit": p.returncode,
+        "errors": len(errs),
+        "checks": sorted({f.get("check", "?") for f in errs}),
+        "first": errs[0].get("what", "") if errs else "",
+    }
 
 
-def serve(directory: Path, target_dir: Path, prompts: list[list[int]], max_new: int, nst: int, timeout: int,
-          port: int | None) -> dict:
+def serve(
+    directory: Path, target_dir: Path, prompts: list[list[int]], max_new: int, nst: int, timeout: int, port: int | None
+) -> dict:
     from eaglewire.errors import EaglewireError
     from eaglewire.vllm_client.server import VllmServer, complete_ids, spec_metrics
 
     spec = {"method": "dflash", "model": str(directory), "num_speculative_tokens": nst}
     t0 = time.perf_counter()
-    srv = VllmServer(target_dir, dtype="float32", speculative_config=spec, max_num_seqs=1, startup_timeout=timeout,
-                     enforce_eager=True)
+    srv = VllmServer(
+        target_dir,
+        dtype="float32",
+        speculative_config=spec,
+        max_num_seqs=1,
+        startup_timeout=timeout,
+        enforce_eager=True,
+    )
     if port:  # a port of the caller's choosing (127.0.0.1 only) instead of a free one
         srv.port = port
     try:
@@ -157,11 +174,18 @@ def serve(directory: Path, target_dir: Path, prompts: list[list[int]], max_new: 
         state = "refused" if isinstance(err, EaglewireError) else "crashed on the first request"
         text = srv.log_path.read_text(errors="replace") if srv.log_path.is_file() else str(err)
         lines = [x.strip() for x in text.splitlines() if re.search(r"\w+(Error|Exception): ", x)]
-        causes = [x.split("] ", 1)[-1] for x in lines if "Engine core initialization failed" not in x
-                  and "ulimit" not in x]
+        causes = [
+            x.split("] ", 1)[-1] for x in lines if "Engine core initialization failed" not in x and "ulimit" not in x
+        ]
         return {"vllm": state, "why": (causes[-1] if causes else str(err))[:300], "seconds": time.perf_counter() - t0}
-    return {"vllm": "ran", "tau": m.get("tau"), "per_position": m.get("per_position"), "drafts": m.get("num_drafts"),
-            "outputs": outs, "seconds": time.perf_counter() - t0}
+    return {
+        "vllm": "ran",
+        "tau": m.get("tau"),
+        "per_position": m.get("per_position"),
+        "drafts": m.get("num_drafts"),
+        "outputs": outs,
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 def main() -> None:
@@ -170,18 +194,31 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--only", default="", help="comma list of cases (default: all)")
-    ap.add_argument("--layout", default="vllm", choices=("vllm", "zlab"), help="the export damaged: our vLLM "
-                    "(speculators) export, or z-lab's HF layout (dflash_config), which vLLM also loads")
-    ap.add_argument("--doctor-only", action="store_true", help="no vLLM: the doctor column again, vLLM's rows "
-                    "from the cache")
+    ap.add_argument(
+        "--layout",
+        default="vllm",
+        choices=("vllm", "zlab"),
+        help="the export damaged: our vLLM "
+        "(speculators) export, or z-lab's HF layout (dflash_config), which vLLM also loads",
+    )
+    ap.add_argument(
+        "--doctor-only", action="store_true", help="no vLLM: the doctor column again, vLLM's rows from the cache"
+    )
     ap.add_argument("--doctor-src", type=Path, help="run the doctor of another eaglewire source tree (its src/)")
-    ap.add_argument("--fit-steps", type=int, default=0, help="first fit the draft to the target's greedy "
-                    "continuations of the measured prompts (tests/dflash_ref.py fit, as the CI test does): a wiring "
-                    "experiment with a draft that accepts well on these prompts, not a quality figure")
+    ap.add_argument(
+        "--fit-steps",
+        type=int,
+        default=0,
+        help="first fit the draft to the target's greedy "
+        "continuations of the measured prompts (tests/dflash_ref.py fit, as the CI test does): a wiring "
+        "experiment with a draft that accepts well on these prompts, not a quality figure",
+    )
     ap.add_argument("--work", type=Path, help="where the damaged exports are written (default: the user cache)")
     ap.add_argument("--port", type=int, default=0, help="vLLM's port on 127.0.0.1 (default: a free one)")
     ap.add_argument("--startup-timeout", type=int, default=900)
-    ap.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/doctor/DATE-CPU-fp32-dflash-LAYOUT")
+    ap.add_argument(
+        "--out", type=Path, default=None, help="default: benchmarks/results/doctor/DATE-CPU-fp32-dflash-LAYOUT"
+    )
     args = ap.parse_args()
     args.out = args.out or run_dir("doctor", "fp32", f"dflash-{args.layout}")
     from eaglewire.cache import cache_root
@@ -192,8 +229,11 @@ def main() -> None:
     from eaglewire.target.loader import load_target, resolve_target
 
     work = args.work or cache_root() / "vllm_broken_dflash" / args.layout  # damaged copies: never in the repository
-    if args.doctor_only and (args.out / "cases.json").is_file() and all((work / n / "config.json").is_file()
-                                                                       for n in CASES):
+    if (
+        args.doctor_only
+        and (args.out / "cases.json").is_file()
+        and all((work / n / "config.json").is_file() for n in CASES)
+    ):
         return doctor_again(args, work)  # the exports the cached vLLM rows were measured on, as they are
     target, target_dir = load_target(), resolve_target(None)[1]
     draft_dir = args.draft or Path(__file__).parents[1] / "src/eaglewire/assets/drafts/smollm2-135m-dflash"
@@ -206,19 +246,31 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     cache_path = args.out / "vllm_cache.json"
     cache = json.loads(cache_path.read_text()) if cache_path.is_file() else {}
-    rows: dict[str, Any] = {"_meta": {"cpu": describe_cpu()["model"], "draft": str(draft_dir),
-                                      "contract": draft.contract.fingerprint(), "prompts": args.prompts,
-                                      "layout": args.layout, "fit_steps": args.fit_steps,
-                                      "argv": " ".join(sys.argv[1:]),
-                                      "max_new_tokens": args.max_new_tokens, "block": draft.contract.block.to_dict()}}
+    rows: dict[str, Any] = {
+        "_meta": {
+            "cpu": describe_cpu()["model"],
+            "draft": str(draft_dir),
+            "contract": draft.contract.fingerprint(),
+            "prompts": args.prompts,
+            "layout": args.layout,
+            "fit_steps": args.fit_steps,
+            "argv": " ".join(sys.argv[1:]),
+            "max_new_tokens": args.max_new_tokens,
+            "block": draft.contract.block.to_dict(),
+        }
+    }
     trained_nst = draft.contract.block.drafts_per_round
     for name in args.only.split(",") if args.only else list(CASES):
         what, edit, follows = CASES[name]
         d = damaged(base, work / name, edit)
         nst = nst_of(d) if follows else trained_nst
         key = hashlib.sha256(json.dumps([digest(d), prompts, args.max_new_tokens, nst]).encode()).hexdigest()
-        row: dict[str, Any] = {"case": what, "num_speculative_tokens": nst, "digest": key[:16],
-                               "doctor": doctor(d, args.doctor_src)}
+        row: dict[str, Any] = {
+            "case": what,
+            "num_speculative_tokens": nst,
+            "digest": key[:16],
+            "doctor": doctor(d, args.doctor_src),
+        }
         if key not in cache and not args.doctor_only:
             cache[key] = serve(d, target_dir, prompts, args.max_new_tokens, nst, args.startup_timeout, args.port)
             cache_path.write_text(json.dumps(cache, indent=2))
@@ -260,29 +312,44 @@ def fit_to_prompts(target: Any, draft: Any, prompts: list[Any], max_new: int, st
 def table(rows: dict, argv: str) -> str:
     meta, clean = rows["_meta"], rows.get("clean", {}).get("outputs")
     b = meta["block"]
-    lines = [f"Broken {meta['layout']}-layout exports of a DFlash draft (block {b['block_size']}, mask token {b['mask_token_id']}; "
-             f"contract {meta['contract']}) in vLLM's CPU build (method dflash, fp32, greedy, eager; "
-             f"{meta['prompts']} MT-bench prompts x {meta['max_new_tokens']} tokens; CPU {meta['cpu']})" +
-             (f". The draft was fitted {meta['fit_steps']} steps to the target's continuations of these prompts: "
-              "a wiring experiment, its clean τ is high by construction, not a quality figure" if meta["fit_steps"]
-              else ""), "",
-             f"    python -m benchmarks.doctor.vllm_broken_dflash {argv}", "",
-             "| case | nst | vLLM | τ | per-position | = clean output | doctor before launch |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Broken {meta['layout']}-layout exports of a DFlash draft (block {b['block_size']}, mask token {b['mask_token_id']}; "
+        f"contract {meta['contract']}) in vLLM's CPU build (method dflash, fp32, greedy, eager; "
+        f"{meta['prompts']} MT-bench prompts x {meta['max_new_tokens']} tokens; CPU {meta['cpu']})"
+        + (
+            f". The draft was fitted {meta['fit_steps']} steps to the target's continuations of these prompts: "
+            "a wiring experiment, its clean τ is high by construction, not a quality figure"
+            if meta["fit_steps"]
+            else ""
+        ),
+        "",
+        f"    python -m benchmarks.doctor.vllm_broken_dflash {argv}",
+        "",
+        "| case | nst | vLLM | τ | per-position | = clean output | doctor before launch |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, r in rows.items():
         if name == "_meta":
             continue
         d = r["doctor"]
-        doc = ("caught: " + ", ".join(d["checks"]) if d["errors"] > 0 else
-               ("no error" if name == "clean" else "not caught") if d["errors"] == 0
-               else "doctor failed: " + d["first"][:80]) + f" (exit {d['exit']})"
+        doc = (
+            "caught: " + ", ".join(d["checks"])
+            if d["errors"] > 0
+            else ("no error" if name == "clean" else "not caught")
+            if d["errors"] == 0
+            else "doctor failed: " + d["first"][:80]
+        ) + f" (exit {d['exit']})"
         if r["vllm"] == "ran":
             same = "–" if clean is None or name == "clean" else ("yes" if r["outputs"] == clean else "no")
             pp = ", ".join(f"{p:.2f}" for p in r["per_position"] or [])
-            lines.append(f"| {r['case']} | {r['num_speculative_tokens']} | ran | {r['tau']:.2f} | {pp} | {same} | {doc} |")
+            lines.append(
+                f"| {r['case']} | {r['num_speculative_tokens']} | ran | {r['tau']:.2f} | {pp} | {same} | {doc} |"
+            )
         else:
-            lines.append(f"| {r['case']} | {r['num_speculative_tokens']} | {r['vllm']}: {r.get('why', '')[:100]} | – | "
-                         f"– | – | {doc} |")
+            lines.append(
+                f"| {r['case']} | {r['num_speculative_tokens']} | {r['vllm']}: {r.get('why', '')[:100]} | – | "
+                f"– | – | {doc} |"
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -36,6 +36,7 @@ IDS = "eagle_aux_hidden_state_layer_ids"
 def _ids(ids: list[int]) -> Callable[[dict, Tensors], None]:
     def edit(cfg: dict, _t: Tensors) -> None:
         cfg[IDS] = ids
+
     return edit
 
 
@@ -50,6 +51,7 @@ def _d2t_absolute(_c: dict, t: Tensors) -> None:
 def _drop(key: str) -> Callable[[dict, Tensors], None]:
     def edit(_c: dict, t: Tensors) -> None:
         t.pop(key)
+
     return edit
 
 
@@ -59,7 +61,7 @@ def _no_vocab_size(cfg: dict, _t: Tensors) -> None:
 
 def _sglang_names(_c: dict, t: Tensors) -> None:
     for k in [k for k in t if k.startswith("layers.0.")]:
-        t["midlayer." + k[len("layers.0."):]] = t.pop(k)
+        t["midlayer." + k[len("layers.0.") :]] = t.pop(k)
 
 
 def _fc_single(_c: dict, t: Tensors) -> None:
@@ -126,8 +128,9 @@ def serve(directory: Path, target_dir: Path, prompts: list[list[int]], max_new: 
     spec = {"method": "eagle3", "model": str(directory), "num_speculative_tokens": k}
     t0 = time.perf_counter()
     # enforce_eager: no compile (a start ~40 s instead of ~1-2 min); tau does not depend on it
-    srv = VllmServer(target_dir, dtype="float32", speculative_config=spec, max_num_seqs=1, startup_timeout=900,
-                     enforce_eager=True)
+    srv = VllmServer(
+        target_dir, dtype="float32", speculative_config=spec, max_num_seqs=1, startup_timeout=900, enforce_eager=True
+    )
     try:
         with srv:
             outs = [complete_ids(srv.base_url, srv.model_name, p, max_new) for p in prompts]
@@ -137,13 +140,19 @@ def serve(directory: Path, target_dir: Path, prompts: list[list[int]], max_new: 
         # the root cause from the whole log, not the "initialization failed" wrapper that follows it
         text = srv.log_path.read_text(errors="replace") if srv.log_path.is_file() else str(err)
         lines = [l.strip() for l in text.splitlines() if re.search(r"\w+(Error|Exception): ", l)]
-        causes = [l.split("] ", 1)[-1] for l in lines if "Engine core initialization failed" not in l
-                  and "ulimit" not in l]
-        return {"vllm": state, "why": (causes[-1] if causes else str(err))[:300],
-                "seconds": time.perf_counter() - t0}
-    return {"vllm": "ran", "tau": m.get("tau"), "per_position": m.get("per_position"),
-            "drafts": m.get("num_drafts"), "accepted": m.get("num_accepted_tokens"), "outputs": outs,
-            "seconds": time.perf_counter() - t0}
+        causes = [
+            l.split("] ", 1)[-1] for l in lines if "Engine core initialization failed" not in l and "ulimit" not in l
+        ]
+        return {"vllm": state, "why": (causes[-1] if causes else str(err))[:300], "seconds": time.perf_counter() - t0}
+    return {
+        "vllm": "ran",
+        "tau": m.get("tau"),
+        "per_position": m.get("per_position"),
+        "drafts": m.get("num_drafts"),
+        "accepted": m.get("num_accepted_tokens"),
+        "outputs": outs,
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 def main() -> None:
@@ -174,16 +183,25 @@ def main() -> None:
     bounds = sample_target(target)
     path = args.out / "cases.json"
     done = json.loads(path.read_text()) if path.is_file() else {}
-    done["_meta"] = {"cpu": describe_cpu(), "prompts": args.prompts, "max_new_tokens": args.max_new_tokens,
-                     "k": args.k, "predicted_tau": tau, "predicted_per_position": per_pos}
+    done["_meta"] = {
+        "cpu": describe_cpu(),
+        "prompts": args.prompts,
+        "max_new_tokens": args.max_new_tokens,
+        "k": args.k,
+        "predicted_tau": tau,
+        "predicted_per_position": per_pos,
+    }
     names = args.only.split(",") if args.only else list(CASES)
     for name in names:
         if name in done:
             continue
         what, edit = CASES[name]
         d = damaged(base, work / name, edit)
-        row: dict[str, Any] = {"case": what, "doctor_with_contract": doctor(d, target, True, bounds),
-                               "doctor_foreign": doctor(d, target, False, bounds)}
+        row: dict[str, Any] = {
+            "case": what,
+            "doctor_with_contract": doctor(d, target, True, bounds),
+            "doctor_foreign": doctor(d, target, False, bounds),
+        }
         row.update(serve(d, target_dir, [p[0].tolist() for p in prompts], args.max_new_tokens, args.k))
         if row["vllm"] == "ran" and row.get("drafts"):
             acc = [p * row["drafts"] for p in row["per_position"]]
@@ -200,12 +218,16 @@ def main() -> None:
 def table(done: dict) -> str:
     meta = done["_meta"]
     healthy = done.get("healthy", {}).get("outputs")
-    lines = [f"Broken vLLM exports of the released draft in vLLM's CPU build (EAGLE-3 chain k={meta['k']}, fp32, "
-             f"{meta['prompts']} MT-bench prompts x {meta['max_new_tokens']} tokens; our engine predicts tau "
-             f"{meta['predicted_tau']:.2f}, first position {meta['predicted_per_position'][0]:.2f}; CPU "
-             f"{meta['cpu']['model']})", "",
-             "| case | vLLM | τ | per-position | = healthy output | doctor (as exported) | doctor (no contract, "
-             "measured) | doctor expect |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Broken vLLM exports of the released draft in vLLM's CPU build (EAGLE-3 chain k={meta['k']}, fp32, "
+        f"{meta['prompts']} MT-bench prompts x {meta['max_new_tokens']} tokens; our engine predicts tau "
+        f"{meta['predicted_tau']:.2f}, first position {meta['predicted_per_position'][0]:.2f}; CPU "
+        f"{meta['cpu']['model']})",
+        "",
+        "| case | vLLM | τ | per-position | = healthy output | doctor (as exported) | doctor (no contract, "
+        "measured) | doctor expect |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name, r in done.items():
         if name == "_meta":
             continue
@@ -214,8 +236,10 @@ def table(done: dict) -> str:
         if r["vllm"] == "ran":
             same = "yes" if healthy is not None and r["outputs"] == healthy else "no"
             ex = r.get("expect", {})
-            lines.append(f"| {r['case']} | ran | {r['tau']:.2f} | {', '.join(f'{p:.2f}' for p in r['per_position'])} | "
-                         f"{same} | {doc(dc)} | {doc(df)} | {'flagged' if ex.get('flagged') else 'passed'} |")
+            lines.append(
+                f"| {r['case']} | ran | {r['tau']:.2f} | {', '.join(f'{p:.2f}' for p in r['per_position'])} | "
+                f"{same} | {doc(dc)} | {doc(df)} | {'flagged' if ex.get('flagged') else 'passed'} |"
+            )
         else:
             lines.append(f"| {r['case']} | {r['vllm']}: {r['why'][:110]} | – | – | – | {doc(dc)} | {doc(df)} | – |")
     return "\n".join(lines) + "\n"

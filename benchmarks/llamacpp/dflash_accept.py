@@ -37,8 +37,9 @@ def _answers(target: Any, prompts: list[torch.Tensor], max_new: int, path: Path)
     return out
 
 
-def _train(target: Any, prompts: list[torch.Tensor], answers: list[list[int]], steps: int, anchors: int,
-           out: Path) -> Any:
+def _train(
+    target: Any, prompts: list[torch.Tensor], answers: list[list[int]], steps: int, anchors: int, out: Path
+) -> Any:
     """A DFlash draft (block 4, z-lab's default taps, full vocabulary) trained on prompt + answer, every
     position supervised; resumes from `out`'s last checkpoint. The target's features of the fixed samples are
     computed once per batch order (the training shuffles the same few samples), not once per step."""
@@ -47,17 +48,32 @@ def _train(target: Any, prompts: list[torch.Tensor], answers: list[list[int]], s
     from eaglewire.train.dflash import default_taps, make_contract
     from eaglewire.train.loop import TrainConfig, train
 
-    c = TrainConfig(family="dflash", block_size=4, anchors=anchors, max_steps=steps, batch_size=len(prompts), lr=3e-3,
-                    warmup_steps=10, eval_every=50, ckpt_every=25, num_layers=1, supervise="all",
-                    init_layers_from_target=True)
+    c = TrainConfig(
+        family="dflash",
+        block_size=4,
+        anchors=anchors,
+        max_steps=steps,
+        batch_size=len(prompts),
+        lr=3e-3,
+        warmup_steps=10,
+        eval_every=50,
+        ckpt_every=25,
+        num_layers=1,
+        supervise="all",
+        init_layers_from_target=True,
+    )
     if not (out / "draft" / "model.safetensors").is_file():
         contract = make_contract(target, default_taps(target.num_layers), None, c)
-        samples = [Sample(id=f"p{i}", input_ids=torch.cat([p[0], torch.tensor(a, dtype=torch.long)]),
-                          loss_mask=torch.ones(p.shape[1] + len(a), dtype=torch.long))
-                   for i, (p, a) in enumerate(zip(prompts, answers))]
+        samples = [
+            Sample(
+                id=f"p{i}",
+                input_ids=torch.cat([p[0], torch.tensor(a, dtype=torch.long)]),
+                loss_mask=torch.ones(p.shape[1] + len(a), dtype=torch.long),
+            )
+            for i, (p, a) in enumerate(zip(prompts, answers))
+        ]
         resume = (out / "checkpoints").is_dir() and any((out / "checkpoints").iterdir())
-        train(target, contract, None, _Memo(target, contract, pad_id=0), samples, samples[:1], c, out,
-              resume=resume)
+        train(target, contract, None, _Memo(target, contract, pad_id=0), samples, samples[:1], c, out, resume=resume)
     return load_checkpoint(out / "draft", target=target)
 
 
@@ -77,8 +93,9 @@ class _Memo:
         return self.memo[key]
 
 
-def _ours(target: Any, draft: Any, prompts: list[torch.Tensor], answers: list[list[int]], max_new: int,
-          k: int) -> dict[str, Any]:
+def _ours(
+    target: Any, draft: Any, prompts: list[torch.Tensor], answers: list[list[int]], max_new: int, k: int
+) -> dict[str, Any]:
     """Our engine: the block proposer at k drafts per round, greedy, its output checked equal to `answers`."""
     from eaglewire.decoding.block import BlockProposer
     from eaglewire.decoding.engine import SpecDecoder, SpecStats
@@ -94,12 +111,18 @@ def _ours(target: Any, draft: Any, prompts: list[torch.Tensor], answers: list[li
         same += toks == plain
         accepted += st.accepted
     st = SpecStats(accepted=accepted)
-    return {"rounds": len(accepted), "accepted": sum(accepted), "tau": round(st.tau, 4),
-            "per_position": [round(x, 4) for x in st.per_position(k)], "equal_to_plain": same}
+    return {
+        "rounds": len(accepted),
+        "accepted": sum(accepted),
+        "tau": round(st.tau, 4),
+        "per_position": [round(x, 4) for x in st.per_position(k)],
+        "equal_to_plain": same,
+    }
 
 
-def _llamacpp(model: Path, draft_gguf: Path | None, prompts: list[list[int]], max_new: int, k: int,
-              threads: int) -> dict[str, Any]:
+def _llamacpp(
+    model: Path, draft_gguf: Path | None, prompts: list[list[int]], max_new: int, k: int, threads: int
+) -> dict[str, Any]:
     """llama-server: each prompt's ids greedily, its speculative counters read before and after."""
     from eaglewire.serve.llamacpp import LlamaServer
 
@@ -110,12 +133,16 @@ def _llamacpp(model: Path, draft_gguf: Path | None, prompts: list[list[int]], ma
     row: dict[str, Any] = {"ids": [c.tokens for c in out]}
     if before is not None and after is not None:
         rounds = after.drafts - before.drafts
-        per_pos = [a - b for a, b in zip(after.accepted_per_pos, before.accepted_per_pos or
-                                         (0,) * len(after.accepted_per_pos))]
-        row.update(rounds=int(rounds), drafted=int(after.draft_tokens - before.draft_tokens),
-                   accepted=int(after.accepted - before.accepted),
-                   tau=round(1 + (after.accepted - before.accepted) / rounds, 4) if rounds else None,
-                   per_position=[round(x / rounds, 4) for x in per_pos] if rounds else None)
+        per_pos = [
+            a - b for a, b in zip(after.accepted_per_pos, before.accepted_per_pos or (0,) * len(after.accepted_per_pos))
+        ]
+        row.update(
+            rounds=int(rounds),
+            drafted=int(after.draft_tokens - before.draft_tokens),
+            accepted=int(after.accepted - before.accepted),
+            tau=round(1 + (after.accepted - before.accepted) / rounds, 4) if rounds else None,
+            per_position=[round(x / rounds, 4) for x in per_pos] if rounds else None,
+        )
     return row
 
 
@@ -129,8 +156,13 @@ def main() -> None:
     ap.add_argument("--anchors", type=int, default=32, help="blocks per sequence and step")
     ap.add_argument("--ks", default="3,1", help="drafts per round (block 4: at most 3)")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--draft", type=Path, default=None, help="a checkpoint of the training (its draft/ folder) "
-                    "to compare instead of training to --steps (e.g. WORK/train/checkpoints/step-000075/draft)")
+    ap.add_argument(
+        "--draft",
+        type=Path,
+        default=None,
+        help="a checkpoint of the training (its draft/ folder) "
+        "to compare instead of training to --steps (e.g. WORK/train/checkpoints/step-000075/draft)",
+    )
     a = ap.parse_args()
 
     from eaglewire.export.convert import export_draft
@@ -152,23 +184,33 @@ def main() -> None:
     else:
         draft = _train(target, prompts, answers, a.steps, a.anchors, a.work / "train")
     model = target_gguf("f32")
-    gguf = export_draft(draft, draft.contract, a.work / "gguf", "llamacpp", vocab_from=model,
-                        force=True) / "draft.gguf"
+    gguf = export_draft(draft, draft.contract, a.work / "gguf", "llamacpp", vocab_from=model, force=True) / "draft.gguf"
     ids = [p[0].tolist() for p in prompts]
     plain = _llamacpp(model, None, ids, a.max_new_tokens, 1, a.threads)
     result: dict[str, Any] = {
-        "cpu": describe_cpu(), "llama_server": str(llama_server_path()), "prompts": len(prompts),
-        "max_new_tokens": a.max_new_tokens, "train_steps": a.steps, "anchors": a.anchors,
-        "draft": str(a.draft) if a.draft is not None else "trained to --steps", "draft_contract": draft.contract.fingerprint(),
-        "taps": list(draft.contract.taps), "block_size": draft.block.block_size,
-        "llamacpp_plain_equals_ours": sum(x == y for x, y in zip(plain["ids"], answers)), "arms": {}}
+        "cpu": describe_cpu(),
+        "llama_server": str(llama_server_path()),
+        "prompts": len(prompts),
+        "max_new_tokens": a.max_new_tokens,
+        "train_steps": a.steps,
+        "anchors": a.anchors,
+        "draft": str(a.draft) if a.draft is not None else "trained to --steps",
+        "draft_contract": draft.contract.fingerprint(),
+        "taps": list(draft.contract.taps),
+        "block_size": draft.block.block_size,
+        "llamacpp_plain_equals_ours": sum(x == y for x, y in zip(plain["ids"], answers)),
+        "arms": {},
+    }
     for k in (int(x) for x in a.ks.split(",")):
         ours = _ours(target, draft, prompts, answers, a.max_new_tokens, k)
         served = _llamacpp(model, gguf, ids, a.max_new_tokens, k, a.threads)
         served["lossless"] = sum(x == y for x, y in zip(served.pop("ids"), plain["ids"]))
         result["arms"][f"k{k}"] = {"ours": ours, "llamacpp": served}
-        print(f"k={k}: ours tau {ours['tau']} {ours['per_position']}; llama.cpp tau {served['tau']} "
-              f"{served['per_position']} lossless {served['lossless']}/{len(ids)}", flush=True)
+        print(
+            f"k={k}: ours tau {ours['tau']} {ours['per_position']}; llama.cpp tau {served['tau']} "
+            f"{served['per_position']} lossless {served['lossless']}/{len(ids)}",
+            flush=True,
+        )
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "dflash_accept.json").write_text(json.dumps(result, indent=1))
 

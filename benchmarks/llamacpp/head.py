@@ -19,8 +19,9 @@ TRAIN_DATA = "smollm2-regen+smollm2-regen-vllm"
 TRAIN_LIMIT = 2817
 
 
-def draft_token_counts(target: Any, draft: Any, data: str = TRAIN_DATA, limit: int = TRAIN_LIMIT,
-                       max_length: int = 2048) -> tuple[torch.Tensor, int]:
+def draft_token_counts(
+    target: Any, draft: Any, data: str = TRAIN_DATA, limit: int = TRAIN_LIMIT, max_length: int = 2048
+) -> tuple[torch.Tensor, int]:
     """(int64 [V_d]: how often each draft-vocabulary row's target id is a trained token of `data`, the number of
     trained tokens in all)."""
     from eaglewire.data.samples import load_samples
@@ -41,9 +42,12 @@ def shrink_head(draft: Any, contract: Any, counts: torch.Tensor, n: int) -> tupl
 
     v_d = draft.cfg.draft_vocab_size
     if not 0 < n <= v_d or tuple(counts.shape) != (v_d,):
-        raise EaglewireError(f"cannot cut the draft's head to {n} rows", expected=f"1 .. {v_d} rows (the head it "
-                             f"has) and one count per row [{v_d}]", found=f"{n} rows, counts {tuple(counts.shape)}",
-                             fix="a head larger than the trained one needs training, not a cut")
+        raise EaglewireError(
+            f"cannot cut the draft's head to {n} rows",
+            expected=f"1 .. {v_d} rows (the head it has) and one count per row [{v_d}]",
+            found=f"{n} rows, counts {tuple(counts.shape)}",
+            fix="a head larger than the trained one needs training, not a cut",
+        )
     order = torch.argsort(-counts, stable=True)  # most frequent first; stable: ties by lower row
     rows = torch.sort(order[:n]).values  # [n] kept rows, ascending (= ascending target id)
     target_ids = torch.arange(v_d)[rows] + draft.d2t[rows]

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 
-def _arm(model: Path, draft: Path | None, k: int, prompts: list[list[int]], max_new: int,
-         threads: int) -> dict[str, Any]:
+def _arm(
+    model: Path, draft: Path | None, k: int, prompts: list[list[int]], max_new: int, threads: int
+) -> dict[str, Any]:
     from eaglewire.serve.llamacpp import LlamaServer
 
     with LlamaServer(model, draft, n_max=k, threads=threads) as srv:
@@ -30,14 +31,22 @@ def _arm(model: Path, draft: Path | None, k: int, prompts: list[list[int]], max_
         out = [srv.complete(p, max_new) for p in prompts]
         after = srv.counters() if draft is not None else None
     tokens = sum(len(c.tokens) for c in out)
-    row: dict[str, Any] = {"tok_s": round(tokens / (sum(c.predicted_ms for c in out) / 1000), 2), "tokens": tokens,
-                           "ids": [c.tokens for c in out]}
+    row: dict[str, Any] = {
+        "tok_s": round(tokens / (sum(c.predicted_ms for c in out) / 1000), 2),
+        "tokens": tokens,
+        "ids": [c.tokens for c in out],
+    }
     if before is not None and after is not None:
         drafted = sum(c.draft_n for c in out)
         accepted = sum(c.draft_n_accepted for c in out)
         rounds = after.drafts - before.drafts
-        row.update(k=k, drafted=drafted, accepted=accepted, rounds=rounds,
-                   tau=round(1 + accepted / rounds, 3) if rounds else None)
+        row.update(
+            k=k,
+            drafted=drafted,
+            accepted=accepted,
+            rounds=rounds,
+            tau=round(1 + accepted / rounds, 3) if rounds else None,
+        )
     return row
 
 
@@ -62,9 +71,16 @@ def main() -> None:
     target = load_target()
     draft = load_checkpoint(resolve_draft(None), target=target)
     prompts = [p[0].tolist() for p in bench_prompts(target, "mtbench", a.limit)]
-    result: dict[str, Any] = {"cpu": describe_cpu(), "machine": platform.machine(), "llama_server": str(
-        llama_server_path()), "prompts": len(prompts), "max_new_tokens": a.max_new_tokens, "threads": a.threads,
-        "draft_contract": draft.contract.fingerprint(), "arms": {}}
+    result: dict[str, Any] = {
+        "cpu": describe_cpu(),
+        "machine": platform.machine(),
+        "llama_server": str(llama_server_path()),
+        "prompts": len(prompts),
+        "max_new_tokens": a.max_new_tokens,
+        "threads": a.threads,
+        "draft_contract": draft.contract.fingerprint(),
+        "arms": {},
+    }
     with tempfile.TemporaryDirectory() as tmp:
         for tprec in a.targets.split(","):
             model = target_gguf(tprec)
@@ -72,15 +88,27 @@ def main() -> None:
             result["arms"][f"{tprec}/alone"] = plain
             print(f"{tprec} alone: {plain['tok_s']} tok/s", flush=True)
             for dprec in a.drafts.split(","):
-                gguf = export_draft(draft, draft.contract, Path(tmp) / f"{tprec}-{dprec}", "llamacpp",
-                                    gguf_dtype=dprec, vocab_from=model) / "draft.gguf"
+                gguf = (
+                    export_draft(
+                        draft,
+                        draft.contract,
+                        Path(tmp) / f"{tprec}-{dprec}",
+                        "llamacpp",
+                        gguf_dtype=dprec,
+                        vocab_from=model,
+                    )
+                    / "draft.gguf"
+                )
                 for k in (int(x) for x in a.ks.split(",")):
                     row = _arm(model, gguf, k, prompts, a.max_new_tokens, a.threads)
                     row["lossless"] = row["ids"] == plain["ids"]
                     row["speedup"] = round(row["tok_s"] / plain["tok_s"], 3)
                     result["arms"][f"{tprec}/draft-{dprec}/k{k}"] = row
-                    print(f"{tprec} + draft {dprec} k={k}: {row['tok_s']} tok/s ({row['speedup']}x), tau "
-                          f"{row['tau']}, lossless {row['lossless']}", flush=True)
+                    print(
+                        f"{tprec} + draft {dprec} k={k}: {row['tok_s']} tok/s ({row['speedup']}x), tau "
+                        f"{row['tau']}, lossless {row['lossless']}",
+                        flush=True,
+                    )
     for row in result["arms"].values():
         row.pop("ids")
     a.out.mkdir(parents=True, exist_ok=True)

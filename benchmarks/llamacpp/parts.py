@@ -32,8 +32,10 @@ import torch
 
 from benchmarks.llamacpp.head import TRAIN_DATA, TRAIN_LIMIT, coverage, draft_token_counts, shrink_head
 
-STATS = re.compile(r"statistics\s+draft-eagle3: #calls\(b,g,a\) = +(\d+) +(\d+) +(\d+).*?#gen tokens = +(\d+), "
-                   r"#acc tokens = +(\d+).*?dur\(b,g,a\) = ([\d.]+), ([\d.]+), ([\d.]+) ms")
+STATS = re.compile(
+    r"statistics\s+draft-eagle3: #calls\(b,g,a\) = +(\d+) +(\d+) +(\d+).*?#gen tokens = +(\d+), "
+    r"#acc tokens = +(\d+).*?dur\(b,g,a\) = ([\d.]+), ([\d.]+), ([\d.]+) ms"
+)
 DEFAULT_ARMS = "f32:8000:1,f16:8000:1,q8_0:8000:1,q4_0:8000:1,q4_0:4000:1,q4_0:2000:1,q8_0:2000:1,q4_0:2000:2"
 
 
@@ -56,12 +58,21 @@ def spec_stats(log: str) -> dict[str, float] | None:
     if not found:
         return None
     b, g, a, gen, acc, tb, tg, ta = found[-1]
-    return {"calls_begin": int(b), "calls_draft": int(g), "calls_accept": int(a), "gen_tokens": int(gen),
-            "acc_tokens": int(acc), "ms_begin": float(tb), "ms_draft": float(tg), "ms_accept": float(ta)}
+    return {
+        "calls_begin": int(b),
+        "calls_draft": int(g),
+        "calls_accept": int(a),
+        "gen_tokens": int(gen),
+        "acc_tokens": int(acc),
+        "ms_begin": float(tb),
+        "ms_draft": float(tg),
+        "ms_accept": float(ta),
+    }
 
 
-def served_arm(model: Path, draft: Path | None, k: int, prompts: list[list[int]], max_new: int,
-               threads: int) -> dict[str, Any]:
+def served_arm(
+    model: Path, draft: Path | None, k: int, prompts: list[list[int]], max_new: int, threads: int
+) -> dict[str, Any]:
     """One llama-server run: a warm-up request, then the prompts; its decode time (prefill excluded) and, with a
     draft, the draft's statistics over the counted prompts only (the log's cumulative lines, differenced)."""
     from eaglewire.serve.llamacpp import LlamaServer
@@ -79,11 +90,18 @@ def served_arm(model: Path, draft: Path | None, k: int, prompts: list[list[int]]
             s1 = spec_stats(log.read_text(errors="replace"))
     ms = sum(c.predicted_ms for c in out)
     tokens = sum(len(c.tokens) for c in out)
-    row: dict[str, Any] = {"tok_s": round(tokens / (ms / 1000), 2), "tokens": tokens, "decode_ms": round(ms, 1),
-                           # the decode's CPU time: its wall time times the CPU share the server got meanwhile
-                           "cpu_share": round((c1 - c0) / wall, 3), "decode_cpu_ms": round(ms * (c1 - c0) / wall, 1),
-                           "tok_per_cpu_s": round(tokens / (ms * (c1 - c0) / wall / 1000), 2),
-                           "ids": [c.tokens for c in out], "load_before": load_before, "load_after": load()}
+    row: dict[str, Any] = {
+        "tok_s": round(tokens / (ms / 1000), 2),
+        "tokens": tokens,
+        "decode_ms": round(ms, 1),
+        # the decode's CPU time: its wall time times the CPU share the server got meanwhile
+        "cpu_share": round((c1 - c0) / wall, 3),
+        "decode_cpu_ms": round(ms * (c1 - c0) / wall, 1),
+        "tok_per_cpu_s": round(tokens / (ms * (c1 - c0) / wall / 1000), 2),
+        "ids": [c.tokens for c in out],
+        "load_before": load_before,
+        "load_after": load(),
+    }
     if draft is not None:
         if s0 is None or s1 is None:
             raise RuntimeError(f"no speculative statistics in the llama-server log (-lv 4): {log}")
@@ -106,8 +124,25 @@ def step_costs(bench: Path, model: Path, threads: int, depth: int, steps: int) -
     llama-batched-bench run with `steps` and with 4 decode steps, the difference per step (load and prefill cancel)."""
     out = {}
     for rows in (1, 2, 3, 4):
-        base = [str(bench), "-m", str(model), "-c", "2048", "-npp", str(depth), "-npl", str(rows), "-pps",
-                "-t", str(threads), "-tb", str(threads), "--output-format", "jsonl", "-ntg"]
+        base = [
+            str(bench),
+            "-m",
+            str(model),
+            "-c",
+            "2048",
+            "-npp",
+            str(depth),
+            "-npl",
+            str(rows),
+            "-pps",
+            "-t",
+            str(threads),
+            "-tb",
+            str(threads),
+            "--output-format",
+            "jsonl",
+            "-ntg",
+        ]
         long, short = _cpu_of(base + [str(steps + 4)]), _cpu_of(base + ["4"])
         out[str(rows)] = round((long - short) / steps, 3)
     return out
@@ -123,14 +158,25 @@ def round_model(arm: dict[str, Any], alone_ms: float, ratio: dict[str, float]) -
     draft = rnd * (s["ms_draft"] + s["ms_accept"]) / arm["decode_ms"]
     ver = alone_ms * ratio[str(k + 1)]
     over = rnd - draft - ver
-    return {"round_ms": round(rnd, 3), "draft_ms": round(draft, 3), "draft_step_ms": round(draft / k, 3),
-            "verify_ms": round(ver, 3), "overhead_ms": round(over, 3), "alone_ms_per_token": round(alone_ms, 3),
-            "break_even_tau": round(rnd / alone_ms, 3), "break_even_draft_ms": round(arm["tau"] * alone_ms - ver - over,
-                                                                                     3)}
+    return {
+        "round_ms": round(rnd, 3),
+        "draft_ms": round(draft, 3),
+        "draft_step_ms": round(draft / k, 3),
+        "verify_ms": round(ver, 3),
+        "overhead_ms": round(over, 3),
+        "alone_ms_per_token": round(alone_ms, 3),
+        "break_even_tau": round(rnd / alone_ms, 3),
+        "break_even_draft_ms": round(arm["tau"] * alone_ms - ver - over, 3),
+    }
 
 
-def run_rep(a: argparse.Namespace, arms: list[tuple[str, int, int]], ggufs: dict[tuple[str, int], Path],
-            model: Path, prompts: list[list[int]]) -> dict[str, Any]:
+def run_rep(
+    a: argparse.Namespace,
+    arms: list[tuple[str, int, int]],
+    ggufs: dict[tuple[str, int], Path],
+    model: Path,
+    prompts: list[list[int]],
+) -> dict[str, Any]:
     """Q4_1 alone, each draft arm in turn, Q4_1 alone again; speedups against the mean of the two alone runs."""
     rep: dict[str, Any] = {"arms": {}}
     first = served_arm(model, None, 0, prompts, a.max_new_tokens, a.threads)
@@ -139,12 +185,19 @@ def run_rep(a: argparse.Namespace, arms: list[tuple[str, int, int]], ggufs: dict
         row = served_arm(model, ggufs[prec, head], k, prompts, a.max_new_tokens, a.threads)
         row["lossless"] = row["ids"] == first["ids"]
         rep["arms"][f"draft-{prec}/head{head}/k{k}"] = row
-        print(f"  {prec} head {head} k={k}: {row['tok_s']} tok/s ({row['tok_per_cpu_s']} per CPU s), tau "
-              f"{row['tau']}, lossless {row['lossless']}", flush=True)
+        print(
+            f"  {prec} head {head} k={k}: {row['tok_s']} tok/s ({row['tok_per_cpu_s']} per CPU s), tau "
+            f"{row['tau']}, lossless {row['lossless']}",
+            flush=True,
+        )
     last = served_arm(model, None, 0, prompts, a.max_new_tokens, a.threads)
     print(f"  alone again: {last['tok_s']} tok/s ({last['tok_per_cpu_s']} per CPU s)", flush=True)
-    rep["alone"] = {"first": first, "last": last, "tok_s": round((first["tok_s"] + last["tok_s"]) / 2, 2),
-                    "tok_per_cpu_s": round((first["tok_per_cpu_s"] + last["tok_per_cpu_s"]) / 2, 2)}
+    rep["alone"] = {
+        "first": first,
+        "last": last,
+        "tok_s": round((first["tok_s"] + last["tok_s"]) / 2, 2),
+        "tok_per_cpu_s": round((first["tok_per_cpu_s"] + last["tok_per_cpu_s"]) / 2, 2),
+    }
     for row in rep["arms"].values():
         row["speedup"] = round(row["tok_s"] / rep["alone"]["tok_s"], 3)
         row["speedup_cpu"] = round(row["tok_per_cpu_s"] / rep["alone"]["tok_per_cpu_s"], 3)
@@ -166,9 +219,12 @@ def summary(reps: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in reps[0]["arms"]:
         rows = [r["arms"][name] for r in reps]
-        s = {"speedup": [r["speedup"] for r in rows], "speedup_cpu": [r["speedup_cpu"] for r in rows],
-             "tau": [r["tau"] for r in rows],
-             "tok_s": [r["tok_s"] for r in rows]}
+        s = {
+            "speedup": [r["speedup"] for r in rows],
+            "speedup_cpu": [r["speedup_cpu"] for r in rows],
+            "tau": [r["tau"] for r in rows],
+            "tok_s": [r["tok_s"] for r in rows],
+        }
         for key in rows[0].get("parts", {}):
             s[key] = [r["parts"][key] for r in rows]
         out[name] = {key: {"mean": round(statistics.fmean(v), 3), "min": min(v), "max": max(v)} for key, v in s.items()}
@@ -194,17 +250,28 @@ def serve(a: argparse.Namespace) -> dict[str, Any]:
         cache.write_text(json.dumps({"data": TRAIN_DATA, "limit": TRAIN_LIMIT, "total": t, "counts": c.tolist()}))
     saved = json.loads(cache.read_text())
     counts, total = torch.tensor(saved["counts"], dtype=torch.int64), saved["total"]
-    result: dict[str, Any] = {"cpu": describe_cpu(), "llama_server": str(llama_server_path()), "prompts": len(prompts),
-                              "max_new_tokens": a.max_new_tokens, "threads": a.threads, "target": "q4_1",
-                              "draft_contract": draft.contract.fingerprint(), "draft_head": draft.cfg.draft_vocab_size,
-                              "head_coverage": {h: round(coverage(counts, total, h), 4) for _, h, _ in arms},
-                              "reps": []}
+    result: dict[str, Any] = {
+        "cpu": describe_cpu(),
+        "llama_server": str(llama_server_path()),
+        "prompts": len(prompts),
+        "max_new_tokens": a.max_new_tokens,
+        "threads": a.threads,
+        "target": "q4_1",
+        "draft_contract": draft.contract.fingerprint(),
+        "draft_head": draft.cfg.draft_vocab_size,
+        "head_coverage": {h: round(coverage(counts, total, h), 4) for _, h, _ in arms},
+        "reps": [],
+    }
     with tempfile.TemporaryDirectory() as tmp:
         ggufs = {}
         for prec, head in sorted({(p, h) for p, h, _ in arms}):
             small, contract = shrink_head(draft, draft.contract, counts, head)
-            ggufs[prec, head] = export_draft(small, contract, Path(tmp) / f"{prec}-{head}", "llamacpp",
-                                             gguf_dtype=prec, vocab_from=model) / "draft.gguf"
+            ggufs[prec, head] = (
+                export_draft(
+                    small, contract, Path(tmp) / f"{prec}-{head}", "llamacpp", gguf_dtype=prec, vocab_from=model
+                )
+                / "draft.gguf"
+            )
         result["draft_gguf_bytes"] = {f"{p}/head{h}": g.stat().st_size for (p, h), g in ggufs.items()}
         for i in range(a.reps):
             print(f"repetition {i + 1}/{a.reps}", flush=True)
@@ -229,15 +296,25 @@ def steps(a: argparse.Namespace) -> dict[str, Any]:
         rep["load_after"] = load()
         reps.append(rep)
     mean = {p: {n: round(statistics.fmean(r[p][n] for r in reps), 3) for n in reps[0][p]} for p in precs}
-    return {"tool": str(a.batched_bench), "depth": a.depth, "steps": a.steps, "threads": a.threads, "reps": reps,
-            "mean_ms": mean, "ratio_to_one_row": {p: {n: round(v / m["1"], 3) for n, v in m.items()}
-                                                  for p, m in mean.items()}}
+    return {
+        "tool": str(a.batched_bench),
+        "depth": a.depth,
+        "steps": a.steps,
+        "threads": a.threads,
+        "reps": reps,
+        "mean_ms": mean,
+        "ratio_to_one_row": {p: {n: round(v / m["1"], 3) for n, v in m.items()} for p, m in mean.items()},
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("part", choices=("serve", "steps", "model"), help="serve: the served arms (served.json); steps: "
-                    "the target's step costs (steps.json); model: both joined into the round model (parts.json)")
+    ap.add_argument(
+        "part",
+        choices=("serve", "steps", "model"),
+        help="serve: the served arms (served.json); steps: "
+        "the target's step costs (steps.json); model: both joined into the round model (parts.json)",
+    )
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--arms", default=DEFAULT_ARMS, help="PRECISION:HEAD:K, comma-separated")
     ap.add_argument("--reps", type=int, default=2)

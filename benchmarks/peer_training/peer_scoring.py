@@ -43,10 +43,14 @@ class Scorer:
 
             draft, contract = import_block_draft(run / "draft", "vllm", family="dflash", target=self.target)
             want = self.a.contract.block
-            if list(contract.taps) != list(self.a.taps) or (contract.block.block_size, contract.block.mask_token_id) \
-                    != (want.block_size, want.mask_token_id):
-                raise SystemExit(f"speculators' DFlash checkpoint reads back with taps {contract.taps} and block "
-                                 f"{contract.block}; trained with {self.a.taps} and {self.a.contract.block}")
+            if list(contract.taps) != list(self.a.taps) or (
+                contract.block.block_size,
+                contract.block.mask_token_id,
+            ) != (want.block_size, want.mask_token_id):
+                raise SystemExit(
+                    f"speculators' DFlash checkpoint reads back with taps {contract.taps} and block "
+                    f"{contract.block}; trained with {self.a.taps} and {self.a.contract.block}"
+                )
             return draft.float()
         if arm == "speculators":
             draft, _ = import_draft(run / "draft", "vllm", target=self.target, taps=tuple(self.a.taps))
@@ -68,8 +72,11 @@ class Scorer:
         depth = shape.num_steps  # drafted tokens per round (num_draft_tokens counts the root too)
         st = ew.measure_tau(self.target, draft, self.prompts, shape, self.a.max_new_tokens)
         acc = st.accepted
-        return {"tau_online": round(st.tau, 4), "per_position_online": [round(x, 4) for x in st.per_position(depth)],
-                "verify_steps": len(acc)}
+        return {
+            "tau_online": round(st.tau, 4),
+            "per_position_online": [round(x, 4) for x in st.per_position(depth)],
+            "verify_steps": len(acc),
+        }
 
     def score(self, arm: str, run: Path, online: bool) -> dict:
         from benchmarks.recipe.heldout_gap import agreement
@@ -81,56 +88,92 @@ class Scorer:
         held = agreement(draft, self.target, self.heldout, K)
         bench = agreement(draft, self.target, self.answers, K)
         probe = run / "probe.safetensors"
-        return {"import_check": import_check(draft, probe) if probe.exists() else None,
-                "tau": bench["tau_rounds"], "rounds": bench["rounds"], "chain_every_position": bench["chain"],
-                "heldout_top1": held["acc"], "heldout_tau_rounds": held["tau_rounds"],
-                "norm": draft.cfg.norm.__dict__, **(self.online(draft) if online else {})}
+        return {
+            "import_check": import_check(draft, probe) if probe.exists() else None,
+            "tau": bench["tau_rounds"],
+            "rounds": bench["rounds"],
+            "chain_every_position": bench["chain"],
+            "heldout_top1": held["acc"],
+            "heldout_tau_rounds": held["tau_rounds"],
+            "norm": draft.cfg.norm.__dict__,
+            **(self.online(draft) if online else {}),
+        }
 
 
 def write_results(rows: list[dict], a: argparse.Namespace) -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     setup = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items() if k != "contract"}
-    (a.out / "peer_training.json").write_text(json.dumps({"cpu": describe_cpu(), "setup": setup, "rows": rows,
-                                                          "projections": projections(rows)}, indent=2) + "\n")
+    (a.out / "peer_training.json").write_text(
+        json.dumps({"cpu": describe_cpu(), "setup": setup, "rows": rows, "projections": projections(rows)}, indent=2)
+        + "\n"
+    )
     (a.out / "table.md").write_text(dflash_table(rows) if getattr(a, "family", "eagle3") == "dflash" else table(rows))
     plot(rows, a.out / "peer_training.png")
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| trainer | norms | budget | steps | trained tokens | tau (k=3) offline | chain acceptance per position "
-             "(every anchor) | tau online | acceptance per position online | held-out top-1 per position | "
-             "train tok/s | peak RSS MB |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| trainer | norms | budget | steps | trained tokens | tau (k=3) offline | chain acceptance per position "
+        "(every anchor) | tau online | acceptance per position online | held-out top-1 per position | "
+        "train tok/s | peak RSS MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     f3 = lambda xs: " / ".join(f"{x:.3f}" for x in xs)  # noqa: E731
     for r in sorted(rows, key=lambda r: (r["budget"], r["arm"] != "speculators", r["arm"])):
-        on = (f"{r['tau_online']:.3f} | {f3(r['per_position_online'])}" if "tau_online" in r else "- | -")
-        lines.append(f"| {r['arm']} | {r['norms']} | {r['budget']}x | {r['steps']} | {r['tokens']} | {r['tau']:.3f} | "
-                     f"{f3(r['chain_every_position'])} | {on} | {f3(r['heldout_top1'])} | {r['tok_per_s']:.0f} | "
-                     f"{r['peak_rss_mb']:.0f} |")
+        on = f"{r['tau_online']:.3f} | {f3(r['per_position_online'])}" if "tau_online" in r else "- | -"
+        lines.append(
+            f"| {r['arm']} | {r['norms']} | {r['budget']}x | {r['steps']} | {r['tokens']} | {r['tau']:.3f} | "
+            f"{f3(r['chain_every_position'])} | {on} | {f3(r['heldout_top1'])} | {r['tok_per_s']:.0f} | "
+            f"{r['peak_rss_mb']:.0f} |"
+        )
     by = {(r["arm"], r["budget"]): r for r in rows}
     ratios = []
     for b in sorted({r["budget"] for r in rows}):
         peer = by.get(("speculators", b))
         ours = [r for r in rows if r["budget"] == b and r["arm"] != "speculators"]
         if peer and ours:
-            ratios.append(f"- {b}x: " + "; ".join(f"{r['arm']} tau {r['tau'] / peer['tau']:.3f}x, tokens/s "
-                                                  f"{r['tok_per_s'] / peer['tok_per_s']:.2f}x" for r in ours))
-    proj = [f"- {arm}: tau {p['tau_10x']:.3f} at {p['tokens_10x'] / 1e6:.2f} M tokens, {p['tau_100x']:.3f} at "
-            f"{p['tokens_100x'] / 1e6:.1f} M (fit slope {p['per_doubling']:+.4f} tau per doubling)"
-            for arm, p in projections(rows).items()]
-    return "\n".join(lines + ["", "each eaglewire arm / speculators:"] + ratios
-                     + ["", "projection (not a measurement): tau - 1 fitted linear in ln(trained tokens) over each "
-                        "arm's budgets, at 10x and 100x its largest:"] + proj) + "\n"
+            ratios.append(
+                f"- {b}x: "
+                + "; ".join(
+                    f"{r['arm']} tau {r['tau'] / peer['tau']:.3f}x, tokens/s {r['tok_per_s'] / peer['tok_per_s']:.2f}x"
+                    for r in ours
+                )
+            )
+    proj = [
+        f"- {arm}: tau {p['tau_10x']:.3f} at {p['tokens_10x'] / 1e6:.2f} M tokens, {p['tau_100x']:.3f} at "
+        f"{p['tokens_100x'] / 1e6:.1f} M (fit slope {p['per_doubling']:+.4f} tau per doubling)"
+        for arm, p in projections(rows).items()
+    ]
+    return (
+        "\n".join(
+            lines
+            + ["", "each eaglewire arm / speculators:"]
+            + ratios
+            + [
+                "",
+                "projection (not a measurement): tau - 1 fitted linear in ln(trained tokens) over each "
+                "arm's budgets, at 10x and 100x its largest:",
+            ]
+            + proj
+        )
+        + "\n"
+    )
 
 
 def dflash_table(rows: list[dict]) -> str:
     """The DFlash comparison: tau and per-slot acceptance online (a whole block per round); train tok/s as the
     run measured it (shared cores)."""
-    lines = ["| trainer | budget | steps | trained tokens | tau online | acceptance per slot online | train tok/s | "
-             "peak RSS MB |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| trainer | budget | steps | trained tokens | tau online | acceptance per slot online | train tok/s | "
+        "peak RSS MB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in sorted(rows, key=lambda r: (r["budget"], r["arm"] != "speculators")):
         per = " / ".join(f"{x:.3f}" for x in r["per_position_online"])
-        lines.append(f"| {r['arm']} | {r['budget']}x | {r['steps']} | {r['tokens']} | {r['tau_online']:.3f} | {per} | "
-                     f"{r['tok_per_s']:.0f} | {r['peak_rss_mb']:.0f} |")
+        lines.append(
+            f"| {r['arm']} | {r['budget']}x | {r['steps']} | {r['tokens']} | {r['tau_online']:.3f} | {per} | "
+            f"{r['tok_per_s']:.0f} | {r['peak_rss_mb']:.0f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -148,8 +191,13 @@ def projections(rows: list[dict]) -> dict[str, dict]:
         b = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
         top = max(r["tokens"] for r in rows if r["arm"] == arm)
         at = lambda t: 1 + my + b * (math.log(t) - mx)  # noqa: E731
-        out[arm] = {"tokens_10x": 10 * top, "tau_10x": round(at(10 * top), 4), "tokens_100x": 100 * top,
-                    "tau_100x": round(at(100 * top), 4), "per_doubling": round(b * math.log(2), 4)}
+        out[arm] = {
+            "tokens_10x": 10 * top,
+            "tau_10x": round(at(10 * top), 4),
+            "tokens_100x": 100 * top,
+            "tau_100x": round(at(100 * top), 4),
+            "per_doubling": round(b * math.log(2), 4),
+        }
     return out
 
 
@@ -169,8 +217,11 @@ def plot(rows: list[dict], png: Path) -> None:
         ax1.semilogx([p[0] for p in pts], [p[1] for p in pts], style, label=label)
         ax2.semilogx([p[0] for p in pts], [p[2] for p in pts], style, label=label)
     ax1.set(xlabel="trained tokens", ylabel=f"tau (chain k={K}, offline)", title="MT-bench first turns, greedy")
-    ax2.set(xlabel="trained tokens", ylabel="training tokens/s (1 thread)",
-            title="throughput in the long run (shared cores)")
+    ax2.set(
+        xlabel="trained tokens",
+        ylabel="training tokens/s (1 thread)",
+        title="throughput in the long run (shared cores)",
+    )
     ax1.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     fig.savefig(png, dpi=100)

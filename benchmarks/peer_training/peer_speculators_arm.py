@@ -91,13 +91,17 @@ def make_dataset(features: Path, ids: list[str]):
             path, j = index[ids[i]]
             if path not in cache:
                 with safe_open(str(path), framework="pt") as f:
-                    cache[path] = {k: f.get_tensor(k) for k in
-                                   ("input_ids", "loss_mask", "taps", "final_hidden", "offsets")}
+                    cache[path] = {
+                        k: f.get_tensor(k) for k in ("input_ids", "loss_mask", "taps", "final_hidden", "offsets")
+                    }
             sh = cache[path]
             a, b = int(sh["offsets"][j]), int(sh["offsets"][j + 1])
-            return {"hidden_states": sh["taps"][a:b].float(), "input_ids": sh["input_ids"][a:b].long(),
-                    "verifier_last_hidden_states": sh["final_hidden"][a:b].float(),
-                    "loss_mask": sh["loss_mask"][a:b].bool()}
+            return {
+                "hidden_states": sh["taps"][a:b].float(),
+                "input_ids": sh["input_ids"][a:b].long(),
+                "verifier_last_hidden_states": sh["final_hidden"][a:b].float(),
+                "loss_mask": sh["loss_mask"][a:b].bool(),
+            }
 
     return ShardDataset(max_len=1 << 30, hidden_states_dtype=torch.float32)
 
@@ -110,8 +114,9 @@ class ExactPack:
         from speculators.train.data import CollateFn
 
         self.shift = 1 if family == "eagle3" else 0  # DFlash reads the rows as captured
-        self.inner = CollateFn(1, hidden_size, num_taps, dtype=torch.float32,
-                               preprocess=shift_batch if self.shift else None)
+        self.inner = CollateFn(
+            1, hidden_size, num_taps, dtype=torch.float32, preprocess=shift_batch if self.shift else None
+        )
 
     def __call__(self, batch: list[dict]) -> dict:
         self.inner.max_len = sum(int(b["input_ids"].shape[0]) - self.shift for b in batch)
@@ -128,10 +133,17 @@ def build(job: dict, steps: int):
     from speculators.train.trainer import TrainerConfig
 
     family = job.get("family", "eagle3")
-    cli = {"verifier_name_or_path": job["verifier"], "save_path": str(Path(job["out"]) / "ckpt"),
-           "draft_attn_impl": "sdpa", "loss_implementation": "eager", "hidden_states_dtype": "float32",
-           "max_steps": steps, "target_layer_ids": job["target_layer_ids"], **family_cli(job),
-           **job.get("overrides", {})}
+    cli = {
+        "verifier_name_or_path": job["verifier"],
+        "save_path": str(Path(job["out"]) / "ckpt"),
+        "draft_attn_impl": "sdpa",
+        "loss_implementation": "eager",
+        "hidden_states_dtype": "float32",
+        "max_steps": steps,
+        "target_layer_ids": job["target_layer_ids"],
+        **family_cli(job),
+        **job.get("overrides", {}),
+    }
     cfg = TrainConfig.from_sources(cli=cli, argv=["peer_speculators_arm.py"])
     args = argparse.Namespace(**cfg.flatten())
     torch.manual_seed(args.seed)
@@ -147,16 +159,28 @@ def build(job: dict, steps: int):
     model = build_draft_model(args, model_class, t2d, d2t, v_d)
     model.verifier_norm = torch.nn.Identity()  # eaglewire stores the post-norm state (module docstring)
     train_kw, val_kw = model_class.get_trainer_kwargs(**vars(args))
-    tc = TrainerConfig(num_epochs=1, save_path=args.save_path, lr=args.lr, train_call_kwargs=train_kw,
-                       val_call_kwargs=val_kw, optimizer=args.optimizer, weight_decay=args.weight_decay,
-                       muon_lr=args.muon_lr, muon_momentum=args.muon_momentum,
-                       muon_weight_decay=args.muon_weight_decay, muon_ns_steps=args.muon_ns_steps,
-                       muon_adjust_lr_fn=args.muon_adjust_lr_fn, scheduler_type=args.scheduler_type,
-                       scheduler_warmup_steps=args.scheduler_warmup_steps,
-                       scheduler_warmup_ratio=args.scheduler_warmup_ratio,
-                       scheduler_total_steps=args.scheduler_total_steps,
-                       scheduler_num_cosine_cycles=args.scheduler_num_cosine_cycles,
-                       hidden_states_dtype=torch.float32, log_freq=10**9, max_steps=steps)
+    tc = TrainerConfig(
+        num_epochs=1,
+        save_path=args.save_path,
+        lr=args.lr,
+        train_call_kwargs=train_kw,
+        val_call_kwargs=val_kw,
+        optimizer=args.optimizer,
+        weight_decay=args.weight_decay,
+        muon_lr=args.muon_lr,
+        muon_momentum=args.muon_momentum,
+        muon_weight_decay=args.muon_weight_decay,
+        muon_ns_steps=args.muon_ns_steps,
+        muon_adjust_lr_fn=args.muon_adjust_lr_fn,
+        scheduler_type=args.scheduler_type,
+        scheduler_warmup_steps=args.scheduler_warmup_steps,
+        scheduler_warmup_ratio=args.scheduler_warmup_ratio,
+        scheduler_total_steps=args.scheduler_total_steps,
+        scheduler_num_cosine_cycles=args.scheduler_num_cosine_cycles,
+        hidden_states_dtype=torch.float32,
+        log_freq=10**9,
+        max_steps=steps,
+    )
     resolved = {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, type(None)))}
     return model, tc, resolved
 
@@ -165,9 +189,15 @@ def family_cli(job: dict) -> dict:
     """The family's own settings: TTT depth for eagle3; for DFlash the draft eaglewire trains (module docstring)."""
     if job.get("family", "eagle3") == "eagle3":
         return {"ttt_steps": job["ttt_steps"]}
-    return {"speculator_type": "dflash", "block_size": job["block_size"], "mask_token_id": job["mask_token_id"],
-            "num_layers": job["num_layers"], "full_attention_indices": list(range(job["num_layers"])),
-            "max_anchors": job["max_anchors"], "sliding_window_non_causal": True}
+    return {
+        "speculator_type": "dflash",
+        "block_size": job["block_size"],
+        "mask_token_id": job["mask_token_id"],
+        "num_layers": job["num_layers"],
+        "full_attention_indices": list(range(job["num_layers"])),
+        "max_anchors": job["max_anchors"],
+        "sliding_window_non_causal": True,
+    }
 
 
 @torch.no_grad()
@@ -180,7 +210,9 @@ def probe(job: dict, out: Path) -> None:
     model, _, _ = build(job, 1)
     state = load_file(str(out / "draft" / "model.safetensors"))
     # the saved draft holds no verifier parts or embedding (the model keeps its own); every other key must match
-    kept = {k: v for k, v in model.state_dict().items() if k.startswith(("verifier_", "embed_tokens")) and k not in state}
+    kept = {
+        k: v for k, v in model.state_dict().items() if k.startswith(("verifier_", "embed_tokens")) and k not in state
+    }
     try:
         model.load_state_dict({**kept, **state})
     except RuntimeError as err:
@@ -188,10 +220,21 @@ def probe(job: dict, out: Path) -> None:
     data = make_dataset(Path(job["features"]), job["batches"][0][:1])
     row = ExactPack(model.hidden_size, len(job["target_layer_ids"]))([data[0]])
     model.eval()
-    tokens = model(hidden_states=row["hidden_states"], input_ids=row["input_ids"], document_ids=row["document_ids"],
-                   position_ids=row["position_ids"], ttt_steps=job["ttt_steps"])
-    save_file({"input_ids": row["input_ids"][0].contiguous(), "hidden_states": row["hidden_states"][0].contiguous(),
-               "tokens": torch.stack([t[0] for t in tokens]).contiguous()}, str(out / "probe.safetensors"))
+    tokens = model(
+        hidden_states=row["hidden_states"],
+        input_ids=row["input_ids"],
+        document_ids=row["document_ids"],
+        position_ids=row["position_ids"],
+        ttt_steps=job["ttt_steps"],
+    )
+    save_file(
+        {
+            "input_ids": row["input_ids"][0].contiguous(),
+            "hidden_states": row["hidden_states"][0].contiguous(),
+            "tokens": torch.stack([t[0] for t in tokens]).contiguous(),
+        },
+        str(out / "probe.safetensors"),
+    )
 
 
 def main() -> None:
@@ -221,9 +264,20 @@ def main() -> None:
     wall = time.perf_counter() - t0
     tokens = sum(int(data._get_raw_data(i)["input_ids"].shape[0]) for i in range(len(ids)))
     model.save_pretrained(str(out / "draft"))
-    (out / "train.json").write_text(json.dumps({
-        "steps": trainer.global_step, "tokens": tokens, "train_wall_s": wall, "tok_per_s": tokens / wall,
-        "threads": torch.get_num_threads(), "resolved_defaults": resolved}, indent=2) + "\n")
+    (out / "train.json").write_text(
+        json.dumps(
+            {
+                "steps": trainer.global_step,
+                "tokens": tokens,
+                "train_wall_s": wall,
+                "tok_per_s": tokens / wall,
+                "threads": torch.get_num_threads(),
+                "resolved_defaults": resolved,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
 
 
 if __name__ == "__main__":

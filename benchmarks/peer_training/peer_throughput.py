@@ -18,8 +18,13 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.peer_training.peer_training import (prepare, step_batches, target_settings, train_eaglewire,
-                                                    train_speculators)
+from benchmarks.peer_training.peer_training import (
+    prepare,
+    step_batches,
+    target_settings,
+    train_eaglewire,
+    train_speculators,
+)
 
 from eaglewire.cache import cache_root  # noqa: E402
 from eaglewire.hw import describe_cpu  # noqa: E402
@@ -56,9 +61,20 @@ def main() -> None:
     med = {arm: statistics.median(x["tok_per_s"] for x in rs) for arm, rs in runs.items()}
     ratios = {arm: round(med[arm] / med["speculators"], 2) for arm in med if arm != "speculators"}
     a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "throughput.json").write_text(json.dumps(
-        {"cpu": describe_cpu(), "steps": a.steps, "tokens": tokens, "runs": runs, "median_tok_per_s": med,
-         "ratio_to_speculators": ratios}, indent=2) + "\n")
+    (a.out / "throughput.json").write_text(
+        json.dumps(
+            {
+                "cpu": describe_cpu(),
+                "steps": a.steps,
+                "tokens": tokens,
+                "runs": runs,
+                "median_tok_per_s": med,
+                "ratio_to_speculators": ratios,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(json.dumps({"median_tok_per_s": med, "ratio_to_speculators": ratios}))
 
 

@@ -64,8 +64,9 @@ from eaglewire.draft.vocab import DEFAULT_DRAFT_VOCAB
 
 SOURCES = "smollm2-regen+smollm2-regen-vllm"  # regenerated ShareGPT conversations (no evaluation prompts)
 TAPS = (2, 15, 27)
-SPEC_PY = Path(os.environ.get("EAGLEWIRE_SPECULATORS_PYTHON",
-                              cache_root() / "client-venvs" / "speculators" / "bin" / "python"))
+SPEC_PY = Path(
+    os.environ.get("EAGLEWIRE_SPECULATORS_PYTHON", cache_root() / "client-venvs" / "speculators" / "bin" / "python")
+)
 HERE = Path(__file__).resolve().parent
 # eaglewire arms: the options each adds to `eaglewire train` (every other setting is the trainer's default)
 ARMS: dict[str, list[str]] = {
@@ -125,19 +126,22 @@ def prepare(a: argparse.Namespace, target) -> tuple[Path, Path, list[Sample], li
     train, held = split_heldout(samples, DEFAULT_HELDOUT_FRACTION)
     need = a.base_steps * max(a.budgets) * a.batch_size
     if need > len(train):
-        raise SystemExit(f"the largest budget needs {need} training samples; {SOURCES} has {len(train)} at "
-                         f"--max-length {a.max_length}: lower --base-steps or the budgets")
+        raise SystemExit(
+            f"the largest budget needs {need} training samples; {SOURCES} has {len(train)} at "
+            f"--max-length {a.max_length}: lower --base-steps or the budgets"
+        )
     vocab = work / "vocab.safetensors"
     if is_dflash(a):
         vocab = None  # full vocabulary
     elif not vocab.exists():
         build_vocab(target, samples, DEFAULT_DRAFT_VOCAB, DEFAULT_HELDOUT_FRACTION, vocab, data=SOURCES)
-    train, held = train[:need], held[:a.heldout]
+    train, held = train[:need], held[: a.heldout]
     # a capture for more training samples holds these as its prefix (same order, same held-out): reuse it
     tag = "dflash-" if is_dflash(a) else ""
     pattern = f"{tag}features-L{a.max_length}-n*-h{a.heldout}"
-    bigger = sorted((int(d.name.split("-n")[1].split("-")[0]), d) for d in work.glob(pattern)
-                    if (d / "manifest.json").exists())
+    bigger = sorted(
+        (int(d.name.split("-n")[1].split("-")[0]), d) for d in work.glob(pattern) if (d / "manifest.json").exists()
+    )
     feats = next((d for n, d in bigger if n >= need), work / f"{tag}features-L{a.max_length}-n{need}-h{a.heldout}")
     if not (feats / "manifest.json").exists() and is_dflash(a):
         capture_features(target, a.contract, train + held, feats, pad_id=target.pad_id)
@@ -164,29 +168,68 @@ def family_options(arm: str, vocab: Path | None, a: argparse.Namespace) -> list[
     """`eaglewire train` options of the family and arm: DFlash's block, anchors and depth (the speculators
     job's: `speculators_job`), or EAGLE-3's vocab, TTT depth and the arm's options."""
     if is_dflash(a):
-        return ["--family", "dflash", "--block-size", str(a.block_size), "--anchors", str(a.anchors),
-                "--num-layers", str(DFLASH_LAYERS)]
+        return [
+            "--family",
+            "dflash",
+            "--block-size",
+            str(a.block_size),
+            "--anchors",
+            str(a.anchors),
+            "--num-layers",
+            str(DFLASH_LAYERS),
+        ]
     return ["--vocab", str(vocab), "--ttt-steps", str(a.ttt), *ARMS[arm]]
 
 
-def speculators_job(run: Path, feats: Path, vocab: Path | None, batches: list[list[str]],
-                    a: argparse.Namespace) -> dict:
+def speculators_job(
+    run: Path, feats: Path, vocab: Path | None, batches: list[list[str]], a: argparse.Namespace
+) -> dict:
     """What peer_speculators_arm.py reads: the features, the batches in order, and the draft's settings."""
-    job = {"features": str(feats), "batches": batches, "vocab": str(vocab) if vocab else None, "out": str(run),
-           "threads": 1, "verifier": str(a.verifier), "target_layer_ids": list(a.spec_layer_ids), "ttt_steps": a.ttt}
+    job = {
+        "features": str(feats),
+        "batches": batches,
+        "vocab": str(vocab) if vocab else None,
+        "out": str(run),
+        "threads": 1,
+        "verifier": str(a.verifier),
+        "target_layer_ids": list(a.spec_layer_ids),
+        "ttt_steps": a.ttt,
+    }
     if is_dflash(a):  # eaglewire's draft and objective size (peer_speculators_arm.py's docstring)
-        job.update(family="dflash", block_size=a.block_size, mask_token_id=a.mask_token_id, num_layers=DFLASH_LAYERS,
-                   max_anchors=a.anchors * a.batch_size)
+        job.update(
+            family="dflash",
+            block_size=a.block_size,
+            mask_token_id=a.mask_token_id,
+            num_layers=DFLASH_LAYERS,
+            max_anchors=a.anchors * a.batch_size,
+        )
     return job
 
 
 def train_eaglewire(run: Path, feats: Path, vocab: Path, steps: int, a: argparse.Namespace, arm: str) -> dict:
     """`eaglewire train` on the first steps x batch training samples of the features, one thread."""
-    args = ["train", "--features", str(feats), "--out", str(run), "--max-steps", str(steps),
-            "--batch-size", str(a.batch_size), "--train-limit", str(steps * a.batch_size),
-            "--eval-every", str(steps), "--ckpt-every", str(steps), *family_options(arm, vocab, a)]
-    code = ("import sys, torch; torch.set_num_threads(1); sys.argv = ['eaglewire'] + sys.argv[1:]; "
-            "from eaglewire.cli.app import main; main()")
+    args = [
+        "train",
+        "--features",
+        str(feats),
+        "--out",
+        str(run),
+        "--max-steps",
+        str(steps),
+        "--batch-size",
+        str(a.batch_size),
+        "--train-limit",
+        str(steps * a.batch_size),
+        "--eval-every",
+        str(steps),
+        "--ckpt-every",
+        str(steps),
+        *family_options(arm, vocab, a),
+    ]
+    code = (
+        "import sys, torch; torch.set_num_threads(1); sys.argv = ['eaglewire'] + sys.argv[1:]; "
+        "from eaglewire.cli.app import main; main()"
+    )
     wall, peak = wait_peak([sys.executable, "-c", code, *args], run.with_suffix(".log"))
     rows = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines() if l]
     last = [r for r in rows if r["split"] == "train"][-1]
@@ -195,26 +238,35 @@ def train_eaglewire(run: Path, feats: Path, vocab: Path, steps: int, a: argparse
 
 def train_speculators(run: Path, feats: Path, vocab: Path, batches: list[list[str]], a: argparse.Namespace) -> dict:
     if not SPEC_PY.exists():
-        raise SystemExit(f"no speculators venv at {SPEC_PY}: bash scripts/speculators_venv.sh "
-                         "(or set EAGLEWIRE_SPECULATORS_PYTHON)")
+        raise SystemExit(
+            f"no speculators venv at {SPEC_PY}: bash scripts/speculators_venv.sh (or set EAGLEWIRE_SPECULATORS_PYTHON)"
+        )
     run.mkdir(parents=True, exist_ok=True)
     job = speculators_job(run, feats, vocab, batches, a)
     (run / "job.json").write_text(json.dumps(job))
-    wall, peak = wait_peak([str(SPEC_PY), str(HERE / "peer_speculators_arm.py"), str(run / "job.json")],
-                           run.with_suffix(".log"))
+    wall, peak = wait_peak(
+        [str(SPEC_PY), str(HERE / "peer_speculators_arm.py"), str(run / "job.json")], run.with_suffix(".log")
+    )
     # the trained model's own forward on one sample, for the import check of the scoring (peer_scoring.py)
     if not is_dflash(a):
-        wait_peak([str(SPEC_PY), str(HERE / "peer_speculators_arm.py"), "--probe", str(run / "job.json")],
-                  run.with_suffix(".probe.log"))
+        wait_peak(
+            [str(SPEC_PY), str(HERE / "peer_speculators_arm.py"), "--probe", str(run / "job.json")],
+            run.with_suffix(".probe.log"),
+        )
     t = json.loads((run / "train.json").read_text())
-    return {"wall_s": wall, "peak_rss_mb": peak, "tok_per_s": t["tok_per_s"], "tokens_seen": t["tokens"],
-            "resolved_defaults": t["resolved_defaults"]}
+    return {
+        "wall_s": wall,
+        "peak_rss_mb": peak,
+        "tok_per_s": t["tok_per_s"],
+        "tokens_seen": t["tokens"],
+        "resolved_defaults": t["resolved_defaults"],
+    }
 
 
 def step_batches(train: list[Sample], steps: int, a: argparse.Namespace) -> list[list[Sample]]:
     """Exactly the batches `eaglewire train` takes (its own function, same seed and batch size), in order."""
     c = TrainConfig(max_steps=steps, batch_size=a.batch_size)
-    return global_batches(train[:steps * a.batch_size], c, DistInfo(), 0)
+    return global_batches(train[: steps * a.batch_size], c, DistInfo(), 0)
 
 
 def main() -> None:
@@ -229,9 +281,17 @@ def main() -> None:
     ap.add_argument("--heldout", type=int, default=32, help="held-out samples scored")
     ap.add_argument("--prompts", type=int, default=8, help="MT-bench questions (spread over the categories)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--online", type=int, nargs="*", default=[], metavar="BUDGET",
-                    help="budgets also scored online (SpecDecoder; minutes per draft on one thread)")
-    ap.add_argument("--arms", default="eaglewire,speculators", help=f"at every budget, of: speculators, {', '.join(ARMS)}")
+    ap.add_argument(
+        "--online",
+        type=int,
+        nargs="*",
+        default=[],
+        metavar="BUDGET",
+        help="budgets also scored online (SpecDecoder; minutes per draft on one thread)",
+    )
+    ap.add_argument(
+        "--arms", default="eaglewire,speculators", help=f"at every budget, of: speculators, {', '.join(ARMS)}"
+    )
     ap.add_argument("--family", default="eagle3", choices=("eagle3", "dflash"), help="the drafter family trained")
     ap.add_argument("--block-size", type=int, default=8, help="dflash: tokens per block (both arms)")
     ap.add_argument("--anchors", type=int, default=32, help="dflash: anchors per sequence (speculators: x batch)")
@@ -248,8 +308,14 @@ def main() -> None:
     target_settings(a, target)
     feats, vocab, train, held = prepare(a, target)
     scorer = Scorer(target, held, a)
-    rows, plan = [], [(b, arm) for i, b in enumerate(a.budgets)
-                      for arm in (a.arms.split(",") if i % 2 == 0 else a.arms.split(",")[::-1])]
+    rows, plan = (
+        [],
+        [
+            (b, arm)
+            for i, b in enumerate(a.budgets)
+            for arm in (a.arms.split(",") if i % 2 == 0 else a.arms.split(",")[::-1])
+        ],
+    )
     plan += [(int(e.split("@")[1]), e.split("@")[0]) for e in a.extra]
     for budget, arm in plan:
         rows.append(run_arm(arm, budget, a, feats, vocab, train, scorer))
@@ -257,8 +323,9 @@ def main() -> None:
         write_results(rows, a)
 
 
-def run_arm(arm: str, budget: int, a: argparse.Namespace, feats: Path, vocab: Path, train: list[Sample],
-            scorer) -> dict:
+def run_arm(
+    arm: str, budget: int, a: argparse.Namespace, feats: Path, vocab: Path, train: list[Sample], scorer
+) -> dict:
     """Train (unless done) and score (unless done) one arm at one budget; the row is kept in WORK/rows."""
     steps = a.base_steps * budget
     key = run_key(arm, budget, a)
@@ -279,8 +346,15 @@ def run_arm(arm: str, budget: int, a: argparse.Namespace, feats: Path, vocab: Pa
         r["tokens"] = sum(len(s.input_ids) for b in batches for s in b)
         done.write_text(json.dumps(r, indent=2))
     r = json.loads(done.read_text())
-    row = {"arm": arm, "norms": arm_norms(arm, a), "family": a.family, "budget": budget, "steps": steps, **r,
-           **scorer.score(arm, run, budget in a.online)}
+    row = {
+        "arm": arm,
+        "norms": arm_norms(arm, a),
+        "family": a.family,
+        "budget": budget,
+        "steps": steps,
+        **r,
+        **scorer.score(arm, run, budget in a.online),
+    }
     row_path.parent.mkdir(parents=True, exist_ok=True)
     row_path.write_text(json.dumps(row, indent=2))
     return row

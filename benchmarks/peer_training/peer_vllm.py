@@ -38,8 +38,11 @@ def serve_draft(target_dir: Path, draft_dir: Path, prompts: list[torch.Tensor], 
         for p in prompts:
             complete_ids(srv.base_url, srv.model_name, p[0].tolist(), max_new)
         m = spec_metrics(srv.base_url)
-    return {"tau_vllm": round(m["tau"], 4), "per_position_vllm": [round(x, 4) for x in m["per_position"]],
-            "drafts_vllm": int(m["num_drafts"])}
+    return {
+        "tau_vllm": round(m["tau"], 4),
+        "per_position_vllm": [round(x, 4) for x in m["per_position"]],
+        "drafts_vllm": int(m["num_drafts"]),
+    }
 
 
 def main() -> None:
@@ -79,8 +82,9 @@ def main() -> None:
         print(json.dumps(row), flush=True)
         rows.append(row)
     a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / f"vllm-x{a.budget}.json").write_text(json.dumps({"setup": {k: str(v) for k, v in vars(a).items()},
-                                                               "rows": rows}, indent=2) + "\n")
+    (a.out / f"vllm-x{a.budget}.json").write_text(
+        json.dumps({"setup": {k: str(v) for k, v in vars(a).items()}, "rows": rows}, indent=2) + "\n"
+    )
 
 
 if __name__ == "__main__":

@@ -25,8 +25,13 @@ from eaglewire.draft.vocab import load_vocab
 from benchmarks.results_dir import run_dir  # benchmarks/results/<topic>/<date>-<cpu>/
 
 # lever -> (TrainConfig fields, which vocab); levers absent here (init, lr, data source) cost what base costs
-CASES = {"base": ({}, "8k"), "supervise_all": ({"supervise": "all"}, "8k"), "vocab16k": ({}, "16k"),
-         "layers2": ({"num_layers": 2}, "8k"), "ttt1": ({"ttt_steps": 1}, "8k")}
+CASES = {
+    "base": ({}, "8k"),
+    "supervise_all": ({"supervise": "all"}, "8k"),
+    "vocab16k": ({}, "16k"),
+    "layers2": ({"num_layers": 2}, "8k"),
+    "ttt1": ({"ttt_steps": 1}, "8k"),
+}
 
 
 def main() -> None:
@@ -43,7 +48,7 @@ def main() -> None:
     taps = captured_taps(a.features)  # the boundaries the features hold, from their manifest
     contract = target.contract(taps, vocab_map=vmaps["8k"])
     feats = OfflineFeatures(a.features, contract, pad_id=target.tokenizer.eos_token_id)
-    batches = [feats.batch(feats.samples()[i:i + a.batch]) for i in range(0, 4 * a.batch, a.batch)]
+    batches = [feats.batch(feats.samples()[i : i + a.batch]) for i in range(0, 4 * a.batch, a.batch)]
     tokens = [int(b.attention_mask.sum()) for b in batches]
     low = autocast_dtype("cpu", "auto")
     head = target.model.get_output_embeddings().weight.detach()
@@ -60,6 +65,7 @@ def main() -> None:
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
+
         return step
 
     steps = {k: make(*v) for k, v in CASES.items()}
@@ -67,15 +73,22 @@ def main() -> None:
         fn(batches[0])  # warm-up
     res: dict[str, list[float]] = {k: [] for k in steps}
     for r in range(a.rounds):
-        order = list(steps)[r % len(steps):] + list(steps)[:r % len(steps)]
+        order = list(steps)[r % len(steps) :] + list(steps)[: r % len(steps)]
         for k in order:
             t0 = time.perf_counter()
             for b in batches:
                 steps[k](b)
             res[k].append(sum(tokens) / (time.perf_counter() - t0))
     med = {k: statistics.median(v) for k, v in res.items()}
-    out = {"cpu": describe_cpu(), "batch": a.batch, "tokens_per_round": sum(tokens), "autocast": str(low),
-           "tok_per_s_median": med, "cost_vs_base": {k: med["base"] / v for k, v in med.items()}, "tok_per_s": res}
+    out = {
+        "cpu": describe_cpu(),
+        "batch": a.batch,
+        "tokens_per_round": sum(tokens),
+        "autocast": str(low),
+        "tok_per_s_median": med,
+        "cost_vs_base": {k: med["base"] / v for k, v in med.items()},
+        "tok_per_s": res,
+    }
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(out, indent=2) + "\n")
     for k, v in med.items():

@@ -50,7 +50,7 @@ def agreement(draft, target, samples, steps: int, batch: int = 4) -> dict:
     correct, counts, chain, anchors, tokens, rounds = [0] * steps, [0] * steps, [0] * steps, 0, 0, 0
     bins = torch.zeros(3, len(BUCKETS) - 1)  # positions, first-position hits, outside V_d; per bin
     for i in range(0, len(samples), batch):
-        fb = feats.batch(samples[i:i + batch])
+        fb = feats.batch(samples[i : i + batch])
         fb.taps, fb.final_hidden = fb.taps.float(), fb.final_hidden.float()
         _, st = model(fb)
         bins += bucket_counts(draft, fb, head)
@@ -62,12 +62,23 @@ def agreement(draft, target, samples, steps: int, batch: int = 4) -> dict:
     # all right, out-of-vocab a miss: greedy k-chain acceptance anchored at every position, where a real run
     # anchors only where rounds start
     pos, hit, oov = bins
-    return {"acc": [round(c / n, 4) for c, n in zip(correct, counts)], "positions": counts,
-            "chain": [round(c / anchors, 4) for c in chain], "tau_chain": round(1 + sum(chain) / anchors, 3),
-            "tau_rounds": round(tokens / rounds, 3), "rounds": rounds,
-            "buckets": [{"target_p1": [lo, hi], "share": round(float(c / pos.sum()), 4),
-                         "first_agree": round(float(h / max(c, 1)), 4), "out_of_vocab": round(float(o / max(c, 1)), 4)}
-                        for lo, hi, c, h, o in zip(BUCKETS, BUCKETS[1:], pos, hit, oov)]}
+    return {
+        "acc": [round(c / n, 4) for c, n in zip(correct, counts)],
+        "positions": counts,
+        "chain": [round(c / anchors, 4) for c in chain],
+        "tau_chain": round(1 + sum(chain) / anchors, 3),
+        "tau_rounds": round(tokens / rounds, 3),
+        "rounds": rounds,
+        "buckets": [
+            {
+                "target_p1": [lo, hi],
+                "share": round(float(c / pos.sum()), 4),
+                "first_agree": round(float(h / max(c, 1)), 4),
+                "out_of_vocab": round(float(o / max(c, 1)), 4),
+            }
+            for lo, hi, c, h, o in zip(BUCKETS, BUCKETS[1:], pos, hit, oov)
+        ],
+    }
 
 
 def bucket_counts(draft, fb, head: torch.Tensor) -> torch.Tensor:
@@ -81,9 +92,13 @@ def bucket_counts(draft, fb, head: torch.Tensor) -> torch.Tensor:
     rows = shift_left(fb.loss_mask, 2) > 0  # x_{t+2} is an answer token
     b = torch.bucketize(p1[rows], torch.tensor(BUCKETS[1:-1]), right=True)  # [N] bin index
     k = len(BUCKETS) - 1
-    return torch.stack([torch.bincount(b, minlength=k).float(),
-                        torch.bincount(b, weights=(guess[rows] == top1[rows]).float(), minlength=k),
-                        torch.bincount(b, weights=(~draft.t2d[top1[rows]]).float(), minlength=k)])
+    return torch.stack(
+        [
+            torch.bincount(b, minlength=k).float(),
+            torch.bincount(b, weights=(guess[rows] == top1[rows]).float(), minlength=k),
+            torch.bincount(b, weights=(~draft.t2d[top1[rows]]).float(), minlength=k),
+        ]
+    )
 
 
 def bench_sample(target, limit: int, max_new_tokens: int = 256) -> list:
@@ -101,8 +116,12 @@ def bench_sample(target, limit: int, max_new_tokens: int = 256) -> list:
     rt = plain_runtime(target, 1024 + max_new_tokens)
     convs = []
     for q in asked:
-        ids = tok.apply_chat_template([{"role": "user", "content": q.user_turns[0]}], add_generation_prompt=True,
-                                      return_dict=True, return_tensors="pt")["input_ids"]
+        ids = tok.apply_chat_template(
+            [{"role": "user", "content": q.user_turns[0]}],
+            add_generation_prompt=True,
+            return_dict=True,
+            return_tensors="pt",
+        )["input_ids"]
         answer = greedy_reference(rt, ids, max_new_tokens, eos={tok.eos_token_id})
         text = tok.decode(answer, skip_special_tokens=True)
         convs.append(Conversation(q.id, (Turn("user", q.user_turns[0]), Turn("assistant", text))))
@@ -122,15 +141,23 @@ def by_category(sets: dict[str, list]) -> dict[str, list]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--draft", type=Path, nargs="+", default=[Path("src/eaglewire/assets/drafts/smollm2-135m")],
-                    help="one or more drafts, scored on the same samples (decoded once)")
+    ap.add_argument(
+        "--draft",
+        type=Path,
+        nargs="+",
+        default=[Path("src/eaglewire/assets/drafts/smollm2-135m")],
+        help="one or more drafts, scored on the same samples (decoded once)",
+    )
     ap.add_argument("--samples", type=int, default=48)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--out", type=Path, default=run_dir("recipe") / "heldout_gap.json")
     ap.add_argument("--dtypes", default="fp32,bf16", help="target dtypes to compare, from: " + ", ".join(DTYPES))
     ap.add_argument("--sets", default=",".join(SETS), help="sample sets, from: " + ", ".join(SETS))
-    ap.add_argument("--by-category", action="store_true", help="also score each MT-bench set per question "
-                    "category (sets named SET:CATEGORY)")
+    ap.add_argument(
+        "--by-category",
+        action="store_true",
+        help="also score each MT-bench set per question category (sets named SET:CATEGORY)",
+    )
     a = ap.parse_args()
     unknown = [n for n in a.dtypes.split(",") if n not in DTYPES] + [n for n in a.sets.split(",") if n not in SETS]
     if unknown:
@@ -138,10 +165,16 @@ def main() -> None:
     targets = {n: load_target(dtype=DTYPES[n]) for n in a.dtypes.split(",")}
     reference = load_target() if "fp32" not in targets else targets["fp32"]  # the draft loads against fp32
     tok = reference.tokenizer
-    share = load_samples("smollm2-regen+smollm2-regen-vllm", tok, max_length=1024)[0] if "sharegpt_heldout" in a.sets else []
-    build = {"sharegpt_heldout": lambda: split_heldout(share, 0.05)[1][:a.samples],
-             "mtbench_answers": lambda: load_samples("smollm2-mtbench-regen", tok, max_length=1024)[0][:a.samples],
-             "mtbench_bench_sample": lambda: bench_sample(reference, a.samples)}
+    share = (
+        load_samples("smollm2-regen+smollm2-regen-vllm", tok, max_length=1024)[0]
+        if "sharegpt_heldout" in a.sets
+        else []
+    )
+    build = {
+        "sharegpt_heldout": lambda: split_heldout(share, 0.05)[1][: a.samples],
+        "mtbench_answers": lambda: load_samples("smollm2-mtbench-regen", tok, max_length=1024)[0][: a.samples],
+        "mtbench_bench_sample": lambda: bench_sample(reference, a.samples),
+    }
     sets = {name: build[name]() for name in a.sets.split(",")}
     if a.by_category:
         sets.update(by_category(sets))
@@ -152,14 +185,21 @@ def main() -> None:
             for sname, samples in sets.items():
                 r = agreement(draft, target, samples, a.steps)
                 out["results"][f"{dpath}/{sname}/{tname}" if len(a.draft) > 1 else f"{sname}/{tname}"] = r
-                print(f"{dpath} {sname} target {tname}: top-1 per position {r['acc']} over {r['positions'][0]} "
-                      f"tokens; chain {r['chain']}, tau {r['tau_chain']} at every position, {r['tau_rounds']} "
-                      "round by round", flush=True)
+                print(
+                    f"{dpath} {sname} target {tname}: top-1 per position {r['acc']} over {r['positions'][0]} "
+                    f"tokens; chain {r['chain']}, tau {r['tau_chain']} at every position, {r['tau_rounds']} "
+                    "round by round",
+                    flush=True,
+                )
                 for bk in r["buckets"]:
-                    print(f"  target p1 {bk['target_p1']}: share {bk['share']}, first-position agreement "
-                          f"{bk['first_agree']}, outside V_d {bk['out_of_vocab']}", flush=True)
+                    print(
+                        f"  target p1 {bk['target_p1']}: share {bk['share']}, first-position agreement "
+                        f"{bk['first_agree']}, outside V_d {bk['out_of_vocab']}",
+                        flush=True,
+                    )
                 a.out.parent.mkdir(parents=True, exist_ok=True)
                 a.out.write_text(json.dumps(out, indent=2) + "\n")  # after each case: a cut-short run keeps its part
+
 
 if __name__ == "__main__":
     main()

@@ -60,18 +60,39 @@ def run_one(name: str, args: argparse.Namespace) -> dict:
         extra = lever_args(name, args)
         flags = [a for a in extra if a.startswith("--")]
         defaults = [x for k, v in base.items() if k not in flags for x in (k, v)]  # those the lever keeps
-        cmd = ["eaglewire", "train", "--features", str(args.features), "--out", str(out), "--max-steps",
-               str(args.steps), "--batch-size", str(args.batch_size), "--warmup-steps", "20", "--eval-every",
-               str(args.steps), "--ckpt-every", str(args.steps), *defaults, *extra]
+        cmd = [
+            "eaglewire",
+            "train",
+            "--features",
+            str(args.features),
+            "--out",
+            str(out),
+            "--max-steps",
+            str(args.steps),
+            "--batch-size",
+            str(args.batch_size),
+            "--warmup-steps",
+            "20",
+            "--eval-every",
+            str(args.steps),
+            "--ckpt-every",
+            str(args.steps),
+            *defaults,
+            *extra,
+        ]
         t0 = time.perf_counter()
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         (out / "wall_s.txt").write_text(f"{time.perf_counter() - t0:.1f}\n")
     s = json.loads(summary.read_text())
     rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines() if l]
     train_rows = [r for r in rows if r["split"] == "train"]
-    return {"name": name, "args": [a.replace(str(cache_root()), "~cache") for a in lever_args(name, args)],
-            "heldout_acc": [round(a, 4) for a in s["heldout"]["acc"]],
-            "wall_s": float((out / "wall_s.txt").read_text()), "tok_per_s": round(train_rows[-1]["tok_per_s"])}
+    return {
+        "name": name,
+        "args": [a.replace(str(cache_root()), "~cache") for a in lever_args(name, args)],
+        "heldout_acc": [round(a, 4) for a in s["heldout"]["acc"]],
+        "wall_s": float((out / "wall_s.txt").read_text()),
+        "tok_per_s": round(train_rows[-1]["tok_per_s"]),
+    }
 
 
 def main() -> None:
@@ -92,15 +113,27 @@ def main() -> None:
         results.append(run_one(name, args))
         print(json.dumps(results[-1]), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    record = {"cpu": describe_cpu(), "steps": args.steps, "batch_size": args.batch_size,
-              "train_limit": args.train_limit, "results": results}
+    record = {
+        "cpu": describe_cpu(),
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "train_limit": args.train_limit,
+        "results": results,
+    }
     (args.out / "recipe.json").write_text(json.dumps(record, indent=2) + "\n")
     cpu = record["cpu"]
     where = f"{cpu['model']}, {cpu['threads']} threads, native bf16 {cpu['native_bf16']}"
-    lines = [f"# Recipe levers, {args.steps} steps x batch {args.batch_size} from scratch ({where})", "",
-             "| lever | held-out top-1 per TTT position | wall s | train tok/s |", "|---|---|---|---|"]
-    lines += [f"| {r['name']} {' '.join(r['args'])} | {' / '.join(f'{a:.3f}' for a in r['heldout_acc'])} | "
-              f"{r['wall_s']:.0f} | {r['tok_per_s']} |" for r in results]
+    lines = [
+        f"# Recipe levers, {args.steps} steps x batch {args.batch_size} from scratch ({where})",
+        "",
+        "| lever | held-out top-1 per TTT position | wall s | train tok/s |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['name']} {' '.join(r['args'])} | {' / '.join(f'{a:.3f}' for a in r['heldout_acc'])} | "
+        f"{r['wall_s']:.0f} | {r['tok_per_s']} |"
+        for r in results
+    ]
     (args.out / "recipe.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

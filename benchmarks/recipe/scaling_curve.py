@@ -49,8 +49,11 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--also", type=Path, nargs="*", default=[], help="other drafts to measure (e.g. the released one)")
     ap.add_argument("--out", type=Path, default=run_dir("scaling"))
-    ap.add_argument("--offline", action="store_true", help="tau walked round by round on the vanilla answers "
-                    "(heldout_gap.py), not decoded per snapshot")
+    ap.add_argument(
+        "--offline",
+        action="store_true",
+        help="tau walked round by round on the vanilla answers (heldout_gap.py), not decoded per snapshot",
+    )
     a = ap.parse_args()
     target = load_target()
     if a.offline:
@@ -64,8 +67,14 @@ def main() -> None:
         st = ew.measure_tau(target, draft, prompts, TreeShape.chain(a.k), a.max_new_tokens, eos=eos)  # pooled
         acc = st.accepted
         step = _step(d, a.run, seen)
-        row = {"draft": str(d), "step": step, "trained_tokens": seen.get(step) if step else None,
-               "tau": st.tau, "per_position": st.per_position(a.k), "verify_steps": len(acc)}
+        row = {
+            "draft": str(d),
+            "step": step,
+            "trained_tokens": seen.get(step) if step else None,
+            "tau": st.tau,
+            "per_position": st.per_position(a.k),
+            "verify_steps": len(acc),
+        }
         rows.append(row)
         print(json.dumps(row))
     _write(a, rows)
@@ -91,20 +100,35 @@ def _offline(a: argparse.Namespace, target) -> None:
     for d in drafts:
         r = agreement(load_checkpoint(d, target=target).float(), target, samples, a.k)
         step = _step(d, a.run, seen)
-        row = {"draft": str(d), "step": step, "trained_tokens": seen.get(step) if step else None,
-               "tau": r["tau_rounds"], "rounds": r["rounds"], "chain_every_position": r["chain"],
-               "per_position": r["chain"][:1]}  # first-position agreement at every answer position, out-of-vocab a miss
+        row = {
+            "draft": str(d),
+            "step": step,
+            "trained_tokens": seen.get(step) if step else None,
+            "tau": r["tau_rounds"],
+            "rounds": r["rounds"],
+            "chain_every_position": r["chain"],
+            "per_position": r["chain"][:1],
+        }  # first-position agreement at every answer position, out-of-vocab a miss
         rows.append(row)
         print(json.dumps(row), flush=True)
     _write(a, rows)
 
 
 def _write(a: argparse.Namespace, rows: list[dict]) -> None:
-    how = ("offline: tau_rounds on the vanilla answers, heldout_gap.py" if a.offline
-           else "online: SpecDecoder per snapshot")
+    how = (
+        "offline: tau_rounds on the vanilla answers, heldout_gap.py"
+        if a.offline
+        else "online: SpecDecoder per snapshot"
+    )
     a.out.mkdir(parents=True, exist_ok=True)
-    result = {"cpu": describe_cpu(), "prompts": a.prompts, "max_new_tokens": a.max_new_tokens, "k": a.k,
-              "measured": how, "rows": rows}
+    result = {
+        "cpu": describe_cpu(),
+        "prompts": a.prompts,
+        "max_new_tokens": a.max_new_tokens,
+        "k": a.k,
+        "measured": how,
+        "rows": rows,
+    }
     (a.out / "scaling.json").write_text(json.dumps(result, indent=2))
     _plot(rows, a.out / "scaling.png", a.k, "agreement (every position)" if a.offline else "acceptance")
 

@@ -44,7 +44,7 @@ def main() -> None:
     a = ap.parse_args()
     t32, t16 = load_target(), load_target(dtype=torch.bfloat16)
     samples, _ = load_samples("smollm2-regen", t32.tokenizer, max_length=512, limit=64)
-    batch = sorted(samples, key=lambda s: len(s.input_ids))[-a.batch:]  # long ones: realistic shapes
+    batch = sorted(samples, key=lambda s: len(s.input_ids))[-a.batch :]  # long ones: realistic shapes
     tokens = sum(len(s.input_ids) for s in batch)
     vmap = build_vocab_map(count_masked_tokens(samples, t32.vocab_size), a.draft_vocab)
     contract = t32.contract(default_taps(t32.num_layers), vocab_map=vmap)
@@ -64,17 +64,27 @@ def main() -> None:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    cases = {"capture_fp32": lambda: f32.batch(batch), "capture_bf16": lambda: f16.batch(batch),
-             "train_fp32_full_head": lambda: step(fb, False), "train_fp32_stored_top1": lambda: step(stored, False),
-             "train_bf16_stored_top1": lambda: step(stored, True)}
+    cases = {
+        "capture_fp32": lambda: f32.batch(batch),
+        "capture_bf16": lambda: f16.batch(batch),
+        "train_fp32_full_head": lambda: step(fb, False),
+        "train_fp32_stored_top1": lambda: step(stored, False),
+        "train_bf16_stored_top1": lambda: step(stored, True),
+    }
     for fn in cases.values():
         fn()  # warm-up
     res: dict[str, list[float]] = {k: [] for k in cases}
     for r in range(a.rounds):
-        for k in list(cases)[r % len(cases):] + list(cases)[:r % len(cases)]:
+        for k in list(cases)[r % len(cases) :] + list(cases)[: r % len(cases)]:
             res[k].append(_tok_per_s(cases[k], tokens))
-    out = {"cpu": describe_cpu(), "batch_tokens": tokens, "draft_vocab": a.draft_vocab, "ttt_steps": 3,
-           "tok_per_s_median": {k: statistics.median(v) for k, v in res.items()}, "tok_per_s": res}
+    out = {
+        "cpu": describe_cpu(),
+        "batch_tokens": tokens,
+        "draft_vocab": a.draft_vocab,
+        "ttt_steps": 3,
+        "tok_per_s_median": {k: statistics.median(v) for k, v in res.items()},
+        "tok_per_s": res,
+    }
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(out, indent=2))
     for k, v in out["tok_per_s_median"].items():

@@ -30,7 +30,7 @@ def regen_rate(target, prompts, batch: int, new_tokens: int) -> float:
     gen = LocalGenerator(target, GenerationSettings(max_new_tokens=new_tokens, batch_size=batch))
     t0, n = time.perf_counter(), 0
     for i in range(0, len(prompts), batch):
-        n += sum(r.new_tokens for r in gen.generate(prompts[i:i + batch], seed=0))
+        n += sum(r.new_tokens for r in gen.generate(prompts[i : i + batch], seed=0))
     return n / (time.perf_counter() - t0)
 
 
@@ -51,8 +51,12 @@ def main() -> None:
     contract = target.contract(default_taps(target.num_layers), vocab_map=vmap)
     feats = OnlineFeatures(target, contract, pad_id=target.tokenizer.eos_token_id)
     c = TrainConfig(ttt_steps=7)
-    model = TTTModel(build_draft(target, contract, vmap, c), target.model.get_output_embeddings().weight.detach(),
-                     steps=c.ttt_steps, decay=c.ttt_decay)
+    model = TTTModel(
+        build_draft(target, contract, vmap, c),
+        target.model.get_output_embeddings().weight.detach(),
+        steps=c.ttt_steps,
+        decay=c.ttt_decay,
+    )
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     results: dict[str, list[float]] = {"regen_b1": [], "regen_b8": [], "regen_b16": [], "capture": [], "train_ttt7": []}
     if a.skip_regen:
@@ -63,7 +67,7 @@ def main() -> None:
             results["regen_b1"].append(regen_rate(target, prompts[:4], 1, a.new_tokens))
             results["regen_b8"].append(regen_rate(target, prompts[:8], 8, a.new_tokens))
             results["regen_b16"].append(regen_rate(target, prompts[:16], 16, a.new_tokens))
-        batch = samples[4 * r: 4 * r + 4]
+        batch = samples[4 * r : 4 * r + 4]
         t0 = time.perf_counter()
         fb = feats.batch(batch)
         results["capture"].append(int(fb.attention_mask.sum()) / (time.perf_counter() - t0))
@@ -75,8 +79,13 @@ def main() -> None:
         results["train_ttt7"].append(int(fb.attention_mask.sum()) / (time.perf_counter() - t0))
         print({k: round(v[-1], 1) for k, v in results.items()}, flush=True)
     summary = {k: {"median_tok_s": statistics.median(v), "runs": v} for k, v in results.items()}
-    summary["setup"] = {"rounds": a.rounds, "new_tokens": a.new_tokens, "threads": 2, "dtype": "float32",
-                        "train": "draft fwd+bwd+AdamW, TTT 7, V_d 16000, features captured separately"}
+    summary["setup"] = {
+        "rounds": a.rounds,
+        "new_tokens": a.new_tokens,
+        "threads": 2,
+        "dtype": "float32",
+        "train": "draft fwd+bwd+AdamW, TTT 7, V_d 16000, features captured separately",
+    }
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(summary, indent=2))
     print(json.dumps({k: round(v["median_tok_s"], 1) for k, v in summary.items() if k != "setup"}))

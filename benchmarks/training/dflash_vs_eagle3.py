@@ -36,8 +36,10 @@ import time
 from pathlib import Path
 
 SOURCE = "smollm2-135m-sharegpt.jsonl.gz"  # target-regenerated ShareGPT conversations, shipped with eaglewire
-CLI = ("import sys, torch; torch.set_num_threads(1); sys.argv = ['eaglewire'] + sys.argv[1:]; "
-       "from eaglewire.cli.app import main; main()")
+CLI = (
+    "import sys, torch; torch.set_num_threads(1); sys.argv = ['eaglewire'] + sys.argv[1:]; "
+    "from eaglewire.cli.app import main; main()"
+)
 
 
 def run_cli(args: list[str], log: Path) -> float:
@@ -63,8 +65,20 @@ def prepare(a: argparse.Namespace) -> dict[str, Path]:
     for family in ("eagle3", "dflash"):
         paths[family] = a.work / f"features-{family}"
         if not (paths[family] / "manifest.json").exists():
-            run_cli(["data", "capture", *common, "--family", family, "--target-dtype", a.target_dtype,
-                       "--out", str(paths[family])], a.work / f"capture-{family}.log")
+            run_cli(
+                [
+                    "data",
+                    "capture",
+                    *common,
+                    "--family",
+                    family,
+                    "--target-dtype",
+                    a.target_dtype,
+                    "--out",
+                    str(paths[family]),
+                ],
+                a.work / f"capture-{family}.log",
+            )
     return paths
 
 
@@ -72,8 +86,18 @@ def arm_args(arm: str, paths: dict[str, Path], a: argparse.Namespace) -> list[st
     if arm == "eagle3":
         return ["--features", str(paths["eagle3"]), "--vocab", str(paths["vocab"]), "--ttt-steps", str(a.ttt_steps)]
     block = arm.removeprefix("dflash-b")
-    return ["--features", str(paths["dflash"]), "--family", "dflash", "--block-size", block,
-            "--num-layers", str(a.dflash_layers), "--anchors", str(a.anchors)]
+    return [
+        "--features",
+        str(paths["dflash"]),
+        "--family",
+        "dflash",
+        "--block-size",
+        block,
+        "--num-layers",
+        str(a.dflash_layers),
+        "--anchors",
+        str(a.anchors),
+    ]
 
 
 def train_arm(arm: str, steps: int, paths: dict[str, Path], a: argparse.Namespace, tag: str = "") -> dict:
@@ -84,19 +108,46 @@ def train_arm(arm: str, steps: int, paths: dict[str, Path], a: argparse.Namespac
 
             shutil.rmtree(run)  # an interrupted arm restarts: its wall time must be one uninterrupted run
         run.parent.mkdir(parents=True, exist_ok=True)
-        wall = run_cli(["train", *arm_args(arm, paths, a), "--out", str(run), "--max-steps", str(steps),
-                          "--batch-size", str(a.batch_size), "--eval-every", str(steps), "--ckpt-every", str(steps),
-                          "--seed", str(a.seed), "--heldout-fraction", str(a.heldout_fraction)], run.with_suffix(".log"))
+        wall = run_cli(
+            [
+                "train",
+                *arm_args(arm, paths, a),
+                "--out",
+                str(run),
+                "--max-steps",
+                str(steps),
+                "--batch-size",
+                str(a.batch_size),
+                "--eval-every",
+                str(steps),
+                "--ckpt-every",
+                str(steps),
+                "--seed",
+                str(a.seed),
+                "--heldout-fraction",
+                str(a.heldout_fraction),
+            ],
+            run.with_suffix(".log"),
+        )
         (run / "wall.json").write_text(json.dumps({"wall_s": wall}))
     summary = json.loads((run / "summary.json").read_text())
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x]
     train = [x for x in lines if x["split"] == "train"]
     held = summary["heldout"]
-    return {"arm": arm, "steps": steps, "wall_s": json.loads((run / "wall.json").read_text())["wall_s"],
-            "tok_per_s": train[-1]["tok_per_s"], "train_samples": summary["train_samples"],
-            "taps": summary["contract"]["taps"], "loss_first": train[0]["loss"], "loss_last": train[-1]["loss"],
-            "heldout_acc": held.get("acc"), "heldout_chain": held.get("chain"), "tau_chain": held.get("tau_chain"),
-            "draft": str(run / "draft")}
+    return {
+        "arm": arm,
+        "steps": steps,
+        "wall_s": json.loads((run / "wall.json").read_text())["wall_s"],
+        "tok_per_s": train[-1]["tok_per_s"],
+        "train_samples": summary["train_samples"],
+        "taps": summary["contract"]["taps"],
+        "loss_first": train[0]["loss"],
+        "loss_last": train[-1]["loss"],
+        "heldout_acc": held.get("acc"),
+        "heldout_chain": held.get("chain"),
+        "tau_chain": held.get("tau_chain"),
+        "draft": str(run / "draft"),
+    }
 
 
 def matched_steps(arm: str, eagle_wall: float, paths: dict[str, Path], a: argparse.Namespace) -> int:
@@ -109,30 +160,53 @@ def bench_arm(row: dict, eagle_draft: str, a: argparse.Namespace) -> dict:
     """`eaglewire bench` of this DFlash arm's draft beside the EAGLE-3 draft: {method: (tau, median tok/s)}."""
     out = a.out / f"bench-{row['arm']}"
     if not (out / "bench.json").exists():
-        run_cli(["bench", "--draft", eagle_draft, "--dflash-draft", row["draft"], "--methods",
-                 "vanilla,eagle_chain,eagle_tree,dflash", "--questions", "mtbench", "--limit", str(a.bench_prompts),
-                 "--max-new-tokens", str(a.max_new_tokens), "--out", str(out)], a.work / f"bench-{row['arm']}.log")
+        run_cli(
+            [
+                "bench",
+                "--draft",
+                eagle_draft,
+                "--dflash-draft",
+                row["draft"],
+                "--methods",
+                "vanilla,eagle_chain,eagle_tree,dflash",
+                "--questions",
+                "mtbench",
+                "--limit",
+                str(a.bench_prompts),
+                "--max-new-tokens",
+                str(a.max_new_tokens),
+                "--out",
+                str(out),
+            ],
+            a.work / f"bench-{row['arm']}.log",
+        )
     methods = json.loads((out / "bench.json").read_text())["methods"]
     return {m: [r.get("tau"), r.get("median_tok_s")] for m, r in methods.items()}
 
 
 def write(rows: list[dict], a: argparse.Namespace) -> None:
     a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "results.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()},
-                                                    "rows": rows}, indent=2))
+    (a.out / "results.json").write_text(
+        json.dumps({"args": {k: str(v) for k, v in vars(a).items()}, "rows": rows}, indent=2)
+    )
     fmt = lambda xs: " ".join(f"{x:.3f}" for x in xs or [])  # noqa: E731
     num = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731  (no held-out sample: no evaluation)
-    table = ["| arm | steps | wall s | tok/s | loss first -> last | held-out acc per position | chain | tau_chain |",
-             "|---|---|---|---|---|---|---|---|"]
-    table += [f"| {r['arm']} | {r['steps']} | {r['wall_s']:.0f} | {r['tok_per_s']:.0f} | {r['loss_first']:.3f} -> "
-              f"{r['loss_last']:.3f} | {fmt(r['heldout_acc'])} | {fmt(r['heldout_chain'])} | {num(r['tau_chain'])} |"
-              for r in rows]
+    table = [
+        "| arm | steps | wall s | tok/s | loss first -> last | held-out acc per position | chain | tau_chain |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    table += [
+        f"| {r['arm']} | {r['steps']} | {r['wall_s']:.0f} | {r['tok_per_s']:.0f} | {r['loss_first']:.3f} -> "
+        f"{r['loss_last']:.3f} | {fmt(r['heldout_acc'])} | {fmt(r['heldout_chain'])} | {num(r['tau_chain'])} |"
+        for r in rows
+    ]
     cmd = "python -m benchmarks.training.dflash_vs_eagle3 " + " ".join(sys.argv[1:])
     decoded = [f"| {r['arm']} | {m} | {num(t)} | {num(s)} |" for r in rows for m, (t, s) in r.get("bench", {}).items()]
     if decoded:
         table += ["", "| arm | method | tau | median tok/s |", "|---|---|---|---|", *decoded]
-    (a.out / "README.md").write_text(f"# DFlash vs EAGLE-3 at equal training compute ({a.match})\n\n"
-                                     f"    {cmd}\n\n" + "\n".join(table) + "\n")
+    (a.out / "README.md").write_text(
+        f"# DFlash vs EAGLE-3 at equal training compute ({a.match})\n\n    {cmd}\n\n" + "\n".join(table) + "\n"
+    )
 
 
 def main() -> None:

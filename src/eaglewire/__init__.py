@@ -13,11 +13,23 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: `import 
 if TYPE_CHECKING:  # the names as a type checker and an IDE see them
     from typing import Any
 
-    from eaglewire.api import (Generation as Generation, Report as Report, TrainConfig as TrainConfig,
-                               TreeShape as TreeShape, WiringContract as WiringContract, build_vocab as build_vocab,
-                               check as check, decoder as decoder, evaluate as evaluate, export_draft as export_draft,
-                               generate as generate, load_draft as load_draft,
-                               load_target as load_target, measure_tau as measure_tau, train_draft as train_draft)
+    from eaglewire.api import (
+        Generation as Generation,
+        Report as Report,
+        TrainConfig as TrainConfig,
+        TreeShape as TreeShape,
+        WiringContract as WiringContract,
+        build_vocab as build_vocab,
+        check as check,
+        decoder as decoder,
+        evaluate as evaluate,
+        export_draft as export_draft,
+        generate as generate,
+        load_draft as load_draft,
+        load_target as load_target,
+        measure_tau as measure_tau,
+        train_draft as train_draft,
+    )
 
 
 def __getattr__(name: str) -> "Any":

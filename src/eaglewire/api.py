@@ -55,8 +55,7 @@ __all__ = FRONT_DOOR  # the one list (eaglewire.__all__ is the same)
 Progress = Callable[[str], AbstractContextManager[Callable[[str], None]]]
 
 
-def load_target(spec: str | Path | None = None, *, dtype: torch.dtype = torch.float32,
-                device: str = "cpu") -> Target:
+def load_target(spec: str | Path | None = None, *, dtype: torch.dtype = torch.float32, device: str = "cpu") -> Target:
     """The target model: None = the embedded SmolLM2-135M (converted into the user cache on first use), else
     a local directory or a hub id already in the local cache. device: 'cpu', 'cuda', 'cuda:N' or 'auto' (cuda
     when visible: eaglewire.compose.device, the command line's --device)."""
@@ -65,9 +64,20 @@ def load_target(spec: str | Path | None = None, *, dtype: torch.dtype = torch.fl
     return _load_target(None if spec is None else str(spec), dtype=dtype, device=decide(device))
 
 
-def generate(target: Target | None, draft: Draft | str | Path | None, prompt: Prompt, max_new_tokens: int = 256, *,
-             shape: TreeShape | None = None, draft_dtype: str = "auto", temperature: float = 0.0, top_p: float = 1.0,
-             seed: int = 0, compile: str = "cached", calibrate: str = "cached") -> Generation:
+def generate(
+    target: Target | None,
+    draft: Draft | str | Path | None,
+    prompt: Prompt,
+    max_new_tokens: int = 256,
+    *,
+    shape: TreeShape | None = None,
+    draft_dtype: str = "auto",
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    compile: str = "cached",
+    calibrate: str = "cached",
+) -> Generation:
     """Text from `prompt` (a user message, or a list of {"role", "content"} chat messages), rendered with the
     target's chat template, decoded speculatively up to `max_new_tokens` new tokens or the EOS: the
     `Generation` (text, tokens, tau, per-position acceptance, timings, tree shape). `eaglewire generate` runs
@@ -80,15 +90,35 @@ def generate(target: Target | None, draft: Draft | str | Path | None, prompt: Pr
     from eaglewire import hw
 
     tgt = target if target is not None else load_target()
-    loaded: Draft = draft if draft is not None and not isinstance(draft, (str, Path)) else \
-        load_draft(draft, tgt, dtype=hw.draft_dtype(draft_dtype, tgt.dtype, str(tgt.device)))
-    return generate_text(tgt, loaded, prompt, max_new_tokens, shape=shape, temperature=temperature, top_p=top_p,
-                         seed=seed, compile=compile, calibrate=calibrate)
+    loaded: Draft = (
+        draft
+        if draft is not None and not isinstance(draft, (str, Path))
+        else load_draft(draft, tgt, dtype=hw.draft_dtype(draft_dtype, tgt.dtype, str(tgt.device)))
+    )
+    return generate_text(
+        tgt,
+        loaded,
+        prompt,
+        max_new_tokens,
+        shape=shape,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+        compile=compile,
+        calibrate=calibrate,
+    )
 
 
-def export_draft(draft: Draft | str | Path, out: str | Path, fmt: str, *, contract: WiringContract | None = None,
-                 dtype: torch.dtype | None = None, with_embedding: bool | None = None,
-                 verifier: str | None = None) -> Path:
+def export_draft(
+    draft: Draft | str | Path,
+    out: str | Path,
+    fmt: str,
+    *,
+    contract: WiringContract | None = None,
+    dtype: torch.dtype | None = None,
+    with_embedding: bool | None = None,
+    verifier: str | None = None,
+) -> Path:
     """Write `draft` (a loaded draft, or a draft directory: ew.load_draft reads it) in layout `fmt` ("sglang",
     "vllm", "eagle", "specforge", "native", ...) with its wiring contract beside it, as `eaglewire export` does;
     the draft's own contract unless `contract` is given."""
@@ -97,14 +127,30 @@ def export_draft(draft: Draft | str | Path, out: str | Path, fmt: str, *, contra
     contract = contract if contract is not None else loaded.contract
     if contract is None:
         raise ValueError("the draft carries no contract: pass contract=, or load it with load_draft")
-    return _export(loaded, contract, Path(out), fmt, dtype=dtype, with_embedding=with_embedding,  # type: ignore[arg-type]
-                        verifier=verifier, inputs=inputs)
+    return _export(
+        loaded,  # type: ignore[arg-type]
+        contract,
+        Path(out),
+        fmt,
+        dtype=dtype,
+        with_embedding=with_embedding,
+        verifier=verifier,
+        inputs=inputs,
+    )
 
 
-def check(directory: str | Path, engine: str | None = None, target: TargetInfo | None = None, *,
-          measure: bool | None = None, steps: int | None = None, shape: TreeShape | None = None,
-          engine_version: str | None = None, progress: Progress | None = None,
-          target_gguf: str | Path | None = None) -> Report:
+def check(
+    directory: str | Path,
+    engine: str | None = None,
+    target: TargetInfo | None = None,
+    *,
+    measure: bool | None = None,
+    steps: int | None = None,
+    shape: TreeShape | None = None,
+    engine_version: str | None = None,
+    progress: Progress | None = None,
+    target_gguf: str | Path | None = None,
+) -> Report:
     """The doctor on an exported draft as `engine` loads it (None: detected from config.json; `engine_version`:
     the release whose layer-id rule applies, None the newest verified): static checks, and with `target` (a
     loaded target or a boundaries dump's stand-in) the boundaries its weights were trained on, measured (by
@@ -127,40 +173,65 @@ def check(directory: str | Path, engine: str | None = None, target: TargetInfo |
         return report
     chain = steps if steps is not None else (shape.num_steps if shape is not None else 3)
     with (progress or _quiet)(
-            "doctor: measuring the wiring on the target (seconds on a CPU for a small target"
-            + (", and our engine decoding at the knobs: tens of seconds" if shape else "") + ")") as say:
+        "doctor: measuring the wiring on the target (seconds on a CPU for a small target"
+        + (", and our engine decoding at the knobs: tens of seconds" if shape else "")
+        + ")"
+    ) as say:
         m, found = measure_wiring(ins, target, engine=engine, chain_steps=chain, shape=shape, progress=say)
     report.findings = by_level((after_measurement(report.findings) if m is not None else report.findings) + found)
     report.measurement = m.to_dict() if m is not None else None
     return report
 
 
-def _check_gguf(path: Path, engine: str | None, target: TargetInfo | None, measure: bool | None,
-                steps: int | None, progress: Progress | None, target_gguf: str | Path | None,
-                version: str | None) -> Report:
+def _check_gguf(
+    path: Path,
+    engine: str | None,
+    target: TargetInfo | None,
+    measure: bool | None,
+    steps: int | None,
+    progress: Progress | None,
+    target_gguf: str | Path | None,
+    version: str | None,
+) -> Report:
     if engine not in (None, LLAMACPP) or not is_gguf(path):
-        raise EaglewireError(f"{path} is checked as --engine {engine}", expected="a GGUF draft with --engine "
-                             "llamacpp (or none), a draft directory with any other engine",
-                             found=f"{path} with --engine {engine}", fix="point --engine llamacpp at the .gguf "
-                             "file, or drop --engine llamacpp for a draft directory")
+        raise EaglewireError(
+            f"{path} is checked as --engine {engine}",
+            expected="a GGUF draft with --engine llamacpp (or none), a draft directory with any other engine",
+            found=f"{path} with --engine {engine}",
+            fix="point --engine llamacpp at the .gguf file, or drop --engine llamacpp for a draft directory",
+        )
     if target is None or measure is False:
-        return check_gguf(path, target, target_gguf=Path(target_gguf) if target_gguf else None, measure_it=False,
-                          version=version)
-    with (progress or _quiet)("doctor: measuring the wiring on the target (seconds on a CPU for a small target)") as say:
-        return check_gguf(path, target, target_gguf=Path(target_gguf) if target_gguf else None, measure_it=measure,
-                          chain_steps=steps or 3, progress=say, version=version)
+        return check_gguf(
+            path, target, target_gguf=Path(target_gguf) if target_gguf else None, measure_it=False, version=version
+        )
+    with (progress or _quiet)(
+        "doctor: measuring the wiring on the target (seconds on a CPU for a small target)"
+    ) as say:
+        return check_gguf(
+            path,
+            target,
+            target_gguf=Path(target_gguf) if target_gguf else None,
+            measure_it=measure,
+            chain_steps=steps or 3,
+            progress=say,
+            version=version,
+        )
 
 
-def evaluate(target: Target, draft: Draft, samples: list[Sample], *, contract: WiringContract | None = None,
-             positions: int = 3) -> dict[str, Any]:
+def evaluate(
+    target: Target, draft: Draft, samples: list[Sample], *, contract: WiringContract | None = None, positions: int = 3
+) -> dict[str, Any]:
     """A draft's acceptance on `samples` as `eaglewire eval` and training's held-out evaluations measure it (any
     family): teacher-forced top-1 per drafted position, the greedy chain's tau at every position (`tau_chain`)
     and walked round by round (`tau_rounds`). `contract`: None = the draft's own."""
     wiring = contract if contract is not None else draft.contract
     if wiring is None:
-        raise EaglewireError("evaluate needs the draft's wiring contract", expected="a draft loaded with its contract "
-                             "(ew.load_draft) or contract=...", found="draft.contract is None",
-                             fix="load the draft with ew.load_draft(DIR, target), or pass contract=")
+        raise EaglewireError(
+            "evaluate needs the draft's wiring contract",
+            expected="a draft loaded with its contract (ew.load_draft) or contract=...",
+            found="draft.contract is None",
+            fix="load the draft with ew.load_draft(DIR, target), or pass contract=",
+        )
     return evaluate_draft(target, draft, wiring, samples, positions=positions)
 
 

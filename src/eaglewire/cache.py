@@ -40,6 +40,7 @@ def full_digest(path: Path) -> str:
 
     return digest(path)
 
+
 MARKER = ".eaglewire-complete.json"
 
 
@@ -50,13 +51,20 @@ def cache_root() -> Path:
 
 
 def _file_sizes(root: Path) -> dict[str, int]:
-    return {str(p.relative_to(root)): p.stat().st_size
-            for p in sorted(root.rglob("*")) if p.is_file() and p.name != MARKER}
+    return {
+        str(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file() and p.name != MARKER
+    }
 
 
 def _digests(root: Path, files: dict[str, int]) -> dict[str, dict[str, Any]]:
-    return {name: {"sampled": sampled_digest(root / name), "sha256": full_digest(root / name),
-                   "mtime_ns": (root / name).stat().st_mtime_ns} for name in files}
+    return {
+        name: {
+            "sampled": sampled_digest(root / name),
+            "sha256": full_digest(root / name),
+            "mtime_ns": (root / name).stat().st_mtime_ns,
+        }
+        for name in files
+    }
 
 
 def _read_marker(path: Path) -> dict[str, Any] | None:
@@ -71,9 +79,17 @@ def _read_marker(path: Path) -> dict[str, Any] | None:
     if not all(isinstance(k, str) and type(v) is int for k, v in meta["files"].items()):
         return None
     digests = meta.get("digests")
-    if digests is not None and not (isinstance(digests, dict) and set(digests) == set(meta["files"]) and all(
-            isinstance(d, dict) and isinstance(d.get("sampled"), str) and isinstance(d.get("sha256"), str)
-            and type(d.get("mtime_ns")) is int for d in digests.values())):
+    if digests is not None and not (
+        isinstance(digests, dict)
+        and set(digests) == set(meta["files"])
+        and all(
+            isinstance(d, dict)
+            and isinstance(d.get("sampled"), str)
+            and isinstance(d.get("sha256"), str)
+            and type(d.get("mtime_ns")) is int
+            for d in digests.values()
+        )
+    ):
         return None
     return meta
 

@@ -48,9 +48,25 @@ from eaglewire.safeio import read_json_object
 from eaglewire.target.loader import Target
 from eaglewire.target.protocol import TargetInfo
 
-__all__ = ["CALIBRATE_MODES", "COMPILE_MODES", "DFLASH", "EAGLE3", "Decoding", "cache_len", "decoder", "device",
-           "draft_layout", "family_of", "load_draft", "measure_tau", "on_target_device", "proposal_shape", "proposer", "register",
-           "runtime"]
+__all__ = [
+    "CALIBRATE_MODES",
+    "COMPILE_MODES",
+    "DFLASH",
+    "EAGLE3",
+    "Decoding",
+    "cache_len",
+    "decoder",
+    "device",
+    "draft_layout",
+    "family_of",
+    "load_draft",
+    "measure_tau",
+    "on_target_device",
+    "proposal_shape",
+    "proposer",
+    "register",
+    "runtime",
+]
 
 COMPILE_MODES = fastcpu.COMPILE_MODES
 CALIBRATE_MODES = fastcpu.CALIBRATE_MODES
@@ -92,9 +108,12 @@ def family_of(contract: WiringContract | dict[str, Any] | None) -> Decoding:
     """The decoding of the family a contract (or its JSON form) names; EAGLE-3 where it names none."""
     name = (contract.get("family") if isinstance(contract, dict) else getattr(contract, "family", None)) or EAGLE3
     if name not in FAMILIES or not FAMILIES[name].has("decoding"):
-        raise ContractMismatch(f"no drafter family {name!r} is registered",
-                               expected=", ".join(sorted(f.name for f in families_with("decoding"))),
-                               found=str(name), fix="upgrade eaglewire, or load the draft with the tool that made it")
+        raise ContractMismatch(
+            f"no drafter family {name!r} is registered",
+            expected=", ".join(sorted(f.name for f in families_with("decoding"))),
+            found=str(name),
+            fix="upgrade eaglewire, or load the draft with the tool that made it",
+        )
     found: Decoding = FAMILIES[name].part("decoding")
     return found
 
@@ -139,8 +158,16 @@ def _say_once(line: str, log: Log | None) -> None:
         (log or logging.getLogger("eaglewire").info)(line)
 
 
-def runtime(target: Target, max_len: int, *, accelerate: bool = True, calibrate: bool | str = False,
-            log: Log | None = None, compile: str = "always", verify_rows: tuple[int, ...] = ()) -> Runtime:
+def runtime(
+    target: Target,
+    max_len: int,
+    *,
+    accelerate: bool = True,
+    calibrate: bool | str = False,
+    log: Log | None = None,
+    compile: str = "always",
+    verify_rows: tuple[int, ...] = (),
+) -> Runtime:
     """The runtime `target` decodes on, the one place that decides it. accelerate=False: the plain runtime
     (τ does not depend on how fast the GEMMs run: the doctor, the quality benchmarks). Else the fastest one
     installed here, said once per process: fastcpu's (calibrate / compile / verify_rows go to
@@ -170,9 +197,11 @@ def runtime(target: Target, max_len: int, *, accelerate: bool = True, calibrate:
 # What a first start costs, from a measured run: `eaglewire run --budget quick` took 423 s the first time (kernels
 # built, GEMM layouts calibrated) and 265 s the second (benchmarks/results/run/*-xeon-amx-quick/, Intel
 # Xeon, 2 cores); a loaded machine takes longer.
-FIRST_START_NOTE = ("first start on this machine: the decoding kernels are compiled and the GEMM layouts timed "
-                    "before the server answers, one to a few minutes on a small CPU (a quick run's first start "
-                    "took ~160 s longer than its second on a 2-core Xeon); later starts reuse them")
+FIRST_START_NOTE = (
+    "first start on this machine: the decoding kernels are compiled and the GEMM layouts timed "
+    "before the server answers, one to a few minutes on a small CPU (a quick run's first start "
+    "took ~160 s longer than its second on a 2-core Xeon); later starts reuse them"
+)
 
 
 def first_start_builds(target: Target, max_len: int) -> bool:
@@ -185,8 +214,9 @@ def first_start_builds(target: Target, max_len: int) -> bool:
     return compiles_on_start(target, max_len)
 
 
-def proposer(draft: Draft, shape: TreeShape, max_len: int, rt: Runtime, *,
-             contract: WiringContract | None = None) -> Proposer:
+def proposer(
+    draft: Draft, shape: TreeShape, max_len: int, rt: Runtime, *, contract: WiringContract | None = None
+) -> Proposer:
     """The proposer of the draft's family beside runtime `rt`. contract: the wiring to decode with, the
     draft's own by default (the doctor decodes with measured taps instead)."""
     contract = contract if contract is not None else draft.contract
@@ -195,10 +225,19 @@ def proposer(draft: Draft, shape: TreeShape, max_len: int, rt: Runtime, *,
     return family_of(contract).proposer(on_target_device(rt.target, draft), contract, shape, max_len, rt)
 
 
-def decoder(target: Target, draft: Draft, shape: TreeShape = DEFAULT_TREE, max_new_tokens: int = 256, *,
-            context: int | None = None, accelerate: bool = True, calibrate: bool | str = "cached",
-            compile: str = "cached",
-            log: Log | None = None, contract: WiringContract | None = None) -> SpecDecoder:
+def decoder(
+    target: Target,
+    draft: Draft,
+    shape: TreeShape = DEFAULT_TREE,
+    max_new_tokens: int = 256,
+    *,
+    context: int | None = None,
+    accelerate: bool = True,
+    calibrate: bool | str = "cached",
+    compile: str = "cached",
+    log: Log | None = None,
+    contract: WiringContract | None = None,
+) -> SpecDecoder:
     """A speculative decoder for `draft` on `target`: `decoder(...).generate(prompt_ids, max_new_tokens)`.
     It owns the runtime choice (`runtime`) and the cache size: room for `context` tokens (prompt + new; by
     default DEFAULT_PROMPT_TOKENS of prompt plus max_new_tokens) and one verify. compile: `eaglewire
@@ -206,21 +245,43 @@ def decoder(target: Target, draft: Draft, shape: TreeShape = DEFAULT_TREE, max_n
     calibrate: its --calibrate (by default the GEMM layouts measured by an earlier start, never a measurement
     before the first token: fastcpu.start.make_fast_runtime)."""
     max_len = cache_len(context if context is not None else DEFAULT_PROMPT_TOKENS + max_new_tokens, shape)
-    rt = runtime(target, max_len, accelerate=accelerate, calibrate=calibrate, log=log, compile=compile,
-                 verify_rows=(shape.num_draft_tokens,))
+    rt = runtime(
+        target,
+        max_len,
+        accelerate=accelerate,
+        calibrate=calibrate,
+        log=log,
+        compile=compile,
+        verify_rows=(shape.num_draft_tokens,),
+    )
     return SpecDecoder(rt, proposer(draft, shape, max_len, rt, contract=contract))
 
 
-def measure_tau(target: Target, draft: Draft, prompts: Sequence[torch.Tensor], shape: TreeShape = DEFAULT_TREE,
-                max_new_tokens: int = 64, *, contract: WiringContract | None = None,
-                eos: set[int] | None = None) -> SpecStats:
+def measure_tau(
+    target: Target,
+    draft: Draft,
+    prompts: Sequence[torch.Tensor],
+    shape: TreeShape = DEFAULT_TREE,
+    max_new_tokens: int = 64,
+    *,
+    contract: WiringContract | None = None,
+    eos: set[int] | None = None,
+) -> SpecStats:
     """Greedy speculative decoding of each prompt [1, P] on the plain runtime, the acceptance pooled: `.tau`,
     `.per_position(depth)`. eos: the target tokenizer's EOS by default."""
     if eos is None:
         eos = {target.tokenizer.eos_token_id} if target.tokenizer is not None else set()
     longest = max((int(p.shape[1]) for p in prompts), default=0)
-    dec = decoder(target, draft, shape, max_new_tokens, context=longest + max_new_tokens, accelerate=False,
-                  calibrate=False, contract=contract)
+    dec = decoder(
+        target,
+        draft,
+        shape,
+        max_new_tokens,
+        context=longest + max_new_tokens,
+        accelerate=False,
+        calibrate=False,
+        contract=contract,
+    )
     pooled = SpecStats()
     for ids in prompts:
         pooled.accepted += dec.generate(ids, max_new_tokens, eos)[1].accepted
@@ -245,18 +306,28 @@ def draft_layout(directory: Path) -> str:
     if config.get("format") == NATIVE_FORMAT:
         return NATIVE
     if "format" in config and "architectures" not in config:  # a native-looking config of another format: say so
-        raise CheckpointError(f"{directory / 'config.json'} names format {config['format']!r}",
-                              expected=f"format {NATIVE_FORMAT!r} (an eaglewire checkpoint) or an engine export's "
-                              "config (with `architectures`)", found=f"format {config['format']!r}",
-                              fix="point at an eaglewire checkpoint or an exported draft directory")
+        raise CheckpointError(
+            f"{directory / 'config.json'} names format {config['format']!r}",
+            expected=f"format {NATIVE_FORMAT!r} (an eaglewire checkpoint) or an engine export's "
+            "config (with `architectures`)",
+            found=f"format {config['format']!r}",
+            fix="point at an eaglewire checkpoint or an exported draft directory",
+        )
     side = read_contract(directory)
     family = side.family if side is not None else (block_family(directory / "config.json") or EAGLE3)
     return family_of({"family": family}).layout(config, side)
 
 
-def load_draft(directory: str | Path | None = None, target: TargetInfo | None = None, *, fmt: str | None = None,
-               dtype: torch.dtype | None = None, engine_version: str | None = None,
-               taps: tuple[int, ...] | None = None, measure: Measure | None = None) -> Any:
+def load_draft(
+    directory: str | Path | None = None,
+    target: TargetInfo | None = None,
+    *,
+    fmt: str | None = None,
+    dtype: torch.dtype | None = None,
+    engine_version: str | None = None,
+    taps: tuple[int, ...] | None = None,
+    measure: Measure | None = None,
+) -> Any:
     """The one loader: the draft in any directory (None: the draft released for the embedded target), its
     wiring contract inside (`draft.contract`). A native checkpoint, or any engine's export of any family, its
     layout detected (`draft_layout`) unless `fmt` names it; weights read strictly. The contract is the stored
@@ -269,9 +340,12 @@ def load_draft(directory: str | Path | None = None, target: TargetInfo | None = 
     fmt = fmt or draft_layout(directory)
     if fmt == NATIVE:
         if taps is not None:
-            raise CheckpointError(f"{directory} is a native checkpoint: it carries its contract",
-                                  expected="no boundaries given", found=f"taps {list(taps)}",
-                                  fix="given boundaries are for drafts from other tools (engine layouts)")
+            raise CheckpointError(
+                f"{directory} is a native checkpoint: it carries its contract",
+                expected="no boundaries given",
+                found=f"taps {list(taps)}",
+                fix="given boundaries are for drafts from other tools (engine layouts)",
+            )
         draft: Any = load_checkpoint(directory, target=target, dtype=dtype or torch.float32)
         return draft
     evidence = None
@@ -323,8 +397,9 @@ def _reads_as(layout: Engine, config: dict[str, Any], side: WiringContract) -> b
     return norm == side.norm and (ids is None or list(ids) == list(side.engine_ids(conv)))
 
 
-def _eagle3_proposer(draft: Eagle3Draft, contract: WiringContract, shape: TreeShape, max_len: int,
-                     rt: Runtime) -> Proposer:
+def _eagle3_proposer(
+    draft: Eagle3Draft, contract: WiringContract, shape: TreeShape, max_len: int, rt: Runtime
+) -> Proposer:
     """EAGLE-3's proposer: the draft's accelerated copy where the runtime is accelerated (compiled layouts
     only where the runtime's are, measured layouts only where the runtime's are), else the draft's own modules."""
     drafter = None
@@ -346,8 +421,9 @@ def _dflash_layout(config: dict[str, Any], side: WiringContract | None) -> str:
     return block_layout(config, side)
 
 
-def _dflash_proposer(draft: DFlashDraft, contract: WiringContract, shape: TreeShape, max_len: int,
-                     rt: Runtime) -> Proposer:
+def _dflash_proposer(
+    draft: DFlashDraft, contract: WiringContract, shape: TreeShape, max_len: int, rt: Runtime
+) -> Proposer:
     """The whole block drafted from one forward of the draft's own modules (no accelerated copy yet), the
     target's embedding and head it reads beside them."""
     draft.move_attached(draft.fc.weight.device)

@@ -53,9 +53,17 @@ from typing import Any, Literal, Sequence
 from eaglewire.errors import ContractMismatch, TranslationError
 from eaglewire.families import DEFAULT_FAMILY, BlockWiring, check_family_wiring
 from eaglewire.norms import NormFlags
-from eaglewire.taps import default_taps as default_taps, validate_boundaries as validate_boundaries  # importers read them here
-from eaglewire.records import build_exact_record as _build_exact, canonical_json, checked_record as _checked, \
-    flatten_dict as _flatten, sha256_text  # noqa: F401  (sha256_text: importers read it from the contract)
+from eaglewire.taps import (
+    default_taps as default_taps,
+    validate_boundaries as validate_boundaries,
+)  # importers read them here
+from eaglewire.records import (
+    build_exact_record as _build_exact,
+    canonical_json,
+    checked_record as _checked,
+    flatten_dict as _flatten,
+    sha256_text as sha256_text,  # importers read it from the contract
+)
 
 SCHEMA = "eaglewire.wiring/1"
 CANONICAL = "boundary"
@@ -85,8 +93,12 @@ CONVENTIONS: dict[str, Convention] = {
         Convention("speculators", "speculators eagle_aux_hidden_state_layer_ids (vLLM meaning)", 0, True),
         Convention("vllm-legacy", "vLLM before EagleModelMixin: raw ids, 1..L-1 only", 1, False),
         Convention("sglang-plus1", "SGLang model files that always add 1 (llama.py, qwen*.py, ...)", 1, False),
-        Convention("sglang-first1", "SGLang model files that add 1 only if the first id is 1 (PR #25454: "
-                   "deepseek_v2.py, glm4_moe_lite.py)", 1, False),
+        Convention(
+            "sglang-first1",
+            "SGLang model files that add 1 only if the first id is 1 (PR #25454: deepseek_v2.py, glm4_moe_lite.py)",
+            1,
+            False,
+        ),
         Convention("sglang-final", "SGLang gpt_oss.py: ids as is when the last is L, else +1", 1, True),
         # SpecForge's HF backend hooks the output of layer id (so L is reachable there); its SGLang
         # backend cannot capture b=L, which the sglang conventions refuse at export time. SpecForge 0.2.0
@@ -100,19 +112,29 @@ CONVENTIONS: dict[str, Convention] = {
         # is post-norm at k = L-1; SGLang captures before layer k+1, so not after the last one either)
         Convention("zlab", "DFlash target_layer_ids (z-lab, SpecForge): id k = output of layer k", 1, False),
         Convention("sglang-dflash", "SGLang DFLASH target_layer_ids: +1 always (capture before k+1)", 1, False),
-        Convention("sglang-dflash-asis", "SGLang model files whose set_dflash_layers_to_capture keeps the ids "
-                   "(export/sglang_rules.json rule as-is): captured before layer k", 1, False),
+        Convention(
+            "sglang-dflash-asis",
+            "SGLang model files whose set_dflash_layers_to_capture keeps the ids "
+            "(export/sglang_rules.json rule as-is): captured before layer k",
+            1,
+            False,
+        ),
         Convention("vllm-dflash", "vLLM dflash_config.target_layer_ids: +1 (PR #40727)", 1, True),
-        Convention("deepspec", "DeepSpec target_layer_ids (a trainer the doctor reads): id k = output of layer k, "
-                   "-1 = embedding", 0, False),
+        Convention(
+            "deepspec",
+            "DeepSpec target_layer_ids (a trainer the doctor reads): id k = output of layer k, -1 = embedding",
+            0,
+            False,
+        ),
         # llama.cpp captures the INPUT of layer id; id L reads t_h_nextn, never set for a llama target: L refused
         Convention("llamacpp", "llama.cpp GGUF <arch>.target_layers: the input of layer id", 0, False),
     ]
 }
 
 
-def _id_offset(convention: str, values: Sequence[int], num_layers: int | None,
-               direction: Literal["encode", "decode"]) -> int:
+def _id_offset(
+    convention: str, values: Sequence[int], num_layers: int | None, direction: Literal["encode", "decode"]
+) -> int:
     """THE off-by-one: engine id = boundary - offset. Nothing else in eaglewire shifts a layer id.
 
     `values` are the boundaries (encode) or the engine ids (decode); only SGLang's rules depend on them, and
@@ -121,27 +143,43 @@ def _id_offset(convention: str, values: Sequence[int], num_layers: int | None,
     written as ids starting at 1, which every SGLang model file reads the same; final keeps ids as they are
     when the last one is L (gpt_oss.py).
     """
-    if convention in ("sglang-plus1", "specforge", "modelopt",
-                      "zlab", "sglang-dflash", "vllm-dflash", "deepspec"):  # the last four: DFlash's "output of layer k"
+    if convention in (
+        "sglang-plus1",
+        "specforge",
+        "modelopt",
+        "zlab",
+        "sglang-dflash",
+        "vllm-dflash",
+        "deepspec",
+    ):  # the last four: DFlash's "output of layer k"
         return 1
     if convention == "sglang-first1":
         return int(values[0] == (2 if direction == "encode" else 1))
     if convention == "sglang-final":
         if num_layers is None and direction == "decode":
-            raise TranslationError("sglang-final reads ids by the target's depth", expected="the number of layers",
-                                   found="none", fix="pass --target (or --layers)")
+            raise TranslationError(
+                "sglang-final reads ids by the target's depth",
+                expected="the number of layers",
+                found="none",
+                fix="pass --target (or --layers)",
+            )
         return 1 if direction == "encode" else int(max(values) != num_layers)
     return 0
 
 
 # Names that no longer denote one rule: what each meant and what to use instead.
 RETIRED = {
-    "sglang": ("SGLang's layer-id rule depends on the target's model file and the SGLang release",
-               "name the target's architecture (--arch, or --target), which resolves sglang-plus1, "
-               "sglang-first1 or sglang-final (eaglewire.export.sglang_rules)"),
-    "sglang-legacy": ("'always +1' was never a release-wide SGLang rule: llama.py and qwen*.py always add 1 in "
-                      "every release, deepseek_v2.py did before 0.5.13", "use sglang-plus1, or name the "
-                      "architecture (--arch) and the release (--engine-version) and let the SGLang record pick"),
+    "sglang": (
+        "SGLang's layer-id rule depends on the target's model file and the SGLang release",
+        "name the target's architecture (--arch, or --target), which resolves sglang-plus1, "
+        "sglang-first1 or sglang-final (eaglewire.export.sglang_rules)",
+    ),
+    "sglang-legacy": (
+        "'always +1' was never a release-wide SGLang rule: llama.py and qwen*.py always add 1 in "
+        "every release, deepseek_v2.py did before 0.5.13",
+        "use sglang-plus1, or name the "
+        "architecture (--arch) and the release (--engine-version) and let the SGLang record pick",
+    ),
 }
 
 
@@ -158,33 +196,52 @@ def _check_expressible(conv: Convention, taps: tuple[int, ...], num_layers: int)
     """Raise naming the tap, the engine and the reason if `conv` cannot capture `taps`."""
     name = conv.name
     if taps[0] < conv.min_boundary:
-        raise _refuse(name, taps[0], "boundary 0 is the embedding output, and this engine's capture "
-                      "loop records hidden + residual before each layer (residual is None before layer 0)",
-                      "tap boundaries >= 1, or serve on vLLM (EagleModelMixin captures id 0)")
+        raise _refuse(
+            name,
+            taps[0],
+            "boundary 0 is the embedding output, and this engine's capture "
+            "loop records hidden + residual before each layer (residual is None before layer 0)",
+            "tap boundaries >= 1, or serve on vLLM (EagleModelMixin captures id 0)",
+        )
     if taps[-1] == num_layers and not conv.reaches_final:
-        why = (f"output_hidden_states[{num_layers}] is AFTER the final norm, not the residual boundary"
-               if name == "hf" else "its capture loop records states before each decoder layer and "
-               "never after the last one")
-        raise _refuse(name, num_layers, why, f"tap boundaries <= {num_layers - 1}, or serve on vLLM "
-                      "(id L captures the final boundary) / use eaglewire's hook capture")
+        why = (
+            f"output_hidden_states[{num_layers}] is AFTER the final norm, not the residual boundary"
+            if name == "hf"
+            else "its capture loop records states before each decoder layer and never after the last one"
+        )
+        raise _refuse(
+            name,
+            num_layers,
+            why,
+            f"tap boundaries <= {num_layers - 1}, or serve on vLLM "
+            "(id L captures the final boundary) / use eaglewire's hook capture",
+        )
     if name == "sglang-first1" and taps[0] == 1:
-        raise _refuse(name, 1, "under the PR #25454 rule a first id of 1 is shifted to boundary 2, and "
-                      "a first id of 0 is not shifted (embedding)", "start the taps at boundary >= 2, or "
-                      "serve on an SGLang release or model file that always adds 1 (sglang-plus1)")
+        raise _refuse(
+            name,
+            1,
+            "under the PR #25454 rule a first id of 1 is shifted to boundary 2, and "
+            "a first id of 0 is not shifted (embedding)",
+            "start the taps at boundary >= 2, or "
+            "serve on an SGLang release or model file that always adds 1 (sglang-plus1)",
+        )
     if name == "eagle" and taps != default_taps(num_layers):
-        raise _refuse(name, taps[0], f"SafeAILab EAGLE hard-codes boundaries "
-                      f"{list(default_taps(num_layers))} and has no layer-id setting",
-                      "export to sglang or vllm, which read layer ids from the config")
+        raise _refuse(
+            name,
+            taps[0],
+            f"SafeAILab EAGLE hard-codes boundaries {list(default_taps(num_layers))} and has no layer-id setting",
+            "export to sglang or vllm, which read layer ids from the config",
+        )
 
 
 def get_convention(name: str) -> Convention:
     if name in RETIRED:
         why, fix = RETIRED[name]
-        raise TranslationError(f"{name!r} names no single layer-id rule: {why}",
-                               expected=", ".join(CONVENTIONS), found=name, fix=fix)
+        raise TranslationError(
+            f"{name!r} names no single layer-id rule: {why}", expected=", ".join(CONVENTIONS), found=name, fix=fix
+        )
     if name not in CONVENTIONS:
-        raise TranslationError(f"unknown layer-id convention {name!r}",
-                               expected=", ".join(CONVENTIONS), found=name)
+        raise TranslationError(f"unknown layer-id convention {name!r}", expected=", ".join(CONVENTIONS), found=name)
     return CONVENTIONS[name]
 
 
@@ -220,7 +277,9 @@ def renumber(ids: Sequence[int], source: str, target: str, num_layers: int | Non
     `num_layers` may be None where the rules do not need it (all but sglang-final)."""
     ids = tuple(int(i) for i in ids)
     bounds = tuple(i + _id_offset(get_convention(source).name, ids, num_layers, "decode") for i in ids) if ids else ()
-    return tuple(b - _id_offset(get_convention(target).name, bounds, num_layers, "encode") for b in bounds) if ids else ()
+    return (
+        tuple(b - _id_offset(get_convention(target).name, bounds, num_layers, "encode") for b in bounds) if ids else ()
+    )
 
 
 def misnumbered(taps: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -274,27 +333,43 @@ class WiringContract:
 
     def __post_init__(self) -> None:
         if self.inferred is not None and self.inferred.get("source") not in INFERRED_SOURCES:
-            raise ContractMismatch("an inferred contract must say how it was inferred",
-                                   expected=f"inferred.source in {INFERRED_SOURCES}",
-                                   found=repr(self.inferred.get("source")))
+            raise ContractMismatch(
+                "an inferred contract must say how it was inferred",
+                expected=f"inferred.source in {INFERRED_SOURCES}",
+                found=repr(self.inferred.get("source")),
+            )
         object.__setattr__(self, "taps", validate_boundaries(self.taps, self.target.num_layers))
         if self.capture not in CAPTURE_POINTS:
-            raise ContractMismatch("unknown capture point", expected=" or ".join(CAPTURE_POINTS),
-                                   found=self.capture)
+            raise ContractMismatch("unknown capture point", expected=" or ".join(CAPTURE_POINTS), found=self.capture)
         if self.schema != SCHEMA:
-            raise ContractMismatch("unsupported wiring-contract schema", expected=SCHEMA, found=self.schema,
-                                   fix="re-create the artifact with this version of eaglewire")
+            raise ContractMismatch(
+                "unsupported wiring-contract schema",
+                expected=SCHEMA,
+                found=self.schema,
+                fix="re-create the artifact with this version of eaglewire",
+            )
         check_family_wiring(self.family, self.block, self.target.vocab_size, self.norm.on)
 
     @classmethod
-    def for_target(cls, identity: TargetIdentity, taps: Sequence[int], *, norm: NormFlags | None = None,
-                   vocab_map: Any | None = None, chat_template_sha256: str | None = None) -> "WiringContract":
+    def for_target(
+        cls,
+        identity: TargetIdentity,
+        taps: Sequence[int],
+        *,
+        norm: NormFlags | None = None,
+        vocab_map: Any | None = None,
+        chat_template_sha256: str | None = None,
+    ) -> "WiringContract":
         """The contract of a target (a loaded one, or one known from a dump): vocab_map is an
         eaglewire.draft.vocab.VocabMap once built, None before."""
-        return cls(target=identity, taps=tuple(taps), norm=norm or NormFlags(),
-                   draft_vocab_size=vocab_map.draft_vocab_size if vocab_map is not None else None,
-                   vocab_map_sha256=vocab_map.sha256() if vocab_map is not None else None,
-                   chat_template_sha256=chat_template_sha256)
+        return cls(
+            target=identity,
+            taps=tuple(taps),
+            norm=norm or NormFlags(),
+            draft_vocab_size=vocab_map.draft_vocab_size if vocab_map is not None else None,
+            vocab_map_sha256=vocab_map.sha256() if vocab_map is not None else None,
+            chat_template_sha256=chat_template_sha256,
+        )
 
     # ---- derived -------------------------------------------------------------------------------
     @property
@@ -355,11 +430,13 @@ class WiringContract:
     def differences(self, other: "WiringContract", *, ignore: Sequence[str] = ()) -> list[tuple[str, Any, Any]]:
         """(field, self value, other value) for each differing leaf field, dotted names."""
         a, b = _flatten(self.wiring_dict()), _flatten(other.wiring_dict())
-        return [(k, a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys())
-                if k not in ignore and a.get(k) != b.get(k)]
+        return [
+            (k, a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys()) if k not in ignore and a.get(k) != b.get(k)
+        ]
 
-    def require_compatible(self, found: "WiringContract", *, where: str,
-                           ignore: Sequence[str] = ("target.name",)) -> None:
+    def require_compatible(
+        self, found: "WiringContract", *, where: str, ignore: Sequence[str] = ("target.name",)
+    ) -> None:
         """Raise ContractMismatch naming every differing field (self = expected, found = artifact's)."""
         diffs = self.differences(found, ignore=ignore)
         if diffs:

@@ -11,12 +11,7 @@ class EaglewireError(Exception):
     """A user-facing error. `str(err)` is the full message the CLI prints."""
 
     def __init__(
-        self,
-        what: str,
-        *,
-        expected: str | None = None,
-        found: str | None = None,
-        fix: str | None = None,
+        self, what: str, *, expected: str | None = None, found: str | None = None, fix: str | None = None
     ) -> None:
         self.what = what
         self.expected = expected

@@ -63,13 +63,22 @@ class BlockWiring:
         s = self.sliding_layers
         if any(i < 0 for i in s) or any(a >= b for a, b in zip(s, s[1:])):
             problems.append(("sliding_layers", "distinct ascending draft-layer indices >= 0", str(list(s))))
-        if bool(s) != (self.sliding_window is not None) or (self.sliding_window is not None and self.sliding_window < 1):
-            problems.append(("sliding_window", "a window >= 1 exactly when sliding_layers is non-empty",
-                             f"sliding_window={self.sliding_window!r}, sliding_layers={list(s)}"))
+        if bool(s) != (self.sliding_window is not None) or (
+            self.sliding_window is not None and self.sliding_window < 1
+        ):
+            problems.append(
+                (
+                    "sliding_window",
+                    "a window >= 1 exactly when sliding_layers is non-empty",
+                    f"sliding_window={self.sliding_window!r}, sliding_layers={list(s)}",
+                )
+            )
         if problems:
-            raise ContractMismatch("invalid block-drafter wiring",
-                                   expected="; ".join(f"{k}: {e}" for k, e, _ in problems),
-                                   found="; ".join(f"{k}={f}" for k, _, f in problems))
+            raise ContractMismatch(
+                "invalid block-drafter wiring",
+                expected="; ".join(f"{k}: {e}" for k, e, _ in problems),
+                found="; ".join(f"{k}={f}" for k, _, f in problems),
+            )
 
     # ---- derived -------------------------------------------------------------------------------
     @property
@@ -85,15 +94,21 @@ class BlockWiring:
     def layer_types(self, num_layers: int) -> tuple[str, ...]:
         """HF `layer_types` of a draft with `num_layers` layers."""
         if self.sliding_layers and self.sliding_layers[-1] >= num_layers:
-            raise ContractMismatch("sliding layer index beyond the draft's layers",
-                                   expected=f"indices < {num_layers}", found=str(list(self.sliding_layers)))
+            raise ContractMismatch(
+                "sliding layer index beyond the draft's layers",
+                expected=f"indices < {num_layers}",
+                found=str(list(self.sliding_layers)),
+            )
         return tuple(SLIDING if i in self.sliding_layers else FULL for i in range(num_layers))
 
     def require_vocab(self, vocab_size: int) -> None:
         if not self.mask_token_id < vocab_size:
-            raise ContractMismatch("the mask token is not a row of the target's embedding",
-                                   expected=f"mask_token_id < {vocab_size}", found=str(self.mask_token_id),
-                                   fix="pick an unused or reserved id of the target's vocabulary")
+            raise ContractMismatch(
+                "the mask token is not a row of the target's embedding",
+                expected=f"mask_token_id < {vocab_size}",
+                found=str(self.mask_token_id),
+                fix="pick an unused or reserved id of the target's vocabulary",
+            )
 
     # ---- JSON ----------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -108,9 +123,12 @@ class BlockWiring:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown, missing = sorted(data.keys() - names), sorted({"block_size", "mask_token_id"} - data.keys())
         if unknown or missing:
-            raise ContractMismatch("block wiring has the wrong fields", expected=f"fields {sorted(names)}",
-                                   found=f"unknown {unknown}, missing {missing}",
-                                   fix="the artifact was written by another tool or version; re-create it")
+            raise ContractMismatch(
+                "block wiring has the wrong fields",
+                expected=f"fields {sorted(names)}",
+                found=f"unknown {unknown}, missing {missing}",
+                fix="the artifact was written by another tool or version; re-create it",
+            )
         check_dataclass_fields(data, cls, where="block wiring", error=ContractMismatch)
         return cls(**{**data, "sliding_layers": tuple(data.get("sliding_layers", ()))})
 
@@ -135,7 +153,7 @@ class EngineField:
 PARTS = {
     "load_strict": "draft/load.py: the strict loader of renamed tensors (load_strict's arguments) -> the draft",
     "checkpoint_state": "export/checkpoint.py: (draft, contract, save_embedding) -> the tensors a native "
-                        "checkpoint holds",
+    "checkpoint holds",
     "block_formats": "export/block.py: its export formats by name (a block family)",
     "objective": "train/objectives.py: its training Objective",
     "decoding": "compose.py: its Decoding (proposer, export layout, default tree)",
@@ -160,9 +178,12 @@ class Family:
         if kind not in PARTS:
             raise KeyError(f"{kind!r} is not a family part ({', '.join(PARTS)})")
         if kind not in self.parts:
-            raise ContractMismatch(f"the {self.name} family has no {kind}", expected=PARTS[kind],
-                                   found=f"parts {sorted(self.parts)}",
-                                   fix="use a version of eaglewire that implements it for this family")
+            raise ContractMismatch(
+                f"the {self.name} family has no {kind}",
+                expected=PARTS[kind],
+                found=f"parts {sorted(self.parts)}",
+                fix="use a version of eaglewire that implements it for this family",
+            )
         return self.parts[kind]
 
     def has(self, kind: str) -> bool:
@@ -172,12 +193,24 @@ class Family:
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in [
-        Family("eagle3", "EAGLE-3: a chain/tree drafter fed fused taps and its own hidden state", False,
-               title="EAGLE-3", vllm_method="eagle3", sglang_algorithm="EAGLE3",
-               llamacpp_spec_type="draft-eagle3"),
-        Family("dflash", "DFlash: a block drafter, one non-causal pass over [anchor, MASK x (B-1)]", True,
-               title="DFlash", vllm_method="dflash", sglang_algorithm="DFLASH",
-               llamacpp_spec_type="draft-dflash"),
+        Family(
+            "eagle3",
+            "EAGLE-3: a chain/tree drafter fed fused taps and its own hidden state",
+            False,
+            title="EAGLE-3",
+            vllm_method="eagle3",
+            sglang_algorithm="EAGLE3",
+            llamacpp_spec_type="draft-eagle3",
+        ),
+        Family(
+            "dflash",
+            "DFlash: a block drafter, one non-causal pass over [anchor, MASK x (B-1)]",
+            True,
+            title="DFlash",
+            vllm_method="dflash",
+            sglang_algorithm="DFLASH",
+            llamacpp_spec_type="draft-dflash",
+        ),
     ]
 }
 DEFAULT_FAMILY = "eagle3"
@@ -212,8 +245,12 @@ def families_with(kind: str) -> tuple[Family, ...]:
 
 def get_family(name: str) -> Family:
     if name not in FAMILIES:
-        raise ContractMismatch(f"unknown drafter family {name!r}", expected=" / ".join(FAMILIES), found=repr(name),
-                               fix="re-create the artifact with a version of eaglewire that knows this family")
+        raise ContractMismatch(
+            f"unknown drafter family {name!r}",
+            expected=" / ".join(FAMILIES),
+            found=repr(name),
+            fix="re-create the artifact with a version of eaglewire that knows this family",
+        )
     return FAMILIES[name]
 
 
@@ -222,14 +259,21 @@ def check_family_wiring(family: str, block: BlockWiring | None, vocab_size: int,
     the mask token is a row of the target's embedding, and no EAGLE-3 norm flag is set on a block drafter."""
     fam = get_family(family)
     if fam.block != (block is not None):
-        raise ContractMismatch(f"a {fam.name} contract {'needs' if fam.block else 'has no'} block wiring",
-                               expected="block wiring" if fam.block else "block=None", found=repr(block),
-                               fix="re-create the artifact")
+        raise ContractMismatch(
+            f"a {fam.name} contract {'needs' if fam.block else 'has no'} block wiring",
+            expected="block wiring" if fam.block else "block=None",
+            found=repr(block),
+            fix="re-create the artifact",
+        )
     if block is not None:
         block.require_vocab(vocab_size)
         if norm_on:  # the norm flags are an EAGLE-3 knob; no block drafter reads them
-            raise ContractMismatch(f"norm flags on a {fam.name} contract", expected="no norm flag set",
-                                   found=str(sorted(norm_on)), fix="drop --norms for a block drafter")
+            raise ContractMismatch(
+                f"norm flags on a {fam.name} contract",
+                expected="no norm flag set",
+                found=str(sorted(norm_on)),
+                fix="drop --norms for a block drafter",
+            )
 
 
 def zlab_default_ids(num_layers: int, num_taps: int) -> tuple[int, ...]:

@@ -21,6 +21,7 @@ from eaglewire.target.loader import Target
 
 __all__ = ["Generation", "Prompt", "chat_ids", "generate_text", "messages_of"]
 
+
 @dataclass(frozen=True)
 class Generation:
     """One speculative generation: the new text and token ids (EOS included when it stopped there), the
@@ -47,18 +48,40 @@ class Generation:
 
     def stats(self) -> dict[str, Any]:
         """The acceptance and timings as `eaglewire generate --json` prints them under "stats"."""
-        return {"tau": self.tau, "verify_steps": self.verify_steps, "new_tokens": len(self.tokens),
-                "per_position": list(self.per_position), "tokens_per_s": self.tokens_per_s,
-                "prefill_s": self.prefill_s, "decode_s": self.decode_s, "draft_s": self.draft_s,
-                "verify_s": self.verify_s, "other_s": self.prefill_s + self.decode_s - self.draft_s - self.verify_s,
-                "shape": {"num_steps": self.shape.num_steps, "topk": self.shape.topk,
-                          "num_draft_tokens": self.shape.num_draft_tokens}}
+        return {
+            "tau": self.tau,
+            "verify_steps": self.verify_steps,
+            "new_tokens": len(self.tokens),
+            "per_position": list(self.per_position),
+            "tokens_per_s": self.tokens_per_s,
+            "prefill_s": self.prefill_s,
+            "decode_s": self.decode_s,
+            "draft_s": self.draft_s,
+            "verify_s": self.verify_s,
+            "other_s": self.prefill_s + self.decode_s - self.draft_s - self.verify_s,
+            "shape": {
+                "num_steps": self.shape.num_steps,
+                "topk": self.shape.topk,
+                "num_draft_tokens": self.shape.num_draft_tokens,
+            },
+        }
 
 
-def generate_text(target: Target, draft: Draft, prompt: Prompt, max_new_tokens: int = 256, *,
-             shape: TreeShape | None = None, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
-             compile: str = "cached", calibrate: str = "cached", accelerate: bool = True,
-             log: Callable[[str], None] | None = None) -> Generation:
+def generate_text(
+    target: Target,
+    draft: Draft,
+    prompt: Prompt,
+    max_new_tokens: int = 256,
+    *,
+    shape: TreeShape | None = None,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    compile: str = "cached",
+    calibrate: str = "cached",
+    accelerate: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> Generation:
     """Speculative decoding of `prompt` (chat_ids) on `target` with `draft` (loaded, its contract inside): up to
     `max_new_tokens` new tokens, stopping at the tokenizer's EOS. shape: the tree verified per round (None: the
     draft family's default, eaglewire.compose.proposal_shape). temperature 0: greedy, lossless (plain greedy
@@ -67,17 +90,39 @@ def generate_text(target: Target, draft: Draft, prompt: Prompt, max_new_tokens: 
     if max_new_tokens < 1:
         raise EaglewireError("max_new_tokens must be at least 1", expected="an int >= 1", found=str(max_new_tokens))
     if draft.contract is None:
-        raise EaglewireError("the draft carries no wiring contract", expected="a draft loaded with ew.load_draft",
-                             found="draft.contract is None", fix="load the draft with ew.load_draft(DIR, target)")
+        raise EaglewireError(
+            "the draft carries no wiring contract",
+            expected="a draft loaded with ew.load_draft",
+            found="draft.contract is None",
+            fix="load the draft with ew.load_draft(DIR, target)",
+        )
     tok = target.tokenizer
     ids = chat_ids(tok, prompt)  # [1, P]; refuses a target without a tokenizer
     assert tok is not None
     tree = proposal_shape(draft.contract, shape)
-    dec = decoder(target, draft, tree, max_new_tokens, context=ids.shape[1] + max_new_tokens, accelerate=accelerate,
-                  calibrate=calibrate, compile=compile, log=log)
+    dec = decoder(
+        target,
+        draft,
+        tree,
+        max_new_tokens,
+        context=ids.shape[1] + max_new_tokens,
+        accelerate=accelerate,
+        calibrate=calibrate,
+        compile=compile,
+        log=log,
+    )
     eos = {tok.eos_token_id} if tok.eos_token_id is not None else set()
     out, st = dec.generate(ids, max_new_tokens, eos, temperature=temperature, top_p=top_p, seed=seed)
-    return Generation(text=tok.decode(out, skip_special_tokens=True), tokens=tuple(out),
-                      prompt_tokens=int(ids.shape[1]), tau=st.tau, per_position=tuple(st.per_position(tree.num_steps)),
-                      verify_steps=st.verify_steps, prefill_s=st.prefill_s, decode_s=st.total_s - st.prefill_s,
-                      draft_s=st.draft_s, verify_s=st.verify_s, shape=tree)
+    return Generation(
+        text=tok.decode(out, skip_special_tokens=True),
+        tokens=tuple(out),
+        prompt_tokens=int(ids.shape[1]),
+        tau=st.tau,
+        per_position=tuple(st.per_position(tree.num_steps)),
+        verify_steps=st.verify_steps,
+        prefill_s=st.prefill_s,
+        decode_s=st.total_s - st.prefill_s,
+        draft_s=st.draft_s,
+        verify_s=st.verify_s,
+        shape=tree,
+    )

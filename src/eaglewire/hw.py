@@ -70,9 +70,19 @@ def last_level_cache_bytes() -> int | None:
 
 # oneDNN ISA names (ONEDNN_MAX_CPU_ISA / DNNL_MAX_CPU_ISA) whose kernels include native bf16 dot products;
 # a cap to any other (AVX2, AVX512_CORE, ...) makes oneDNN refuse bf16 weights ("bf16 path needs ...")
-ONEDNN_BF16_ISAS = ("AVX512_CORE_BF16", "AVX10_1_512", "AVX512_CORE_FP16", "AVX10_1_512_AMX", "AVX512_CORE_AMX",
-                    "AVX10_1_512_AMX_FP16", "AVX512_CORE_AMX_FP16", "AVX10_2_512", "AVX10_2_512_AMX_2", "ALL",
-                    "DEFAULT")
+ONEDNN_BF16_ISAS = (
+    "AVX512_CORE_BF16",
+    "AVX10_1_512",
+    "AVX512_CORE_FP16",
+    "AVX10_1_512_AMX",
+    "AVX512_CORE_AMX",
+    "AVX10_1_512_AMX_FP16",
+    "AVX512_CORE_AMX_FP16",
+    "AVX10_2_512",
+    "AVX10_2_512_AMX_2",
+    "ALL",
+    "DEFAULT",
+)
 
 
 def onednn_cap() -> str:
@@ -106,9 +116,14 @@ def describe_cpu() -> dict:
     import torch
 
     isa = sorted(f for f in cpu_flags() if f.startswith(("avx", "amx")) or f in ("fma", "f16c"))
-    return {"model": cpu_model(), "isa": isa, "threads": torch.get_num_threads(), "native_bf16": native_bf16(),
-            "torch_capability": torch.backends.cpu.get_cpu_capability(),
-            "isa_caps": {k: os.environ[k] for k in ISA_CAPS if k in os.environ}}
+    return {
+        "model": cpu_model(),
+        "isa": isa,
+        "threads": torch.get_num_threads(),
+        "native_bf16": native_bf16(),
+        "torch_capability": torch.backends.cpu.get_cpu_capability(),
+        "isa_caps": {k: os.environ[k] for k in ISA_CAPS if k in os.environ},
+    }
 
 
 def _use_bf16(device: str, choice: str, names: tuple[str, str]) -> bool:
@@ -124,9 +139,12 @@ def _use_bf16(device: str, choice: str, names: tuple[str, str]) -> bool:
     if choice == bf16 and not native:
         from eaglewire.errors import EaglewireError
 
-        raise EaglewireError(f"{bf16} asked for on a CPU without native bf16", expected="a CPU with AVX512-BF16 or "
-                             "AMX (or a GPU)", found=f"{cpu_model()}: flags {sorted(cpu_flags() & set(BF16_FLAGS)) or 'none'}",
-                             fix=f"use --dtype auto or {fp32}")
+        raise EaglewireError(
+            f"{bf16} asked for on a CPU without native bf16",
+            expected="a CPU with AVX512-BF16 or AMX (or a GPU)",
+            found=f"{cpu_model()}: flags {sorted(cpu_flags() & set(BF16_FLAGS)) or 'none'}",
+            fix=f"use --dtype auto or {fp32}",
+        )
     return native
 
 
@@ -185,10 +203,12 @@ def return_freed_memory() -> bool:
 
 # --- where eaglewire runs ------------------------------------------------------------------------------------
 DEVICE_DEFAULT = "auto"
-DEVICE_HELP = ("auto | cpu | cuda | cuda:N: where the target, the draft and every stage run (capture, "
-               "regeneration, training, the measured doctor, generate / bench / serve / eval). auto = cuda when a "
-               "GPU is visible, else cpu. On a GPU the target runs in bfloat16 unless a dtype is named; a target "
-               "too large for one GPU is spread over the visible GPUs (transformers' device_map).")
+DEVICE_HELP = (
+    "auto | cpu | cuda | cuda:N: where the target, the draft and every stage run (capture, "
+    "regeneration, training, the measured doctor, generate / bench / serve / eval). auto = cuda when a "
+    "GPU is visible, else cpu. On a GPU the target runs in bfloat16 unless a dtype is named; a target "
+    "too large for one GPU is spread over the visible GPUs (transformers' device_map)."
+)
 
 
 def check_device(choice: str) -> str:
@@ -199,8 +219,12 @@ def check_device(choice: str) -> str:
         return str(choice)
     from eaglewire.errors import EaglewireError
 
-    raise EaglewireError(f"unknown device {choice!r}", expected="auto, cpu, cuda or cuda:N (N: a GPU index)",
-                         found=str(choice), fix="use --device auto (cuda when a GPU is visible, else cpu)")
+    raise EaglewireError(
+        f"unknown device {choice!r}",
+        expected="auto, cpu, cuda or cuda:N (N: a GPU index)",
+        found=str(choice),
+        fix="use --device auto (cuda when a GPU is visible, else cpu)",
+    )
 
 
 def pick_device(choice: str = DEVICE_DEFAULT) -> str:
@@ -218,10 +242,12 @@ def pick_device(choice: str = DEVICE_DEFAULT) -> str:
             from eaglewire.errors import EaglewireError
 
             build = f"torch {torch.__version__} (CUDA {torch.version.cuda or 'none: a CPU-only build'})"
-            raise EaglewireError(f"device {choice!r} asked for, but torch sees {count} GPU(s)",
-                                 expected=f"a visible CUDA GPU with index {index}", found=build,
-                                 fix="install torch's CUDA build (docs: the GPU page), check CUDA_VISIBLE_DEVICES, "
-                                     "or use --device cpu")
+            raise EaglewireError(
+                f"device {choice!r} asked for, but torch sees {count} GPU(s)",
+                expected=f"a visible CUDA GPU with index {index}",
+                found=build,
+                fix="install torch's CUDA build (docs: the GPU page), check CUDA_VISIBLE_DEVICES, or use --device cpu",
+            )
     return choice
 
 
@@ -240,6 +266,8 @@ def describe_device(device: str) -> str:
         index = int(device.partition(":")[2] or torch.cuda.current_device())
         props = torch.cuda.get_device_properties(index)
         count = torch.cuda.device_count()
-        return (f"{device} ({props.name}, {props.total_memory / 2**30:.0f} GiB; {count} visible GPU"
-                f"{'s' if count != 1 else ''}; target in {default_dtype_name(device)} unless a dtype is named)")
+        return (
+            f"{device} ({props.name}, {props.total_memory / 2**30:.0f} GiB; {count} visible GPU"
+            f"{'s' if count != 1 else ''}; target in {default_dtype_name(device)} unless a dtype is named)"
+        )
     return f"{device} ({cpu_model()}, {torch.get_num_threads()} threads)"

@@ -17,18 +17,42 @@ from eaglewire.errors import EaglewireError
 
 # field -> largest accepted value (the largest released models are far below each)
 SIZE_LIMITS: dict[str, int] = {
-    "num_hidden_layers": 1024, "num_layers": 1024, "hidden_size": 1 << 16, "target_hidden_size": 1 << 16,
-    "intermediate_size": 1 << 20, "moe_intermediate_size": 1 << 20, "num_attention_heads": 1024,
-    "num_key_value_heads": 1024, "head_dim": 4096, "vocab_size": 1 << 22, "draft_vocab_size": 1 << 22,
-    "num_taps": 64, "num_aux_hidden_states": 64, "max_position_embeddings": 1 << 24, "num_experts": 1 << 12, "num_local_experts": 1 << 12,
+    "num_hidden_layers": 1024,
+    "num_layers": 1024,
+    "hidden_size": 1 << 16,
+    "target_hidden_size": 1 << 16,
+    "intermediate_size": 1 << 20,
+    "moe_intermediate_size": 1 << 20,
+    "num_attention_heads": 1024,
+    "num_key_value_heads": 1024,
+    "head_dim": 4096,
+    "vocab_size": 1 << 22,
+    "draft_vocab_size": 1 << 22,
+    "num_taps": 64,
+    "num_aux_hidden_states": 64,
+    "max_position_embeddings": 1 << 24,
+    "num_experts": 1 << 12,
+    "num_local_experts": 1 << 12,
 }
 ZERO_OK = {"num_experts", "num_local_experts"}  # 0: a dense model
-NONE_OK = {"head_dim", "num_key_value_heads", "max_position_embeddings", "num_experts", "num_local_experts",
-           "moe_intermediate_size", "factor", "attention_factor"}  # null: derived from other fields
+NONE_OK = {
+    "head_dim",
+    "num_key_value_heads",
+    "max_position_embeddings",
+    "num_experts",
+    "num_local_experts",
+    "moe_intermediate_size",
+    "factor",
+    "attention_factor",
+}  # null: derived from other fields
 # field -> (lowest, highest) where the arithmetic means what the model was trained with
 PHYSICS: dict[str, tuple[float, float]] = {
-    "rms_norm_eps": (1e-12, 1e-1), "layer_norm_eps": (1e-12, 1e-1), "layer_norm_epsilon": (1e-12, 1e-1),
-    "rope_theta": (1.0, 1e10), "factor": (1e-3, 1e3), "attention_factor": (1e-3, 1e3),
+    "rms_norm_eps": (1e-12, 1e-1),
+    "layer_norm_eps": (1e-12, 1e-1),
+    "layer_norm_epsilon": (1e-12, 1e-1),
+    "rope_theta": (1.0, 1e10),
+    "factor": (1e-3, 1e3),
+    "attention_factor": (1e-3, 1e3),
 }
 
 
@@ -41,19 +65,27 @@ def check_config_values(cfg: dict[str, Any], where: str, error: type[Exception] 
         low = 0 if key in ZERO_OK else 1
         if key in SIZE_LIMITS and not (type(value) is int and low <= value <= SIZE_LIMITS[key]):
             raise (error or EaglewireError)(
-                f"{where}: {path} is out of range", expected=f"an int from {low} to {SIZE_LIMITS[key]} "
-                f"(eaglewire.limits.SIZE_LIMITS[{key!r}])", found=f"{path} = {value!r}"[:200],
-                fix="correct the config: the value is damage or a typo (no released model comes near)")
+                f"{where}: {path} is out of range",
+                expected=f"an int from {low} to {SIZE_LIMITS[key]} (eaglewire.limits.SIZE_LIMITS[{key!r}])",
+                found=f"{path} = {value!r}"[:200],
+                fix="correct the config: the value is damage or a typo (no released model comes near)",
+            )
         if key in PHYSICS and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise (error or EaglewireError)(f"{where}: {path} is not a number", expected=f"{key}: a number",
-                                            found=f"{path} = {value!r}"[:200], fix="restore the model's value")
+            raise (error or EaglewireError)(
+                f"{where}: {path} is not a number",
+                expected=f"{key}: a number",
+                found=f"{path} = {value!r}"[:200],
+                fix="restore the model's value",
+            )
         if key in PHYSICS:
             lo, hi = PHYSICS[key]
             if not (math.isfinite(value) and lo <= value <= hi):
                 raise (error or EaglewireError)(
                     f"{where}: {path} is outside the range where the model's arithmetic works",
                     expected=f"{lo:g} <= {key} <= {hi:g} (eaglewire.limits.PHYSICS[{key!r}])",
-                    found=f"{path} = {value!r}", fix="restore the value the model was trained with")
+                    found=f"{path} = {value!r}",
+                    fix="restore the value the model was trained with",
+                )
 
 
 def _leaves(obj: Any, prefix: str, depth: int = 0):
@@ -79,7 +111,8 @@ def check_weight_bytes(params: int, bytes_per: int, where: str, error: type[Exce
             f"{where}: its sizes need more memory than this machine has",
             expected=f"weights of at most {ram / 2**30:.1f} GiB (the physical memory)",
             found=f"{params:,} parameters, {need / 2**30:.1f} GiB",
-            fix="check the config's sizes (layers, widths, vocabulary): one of them is damaged or a typo")
+            fix="check the config's sizes (layers, widths, vocabulary): one of them is damaged or a typo",
+        )
 
 
 def estimated_params(cfg: dict[str, Any]) -> int:
@@ -91,6 +124,7 @@ def estimated_params(cfg: dict[str, Any]) -> int:
         return v if isinstance(v, int) and not isinstance(v, bool) else default
 
     h, layers, vocab = num("hidden_size"), num("num_hidden_layers"), num("vocab_size")
-    inter = max(num("intermediate_size"), num("moe_intermediate_size") * max(num("num_experts"),
-                                                                              num("num_local_experts"), 1))
+    inter = max(
+        num("intermediate_size"), num("moe_intermediate_size") * max(num("num_experts"), num("num_local_experts"), 1)
+    )
     return 2 * vocab * h + layers * (4 * h * h + 3 * h * inter)

@@ -27,8 +27,11 @@ class NormFlags:
 
     def __post_init__(self) -> None:
         if self.norm_before_fc and self.fc_norm:
-            raise ContractMismatch("norm_before_fc and fc_norm are mutually exclusive",
-                                   expected="at most one of them true", found="both true")
+            raise ContractMismatch(
+                "norm_before_fc and fc_norm are mutually exclusive",
+                expected="at most one of them true",
+                found="both true",
+            )
 
 
 # The norm sets a new draft can be trained with (`eaglewire train --norms`). Which engines serve each is the

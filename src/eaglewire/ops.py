@@ -36,7 +36,9 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, ssin: torch.Tensor) -> torch.Tens
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * ssin
 
 
-def rope_tables(position_ids: torch.Tensor, dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(
+    position_ids: torch.Tensor, dim: int, theta: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Default-scaling RoPE tables for position_ids [B, T]: (cos, signed sin), each [B, 1, T, dim]."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=position_ids.device, dtype=torch.float32) / dim))
     freqs = position_ids.float()[:, None, :, None] * inv_freq  # [B, 1, T, D/2]
@@ -59,7 +61,7 @@ def unfused_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     Hkv, S = keys.shape[1], keys.shape[2]
     g = Hq // Hkv  # query heads per key/value head, adjacent in Hq (enable_gqa's grouping)
     qg = q.reshape(B, Hkv, g * T, D)
-    scores = (qg[:, :, :, None, :] * keys[:, :, None]).sum(-1) * D ** -0.5  # [B, Hkv, g*T, S]
+    scores = (qg[:, :, :, None, :] * keys[:, :, None]).sum(-1) * D**-0.5  # [B, Hkv, g*T, S]
     scores = scores.view(B, Hkv, g, T, S) + mask[:, :, None]  # mask [B or 1, 1, 1, T, S]
     p = torch.softmax(scores, dim=-1).view(B, Hkv, g * T, S, 1)
     return (p * values[:, :, None]).sum(-2).view(B, Hq, T, D)  # [B, Hkv, g*T, D] -> [B, Hq, T, D]

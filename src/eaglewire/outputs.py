@@ -60,8 +60,12 @@ def output_lock(path: Path | str) -> Iterator[None]:
     fd = _acquire(lock, Path(path))
     _held[key] = 1
     try:
-        info = {"pid": os.getpid(), "host": socket.gethostname(), "command": " ".join(sys.argv)[:500],
-                "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        info = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "command": " ".join(sys.argv)[:500],
+            "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode("utf-8"), 0)
         yield
@@ -82,10 +86,12 @@ def _acquire(lock: Path, path: Path) -> int:
         except BlockingIOError:
             who = _holder(fd)
             os.close(fd)
-            raise EaglewireError(f"{path} is being written by another process", expected="one writer at a time",
-                                 found=f"held by {who} (lock {lock})",
-                                 fix="wait for that command to finish or stop it, or pass another output "
-                                     "path") from None
+            raise EaglewireError(
+                f"{path} is being written by another process",
+                expected="one writer at a time",
+                found=f"held by {who} (lock {lock})",
+                fix="wait for that command to finish or stop it, or pass another output path",
+            ) from None
         try:
             same = os.stat(lock).st_ino == os.fstat(fd).st_ino
         except FileNotFoundError:
@@ -93,8 +99,12 @@ def _acquire(lock: Path, path: Path) -> int:
         if same:
             return fd
         os.close(fd)
-    raise EaglewireError(f"cannot lock {path}", expected="its lock file to stay in place",
-                         found=f"{lock} replaced 50 times in a row", fix="check what else writes that folder")
+    raise EaglewireError(
+        f"cannot lock {path}",
+        expected="its lock file to stay in place",
+        found=f"{lock} replaced 50 times in a row",
+        fix="check what else writes that folder",
+    )
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -107,23 +117,35 @@ def _inside(a: Path, b: Path) -> bool:
     return a == b or a in b.parents
 
 
-def check_output_dir(out: Path, *, names: Iterable[str], owned: Callable[[Path], bool], force: bool = False,
-                     inputs: Iterable[Path | str] = (), what: str = "output") -> None:
+def check_output_dir(
+    out: Path,
+    *,
+    names: Iterable[str],
+    owned: Callable[[Path], bool],
+    force: bool = False,
+    inputs: Iterable[Path | str] = (),
+    what: str = "output",
+) -> None:
     """Refuse an `out` this writer may not replace. `names`: the entries the writer puts in it; `owned(out)`:
     it recognises out's content as its own kind of output."""
     out = Path(out)
     real = resolve_path(out, "--out")
     for inp in inputs:
         if _inside(real, resolve_path(inp, "input")):
-            raise EaglewireError(f"--out {out} is the input {inp} or holds it", expected=f"an {what} folder "
-                                 "apart from the command's inputs", found=f"{out} -> {real}",
-                                 fix="pass another --out (--force never replaces an input or a folder holding "
-                                     "one)")
+            raise EaglewireError(
+                f"--out {out} is the input {inp} or holds it",
+                expected=f"an {what} folder apart from the command's inputs",
+                found=f"{out} -> {real}",
+                fix="pass another --out (--force never replaces an input or a folder holding one)",
+            )
     cwd = Path.cwd().resolve()
     if _inside(real, cwd) or real == Path(real.anchor) or real == Path.home().resolve():
-        raise EaglewireError(f"--out {out} is the working directory, the home directory, or a folder above it",
-                             expected=f"a folder of its own for the {what}", found=str(real),
-                             fix="pass a new folder, e.g. --out ./export (--force never replaces these)")
+        raise EaglewireError(
+            f"--out {out} is the working directory, the home directory, or a folder above it",
+            expected=f"a folder of its own for the {what}",
+            found=str(real),
+            fix="pass a new folder, e.g. --out ./export (--force never replaces these)",
+        )
     if not out.exists() and not out.is_symlink() or force:
         return
     if out.is_dir() and not out.is_symlink():
@@ -131,15 +153,16 @@ def check_output_dir(out: Path, *, names: Iterable[str], owned: Callable[[Path],
         foreign = [e for e in entries if e not in set(names)]
         if not entries or (not foreign and owned(out)):
             return
-        found = f"{out} holds {', '.join((foreign or entries)[:6])}" + (" ..." if len(foreign or entries) > 6
-                                                                       else "")
+        found = f"{out} holds {', '.join((foreign or entries)[:6])}" + (" ..." if len(foreign or entries) > 6 else "")
         found += "" if foreign else f" (not an eaglewire {what})"
     else:
         found = f"{out} is a {'symlink' if out.is_symlink() else 'file'}"
-    raise EaglewireError(f"--out {out} exists and is not an earlier {what} of this command",
-                         expected=f"a new or empty folder, or an earlier {what} (holding only "
-                                  f"{', '.join(sorted(set(names)))})", found=found,
-                         fix=f"pass a new --out, or --force to replace {out} (its content is then deleted)")
+    raise EaglewireError(
+        f"--out {out} exists and is not an earlier {what} of this command",
+        expected=f"a new or empty folder, or an earlier {what} (holding only {', '.join(sorted(set(names)))})",
+        found=found,
+        fix=f"pass a new --out, or --force to replace {out} (its content is then deleted)",
+    )
 
 
 def recover(out: Path) -> None:
@@ -147,8 +170,7 @@ def recover(out: Path) -> None:
     out = Path(out)
     if not out.parent.is_dir():
         return
-    stale = [p for p in out.parent.iterdir()
-             if p.name.startswith((f".{out.name}.tmp-", f".{out.name}.old-"))]
+    stale = [p for p in out.parent.iterdir() if p.name.startswith((f".{out.name}.tmp-", f".{out.name}.old-"))]
     for p in sorted(stale, key=lambda p: ".old-" not in p.name):  # temp folders first, then old ones
         if ".old-" in p.name and not out.exists() and not out.is_symlink():
             os.rename(p, out)  # the old output was swapped out, the new one never in: it is still the output
@@ -163,8 +185,16 @@ def _remove(p: Path) -> None:
         p.unlink(missing_ok=True)
 
 
-def replace_dir(out: Path, fill: Callable[[Path], None], *, names: Iterable[str], owned: Callable[[Path], bool],
-                force: bool = False, inputs: Iterable[Path | str] = (), what: str = "output") -> Path:
+def replace_dir(
+    out: Path,
+    fill: Callable[[Path], None],
+    *,
+    names: Iterable[str],
+    owned: Callable[[Path], bool],
+    force: bool = False,
+    inputs: Iterable[Path | str] = (),
+    what: str = "output",
+) -> Path:
     """Write `out` with `fill(tmp)` into a folder beside it, then swap it in (see the module note)."""
     out, names = Path(out), list(names)
     check_output_dir(out, names=names, owned=owned, force=force, inputs=inputs, what=what)

@@ -23,13 +23,19 @@ def canonical_json(obj: Any) -> str:
 def _exact_keys(what: str, data: dict[str, Any], cls: type) -> None:
 
     names = {f.name for f in dataclasses.fields(cls)}
-    required = {f.name for f in dataclasses.fields(cls)
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    required = {
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    }
     unknown, missing = sorted(data.keys() - names), sorted(required - data.keys())
     if unknown or missing:
-        raise ContractMismatch(f"{what} has the wrong fields", expected=f"fields {sorted(names)}",
-                               found=f"unknown {unknown}, missing {missing}",
-                               fix="the artifact was written by another tool or version; re-create it")
+        raise ContractMismatch(
+            f"{what} has the wrong fields",
+            expected=f"fields {sorted(names)}",
+            found=f"unknown {unknown}, missing {missing}",
+            fix="the artifact was written by another tool or version; re-create it",
+        )
 
 
 def checked_record(what: str, data: Any, cls: type) -> dict[str, Any]:

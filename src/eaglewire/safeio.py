@@ -9,7 +9,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-if TYPE_CHECKING:  # torch loads where tensors are touched: JSON-only callers (the contract, arithmetic commands) skip it
+if (
+    TYPE_CHECKING
+):  # torch loads where tensors are touched: JSON-only callers (the contract, arithmetic commands) skip it
     import torch
 
 
@@ -59,8 +61,9 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
-def atomic_save_safetensors(tensors: dict[str, torch.Tensor], path: Path,
-                            metadata: dict[str, str] | None = None) -> None:
+def atomic_save_safetensors(
+    tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None
+) -> None:
     """safetensors.save_file to a temp name, then rename. Tensors are made contiguous (required). The writer's
     I/O failures (Rust errors that name an OS error code) are raised as the OSError they are."""
     import re
@@ -90,14 +93,19 @@ _MAX_JSON_BYTES = 64 << 20  # configs, manifests, contracts: far below this; a b
 _MAX_HEADER_BYTES = 100_000_000  # a safetensors JSON header: the format's own cap (its reader refuses more)
 
 
-def damaged(path: Path | str, what: str, expected: str, found: str, fix: str | None = None,
-            error: type[Exception] | None = None) -> Exception:
+def damaged(
+    path: Path | str, what: str, expected: str, found: str, fix: str | None = None, error: type[Exception] | None = None
+) -> Exception:
     """The error for a file that cannot be read as `what`."""
     from eaglewire.errors import EaglewireError
 
     cls = error or EaglewireError
-    return cls(f"cannot read {path} as {what}", expected=expected, found=found,
-               fix=fix or f"re-create {Path(path).name} with the tool that wrote it, or restore it from a copy")
+    return cls(
+        f"cannot read {path} as {what}",
+        expected=expected,
+        found=found,
+        fix=fix or f"re-create {Path(path).name} with the tool that wrote it, or restore it from a copy",
+    )
 
 
 def _sniff(head: bytes) -> str:
@@ -115,8 +123,14 @@ def read_json_file(path: Path | str, *, what: str, error: type[Exception] | None
     become one error naming the file."""
     path = Path(path)
     if not path.is_file():
-        raise damaged(path, what, f"a JSON file {path.name}", "no such file" if not path.exists() else
-                      "not a regular file", f"point at the directory holding {path.name}", error)
+        raise damaged(
+            path,
+            what,
+            f"a JSON file {path.name}",
+            "no such file" if not path.exists() else "not a regular file",
+            f"point at the directory holding {path.name}",
+            error,
+        )
     try:
         size = path.stat().st_size
         if size > _MAX_JSON_BYTES:
@@ -131,11 +145,15 @@ def read_json_file(path: Path | str, *, what: str, error: type[Exception] | None
         found = _sniff(raw[:16]) if raw.startswith((_PICKLE_PROTO, _ZIP_MAGIC)) or not raw else f"{err}"
         raise damaged(path, what, "valid JSON", found, error=error) from None
     except RecursionError:
-        raise damaged(path, what, "JSON of ordinary nesting depth", "nesting too deep to parse",
-                      error=error) from None
+        raise damaged(path, what, "JSON of ordinary nesting depth", "nesting too deep to parse", error=error) from None
     except DuplicateKey as err:
-        raise damaged(path, what, "each key once per object (JSON readers disagree on which duplicate wins)",
-                      f"key {str(err)!r} twice", error=error) from None
+        raise damaged(
+            path,
+            what,
+            "each key once per object (JSON readers disagree on which duplicate wins)",
+            f"key {str(err)!r} twice",
+            error=error,
+        ) from None
 
 
 class DuplicateKey(ValueError):
@@ -160,8 +178,15 @@ def read_json_object(path: Path | str, *, what: str, error: type[Exception] | No
     return data
 
 
-def field_of(data: dict[str, Any], key: str, kind: type | tuple[type, ...], *, where: str,
-             error: type[Exception] | None = None, positive: bool = False) -> Any:
+def field_of(
+    data: dict[str, Any],
+    key: str,
+    kind: type | tuple[type, ...],
+    *,
+    where: str,
+    error: type[Exception] | None = None,
+    positive: bool = False,
+) -> Any:
     """data[key], required to be of `kind` (an int is not a bool; a float may be an int); `positive`: > 0."""
     from eaglewire.errors import EaglewireError
 
@@ -172,16 +197,18 @@ def field_of(data: dict[str, Any], key: str, kind: type | tuple[type, ...], *, w
         ok = False
     if not ok:
         names = " or ".join(k.__name__ for k in kinds) + (" > 0" if positive else "")
-        raise (error or EaglewireError)(f"{where}: field {key!r} has the wrong type or value",
-                                        expected=f"{key}: {names}",
-                                        found="missing" if key not in data else f"{key}: {value!r} "
-                                        f"({type(value).__name__})", fix="re-create the file with the tool "
-                                        "that wrote it; a hand edit must keep each field's JSON type")
+        raise (error or EaglewireError)(
+            f"{where}: field {key!r} has the wrong type or value",
+            expected=f"{key}: {names}",
+            found="missing" if key not in data else f"{key}: {value!r} ({type(value).__name__})",
+            fix="re-create the file with the tool that wrote it; a hand edit must keep each field's JSON type",
+        )
     return value
 
 
-def check_dataclass_fields(data: dict[str, Any], cls: type, *, where: str,
-                           error: type[Exception] | None = None) -> None:
+def check_dataclass_fields(
+    data: dict[str, Any], cls: type, *, where: str, error: type[Exception] | None = None
+) -> None:
     """Every present field of `data` must have the JSON type that `cls`'s annotation names (int, float, bool,
     str, tuple/list of ints, dict, a nested dataclass, or any of those | None); ints named in
     `cls.POSITIVE_FIELDS` must be > 0. Keys are checked elsewhere (exact key sets)."""
@@ -250,48 +277,71 @@ class GuardedSafetensors:
 
     def _call(self, key: str, fn: Any) -> Any:
         if key not in self._f.keys():
-            raise damaged(self.path, self.what, f"a tensor named {key!r}",
-                          f"tensors {sorted(self._f.keys())[:8]}", error=self.error)
+            raise damaged(
+                self.path,
+                self.what,
+                f"a tensor named {key!r}",
+                f"tensors {sorted(self._f.keys())[:8]}",
+                error=self.error,
+            )
         try:
             return fn(key)
         except Exception as err:  # safetensors' Rust errors have no finer type; the message says which
-            raise damaged(self.path, self.what, f"a readable tensor {key!r}", f"{type(err).__name__}: {err}",
-                          error=self.error) from None
+            raise damaged(
+                self.path, self.what, f"a readable tensor {key!r}", f"{type(err).__name__}: {err}", error=self.error
+            ) from None
 
 
 @contextmanager
-def open_safetensors(path: Path | str, *, what: str,
-                     error: type[Exception] | None = None) -> Iterator[GuardedSafetensors]:
+def open_safetensors(
+    path: Path | str, *, what: str, error: type[Exception] | None = None
+) -> Iterator[GuardedSafetensors]:
     """safe_open (no pickle, ever) after checking the file is there and is safetensors at all: a missing,
     empty, truncated, pickled or garbled file is one error naming it."""
     from safetensors import safe_open
 
     path = Path(path)
     if not path.is_file():
-        raise damaged(path, what, f"a safetensors file {path.name}", "no such file" if not path.exists() else
-                      "not a regular file", f"point at the directory holding {path.name}", error)
+        raise damaged(
+            path,
+            what,
+            f"a safetensors file {path.name}",
+            "no such file" if not path.exists() else "not a regular file",
+            f"point at the directory holding {path.name}",
+            error,
+        )
     size = path.stat().st_size
     with open(path, "rb") as fh:
         head = fh.read(16)
     n = int.from_bytes(head[:8], "little") if len(head) >= 8 else -1
     if n > _MAX_HEADER_BYTES:  # checked before safetensors reads (and allocates) the header
-        raise damaged(path, what, f"a safetensors header of at most {_MAX_HEADER_BYTES} bytes (safetensors' own "
-                      "limit)", f"a header length of {n} bytes in a file of {size}", error=error)
+        raise damaged(
+            path,
+            what,
+            f"a safetensors header of at most {_MAX_HEADER_BYTES} bytes (safetensors' own limit)",
+            f"a header length of {n} bytes in a file of {size}",
+            error=error,
+        )
     if n < 2 or 8 + n > size or head[8:9] != b"{":
-        found = "an empty file" if size == 0 else _sniff(head) if n < 0 or head[8:9] != b"{" else \
-            f"a header of {n} bytes in a file of {size} (cut off?)"
+        found = (
+            "an empty file"
+            if size == 0
+            else _sniff(head)
+            if n < 0 or head[8:9] != b"{"
+            else f"a header of {n} bytes in a file of {size} (cut off?)"
+        )
         raise damaged(path, what, "safetensors (8-byte header length, then a JSON header)", found, error=error)
     try:
         f = safe_open(str(path), framework="pt")
     except Exception as err:  # SafetensorError and friends: bad header JSON, offsets beyond the file, ...
-        raise damaged(path, what, "a valid safetensors file", f"{type(err).__name__}: {err}",
-                      error=error) from None
+        raise damaged(path, what, "a valid safetensors file", f"{type(err).__name__}: {err}", error=error) from None
     with f:
         yield GuardedSafetensors(f, path, what, error)
 
 
-def read_safetensors_file(path: Path | str, *, what: str,
-                          error: type[Exception] | None = None) -> dict[str, torch.Tensor]:
+def read_safetensors_file(
+    path: Path | str, *, what: str, error: type[Exception] | None = None
+) -> dict[str, torch.Tensor]:
     with open_safetensors(path, what=what, error=error) as f:
         return {k: f.get_tensor(k) for k in f.keys()}
 
@@ -305,10 +355,12 @@ def require_finite(tensors: dict[str, torch.Tensor], where: str, error: type[Exc
     for k, t in tensors.items():
         if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
             nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
-            raise (error or EaglewireError)(f"{where}: tensor {k!r} holds non-finite values",
-                                            expected="finite numbers only", found=f"{nan} NaN, {inf} +-inf",
-                                            fix="re-export from a healthy checkpoint (training diverged, or "
-                                                "the file is damaged)")
+            raise (error or EaglewireError)(
+                f"{where}: tensor {k!r} holds non-finite values",
+                expected="finite numbers only",
+                found=f"{nan} NaN, {inf} +-inf",
+                fix="re-export from a healthy checkpoint (training diverged, or the file is damaged)",
+            )
 
 
 @contextmanager
@@ -322,8 +374,12 @@ def about_file(path: Path | str) -> Iterator[None]:
     except EaglewireError as err:
         if str(path) in str(err):
             raise
-        raise type(err)(f"{path}: {err.what}", expected=err.expected, found=err.found,
-                        fix=err.fix or f"re-create {Path(path).name} with the tool that wrote it") from None
+        raise type(err)(
+            f"{path}: {err.what}",
+            expected=err.expected,
+            found=err.found,
+            fix=err.fix or f"re-create {Path(path).name} with the tool that wrote it",
+        ) from None
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -367,5 +423,8 @@ def full_digest(path: Path | str) -> str:
 def tree_digest(root: Path | str, skip: Callable[[str], bool] = lambda name: False) -> dict[str, str]:
     """{relative path: sampled_digest} of every file under `root` (lock files and names `skip` says skipped)."""
     root = Path(root)
-    return {p.relative_to(root).as_posix(): sampled_digest(p) for p in sorted(root.rglob("*"))
-            if p.is_file() and not p.name.endswith(".lock") and not skip(p.name)}
+    return {
+        p.relative_to(root).as_posix(): sampled_digest(p)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.name.endswith(".lock") and not skip(p.name)
+    }

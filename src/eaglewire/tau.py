@@ -9,13 +9,13 @@ __all__ = ["TAU_KINDS", "acceptance_length", "named_tau"]
 # every printed τ names its kind, so two figures are never compared as if they were one.
 TAU_KINDS = {
     "teacher-forced": "training's held-out score: every draft position fed the target's true states, no drafted "
-                      "token fed back; the training data's own turns (the most optimistic figure)",
+    "token fed back; the training data's own turns (the most optimistic figure)",
     "doctor's engine": "`eaglewire doctor`'s measurement: our decoder, free-running, on its few built-in prompts "
-                       "with short answers, at the shape of the engine's knobs",
+    "with short answers, at the shape of the engine's knobs",
     "expect": "`doctor expect`'s prediction: our decoder on --questions (first turns), --max-new-tokens each, at "
-              "the engine's shape",
+    "the engine's shape",
     "bench": "the benchmark's (a run's report, `eaglewire bench`): our decoder on the benchmark prompts at its "
-             "answer length and shape",
+    "answer length and shape",
     "live": "a running engine's own counters over the requests of one probe (`doctor live`, `doctor watch`)",
 }
 

@@ -47,7 +47,6 @@ def test_benchmarks_are_grouped_by_topic_and_say_how_they_run():
             continue
         module = ".".join(script.relative_to(ROOT).with_suffix("").parts)
         text = script.read_text(encoding="utf-8")
-        if f"python -m {module}" not in text and script.relative_to(ROOT).as_posix() not in text and \
-                "def main" in text:
+        if f"python -m {module}" not in text and script.relative_to(ROOT).as_posix() not in text and "def main" in text:
             silent.append(module)
     assert not silent, f"benchmarks with no usage line naming their own command: {silent}"

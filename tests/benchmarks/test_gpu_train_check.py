@@ -40,8 +40,9 @@ def test_the_small_target_it_builds_loads_with_a_chat_template(tmp_path):
     check = _module()
     path = check.build_small_target(tmp_path / "t", hidden=64, layers=8)
     target = load_target(str(path))
-    ids = target.tokenizer.apply_chat_template([{"role": "user", "content": "héllo"}], add_generation_prompt=True,
-                                               tokenize=True, return_dict=True)["input_ids"]
+    ids = target.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "héllo"}], add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"]
     assert target.num_layers == 8 and target.chat_template is not None
     assert target.tokenizer.decode(ids).endswith("<|im_start|>assistant\n")
     assert "héllo" in target.tokenizer.decode(ids)  # byte-level: any text round-trips

@@ -53,10 +53,22 @@ def test_the_parts_bench_reads_llama_servers_speculative_statistics():
     (common_speculative_print_stats: %16s name, %4zu/%6zu counts, ms to 3 places); the last line wins."""
     from benchmarks.llamacpp.parts import spec_stats
 
-    fmt = ("statistics %16s: #calls(b,g,a) = %4d %6d %6d, #gen drafts = %6d, #acc drafts = %5d, #gen tokens = %6d, "
-           "#acc tokens = %5d, #mean acc len = 1.46, #acc rate/pos = (0.456), dur(b,g,a) = %.3f, %.3f, %.3f ms")
-    log = "\n".join("0.01.234.567 I spec common_specu: " + fmt % ("draft-eagle3", *row) for row in
-                    [(1, 9, 9, 9, 4, 9, 4, 0.01, 12.5, 0.1), (3, 345, 342, 345, 150, 345, 156, 0.03, 492.84, 1.2)])
-    assert spec_stats(log) == {"calls_begin": 3, "calls_draft": 345, "calls_accept": 342, "gen_tokens": 345,
-                               "acc_tokens": 156, "ms_begin": 0.03, "ms_draft": 492.84, "ms_accept": 1.2}
+    fmt = (
+        "statistics %16s: #calls(b,g,a) = %4d %6d %6d, #gen drafts = %6d, #acc drafts = %5d, #gen tokens = %6d, "
+        "#acc tokens = %5d, #mean acc len = 1.46, #acc rate/pos = (0.456), dur(b,g,a) = %.3f, %.3f, %.3f ms"
+    )
+    log = "\n".join(
+        "0.01.234.567 I spec common_specu: " + fmt % ("draft-eagle3", *row)
+        for row in [(1, 9, 9, 9, 4, 9, 4, 0.01, 12.5, 0.1), (3, 345, 342, 345, 150, 345, 156, 0.03, 492.84, 1.2)]
+    )
+    assert spec_stats(log) == {
+        "calls_begin": 3,
+        "calls_draft": 345,
+        "calls_accept": 342,
+        "gen_tokens": 345,
+        "acc_tokens": 156,
+        "ms_begin": 0.03,
+        "ms_draft": 492.84,
+        "ms_accept": 1.2,
+    }
     assert spec_stats("no speculative decoding here") is None

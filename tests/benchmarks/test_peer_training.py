@@ -20,11 +20,11 @@ def test_peer_batches_are_the_trainers_own():
     a = argparse.Namespace(batch_size=4)
     steps = 7  # fewer samples than the list holds: both sides must take the first steps x batch of them
     ours = step_batches(train, steps, a)
-    stream = MicroBatches(train[:steps * a.batch_size], TrainConfig(max_steps=steps, batch_size=4), DistInfo())
+    stream = MicroBatches(train[: steps * a.batch_size], TrainConfig(max_steps=steps, batch_size=4), DistInfo())
     theirs = [stream.get(i) for i in range(steps)]
     assert [[s.id for s in b] for b in ours] == [[s.id for s in b] for b in theirs]
     seen = [s.id for b in ours for s in b]
-    assert sorted(seen) == sorted(s.id for s in train[:steps * 4])  # one pass: every sample once, fresh data
+    assert sorted(seen) == sorted(s.id for s in train[: steps * 4])  # one pass: every sample once, fresh data
 
 
 def test_every_eaglewire_arm_is_options_the_trainer_takes():
@@ -55,8 +55,16 @@ def test_dflash_arms_train_the_same_draft():
     from benchmarks.peer_training.peer_training import family_options, speculators_job
 
     taps = (3, 10, 16, 22, 29)
-    a = argparse.Namespace(family="dflash", block_size=8, anchors=32, batch_size=4, ttt=3, mask_token_id=16,
-                           verifier=Path("v"), spec_layer_ids=list(to_engine(taps, "vllm", 30)))
+    a = argparse.Namespace(
+        family="dflash",
+        block_size=8,
+        anchors=32,
+        batch_size=4,
+        ttt=3,
+        mask_token_id=16,
+        verifier=Path("v"),
+        spec_layer_ids=list(to_engine(taps, "vllm", 30)),
+    )
     opts = family_options("eaglewire", None, a)
     knobs = {"--" + name.replace("_", "-"): annotation for name, (annotation, _) in knob_fields("cli").items()}
     for flag, value in zip(opts[::2], opts[1::2]):

@@ -22,9 +22,11 @@ HEAD_DIM = HIDDEN // HEADS
 def test_step_cost_matches_a_hand_count_of_the_llama_shapes():
     target = build_target("llama")
     rows, cached = 3, 10
-    per_layer = (HIDDEN * HIDDEN * 2  # q, o
-                 + 2 * HIDDEN * KV_HEADS * HEAD_DIM  # k, v
-                 + 3 * HIDDEN * INTER)  # gate, up, down
+    per_layer = (
+        HIDDEN * HIDDEN * 2  # q, o
+        + 2 * HIDDEN * KV_HEADS * HEAD_DIM  # k, v
+        + 3 * HIDDEN * INTER
+    )  # gate, up, down
     weights = LAYERS * per_layer + VOCAB * HIDDEN  # untied head: the embedding is only indexed
     ctx = cached + rows
     cost = step_cost(target, rows, cached)

@@ -14,8 +14,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from dump_writers import (client_python, run_client, save_specforge_sample, specforge_path, write_specforge,
-                          write_speculators_arrow, write_speculators_states)
+from dump_writers import (
+    client_python,
+    run_client,
+    save_specforge_sample,
+    specforge_path,
+    write_specforge,
+    write_speculators_arrow,
+    write_speculators_states,
+)
 from safetensors.torch import load_file
 from tiny import build_target, tiny_samples
 
@@ -27,8 +34,10 @@ from eaglewire.errors import ContractMismatch, EaglewireError
 TAPS = (1, 2, 3)  # boundaries of the 4-layer tiny target; SpecForge ids [0, 1, 2], vLLM/speculators [1, 2, 3]
 SHIFTED = (0, 1, 2)  # the seeds' case: the embedding and the inputs of the declared layers
 HAS_PYARROW = importlib.util.find_spec("pyarrow") is not None
-needs_arrow = pytest.mark.skipif(not HAS_PYARROW, reason="pyarrow is not installed: reading speculators' Arrow "
-                                 "dataset needs it (pip install 'eaglewire[dumps]')")
+needs_arrow = pytest.mark.skipif(
+    not HAS_PYARROW,
+    reason="pyarrow is not installed: reading speculators' Arrow dataset needs it (pip install 'eaglewire[dumps]')",
+)
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +77,9 @@ def _reference(tmp_path, target, samples) -> Path:
 @pytest.mark.parametrize("compress", [False, True], ids=["ckpt", "ckpt.gz"])
 def test_specforge_import_equals_our_capture(tmp_path, target, samples, compress):
     write_specforge(tmp_path / "dump", target, samples, TAPS, compress=compress, group=3)  # 2 rows_* folders
-    manifest = import_dump(tmp_path / "dump", "specforge", target, tmp_path / "feat", taps=[0, 1, 2],
-                           shard_samples=2, dtype=torch.float32)
+    manifest = import_dump(
+        tmp_path / "dump", "specforge", target, tmp_path / "feat", taps=[0, 1, 2], shard_samples=2, dtype=torch.float32
+    )
     assert manifest["contract"]["taps"] == list(TAPS)  # SpecForge ids [0, 1, 2] -> boundaries [1, 2, 3]
     assert manifest["source"]["format"] == "specforge" and manifest["source"]["verified_samples"] == 2
     assert manifest["samples"] == 5 and len(manifest["shards"]) == 3
@@ -107,8 +117,9 @@ def test_speculators_import_equals_our_capture(tmp_path, target, samples):
             assert torch.equal(theirs[f"{i}|verifier_last_hidden_states"], s.last)
             assert torch.equal(theirs[f"{i}|loss_mask"], s.loss_mask)
         assert "4|hidden_states" not in theirs
-    manifest = import_dump(dump, "auto", target, tmp_path / "feat", taps=[1, 2, 3, 4], shard_samples=2,
-                           dtype=torch.float32)  # vLLM ids incl. the last layer (--include-last-layer)
+    manifest = import_dump(
+        dump, "auto", target, tmp_path / "feat", taps=[1, 2, 3, 4], shard_samples=2, dtype=torch.float32
+    )  # vLLM ids incl. the last layer (--include-last-layer)
     assert manifest["contract"]["taps"] == list(TAPS) and manifest["samples"] == 4
     assert manifest["source"]["rows_without_states"] == 1
     assert manifest["source"]["last_state"] == "pre-norm + target final norm"
@@ -126,8 +137,15 @@ def test_speculators_states_written_elsewhere(tmp_path, target, samples):
     shutil.move(str(dump / "hidden_states"), str(tmp_path / "elsewhere"))
     with pytest.raises(EaglewireError, match="no samples with hidden states"):
         import_dump(dump, "speculators", target, tmp_path / "none", taps=[1, 2, 3, 4])
-    manifest = import_dump(dump, "speculators", target, tmp_path / "feat", taps=[1, 2, 3, 4], dtype=torch.float32,
-                           states_dir=tmp_path / "elsewhere")
+    manifest = import_dump(
+        dump,
+        "speculators",
+        target,
+        tmp_path / "feat",
+        taps=[1, 2, 3, 4],
+        dtype=torch.float32,
+        states_dir=tmp_path / "elsewhere",
+    )
     assert manifest["samples"] == 3
     _assert_same_features(tmp_path / "feat", _reference(tmp_path, target, samples[:3]), target, samples[:3])
     with pytest.raises(EaglewireError, match="speculators layout"):
@@ -212,8 +230,10 @@ def test_inspect_single_state_and_wrong_side_of_the_norm(tmp_path, target, sampl
     write_specforge(tmp_path / "pre", target, samples[:2], TAPS, last="pre-norm")
     rep = inspect_dump(tmp_path / "pre", "specforge", target, declared_taps=[0, 1, 2])
     assert rep.found_taps == [1, 2, 3] and rep.stored[-1].found == 4
-    assert ("the last state is output of decoder layer 3 (the last, before the final norm), the format says "
-            "the final-norm output") in rep.findings[0]
+    assert (
+        "the last state is output of decoder layer 3 (the last, before the final norm), the format says "
+        "the final-norm output"
+    ) in rep.findings[0]
 
 
 def test_inspect_our_own_feature_dir_and_another_target(tmp_path, target, samples):
@@ -277,8 +297,9 @@ def test_damaged_specforge_sample_is_refused_naming_the_file(tmp_path, target, s
     msg = str(err.value)
     assert str(paths[3]) in msg and what in msg and detail in msg and "expected:" in msg
     assert sorted(p.name for p in out.iterdir()) == ["shard-00000.safetensors"]  # no manifest, no temp file
-    assert load_file(str(out / "shard-00000.safetensors"))["offsets"].tolist()[-1] == \
-        sum(len(s.input_ids) for s in samples[:2])
+    assert load_file(str(out / "shard-00000.safetensors"))["offsets"].tolist()[-1] == sum(
+        len(s.input_ids) for s in samples[:2]
+    )
     write_specforge(tmp_path / "dump", target, samples, TAPS)  # repaired: the import resumes and completes
     assert import_dump(tmp_path / "dump", "specforge", target, out, taps=[0, 1, 2], shard_samples=2)["samples"] == 5
 
@@ -301,6 +322,7 @@ def test_damaged_speculators_sample_is_refused_naming_the_file(tmp_path, target,
         paths[1].write_bytes(paths[1].read_bytes()[:300])
     else:
         from safetensors.torch import save_file
+
         key = "token_ids" if case == "token_ids" else "hidden_states"
         bad[key] = (bad[key] + 1) if case == "token_ids" else bad[key][:-1].contiguous()
         save_file(bad, str(paths[1]))

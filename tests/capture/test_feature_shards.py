@@ -41,8 +41,12 @@ def made(tmp_path_factory):
     target = load_target(str(tdir))
     contract = target.contract(TAPS)
     capture_features(target, contract, tiny_samples(10), d / "feat", pad_id=0, shard_samples=4, dtype=torch.float32)
-    save_vocab(d / "v.safetensors", VocabMap.from_target_ids(torch.arange(0, 256), target.vocab_size),
-               torch.ones(target.vocab_size, dtype=torch.long), {})
+    save_vocab(
+        d / "v.safetensors",
+        VocabMap.from_target_ids(torch.arange(0, 256), target.vocab_size),
+        torch.ones(target.vocab_size, dtype=torch.long),
+        {},
+    )
     return {"dir": d, "target": tdir, "contract": contract, "feat": d / "feat"}
 
 
@@ -80,6 +84,7 @@ def _manifest(fn):
         m = json.loads((feat / "manifest.json").read_text())
         fn(m)
         (feat / "manifest.json").write_text(json.dumps(m))
+
     return apply
 
 
@@ -91,8 +96,10 @@ DAMAGES = {  # name -> (what it does to a copy of the directory, the file the er
     "edited byte": (lambda f: (f / S1).write_bytes(_flip((f / S1).read_bytes(), -7)), S1),
     "another width": (lambda f: _rewrite(f, S1, _set("taps", lambda x: torch.cat([x, x[:, :5]], 1))), S1),
     "ids longer than the shard": (lambda f: _rewrite(f, S1, _more_ids), S1),
-    "offsets past the data": (lambda f: _rewrite(f, S1, _set("offsets", lambda o: o + torch.tensor(
-        [0] * (len(o) - 1) + [9]))), S1),
+    "offsets past the data": (
+        lambda f: _rewrite(f, S1, _set("offsets", lambda o: o + torch.tensor([0] * (len(o) - 1) + [9]))),
+        S1,
+    ),
     "falling offsets": (lambda f: _rewrite(f, S1, _set("offsets", lambda o: o.flip(0))), S1),
     "rows disagree": (lambda f: _rewrite(f, S1, _set("loss_mask", lambda x: x[:-1])), S1),
     "float token ids": (lambda f: _rewrite(f, S1, _set("input_ids", lambda x: x.float())), S1),
@@ -102,7 +109,7 @@ DAMAGES = {  # name -> (what it does to a copy of the directory, the file the er
 
 
 def _flip(raw: bytes, i: int) -> bytes:
-    return raw[:i] + bytes([raw[i] ^ 0x40]) + raw[i + 1:] if raw[i + 1:] else raw[:i] + bytes([raw[i] ^ 0x40])
+    return raw[:i] + bytes([raw[i] ^ 0x40]) + raw[i + 1 :] if raw[i + 1 :] else raw[:i] + bytes([raw[i] ^ 0x40])
 
 
 def _refused_by_inspect(feat: Path, name: str) -> None:
@@ -135,8 +142,22 @@ def test_train_on_a_damaged_shard_exits_2_and_writes_no_run(made, tmp_path):
     feat = _copy(made, tmp_path)
     DAMAGES["offsets past the data"][0](feat)
     out = tmp_path / "run"
-    r = CliRunner().invoke(app, ["train", "--target", str(made["target"]), "--features", str(feat), "--vocab",
-                                 str(made["dir"] / "v.safetensors"), "--out", str(out), "--max-steps", "1"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "--target",
+            str(made["target"]),
+            "--features",
+            str(feat),
+            "--vocab",
+            str(made["dir"] / "v.safetensors"),
+            "--out",
+            str(out),
+            "--max-steps",
+            "1",
+        ],
+    )
     assert r.exit_code == 2 and "Traceback" not in r.output and S1 in "".join(r.output.split()), r.output
     assert not out.exists()
 
@@ -146,14 +167,14 @@ def test_a_smaller_recapture_into_the_same_out_drops_its_own_stale_shards(made, 
 
     feat = _copy(made, tmp_path)
     target = load_target(str(made["target"]))
-    capture_features(target, made["contract"], tiny_samples(5), feat, pad_id=0, shard_samples=4,
-                     dtype=torch.float32)
+    capture_features(target, made["contract"], tiny_samples(5), feat, pad_id=0, shard_samples=4, dtype=torch.float32)
     assert sorted(p.name for p in feat.glob("shard-*")) == ["shard-00000.safetensors", "shard-00001.safetensors"]
     assert len(OfflineFeatures(feat, made["contract"], pad_id=0).sample_ids()) == 5
 
 
-@settings(max_examples=CASES, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=CASES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(data=st.data())
 def test_a_mutated_feature_directory(made, data):
     """Bytes of a shard or the manifest flipped, cut or inserted: refused naming the file, or (the manifest
@@ -180,8 +201,7 @@ def test_a_resumed_capture_recaptures_a_shard_changed_since_it_was_recorded(made
     feat = _copy(made, tmp_path)
     DAMAGES["edited, digest kept"][0](feat)  # same layout and ids, other numbers
     target = load_target(str(made["target"]))
-    capture_features(target, made["contract"], tiny_samples(10), feat, pad_id=0, shard_samples=4,
-                     dtype=torch.float32)
+    capture_features(target, made["contract"], tiny_samples(10), feat, pad_id=0, shard_samples=4, dtype=torch.float32)
     with safe_open(str(feat / S1), framework="pt") as a, safe_open(str(made["feat"] / S1), framework="pt") as b:
         assert torch.equal(a.get_tensor("final_hidden"), b.get_tensor("final_hidden"))  # captured again
     assert len(OfflineFeatures(feat, made["contract"], pad_id=0).sample_ids()) == 10

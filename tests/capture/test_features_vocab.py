@@ -10,8 +10,16 @@ from tiny import build_target, tiny_samples
 
 from eaglewire.capture.features import OfflineFeatures, OnlineFeatures, capture_features
 from eaglewire.errors import ContractMismatch
-from eaglewire.draft.vocab import (VocabMap, build_vocab_map, count_masked_tokens, coverage, grow_vocab_map, load_vocab,
-                             save_vocab, VocabMapError)
+from eaglewire.draft.vocab import (
+    VocabMap,
+    build_vocab_map,
+    count_masked_tokens,
+    coverage,
+    grow_vocab_map,
+    load_vocab,
+    save_vocab,
+    VocabMapError,
+)
 
 
 @pytest.fixture(scope="module")
@@ -22,8 +30,9 @@ def target():
 def test_offline_equals_online_and_manifest(tmp_path, target):
     contract = target.contract((1, 2, 4))
     samples = tiny_samples(10)
-    manifest = capture_features(target, contract, samples, tmp_path, pad_id=0, shard_samples=4, batch_size=3,
-                                dtype=torch.float32)
+    manifest = capture_features(
+        target, contract, samples, tmp_path, pad_id=0, shard_samples=4, batch_size=3, dtype=torch.float32
+    )
     assert [s["samples"] for s in manifest["shards"]] == [4, 4, 2]
     assert manifest["tokens"] == sum(len(s.input_ids) for s in samples)
     stats = manifest["tap_stats"]

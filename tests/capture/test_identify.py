@@ -58,8 +58,19 @@ def test_probe_cli_with_ids_option(tmp_path):
     _, contract = build_draft(target, taps=(2, 4, 7))
     (tmp_path / "c.json").write_text(contract.to_json())
     dump = _dump(tmp_path, target, (1, 2, 4), with_ids=False)
-    args = ["doctor", "probe", "--dump", str(dump), "--target", str(tmp_path / "t"), "--contract",
-            str(tmp_path / "c.json"), "--ids", ",".join(map(str, IDS[0].tolist())), "--json"]
+    args = [
+        "doctor",
+        "probe",
+        "--dump",
+        str(dump),
+        "--target",
+        str(tmp_path / "t"),
+        "--contract",
+        str(tmp_path / "c.json"),
+        "--ids",
+        ",".join(map(str, IDS[0].tolist())),
+        "--json",
+    ]
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 1, r.output
     assert json.loads(r.stdout)["received"] == [1, 2, 4]

@@ -28,8 +28,9 @@ finally:
 
 def _heavy_imports(*args: str) -> dict[str, bool]:
     env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, env=env,
-                         timeout=120, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, *args], capture_output=True, text=True, env=env, timeout=120, check=True
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 

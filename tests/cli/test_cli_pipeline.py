@@ -15,8 +15,13 @@ from eaglewire.cli.app import app
 from eaglewire.target.loader import resolve_target
 
 CONVS = [
-    {"id": f"c{i}", "messages": [{"role": "user", "content": f"Count from {i} to {i + 5}."},
-                                 {"role": "assistant", "content": " ".join(str(j) for j in range(i, i + 6))}]}
+    {
+        "id": f"c{i}",
+        "messages": [
+            {"role": "user", "content": f"Count from {i} to {i + 5}."},
+            {"role": "assistant", "content": " ".join(str(j) for j in range(i, i + 6))},
+        ],
+    }
     for i in range(40)
 ]
 
@@ -26,9 +31,17 @@ def tiny_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny_target")
     tok = AutoTokenizer.from_pretrained(resolve_target(None)[1])
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=8,
-                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
-                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     LlamaForCausalLM(cfg).save_pretrained(d)
     tok.save_pretrained(d)
     data = d / "convs.jsonl"
@@ -44,14 +57,38 @@ def _run(*args):
 
 def test_vocab_capture_train_offline_and_online(tiny_dir, tmp_path):
     data = tiny_dir / "convs.jsonl"
-    r = _run("vocab", "build", "--target", tiny_dir, "--data", data, "--out", tmp_path / "v.safetensors",
-             "--draft-vocab-size", 512)
+    r = _run(
+        "vocab",
+        "build",
+        "--target",
+        tiny_dir,
+        "--data",
+        data,
+        "--out",
+        tmp_path / "v.safetensors",
+        "--draft-vocab-size",
+        512,
+    )
     assert "coverage train 100.00%" in r.output
     _run("data", "capture", "--target", tiny_dir, "--data", data, "--out", tmp_path / "feat", "--shard-samples", 16)
     manifest = json.loads((tmp_path / "feat" / "manifest.json").read_text())
     assert manifest["samples"] == 40 and manifest["contract"]["taps"] == [2, 4, 5]
-    common = ["--target", tiny_dir, "--vocab", tmp_path / "v.safetensors", "--max-steps", 6, "--eval-every", 3,
-              "--batch-size", 4, "--ttt-steps", 2, "--heldout-fraction", 0.2]
+    common = [
+        "--target",
+        tiny_dir,
+        "--vocab",
+        tmp_path / "v.safetensors",
+        "--max-steps",
+        6,
+        "--eval-every",
+        3,
+        "--batch-size",
+        4,
+        "--ttt-steps",
+        2,
+        "--heldout-fraction",
+        0.2,
+    ]
     _run("train", "--features", tmp_path / "feat", "--out", tmp_path / "off", *common)
     _run("train", "--data", data, "--out", tmp_path / "on", *common)
     off = json.loads((tmp_path / "off" / "summary.json").read_text())
@@ -62,32 +99,116 @@ def test_vocab_capture_train_offline_and_online(tiny_dir, tmp_path):
     assert (tmp_path / "off" / "training.png").stat().st_size > 10_000
     assert (tmp_path / "off" / "draft" / "model.safetensors").exists()
     # the trained draft runs speculative decoding and the benchmark (lossless: same tokens as vanilla)
-    r = _run("generate", "--target", tiny_dir, "--draft", tmp_path / "off" / "draft", "-p", "Count from 3 to 8.",
-             "--max-new-tokens", 12, "--num-speculative-tokens", 2, "--json")
+    r = _run(
+        "generate",
+        "--target",
+        tiny_dir,
+        "--draft",
+        tmp_path / "off" / "draft",
+        "-p",
+        "Count from 3 to 8.",
+        "--max-new-tokens",
+        12,
+        "--num-speculative-tokens",
+        2,
+        "--json",
+    )
     assert len(json.loads(r.stdout)["tokens"]) <= 12
-    _run("bench", "--target", tiny_dir, "--draft", tmp_path / "off" / "draft", "--questions", data, "--limit", 2,
-         "--max-new-tokens", 8, "--out", tmp_path / "bench", "--num-steps", 2, "--topk", 2, "--num-draft-tokens", 4)
+    _run(
+        "bench",
+        "--target",
+        tiny_dir,
+        "--draft",
+        tmp_path / "off" / "draft",
+        "--questions",
+        data,
+        "--limit",
+        2,
+        "--max-new-tokens",
+        8,
+        "--out",
+        tmp_path / "bench",
+        "--num-steps",
+        2,
+        "--topk",
+        2,
+        "--num-draft-tokens",
+        4,
+    )
     result = json.loads((tmp_path / "bench" / "bench.json").read_text())
     assert result["dtype"] == "float32"  # the --dtype default
     assert all(m["matches_vanilla"] == 2 for n, m in result["methods"].items() if n.startswith("eagle"))
     assert (tmp_path / "bench" / "bench.png").exists() and "eagle_tree" in (tmp_path / "bench" / "bench.md").read_text()
     qa = tmp_path / "qa.jsonl"  # second turns are asked after the target's regenerated first answer
-    qa.write_text("\n".join(json.dumps({"id": f"q{i}", "messages": [
-        {"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."},
-        {"role": "user", "content": "Another one?"}, {"role": "assistant", "content": "Red."}]}) for i in range(2)))
-    _run("bench", "--target", tiny_dir, "--draft", tmp_path / "off" / "draft", "--questions", qa, "--answers", qa,
-         "--turns", 2, "--limit", 2, "--max-new-tokens", 4, "--out", tmp_path / "bench2")
+    qa.write_text(
+        "\n".join(
+            json.dumps(
+                {
+                    "id": f"q{i}",
+                    "messages": [
+                        {"role": "user", "content": "Name a colour."},
+                        {"role": "assistant", "content": "Blue."},
+                        {"role": "user", "content": "Another one?"},
+                        {"role": "assistant", "content": "Red."},
+                    ],
+                }
+            )
+            for i in range(2)
+        )
+    )
+    _run(
+        "bench",
+        "--target",
+        tiny_dir,
+        "--draft",
+        tmp_path / "off" / "draft",
+        "--questions",
+        qa,
+        "--answers",
+        qa,
+        "--turns",
+        2,
+        "--limit",
+        2,
+        "--max-new-tokens",
+        4,
+        "--out",
+        tmp_path / "bench2",
+    )
     assert json.loads((tmp_path / "bench2" / "bench.json").read_text())["prompts"] == 4
 
 
 def test_train_refuses_features_of_other_taps(tiny_dir, tmp_path):
     data = tiny_dir / "convs.jsonl"
-    _run("vocab", "build", "--target", tiny_dir, "--data", data, "--out", tmp_path / "v.safetensors",
-         "--draft-vocab-size", 512)
+    _run(
+        "vocab",
+        "build",
+        "--target",
+        tiny_dir,
+        "--data",
+        data,
+        "--out",
+        tmp_path / "v.safetensors",
+        "--draft-vocab-size",
+        512,
+    )
     _run("data", "capture", "--target", tiny_dir, "--data", data, "--out", tmp_path / "feat", "--limit", 8)
-    r = CliRunner().invoke(app, ["train", "--target", str(tiny_dir), "--features", str(tmp_path / "feat"),
-                                 "--vocab", str(tmp_path / "v.safetensors"), "--out", str(tmp_path / "o"),
-                                 "--taps", "1,2,3"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "--target",
+            str(tiny_dir),
+            "--features",
+            str(tmp_path / "feat"),
+            "--vocab",
+            str(tmp_path / "v.safetensors"),
+            "--out",
+            str(tmp_path / "o"),
+            "--taps",
+            "1,2,3",
+        ],
+    )
     assert r.exit_code == 2 and "another wiring contract" in r.output and "taps" in r.output
 
 
@@ -110,17 +231,55 @@ def test_train_from_features_never_loads_the_target(tiny_dir, tmp_path, monkeypa
     import transformers
 
     data = tiny_dir / "convs.jsonl"
-    _run("vocab", "build", "--target", tiny_dir, "--data", data, "--out", tmp_path / "v.safetensors",
-         "--draft-vocab-size", 512)
-    _run("data", "capture", "--target", tiny_dir, "--data", data, "--out", tmp_path / "feat", "--limit", 12,
-         "--taps", "1,3,6")
+    _run(
+        "vocab",
+        "build",
+        "--target",
+        tiny_dir,
+        "--data",
+        data,
+        "--out",
+        tmp_path / "v.safetensors",
+        "--draft-vocab-size",
+        512,
+    )
+    _run(
+        "data",
+        "capture",
+        "--target",
+        tiny_dir,
+        "--data",
+        data,
+        "--out",
+        tmp_path / "feat",
+        "--limit",
+        12,
+        "--taps",
+        "1,3,6",
+    )
 
     def refuse(*args, **kwargs):
         raise AssertionError("offline training loaded the target model")
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
-    common = ["--target", tiny_dir, "--features", tmp_path / "feat", "--vocab", tmp_path / "v.safetensors",
-              "--max-steps", 2, "--eval-every", 2, "--batch-size", 2, "--ttt-steps", 2, "--heldout-fraction", 0.2]
+    common = [
+        "--target",
+        tiny_dir,
+        "--features",
+        tmp_path / "feat",
+        "--vocab",
+        tmp_path / "v.safetensors",
+        "--max-steps",
+        2,
+        "--eval-every",
+        2,
+        "--batch-size",
+        2,
+        "--ttt-steps",
+        2,
+        "--heldout-fraction",
+        0.2,
+    ]
     r = _run("train", "--out", tmp_path / "o", *common)
     assert "taps [1, 3, 6]" in r.output
     assert json.loads((tmp_path / "o" / "summary.json").read_text())["contract"]["taps"] == [1, 3, 6]
@@ -134,8 +293,25 @@ def test_short_real_target_training_run(tmp_path):
     data = tmp_path / "convs.jsonl"
     data.write_text("\n".join(json.dumps(c) for c in CONVS[:6]))
     _run("vocab", "build", "--data", data, "--out", tmp_path / "v.safetensors", "--draft-vocab-size", 2048)
-    _run("train", "--data", data, "--vocab", tmp_path / "v.safetensors", "--out", tmp_path / "run", "--max-steps", 2,
-         "--batch-size", 2, "--ttt-steps", 2, "--eval-every", 2, "--heldout-fraction", 0.3)
+    _run(
+        "train",
+        "--data",
+        data,
+        "--vocab",
+        tmp_path / "v.safetensors",
+        "--out",
+        tmp_path / "run",
+        "--max-steps",
+        2,
+        "--batch-size",
+        2,
+        "--ttt-steps",
+        2,
+        "--eval-every",
+        2,
+        "--heldout-fraction",
+        0.3,
+    )
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["contract"]["target"]["num_layers"] == 30 and summary["contract"]["draft_vocab_size"] == 2048
 
@@ -157,6 +333,7 @@ def test_data_import_and_inspect_commands(tiny_dir, tmp_path):
     _run("data", "import", tmp_path / "good", "--target", tiny_dir, "--out", tmp_path / "feat")
     manifest = json.loads((tmp_path / "feat" / "manifest.json").read_text())
     assert manifest["contract"]["taps"] == [2, 4, 5] and manifest["samples"] == len(samples)
-    refused = CliRunner().invoke(app, ["data", "import", str(tmp_path / "seeds"), "--target", str(tiny_dir),
-                                       "--out", str(tmp_path / "feat2")])
+    refused = CliRunner().invoke(
+        app, ["data", "import", str(tmp_path / "seeds"), "--target", str(tiny_dir), "--out", str(tmp_path / "feat2")]
+    )
     assert refused.exit_code != 0 and not (tmp_path / "feat2" / "manifest.json").exists()

@@ -20,8 +20,21 @@ from eaglewire.errors import EaglewireError
 CASES = 30  # generated cases per printer test in CI
 CLI_CASES = 8  # generated values through the commands (5 command runs each, no model loaded)
 
-TAGS = ["[/]", "[bold]", "[/bold]", "[red]x[/red]", "[link=file:///etc]", "\\[", "[", "]", "[]", "[[/]]",
-        "[bold red]error:[/]", ":smile:", "[@click=app.quit]"]
+TAGS = [
+    "[/]",
+    "[bold]",
+    "[/bold]",
+    "[red]x[/red]",
+    "[link=file:///etc]",
+    "\\[",
+    "[",
+    "]",
+    "[]",
+    "[[/]]",
+    "[bold red]error:[/]",
+    ":smile:",
+    "[@click=app.quit]",
+]
 markup = st.lists(st.sampled_from(TAGS) | st.text("ab [/]=:\\", max_size=6), min_size=1, max_size=5).map("".join)
 
 
@@ -75,11 +88,13 @@ def test_markup_looking_values_reach_the_user_through_the_commands_error_paths(v
         cfg.write_text(yaml.safe_dump({value: 1}))  # a config key
         cfg2 = d / "run2.yaml"
         cfg2.write_text(yaml.safe_dump({"data": {"engine": value}}))  # a config value
-        cases = [(("export", str(draft), "--format", "vllm", "--out", str(d / "e")), repr(value)),
-                 (("run", "--config", str(cfg), "--show-config"), value),
-                 (("run", "--config", str(cfg2), "--show-config"), repr(value)),
-                 (("run", "--budget", value, "--show-config"), value),  # an argument
-                 (("export", str(d / value), "--format", "vllm", "--out", str(d / "e")), str(d / value))]  # a path
+        cases = [
+            (("export", str(draft), "--format", "vllm", "--out", str(d / "e")), repr(value)),
+            (("run", "--config", str(cfg), "--show-config"), value),
+            (("run", "--config", str(cfg2), "--show-config"), repr(value)),
+            (("run", "--budget", value, "--show-config"), value),  # an argument
+            (("export", str(d / value), "--format", "vllm", "--out", str(d / "e")), str(d / value)),
+        ]  # a path
         for args, shown in cases:
             r = _run(*args)
             assert r.exit_code == 2, (args, r.output, r.exception)

@@ -27,32 +27,87 @@ def _setup(tmp_path):
 
 
 def _greedy(target, msgs, n):
-    ids = target.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, return_dict=True,
-                                               return_tensors="pt")["input_ids"]
+    ids = target.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, return_dict=True, return_tensors="pt")[
+        "input_ids"
+    ]
     return greedy_reference(StaticRuntime(target, max_len=256), ids, n, eos={target.tokenizer.eos_token_id})
 
 
 def test_generate_bench_and_serve_take_a_dflash_draft(tmp_path):
     tdir, target, ddir = _setup(tmp_path)
-    r = CliRunner().invoke(app, ["generate", "--target", str(tdir), "--draft", str(ddir), "-p", "Hi.", "--json",
-                                 "--max-new-tokens", "10", "--draft-dtype", "target", "--compile", "never"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "generate",
+            "--target",
+            str(tdir),
+            "--draft",
+            str(ddir),
+            "-p",
+            "Hi.",
+            "--json",
+            "--max-new-tokens",
+            "10",
+            "--draft-dtype",
+            "target",
+            "--compile",
+            "never",
+        ],
+    )
     assert r.exit_code == 0, r.output + repr(r.exception)
     out = json.loads(r.stdout)
     assert out["tokens"] == _greedy(target, [{"role": "user", "content": "Hi."}], 10)
     assert len(out["stats"]["per_position"]) == 3  # B-1 drafts per round
 
     questions = tmp_path / "q.jsonl"
-    questions.write_text("\n".join(json.dumps({"id": f"q{i}", "messages": [{"role": "user", "content": q}]})
-                                   for i, q in enumerate(["Name a colour.", "Count to five."])))
-    r = CliRunner().invoke(app, ["bench", "--target", str(tdir), "--draft", str(ddir), "--dflash-draft", str(ddir),
-                                 "--questions", str(questions), "--limit", "2", "--max-new-tokens", "8",
-                                 "--methods", "vanilla,dflash", "--out", str(tmp_path / "b")])
+    questions.write_text(
+        "\n".join(
+            json.dumps({"id": f"q{i}", "messages": [{"role": "user", "content": q}]})
+            for i, q in enumerate(["Name a colour.", "Count to five."])
+        )
+    )
+    r = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--target",
+            str(tdir),
+            "--draft",
+            str(ddir),
+            "--dflash-draft",
+            str(ddir),
+            "--questions",
+            str(questions),
+            "--limit",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--methods",
+            "vanilla,dflash",
+            "--out",
+            str(tmp_path / "b"),
+        ],
+    )
     assert r.exit_code == 0, r.output + repr(r.exception)
     result = json.loads((tmp_path / "b" / "bench.json").read_text())
     assert result["methods"]["dflash"]["matches_vanilla"] == 2 and result["block"]["num_steps"] == 3
     assert len(result["methods"]["dflash"]["per_position"]) == 3
-    r = CliRunner().invoke(app, ["bench", "--target", str(tdir), "--draft", str(ddir), "--questions", str(questions),
-                                 "--methods", "vanilla,dflash", "--out", str(tmp_path / "c")])
+    r = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--target",
+            str(tdir),
+            "--draft",
+            str(ddir),
+            "--questions",
+            str(questions),
+            "--methods",
+            "vanilla,dflash",
+            "--out",
+            str(tmp_path / "c"),
+        ],
+    )
     assert r.exit_code != 0 and "--dflash-draft" in r.output + str(r.exception)
 
 
@@ -62,8 +117,9 @@ def test_server_decodes_with_a_dflash_draft(tmp_path):
 
     _, target, ddir = _setup(tmp_path)
     draft = load_checkpoint(ddir, target=target)
-    httpd = build_server(target, draft, proposal_shape(draft.contract, None), "tiny", 128, 32, "127.0.0.1", 0,
-                         log=lambda _: None)
+    httpd = build_server(
+        target, draft, proposal_shape(draft.contract, None), "tiny", 128, 32, "127.0.0.1", 0, log=lambda _: None
+    )
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
         msgs = [{"role": "user", "content": "Say something."}]
@@ -88,8 +144,12 @@ def test_export_writes_a_dflash_draft_in_every_block_format_and_names_its_ids(tm
     draft = build_dflash_draft(target, dflash_contract(target, (1, 2, 3), block), num_layers=1)  # zlab: no final tap
     save_checkpoint(draft, draft.contract, tmp_path / "d3")
     ddir = tmp_path / "d3"
-    for fmt, field in (("zlab", "dflash_config.target_layer_ids"), ("sglang", "dflash_config.target_layer_ids"),
-                       ("vllm", "aux_hidden_state_layer_ids"), ("speculators", "aux_hidden_state_layer_ids")):
+    for fmt, field in (
+        ("zlab", "dflash_config.target_layer_ids"),
+        ("sglang", "dflash_config.target_layer_ids"),
+        ("vllm", "aux_hidden_state_layer_ids"),
+        ("speculators", "aux_hidden_state_layer_ids"),
+    ):
         out = tmp_path / f"x-{fmt}"
         r = CliRunner().invoke(app, ["export", str(ddir), "--format", fmt, "--out", str(out)])
         assert r.exit_code == 0, r.output

@@ -42,45 +42,68 @@ ids, taps, ours = io["ids"], io["taps"], io["logits"]
 
 def build(attention_backend: str):
     """SpecForge's own config resolution and draft builder for an offline eagle3 run on this export."""
-    cfg = Config(model={"target_model_path": target_dir, "draft_checkpoint_path": export_dir,
-                        "torch_dtype": "float32"},
-                 data={"hidden_states_path": io_file}, training={"attention_backend": attention_backend,
-                                                                 "strategy": "eagle3"})
+    cfg = Config(
+        model={"target_model_path": target_dir, "draft_checkpoint_path": export_dir, "torch_dtype": "float32"},
+        data={"hidden_states_path": io_file},
+        training={"attention_backend": attention_backend, "strategy": "eagle3"},
+    )
     draft_config = resolve_draft_config(cfg, provider=algorithm_providers().model.draft_config)
     return cfg, draft_config, build_eagle3_draft(cfg, draft_config).eval()
 
 
 cfg, draft_config, model = build("sdpa")
-layer_ids = resolve_eagle_capture_layers(cfg, draft_config, load_target_config(target_dir, cache_dir=None,
-                                                                                 trust_remote_code=False))
+layer_ids = resolve_eagle_capture_layers(
+    cfg, draft_config, load_target_config(target_dir, cache_dir=None, trust_remote_code=False)
+)
 b, t, _ = taps.shape
 positions = torch.arange(t).unsqueeze(0)
 with torch.no_grad():
     hidden = model.project_hidden_states(taps)
-    mask = model.prepare_decoder_attention_mask(attention_mask=torch.ones(b, t, dtype=torch.bool),
-                                                hidden_states=hidden, batch_size=b, seq_length=t,
-                                                past_key_values_length=0)
+    mask = model.prepare_decoder_attention_mask(
+        attention_mask=torch.ones(b, t, dtype=torch.bool),
+        hidden_states=hidden,
+        batch_size=b,
+        seq_length=t,
+        past_key_values_length=0,
+    )
     embeds = model.embed_input_ids(ids).to(hidden.dtype)
-    out = model.backbone(input_embeds=embeds, hidden_states=hidden, cache_hidden=[[], []], attention_mask=mask,
-                         position_ids=positions, past_key_values=None, use_cache=True)
+    out = model.backbone(
+        input_embeds=embeds,
+        hidden_states=hidden,
+        cache_hidden=[[], []],
+        attention_mask=mask,
+        position_ids=positions,
+        past_key_values=None,
+        use_cache=True,
+    )
     train_logits = model.compute_logits(out)
     fwd_logits = model.lm_head(model(hidden_states=taps, inputs_embeds=model.embed_input_ids(ids)))
 
     _, _, flex = build("flex_attention")
-    out = flex.backbone(input_embeds=flex.embed_input_ids(ids), hidden_states=flex.project_hidden_states(taps),
-                        cache_hidden=None, attention_mask=torch.ones(b, t, dtype=torch.bool), position_ids=positions,
-                        past_key_values=DynamicCache(), use_cache=True)
+    out = flex.backbone(
+        input_embeds=flex.embed_input_ids(ids),
+        hidden_states=flex.project_hidden_states(taps),
+        cache_hidden=None,
+        attention_mask=torch.ones(b, t, dtype=torch.bool),
+        position_ids=positions,
+        past_key_values=DynamicCache(),
+        use_cache=True,
+    )
     flex_logits = flex.compute_logits(out)
 
 exported = load_file(f"{export_dir}/model.safetensors")
-print(json.dumps({
-    "train_max_abs_diff": float((train_logits - ours).abs().max()),
-    "train_flex_max_abs_diff": float((flex_logits - ours).abs().max()),
-    "forward_max_abs_diff": float((fwd_logits - ours).abs().max()),
-    "scale": float(ours.abs().max()),
-    "layer_ids": layer_ids,
-    "norm_output_read": bool(model.norm_output),
-    "fc_norm_built": model.fc_norm is not None,
-    "d2t_equal": bool(torch.equal(model.d2t, exported["d2t"])),
-    "t2d_equal": bool(torch.equal(model.t2d, exported["t2d"])),
-}))
+print(
+    json.dumps(
+        {
+            "train_max_abs_diff": float((train_logits - ours).abs().max()),
+            "train_flex_max_abs_diff": float((flex_logits - ours).abs().max()),
+            "forward_max_abs_diff": float((fwd_logits - ours).abs().max()),
+            "scale": float(ours.abs().max()),
+            "layer_ids": layer_ids,
+            "norm_output_read": bool(model.norm_output),
+            "fc_norm_built": model.fc_norm is not None,
+            "d2t_equal": bool(torch.equal(model.d2t, exported["d2t"])),
+            "t2d_equal": bool(torch.equal(model.t2d, exported["t2d"])),
+        }
+    )
+)

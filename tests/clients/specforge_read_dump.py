@@ -12,7 +12,7 @@ dump_dir, out_file = sys.argv[1], sys.argv[2]
 tensors = {}
 for path in list_feature_files(dump_dir):
     raw = load_feature_file(path)  # SpecForge's loader (weights_only=False: trusted test files only)
-    name = path[len(dump_dir):].lstrip("/")
+    name = path[len(dump_dir) :].lstrip("/")
     for key in ("input_ids", "loss_mask", "aux_hidden_state", "hidden_state"):
         tensors[f"{name}|{key}"] = raw[key].contiguous()
 save_file(tensors, out_file)

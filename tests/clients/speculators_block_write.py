@@ -18,18 +18,36 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3Config
 
 out, verifier, ids, block, mask = sys.argv[1:6]
 target = AutoConfig.from_pretrained(verifier)
-layer = Qwen3Config(hidden_size=target.hidden_size, intermediate_size=2 * target.hidden_size,
-                    num_attention_heads=4, num_key_value_heads=2, head_dim=target.hidden_size // 4,
-                    num_hidden_layers=2, vocab_size=target.vocab_size)
+layer = Qwen3Config(
+    hidden_size=target.hidden_size,
+    intermediate_size=2 * target.hidden_size,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=target.hidden_size // 4,
+    num_hidden_layers=2,
+    vocab_size=target.vocab_size,
+)
 layer._attn_implementation = "eager"  # flex attention needs a compiler this CPU run does not use
-classes = {"dflash": (DFlashSpeculatorConfig, DFlashDraftModel), "dspark": (DSparkSpeculatorConfig, DSparkDraftModel),
-           "dflash2": (DFlash2SpeculatorConfig, DFlash2DraftModel)}
+classes = {
+    "dflash": (DFlashSpeculatorConfig, DFlashDraftModel),
+    "dspark": (DSparkSpeculatorConfig, DSparkDraftModel),
+    "dflash2": (DFlash2SpeculatorConfig, DFlash2DraftModel),
+}
 for kind, (config_cls, model_cls) in classes.items():
-    spec = SpeculatorsConfig(algorithm=kind, default_proposal_method="greedy",
-                             proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=int(block) - 1)],
-                             verifier=VerifierConfig(name_or_path=verifier, architectures=target.architectures))
-    config = config_cls(transformer_layer_config=layer, draft_vocab_size=target.vocab_size, block_size=int(block),
-                        aux_hidden_state_layer_ids=[int(i) for i in ids.split(",")], mask_token_id=int(mask),
-                        target_hidden_size=target.hidden_size, speculators_config=spec)
+    spec = SpeculatorsConfig(
+        algorithm=kind,
+        default_proposal_method="greedy",
+        proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=int(block) - 1)],
+        verifier=VerifierConfig(name_or_path=verifier, architectures=target.architectures),
+    )
+    config = config_cls(
+        transformer_layer_config=layer,
+        draft_vocab_size=target.vocab_size,
+        block_size=int(block),
+        aux_hidden_state_layer_ids=[int(i) for i in ids.split(",")],
+        mask_token_id=int(mask),
+        target_hidden_size=target.hidden_size,
+        speculators_config=spec,
+    )
     model_cls(config).save_pretrained(f"{out}/{kind}")
 print("ok")

@@ -14,8 +14,13 @@ from speculators.train.data import ArrowDataset
 
 data_dir, rows_file, out_file = sys.argv[1], sys.argv[2], sys.argv[3]
 rows = json.loads(open(rows_file).read())
-ds = Dataset.from_dict({"input_ids": [r["input_ids"] for r in rows], "loss_mask": [r["loss_mask"] for r in rows],
-                        "seq_len": [len(r["input_ids"]) for r in rows]})
+ds = Dataset.from_dict(
+    {
+        "input_ids": [r["input_ids"] for r in rows],
+        "loss_mask": [r["loss_mask"] for r in rows],
+        "seq_len": [len(r["input_ids"]) for r in rows],
+    }
+)
 ds.set_format(type="torch")
 ds.save_to_disk(data_dir)
 train = ArrowDataset(max_len=4096, datapath=data_dir, on_missing="skip")

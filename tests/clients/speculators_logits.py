@@ -15,5 +15,12 @@ captured = []
 model.lm_head.register_forward_hook(lambda mod, args, out: captured.append(out))
 with torch.no_grad():
     model(hidden_states=io["taps"], input_ids=io["ids"], document_ids=torch.zeros_like(io["ids"]), ttt_steps=1)
-print(json.dumps({"max_abs_diff": float((captured[0] - io["logits"]).abs().max()),
-                  "scale": float(io["logits"].abs().max()), "layer_ids": model.config.eagle_aux_hidden_state_layer_ids}))
+print(
+    json.dumps(
+        {
+            "max_abs_diff": float((captured[0] - io["logits"]).abs().max()),
+            "scale": float(io["logits"].abs().max()),
+            "layer_ids": model.config.eagle_aux_hidden_state_layer_ids,
+        }
+    )
+)

@@ -16,7 +16,14 @@ from speculators import SpeculatorModel  # noqa: E402
 src, out = sys.argv[1], Path(sys.argv[2])
 model = SpeculatorModel.from_pretrained(src)
 model.save_pretrained(out)
-print(json.dumps({"class": type(model).__name__, "files": sorted(p.name for p in out.iterdir()),
-                  "param_dtypes": sorted({str(p.dtype) for p in model.parameters()}),
-                  "layer_ids": model.config.eagle_aux_hidden_state_layer_ids,
-                  "vocab_mapped": bool(model.t2d is not None and torch.any(model.t2d))}))
+print(
+    json.dumps(
+        {
+            "class": type(model).__name__,
+            "files": sorted(p.name for p in out.iterdir()),
+            "param_dtypes": sorted({str(p.dtype) for p in model.parameters()}),
+            "layer_ids": model.config.eagle_aux_hidden_state_layer_ids,
+            "vocab_mapped": bool(model.t2d is not None and torch.any(model.t2d)),
+        }
+    )
+)

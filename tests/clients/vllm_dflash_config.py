@@ -22,9 +22,13 @@ for d in sys.argv[1:]:
     else:
         hf = EAGLEConfig(AutoConfig.from_pretrained(d), method="dflash", model_type="eagle")
     spec = SimpleNamespace(draft_model_config=SimpleNamespace(hf_config=hf))
-    out[d] = {"aux": list(get_eagle3_aux_layers_from_config(spec) or []),
-              "causal": [_dflash_layer_causal(hf, i) for i in range(hf.num_hidden_layers)],
-              "rope_theta": hf.rope_parameters["rope_theta"], "neox": getattr(hf, "is_neox_style", True),
-              "mask_token_id": (getattr(hf, "dflash_config", None) or {}).get("mask_token_id"),
-              "architectures": list(hf.architectures), "draft_vocab_size": getattr(hf, "draft_vocab_size", None)}
+    out[d] = {
+        "aux": list(get_eagle3_aux_layers_from_config(spec) or []),
+        "causal": [_dflash_layer_causal(hf, i) for i in range(hf.num_hidden_layers)],
+        "rope_theta": hf.rope_parameters["rope_theta"],
+        "neox": getattr(hf, "is_neox_style", True),
+        "mask_token_id": (getattr(hf, "dflash_config", None) or {}).get("mask_token_id"),
+        "architectures": list(hf.architectures),
+        "draft_vocab_size": getattr(hf, "draft_vocab_size", None),
+    }
 print(json.dumps(out))

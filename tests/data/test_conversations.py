@@ -16,8 +16,14 @@ def _write(path, text):
 def test_three_formats_jsonl(tmp_path):
     lines = [
         {"id": "a", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]},
-        {"id": "b", "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "q"},
-                                 {"role": "assistant", "content": "a"}]},
+        {
+            "id": "b",
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": "a"},
+            ],
+        },
         {"question_id": 81, "turns": ["first", "second"]},
     ]
     p = _write(tmp_path / "c.jsonl", "\n".join(json.dumps(x) for x in lines))
@@ -51,8 +57,15 @@ def test_malformed_records_counted_and_skipped(tmp_path):
         f.write(body)
     stats = ReadStats()
     assert [c.id for c in read_conversations(p, stats)] == ["ok"]
-    assert stats.skipped == {"empty turn": 1, "unknown role": 1, "two user turns in a row": 1, "bad encoding": 1,
-                             "starts with assistant": 1, "unknown format": 1, "invalid JSON": 1}
+    assert stats.skipped == {
+        "empty turn": 1,
+        "unknown role": 1,
+        "two user turns in a row": 1,
+        "bad encoding": 1,
+        "starts with assistant": 1,
+        "unknown format": 1,
+        "invalid JSON": 1,
+    }
     assert "kept 1" in stats.summary() and stats.read == 8
 
 
@@ -69,10 +82,17 @@ def test_missing_source(tmp_path):
 
 def test_continuation_parts_drop_the_opening_answer(tmp_path, monkeypatch):
     from eaglewire.data import conversations as mod
+
     recs = [
         {"id": "whole", "conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]},
-        {"id": "part_1", "conversations": [{"from": "gpt", "value": "rest of an answer"},
-                                           {"from": "human", "value": "next q"}, {"from": "gpt", "value": "a2"}]},
+        {
+            "id": "part_1",
+            "conversations": [
+                {"from": "gpt", "value": "rest of an answer"},
+                {"from": "human", "value": "next q"},
+                {"from": "gpt", "value": "a2"},
+            ],
+        },
         {"id": "part_2", "conversations": [{"from": "gpt", "value": "only an answer"}]},
     ]
     p = _write(tmp_path / "parts.jsonl", "\n".join(json.dumps(r) for r in recs))

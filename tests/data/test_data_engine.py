@@ -150,7 +150,9 @@ def test_warm_start_copies_weights_and_remaps_the_head(tmp_path):
     target, vmap, contract = _setup()
     samples = tiny_samples(12)
     c = TrainConfig(max_steps=3, batch_size=4, warmup_steps=1, eval_every=3, ckpt_every=3, ttt_steps=1, dtype="fp32")
-    train(target, contract, vmap, OnlineFeatures(target, contract, pad_id=0), samples[:8], samples[8:], c, tmp_path / "a")
+    train(
+        target, contract, vmap, OnlineFeatures(target, contract, pad_id=0), samples[:8], samples[8:], c, tmp_path / "a"
+    )
     first = load_checkpoint(tmp_path / "a" / "draft", target=target)
     other = VocabMap.from_target_ids(torch.arange(0, 192, 1)[::3].sort().values, 256)  # overlaps vmap on multiples of 6
     c2 = TrainConfig(init_from=str(tmp_path / "a" / "draft"), ttt_steps=1)
@@ -178,12 +180,21 @@ def test_norms_knob_names_the_flags_and_a_warm_start_keeps_its_own(tmp_path):
     target, vmap, _ = _setup()
     assert draft_norms(TrainConfig()) == NORM_PRESETS[NEW_DRAFT_NORMS]
     assert draft_norms(TrainConfig(norms="eagle3.1")) == NORM_PRESETS["eagle3.1"] != NORM_PRESETS["eagle3"]
-    c = TrainConfig(max_steps=1, batch_size=4, warmup_steps=1, eval_every=1, ckpt_every=1, ttt_steps=1,
-                    dtype="fp32", norms="speculators")
+    c = TrainConfig(
+        max_steps=1,
+        batch_size=4,
+        warmup_steps=1,
+        eval_every=1,
+        ckpt_every=1,
+        ttt_steps=1,
+        dtype="fp32",
+        norms="speculators",
+    )
     contract = target.contract((1, 2, 3), vocab_map=vmap, norm=draft_norms(c))
     samples = tiny_samples(8)
-    train(target, contract, vmap, OnlineFeatures(target, contract, pad_id=0), samples[:4], samples[4:], c,
-          tmp_path / "a")
+    train(
+        target, contract, vmap, OnlineFeatures(target, contract, pad_id=0), samples[:4], samples[4:], c, tmp_path / "a"
+    )
     src = load_checkpoint(tmp_path / "a" / "draft", target=target)
     assert src.cfg.norm == NORM_PRESETS["speculators"] and src.input_norm is not None
     auto = TrainConfig(init_from=str(tmp_path / "a" / "draft"))
@@ -248,7 +259,9 @@ def test_a_warm_start_grows_layers_that_start_as_the_identity(tmp_path, monkeypa
     target, vmap, contract = _setup()
     samples = tiny_samples(12)
     c = TrainConfig(max_steps=3, batch_size=4, warmup_steps=1, eval_every=3, ckpt_every=3, ttt_steps=1, dtype="fp32")
-    train(target, contract, vmap, OnlineFeatures(target, contract, pad_id=0), samples[:8], samples[8:], c, tmp_path / "a")
+    train(
+        target, contract, vmap, OnlineFeatures(target, contract, pad_id=0), samples[:8], samples[8:], c, tmp_path / "a"
+    )
     one = load_checkpoint(tmp_path / "a" / "draft", target=target).float()
     grow = TrainConfig(init_from=str(tmp_path / "a" / "draft"), num_layers=3)
     batch = OnlineFeatures(target, contract, pad_id=0).batch(samples[:2])
@@ -269,8 +282,16 @@ def test_a_warm_start_grows_layers_that_start_as_the_identity(tmp_path, monkeypa
         for name in ("self_attn.q_proj", "self_attn.v_proj", "mlp.up_proj", "self_attn.o_proj", "mlp.down_proj"):
             assert grown.layers[i].get_submodule(name).weight.grad.abs().sum() > 0, (i, name)
     # shrinking is no warm start: which layer would be dropped is not ours to guess
-    train(target, contract, vmap, OnlineFeatures(target, contract, pad_id=0), samples[:8], samples[8:],
-          TrainConfig(**{**c.to_dict(), "num_layers": 2}), tmp_path / "b")
+    train(
+        target,
+        contract,
+        vmap,
+        OnlineFeatures(target, contract, pad_id=0),
+        samples[:8],
+        samples[8:],
+        TrainConfig(**{**c.to_dict(), "num_layers": 2}),
+        tmp_path / "b",
+    )
     with pytest.raises(CheckpointError, match="cannot warm-start"):
         build_draft(target, contract, vmap, TrainConfig(init_from=str(tmp_path / "b" / "draft"), num_layers=1))
 
@@ -292,8 +313,9 @@ def test_bench_questions_spread_over_categories(tmp_path):
 def test_snapshots_are_kept_at_the_asked_steps(tmp_path):
     target, vmap, contract = _setup()
     samples = tiny_samples(12)
-    c = TrainConfig(max_steps=4, batch_size=4, warmup_steps=1, eval_every=4, ckpt_every=4, ttt_steps=1,
-                    snapshot_steps=(1, 3))
+    c = TrainConfig(
+        max_steps=4, batch_size=4, warmup_steps=1, eval_every=4, ckpt_every=4, ttt_steps=1, snapshot_steps=(1, 3)
+    )
     train(target, contract, vmap, OnlineFeatures(target, contract, pad_id=0), samples[:8], samples[8:], c, tmp_path)
     assert sorted(p.name for p in (tmp_path / "snapshots").iterdir()) == ["step-000001", "step-000003"]
     a = load_checkpoint(tmp_path / "snapshots" / "step-000001", target=target).state_dict()
@@ -332,7 +354,9 @@ def test_feature_mix_serves_extra_directories_without_id_collisions(tmp_path):
     both = mix.batch([fa.samples()[2], extra[0]])
     alone_a, alone_b = fa.batch([fa.samples()[2]]), fb.batch([fb.samples()[0]])
     n = alone_b.input_ids.shape[1]
-    assert torch.equal(both.taps[1, :n], alone_b.taps[0]) and torch.equal(both.taps[0, :alone_a.taps.shape[1]], alone_a.taps[0])
+    assert torch.equal(both.taps[1, :n], alone_b.taps[0]) and torch.equal(
+        both.taps[0, : alone_a.taps.shape[1]], alone_a.taps[0]
+    )
     capture_features(target, contract, b, tmp_path / "c", pad_id=0, dtype=torch.float32)
     with pytest.raises(ContractMismatch, match="store_dtype"):
         FeatureMix(fa, [OfflineFeatures(tmp_path / "c", contract, pad_id=0)])
@@ -341,8 +365,12 @@ def test_feature_mix_serves_extra_directories_without_id_collisions(tmp_path):
 def test_supervising_all_positions_adds_the_prompt_tokens():
     target, vmap, contract = _setup()
     fb = OnlineFeatures(target, contract, pad_id=0).batch(tiny_samples(3))
-    model = TTTModel(build_draft(target, contract, vmap, TrainConfig(ttt_steps=1)),
-                     target.model.get_output_embeddings().weight.detach(), steps=1, decay=0.8)
+    model = TTTModel(
+        build_draft(target, contract, vmap, TrainConfig(ttt_steps=1)),
+        target.model.get_output_embeddings().weight.detach(),
+        steps=1,
+        decay=0.8,
+    )
     answers, everything = model(fb)[1].counts[0], model(fb, all_positions=True)[1].counts[0]
     assert 0 < answers < everything
     assert everything <= int(fb.attention_mask.sum()) - 2 * fb.attention_mask.shape[0]  # no label past the end
@@ -397,11 +425,14 @@ def test_simulate_rounds_walks_as_a_decoder():
     an always-right k-chain gives tau k+1, an always-wrong one 1."""
     F_, T_ = False, True
     # one answer: rounds at 1 (2 accepted) and 4 (3 accepted); the anchors skipped between are no rounds
-    assert simulate_rounds(torch.tensor([[F_, T_, T_, T_, T_, T_, F_, F_]]),
-                           torch.tensor([[0, 2, 0, 1, 3, 0, 0, 0]])) == (3 + 4, 2)
+    assert simulate_rounds(
+        torch.tensor([[F_, T_, T_, T_, T_, T_, F_, F_]]), torch.tensor([[0, 2, 0, 1, 3, 0, 0, 0]])
+    ) == (3 + 4, 2)
     # two answers in one row: the walk leaves the first through its tail and restarts at the second's start
-    assert simulate_rounds(torch.tensor([[T_, T_, F_, F_, T_, T_, T_]]),
-                           torch.tensor([[1, 0, 0, 0, 0, 2, 1]])) == (2 + 1 + 3, 3)
+    assert simulate_rounds(torch.tensor([[T_, T_, F_, F_, T_, T_, T_]]), torch.tensor([[1, 0, 0, 0, 0, 2, 1]])) == (
+        2 + 1 + 3,
+        3,
+    )
     anchor = torch.ones(2, 12, dtype=torch.bool)
     anchor[:, 9:] = False
     tokens, rounds = simulate_rounds(anchor, torch.full((2, 12), 3))
@@ -415,8 +446,12 @@ def test_evaluation_walks_rounds_over_the_chains():
     training skips the walk."""
     target, vmap, contract = _setup()
     fb = OnlineFeatures(target, contract, pad_id=0).batch(tiny_samples(4))
-    model = TTTModel(build_draft(target, contract, vmap, TrainConfig(ttt_steps=3)),
-                     target.model.get_output_embeddings().weight.detach(), steps=3, decay=0.8)
+    model = TTTModel(
+        build_draft(target, contract, vmap, TrainConfig(ttt_steps=3)),
+        target.model.get_output_embeddings().weight.detach(),
+        steps=3,
+        decay=0.8,
+    )
     assert _chain_stats(model, fb, True).rounds == 0  # training mode
     model.eval()
     wrong, right = _chain_stats(model, fb, False), _chain_stats(model, fb, True)
@@ -432,7 +467,10 @@ def test_round_weight_reweighs_the_chains_where_rounds_start():
     assert round_starts(anchor, torch.tensor([[0, 1, 0, 0, 0]])).tolist() == [[False, True, False, True, False]]
     target, vmap, contract = _setup()
     fb = OnlineFeatures(target, contract, pad_id=0).batch(tiny_samples(4))
-    draft, head = build_draft(target, contract, vmap, TrainConfig(ttt_steps=2)), target.model.get_output_embeddings().weight.detach()
+    draft, head = (
+        build_draft(target, contract, vmap, TrainConfig(ttt_steps=2)),
+        target.model.get_output_embeddings().weight.detach(),
+    )
     plain = TTTModel(draft, head, steps=2, decay=0.8)
     weighted = TTTModel(draft, head, steps=2, decay=0.8, round_weight=3.0)
     per_pos = torch.tensor([1.0, 2.0, 4.0])

@@ -37,8 +37,9 @@ def fake_pkg_root(tmp_path, monkeypatch):
     return root
 
 
-PROMPTS = st.lists(st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=40),
-                   min_size=1, max_size=6)
+PROMPTS = st.lists(
+    st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=40), min_size=1, max_size=6
+)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -73,8 +73,12 @@ BOMBS = {  # where the blank run stands -> the file's text around `blank`
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(where=st.sampled_from(sorted(BOMBS)), size=st.integers(1, 3 * MAX_GAP_CHARS),
-       blank=st.sampled_from([" ", "\n", "\r\n", " \t", "\n\n\n "]), gz=st.booleans())
+@given(
+    where=st.sampled_from(sorted(BOMBS)),
+    size=st.integers(1, 3 * MAX_GAP_CHARS),
+    blank=st.sampled_from([" ", "\n", "\r\n", " \t", "\n\n\n "]),
+    gz=st.booleans(),
+)
 def test_blank_space_bombs_are_refused_after_a_bounded_read(tmp_path, monkeypatch, where, size, blank, gz):
     run = (blank * (size // len(blank) + 1))[:size]
     path = tmp_path / ("b.json" if "array" in where else "b.jsonl")
@@ -110,8 +114,14 @@ records = st.lists(st.sampled_from(sorted(BAD)), min_size=0, max_size=8)
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(reasons=records, array=st.booleans(), gz=st.booleans(), bom=st.booleans(), bad_line=st.booleans(),
-       good_at=st.one_of(st.none(), st.integers(0, 8)))
+@given(
+    reasons=records,
+    array=st.booleans(),
+    gz=st.booleans(),
+    bom=st.booleans(),
+    bad_line=st.booleans(),
+    good_at=st.one_of(st.none(), st.integers(0, 8)),
+)
 def test_no_usable_record_is_an_error_naming_the_reasons(tmp_path, reasons, array, gz, bom, bad_line, good_at):
     recs = [BAD[r] for r in reasons]
     if good_at is not None:
@@ -120,8 +130,9 @@ def test_no_usable_record_is_an_error_naming_the_reasons(tmp_path, reasons, arra
         text = json.dumps(recs, indent=1)
     else:
         text = "".join(json.dumps(r) + "\n" for r in recs) + ("{not json\n" if bad_line else "")
-    path = tmp_path / ("d.json" if array else "d.jsonl") if not gz else tmp_path / ("d.json.gz" if array else
-                                                                                     "d.jsonl.gz")
+    path = (
+        tmp_path / ("d.json" if array else "d.jsonl") if not gz else tmp_path / ("d.json.gz" if array else "d.jsonl.gz")
+    )
     _write(path, text, gz, bom)
     stats = ReadStats()
     expect = {r: reasons.count(r) for r in reasons}

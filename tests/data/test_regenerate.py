@@ -37,9 +37,17 @@ class EchoGenerator:
 
 @pytest.fixture()
 def source(tmp_path):
-    recs = [{"id": f"c{i}", "conversations": [{"from": "human", "value": f"question {i}"},
-                                              {"from": "gpt", "value": "old answer"},
-                                              {"from": "human", "value": f"follow-up {i}"}]} for i in range(20)]
+    recs = [
+        {
+            "id": f"c{i}",
+            "conversations": [
+                {"from": "human", "value": f"question {i}"},
+                {"from": "gpt", "value": "old answer"},
+                {"from": "human", "value": f"follow-up {i}"},
+            ],
+        }
+        for i in range(20)
+    ]
     recs.append({"id": "long", "conversations": [{"from": "human", "value": "word " * 50}]})
     p = tmp_path / "src.jsonl"
     p.write_text("\n".join(json.dumps(r) for r in recs))
@@ -84,7 +92,7 @@ def test_limit_counts_done_and_meta_refuses_other_settings(tmp_path, source):
     assert len(read_done(out)) == 12
     with pytest.raises(EaglewireError, match="other settings") as err:
         regenerate(source, out, EchoGenerator(), GenerationSettings(batch_size=4, max_new_tokens=7), limit=12)
-    assert "\"max_new_tokens\": 7" in str(err.value)
+    assert '"max_new_tokens": 7' in str(err.value)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -92,8 +100,12 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         assert self.path == "/v1/chat/completions"
         text = f"server says {body['messages'][-1]['content']} (max {body['max_tokens']})"
-        data = json.dumps({"choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-                           "usage": {"completion_tokens": 5}}).encode()
+        data = json.dumps(
+            {
+                "choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+                "usage": {"completion_tokens": 5},
+            }
+        ).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -125,8 +137,10 @@ def test_unicode_line_separators_inside_answers_survive(tmp_path):
     from eaglewire.data.regenerate import append_records
 
     out = tmp_path / "r.jsonl.gz"
-    odd = [{"id": "a", "messages": [{"role": "assistant", "content": "one\u2028two\x85three\u2029"}]},
-           {"id": "b", "messages": [{"role": "assistant", "content": "plain"}]}]
+    odd = [
+        {"id": "a", "messages": [{"role": "assistant", "content": "one\u2028two\x85three\u2029"}]},
+        {"id": "b", "messages": [{"role": "assistant", "content": "plain"}]},
+    ]
     append_records(out, odd)
     append_records(out, [{"id": "c", "messages": []}])
     got = read_done(out, repair=True)

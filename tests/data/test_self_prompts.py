@@ -38,9 +38,16 @@ def test_pre_query_text_is_the_template_up_to_the_users_text():
 # seed -> (text, finish): duplicates (case and spacing differ), one unfinished, one too short, one benchmark
 # question and one sharing a benchmark question's first 60 characters
 BENCH = "Compose an engaging travel blog post about a recent trip to Hawaii, highlighting cultural experiences."
-SAMPLES = {0: ("How do plants grow?", "stop"), 1: ("how do  plants grow?", "stop"), 2: ("Write a poem about", "length"),
-           3: ("Hi?", "stop"), 4: (BENCH, "stop"), 5: (BENCH[:70] + " and food.", "stop"),
-           6: ("Explain recursion to a child.", "stop"), 7: ("What is the capital of Peru?", "stop")}
+SAMPLES = {
+    0: ("How do plants grow?", "stop"),
+    1: ("how do  plants grow?", "stop"),
+    2: ("Write a poem about", "length"),
+    3: ("Hi?", "stop"),
+    4: (BENCH, "stop"),
+    5: (BENCH[:70] + " and food.", "stop"),
+    6: ("Explain recursion to a child.", "stop"),
+    7: ("What is the capital of Peru?", "stop"),
+}
 
 
 def fake_sampler(fail_at=None):
@@ -49,6 +56,7 @@ def fake_sampler(fail_at=None):
             raise KeyboardInterrupt
         text, finish = SAMPLES.get(seed, (f"Question number {seed} about topic {seed * 7}?", "stop"))
         return text, finish, len(text.split())
+
     return sample
 
 
@@ -62,8 +70,11 @@ def test_kept_and_skipped_prompts_are_recorded_and_read_as_one_turn_chats(tmp_pa
     recs = {r["id"]: r for r in read_done(out)}
     assert len(recs) == 12 and stats.drawn == 12 and stats.kept == 7
     assert stats.skipped == {"duplicate": 1, "unfinished": 1, "too short": 1, "benchmark question": 2}
-    assert {recs[f"self-{k:07d}"].get("skipped") for k in (2, 3, 4, 5)} == {"unfinished", "too short",
-                                                                          "benchmark question"}
+    assert {recs[f"self-{k:07d}"].get("skipped") for k in (2, 3, 4, 5)} == {
+        "unfinished",
+        "too short",
+        "benchmark question",
+    }
     # exactly one of the two spellings of the duplicate is kept (which one depends on completion order)
     assert sum("messages" in recs[f"self-{k:07d}"] for k in (0, 1)) == 1
     convs = list(read_conversations(out))
@@ -101,8 +112,12 @@ class _Completions(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         assert self.path == "/v1/completions"
         text = f"prompt {body['prompt']} seed {body['seed']} t {body['temperature']}"
-        data = json.dumps({"choices": [{"text": text, "finish_reason": "length" if body["seed"] == 9 else "stop"}],
-                           "usage": {"completion_tokens": body["max_tokens"] - 1}}).encode()
+        data = json.dumps(
+            {
+                "choices": [{"text": text, "finish_reason": "length" if body["seed"] == 9 else "stop"}],
+                "usage": {"completion_tokens": body["max_tokens"] - 1},
+            }
+        ).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))

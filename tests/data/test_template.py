@@ -14,8 +14,12 @@ from eaglewire.data.template import TemplateMismatch, render_with_mask
 from eaglewire.target.loader import resolve_target
 
 DATA = Path(__file__).parents[1] / "data"
-CONV = [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "2+2 = 4."},
-        {"role": "user", "content": "And 3+3?"}, {"role": "assistant", "content": "3+3 = 6."}]
+CONV = [
+    {"role": "user", "content": "What is 2+2?"},
+    {"role": "assistant", "content": "2+2 = 4."},
+    {"role": "user", "content": "And 3+3?"},
+    {"role": "assistant", "content": "3+3 = 6."},
+]
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +30,13 @@ def smol_tok():
 @pytest.fixture(scope="module")
 def llama3_tok():
     tok = AutoTokenizer.from_pretrained(resolve_target(None)[1])
-    tok.add_special_tokens({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>",
-                            "additional_special_tokens": ["<|start_header_id|>", "<|end_header_id|>"]})
+    tok.add_special_tokens(
+        {
+            "bos_token": "<|begin_of_text|>",
+            "eos_token": "<|eot_id|>",
+            "additional_special_tokens": ["<|start_header_id|>", "<|end_header_id|>"],
+        }
+    )
     tok.chat_template = (DATA / "templates" / "llama3.jinja").read_text()
     return tok
 
@@ -109,6 +118,7 @@ def test_data_show_cli(tmp_path):
     from typer.testing import CliRunner
 
     from eaglewire.cli.app import app
+
     p = tmp_path / "c.jsonl"
     p.write_text(json.dumps({"id": "x", "messages": CONV}))
     r = CliRunner().invoke(app, ["data", "show", "--data", str(p)])

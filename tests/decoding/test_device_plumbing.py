@@ -107,8 +107,9 @@ def test_block_decoding_makes_every_tensor_on_the_targets_device():
     ref = greedy_reference(plain_runtime(target, 64), prompt, 12)
     with wrong_default():
         rt = compose.runtime(target, 64, accelerate=False)
-        out, _ = SpecDecoder(rt, compose.proposer(draft, TreeShape.chain(3), 64, rt, contract=contract)) \
-            .generate(prompt, 12)
+        out, _ = SpecDecoder(rt, compose.proposer(draft, TreeShape.chain(3), 64, rt, contract=contract)).generate(
+            prompt, 12
+        )
     assert out == ref
 
 
@@ -131,8 +132,9 @@ def test_the_doctors_boundaries_and_engine_run_where_the_target_is():
     want = compose.measure_tau(target, draft, [p[None] for p in prompts], TreeShape.chain(3), 8, contract=contract).tau
     with wrong_default():
         bounds = sample_target(target, prompts, new_tokens=4)
-        tau = compose.measure_tau(target, draft, [p[None] for p in prompts], TreeShape.chain(3), 8,
-                                  contract=contract).tau
+        tau = compose.measure_tau(
+            target, draft, [p[None] for p in prompts], TreeShape.chain(3), 8, contract=contract
+        ).tau
     assert _on_cpu(bounds.states, bounds.labels) and tau == want
 
 
@@ -165,10 +167,18 @@ class _Loaded(Exception):
     pass
 
 
-COMMANDS = [["generate", "-p", "hi"], ["bench"], ["serve"], ["eval"], ["train", "--data", "x", "-o", "{tmp}/t"],
-            ["capture", "--text", "hi", "-o", "{tmp}/c.safetensors"], ["data", "regenerate", "--source", "mtbench",
-             "-o", "{tmp}/r.jsonl.gz"], ["data", "capture", "--data", "x", "-o", "{tmp}/f"],
-            ["doctor", "{tmp}", "--engine", "sglang", "--target", "{tmp}"], ["run", "-o", "{tmp}/run"]]
+COMMANDS = [
+    ["generate", "-p", "hi"],
+    ["bench"],
+    ["serve"],
+    ["eval"],
+    ["train", "--data", "x", "-o", "{tmp}/t"],
+    ["capture", "--text", "hi", "-o", "{tmp}/c.safetensors"],
+    ["data", "regenerate", "--source", "mtbench", "-o", "{tmp}/r.jsonl.gz"],
+    ["data", "capture", "--data", "x", "-o", "{tmp}/f"],
+    ["doctor", "{tmp}", "--engine", "sglang", "--target", "{tmp}"],
+    ["run", "-o", "{tmp}/run"],
+]
 
 
 @pytest.mark.parametrize("argv", COMMANDS, ids=lambda a: " ".join(a[:2]))

@@ -33,8 +33,10 @@ pytestmark = needs_fastcpu  # the CPU acceleration layer's own tests
 CHAIN, TREE = TreeShape.chain(3), TreeShape(num_steps=3, topk=2, num_draft_tokens=6)
 PROMPT = torch.randint(0, VOCAB, (1, 7), generator=torch.Generator().manual_seed(3))
 TIE_ULPS = 4  # a verify row vs a 1-row decode step of the same position: measured <= 2 bf16 ulps apart here
-needs_bf16 = pytest.mark.skipif(not hw.native_bf16(), reason="this CPU has no native bf16 (AVX512-BF16/AMX): "
-                                "bf16 decoding is refused here, so there is nothing to run")
+needs_bf16 = pytest.mark.skipif(
+    not hw.native_bf16(),
+    reason="this CPU has no native bf16 (AVX512-BF16/AMX): bf16 decoding is refused here, so there is nothing to run",
+)
 
 
 def _decode_logits(rt: FastRuntime, prompt: torch.Tensor, out: list[int]) -> torch.Tensor:
@@ -52,7 +54,9 @@ def _decode_logits(rt: FastRuntime, prompt: torch.Tensor, out: list[int]) -> tor
 def _ulps_below_max(rows: torch.Tensor, values: torch.Tensor) -> list[float]:
     """rows [N, V], values [N]: how far each value is below its row's max, in bf16 ulps of that max."""
     top = rows.max(-1).values
-    return [float(t - v) / 2.0 ** (math.floor(math.log2(abs(float(t)))) - 7) for t, v in zip(top, values)]  # 7 mantissa bits
+    return [
+        float(t - v) / 2.0 ** (math.floor(math.log2(abs(float(t)))) - 7) for t, v in zip(top, values)
+    ]  # 7 mantissa bits
 
 
 def _bf16_setup(arch: str = "llama"):
@@ -80,8 +84,11 @@ def test_bf16_speculative_is_greedy_up_to_bf16_ties(arch, layout, shape):
     first_tie = next((i for i, g in enumerate(runner_up) if g <= TIE_ULPS), len(ref))
     # the oracle's drafts are mostly accepted, behind a wrong first sibling in the tree (so every round moves
     # the accepted branch in the KV cache); random ones almost never; the EAGLE draft is a random init
-    proposers = (OracleProposer(ref, shape), EagleProposer(draft, shape, max_len=128, contract=contract),
-                 RandomProposer(VOCAB, shape))
+    proposers = (
+        OracleProposer(ref, shape),
+        EagleProposer(draft, shape, max_len=128, contract=contract),
+        RandomProposer(VOCAB, shape),
+    )
     for proposer in proposers:
         out, st = SpecDecoder(rt, proposer).generate(PROMPT, 30)
         if isinstance(proposer, OracleProposer):  # right until vanilla's first tie parts the texts
@@ -119,7 +126,9 @@ def test_bf16_draft_on_an_fp32_target_is_lossless_token_for_token(shape):
     draft, contract = build_draft(target, taps=(1, 2, 3))
     rt = FastRuntime(target, max_len=96)
     ref = greedy_reference(rt, PROMPT, 40)
-    out, st = SpecDecoder(rt, EagleProposer(draft.to(torch.bfloat16), shape, max_len=96, contract=contract)).generate(PROMPT, 40)
+    out, st = SpecDecoder(rt, EagleProposer(draft.to(torch.bfloat16), shape, max_len=96, contract=contract)).generate(
+        PROMPT, 40
+    )
     assert out == ref and st.verify_steps > 0
 
 
@@ -178,8 +187,12 @@ def tiny_dirs(tmp_path_factory):
     draft, contract = build_draft(load_target(str(tdir)), taps=(1, 2, 3))
     save_checkpoint(draft, contract, d / "draft")
     questions = d / "q.jsonl"
-    questions.write_text("\n".join(json.dumps({"id": f"q{i}", "messages": [{"role": "user", "content": q}]})
-                                   for i, q in enumerate(["Name a colour.", "Count to five."])))
+    questions.write_text(
+        "\n".join(
+            json.dumps({"id": f"q{i}", "messages": [{"role": "user", "content": q}]})
+            for i, q in enumerate(["Name a colour.", "Count to five."])
+        )
+    )
     return tdir, d / "draft", questions
 
 
@@ -188,15 +201,49 @@ def test_cli_bench_and_generate_run_in_bf16(tiny_dirs, tmp_path):
     from eaglewire.cli.app import app
 
     tdir, draft, questions = tiny_dirs
-    r = CliRunner().invoke(app, ["bench", "--target", str(tdir), "--draft", str(draft), "--questions", str(questions),
-                                 "--limit", "2", "--max-new-tokens", "8", "--out", str(tmp_path / "b"), "--dtype",
-                                 "bfloat16", "--methods", "hf_generate,vanilla,eagle_chain,eagle_tree"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--target",
+            str(tdir),
+            "--draft",
+            str(draft),
+            "--questions",
+            str(questions),
+            "--limit",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--out",
+            str(tmp_path / "b"),
+            "--dtype",
+            "bfloat16",
+            "--methods",
+            "hf_generate,vanilla,eagle_chain,eagle_tree",
+        ],
+    )
     assert r.exit_code == 0, r.output + repr(r.exception)
     result = json.loads((tmp_path / "b" / "bench.json").read_text())
     assert result["dtype"] == "bfloat16" and "bfloat16" in (tmp_path / "b" / "bench.md").read_text()
     assert set(result["methods"]) == {"hf_generate", "vanilla", "eagle_chain", "eagle_tree"}
-    r = CliRunner().invoke(app, ["generate", "--target", str(tdir), "--draft", str(draft), "-p", "Hi.", "--json",
-                                 "--max-new-tokens", "8", "--dtype", "auto"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "generate",
+            "--target",
+            str(tdir),
+            "--draft",
+            str(draft),
+            "-p",
+            "Hi.",
+            "--json",
+            "--max-new-tokens",
+            "8",
+            "--dtype",
+            "auto",
+        ],
+    )
     assert r.exit_code == 0, r.output + repr(r.exception)
     assert "(bfloat16, from --dtype auto)" in r.stderr and len(json.loads(r.stdout)["tokens"]) <= 8
 
@@ -208,8 +255,21 @@ def test_cli_bench_fp32_target_with_the_auto_bf16_draft(tiny_dirs, tmp_path):
     from eaglewire.cli.app import app
 
     tdir, draft, questions = tiny_dirs
-    common = ["bench", "--target", str(tdir), "--draft", str(draft), "--questions", str(questions), "--limit", "2",
-              "--max-new-tokens", "12", "--methods", "vanilla,eagle_chain,eagle_tree"]
+    common = [
+        "bench",
+        "--target",
+        str(tdir),
+        "--draft",
+        str(draft),
+        "--questions",
+        str(questions),
+        "--limit",
+        "2",
+        "--max-new-tokens",
+        "12",
+        "--methods",
+        "vanilla,eagle_chain,eagle_tree",
+    ]
     r = CliRunner().invoke(app, common + ["--out", str(tmp_path / "a")])
     assert r.exit_code == 0, r.output + repr(r.exception)
     result = json.loads((tmp_path / "a" / "bench.json").read_text())

@@ -61,8 +61,9 @@ def test_prepacked_layout_lossless(shape):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-@pytest.mark.parametrize("shape", [CHAIN, TREE, TreeShape(num_steps=4, topk=3, num_draft_tokens=10)],
-                         ids=["chain", "tree", "wide"])
+@pytest.mark.parametrize(
+    "shape", [CHAIN, TREE, TreeShape(num_steps=4, topk=3, num_draft_tokens=10)], ids=["chain", "tree", "wide"]
+)
 def test_eagle_draft_lossless(arch, shape):
     target, rt = _setup(arch)
     draft, contract = build_draft(target, taps=(1, 2, 3))
@@ -135,14 +136,22 @@ def test_hf_fallback_runtime_lossless(arch, shape):
     assert isinstance(rt, HFRuntime)
     hf = getattr(target.model, "language_model", target.model)  # the wrapper has no generate(); its LM does
     with torch.no_grad():  # plain HF greedy as the reference
-        ref = hf.generate(input_ids=PROMPT, attention_mask=torch.ones_like(PROMPT), max_new_tokens=20,
-                                    do_sample=False, eos_token_id=None, pad_token_id=0)[0, PROMPT.shape[1]:].tolist()
+        ref = hf.generate(
+            input_ids=PROMPT,
+            attention_mask=torch.ones_like(PROMPT),
+            max_new_tokens=20,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )[0, PROMPT.shape[1] :].tolist()
     out, _ = SpecDecoder(rt, OracleProposer(ref, shape)).generate(PROMPT, 20)
     assert out == ref
     out, _ = SpecDecoder(plain_runtime(target, 128), RandomProposer(VOCAB, shape)).generate(PROMPT, 20)
     assert out == ref
     draft, contract = build_draft(target, taps=(1, 2, 3))
-    out, _ = SpecDecoder(plain_runtime(target, 128), EagleProposer(draft, shape, 128, contract=contract)).generate(PROMPT, 20)
+    out, _ = SpecDecoder(plain_runtime(target, 128), EagleProposer(draft, shape, 128, contract=contract)).generate(
+        PROMPT, 20
+    )
     assert out == ref
 
 
@@ -156,12 +165,18 @@ def test_cli_tree_knob_defaults():
     assert tree_shape(None, None, None, 3) == TreeShape.chain(3)
 
 
-@pytest.mark.parametrize("arch,block,shape", [
-    ("llama", dict(block_size=4), None), ("qwen3", dict(block_size=4), None),
-    ("llama", dict(block_size=6), TreeShape.chain(2)), ("qwen3", dict(block_size=3, anchor_layout="anchor_first"), None),
-    ("llama", dict(block_size=4, sliding_layers=(1,), sliding_window=5), None),
-    ("qwen3", dict(block_size=4, vocab_every=3), None)],
-    ids=["b4-llama", "b4-qwen3", "b6-k2", "anchor-first", "sliding", "reduced-vocab"])
+@pytest.mark.parametrize(
+    "arch,block,shape",
+    [
+        ("llama", dict(block_size=4), None),
+        ("qwen3", dict(block_size=4), None),
+        ("llama", dict(block_size=6), TreeShape.chain(2)),
+        ("qwen3", dict(block_size=3, anchor_layout="anchor_first"), None),
+        ("llama", dict(block_size=4, sliding_layers=(1,), sliding_window=5), None),
+        ("qwen3", dict(block_size=4, vocab_every=3), None),
+    ],
+    ids=["b4-llama", "b4-qwen3", "b6-k2", "anchor-first", "sliding", "reduced-vocab"],
+)
 def test_dflash_draft_lossless(arch, block, shape):
     """A block drafter (one non-causal pass over [anchor, MASK...] proposes a chain) keeps greedy output."""
     target, rt = _setup(arch)
@@ -191,13 +206,18 @@ def test_block_proposer_drafts_what_the_training_forward_predicts(vocab_every):
     def expected(n: int, anchor: int) -> list[int]:  # context = positions 0..n-1, block at n..n+B-1
         ids = torch.tensor([[anchor] + [mask_id] * (B - 1)])
         with torch.no_grad():
-            h = draft(taps[:, :n], torch.arange(n)[None], ids, torch.arange(n, n + B)[None],
-                      torch.ones(1, B, n + B, dtype=torch.bool))
+            h = draft(
+                taps[:, :n],
+                torch.arange(n)[None],
+                ids,
+                torch.arange(n, n + B)[None],
+                torch.ones(1, B, n + B, dtype=torch.bool),
+            )
         drafted = draft.logits(h[0, 1:]).argmax(-1)  # [B-1] ids of the draft's vocabulary
         return (drafted * vocab_every if vocab_every else drafted).tolist()  # kept ids 0, k, 2k, ...
 
     prop = BlockProposer(draft, contract, None, max_len=64)
     prop.start(PROMPT, taps[:, :P], ref[0])
     assert prop.propose().tokens == expected(P, ref[0])
-    prop.accept(taps[:, P:P + 3], ref[1:4])  # the anchor and two accepted drafts verified; ref[3] the bonus
+    prop.accept(taps[:, P : P + 3], ref[1:4])  # the anchor and two accepted drafts verified; ref[3] the bonus
     assert prop.propose().tokens == expected(P + 3, ref[3])

@@ -36,8 +36,9 @@ def test_without_the_extra_a_surface_decodes_on_the_plain_runtime_and_says_so_on
     rt = compose.runtime(target, 64, calibrate=True, log=said.append)
     compose.runtime(target, 64, calibrate=True, log=said.append)
     assert type(rt) is StaticRuntime
-    assert said == ["runtime: plain static-cache runtime (the fastcpu extra is not installed (test); the same "
-                    "tokens, slower)"]
+    assert said == [
+        "runtime: plain static-cache runtime (the fastcpu extra is not installed (test); the same tokens, slower)"
+    ]
     draft, contract = build_draft(target, taps=(1, 2, 3))
     prop = compose.proposer(draft, TreeShape.chain(3), 64, rt, contract=contract)
     assert prop.lean is None  # the draft's own modules

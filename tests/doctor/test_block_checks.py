@@ -34,8 +34,9 @@ def target():
 def drafted(target):
     from eaglewire.draft.dflash import build_dflash_draft, dflash_contract
 
-    return build_dflash_draft(target, dflash_contract(target, TAPS, BlockWiring(block_size=4, mask_token_id=MASK)),
-                              2, seed=3)
+    return build_dflash_draft(
+        target, dflash_contract(target, TAPS, BlockWiring(block_size=4, mask_token_id=MASK)), 2, seed=3
+    )
 
 
 def _export(drafted, tmp_path, fmt, edit=None, contract=True):
@@ -94,7 +95,8 @@ def _mask(cfg):
 
 def _no_ids(cfg):
     (cfg["dflash_config"] if "dflash_config" in cfg else cfg).pop(
-        "target_layer_ids" if "dflash_config" in cfg else "aux_hidden_state_layer_ids")
+        "target_layer_ids" if "dflash_config" in cfg else "aux_hidden_state_layer_ids"
+    )
 
 
 def _eagle_aux(cfg):
@@ -103,9 +105,13 @@ def _eagle_aux(cfg):
 
 # The broken DFlash exports the field reports (issue: ids shifted by one, an eagle_aux leftover, neox off, a wrong
 # block size, a wrong mask token, missing ids), each in the formats vLLM serves, with the finding each must get.
-BROKEN = [("shifted", _shift_ids, "block_taps"), ("neox_off", _neox_off, "block_rope"),
-          ("block_size", _block, "block_size"), ("mask", _mask, "block_mask_token"),
-          ("no_ids", _no_ids, "block_ids_missing")]
+BROKEN = [
+    ("shifted", _shift_ids, "block_taps"),
+    ("neox_off", _neox_off, "block_rope"),
+    ("block_size", _block, "block_size"),
+    ("mask", _mask, "block_mask_token"),
+    ("no_ids", _no_ids, "block_ids_missing"),
+]
 
 
 @pytest.mark.parametrize("fmt", ["zlab", "vllm"])
@@ -126,8 +132,10 @@ def test_an_eagle_aux_leftover_overrides_the_dflash_ids_in_vllm_only(tmp_path, t
 
 def test_vllms_own_edit_of_a_zlab_config_is_clean(tmp_path, target, drafted):
     """What vLLM's update_dflash writes (eagle_aux = target_layer_ids + 1) agrees with itself: no finding."""
+
     def edit(cfg):
         cfg["eagle_aux_hidden_state_layer_ids"] = [i + 1 for i in cfg["dflash_config"]["target_layer_ids"]]
+
     report = _doctor(_export(drafted, tmp_path, "zlab", edit, contract=False), "vllm", target)
     assert report.errors == 0 and report.layout == "vllm-edited", report.to_json()
 
@@ -162,8 +170,11 @@ def test_sglang_guesses_missing_ids_and_a_count_collision_is_caught(tmp_path, ta
     f = next(f for f in _doctor(out, "sglang", target).findings if f.check == "block_ids_missing")
     assert f.level == "error" and "count is right" in f.why and "[2, 6]" in f.what  # guess [1, 5], + 1
     d = build_dflash_draft(target, dflash_contract(target, (2, 6), BlockWiring(4, MASK)), 2, seed=1)
-    f = next(f for f in _doctor(_export(d, tmp_path / "g", "sglang", _no_ids), "sglang", target).findings
-             if f.check == "block_ids_missing")
+    f = next(
+        f
+        for f in _doctor(_export(d, tmp_path / "g", "sglang", _no_ids), "sglang", target).findings
+        if f.check == "block_ids_missing"
+    )
     assert f.level == "warn"  # the guess happens to be right
 
 
@@ -175,6 +186,7 @@ def test_a_speculators_config_on_sglang_has_no_ids(tmp_path, target, drafted):
 def test_sliding_layers_on_an_sglang_without_a_layer_types_reader(tmp_path, target, drafted):
     def edit(cfg):
         cfg["layer_types"] = ["sliding_attention", "full_attention"]
+
     out = _export(drafted, tmp_path, "sglang", edit)
     assert "block_attention" in _codes(_doctor(out, "sglang", target, "0.5.13"))
     assert "block_attention" not in _codes(_doctor(out, "sglang", target, "0.5.23"))
@@ -193,6 +205,7 @@ def test_dspark_without_sample_from_anchor_runs_in_the_dflash_layout_on_vllm(tmp
     def edit(cfg):
         cfg.update(speculators_model_type="dspark", architectures=["DSparkSpeculator"], markov_rank=8)
         cfg.pop("sample_from_anchor")
+
     report = _doctor(_export(drafted, tmp_path, "vllm", edit, contract=False), "vllm", target)
     assert report.family == "dspark" and "block_anchor" in _codes(report), report.to_json()
 
@@ -200,6 +213,7 @@ def test_dspark_without_sample_from_anchor_runs_in_the_dflash_layout_on_vllm(tmp
 def test_dflash2_reduced_vocab_and_v2_runner(tmp_path, target, drafted):
     def edit(cfg):
         cfg.update(speculators_model_type="dflash2", architectures=["DFlash2Speculator"], draft_vocab_size=128)
+
     out = _export(drafted, tmp_path, "vllm", edit, contract=False)
     report = _doctor(out, "vllm", target)
     assert report.family == "dflash2" and "block_vocab" in _codes(report)
@@ -231,9 +245,11 @@ def test_a_reduced_vocabulary_is_clean_on_vllm_and_its_vocab_map_faults_are_caug
     out = _export(reduced, tmp_path, "vllm")
     assert _codes(_doctor(out, "vllm", target)) == []
     assert "block_vocab" in _codes(_doctor(out, "sglang", target))
-    cases = [("absolute", lambda t: t.update(d2t=t["d2t"] + __import__("torch").arange(len(t["d2t"]))), "d2t"),
-             ("lost", lambda t: t.pop("d2t"), "d2t"),
-             ("rows", lambda t: t.update({"lm_head.weight": t["lm_head.weight"][:-2].contiguous()}), "draft_vocab_size")]
+    cases = [
+        ("absolute", lambda t: t.update(d2t=t["d2t"] + __import__("torch").arange(len(t["d2t"]))), "d2t"),
+        ("lost", lambda t: t.pop("d2t"), "d2t"),
+        ("rows", lambda t: t.update({"lm_head.weight": t["lm_head.weight"][:-2].contiguous()}), "draft_vocab_size"),
+    ]
     for name, damage, code in cases:
         bad = _export(reduced, tmp_path / name, "vllm", contract=False)
         _weights(bad, damage)
@@ -243,16 +259,25 @@ def test_a_reduced_vocabulary_is_clean_on_vllm_and_its_vocab_map_faults_are_caug
 def test_deepspec_layout(tmp_path, target, drafted):
     """DeepSpec's Qwen3DSparkModel config (markov_rank 0: its 'dflash' recipes), ids at the top level, -1 for the
     embedding; its trainer needs CUDA, so the config is our z-lab export rewritten as DeepSpec's config.py writes it."""
+
     def edit(cfg):
         ids = cfg.pop("dflash_config")["target_layer_ids"]
-        cfg.update(architectures=["Qwen3DSparkModel"], markov_rank=0, enable_confidence_head=False,
-                   target_layer_ids=[-1, *ids[1:]], mask_token_id=MASK)
+        cfg.update(
+            architectures=["Qwen3DSparkModel"],
+            markov_rank=0,
+            enable_confidence_head=False,
+            target_layer_ids=[-1, *ids[1:]],
+            mask_token_id=MASK,
+        )
+
     out = _export(drafted, tmp_path, "zlab", edit, contract=False)
     assert block_layout(json.loads((out / "config.json").read_text())) == ("dflash", "deepspec")
     report = _doctor(out, "sglang", target)
     assert "block_engine_path" in _codes(report) and report.layout == "deepspec"
     last = _export(drafted, tmp_path / "last", "zlab", lambda c: (edit(c), c.update(target_layer_ids=[0, 2, 4, L - 1])))
-    assert any(f.check == "block_engine_path" and "last layer" in f.what for f in _doctor(last, "vllm", target).findings)
+    assert any(
+        f.check == "block_engine_path" and "last layer" in f.what for f in _doctor(last, "vllm", target).findings
+    )
 
 
 def test_fc_width_disagreeing_with_the_ids(tmp_path, target, drafted):
@@ -272,8 +297,11 @@ def test_an_eagle3_directory_is_not_a_block_drafter(tmp_path, target):
 
 
 @settings(max_examples=12, deadline=None)
-@given(taps=st.lists(st.integers(1, L - 1), min_size=2, max_size=4, unique=True).map(sorted),
-       fmt_engine=st.sampled_from(CLEAN), shift=st.sampled_from([-1, 1]))
+@given(
+    taps=st.lists(st.integers(1, L - 1), min_size=2, max_size=4, unique=True).map(sorted),
+    fmt_engine=st.sampled_from(CLEAN),
+    shift=st.sampled_from([-1, 1]),
+)
 def test_property_any_clean_export_passes_and_any_shift_is_caught(tmp_path_factory, target, taps, fmt_engine, shift):
     """The class, not the case: for any taps, each format on each engine it serves reads clean, and the same
     config with every id moved by one is an error naming the shift (contract side file as the reference)."""
@@ -288,10 +316,12 @@ def test_property_any_clean_export_passes_and_any_shift_is_caught(tmp_path_facto
         at = cfg["dflash_config"] if "dflash_config" in cfg else cfg
         key = "target_layer_ids" if "dflash_config" in cfg else "aux_hidden_state_layer_ids"
         at[key] = [i + shift for i in at[key]]
+
     report = _doctor(_export(d, base / "s", fmt, move), engine, target)
     found = [f for f in report.findings if f.level == "error" and f.check == "block_taps"]
-    assert found and (f"off by {shift:+d}" in found[0].what or "outside" in found[0].why
-                      or "would capture" in found[0].what), report.to_json()
+    assert found and (
+        f"off by {shift:+d}" in found[0].what or "outside" in found[0].why or "would capture" in found[0].what
+    ), report.to_json()
 
 
 def test_cli_exit_codes_and_stable_json(tmp_path, drafted):
@@ -313,8 +343,16 @@ def test_cli_exit_codes_and_stable_json(tmp_path, drafted):
         out = _export(d, tmp_path / case, "vllm", edit)
         r = runner.invoke(app, ["doctor", str(out), "--engine", "vllm", "--target", str(tdir), "--json"])
         got = json.loads(r.stdout)
-        assert list(got) == ["directory", "engine", "engine_version", "family", "layout", "errors", "findings",
-                             "measurement"]
+        assert list(got) == [
+            "directory",
+            "engine",
+            "engine_version",
+            "family",
+            "layout",
+            "errors",
+            "findings",
+            "measurement",
+        ]
         assert (got["family"], got["layout"], got["engine_version"]) == ("dflash", "speculators", "0.32")
         assert r.exit_code == (0 if code is None else 1), (case, r.stdout)
         assert code is None or code in {f["check"] for f in got["findings"] if f["level"] == "error"}
@@ -322,9 +360,26 @@ def test_cli_exit_codes_and_stable_json(tmp_path, drafted):
     assert r.exit_code == 0 and "dflash draft, speculators layout" in r.stdout and "vllm 0.32" in r.stdout
     # `doctor expect` takes a DFlash export: our engine predicts per position with vLLM's k (= B - 1 here) and
     # names the block rule that read the export (issue 47's "doctor expect for DFlash")
-    r = runner.invoke(app, ["doctor", "expect", "--draft", str(tmp_path / "clean" / "vllm"), "--target", str(tdir),
-                            "--num-speculative-tokens", "3", "--limit", "1", "--max-new-tokens", "8",
-                            "--measured-tau", "1.0", "--json"])
+    r = runner.invoke(
+        app,
+        [
+            "doctor",
+            "expect",
+            "--draft",
+            str(tmp_path / "clean" / "vllm"),
+            "--target",
+            str(tdir),
+            "--num-speculative-tokens",
+            "3",
+            "--limit",
+            "1",
+            "--max-new-tokens",
+            "8",
+            "--measured-tau",
+            "1.0",
+            "--json",
+        ],
+    )
     got = json.loads(r.stdout)
     assert r.exit_code == 0 and len(got["per_position"]) == 3, r.stdout
     assert got["layer_id_rule"] == "vllm 0.32 (dflash draft, speculators layout)"
@@ -333,8 +388,10 @@ def test_cli_exit_codes_and_stable_json(tmp_path, drafted):
 SPECULATORS_PY = __import__("os").environ.get("EAGLEWIRE_SPECULATORS_PYTHON")
 
 
-@pytest.mark.skipif(not SPECULATORS_PY and __import__("os").environ.get("CI") != "true",  # CI: absence fails
-                    reason="set EAGLEWIRE_SPECULATORS_PYTHON (scripts/speculators_venv.sh)")
+@pytest.mark.skipif(
+    not SPECULATORS_PY and __import__("os").environ.get("CI") != "true",  # CI: absence fails
+    reason="set EAGLEWIRE_SPECULATORS_PYTHON (scripts/speculators_venv.sh)",
+)
 def test_speculators_own_writer_dflash_dspark_dflash2(tmp_path, target):
     """speculators' own config classes and models write the drafts (its trainer's checkpoint layout): the doctor
     names each family and layout, reads its HF-index taps, and finds what vLLM 0.32 would do to them: speculators'
@@ -343,12 +400,18 @@ def test_speculators_own_writer_dflash_dspark_dflash2(tmp_path, target):
     import subprocess
     from pathlib import Path
 
-    assert SPECULATORS_PY, "CI builds speculators' venv (scripts/speculators_venv.sh) and sets EAGLEWIRE_SPECULATORS_PYTHON"
+    assert SPECULATORS_PY, (
+        "CI builds speculators' venv (scripts/speculators_venv.sh) and sets EAGLEWIRE_SPECULATORS_PYTHON"
+    )
     target.model.save_pretrained(tmp_path / "target")
     script = Path(__file__).parents[1] / "clients" / "speculators_block_write.py"
-    r = subprocess.run([SPECULATORS_PY, str(script), str(tmp_path), str(tmp_path / "target"), "1,3,5,7", "4",
-                        str(MASK)], capture_output=True, text=True, timeout=600,
-                       env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+    r = subprocess.run(
+        [SPECULATORS_PY, str(script), str(tmp_path), str(tmp_path / "target"), "1,3,5,7", "4", str(MASK)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     found = {}
     for kind in ("dflash", "dspark", "dflash2"):
@@ -390,11 +453,13 @@ def test_import_reads_vllms_own_edit_and_refuses_other_families_by_name(tmp_path
 
     def vllm_edit(cfg):
         cfg["eagle_aux_hidden_state_layer_ids"] = [i + 1 for i in cfg["dflash_config"]["target_layer_ids"]]
+
     back, contract = import_draft(_export(drafted, tmp_path, "zlab", vllm_edit, contract=False), "zlab", target=target)
     assert contract.taps == TAPS and back.block == drafted.block
-    for name, edit in [("dspark", lambda c: c.update(speculators_model_type="dspark", architectures=["DSparkSpeculator"])),
-                       ("dflash2", lambda c: c.update(speculators_model_type="dflash2",
-                                                      architectures=["DFlash2DraftModel"]))]:
+    for name, edit in [
+        ("dspark", lambda c: c.update(speculators_model_type="dspark", architectures=["DSparkSpeculator"])),
+        ("dflash2", lambda c: c.update(speculators_model_type="dflash2", architectures=["DFlash2DraftModel"])),
+    ]:
         out = _export(drafted, tmp_path / name, "vllm", edit, contract=False)
         with pytest.raises(CheckpointError, match=f"a {name} block drafter") as err:
             import_draft(out, "vllm", target=target)
@@ -444,8 +509,9 @@ def test_engine_knobs_against_the_trained_block(tmp_path, target, drafted):
     assert "block_knobs" in _codes(check_block(out, cfg, "vllm", None, target, TreeShape.chain(2)), "info")
     assert check_block(out, cfg, "vllm", None, target, TreeShape.chain(3)).errors == 0
     sg = _export(drafted, tmp_path / "s", "sglang")
-    f = check_block(sg, json.loads((sg / "config.json").read_text()), "sglang", None, target,
-                    TreeShape.from_knobs(7, 1, 8, None))
+    f = check_block(
+        sg, json.loads((sg / "config.json").read_text()), "sglang", None, target, TreeShape.from_knobs(7, 1, 8, None)
+    )
     assert "block_knobs" in _codes(f) and "--speculative-num-draft-tokens 4" in f.findings[0].fix
 
 

@@ -26,18 +26,22 @@ def _vllm_root() -> Path | None:
 
 def _vllm_reading(model: str, runner: str) -> dict[str, object]:
     """What a vLLM release's own code does with a DFlash config, in block_rules.json's terms."""
-    reader = runner[runner.index("def _get_eagle3_aux_layers_from_config"):]
-    reader = reader[:reader.index("\n    def ", 10)]
-    rope = model[model.index("self.rotary_emb = get_rope("):]
-    rope = rope[:rope.index(")")]
+    reader = runner[runner.index("def _get_eagle3_aux_layers_from_config") :]
+    reader = reader[: reader.index("\n    def ", 10)]
+    rope = model[model.index("self.rotary_emb = get_rope(") :]
+    rope = rope[: rope.index(")")]
     return {
         # eagle_aux first, then dflash_config's ids (+ 1 since PR #40727)
         "eagle_aux_wins": reader.index('"eagle_aux_hidden_state_layer_ids"') < reader.index('"target_layer_ids"'),
         "dflash_ids_plus_one": bool(re.search(r"i \+ 1 for i in \(dflash_config", reader)),
         # the target's layout copied onto the draft (PR #51655), the draft's own (PR #54373), else get_rope's neox
-        "rope_from": "target" if "def dflash_target_rope_is_neox_style" in model
-        else "draft" if 'getattr(config, "is_neox_style", True)' in model
-        else "neox" if "is_neox_style" not in rope else "unknown",
+        "rope_from": "target"
+        if "def dflash_target_rope_is_neox_style" in model
+        else "draft"
+        if 'getattr(config, "is_neox_style", True)' in model
+        else "neox"
+        if "is_neox_style" not in rope
+        else "unknown",
         "layer_types_read": 'layer_types = getattr(config, "layer_types", None)' in model,
     }
 
@@ -97,7 +101,7 @@ def test_vllm_row_is_the_installed_vllms_code():
     algos = (root / "transformers_utils/configs/speculators/algos.py").read_text()
     assert {k: row[k] for k in _vllm_reading(model, runner)} == _vllm_reading(model, runner)
     # dflash_config.causal overrides every layer; speculators' sliding_window_non_causal sets it
-    causal = model[model.index("def _dflash_layer_causal"):model.index("def dflash_has_any_non_causal")]
+    causal = model[model.index("def _dflash_layer_causal") : model.index("def dflash_has_any_non_causal")]
     assert '.get("causal")' in causal and "return bool(override)" in causal
     assert 'not config_dict.get(\n        "sliding_window_non_causal", True\n    )' in algos
     assert 'pre_trained_config["dspark_bonus_anchor"] = not sample_from_anchor' in algos
@@ -122,11 +126,15 @@ def test_sglang_rows_are_each_wheels_code(release):
         model = zf.read("sglang/srt/models/dflash.py").decode()
         utils = zf.read("sglang/srt/speculative/dflash_utils.py").decode()
     assert (row["rope_from"] == "draft") == bool(
-        re.search(r'"rope_is_neox_style", getattr\(config, "is_neox_style", True\)', model))
+        re.search(r'"rope_is_neox_style", getattr\(config, "is_neox_style", True\)', model)
+    )
     assert row["layer_types_read"] == ("get_dflash_layer_types" in model)
     # missing ids: z-lab's formula over the number of DRAFT layers (sglang #37475)
     assert row["missing_ids"] == "zlab_formula"
     assert "return build_target_layer_ids(target_num_layers, int(draft_num_layers))" in utils
     # block size: dflash_config first, then the top level
-    assert row["block_from"] == "config" and re.search(r'dflash_cfg\.get\(\s*"block_size",\s*_cfg_get\(draft_hf_config, '
-                                                       r'"block_size"', utils)
+    assert row["block_from"] == "config" and re.search(
+        r'dflash_cfg\.get\(\s*"block_size",\s*_cfg_get\(draft_hf_config, '
+        r'"block_size"',
+        utils,
+    )

@@ -99,11 +99,14 @@ def test_eagle_embedding_would_stay_random(tmp_path, target, drafted):
     _expect(_doctor(out, target, "eagle"), "embed_tokens", "missing")
 
 
-@pytest.mark.parametrize("damage,check,fragment", [
-    (lambda t: {k: v for k, v in t.items() if k != "d2t"}, "d2t", "missing"),
-    (lambda t: {**t, "d2t": torch.arange(128) * 2 + 1}, "d2t", "ABSOLUTE"),  # absolute ids, not offsets
-    (lambda t: {**t, "t2d": torch.ones(256, dtype=torch.bool)}, "t2d", "t2d.sum()"),
-])
+@pytest.mark.parametrize(
+    "damage,check,fragment",
+    [
+        (lambda t: {k: v for k, v in t.items() if k != "d2t"}, "d2t", "missing"),
+        (lambda t: {**t, "d2t": torch.arange(128) * 2 + 1}, "d2t", "ABSOLUTE"),  # absolute ids, not offsets
+        (lambda t: {**t, "t2d": torch.ones(256, dtype=torch.bool)}, "t2d", "t2d.sum()"),
+    ],
+)
 def test_vocab_map_failures(tmp_path, target, drafted, damage, check, fragment):
     out = _export(tmp_path, drafted)
     _edit_weights(out, damage)
@@ -134,7 +137,11 @@ def test_embedding_tap_delivered_to_draft_trained_on_later_layers(tmp_path, targ
     """Real case (b): [embed, l2, l4]-style ids delivered to a draft trained on [2, 4, 5]."""
     out = _export(tmp_path, drafted, "vllm")
     _edit_config(out, lambda c: c.update(eagle_aux_hidden_state_layer_ids=[0, 2, 4]))
-    _expect(_doctor(out, target, "vllm"), "layer_ids", "will deliver boundaries [0, 2, 4]; the draft was trained on [2, 4, 5]")
+    _expect(
+        _doctor(out, target, "vllm"),
+        "layer_ids",
+        "will deliver boundaries [0, 2, 4]; the draft was trained on [2, 4, 5]",
+    )
 
 
 def test_layer_ids_in_the_other_engines_convention(tmp_path, target, drafted):
@@ -144,7 +151,9 @@ def test_layer_ids_in_the_other_engines_convention(tmp_path, target, drafted):
     for engine in ("sglang-legacy", "sglang"):
         _expect(_doctor(out, target, engine), "layer_ids", "right ids in the")
         error = _errors(_doctor(out, target, engine))[0]
-        assert "vllm" in error.what and "llama.py (sglang-plus1)" in error.what and "--arch LlamaForCausalLM" in error.fix
+        assert (
+            "vllm" in error.what and "llama.py (sglang-plus1)" in error.what and "--arch LlamaForCausalLM" in error.fix
+        )
 
 
 def test_layer_ids_of_a_deepseek_target_depend_on_the_sglang_release(tmp_path):
@@ -153,7 +162,11 @@ def test_layer_ids_of_a_deepseek_target_depend_on_the_sglang_release(tmp_path):
     target = build_target("deepseek_v3", layers=8)
     draft, contract = build_draft(target, taps=(2, 4, 5), seed=7)
     out = export_draft(draft, contract, tmp_path / "s", "sglang")
-    assert json.loads((out / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
+    assert json.loads((out / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [
+        1,
+        3,
+        4,
+    ]
     _edit_config(out, lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[2, 4, 5]))
     report = _doctor(out, target, "sglang")
     assert not _errors(report)
@@ -163,14 +176,21 @@ def test_layer_ids_of_a_deepseek_target_depend_on_the_sglang_release(tmp_path):
     assert "(SGLang 0.5.12.post1 deepseek_v2.py (sglang-plus1)) will deliver boundaries [3, 5, 6]" in error.what
 
 
-@pytest.mark.parametrize("edit,fragment", [
-    (lambda c: c.pop("eagle_config"), "no layer ids"),
-    (lambda c: c.update(eagle_aux_hidden_state_layer_ids=c.pop("eagle_config")["eagle_aux_hidden_state_layer_ids"]),
-     "is present but not read"),
-    (lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[3, 1, 4]), "not ascending"),
-    (lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[1, 3, 3]), "duplicated"),
-    (lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[1, 3, 7]), "cannot be captured"),
-])
+@pytest.mark.parametrize(
+    "edit,fragment",
+    [
+        (lambda c: c.pop("eagle_config"), "no layer ids"),
+        (
+            lambda c: c.update(
+                eagle_aux_hidden_state_layer_ids=c.pop("eagle_config")["eagle_aux_hidden_state_layer_ids"]
+            ),
+            "is present but not read",
+        ),
+        (lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[3, 1, 4]), "not ascending"),
+        (lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[1, 3, 3]), "duplicated"),
+        (lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[1, 3, 7]), "cannot be captured"),
+    ],
+)
 def test_layer_id_failures(tmp_path, target, edit, fragment):
     off_default = build_draft(target, taps=(3, 4, 6), seed=7)  # a missing list falls back to [2, 4, 5]: wrong
     out = _export(tmp_path, off_default, "sglang")
@@ -203,8 +223,9 @@ def test_specforge_ids_that_depend_on_its_capture_backend(tmp_path, target):
     draft, contract = build_draft(deepseek, taps=(3, 5, 6))
     rep = _doctor(export_draft(draft, contract, tmp_path / "ds", "specforge"), deepseek, "specforge")
     assert not _errors(rep)
-    assert any(f.check == "layer_ids" and "through SGLang" in f.what and "deepseek_v2.py" in f.what
-               for f in rep.findings)
+    assert any(
+        f.check == "layer_ids" and "through SGLang" in f.what and "deepseek_v2.py" in f.what for f in rep.findings
+    )
 
 
 def test_other_target_and_chat_template(tmp_path, drafted, target):
@@ -275,6 +296,7 @@ def test_never_trained_layer_and_float16_overflow_in_an_export(tmp_path, target,
         t["layers.0.mlp.up_proj.weight"] = torch.randn_like(t["layers.0.mlp.up_proj.weight"]).mul(0.02)
         t["lm_head.weight"][0, 0] = 1e5
         return t
+
     _edit_weights(out, damage)
     found = {(f.level, f.check, f.what.split(":")[0]) for f in _doctor(out, target, "vllm").findings}
     assert ("warn", "weights", "layers.0.mlp.up_proj.weight looks never trained") in found  # 128 x 64
@@ -289,6 +311,7 @@ def test_zero_embedding_as_speculators_resaves_it(tmp_path, target, drafted):
     def zero_embedding(t):
         t["embed_tokens.weight"] = torch.zeros(target.vocab_size, target.hidden_size)
         return t
+
     _edit_weights(out, zero_embedding)
     errs = [f for f in _errors(_doctor(out, target, "vllm")) if f.check == "weights"]
     assert any(f.what == "embed_tokens.weight is all zeros" and "speculators" in f.why for f in errs), errs
@@ -333,8 +356,7 @@ def default_target():
     return load_target(None)  # the embedded target every doctor command loads without --target
 
 
-def test_doctor_commands_refuse_the_default_target_for_a_foreign_draft(tmp_path, drafted, default_target,
-                                                                      monkeypatch):
+def test_doctor_commands_refuse_the_default_target_for_a_foreign_draft(tmp_path, drafted, default_target, monkeypatch):
     """`doctor`, `doctor expect` and `doctor probe` without --target, given a draft for a 64-wide target:
     each exits 2 (a refused input) naming --target as the fix, instead of reporting the default target's mismatches."""
     from typer.testing import CliRunner
@@ -343,12 +365,17 @@ def test_doctor_commands_refuse_the_default_target_for_a_foreign_draft(tmp_path,
     from eaglewire.cli.app import app
 
     real = cli_doctor.load_target
-    monkeypatch.setattr(cli_doctor, "load_target", lambda t, *a, **kw: default_target if t is None else real(t, *a, **kw))
+    monkeypatch.setattr(
+        cli_doctor, "load_target", lambda t, *a, **kw: default_target if t is None else real(t, *a, **kw)
+    )
     out = _export(tmp_path, drafted)
     dump = tmp_path / "dump.safetensors"
     save_file({"hidden": torch.zeros(4, 3 * 64), "input_ids": torch.arange(4)}, str(dump))
-    for args in (["doctor", str(out)], ["doctor", "expect", "--draft", str(out)],
-                 ["doctor", "probe", "--dump", str(dump), "--contract", str(out)]):
+    for args in (
+        ["doctor", str(out)],
+        ["doctor", "expect", "--draft", str(out)],
+        ["doctor", "probe", "--dump", str(dump), "--contract", str(out)],
+    ):
         r = CliRunner().invoke(app, args)
         assert r.exit_code == 2, (args, r.output)
         text = " ".join(str(r.exception).split()) + " ".join(r.output.split())
@@ -397,6 +424,7 @@ def test_vocab_maps_out_of_order_or_disagreeing(tmp_path, target, drafted):
         t2d = t2d.clone()
         t2d[0], t2d[1] = False, True  # same count, another member
         return t2d
+
     _with(out, "t2d", flip)
     _expect(_doctor(out, target), "t2d", "d2t and t2d disagree")
 
@@ -406,8 +434,10 @@ def test_speculators_norm_flag_only_at_the_top_level(tmp_path, target):
 
     out = _export(tmp_path, build_draft(target, taps=(2, 4, 5), seed=7, norm=NORM_PRESETS["eagle3.1"]), "vllm")
     _edit_config(out, lambda c: c["transformer_layer_config"].pop("fc_norm", None))
-    assert any(f.check == "norm_flags" and "fc_norm is only at the top level" in f.what
-               for f in _doctor(out, target, "vllm").findings)
+    assert any(
+        f.check == "norm_flags" and "fc_norm is only at the top level" in f.what
+        for f in _doctor(out, target, "vllm").findings
+    )
 
 
 def test_the_wiring_is_not_measured_where_it_cannot_be(tmp_path, target, drafted):

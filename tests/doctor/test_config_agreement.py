@@ -39,9 +39,11 @@ def _numeric_leaves(obj, path=()):
                 yield path + (k,)
 
 
-values = st.one_of(st.integers(-2**70, 2**70), st.sampled_from([0, -1, 1, 10**9, 2**31, True, False, None, "lots",
-                                                                "64", 1.5, 1e300, [], {}]),
-                   st.floats(allow_nan=True, allow_infinity=True))
+values = st.one_of(
+    st.integers(-(2**70), 2**70),
+    st.sampled_from([0, -1, 1, 10**9, 2**31, True, False, None, "lots", "64", 1.5, 1e300, [], {}]),
+    st.floats(allow_nan=True, allow_infinity=True),
+)
 
 
 def _refused(fn) -> EaglewireError | None:
@@ -52,8 +54,9 @@ def _refused(fn) -> EaglewireError | None:
     return None
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                 HealthCheck.too_slow])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(data=st.data(), fmt=st.sampled_from(FORMATS), value=values)
 def test_import_and_the_doctor_agree_on_every_config_value(exports, tmp_path_factory, data, fmt, value):
     d = tmp_path_factory.mktemp("case") / fmt

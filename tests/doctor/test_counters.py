@@ -30,16 +30,30 @@ def _series(name: str, labels: dict[str, str], value: float, ws: str) -> str:
 
 
 @settings(max_examples=200, deadline=None)
-@given(drafts=counts, tokens=counts, accepted=counts, per_pos=st.lists(counts, min_size=1, max_size=8),
-       labels=st.dictionaries(label_names, label_values, max_size=3), ws=st.sampled_from(["", " ", "  ", "\t"]),
-       seed=st.integers(0, 2**16), suffix=st.booleans(), other=st.lists(counts, max_size=3))
-def test_vllm_reader_recovers_every_counter_whatever_the_labels_order_and_spacing(drafts, tokens, accepted, per_pos,
-                                                                                    labels, ws, seed, suffix, other):
+@given(
+    drafts=counts,
+    tokens=counts,
+    accepted=counts,
+    per_pos=st.lists(counts, min_size=1, max_size=8),
+    labels=st.dictionaries(label_names, label_values, max_size=3),
+    ws=st.sampled_from(["", " ", "  ", "\t"]),
+    seed=st.integers(0, 2**16),
+    suffix=st.booleans(),
+    other=st.lists(counts, max_size=3),
+)
+def test_vllm_reader_recovers_every_counter_whatever_the_labels_order_and_spacing(
+    drafts, tokens, accepted, per_pos, labels, ws, seed, suffix, other
+):
     sfx = "_total" if suffix else ""
-    lines = [_series(f"{P}num_drafts{sfx}", labels, drafts, ws), _series(f"{P}num_draft_tokens{sfx}", labels, tokens, ws),
-             _series(f"{P}num_accepted_tokens{sfx}", labels, accepted, ws)]
-    lines += [_series(f"{P}num_accepted_tokens_per_pos{sfx}", {**labels, "position": str(i)}, v, ws)
-              for i, v in enumerate(per_pos)]
+    lines = [
+        _series(f"{P}num_drafts{sfx}", labels, drafts, ws),
+        _series(f"{P}num_draft_tokens{sfx}", labels, tokens, ws),
+        _series(f"{P}num_accepted_tokens{sfx}", labels, accepted, ws),
+    ]
+    lines += [
+        _series(f"{P}num_accepted_tokens_per_pos{sfx}", {**labels, "position": str(i)}, v, ws)
+        for i, v in enumerate(per_pos)
+    ]
     lines += [_series("vllm:num_requests_running", labels, v, ws) for v in other]  # other metrics are ignored
     random.Random(seed).shuffle(lines)
     text = "# HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.\n" + "\n".join(lines) + "\n"
@@ -53,11 +67,22 @@ def test_vllm_reader_recovers_every_counter_whatever_the_labels_order_and_spacin
 @given(a=st.lists(counts, min_size=4, max_size=4), b=st.lists(counts, min_size=4, max_size=4))
 def test_label_sets_are_summed_and_deltas_subtract(a, b):
     """Two engines (or models) behind one /metrics add up; a later snapshot minus an earlier one is the window."""
+
     def text(vals, engine):
-        return "\n".join([f'{P}num_drafts_total{{engine="{engine}"}} {vals[0]}',
-                          f'{P}num_accepted_tokens_total{{engine="{engine}"}} {vals[1]}'] +
-                         [f'{P}num_accepted_tokens_per_pos_total{{engine="{engine}",position="{i}"}} {v}'
-                          for i, v in enumerate(vals[2:])]) + "\n"
+        return (
+            "\n".join(
+                [
+                    f'{P}num_drafts_total{{engine="{engine}"}} {vals[0]}',
+                    f'{P}num_accepted_tokens_total{{engine="{engine}"}} {vals[1]}',
+                ]
+                + [
+                    f'{P}num_accepted_tokens_per_pos_total{{engine="{engine}",position="{i}"}} {v}'
+                    for i, v in enumerate(vals[2:])
+                ]
+            )
+            + "\n"
+        )
+
     both = read_vllm_metrics(text(a, "0") + text(b, "1"))
     assert both.drafts == a[0] + b[0] and both.accepted_per_pos == (a[2] + b[2], a[3] + b[3])
     before, after = read_vllm_metrics(text(a, "0")), read_vllm_metrics(text([x + y for x, y in zip(a, b)], "0"))
@@ -75,13 +100,15 @@ def test_window_tau_and_per_position_use_the_one_tau_definition():
 
 
 def test_no_speculative_counters_and_unknown_engines():
-    plain = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"t\"} 0.0\n"
+    plain = '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name="t"} 0.0\n'
     assert not read_vllm_metrics(plain).exposed
     with pytest.raises(EaglewireError, match="which engine"):
         detect_engine("foo_total 1\n")
     with pytest.raises(EaglewireError, match="position"):
-        read_vllm_metrics(f'{P}num_accepted_tokens_per_pos_total{{position="0"}} 1\n'
-                          f'{P}num_accepted_tokens_per_pos_total{{position="2"}} 1\n')
+        read_vllm_metrics(
+            f'{P}num_accepted_tokens_per_pos_total{{position="0"}} 1\n'
+            f'{P}num_accepted_tokens_per_pos_total{{position="2"}} 1\n'
+        )
 
 
 def test_recorded_vllm_metrics_read_back():
@@ -135,11 +162,15 @@ def test_llamacpp_reader_recovers_every_counter_in_its_layout(drafts, tokens, ac
     with a draft ended): every figure read back, the engine detected."""
     from eaglewire.doctor.counters import read_llamacpp_metrics
 
-    items = [("prompt_tokens_total", "counter", 17), ("n_decode_total", "counter", 99),
-             ("spec_decode_num_draft_tokens_total", "counter", tokens),
-             ("spec_decode_num_accepted_tokens_total", "counter", accepted),
-             ("spec_decode_num_drafts_total", "counter", drafts), ("predicted_tokens_seconds", "gauge", 80.5),
-             ("requests_processing", "gauge", 0)]
+    items = [
+        ("prompt_tokens_total", "counter", 17),
+        ("n_decode_total", "counter", 99),
+        ("spec_decode_num_draft_tokens_total", "counter", tokens),
+        ("spec_decode_num_accepted_tokens_total", "counter", accepted),
+        ("spec_decode_num_drafts_total", "counter", drafts),
+        ("predicted_tokens_seconds", "gauge", 80.5),
+        ("requests_processing", "gauge", 0),
+    ]
     random.Random(seed).shuffle(items)
     text = "".join(f"# HELP llamacpp:{n} what it is\n# TYPE llamacpp:{n} {t}\nllamacpp:{n} {v}\n" for n, t, v in items)
     if per_pos:

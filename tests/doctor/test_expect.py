@@ -51,19 +51,27 @@ def test_wilson_interval_against_the_normal_approximation():
 
 
 def test_parse_vllm_counts_pooled_over_intervals():
-    line = ("SpecDecoding metrics: Mean acceptance length: {tau}, Accepted throughput: 1.00 tokens/s, Drafted "
-            "throughput: 3.00 tokens/s, Accepted: {acc} tokens, Drafted: {drafted} tokens, Per-position acceptance "
-            "rate: {rates}, Avg Draft acceptance rate: 10.0%")
-    text = "\n".join([line.format(tau=1.5, acc=30, drafted=180, rates="0.300, 0.150, 0.050"),
-                      line.format(tau=1.2, acc=12, drafted=180, rates="0.150, 0.050, 0.000")])
+    line = (
+        "SpecDecoding metrics: Mean acceptance length: {tau}, Accepted throughput: 1.00 tokens/s, Drafted "
+        "throughput: 3.00 tokens/s, Accepted: {acc} tokens, Drafted: {drafted} tokens, Per-position acceptance "
+        "rate: {rates}, Avg Draft acceptance rate: 10.0%"
+    )
+    text = "\n".join(
+        [
+            line.format(tau=1.5, acc=30, drafted=180, rates="0.300, 0.150, 0.050"),
+            line.format(tau=1.2, acc=12, drafted=180, rates="0.150, 0.050, 0.000"),
+        ]
+    )
     c = parse_log_counts(text)
     assert c.drafts == 120 and [round(a) for a in c.accepted_per_position] == [27, 12, 3]
     assert parse_log_counts("nothing") is None
 
 
 def test_parse_engine_logs():
-    sglang = ("Decode batch. #running-req: 1, #token: 90, accept len: 1.02, gen throughput (token/s): 40\n"
-              "Decode batch. #running-req: 1, #token: 130, accept len: 1.00\n")
+    sglang = (
+        "Decode batch. #running-req: 1, #token: 90, accept len: 1.02, gen throughput (token/s): 40\n"
+        "Decode batch. #running-req: 1, #token: 130, accept len: 1.00\n"
+    )
     assert abs(parse_log(sglang) - 1.01) < 1e-9
     vllm = "SpecDecoding metrics: Mean acceptance length: 2.50, Accepted throughput: 10 tokens/s"
     assert parse_log(vllm) == 2.5 and parse_log("nothing here") is None
@@ -84,8 +92,23 @@ def test_expect_cli_on_tiny_pipeline(tmp_path):
     save_checkpoint(draft, contract, tmp_path / "draft")
     q = tmp_path / "q.jsonl"
     q.write_text(json.dumps({"question_id": 1, "turns": ["Say hi."]}))
-    args = ["doctor", "expect", "--draft", str(tmp_path / "draft"), "--target", str(tdir), "--questions", str(q),
-            "--limit", "1", "--max-new-tokens", "8", "--num-speculative-tokens", "2", "--json"]
+    args = [
+        "doctor",
+        "expect",
+        "--draft",
+        str(tmp_path / "draft"),
+        "--target",
+        str(tdir),
+        "--questions",
+        str(q),
+        "--limit",
+        "1",
+        "--max-new-tokens",
+        "8",
+        "--num-speculative-tokens",
+        "2",
+        "--json",
+    ]
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 0, r.output
     pred = json.loads(r.stdout)["predicted_tau"]

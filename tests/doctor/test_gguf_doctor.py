@@ -29,15 +29,20 @@ def made(tmp_path_factory):
     root = tmp_path_factory.mktemp("gguf")
     target = tiny_target(root / "target", layers=L)
     draft, contract = build_draft(target, taps=TAPS, seed=7, draft_vocab=VOCAB // 2)  # every even id
-    nbr, nbr_contract = build_draft(target, taps=TAPS, seed=8, draft_vocab=VOCAB // 2,
-                                    norm=NormFlags(norm_before_residual=True))
+    nbr, nbr_contract = build_draft(
+        target, taps=TAPS, seed=8, draft_vocab=VOCAB // 2, norm=NormFlags(norm_before_residual=True)
+    )
     g = {}
-    for name, d, c, fmt in (("vllm", draft, contract, "vllm"), ("sglang", draft, contract, "sglang"),
-                            ("nbr", nbr, nbr_contract, "vllm")):
+    for name, d, c, fmt in (
+        ("vllm", draft, contract, "vllm"),
+        ("sglang", draft, contract, "sglang"),
+        ("nbr", nbr, nbr_contract, "vllm"),
+    ):
         g[name] = convert(export_draft(d, c, root / f"exp-{name}", fmt), root / "target", root / name / "d.gguf")
     block, block_contract = build_dflash(target, taps=TAPS, block_size=4)
-    g["dflash"] = convert(export_draft(block, block_contract, root / "exp-zlab", "zlab"), root / "target",
-                          root / "dflash" / "d.gguf")
+    g["dflash"] = convert(
+        export_draft(block, block_contract, root / "exp-zlab", "zlab"), root / "target", root / "dflash" / "d.gguf"
+    )
     # the target's metadata and vocabulary as the converter writes them (its weights are not compared)
     g["target"] = convert(root / "target", root / "target", root / "tgt" / "target.gguf", "--vocab-only")
     return target, draft, g, root
@@ -83,9 +88,11 @@ def test_sglang_export_gets_the_defaulted_ids(made):
 def test_d2t_missing_offsets_or_out_of_range(made):
     target, _, g, root = made
     absolute = read_gguf_draft(g["vllm"]).d2t_absolute.numpy()
-    cases = {"missing": {"drop": ("d2t",)},
-             "offsets": {"tensors": {"d2t": absolute - np.arange(absolute.size)}},
-             "beyond": {"tensors": {"d2t": absolute + 49152 - absolute.max()}}}
+    cases = {
+        "missing": {"drop": ("d2t",)},
+        "offsets": {"tensors": {"d2t": absolute - np.arange(absolute.size)}},
+        "beyond": {"tensors": {"d2t": absolute + 49152 - absolute.max()}},
+    }
     for name, change in cases.items():
         r, got = _findings(rewrite(g["vllm"], root / f"d2t-{name}" / "d.gguf", **change), target)
         assert ("error", "d2t") in got, name

@@ -62,7 +62,9 @@ def test_every_other_numbering_is_flagged(target, ours, tmp_path_factory, taps):
         if ids != right:
             what = next(f.what for f in r.findings if f.check == "layer_ids")
             same = {c for c in written if written[c] == ids}  # numberings that write these taps the same way
-            assert f"trained on {list(taps)}" in what and (any(c in what for c in same) or "converter default" in what), what
+            assert f"trained on {list(taps)}" in what and (
+                any(c in what for c in same) or "converter default" in what
+            ), what
         path.unlink()
 
 
@@ -84,8 +86,9 @@ def dflash(target, tmp_path_factory):  # noqa: F811
 def test_dflash_block_knobs(target, dflash, tmp_path):  # noqa: F811
     path, contract = dflash
     assert _got(path, target)[0].errors == 0
-    for i, change in enumerate(({"dflash.block_size": 8}, {"tokenizer.ggml.mask_token_id": 3},
-                                {"dflash.attention.causal": True})):
+    for i, change in enumerate(
+        ({"dflash.block_size": 8}, {"tokenizer.ggml.mask_token_id": 3}, {"dflash.attention.causal": True})
+    ):
         r, got = _got(rewrite(path, tmp_path / str(i) / "d.gguf", set_keys=change), target)
         assert ("error", "block") in got, (change, r.to_json())
     zlab = list(to_engine(contract.taps, "zlab", L))  # z-lab's numbering, not the converter's +1

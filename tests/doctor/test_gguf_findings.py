@@ -54,9 +54,12 @@ def made(target, tmp_path_factory):
     tg = fake_target_gguf(root / "tg" / "target.gguf")
     draft, contract = build_draft(target, taps=(1, 3, 6), seed=5)
     nbr, nbr_c = build_draft(target, taps=(1, 3, 6), seed=6, norm=NormFlags(norm_before_residual=True))
-    return {"tg": tg, "root": root,
-            "ours": export_gguf(draft, contract, root / "e", vocab_from=tg) / "draft.gguf",
-            "nbr": export_gguf(nbr, nbr_c, root / "n", vocab_from=tg) / "draft.gguf"}
+    return {
+        "tg": tg,
+        "root": root,
+        "ours": export_gguf(draft, contract, root / "e", vocab_from=tg) / "draft.gguf",
+        "nbr": export_gguf(nbr, nbr_c, root / "n", vocab_from=tg) / "draft.gguf",
+    }
 
 
 def _got(path, target=None, **kw):
@@ -88,16 +91,19 @@ def test_not_a_draft(made):
         check(made["ours"], "llamacpp", None, target_gguf=made["ours"])
 
 
-@pytest.mark.parametrize("name,change,code,words", [
-    ("absent", {"drop": ("eagle3.target_layers",)}, "layer_ids", "is absent"),
-    ("count", {"set_keys": {"eagle3.target_layers": [1, 3, 5, 6]}}, "layer_ids", "holds 4 ids"),
-    ("final", {"set_keys": {"eagle3.target_layers": [1, 3, 8]}}, "layer_ids", "cannot be captured"),
-    ("default", {"set_keys": {"eagle3.target_layers": [2, 4, 5]}}, "layer_ids", "converter default, not"),
-    ("sglang", {"set_keys": {"eagle3.target_layers": [0, 2, 5]}}, "layer_ids", "sglang-plus1"),
-    ("d2t", {"drop": ("d2t",)}, "d2t", "d2t is missing"),
-    ("offsets", {"d2t": "offsets"}, "d2t", "holds offsets"),
-    ("beyond", {"d2t": "beyond"}, "d2t", "outside the target vocabulary"),
-])
+@pytest.mark.parametrize(
+    "name,change,code,words",
+    [
+        ("absent", {"drop": ("eagle3.target_layers",)}, "layer_ids", "is absent"),
+        ("count", {"set_keys": {"eagle3.target_layers": [1, 3, 5, 6]}}, "layer_ids", "holds 4 ids"),
+        ("final", {"set_keys": {"eagle3.target_layers": [1, 3, 8]}}, "layer_ids", "cannot be captured"),
+        ("default", {"set_keys": {"eagle3.target_layers": [2, 4, 5]}}, "layer_ids", "converter default, not"),
+        ("sglang", {"set_keys": {"eagle3.target_layers": [0, 2, 5]}}, "layer_ids", "sglang-plus1"),
+        ("d2t", {"drop": ("d2t",)}, "d2t", "d2t is missing"),
+        ("offsets", {"d2t": "offsets"}, "d2t", "holds offsets"),
+        ("beyond", {"d2t": "beyond"}, "d2t", "outside the target vocabulary"),
+    ],
+)
 def test_each_broken_gguf_gets_its_error(made, target, name, change, code, words):
     src = made["ours"]
     if "d2t" in change:
@@ -110,8 +116,9 @@ def test_each_broken_gguf_gets_its_error(made, target, name, change, code, words
 
 
 def test_lost_norm_and_unimplemented_norm(made, target, tmp_path):
-    for i, change in enumerate(({"drop": ("eagle3.norm_before_residual",)},
-                                {"set_keys": {"eagle3.norm_before_residual": False}})):
+    for i, change in enumerate(
+        ({"drop": ("eagle3.norm_before_residual",)}, {"set_keys": {"eagle3.norm_before_residual": False}})
+    ):
         _, got = _got(rewrite(made["nbr"], tmp_path / str(i) / "d.gguf", **change), target)
         assert ("error", "norm_flags") in got
     path = rewrite(made["ours"], tmp_path / "fc" / "d.gguf", keep_contract=False)
@@ -121,17 +128,24 @@ def test_lost_norm_and_unimplemented_norm(made, target, tmp_path):
 
 
 def test_defaulted_ids_without_evidence_warn(made, target, tmp_path):
-    path = rewrite(made["ours"], tmp_path / "w" / "d.gguf", set_keys={"eagle3.target_layers": [2, 4, 5]},
-                   keep_contract=False)
+    path = rewrite(
+        made["ours"], tmp_path / "w" / "d.gguf", set_keys={"eagle3.target_layers": [2, 4, 5]}, keep_contract=False
+    )
     r, got = _got(path, target)
     assert got == {("warn", "layer_ids"), ("info", "contract")}, r.to_json()
     r, got = _got(path)  # no target, no target GGUF, no contract: the depth is unknown
     assert ("info", "layer_ids") in got
 
 
-@pytest.mark.parametrize("kw,words", [({"hidden": 96}, "wide"), ({"layers": 6}, "layer target"),
-                                      ({"vocab": 300}, "vocabulary has"),
-                                      ({"tokens": TOKENS[:-1] + ["other"]}, "vocabulary differs")])
+@pytest.mark.parametrize(
+    "kw,words",
+    [
+        ({"hidden": 96}, "wide"),
+        ({"layers": 6}, "layer target"),
+        ({"vocab": 300}, "vocabulary has"),
+        ({"tokens": TOKENS[:-1] + ["other"]}, "vocabulary differs"),
+    ],
+)
 def test_target_gguf_that_differs(made, tmp_path, kw, words):
     r, got = _got(made["ours"], None, target_gguf=fake_target_gguf(tmp_path / "t.gguf", **kw))
     assert ("error", "target") in got and any(words in f.what for f in r.findings), r.to_json()
@@ -167,8 +181,9 @@ def test_cli_checks_a_gguf_against_its_target_gguf(made):
     from eaglewire.cli.app import app
 
     bad = rewrite(made["ours"], made["root"] / "cli" / "d.gguf", set_keys={"eagle3.target_layers": [0, 2, 5]})
-    r = CliRunner().invoke(app, ["doctor", str(bad), "--engine", "llamacpp", "--target-gguf", str(made["tg"]),
-                                 "--json"])
+    r = CliRunner().invoke(
+        app, ["doctor", str(bad), "--engine", "llamacpp", "--target-gguf", str(made["tg"]), "--json"]
+    )
     assert r.exit_code == 1 and json.loads(r.stdout)["findings"][0]["check"] == "layer_ids", r.stdout
     r = CliRunner().invoke(app, ["doctor", str(made["ours"]), "--target-gguf", str(made["tg"])])  # detected
     assert r.exit_code == 0 and "0 error(s)" in r.stdout, r.stdout

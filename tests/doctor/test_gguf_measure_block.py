@@ -38,12 +38,21 @@ def test_a_dflash_gguf_with_its_trained_ids_measures_to_its_taps(target, bounds,
     assert m.tau["best"] == m.tau["delivered"] and m.tau["best"][0] > 1.5 and len(m.tau["best"][1]) == 3
 
 
-@pytest.mark.parametrize("ids,delivered", [
-    ([1, 4, 6], (1, 4, 6)),  # z-lab's ids written as they are: the converter's +1 lost, every tap one layer early
-    ([3, 6, 8], None),  # each tap one layer late: id 8 = n_layer, an input DFlash's graph does not have
-])
-def test_a_dflash_gguf_with_wrong_target_layers_gets_the_error(target, bounds, base, tmp_path, ids,  # noqa: F811
-                                                               delivered):
+@pytest.mark.parametrize(
+    "ids,delivered",
+    [
+        ([1, 4, 6], (1, 4, 6)),  # z-lab's ids written as they are: the converter's +1 lost, every tap one layer early
+        ([3, 6, 8], None),  # each tap one layer late: id 8 = n_layer, an input DFlash's graph does not have
+    ],
+)
+def test_a_dflash_gguf_with_wrong_target_layers_gets_the_error(
+    target,
+    bounds,
+    base,
+    tmp_path,
+    ids,  # noqa: F811
+    delivered,
+):
     path = rewrite(base, tmp_path / "wrong" / "draft.gguf", set_keys={KEY: ids})
     m, (f,) = run_gguf_measurement(inspect_gguf(path, target), target, bounds=bounds)
     assert m.best == TRAINED and f.level == "error", m.to_dict()
@@ -52,4 +61,3 @@ def test_a_dflash_gguf_with_wrong_target_layers_gets_the_error(target, bounds, b
         assert f"will deliver {list(delivered)}" in f.what
     assert f"predicts best from boundaries {list(TRAINED)}" in f.what
     assert f"write {KEY} = {list(to_engine(TRAINED, 'llamacpp', L))}" in f.fix
-

@@ -38,17 +38,22 @@ def ggufs(tmp_path_factory):
     cfg = json.loads((broken / "config.json").read_text())
     cfg["eagle_aux_hidden_state_layer_ids"] = [0, 2, 15]
     (broken / "config.json").write_text(json.dumps(cfg))
-    return (target_gguf("f32"), draft_dir, convert_hf(export, d / "ok.gguf", "f32", target_dir),
-            convert_hf(broken, d / "bad.gguf", "f32", target_dir))
+    return (
+        target_gguf("f32"),
+        draft_dir,
+        convert_hf(export, d / "ok.gguf", "f32", target_dir),
+        convert_hf(broken, d / "bad.gguf", "f32", target_dir),
+    )
 
 
 def _live(url, draft_dir):
     from eaglewire.cli.app import app
 
-    r = CliRunner().invoke(app, ["doctor", "live", "--url", url, "--draft", str(draft_dir), "--limit", "2",
-                                 "--max-tokens", "32", "--json"])
+    r = CliRunner().invoke(
+        app, ["doctor", "live", "--url", url, "--draft", str(draft_dir), "--limit", "2", "--max-tokens", "32", "--json"]
+    )
     assert r.exit_code in (0, 1), r.output + repr(r.exception)
-    return json.loads(r.output[r.output.index("{"):])
+    return json.loads(r.output[r.output.index("{") :])
 
 
 @pytest.mark.parametrize("which", ["healthy", "embedding tap"])

@@ -85,10 +85,24 @@ def altered_server(smol):
 def test_doctor_live_calls_an_altered_answer_not_lossless(smol, altered_server):
     from eaglewire.cli.app import app
 
-    r = CliRunner().invoke(app, ["doctor", "live", "--url", altered_server, "--draft", str(smol[1]), "--limit", "2",
-                                 "--max-tokens", str(MAX_TOKENS), "--json"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "doctor",
+            "live",
+            "--url",
+            altered_server,
+            "--draft",
+            str(smol[1]),
+            "--limit",
+            "2",
+            "--max-tokens",
+            str(MAX_TOKENS),
+            "--json",
+        ],
+    )
     assert r.exit_code == 1, r.output
-    rep = json.loads(r.output[r.output.index("{"):])
+    rep = json.loads(r.output[r.output.index("{") :])
     assert rep["verdict"] == "not_lossless", rep
     ll = rep["lossless"]
     assert ll["identical"] == 1 and not ll["ok"] and ll["same_template"]
@@ -108,10 +122,11 @@ def test_first_divergence_finds_the_token_where_a_text_leaves_the_reference(smol
 
     target = smol[0]
     tok = target.tokenizer
-    ref = tok("The sea is calm tonight, and the stars are bright over the quiet harbour town.",
-              add_special_tokens=False)["input_ids"]
+    ref = tok(
+        "The sea is calm tonight, and the stars are bright over the quiet harbour town.", add_special_tokens=False
+    )["input_ids"]
     cut = min(cut, len(ref))
     text = tok.decode(ref[:cut]) + word
     d = first_divergence(target, torch.tensor([tok("Hi")["input_ids"]]), ref, text, 0)
-    assert d.token >= cut and text.startswith(tok.decode(ref[:d.token]))
+    assert d.token >= cut and text.startswith(tok.decode(ref[: d.token]))
     assert d.margin >= 0.0

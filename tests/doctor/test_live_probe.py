@@ -36,8 +36,15 @@ def served():
     eos = {target.tokenizer.eos_token_id}
 
     def generate(job, on_tokens):
-        return decoder.generate(job.prompt_ids, job.max_tokens, eos, temperature=job.temperature, top_p=job.top_p,
-                                seed=job.seed, on_tokens=on_tokens)[1]
+        return decoder.generate(
+            job.prompt_ids,
+            job.max_tokens,
+            eos,
+            temperature=job.temperature,
+            top_p=job.top_p,
+            seed=job.seed,
+            on_tokens=on_tokens,
+        )[1]
 
     srv = SpecServer(generate, target.tokenizer, "smol", 256, max_len, eos=eos, draft_depth=shape.num_steps)
     httpd = serve(srv, "127.0.0.1", PORT)
@@ -54,10 +61,24 @@ def test_eaglewire_server_is_healthy_under_the_probe(served):
     url, draft_dir = served
     before = snapshot(url)
     assert before.engine == "eaglewire" and before.k == K  # k read from the server before any request
-    r = CliRunner().invoke(app, ["doctor", "live", "--url", url, "--draft", str(draft_dir), "--limit", "2",
-                                 "--max-tokens", str(MAX_TOKENS), "--json"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "doctor",
+            "live",
+            "--url",
+            url,
+            "--draft",
+            str(draft_dir),
+            "--limit",
+            "2",
+            "--max-tokens",
+            str(MAX_TOKENS),
+            "--json",
+        ],
+    )
     assert r.exit_code == 0, r.output
-    rep = json.loads(r.output[r.output.index("{"):])
+    rep = json.loads(r.output[r.output.index("{") :])
     assert rep["verdict"] == "healthy" and rep["engine"] == "eaglewire" and rep["k"] == K, rep
     # the same engine and runtime on the same prompts: the server's counters equal our prediction
     assert rep["measured"]["tau"] == pytest.approx(rep["predicted"]["tau"], abs=1e-3), rep

@@ -37,14 +37,31 @@ def dflash_export(tiny_dir, tmp_path_factory):  # noqa: F811
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(0, 2000, (64, 8), generator=g)
     with torch.no_grad():
-        text = target.model.generate(input_ids=prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=40,
-                                     do_sample=False, pad_token_id=0, eos_token_id=None)  # [64, 48]
+        text = target.model.generate(
+            input_ids=prompts,
+            attention_mask=torch.ones_like(prompts),
+            max_new_tokens=40,
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=None,
+        )  # [64, 48]
     mask = torch.zeros(text.shape[1], dtype=torch.long)
     mask[8:] = 1
     samples = [Sample(id=f"g{i}", input_ids=t, loss_mask=mask) for i, t in enumerate(text)]
-    c = TrainConfig(family="dflash", block_size=BLOCK, anchors=8, max_steps=150, batch_size=8, lr=3e-3,
-                    warmup_steps=5, eval_every=10_000, ckpt_every=10_000, num_layers=1, loss="forward_kl",
-                    dtype="fp32")
+    c = TrainConfig(
+        family="dflash",
+        block_size=BLOCK,
+        anchors=8,
+        max_steps=150,
+        batch_size=8,
+        lr=3e-3,
+        warmup_steps=5,
+        eval_every=10_000,
+        ckpt_every=10_000,
+        num_layers=1,
+        loss="forward_kl",
+        dtype="fp32",
+    )
     run = tmp_path_factory.mktemp("dflash")
     train(target, contract, None, OnlineFeatures(target, contract, pad_id=0), samples[:-4], samples[-4:], c, run)
     draft = load_checkpoint(run / "draft", target=target)
@@ -64,8 +81,15 @@ def _serve(target, draft, contract, port):
     eos = {target.tokenizer.eos_token_id}
 
     def generate(job, on_tokens):
-        return decoder.generate(job.prompt_ids, job.max_tokens, eos, temperature=job.temperature, top_p=job.top_p,
-                                seed=job.seed, on_tokens=on_tokens)[1]
+        return decoder.generate(
+            job.prompt_ids,
+            job.max_tokens,
+            eos,
+            temperature=job.temperature,
+            top_p=job.top_p,
+            seed=job.seed,
+            on_tokens=on_tokens,
+        )[1]
 
     srv = SpecServer(generate, target.tokenizer, "tiny", 256, max_len, eos=eos, draft_depth=shape.num_steps)
     httpd = serve(srv, "127.0.0.1", port)
@@ -76,9 +100,25 @@ def _serve(target, draft, contract, port):
 def _live(url, draft_dir, target_dir):
     from eaglewire.cli.app import app
 
-    r = CliRunner().invoke(app, ["doctor", "live", "--url", url, "--draft", str(draft_dir), "--target",
-                                 str(target_dir), "--limit", "2", "--max-tokens", str(MAX_TOKENS), "--json"])
-    return r, json.loads(r.output[r.output.index("{"):])
+    r = CliRunner().invoke(
+        app,
+        [
+            "doctor",
+            "live",
+            "--url",
+            url,
+            "--draft",
+            str(draft_dir),
+            "--target",
+            str(target_dir),
+            "--limit",
+            "2",
+            "--max-tokens",
+            str(MAX_TOKENS),
+            "--json",
+        ],
+    )
+    return r, json.loads(r.output[r.output.index("{") :])
 
 
 def test_live_probe_of_a_dflash_draft_on_eaglewire_s_server(tiny_dir, dflash_export):  # noqa: F811

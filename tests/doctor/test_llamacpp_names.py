@@ -41,8 +41,9 @@ def _read(src, rel: str) -> str:
 @pytest.mark.parametrize("version", sorted(SPEC_COUNTERS_IN))
 def test_metric_names_and_timings_fields_are_llamacpps(version):
     src = _source(version)
-    server = "\n".join(_read(src, f"tools/server/{f}") for f in ("server-task.cpp", "server-common.cpp",
-                                                                 "server-context.cpp"))
+    server = "\n".join(
+        _read(src, f"tools/server/{f}") for f in ("server-task.cpp", "server-common.cpp", "server-context.cpp")
+    )
     for field in LLAMACPP_TIMINGS:  # server_slot_stats::to_json (0.3.36) / the result's timings (0.3.30)
         assert re.search(rf'\["{field}"\]\s*=', server), field
     if not SPEC_COUNTERS_IN[version]:
@@ -58,13 +59,21 @@ def test_metric_names_and_timings_fields_are_llamacpps(version):
 
 
 def _c_format_to_python(fmt: str) -> str:
-    return re.sub(r"%(\d*)\.?(\d*)([dfs])", lambda m: "%" + m.group(1) + (("." + m.group(2)) if m.group(2) else "")
-                  + m.group(3), fmt)
+    return re.sub(
+        r"%(\d*)\.?(\d*)([dfs])",
+        lambda m: "%" + m.group(1) + (("." + m.group(2)) if m.group(2) else "") + m.group(3),
+        fmt,
+    )
 
 
 @settings(max_examples=60, deadline=None)
-@given(rounds=st.lists(st.tuples(st.integers(1, 400), st.lists(st.integers(0, 3), min_size=1, max_size=1)),
-                       min_size=1, max_size=4), k=st.integers(1, 6), short=st.integers(0, 8))
+@given(
+    rounds=st.lists(
+        st.tuples(st.integers(1, 400), st.lists(st.integers(0, 3), min_size=1, max_size=1)), min_size=1, max_size=4
+    ),
+    k=st.integers(1, 6),
+    short=st.integers(0, 8),
+)
 def test_expect_reads_the_log_lines_llamacpp_prints(rounds, k, short):
     """The end-of-request lines, formatted with llama.cpp's own format strings (read from its source): the
     acceptance length of each request, and at -lv 4 the per-position rates pooled into counts, the rounds

@@ -24,8 +24,12 @@ TRAINED = (2, 5, 7)  # z-lab ids [1, 4, 6] on an 8-layer target
 
 def _random_samples(n, seed, T=24):
     g = torch.Generator().manual_seed(seed)
-    return [Sample(id=f"r{i}", input_ids=torch.randint(0, 256, (T,), generator=g),
-                   loss_mask=torch.ones(T, dtype=torch.long)) for i in range(n)]
+    return [
+        Sample(
+            id=f"r{i}", input_ids=torch.randint(0, 256, (T,), generator=g), loss_mask=torch.ones(T, dtype=torch.long)
+        )
+        for i in range(n)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +51,20 @@ def _train(target, tmp_path_factory, vmap=None):
 
     contract = dflash_contract(target, TRAINED, BlockWiring(block_size=4, mask_token_id=VOCAB - 1), vmap)
     samples = _random_samples(1000, 0)
-    c = TrainConfig(family="dflash", block_size=4, anchors=8, max_steps=600, batch_size=8, lr=3e-3, warmup_steps=5,
-                    eval_every=10_000, ckpt_every=10_000, num_layers=1, loss="forward_kl", supervise="all")
+    c = TrainConfig(
+        family="dflash",
+        block_size=4,
+        anchors=8,
+        max_steps=600,
+        batch_size=8,
+        lr=3e-3,
+        warmup_steps=5,
+        eval_every=10_000,
+        ckpt_every=10_000,
+        num_layers=1,
+        loss="forward_kl",
+        supervise="all",
+    )
     out = tmp_path_factory.mktemp("dflash")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -91,12 +107,16 @@ def test_a_healthy_block_export_without_contract_measures_its_taps(tmp_path, tar
     assert m.tau["best"] == m.tau["delivered"] and m.tau["best"][0] > 1.5 and len(m.tau["best"][1]) == 3
 
 
-@pytest.mark.parametrize("ids,delivered", [
-    ([0, 3, 6], (1, 4, 7)),  # vLLM-style ids (no +1) in a z-lab config: every tap one layer early
-    ("drop", (2, 4, 6)),  # no ids: the fallback formula SGLang guesses with (z-lab's default [1, 3, 5])
-])
-def test_mis_declared_block_taps_get_the_error_naming_the_trained_ones(tmp_path, target, trained, bounds, ids,
-                                                                       delivered):
+@pytest.mark.parametrize(
+    "ids,delivered",
+    [
+        ([0, 3, 6], (1, 4, 7)),  # vLLM-style ids (no +1) in a z-lab config: every tap one layer early
+        ("drop", (2, 4, 6)),  # no ids: the fallback formula SGLang guesses with (z-lab's default [1, 3, 5])
+    ],
+)
+def test_mis_declared_block_taps_get_the_error_naming_the_trained_ones(
+    tmp_path, target, trained, bounds, ids, delivered
+):
     m, (f,) = measure_wiring(inspect_dir(_export(tmp_path, trained, "zlab", ids), None), target, bounds=bounds)
     assert m.best == TRAINED and m.delivered == delivered and f.level == "error", m.to_dict()
     mean, lo, hi = m.gap
@@ -167,8 +187,9 @@ def test_measured_on_a_dump_with_the_vocab_as_with_the_target(tmp_path, target, 
     out = _export(tmp_path, trained, "zlab", [0, 3, 6])
     ins = inspect_dir(out, None)
     m, found = measure_wiring(ins, target, bounds=bounds)
-    dump = save_boundaries(bounds, tmp_path / "b.safetensors", target.identity,
-                           vocab=(target.embedding(), target.head_rows()))
+    dump = save_boundaries(
+        bounds, tmp_path / "b.safetensors", target.identity, vocab=(target.embedding(), target.head_rows())
+    )
     d, found_d = measure_wiring(ins, DumpTarget.from_file(dump))
     assert (d.best, d.delivered, d.gap, d.tau) == (m.best, m.delivered, m.gap, m.tau) and found_d == found
     r = CliRunner().invoke(app, ["doctor", str(out), "--boundaries", str(dump), "--json"])
@@ -210,8 +231,9 @@ def test_our_engine_predicts_a_block_drafters_tau_at_the_engines_knobs(tmp_path,
     assert "our engine at vLLM num_speculative_tokens=2" in f.what and f"best {tau:.2f}" in f.what
     draft, _ = import_draft(out, "zlab", target=target)
     assert measure_tau(target, draft.float(), engine_prompts(target), shape, ENGINE_NEW_TOKENS).tau == tau
-    early, _ = measure_wiring(inspect_dir(_export(tmp_path / "e", trained, "zlab", [0, 3, 6]), None), target,
-                              bounds=bounds, shape=shape)
+    early, _ = measure_wiring(
+        inspect_dir(_export(tmp_path / "e", trained, "zlab", [0, 3, 6]), None), target, bounds=bounds, shape=shape
+    )
     delivered = early.engine.tau["delivered"]  # decoded on other taps (the tiny target's gap is small: ~0.02)
     assert early.engine.tau["best"][0] == tau and delivered[0] <= tau and delivered != (tau, per_position)
     too_many, _ = measure_wiring(inspect_dir(out, None), target, bounds=bounds, shape=TreeShape.chain(4))

@@ -44,8 +44,13 @@ def _train_anchor_first(target, steps=500, seed=0):
         for _ in range(steps):
             rows = torch.randint(0, ctx.shape[0], (8,), generator=g)  # [8]
             anchors = torch.stack([torch.randperm(T - B - 1, generator=g)[:8] + 1 for _ in rows]).sort(-1).values
-            hidden = draft(ctx[rows], torch.arange(T)[None].expand(8, -1), block_inputs(data.input_ids[rows],
-                           anchors, B, MASK), block_positions(anchors, B), block_mask(anchors, T, B))  # [8, 8B, H]
+            hidden = draft(
+                ctx[rows],
+                torch.arange(T)[None].expand(8, -1),
+                block_inputs(data.input_ids[rows], anchors, B, MASK),
+                block_positions(anchors, B),
+                block_mask(anchors, T, B),
+            )  # [8, 8B, H]
             labels = data.labels[rows].gather(1, block_positions(anchors, B))  # [8, 8B] slot k: the label at p+k
             loss = F.cross_entropy(draft.logits(hidden).flatten(0, 1).float(), labels.flatten())
             opt.zero_grad()
@@ -69,16 +74,26 @@ def dspark_dir(target, tmp_path_factory):
     out = export_draft(writer, contract, tmp_path_factory.mktemp("dspark") / "vllm", "vllm")
     (out / "eaglewire_contract.json").unlink()
     cfg = json.loads((out / "config.json").read_text())
-    cfg.update(speculators_model_type="dspark", architectures=["DSparkSpeculator"], sample_from_anchor=True,
-               markov_rank=RANK, markov_head_type="vanilla", enable_confidence_head=True)
+    cfg.update(
+        speculators_model_type="dspark",
+        architectures=["DSparkSpeculator"],
+        sample_from_anchor=True,
+        markov_rank=RANK,
+        markov_head_type="vanilla",
+        enable_confidence_head=True,
+    )
     (out / "config.json").write_text(json.dumps(cfg))
     weights = load_file(out / "model.safetensors")
     H = cfg["transformer_layer_config"]["hidden_size"]
     g = torch.Generator().manual_seed(1)
-    weights.update({"markov_head.markov_w1.weight": torch.randn(VOCAB, RANK, generator=g),
-                    "markov_head.markov_w2.weight": torch.randn(VOCAB, RANK, generator=g),
-                    "confidence_head.proj.weight": torch.randn(1, H, generator=g),
-                    "confidence_head.proj.bias": torch.zeros(1)})
+    weights.update(
+        {
+            "markov_head.markov_w1.weight": torch.randn(VOCAB, RANK, generator=g),
+            "markov_head.markov_w2.weight": torch.randn(VOCAB, RANK, generator=g),
+            "confidence_head.proj.weight": torch.randn(1, H, generator=g),
+            "confidence_head.proj.bias": torch.zeros(1),
+        }
+    )
     save_file({k: v.contiguous() for k, v in weights.items()}, out / "model.safetensors")
     return out
 
@@ -100,8 +115,12 @@ def test_a_dspark_drafts_backbone_is_measured_back_to_its_taps(target, bounds, d
     assert len(per_slot) == B and tau > 1.5  # anchor-first: B drafted slots, slot 0 among them
 
 
-def test_dspark_ids_one_layer_early_get_the_error_naming_the_trained_taps(tmp_path, target, bounds,  # noqa: F811
-                                                                          dspark_dir):
+def test_dspark_ids_one_layer_early_get_the_error_naming_the_trained_taps(
+    tmp_path,
+    target,
+    bounds,  # noqa: F811
+    dspark_dir,
+):
     early = _edit(dspark_dir, tmp_path / "early", aux_hidden_state_layer_ids=[b - 1 for b in TRAINED])
     m, (f,) = measure_wiring(inspect_dir(early, None), target, bounds=bounds)
     assert m.best == TRAINED and m.delivered == tuple(b - 1 for b in TRAINED) and f.level == "error", m.to_dict()

@@ -33,8 +33,12 @@ TRAINED = (2, 4, 6)
 
 def _random_samples(n, seed, T=24):
     g = torch.Generator().manual_seed(seed)
-    return [Sample(id=f"r{i}", input_ids=torch.randint(0, 256, (T,), generator=g),
-                   loss_mask=torch.ones(T, dtype=torch.long)) for i in range(n)]
+    return [
+        Sample(
+            id=f"r{i}", input_ids=torch.randint(0, 256, (T,), generator=g), loss_mask=torch.ones(T, dtype=torch.long)
+        )
+        for i in range(n)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +62,17 @@ def trained(target, tmp_path_factory):
     vmap = VocabMap.from_target_ids(torch.arange(0, 256, 2), 256)
     contract = target.contract(TRAINED, vocab_map=vmap)
     samples = _random_samples(1000, 0)
-    c = TrainConfig(max_steps=600, batch_size=8, lr=3e-3, warmup_steps=5, eval_every=10_000, ckpt_every=10_000,
-                    ttt_steps=2, loss="forward_kl", supervise="all")
+    c = TrainConfig(
+        max_steps=600,
+        batch_size=8,
+        lr=3e-3,
+        warmup_steps=5,
+        eval_every=10_000,
+        ckpt_every=10_000,
+        ttt_steps=2,
+        loss="forward_kl",
+        supervise="all",
+    )
     out = tmp_path_factory.mktemp("trained")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the machine's other work makes two threads slower here, not faster
@@ -95,15 +108,19 @@ def _measured(out, target, bounds, engine):
     return m, findings[0], run_checks(ins, target)
 
 
-@pytest.mark.parametrize("fmt,engine,ids,delivered", [
-    ("vllm", "vllm", [1, 3, 5], (1, 3, 5)),  # SGLang's numbering given to vLLM: every tap one layer early
-    ("vllm", "vllm", [0, 2, 4], (0, 2, 4)),  # the embedding shifted in ([embed, l3, l31] vs [l3, l31, l59])
-    ("vllm", "vllm", "drop", (2, 4, 5)),  # no ids: vLLM's default taps
-    ("sglang", "sglang-legacy", [1, 2, 4], (2, 3, 5)),  # vLLM-style ids off by one, read by SGLang's +1 rule
-    ("sglang", "sglang", [0, 1, 3], (1, 2, 4)),  # the ids PR #25454's rule would read as is: llama.py adds 1
-])
-def test_broken_ids_are_diagnosed_with_the_trained_boundaries(tmp_path, target, trained, bounds, fmt, engine,
-                                                             ids, delivered):
+@pytest.mark.parametrize(
+    "fmt,engine,ids,delivered",
+    [
+        ("vllm", "vllm", [1, 3, 5], (1, 3, 5)),  # SGLang's numbering given to vLLM: every tap one layer early
+        ("vllm", "vllm", [0, 2, 4], (0, 2, 4)),  # the embedding shifted in ([embed, l3, l31] vs [l3, l31, l59])
+        ("vllm", "vllm", "drop", (2, 4, 5)),  # no ids: vLLM's default taps
+        ("sglang", "sglang-legacy", [1, 2, 4], (2, 3, 5)),  # vLLM-style ids off by one, read by SGLang's +1 rule
+        ("sglang", "sglang", [0, 1, 3], (1, 2, 4)),  # the ids PR #25454's rule would read as is: llama.py adds 1
+    ],
+)
+def test_broken_ids_are_diagnosed_with_the_trained_boundaries(
+    tmp_path, target, trained, bounds, fmt, engine, ids, delivered
+):
     m, f, _ = _measured(_export(tmp_path, trained, fmt, ids), target, bounds, engine)
     assert m.best == TRAINED, m.to_dict()
     assert m.delivered == delivered and f.level == "error", f
@@ -256,8 +273,19 @@ def test_import_with_a_target_prints_its_phases_while_it_measures(tmp_path, targ
 
     target.model.save_pretrained(tmp_path / "t")
     broken = _export(tmp_path, trained, "vllm", [0, 2, 4])
-    r = CliRunner().invoke(app, ["import", str(broken), "--format", "vllm", "--target", str(tmp_path / "t"),
-                                 "--out", str(tmp_path / "imported")])
+    r = CliRunner().invoke(
+        app,
+        [
+            "import",
+            str(broken),
+            "--format",
+            "vllm",
+            "--target",
+            str(tmp_path / "t"),
+            "--out",
+            str(tmp_path / "imported"),
+        ],
+    )
     assert r.exit_code == 0, r.output
     lines = [x for x in r.stderr.splitlines() if x.split("] ", 1)[-1].startswith("importing: no contract file")]
     assert len(lines) >= 4 and lines[0].endswith("started") and lines[-1].endswith("done"), r.stderr

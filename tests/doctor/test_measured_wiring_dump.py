@@ -14,7 +14,14 @@ from safetensors.torch import load_file, save_file
 from test_measured_wiring import TRAINED, _export, bounds, target, trained  # noqa: F401 (fixtures)
 
 from eaglewire.doctor.checks import run_checks
-from eaglewire.capture.boundary_file import FORMAT, DumpTarget, capture_dump, load_boundaries, load_dump, save_boundaries
+from eaglewire.capture.boundary_file import (
+    FORMAT,
+    DumpTarget,
+    capture_dump,
+    load_boundaries,
+    load_dump,
+    save_boundaries,
+)
 from eaglewire.doctor.measured_wiring import run_measurement
 from eaglewire.doctor.inspect import inspect_dir
 from eaglewire.capture.boundaries import Boundaries
@@ -23,8 +30,12 @@ from eaglewire.errors import EaglewireError
 
 @pytest.fixture(scope="module")
 def dump(target, bounds, tmp_path_factory):  # noqa: F811
-    return save_boundaries(bounds, tmp_path_factory.mktemp("dump") / "b.safetensors", target.identity,
-                           chat_template_sha256=target.chat_template_sha256)
+    return save_boundaries(
+        bounds,
+        tmp_path_factory.mktemp("dump") / "b.safetensors",
+        target.identity,
+        chat_template_sha256=target.chat_template_sha256,
+    )
 
 
 def test_the_dump_round_trips_bit_exactly(tmp_path, target, bounds, dump):  # noqa: F811
@@ -39,14 +50,26 @@ def test_the_dump_round_trips_bit_exactly(tmp_path, target, bounds, dump):  # no
 
 
 @pytest.mark.parametrize("ids", [[0, 2, 4], None])  # the embedding shifted in (error), the healthy export
-def test_measuring_on_the_dump_equals_measuring_with_the_target(tmp_path, target, trained, bounds, dump,  # noqa: F811
-                                                                 ids):
+def test_measuring_on_the_dump_equals_measuring_with_the_target(
+    tmp_path,
+    target,
+    trained,
+    bounds,
+    dump,  # noqa: F811
+    ids,
+):
     ins = inspect_dir(_export(tmp_path, trained, "vllm", ids), "vllm")
     m, found = run_measurement(ins, target, bounds, chain_steps=2)
     stand_in = DumpTarget.from_file(dump)
     d, found_d = run_measurement(ins, stand_in, chain_steps=2)  # the stand-in brings its Boundaries
-    assert (d.best, d.delivered, d.gap, d.spread, d.tokens, d.tau) == (m.best, m.delivered, m.gap, m.spread,
-                                                                        m.tokens, m.tau)
+    assert (d.best, d.delivered, d.gap, d.spread, d.tokens, d.tau) == (
+        m.best,
+        m.delivered,
+        m.gap,
+        m.spread,
+        m.tokens,
+        m.tau,
+    )
     assert d.scores.keys() == m.scores.keys()
     for taps, s in m.scores.items():
         assert torch.equal(d.scores[taps].nll, s.nll) and torch.equal(d.scores[taps].hit, s.hit), taps
@@ -58,7 +81,6 @@ def test_measuring_on_the_dump_equals_measuring_with_the_target(tmp_path, target
     report = run_checks(ins, stand_in)  # the static checks run against the stand-in; dump_scope says what not
     assert report.errors == run_checks(ins, target).errors
     assert any(f.check == "target" and "skipped" in f.why for f in report.findings)
-
 
 
 def test_engine_knobs_on_a_dump_say_the_engine_did_not_run(tmp_path, trained, dump):  # noqa: F811
@@ -101,8 +123,9 @@ def test_a_damaged_dump_is_refused_by_name(tmp_path, target, dump):  # noqa: F81
 def test_a_token_the_dump_does_not_hold_is_never_read(tmp_path, target, trained, bounds):  # noqa: F811
     """A dump of two prompts stands in for the embedding of its own ~45 tokens only: their rows are the
     target's, every other row is NaN, and measuring other tokens with it stops with an error."""
-    two = Boundaries(bounds.states[:, :2].clone(), bounds.input_ids[:2].clone(), bounds.labels[:2].clone(),
-                     bounds.scored[:2].clone())
+    two = Boundaries(
+        bounds.states[:, :2].clone(), bounds.input_ids[:2].clone(), bounds.labels[:2].clone(), bounds.scored[:2].clone()
+    )
     stand_in = DumpTarget.from_file(save_boundaries(two, tmp_path / "two.safetensors", target.identity))
     held = torch.unique(two.input_ids)
     emb = stand_in.embedding()

@@ -40,6 +40,7 @@ def test_shipped_eagle3_contract_reads_and_fingerprints_as_before():
     assert c.to_dict() == stored  # no new field appears in an EAGLE-3 contract's JSON
     # the fingerprint is the hash of exactly the stored wiring fields (what it was before families existed)
     import hashlib
+
     wiring = {k: v for k, v in stored.items() if k != "inferred"}
     want = hashlib.sha256(json.dumps(wiring, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
     assert c.fingerprint() == want
@@ -60,19 +61,31 @@ def test_dflash_contract_round_trips_and_differs():
 
 
 @settings(max_examples=40, deadline=None)
-@given(B=st.integers(2, 32), mask=st.integers(0, VOCAB - 1), layout=st.sampled_from(["bonus", "anchor_first"]),
-       causal=st.sampled_from([None, True, False]), sliding=st.lists(st.integers(0, 7), unique=True, max_size=3))
+@given(
+    B=st.integers(2, 32),
+    mask=st.integers(0, VOCAB - 1),
+    layout=st.sampled_from(["bonus", "anchor_first"]),
+    causal=st.sampled_from([None, True, False]),
+    sliding=st.lists(st.integers(0, 7), unique=True, max_size=3),
+)
 def test_block_wiring_json_round_trip(B, mask, layout, causal, sliding):
     sliding = tuple(sorted(sliding))
-    block = BlockWiring(B, mask, layout, causal=causal, sliding_layers=sliding,
-                        sliding_window=4 if sliding else None)
+    block = BlockWiring(B, mask, layout, causal=causal, sliding_layers=sliding, sliding_window=4 if sliding else None)
     assert BlockWiring.from_dict(json.loads(json.dumps(block.to_dict()))) == block
     assert block.drafts_per_round == (B - 1 if layout == "bonus" else B)
 
 
-@pytest.mark.parametrize("bad", [dict(block_size=1), dict(anchor_layout="first"), dict(rope_style="gptj"),
-                                 dict(sliding_layers=(2, 1), sliding_window=4), dict(sliding_layers=(1,)),
-                                 dict(sliding_window=4)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(block_size=1),
+        dict(anchor_layout="first"),
+        dict(rope_style="gptj"),
+        dict(sliding_layers=(2, 1), sliding_window=4),
+        dict(sliding_layers=(1,)),
+        dict(sliding_window=4),
+    ],
+)
 def test_bad_block_wiring_is_refused(bad):
     with pytest.raises(ContractMismatch):
         BlockWiring(**{"block_size": 4, "mask_token_id": 3, **bad})
@@ -93,8 +106,12 @@ def test_family_fields_must_agree():
     with pytest.raises(ContractMismatch, match="norm flags"):
         dataclasses.replace(dflash_contract(target, TAPS, block), norm=NORM_PRESETS["eagle3.1"])
     with pytest.raises(ContractMismatch, match="wrong fields"):
-        WiringContract.from_dict({**dflash_contract(target, TAPS, block).to_dict(),
-                                  "block": {"block_size": 4, "mask_token_id": 3, "mask_embedding": 1}})
+        WiringContract.from_dict(
+            {
+                **dflash_contract(target, TAPS, block).to_dict(),
+                "block": {"block_size": 4, "mask_token_id": 3, "mask_embedding": 1},
+            }
+        )
 
 
 def test_dflash_engine_numbering_for_30_layers():
@@ -104,12 +121,14 @@ def test_dflash_engine_numbering_for_30_layers():
     b = from_engine(ids, "zlab", 30)
     assert b == (2, 9, 15, 21, 28)  # boundary k+1 = HF hidden_states[k+1]
     got = {(f.engine, f.field): to_engine(b, f.convention, 30) for f in block_fields("dflash")}
-    assert got == {("zlab", "dflash_config.target_layer_ids"): ids,
-                   ("sglang", "dflash_config.target_layer_ids"): ids,
-                   ("vllm", "dflash_config.target_layer_ids"): ids,
-                   ("vllm", "eagle_aux_hidden_state_layer_ids"): b,
-                   ("llamacpp", "dflash.target_layers (GGUF)"): b,  # the input of layer id: the boundary
-                   ("speculators", "aux_hidden_state_layer_ids"): b}
+    assert got == {
+        ("zlab", "dflash_config.target_layer_ids"): ids,
+        ("sglang", "dflash_config.target_layer_ids"): ids,
+        ("vllm", "dflash_config.target_layer_ids"): ids,
+        ("vllm", "eagle_aux_hidden_state_layer_ids"): b,
+        ("llamacpp", "dflash.target_layers (GGUF)"): b,  # the input of layer id: the boundary
+        ("speculators", "aux_hidden_state_layer_ids"): b,
+    }
     # the final boundary: vLLM captures it, z-lab's HF reference (post-norm entry) and SGLang cannot
     assert to_engine((2, 30), "vllm-dflash", 30) == (1, 29)
     for conv in ("zlab", "sglang-dflash"):
@@ -122,10 +141,19 @@ def test_dflash_engine_numbering_for_30_layers():
 
 def test_state_dict_is_zlab_layout():
     _, d = _draft(layers=2)
-    per_layer = ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-                 "self_attn.o_proj.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight",
-                 "input_layernorm.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight",
-                 "mlp.up_proj.weight", "mlp.down_proj.weight"]
+    per_layer = [
+        "self_attn.q_proj.weight",
+        "self_attn.k_proj.weight",
+        "self_attn.v_proj.weight",
+        "self_attn.o_proj.weight",
+        "self_attn.q_norm.weight",
+        "self_attn.k_norm.weight",
+        "input_layernorm.weight",
+        "post_attention_layernorm.weight",
+        "mlp.gate_proj.weight",
+        "mlp.up_proj.weight",
+        "mlp.down_proj.weight",
+    ]
     want = {f"layers.{i}.{k}" for i in range(2) for k in per_layer} | {"fc.weight", "hidden_norm.weight", "norm.weight"}
     sd = d.state_dict()
     assert set(sd) == want
@@ -140,7 +168,9 @@ def _inputs(N=2, S=6, Q=4, seed=0):
     ids = torch.randint(0, VOCAB, (N, Q), generator=g)
     anchor = torch.tensor([2, 4])[:N]
     block_pos = anchor[:, None] + torch.arange(Q)
-    mask = torch.cat([(ctx_pos[:, None, :] < anchor[:, None, None]).expand(N, Q, S), torch.ones(N, Q, Q, dtype=torch.bool)], -1)
+    mask = torch.cat(
+        [(ctx_pos[:, None, :] < anchor[:, None, None]).expand(N, Q, S), torch.ones(N, Q, Q, dtype=torch.bool)], -1
+    )
     return taps, ctx_pos, ids, block_pos, mask
 
 
@@ -173,8 +203,10 @@ def test_mask_hides_context_and_block_is_bidirectional():
 
 
 def test_causal_and_sliding_layers_follow_the_wiring():
-    for block in (BlockWiring(4, VOCAB - 1, causal=True),
-                  BlockWiring(4, VOCAB - 1, sliding_layers=(0, 1), sliding_window=3)):
+    for block in (
+        BlockWiring(4, VOCAB - 1, causal=True),
+        BlockWiring(4, VOCAB - 1, sliding_layers=(0, 1), sliding_window=3),
+    ):
         _, d = _draft(block=block)
         taps, ctx_pos, ids, block_pos, mask = _inputs()
         with torch.no_grad():
@@ -218,8 +250,10 @@ def test_pick_mask_token_on_a_smollm2_like_tokenizer():
         bos_token, eos_token, pad_token = "<|im_start|>", "<|im_end|>", None
         chat_template = "{{'<|im_start|>' + m['role']}}<|im_end|>"
         mask_token = None
-        added_tokens_decoder = {i: AddedToken(t, special=True) for i, t in
-                                enumerate(["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<repo_name>", "<empty_output>"])}
+        added_tokens_decoder = {
+            i: AddedToken(t, special=True)
+            for i, t in enumerate(["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<repo_name>", "<empty_output>"])
+        }
 
         def get_vocab(self):
             return {t.content: i for i, t in self.added_tokens_decoder.items()}
@@ -246,14 +280,39 @@ def test_cli_translate_family_prints_every_field():
     out = json.loads(r.stdout)
     assert out["boundaries"] == [2, 9, 15, 21, 28]
     assert {f["field"]: f["ids"] for f in out["fields"]} == {
-        "dflash_config.target_layer_ids": [1, 8, 14, 20, 27], "eagle_aux_hidden_state_layer_ids": [2, 9, 15, 21, 28]}
+        "dflash_config.target_layer_ids": [1, 8, 14, 20, 27],
+        "eagle_aux_hidden_state_layer_ids": [2, 9, 15, 21, 28],
+    }
     r = CliRunner().invoke(app, ["wiring", "translate", "--family", "dflash", "-L", "30", "--to", "all", "--json"])
-    assert {f["engine"] for f in json.loads(r.stdout)["fields"]} == {"zlab", "sglang", "vllm", "speculators", "llamacpp"}
-    r = CliRunner().invoke(app, ["wiring", "translate", "--family", "dflash", "-L", "30", "--to", "speculators",
-                                 "--taps", "2,9,15,21,29", "--from", "speculators"])
+    assert {f["engine"] for f in json.loads(r.stdout)["fields"]} == {
+        "zlab",
+        "sglang",
+        "vllm",
+        "speculators",
+        "llamacpp",
+    }
+    r = CliRunner().invoke(
+        app,
+        [
+            "wiring",
+            "translate",
+            "--family",
+            "dflash",
+            "-L",
+            "30",
+            "--to",
+            "speculators",
+            "--taps",
+            "2,9,15,21,29",
+            "--from",
+            "speculators",
+        ],
+    )
     assert r.exit_code == 0 and "[2, 9, 15, 21, 29]" in r.output
-    r = CliRunner().invoke(app, ["wiring", "translate", "--family", "dflash", "-L", "30", "--to", "zlab",
-                                 "--taps", "2,30", "--from", "vllm"])
+    r = CliRunner().invoke(
+        app,
+        ["wiring", "translate", "--family", "dflash", "-L", "30", "--to", "zlab", "--taps", "2,30", "--from", "vllm"],
+    )
     assert r.exit_code == 2 and "cannot express tap boundary 30" in r.output
 
 
@@ -270,8 +329,9 @@ def test_native_checkpoint_round_trip_is_strict(tmp_path):
     assert all(torch.equal(back.state_dict()[k], v) for k, v in d.state_dict().items())
     taps, ctx_pos, ids, block_pos, mask = _inputs()
     with torch.no_grad():
-        torch.testing.assert_close(back.logits(back(taps, ctx_pos, ids, block_pos, mask)),
-                                   d.logits(d(taps, ctx_pos, ids, block_pos, mask)))
+        torch.testing.assert_close(
+            back.logits(back(taps, ctx_pos, ids, block_pos, mask)), d.logits(d(taps, ctx_pos, ids, block_pos, mask))
+        )
     weights = load_file(path / "model.safetensors")
     save_file({**weights, "embed_tokens.weight": target.embedding().detach().clone()}, path / "model.safetensors")
     with pytest.raises(CheckpointError, match="wrong set of tensors"):

@@ -43,8 +43,15 @@ def test_single_layer_width_is_refused_not_skipped(target):
         draft.step(ids, taps)  # taps must go through fuse()
 
 
-@pytest.mark.parametrize("norm", [NormFlags(norm_before_fc=True), NormFlags(fc_norm=True),
-                                  NormFlags(norm_output=True), NormFlags(norm_before_residual=True)])
+@pytest.mark.parametrize(
+    "norm",
+    [
+        NormFlags(norm_before_fc=True),
+        NormFlags(fc_norm=True),
+        NormFlags(norm_output=True),
+        NormFlags(norm_before_residual=True),
+    ],
+)
 def test_eagle31_options_change_the_function(target, norm):
     base, _ = build_draft(target, seed=3)
     other, _ = build_draft(target, seed=3, norm=norm)
@@ -95,7 +102,7 @@ def test_incremental_kv_matches_full_sequence(target):
     full = draft(ids, taps)
     past, logits = None, []
     for t in range(5):
-        out = draft(ids[:, t:t + 1], taps[:, t:t + 1], past=past)
+        out = draft(ids[:, t : t + 1], taps[:, t : t + 1], past=past)
         past, logits = out.kv, logits + [out.logits]
     torch.testing.assert_close(torch.cat(logits, 1), full.logits, atol=1e-5, rtol=1e-5)
 
@@ -126,7 +133,7 @@ def test_static_cache_matches_full_sequence(target):
     full = draft(ids, taps)
     cache = DraftCache(draft.cfg, batch=1, max_len=16)
     first = draft(ids[:, :4], taps[:, :4], cache=cache, start=0)  # prefix in one call
-    rest = [draft(ids[:, t:t + 1], taps[:, t:t + 1], cache=cache, start=t).logits for t in (4, 5)]
+    rest = [draft(ids[:, t : t + 1], taps[:, t : t + 1], cache=cache, start=t).logits for t in (4, 5)]
     torch.testing.assert_close(torch.cat([first.logits] + rest, 1), full.logits, atol=1e-5, rtol=1e-5)
 
 

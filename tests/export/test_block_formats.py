@@ -58,8 +58,11 @@ def test_export_import_bit_identical(tmp_path, target, drafted, fmt):
 
 
 @settings(max_examples=15, deadline=None)
-@given(taps=st.lists(st.integers(1, L - 1), min_size=1, max_size=5, unique=True).map(sorted),
-       fmt=st.sampled_from(FORMATS), B=st.integers(2, 9))
+@given(
+    taps=st.lists(st.integers(1, L - 1), min_size=1, max_size=5, unique=True).map(sorted),
+    fmt=st.sampled_from(FORMATS),
+    B=st.integers(2, 9),
+)
 def test_round_trip_property(tmp_path_factory, target, taps, fmt, B):
     d = _draft(target, tuple(taps), layers=1, block=BlockWiring(block_size=B, mask_token_id=5))
     out = export_block_draft(d, d.contract, tmp_path_factory.mktemp("p") / fmt, fmt)
@@ -71,8 +74,10 @@ def test_round_trip_property(tmp_path_factory, target, taps, fmt, B):
 def test_each_engine_numbering_and_fields(tmp_path, drafted):
     """Boundaries (1,3,5,7) of an 8-layer target: z-lab/SGLang write output-of-layer ids (b-1), speculators/vLLM
     capture ids (b), read as is by vLLM (algos.py update_dflash)."""
-    cfg = {f: json.loads((export_block_draft(drafted, drafted.contract, tmp_path / f, f) / "config.json").read_text())
-           for f in ("zlab", "sglang", "vllm")}
+    cfg = {
+        f: json.loads((export_block_draft(drafted, drafted.contract, tmp_path / f, f) / "config.json").read_text())
+        for f in ("zlab", "sglang", "vllm")
+    }
     z, s, v = cfg["zlab"], cfg["sglang"], cfg["vllm"]
     assert z["architectures"] == ["DFlashDraftModel"] and z["model_type"] == "qwen3"
     assert z["dflash_config"] == {"mask_token_id": VOCAB - 1, "target_layer_ids": [0, 2, 4, 6]}
@@ -109,7 +114,11 @@ def _edit(out, fn, name="config.json"):
 DAMAGE = [
     ("extra tensor", lambda t: t.update({"lm_head.weight": torch.zeros(VOCAB, 64)}), "wrong set of tensors"),
     ("missing tensor", lambda t: t.pop("hidden_norm.weight"), "wrong set of tensors"),
-    ("renamed", lambda t: t.update({"midlayer.mlp.up_proj.weight": t.pop("layers.0.mlp.up_proj.weight")}), "did you mean"),
+    (
+        "renamed",
+        lambda t: t.update({"midlayer.mlp.up_proj.weight": t.pop("layers.0.mlp.up_proj.weight")}),
+        "did you mean",
+    ),
     ("shape", lambda t: t.update({"fc.weight": t["fc.weight"][:, :-64].contiguous()}), "wrong shape"),
     ("nan", lambda t: t["norm.weight"].__setitem__(0, float("nan")), "NaN"),
     ("inf", lambda t: t["layers.1.self_attn.k_norm.weight"].__setitem__(0, float("inf")), "inf"),
@@ -129,27 +138,33 @@ def test_broken_weights_refused(tmp_path, target, drafted, fmt, what, damage, ma
 
 CONFIG_DAMAGE = [
     ("zlab", "ids lost", lambda c: c["dflash_config"].pop("target_layer_ids"), CheckpointError, "layer-id list"),
-    ("zlab", "ids edited", lambda c: c["dflash_config"].update(target_layer_ids=[1, 2, 4, 6]), ContractMismatch,
-     "disagrees"),
+    (
+        "zlab",
+        "ids edited",
+        lambda c: c["dflash_config"].update(target_layer_ids=[1, 2, 4, 6]),
+        ContractMismatch,
+        "disagrees",
+    ),
     ("zlab", "mask edited", lambda c: c["dflash_config"].update(mask_token_id=3), ContractMismatch, "disagrees"),
-    ("zlab", "vLLM override", lambda c: c.update(eagle_aux_hidden_state_layer_ids=[2, 4, 6, 7]), CheckpointError,
-     "eagle_aux"),
+    (
+        "zlab",
+        "vLLM override",
+        lambda c: c.update(eagle_aux_hidden_state_layer_ids=[2, 4, 6, 7]),
+        CheckpointError,
+        "eagle_aux",
+    ),
     ("zlab", "sliding", lambda c: c["dflash_config"].update(use_swa=True), CheckpointError, "use_swa"),
     ("zlab", "causal", lambda c: c.update(is_causal=True), CheckpointError, "is_causal"),
     ("zlab", "interleaved rope", lambda c: c.update(is_neox_style=False), CheckpointError, "neox"),
-    ("zlab", "wrong arch", lambda c: c.update(architectures=["LlamaForCausalLMEagle3"]), CheckpointError,
-     "not a zlab"),
+    ("zlab", "wrong arch", lambda c: c.update(architectures=["LlamaForCausalLMEagle3"]), CheckpointError, "not a zlab"),
     ("zlab", "block size", lambda c: c.pop("block_size"), CheckpointError, "block_size"),
     ("zlab", "speculators type", lambda c: c.update(speculators_model_type="dflash"), CheckpointError, "not a zlab"),
     ("vllm", "no speculators type", lambda c: c.pop("speculators_model_type"), CheckpointError, "not a vllm"),
-    ("vllm", "wrong arch", lambda c: c.update(architectures=["LlamaForCausalLMEagle3"]), CheckpointError,
-     "not a vllm"),
-    ("vllm", "speculators default", lambda c: c.update(sliding_window_non_causal=False), CheckpointError,
-     "causal"),
+    ("vllm", "wrong arch", lambda c: c.update(architectures=["LlamaForCausalLMEagle3"]), CheckpointError, "not a vllm"),
+    ("vllm", "speculators default", lambda c: c.update(sliding_window_non_causal=False), CheckpointError, "causal"),
     ("vllm", "anchor-first", lambda c: c.update(sample_from_anchor=True), CheckpointError, "anchor"),
     ("vllm", "ids edited", lambda c: c.update(aux_hidden_state_layer_ids=[0, 3, 5, 7]), ContractMismatch, "disagrees"),
-    ("vllm", "vocab size edited", lambda c: c.update(draft_vocab_size=VOCAB // 2), CheckpointError,
-     "draft_vocab_size"),
+    ("vllm", "vocab size edited", lambda c: c.update(draft_vocab_size=VOCAB // 2), CheckpointError, "draft_vocab_size"),
 ]
 
 
@@ -162,9 +177,11 @@ def test_broken_configs_refused(tmp_path, target, drafted, fmt, what, damage, er
 
 
 def test_unportable_wiring_refused_on_export(tmp_path, target):
-    for block in (BlockWiring(block_size=4, mask_token_id=5, causal=True),
-                  BlockWiring(block_size=4, mask_token_id=5, anchor_layout="anchor_first"),
-                  BlockWiring(block_size=4, mask_token_id=5, sliding_layers=(0,), sliding_window=8)):
+    for block in (
+        BlockWiring(block_size=4, mask_token_id=5, causal=True),
+        BlockWiring(block_size=4, mask_token_id=5, anchor_layout="anchor_first"),
+        BlockWiring(block_size=4, mask_token_id=5, sliding_layers=(0,), sliding_window=8),
+    ):
         d = _draft(target, layers=1, block=block)
         with pytest.raises(CheckpointError, match="cannot be written") as err:
             export_block_draft(d, d.contract, tmp_path / "x", "vllm")
@@ -294,8 +311,9 @@ def test_vllm_reads_our_dflash_exports_as_we_wrote_them(tmp_path, target):
     dirs["zlab-override"] = export_block_draft(d, d.contract, tmp_path / "zo", "zlab")
     _edit(dirs["zlab-override"], lambda c: c.update(eagle_aux_hidden_state_layer_ids=[1, 2, 3]))
     script = Path(__file__).parents[1] / "clients" / "vllm_dflash_config.py"
-    out = subprocess.run([str(vllm_python()), str(script), *map(str, dirs.values())], capture_output=True, text=True,
-                         timeout=600)
+    out = subprocess.run(
+        [str(vllm_python()), str(script), *map(str, dirs.values())], capture_output=True, text=True, timeout=600
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     got = {f: json.loads(out.stdout.strip().splitlines()[-1])[str(p)] for f, p in dirs.items()}
     for f in ("zlab", "sglang", "vllm"):

@@ -54,8 +54,10 @@ def test_bf16_save_and_saved_embedding(tmp_path, target):
 
 def test_renamed_key_refused(saved, target):
     _, _, path = saved
-    _rewrite(path, lambda t: {(k.replace("layers.0.", "midlayer.") if k.startswith("layers.0.") else k): v
-                              for k, v in t.items()})
+    _rewrite(
+        path,
+        lambda t: {(k.replace("layers.0.", "midlayer.") if k.startswith("layers.0.") else k): v for k, v in t.items()},
+    )
     with pytest.raises(CheckpointError, match="wrong set of tensors") as err:
         load_checkpoint(path, target=target)
     assert "'midlayer.self_attn.q_proj.weight' -> did you mean 'layers.0.self_attn.q_proj.weight'" in str(err.value)

@@ -22,7 +22,7 @@ def test_every_row_names_a_convention_and_its_engine_serves_the_family():
     for engine in ENGINES.values():
         for row in engine.block_fields:
             assert row.convention in CONVENTIONS and row.family in engine.families
-        for family in engine.families[1 if engine.serves_eagle3 else 0:]:
+        for family in engine.families[1 if engine.serves_eagle3 else 0 :]:
             assert engine.convention_for(None, family) == engine.fields(family)[0].convention
 
 

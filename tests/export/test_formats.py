@@ -94,13 +94,23 @@ def _edit_weights(out, fn):
     save_file(fn(t), str(out / "model.safetensors"))
 
 
-@pytest.mark.parametrize("damage,error,match", [
-    (lambda t: {k: v for k, v in t.items() if k != "d2t"}, CheckpointError, r"missing \['d2t'\]"),
-    (lambda t: {**t, "extra.weight": torch.zeros(2)}, CheckpointError, r"unexpected \['extra.weight'\]"),
-    (lambda t: {**t, "fc.weight": t["fc.weight"][:, :10].contiguous()}, CheckpointError, "'fc.weight' has the wrong shape"),
-    (lambda t: {("layers.0." + k[9:] if k.startswith("midlayer.") else k): v for k, v in t.items()},
-     CheckpointError, "unexpected tensor 'layers.0."),
-])
+@pytest.mark.parametrize(
+    "damage,error,match",
+    [
+        (lambda t: {k: v for k, v in t.items() if k != "d2t"}, CheckpointError, r"missing \['d2t'\]"),
+        (lambda t: {**t, "extra.weight": torch.zeros(2)}, CheckpointError, r"unexpected \['extra.weight'\]"),
+        (
+            lambda t: {**t, "fc.weight": t["fc.weight"][:, :10].contiguous()},
+            CheckpointError,
+            "'fc.weight' has the wrong shape",
+        ),
+        (
+            lambda t: {("layers.0." + k[9:] if k.startswith("midlayer.") else k): v for k, v in t.items()},
+            CheckpointError,
+            "unexpected tensor 'layers.0.",
+        ),
+    ],
+)
 def test_broken_weights_refused(tmp_path, target, drafted, damage, error, match):
     draft, contract = drafted
     out = export_draft(draft, contract, tmp_path / "s", "sglang")

@@ -58,13 +58,24 @@ def _read(out):
 
 
 taps3 = st.lists(st.integers(0, L - 1), min_size=3, max_size=3, unique=True).map(lambda t: tuple(sorted(t)))
-norms = st.sampled_from([NormFlags(), NormFlags(norm_before_fc=True), NormFlags(norm_before_residual=True),
-                         NormFlags(norm_before_fc=True, norm_before_residual=True)])
+norms = st.sampled_from(
+    [
+        NormFlags(),
+        NormFlags(norm_before_fc=True),
+        NormFlags(norm_before_residual=True),
+        NormFlags(norm_before_fc=True, norm_before_residual=True),
+    ]
+)
 
 
 @SETTINGS
-@given(taps=taps3, norm=norms, seed=st.integers(0, 2**16), dtype=st.sampled_from([None, torch.float16, torch.bfloat16]),
-       draft_vocab=st.sampled_from([32, 100, 128]))
+@given(
+    taps=taps3,
+    norm=norms,
+    seed=st.integers(0, 2**16),
+    dtype=st.sampled_from([None, torch.float16, torch.bfloat16]),
+    draft_vocab=st.sampled_from([32, 100, 128]),
+)
 def test_eagle3_round_trip_is_bit_identical(tmp_path_factory, target, taps, norm, seed, dtype, draft_vocab):
     draft, contract = build_draft(target, taps=taps, seed=seed, norm=norm, draft_vocab=draft_vocab)
     if dtype is not None:
@@ -83,9 +94,13 @@ def test_eagle3_round_trip_is_bit_identical(tmp_path_factory, target, taps, norm
 
 
 @SETTINGS
-@given(taps=st.lists(st.integers(0, L - 1), min_size=1, max_size=4, unique=True).map(lambda t: tuple(sorted(t))),
-       block=st.integers(2, 9), layers=st.integers(1, 2), every=st.sampled_from([None, 2]),
-       seed=st.integers(0, 2**16))
+@given(
+    taps=st.lists(st.integers(0, L - 1), min_size=1, max_size=4, unique=True).map(lambda t: tuple(sorted(t))),
+    block=st.integers(2, 9),
+    layers=st.integers(1, 2),
+    every=st.sampled_from([None, 2]),
+    seed=st.integers(0, 2**16),
+)
 def test_dflash_round_trip_is_bit_identical(tmp_path_factory, target, vocab_gguf, taps, block, layers, every, seed):
     draft, contract = build_dflash(target, taps=taps, block_size=block, layers=layers, vocab_every=every, seed=seed)
     out = export_draft(draft, contract, tmp_path_factory.mktemp("df"), "llamacpp", vocab_from=vocab_gguf)
@@ -143,8 +158,10 @@ def test_what_llamacpp_cannot_express_is_refused(tmp_path, target):
     flash, fc = build_dflash(target, taps=(1, 3))
     with pytest.raises(CheckpointError, match="0.3.30 has no dflash drafter"):
         export_draft(flash, fc, tmp_path / "x", "llamacpp", engine_version="0.3.30")
-    for block in (BlockWiring(4, 255, anchor_layout="anchor_first"), BlockWiring(4, 255, sliding_layers=(0,),
-                                                                                 sliding_window=8)):
+    for block in (
+        BlockWiring(4, 255, anchor_layout="anchor_first"),
+        BlockWiring(4, 255, sliding_layers=(0,), sliding_window=8),
+    ):
         bad = dataclasses.replace(fc, block=block)
         with pytest.raises(CheckpointError, match="one attention rule"):
             export_draft(flash, bad, tmp_path / "x", "llamacpp")
@@ -188,15 +205,34 @@ def test_damaged_or_edited_files_are_refused(tmp_path, target):
 def test_cli_prints_the_server_line_and_imports_back(tmp_path, target, vocab_gguf):
     draft, contract = build_draft(target, taps=(1, 3, 6))
     native = export_draft(draft, contract, tmp_path / "native", "native")
-    r = CliRunner().invoke(app, ["export", str(native), "--format", "llamacpp", "--out", str(tmp_path / "g"),
-                                 "--target-gguf", str(vocab_gguf), "--dtype", "q8_0", "--spec-draft-n-max", "2"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "export",
+            str(native),
+            "--format",
+            "llamacpp",
+            "--out",
+            str(tmp_path / "g"),
+            "--target-gguf",
+            str(vocab_gguf),
+            "--dtype",
+            "q8_0",
+            "--spec-draft-n-max",
+            "2",
+        ],
+    )
     assert r.exit_code == 0, r.output
-    line = f"llama-server -m {vocab_gguf} -md {tmp_path / 'g' / lay.GGUF_FILE} --spec-type draft-eagle3 " \
-           "--spec-draft-n-max 2"
+    line = (
+        f"llama-server -m {vocab_gguf} -md {tmp_path / 'g' / lay.GGUF_FILE} --spec-type draft-eagle3 "
+        "--spec-draft-n-max 2"
+    )
     text = r.output.replace("\n", "")
     assert line in text and "eagle3.target_layers [1, 3, 6]" in text
-    r = CliRunner().invoke(app, ["export", str(native), "--format", "llamacpp", "--out", str(tmp_path / "f"),
-                                 "--target-gguf", str(vocab_gguf)])
+    r = CliRunner().invoke(
+        app,
+        ["export", str(native), "--format", "llamacpp", "--out", str(tmp_path / "f"), "--target-gguf", str(vocab_gguf)],
+    )
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(app, ["import", str(tmp_path / "f"), "--format", "llamacpp", "--out", str(tmp_path / "n")])
     assert r.exit_code == 0, r.output
@@ -207,8 +243,10 @@ def test_cli_prints_the_server_line_and_imports_back(tmp_path, target, vocab_ggu
 def test_cli_exports_a_dflash_draft(tmp_path, target, vocab_gguf):
     draft, contract = build_dflash(target, taps=(1, 3, 6), block_size=5)
     native = export_draft(draft, contract, tmp_path / "native", "native")
-    r = CliRunner().invoke(app, ["export", str(native), "--format", "llamacpp", "--out", str(tmp_path / "g"),
-                                 "--target-gguf", str(vocab_gguf)])
+    r = CliRunner().invoke(
+        app,
+        ["export", str(native), "--format", "llamacpp", "--out", str(tmp_path / "g"), "--target-gguf", str(vocab_gguf)],
+    )
     assert r.exit_code == 0, r.output
     text = r.output.replace("\n", "")
     assert "dflash.target_layers [1, 3, 6]" in text and "--spec-type draft-dflash --spec-draft-n-max 4" in text
@@ -232,8 +270,10 @@ def test_import_without_a_contract_file(tmp_path, target):
 
 
 def test_wiring_translate_to_llamacpp():
-    r = CliRunner().invoke(app, ["wiring", "translate", "--to", "llamacpp", "-L", "30", "--taps", "1,8,14",
-                                 "--from", "specforge", "--json"])
+    r = CliRunner().invoke(
+        app,
+        ["wiring", "translate", "--to", "llamacpp", "-L", "30", "--taps", "1,8,14", "--from", "specforge", "--json"],
+    )
     assert r.exit_code == 0, r.output
     assert '"ids": [\n    2,\n    9,\n    15\n  ]' in r.output  # SpecForge's output-of-layer ids are inputs of the next
     r = CliRunner().invoke(app, ["wiring", "translate", "--family", "dflash", "--to", "llamacpp", "-L", "30"])

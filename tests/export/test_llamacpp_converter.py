@@ -35,11 +35,13 @@ DEFAULTS = {"dflash.attention.causal": False}  # common/speculative.cpp: causal_
 
 
 def convert(args: list[str]) -> None:
-    assert (SRC / "convert_hf_to_gguf.py").is_file(), f"llama.cpp {lay.NEWEST} is not at {SRC}: run " \
-        "bash scripts/llamacpp_build.sh"
+    assert (SRC / "convert_hf_to_gguf.py").is_file(), (
+        f"llama.cpp {lay.NEWEST} is not at {SRC}: run bash scripts/llamacpp_build.sh"
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC / "gguf-py"), str(DEPS)])}
-    r = subprocess.run([sys.executable, "convert_hf_to_gguf.py", *args], cwd=SRC, env=env, capture_output=True,
-                       text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "convert_hf_to_gguf.py", *args], cwd=SRC, env=env, capture_output=True, text=True, timeout=600
+    )
     assert r.returncode == 0, f"llama.cpp's converter failed (sentencepiece in {DEPS}?):\n{r.stderr[-3000:]}"
 
 
@@ -61,8 +63,9 @@ def vocab(tmp_path_factory, target) -> Path:
 def read(path: Path) -> tuple[dict, dict]:
     r = gguf.GGUFReader(str(path))
     kv = {k: f.contents() for k, f in r.fields.items() if not k.startswith("GGUF.") and k not in COSMETIC}
-    return {**DEFAULTS, **kv}, {t.name: (t.tensor_type.name, [int(n) for n in t.shape], np.array(t.data))
-                               for t in r.tensors}
+    return {**DEFAULTS, **kv}, {
+        t.name: (t.tensor_type.name, [int(n) for n in t.shape], np.array(t.data)) for t in r.tensors
+    }
 
 
 def assert_same_gguf(ours: Path, theirs: Path) -> None:
@@ -91,8 +94,17 @@ def _eagle3(target, taps):
 def test_eagle3_gguf_equals_the_converters(tmp_path, target, vocab):
     draft, contract = _eagle3(target, (1, 9, 20))  # not the default taps: the ids must travel
     vllm = export_draft(draft, contract, tmp_path / "vllm", "vllm")
-    convert([str(vllm), "--target-model-dir", str(target.path), "--outfile", str(tmp_path / "theirs.gguf"),
-             "--outtype", "f32"])
+    convert(
+        [
+            str(vllm),
+            "--target-model-dir",
+            str(target.path),
+            "--outfile",
+            str(tmp_path / "theirs.gguf"),
+            "--outtype",
+            "f32",
+        ]
+    )
     ours = export_draft(draft, contract, tmp_path / "ours", "llamacpp", vocab_from=vocab)
     assert_same_gguf(ours / lay.GGUF_FILE, tmp_path / "theirs.gguf")
 
@@ -104,8 +116,17 @@ def test_dflash_gguf_equals_the_converters(tmp_path, target, vocab):
     contract = dflash_contract(target, (2, 9, 15, 21, 28), BlockWiring(8, target.vocab_size - 1))
     draft = build_dflash_draft(target, contract, 2, seed=1)
     zlab = export_draft(draft, contract, tmp_path / "zlab", "zlab")
-    convert([str(zlab), "--target-model-dir", str(target.path), "--outfile", str(tmp_path / "theirs.gguf"),
-             "--outtype", "f32"])
+    convert(
+        [
+            str(zlab),
+            "--target-model-dir",
+            str(target.path),
+            "--outfile",
+            str(tmp_path / "theirs.gguf"),
+            "--outtype",
+            "f32",
+        ]
+    )
     ours = export_draft(draft, contract, tmp_path / "ours", "llamacpp", vocab_from=vocab)
     assert_same_gguf(ours / lay.GGUF_FILE, tmp_path / "theirs.gguf")
 
@@ -114,8 +135,17 @@ def test_the_converter_loses_an_sglang_exports_ids(tmp_path, target):
     """The issue's silent failure: SGLang's nested eagle_config is not read; the converter writes its default."""
     draft, contract = _eagle3(target, (1, 9, 20))
     sglang = export_draft(draft, contract, tmp_path / "sglang", "sglang")
-    convert([str(sglang), "--target-model-dir", str(target.path), "--outfile", str(tmp_path / "lost.gguf"),
-             "--outtype", "f32"])
+    convert(
+        [
+            str(sglang),
+            "--target-model-dir",
+            str(target.path),
+            "--outfile",
+            str(tmp_path / "lost.gguf"),
+            "--outtype",
+            "f32",
+        ]
+    )
     kv, _ = read(tmp_path / "lost.gguf")
     L = target.num_layers
     assert kv["eagle3.target_layers"] == list(to_engine(default_taps(L), "llamacpp", L))

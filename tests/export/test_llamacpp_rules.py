@@ -25,15 +25,18 @@ from eaglewire.export.engines import IDS_KEY, engine_field, engine_for
 ENV = os.environ.get("EAGLEWIRE_LLAMACPP")
 ROOT = Path(ENV) if ENV else Path.home() / ".cache" / "eaglewire" / "llamacpp"
 if not ENV and not any((ROOT / v / "src").is_dir() for v in lay.RELEASES):
-    pytest.skip("llama.cpp's source is not unpacked: bash scripts/llamacpp_build.sh (sets up $EAGLEWIRE_LLAMACPP)",
-                allow_module_level=True)
+    pytest.skip(
+        "llama.cpp's source is not unpacked: bash scripts/llamacpp_build.sh (sets up $EAGLEWIRE_LLAMACPP)",
+        allow_module_level=True,
+    )
 RELEASES = sorted(lay.RELEASES)
 
 
 def src(version: str) -> Path:
     path = ROOT / version / "src"
-    assert (path / "convert_hf_to_gguf.py").is_file(), \
+    assert (path / "convert_hf_to_gguf.py").is_file(), (
         f"llama.cpp {version}'s source is not at {path}: run bash scripts/llamacpp_build.sh {version}"
+    )
     return path
 
 
@@ -44,8 +47,11 @@ def read(version: str, rel: str) -> str:
 def _expr(code: str, target: str, kind: type = ast.expr) -> ast.expr:
     """The value expression of the first assignment to `target` in `code` whose value is a `kind`."""
     for node in ast.walk(ast.parse(code)):
-        if isinstance(node, ast.Assign) and isinstance(node.value, kind) and \
-                any(isinstance(t, ast.Name) and t.id == target for t in node.targets):
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, kind)
+            and any(isinstance(t, ast.Name) and t.id == target for t in node.targets)
+        ):
             return node.value
     raise AssertionError(f"no assignment to {target} in the converter")
 
@@ -58,7 +64,9 @@ def test_every_release_read_is_unpacked():
     """The folder holds a source for each release the record names, and no release the record lacks."""
     found = sorted(p.parent.name for p in ROOT.glob("*/src") if (p / "convert_hf_to_gguf.py").is_file())
     assert set(RELEASES) <= set(found), f"record releases {RELEASES}, unpacked {found}"
-    assert set(found) <= set(RELEASES), f"unpacked llama.cpp releases the record does not know: {set(found) - set(RELEASES)}"
+    assert set(found) <= set(RELEASES), (
+        f"unpacked llama.cpp releases the record does not know: {set(found) - set(RELEASES)}"
+    )
 
 
 @pytest.mark.parametrize("version", RELEASES)
@@ -82,12 +90,16 @@ def test_eagle3_converter_tensors(version):
     assert re.search(r'if name == "t2d":\s*\n\s*#[^\n]*\n\s*return', code), "t2d is no longer dropped"
     assert "data = data + np.arange(data.size, dtype=np.int64)" in code and "GGMLQuantizationType.I64" in code
     assert 'name.endswith(".hidden_norm.weight")' in code and "MODEL_TENSOR.ATTN_NORM_2, bid" in code
-    assert re.search(r"class LlamaModel\(TextModel\):\n\s+model_arch = gguf.MODEL_ARCH.LLAMA\n\s+undo_permute = True",
-                     code) and lay.EAGLE3.permute_qk
+    assert (
+        re.search(
+            r"class LlamaModel\(TextModel\):\n\s+model_arch = gguf.MODEL_ARCH.LLAMA\n\s+undo_permute = True", code
+        )
+        and lay.EAGLE3.permute_qk
+    )
     if "norm_before_fc" in lay.RELEASES[version].eagle3_norms:
         assert 'if name == "input_norm.weight":' in code and "MODEL_TENSOR.ENC_OUTPUT_NORM" in code
     rope = read(version, "src/llama-model.cpp")
-    after = rope[rope.index("case LLM_ARCH_EAGLE3:", rope.index("llama_model_rope_type")):]
+    after = rope[rope.index("case LLM_ARCH_EAGLE3:", rope.index("llama_model_rope_type")) :]
     assert re.search(r"return (LLAMA_ROPE_TYPE_\w+)", after).group(1) == "LLAMA_ROPE_TYPE_NORM"
 
 
@@ -97,14 +109,21 @@ def test_eagle3_server_reads_layer_inputs(version):
     one decoder layer, the norm keys the release record lists."""
     spec, model = read(version, "common/speculative.cpp"), read(version, "src/models/eagle3.cpp")
     assert "llama_set_embeddings_layer_inp(ctx_tgt, (uint32_t) target_layer_ids[k], true);" in spec
-    assert "for (int il = 0; il < n_layer; ++il) {\n        res->t_layer_inp[il] = inpL;" in \
-        read(version, "src/models/llama.cpp")
+    assert "for (int il = 0; il < n_layer; ++il) {\n        res->t_layer_inp[il] = inpL;" in read(
+        version, "src/models/llama.cpp"
+    )
     assert "res->t_h_nextn" not in read(version, "src/models/llama.cpp")  # id L has nothing to read on llama
     assert "target_layer_ids_n != 3" in spec and "target_layer_ids.size() != 3" in model
     assert engine_for("llamacpp", version).num_taps == lay.EAGLE3.num_taps == 3
     assert "GGML_ASSERT(n_layer == 1);" in model and lay.EAGLE3.max_layers == 1
-    keys = {k for k, c in (("norm_before_residual", "LLM_KV_NORM_BEFORE_RESIDUAL"),
-                           ("norm_before_fc", "LLM_KV_NORM_BEFORE_FC")) if c in model}
+    keys = {
+        k
+        for k, c in (
+            ("norm_before_residual", "LLM_KV_NORM_BEFORE_RESIDUAL"),
+            ("norm_before_fc", "LLM_KV_NORM_BEFORE_FC"),
+        )
+        if c in model
+    }
     assert keys == set(lay.RELEASES[version].eagle3_norms) == set(engine_for("llamacpp", version).norms)
     # the draft's own prenorm state is fed back (norm_output: the post-norm state, is not implemented)
     assert "// Output prenorm state" in model or "prenorm" in model
@@ -119,14 +138,14 @@ def test_dflash_rule(version):
     if not has:
         return
     code = read(version, "conversion/qwen.py")
-    plus = _expr(code[code.index("class DFlashModel"):], "extract_layer_ids")
+    plus = _expr(code[code.index("class DFlashModel") :], "extract_layer_ids")
     field = engine_field("llamacpp", "llamacpp", "dflash")
     for L, ids in ((30, [1, 8, 14, 20, 26]), (8, [0, 3, 6]), (36, [2, 17, 33])):
         assert tuple(_run(plus, target_layer_ids=ids)) == translate(ids, "zlab", field.convention, L)
     spec = read(version, "common/speculative.cpp")
-    dflash = spec[spec.index("common_speculative_impl_draft_dflash"):]
+    dflash = spec[spec.index("common_speculative_impl_draft_dflash") :]
     assert "llama_set_embeddings_layer_inp(ctx_tgt, (uint32_t) target_layer_ids[k], true);" in dflash
-    assert "llama_set_embeddings_nextn(ctx_tgt" not in dflash[:dflash.index("llama_set_causal_attn")]
+    assert "llama_set_embeddings_nextn(ctx_tgt" not in dflash[: dflash.index("llama_set_causal_attn")]
     assert '"dflash.block_size"' in spec and '"dflash.attention.causal"' in spec
     assert "mask_token_id = llama_vocab_mask(llama_model_get_vocab(model_dft));" in spec
     assert "dsv4_hc_mult > 0 ? LLAMA_ROPE_TYPE_NORM : LLAMA_ROPE_TYPE_NEOX" in read(version, "src/llama-model.cpp")
@@ -142,8 +161,8 @@ def test_dflash_block_is_n_max_plus_one(version):
     if "dflash" not in lay.RELEASES[version].families:
         return
     spec = read(version, "common/speculative.cpp")
-    dflash = spec[spec.index("struct common_speculative_impl_draft_dflash"):]
-    dflash = dflash[:dflash.index("\n};\n")]
+    dflash = spec[spec.index("struct common_speculative_impl_draft_dflash") :]
+    dflash = dflash[: dflash.index("\n};\n")]
     assert "const int32_t n_draft = params.n_max;" in dflash
     assert "const int32_t n_block_tokens = n_draft + (is_dspark && sample_from_anchor ? 0 : 1);" in dflash
     assert "batch.add(i == 0 ? dp.id_last : mask_token_id, n + i, seq_id" in dflash
@@ -153,8 +172,9 @@ def test_dflash_block_is_n_max_plus_one(version):
 
 
 def _constants(version: str):
-    spec = importlib.util.spec_from_file_location(f"llamacpp_constants_{version.replace('.', '_')}",
-                                                  src(version) / "gguf-py/gguf/constants.py")
+    spec = importlib.util.spec_from_file_location(
+        f"llamacpp_constants_{version.replace('.', '_')}", src(version) / "gguf-py/gguf/constants.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # a pinned release's constants table: enums and dicts, no I/O
     return module
@@ -170,15 +190,24 @@ def test_layout_strings_are_llamacpps(version):
         known = {c.TENSOR_NAMES[t] for t in c.MODEL_TENSORS[arch]}
         for _, gg in fam.tensors:
             base = gg.removesuffix(".weight")
-            if base == "enc.output_norm" and fam is lay.EAGLE3 and "norm_before_fc" not in lay.RELEASES[version].eagle3_norms:
+            if (
+                base == "enc.output_norm"
+                and fam is lay.EAGLE3
+                and "norm_before_fc" not in lay.RELEASES[version].eagle3_norms
+            ):
                 continue
             assert base in known, f"{version}: {fam.arch} has no tensor {base!r}"
-        keys = {v for k, v in vars(c.Keys.LLM).items() if k.isupper()} | \
-               {v for k, v in vars(c.Keys.Attention).items() if k.isupper()} | \
-               {v for k, v in vars(c.Keys.Rope).items() if k.isupper()}
-        wanted = set(lay.HPARAMS.values()) | {lay.TARGET_LAYERS, lay.TARGET_HIDDEN_SIZE, lay.NORM_BEFORE_RESIDUAL} \
-            | ({lay.NORM_BEFORE_FC} if "norm_before_fc" in lay.RELEASES[version].eagle3_norms else set()) \
+        keys = (
+            {v for k, v in vars(c.Keys.LLM).items() if k.isupper()}
+            | {v for k, v in vars(c.Keys.Attention).items() if k.isupper()}
+            | {v for k, v in vars(c.Keys.Rope).items() if k.isupper()}
+        )
+        wanted = (
+            set(lay.HPARAMS.values())
+            | {lay.TARGET_LAYERS, lay.TARGET_HIDDEN_SIZE, lay.NORM_BEFORE_RESIDUAL}
+            | ({lay.NORM_BEFORE_FC} if "norm_before_fc" in lay.RELEASES[version].eagle3_norms else set())
             | ({lay.BLOCK_SIZE, lay.CAUSAL, lay.SLIDING_WINDOW} if fam is lay.DFLASH else set())
+        )
         missing = sorted(wanted - keys)
         if version == "0.3.30":  # this release's converter writes the eagle3 keys by hand (add_array / add_bool)
             code = read(version, "conversion/llama.py")

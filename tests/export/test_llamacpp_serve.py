@@ -62,8 +62,9 @@ def complete(line: str, log: Path) -> dict:
             except OSError:
                 assert proc.poll() is None, f"llama-server exited: {log.read_text()[-3000:]}"
                 time.sleep(0.5)
-        req = urllib.request.Request(url + "/completion", data=json.dumps(PROMPT).encode(),
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            url + "/completion", data=json.dumps(PROMPT).encode(), headers={"Content-Type": "application/json"}
+        )
         return json.loads(urllib.request.urlopen(req, timeout=300).read())
     finally:
         proc.terminate()

@@ -27,8 +27,9 @@ SPECFORGE_PY = os.environ.get("EAGLEWIRE_SPECFORGE_PYTHON")
 
 
 @pytest.mark.skipif(not PY, reason="set EAGLEWIRE_SPECULATORS_PYTHON (scripts/speculators_venv.sh)")
-@pytest.mark.parametrize("norm", [NormFlags(), NormFlags(norm_before_fc=True, norm_before_residual=True)],
-                         ids=["eagle3", "eagle3.1-norms"])
+@pytest.mark.parametrize(
+    "norm", [NormFlags(), NormFlags(norm_before_fc=True, norm_before_residual=True)], ids=["eagle3", "eagle3.1-norms"]
+)
 def test_speculators_loads_our_vllm_export_with_equal_logits(tmp_path, norm):
     target = build_target("llama", layers=8)
     target.model.save_pretrained(tmp_path / "target")  # speculators reads the verifier's config from here
@@ -40,8 +41,12 @@ def test_speculators_loads_our_vllm_export_with_equal_logits(tmp_path, norm):
         logits = draft(ids, taps).logits
     save_file({"ids": ids, "taps": taps, "logits": logits}, str(tmp_path / "io.safetensors"))
     script = Path(__file__).parents[1] / "clients" / "speculators_logits.py"
-    out = subprocess.run([PY, str(script), str(tmp_path / "export"), str(tmp_path / "io.safetensors")],
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [PY, str(script), str(tmp_path / "export"), str(tmp_path / "io.safetensors")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["layer_ids"] == [2, 4, 5]  # vLLM's convention, read from the top-level key
@@ -59,8 +64,11 @@ SPECFORGE_CASES = {
 # is true, while SGLang's norm_output: false means "feed the pre-norm state back". This test found our
 # exporter writing SGLang's meaning into SpecForge exports; they now say norm_output: true. An SGLang export
 # warm-started in SpecForge still scores lm_head(h): an ecosystem trap the doctor reports for --engine specforge.
-SGLANG_IN_SPECFORGE = pytest.mark.xfail(strict=True, reason="SGLang's norm_output: false means 'no final norm' "
-                                        "to SpecForge (tests/doctor/test_checks.py checks the doctor says so)")
+SGLANG_IN_SPECFORGE = pytest.mark.xfail(
+    strict=True,
+    reason="SGLang's norm_output: false means 'no final norm' "
+    "to SpecForge (tests/doctor/test_checks.py checks the doctor says so)",
+)
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +90,12 @@ def specforge_result(tmp_path_factory):
                 logits = draft(ids, taps).logits
             save_file({"ids": ids, "taps": taps, "logits": logits}, str(tmp / "io.safetensors"))
             script = Path(__file__).parents[1] / "clients" / "specforge_logits.py"
-            out = subprocess.run([SPECFORGE_PY, str(script), str(tmp / "export"), str(tmp / "target"),
-                                  str(tmp / "io.safetensors")], capture_output=True, text=True, timeout=600)
+            out = subprocess.run(
+                [SPECFORGE_PY, str(script), str(tmp / "export"), str(tmp / "target"), str(tmp / "io.safetensors")],
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
             assert out.returncode == 0, out.stderr[-3000:]
             results[case] = json.loads(out.stdout.strip().splitlines()[-1])
             results[case]["engine_ids"] = list(contract.engine_ids("specforge"))
@@ -105,8 +117,10 @@ def test_specforge_loads_our_export_with_equal_logits(specforge_result, case):
 
 
 @pytest.mark.skipif(not SPECFORGE_PY, reason="set EAGLEWIRE_SPECFORGE_PYTHON (scripts/specforge_venv.sh)")
-@pytest.mark.parametrize("case", [pytest.param(c, marks=[SGLANG_IN_SPECFORGE] if f == "sglang" else [])
-                                  for c, (f, _) in SPECFORGE_CASES.items()])
+@pytest.mark.parametrize(
+    "case",
+    [pytest.param(c, marks=[SGLANG_IN_SPECFORGE] if f == "sglang" else []) for c, (f, _) in SPECFORGE_CASES.items()],
+)
 def test_specforge_training_head_gives_equal_logits(specforge_result, case):
     result = specforge_result(case)
     # TTT step 0 as SpecForge's Eagle3Model runs it: backbone -> compute_logits (norm only if norm_output),

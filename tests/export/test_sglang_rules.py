@@ -20,8 +20,15 @@ from sglang_code import MODELS, defining_classes, readings, run_setter, wheel_fo
 
 from eaglewire.contract import CONVENTIONS, from_engine, to_engine
 from eaglewire.errors import TranslationError
-from eaglewire.export.sglang_rules import DELEGATES, DFLASH_CONVENTIONS, EAGLE3_RULES, RELEASES, dflash_boundaries, \
-    record, rule_for
+from eaglewire.export.sglang_rules import (
+    DELEGATES,
+    DFLASH_CONVENTIONS,
+    EAGLE3_RULES,
+    RELEASES,
+    dflash_boundaries,
+    record,
+    rule_for,
+)
 
 FOLDER = os.environ.get("EAGLEWIRE_SGLANG_WHEELS")
 pytestmark = pytest.mark.skipif(not FOLDER, reason="set EAGLEWIRE_SGLANG_WHEELS (bash scripts/sglang_wheels.sh)")
@@ -70,8 +77,9 @@ def _usable(captured: list[int], L: int, conv: str) -> bool:
 
 
 def _eagle3_homes(release: str):
-    return [(home, v["rule"]) for home, v in record()["eagle3"][release].items()
-            if v["archs"] and v["rule"] in EAGLE3_RULES]
+    return [
+        (home, v["rule"]) for home, v in record()["eagle3"][release].items() if v["archs"] and v["rule"] in EAGLE3_RULES
+    ]
 
 
 @pytest.mark.parametrize("release", RELEASES)
@@ -93,8 +101,9 @@ def test_eaglewire_translation_is_what_each_sglang_setter_captures(wheels, relea
             except TranslationError:
                 assert not ok, f"SGLang {release} {home}: ids {ids} capture {got}, eaglewire ({conv}) refuses"
                 continue
-            assert ok and tuple(got) == mine, f"SGLang {release} {home}: ids {ids} capture {got}, eaglewire " \
-                                              f"({conv}) says {list(mine)}"
+            assert ok and tuple(got) == mine, (
+                f"SGLang {release} {home}: ids {ids} capture {got}, eaglewire ({conv}) says {list(mine)}"
+            )
         for taps in _id_lists(L):
             try:
                 ids = to_engine(taps, conv, L)
@@ -156,8 +165,10 @@ def test_the_seeds_case_through_the_real_rules(wheels):
     """A Kimi-K2.5-shaped target (DeepSeek-V3, 61 layers) through deepseek_v2.py and a Llama one (30 layers)
     through llama.py, default and non-default taps, in every verified release: the ids eaglewire writes are
     captured by SGLang's own setter as the taps."""
-    cases = {"KimiK25ForConditionalGeneration": (61, [(2, 30, 58), (3, 30, 58), (1, 30, 60)]),
-             "LlamaForCausalLM": (30, [(2, 15, 27), (3, 16, 29), (1, 16, 29)])}
+    cases = {
+        "KimiK25ForConditionalGeneration": (61, [(2, 30, 58), (3, 30, 58), (1, 30, 60)]),
+        "LlamaForCausalLM": (30, [(2, 15, 27), (3, 16, 29), (1, 16, 29)]),
+    }
     for release in RELEASES:
         sources = defining_classes(wheels[release])["set_eagle3_layers_to_capture"]
         for arch, (L, tap_sets) in cases.items():

@@ -25,7 +25,9 @@ def test_a_release_between_two_that_agree_applies_their_rule_and_says_so():
 def test_a_release_between_two_that_disagree_is_an_error_naming_both():
     with pytest.raises(TranslationError) as err:  # gpt_oss.py: +1 in 0.5.13, keeps a final id in 0.5.23
         rule_for("GptOssForCausalLM", "0.5.20")
-    assert "sglang-plus1" in str(err.value) and "sglang-final" in str(err.value) and "--engine-version" in str(err.value)
+    assert (
+        "sglang-plus1" in str(err.value) and "sglang-final" in str(err.value) and "--engine-version" in str(err.value)
+    )
 
 
 def test_a_release_outside_the_read_ones_is_refused_with_a_user_fix():
@@ -39,8 +41,12 @@ def test_a_release_outside_the_read_ones_is_refused_with_a_user_fix():
 
 
 @settings(max_examples=60, deadline=None)
-@given(i=st.integers(0, len(RELEASES) - 2), patch=st.integers(0, 40), kind=st.sampled_from(["eagle3", "dflash"]),
-       data=st.data())
+@given(
+    i=st.integers(0, len(RELEASES) - 2),
+    patch=st.integers(0, 40),
+    kind=st.sampled_from(["eagle3", "dflash"]),
+    data=st.data(),
+)
 def test_every_unread_release_between_two_read_ones_follows_them(i, patch, kind, data):
     low, high = RELEASES[i], RELEASES[i + 1]
     base = Version(low).release

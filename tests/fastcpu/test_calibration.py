@@ -43,6 +43,7 @@ def forwards(monkeypatch):
         def counted(self, *a, _real=real, **k):
             calls.append(1)
             return _real(self, *a, **k)
+
         monkeypatch.setattr(FastRuntime, name, counted)
     return calls
 
@@ -113,9 +114,11 @@ def test_a_changed_key_measures_again(cache, forwards, monkeypatch):
     assert not reused and low not in (path, other, deeper)
 
 
-@pytest.mark.parametrize("content", ["{not json", "", json.dumps({"key": "someone else's", "policy": {}}),
-                                     "POLICY", "HEAD", "ONE-ROW"],
-                         ids=["truncated", "empty", "wrong-key", "bad-policy", "bad-head", "one-row-layout-on-2"])
+@pytest.mark.parametrize(
+    "content",
+    ["{not json", "", json.dumps({"key": "someone else's", "policy": {}}), "POLICY", "HEAD", "ONE-ROW"],
+    ids=["truncated", "empty", "wrong-key", "bad-policy", "bad-head", "one-row-layout-on-2"],
+)
 def test_an_unusable_file_is_measured_again_with_a_message(cache, forwards, content):
     target, log = build_target("llama"), []
     policy, path, _ = _start(target, log)
@@ -174,6 +177,7 @@ def test_cached_compile_waits_for_no_compiler_until_a_start_built_the_layouts(ca
         if dtype == torch.float32:
             raise AssertionError("the inductor probe ran in a start that must not compile")
         return False
+
     with monkeypatch.context() as m:
         m.setattr(compiled_gemv, "available", forbidden)
         rt = make_runtime(target, 32, calibrate=True, log=log.append, compile="cached")
@@ -205,7 +209,8 @@ def test_cached_compile_waits_for_no_compiler_until_a_start_built_the_layouts(ca
 
 
 def test_generate_says_what_its_start_does_and_times_nothing_before_its_first_token_unless_asked(
-        cache, tmp_path, monkeypatch, short_calibration):
+    cache, tmp_path, monkeypatch, short_calibration
+):
     from test_server import _tiny_target_dir
 
     from eaglewire.export.checkpoint import save_checkpoint
@@ -221,8 +226,11 @@ def test_generate_says_what_its_start_does_and_times_nothing_before_its_first_to
 
     timed = []  # the target's calibrations, then the draft's (its layouts are timed beside the target's only)
     for cls in (FastRuntime, FastDraft):
-        monkeypatch.setattr(cls, "calibrate", lambda self, *a, _real=cls.calibrate, _c=cls, **k:
-                            timed.append(_c.__name__) or _real(self, *a, **k))
+        monkeypatch.setattr(
+            cls,
+            "calibrate",
+            lambda self, *a, _real=cls.calibrate, _c=cls, **k: timed.append(_c.__name__) or _real(self, *a, **k),
+        )
     first = CliRunner().invoke(app, args)
     assert first.exit_code == 0, first.output + repr(first.exception)
     assert "loading target" in first.stderr and "loading draft" in first.stderr
@@ -230,7 +238,11 @@ def test_generate_says_what_its_start_does_and_times_nothing_before_its_first_to
     assert "--calibrate always" in first.stderr and not (cache / "calibration").exists()
     asked = CliRunner().invoke(app, args + ["--calibrate", "always"])
     assert asked.exit_code == 0, asked.output + repr(asked.exception)
-    assert timed == ["FastRuntime", "FastDraft"] and "calibrating GEMM layouts" in asked.stderr and str(cache / "calibration") in asked.stderr
+    assert (
+        timed == ["FastRuntime", "FastDraft"]
+        and "calibrating GEMM layouts" in asked.stderr
+        and str(cache / "calibration") in asked.stderr
+    )
     timed.clear()
     second = CliRunner().invoke(app, args)
     assert second.exit_code == 0 and "reusing GEMM layout calibration from" in second.stderr
@@ -277,7 +289,9 @@ def test_make_runtime_builds_the_fused_graph_of_the_verify_size_it_is_told_and_s
     rt = make_runtime(target, 32, calibrate=True, log=log.append, verify_rows=(3, max(FUSED_ROWS) + 1))
     assert rt.graph.fused == {3} and rt.fused_ms == {3: {GRAPH: 2.0, FUSED: 1.0}}
     said = [m for m in log if not m.startswith("freed ")]  # what the start freed, if anything: not its point here
-    assert "and the fused graphs of 3-row verifies" in said[-2] and said[-2].startswith("compiled layouts for 1 and 2+ rows")
+    assert "and the fused graphs of 3-row verifies" in said[-2] and said[-2].startswith(
+        "compiled layouts for 1 and 2+ rows"
+    )
     assert said[-1] == "3-row verify: its fused graph 1.0 ms against the shared graph's 2.0 ms (kept)"
     log.clear()
     rt = make_runtime(target, 32, calibrate=True, log=log.append, verify_rows=(3,), compile="cached")

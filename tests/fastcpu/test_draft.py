@@ -21,18 +21,22 @@ from extras import needs_fastcpu
 
 pytestmark = needs_fastcpu  # the CPU acceleration layer's own tests
 
-NORMS = {"eagle3": NormFlags(),
-         "speculators": NormFlags(norm_before_residual=True, norm_output=True),
-         "fc_norm": NormFlags(fc_norm=True), "norm_before_fc": NormFlags(norm_before_fc=True),
-         "eagle3.1": NormFlags(fc_norm=True, norm_output=True)}  # the default of a new draft
+NORMS = {
+    "eagle3": NormFlags(),
+    "speculators": NormFlags(norm_before_residual=True, norm_output=True),
+    "fc_norm": NormFlags(fc_norm=True),
+    "norm_before_fc": NormFlags(norm_before_fc=True),
+    "eagle3.1": NormFlags(fc_norm=True, norm_output=True),
+}  # the default of a new draft
 
 
 def _forward(model, ids, taps, cfg):
     cache = DraftCache(cfg, 1, 32)
     with torch.no_grad():
         first = model(ids, taps, cache=cache, start=0)
-        nxt = model.step(ids[:, -1:], first.hidden[:, -1:], torch.tensor([[ids.shape[1]]]), None, cache=cache,
-                         start=ids.shape[1])
+        nxt = model.step(
+            ids[:, -1:], first.hidden[:, -1:], torch.tensor([[ids.shape[1]]]), None, cache=cache, start=ids.shape[1]
+        )
     return first, nxt
 
 
@@ -47,10 +51,16 @@ def test_every_layout_computes_what_the_draft_modules_compute(norm, layers):
     ref_first, ref_next = _forward(draft, ids, taps, draft.cfg)
     for layout in candidate_layouts(torch.float32):
         lean = FastDraft(draft, layout)
-        assert sum(isinstance(m, LayoutLinear) for m in lean.model.modules()) == 2 + 4 * layers  # fc, head; qkv, o, gate_up, down
+        assert (
+            sum(isinstance(m, LayoutLinear) for m in lean.model.modules()) == 2 + 4 * layers
+        )  # fc, head; qkv, o, gate_up, down
         first, nxt = _forward(lean.model, ids, taps, draft.cfg)
-        for a, b in ((first.logits, ref_first.logits), (first.hidden, ref_first.hidden),
-                     (nxt.logits, ref_next.logits), (nxt.hidden, ref_next.hidden)):
+        for a, b in (
+            (first.logits, ref_first.logits),
+            (first.hidden, ref_first.hidden),
+            (nxt.logits, ref_next.logits),
+            (nxt.hidden, ref_next.hidden),
+        ):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=f"layout {layout}")
 
 
@@ -81,8 +91,10 @@ def test_the_copy_leaves_the_draft_alone_and_shares_the_target_embedding():
     before = {k: v.clone() for k, v in draft.state_dict().items()}
     lean = FastDraft(draft)  # auto: calibrates
     assert set(lean.policy) == {1, 2, 4} and set(lean.policy.values()) <= set(candidate_layouts(torch.float32))
-    assert all(set(ms) == {lay for lay in candidate_layouts(torch.float32) if gemm.applies(lay, rows)}
-               for rows, ms in lean.calibration_ms.items())
+    assert all(
+        set(ms) == {lay for lay in candidate_layouts(torch.float32) if gemm.applies(lay, rows)}
+        for rows, ms in lean.calibration_ms.items()
+    )
     assert isinstance(draft.fc, torch.nn.Linear) and isinstance(lean.model.fc, LayoutLinear)
     assert all(torch.equal(v, before[k]) for k, v in draft.state_dict().items())
     assert lean.model.embed_tokens.weight.data_ptr() == target.embed_tokens.weight.data_ptr()
@@ -90,8 +102,9 @@ def test_the_copy_leaves_the_draft_alone_and_shares_the_target_embedding():
         FastDraft(draft, "no-such-layout")
 
 
-@pytest.mark.parametrize("shape", [TreeShape.chain(3), TreeShape(num_steps=3, topk=2, num_draft_tokens=6)],
-                         ids=["chain", "tree"])
+@pytest.mark.parametrize(
+    "shape", [TreeShape.chain(3), TreeShape(num_steps=3, topk=2, num_draft_tokens=6)], ids=["chain", "tree"]
+)
 def test_the_proposer_drafts_the_same_tokens_on_either_path(shape):
     target = build_target("llama")
     draft, contract = build_draft(target, seed=7)
@@ -100,7 +113,9 @@ def test_the_proposer_drafts_the_same_tokens_on_either_path(shape):
     taps = torch.randn(1, 9, 3 * target.hidden_size, generator=g)
     trees = []
     for layout in ("module", "auto", "screened"):
-        prop = EagleProposer(draft, shape, 64, None if layout == "module" else FastDraft(draft, "auto"), contract=contract)
+        prop = EagleProposer(
+            draft, shape, 64, None if layout == "module" else FastDraft(draft, "auto"), contract=contract
+        )
         if layout == "screened":  # the chain's greedy head through a bf16 screen, on any CPU
             prop.lean.screen = ScreenedHead(draft.lm_head.weight, packed=False)
             prop.lean.head_policy = {1: SCREENED}
@@ -120,8 +135,12 @@ def test_the_chain_path_drafts_what_the_tree_walk_drafts_for_topk_1(layout):
     g = torch.Generator().manual_seed(4)
     prompt = torch.randint(0, 256, (1, 12), generator=g)
     taps = torch.randn(1, 12, 3 * target.hidden_size, generator=g)
-    props = [EagleProposer(draft, TreeShape.chain(4), 64, None if layout == "module" else FastDraft(draft, layout), contract=contract)
-             for _ in range(2)]
+    props = [
+        EagleProposer(
+            draft, TreeShape.chain(4), 64, None if layout == "module" else FastDraft(draft, layout), contract=contract
+        )
+        for _ in range(2)
+    ]
     for p in props:
         p.start(prompt, taps, 11)
     for r in range(4):
@@ -132,13 +151,16 @@ def test_the_chain_path_drafts_what_the_tree_walk_drafts_for_topk_1(layout):
         torch.testing.assert_close(props[0].cache.v, props[1].cache.v, rtol=1e-5, atol=1e-6)
         accepted = chain.tokens[: r % 3] + [17 + r]
         for p in props:
-            p.accept(taps[:, r: r + len(accepted)], accepted)
+            p.accept(taps[:, r : r + len(accepted)], accepted)
 
 
 def test_the_copy_frees_the_weight_copies_its_policy_never_reads_and_a_calibration_rebuilds_them():
     draft, _ = build_draft(build_target("llama"))
     g = torch.Generator().manual_seed(4)
-    ids, taps = torch.randint(0, 256, (1, 3), generator=g), torch.randn(1, 3, 3 * draft.cfg.target_hidden_size, generator=g)
+    ids, taps = (
+        torch.randint(0, 256, (1, 3), generator=g),
+        torch.randn(1, 3, 3 * draft.cfg.target_hidden_size, generator=g),
+    )
     held = FastDraft(draft, "tn")  # a layout that reads a copy: built at the start, not inside a request
     assert all(set(m.lin.copies) == {"tn"} for m in held.model.modules() if isinstance(m, LayoutLinear))
     lean = FastDraft(draft, "nt")

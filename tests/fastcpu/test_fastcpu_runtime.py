@@ -84,8 +84,8 @@ def test_calibrate_picks_a_layout_per_row_count_and_keeps_results():
     logits, _ = lean.forward(ids, torch.arange(6)[None], 0)
     torch.testing.assert_close(logits, ref, atol=1e-4, rtol=1e-4)
     for start, rows in ((0, 1), (1, 2), (3, 3)):  # every row count a round can verify, through pick()
-        logits, _ = lean.forward(ids[:, start:start + rows], torch.arange(start, start + rows)[None], start)
-        torch.testing.assert_close(logits, ref[:, start:start + rows], atol=1e-4, rtol=1e-4)
+        logits, _ = lean.forward(ids[:, start : start + rows], torch.arange(start, start + rows)[None], start)
+        torch.testing.assert_close(logits, ref[:, start : start + rows], atol=1e-4, rtol=1e-4)
 
 
 def test_fused_projections_are_one_gemm_each():
@@ -190,10 +190,10 @@ def test_the_graph_compiles_once_for_one_row_and_once_for_more_whatever_the_cach
     # prefill (eager), then steps and verifies of varying sizes, with taps and without (a vanilla step)
     for i, rows in enumerate((5, 1, 3, 1, 2, 1, 4, 1, 2)):
         want = (0, 2, 4) if i % 3 else ()
-        logits, tapped = lean.forward(ids[:, n:n + rows], torch.arange(n, n + rows)[None], n, taps=want)
-        torch.testing.assert_close(logits, ref[:, n:n + rows], atol=1e-4, rtol=1e-4)
+        logits, tapped = lean.forward(ids[:, n : n + rows], torch.arange(n, n + rows)[None], n, taps=want)
+        torch.testing.assert_close(logits, ref[:, n : n + rows], atol=1e-4, rtol=1e-4)
         if want:
-            torch.testing.assert_close(tapped, taps[:, n:n + rows], atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(tapped, taps[:, n : n + rows], atol=1e-4, rtol=1e-4)
         else:
             assert tapped is None
         n += rows
@@ -280,8 +280,9 @@ def test_the_unfused_attention_is_sdpas_under_grouped_heads_and_a_tree_mask(B, m
     allowed = torch.rand(mask_batch, 1, T, S, generator=g) > 0.4
     allowed[..., 0] = True  # every row sees the first slot (a row seeing nothing is NaN either way)
     mask = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
-    torch.testing.assert_close(unfused_attention(q, keys, values, mask), sdpa(q, keys, values, mask),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        unfused_attention(q, keys, values, mask), sdpa(q, keys, values, mask), atol=1e-5, rtol=1e-5
+    )
 
 
 def test_a_close_runner_up_is_timed_again_and_a_distant_one_is_not(monkeypatch):
@@ -322,8 +323,8 @@ def test_a_fused_verify_graph_matches_hf_and_compiles_once_per_row_count():
     lean.graph.fused = {2, 4}
     n = 0
     for rows in (6, 2, 1, 4, 3, 2, 4, 1, 1):  # prefill (eager), then fused 2 and 4, shared 1 and 3
-        logits, _ = lean.forward(ids[:, n:n + rows], torch.arange(n, n + rows)[None], n)
-        torch.testing.assert_close(logits, ref[:, n:n + rows], atol=1e-4, rtol=1e-4)
+        logits, _ = lean.forward(ids[:, n : n + rows], torch.arange(n, n + rows)[None], n)
+        torch.testing.assert_close(logits, ref[:, n : n + rows], atol=1e-4, rtol=1e-4)
         n += rows
     assert len(_debug_get_cache_entry_list(lean.graph.fused_code)) == 2  # one static graph per fused size
     assert len(_debug_get_cache_entry_list(lean.graph.code)) == 2  # 1 row, and 3 rows (the shared graph)
@@ -387,14 +388,18 @@ def test_the_calibration_gives_the_graph_the_multi_row_gemm_timed_faster(monkeyp
     # `faster` twice as fast at 2 and 4 rows, 1.5x slower at 16: the ratios decide, not the 16-row ms
     ms = {2: {faster: 1.0, other: 2.0}, 4: {faster: 2.0, other: 4.0}, 16: {faster: 12.0, other: 8.0}}
     slow = {lay: 99.0 for lay in PANELS if lay not in (faster, other)}  # another panel kernel, where offered
-    monkeypatch.setattr(runtime, "time_layouts",
-                        lambda cands, ks, reps, run, **_: ({}, {k: {**ms[k], **slow} for k in ks}))
+    monkeypatch.setattr(
+        runtime, "time_layouts", lambda cands, ks, reps, run, **_: ({}, {k: {**ms[k], **slow} for k in ks})
+    )
     target = build_target("llama")
     lean = FastRuntime(target, max_len=24, layout=GRAPH)
     first = lean.graph
     lean._calibrate_graph_gemm((1, 2, 4, 16, 32), reps=1, refine=0)
-    assert lean.graph_gemm == faster and lean.graph.gemm == faster and lean.graph_gemm_ms == {
-        k: {**v, **slow} for k, v in ms.items()}
+    assert (
+        lean.graph_gemm == faster
+        and lean.graph.gemm == faster
+        and lean.graph_gemm_ms == {k: {**v, **slow} for k, v in ms.items()}
+    )
     assert (lean.graph is first) == (faster == PANEL)  # the panel GEMM was the default: no new body then
     assert lean.eager_layout(3) == faster
     ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(5))

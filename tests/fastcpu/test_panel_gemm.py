@@ -18,16 +18,23 @@ from extras import needs_fastcpu
 pytestmark = needs_fastcpu  # the CPU acceleration layer's own tests
 
 # the AVX-512 kernel's width and block, compiled for AVX2 (the compiler splits each 16-wide vector in two)
-WIDE_ON_AVX2 = dataclasses.replace(AVX512, layout="panel-avx512-code-on-avx2", isa="avx512code_avx2",
-                                   cpu_flags=AVX2.cpu_flags, isa_flags=AVX2.isa_flags)
+WIDE_ON_AVX2 = dataclasses.replace(
+    AVX512,
+    layout="panel-avx512-code-on-avx2",
+    isa="avx512code_avx2",
+    cpu_flags=AVX2.cpu_flags,
+    isa_flags=AVX2.isa_flags,
+)
 KERNELS = [AVX2, WIDE_ON_AVX2, AVX512]
 IDS = [k.isa for k in KERNELS]
 
 
 def need(kernel: panel_gemm.Kernel) -> None:
     if not panel_gemm.available(kernel, torch.float32):
-        pytest.skip(f"the {kernel.isa} panel kernel is not offered on this machine: "
-                    f"{panel_gemm.missing(kernel) or 'see stderr'}")
+        pytest.skip(
+            f"the {kernel.isa} panel kernel is not offered on this machine: "
+            f"{panel_gemm.missing(kernel) or 'see stderr'}"
+        )
 
 
 def reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
@@ -37,8 +44,14 @@ def reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch
 
 @pytest.mark.parametrize("kernel", KERNELS, ids=IDS)
 @settings(max_examples=40, deadline=None)
-@given(n=st.integers(1, 70), k=st.integers(1, 40), rows=st.integers(1, 40), bias=st.booleans(),
-       batch=st.integers(1, 2), seed=st.integers(0, 2**16))
+@given(
+    n=st.integers(1, 70),
+    k=st.integers(1, 40),
+    rows=st.integers(1, 40),
+    bias=st.booleans(),
+    batch=st.integers(1, 2),
+    seed=st.integers(0, 2**16),
+)
 def test_the_product_matches_float64_for_any_shape(kernel, n, k, rows, bias, batch, seed):
     """Every row count (one register block, several balanced ones), a last panel partly past N, with
     and without bias, and leading batch dims."""
@@ -148,11 +161,15 @@ def test_a_fresh_cache_builds_once_and_says_so(tmp_path):
 
     if panel_gemm.missing(AVX2) is not None:
         pytest.skip(f"the avx2 panel kernel is not offered here: {panel_gemm.missing(AVX2)}")
-    code = ("import torch; from eaglewire.fastcpu import panel_gemm; "
-            "assert panel_gemm.available(panel_gemm.AVX2, torch.float32)")
+    code = (
+        "import torch; from eaglewire.fastcpu import panel_gemm; "
+        "assert panel_gemm.available(panel_gemm.AVX2, torch.float32)"
+    )
     env = {**os.environ, "EAGLEWIRE_CACHE": str(tmp_path)}
-    runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-            for _ in range(2)]
+    runs = [
+        subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+        for _ in range(2)
+    ]
     assert [r.returncode for r in runs] == [0, 0], runs[0].stderr[-2000:]
     assert "building the avx2 panel GEMM kernel" in runs[0].stderr
     assert "building" not in runs[1].stderr
@@ -171,10 +188,17 @@ def test_the_avx512_kernel_compiles_here_and_the_source_refuses_a_build_without_
 
     if panel_gemm.compiler() is None:
         pytest.skip("no C++ compiler on PATH")
-    base = [shutil.which(panel_gemm.compiler()), "-std=c++20", "-fPIC",  # torch 2.13's builder's standard
-            *[f"-I{p}" for p in include_paths()], f"-I{sysconfig.get_paths()['include']}", str(panel_gemm.SOURCE)]
-    built = subprocess.run([*base, *AVX512.flags(), "-c", "-o", str(tmp_path / "avx512.o")], capture_output=True,
-                           text=True, timeout=600)
+    base = [
+        shutil.which(panel_gemm.compiler()),
+        "-std=c++20",
+        "-fPIC",  # torch 2.13's builder's standard
+        *[f"-I{p}" for p in include_paths()],
+        f"-I{sysconfig.get_paths()['include']}",
+        str(panel_gemm.SOURCE),
+    ]
+    built = subprocess.run(
+        [*base, *AVX512.flags(), "-c", "-o", str(tmp_path / "avx512.o")], capture_output=True, text=True, timeout=600
+    )
     assert built.returncode == 0, built.stderr[-2000:]
     refused = subprocess.run([*base, "-fsyntax-only"], capture_output=True, text=True, timeout=600)
     assert refused.returncode != 0 and "Kernel.flags() define EAGLEWIRE_PANEL_NR" in refused.stderr

@@ -70,7 +70,7 @@ def test_the_input_rounding_term_is_tight(packed):
     product, in one direction, and |h| = |w| element-wise makes Cauchy-Schwarz an equality. A coefficient
     much smaller than the derived one fails here, which random data (far below the bound) cannot show."""
     n = 576
-    x = torch.full((1, n), 1 + 2.0 ** -8 - 2.0 ** -20)
+    x = torch.full((1, n), 1 + 2.0**-8 - 2.0**-20)
     head = ScreenedHead(x.clone(), packed)
     y = float(head.screen(x))  # n: exact in bf16, so the output's rounding adds nothing here
     lost = float(x.double() @ x.double().t()) - y

@@ -152,9 +152,11 @@ def test_a_compiled_graph_runs_after_the_release_and_still_gives_hfs_logits():
     rt = FastRuntime(target, max_len=32, layout=GRAPH)
 
     def run() -> list[torch.Tensor]:
-        return [rt.forward(ids[:, :9], torch.arange(9)[None], 0)[0],  # a prefill: eager, the graph's GEMM
-                rt.forward(ids[:, 9:10], torch.arange(9, 10)[None], 9)[0],  # one row: the GEMV graph
-                rt.forward(ids[:, 9:12], torch.arange(9, 12)[None], 9)[0]]  # three rows: the multi-row graph
+        return [
+            rt.forward(ids[:, :9], torch.arange(9)[None], 0)[0],  # a prefill: eager, the graph's GEMM
+            rt.forward(ids[:, 9:10], torch.arange(9, 10)[None], 9)[0],  # one row: the GEMV graph
+            rt.forward(ids[:, 9:12], torch.arange(9, 12)[None], 9)[0],
+        ]  # three rows: the multi-row graph
 
     rt.prepare_copies()  # every candidate's copies, as after a calibration
     before = run()  # compiles both graphs with every copy present

@@ -65,8 +65,11 @@ def test_the_torchrun_line_trains_with_the_files_own_knobs():
     path = next(p for p in EXAMPLES if p.name == "llama-3.1-8b-8gpu.yaml")
     raw = yaml.safe_load(path.read_text())
     (train,) = [a for a in _command_lines(path) if a[0] == "train"]
-    flags = {train[i][2:].replace("-", "_"): train[i + 1] for i in range(1, len(train) - 1)
-             if train[i].startswith("--") and not train[i + 1].startswith("--")}
+    flags = {
+        train[i][2:].replace("-", "_"): train[i + 1]
+        for i in range(1, len(train) - 1)
+        if train[i].startswith("--") and not train[i + 1].startswith("--")
+    }
     for key, value in raw["train"].items():
         if key == "features":  # online is `--data`; offline would be `--features DIR`
             assert "data" in flags

@@ -24,8 +24,13 @@ def _shown(*args: str) -> dict:
 
 def test_dflash_defaults_are_the_best_measured_recipe():
     d = _shown("--family", "dflash")
-    assert {k: d["family"][k] for k in ("name", "block_size", "anchors", "init_from_target", "reduced_vocab")} == \
-        {"name": "dflash", "block_size": 4, "anchors": 64, "init_from_target": True, "reduced_vocab": True}
+    assert {k: d["family"][k] for k in ("name", "block_size", "anchors", "init_from_target", "reduced_vocab")} == {
+        "name": "dflash",
+        "block_size": 4,
+        "anchors": 64,
+        "init_from_target": True,
+        "reduced_vocab": True,
+    }
     assert d["train"]["lr"] == 3e-3 and d["train"]["init_from"] == "" and d["vocab"]["draft_vocab_size"] == 16000
     assert d["bench"]["methods"] == ["vanilla", "dflash"] and d["formats"] == ["vllm"]  # its own head: vLLM reads it
     for dotted in ("train.ttt_steps", "train.ttt_decay", "bench.num_steps", "bench.topk", "bench.num_draft_tokens"):
@@ -40,8 +45,9 @@ def test_an_eagle3_run_is_unchanged_and_shows_every_field():
 
 
 @settings(max_examples=15, deadline=None)
-@given(budget=st.sampled_from(sorted(BUDGETS)), lr=st.floats(1e-5, 1e-1), block=st.integers(2, 16),
-       via_file=st.booleans())
+@given(
+    budget=st.sampled_from(sorted(BUDGETS)), lr=st.floats(1e-5, 1e-1), block=st.integers(2, 16), via_file=st.booleans()
+)
 def test_the_config_file_and_flags_win_over_the_family_defaults(tmp_path_factory, budget, lr, block, via_file):
     """Whichever budget: the family's defaults replace the budget's fields, a file's fields replace those."""
     path = tmp_path_factory.mktemp("cfg") / "run.yaml"

@@ -37,10 +37,14 @@ def test_a_capped_isa_is_named_and_amx_is_not_claimed_below_it(monkeypatch: pyte
 
 
 def test_per_position_plot_has_integer_draft_positions(tmp_path: Path) -> None:
-    result = {"methods": {"vanilla": {"median_tok_s": 10.0},
-                          "eagle_chain": {"per_position": [0.5, 0.25, 0.125], "median_tok_s": 12.0}},
-              "chain": {"num_steps": 3, "topk": 1, "num_draft_tokens": 4},
-              "tree": {"num_steps": 2, "topk": 2, "num_draft_tokens": 3}}
+    result = {
+        "methods": {
+            "vanilla": {"median_tok_s": 10.0},
+            "eagle_chain": {"per_position": [0.5, 0.25, 0.125], "median_tok_s": 12.0},
+        },
+        "chain": {"num_steps": 3, "topk": 1, "num_draft_tokens": 4},
+        "tree": {"num_steps": 2, "topk": 2, "num_draft_tokens": 3},
+    }
     fig = report.per_position_figure(result)
     ax = fig.axes[0]
     assert list(ax.get_xticks()) == [1, 2, 3] and ax.get_xlabel() == "draft position"

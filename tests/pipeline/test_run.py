@@ -18,8 +18,16 @@ from eaglewire.pipeline import runner, stages
 from eaglewire.pipeline.config import BUDGETS, RunConfig, resolve
 from eaglewire.target.loader import resolve_target
 
-CONVS = [{"id": f"c{i}", "messages": [{"role": "user", "content": f"Count from {i} to {i + 5}."},
-                                      {"role": "assistant", "content": "ok"}]} for i in range(24)]
+CONVS = [
+    {
+        "id": f"c{i}",
+        "messages": [
+            {"role": "user", "content": f"Count from {i} to {i + 5}."},
+            {"role": "assistant", "content": "ok"},
+        ],
+    }
+    for i in range(24)
+]
 QUESTIONS = [{"question_id": i, "category": "x", "turns": [f"Say {i} twice.", "Again."]} for i in range(3)]
 
 
@@ -29,9 +37,17 @@ def tiny(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny_run_target")
     tok = AutoTokenizer.from_pretrained(resolve_target(None)[1])
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=8,
-                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
-                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     LlamaForCausalLM(cfg).save_pretrained(d / "model")
     tok.save_pretrained(d / "model")
     (d / "convs.jsonl").write_text("\n".join(json.dumps(c) for c in CONVS))
@@ -40,15 +56,38 @@ def tiny(tmp_path_factory):
 
 
 def tiny_config(tiny: Path, **over) -> dict:
-    base = {"target": str(tiny / "model"),
-            # engine local: these tests are about the pipeline; tests/vllm_client/test_vllm_client.py covers vLLM
-            "data": {"source": str(tiny / "convs.jsonl"), "conversations": 16, "max_new_tokens": 8,
-                     "max_turns": 1, "batch_size": 8, "max_length": 64, "engine": "local"},
-            "vocab": {"draft_vocab_size": 200},
-            "train": {"max_steps": 4, "batch_size": 4, "ttt_steps": 2, "warmup_steps": 1, "eval_every": 2,
-                      "ckpt_every": 2, "heldout_fraction": 0.2},
-            "bench": {"source": str(tiny / "questions.jsonl"), "prompts": 2, "max_new_tokens": 8, "chain_k": 2,
-                      "num_steps": 2, "topk": 2, "num_draft_tokens": 4}}
+    base = {
+        "target": str(tiny / "model"),
+        # engine local: these tests are about the pipeline; tests/vllm_client/test_vllm_client.py covers vLLM
+        "data": {
+            "source": str(tiny / "convs.jsonl"),
+            "conversations": 16,
+            "max_new_tokens": 8,
+            "max_turns": 1,
+            "batch_size": 8,
+            "max_length": 64,
+            "engine": "local",
+        },
+        "vocab": {"draft_vocab_size": 200},
+        "train": {
+            "max_steps": 4,
+            "batch_size": 4,
+            "ttt_steps": 2,
+            "warmup_steps": 1,
+            "eval_every": 2,
+            "ckpt_every": 2,
+            "heldout_fraction": 0.2,
+        },
+        "bench": {
+            "source": str(tiny / "questions.jsonl"),
+            "prompts": 2,
+            "max_new_tokens": 8,
+            "chain_k": 2,
+            "num_steps": 2,
+            "topk": 2,
+            "num_draft_tokens": 4,
+        },
+    }
     for k, v in over.items():
         base[k] = {**base.get(k, {}), **v} if isinstance(v, dict) else v
     return base
@@ -74,15 +113,20 @@ def test_every_budget_resolves_to_a_valid_config():
     assert resolve("quick").train.max_steps != RunConfig().train.max_steps  # the preset really applies
 
 
-@pytest.mark.parametrize("bad, field", [({"train": {"max_stepz": 3}}, "train.max_stepz"),
-                                        ({"train": {"max_steps": "three"}}, "train.max_steps"),
-                                        ({"data": {"conversations": 1.5}}, "data.conversations"),
-                                        ({"formats": ["sglang", "tensorrt"]}, "formats"),
-                                        ({"bench": {"num_steps": 1, "topk": 1, "num_draft_tokens": 5}}, "bench"),
-                                        ({"bench": {"methods": ["vanilla", "beam"]}}, "bench.methods"),
-                                        ({"bench": {"methods": ["eagle_chain"]}}, "including vanilla"),
-                                        ({"bench": {"methods": ["vanilla", "prompt_lookup"]}}, "no draft row"),
-                                        ({"train": {"capture_dtype": "fp16"}}, "train.capture_dtype")])
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        ({"train": {"max_stepz": 3}}, "train.max_stepz"),
+        ({"train": {"max_steps": "three"}}, "train.max_steps"),
+        ({"data": {"conversations": 1.5}}, "data.conversations"),
+        ({"formats": ["sglang", "tensorrt"]}, "formats"),
+        ({"bench": {"num_steps": 1, "topk": 1, "num_draft_tokens": 5}}, "bench"),
+        ({"bench": {"methods": ["vanilla", "beam"]}}, "bench.methods"),
+        ({"bench": {"methods": ["eagle_chain"]}}, "including vanilla"),
+        ({"bench": {"methods": ["vanilla", "prompt_lookup"]}}, "no draft row"),
+        ({"train": {"capture_dtype": "fp16"}}, "train.capture_dtype"),
+    ],
+)
 def test_config_refuses_unknown_keys_and_wrong_types_naming_the_field(tmp_path, bad, field):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(bad))
@@ -92,14 +136,16 @@ def test_config_refuses_unknown_keys_and_wrong_types_naming_the_field(tmp_path, 
 
 
 def test_the_capture_dtype_names_the_features_directory_as_resolved_on_this_machine(tiny):
-    """"auto" is bf16 on one machine and fp32 on another: the features stage's key holds the resolved dtype,
+    """ "auto" is bf16 on one machine and fp32 on another: the features stage's key holds the resolved dtype,
     so a run moved to another machine never resumes into shards of the other dtype."""
     from eaglewire.hw import native_bf16
     from eaglewire.target.loader import load_target
 
     target = load_target(str(tiny / "model"))
-    keys = {d: runner.stage_keys(RunConfig(**tiny_config(tiny, train={"capture_dtype": d})), target, (2, 4, 5))
-            for d in ("auto", "float32")}
+    keys = {
+        d: runner.stage_keys(RunConfig(**tiny_config(tiny, train={"capture_dtype": d})), target, (2, 4, 5))
+        for d in ("auto", "float32")
+    }
     assert (keys["auto"]["features"] == keys["float32"]["features"]) == (not native_bf16())
     assert keys["auto"]["vocab"] == keys["float32"]["vocab"]  # the vocabulary does not depend on it
 
@@ -114,8 +160,10 @@ def test_vllm_regenerates_with_its_own_pool_width_and_throughput_knobs_name_no_d
     from eaglewire.target.loader import load_target
 
     target = load_target(str(tiny / "model"))
-    keys = [runner.stage_keys(RunConfig(**tiny_config(tiny, data=d)), target, (2, 4, 5))["regenerate"]
-            for d in ({"engine_in_flight": 8, "batch_size": 4}, {"engine_in_flight": 64, "batch_size": 16})]
+    keys = [
+        runner.stage_keys(RunConfig(**tiny_config(tiny, data=d)), target, (2, 4, 5))["regenerate"]
+        for d in ({"engine_in_flight": 8, "batch_size": 4}, {"engine_in_flight": 64, "batch_size": 16})
+    ]
     assert keys[0] == keys[1]
     seen = {}
 
@@ -170,11 +218,14 @@ def test_run_writes_report_summary_exports_and_a_clean_doctor(finished_run):
     assert f"τ (bench) {t['before']:.2f} before -> {t['after']:.2f} after" in s["verdict"]
     assert all(m["matches_vanilla"] == 2 for m in s["bench"].values())  # lossless on every prompt
     from eaglewire.hw import runtime_dtype  # the features were captured in the dtype "auto" picks here
+
     assert _state(out)["features"]["result"]["target_dtype"] == str(runtime_dtype("auto")).removeprefix("torch.")
     for eng in ("sglang", "vllm"):
         assert (Path(s["exports"][eng]) / "eaglewire_contract.json").is_file()
     # the shape the bench ran (quick: the chain k = 2 only), in SGLang's spelling and in vLLM's
-    assert "--speculative-num-steps 2 --speculative-eagle-topk 1 --speculative-num-draft-tokens 3" in s["launch"]["sglang"]
+    assert (
+        "--speculative-num-steps 2 --speculative-eagle-topk 1 --speculative-num-draft-tokens 3" in s["launch"]["sglang"]
+    )
     assert '"num_speculative_tokens": 2' in s["launch"]["vllm"]
     assert s["command"].startswith("eaglewire run --out ") and "--budget quick --config " in s["command"]
     assert s["total_s"] == pytest.approx(sum(t["seconds"] for t in s["stages"].values()), abs=0.1)
@@ -227,14 +278,23 @@ def test_killed_run_resumes_at_the_stage_it_died_in(tiny, tmp_path, monkeypatch)
     def dies(ctx, work):
         raise KeyboardInterrupt  # what a kill looks like to the stages before it: they were recorded
 
-    monkeypatch.setattr(runner, "STAGES", tuple(s if s.name != "bench" else runner.Stage(
-        s.name, s.title, dies, s.deps, s.inputs) for s in runner.STAGES))
+    monkeypatch.setattr(
+        runner,
+        "STAGES",
+        tuple(s if s.name != "bench" else runner.Stage(s.name, s.title, dies, s.deps, s.inputs) for s in runner.STAGES),
+    )
     with pytest.raises(KeyboardInterrupt):
         runner.run_pipeline(RunConfig.model_validate(tiny_config(tiny)), out, progress=lambda *a: None, log=print)
     done = _state(out)
     assert "train" in done and "bench" not in done and not (out / "report.html").exists()
-    monkeypatch.setattr(runner, "STAGES", tuple(s if s.name != "bench" else runner.Stage(
-        s.name, s.title, real_bench, s.deps, s.inputs) for s in runner.STAGES))
+    monkeypatch.setattr(
+        runner,
+        "STAGES",
+        tuple(
+            s if s.name != "bench" else runner.Stage(s.name, s.title, real_bench, s.deps, s.inputs)
+            for s in runner.STAGES
+        ),
+    )
     logs: list[str] = []
     runner.run_pipeline(RunConfig.model_validate(tiny_config(tiny)), out, progress=lambda *a: None, log=logs.append)
     assert sum("done earlier" in line for line in logs) == len(runner.STAGES) - 1
@@ -262,10 +322,17 @@ def test_a_warm_start_keeps_its_own_vocabulary(finished_run, tiny, tmp_path):
     theirs = vm.d2t
 
     def vocab_of(name: str, **over):
-        cfg = RunConfig.model_validate(tiny_config(tiny, data={"conversations": 6}, train={"init_from": str(draft)},
-                                                   **over))
-        ctx = stages.Ctx(cfg, tmp_path, target, target.contract((2, 4, 5)),
-                         dirs={"regenerate": Path(st["regenerate"]["dir"])}, log=lambda m: None)
+        cfg = RunConfig.model_validate(
+            tiny_config(tiny, data={"conversations": 6}, train={"init_from": str(draft)}, **over)
+        )
+        ctx = stages.Ctx(
+            cfg,
+            tmp_path,
+            target,
+            target.contract((2, 4, 5)),
+            dirs={"regenerate": Path(st["regenerate"]["dir"])},
+            log=lambda m: None,
+        )
         (tmp_path / name).mkdir()
         res = stages.vocab(ctx, tmp_path / name)
         return res, load_vocab(res["file"])[0].d2t
@@ -319,7 +386,7 @@ def test_report_renders_in_headless_chromium(finished_run, tmp_path):
     assert "Benchmark" in dom and "<table>" in dom and dom.count("<img") == 2
     from eaglewire import __version__
 
-    assert "class=\"machine\"" in dom and " cores (" in dom and f"eaglewire {__version__}" in dom  # the header
+    assert 'class="machine"' in dom and " cores (" in dom and f"eaglewire {__version__}" in dom  # the header
     shot = tmp_path / "shot.png"
     subprocess.run(flags + [f"--screenshot={shot}", "--window-size=1200,3000", url], capture_output=True, timeout=120)
     from PIL import Image
@@ -349,8 +416,11 @@ def dflash_run(tiny, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("EAGLEWIRE_FASTCPU", "0")
         r = CliRunner().invoke(app, ["run", "--out", str(out), "--config", str(path), "--family", "dflash"])
-    errors = sum(json.loads((out / "summary.json").read_text())["doctor_errors"].values()) if out.joinpath(
-        "summary.json").is_file() else None
+    errors = (
+        sum(json.loads((out / "summary.json").read_text())["doctor_errors"].values())
+        if out.joinpath("summary.json").is_file()
+        else None
+    )
     assert errors is not None and r.exit_code == (1 if errors else 0), r.output + repr(r.exception)
     return out, tmp
 
@@ -396,8 +466,10 @@ def test_a_dflash_run_resumes_and_its_keys_name_the_family_and_block(dflash_run,
     from eaglewire.target.loader import load_target
 
     tgt = load_target(str(tiny / "model"))
-    keys = {name: runner.stage_keys(RunConfig(**tiny_config(tiny, family=fam)), tgt, (2, 4, 5))
-            for name, fam in (("eagle3", {}), ("dflash", DFLASH), ("b8", {**DFLASH, "block_size": 8}))}
+    keys = {
+        name: runner.stage_keys(RunConfig(**tiny_config(tiny, family=fam)), tgt, (2, 4, 5))
+        for name, fam in (("eagle3", {}), ("dflash", DFLASH), ("b8", {**DFLASH, "block_size": 8}))
+    }
     eagle3 = RunConfig(**tiny_config(tiny))  # an EAGLE-3 run keys its stages as before the family section existed
     root = {"target": tgt.identity.__dict__, "taps": [2, 4, 5]}
     assert keys["eagle3"]["prompts"][0] == runner._sha([root, "prompts", runner.STAGES[0].inputs(eagle3), []])
@@ -413,10 +485,19 @@ def test_a_dflash_run_resumes_and_its_keys_name_the_family_and_block(dflash_run,
 @pytest.mark.real_target
 def test_short_run_on_the_real_embedded_target(tmp_path):
     """Every stage on SmolLM2-135M with tiny sizes; regeneration starts from the shipped conversations."""
-    cfg = {"data": {"conversations": 3, "max_length": 256},
-           "train": {"max_steps": 2, "batch_size": 2, "ttt_steps": 1, "warmup_steps": 1, "eval_every": 2,
-                     "ckpt_every": 2, "heldout_fraction": 0.0},
-           "bench": {"prompts": 1, "max_new_tokens": 6, "chain_k": 1, "num_steps": 2, "topk": 2, "num_draft_tokens": 3}}
+    cfg = {
+        "data": {"conversations": 3, "max_length": 256},
+        "train": {
+            "max_steps": 2,
+            "batch_size": 2,
+            "ttt_steps": 1,
+            "warmup_steps": 1,
+            "eval_every": 2,
+            "ckpt_every": 2,
+            "heldout_fraction": 0.0,
+        },
+        "bench": {"prompts": 1, "max_new_tokens": 6, "chain_k": 1, "num_steps": 2, "topk": 2, "num_draft_tokens": 3},
+    }
     r = run_cli(cfg, tmp_path / "out", tmp_path)
     assert r.exit_code == 0, r.output + repr(r.exception)
     s = json.loads((tmp_path / "out" / "summary.json").read_text())

@@ -30,8 +30,12 @@ def _samples(n, seed, T=24):
     from eaglewire.data.samples import Sample
 
     g = torch.Generator().manual_seed(seed)
-    return [Sample(id=f"r{i}", input_ids=torch.randint(0, 256, (T,), generator=g),
-                   loss_mask=torch.ones(T, dtype=torch.long)) for i in range(n)]
+    return [
+        Sample(
+            id=f"r{i}", input_ids=torch.randint(0, 256, (T,), generator=g), loss_mask=torch.ones(T, dtype=torch.long)
+        )
+        for i in range(n)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -56,12 +60,31 @@ def setup(tmp_path_factory):
     target.model.save_pretrained(root / "target")
     model_gguf = convert_hf(root / "target", root / "target.gguf", "f32")
     contract = dflash_contract(target, TAPS, BlockWiring(block_size=BLOCK, mask_token_id=255), None)
-    c = TrainConfig(family="dflash", block_size=BLOCK, anchors=8, max_steps=400, batch_size=8, lr=3e-3,
-                    warmup_steps=5, eval_every=10_000, ckpt_every=10_000, num_layers=1, loss="forward_kl",
-                    supervise="all")
+    c = TrainConfig(
+        family="dflash",
+        block_size=BLOCK,
+        anchors=8,
+        max_steps=400,
+        batch_size=8,
+        lr=3e-3,
+        warmup_steps=5,
+        eval_every=10_000,
+        ckpt_every=10_000,
+        num_layers=1,
+        loss="forward_kl",
+        supervise="all",
+    )
     samples = _samples(600, 0)
-    train(target, contract, None, OnlineFeatures(target, contract, pad_id=0), samples[:-8], samples[-8:], c,
-          root / "train")
+    train(
+        target,
+        contract,
+        None,
+        OnlineFeatures(target, contract, pad_id=0),
+        samples[:-8],
+        samples[-8:],
+        c,
+        root / "train",
+    )
     draft = load_checkpoint(root / "train" / "draft", target=target)
     gguf = export_draft(draft, draft.contract, root / "llamacpp", "llamacpp", vocab_from=model_gguf) / "draft.gguf"
     prompts = [s.input_ids[None] for s in _samples(PROMPTS, 1, T=16)]
@@ -79,7 +102,8 @@ def _ours(target, draft, prompts, k):
     rt, ids, accepted = plain_runtime(target, max_len), [], []
     for p in prompts:
         toks, st = SpecDecoder(rt, BlockProposer(draft, draft.contract, TreeShape.chain(k), max_len)).generate(
-            p, MAX_NEW)
+            p, MAX_NEW
+        )
         ids.append(toks)
         accepted += st.accepted
     st = SpecStats(accepted=accepted)
@@ -90,8 +114,9 @@ def _served(model_gguf, gguf, prompts, k):
     """llama-server: (greedy ids per prompt, its speculative counters)."""
     from eaglewire.serve.llamacpp import LlamaServer
 
-    with LlamaServer(model_gguf, gguf, spec_type="draft-dflash", n_max=k, threads=1,
-                     extra_args=["--ignore-eos"]) as srv:
+    with LlamaServer(
+        model_gguf, gguf, spec_type="draft-dflash", n_max=k, threads=1, extra_args=["--ignore-eos"]
+    ) as srv:
         out = [srv.complete(p[0].tolist(), MAX_NEW) for p in prompts]
         return [c.tokens for c in out], srv.counters()
 
@@ -101,8 +126,10 @@ def test_llamacpp_serves_our_dflash_draft_with_our_acceptance(setup):
     k = BLOCK - 1  # the line export prints: the whole block
     ours_ids, tau, per_pos = _ours(target, draft, prompts, k)
     ids, c = _served(model_gguf, gguf, prompts, k)
-    print(f"\nDFlash k={k}: llama.cpp tau {c.tau:.3f} per position {c.per_position}; ours tau {tau:.3f} "
-          f"per position {per_pos}")
+    print(
+        f"\nDFlash k={k}: llama.cpp tau {c.tau:.3f} per position {c.per_position}; ours tau {tau:.3f} "
+        f"per position {per_pos}"
+    )
     assert sum(a == b for a, b in zip(ids, ours_ids)) >= PROMPTS - 1  # the same greedy text (fp32 both)
     # a draft that accepts (measured under load: tau 1.50, first position 0.18; the tiny target's greedy text
     # repeats, so a round accepts all or nothing): the comparison means something

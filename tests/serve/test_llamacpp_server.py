@@ -49,7 +49,7 @@ def _gguf(setup, export_dir, out):
 
 
 def _strip(ids, eos):
-    return ids[:ids.index(eos) + 1] if eos in ids else ids
+    return ids[: ids.index(eos) + 1] if eos in ids else ids
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +82,9 @@ def healthy(setup, tmp_path_factory):
     """Our own `export --format llamacpp` of the released draft (its vocabulary from the f32 target GGUF)."""
     from eaglewire.export.convert import export_draft
 
-    out = export_draft(setup[1], setup[1].contract, tmp_path_factory.mktemp("gguf") / "llamacpp", "llamacpp",
-                       vocab_from=setup[5])
+    out = export_draft(
+        setup[1], setup[1].contract, tmp_path_factory.mktemp("gguf") / "llamacpp", "llamacpp", vocab_from=setup[5]
+    )
     return _serve(setup, out / "draft.gguf")
 
 
@@ -95,8 +96,10 @@ def test_llamacpp_serves_our_eagle3_draft_losslessly_with_our_acceptance(setup, 
     assert same_as_ours >= 2, "llama.cpp's f32 greedy should follow our fp32 greedy on most prompts"
     # its counters and its per-request timings are one count (the server adds a request's when it ends)
     assert c.drafts > 0 and c.k == K and (c.draft_tokens, c.accepted) == (draft_n, draft_n_accepted)
-    print(f"\nllama.cpp f32 k={K}: tau {c.tau:.3f} per position {c.per_position}; ours tau {ours[1]:.3f} "
-          f"per position {ours[2]}")
+    print(
+        f"\nllama.cpp f32 k={K}: tau {c.tau:.3f} per position {c.per_position}; ours tau {ours[1]:.3f} "
+        f"per position {ours[2]}"
+    )
     assert abs(c.tau - ours[1]) < TAU_TOL, (c.to_dict(), ours[1:])
     assert abs(c.per_position[0] - ours[2][0]) < FIRST_TOL, (c.to_dict(), ours[2])
 
@@ -131,16 +134,20 @@ def test_the_seeds_wiring_faults_are_served_silently_by_llamacpp(setup, plain_id
 
     target, draft = setup[0], setup[1]
     L = target.num_layers
-    ids = {"embedding tap": (0, 2, 15), "sglang-numbered ids": to_engine(draft.contract.taps, "sglang-plus1", L),
-           "one state": (L - 3,) * 3}[fault]
+    ids = {
+        "embedding tap": (0, 2, 15),
+        "sglang-numbered ids": to_engine(draft.contract.taps, "sglang-plus1", L),
+        "one state": (L - 3,) * 3,
+    }[fault]
     gguf_path = _gguf(setup, _with_ids(setup[2], tmp_path / "export", ids), tmp_path / "draft.gguf")
     assert _target_layers(gguf_path) == list(ids)  # kept as written: nothing in llama.cpp objects
     got, c, _ = _serve(setup, gguf_path)
     eos = target.tokenizer.eos_token_id
     assert [_strip(t, eos) for t in got] == [_strip(t, eos) for t in plain_ids]
     healthy_tau = healthy[1].tau
-    print(f"\n{fault} {list(ids)}: llama.cpp tau {c.tau:.3f} (healthy {healthy_tau:.3f}), per position "
-          f"{c.per_position}")
+    print(
+        f"\n{fault} {list(ids)}: llama.cpp tau {c.tau:.3f} (healthy {healthy_tau:.3f}), per position {c.per_position}"
+    )
     assert c.drafts > 0 and c.accepted_per_pos != healthy[1].accepted_per_pos  # other states reached the draft
     if fault != "sglang-numbered ids":
         assert c.tau < healthy_tau - 0.2, (fault, c.to_dict(), healthy_tau)

@@ -30,9 +30,18 @@ def test_run_report_quotes_the_peer_rows():
 
     def row(tok_s, **kw):
         return {"median_tok_s": tok_s, "matches_vanilla": 2, **kw}
-    res = {"prompts": 2, "chain": {"num_steps": 3}, "tree": {"num_steps": 2, "topk": 2, "num_draft_tokens": 4},
-           "methods": {"vanilla": row(20.0), "eagle_chain": row(30.0, tau=2.0, per_position=[0.6, 0.3, 0.1]),
-                       "vllm_vanilla": row(25.0), "vllm_eagle_chain": row(27.5, tau=2.0, per_position=[0.6, 0.3, 0.1])}}
+
+    res = {
+        "prompts": 2,
+        "chain": {"num_steps": 3},
+        "tree": {"num_steps": 2, "topk": 2, "num_draft_tokens": 4},
+        "methods": {
+            "vanilla": row(20.0),
+            "eagle_chain": row(30.0, tau=2.0, per_position=[0.6, 0.3, 0.1]),
+            "vllm_vanilla": row(25.0),
+            "vllm_eagle_chain": row(27.5, tau=2.0, per_position=[0.6, 0.3, 0.1]),
+        },
+    }
     for m in res["methods"].values():
         for base in ("vanilla", "vllm_vanilla"):
             m[f"speedup_vs_{base}"] = m["median_tok_s"] / res["methods"][base]["median_tok_s"]

@@ -15,16 +15,36 @@ from hypothesis import strategies as st
 from test_slow_clients import _start, tok  # noqa: F401  (tok: the fixture)
 
 GOOD = {"prompt": "Hi", "max_tokens": 2}
-METHODS = st.sampled_from(["POST", "post", "Post", "GET", "get", "HEAD", "OPTIONS", "PUT", "DELETE", "PRI", "FOO",
-                           "P\x00ST"])
-TARGETS = st.sampled_from(["/v1/completions", "/v1/chat/completions", "/v1/completions?x=1", "/health?", "/nope",
-                           "http://127.0.0.1/v1/completions", "http://x/v1/completions?y", "*", "v1/completions",
-                           "/v1/completions#frag", "/" + "a" * 70_000, "/health", "/v1/models"])
+METHODS = st.sampled_from(
+    ["POST", "post", "Post", "GET", "get", "HEAD", "OPTIONS", "PUT", "DELETE", "PRI", "FOO", "P\x00ST"]
+)
+TARGETS = st.sampled_from(
+    [
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/completions?x=1",
+        "/health?",
+        "/nope",
+        "http://127.0.0.1/v1/completions",
+        "http://x/v1/completions?y",
+        "*",
+        "v1/completions",
+        "/v1/completions#frag",
+        "/" + "a" * 70_000,
+        "/health",
+        "/v1/models",
+    ]
+)
 VERSIONS = st.sampled_from(["HTTP/1.1", "HTTP/1.0", "HTTP/2.0", "HTTP/1.1.1", "HTTP/x", "HTTP/0.9"])
-LOOSE = {"max_completion_tokens": ["lots", True, 2.5, None, 0, 2], "n": [True, 1, 1.0, "1", 2],
-         "logprobs": [0, False, None, "no", 1], "stream_options": [{"include_usage": "yes"}, {"include_usage": True},
-                                                                   {"include_usage": 1}, {}, []],
-         "presence_penalty": [False, 0, 0.0, "0"], "top_logprobs": [False, 0, None], "stream": [1, "true", False]}
+LOOSE = {
+    "max_completion_tokens": ["lots", True, 2.5, None, 0, 2],
+    "n": [True, 1, 1.0, "1", 2],
+    "logprobs": [0, False, None, "no", 1],
+    "stream_options": [{"include_usage": "yes"}, {"include_usage": True}, {"include_usage": 1}, {}, []],
+    "presence_penalty": [False, 0, 0.0, "0"],
+    "top_logprobs": [False, 0, None],
+    "stream": [1, "true", False],
+}
 
 
 def _valid(method: str, target: str, version: str, headers: list[tuple[str, str]], body: dict) -> bool:
@@ -56,31 +76,45 @@ def _valid(method: str, target: str, version: str, headers: list[tuple[str, str]
     return True
 
 
-EXTRA = st.sampled_from(["none", "two_lengths_same", "two_lengths_differ", "te_and_length", "te_alone",
-                         "big_header", "many_headers"])
+EXTRA = st.sampled_from(
+    ["none", "two_lengths_same", "two_lengths_differ", "te_and_length", "te_alone", "big_header", "many_headers"]
+)
 
 
 def _head_lines(extra: str, n: int) -> tuple[list[tuple[str, str]], bool]:
     """(extra headers, whether Content-Length is left out)"""
-    return {"none": ([], False), "two_lengths_same": ([("Content-Length", str(n))], False),
-            "two_lengths_differ": ([("Content-Length", str(n + 1))], False),
-            "te_and_length": ([("Transfer-Encoding", "chunked")], False),
-            "te_alone": ([("Transfer-Encoding", "chunked")], True),
-            "big_header": ([("X-Big", "b" * 100_000)], False),
-            "many_headers": ([(f"X-{i}", "v") for i in range(10_000)], False)}[extra]
+    return {
+        "none": ([], False),
+        "two_lengths_same": ([("Content-Length", str(n))], False),
+        "two_lengths_differ": ([("Content-Length", str(n + 1))], False),
+        "te_and_length": ([("Transfer-Encoding", "chunked")], False),
+        "te_alone": ([("Transfer-Encoding", "chunked")], True),
+        "big_header": ([("X-Big", "b" * 100_000)], False),
+        "many_headers": ([(f"X-{i}", "v") for i in range(10_000)], False),
+    }[extra]
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                 HealthCheck.too_slow])
-@given(method=METHODS, target=TARGETS, version=VERSIONS, extra=EXTRA,
-       fields=st.dictionaries(st.sampled_from(sorted(LOOSE)), st.integers(0, 4), max_size=2))
-def test_every_request_gets_a_whole_answer_and_every_refusal_the_json_error(tok, method, target, version, extra,
-                                                                           fields):
+@settings(
+    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
+@given(
+    method=METHODS,
+    target=TARGETS,
+    version=VERSIONS,
+    extra=EXTRA,
+    fields=st.dictionaries(st.sampled_from(sorted(LOOSE)), st.integers(0, 4), max_size=2),
+)
+def test_every_request_gets_a_whole_answer_and_every_refusal_the_json_error(
+    tok, method, target, version, extra, fields
+):
     body = {**GOOD, **{k: LOOSE[k][i % len(LOOSE[k])] for k, i in fields.items()}}
     raw = json.dumps(body).encode()
     headers, no_length = _head_lines(extra, len(raw))
-    lines = [f"{method} {target} {version}", "Host: x", "Connection: close"] + \
-        ([] if no_length else [f"Content-Length: {len(raw)}"]) + [f"{k}: {v}" for k, v in headers]
+    lines = (
+        [f"{method} {target} {version}", "Host: x", "Connection: close"]
+        + ([] if no_length else [f"Content-Length: {len(raw)}"])
+        + [f"{k}: {v}" for k, v in headers]
+    )
     request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (raw if method.upper() != "GET" else b"")
     httpd, srv = _SERVER
     t0 = time.perf_counter()

@@ -23,8 +23,16 @@ def _tiny_target_dir(d):
     """A tiny random Llama on disk with the real SmolLM2 tokenizer and chat template."""
     tok = AutoTokenizer.from_pretrained(resolve_target(None)[1])
     torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                                 num_attention_heads=4, num_key_value_heads=2)).save_pretrained(d / "target")
+    LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    ).save_pretrained(d / "target")
     tok.save_pretrained(d / "target")
     return d / "target"
 
@@ -40,24 +48,34 @@ def server(tmp_path_factory):
     target = load_target(str(_tiny_target_dir(d)))
     draft, contract = build_draft(target, taps=(1, 2, 3))
     save_checkpoint(draft, contract, d / "draft")
-    httpd = build_server(target, load_checkpoint(d / "draft", target=target),
-                         TreeShape(num_steps=3, topk=2, num_draft_tokens=5), "tiny", 256, 64, "127.0.0.1", 0,
-                         log=STARTED.append)
+    httpd = build_server(
+        target,
+        load_checkpoint(d / "draft", target=target),
+        TreeShape(num_steps=3, topk=2, num_draft_tokens=5),
+        "tiny",
+        256,
+        64,
+        "127.0.0.1",
+        0,
+        log=STARTED.append,
+    )
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}", target
     httpd.shutdown()
 
 
 def test_start_says_how_the_gemm_layouts_were_chosen(server):
-    assert any(m.startswith(("calibrating GEMM layouts", "reusing GEMM layout calibration from"))
-               for m in STARTED), STARTED
+    assert any(m.startswith(("calibrating GEMM layouts", "reusing GEMM layout calibration from")) for m in STARTED), (
+        STARTED
+    )
     for phase in ("building the target runtime", "target runtime ready in", "decoder ready in", "listening on"):
         assert any(m.startswith(phase) for m in STARTED), (phase, STARTED)
 
 
 def _post(url, body, raw=None):
-    req = urllib.request.Request(url, data=raw if raw is not None else json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, data=raw if raw is not None else json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
             return r.status, r.read().decode()
@@ -71,8 +89,9 @@ def test_chat_completion_equals_greedy_and_reports_usage(server):
     status, body = _post(url + "/v1/chat/completions", {"model": "tiny", "messages": msgs, "max_tokens": 12})
     assert status == 200, body
     data = json.loads(body)
-    ids = target.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, return_dict=True,
-                                               return_tensors="pt")["input_ids"]
+    ids = target.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, return_dict=True, return_tensors="pt")[
+        "input_ids"
+    ]
     ref = greedy_reference(StaticRuntime(target, max_len=128), ids, 12, eos={target.tokenizer.eos_token_id})
     assert data["choices"][0]["message"]["content"] == target.tokenizer.decode(ref, skip_special_tokens=True)
     usage = data["usage"]
@@ -81,8 +100,9 @@ def test_chat_completion_equals_greedy_and_reports_usage(server):
 
 def test_streaming_and_completions(server):
     url, _ = server
-    status, body = _post(url + "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
-                                                         "max_tokens": 8, "stream": True})
+    status, body = _post(
+        url + "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "stream": True}
+    )
     events = [l[6:] for l in body.splitlines() if l.startswith("data: ")]
     assert status == 200 and events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
@@ -92,14 +112,17 @@ def test_streaming_and_completions(server):
     assert status == 200 and json.loads(body)["object"] == "text_completion"
 
 
-@pytest.mark.parametrize("body,raw,status,fragment", [
-    ({"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}, None, 404, "unknown model"),
-    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 100000}, None, 400, "max_tokens"),
-    ({"messages": [{"role": "user", "content": "x " * 400}], "max_tokens": 60}, None, 400, "exceeds the context"),
-    (None, b"{not json", 400, "not valid JSON"),
-    ({"messages": "hello"}, None, 400, "messages: must be"),
-    ({"messages": [{"role": "user", "content": "x"}], "temperature": -1}, None, 400, "temperature"),
-])
+@pytest.mark.parametrize(
+    "body,raw,status,fragment",
+    [
+        ({"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}, None, 404, "unknown model"),
+        ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 100000}, None, 400, "max_tokens"),
+        ({"messages": [{"role": "user", "content": "x " * 400}], "max_tokens": 60}, None, 400, "exceeds the context"),
+        (None, b"{not json", 400, "not valid JSON"),
+        ({"messages": "hello"}, None, 400, "messages: must be"),
+        ({"messages": [{"role": "user", "content": "x"}], "temperature": -1}, None, 400, "temperature"),
+    ],
+)
 def test_bad_requests_get_4xx(server, body, raw, status, fragment):
     url, _ = server
     code, text = _post(url + "/v1/chat/completions", body, raw)
@@ -145,7 +168,9 @@ def _raw(url, head: bytes, body: bytes = b"", half_close: bool = False, timeout:
                 break
             data += chunk
         head_text, _, rest = data.partition(b"\r\n\r\n")
-        length = next((int(l.split(b":")[1]) for l in head_text.split(b"\r\n") if l.lower().startswith(b"content-length")), 0)
+        length = next(
+            (int(l.split(b":")[1]) for l in head_text.split(b"\r\n") if l.lower().startswith(b"content-length")), 0
+        )
         while len(rest) < length:
             chunk = s.recv(65536)
             if not chunk:
@@ -165,7 +190,7 @@ def _req(body: bytes, length: str | None = "auto", path: str = "/v1/chat/complet
 
 
 def _chat(extra: str) -> bytes:
-    return ('{"messages": [' + MSG + ']' + extra + '}').encode()
+    return ('{"messages": [' + MSG + "]" + extra + "}").encode()
 
 
 HOSTILE = [  # (name, head+body builder args, status, the field the error names)
@@ -173,14 +198,13 @@ HOSTILE = [  # (name, head+body builder args, status, the field the error names)
     ("temperature Infinity", _chat(', "temperature": Infinity'), "auto", 400, "temperature"),
     ("top_p -Infinity", _chat(', "top_p": -Infinity'), "auto", 400, "top_p"),
     ("top_p 0", _chat(', "top_p": 0'), "auto", 400, "top_p"),
-    ("seed beyond 64 bits", _chat(f', "seed": {2 ** 64}'), "auto", 400, "seed"),
+    ("seed beyond 64 bits", _chat(f', "seed": {2**64}'), "auto", 400, "seed"),
     ("seed negative", _chat(', "seed": -1'), "auto", 400, "seed"),
     ("seed string", _chat(', "seed": "7"'), "auto", 400, "seed"),
     ("seed 1e400 (inf)", _chat(', "seed": 1e400'), "auto", 400, "seed"),
     ("seed float", _chat(', "seed": 1.5'), "auto", 400, "seed"),
     ("seed of 5000 digits", _chat(', "seed": ' + "9" * 5000), "auto", 400, "body"),
-    ("lone surrogate", b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}', "auto", 400,
-     "messages[0].content"),
+    ("lone surrogate", b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}', "auto", 400, "messages[0].content"),
     ("nested 100000 deep", b"[" * 100_000 + b"]" * 100_000, "auto", 400, "body"),
     ("nested object in a field", _chat(', "user": ' + '{"a": ' * 60 + "1" + "}" * 60), "auto", 400, "user"),
     ("not UTF-8", b'{"messages": "\xff\xfe"}', "auto", 400, "body"),
@@ -198,15 +222,13 @@ HOSTILE = [  # (name, head+body builder args, status, the field the error names)
     ("max_tokens float", _chat(', "max_tokens": 4.0'), "auto", 400, "max_tokens"),
     ("unknown role", b'{"messages": [{"role": "wizard", "content": "x"}]}', "auto", 400, "messages[0].role"),
     ("tool role", b'{"messages": [{"role": "tool", "content": "x"}]}', "auto", 400, "messages[0].role"),
-    ("extra message key", b'{"messages": [{"role": "user", "content": "x", "name": "e"}]}', "auto", 400,
-     "messages[0]"),
-    ("content not a string", b'{"messages": [{"role": "user", "content": ["x"]}]}', "auto", 400,
-     "messages[0].content"),
+    ("extra message key", b'{"messages": [{"role": "user", "content": "x", "name": "e"}]}', "auto", 400, "messages[0]"),
+    ("content not a string", b'{"messages": [{"role": "user", "content": ["x"]}]}', "auto", 400, "messages[0].content"),
     ("empty messages", b'{"messages": []}', "auto", 400, "messages"),
     ("model unknown", _chat(', "model": "gpt-9"'), "auto", 404, "model"),
     ("Content-Length not a number", _chat(""), "abc", 400, "Content-Length"),
     ("Content-Length negative", _chat(""), "-5", 400, "Content-Length"),
-    ("Content-Length 10^12", b"", str(10 ** 12), 413, "Content-Length"),
+    ("Content-Length 10^12", b"", str(10**12), 413, "Content-Length"),
     ("Content-Length absurd digits", b"", "9" * 40, 400, "Content-Length"),
     ("Content-Length missing", _chat(""), None, 411, "Content-Length"),
     ("body of 2 MB", b"", str(2 << 20), 413, "Content-Length"),
@@ -252,8 +274,10 @@ def test_user_text_cannot_inject_control_tokens(server):
     assert plain.count(start) > safe.count(start)  # what rendering the text into the template did before
     assert tok.decode(safe).count(evil) == 1  # the text is all there, as text
     benign = [{"role": "user", "content": "Say something."}]
-    assert render_chat(tok, benign) == tok.apply_chat_template(benign, add_generation_prompt=True,
-                                                               return_dict=True)["input_ids"]
+    assert (
+        render_chat(tok, benign)
+        == tok.apply_chat_template(benign, add_generation_prompt=True, return_dict=True)["input_ids"]
+    )
     status, body = _post(url + "/v1/chat/completions", {"messages": msgs, "max_tokens": 2})
     assert status == 200 and json.loads(body)["usage"]["prompt_tokens"] == len(safe)
 
@@ -298,8 +322,9 @@ def test_burst_of_connections_no_reset_and_greedy_answers_equal_solo(server):
         p = prompts[i % len(prompts)]
         barrier.wait(timeout=30)
         try:
-            return p, _post(url + "/v1/chat/completions", {"messages": [{"role": "user", "content": p}],
-                                                           "max_tokens": 4})
+            return p, _post(
+                url + "/v1/chat/completions", {"messages": [{"role": "user", "content": p}], "max_tokens": 4}
+            )
         except (ConnectionResetError, ConnectionAbortedError, urllib.error.URLError) as err:
             return p, ("reset", repr(err))
 
@@ -323,8 +348,9 @@ def test_client_gone_mid_stream_frees_the_worker_within_a_round(server):
     url, _ = server
     _, before = _metric(url, "eaglewire_requests_cancelled_total")
     u = urlparse(url)
-    body = json.dumps({"messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 60,
-                       "stream": True}).encode()
+    body = json.dumps(
+        {"messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 60, "stream": True}
+    ).encode()
     s = socket.create_connection((u.hostname, u.port), timeout=30)
     s.sendall(_req(body) + body)
     got = b""
@@ -381,12 +407,30 @@ def test_a_first_start_says_the_kernels_compile_before_it_compiles(tmp_path, mon
     monkeypatch.setattr(compose, "runtime", lambda t, n, **kw: built.append("runtime") or plain_runtime(t, n))
     said: list[str] = []
     log = lambda m: said.append(built[-1] + ": " + m if built else m)  # noqa: E731
-    httpd = build_server(target, load_checkpoint(tmp_path / "draft", target=target), TreeShape.chain(2), "tiny", 128,
-                         32, "127.0.0.1", 0, log=log)
+    httpd = build_server(
+        target,
+        load_checkpoint(tmp_path / "draft", target=target),
+        TreeShape.chain(2),
+        "tiny",
+        128,
+        32,
+        "127.0.0.1",
+        0,
+        log=log,
+    )
     httpd.server_close()
     assert said[0] == compose.FIRST_START_NOTE and "compiled" in said[0] and "minutes" in said[0], said
     monkeypatch.setattr(compose, "first_start_builds", lambda t, n: False)
     said.clear()
-    build_server(target, load_checkpoint(tmp_path / "draft", target=target), TreeShape.chain(2), "tiny", 128, 32,
-                 "127.0.0.1", 0, log=log).server_close()
+    build_server(
+        target,
+        load_checkpoint(tmp_path / "draft", target=target),
+        TreeShape.chain(2),
+        "tiny",
+        128,
+        32,
+        "127.0.0.1",
+        0,
+        log=log,
+    ).server_close()
     assert compose.FIRST_START_NOTE not in said

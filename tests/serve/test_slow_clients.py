@@ -67,8 +67,10 @@ def _start(tok, deadline: float = 1.0, max_connections: int = 8):
 
 def _request(max_tokens: int = 2, keep_alive: bool = False) -> bytes:
     body = json.dumps({"prompt": "Hello", "max_tokens": max_tokens}).encode()
-    return (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
-            f"Connection: {'keep-alive' if keep_alive else 'close'}\r\n\r\n").encode() + body
+    return (
+        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+        f"Connection: {'keep-alive' if keep_alive else 'close'}\r\n\r\n"
+    ).encode() + body
 
 
 def _read_answer(s: socket.socket, limit_s: float = 10.0) -> tuple[int, bytes, bytes]:
@@ -81,8 +83,14 @@ def _read_answer(s: socket.socket, limit_s: float = 10.0) -> tuple[int, bytes, b
             data = rest
             continue
         if sep:
-            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                           if line.lower().startswith(b"content-length")), 0)
+            length = next(
+                (
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length")
+                ),
+                0,
+            )
             if len(rest) >= length:
                 return int(head.split()[1]), head, rest[:length]
         chunk = s.recv(65536)
@@ -238,8 +246,9 @@ def _leave(s: socket.socket, how: str, stream: bool) -> None:
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.tuples(st.sampled_from(LEAVES), st.booleans(), st.sampled_from(["1.1", "1.0"])),
-                min_size=1, max_size=6))
+@given(
+    st.lists(st.tuples(st.sampled_from(LEAVES), st.booleans(), st.sampled_from(["1.1", "1.0"])), min_size=1, max_size=6)
+)
 def test_a_queued_client_that_left_is_found_gone_while_its_job_waits(tok, clients):
     """Behind a running job, queued clients leave by FIN (after reading a stream's head, or at once) or by a
     reset: each job is marked cancelled while the first still runs (found gone in the queue, not when its turn
@@ -257,8 +266,9 @@ def test_a_queued_client_that_left_is_found_gone_while_its_job_waits(tok, client
                 how = "fin_at_once"  # no harmless probe exists there: a half-close is taken as gone (PeerWatch)
             body = json.dumps({"prompt": "Hi", "max_tokens": 3, "stream": stream}).encode()
             s = socket.create_connection(("127.0.0.1", port), timeout=5)
-            s.sendall(f"POST /v1/completions HTTP/{version}\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
-                      .encode() + body)
+            s.sendall(
+                f"POST /v1/completions HTTP/{version}\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+            )
             _wait_for(lambda: len(jobs) == i + 2)
             _leave(s, how, stream)
             waiting.append((how, stream, s, jobs[-1]))
@@ -307,8 +317,9 @@ def test_after_many_clients_left_a_queued_stream_the_next_request_is_answered_at
         body = json.dumps({"prompt": "Hi", "max_tokens": 50, "stream": True}).encode()
         for _ in range(40):
             with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-                s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
-                          .encode() + body)
+                s.sendall(
+                    f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+                )
                 _leave(s, "fin_after_head", True)
         _read_answer(blocker)
         t0 = time.perf_counter()
@@ -322,8 +333,12 @@ def test_after_many_clients_left_a_queued_stream_the_next_request_is_answered_at
 
 
 @settings(max_examples=20, deadline=None)
-@given(host=st.sampled_from(["127.0.0.1", "0.0.0.0", "localhost", "256.1.1.1", "no-such-host.invalid", "10.255.255.1",
-                             "::1"]), busy=st.booleans())
+@given(
+    host=st.sampled_from(
+        ["127.0.0.1", "0.0.0.0", "localhost", "256.1.1.1", "no-such-host.invalid", "10.255.255.1", "::1"]
+    ),
+    busy=st.booleans(),
+)
 def test_serve_takes_its_port_before_loading_and_names_any_fault(host, busy):
     """`serve` binds before the model loads (cli.decoding: bind, then _load): a port in use, an address not this
     machine's or a name that does not resolve is an EaglewireError at once; otherwise the port is held."""

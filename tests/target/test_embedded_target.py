@@ -35,9 +35,12 @@ def test_target_info_cli():
 
 
 def test_capture_on_real_target_matches_hf(smollm):
-    ids = smollm.tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                               add_generation_prompt=True, return_dict=True,
-                                               return_tensors="pt")["input_ids"]
+    ids = smollm.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        add_generation_prompt=True,
+        return_dict=True,
+        return_tensors="pt",
+    )["input_ids"]
     taps = default_taps(30) + (30,)
     cap = capture(smollm, taps, ids, logits=True)
     with torch.no_grad():
@@ -51,8 +54,10 @@ def test_capture_on_real_target_matches_hf(smollm):
 
 def test_capture_cli_writes_contract(tmp_path):
     out = tmp_path / "cap.safetensors"
-    r = CliRunner().invoke(app, ["capture", "--text", "Hello there", "--chat", "--out", str(out),
-                                 "--taps", "1,14,26", "--taps-from", "sglang"])
+    r = CliRunner().invoke(
+        app,
+        ["capture", "--text", "Hello there", "--chat", "--out", str(out), "--taps", "1,14,26", "--taps-from", "sglang"],
+    )
     assert r.exit_code == 0, r.output
     tensors, contract = load_capture(out)
     assert contract.taps == (2, 15, 27) and contract.target.num_layers == 30
@@ -69,9 +74,12 @@ def test_released_draft_runs_lossless_on_the_real_target(smollm):
     from eaglewire.decoding.tree import TreeShape
 
     draft = load_checkpoint(resolve_draft(None), target=smollm)
-    ids = smollm.tokenizer.apply_chat_template([{"role": "user", "content": "Name three colours."}],
-                                               add_generation_prompt=True, return_dict=True,
-                                               return_tensors="pt")["input_ids"]
+    ids = smollm.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Name three colours."}],
+        add_generation_prompt=True,
+        return_dict=True,
+        return_tensors="pt",
+    )["input_ids"]
     eos = {smollm.tokenizer.eos_token_id}
     ref = greedy_reference(StaticRuntime(smollm, 256), ids, 24, eos)
     shape = TreeShape(num_steps=3, topk=2, num_draft_tokens=6)
@@ -88,9 +96,12 @@ def test_the_embedded_target_decodes_the_same_through_the_screen(smollm):
     from eaglewire.fastcpu.runtime import FastRuntime
     from eaglewire.fastcpu.screened_head import PLAIN, SCREENED, ScreenedHead
 
-    ids = smollm.tokenizer.apply_chat_template([{"role": "user", "content": "Explain what a CPU cache is."}],
-                                               add_generation_prompt=True, return_dict=True,
-                                               return_tensors="pt")["input_ids"]
+    ids = smollm.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Explain what a CPU cache is."}],
+        add_generation_prompt=True,
+        return_dict=True,
+        return_tensors="pt",
+    )["input_ids"]
     plain = FastRuntime(smollm, 160, head=PLAIN)
     screened = FastRuntime(smollm, 160)
     if screened.screen is None:

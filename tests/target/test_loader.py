@@ -15,6 +15,7 @@ def _builder(calls):
         calls.append(tmp)
         (tmp / "model.safetensors").write_bytes(b"x" * 100)
         (tmp / "config.json").write_text("{}")
+
     return build
 
 

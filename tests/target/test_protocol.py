@@ -29,12 +29,14 @@ def _members(proto: type) -> set[str]:
 def conforms(obj: object, proto: type) -> bool:
     """Every member of `proto` is on `obj`, looked up without running it (isinstance on Python 3.11 runs each
     property, and a tokenizer-less target's pad_id rightly raises)."""
+
     def has(name: str) -> bool:
         try:
             inspect.getattr_static(obj, name)
         except AttributeError:
             return False
         return True
+
     return all(has(n) for n in _members(proto))
 
 
@@ -64,8 +66,9 @@ def test_weights_read_by_name_build_a_draft(tmp_path):
 def test_the_dump_stand_in_is_a_target_info_only(tmp_path):
     target = build_target("llama")
     bounds = sample_target(target, [torch.arange(1, 9)], new_tokens=0, score_prompt=True)
-    path = save_boundaries(bounds, tmp_path / "b.safetensors", target.identity,
-                           chat_template_sha256=target.chat_template_sha256)
+    path = save_boundaries(
+        bounds, tmp_path / "b.safetensors", target.identity, chat_template_sha256=target.chat_template_sha256
+    )
     stand_in = DumpTarget.from_file(path)
     assert conforms(stand_in, TargetInfo) and stand_in.identity == target.identity
     assert not conforms(stand_in, TargetTensors) and not conforms(stand_in, RunnableTarget)

@@ -9,8 +9,16 @@ from hypothesis import strategies as st
 from test_cli_pipeline import tiny_dir  # noqa: F401  (the fixture: a tiny target with the real tokenizer)
 
 from eaglewire.capture.features import FeatureBatch
-from eaglewire.train.block import BlockModel, block_inputs, block_labels, block_mask, block_positions, \
-    sample_anchors, slot_weights, valid_anchors
+from eaglewire.train.block import (
+    BlockModel,
+    block_inputs,
+    block_labels,
+    block_mask,
+    block_positions,
+    sample_anchors,
+    slot_weights,
+    valid_anchors,
+)
 
 
 @st.composite
@@ -48,7 +56,7 @@ def test_anchors_are_valid_distinct_sorted_and_at_most_asked(case):
         kept = anchors[b][keep[b]].tolist()
         assert kept == sorted(set(kept)) and len(kept) == min(n, int(valid[b].sum()))
         assert all(trained[b, p] and trained[b, p + 1] for p in kept)
-        assert not keep[b, len(kept):].any()
+        assert not keep[b, len(kept) :].any()
     again = sample_anchors(valid, n, torch.Generator().manual_seed(seed))
     assert torch.equal(again[0], anchors)  # a pure function of the generator's seed
 
@@ -101,15 +109,29 @@ def _batch(V=32, T=20):
 def test_a_draft_that_knows_the_target_s_next_tokens_gets_zero_loss_and_full_acceptance():
     fb, head = _batch()
     for loss_kind in ("greedy_ce", "soft_ce"):
-        good = BlockModel(_Oracle(fb.target_top1, 32, 0), head, block_size=4, mask_token_id=31, num_anchors=5,
-                          gamma=7.0, loss=loss_kind)
+        good = BlockModel(
+            _Oracle(fb.target_top1, 32, 0),
+            head,
+            block_size=4,
+            mask_token_id=31,
+            num_anchors=5,
+            gamma=7.0,
+            loss=loss_kind,
+        )
         total, st = good(fb, draw=3)
         assert all(c == n > 0 for c, n in zip(st.correct, st.counts)), st
         assert st.chain == [st.anchors] * 3 and st.anchors > 0
         if loss_kind == "greedy_ce":
             assert float(total.detach()) < 1e-6
-        bad = BlockModel(_Oracle(fb.target_top1, 32, 1), head, block_size=4, mask_token_id=31, num_anchors=5,
-                         gamma=7.0, loss=loss_kind)
+        bad = BlockModel(
+            _Oracle(fb.target_top1, 32, 1),
+            head,
+            block_size=4,
+            mask_token_id=31,
+            num_anchors=5,
+            gamma=7.0,
+            loss=loss_kind,
+        )
         worse, st_bad = bad(fb, draw=3)
         assert float(worse.detach()) > float(total.detach()) + 1 and sum(st_bad.correct) < sum(st.correct) / 2
 
@@ -131,12 +153,26 @@ def test_a_reduced_vocabulary_trains_on_the_tokens_it_holds_and_counts_the_other
     fb, head = _batch()
     vmap = VocabMap.from_target_ids(torch.arange(0, 32, 2), 32)  # the even ids
     for loss_kind in ("greedy_ce", "soft_ce"):
-        make = lambda shift: BlockModel(_ReducedOracle(fb.target_top1, 32, shift, vmap.target_ids), head,  # noqa: E731
-                                        block_size=4, mask_token_id=31, num_anchors=5, gamma=7.0, loss=loss_kind,
-                                        vocab=(vmap.d2t, vmap.t2d))
+        make = lambda shift: BlockModel(
+            _ReducedOracle(fb.target_top1, 32, shift, vmap.target_ids),
+            head,  # noqa: E731
+            block_size=4,
+            mask_token_id=31,
+            num_anchors=5,
+            gamma=7.0,
+            loss=loss_kind,
+            vocab=(vmap.d2t, vmap.t2d),
+        )
         total, st = make(0)(fb, draw=3)
-        full_total, full_st = BlockModel(_Oracle(fb.target_top1, 32, 0), head, block_size=4, mask_token_id=31,
-                                         num_anchors=5, gamma=7.0, loss=loss_kind)(fb, draw=3)
+        full_total, full_st = BlockModel(
+            _Oracle(fb.target_top1, 32, 0),
+            head,
+            block_size=4,
+            mask_token_id=31,
+            num_anchors=5,
+            gamma=7.0,
+            loss=loss_kind,
+        )(fb, draw=3)
         assert st.counts == full_st.counts  # the same rows are scored
         assert 0 < sum(st.correct) < sum(st.counts)  # the odd top-1s cannot be drafted: misses, not dropped rows
         assert st.chain[0] < st.anchors
@@ -177,8 +213,20 @@ def test_dflash_training_learns_and_reports_per_slot_acceptance(tmp_path):
     with torch.no_grad():  # a random tiny target is nearly uniform; sharpen it so there is something to learn
         target.model.lm_head.weight.mul_(30)
     samples = tiny_samples(32)
-    c = TrainConfig(family="dflash", block_size=4, anchors=8, max_steps=80, batch_size=4, lr=1e-2, warmup_steps=5,
-                    eval_every=40, ckpt_every=40, num_layers=1, loss="forward_kl", dtype="fp32")
+    c = TrainConfig(
+        family="dflash",
+        block_size=4,
+        anchors=8,
+        max_steps=80,
+        batch_size=4,
+        lr=1e-2,
+        warmup_steps=5,
+        eval_every=40,
+        ckpt_every=40,
+        num_layers=1,
+        loss="forward_kl",
+        dtype="fp32",
+    )
     last = train(target, contract, None, feats, samples[:28], samples[28:], c, tmp_path)
     lines = [m for m in _metrics(tmp_path) if m["split"] == "train"]
     assert len(lines) == 80 and len(lines[0]["acc"]) == 3  # slots 1..B-1
@@ -200,8 +248,17 @@ def test_dflash_resume_is_bit_exact(tmp_path):
 
     target, contract, feats = _dflash_setup()
     samples = tiny_samples(24)
-    c = TrainConfig(family="dflash", block_size=4, anchors=4, max_steps=6, batch_size=4, warmup_steps=2,
-                    eval_every=3, ckpt_every=3, dtype="fp32")
+    c = TrainConfig(
+        family="dflash",
+        block_size=4,
+        anchors=4,
+        max_steps=6,
+        batch_size=4,
+        warmup_steps=2,
+        eval_every=3,
+        ckpt_every=3,
+        dtype="fp32",
+    )
     train(target, contract, None, feats, samples[:20], samples[20:], c, tmp_path / "a")
     train(target, contract, None, feats, samples[:20], samples[20:], c, tmp_path / "b", stop_at=4)  # "killed"
     train(target, contract, None, feats, samples[:20], samples[20:], c, tmp_path / "b", resume=True)
@@ -227,12 +284,22 @@ def test_a_reduced_vocabulary_dflash_draft_trains_resumes_and_loads_with_its_map
 
     target, full, feats = _dflash_setup()
     vmap = VocabMap.from_target_ids(torch.arange(0, VOCAB, 3), VOCAB)
-    c = TrainConfig(family="dflash", block_size=4, anchors=4, max_steps=6, batch_size=4, warmup_steps=2,
-                    eval_every=3, ckpt_every=3, dtype="fp32")
+    c = TrainConfig(
+        family="dflash",
+        block_size=4,
+        anchors=4,
+        max_steps=6,
+        batch_size=4,
+        warmup_steps=2,
+        eval_every=3,
+        ckpt_every=3,
+        dtype="fp32",
+    )
     contract = dflash_contract(target, full.taps, full.block, vmap)
     assert contract.draft_vocab_size == vmap.draft_vocab_size and contract.vocab_map_sha256 == vmap.sha256()
-    assert dataclasses.replace(contract, draft_vocab_size=None, vocab_map_sha256=None) == \
-        dataclasses.replace(full, draft_vocab_size=None, vocab_map_sha256=None)
+    assert dataclasses.replace(contract, draft_vocab_size=None, vocab_map_sha256=None) == dataclasses.replace(
+        full, draft_vocab_size=None, vocab_map_sha256=None
+    )
     start = build_draft(target, contract, vmap, c)
     assert torch.equal(start.lm_head.weight, target.head_rows()[vmap.target_ids])  # the target's rows of the kept ids
     samples = tiny_samples(24)
@@ -264,8 +331,20 @@ def test_cli_captures_dflash_taps_and_trains_a_dflash_draft(tiny_dir, tmp_path):
     _run("data", "capture", "--target", tiny_dir, "--data", data, "--out", tmp_path / "f5", "--family", "dflash")
     taps = json.loads((tmp_path / "f5" / "manifest.json").read_text())["contract"]["taps"]
     assert taps == list(default_taps(8)) and len(taps) == 5
-    common = ["--target", tiny_dir, "--features", tmp_path / "f5", "--max-steps", 3, "--eval-every", 3,
-              "--batch-size", 4, "--heldout-fraction", 0.2]
+    common = [
+        "--target",
+        tiny_dir,
+        "--features",
+        tmp_path / "f5",
+        "--max-steps",
+        3,
+        "--eval-every",
+        3,
+        "--batch-size",
+        4,
+        "--heldout-fraction",
+        0.2,
+    ]
     _run("train", *common, "--family", "dflash", "--block-size", 4, "--anchors", 4, "--out", tmp_path / "d")
     summary = json.loads((tmp_path / "d" / "summary.json").read_text())
     assert summary["contract"]["family"] == "dflash" and summary["contract"]["block"]["block_size"] == 4
@@ -289,8 +368,13 @@ def test_a_block_s_states_ignore_the_context_from_its_anchor_on_and_the_other_bl
     taps = torch.randn(1, T, draft.cfg.num_taps * draft.cfg.target_hidden_size, generator=g)
     ids = torch.randint(0, 200, (1, T), generator=g)
     anchors = torch.tensor([[3, 7, 12]])
-    run = lambda taps, ids: draft(taps, torch.arange(T)[None], block_inputs(ids, anchors, Bk, 255),  # noqa: E731
-                                  block_positions(anchors, Bk), block_mask(anchors, T, Bk)).detach()
+    run = lambda taps, ids: draft(
+        taps,
+        torch.arange(T)[None],
+        block_inputs(ids, anchors, Bk, 255),  # noqa: E731
+        block_positions(anchors, Bk),
+        block_mask(anchors, T, Bk),
+    ).detach()
     with torch.no_grad():
         base = run(taps, ids)
         j = 1  # the block anchored at 7: slots 3..5 of the query axis
@@ -298,10 +382,10 @@ def test_a_block_s_states_ignore_the_context_from_its_anchor_on_and_the_other_bl
         later[:, 7:] += torch.randn(later[:, 7:].shape, generator=g)
         others = ids.clone()
         others[:, [3, 12]] += 1  # the other blocks' anchor tokens
-        torch.testing.assert_close(run(later, others)[:, j * Bk:(j + 1) * Bk], base[:, j * Bk:(j + 1) * Bk])
+        torch.testing.assert_close(run(later, others)[:, j * Bk : (j + 1) * Bk], base[:, j * Bk : (j + 1) * Bk])
         earlier = taps.clone()
         earlier[:, 6] += 1.0
-        assert not torch.allclose(run(earlier, ids)[:, j * Bk:(j + 1) * Bk], base[:, j * Bk:(j + 1) * Bk])
+        assert not torch.allclose(run(earlier, ids)[:, j * Bk : (j + 1) * Bk], base[:, j * Bk : (j + 1) * Bk])
 
 
 def test_every_family_the_knob_offers_has_a_training_record():
@@ -337,8 +421,17 @@ def test_a_checkpoint_written_before_the_family_knobs_resumes(tmp_path):
     state.write_text(json.dumps(meta))
     assert train(target, contract, vmap, feats, samples[:8], samples[8:], c, tmp_path, resume=True)["step"] == 2
     with pytest.raises(Exception, match="different training settings"):
-        train(target, contract, vmap, feats, samples[:8], samples[8:], TrainConfig(**{**c.to_dict(), "lr": 0.5,
-              "snapshot_steps": ()}), tmp_path, resume=True)
+        train(
+            target,
+            contract,
+            vmap,
+            feats,
+            samples[:8],
+            samples[8:],
+            TrainConfig(**{**c.to_dict(), "lr": 0.5, "snapshot_steps": ()}),
+            tmp_path,
+            resume=True,
+        )
 
 
 def test_a_dflash_draft_started_from_the_target_computes_the_target_layer_s_context_keys():

@@ -14,20 +14,72 @@ from eaglewire.train.config import TrainConfig, knob_fields
 
 # `eaglewire train`'s options that are not training knobs (data, target, run directory); any other
 # option must come from a TrainConfig field
-NOT_KNOBS = {"data", "features", "vocab", "out", "target", "taps", "taps_from", "max_length", "limit",
-             "heldout_fraction", "train_limit", "split_turns", "also_features", "resume", "device"}
+NOT_KNOBS = {
+    "data",
+    "features",
+    "vocab",
+    "out",
+    "target",
+    "taps",
+    "taps_from",
+    "max_length",
+    "limit",
+    "heldout_fraction",
+    "train_limit",
+    "split_turns",
+    "also_features",
+    "resume",
+    "device",
+}
 RUN_ONLY = {"features", "capture_dtype", "heldout_fraction"}  # the run config's own train-section fields
 
 # the flags and run-config keys users have scripts and YAML files for: renaming or dropping one breaks them
 # (a new knob adds to them)
-CLI_FLAGS = {"--max-steps": 300, "--batch-size": 4, "--grad-accum": 1, "--lr": 1e-3, "--warmup-steps": 20,
-             "--ttt-steps": 7, "--ttt-decay": 0.8, "--round-weight": 0.0, "--feature-weight": 0.0,
-             "--loss": "soft_ce", "--supervise": "answers", "--num-layers": 1, "--init-layers-from-target": False,
-             "--eval-every": 50, "--ckpt-every": 100, "--seed": 0, "--dtype": "auto", "--snapshot-steps": "",
-             "--init-from": None, "--train-only": "", "--norms": "auto", "--optimizer": "adamw"}
-RUN_KEYS = {"features", "capture_dtype", "max_steps", "batch_size", "lr", "warmup_steps", "ttt_steps", "ttt_decay",
-            "loss", "supervise", "num_layers", "eval_every", "ckpt_every", "heldout_fraction", "seed", "dtype",
-            "init_from", "norms", "optimizer"}
+CLI_FLAGS = {
+    "--max-steps": 300,
+    "--batch-size": 4,
+    "--grad-accum": 1,
+    "--lr": 1e-3,
+    "--warmup-steps": 20,
+    "--ttt-steps": 7,
+    "--ttt-decay": 0.8,
+    "--round-weight": 0.0,
+    "--feature-weight": 0.0,
+    "--loss": "soft_ce",
+    "--supervise": "answers",
+    "--num-layers": 1,
+    "--init-layers-from-target": False,
+    "--eval-every": 50,
+    "--ckpt-every": 100,
+    "--seed": 0,
+    "--dtype": "auto",
+    "--snapshot-steps": "",
+    "--init-from": None,
+    "--train-only": "",
+    "--norms": "auto",
+    "--optimizer": "adamw",
+}
+RUN_KEYS = {
+    "features",
+    "capture_dtype",
+    "max_steps",
+    "batch_size",
+    "lr",
+    "warmup_steps",
+    "ttt_steps",
+    "ttt_decay",
+    "loss",
+    "supervise",
+    "num_layers",
+    "eval_every",
+    "ckpt_every",
+    "heldout_fraction",
+    "seed",
+    "dtype",
+    "init_from",
+    "norms",
+    "optimizer",
+}
 
 
 def _train_options() -> dict:
@@ -74,8 +126,11 @@ def test_run_config_train_section_is_the_run_knobs():
     assert RUN_KEYS <= set(TrainCfg.model_fields)
     for name in run:
         mine, theirs = TrainCfg.model_fields[name], fields[name]
-        assert (mine.default, mine.description, mine.metadata) == (theirs.default, theirs.description,
-                                                                   theirs.metadata), name
+        assert (mine.default, mine.description, mine.metadata) == (
+            theirs.default,
+            theirs.description,
+            theirs.metadata,
+        ), name
         choices = theirs.json_schema_extra.get("choices")
         if choices:
             assert typing.get_args(mine.annotation) == tuple(choices), name
@@ -102,16 +157,46 @@ def test_cli_values_reach_the_training_config(monkeypatch, tmp_path):
 
     monkeypatch.setattr(cli_train, "TrainConfig", record)
     # neither --data nor --features: the command stops right after building the config, before loading anything
-    r = CliRunner().invoke(app, ["train", "--vocab", "v", "--out", str(tmp_path), "--max-steps", "5", "--loss",
-                                 "nla", "--snapshot-steps", "2,4", "--init-from", "a/draft", "--init-layers-from-target"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "--vocab",
+            "v",
+            "--out",
+            str(tmp_path),
+            "--max-steps",
+            "5",
+            "--loss",
+            "nla",
+            "--snapshot-steps",
+            "2,4",
+            "--init-from",
+            "a/draft",
+            "--init-layers-from-target",
+        ],
+    )
     assert r.exit_code == 2 and "exactly one data source" in r.output, r.output
     assert set(seen) == set(knob_fields("cli"))
-    assert (seen["max_steps"], seen["loss"], seen["snapshot_steps"], seen["init_from"],
-            seen["init_layers_from_target"], seen["lr"]) == (5, "nla", (2, 4), "a/draft", True, 1e-3)
+    assert (
+        seen["max_steps"],
+        seen["loss"],
+        seen["snapshot_steps"],
+        seen["init_from"],
+        seen["init_layers_from_target"],
+        seen["lr"],
+    ) == (5, "nla", (2, 4), "a/draft", True, 1e-3)
 
 
-@pytest.mark.parametrize("args, named", [(["--max-steps", "0"], "--max-steps"), (["--loss", "tv"], "--loss"),
-                                         (["--train-only", "neck"], "--train-only"), (["--lr", "0"], "--lr")])
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (["--max-steps", "0"], "--max-steps"),
+        (["--loss", "tv"], "--loss"),
+        (["--train-only", "neck"], "--train-only"),
+        (["--lr", "0"], "--lr"),
+    ],
+)
 def test_cli_refuses_values_outside_a_knobs_bounds_or_choices(tmp_path, args, named):
     r = CliRunner().invoke(app, ["train", "--vocab", "v", "--out", str(tmp_path), "--data", "d", *args])
     assert r.exit_code == 2 and named in r.output and "invalid option value" in r.output, r.output

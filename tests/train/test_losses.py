@@ -73,8 +73,9 @@ def test_each_loss_trains_a_tiny_draft(tmp_path, loss):
     with torch.no_grad():  # sharpen the random tiny target so its top-1 is learnable
         target.model.lm_head.weight.mul_(30)
     samples = tiny_samples(24)
-    c = TrainConfig(max_steps=30, batch_size=4, lr=3e-3, warmup_steps=5, eval_every=30, ckpt_every=30,
-                    ttt_steps=2, loss=loss)
+    c = TrainConfig(
+        max_steps=30, batch_size=4, lr=3e-3, warmup_steps=5, eval_every=30, ckpt_every=30, ttt_steps=2, loss=loss
+    )
     train(target, contract, vmap, feats, samples[:20], samples[20:], c, tmp_path)
     rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     acc = [r["acc"][0] for r in rows if r["split"] == "train"]

@@ -47,8 +47,17 @@ def test_training_learns_and_writes_checkpoint(tmp_path, optimizer):
     with torch.no_grad():  # a random tiny target is nearly uniform; sharpen it so there is something to learn
         target.model.lm_head.weight.mul_(30)
     samples = tiny_samples(32)
-    c = TrainConfig(max_steps=40, batch_size=4, lr=3e-3, warmup_steps=5, eval_every=20, ckpt_every=20, ttt_steps=3,
-                    loss="forward_kl", optimizer=optimizer)
+    c = TrainConfig(
+        max_steps=40,
+        batch_size=4,
+        lr=3e-3,
+        warmup_steps=5,
+        eval_every=20,
+        ckpt_every=20,
+        ttt_steps=3,
+        loss="forward_kl",
+        optimizer=optimizer,
+    )
     last = train(target, contract, vmap, feats, samples[:28], samples[28:], c, tmp_path)
     lines = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     train_lines = [l for l in lines if l["split"] == "train"]
@@ -66,10 +75,13 @@ def test_training_learns_and_writes_checkpoint(tmp_path, optimizer):
 def test_resume_is_bit_exact(tmp_path, optimizer):
     target, vmap, contract, feats = _setup()
     samples = tiny_samples(24)
-    c = TrainConfig(max_steps=6, batch_size=4, warmup_steps=2, eval_every=3, ckpt_every=3, ttt_steps=2,
-                    optimizer=optimizer)
+    c = TrainConfig(
+        max_steps=6, batch_size=4, warmup_steps=2, eval_every=3, ckpt_every=3, ttt_steps=2, optimizer=optimizer
+    )
     train(target, contract, vmap, feats, samples[:20], samples[20:], c, tmp_path / "a")
-    train(target, contract, vmap, feats, samples[:20], samples[20:], c, tmp_path / "b", stop_at=4)  # "killed" after step 4
+    train(
+        target, contract, vmap, feats, samples[:20], samples[20:], c, tmp_path / "b", stop_at=4
+    )  # "killed" after step 4
     train(target, contract, vmap, feats, samples[:20], samples[20:], c, tmp_path / "b", resume=True)
     a = (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()
     b = (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
@@ -104,8 +116,16 @@ def test_training_the_body_keeps_the_head_as_it_started(tmp_path):
 
     target, vmap, contract, feats = _setup()
     samples = tiny_samples(12)
-    c = TrainConfig(max_steps=3, batch_size=4, warmup_steps=1, eval_every=3, ckpt_every=3, ttt_steps=2,
-                    train_only="body", dtype="fp32")
+    c = TrainConfig(
+        max_steps=3,
+        batch_size=4,
+        warmup_steps=1,
+        eval_every=3,
+        ckpt_every=3,
+        ttt_steps=2,
+        train_only="body",
+        dtype="fp32",
+    )
     start = build_draft(target, contract, vmap, c).state_dict()
     train(target, contract, vmap, feats, samples[:8], samples[8:], c, tmp_path)
     end = load_checkpoint(tmp_path / "draft", target=target).state_dict()
@@ -119,8 +139,17 @@ def test_resume_with_other_settings_refused(tmp_path):
     c = TrainConfig(max_steps=2, batch_size=4, ckpt_every=1, eval_every=2, ttt_steps=1)
     train(target, contract, vmap, feats, samples[:8], samples[8:], c, tmp_path)
     with pytest.raises(Exception, match="different training settings"):
-        train(target, contract, vmap, feats, samples[:8], samples[8:], TrainConfig(max_steps=3, batch_size=4,
-              ckpt_every=1, eval_every=2, ttt_steps=1, lr=0.5), tmp_path, resume=True)
+        train(
+            target,
+            contract,
+            vmap,
+            feats,
+            samples[:8],
+            samples[8:],
+            TrainConfig(max_steps=3, batch_size=4, ckpt_every=1, eval_every=2, ttt_steps=1, lr=0.5),
+            tmp_path,
+            resume=True,
+        )
 
 
 def _free_port() -> int:
@@ -130,8 +159,9 @@ def _free_port() -> int:
 
 
 def _ddp_worker(rank: int, world: int, port: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
+    )
     torch.set_num_threads(1)
     from eaglewire.train.dist import setup, teardown
 

@@ -21,9 +21,16 @@ TAPS = (1, 2, 3)
 
 def _target_dir(tmp_path, tied: bool):
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                      tie_word_embeddings=tied)
+    cfg = LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=tied,
+    )
     model = LlamaForCausalLM(cfg)
     with torch.no_grad():  # a random tiny target is nearly uniform; sharpen it so the draft has something to learn
         model.lm_head.weight.mul_(30)
@@ -48,8 +55,17 @@ def test_offline_training_from_weight_files_equals_loaded_target(tmp_path, tied)
     assert captured_taps(tmp_path / "feat") == TAPS
     assert lean.contract(captured_taps(tmp_path / "feat"), vocab_map=vmap) == contract
     # two draft layers started from the target's top layers: the layer tensors are read by name too
-    c = TrainConfig(max_steps=6, batch_size=4, warmup_steps=2, eval_every=3, ckpt_every=3, ttt_steps=2,
-                    num_layers=2, init_layers_from_target=True, dtype="fp32")
+    c = TrainConfig(
+        max_steps=6,
+        batch_size=4,
+        warmup_steps=2,
+        eval_every=3,
+        ckpt_every=3,
+        ttt_steps=2,
+        num_layers=2,
+        init_layers_from_target=True,
+        dtype="fp32",
+    )
     for name, tgt in (("full", full), ("lean", lean)):
         feats = OfflineFeatures(tmp_path / "feat", tgt.contract(TAPS, vocab_map=vmap), pad_id=0)
         assert feats.stores_target_top1
@@ -84,8 +100,16 @@ def test_features_of_another_target_or_taps_refused_without_loading_it(tmp_path)
         captured_taps(tmp_path / "feat", (2, 3, 4))
     other = tmp_path / "other"
     torch.manual_seed(1)
-    LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
-                                 num_attention_heads=4, num_key_value_heads=2)).save_pretrained(other)
+    LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    ).save_pretrained(other)
     lean = load_target_weights(str(other), with_tokenizer=False)
     with pytest.raises(ContractMismatch, match="config_sha256"):
         OfflineFeatures(tmp_path / "feat", lean.contract(TAPS, vocab_map=vmap), pad_id=0)

@@ -78,7 +78,7 @@ def _serve_and_check(setup, vllm_vanilla, ours, draft_dir, **server):
         metrics = spec_metrics(srv.base_url)
     ours_vanilla, tau, per_pos = ours
     eos = target.tokenizer.eos_token_id
-    strip = lambda t: t[:t.index(eos) + 1] if eos in t else t  # noqa: E731 (vLLM returns the EOS too, or not)
+    strip = lambda t: t[: t.index(eos) + 1] if eos in t else t  # noqa: E731 (vLLM returns the EOS too, or not)
     assert [strip(t) for t in vllm_spec] == [strip(t) for t in vllm_vanilla]  # lossless in the real engine
     same_as_ours = sum(strip(a) == strip(b) for a, b in zip(vllm_vanilla, ours_vanilla))
     assert same_as_ours >= 2, "vLLM fp32 greedy should follow our fp32 greedy on most prompts"
@@ -126,11 +126,24 @@ def eagle31_draft(setup, vllm_vanilla_ids, tmp_path_factory):
     save_checkpoint(start, contract, work / "start")
     vmap = VocabMap.from_target_ids(draft.to_target_ids(torch.arange(draft.cfg.draft_vocab_size)), draft.cfg.vocab_size)
     eos = target.tokenizer.eos_token_id
-    samples = [Sample(f"q{i}", torch.cat([p[0], torch.tensor(a)]), torch.cat([torch.zeros(p.shape[1], dtype=torch.long),
-                                                                             torch.ones(len(a), dtype=torch.long)]))
-               for i, (p, a) in enumerate(zip(prompts, vllm_vanilla_ids))]
-    c = TrainConfig(max_steps=30, batch_size=len(samples), warmup_steps=2, eval_every=30, ckpt_every=30, ttt_steps=K,
-                    dtype="fp32", init_from=str(work / "start"))
+    samples = [
+        Sample(
+            f"q{i}",
+            torch.cat([p[0], torch.tensor(a)]),
+            torch.cat([torch.zeros(p.shape[1], dtype=torch.long), torch.ones(len(a), dtype=torch.long)]),
+        )
+        for i, (p, a) in enumerate(zip(prompts, vllm_vanilla_ids))
+    ]
+    c = TrainConfig(
+        max_steps=30,
+        batch_size=len(samples),
+        warmup_steps=2,
+        eval_every=30,
+        ckpt_every=30,
+        ttt_steps=K,
+        dtype="fp32",
+        init_from=str(work / "start"),
+    )
     train(target, contract, vmap, OnlineFeatures(target, contract, pad_id=eos), samples, samples[:1], c, work / "run")
     trained = load_checkpoint(work / "run" / "draft", target=target)
     assert trained.contract.norm == norm
@@ -170,8 +183,9 @@ def test_vllm_serves_the_eagle31_norms_with_our_acceptance(tmp_path, setup, vllm
     print("eagle3.1 norms in vLLM:", metrics, "ours tau", ours[1], "per_pos", ours[2])
 
 
-SPECULATORS_HINT = ("bash scripts/speculators_venv.sh   (or point EAGLEWIRE_SPECULATORS_PYTHON at a venv with "
-                    "speculators==0.9.0)")
+SPECULATORS_HINT = (
+    "bash scripts/speculators_venv.sh   (or point EAGLEWIRE_SPECULATORS_PYTHON at a venv with speculators==0.9.0)"
+)
 NORM_KEYS = ("fc_norm", "norm_before_fc", "norm_before_residual", "norm_output")
 
 
@@ -203,8 +217,9 @@ def _speculators_resave(py, setup, tmp_path, with_embedding):
 
     draft, target_dir = setup[1], setup[4]
     # speculators loads the verifier's embedding and lm_head from verifier.name_or_path: a directory here
-    ours_dir = export_draft(draft, draft.contract, tmp_path / "ours", "vllm", verifier=str(target_dir),
-                            with_embedding=with_embedding)
+    ours_dir = export_draft(
+        draft, draft.contract, tmp_path / "ours", "vllm", verifier=str(target_dir), with_embedding=with_embedding
+    )
     theirs = tmp_path / "speculators"
     out = run_client(py, "speculators_resave.py", str(ours_dir), str(theirs))
     report = json.loads(out.strip().splitlines()[-1])
@@ -228,8 +243,9 @@ def _speculators_resave(py, setup, tmp_path, with_embedding):
     return theirs, b, load_file(str(target_dir / "model.safetensors"))["model.embed_tokens.weight"].float()
 
 
-def test_vllm_runs_a_speculators_written_export_losslessly_with_our_acceptance(speculators_python, tmp_path, setup,
-                                                                                vllm_vanilla_ids, ours):
+def test_vllm_runs_a_speculators_written_export_losslessly_with_our_acceptance(
+    speculators_python, tmp_path, setup, vllm_vanilla_ids, ours
+):
     """`--format speculators` is our vllm layout byte for byte, so here the speculators package itself writes
     the export, and vLLM serves THAT as the EAGLE-3 speculator with the same losslessness and acceptance
     checks as our own export. The source export carries the embedding (see the xfail below for why)."""
@@ -241,12 +257,16 @@ def test_vllm_runs_a_speculators_written_export_losslessly_with_our_acceptance(s
     print("speculators-written export in vLLM:", metrics, "ours tau", ours[1], "per_pos", ours[2])
 
 
-@pytest.mark.xfail(strict=True, reason="speculators 0.9.0 under transformers 5.19 leaves the embedding of a "
-                   "checkpoint without one uninitialized (its NaN 'not loaded' sentinel is lost on the meta device, "
-                   "so load_verifier_weights skips the verifier's embedding) and save_pretrained writes it; vLLM then "
-                   "loads the draft's embed_tokens instead of sharing the target's")
-def test_speculators_resave_of_an_export_without_embedding_keeps_the_targets_embedding(speculators_python, tmp_path,
-                                                                                        setup):
+@pytest.mark.xfail(
+    strict=True,
+    reason="speculators 0.9.0 under transformers 5.19 leaves the embedding of a "
+    "checkpoint without one uninitialized (its NaN 'not loaded' sentinel is lost on the meta device, "
+    "so load_verifier_weights skips the verifier's embedding) and save_pretrained writes it; vLLM then "
+    "loads the draft's embed_tokens instead of sharing the target's",
+)
+def test_speculators_resave_of_an_export_without_embedding_keeps_the_targets_embedding(
+    speculators_python, tmp_path, setup
+):
     import torch
 
     _theirs, tensors, target_embedding = _speculators_resave(speculators_python, setup, tmp_path, with_embedding=False)
@@ -275,23 +295,41 @@ def test_bench_vllm_peer_rows_beside_ours(setup):
 
     def servers_state(_done: int, _total: int) -> None:  # the bench's servers: --enforce-eager, unlike `vanilla`
         stats = {p: _stat(p) for p in os.listdir("/proc") if p.isdigit()}
-        groups = {st[2] for p, st in stats.items() if st and "vllm.entrypoints" in _cmdline(p)
-                  and "--enforce-eager" in _cmdline(p)}
+        groups = {
+            st[2]
+            for p, st in stats.items()
+            if st and "vllm.entrypoints" in _cmdline(p) and "--enforce-eager" in _cmdline(p)
+        }
         assert len(groups) == 2  # both rows' servers are up, each with its engine core in its group
         states.append({st[0] for st in stats.values() if st and st[2] in groups})
 
     lines: list[str] = []
-    res = run_bench(target, draft, prompts[:2], 32, TreeShape.chain(K), TreeShape.chain(K), log=lines.append,
-                    methods=["vanilla", "eagle_chain", "vllm_vanilla", "vllm_eagle_chain"], on_prompt=servers_state,
-                    peer_eager=True, repeats=2)  # bookkeeping only: no speed is compared here
+    res = run_bench(
+        target,
+        draft,
+        prompts[:2],
+        32,
+        TreeShape.chain(K),
+        TreeShape.chain(K),
+        log=lines.append,
+        methods=["vanilla", "eagle_chain", "vllm_vanilla", "vllm_eagle_chain"],
+        on_prompt=servers_state,
+        peer_eager=True,
+        repeats=2,
+    )  # bookkeeping only: no speed is compared here
     assert states and all(s == {"T"} for s in states), states  # both servers up, paused between requests
     rows = [line for line in lines if line.startswith("prompt ")]  # one per prompt and repetition, every row in it
-    assert len(rows) == 4 and all(re.search(rf"(: |, ){name} ", line) for line in rows
-                                  for name in ("vanilla", "eagle_chain", "vllm_vanilla", "vllm_eagle_chain"))
+    assert len(rows) == 4 and all(
+        re.search(rf"(: |, ){name} ", line)
+        for line in rows
+        for name in ("vanilla", "eagle_chain", "vllm_vanilla", "vllm_eagle_chain")
+    )
     m = res["methods"]
     assert set(m) == {"vanilla", "eagle_chain", "vllm_vanilla", "vllm_eagle_chain"}
     assert len(m["vllm_eagle_chain"]["tok_s"]) == len(m["eagle_chain"]["tok_s"]) == 4  # 2 prompts x 2 repetitions
-    assert [set(r) >= {"eagle_chain_vs_vllm_eagle_chain", "vanilla_vs_vllm_vanilla"} for r in res["repeats"]] == [True] * 2
+    assert [set(r) >= {"eagle_chain_vs_vllm_eagle_chain", "vanilla_vs_vllm_vanilla"} for r in res["repeats"]] == [
+        True
+    ] * 2
     assert m["vllm_vanilla"]["matches_vanilla"] >= 2 and m["vllm_eagle_chain"]["matches_vanilla"] >= 2
     assert abs(m["vllm_eagle_chain"]["tau"] - m["eagle_chain"]["tau"]) < 0.2, m
     assert len(m["vllm_eagle_chain"]["per_position"]) == K
@@ -342,10 +380,15 @@ def _import_as_speculators_dump(target, prompts, got, tmp_path) -> None:
 
     dump = tmp_path / "vllm-dump"
     (dump / "hidden_states").mkdir(parents=True)
-    samples = [Sample(id=f"p{i}", input_ids=torch.tensor(p), loss_mask=torch.ones(len(p), dtype=torch.long))
-               for i, p in enumerate(prompts)]
+    samples = [
+        Sample(id=f"p{i}", input_ids=torch.tensor(p), loss_mask=torch.ones(len(p), dtype=torch.long))
+        for i, p in enumerate(prompts)
+    ]
     for i, (s, g) in enumerate(zip(samples, got)):
-        save_file({"hidden_states": g.contiguous(), "token_ids": s.input_ids}, str(dump / "hidden_states" / f"hs_{i}.safetensors"))
+        save_file(
+            {"hidden_states": g.contiguous(), "token_ids": s.input_ids},
+            str(dump / "hidden_states" / f"hs_{i}.safetensors"),
+        )
     write_speculators_arrow(dump, samples)
     import_dump(dump, "speculators", target, tmp_path / "imported", taps=[2, 15, 27, 30], dtype=torch.float32)
     contract = target.contract((2, 15, 27))
@@ -375,8 +418,9 @@ def test_probe_names_what_vllm_delivers(setup, tmp_path):
     assert list(draft.contract.taps) == [2, 15, 27]
     r = CliRunner().invoke(app, ["doctor", "dump-vllm", str(export), "--out", str(tmp_path / "ok.safetensors")])
     assert r.exit_code == 0, r.output
-    r = CliRunner().invoke(app, ["doctor", "probe", "--dump", str(tmp_path / "ok.safetensors"),
-                                 "--contract", str(export), "--json"])
+    r = CliRunner().invoke(
+        app, ["doctor", "probe", "--dump", str(tmp_path / "ok.safetensors"), "--contract", str(export), "--json"]
+    )
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["received"] == [2, 15, 27]
 
@@ -470,12 +514,14 @@ def test_vllm_serves_our_dflash_export_with_our_acceptance(tmp_path, setup, dfla
         got = [complete_ids(srv.base_url, srv.model_name, p[0].tolist(), MAX_NEW) for p in prompts]
         metrics = spec_metrics(srv.base_url)
     eos = target.tokenizer.eos_token_id
-    strip = lambda t: t[:t.index(eos) + 1] if eos in t else t  # noqa: E731
+    strip = lambda t: t[: t.index(eos) + 1] if eos in t else t  # noqa: E731
     same = [strip(a) == strip(c[:MAX_NEW]) for a, c in zip(got, conts)]
     assert sum(same) >= 2, ("vLLM's DFlash greedy output should be the target's greedy output", got, conts)
     ours = SpecStats(accepted=[x for a in accepted for x in a])  # pooled over the prompts, as vLLM's counters
-    print(f"\nDFlash k={DFLASH_B - 1}: vLLM tau {metrics.get('tau')} per position {metrics['per_position']}; "
-          f"ours tau {ours.tau:.3f} per position {ours.per_position(DFLASH_B - 1)}; same output {same}")
+    print(
+        f"\nDFlash k={DFLASH_B - 1}: vLLM tau {metrics.get('tau')} per position {metrics['per_position']}; "
+        f"ours tau {ours.tau:.3f} per position {ours.per_position(DFLASH_B - 1)}; same output {same}"
+    )
     assert ours.tau > 1.05, f"the fitted draft should accept above chance on its own prompts: tau {ours.tau}"
     assert metrics["num_drafts"] > 0, metrics
     assert len(metrics["per_position"]) == DFLASH_B - 1, metrics

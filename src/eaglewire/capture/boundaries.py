@@ -71,10 +71,15 @@ def _greedy(target: Target, prompts: list[torch.Tensor], new_tokens: int) -> lis
     ids = torch.full((len(prompts), width), pad, dtype=torch.long, device="cpu")  # [B, Tp] left-padded, host
     mask = torch.zeros_like(ids)
     for i, p in enumerate(prompts):
-        ids[i, width - len(p):], mask[i, width - len(p):] = p, 1
-    out = target.model.generate(input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
-                                max_new_tokens=new_tokens, do_sample=False, pad_token_id=pad,
-                                eos_token_id=eos).cpu()  # [B, Tp + new]
+        ids[i, width - len(p) :], mask[i, width - len(p) :] = p, 1
+    out = target.model.generate(
+        input_ids=ids.to(target.device),
+        attention_mask=mask.to(target.device),
+        max_new_tokens=new_tokens,
+        do_sample=False,
+        pad_token_id=pad,
+        eos_token_id=eos,
+    ).cpu()  # [B, Tp + new]
     seqs = []
     for i, p in enumerate(prompts):
         answer = out[i, width:]
@@ -84,20 +89,27 @@ def _greedy(target: Target, prompts: list[torch.Tensor], new_tokens: int) -> lis
 
 
 @torch.no_grad()
-def sample_target(target: Target, prompts: list[torch.Tensor] | None = None, *, new_tokens: int = NEW_TOKENS,
-                  score_prompt: bool = False) -> Boundaries:
+def sample_target(
+    target: Target,
+    prompts: list[torch.Tensor] | None = None,
+    *,
+    new_tokens: int = NEW_TOKENS,
+    score_prompt: bool = False,
+) -> Boundaries:
     """Capture every boundary once. `score_prompt` also scores the prompt's positions (given prompts that
     are in the draft's training distribution, e.g. the tiny test data); the default scores answers only."""
     prompts = prompts if prompts is not None else builtin_prompts(target)
     seqs = _greedy(target, prompts, new_tokens) if new_tokens else list(prompts)
     T = max(len(s) for s in seqs)
-    ids = torch.zeros((len(seqs), T), dtype=torch.long, device="cpu")  # [B, T] right-padded, host: real tokens never see pads
+    ids = torch.zeros(
+        (len(seqs), T), dtype=torch.long, device="cpu"
+    )  # [B, T] right-padded, host: real tokens never see pads
     mask = torch.zeros_like(ids)
     scored = torch.zeros_like(ids, dtype=torch.bool)
     for i, (s, p) in enumerate(zip(seqs, prompts)):
         ids[i, : len(s)], mask[i, : len(s)] = s, 1
         # label t predicts token t+1; answers start at token len(p), so label len(p)-1 is the first answer one
-        scored[i, (0 if score_prompt else len(p) - 1): len(s) - 1] = True
+        scored[i, (0 if score_prompt else len(p) - 1) : len(s) - 1] = True
     L, H = target.num_layers, target.hidden_size
     cap = capture(target, tuple(range(L + 1)), ids.to(target.device), mask.to(target.device), logits=True)
     # computed where the target runs, kept on the CPU: the doctor's checks read them beside CPU-side data

@@ -32,8 +32,15 @@ from eaglewire.families import DEFAULT_FAMILY
 from eaglewire.norms import NormFlags
 from eaglewire.data.samples import Sample
 from eaglewire.errors import ContractMismatch
-from eaglewire.safeio import about_file, atomic_save_safetensors, atomic_write_json, field_of, open_safetensors, \
-    read_json_object, sampled_digest
+from eaglewire.safeio import (
+    about_file,
+    atomic_save_safetensors,
+    atomic_write_json,
+    field_of,
+    open_safetensors,
+    read_json_object,
+    sampled_digest,
+)
 from eaglewire.capture.hooks import capture
 from eaglewire.capture.shards import SHARD_GLOB, check_feature_dir, shard_sample_ids
 from eaglewire.target.loader import Target
@@ -53,17 +60,28 @@ class FeatureBatch:
     target_top1: torch.Tensor | None = None  # [B, T] the target's argmax token (stored at capture), or None
 
     def to(self, device: torch.device | str) -> "FeatureBatch":
-        return FeatureBatch(*(t.to(device) if t is not None else None
-                              for t in (self.input_ids, self.loss_mask, self.attention_mask, self.taps,
-                                        self.final_hidden, self.target_top1)))
+        return FeatureBatch(
+            *(
+                t.to(device) if t is not None else None
+                for t in (
+                    self.input_ids,
+                    self.loss_mask,
+                    self.attention_mask,
+                    self.taps,
+                    self.final_hidden,
+                    self.target_top1,
+                )
+            )
+        )
 
 
 def features_view(contract: WiringContract) -> WiringContract:
     """The part of a contract features depend on: target, taps, capture point, chat template —
     not the vocab map, the draft's norm flags or its family (EAGLE-3 or a block drafter), which are chosen
     after capture: one feature directory trains any family that reads its taps."""
-    return dataclasses.replace(contract, draft_vocab_size=None, vocab_map_sha256=None, norm=NormFlags(),
-                               family=DEFAULT_FAMILY, block=None)
+    return dataclasses.replace(
+        contract, draft_vocab_size=None, vocab_map_sha256=None, norm=NormFlags(), family=DEFAULT_FAMILY, block=None
+    )
 
 
 def collate(samples: list[Sample], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -103,9 +121,12 @@ def _shard_ok(path: Path, fingerprint: str, ids: list[str]) -> bool:
     with open_safetensors(path, what="a feature shard", error=ContractMismatch) as f:
         md = f.metadata()
     if md.get("contract") != fingerprint:
-        raise ContractMismatch(f"{path} was captured for another wiring contract",
-                               expected=f"contract {fingerprint}", found=f"contract {md.get('contract')}",
-                               fix="capture into a new --out directory")
+        raise ContractMismatch(
+            f"{path} was captured for another wiring contract",
+            expected=f"contract {fingerprint}",
+            found=f"contract {md.get('contract')}",
+            fix="capture into a new --out directory",
+        )
     return shard_sample_ids(md, path) == ids
 
 
@@ -124,12 +145,13 @@ def pack_rows(rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     lengths = torch.tensor([len(row["input_ids"]) for row in rows])
     out["offsets"] = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
     taps64 = out["taps"].double()  # [N, n*H]
-    out["stat_sum"], out["stat_sumsq"] = taps64.sum(0), (taps64 ** 2).sum(0)
+    out["stat_sum"], out["stat_sumsq"] = taps64.sum(0), (taps64**2).sum(0)
     return out
 
 
-def capture_shard(target: Target, contract: WiringContract, samples: list[Sample], pad_id: int,
-                  batch_size: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def capture_shard(
+    target: Target, contract: WiringContract, samples: list[Sample], pad_id: int, batch_size: int, dtype: torch.dtype
+) -> dict[str, torch.Tensor]:
     online = OnlineFeatures(target, contract, pad_id)
     head = target.model.get_output_embeddings().weight.detach()  # [V, H] in the target's own dtype
     rows: list[dict[str, torch.Tensor] | None] = [None] * len(samples)
@@ -137,40 +159,67 @@ def capture_shard(target: Target, contract: WiringContract, samples: list[Sample
     # long neighbour spends target forwards on padding, and chat data's lengths vary widely.
     order = sorted(range(len(samples)), key=lambda j: len(samples[j].input_ids))
     for i in range(0, len(order), batch_size):
-        idx = order[i:i + batch_size]
+        idx = order[i : i + batch_size]
         fb = online.batch([samples[j] for j in idx])
         for r, j in enumerate(idx):
             n = len(samples[j].input_ids)  # right padding: the first n positions are real
             hid = fb.final_hidden[r, :n]
             # computed where the target ran, stored from the CPU (shards are host files)
-            rows[j] = {"input_ids": fb.input_ids[r, :n], "loss_mask": fb.loss_mask[r, :n],
-                       "taps": fb.taps[r, :n].to("cpu", dtype), "final_hidden": hid.to("cpu", dtype),
-                       "target_top1": target_top1(head, hid.to(head.device)).cpu()}  # before storage
+            rows[j] = {
+                "input_ids": fb.input_ids[r, :n],
+                "loss_mask": fb.loss_mask[r, :n],
+                "taps": fb.taps[r, :n].to("cpu", dtype),
+                "final_hidden": hid.to("cpu", dtype),
+                "target_top1": target_top1(head, hid.to(head.device)).cpu(),
+            }  # before storage
     return pack_rows(rows)
 
 
-def capture_features(target: Target, contract: WiringContract, samples: list[Sample], out: Path, *,
-                     pad_id: int, shard_samples: int = 256, batch_size: int = 4,
-                     dtype: torch.dtype = DEFAULT_STORE_DTYPE,
-                     on_shard: Callable[[int, int, int], None] | None = None) -> dict:
+def capture_features(
+    target: Target,
+    contract: WiringContract,
+    samples: list[Sample],
+    out: Path,
+    *,
+    pad_id: int,
+    shard_samples: int = 256,
+    batch_size: int = 4,
+    dtype: torch.dtype = DEFAULT_STORE_DTYPE,
+    on_shard: Callable[[int, int, int], None] | None = None,
+) -> dict:
     """Write (or resume) offline feature shards and the manifest; returns the manifest."""
+
     def build(k: int, _ids: list[str]) -> dict[str, torch.Tensor]:
-        chunk = samples[k * shard_samples:(k + 1) * shard_samples]
+        chunk = samples[k * shard_samples : (k + 1) * shard_samples]
         return capture_shard(target, contract, chunk, pad_id, batch_size, dtype)
 
     # The dtype the target ran in is part of what the shards hold (bf16 taps differ from fp32 ones by
     # ~0.5% relative): a directory never mixes the two.
     target_dtype = str(next(target.model.parameters()).dtype).removeprefix("torch.")
-    return write_feature_dir(Path(out), features_view(contract), [s.id for s in samples], build,
-                             shard_samples=shard_samples, target_dtype=target_dtype, store_dtype=dtype,
-                             on_shard=on_shard)
+    return write_feature_dir(
+        Path(out),
+        features_view(contract),
+        [s.id for s in samples],
+        build,
+        shard_samples=shard_samples,
+        target_dtype=target_dtype,
+        store_dtype=dtype,
+        on_shard=on_shard,
+    )
 
 
-def write_feature_dir(out: Path, view: WiringContract, sample_ids: list[str],
-                      build: Callable[[int, list[str]], dict[str, torch.Tensor]], *, shard_samples: int,
-                      target_dtype: str, store_dtype: torch.dtype,
-                      on_shard: Callable[[int, int, int], None] | None = None,
-                      extra: dict | None = None) -> dict:
+def write_feature_dir(
+    out: Path,
+    view: WiringContract,
+    sample_ids: list[str],
+    build: Callable[[int, list[str]], dict[str, torch.Tensor]],
+    *,
+    shard_samples: int,
+    target_dtype: str,
+    store_dtype: torch.dtype,
+    on_shard: Callable[[int, int, int], None] | None = None,
+    extra: dict | None = None,
+) -> dict:
     """The shard loop and manifest every producer of feature shards shares (capture, dump import).
 
     `build(k, ids)` returns shard k's tensors (`pack_rows`); shards already on disk for the same ids and
@@ -183,32 +232,42 @@ def write_feature_dir(out: Path, view: WiringContract, sample_ids: list[str],
     if manifest_path.exists():
         old = read_manifest(out)
         digests = {sh["file"]: sh["digest"] for sh in old["shards"] if "digest" in sh}
-        view.require_compatible(WiringContract.from_dict(old["contract"]),
-                                where=f"features in {out / 'manifest.json'}")
+        view.require_compatible(WiringContract.from_dict(old["contract"]), where=f"features in {out / 'manifest.json'}")
         if old.get("target_dtype", "float32") != target_dtype:
-            raise ContractMismatch(f"features in {out} were captured with the target in another dtype",
-                                   expected=old.get("target_dtype", "float32"), found=target_dtype,
-                                   fix="capture into a new --out, or load the target in the same dtype")
+            raise ContractMismatch(
+                f"features in {out} were captured with the target in another dtype",
+                expected=old.get("target_dtype", "float32"),
+                found=target_dtype,
+                fix="capture into a new --out, or load the target in the same dtype",
+            )
     out.mkdir(parents=True, exist_ok=True)
     shards = []
     n_shards = (len(sample_ids) + shard_samples - 1) // shard_samples
     for k in range(n_shards):
-        ids = sample_ids[k * shard_samples:(k + 1) * shard_samples]
+        ids = sample_ids[k * shard_samples : (k + 1) * shard_samples]
         path = _shard_path(out, k)
         recorded = digests.get(path.name)  # a shard changed since it was recorded is captured again
         if not _shard_ok(path, fp, ids) or recorded is not None and sampled_digest(path) != recorded:
-            atomic_save_safetensors(build(k, ids), path,
-                                    {"format": FORMAT, "contract": fp, "sample_ids": json.dumps(ids)})
+            atomic_save_safetensors(
+                build(k, ids), path, {"format": FORMAT, "contract": fp, "sample_ids": json.dumps(ids)}
+            )
         with open_safetensors(path, what="a feature shard", error=ContractMismatch) as f:
             tokens = int(f.get_tensor("offsets")[-1])
         shards.append({"file": path.name, "samples": len(ids), "tokens": tokens, "digest": sampled_digest(path)})
         if on_shard:
             on_shard(k + 1, n_shards, tokens)
     _drop_stale_shards(out, n_shards, fp)
-    manifest = {"format": FORMAT, "contract": view.to_dict(), "shards": shards, "target_dtype": target_dtype,
-                "store_dtype": str(store_dtype).removeprefix("torch."),
-                "tokens": sum(s["tokens"] for s in shards), "samples": len(sample_ids),
-                "tap_stats": _tap_stats(out, shards, view.taps), **(extra or {})}
+    manifest = {
+        "format": FORMAT,
+        "contract": view.to_dict(),
+        "shards": shards,
+        "target_dtype": target_dtype,
+        "store_dtype": str(store_dtype).removeprefix("torch."),
+        "tokens": sum(s["tokens"] for s in shards),
+        "samples": len(sample_ids),
+        "tap_stats": _tap_stats(out, shards, view.taps),
+        **(extra or {}),
+    }
     atomic_write_json(manifest_path, manifest)
     return manifest
 
@@ -223,10 +282,12 @@ def _drop_stale_shards(out: Path, n_shards: int, fingerprint: str) -> None:
         with open_safetensors(path, what="a feature shard", error=ContractMismatch) as f:
             md = f.metadata()
         if md.get("format") != FORMAT or md.get("contract") != fingerprint:
-            raise ContractMismatch(f"{out} holds a shard file this capture did not write: {path.name}",
-                                   expected=f"shard-00000 .. shard-{n_shards - 1:05d} of contract {fingerprint}",
-                                   found=f"{path.name} (format {md.get('format')}, contract {md.get('contract')})",
-                                   fix="move it out, or capture into a new --out")
+            raise ContractMismatch(
+                f"{out} holds a shard file this capture did not write: {path.name}",
+                expected=f"shard-00000 .. shard-{n_shards - 1:05d} of contract {fingerprint}",
+                found=f"{path.name} (format {md.get('format')}, contract {md.get('contract')})",
+                fix="move it out, or capture into a new --out",
+            )
         path.unlink()
 
 
@@ -239,22 +300,31 @@ def _tap_stats(out: Path, shards: list[dict], taps: tuple[int, ...]) -> dict:
         s1, s2 = (a, b) if s1 is None else (s1 + a, s2 + b)
         total += sh["tokens"]
     mean = s1 / total
-    std = (s2 / total - mean ** 2).clamp(min=0).sqrt()
+    std = (s2 / total - mean**2).clamp(min=0).sqrt()
     n = len(taps)
-    return {"taps": list(taps), "tokens": total,
-            "mean": [c.tolist() for c in mean.float().chunk(n)], "std": [c.tolist() for c in std.float().chunk(n)]}
+    return {
+        "taps": list(taps),
+        "tokens": total,
+        "mean": [c.tolist() for c in mean.float().chunk(n)],
+        "std": [c.tolist() for c in std.float().chunk(n)],
+    }
 
 
 def read_manifest(directory: Path) -> dict:
     """The manifest of a `data capture` directory (format checked)."""
     path = Path(directory) / "manifest.json"
     if not path.is_file():
-        raise ContractMismatch(f"{directory} is not an eaglewire feature directory", expected=f"{path} ({FORMAT})",
-                               found="no manifest.json", fix="point --features at the --out of `data capture`")
+        raise ContractMismatch(
+            f"{directory} is not an eaglewire feature directory",
+            expected=f"{path} ({FORMAT})",
+            found="no manifest.json",
+            fix="point --features at the --out of `data capture`",
+        )
     manifest = read_json_object(path, what="a feature manifest", error=ContractMismatch)
     if manifest.get("format") != FORMAT:
-        raise ContractMismatch(f"{directory} is not an eaglewire feature directory", expected=FORMAT,
-                               found=str(manifest.get("format")))
+        raise ContractMismatch(
+            f"{directory} is not an eaglewire feature directory", expected=FORMAT, found=str(manifest.get("format"))
+        )
     where = str(path)
     field_of(manifest, "contract", dict, where=where, error=ContractMismatch)
     with about_file(path):
@@ -263,13 +333,20 @@ def read_manifest(directory: Path) -> dict:
         field_of({"shard": sh}, "shard", dict, where=f"{where}: shards", error=ContractMismatch)
         name = field_of(sh, "file", str, where=f"{where}: shards", error=ContractMismatch)
         if Path(name).name != name or not name.endswith(".safetensors"):  # a shard lives in the directory
-            raise ContractMismatch(f"{where}: a shard file name that leaves the feature directory",
-                                   expected="a plain file name like shard-00000.safetensors", found=repr(name),
-                                   fix="capture the features again (eaglewire data capture)")
+            raise ContractMismatch(
+                f"{where}: a shard file name that leaves the feature directory",
+                expected="a plain file name like shard-00000.safetensors",
+                found=repr(name),
+                fix="capture the features again (eaglewire data capture)",
+            )
         for key in ("samples", "tokens"):
             if field_of(sh, key, int, where=f"{where}: shards", error=ContractMismatch) < 0:
-                raise ContractMismatch(f"{where}: a shard with a negative {key} count", expected=f"{key} >= 0",
-                                       found=str(sh[key]), fix="capture the features again")
+                raise ContractMismatch(
+                    f"{where}: a shard with a negative {key} count",
+                    expected=f"{key} >= 0",
+                    found=str(sh[key]),
+                    fix="capture the features again",
+                )
         if "digest" in sh:  # manifests written before digests were recorded have none
             field_of(sh, "digest", str, where=f"{where}: shards", error=ContractMismatch)
     return manifest
@@ -280,29 +357,34 @@ def captured_taps(directory: Path, requested: tuple[int, ...] | None = None) -> 
     `requested` tap list (an explicit --taps) must be the same: features hold no other boundary."""
     taps = tuple(read_manifest(directory)["contract"]["taps"])
     if requested is not None and tuple(requested) != taps:
-        raise ContractMismatch(f"features in {directory} were captured for another wiring contract (taps differ)",
-                               expected=f"taps {list(requested)} (boundaries, from --taps)",
-                               found=f"taps {list(taps)} (the features' manifest)",
-                               fix="drop --taps (the manifest's are used), or capture features at these taps")
+        raise ContractMismatch(
+            f"features in {directory} were captured for another wiring contract (taps differ)",
+            expected=f"taps {list(requested)} (boundaries, from --taps)",
+            found=f"taps {list(taps)} (the features' manifest)",
+            fix="drop --taps (the manifest's are used), or capture features at these taps",
+        )
     return taps
 
 
 class OfflineFeatures:
     """Serves FeatureBatches from shards; refuses shards made for another contract."""
 
-    def __init__(self, directory: Path, contract: WiringContract, pad_id: int,
-                 max_cached_shards: int | None = None) -> None:
+    def __init__(
+        self, directory: Path, contract: WiringContract, pad_id: int, max_cached_shards: int | None = None
+    ) -> None:
         self.dir, self.pad_id = Path(directory), pad_id
         manifest = read_manifest(self.dir)
         self.view = features_view(contract)
-        self.view.require_compatible(WiringContract.from_dict(manifest["contract"]),
-                                     where=f"features in {self.dir / 'manifest.json'}")
+        self.view.require_compatible(
+            WiringContract.from_dict(manifest["contract"]), where=f"features in {self.dir / 'manifest.json'}"
+        )
         self.manifest = manifest
         # every shard checked against the manifest before a batch is drawn: the reader `data inspect` uses too
         shards = check_feature_dir(self.dir, manifest, self.view.fingerprint(), len(self.view.taps))
         self.stores_target_top1 = all(s.has_top1 for s in shards)  # then training needs V_d head rows only
-        self.index: dict[str, tuple[int, int]] = {sid: (k, j) for k, s in enumerate(shards)
-                                                  for j, sid in enumerate(s.sample_ids)}
+        self.index: dict[str, tuple[int, int]] = {
+            sid: (k, j) for k, s in enumerate(shards) for j, sid in enumerate(s.sample_ids)
+        }
         # Batches draw samples from random shards, so shards stay in memory once read (a few GB on CPU
         # runs); `max_cached_shards` bounds that for large captures (least recently used are dropped).
         self._cache: dict[int, dict[str, torch.Tensor]] = {}
@@ -312,8 +394,9 @@ class OfflineFeatures:
         if k not in self._cache:
             if self.max_cached_shards is not None and len(self._cache) >= self.max_cached_shards:
                 self._cache.pop(next(iter(self._cache)))
-            with open_safetensors(self.dir / self.manifest["shards"][k]["file"], what="a feature shard",
-                                  error=ContractMismatch) as f:
+            with open_safetensors(
+                self.dir / self.manifest["shards"][k]["file"], what="a feature shard", error=ContractMismatch
+            ) as f:
                 # target_top1 is absent from shards captured before it was stored (training then
                 # computes it from the full head: same result, slower)
                 self._cache[k] = {n: f.get_tensor(n) for n in (*_ROW_KEYS, "offsets") if n in f.keys()}
@@ -331,7 +414,7 @@ class OfflineFeatures:
             with open_safetensors(self.dir / sh["file"], what="a feature shard", error=ContractMismatch) as f:
                 ids, mask, off = f.get_tensor("input_ids"), f.get_tensor("loss_mask"), f.get_tensor("offsets")
                 names = shard_sample_ids(f.metadata(), self.dir / sh["file"])
-            out += [Sample(n, ids[off[j]:off[j + 1]], mask[off[j]:off[j + 1]]) for j, n in enumerate(names)]
+            out += [Sample(n, ids[off[j] : off[j + 1]], mask[off[j] : off[j + 1]]) for j, n in enumerate(names)]
         return out
 
     def rows(self, samples: list[Sample]) -> list[dict[str, torch.Tensor]]:
@@ -374,9 +457,12 @@ class FeatureMix:
         for e in extras:
             for key in ("target_dtype", "store_dtype"):
                 if e.manifest.get(key) != primary.manifest.get(key):
-                    raise ContractMismatch(f"features in {e.dir} and {primary.dir} differ in {key}",
-                                           expected=str(primary.manifest.get(key)), found=str(e.manifest.get(key)),
-                                           fix="capture the extra directory with the same --target-dtype/--store-dtype")
+                    raise ContractMismatch(
+                        f"features in {e.dir} and {primary.dir} differ in {key}",
+                        expected=str(primary.manifest.get(key)),
+                        found=str(e.manifest.get(key)),
+                        fix="capture the extra directory with the same --target-dtype/--store-dtype",
+                    )
         self.parts, self.pad_id = [primary, *extras], primary.pad_id
         self.stores_target_top1 = all(p.stores_target_top1 for p in self.parts)
 

@@ -49,12 +49,16 @@ def tap_hooks(target: Target, taps: Sequence[int], store: dict[int | str, list[t
 
     for b in taps:
         if b == 0:
+
             def pre(_m, args, kwargs, b=b):
                 record(b, args[0] if args else kwargs["hidden_states"])
+
             handles.append(target.layers[0].register_forward_pre_hook(pre, with_kwargs=True))
         else:
+
             def post(_m, _args, out, b=b):
                 record(b, _first_tensor(out))
+
             layer = renumber((b,), CANONICAL, HOOKED, target.num_layers)[0]  # whose output boundary b is
             handles.append(target.layers[layer].register_forward_hook(post))
     handles.append(target.final_norm.register_forward_hook(lambda _m, _a, out: record("final", out)))
@@ -71,21 +75,32 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def forward_kwargs(target: Target, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                   *, logits: bool) -> dict[str, Any]:
+def forward_kwargs(
+    target: Target, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, *, logits: bool
+) -> dict[str, Any]:
     """The exact keyword arguments capture passes to the target (tests reuse them for HF references)."""
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
-    kw: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask,
-                          "position_ids": position_ids_from_mask(attention_mask), "use_cache": False}
+    kw: dict[str, Any] = {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids_from_mask(attention_mask),
+        "use_cache": False,
+    }
     if not logits and "logits_to_keep" in inspect.signature(target.model.forward).parameters:
         kw["logits_to_keep"] = 1  # skip the [B, T, V] head when the caller only wants hidden states
     return kw
 
 
 @torch.no_grad()
-def capture(target: Target, taps: Sequence[int], input_ids: torch.Tensor,
-            attention_mask: torch.Tensor | None = None, *, logits: bool = False) -> Captured:
+def capture(
+    target: Target,
+    taps: Sequence[int],
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    logits: bool = False,
+) -> Captured:
     """Run the target once and return its tapped states.
 
     input_ids:      [B, T] token ids (padded)
@@ -107,8 +122,11 @@ def capture(target: Target, taps: Sequence[int], input_ids: torch.Tensor,
                 fix="this model runs its layers more than once; capture is not supported for it",
             )
     states = [store[b][0].to(dev) for b in taps]  # each [B, T, H]; a spread target's layers sit on several GPUs
-    return Captured(taps=torch.cat(states, dim=-1), final_hidden=store["final"][0].to(dev),
-                    logits=out.logits.to(dev) if logits else None)
+    return Captured(
+        taps=torch.cat(states, dim=-1),
+        final_hidden=store["final"][0].to(dev),
+        logits=out.logits.to(dev) if logits else None,
+    )
 
 
 def save_capture(path: Path, captured: Captured, contract: WiringContract, input_ids: torch.Tensor) -> None:
@@ -117,8 +135,9 @@ def save_capture(path: Path, captured: Captured, contract: WiringContract, input
     tensors = {"taps": captured.taps.cpu(), "final_hidden": captured.final_hidden.cpu(), "input_ids": input_ids.cpu()}
     if captured.logits is not None:
         tensors["logits"] = captured.logits.cpu()
-    atomic_save_safetensors(tensors, path, metadata={"format": CAPTURE_FORMAT,
-                                                     "contract": contract.to_json(indent=None)})
+    atomic_save_safetensors(
+        tensors, path, metadata={"format": CAPTURE_FORMAT, "contract": contract.to_json(indent=None)}
+    )
 
 
 def load_capture(path: Path, expected: WiringContract | None = None) -> tuple[dict[str, torch.Tensor], WiringContract]:
@@ -126,14 +145,19 @@ def load_capture(path: Path, expected: WiringContract | None = None) -> tuple[di
     with open_safetensors(path, what="a capture dump", error=ContractMismatch) as f:
         meta = f.metadata()
         if meta.get("format") != CAPTURE_FORMAT or "contract" not in meta:
-            raise ContractMismatch(f"{path} is not an eaglewire capture dump",
-                                   expected=f"safetensors metadata format={CAPTURE_FORMAT} with a contract",
-                                   found=f"metadata keys {sorted(meta)}")
+            raise ContractMismatch(
+                f"{path} is not an eaglewire capture dump",
+                expected=f"safetensors metadata format={CAPTURE_FORMAT} with a contract",
+                found=f"metadata keys {sorted(meta)}",
+            )
         tensors = {k: f.get_tensor(k) for k in f.keys()}
     contract = WiringContract.from_json(meta["contract"])
     if expected is not None:
         expected.require_compatible(contract, where=f"capture dump {path}")
     if tensors["taps"].shape[-1] != contract.tap_width:
-        raise ContractMismatch(f"capture dump {path} is inconsistent with its own contract",
-                               expected=f"taps width {contract.tap_width}", found=str(tuple(tensors["taps"].shape)))
+        raise ContractMismatch(
+            f"capture dump {path} is inconsistent with its own contract",
+            expected=f"taps width {contract.tap_width}",
+            found=str(tuple(tensors["taps"].shape)),
+        )
     return tensors, contract

@@ -53,8 +53,9 @@ def _load_dump(path: Path, ids: list[int] | None) -> tuple[torch.Tensor, torch.T
     with open_safetensors(path, what="a hidden-state dump") as f:
         keys = set(f.keys())
         if "hidden" not in keys:
-            raise EaglewireError(f"{path} has no 'hidden' tensor", expected="hidden [T, W] and input_ids [T]",
-                                 found=str(sorted(keys)))
+            raise EaglewireError(
+                f"{path} has no 'hidden' tensor", expected="hidden [T, W] and input_ids [T]", found=str(sorted(keys))
+            )
         hidden = f.get_tensor("hidden").float()
         token_ids = f.get_tensor("input_ids").long().flatten() if "input_ids" in keys else None
     if ids is not None:
@@ -63,12 +64,17 @@ def _load_dump(path: Path, ids: list[int] | None) -> tuple[torch.Tensor, torch.T
         raise EaglewireError(f"{path} has no input_ids", expected="input_ids in the dump, or --ids", found="neither")
     hidden = hidden.reshape(-1, hidden.shape[-1])
     if hidden.shape[0] != token_ids.numel():
-        raise EaglewireError("dump has a different number of positions than token ids",
-                             expected=f"{token_ids.numel()} rows", found=f"{hidden.shape[0]} rows")
+        raise EaglewireError(
+            "dump has a different number of positions than token ids",
+            expected=f"{token_ids.numel()} rows",
+            found=f"{hidden.shape[0]} rows",
+        )
     return hidden, token_ids
 
 
-def identify(target: Target, hidden: torch.Tensor, token_ids: torch.Tensor, tol: float = 2e-2) -> list[int | str | None]:
+def identify(
+    target: Target, hidden: torch.Tensor, token_ids: torch.Tensor, tol: float = 2e-2
+) -> list[int | str | None]:
     """Match each H-wide chunk of hidden [T, W] to a boundary of the target on the same tokens."""
     L, H = target.num_layers, target.hidden_size
     cap = capture(target, tuple(range(L + 1)), token_ids[None])
@@ -86,19 +92,29 @@ def probe(target: Target, dump: Path, contract: WiringContract, ids: list[int] |
     hidden, token_ids = _load_dump(dump, ids)
     H, W, trained = target.hidden_size, hidden.shape[-1], list(contract.taps)
     if W % H:
-        return ProbeResult([], trained, W, H, False, f"the draft received {W}-wide states, not a multiple of the "
-                           f"target hidden size {H}: this is not a concatenation of target layers")
+        return ProbeResult(
+            [],
+            trained,
+            W,
+            H,
+            False,
+            f"the draft received {W}-wide states, not a multiple of the "
+            f"target hidden size {H}: this is not a concatenation of target layers",
+        )
     received = identify(target, hidden, token_ids)
     if received == trained:
         return ProbeResult(received, trained, W, H, True, f"the draft received boundaries {trained}, as trained")
     if len(received) == 1 and len(trained) > 1:
-        msg = (f"the draft received ONE {W}-wide state ({boundary_label(received[0])}) instead of {len(trained)} taps "
-               f"({len(trained) * H} wide): aux hidden-state capture is off (use_aux_hidden_state / layer ids not "
-               "applied); EAGLE/SGLang then skip fc silently because the width equals the draft hidden size")
+        msg = (
+            f"the draft received ONE {W}-wide state ({boundary_label(received[0])}) instead of {len(trained)} taps "
+            f"({len(trained) * H} wide): aux hidden-state capture is off (use_aux_hidden_state / layer ids not "
+            "applied); EAGLE/SGLang then skip fc silently because the width equals the draft hidden size"
+        )
     else:
         names = "[" + ", ".join(boundary_label(r) for r in received) + "]"
-        msg = (f"the draft received boundaries {names}; it was trained on {trained}"
-               + (" (same layers, other order)" if sorted(map(str, received)) == sorted(map(str, trained)) else ""))
+        msg = f"the draft received boundaries {names}; it was trained on {trained}" + (
+            " (same layers, other order)" if sorted(map(str, received)) == sorted(map(str, trained)) else ""
+        )
     return ProbeResult(received, trained, W, H, False, msg)
 
 

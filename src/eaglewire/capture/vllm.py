@@ -35,10 +35,17 @@ CONNECTOR, CONNECTOR_MODULE = "CpuHiddenStatesConnector", "eaglewire_cpu_hidden_
 
 def extraction_configs(layer_ids: Sequence[int], shared_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """(--speculative-config, --kv-transfer-config) as speculators builds them, with our CPU connector."""
-    spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
-            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(layer_ids)}}}
-    kv = {"kv_connector": CONNECTOR, "kv_connector_module_path": CONNECTOR_MODULE, "kv_role": "kv_producer",
-          "kv_connector_extra_config": {"shared_storage_path": str(shared_dir)}}
+    spec = {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(layer_ids)}},
+    }
+    kv = {
+        "kv_connector": CONNECTOR,
+        "kv_connector_module_path": CONNECTOR_MODULE,
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": str(shared_dir)},
+    }
     return spec, kv
 
 
@@ -54,8 +61,11 @@ def _wait_shared_lock(lock: Path, deadline: float, srv: VllmServer) -> int:
             except BlockingIOError:
                 os.close(fd)
         if time.monotonic() > deadline or (srv.proc is not None and srv.proc.poll() is not None):
-            raise EaglewireError("vLLM did not finish writing the hidden states", expected=f"{lock} released",
-                                 found=f"still locked or absent; log {srv.log_path}:\n{srv.log_tail()}")
+            raise EaglewireError(
+                "vLLM did not finish writing the hidden states",
+                expected=f"{lock} released",
+                found=f"still locked or absent; log {srv.log_path}:\n{srv.log_tail()}",
+            )
         time.sleep(0.05)
 
 
@@ -63,17 +73,26 @@ def _read_states(path: Path, deadline: float, srv: VllmServer) -> dict[str, torc
     fd = _wait_shared_lock(path.with_name(path.name + ".lock"), deadline, srv)
     try:
         if not path.is_file():
-            raise EaglewireError("vLLM released the lock without writing the hidden states",
-                                 expected=str(path), found=f"no file; log {srv.log_path}:\n{srv.log_tail()}")
+            raise EaglewireError(
+                "vLLM released the lock without writing the hidden states",
+                expected=str(path),
+                found=f"no file; log {srv.log_path}:\n{srv.log_tail()}",
+            )
         # the one guarded reader: tensors only, header bounded, a damaged file named
         return read_safetensors_file(path, what="vLLM's hidden states")
     finally:
         os.close(fd)
 
 
-def capture_through_vllm(target_dir: str | Path, prompts: list[list[int]], layer_ids: Sequence[int],
-                         dtype: str = "float32", *, timeout: float = 120.0,
-                         server_log: Path | None = None) -> list[torch.Tensor]:
+def capture_through_vllm(
+    target_dir: str | Path,
+    prompts: list[list[int]],
+    layer_ids: Sequence[int],
+    dtype: str = "float32",
+    *,
+    timeout: float = 120.0,
+    server_log: Path | None = None,
+) -> list[torch.Tensor]:
     """vLLM's hidden states at `layer_ids` (vLLM's numbering = boundaries) for each token-id prompt:
     [T, n, H] per prompt, n = len(set(layer_ids)), in ASCENDING id order whatever order was given.
     One server for all prompts, one request at a time, prefix caching off (every prompt's states are
@@ -85,10 +104,19 @@ def capture_through_vllm(target_dir: str | Path, prompts: list[list[int]], layer
         shared = Path(tmp).resolve()
         spec, kv = extraction_configs(ids, shared)
         pythonpath = os.pathsep.join(p for p in (str(PLUGIN_DIR), os.environ.get("PYTHONPATH", "")) if p)
-        with VllmServer(target_dir, dtype=dtype, max_model_len=max(len(p) for p in prompts) + 16,
-                        speculative_config=spec, kv_transfer_config=kv, env={"PYTHONPATH": pythonpath},
-                        kv_cache_gib=1, max_num_seqs=1, enforce_eager=True,
-                        extra_args=["--no-enable-prefix-caching"], log_path=server_log) as srv:
+        with VllmServer(
+            target_dir,
+            dtype=dtype,
+            max_model_len=max(len(p) for p in prompts) + 16,
+            speculative_config=spec,
+            kv_transfer_config=kv,
+            env={"PYTHONPATH": pythonpath},
+            kv_cache_gib=1,
+            max_num_seqs=1,
+            enforce_eager=True,
+            extra_args=["--no-enable-prefix-caching"],
+            log_path=server_log,
+        ) as srv:
             out = []
             for prompt in prompts:
                 body = {"model": srv.model_name, "prompt": list(prompt), "max_tokens": 1, "temperature": 0.0}
@@ -96,16 +124,20 @@ def capture_through_vllm(target_dir: str | Path, prompts: list[list[int]], layer
                 where = (answer.get("kv_transfer_params") or {}).get("hidden_states_path")
                 path = Path(where).resolve() if where else None
                 if path is None or path.parent != shared:
-                    raise EaglewireError("vLLM's answer does not name a hidden-states file in our shared directory",
-                                         expected=f"kv_transfer_params.hidden_states_path under {shared}",
-                                         found=json.dumps(answer.get("kv_transfer_params")))
+                    raise EaglewireError(
+                        "vLLM's answer does not name a hidden-states file in our shared directory",
+                        expected=f"kv_transfer_params.hidden_states_path under {shared}",
+                        found=json.dumps(answer.get("kv_transfer_params")),
+                    )
                 data = _read_states(path, time.monotonic() + timeout, srv)
                 hs, tok = data.get("hidden_states"), data.get("token_ids")
                 want = (len(prompt), len(ids), hidden_size or (hs.shape[-1] if hs is not None else 0))
                 if hs is None or tok is None or tuple(hs.shape) != want or tok.tolist() != list(prompt):
-                    raise EaglewireError("vLLM's hidden-states file does not match the request",
-                                         expected=f"hidden_states {want} and token_ids = the prompt",
-                                         found=f"{ {k: tuple(v.shape) for k, v in data.items()} }")
+                    raise EaglewireError(
+                        "vLLM's hidden-states file does not match the request",
+                        expected=f"hidden_states {want} and token_ids = the prompt",
+                        found=f"{ {k: tuple(v.shape) for k, v in data.items()} }",
+                    )
                 out.append(hs.float())
                 for p in (path, path.with_name(path.name + ".lock")):
                     p.unlink(missing_ok=True)

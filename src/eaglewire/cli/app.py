@@ -28,9 +28,20 @@ from eaglewire.cli.common import err_console
 # command name -> the cli module whose register() adds it, in the order of `eaglewire --help` (Typer's:
 # single commands first, then groups). tests/cli/test_cli_lazy.py checks it against what each module registers.
 COMMAND_MODULES: dict[str, str] = {
-    "capture": "target", "export": "formats", "import": "formats", "train": "train", "eval": "train",
-    "generate": "decoding", "bench": "decoding", "serve": "decoding", "run": "run",
-    "target": "target", "wiring": "target", "doctor": "doctor", "data": "data", "vocab": "train",
+    "capture": "target",
+    "export": "formats",
+    "import": "formats",
+    "train": "train",
+    "eval": "train",
+    "generate": "decoding",
+    "bench": "decoding",
+    "serve": "decoding",
+    "run": "run",
+    "target": "target",
+    "wiring": "target",
+    "doctor": "doctor",
+    "data": "data",
+    "vocab": "train",
 }
 
 
@@ -83,14 +94,21 @@ class LazyGroup(TyperGroup):
         self.commands = LazyCommands(dict(self.commands))
 
 
-app = typer.Typer(help="Train, export, check and run EAGLE-3 draft models.", no_args_is_help=True,
-                  pretty_exceptions_enable=False, cls=LazyGroup)
+app = typer.Typer(
+    help="Train, export, check and run EAGLE-3 draft models.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    cls=LazyGroup,
+)
 
 
 @app.callback()
 def _setup(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging.")) -> None:
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(message)s",
-                        handlers=[RichHandler(console=err_console, show_path=False)])
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(message)s",
+        handlers=[RichHandler(console=err_console, show_path=False)],
+    )
     # our own status lines replace transformers' tqdm bars. Importing transformers here would cost about a
     # second on every command; until huggingface_hub is imported, the environment says the same thing.
     if "huggingface_hub" in sys.modules:

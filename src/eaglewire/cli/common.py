@@ -39,6 +39,7 @@ def styled(*parts: str | tuple[str, str]) -> Text:
     ever parsed as markup."""
     return Text.assemble(*parts)
 
+
 TARGET_HELP = "Local HF model directory, or 'smollm2-135m' (the embedded default) when omitted."
 CONV_NAMES = ", ".join(CONVENTIONS)
 DATA_HELP = "Regenerated conversations (.jsonl.gz from `data regenerate`) or any conversation file."
@@ -133,8 +134,9 @@ def load_target_weights(target: Optional[str]) -> Any:
     tensors by name): target.weights.load_target_weights, with the same status line."""
     from eaglewire.target.weights import load_target_weights as load
 
-    with err_console.status("reading the target's config and weight index (the first run converts the embedded "
-                            "GGUF, ~30 s)"):
+    with err_console.status(
+        "reading the target's config and weight index (the first run converts the embedded GGUF, ~30 s)"
+    ):
         return load(target)
 
 
@@ -142,8 +144,9 @@ def parse_ints(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in text.replace(" ", "").split(",") if x)
     except ValueError:
-        raise EaglewireError("could not parse a list of layer ids", expected="comma-separated ints, e.g. 2,15,27",
-                             found=text) from None
+        raise EaglewireError(
+            "could not parse a list of layer ids", expected="comma-separated ints, e.g. 2,15,27", found=text
+        ) from None
 
 
 def resolve_convention(name: Optional[str], target: TargetInfo | None) -> Optional[str]:
@@ -169,19 +172,20 @@ def parse_dtype(name: str, allowed: dict[str, str], option: str) -> str:
     return allowed[name]
 
 
-def read_samples(target: RunnableTarget, data: str, max_length: int, limit: Optional[int], split_turns: bool,
-                 skip: int = 0) -> list:
+def read_samples(
+    target: RunnableTarget, data: str, max_length: int, limit: Optional[int], split_turns: bool, skip: int = 0
+) -> list:
     """Tokenized, loss-masked samples of `data` (valid conversations [skip, skip + limit)), with what was
     read and kept said on stderr."""
     from eaglewire.data.conversations import ReadStats
     from eaglewire.data.samples import load_samples
 
     read = ReadStats()
-    samples, stats = load_samples(data, target.tokenizer, max_length=max_length, limit=limit, skip=skip,
-                                  split_turns=split_turns, read_stats=read)
+    samples, stats = load_samples(
+        data, target.tokenizer, max_length=max_length, limit=limit, skip=skip, split_turns=split_turns, read_stats=read
+    )
     err_console.print(f"source: {read.summary()}\ndata: {stats.summary()}")
     return samples
-
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -225,8 +229,7 @@ def field_options(fields: dict[str, Any]) -> Callable[[F], F]:
             elif typing.get_origin(annotation) is typing.Literal:
                 cli_type = str
             option = typer.Option(default, "--" + name.replace("_", "-"), help=_field_help(annotation, info))
-            params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option,
-                                            annotation=cli_type))
+            params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=cli_type))
         fn.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
         return fn
 
@@ -249,5 +252,6 @@ def field_values(fields: dict[str, Any], options: dict[str, Any]) -> dict[str, A
         return dict(model.model_validate(values))
     except ValidationError as err:
         found = "; ".join(f"--{str(e['loc'][0]).replace('_', '-')} {e['input']!r}: {e['msg']}" for e in err.errors())
-        raise EaglewireError("invalid option value", expected="the values each option's help names",
-                             found=found, fix="see --help") from None
+        raise EaglewireError(
+            "invalid option value", expected="the values each option's help names", found=found, fix="see --help"
+        ) from None

@@ -10,25 +10,41 @@ from typing import Optional
 
 import typer
 
-from eaglewire.cli.common import TARGET_HELP, add_command, decide_device, device_option, err_console, load_target, \
-    out_console, parse_dtype
+from eaglewire.cli.common import (
+    TARGET_HELP,
+    add_command,
+    decide_device,
+    device_option,
+    err_console,
+    load_target,
+    out_console,
+    parse_dtype,
+)
 from eaglewire.serve import bench as B
 from eaglewire.serve.llamacpp_peer import DRAFT_PRECISIONS, LLAMACPP_METHODS, TARGET_PRECISIONS
 from eaglewire.serve.peer import PEER_METHODS
 from eaglewire.decoding.tree import DEFAULT_TREE as SHAPE
 from eaglewire.decoding.tree import TreeShape
 
-DRAFT_HELP = ("Draft directory: a native checkpoint or any engine export (default: the draft shipped for the "
-              "embedded SmolLM2 target).")
-TREE_HELP = ("Tree knobs use SGLang's meaning: --num-steps S (draft depth), --topk K (branching), "
-             "--num-draft-tokens N (verified tokens per round INCLUDING the root/last accepted token). "
-             "vLLM's chain spelling: --num-speculative-tokens k  ==  S=k, K=1, N=k+1.")
-DTYPE_HELP = ("float32 | bfloat16 | auto: the target runs in it (default: float32 on the CPU, bfloat16 on a GPU). "
-              "auto = bfloat16 on a GPU or where the CPU has native bf16 (AVX512-BF16/AMX), else float32; bfloat16 "
-              "on a CPU without it is refused (emulated, slower).")
-DRAFT_DTYPE_HELP = ("auto | target | float32 | bfloat16: the draft runs in it. auto = bfloat16 where the CPU has native "
-                    "bf16, else the target's dtype. Output stays the target's (it verifies every token); a bf16 "
-                    "draft only proposes slightly differently, at half the bytes read per weight.")
+DRAFT_HELP = (
+    "Draft directory: a native checkpoint or any engine export (default: the draft shipped for the "
+    "embedded SmolLM2 target)."
+)
+TREE_HELP = (
+    "Tree knobs use SGLang's meaning: --num-steps S (draft depth), --topk K (branching), "
+    "--num-draft-tokens N (verified tokens per round INCLUDING the root/last accepted token). "
+    "vLLM's chain spelling: --num-speculative-tokens k  ==  S=k, K=1, N=k+1."
+)
+DTYPE_HELP = (
+    "float32 | bfloat16 | auto: the target runs in it (default: float32 on the CPU, bfloat16 on a GPU). "
+    "auto = bfloat16 on a GPU or where the CPU has native bf16 (AVX512-BF16/AMX), else float32; bfloat16 "
+    "on a CPU without it is refused (emulated, slower)."
+)
+DRAFT_DTYPE_HELP = (
+    "auto | target | float32 | bfloat16: the draft runs in it. auto = bfloat16 where the CPU has native "
+    "bf16, else the target's dtype. Output stays the target's (it verifies every token); a bf16 "
+    "draft only proposes slightly differently, at half the bytes read per weight."
+)
 
 
 def _say(message: str) -> None:
@@ -44,8 +60,7 @@ def _shape(contract, knobs: tuple) -> TreeShape:
     return proposal_shape(contract, TreeShape.from_knobs(*knobs) if any(k is not None for k in knobs) else None)
 
 
-def _load(target: Optional[str], draft: Optional[Path], dtype: Optional[str], draft_dtype: str,
-          device: str) -> tuple:
+def _load(target: Optional[str], draft: Optional[Path], dtype: Optional[str], draft_dtype: str, device: str) -> tuple:
     """(target in --dtype on --device, draft in --draft-dtype), with a line on stderr for each."""
     from eaglewire import hw
     from eaglewire.compose import load_draft
@@ -68,26 +83,37 @@ def generate_cmd(
     prompt: str = typer.Option(..., "--prompt", "-p", help="User message (rendered with the chat template)."),
     draft: Optional[Path] = typer.Option(None, "--draft", "-d", help=DRAFT_HELP),
     target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_HELP),
-    max_new_tokens: int = typer.Option(256, "--max-new-tokens", help="Tokens generated per prompt (greedy unless a temperature is given)."),
+    max_new_tokens: int = typer.Option(
+        256, "--max-new-tokens", help="Tokens generated per prompt (greedy unless a temperature is given)."
+    ),
     num_steps: Optional[int] = typer.Option(None, "--num-steps", help=f"S (default {SHAPE.num_steps}). " + TREE_HELP),
     topk: Optional[int] = typer.Option(None, "--topk", help=f"K (default {SHAPE.topk})."),
-    num_draft_tokens: Optional[int] = typer.Option(None, "--num-draft-tokens",
-                                                   help=f"N incl. the root (default {SHAPE.num_draft_tokens})."),
+    num_draft_tokens: Optional[int] = typer.Option(
+        None, "--num-draft-tokens", help=f"N incl. the root (default {SHAPE.num_draft_tokens})."
+    ),
     num_speculative_tokens: Optional[int] = typer.Option(None, "--num-speculative-tokens", help="vLLM chain k."),
     as_json: bool = typer.Option(False, "--json", help="JSON on stdout, for scripts and CI."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP),
     draft_dtype: str = typer.Option("auto", "--draft-dtype", help=DRAFT_DTYPE_HELP),
     device: str = device_option(),
-    compile: str = typer.Option("cached", "--compile", help="The compiled layouts of the target's forward (inductor): "
-                                "'cached' uses them once a start on this machine has built them for this cache "
-                                "size (a power of two above prompt + --max-new-tokens), else the eager layouts, "
-                                "so that a start takes seconds; 'always' builds them now (one to a few minutes, "
-                                "once per cache size); 'never'."),
-    calibrate: str = typer.Option("cached", "--calibrate", help="The GEMM layouts of the target's forward: "
-                                  "'cached' uses the ones a start on this machine measured before, else the "
-                                  "default layouts (the same tokens; the first token comes in seconds); 'always' "
-                                  "measures them now where none are cached (seconds to minutes, once per "
-                                  "machine); 'never'."),
+    compile: str = typer.Option(
+        "cached",
+        "--compile",
+        help="The compiled layouts of the target's forward (inductor): "
+        "'cached' uses them once a start on this machine has built them for this cache "
+        "size (a power of two above prompt + --max-new-tokens), else the eager layouts, "
+        "so that a start takes seconds; 'always' builds them now (one to a few minutes, "
+        "once per cache size); 'never'.",
+    ),
+    calibrate: str = typer.Option(
+        "cached",
+        "--calibrate",
+        help="The GEMM layouts of the target's forward: "
+        "'cached' uses the ones a start on this machine measured before, else the "
+        "default layouts (the same tokens; the first token comes in seconds); 'always' "
+        "measures them now where none are cached (seconds to minutes, once per "
+        "machine); 'never'.",
+    ),
 ) -> None:
     """Greedy speculative decoding (lossless: in float32 the text equals plain greedy decoding; in bfloat16
     every token is a greedy choice up to bf16 rounding, so the texts may part where two tokens tie)."""
@@ -101,55 +127,110 @@ def generate_cmd(
             raise typer.BadParameter(f"expected one of {', '.join(modes)}, got {value!r}", param_hint=flag)
     tgt, d = _load(target, draft, dtype, draft_dtype, device)
     # the text `ew.generate` returns: the same function renders the chat prompt, decodes and stops at EOS
-    g = generate_text(tgt, d, prompt, max_new_tokens, shape=shape if any(k is not None for k in knobs) else None,
-                      log=_say, compile=compile, calibrate=calibrate)
+    g = generate_text(
+        tgt,
+        d,
+        prompt,
+        max_new_tokens,
+        shape=shape if any(k is not None for k in knobs) else None,
+        log=_say,
+        compile=compile,
+        calibrate=calibrate,
+    )
     if as_json:
         print(json.dumps({"text": g.text, "tokens": list(g.tokens), "stats": g.stats()}, indent=2))
         return
     out_console.print(g.text, markup=False, highlight=False)
-    err_console.print(f"tau {g.tau:.2f}  per-position {[round(p, 2) for p in g.per_position]}  "
-                      f"{g.tokens_per_s:.1f} tok/s  ({g.verify_steps} verify steps, prefill {g.prefill_s:.1f}s, "
-                      f"draft {g.draft_s:.1f}s / verify {g.verify_s:.1f}s)")
+    err_console.print(
+        f"tau {g.tau:.2f}  per-position {[round(p, 2) for p in g.per_position]}  "
+        f"{g.tokens_per_s:.1f} tok/s  ({g.verify_steps} verify steps, prefill {g.prefill_s:.1f}s, "
+        f"draft {g.draft_s:.1f}s / verify {g.verify_s:.1f}s)"
+    )
 
 
 def bench_cmd(
     draft: Optional[Path] = typer.Option(None, "--draft", "-d", help=DRAFT_HELP),
     out: Path = typer.Option(Path("out/bench"), "--out", "-o", help="Writes bench.json, bench.md, bench.png."),
     target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_HELP),
-    questions: str = typer.Option(B.QUESTIONS, "--questions", help="'mtbench', a named prompt set "
-                                   "('humaneval', 'mtbench-math') or a FastChat/any conversation file."),
+    questions: str = typer.Option(
+        B.QUESTIONS,
+        "--questions",
+        help="'mtbench', a named prompt set ('humaneval', 'mtbench-math') or a FastChat/any conversation file.",
+    ),
     limit: int = typer.Option(B.PROMPTS, "--limit", help="Number of questions."),
-    turns: int = typer.Option(1, "--turns", help="1: first turns. 2: also second turns, after the target's own "
-                              "regenerated first answer (from --answers)."),
-    answers: str = typer.Option("smollm2-mtbench-regen", "--answers", help="Regenerated answers for --turns 2 "
-                                "(`data regenerate --source mtbench` output)."),
-    max_new_tokens: int = typer.Option(B.MAX_NEW_TOKENS, "--max-new-tokens", help="Tokens generated per prompt (greedy unless a temperature is given)."),
-    chain_k: int = typer.Option(B.CHAIN_K, "--num-speculative-tokens", help="Chain length for the chain run (vLLM's k)."),
+    turns: int = typer.Option(
+        1,
+        "--turns",
+        help="1: first turns. 2: also second turns, after the target's own regenerated first answer (from --answers).",
+    ),
+    answers: str = typer.Option(
+        "smollm2-mtbench-regen",
+        "--answers",
+        help="Regenerated answers for --turns 2 (`data regenerate --source mtbench` output).",
+    ),
+    max_new_tokens: int = typer.Option(
+        B.MAX_NEW_TOKENS, "--max-new-tokens", help="Tokens generated per prompt (greedy unless a temperature is given)."
+    ),
+    chain_k: int = typer.Option(
+        B.CHAIN_K, "--num-speculative-tokens", help="Chain length for the chain run (vLLM's k)."
+    ),
     num_steps: int = typer.Option(SHAPE.num_steps, "--num-steps", help="Tree run: S. " + TREE_HELP),
     topk: int = typer.Option(SHAPE.topk, "--topk", help="Tree run: K."),
-    num_draft_tokens: int = typer.Option(SHAPE.num_draft_tokens, "--num-draft-tokens", help="Tree run: N including the root."),
-    methods: str = typer.Option(",".join(B.METHODS), "--methods", help="Comma list of " + ", ".join(B.METHODS) +
-                                ", " + ", ".join(B.BLOCK_METHODS + PEER_METHODS + LLAMACPP_METHODS) + " (vanilla is always needed: "
-                                "the lossless reference and the speedup base; dflash needs --dflash-draft)."),
-    dflash_draft: Optional[Path] = typer.Option(None, "--dflash-draft", help="A DFlash draft checkpoint for the "
-                                                "dflash row (its whole block per round)."),
-    vllm: bool = typer.Option(False, "--vllm", help="Add the peer rows " + " and ".join(PEER_METHODS) + ": the "
-                              "real vLLM CPU build on the same prompts, draft, k and dtype (scripts/vllm_venv.sh)."),
-    llamacpp: bool = typer.Option(False, "--llamacpp", help="Add the rows " + " and ".join(LLAMACPP_METHODS) + ": "
-                                  "llama.cpp's llama-server alone and with the draft as a GGUF, same prompts and k "
-                                  "(scripts/llamacpp_build.sh or EAGLEWIRE_LLAMA_SERVER)."),
-    llamacpp_target: str = typer.Option("q4_1", "--llamacpp-target", help="The llama.cpp rows' target GGUF: "
-                                        + " or ".join(TARGET_PRECISIONS) + " (q4_1: the file the embedded target "
-                                        "ships; f32: llama.cpp's conversion of the float target)."),
-    llamacpp_draft: str = typer.Option("f32", "--llamacpp-draft", help="The draft GGUF's precision: "
-                                       + ", ".join(DRAFT_PRECISIONS) + "."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP + " Every row runs in it (HF generate, vanilla, "
-                              "EAGLE, vLLM's); bench.json records it."),
+    num_draft_tokens: int = typer.Option(
+        SHAPE.num_draft_tokens, "--num-draft-tokens", help="Tree run: N including the root."
+    ),
+    methods: str = typer.Option(
+        ",".join(B.METHODS),
+        "--methods",
+        help="Comma list of "
+        + ", ".join(B.METHODS)
+        + ", "
+        + ", ".join(B.BLOCK_METHODS + PEER_METHODS + LLAMACPP_METHODS)
+        + " (vanilla is always needed: "
+        "the lossless reference and the speedup base; dflash needs --dflash-draft).",
+    ),
+    dflash_draft: Optional[Path] = typer.Option(
+        None, "--dflash-draft", help="A DFlash draft checkpoint for the dflash row (its whole block per round)."
+    ),
+    vllm: bool = typer.Option(
+        False,
+        "--vllm",
+        help="Add the peer rows " + " and ".join(PEER_METHODS) + ": the "
+        "real vLLM CPU build on the same prompts, draft, k and dtype (scripts/vllm_venv.sh).",
+    ),
+    llamacpp: bool = typer.Option(
+        False,
+        "--llamacpp",
+        help="Add the rows " + " and ".join(LLAMACPP_METHODS) + ": "
+        "llama.cpp's llama-server alone and with the draft as a GGUF, same prompts and k "
+        "(scripts/llamacpp_build.sh or EAGLEWIRE_LLAMA_SERVER).",
+    ),
+    llamacpp_target: str = typer.Option(
+        "q4_1",
+        "--llamacpp-target",
+        help="The llama.cpp rows' target GGUF: "
+        + " or ".join(TARGET_PRECISIONS)
+        + " (q4_1: the file the embedded target "
+        "ships; f32: llama.cpp's conversion of the float target).",
+    ),
+    llamacpp_draft: str = typer.Option(
+        "f32", "--llamacpp-draft", help="The draft GGUF's precision: " + ", ".join(DRAFT_PRECISIONS) + "."
+    ),
+    dtype: Optional[str] = typer.Option(
+        None,
+        "--dtype",
+        help=DTYPE_HELP + " Every row runs in it (HF generate, vanilla, EAGLE, vLLM's); bench.json records it.",
+    ),
     draft_dtype: str = typer.Option("auto", "--draft-dtype", help=DRAFT_DTYPE_HELP),
     device: str = device_option(),
-    repeats: int = typer.Option(1, "--repeats", min=1, help="Run every prompt this many times (every row, the "
-                                "vLLM ones included, interleaved prompt by prompt); bench.md gives each "
-                                "repetition's ours / vLLM ratios."),
+    repeats: int = typer.Option(
+        1,
+        "--repeats",
+        min=1,
+        help="Run every prompt this many times (every row, the "
+        "vLLM ones included, interleaved prompt by prompt); bench.md gives each "
+        "repetition's ours / vLLM ratios.",
+    ),
 ) -> None:
     """HF generate vs vanilla vs prompt lookup vs EAGLE-3 chain vs tree, interleaved in one process.
 
@@ -162,10 +243,19 @@ def bench_cmd(
         _say(f"loading block draft {dflash_draft}")
         block_draft = load_draft(dflash_draft, tgt, dtype=d.fc.weight.dtype)
     prompts = B.bench_prompts(tgt, questions, limit, turns, answers)
-    result = B.run_bench(tgt, d, prompts, max_new_tokens, TreeShape.chain(chain_k),
-                         TreeShape(num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens),
-                         log=_say, repeats=repeats, block_draft=block_draft,
-                         llamacpp_gguf=(llamacpp_target, llamacpp_draft), methods=_rows(methods, vllm, llamacpp))
+    result = B.run_bench(
+        tgt,
+        d,
+        prompts,
+        max_new_tokens,
+        TreeShape.chain(chain_k),
+        TreeShape(num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens),
+        log=_say,
+        repeats=repeats,
+        block_draft=block_draft,
+        llamacpp_gguf=(llamacpp_target, llamacpp_draft),
+        methods=_rows(methods, vllm, llamacpp),
+    )
     from eaglewire.export.checkpoint import resolve_draft
 
     result["questions"], result["draft"], result["turns"] = questions, str(resolve_draft(draft)), turns
@@ -177,7 +267,9 @@ def bench_cmd(
 def _rows(methods: str, vllm: bool, llamacpp: bool) -> list[str]:
     """--methods, then the peer rows --vllm / --llamacpp add, each once, in order."""
     listed = [m.strip() for m in methods.split(",") if m.strip()]
-    return list(dict.fromkeys(listed + (list(PEER_METHODS) if vllm else []) + (list(LLAMACPP_METHODS) if llamacpp else [])))
+    return list(
+        dict.fromkeys(listed + (list(PEER_METHODS) if vllm else []) + (list(LLAMACPP_METHODS) if llamacpp else []))
+    )
 
 
 def serve_cmd(
@@ -185,15 +277,30 @@ def serve_cmd(
     target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_HELP),
     host: str = typer.Option("127.0.0.1", "--host", help="Bind address (loopback by default)."),
     port: int = typer.Option(8000, "--port", help="TCP port to listen on (0: any free port, printed at start)."),
-    model_name: Optional[str] = typer.Option(None, "--model-name", help="Name clients must send (default: target name)."),
+    model_name: Optional[str] = typer.Option(
+        None, "--model-name", help="Name clients must send (default: target name)."
+    ),
     max_context: int = typer.Option(4096, "--max-context", help="Prompt + generated tokens per request."),
-    max_tokens_limit: int = typer.Option(1024, "--max-tokens-limit", help="The largest max_tokens a request may ask for (larger requests get a 400)."),
+    max_tokens_limit: int = typer.Option(
+        1024, "--max-tokens-limit", help="The largest max_tokens a request may ask for (larger requests get a 400)."
+    ),
     num_steps: Optional[int] = typer.Option(None, "--num-steps", help=TREE_HELP),
-    topk: Optional[int] = typer.Option(None, "--topk", help="SGLang's --speculative-eagle-topk K: branching per tree node (1 = a chain; see --num-steps)."),
-    num_draft_tokens: Optional[int] = typer.Option(None, "--num-draft-tokens", help="SGLang's --speculative-num-draft-tokens N: verified tokens per round, "
-                                                    "the root included (see --num-steps)."),
-    num_speculative_tokens: Optional[int] = typer.Option(None, "--num-speculative-tokens", help="vLLM's k: a chain of k drafted tokens per round "
-                                                          "(= --num-steps k --topk 1 --num-draft-tokens k+1)."),
+    topk: Optional[int] = typer.Option(
+        None,
+        "--topk",
+        help="SGLang's --speculative-eagle-topk K: branching per tree node (1 = a chain; see --num-steps).",
+    ),
+    num_draft_tokens: Optional[int] = typer.Option(
+        None,
+        "--num-draft-tokens",
+        help="SGLang's --speculative-num-draft-tokens N: verified tokens per round, "
+        "the root included (see --num-steps).",
+    ),
+    num_speculative_tokens: Optional[int] = typer.Option(
+        None,
+        "--num-speculative-tokens",
+        help="vLLM's k: a chain of k drafted tokens per round (= --num-steps k --topk 1 --num-draft-tokens k+1).",
+    ),
     dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP),
     draft_dtype: str = typer.Option("auto", "--draft-dtype", help=DRAFT_DTYPE_HELP),
     device: str = device_option(),
@@ -206,8 +313,9 @@ def serve_cmd(
     try:
         tgt, d = _load(target, draft, dtype, draft_dtype, device)
         shape = _shape(d.contract, (num_steps, topk, num_draft_tokens, num_speculative_tokens))
-        server = build_server(tgt, d, shape, model_name, max_context, max_tokens_limit, host, port, log=_say,
-                              httpd=httpd)
+        server = build_server(
+            tgt, d, shape, model_name, max_context, max_tokens_limit, host, port, log=_say, httpd=httpd
+        )
     except BaseException:  # a start that fails gives the port back (a retry in the same process finds it free)
         httpd.server_close()
         raise

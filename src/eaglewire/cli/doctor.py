@@ -16,8 +16,16 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from eaglewire.cli.common import add_command, device_option, err_console, load_target, out_console, parse_ints, progress, \
-    styled
+from eaglewire.cli.common import (
+    add_command,
+    device_option,
+    err_console,
+    load_target,
+    out_console,
+    parse_ints,
+    progress,
+    styled,
+)
 from eaglewire.export.engines import ENGINES
 from eaglewire.errors import EaglewireError
 
@@ -37,33 +45,63 @@ class _CheckByDefault(TyperGroup):
 def check_cmd(
     draft: Path = typer.Argument(..., help="An exported draft directory (any engine layout) or a GGUF draft."),
     target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_OPTION_HELP),
-    target_gguf: Optional[Path] = typer.Option(None, "--target-gguf", help="A GGUF draft's target GGUF (llama-"
-                                               "server -m): its sizes and vocabulary against the draft's."),
-    boundaries: Optional[Path] = typer.Option(None, "--boundaries", "-b", help="A dump of every boundary of the "
-                                              "target from `eaglewire doctor sample` (run where the target runs): "
-                                              "measure on it, no target loaded here. Not with --target."),
-    engine: Optional[str] = typer.Option(None, "--engine", "-e", help=f"{', '.join(ENGINES)} (default: "
-                                         "detected from config.json, llamacpp for a .gguf; sglang = the layer-id "
-                                         "rule of the target's SGLang model file)"),
-    engine_version: Optional[str] = typer.Option(None, "--engine-version", help="Recorded in the report; for "
-                                                 "sglang, the release whose per-model-file layer-id rule applies "
-                                                 "(default: the newest verified); for a block drafter (DFlash, "
-                                                 "DSpark) the engine release whose rules apply, e.g. vllm "
-                                                 "0.30.0 (doctor/block_rules.json)."),
-    measure: Optional[bool] = typer.Option(None, "--measure/--no-measure", help="Measure which boundaries the "
-                                           "draft was trained on by running it on the target (default: on when "
-                                           "--target is given and the draft has no eaglewire_contract.json, "
-                                           "always with --boundaries)."),
-    steps: Optional[int] = typer.Option(None, "--steps", help="Drafts per round for the teacher-forced tau "
-                                        "of a greedy chain (vLLM num_speculative_tokens; SGLang "
-                                        "--speculative-num-steps at topk 1). Default: the knobs' depth, else 3."),
-    num_steps: Optional[int] = typer.Option(None, "--num-steps", help="SGLang --speculative-num-steps: with "
-                                            "--topk/--num-draft-tokens, our engine predicts tau at this shape."),
+    target_gguf: Optional[Path] = typer.Option(
+        None,
+        "--target-gguf",
+        help="A GGUF draft's target GGUF (llama-server -m): its sizes and vocabulary against the draft's.",
+    ),
+    boundaries: Optional[Path] = typer.Option(
+        None,
+        "--boundaries",
+        "-b",
+        help="A dump of every boundary of the "
+        "target from `eaglewire doctor sample` (run where the target runs): "
+        "measure on it, no target loaded here. Not with --target.",
+    ),
+    engine: Optional[str] = typer.Option(
+        None,
+        "--engine",
+        "-e",
+        help=f"{', '.join(ENGINES)} (default: "
+        "detected from config.json, llamacpp for a .gguf; sglang = the layer-id "
+        "rule of the target's SGLang model file)",
+    ),
+    engine_version: Optional[str] = typer.Option(
+        None,
+        "--engine-version",
+        help="Recorded in the report; for "
+        "sglang, the release whose per-model-file layer-id rule applies "
+        "(default: the newest verified); for a block drafter (DFlash, "
+        "DSpark) the engine release whose rules apply, e.g. vllm "
+        "0.30.0 (doctor/block_rules.json).",
+    ),
+    measure: Optional[bool] = typer.Option(
+        None,
+        "--measure/--no-measure",
+        help="Measure which boundaries the "
+        "draft was trained on by running it on the target (default: on when "
+        "--target is given and the draft has no eaglewire_contract.json, "
+        "always with --boundaries).",
+    ),
+    steps: Optional[int] = typer.Option(
+        None,
+        "--steps",
+        help="Drafts per round for the teacher-forced tau "
+        "of a greedy chain (vLLM num_speculative_tokens; SGLang "
+        "--speculative-num-steps at topk 1). Default: the knobs' depth, else 3.",
+    ),
+    num_steps: Optional[int] = typer.Option(
+        None,
+        "--num-steps",
+        help="SGLang --speculative-num-steps: with --topk/--num-draft-tokens, our engine predicts tau at this shape.",
+    ),
     topk: Optional[int] = typer.Option(None, "--topk", help="SGLang --speculative-eagle-topk (> 1: a tree)."),
-    num_draft_tokens: Optional[int] = typer.Option(None, "--num-draft-tokens",
-                                                   help="SGLang --speculative-num-draft-tokens (counts the root)."),
-    num_speculative_tokens: Optional[int] = typer.Option(None, "--num-speculative-tokens", help="vLLM k: our "
-                                                         "engine predicts tau for this chain."),
+    num_draft_tokens: Optional[int] = typer.Option(
+        None, "--num-draft-tokens", help="SGLang --speculative-num-draft-tokens (counts the root)."
+    ),
+    num_speculative_tokens: Optional[int] = typer.Option(
+        None, "--num-speculative-tokens", help="vLLM k: our engine predicts tau for this chain."
+    ),
     as_json: bool = typer.Option(False, "--json", help="JSON for CI."),
     device: str = device_option(),
 ) -> None:
@@ -76,12 +114,22 @@ def check_cmd(
 
     shape = _engine_shape((num_steps, topk, num_draft_tokens, num_speculative_tokens), measure)
     tgt = None if _is_gguf(draft, engine) and target is None else _evidence(target, boundaries, measure, device)
-    require_default_target_fits(*stated_by(draft), tgt, target_given=target is not None or boundaries is not None,
-                                draft=str(draft))
+    require_default_target_fits(
+        *stated_by(draft), tgt, target_given=target is not None or boundaries is not None, draft=str(draft)
+    )
     # a dump is evidence for the measurement; the default target (no --target) is measured only when asked
     asked = True if boundaries is not None else (measure if measure is not None or target is not None else False)
-    report = check(draft, engine, tgt, measure=asked, steps=steps, shape=shape, engine_version=engine_version,
-                   progress=progress, target_gguf=target_gguf)
+    report = check(
+        draft,
+        engine,
+        tgt,
+        measure=asked,
+        steps=steps,
+        shape=shape,
+        engine_version=engine_version,
+        progress=progress,
+        target_gguf=target_gguf,
+    )
     if as_json:
         print(report.to_json())
     else:
@@ -91,13 +139,17 @@ def check_cmd(
 
 def _print_report(report, draft: Path, engine_version: Optional[str], tgt, target_gguf: Optional[Path]) -> None:
     layout = getattr(report, "layout", "")  # a block drafter's report names its family, layout, version
-    out_console.print(f"doctor: {draft} as loaded by {report.engine}"
-                      + (f" {engine_version or report.engine_version}" if engine_version or layout else "")
-                      + (f" with target {tgt.name}" if tgt is not None else f" with target GGUF {target_gguf}")
-                      + (f" ({report.family} draft, {layout} layout)" if layout else ""))
+    out_console.print(
+        f"doctor: {draft} as loaded by {report.engine}"
+        + (f" {engine_version or report.engine_version}" if engine_version or layout else "")
+        + (f" with target {tgt.name}" if tgt is not None else f" with target GGUF {target_gguf}")
+        + (f" ({report.family} draft, {layout} layout)" if layout else "")
+    )
     for f in report.findings:
-        out_console.print(styled((f"{f.level.upper():5}", STYLE[f.level]), f" {f.what}\n      why: {f.why}\n"
-                                 f"      fix: {f.fix}"), highlight=False)
+        out_console.print(
+            styled((f"{f.level.upper():5}", STYLE[f.level]), f" {f.what}\n      why: {f.why}\n      fix: {f.fix}"),
+            highlight=False,
+        )
     out_console.print(f"{report.errors} error(s), {len(report.findings) - report.errors} other finding(s)")
 
 
@@ -116,8 +168,12 @@ def _engine_shape(knobs: tuple[Optional[int], ...], measure: Optional[bool]) -> 
     from eaglewire.decoding.tree import TreeShape
 
     if measure is False:
-        raise EaglewireError("engine knobs with --no-measure", expected="the knobs shape the measured tau",
-                             found="--no-measure", fix="drop --no-measure, or the knobs")
+        raise EaglewireError(
+            "engine knobs with --no-measure",
+            expected="the knobs shape the measured tau",
+            found="--no-measure",
+            fix="drop --no-measure, or the knobs",
+        )
     return TreeShape.from_knobs(*knobs)
 
 
@@ -126,13 +182,20 @@ def _evidence(target: Optional[str], boundaries: Optional[Path], measure: Option
     if boundaries is None:
         return load_target(target, device)
     if target is not None:
-        raise EaglewireError("--target and --boundaries were both given", expected="one source of the target's "
-                             "states: --target T (loaded and run here) or --boundaries FILE (a dump of it)",
-                             found=f"--target {target} --boundaries {boundaries}",
-                             fix="drop --boundaries to measure on the target, or --target to measure on the dump")
+        raise EaglewireError(
+            "--target and --boundaries were both given",
+            expected="one source of the target's "
+            "states: --target T (loaded and run here) or --boundaries FILE (a dump of it)",
+            found=f"--target {target} --boundaries {boundaries}",
+            fix="drop --boundaries to measure on the target, or --target to measure on the dump",
+        )
     if measure is False:
-        raise EaglewireError("--boundaries with --no-measure", expected="a dump is evidence for the measured check",
-                             found="--no-measure", fix="drop --no-measure, or --boundaries for the static checks")
+        raise EaglewireError(
+            "--boundaries with --no-measure",
+            expected="a dump is evidence for the measured check",
+            found="--no-measure",
+            fix="drop --no-measure, or --boundaries for the static checks",
+        )
     from eaglewire.capture.boundary_file import DumpTarget
 
     return DumpTarget.from_file(boundaries)
@@ -141,10 +204,17 @@ def _evidence(target: Optional[str], boundaries: Optional[Path], measure: Option
 def sample_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="The dump to write (safetensors)."),
     target: Optional[str] = typer.Option(None, "--target", "-t", help="The target to dump (it is loaded and run)."),
-    dtype: str = typer.Option("float32", "--dtype", help="float32 or bfloat16 (half the file; scores then "
-                              "differ from measuring on the target by bf16 rounding)."),
-    vocab: bool = typer.Option(False, "--vocab", help="Also store the target's embedding and output head (2 x "
-                               "vocab x hidden): block drafters (DFlash) need both to be measured on the dump."),
+    dtype: str = typer.Option(
+        "float32",
+        "--dtype",
+        help="float32 or bfloat16 (half the file; scores then differ from measuring on the target by bf16 rounding).",
+    ),
+    vocab: bool = typer.Option(
+        False,
+        "--vocab",
+        help="Also store the target's embedding and output head (2 x "
+        "vocab x hidden): block drafters (DFlash) need both to be measured on the dump.",
+    ),
 ) -> None:
     """Dump every residual-stream boundary of the target on the doctor's built-in prompts and its greedy
     answers, for `eaglewire doctor check DRAFT_DIR --boundaries FILE` where the target cannot be loaded.
@@ -161,15 +231,19 @@ def sample_cmd(
     tgt = load_target(target)
     with err_console.status("capturing every boundary on the built-in prompts and the target's greedy answers"):
         bounds = capture_dump(tgt, out, dtypes[dtype], vocab=vocab)
-    out_console.print(f"wrote {out}: boundaries 0..{bounds.num_layers} of {tgt.name} on {int(bounds.scored.sum())} "
-                      f"scored tokens ({out.stat().st_size / 2**20:.1f} MiB); next: eaglewire doctor check "
-                      f"DRAFT_DIR --boundaries {out}", highlight=False)
+    out_console.print(
+        f"wrote {out}: boundaries 0..{bounds.num_layers} of {tgt.name} on {int(bounds.scored.sum())} "
+        f"scored tokens ({out.stat().st_size / 2**20:.1f} MiB); next: eaglewire doctor check "
+        f"DRAFT_DIR --boundaries {out}",
+        highlight=False,
+    )
 
 
 def probe_cmd(
     dump: Path = typer.Option(..., "--dump", help="safetensors with `hidden` [T, W] (+ input_ids)."),
-    contract_path: Path = typer.Option(..., "--contract", help="eaglewire_contract.json or a draft directory "
-                                       "holding one."),
+    contract_path: Path = typer.Option(
+        ..., "--contract", help="eaglewire_contract.json or a draft directory holding one."
+    ),
     ids: Optional[str] = typer.Option(None, "--ids", help="Token ids if the dump lacks them."),
     target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_OPTION_HELP),
     as_json: bool = typer.Option(False, "--json", help="JSON for CI."),
@@ -190,8 +264,9 @@ def probe_cmd(
     if as_json:
         print(json.dumps(dataclasses.asdict(res), indent=2))
     else:
-        out_console.print(styled(("OK", "green") if res.ok else ("ERROR", "bold red"), " " + res.message),
-                          highlight=False)
+        out_console.print(
+            styled(("OK", "green") if res.ok else ("ERROR", "bold red"), " " + res.message), highlight=False
+        )
     raise typer.Exit(0 if res.ok else 1)
 
 
@@ -208,20 +283,28 @@ def expect_cmd(
     draft_dir: Path = typer.Option(..., "--draft", help="The draft (native or any export)."),
     target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_OPTION_HELP),
     measured_tau: Optional[float] = typer.Option(None, "--measured-tau", help="The engine's accept length."),
-    log: Optional[Path] = typer.Option(None, "--log", help="An SGLang/vLLM/llama-server log to read accept "
-                                       "lengths from (llama-server's per-position rates need -lv 4)."),
+    log: Optional[Path] = typer.Option(
+        None,
+        "--log",
+        help="An SGLang/vLLM/llama-server log to read accept "
+        "lengths from (llama-server's per-position rates need -lv 4).",
+    ),
     num_steps: Optional[int] = typer.Option(None, "--num-steps", help="SGLang --speculative-num-steps."),
     topk: Optional[int] = typer.Option(None, "--topk", help="SGLang --speculative-eagle-topk."),
-    num_draft_tokens: Optional[int] = typer.Option(None, "--num-draft-tokens",
-                                                   help="SGLang --speculative-num-draft-tokens (counts the root)."),
-    num_speculative_tokens: Optional[int] = typer.Option(None, "--num-speculative-tokens",
-                                                         help="vLLM k (llama.cpp: --spec-draft-n-max)."),
+    num_draft_tokens: Optional[int] = typer.Option(
+        None, "--num-draft-tokens", help="SGLang --speculative-num-draft-tokens (counts the root)."
+    ),
+    num_speculative_tokens: Optional[int] = typer.Option(
+        None, "--num-speculative-tokens", help="vLLM k (llama.cpp: --spec-draft-n-max)."
+    ),
     questions: str = typer.Option("mtbench", "--questions", help="Prompts (first user turns)."),
     limit: int = typer.Option(4, "--limit", help="Number of prompts."),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Tokens per prompt."),
-    engine_version: Optional[str] = typer.Option(None, "--engine-version", help="SGLang release whose "
-                                                 "per-model-file layer-id rule reads an export's ids (default: "
-                                                 "the newest verified)."),
+    engine_version: Optional[str] = typer.Option(
+        None,
+        "--engine-version",
+        help="SGLang release whose per-model-file layer-id rule reads an export's ids (default: the newest verified).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="JSON for CI."),
 ) -> None:
     """Predict tau for the engine's knobs; flag a measured tau far below the prediction."""
@@ -237,15 +320,20 @@ def expect_cmd(
     contract = draft.contract
     rule = rule_applied(draft_dir, tgt, engine_version)
     prompts = _first_turn_prompts(tgt, questions, limit)
-    with progress(f"doctor expect: our engine on {len(prompts)} prompts x {max_new_tokens} greedy tokens at "
-                  f"S{shape.num_steps} K{shape.topk} N{shape.num_draft_tokens} (seconds to a minute a prompt on a "
-                  "CPU)") as say:
+    with progress(
+        f"doctor expect: our engine on {len(prompts)} prompts x {max_new_tokens} greedy tokens at "
+        f"S{shape.num_steps} K{shape.topk} N{shape.num_draft_tokens} (seconds to a minute a prompt on a "
+        "CPU)"
+    ) as say:
         tau, per_pos = predict(tgt, draft, contract, shape, prompts, max_new_tokens, progress=say)
     text = log.read_text() if log else ""
     measured = measured_tau if measured_tau is not None else (parse_log(text) if log else None)
     if log is not None and measured is None:
-        raise EaglewireError(f"no acceptance length found in {log}", expected="SGLang 'accept len: X', vLLM "
-                             "'Mean acceptance length: X' or llama-server 'mean len = X' lines", found="none")
+        raise EaglewireError(
+            f"no acceptance length found in {log}",
+            expected="SGLang 'accept len: X', vLLM 'Mean acceptance length: X' or llama-server 'mean len = X' lines",
+            found="none",
+        )
     res = judge(tau, per_pos, measured, parse_log_counts(text) if log else None)
     if as_json:
         print(json.dumps({**dataclasses.asdict(res), **({"layer_id_rule": rule} if rule else {})}, indent=2))
@@ -277,19 +365,26 @@ def dump_vllm_cmd(
     target_dir = resolve_target(target)[1]
     tokens = list(parse_ints(ids)) if ids else AutoTokenizer.from_pretrained(target_dir)(prompt)["input_ids"]
     with err_console.status("vLLM: starting its CPU build (~40 s) and capturing"):
-        used = dump_through_vllm(target_dir, tokens, out, export_dir=draft,
-                                 layer_ids=parse_ints(layer_ids) if layer_ids else None)
-    out_console.print(f"wrote {out}: vLLM ids {used} on {len(tokens)} tokens; next: eaglewire doctor probe "
-                      f"--dump {out} --contract {draft}" + (f" --target {target}" if target else ""), highlight=False)
+        used = dump_through_vllm(
+            target_dir, tokens, out, export_dir=draft, layer_ids=parse_ints(layer_ids) if layer_ids else None
+        )
+    out_console.print(
+        f"wrote {out}: vLLM ids {used} on {len(tokens)} tokens; next: eaglewire doctor probe "
+        f"--dump {out} --contract {draft}" + (f" --target {target}" if target else ""),
+        highlight=False,
+    )
 
 
 def register(app: typer.Typer) -> None:
-    doctor_app = typer.Typer(cls=_CheckByDefault, no_args_is_help=True,
-                             help="Check a draft before deployment: `doctor DIR` (= `doctor check DIR`), "
-                             "`doctor probe` (delivered boundaries), `doctor expect` (predicted vs measured tau), "
-                             "`doctor dump-vllm` (what vLLM delivers, for probe), `doctor live` / `doctor watch` (a running "
-                             "engine), `doctor sample` (the target's "
-                             "boundaries, for `doctor check DIR --boundaries FILE` where the target does not load).")
+    doctor_app = typer.Typer(
+        cls=_CheckByDefault,
+        no_args_is_help=True,
+        help="Check a draft before deployment: `doctor DIR` (= `doctor check DIR`), "
+        "`doctor probe` (delivered boundaries), `doctor expect` (predicted vs measured tau), "
+        "`doctor dump-vllm` (what vLLM delivers, for probe), `doctor live` / `doctor watch` (a running "
+        "engine), `doctor sample` (the target's "
+        "boundaries, for `doctor check DIR --boundaries FILE` where the target does not load).",
+    )
     add_command(doctor_app, check_cmd, "check")
     add_command(doctor_app, sample_cmd, "sample")
     add_command(doctor_app, probe_cmd, "probe")

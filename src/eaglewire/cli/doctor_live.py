@@ -11,8 +11,9 @@ import typer
 from eaglewire.cli.common import err_console, load_target, out_console, styled
 from eaglewire.errors import EaglewireError
 
-ENGINE_HELP = ("vllm, sglang, llamacpp or eaglewire (default: detected from the server's /metrics; llama-server "
-               "needs --metrics).")
+ENGINE_HELP = (
+    "vllm, sglang, llamacpp or eaglewire (default: detected from the server's /metrics; llama-server needs --metrics)."
+)
 URL_HELP = "The running server, http://127.0.0.1:PORT (with or without /v1)."
 
 
@@ -31,10 +32,12 @@ def _shape(k: Optional[int], knobs: tuple[Optional[int], ...], window: Any) -> A
         return TreeShape.from_knobs(*knobs, k)
     if window.counters.k:
         return TreeShape.chain(window.counters.k)
-    raise EaglewireError("the engine's shape is unknown", expected="--num-speculative-tokens K (vLLM) or "
-                         "--num-steps/--topk/--num-draft-tokens (SGLang)",
-                         found=f"{window.counters.engine} exposes no per-position counters to read k from",
-                         fix="pass the knobs the server was started with")
+    raise EaglewireError(
+        "the engine's shape is unknown",
+        expected="--num-speculative-tokens K (vLLM) or --num-steps/--topk/--num-draft-tokens (SGLang)",
+        found=f"{window.counters.engine} exposes no per-position counters to read k from",
+        fix="pass the knobs the server was started with",
+    )
 
 
 def _plain_timing(plain_url: str, chats: list[Any], max_tokens: int, window: Any) -> dict[str, Any]:
@@ -51,8 +54,12 @@ def _plain_timing(plain_url: str, chats: list[Any], max_tokens: int, window: Any
     if not (spec_s and plain_s and plain_tokens and rounds):
         return {"round_cost": None, "why": "too few streamed tokens or rounds to time"}
     round_s, token_s = spec_s / rounds, plain_s / plain_tokens
-    return {"s_per_round": round(round_s, 5), "plain_s_per_token": round(token_s, 5),
-            "round_cost": round(break_even_tau(round_s, token_s), 3), "plain_url": plain_url}
+    return {
+        "s_per_round": round(round_s, 5),
+        "plain_s_per_token": round(token_s, 5),
+        "round_cost": round(break_even_tau(round_s, token_s), 3),
+        "plain_url": plain_url,
+    }
 
 
 def live_cmd(
@@ -60,19 +67,29 @@ def live_cmd(
     draft: Path = typer.Option(..., "--draft", help="The draft the server runs (native or any export)."),
     target: Optional[str] = typer.Option(None, "--target", "-t", help="The target the server runs."),
     engine: Optional[str] = typer.Option(None, "--engine", "-e", help=ENGINE_HELP),
-    prompts: str = typer.Option("mtbench", "--prompts", help="A named prompt set (mtbench, ...) or a FastChat/"
-                                "conversation file; first user turns, spread over its categories."),
+    prompts: str = typer.Option(
+        "mtbench",
+        "--prompts",
+        help="A named prompt set (mtbench, ...) or a FastChat/"
+        "conversation file; first user turns, spread over its categories.",
+    ),
     limit: int = typer.Option(4, "--limit", help="Number of prompts (sent one at a time)."),
     max_tokens: int = typer.Option(64, "--max-tokens", help="Greedy tokens per prompt."),
-    num_speculative_tokens: Optional[int] = typer.Option(None, "--num-speculative-tokens", help="vLLM k, llama.cpp "
-                                                         "--spec-draft-n-max (default: read from the server's "
-                                                         "per-position counters)."),
+    num_speculative_tokens: Optional[int] = typer.Option(
+        None,
+        "--num-speculative-tokens",
+        help="vLLM k, llama.cpp --spec-draft-n-max (default: read from the server's per-position counters).",
+    ),
     num_steps: Optional[int] = typer.Option(None, "--num-steps", help="SGLang --speculative-num-steps."),
     topk: Optional[int] = typer.Option(None, "--topk", help="SGLang --speculative-eagle-topk."),
-    num_draft_tokens: Optional[int] = typer.Option(None, "--num-draft-tokens",
-                                                   help="SGLang --speculative-num-draft-tokens (counts the root)."),
-    plain_url: Optional[str] = typer.Option(None, "--plain-url", help="A plain server of the same target: "
-                                            "measures the round cost (= break-even tau) for `doctor watch`."),
+    num_draft_tokens: Optional[int] = typer.Option(
+        None, "--num-draft-tokens", help="SGLang --speculative-num-draft-tokens (counts the root)."
+    ),
+    plain_url: Optional[str] = typer.Option(
+        None,
+        "--plain-url",
+        help="A plain server of the same target: measures the round cost (= break-even tau) for `doctor watch`.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="JSON for CI."),
 ) -> None:
     """Probe a RUNNING engine: its speculative counters before and after greedy requests (deltas), against our
@@ -92,18 +109,30 @@ def live_cmd(
     shape = _shape(num_speculative_tokens, (num_steps, topk, num_draft_tokens), window)
     numerics = served_numerics(url)
     dtype = numerics.get("dtype") if numerics.get("dtype") in ("float32", "bfloat16") else "float32"
-    err_console.print(f"our reference decodes in {dtype}" + (" (the server's dtype)" if numerics.get("dtype") else
-                      " (the engine does not report its dtype)"), highlight=False)
+    err_console.print(
+        f"our reference decodes in {dtype}"
+        + (" (the server's dtype)" if numerics.get("dtype") else " (the engine does not report its dtype)"),
+        highlight=False,
+    )
     tgt = load_target(target, dtype=getattr(torch, dtype))
     d = load_draft(draft, tgt)
     contract = d.contract
     with err_console.status(f"our engine on the same prompts at {shape.num_steps} draft positions"):
         ref = reference(tgt, d, contract, shape, chats, max_tokens)
     with err_console.status("reading the target's margins where an answer differs"):
-        divs = divergences(tgt, chat_prompts(tgt.tokenizer, chats), ref.tokens, [a.text for a in window.answers],
-                           ref.answers)
-    rep = compare(window, ref, shape.num_steps, str(draft), target, divs, tie_tolerance(dtype, numerics.get("dtype")),
-                  numerics_line(dtype, numerics))
+        divs = divergences(
+            tgt, chat_prompts(tgt.tokenizer, chats), ref.tokens, [a.text for a in window.answers], ref.answers
+        )
+    rep = compare(
+        window,
+        ref,
+        shape.num_steps,
+        str(draft),
+        target,
+        divs,
+        tie_tolerance(dtype, numerics.get("dtype")),
+        numerics_line(dtype, numerics),
+    )
     rep.timing = {"probe_s": round(window.seconds, 2), "prompts": len(chats), "max_tokens": max_tokens}
     if plain_url:
         rep.timing.update(_plain_timing(plain_url, chats, max_tokens, window))
@@ -115,11 +144,16 @@ def _print_live(rep: Any, as_json: bool) -> None:
     if as_json:
         print(json.dumps(rep.to_dict(), indent=2))
         return
-    style = {"healthy": "bold green", "below_expectation": "bold red", "no_counters": "yellow",
-             "not_lossless": "bold red"}[rep.verdict]
+    style = {
+        "healthy": "bold green",
+        "below_expectation": "bold red",
+        "no_counters": "yellow",
+        "not_lossless": "bold red",
+    }[rep.verdict]
     m, p, ll = rep.measured, rep.predicted, rep.lossless
-    out_console.print(styled((rep.verdict.upper().replace("_", " "), style), f" {rep.engine}: {rep.message}"),
-                      highlight=False)
+    out_console.print(
+        styled((rep.verdict.upper().replace("_", " "), style), f" {rep.engine}: {rep.message}"), highlight=False
+    )
     out_console.print(f"{'':22}{'engine (window)':>18}{'our engine':>14}")
     fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
     # the two figures are of two kinds (eaglewire.tau.TAU_KINDS): the engine's counters, our decoder's prediction
@@ -129,17 +163,22 @@ def _print_live(rep: Any, as_json: bool) -> None:
         b = p["per_position"][i] if i < len(p["per_position"]) else None
         out_console.print(f"{f'accepted at position {i + 1}':22}{fmt(a):>18}{fmt(b):>14}", highlight=False)
     rounds = "-" if m["drafts"] is None else f"{m['drafts']:.0f}"
-    out_console.print(f"rounds in the window: {rounds}; lossless: {ll['identical']}/{ll['prompts']} answers "
-                      f"equal the target's greedy answers" + ("" if ll["same_template"] else
-                                                              " (the engine's prompt lengths differ from ours: "
-                                                              "another chat template?)"), highlight=False)
+    out_console.print(
+        f"rounds in the window: {rounds}; lossless: {ll['identical']}/{ll['prompts']} answers "
+        f"equal the target's greedy answers"
+        + ("" if ll["same_template"] else " (the engine's prompt lengths differ from ours: another chat template?)"),
+        highlight=False,
+    )
     if ll.get("cause") and ll["cause"] not in rep.message:  # every difference is named in the verdict line
         out_console.print(f"why they differ: {ll['cause']}", highlight=False)
     if rep.points_at:
         out_console.print(f"points at: {rep.points_at}\nnext: {rep.next_command}", highlight=False)
     if rep.timing.get("round_cost"):
-        out_console.print(f"round cost {rep.timing['round_cost']:.2f} plain steps = break-even tau "
-                          f"(doctor watch --round-cost {rep.timing['round_cost']:.2f})", highlight=False)
+        out_console.print(
+            f"round cost {rep.timing['round_cost']:.2f} plain steps = break-even tau "
+            f"(doctor watch --round-cost {rep.timing['round_cost']:.2f})",
+            highlight=False,
+        )
 
 
 def watch_cmd(
@@ -148,9 +187,13 @@ def watch_cmd(
     interval: float = typer.Option(60.0, "--interval", help="Seconds between readings."),
     iterations: int = typer.Option(60, "--iterations", help="Readings after the first (bounded)."),
     min_tau: float = typer.Option(1.0, "--min-tau", help="Alarm below this tau."),
-    round_cost: Optional[float] = typer.Option(None, "--round-cost", help="One speculative round's cost in plain "
-                                               "target steps (measured: `doctor live --plain-url`): alarm below "
-                                               "this break-even tau too."),
+    round_cost: Optional[float] = typer.Option(
+        None,
+        "--round-cost",
+        help="One speculative round's cost in plain "
+        "target steps (measured: `doctor live --plain-url`): alarm below "
+        "this break-even tau too.",
+    ),
     min_drafts: int = typer.Option(20, "--min-drafts", help="Rounds a window needs to be judged."),
     once: bool = typer.Option(False, "--once", help="One-shot: stop at the first alarm, exit 1."),
     as_json: bool = typer.Option(False, "--json", help="JSON for CI."),
@@ -163,8 +206,11 @@ def watch_cmd(
 
     alarm = max(min_tau, round_cost or 0.0)
     first = snapshot(url, engine)
-    say = (lambda r: None) if as_json else (lambda r: out_console.print(
-        f"{r.at_s:8.1f}s  {r.state.upper():11} {r.why}", highlight=False))
+    say = (
+        (lambda r: None)
+        if as_json
+        else (lambda r: out_console.print(f"{r.at_s:8.1f}s  {r.state.upper():11} {r.why}", highlight=False))
+    )
     rep = watch(lambda: snapshot(url, first.engine), alarm, interval, iterations, min_drafts, once, say)
     if as_json:
         print(json.dumps(rep.to_dict(), indent=2))

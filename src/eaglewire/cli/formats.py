@@ -10,16 +10,24 @@ import typer
 from eaglewire.cli.common import add_command, load_target, out_console, parse_dtype, progress
 from eaglewire.errors import EaglewireError
 
-FORMAT_HELP = ("sglang (the layer-id rule of the target's SGLang model file, per release: --engine-version), "
-               "vllm / speculators, eagle (SafeAILab), specforge, llamacpp (a GGUF for llama-server -md), native "
-               "(eaglewire's own checkpoint); a DFlash draft: vllm / speculators, sglang, zlab, llamacpp")
-VERSION_HELP = ("SGLang release whose per-model-file layer-id rule applies (default: the newest verified); llamacpp: "
-                "the llama-cpp-python version whose llama.cpp serves the draft (default: the newest read).")
-GGUF_HELP = ("llamacpp: the target GGUF llama-server will load with -m; the draft carries its vocabulary (llama-server "
-             "refuses a draft whose vocabulary differs). Default: the embedded target's shipped GGUF.")
+FORMAT_HELP = (
+    "sglang (the layer-id rule of the target's SGLang model file, per release: --engine-version), "
+    "vllm / speculators, eagle (SafeAILab), specforge, llamacpp (a GGUF for llama-server -md), native "
+    "(eaglewire's own checkpoint); a DFlash draft: vllm / speculators, sglang, zlab, llamacpp"
+)
+VERSION_HELP = (
+    "SGLang release whose per-model-file layer-id rule applies (default: the newest verified); llamacpp: "
+    "the llama-cpp-python version whose llama.cpp serves the draft (default: the newest read)."
+)
+GGUF_HELP = (
+    "llamacpp: the target GGUF llama-server will load with -m; the draft carries its vocabulary (llama-server "
+    "refuses a draft whose vocabulary differs). Default: the embedded target's shipped GGUF."
+)
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-FORCE_HELP = ("Replace an existing --out that is not an earlier output of this command (its content is deleted); "
-              "never the input or a folder holding it.")
+FORCE_HELP = (
+    "Replace an existing --out that is not an earlier output of this command (its content is deleted); "
+    "never the input or a folder holding it."
+)
 
 
 def export_cmd(
@@ -27,16 +35,27 @@ def export_cmd(
     fmt: str = typer.Option(..., "--format", "-f", help=FORMAT_HELP),
     out: Path = typer.Option(..., "--out", "-o", help="The export's output directory."),
     target: Optional[str] = typer.Option(None, "--target", "-t", help="Checks the draft belongs to this target."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 | fp16 | fp32 (default: as trained); llamacpp "
-                                        "also q8_0 and q4_0 (the 2-D weights; norms stay f32)."),
+    dtype: Optional[str] = typer.Option(
+        None,
+        "--dtype",
+        help="bf16 | fp16 | fp32 (default: as trained); llamacpp also q8_0 and q4_0 (the 2-D weights; norms stay f32).",
+    ),
     with_embedding: bool = typer.Option(False, "--with-embedding", help="Also write the (frozen) target embedding."),
-    verifier: Optional[str] = typer.Option(None, "--verifier", help="vllm/speculators: the target path or hub id "
-                                           "vLLM should load (default: the --target path, else its name)."),
+    verifier: Optional[str] = typer.Option(
+        None,
+        "--verifier",
+        help="vllm/speculators: the target path or hub id "
+        "vLLM should load (default: the --target path, else its name).",
+    ),
     engine_version: Optional[str] = typer.Option(None, "--engine-version", help=VERSION_HELP),
     force: bool = typer.Option(False, "--force", help=FORCE_HELP),
     target_gguf: Optional[Path] = typer.Option(None, "--target-gguf", help=GGUF_HELP),
-    n_max: int = typer.Option(3, "--spec-draft-n-max", help="llamacpp EAGLE-3: the chain length the printed "
-                              "llama-server line asks for (DFlash: the block's drafts per round)."),
+    n_max: int = typer.Option(
+        3,
+        "--spec-draft-n-max",
+        help="llamacpp EAGLE-3: the chain length the printed "
+        "llama-server line asks for (DFlash: the block's drafts per round).",
+    ),
 ) -> None:
     """Write a draft in an engine's layout, plus eaglewire_contract.json (engines ignore it)."""
     import torch
@@ -53,10 +72,20 @@ def export_cmd(
     d = load_draft(draft, tgt)
     quant = gguf and dtype in ("q8_0", "q4_0")
     cast = getattr(torch, parse_dtype(dtype, DTYPES, "--dtype")) if dtype is not None and not quant else None
-    path = export_draft(d, d.contract, out, fmt, dtype=cast, with_embedding=with_embedding,
-                        verifier=verifier or (str(tgt.path) if tgt is not None and tgt.path else None),
-                        engine_version=engine_version, force=force, inputs=(draft,),
-                        gguf_dtype=dtype if quant else None, vocab_from=vocab)
+    path = export_draft(
+        d,
+        d.contract,
+        out,
+        fmt,
+        dtype=cast,
+        with_embedding=with_embedding,
+        verifier=verifier or (str(tgt.path) if tgt is not None and tgt.path else None),
+        engine_version=engine_version,
+        force=force,
+        inputs=(draft,),
+        gguf_dtype=dtype if quant else None,
+        vocab_from=vocab,
+    )
     ids = "" if fmt == NATIVE else _ids_note(fmt, engine_version, d.contract)
     out_console.print(f"{fmt} export -> {path} ({ids}taps {list(d.contract.taps)})")
     if gguf:
@@ -71,9 +100,12 @@ def _embedded_gguf(target: Optional[str]) -> Path:
 
     emb = EMBEDDED.get(target or DEFAULT_TARGET)
     if emb is None:
-        raise EaglewireError("a llama.cpp draft needs its target's GGUF", expected="--target-gguf TARGET.gguf (the "
-                             "file llama-server loads with -m)", found=f"--target {target} and no --target-gguf",
-                             fix="convert the target with llama.cpp's convert_hf_to_gguf.py and pass that file")
+        raise EaglewireError(
+            "a llama.cpp draft needs its target's GGUF",
+            expected="--target-gguf TARGET.gguf (the file llama-server loads with -m)",
+            found=f"--target {target} and no --target-gguf",
+            fix="convert the target with llama.cpp's convert_hf_to_gguf.py and pass that file",
+        )
     return _package_dir(emb.package, emb.pip_name) / emb.gguf
 
 
@@ -81,10 +113,18 @@ def import_cmd(
     directory: Path = typer.Argument(..., help="An exported draft directory."),
     fmt: str = typer.Option(..., "--format", "-f", help=FORMAT_HELP),
     out: Path = typer.Option(..., "--out", "-o", help="Native checkpoint directory to write."),
-    target: Optional[str] = typer.Option(None, "--target", "-t", help="Needed when the export has no contract "
-                                         "file: the trained boundaries are then measured on it."),
-    measure: bool = typer.Option(True, "--measure/--no-measure", help="Without a contract file: measure the "
-                                 "trained boundaries (default), or take the config's layer ids as they are."),
+    target: Optional[str] = typer.Option(
+        None,
+        "--target",
+        "-t",
+        help="Needed when the export has no contract file: the trained boundaries are then measured on it.",
+    ),
+    measure: bool = typer.Option(
+        True,
+        "--measure/--no-measure",
+        help="Without a contract file: measure the "
+        "trained boundaries (default), or take the config's layer ids as they are.",
+    ),
     engine_version: Optional[str] = typer.Option(None, "--engine-version", help=VERSION_HELP),
     force: bool = typer.Option(False, "--force", help=FORCE_HELP),
 ) -> None:
@@ -100,17 +140,28 @@ def import_cmd(
 
     check_out(out, "native", force=force, inputs=(directory,))
     tgt = load_target(target) if target else None
-    title = ("importing: no contract file, so the trained boundaries are measured on the target (minutes on a CPU "
-             "for a small target; one line per phase)" if tgt is not None and measure else "importing")
+    title = (
+        "importing: no contract file, so the trained boundaries are measured on the target (minutes on a CPU "
+        "for a small target; one line per phase)"
+        if tgt is not None and measure
+        else "importing"
+    )
     with progress(title) as say:
-        d = load_draft(directory, tgt, fmt=fmt, engine_version=engine_version,
-                       measure=partial(measured_taps, progress=say) if measure else None)
+        d = load_draft(
+            directory,
+            tgt,
+            fmt=fmt,
+            engine_version=engine_version,
+            measure=partial(measured_taps, progress=say) if measure else None,
+        )
     contract = d.contract
     save_checkpoint(d, contract, out, force=force, inputs=(directory,))
     evidence = contract.inferred or {}
     how = {None: "", "measured": "inferred by measurement, ", "engine_config": "inferred from the config's ids, "}
-    out_console.print(f"imported {fmt} draft -> {out} (taps {list(contract.taps)}, "
-                      f"{how[evidence.get('source')]}contract {contract.fingerprint()})")
+    out_console.print(
+        f"imported {fmt} draft -> {out} (taps {list(contract.taps)}, "
+        f"{how[evidence.get('source')]}contract {contract.fingerprint()})"
+    )
     if evidence.get("source") == "measured":
         out_console.print(_measured_summary(evidence), highlight=False)
     # a block drafter's formats (zlab, ...) have no engine record: no per-model-file rule to name
@@ -119,7 +170,7 @@ def import_cmd(
 
 
 def _ids_note(fmt: str, version: Optional[str], contract) -> str:
-    """"layer ids [...] (the rule that wrote them); " for an export's summary line."""
+    """ "layer ids [...] (the rule that wrote them); " for an export's summary line."""
     from eaglewire.export.block_formats import block_format, is_block_family
     from eaglewire.export.engines import ENGINE_FORMATS, engine_for
     from eaglewire.export.llamacpp_layout import FAMILIES, STYLE, TARGET_LAYERS
@@ -131,15 +182,18 @@ def _ids_note(fmt: str, version: Optional[str], contract) -> str:
         return f"{block.ids_at} {list(contract.engine_ids(block.convention))}; "
     record, arch = engine_for(fmt, version), contract.target.architecture
     note = record.rule_note(arch)
-    return f"layer ids {list(contract.engine_ids(record.convention_for(arch)))}" + (f" for {note}" if note else "") \
-        + "; "
+    return (
+        f"layer ids {list(contract.engine_ids(record.convention_for(arch)))}" + (f" for {note}" if note else "") + "; "
+    )
 
 
 def _measured_summary(evidence: dict) -> str:
     """The measurement's line, from the evidence the imported contract carries (Measurement.to_dict)."""
     best = next(row for row in evidence["candidates"] if row["taps"] == evidence["best"])
-    line = f"measured: the draft predicts best from boundaries {evidence['best']} (NLL {best['nll']:.2f}, " \
-           f"agreement {best['agreement']:.2f}, {evidence['tokens']} tokens)"
+    line = (
+        f"measured: the draft predicts best from boundaries {evidence['best']} (NLL {best['nll']:.2f}, "
+        f"agreement {best['agreement']:.2f}, {evidence['tokens']} tokens)"
+    )
     if evidence["delivered"] != evidence["best"]:
         got = "cannot be captured" if evidence["delivered"] is None else f"deliver {evidence['delivered']}"
         line += f"; the config's ids {got}: the imported contract records {evidence['best']}, and exports write those"

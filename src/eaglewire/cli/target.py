@@ -9,8 +9,17 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
-from eaglewire.cli.common import CONV_NAMES, TARGET_HELP, add_command, device_option, load_target, out_console, parse_ints, \
-    parse_taps, styled
+from eaglewire.cli.common import (
+    CONV_NAMES,
+    TARGET_HELP,
+    add_command,
+    device_option,
+    load_target,
+    out_console,
+    parse_ints,
+    parse_taps,
+    styled,
+)
 from eaglewire.contract import CANONICAL, CONVENTIONS, default_taps, describe_boundary, from_engine, to_engine
 from eaglewire.errors import EaglewireError, TranslationError
 from eaglewire.export.engines import ENGINES, SGLANG, block_fields, engine_for
@@ -19,8 +28,10 @@ from eaglewire.export.sglang_rules import used_rules
 from eaglewire.families import FAMILIES, get_family, zlab_default_ids
 
 
-def target_info(target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_HELP),
-                as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+def target_info(
+    target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
     """Architecture, decoder layers, hidden size, vocab, dtype, tied embeddings, chat template."""
     info = load_target(target).info()
     if as_json:
@@ -59,23 +70,29 @@ def _agreed(convert: Any, values: tuple[int, ...], conventions: str, layers: int
         return only
     if all(isinstance(r, EaglewireError) for r in results):
         raise next(iter(out.values()))
-    raise TranslationError(f"SGLang model files read {list(values)} differently",
-                           expected="ids every SGLang model file reads the same (taps starting at boundary 2)",
-                           found="; ".join(f"{c}: {v.what if isinstance(v, EaglewireError) else list(v)}"
-                                           for c, v in out.items()),
-                           fix="name the target: --arch ARCH or --target TARGET (and --engine-version V)")
+    raise TranslationError(
+        f"SGLang model files read {list(values)} differently",
+        expected="ids every SGLang model file reads the same (taps starting at boundary 2)",
+        found="; ".join(f"{c}: {v.what if isinstance(v, EaglewireError) else list(v)}" for c, v in out.items()),
+        fix="name the target: --arch ARCH or --target TARGET (and --engine-version V)",
+    )
 
 
-def _translation(layers: int, to: str, taps: Optional[str], source: str, arch: Optional[str] = None,
-                 version: Optional[str] = None) -> dict[str, Any]:
+def _translation(
+    layers: int, to: str, taps: Optional[str], source: str, arch: Optional[str] = None, version: Optional[str] = None
+) -> dict[str, Any]:
     ids_in = parse_ints(taps) if taps is not None else default_taps(layers)
     src, src_note = _rule(source if taps is not None else CANONICAL, arch, version)
     dst, dst_note = _rule(to, arch, version)
     boundaries = _agreed(from_engine, ids_in, src, layers)
     ids_out = _agreed(to_engine, boundaries, dst, layers)
     result: dict[str, Any] = {
-        "num_layers": layers, "from": src, "to": dst, "input_ids": list(ids_in),
-        "boundaries": list(boundaries), "ids": list(ids_out),
+        "num_layers": layers,
+        "from": src,
+        "to": dst,
+        "input_ids": list(ids_in),
+        "boundaries": list(boundaries),
+        "ids": list(ids_out),
         "states": [describe_boundary(b, layers) for b in boundaries],
     }
     result.update({k: v for k, v in (("architecture", arch), ("from_rule", src_note), ("to_rule", dst_note)) if v})
@@ -97,20 +114,41 @@ def _family_translation(family: str, layers: int, to: str, taps: Optional[str], 
     fam = get_family(family)
     all_rows = block_fields(fam.name)
     if not all_rows:
-        raise EaglewireError(f"the {family} family's ids are one per engine convention", expected="--to <convention>",
-                             found=f"--family {family}", fix=f"drop --family (conventions: {CONV_NAMES})")
+        raise EaglewireError(
+            f"the {family} family's ids are one per engine convention",
+            expected="--to <convention>",
+            found=f"--family {family}",
+            fix=f"drop --family (conventions: {CONV_NAMES})",
+        )
     ids_in = parse_ints(taps) if taps is not None else zlab_default_ids(layers, 5)
     src = source if taps is not None else "zlab"
     boundaries = from_engine(ids_in, src, layers)
     rows = all_rows if to == "all" else tuple(f for f in all_rows if f.engine == to)
     if not rows:
-        raise EaglewireError(f"no {to!r} field for the {family} family", found=to,
-                             expected=" / ".join(dict.fromkeys(f.engine for f in all_rows)))
-    return {"family": family, "num_layers": layers, "from": src, "input_ids": list(ids_in),
-            "boundaries": list(boundaries), "states": [describe_boundary(b, layers) for b in boundaries],
-            "fields": [{"engine": f.engine, "field": f.field, "convention": f.convention,
-                        "ids": list(to_engine(boundaries, f.convention, layers)), "note": f.note, "source": f.source}
-                       for f in rows]}
+        raise EaglewireError(
+            f"no {to!r} field for the {family} family",
+            found=to,
+            expected=" / ".join(dict.fromkeys(f.engine for f in all_rows)),
+        )
+    return {
+        "family": family,
+        "num_layers": layers,
+        "from": src,
+        "input_ids": list(ids_in),
+        "boundaries": list(boundaries),
+        "states": [describe_boundary(b, layers) for b in boundaries],
+        "fields": [
+            {
+                "engine": f.engine,
+                "field": f.field,
+                "convention": f.convention,
+                "ids": list(to_engine(boundaries, f.convention, layers)),
+                "note": f.note,
+                "source": f.source,
+            }
+            for f in rows
+        ],
+    }
 
 
 def _print_family(result: dict[str, Any]) -> None:
@@ -132,31 +170,51 @@ def _print_family(result: dict[str, Any]) -> None:
 
 
 def wiring_translate(
-    to: str = typer.Option(..., "--to", help=f"Convention to write: {CONV_NAMES}, or sglang / sglang-legacy (the "
-                           "rule of the target's SGLang model file in the newest verified release / the last "
-                           "before PR #25454: --arch or --target, or ids every model file reads alike)."),
-    layers: Optional[int] = typer.Option(None, "--layers", "-L", help="Number of decoder layers L of the "
-                                         "target (default: --target's)."),
-    taps: Optional[str] = typer.Option(None, "--taps", help="Comma-separated ids; default: boundaries "
-                                       "[2, L//2, L-3] (the state every engine's default lands on)."),
+    to: str = typer.Option(
+        ...,
+        "--to",
+        help=f"Convention to write: {CONV_NAMES}, or sglang / sglang-legacy (the "
+        "rule of the target's SGLang model file in the newest verified release / the last "
+        "before PR #25454: --arch or --target, or ids every model file reads alike).",
+    ),
+    layers: Optional[int] = typer.Option(
+        None, "--layers", "-L", help="Number of decoder layers L of the target (default: --target's)."
+    ),
+    taps: Optional[str] = typer.Option(
+        None,
+        "--taps",
+        help="Comma-separated ids; default: boundaries [2, L//2, L-3] (the state every engine's default lands on).",
+    ),
     source: str = typer.Option(CANONICAL, "--from", help=f"Convention of --taps: {CONV_NAMES}, or sglang."),
-    arch: Optional[str] = typer.Option(None, "--arch", help="The target's architecture (config.json "
-                                       "`architectures[0]`): picks SGLang's model file and its layer-id rule."),
+    arch: Optional[str] = typer.Option(
+        None,
+        "--arch",
+        help="The target's architecture (config.json "
+        "`architectures[0]`): picks SGLang's model file and its layer-id rule.",
+    ),
     target: Optional[str] = typer.Option(None, "--target", "-t", help="Take --arch and --layers from this target."),
-    engine_version: Optional[str] = typer.Option(None, "--engine-version", help="SGLang release whose rule applies "
-                                                 f"({', '.join(SGLANG_RELEASES)}; default: the newest)."),
+    engine_version: Optional[str] = typer.Option(
+        None,
+        "--engine-version",
+        help=f"SGLang release whose rule applies ({', '.join(SGLANG_RELEASES)}; default: the newest).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-    family: Optional[str] = typer.Option(None, "--family", help=f"Drafter family ({', '.join(FAMILIES)}): with "
-                                         "it, --to names an engine (vllm, sglang, speculators, zlab, all) and "
-                                         "every field that engine reads is printed; default taps z-lab's five."),
+    family: Optional[str] = typer.Option(
+        None,
+        "--family",
+        help=f"Drafter family ({', '.join(FAMILIES)}): with "
+        "it, --to names an engine (vllm, sglang, speculators, zlab, all) and "
+        "every field that engine reads is printed; default taps z-lab's five.",
+    ),
 ) -> None:
     """Translate tap ids between engines' layer-id conventions (exit 2 if one cannot express them)."""
     if target is not None:
         ident = load_target(target).identity
         arch, layers = arch or ident.architecture, layers or ident.num_layers
     if layers is None:
-        raise EaglewireError("the number of decoder layers is unknown", expected="--layers L or --target",
-                             found="neither")
+        raise EaglewireError(
+            "the number of decoder layers is unknown", expected="--layers L or --target", found="neither"
+        )
     if family is not None:
         fam = _family_translation(family, layers, to, taps, source)
         print(json.dumps(fam, indent=2)) if as_json else _print_family(fam)
@@ -173,8 +231,9 @@ def wiring_translate(
     out_console.print(table)
     for k in ("from_rule", "to_rule"):
         if k in result:
-            out_console.print(f"{k.replace('_', ' ')} applied: {result[k]}" + (f" for {arch}" if arch else ""),
-                              highlight=False)
+            out_console.print(
+                f"{k.replace('_', ' ')} applied: {result[k]}" + (f" for {arch}" if arch else ""), highlight=False
+            )
     out_console.print(styled(f"{to} ids: ", (str(result["ids"]), "bold")))
     for release, r in result.get("other_releases", {}).items():
         out_console.print(f"{'also valid' if r['same'] else 'NOT valid'} for {r['rule']}", highlight=False)
@@ -209,8 +268,9 @@ def capture_cmd(
     boundaries = parse_taps(tgt, taps, source)
     if chat:
         if tgt.chat_template is None:
-            raise EaglewireError("--chat needs a chat template", expected="tokenizer.chat_template",
-                                 found="none", fix="drop --chat")
+            raise EaglewireError(
+                "--chat needs a chat template", expected="tokenizer.chat_template", found="none", fix="drop --chat"
+            )
         from eaglewire.data.template import chat_ids
 
         ids = chat_ids(tgt.tokenizer, text)  # [1, P]
@@ -226,8 +286,10 @@ def capture_cmd(
     for b, t in zip(boundaries, per_tap):
         table.add_row(str(b), describe_boundary(b, tgt.num_layers), f"{t.mean():.4f}", f"{t.std():.4f}")
     out_console.print(table)
-    out_console.print(f"taps {tuple(cap.taps.shape)}  final_hidden {tuple(cap.final_hidden.shape)}  "
-                      f"contract {contract.fingerprint()}  (dtype {cap.taps.dtype}, torch {torch.__version__})")
+    out_console.print(
+        f"taps {tuple(cap.taps.shape)}  final_hidden {tuple(cap.final_hidden.shape)}  "
+        f"contract {contract.fingerprint()}  (dtype {cap.taps.dtype}, torch {torch.__version__})"
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -8,16 +8,30 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from eaglewire.cli.common import TARGET_HELP, DATA_HELP, add_command, decide_device, device_option, err_console, field_options, field_values, load_target, \
-    load_target_weights, out_console, parse_taps, read_samples
+from eaglewire.cli.common import (
+    TARGET_HELP,
+    DATA_HELP,
+    add_command,
+    decide_device,
+    device_option,
+    err_console,
+    field_options,
+    field_values,
+    load_target,
+    load_target_weights,
+    out_console,
+    parse_taps,
+    read_samples,
+)
 from eaglewire.data.samples import DEFAULT_HELDOUT_FRACTION, DEFAULT_MAX_LENGTH
 from eaglewire.errors import EaglewireError, TargetError
 from eaglewire.tau import named_tau
 from eaglewire.train.config import TrainConfig, knob_fields
 from eaglewire.draft.vocab import DEFAULT_DRAFT_VOCAB
 
-TAPS_FROM_HELP = ("The numbering --taps is given in: boundary (eaglewire's), or an engine's layer ids "
-                  "(vllm, sglang, specforge, ...).")
+TAPS_FROM_HELP = (
+    "The numbering --taps is given in: boundary (eaglewire's), or an engine's layer ids (vllm, sglang, specforge, ...)."
+)
 HELDOUT_HELP = "Share of the conversations held out for evaluation (never trained on)."
 KNOBS = knob_fields("cli")  # the training knobs that are options of `eaglewire train`
 
@@ -26,16 +40,30 @@ def vocab_build(
     data: str = typer.Option(..., "--data", help=DATA_HELP),
     out: Path = typer.Option(..., "--out", "-o", help="Output vocab map (.safetensors)."),
     target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_HELP),
-    draft_vocab_size: Optional[int] = typer.Option(None, "--draft-vocab-size", help=f"V_d (default {DEFAULT_DRAFT_VOCAB}; "
-                                                   "with --keep-from, the kept draft's, or larger to grow its map)."),
-    max_length: int = typer.Option(DEFAULT_MAX_LENGTH, "--max-length", help="Tokens per sample; longer conversations are cut at this length."),
+    draft_vocab_size: Optional[int] = typer.Option(
+        None,
+        "--draft-vocab-size",
+        help=f"V_d (default {DEFAULT_DRAFT_VOCAB}; with --keep-from, the kept draft's, or larger to grow its map).",
+    ),
+    max_length: int = typer.Option(
+        DEFAULT_MAX_LENGTH, "--max-length", help="Tokens per sample; longer conversations are cut at this length."
+    ),
     limit: Optional[int] = typer.Option(None, "--limit", help="Use the first N conversations."),
-    eval_data: Optional[str] = typer.Option(None, "--eval-data", help="Also report coverage on this data "
-                                            "(e.g. regenerated MT-bench answers)."),
-    split_turns: bool = typer.Option(False, "--split-turns", help="One sample per assistant turn (each with its history) instead of one per conversation."),
-    keep_from: Optional[Path] = typer.Option(None, "--keep-from", help="Keep this draft's map (a warm start's: "
-                                             "all its head rows are trained) and report its coverage of --data; "
-                                             "a larger --draft-vocab-size adds the most frequent other ids)."),
+    eval_data: Optional[str] = typer.Option(
+        None, "--eval-data", help="Also report coverage on this data (e.g. regenerated MT-bench answers)."
+    ),
+    split_turns: bool = typer.Option(
+        False,
+        "--split-turns",
+        help="One sample per assistant turn (each with its history) instead of one per conversation.",
+    ),
+    keep_from: Optional[Path] = typer.Option(
+        None,
+        "--keep-from",
+        help="Keep this draft's map (a warm start's: "
+        "all its head rows are trained) and report its coverage of --data; "
+        "a larger --draft-vocab-size adds the most frequent other ids).",
+    ),
 ) -> None:
     """Count trained target tokens of the training split (held-out samples, as `train` splits them with the
     default --heldout-fraction, are left out), keep the most frequent, write d2t/t2d, report coverage."""
@@ -47,35 +75,57 @@ def vocab_build(
     keep = draft_vocab(keep_from) if keep_from is not None else None
     default = keep.draft_vocab_size if keep is not None else DEFAULT_DRAFT_VOCAB
     size = draft_vocab_size if draft_vocab_size is not None else default
-    built = build_vocab(tgt, samples, size, DEFAULT_HELDOUT_FRACTION, out, data=data, eval_samples=evals,
-                        keep=keep)
-    out_console.print(f"vocab map {built.vmap.sha256()[:16]} -> {out}: V_d={built.vmap.draft_vocab_size} of {tgt.vocab_size}; "
-                      f"{built.meta['distinct_trained_tokens']} distinct trained tokens; coverage " +
-                      ", ".join(f"{k} {v:.2%}" for k, v in built.coverage.items()))
+    built = build_vocab(tgt, samples, size, DEFAULT_HELDOUT_FRACTION, out, data=data, eval_samples=evals, keep=keep)
+    out_console.print(
+        f"vocab map {built.vmap.sha256()[:16]} -> {out}: V_d={built.vmap.draft_vocab_size} of {tgt.vocab_size}; "
+        f"{built.meta['distinct_trained_tokens']} distinct trained tokens; coverage "
+        + ", ".join(f"{k} {v:.2%}" for k, v in built.coverage.items())
+    )
 
 
 @field_options(KNOBS)
 def train_cmd(
     data: Optional[str] = typer.Option(None, "--data", help=DATA_HELP + " (online mode)."),
     features: Optional[Path] = typer.Option(None, "--features", help="Offline feature dir from `data capture`."),
-    vocab: Optional[Path] = typer.Option(None, "--vocab", help="Vocab map from `vocab build` (EAGLE-3: required; "
-                                         "DFlash: optional, its own head over that vocabulary instead of the "
-                                         "target's full one)."),
+    vocab: Optional[Path] = typer.Option(
+        None,
+        "--vocab",
+        help="Vocab map from `vocab build` (EAGLE-3: required; "
+        "DFlash: optional, its own head over that vocabulary instead of the "
+        "target's full one).",
+    ),
     out: Path = typer.Option(..., "--out", "-o", help="Run directory: metrics, checkpoints, final draft."),
     target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_HELP),
-    taps: Optional[str] = typer.Option(None, "--taps", help="Online: the taps to capture (default: the family's, "
-                                       "[2, L//2, L-3] for eagle3, z-lab's five for dflash). Offline: read from "
-                                       "the features' manifest; if given, it must agree."),
+    taps: Optional[str] = typer.Option(
+        None,
+        "--taps",
+        help="Online: the taps to capture (default: the family's, "
+        "[2, L//2, L-3] for eagle3, z-lab's five for dflash). Offline: read from "
+        "the features' manifest; if given, it must agree.",
+    ),
     taps_from: str = typer.Option("boundary", "--taps-from", help=TAPS_FROM_HELP),
-    max_length: int = typer.Option(DEFAULT_MAX_LENGTH, "--max-length", help="Tokens per sample; longer conversations are cut at this length."),
+    max_length: int = typer.Option(
+        DEFAULT_MAX_LENGTH, "--max-length", help="Tokens per sample; longer conversations are cut at this length."
+    ),
     limit: Optional[int] = typer.Option(None, "--limit", help="Use only the first N conversations (default: all)."),
     heldout_fraction: float = typer.Option(DEFAULT_HELDOUT_FRACTION, "--heldout-fraction", help=HELDOUT_HELP),
-    train_limit: Optional[int] = typer.Option(None, "--train-limit", help="Train on only the first N training "
-                                              "samples of --features (held-out set unchanged): data-scaling "
-                                              "experiments."),
-    split_turns: bool = typer.Option(False, "--split-turns", help="One sample per assistant turn (each with its history) instead of one per conversation."),
-    also_features: Optional[list[Path]] = typer.Option(None, "--also-features", help="Extra feature dirs (same "
-                                                      "taps): every sample trains; held-out comes from --features."),
+    train_limit: Optional[int] = typer.Option(
+        None,
+        "--train-limit",
+        help="Train on only the first N training "
+        "samples of --features (held-out set unchanged): data-scaling "
+        "experiments.",
+    ),
+    split_turns: bool = typer.Option(
+        False,
+        "--split-turns",
+        help="One sample per assistant turn (each with its history) instead of one per conversation.",
+    ),
+    also_features: Optional[list[Path]] = typer.Option(
+        None,
+        "--also-features",
+        help="Extra feature dirs (same taps): every sample trains; held-out comes from --features.",
+    ),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoints/latest."),
     device: str = device_option(),
     **knobs: Any,  # one option per training knob (train/config.py), added by field_options
@@ -88,36 +138,66 @@ def train_cmd(
 
     cfg = TrainConfig(**field_values(KNOBS, knobs))
     if (data is None) == (features is None):
-        raise EaglewireError("give exactly one data source", expected="--data (online) or --features (offline)",
-                             found=f"--data={data}, --features={features}")
+        raise EaglewireError(
+            "give exactly one data source",
+            expected="--data (online) or --features (offline)",
+            found=f"--data={data}, --features={features}",
+        )
     if not resume:  # before the minutes of loading: a fresh run never lands on an earlier one
         from eaglewire.train.state import refuse_to_overwrite
+
         refuse_to_overwrite(out, any_entry=True)
     objective = train_objective(cfg.family)
     info = dist.setup(decide_device(device))
     tgt, tap_list = _target_and_taps(target, features, taps, taps_from, info.device, objective.default_taps)
 
     def said(contract: Any, n_train: int, n_heldout: int) -> None:
-        err_console.print(f"{n_train} training / {n_heldout} held-out samples; taps {list(contract.taps)}; "
-                          f"contract {contract.fingerprint()}; rank {info.rank}/{info.world_size}")
+        err_console.print(
+            f"{n_train} training / {n_heldout} held-out samples; taps {list(contract.taps)}; "
+            f"contract {contract.fingerprint()}; rank {info.rank}/{info.world_size}"
+        )
 
-    summary = train_draft(tgt, tap_list, vocab, cfg, out, features=features, heldout_fraction=heldout_fraction,
-                          samples=lambda: read_samples(tgt, data, max_length, limit, split_turns),
-                          train_limit=train_limit, also_features=also_features, info=info, resume=resume,
-                          on_start=said, on_step=lambda r: _print_step(r, info.is_main))
+    summary = train_draft(
+        tgt,
+        tap_list,
+        vocab,
+        cfg,
+        out,
+        features=features,
+        heldout_fraction=heldout_fraction,
+        samples=lambda: read_samples(tgt, data, max_length, limit, split_turns),
+        train_limit=train_limit,
+        also_features=also_features,
+        info=info,
+        resume=resume,
+        on_start=said,
+        on_step=lambda r: _print_step(r, info.is_main),
+    )
     if info.is_main:
         acc = summary["heldout"].get("acc", [float("nan")])
         tau, rounds = summary["heldout"].get("tau_chain"), summary["heldout"].get("tau_rounds")
-        out_console.print(f"draft -> {out / 'draft'}; held-out top-1 accuracy per position: "
-                          + ", ".join(f"{a:.3f}" for a in acc)
-                          + (f"; {named_tau('teacher-forced', tau, 3)} (chain k={len(acc)}) at every position" +
-                             (f", {rounds:.3f} round by round" if rounds is not None and not math.isnan(rounds) else "") if tau is not None else "")
-                          + f"; curves -> {out / 'training.png'}")
+        out_console.print(
+            f"draft -> {out / 'draft'}; held-out top-1 accuracy per position: "
+            + ", ".join(f"{a:.3f}" for a in acc)
+            + (
+                f"; {named_tau('teacher-forced', tau, 3)} (chain k={len(acc)}) at every position"
+                + (f", {rounds:.3f} round by round" if rounds is not None and not math.isnan(rounds) else "")
+                if tau is not None
+                else ""
+            )
+            + f"; curves -> {out / 'training.png'}"
+        )
     dist.teardown(info)
 
 
-def _target_and_taps(target: Optional[str], features: Optional[Path], taps: Optional[str], taps_from: str,
-                     device: str, default: Callable[[int], tuple[int, ...]]) -> tuple[Any, tuple[int, ...]]:
+def _target_and_taps(
+    target: Optional[str],
+    features: Optional[Path],
+    taps: Optional[str],
+    taps_from: str,
+    device: str,
+    default: Callable[[int], tuple[int, ...]],
+) -> tuple[Any, tuple[int, ...]]:
     """Online: the loaded target and --taps (`default(L)`, the family's, when omitted). Offline: the target's config,
     tokenizer and weight index only (the draft's few tensors are read by name; the model is never loaded)
     and the taps of the features' manifest (an explicit --taps must agree)."""
@@ -135,17 +215,31 @@ def _target_and_taps(target: Optional[str], features: Optional[Path], taps: Opti
 
 
 def eval_cmd(
-    draft: Optional[Path] = typer.Option(None, "--draft", "-d", help="Draft directory: native checkpoint or any "
-                                         "engine export (default: the draft shipped for the embedded target)."),
+    draft: Optional[Path] = typer.Option(
+        None,
+        "--draft",
+        "-d",
+        help="Draft directory: native checkpoint or any "
+        "engine export (default: the draft shipped for the embedded target).",
+    ),
     target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_HELP),
-    data: str = typer.Option("smollm2-regen+smollm2-regen-vllm", "--data", help=DATA_HELP + " Default: the "
-                             "released draft's training data (its held-out split was never trained on)."),
-    split: str = typer.Option("heldout", "--split", help="heldout: the split `train` holds out (by conversation "
-                              "id hash, --heldout-fraction); all: every sample (an evaluation set)."),
+    data: str = typer.Option(
+        "smollm2-regen+smollm2-regen-vllm",
+        "--data",
+        help=DATA_HELP + " Default: the released draft's training data (its held-out split was never trained on).",
+    ),
+    split: str = typer.Option(
+        "heldout",
+        "--split",
+        help="heldout: the split `train` holds out (by conversation "
+        "id hash, --heldout-fraction); all: every sample (an evaluation set).",
+    ),
     heldout_fraction: float = typer.Option(DEFAULT_HELDOUT_FRACTION, "--heldout-fraction", help=HELDOUT_HELP),
     samples: int = typer.Option(48, "--samples", help="Samples scored (the first of the split)."),
     positions: int = typer.Option(3, "--positions", help="Drafted positions scored (the chain length)."),
-    max_length: int = typer.Option(DEFAULT_MAX_LENGTH, "--max-length", help="Tokens per sample; longer conversations are cut at this length."),
+    max_length: int = typer.Option(
+        DEFAULT_MAX_LENGTH, "--max-length", help="Tokens per sample; longer conversations are cut at this length."
+    ),
     as_json: bool = typer.Option(False, "--json", help="JSON on stdout, for scripts and CI."),
     device: str = device_option(),
 ) -> None:
@@ -169,19 +263,24 @@ def eval_cmd(
     if as_json:
         print(json.dumps(r, indent=2))
         return
-    out_console.print(f"{r['samples']} samples ({split}), {r['positions'][0]} answer tokens\n"
-                      f"top-1 per position {' '.join(f'{a:.3f}' for a in r['acc'])}\n"
-                      f"chain acceptance   {' '.join(f'{a:.3f}' for a in r['chain'])}\n"
-                      f"{named_tau('teacher-forced', r['tau_chain'], 3)} at every position, {r['tau_rounds']:.3f} "
-                      "round by round")
+    out_console.print(
+        f"{r['samples']} samples ({split}), {r['positions'][0]} answer tokens\n"
+        f"top-1 per position {' '.join(f'{a:.3f}' for a in r['acc'])}\n"
+        f"chain acceptance   {' '.join(f'{a:.3f}' for a in r['chain'])}\n"
+        f"{named_tau('teacher-forced', r['tau_chain'], 3)} at every position, {r['tau_rounds']:.3f} "
+        "round by round"
+    )
 
 
 def _print_step(r: dict[str, Any], is_main: bool) -> None:
     if is_main and (r["split"] == "heldout" or r["step"] % 10 == 0):
         acc = " ".join(f"{a:.2f}" for a in r.get("acc", []))
         extra = f" {r['tok_per_s']:.0f} tok/s" if "tok_per_s" in r else ""
-        extra += f" {named_tau('teacher-forced', r['tau_chain'], 3)} (rounds {r['tau_rounds']:.3f})" \
-            if "tau_chain" in r else ""
+        extra += (
+            f" {named_tau('teacher-forced', r['tau_chain'], 3)} (rounds {r['tau_rounds']:.3f})"
+            if "tau_chain" in r
+            else ""
+        )
         err_console.print(f"[{r['split']}] step {r['step']} loss {r.get('loss', float('nan')):.3f} acc {acc}{extra}")
 
 

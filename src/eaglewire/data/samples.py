@@ -33,9 +33,11 @@ class TokenizeStats:
     no_answer: int = 0
 
     def summary(self) -> str:
-        return (f"{self.samples} samples from {self.conversations} conversations, {self.tokens} tokens "
-                f"({self.masked_tokens} trained on); truncated {self.truncated}, skipped: template mismatch "
-                f"{self.template_mismatch}, no answer tokens {self.no_answer}")
+        return (
+            f"{self.samples} samples from {self.conversations} conversations, {self.tokens} tokens "
+            f"({self.masked_tokens} trained on); truncated {self.truncated}, skipped: template mismatch "
+            f"{self.template_mismatch}, no answer tokens {self.no_answer}"
+        )
 
 
 DEFAULT_MAX_LENGTH = 1024  # tokens per training sample (longer ones are truncated)
@@ -63,9 +65,15 @@ def split_heldout(samples: list[Sample], fraction: float) -> tuple[list[Sample],
     return [s for s, h in zip(samples, held) if not h], [s for s, h in zip(samples, held) if h]
 
 
-def tokenize_conversations(tok: Any, convs: Iterable[Conversation], *, max_length: int,
-                           split_turns: bool = False, template_kwargs: dict | None = None,
-                           stats: TokenizeStats | None = None) -> list[Sample]:
+def tokenize_conversations(
+    tok: Any,
+    convs: Iterable[Conversation],
+    *,
+    max_length: int,
+    split_turns: bool = False,
+    template_kwargs: dict | None = None,
+    stats: TokenizeStats | None = None,
+) -> list[Sample]:
     """Render with the target's own chat template; truncate to max_length; skip (and count) samples
     without any trained token and templates that rewrite history (unless split_turns)."""
     import torch
@@ -90,16 +98,27 @@ def tokenize_conversations(tok: Any, convs: Iterable[Conversation], *, max_lengt
             stats.tokens += len(ids)
             stats.masked_tokens += sum(mask)
     if not out and stats.conversations > seen:  # conversations came, none gave a trained token: not success
-        raise EaglewireError("no training sample: every conversation was skipped when tokenized",
-                             expected="at least one conversation whose rendering keeps an assistant token within "
-                                      f"max_length={max_length}",
-                             found=stats.summary(), fix="check the data is the target's chat data (a template "
-                             "mismatch: try --split-turns), or raise --max-length")
+        raise EaglewireError(
+            "no training sample: every conversation was skipped when tokenized",
+            expected="at least one conversation whose rendering keeps an assistant token within "
+            f"max_length={max_length}",
+            found=stats.summary(),
+            fix="check the data is the target's chat data (a template "
+            "mismatch: try --split-turns), or raise --max-length",
+        )
     return out
 
 
-def load_samples(data: str, tok: Any, *, max_length: int, limit: int | None = None, skip: int = 0,
-                 read_stats: ReadStats | None = None, **kw: Any) -> tuple[list[Sample], TokenizeStats]:
+def load_samples(
+    data: str,
+    tok: Any,
+    *,
+    max_length: int,
+    limit: int | None = None,
+    skip: int = 0,
+    read_stats: ReadStats | None = None,
+    **kw: Any,
+) -> tuple[list[Sample], TokenizeStats]:
     """Samples of the valid conversations [skip, skip + limit) of `data` (skip: those an earlier capture
     already holds)."""
     stats = TokenizeStats()

@@ -57,14 +57,21 @@ def pre_query_text(tokenizer: Any) -> str:
     """The rendered chat template up to where the first user message's text begins (system prompt and
     user header included, as the template writes them for a one-message chat)."""
     if getattr(tokenizer, "chat_template", None) is None:
-        raise EaglewireError("self-prompting needs the target's chat template", expected="tokenizer.chat_template",
-                             found="none", fix="use an instruct target with a chat template")
+        raise EaglewireError(
+            "self-prompting needs the target's chat template",
+            expected="tokenizer.chat_template",
+            found="none",
+            fix="use an instruct target with a chat template",
+        )
     text = tokenizer.apply_chat_template([{"role": "user", "content": _SENTINEL}], tokenize=False)
     if _SENTINEL not in text:
-        raise EaglewireError("the chat template does not write the user's text verbatim",
-                             expected="the user message inside the rendered prompt", found=repr(text[:200]),
-                             fix="self-prompting needs a template that renders user text as given")
-    return text[:text.index(_SENTINEL)]
+        raise EaglewireError(
+            "the chat template does not write the user's text verbatim",
+            expected="the user message inside the rendered prompt",
+            found=repr(text[:200]),
+            fix="self-prompting needs a template that renders user text as given",
+        )
+    return text[: text.index(_SENTINEL)]
 
 
 def normalize(text: str) -> str:
@@ -98,8 +105,15 @@ def judge(text: str, finish: str, s: PromptSettings, seen: set[str], banned: set
 Sampler = Callable[[int], tuple[str, str, int]]  # seed -> (text, finish "stop" | "length", new tokens)
 
 
-def sample_self_prompts(sample: Sampler, out: Path, count: int, s: PromptSettings, meta: dict,
-                        banned: set[str], on_batch: Callable[[PromptStats], None] | None = None) -> PromptStats:
+def sample_self_prompts(
+    sample: Sampler,
+    out: Path,
+    count: int,
+    s: PromptSettings,
+    meta: dict,
+    banned: set[str],
+    on_batch: Callable[[PromptStats], None] | None = None,
+) -> PromptStats:
     """Draw samples [0, count) into `out` (resuming: finished seeds are skipped), `s.batch_size` in flight."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -130,8 +144,11 @@ def sample_self_prompts(sample: Sampler, out: Path, count: int, s: PromptSetting
     try:
         for k, (text, finish, tokens) in rolling(jobs, s.batch_size):  # a failed request stops the run
             why = judge(text, finish, s, seen, banned)
-            buffer.append({"id": _rid(k), "skipped": why} if why else
-                          {"id": _rid(k), "messages": [{"role": "user", "content": text.strip()}]})
+            buffer.append(
+                {"id": _rid(k), "skipped": why}
+                if why
+                else {"id": _rid(k), "messages": [{"role": "user", "content": text.strip()}]}
+            )
             stats.drawn, stats.new_tokens = stats.drawn + 1, stats.new_tokens + tokens
             if why:
                 stats.skipped[why] = stats.skipped.get(why, 0) + 1

@@ -41,8 +41,9 @@ class Rendered:
 
 
 def _render(tok: Any, messages: list[dict], gen_prompt: bool, template: str | None, kwargs: dict) -> str:
-    return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen_prompt,
-                                   chat_template=template, **kwargs)
+    return tok.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=gen_prompt, chat_template=template, **kwargs
+    )
 
 
 def _first_difference(a: str, b: str) -> int:
@@ -53,9 +54,11 @@ def _mismatch(what: str, turn: int, shorter: str, longer: str) -> TemplateMismat
     i = _first_difference(shorter, longer)
     return TemplateMismatch(
         f"chat template renders assistant turn {turn} differently {what}",
-        expected=repr(shorter[max(0, i - 30): i + 30]), found=repr(longer[max(0, i - 30): i + 30]),
+        expected=repr(shorter[max(0, i - 30) : i + 30]),
+        found=repr(longer[max(0, i - 30) : i + 30]),
         fix="pass split_turns=True (--split-turns) to train one sample per assistant turn; needed for "
-        "templates that rewrite earlier turns, e.g. Qwen3 dropping <think> from history")
+        "templates that rewrite earlier turns, e.g. Qwen3 dropping <think> from history",
+    )
 
 
 def _turn_span(tok: Any, messages: list[dict], i: int, template: str | None, kw: dict) -> tuple[str, int]:
@@ -67,8 +70,9 @@ def _turn_span(tok: Any, messages: list[dict], i: int, template: str | None, kw:
     return upto, len(before)
 
 
-def assistant_spans(tok: Any, messages: list[dict], *, template: str | None = None,
-                    template_kwargs: dict | None = None) -> tuple[str, list[tuple[int, int]]]:
+def assistant_spans(
+    tok: Any, messages: list[dict], *, template: str | None = None, template_kwargs: dict | None = None
+) -> tuple[str, list[tuple[int, int]]]:
     """Full rendered text and the character span of every assistant answer in it."""
     kw = template_kwargs or {}
     full = _render(tok, messages, False, template, kw)
@@ -99,7 +103,9 @@ def _end_tokens(tok: Any) -> list[str]:
     if tok not in _END_TOKENS:
         vocab = tok.get_vocab()
         ends = {tok.eos_token} if getattr(tok, "eos_token", None) else set()
-        ends |= {t for t in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>") if t in vocab}  # end-of-turn specials
+        ends |= {
+            t for t in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>") if t in vocab
+        }  # end-of-turn specials
         _END_TOKENS[tok] = sorted(ends)
     return _END_TOKENS[tok]
 
@@ -112,8 +118,14 @@ def _tokenize_with_mask(tok: Any, text: str, spans: list[tuple[int, int]]) -> Re
     return Rendered(text=text, input_ids=list(enc["input_ids"]), loss_mask=mask, spans=spans)
 
 
-def render_with_mask(tok: Any, messages: list[dict], *, template: str | None = None,
-                     template_kwargs: dict | None = None, split_turns: bool = False) -> list[Rendered]:
+def render_with_mask(
+    tok: Any,
+    messages: list[dict],
+    *,
+    template: str | None = None,
+    template_kwargs: dict | None = None,
+    split_turns: bool = False,
+) -> list[Rendered]:
     """Render a conversation and mask its assistant tokens. One sample, or one per assistant turn
     (each ending at that turn, only that turn masked) with `split_turns`."""
     if not split_turns:
@@ -137,14 +149,21 @@ def messages_of(prompt: Prompt) -> list[dict[str, str]]:
         return [{"role": "user", "content": prompt}]
     fix = 'pass a string, or messages like [{"role": "user", "content": "Hi."}]'
     if isinstance(prompt, Mapping) or not isinstance(prompt, Sequence) or not prompt:
-        raise EaglewireError("a prompt is one user message or a non-empty list of chat messages",
-                             expected="a str, or a list of {'role': ..., 'content': ...}",
-                             found=type(prompt).__name__ if prompt else "an empty list", fix=fix)
+        raise EaglewireError(
+            "a prompt is one user message or a non-empty list of chat messages",
+            expected="a str, or a list of {'role': ..., 'content': ...}",
+            found=type(prompt).__name__ if prompt else "an empty list",
+            fix=fix,
+        )
     out = []
     for i, m in enumerate(prompt):
         if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise EaglewireError(f"chat message {i} is not a role and a text", expected="{'role': str, "
-                                 "'content': str}", found=repr(m)[:200], fix=fix)
+            raise EaglewireError(
+                f"chat message {i} is not a role and a text",
+                expected="{'role': str, 'content': str}",
+                found=repr(m)[:200],
+                fix=fix,
+            )
         out.append({"role": m["role"], "content": m["content"]})
     return out
 
@@ -153,10 +172,13 @@ def chat_ids(tokenizer: Any, prompt: Prompt) -> torch.Tensor:
     """The prompt rendered with the tokenizer's chat template and its generation prompt: ids [1, P]."""
     messages = messages_of(prompt)
     if tokenizer is None or getattr(tokenizer, "chat_template", None) is None:
-        raise EaglewireError("the prompt cannot be rendered: the target has no chat template",
-                             expected="a target whose tokenizer has a chat template (an instruct / chat model)",
-                             found="no tokenizer" if tokenizer is None else "a tokenizer without chat_template",
-                             fix="load an instruct model, or set tokenizer.chat_template")
-    ids: torch.Tensor = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True,
-                                                      return_tensors="pt")["input_ids"]
+        raise EaglewireError(
+            "the prompt cannot be rendered: the target has no chat template",
+            expected="a target whose tokenizer has a chat template (an instruct / chat model)",
+            found="no tokenizer" if tokenizer is None else "a tokenizer without chat_template",
+            fix="load an instruct model, or set tokenizer.chat_template",
+        )
+    ids: torch.Tensor = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, return_dict=True, return_tensors="pt"
+    )["input_ids"]
     return ids  # [1, P]

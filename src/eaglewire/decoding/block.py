@@ -26,23 +26,32 @@ def block_shape(contract: WiringContract, shape: TreeShape | None) -> TreeShape:
     branching a block drafter has no use for), or a vLLM chain of k <= drafts per round (vLLM's
     num_speculative_tokens below B-1: the block is still drafted whole, the first k are verified)."""
     if contract.block is None:
-        raise EaglewireError("a block proposer needs a block drafter's contract", expected="contract.block",
-                             found=f"family {contract.family!r} without block wiring")
+        raise EaglewireError(
+            "a block proposer needs a block drafter's contract",
+            expected="contract.block",
+            found=f"family {contract.family!r} without block wiring",
+        )
     full = contract.block.drafts_per_round
     if shape is None or not shape.is_chain:
         return TreeShape.chain(full)
     if shape.num_steps > full:
-        raise EaglewireError(f"a block of {contract.block.block_size} proposes at most {full} tokens per round",
-                             expected=f"--num-speculative-tokens <= {full}", found=str(shape.num_steps),
-                             fix="drop the knob (the whole block) or use a draft trained with a larger block")
+        raise EaglewireError(
+            f"a block of {contract.block.block_size} proposes at most {full} tokens per round",
+            expected=f"--num-speculative-tokens <= {full}",
+            found=str(shape.num_steps),
+            fix="drop the knob (the whole block) or use a draft trained with a larger block",
+        )
     return shape
 
 
 class BlockProposer:
     def __init__(self, draft: DFlashDraft, contract: WiringContract, shape: TreeShape | None, max_len: int) -> None:
         if contract.block is None or contract.block != draft.block:
-            raise EaglewireError("the block proposer needs the draft's own block wiring",
-                                 expected=str(draft.block), found=str(contract.block))
+            raise EaglewireError(
+                "the block proposer needs the draft's own block wiring",
+                expected=str(draft.block),
+                found=str(contract.block),
+            )
         draft.cfg.require_matches(contract)  # the taps we will ask the target for are the draft's
         self.d, self.block = draft, contract.block
         self.taps = contract.taps
@@ -63,8 +72,12 @@ class BlockProposer:
 
     def _extend(self, taps: torch.Tensor | None) -> None:
         if taps is None:
-            raise EaglewireError("the block proposer got no target taps", expected=f"taps {list(self.taps)}",
-                                 found="None", fix="the runtime must return the taps the proposer names")
+            raise EaglewireError(
+                "the block proposer got no target taps",
+                expected=f"taps {list(self.taps)}",
+                found="None",
+                fix="the runtime must return the taps the proposer names",
+            )
         self.d.extend_context(self.cache, taps)
 
     @torch.no_grad()

@@ -62,9 +62,17 @@ class SpecDecoder:
         self.rt, self.proposer = runtime, proposer
 
     @torch.no_grad()
-    def generate(self, prompt: torch.Tensor, max_new_tokens: int, eos: set[int] | None = None, *,
-                 temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
-                 on_tokens: Callable[[list[int]], None] | None = None) -> tuple[list[int], SpecStats]:
+    def generate(
+        self,
+        prompt: torch.Tensor,
+        max_new_tokens: int,
+        eos: set[int] | None = None,
+        *,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        on_tokens: Callable[[list[int]], None] | None = None,
+    ) -> tuple[list[int], SpecStats]:
         """prompt [1, P] -> (new tokens, stats). temperature 0 = greedy; else lossless rejection sampling.
         `on_tokens` receives each round's newly committed tokens (streaming)."""
         eos, st, t0 = eos or set(), SpecStats(), time.perf_counter()
@@ -73,14 +81,16 @@ class SpecDecoder:
         target = self.rt.greedy if pick.greedy else self.rt.forward
         taps, dev = self.proposer.taps, self.rt.target.device  # every tensor made here goes to the target's device
         prompt, P = prompt.to(dev), prompt.shape[1]
-        out0, prompt_taps = target(prompt, torch.arange(P, device=dev)[None], 0, taps=taps,
-                                   logit_rows=torch.tensor([P - 1], device=dev))
+        out0, prompt_taps = target(
+            prompt, torch.arange(P, device=dev)[None], 0, taps=taps, logit_rows=torch.tensor([P - 1], device=dev)
+        )
         x = pick.first(out0)  # an int: the prefill has finished on any device
         st.prefill_s = time.perf_counter() - t0
         n, out = P, []
         t = time.perf_counter()
         self.proposer.start(prompt, prompt_taps, x)
         st.draft_s += time.perf_counter() - t
+
         def emit(toks: list[int]) -> None:
             out.extend(toks)
             if on_tokens and toks:
@@ -153,11 +163,14 @@ def _stop_index(tokens: list[int], eos: set[int], room: int) -> int | None:
 
 
 @torch.no_grad()
-def greedy_reference(runtime: Runtime, prompt: torch.Tensor, max_new_tokens: int, eos: set[int] | None = None) -> list[int]:
+def greedy_reference(
+    runtime: Runtime, prompt: torch.Tensor, max_new_tokens: int, eos: set[int] | None = None
+) -> list[int]:
     """Plain greedy decoding on the same runtime (one token per forward): the lossless reference."""
     eos, P, dev = eos or set(), prompt.shape[1], runtime.target.device
-    tok, _ = runtime.greedy(prompt.to(dev), torch.arange(P, device=dev)[None], 0,
-                            logit_rows=torch.tensor([P - 1], device=dev))
+    tok, _ = runtime.greedy(
+        prompt.to(dev), torch.arange(P, device=dev)[None], 0, logit_rows=torch.tensor([P - 1], device=dev)
+    )
     out = [int(tok[0, -1])]
     while out[-1] not in eos and len(out) < max_new_tokens:
         n = P + len(out) - 1

@@ -25,9 +25,15 @@ class HFRuntime:
         return self.cache.get_seq_length()
 
     @torch.no_grad()
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, start: int, mask: torch.Tensor | None = None,
-                taps: tuple[int, ...] = (), logit_rows: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        start: int,
+        mask: torch.Tensor | None = None,
+        taps: tuple[int, ...] = (),
+        logit_rows: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Same contract as StaticRuntime.forward: the cache is cut back to `start` entries first (slots a
         previous tree verify wrote beyond the accepted path are dropped)."""
         B, T = ids.shape
@@ -39,15 +45,23 @@ class HFRuntime:
             mask = torch.ones(T, start + T, dtype=torch.bool, device=ids.device).tril(start)[None, None]
         store: dict[int | str, list[torch.Tensor]] = {}
         with tap_hooks(self.target, taps, store) if taps else nullcontext():
-            out = self.target.model(input_ids=ids, position_ids=positions, attention_mask=mask,
-                                    past_key_values=self.cache, use_cache=True)
+            out = self.target.model(
+                input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=self.cache, use_cache=True
+            )
         logits = out.logits if logit_rows is None else out.logits[:, logit_rows.to(out.logits.device)]
         # a target spread over GPUs taps layers on several devices: the taps meet where the inputs are
         tapped = torch.cat([store[b][0].to(ids.device) for b in taps], dim=-1) if taps else None
         return logits, tapped
 
-    def greedy(self, ids: torch.Tensor, positions: torch.Tensor, start: int, mask: torch.Tensor | None = None,
-               taps: tuple[int, ...] = (), logit_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def greedy(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        start: int,
+        mask: torch.Tensor | None = None,
+        taps: tuple[int, ...] = (),
+        logit_rows: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """forward's arguments -> (argmax token per row, taps), as StaticRuntime.greedy."""
         logits, tapped = self.forward(ids, positions, start, mask, taps, logit_rows)
         return logits.argmax(-1), tapped

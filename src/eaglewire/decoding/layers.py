@@ -38,8 +38,9 @@ class Dense:
         weight = torch.cat([m.weight.detach() for m in mods])  # [sum out, in]
         bias = None
         if any(m.bias is not None for m in mods):
-            bias = torch.cat([m.bias.detach() if m.bias is not None else weight.new_zeros(m.weight.shape[0])
-                              for m in mods])
+            bias = torch.cat(
+                [m.bias.detach() if m.bias is not None else weight.new_zeros(m.weight.shape[0]) for m in mods]
+            )
         if share:
             _share(mods, weight, bias)
         return cls(weight, bias, *args)
@@ -50,9 +51,9 @@ def _share(mods: list[torch.nn.Module], weight: torch.Tensor, bias: torch.Tensor
     row = 0
     for m in mods:
         n = int(m.weight.shape[0])
-        m.weight.data = weight[row:row + n]  # contiguous rows: a view, not a copy
+        m.weight.data = weight[row : row + n]  # contiguous rows: a view, not a copy
         if m.bias is not None:
-            m.bias.data = bias[row:row + n]
+            m.bias.data = bias[row : row + n]
         row += n
 
 
@@ -75,9 +76,16 @@ def read_layer(m: torch.nn.Module, fuse: Callable[[list[torch.nn.Module]], Any])
     with share=True, or a subclass's)."""
     a, f = m.self_attn, m.mlp
     qn, kn = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
-    return Layer(fuse([a.q_proj, a.k_proj, a.v_proj]), fuse([a.o_proj]), fuse([f.gate_proj, f.up_proj]),
-                 fuse([f.down_proj]), m.input_layernorm.weight.detach(), m.post_attention_layernorm.weight.detach(),
-                 None if qn is None else qn.weight.detach(), None if kn is None else kn.weight.detach())
+    return Layer(
+        fuse([a.q_proj, a.k_proj, a.v_proj]),
+        fuse([a.o_proj]),
+        fuse([f.gate_proj, f.up_proj]),
+        fuse([f.down_proj]),
+        m.input_layernorm.weight.detach(),
+        m.post_attention_layernorm.weight.detach(),
+        None if qn is None else qn.weight.detach(),
+        None if kn is None else kn.weight.detach(),
+    )
 
 
 def head_dim(cfg: Any) -> int:

@@ -46,8 +46,15 @@ class EagleProposer:
     (as in training); they live in a static DraftCache. Each round's tree nodes are written after them and
     overwritten by the next round's committed entries."""
 
-    def __init__(self, draft: Eagle3Draft, shape: TreeShape, max_len: int, drafter: Drafter | None = None, *,
-                 contract: WiringContract | None = None) -> None:
+    def __init__(
+        self,
+        draft: Eagle3Draft,
+        shape: TreeShape,
+        max_len: int,
+        drafter: Drafter | None = None,
+        *,
+        contract: WiringContract | None = None,
+    ) -> None:
         """drafter: a decoding copy of `draft` that runs it faster (eaglewire.fastcpu.draft.FastDraft); None
         runs the draft's own modules. contract: the wiring to decode with, the draft's own by default (the
         doctor decodes with other taps)."""
@@ -59,8 +66,13 @@ class EagleProposer:
         self.d = draft if drafter is None else drafter.model
         self.shape = shape
         self.taps = contract.taps
-        self.cache = DraftCache(draft.cfg, 1, max_len + shape.num_draft_tokens * shape.num_steps + 8,
-                                dtype=draft.fc.weight.dtype, device=draft.fc.weight.device)
+        self.cache = DraftCache(
+            draft.cfg,
+            1,
+            max_len + shape.num_draft_tokens * shape.num_steps + 8,
+            dtype=draft.fc.weight.dtype,
+            device=draft.fc.weight.device,
+        )
         self.n = 0  # committed draft entries (= target tokens in the target's cache)
         self.dev = draft.fc.weight.device  # every tensor a round makes goes where the draft is
 
@@ -107,7 +119,9 @@ class EagleProposer:
         slot = self.n  # first free cache slot; node fed at level d sits at position n - 2 + d
         fed: dict[int, int] = {}  # node -> cache slot it was fed at (for descendants' masks)
         for level in range(2, S + 1):
-            toks = self.d.to_target_ids(torch.tensor([ids[f] for f in frontier], device=self.dev))[None]  # [1, F] target ids
+            toks = self.d.to_target_ids(torch.tensor([ids[f] for f in frontier], device=self.dev))[
+                None
+            ]  # [1, F] target ids
             mask = self._mask(frontier, parents, fed, slot)
             for j, f in enumerate(frontier):
                 fed[f] = slot + j
@@ -166,7 +180,9 @@ class EagleProposer:
         depth: list[int] = []
         for p in parents:
             depth.append(1 if p < 0 else depth[p] + 1)
-        keep = sorted(sorted(range(len(scores)), key=lambda i: (-scores[i], depth[i]))[:n_keep], key=lambda i: (depth[i], i))
+        keep = sorted(
+            sorted(range(len(scores)), key=lambda i: (-scores[i], depth[i]))[:n_keep], key=lambda i: (depth[i], i)
+        )
         kept = set(keep)
         keep = [i for i in keep if all(a in kept for a in _ancestors(i, parents))]
         index = {old: new for new, old in enumerate(keep)}

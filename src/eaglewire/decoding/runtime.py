@@ -42,17 +42,32 @@ class Runtime(Protocol):
     target: Target
     max_len: int
 
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, start: int, mask: torch.Tensor | None = None,
-                taps: tuple[int, ...] = (), logit_rows: torch.Tensor | None = None) -> Out: ...
+    def forward(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        start: int,
+        mask: torch.Tensor | None = None,
+        taps: tuple[int, ...] = (),
+        logit_rows: torch.Tensor | None = None,
+    ) -> Out: ...
 
-    def greedy(self, ids: torch.Tensor, positions: torch.Tensor, start: int, mask: torch.Tensor | None = None,
-               taps: tuple[int, ...] = (), logit_rows: torch.Tensor | None = None) -> Out: ...
+    def greedy(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        start: int,
+        mask: torch.Tensor | None = None,
+        taps: tuple[int, ...] = (),
+        logit_rows: torch.Tensor | None = None,
+    ) -> Out: ...
 
     def commit(self, src: torch.Tensor, dst_start: int) -> None: ...
 
 
-def additive_mask(mask: torch.Tensor | None, T: int, start: int, dtype: torch.dtype,
-                  device: torch.device) -> torch.Tensor | None:
+def additive_mask(
+    mask: torch.Tensor | None, T: int, start: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor | None:
     """The attention mask every layer uses, built once per forward: None for one causal row (it sees all
     start+1 cached slots, exactly what SDPA does unmasked); else 0 / -inf in `dtype` [.., T, start+T],
     which SDPA would otherwise rebuild from a bool mask in each of the L layers."""
@@ -73,9 +88,12 @@ class StaticRuntime:
     def __init__(self, target: Target, max_len: int, batch: int = 1) -> None:
         cfg = target.text_config
         if cfg.model_type not in SUPPORTED:
-            raise TargetError(f"the static-cache runtime does not support model_type {cfg.model_type!r}",
-                              expected=" / ".join(SUPPORTED), found=cfg.model_type,
-                              fix="use the HF fallback runtime (decoding.runtime.plain_runtime picks it)")
+            raise TargetError(
+                f"the static-cache runtime does not support model_type {cfg.model_type!r}",
+                expected=" / ".join(SUPPORTED),
+                found=cfg.model_type,
+                fix="use the HF fallback runtime (decoding.runtime.plain_runtime picks it)",
+            )
         self.target, self.cfg, self.max_len = target, cfg, max_len
         self.eps = float(cfg.rms_norm_eps)
         self.heads, self.kv_heads = int(cfg.num_attention_heads), int(cfg.num_key_value_heads)
@@ -104,8 +122,15 @@ class StaticRuntime:
         """KV cache slots: one spare, never written, so no forward's view of the cache spans all of it."""
         return max_len + 1
 
-    def _layers(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int,
-                mask: torch.Tensor | None, taps: tuple[int, ...]) -> Out:
+    def _layers(
+        self,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        start: int,
+        mask: torch.Tensor | None,
+        taps: tuple[int, ...],
+    ) -> Out:
         return self.layers_forward(h, cos, sin, start, mask, taps, _plain, sdpa)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:  # [B, R, H] -> [B, R, V]
@@ -117,23 +142,44 @@ class StaticRuntime:
 
     # --- the forward ---------------------------------------------------------------------------------------
     @torch.no_grad()
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, start: int, mask: torch.Tensor | None = None,
-                taps: tuple[int, ...] = (), logit_rows: torch.Tensor | None = None) -> Out:
+    def forward(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        start: int,
+        mask: torch.Tensor | None = None,
+        taps: tuple[int, ...] = (),
+        logit_rows: torch.Tensor | None = None,
+    ) -> Out:
         """ids, positions [B, T]; mask bool [B, 1, T, start+T] (None = causal over the cache);
         returns (logits [B, T, V] or [B, R, V] for logit_rows [R], taps [B, T, n*H] or None)."""
         h, tapped = self.hidden(ids, positions, start, mask, taps, logit_rows)
         return self._logits(h), tapped
 
     @torch.no_grad()
-    def greedy(self, ids: torch.Tensor, positions: torch.Tensor, start: int, mask: torch.Tensor | None = None,
-               taps: tuple[int, ...] = (), logit_rows: torch.Tensor | None = None) -> Out:
+    def greedy(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        start: int,
+        mask: torch.Tensor | None = None,
+        taps: tuple[int, ...] = (),
+        logit_rows: torch.Tensor | None = None,
+    ) -> Out:
         """forward's arguments; returns (the argmax token of each row [B, T] or [B, R], taps): what greedy
         decoding needs."""
         h, tapped = self.hidden(ids, positions, start, mask, taps, logit_rows)
         return self.argmax(h), tapped
 
-    def hidden(self, ids: torch.Tensor, positions: torch.Tensor, start: int, mask: torch.Tensor | None = None,
-               taps: tuple[int, ...] = (), logit_rows: torch.Tensor | None = None) -> Out:
+    def hidden(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        start: int,
+        mask: torch.Tensor | None = None,
+        taps: tuple[int, ...] = (),
+        logit_rows: torch.Tensor | None = None,
+    ) -> Out:
         """forward without the head: (final-norm states [B, T or R, H], taps [B, T, n*H] or None)."""
         B, T = ids.shape
         if start + T > self.max_len:
@@ -145,9 +191,17 @@ class StaticRuntime:
         h = rms_norm(h if logit_rows is None else h[:, logit_rows], self.norm, self.eps)
         return h, tapped
 
-    def layers_forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int,
-                       mask: torch.Tensor | None, taps: tuple[int, ...],
-                       linear: Callable[[Any, torch.Tensor], torch.Tensor], attend: Attend) -> Out:
+    def layers_forward(
+        self,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        start: int,
+        mask: torch.Tensor | None,
+        taps: tuple[int, ...],
+        linear: Callable[[Any, torch.Tensor], torch.Tensor],
+        attend: Attend,
+    ) -> Out:
         """The decoder layers on embeddings h [B, T, H] (cos, sin [B, 1, T, D]; mask additive or None):
         (the last layer's output [B, T, H], before the final norm; taps [B, T, n*H] or None). `linear(lin,
         x)` runs each GEMM and `attend` the attention, so that an accelerated subclass can trace this very
@@ -163,22 +217,34 @@ class StaticRuntime:
                 collected.append(h)
         return h, (torch.cat(collected, dim=-1) if taps else None)
 
-    def _attention(self, L: Layer, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int,
-                   mask: torch.Tensor | None, linear: Callable[[Any, torch.Tensor], torch.Tensor],
-                   attend: Attend) -> torch.Tensor:
+    def _attention(
+        self,
+        L: Layer,
+        i: int,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        start: int,
+        mask: torch.Tensor | None,
+        linear: Callable[[Any, torch.Tensor], torch.Tensor],
+        attend: Attend,
+    ) -> torch.Tensor:
         B, T, _ = x.shape
         hd = self.head_dim
         qkv = linear(L.qkv, x)  # [B, T, (heads + 2 kv_heads) * D]
         nq = self.heads + self.kv_heads
         if L.q_norm is None:  # q and k are adjacent columns: one RoPE over both, split after
-            qk = rotate(qkv[..., :nq * hd].view(B, T, nq, hd).transpose(1, 2), cos, sin)  # [B, nq, T, D]
-            q, k = qk[:, :self.heads], qk[:, self.heads:]
+            qk = rotate(qkv[..., : nq * hd].view(B, T, nq, hd).transpose(1, 2), cos, sin)  # [B, nq, T, D]
+            q, k = qk[:, : self.heads], qk[:, self.heads :]
         else:  # Qwen3: RMSNorm over each head (its own weight for q and for k) before RoPE
-            q = rms_norm(qkv[..., :self.heads * hd].view(B, T, self.heads, hd), L.q_norm, self.eps)
-            k = rms_norm(qkv[..., self.heads * hd:nq * hd].view(B, T, self.kv_heads, hd), L.k_norm,  # type: ignore[arg-type]
-                         self.eps)  # k_norm is set wherever q_norm is (read_layer)
+            q = rms_norm(qkv[..., : self.heads * hd].view(B, T, self.heads, hd), L.q_norm, self.eps)
+            k = rms_norm(
+                qkv[..., self.heads * hd : nq * hd].view(B, T, self.kv_heads, hd),
+                L.k_norm,  # type: ignore[arg-type]
+                self.eps,
+            )  # k_norm is set wherever q_norm is (read_layer)
             q, k = rotate(q.transpose(1, 2), cos, sin), rotate(k.transpose(1, 2), cos, sin)
-        v = qkv[..., nq * hd:].view(B, T, self.kv_heads, hd).transpose(1, 2)
+        v = qkv[..., nq * hd :].view(B, T, self.kv_heads, hd).transpose(1, 2)
         kc, vc = self.k_layers[i], self.v_layers[i]  # [batch, kv_heads, slots, D]
         if B != kc.shape[0]:
             kc, vc = kc[:B], vc[:B]

@@ -28,17 +28,25 @@ class TreeShape:
         S, K, N = self.num_steps, self.topk, self.num_draft_tokens
         capacity = K + (S - 1) * K * K
         if S < 1 or K < 1 or N < 2:
-            raise EaglewireError("invalid tree shape", expected="num_steps >= 1, topk >= 1, num_draft_tokens >= 2",
-                                 found=f"num_steps={S}, topk={K}, num_draft_tokens={N}")
+            raise EaglewireError(
+                "invalid tree shape",
+                expected="num_steps >= 1, topk >= 1, num_draft_tokens >= 2",
+                found=f"num_steps={S}, topk={K}, num_draft_tokens={N}",
+            )
         if N - 1 > capacity:
-            raise EaglewireError("more draft tokens than the tree can hold",
-                                 expected=f"num_draft_tokens - 1 <= topk + (num_steps-1)*topk^2 = {capacity}",
-                                 found=f"num_draft_tokens={N} (N counts the root, as in SGLang)",
-                                 fix=f"lower --num-draft-tokens to <= {capacity + 1} or raise --num-steps/--topk")
+            raise EaglewireError(
+                "more draft tokens than the tree can hold",
+                expected=f"num_draft_tokens - 1 <= topk + (num_steps-1)*topk^2 = {capacity}",
+                found=f"num_draft_tokens={N} (N counts the root, as in SGLang)",
+                fix=f"lower --num-draft-tokens to <= {capacity + 1} or raise --num-steps/--topk",
+            )
         if K == 1 and N - 1 != S:
-            raise EaglewireError("a chain (topk=1) verifies exactly num_steps drafted tokens",
-                                 expected=f"num_draft_tokens = num_steps + 1 = {S + 1}", found=f"num_draft_tokens={N}",
-                                 fix="use --num-speculative-tokens k for a chain")
+            raise EaglewireError(
+                "a chain (topk=1) verifies exactly num_steps drafted tokens",
+                expected=f"num_draft_tokens = num_steps + 1 = {S + 1}",
+                found=f"num_draft_tokens={N}",
+                fix="use --num-speculative-tokens k for a chain",
+            )
 
     @classmethod
     def chain(cls, num_speculative_tokens: int) -> "TreeShape":
@@ -50,15 +58,23 @@ class TreeShape:
         return self.topk == 1
 
     @classmethod
-    def from_knobs(cls, num_steps: int | None, topk: int | None, num_draft_tokens: int | None,
-                   num_speculative_tokens: int | None, default: "TreeShape | None" = None) -> "TreeShape":
+    def from_knobs(
+        cls,
+        num_steps: int | None,
+        topk: int | None,
+        num_draft_tokens: int | None,
+        num_speculative_tokens: int | None,
+        default: "TreeShape | None" = None,
+    ) -> "TreeShape":
         """The shape the command-line knobs ask for: vLLM's chain k alone, or SGLang's S/K/N, each
         omitted one from `default` (DEFAULT_TREE)."""
         if num_speculative_tokens is not None:
             if any(v is not None for v in (num_steps, topk, num_draft_tokens)):
-                raise EaglewireError("give either the chain knob or the tree knobs",
-                                     expected="--num-speculative-tokens alone, or --num-steps/--topk/--num-draft-tokens",
-                                     found="both")
+                raise EaglewireError(
+                    "give either the chain knob or the tree knobs",
+                    expected="--num-speculative-tokens alone, or --num-steps/--topk/--num-draft-tokens",
+                    found="both",
+                )
             return cls.chain(num_speculative_tokens)
         base = default or DEFAULT_TREE
         steps, k = num_steps or base.num_steps, topk or base.topk
@@ -88,7 +104,9 @@ class DraftTree:
             d.append(1 if p < 0 else d[p] + 1)
         return d
 
-    def verify_inputs(self, root: int, n: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def verify_inputs(
+        self, root: int, n: int, device: torch.device | str = "cpu"
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(ids [1, 1+M], positions [1, 1+M], mask bool [1, 1, 1+M, n+1+M]) for a target whose cache holds n
         tokens: the root is slot n at position n, node i is slot n+1+i at position n+depth_i; every slot sees
         the prefix, itself and its ancestors."""
@@ -101,7 +119,7 @@ class DraftTree:
             row = 1 + i
             mask[row, n + 1 + i] = True
             if p >= 0:
-                mask[row, n + 1:] |= mask[1 + p, n + 1:]  # the parent's ancestors (and the parent)
+                mask[row, n + 1 :] |= mask[1 + p, n + 1 :]  # the parent's ancestors (and the parent)
         return ids, pos, mask[None, None]
 
 

@@ -1,17 +1,17 @@
 """eaglewire doctor: find silent wiring failures of a draft before it is deployed.
 
-    inspect.py          reads a draft directory without trusting it; the engine's rules are its export/engines.py record
-    config_types.py     each config number's JSON type, refused by field name before any check reads it
-    checks.py           the findings (error/warn/info, why, fix)             findings.py  the Finding record
-    geometry.py         head counts and every weight's shape against the config
-    weights.py          NaN/Inf, zero norms, a copied lm_head                expect.py    predicted vs measured tau
-    trained_taps.py     which boundaries a draft was trained on: tap sets scored on the target's boundaries
-                        (capture/boundaries.py; paired NLL, bootstrap margin)
-    measured_wiring.py  that score against what the engine will deliver: the `measured_wiring` finding
-    measured_block.py   the same for block drafters (DFlash): teacher-forced block NLL, the same rule
-    measures.py         each family's measured check, keyed by family: what check and import call
-    measured_tau.py     our engine's tau under the engine's own knobs (tree shapes), on request
-    vllm_dump.py        what real vLLM delivers to an export (capture/identify.py names each state)
-    counters.py         a running engine's speculative counters, one reader per engine format, and their deltas
-    live.py, watch.py   `doctor live` (a running engine against our prediction) and `doctor watch` (the alarm)
+inspect.py          reads a draft directory without trusting it; the engine's rules are its export/engines.py record
+config_types.py     each config number's JSON type, refused by field name before any check reads it
+checks.py           the findings (error/warn/info, why, fix)             findings.py  the Finding record
+geometry.py         head counts and every weight's shape against the config
+weights.py          NaN/Inf, zero norms, a copied lm_head                expect.py    predicted vs measured tau
+trained_taps.py     which boundaries a draft was trained on: tap sets scored on the target's boundaries
+                    (capture/boundaries.py; paired NLL, bootstrap margin)
+measured_wiring.py  that score against what the engine will deliver: the `measured_wiring` finding
+measured_block.py   the same for block drafters (DFlash): teacher-forced block NLL, the same rule
+measures.py         each family's measured check, keyed by family: what check and import call
+measured_tau.py     our engine's tau under the engine's own knobs (tree shapes), on request
+vllm_dump.py        what real vLLM delivers to an export (capture/identify.py names each state)
+counters.py         a running engine's speculative counters, one reader per engine format, and their deltas
+live.py, watch.py   `doctor live` (a running engine against our prediction) and `doctor watch` (the alarm)
 """

@@ -63,16 +63,22 @@ class ReadFamily:
         return "bonus" if config.get("sample_from_anchor", True) is False else "anchor_first"
 
 
-READ_FAMILIES = {"dflash": ReadFamily(False, True, False, backbone_heads=()),
-                 "dflash2": ReadFamily(False, True, False, True),
-                 "dspark": ReadFamily(True, False, True, backbone_heads=("markov_head.", "confidence_head."))}
+READ_FAMILIES = {
+    "dflash": ReadFamily(False, True, False, backbone_heads=()),
+    "dflash2": ReadFamily(False, True, False, True),
+    "dspark": ReadFamily(True, False, True, backbone_heads=("markov_head.", "confidence_head.")),
+}
 # the export format (export/block.py DFLASH_FORMATS) that reads each layout's fields, for the measurement's loader;
 # DeepSpec's layout has none
 LAYOUT_FORMATS = {"zlab": "zlab", "sglang": "sglang", "vllm-edited": "zlab", "speculators": "vllm"}
 # the engine record's row (export/engines.py) whose numbering each layout's writer meant: SGLang's and vLLM-edited
 # z-lab configs are written the way z-lab's reference reads them; DeepSpec writes z-lab's ids at the top level
-LAYOUT_IDS = {"zlab": ("zlab", "zlab"), "sglang": ("zlab", "zlab"), "vllm-edited": ("zlab", "zlab"),
-              "speculators": ("vllm", "speculators")}
+LAYOUT_IDS = {
+    "zlab": ("zlab", "zlab"),
+    "sglang": ("zlab", "zlab"),
+    "vllm-edited": ("zlab", "zlab"),
+    "speculators": ("vllm", "speculators"),
+}
 # DeepSpec is a writer, not an engine: z-lab's ids at the top level, -1 for the embedding (contract: deepspec)
 DEEPSPEC_IDS = ("target_layer_ids", "deepspec")
 
@@ -110,17 +116,25 @@ def _range_row(engine: str, version: str, rows: dict[str, Any]) -> str | None:
         return None
     keyed = sorted(((_release(k) or (), k) for k in rows), reverse=True)
     newest, oldest = keyed[0], keyed[-1]
-    if asked[:len(newest[0])] > newest[0]:
-        raise EaglewireError(f"{engine} {version} is newer than the newest release whose block-drafter rules "
-                             f"eaglewire has read ({newest[1]})", expected=f"a release up to {newest[1]}",
-                             found=version, fix=f"pass --engine-version {newest[1]} to apply the newest rules read, "
-                                                "and check the engine's changelog for DFlash changes since")
+    if asked[: len(newest[0])] > newest[0]:
+        raise EaglewireError(
+            f"{engine} {version} is newer than the newest release whose block-drafter rules "
+            f"eaglewire has read ({newest[1]})",
+            expected=f"a release up to {newest[1]}",
+            found=version,
+            fix=f"pass --engine-version {newest[1]} to apply the newest rules read, "
+            "and check the engine's changelog for DFlash changes since",
+        )
     for key, name in keyed:
         if asked >= key:
             return name
-    raise EaglewireError(f"{engine} {version} is not a version whose block-drafter rules eaglewire has read: "
-                         f"block drafters arrived in {engine} {oldest[1]}", expected=f"a release from {oldest[1]}",
-                         found=version, fix=f"upgrade {engine} to {oldest[1]} or later")
+    raise EaglewireError(
+        f"{engine} {version} is not a version whose block-drafter rules eaglewire has read: "
+        f"block drafters arrived in {engine} {oldest[1]}",
+        expected=f"a release from {oldest[1]}",
+        found=version,
+        fix=f"upgrade {engine} to {oldest[1]} or later",
+    )
 
 
 def engine_rule(engine: str, version: str | None) -> tuple[str, dict[str, Any]]:
@@ -129,9 +143,12 @@ def engine_rule(engine: str, version: str | None) -> tuple[str, dict[str, Any]]:
     0.29)"), or a named alias (before-pr40727)."""
     rows = rules().get(engine)
     if rows is None:
-        raise EaglewireError(f"the doctor has no block-drafter rules for engine {engine!r}",
-                             expected=" or ".join(k for k in rules() if not k.startswith("_")), found=engine,
-                             fix="check a block drafter with --engine vllm or --engine sglang")
+        raise EaglewireError(
+            f"the doctor has no block-drafter rules for engine {engine!r}",
+            expected=" or ".join(k for k in rules() if not k.startswith("_")),
+            found=engine,
+            fix="check a block drafter with --engine vllm or --engine sglang",
+        )
     version = version or next(iter(rows))
     if version in rows:
         return version, rows[version]
@@ -139,11 +156,13 @@ def engine_rule(engine: str, version: str | None) -> tuple[str, dict[str, Any]]:
     key = alias or (_range_row(engine, version, rows) if engine in rules().get("_ranges", ()) else None)
     if key is None:
         aliases = ", ".join(rules().get("_aliases", {}).get(engine, {}))
-        raise EaglewireError(f"{engine} {version} is not a version whose block-drafter rules eaglewire has read",
-                             expected=", ".join(rows) + (f" (or a release number between them; aliases: {aliases})"
-                                                         if aliases else ""), found=version,
-                             fix="pass the engine's release number (e.g. --engine-version "
-                                 f"{next(iter(rows))}), or pick the listed version closest to yours")
+        raise EaglewireError(
+            f"{engine} {version} is not a version whose block-drafter rules eaglewire has read",
+            expected=", ".join(rows) + (f" (or a release number between them; aliases: {aliases})" if aliases else ""),
+            found=version,
+            fix="pass the engine's release number (e.g. --engine-version "
+            f"{next(iter(rows))}), or pick the listed version closest to yours",
+        )
     asked, row = _release(version) or (), _release(key) or ()
     width = max(len(asked), len(row))
     same = asked + (0,) * (width - len(asked)) == row + (0,) * (width - len(row))  # "0.29.0" is the "0.29" row
@@ -248,8 +267,14 @@ class BlockInspection:
             return None, f"{at} {ids} is outside a {L}-layer target"
 
 
-def read_block(directory: Path, config: dict[str, Any], engine: str, version: str | None,
-               target: TargetInfo | None, drafts: int | None = None) -> BlockInspection:
+def read_block(
+    directory: Path,
+    config: dict[str, Any],
+    engine: str,
+    version: str | None,
+    target: TargetInfo | None,
+    drafts: int | None = None,
+) -> BlockInspection:
     family, layout = block_layout(config) or ("dflash", "zlab")
     version, row = engine_rule(engine, version)
     shapes: dict[str, tuple[int, ...]] = {}
@@ -263,11 +288,22 @@ def read_block(directory: Path, config: dict[str, Any], engine: str, version: st
     ident = getattr(target, "identity", None) if target is not None else None
     ct = contract.target if contract is not None else None
     L = getattr(target, "num_layers", None) if target is not None else None
-    return BlockInspection(directory, config, family, layout, engine, version, row, shapes, contract,
-                           L if isinstance(L, int) else (ct.num_layers if ct else None),
-                           getattr(target, "vocab_size", None) or (ct.vocab_size if ct else None),
-                           getattr(ident, "architecture", None) or (ct.architecture if ct else None), drafts,
-                           small=small)
+    return BlockInspection(
+        directory,
+        config,
+        family,
+        layout,
+        engine,
+        version,
+        row,
+        shapes,
+        contract,
+        L if isinstance(L, int) else (ct.num_layers if ct else None),
+        getattr(target, "vocab_size", None) or (ct.vocab_size if ct else None),
+        getattr(ident, "architecture", None) or (ct.architecture if ct else None),
+        drafts,
+        small=small,
+    )
 
 
 def is_block_dir(directory: Path) -> dict[str, Any] | None:
@@ -306,24 +342,41 @@ def _vllm_delivery(ins: BlockInspection) -> Delivery:
         aux = ins.ids("aux_hidden_state_layer_ids")
         if aux is None:
             return Delivery(None, "aux_hidden_state_layer_ids", "vLLM's speculators updater requires it (KeyError)")
-        return Delivery(tuple(aux), "aux_hidden_state_layer_ids", "vLLM's update_dflash copies them as is to "
-                        "eagle_aux_hidden_state_layer_ids, which its runner captures as is")
+        return Delivery(
+            tuple(aux),
+            "aux_hidden_state_layer_ids",
+            "vLLM's update_dflash copies them as is to "
+            "eagle_aux_hidden_state_layer_ids, which its runner captures as is",
+        )
     for at in ("eagle_aux_hidden_state_layer_ids", "eagle_config.eagle_aux_hidden_state_layer_ids"):
         if ins.ids(at) is not None:
-            return Delivery(tuple(ins.ids(at) or ()), at, "vLLM's runner reads it first and as is "
-                            "(_get_eagle3_aux_layers_from_config): it wins over dflash_config.target_layer_ids")
+            return Delivery(
+                tuple(ins.ids(at) or ()),
+                at,
+                "vLLM's runner reads it first and as is "
+                "(_get_eagle3_aux_layers_from_config): it wins over dflash_config.target_layer_ids",
+            )
     at = "target_layer_ids" if ins.layout == "deepspec" else "dflash_config.target_layer_ids"
     ids = ins.ids(at)
     if ids is not None:
         plus = bool(r["dflash_ids_plus_one"])  # before PR #40727 vLLM read them as it reads eagle aux ids
         conv = field_convention("vllm", _DFLASH_IDS if plus else _AUX_IDS)
-        return Delivery(renumber(ids, conv, CANONICAL, L), at, f"vLLM {ins.version} "
-                        f"captures id + {int(plus)}" + (" (PR #40727, vLLM 0.22 on)" if plus else
-                                                        " (before PR #40727: vLLM 0.20 and 0.21)"))
+        return Delivery(
+            renumber(ids, conv, CANONICAL, L),
+            at,
+            f"vLLM {ins.version} "
+            f"captures id + {int(plus)}"
+            + (" (PR #40727, vLLM 0.22 on)" if plus else " (before PR #40727: vLLM 0.20 and 0.21)"),
+        )
     if L is None:
         return Delivery(None, "(none)", "no layer ids, and no target to find vLLM's default on", guessed=True)
-    return Delivery((2, L // 2, L - 3), "(none)", "no layer ids: vLLM falls back to the target's EAGLE-3 default "
-                    "(2, L//2, L-3) with only an info log (vLLM #50170)", guessed=True)
+    return Delivery(
+        (2, L // 2, L - 3),
+        "(none)",
+        "no layer ids: vLLM falls back to the target's EAGLE-3 default "
+        "(2, L//2, L-3) with only an info log (vLLM #50170)",
+        guessed=True,
+    )
 
 
 def _sglang_delivery(ins: BlockInspection) -> Delivery:
@@ -347,8 +400,10 @@ def _sglang_delivery(ins: BlockInspection) -> Delivery:
         return Delivery(None, at, f"{rule.describe()} reads DFlash ids in a way eaglewire has not recorded", guessed)
     how = f"{rule.describe()} set_dflash_layers_to_capture: captures id + {renumber((0,), conv, CANONICAL, None)[0]}"
     if guessed:
-        how = ("no layer ids: SGLang guesses build_target_layer_ids(L, number of draft layers) silently "
-               f"(sglang #37475), then {how}")
+        how = (
+            "no layer ids: SGLang guesses build_target_layer_ids(L, number of draft layers) silently "
+            f"(sglang #37475), then {how}"
+        )
     return Delivery(renumber(ids or (), conv, CANONICAL, ins.target_layers), at, how, guessed)
 
 

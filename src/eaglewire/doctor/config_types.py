@@ -9,9 +9,19 @@ from typing import Any
 
 from eaglewire.errors import EaglewireError
 
-INT_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-              "vocab_size", "draft_vocab_size", "target_hidden_size", "num_hidden_layers",
-              "max_position_embeddings", "num_aux_hidden_states")
+INT_FIELDS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "draft_vocab_size",
+    "target_hidden_size",
+    "num_hidden_layers",
+    "max_position_embeddings",
+    "num_aux_hidden_states",
+)
 FLOAT_FIELDS = ("rms_norm_eps", "rope_theta")
 NESTED = ("draft", "transformer_layer_config")  # a native config's draft, speculators' layer config
 OBJECTS = ("eagle_config", "contract")  # SGLang's layer-id holder, a native config's contract
@@ -39,12 +49,16 @@ def check_config_types(config: dict[str, Any], path: Path, id_keys: tuple[str, .
         node: Any = config
         for part in dotted.split("."):
             node = node.get(part) if isinstance(node, dict) else None
-        if node is not None and not (isinstance(node, list) and
-                                     all(isinstance(i, int) and not isinstance(i, bool) for i in node)):
+        if node is not None and not (
+            isinstance(node, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in node)
+        ):
             raise _wrong(path, dotted, "a list of layer ids (integers)", node)
 
 
 def _wrong(path: Path, field: str, expected: str, value: Any) -> EaglewireError:
-    return EaglewireError(f"{path}: field {field!r} has the wrong JSON type", expected=f"{field}: {expected}",
-                          found=f"{field}: {value!r}"[:120] + f" ({type(value).__name__})",
-                          fix="re-export the draft (eaglewire export) or correct the field's type by hand")
+    return EaglewireError(
+        f"{path}: field {field!r} has the wrong JSON type",
+        expected=f"{field}: {expected}",
+        found=f"{field}: {value!r}"[:120] + f" ({type(value).__name__})",
+        fix="re-export the draft (eaglewire export) or correct the field's type by hand",
+    )

@@ -39,12 +39,18 @@ from eaglewire.errors import EaglewireError
 from eaglewire.tau import acceptance_length
 
 VLLM_PREFIX = "vllm:spec_decode_"
-VLLM_NAMES = {f"{VLLM_PREFIX}num_drafts": "drafts", f"{VLLM_PREFIX}num_draft_tokens": "draft_tokens",
-              f"{VLLM_PREFIX}num_accepted_tokens": "accepted"}
+VLLM_NAMES = {
+    f"{VLLM_PREFIX}num_drafts": "drafts",
+    f"{VLLM_PREFIX}num_draft_tokens": "draft_tokens",
+    f"{VLLM_PREFIX}num_accepted_tokens": "accepted",
+}
 VLLM_PER_POS = f"{VLLM_PREFIX}num_accepted_tokens_per_pos"
 LLAMACPP_PREFIX = "llamacpp:spec_decode_"  # the names above, for llama-server
-LLAMACPP_NAMES = {f"{LLAMACPP_PREFIX}num_drafts": "drafts", f"{LLAMACPP_PREFIX}num_draft_tokens": "draft_tokens",
-                  f"{LLAMACPP_PREFIX}num_accepted_tokens": "accepted"}
+LLAMACPP_NAMES = {
+    f"{LLAMACPP_PREFIX}num_drafts": "drafts",
+    f"{LLAMACPP_PREFIX}num_draft_tokens": "draft_tokens",
+    f"{LLAMACPP_PREFIX}num_accepted_tokens": "accepted",
+}
 LLAMACPP_PER_POS = f"{LLAMACPP_PREFIX}num_accepted_tokens_per_pos"
 LLAMACPP_TIMINGS = ("draft_n", "draft_n_accepted")  # per request: draft tokens proposed, accepted
 SGLANG_GAUGES = {"sglang:spec_accept_length": "tau", "sglang:spec_accept_rate": "rate"}
@@ -94,8 +100,11 @@ class Counters:
         """The window between `before` and this snapshot. A counter that went down means the server restarted
         in between: refused, never read as a negative window."""
         if before.engine != self.engine:
-            raise EaglewireError("counter snapshots of two engines", expected="two snapshots of one server",
-                                 found=f"{before.engine} then {self.engine}")
+            raise EaglewireError(
+                "counter snapshots of two engines",
+                expected="two snapshots of one server",
+                found=f"{before.engine} then {self.engine}",
+            )
         if self.gauge_only:
             return self  # nothing to subtract: the gauge already is SGLang's own window
 
@@ -104,24 +113,38 @@ class Counters:
                 return None
             d = a - (b or 0.0)
             if d < 0:
-                raise EaglewireError(f"the server's {name} counter went down between two snapshots",
-                                     expected="monotone counters (one server, running throughout)",
-                                     found=f"{b} then {a}", fix="the server restarted: probe again")
+                raise EaglewireError(
+                    f"the server's {name} counter went down between two snapshots",
+                    expected="monotone counters (one server, running throughout)",
+                    found=f"{b} then {a}",
+                    fix="the server restarted: probe again",
+                )
             return d
 
         k = max(len(self.accepted_per_pos), len(before.accepted_per_pos))
         pad = lambda t: tuple(t) + (0.0,) * (k - len(t))  # noqa: E731 (a position first seen in the later one)
-        return replace(self, drafts=sub(self.drafts, before.drafts, "drafts"),
-                       draft_tokens=sub(self.draft_tokens, before.draft_tokens, "draft tokens"),
-                       accepted=sub(self.accepted, before.accepted, "accepted tokens"),
-                       accepted_per_pos=tuple(sub(a, b, f"position {i}") for i, (a, b) in
-                                              enumerate(zip(pad(self.accepted_per_pos), pad(before.accepted_per_pos)))))
+        return replace(
+            self,
+            drafts=sub(self.drafts, before.drafts, "drafts"),
+            draft_tokens=sub(self.draft_tokens, before.draft_tokens, "draft tokens"),
+            accepted=sub(self.accepted, before.accepted, "accepted tokens"),
+            accepted_per_pos=tuple(
+                sub(a, b, f"position {i}")
+                for i, (a, b) in enumerate(zip(pad(self.accepted_per_pos), pad(before.accepted_per_pos)))
+            ),
+        )
 
     def to_dict(self) -> dict[str, object]:
-        return {"engine": self.engine, "drafts": self.drafts, "draft_tokens": self.draft_tokens,
-                "accepted": self.accepted, "accepted_per_pos": list(self.accepted_per_pos),
-                "tau": _finite(self.tau), "per_position": [round(p, 4) for p in self.per_position],
-                "gauge_only": self.gauge_only}
+        return {
+            "engine": self.engine,
+            "drafts": self.drafts,
+            "draft_tokens": self.draft_tokens,
+            "accepted": self.accepted,
+            "accepted_per_pos": list(self.accepted_per_pos),
+            "tau": _finite(self.tau),
+            "per_position": [round(p, 4) for p in self.per_position],
+            "gauge_only": self.gauge_only,
+        }
 
 
 def _finite(x: float | None) -> float | None:
@@ -133,11 +156,13 @@ def _samples(text: str) -> list[tuple[str, dict[str, str], float]]:
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
-        return [(s.name, s.labels, float(s.value)) for fam in text_string_to_metric_families(text)
-                for s in fam.samples]
+        return [(s.name, s.labels, float(s.value)) for fam in text_string_to_metric_families(text) for s in fam.samples]
     except ValueError as err:
-        raise EaglewireError("the server's /metrics is not Prometheus text", expected="the text exposition format",
-                             found=f"{err}: {text[:200]!r}") from None
+        raise EaglewireError(
+            "the server's /metrics is not Prometheus text",
+            expected="the text exposition format",
+            found=f"{err}: {text[:200]!r}",
+        ) from None
 
 
 def _base(name: str) -> str:
@@ -166,14 +191,20 @@ def _read_counter_names(text: str, engine: str, names: dict[str, str], per_pos_n
         elif base == per_pos_name:
             pos = labels.get("position")
             if pos is None or not pos.isdigit():
-                raise EaglewireError(f"{per_pos_name} without a position label", expected='position="0", "1", ...',
-                                     found=str(labels))
+                raise EaglewireError(
+                    f"{per_pos_name} without a position label", expected='position="0", "1", ...', found=str(labels)
+                )
             per_pos[int(pos)] = per_pos.get(int(pos), 0.0) + value
     if per_pos and sorted(per_pos) != list(range(len(per_pos))):
-        raise EaglewireError("per-position counters with gaps", expected="positions 0..k-1",
-                             found=str(sorted(per_pos)))
-    return Counters(engine, sums.get("drafts"), sums.get("draft_tokens"), sums.get("accepted"),
-                    tuple(per_pos[i] for i in sorted(per_pos)), found=tuple(sorted(sums)))
+        raise EaglewireError("per-position counters with gaps", expected="positions 0..k-1", found=str(sorted(per_pos)))
+    return Counters(
+        engine,
+        sums.get("drafts"),
+        sums.get("draft_tokens"),
+        sums.get("accepted"),
+        tuple(per_pos[i] for i in sorted(per_pos)),
+        found=tuple(sorted(sums)),
+    )
 
 
 def read_sglang_metrics(text: str) -> Counters:
@@ -212,9 +243,12 @@ def detect_engine(text: str) -> str:
         return "vllm"
     if any(n.startswith("llamacpp:") for n in names):
         return "llamacpp"
-    raise EaglewireError("cannot tell which engine serves this /metrics", expected="vllm:*, sglang:*, llamacpp:* "
-                         "or eaglewire_* metrics", found=f"{len(names)} other names, e.g. {sorted(names)[:5]}",
-                         fix="name it: --engine vllm|sglang|llamacpp|eaglewire (llama-server needs --metrics)")
+    raise EaglewireError(
+        "cannot tell which engine serves this /metrics",
+        expected="vllm:*, sglang:*, llamacpp:* or eaglewire_* metrics",
+        found=f"{len(names)} other names, e.g. {sorted(names)[:5]}",
+        fix="name it: --engine vllm|sglang|llamacpp|eaglewire (llama-server needs --metrics)",
+    )
 
 
 def read_counters(engine: str, text: str) -> Counters:

@@ -38,8 +38,10 @@ VLLM_COUNTS = re.compile(r"Drafted: (\d+) tokens, Per-position acceptance rate: 
 # over the request's verification steps) at -lv 4 only. Its rounds draft fewer than k tokens near the end of a
 # request (measured: 272 drafted in 93 rounds at k = 3), so rounds = A / sum(r), not G / k; G / k only where
 # nothing was accepted
-LLAMACPP_COUNTS = re.compile(r"\(\s*(\d+) accepted /\s*(\d+) generated\), mean len =\s*[0-9.]+[^\n]*\n"
-                             r"[^\n]*acc per pos = \(([0-9., ]+)\)")
+LLAMACPP_COUNTS = re.compile(
+    r"\(\s*(\d+) accepted /\s*(\d+) generated\), mean len =\s*[0-9.]+[^\n]*\n"
+    r"[^\n]*acc per pos = \(([0-9., ]+)\)"
+)
 LOG_PATTERNS = {  # what the engines print per decode batch / periodically / per request
     "sglang": re.compile(r"accept len:\s*([0-9.]+)"),
     "vllm": re.compile(r"Mean acceptance length:\s*([0-9.]+)"),
@@ -111,16 +113,23 @@ def parse_log(text: str) -> float | None:
     return statistics.mean(values) if values else None
 
 
-def judge(predicted: float, per_position: list[float], measured: float | None,
-          counts: Counts | None = None) -> Expectation:
+def judge(
+    predicted: float, per_position: list[float], measured: float | None, counts: Counts | None = None
+) -> Expectation:
     """The verdict (module docstring). `counts`: the engine's own counters, for the first-position rule."""
     if measured is None and counts is not None:
         from eaglewire.tau import acceptance_length
 
         measured = acceptance_length(sum(counts.accepted_per_position), counts.drafts)
     if measured is None:
-        return Expectation(predicted, per_position, None, False,
-                           f"a correctly wired engine should measure {named_tau('expect', predicted)}", [])
+        return Expectation(
+            predicted,
+            per_position,
+            None,
+            False,
+            f"a correctly wired engine should measure {named_tau('expect', predicted)}",
+            [],
+        )
     low = measured < RATIO * predicted and measured < predicted - MARGIN
     msg = f"the engine's measured tau {measured:.2f} vs {named_tau('expect', predicted)} predicted"
     first = None
@@ -129,17 +138,27 @@ def judge(predicted: float, per_position: list[float], measured: float | None,
         lo, hi = wilson(p, counts.drafts)
         first = (p, lo, hi)
         pos_low = hi < per_position[0] - POS_MARGIN
-        msg += (f"; first-position acceptance {p:.3f} [{lo:.3f}, {hi:.3f}] at {LEVEL:.0%} over "
-                f"{counts.drafts:.0f} drafts vs predicted {per_position[0]:.3f}"
-                + (" (below by more than the margin)" if pos_low else ""))
+        msg += (
+            f"; first-position acceptance {p:.3f} [{lo:.3f}, {hi:.3f}] at {LEVEL:.0%} over "
+            f"{counts.drafts:.0f} drafts vs predicted {per_position[0]:.3f}"
+            + (" (below by more than the margin)" if pos_low else "")
+        )
         low = low or pos_low
     msg += ": " + ("far below the prediction — a wiring problem is likely" if low else "consistent with the prediction")
-    return Expectation(predicted, per_position, measured, low, msg, CAUSES if low else [], first,
-                       counts.drafts if counts else None)
+    return Expectation(
+        predicted, per_position, measured, low, msg, CAUSES if low else [], first, counts.drafts if counts else None
+    )
 
 
-def predict(target: Target, draft: Any, contract: Any, shape: Any, prompts: list[Any], max_new_tokens: int,
-            progress: Callable[[str], None] = lambda phase: None) -> tuple[float, list[float]]:
+def predict(
+    target: Target,
+    draft: Any,
+    contract: Any,
+    shape: Any,
+    prompts: list[Any],
+    max_new_tokens: int,
+    progress: Callable[[str], None] = lambda phase: None,
+) -> tuple[float, list[float]]:
     """Run our engine with the engine's knobs on the prompts; tau and per-position acceptance. `progress`
     hears each prompt as it starts (a prompt is seconds to a minute on a CPU)."""
     from eaglewire.compose import measure_tau

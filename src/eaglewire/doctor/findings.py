@@ -30,9 +30,16 @@ class Report:
         return sum(f.level == "error" for f in self.findings)
 
     def to_json(self) -> str:
-        return json.dumps({"directory": self.directory, "engine": self.engine, "errors": self.errors,
-                           "findings": [asdict(f) for f in self.findings],
-                           "measurement": self.measurement}, indent=2)
+        return json.dumps(
+            {
+                "directory": self.directory,
+                "engine": self.engine,
+                "errors": self.errors,
+                "findings": [asdict(f) for f in self.findings],
+                "measurement": self.measurement,
+            },
+            indent=2,
+        )
 
 
 def by_level(findings: list[Finding]) -> list[Finding]:

@@ -25,25 +25,48 @@ def geometry_findings(ins: Inspection, target: TargetInfo | None) -> list[Findin
     lc = ins.layer_config
     H, heads, I = lc.get("hidden_size"), lc.get("num_attention_heads"), lc.get("intermediate_size")
     kv = lc.get("num_key_value_heads") or heads
-    bad = {k: v for k, v in (("hidden_size", H), ("num_attention_heads", heads), ("num_key_value_heads", kv),
-                             ("intermediate_size", I), ("head_dim", lc.get("head_dim"))) if v is not None and v <= 0}
+    bad = {
+        k: v
+        for k, v in (
+            ("hidden_size", H),
+            ("num_attention_heads", heads),
+            ("num_key_value_heads", kv),
+            ("intermediate_size", I),
+            ("head_dim", lc.get("head_dim")),
+        )
+        if v is not None and v <= 0
+    }
     if bad or heads is None or H is None:
         what = ", ".join(f"{k} = {v}" for k, v in bad.items()) or "hidden_size or num_attention_heads is missing"
-        return [_f(f"the config describes no attention layer: {what}", "an engine builds its layer from these "
-                   "numbers: it fails to start or builds a layer that does not match the weights",
-                   "re-export the draft; the config is damaged or hand-edited")]
+        return [
+            _f(
+                f"the config describes no attention layer: {what}",
+                "an engine builds its layer from these "
+                "numbers: it fails to start or builds a layer that does not match the weights",
+                "re-export the draft; the config is damaged or hand-edited",
+            )
+        ]
     if heads % kv:
-        return [_f(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}",
-                   "grouped attention cannot share kv heads unevenly: engines refuse the config",
-                   "re-export the draft; the config is damaged or hand-edited")]
+        return [
+            _f(
+                f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}",
+                "grouped attention cannot share kv heads unevenly: engines refuse the config",
+                "re-export the draft; the config is damaged or hand-edited",
+            )
+        ]
     hd = lc.get("head_dim") or H // heads
     out = []
     for key, shape in ins.shapes.items():
         want = _expected_shape(key, H, heads, kv, hd, I)
         if want is not None and tuple(shape) != want:
-            out.append(_f(f"{key} has shape {tuple(shape)}; the config implies {want}",
-                          "the engine builds the layer from the config: loading fails, or a reshape reads the "
-                          "weight in the wrong layout", "re-export the draft; config and weights disagree"))
+            out.append(
+                _f(
+                    f"{key} has shape {tuple(shape)}; the config implies {want}",
+                    "the engine builds the layer from the config: loading fails, or a reshape reads the "
+                    "weight in the wrong layout",
+                    "re-export the draft; config and weights disagree",
+                )
+            )
     return out
 
 
@@ -55,8 +78,11 @@ def stated_by(directory: Path) -> tuple[Any, WiringContract | None]:
         return None, None  # the command's own loader names the missing file
     config = read_json_object(cfg_path, what="a draft config")
     native = config.get("format") == "eaglewire.draft/1"
-    layer = config.get("transformer_layer_config", config) if "speculators_model_type" in config else \
-        config.get("draft", config)
+    layer = (
+        config.get("transformer_layer_config", config)
+        if "speculators_model_type" in config
+        else config.get("draft", config)
+    )
     contract = read_contract(directory)
     if contract is None and native and isinstance(config.get("contract"), dict):
         with about_file(cfg_path):
@@ -70,8 +96,9 @@ def target_width(layer_config: dict[str, Any]) -> Any:
     return layer_config.get("target_hidden_size") or layer_config.get("hidden_size")
 
 
-def require_default_target_fits(hidden_size: Any, contract: WiringContract | None, target: TargetInfo | None, *,
-                                target_given: bool, draft: str) -> None:
+def require_default_target_fits(
+    hidden_size: Any, contract: WiringContract | None, target: TargetInfo | None, *, target_given: bool, draft: str
+) -> None:
     """Refuse to check a draft against the default (embedded) target when it was made for another model.
 
     Without --target every doctor command loads the embedded target; a foreign draft (an 8B one, say) then
@@ -85,16 +112,19 @@ def require_default_target_fits(hidden_size: Any, contract: WiringContract | Non
         found.append(f"the draft reads hidden states {hidden_size} wide")
     if contract is not None and contract.target.config_sha256 != target.identity.config_sha256:
         t = contract.target
-        found.append(f"its wiring contract names target {t.name!r} ({t.num_layers} layers, hidden size "
-                     f"{t.hidden_size}, vocab {t.vocab_size})")
+        found.append(
+            f"its wiring contract names target {t.name!r} ({t.num_layers} layers, hidden size "
+            f"{t.hidden_size}, vocab {t.vocab_size})"
+        )
     if found:
         raise EaglewireError(
             f"{draft} was made for another target than the default {target.name!r}, and no --target was given",
             expected=f"a draft for the default target (hidden size {target.hidden_size}, {target.num_layers} "
-                     "layers), or --target",
+            "layers), or --target",
             found="; ".join(found),
             fix="pass --target DIR: a local directory holding the config.json, tokenizer and weights of the "
-                "model the draft is served with (a hub id is not downloaded)")
+            "model the draft is served with (a hub id is not downloaded)",
+        )
 
 
 _ATTN_OUT = {"q_proj": "q", "k_proj": "kv", "v_proj": "kv"}

@@ -64,8 +64,9 @@ class GGUFInspection:
         return tuple(self.contract.taps) if self.contract is not None else None
 
 
-def inspect_gguf(path: Path, target: TargetInfo | None = None, target_gguf: Path | None = None,
-                 version: str | None = None) -> GGUFInspection:
+def inspect_gguf(
+    path: Path, target: TargetInfo | None = None, target_gguf: Path | None = None, version: str | None = None
+) -> GGUFInspection:
     """Read the draft GGUF, the contract side file beside it (if any) and the target GGUF (if given);
     `version`: the llama.cpp release whose rules apply (refused unless read: llamacpp_layout.RELEASES)."""
     release(version)
@@ -74,9 +75,12 @@ def inspect_gguf(path: Path, target: TargetInfo | None = None, target_gguf: Path
     if target_gguf is not None:
         tg = read_gguf(target_gguf)[0]
         if tg.arch in BY_ARCH:
-            raise CheckpointError(f"--target-gguf {target_gguf} is a {tg.arch} draft, not a target model",
-                                  expected="the target GGUF llama-server loads with -m", found=f"arch {tg.arch!r}",
-                                  fix="pass the target model's GGUF to --target-gguf")
+            raise CheckpointError(
+                f"--target-gguf {target_gguf} is a {tg.arch} draft, not a target model",
+                expected="the target GGUF llama-server loads with -m",
+                found=f"arch {tg.arch!r}",
+                fix="pass the target model's GGUF to --target-gguf",
+            )
     return GGUFInspection(draft, read_contract(draft.path.parent), tg, target, version=version)
 
 
@@ -104,20 +108,47 @@ def gguf_layer_ids(gi: GGUFInspection) -> list[Finding]:
     g, L, key = gi.draft, gi.num_layers, gi.draft.family.key(TARGET_LAYERS)
     ids = g.target_layers
     if ids is None:
-        return [_f("error", "layer_ids", f"{key} is absent", "llama.cpp refuses to load the draft without the "
-                   "target layers it captures", "re-convert: eaglewire export --format llamacpp writes them")]
+        return [
+            _f(
+                "error",
+                "layer_ids",
+                f"{key} is absent",
+                "llama.cpp refuses to load the draft without the target layers it captures",
+                "re-convert: eaglewire export --format llamacpp writes them",
+            )
+        ]
     if g.family.num_taps is not None and len(ids) != g.family.num_taps:
-        return [_f("error", "layer_ids", f"{key} holds {len(ids)} ids: {ids}", f"llama.cpp's {g.arch} reads "
-                   f"exactly {g.family.num_taps} target layers and aborts otherwise", "re-export with that many taps")]
+        return [
+            _f(
+                "error",
+                "layer_ids",
+                f"{key} holds {len(ids)} ids: {ids}",
+                f"llama.cpp's {g.arch} reads exactly {g.family.num_taps} target layers and aborts otherwise",
+                "re-export with that many taps",
+            )
+        ]
     if L is None:
-        return [_f("info", "layer_ids", f"{key} = {ids}, unchecked: the target's depth is unknown",
-                   "neither a target, a target GGUF nor a contract side file says how many layers the target has",
-                   "pass --target-gguf TARGET.gguf or --target T")]
+        return [
+            _f(
+                "info",
+                "layer_ids",
+                f"{key} = {ids}, unchecked: the target's depth is unknown",
+                "neither a target, a target GGUF nor a contract side file says how many layers the target has",
+                "pass --target-gguf TARGET.gguf or --target T",
+            )
+        ]
     delivered = decodes(ids, LLAMACPP, L)
     if delivered is None:
-        return [_f("error", "layer_ids", f"{key} = {ids} cannot be captured by llama.cpp on a {L}-layer target",
-                   "it captures the input of layer id (0 .. n_layer-1, strictly ascending); id n_layer needs a "
-                   "next-token head a llama target lacks, larger ids abort", "fix the ids")]
+        return [
+            _f(
+                "error",
+                "layer_ids",
+                f"{key} = {ids} cannot be captured by llama.cpp on a {L}-layer target",
+                "it captures the input of layer id (0 .. n_layer-1, strictly ascending); id n_layer needs a "
+                "next-token head a llama target lacks, larger ids abort",
+                "fix the ids",
+            )
+        ]
     default = converter_default(g, L)
     if gi.trained is not None and delivered != gi.trained:
         return [_trained_mismatch(gi, ids, delivered, default == ids, L)]
@@ -133,42 +164,62 @@ def right_ids_fix(gi: GGUFInspection, L: int, taps: tuple[int, ...]) -> str:
         return f"llama.cpp cannot capture boundaries {list(taps)} ({err.what}): serve on vLLM"
 
 
-_DEFAULT_WHY = ("llama.cpp's converter reads only the draft config's TOP-LEVEL eagle_aux_hidden_state_layer_ids; "
-                "a source that nests them (SGLang's eagle_config) or has none gets [2, n//2, n-3] with only an "
-                "INFO log line")
+_DEFAULT_WHY = (
+    "llama.cpp's converter reads only the draft config's TOP-LEVEL eagle_aux_hidden_state_layer_ids; "
+    "a source that nests them (SGLang's eagle_config) or has none gets [2, n//2, n-3] with only an "
+    "INFO log line"
+)
 
 
-def _trained_mismatch(gi: GGUFInspection, ids: list[int], delivered: tuple[int, ...], is_default: bool,
-                      L: int) -> Finding:
+def _trained_mismatch(
+    gi: GGUFInspection, ids: list[int], delivered: tuple[int, ...], is_default: bool, L: int
+) -> Finding:
     trained = gi.trained
     assert trained is not None
     other = [c for c in CONVENTIONS if c not in (CANONICAL, LLAMACPP) and decodes(ids, c, L) == trained]
     key = gi.draft.family.key(TARGET_LAYERS)
     if is_default:
-        return _f("error", "layer_ids", f"{key} = {ids} is llama.cpp's converter default, not the draft's taps: "
-                  f"llama.cpp will deliver boundaries {list(delivered)}, the draft was trained on {list(trained)}",
-                  _DEFAULT_WHY + ": every tap is off and acceptance falls to ~1 token with no error",
-                  right_ids_fix(gi, L, trained) + " (eaglewire export --format llamacpp; or convert from the "
-                  "vLLM export, whose ids are top-level)")
-    return _f("error", "layer_ids", f"{key} = {ids}: llama.cpp will deliver boundaries {list(delivered)}; the "
-              f"draft was trained on {list(trained)}" + (f" (these are the right ids in the {', '.join(other)} "
-                                                         "numbering)" if other else ""),
-              "llama.cpp captures the INPUT of layer id (boundary id); ids written in another engine's numbering "
-              "tap other states: acceptance falls to ~1 token with no error",
-              right_ids_fix(gi, L, trained) + " (eaglewire wiring translate --to llamacpp)")
+        return _f(
+            "error",
+            "layer_ids",
+            f"{key} = {ids} is llama.cpp's converter default, not the draft's taps: "
+            f"llama.cpp will deliver boundaries {list(delivered)}, the draft was trained on {list(trained)}",
+            _DEFAULT_WHY + ": every tap is off and acceptance falls to ~1 token with no error",
+            right_ids_fix(gi, L, trained) + " (eaglewire export --format llamacpp; or convert from the "
+            "vLLM export, whose ids are top-level)",
+        )
+    return _f(
+        "error",
+        "layer_ids",
+        f"{key} = {ids}: llama.cpp will deliver boundaries {list(delivered)}; the "
+        f"draft was trained on {list(trained)}"
+        + (f" (these are the right ids in the {', '.join(other)} numbering)" if other else ""),
+        "llama.cpp captures the INPUT of layer id (boundary id); ids written in another engine's numbering "
+        "tap other states: acceptance falls to ~1 token with no error",
+        right_ids_fix(gi, L, trained) + " (eaglewire wiring translate --to llamacpp)",
+    )
 
 
 def _defaulted(gi: GGUFInspection, ids: list[int], delivered: tuple[int, ...], L: int) -> Finding:
     key, m = gi.draft.family.key(TARGET_LAYERS), gi.measured
     if m is not None and m.delivered == delivered and m.clearly_worse:
-        return _f("error", "layer_ids", f"{key} = {ids} is llama.cpp's converter default and the draft's weights "
-                  f"disagree: they predict best from boundaries {list(m.best)}", _DEFAULT_WHY + "; the "
-                  "measurement (measured_wiring) says the draft was trained on other taps",
-                  right_ids_fix(gi, L, m.best))
-    return _f("warn", "layer_ids", f"{key} = {ids} equals llama.cpp's converter default [2, n//2, n-3]; nothing "
-              "here says the draft was trained on these taps", _DEFAULT_WHY + ", so these may not be the draft's "
-              "taps", f"measure them: eaglewire doctor {gi.draft.path} --engine llamacpp --target T (or keep the "
-              "export's eaglewire_contract.json beside the GGUF)")
+        return _f(
+            "error",
+            "layer_ids",
+            f"{key} = {ids} is llama.cpp's converter default and the draft's weights "
+            f"disagree: they predict best from boundaries {list(m.best)}",
+            _DEFAULT_WHY + "; the measurement (measured_wiring) says the draft was trained on other taps",
+            right_ids_fix(gi, L, m.best),
+        )
+    return _f(
+        "warn",
+        "layer_ids",
+        f"{key} = {ids} equals llama.cpp's converter default [2, n//2, n-3]; nothing "
+        "here says the draft was trained on these taps",
+        _DEFAULT_WHY + ", so these may not be the draft's taps",
+        f"measure them: eaglewire doctor {gi.draft.path} --engine llamacpp --target T (or keep the "
+        "export's eaglewire_contract.json beside the GGUF)",
+    )
 
 
 @gguf_check
@@ -181,16 +232,29 @@ def gguf_norms(gi: GGUFInspection) -> list[Finding]:
     for flag, on in sorted(gi.contract.norm.__dict__.items()):
         if flag not in stored:
             if on:
-                out.append(_f("error", "norm_flags", f"the draft was trained with {flag}; the {gi.draft.arch} of "
-                              f"llama.cpp {release(gi.version).version} does not implement it", "it runs another "
-                              "function than the one trained, with no error", "serve on vLLM, on a llama.cpp "
-                              "release that reads the flag (--engine-version), or train without it"))
+                out.append(
+                    _f(
+                        "error",
+                        "norm_flags",
+                        f"the draft was trained with {flag}; the {gi.draft.arch} of "
+                        f"llama.cpp {release(gi.version).version} does not implement it",
+                        "it runs another function than the one trained, with no error",
+                        "serve on vLLM, on a llama.cpp "
+                        "release that reads the flag (--engine-version), or train without it",
+                    )
+                )
         elif bool(stored[flag]) != on:
             said = "absent" if stored[flag] is None else str(bool(stored[flag])).lower()
-            out.append(_f("error", "norm_flags", f"{gi.draft.arch}.{flag} is {said}; the draft was trained with "
-                          f"{flag}: {str(on).lower()}", "llama.cpp applies what the GGUF says: "
-                          + ("a norm the source had is lost" if on else "a norm the weights never saw"),
-                          "re-export: eaglewire export --format llamacpp writes every flag llama.cpp reads"))
+            out.append(
+                _f(
+                    "error",
+                    "norm_flags",
+                    f"{gi.draft.arch}.{flag} is {said}; the draft was trained with {flag}: {str(on).lower()}",
+                    "llama.cpp applies what the GGUF says: "
+                    + ("a norm the source had is lost" if on else "a norm the weights never saw"),
+                    "re-export: eaglewire export --format llamacpp writes every flag llama.cpp reads",
+                )
+            )
     return out
 
 
@@ -206,10 +270,16 @@ def gguf_vocab(gi: GGUFInspection) -> list[Finding]:
         return []  # DFlash without a head of its own shares the target's: nothing to map
     out = []
     if absolute is not None and _holds_offsets(gi, absolute):
-        out.append(_f("error", "d2t", "d2t holds offsets (target id - draft index), not the absolute target ids "
-                      "llama.cpp reads", "llama.cpp scatters draft row i to target token d2t[i]: every "
-                      "drafted token is another token", "re-export (eaglewire export --format llamacpp), or "
-                      "convert with llama.cpp's converter, which adds arange"))
+        out.append(
+            _f(
+                "error",
+                "d2t",
+                "d2t holds offsets (target id - draft index), not the absolute target ids llama.cpp reads",
+                "llama.cpp scatters draft row i to target token d2t[i]: every drafted token is another token",
+                "re-export (eaglewire export --format llamacpp), or "
+                "convert with llama.cpp's converter, which adds arange",
+            )
+        )
         return out
     offsets = absolute - torch.arange(absolute.numel()) if absolute is not None else None
     vd = g.draft_vocab_size
@@ -239,19 +309,40 @@ def gguf_target(gi: GGUFInspection) -> list[Finding]:
         H, V = source.hidden_size, source.vocab_size
         width = g.target_hidden_size or (fc[1] // n if fc and n else None)
         if H is not None and width is not None and width != H:
-            out.append(_f("error", "target", f"the draft reads target states {width} wide; {name} has hidden "
-                          f"size {H}", "its fc cannot take the target's states: llama.cpp refuses the pair or "
-                          "misreads them", "serve the draft with the target it was trained for"))
+            out.append(
+                _f(
+                    "error",
+                    "target",
+                    f"the draft reads target states {width} wide; {name} has hidden size {H}",
+                    "its fc cannot take the target's states: llama.cpp refuses the pair or misreads them",
+                    "serve the draft with the target it was trained for",
+                )
+            )
         if V is not None and g.vocab_size is not None and g.vocab_size != V:
-            out.append(_f("error", "target", f"the draft's vocabulary has {g.vocab_size} tokens; {name} has {V}",
-                          "the draft embeds and names tokens of another vocabulary",
-                          "serve the draft with the target it was trained for"))
-        if gi.contract is not None and source.num_layers is not None and \
-                gi.contract.target.num_layers != source.num_layers:
-            out.append(_f("error", "target", f"the draft was trained for a {gi.contract.target.num_layers}-layer "
-                          f"target ({gi.contract.target.name!r}); {name} has {source.num_layers} layers",
-                          "its taps describe another model's hidden states",
-                          "serve it with the target it was trained for, or train a draft for this one"))
+            out.append(
+                _f(
+                    "error",
+                    "target",
+                    f"the draft's vocabulary has {g.vocab_size} tokens; {name} has {V}",
+                    "the draft embeds and names tokens of another vocabulary",
+                    "serve the draft with the target it was trained for",
+                )
+            )
+        if (
+            gi.contract is not None
+            and source.num_layers is not None
+            and gi.contract.target.num_layers != source.num_layers
+        ):
+            out.append(
+                _f(
+                    "error",
+                    "target",
+                    f"the draft was trained for a {gi.contract.target.num_layers}-layer "
+                    f"target ({gi.contract.target.name!r}); {name} has {source.num_layers} layers",
+                    "its taps describe another model's hidden states",
+                    "serve it with the target it was trained for, or train a draft for this one",
+                )
+            )
     return out + _tokenizer_match(gi)
 
 
@@ -266,10 +357,17 @@ def _tokenizer_match(gi: GGUFInspection) -> list[Finding]:
         differ.append("tokenizer.ggml.tokens")
     if not differ:
         return []
-    return [_f("error", "target", f"the draft's vocabulary differs from the target GGUF's ({', '.join(differ)})",
-               "llama-server checks that draft and target share one vocabulary and refuses the pair; tokens "
-               "would otherwise mean other text", "convert the draft with --target-model-dir set to this "
-               "target's HF directory (eaglewire export --format llamacpp --target T)")]
+    return [
+        _f(
+            "error",
+            "target",
+            f"the draft's vocabulary differs from the target GGUF's ({', '.join(differ)})",
+            "llama-server checks that draft and target share one vocabulary and refuses the pair; tokens "
+            "would otherwise mean other text",
+            "convert the draft with --target-model-dir set to this "
+            "target's HF directory (eaglewire export --format llamacpp --target T)",
+        )
+    ]
 
 
 @gguf_check
@@ -282,20 +380,43 @@ def gguf_block(gi: GGUFInspection) -> list[Finding]:
     out = []
     trained_causal = bool(block.causal)  # None: full-attention layers see the whole block (non-causal)
     stored_causal = bool(g.causal)  # absent: llama.cpp's DFlash attends non-causally
-    pairs = (("block_size", block.block_size, g.block_size, "proposes block_size - 1 tokens per pass and "
-              "places the mask slots by it"),
-             ("mask_token_id", block.mask_token_id, g.mask_token_id, "fills the block's slots with this "
-              "token's embedding: another token is an input the draft never saw"),
-             ("causal", trained_causal, stored_causal, "attends inside the block as the flag says"))
+    pairs = (
+        (
+            "block_size",
+            block.block_size,
+            g.block_size,
+            "proposes block_size - 1 tokens per pass and places the mask slots by it",
+        ),
+        (
+            "mask_token_id",
+            block.mask_token_id,
+            g.mask_token_id,
+            "fills the block's slots with this token's embedding: another token is an input the draft never saw",
+        ),
+        ("causal", trained_causal, stored_causal, "attends inside the block as the flag says"),
+    )
     for name, want, have, why in pairs:
         if want != have:
-            out.append(_f("error", "block", f"the GGUF's {name} is {have!r}; the draft was trained with {want!r}",
-                          f"llama.cpp {why}: the draft runs another function than trained, with no error",
-                          "re-export: eaglewire export --format llamacpp writes the contract's values"))
+            out.append(
+                _f(
+                    "error",
+                    "block",
+                    f"the GGUF's {name} is {have!r}; the draft was trained with {want!r}",
+                    f"llama.cpp {why}: the draft runs another function than trained, with no error",
+                    "re-export: eaglewire export --format llamacpp writes the contract's values",
+                )
+            )
     if block.sliding_layers and g.sliding_window != block.sliding_window:
-        out.append(_f("error", "block", f"the GGUF's sliding window is {g.sliding_window!r}; the draft's "
-                      f"sliding layers were trained with {block.sliding_window}",
-                      "its sliding layers see another context", "re-export with the window"))
+        out.append(
+            _f(
+                "error",
+                "block",
+                f"the GGUF's sliding window is {g.sliding_window!r}; the draft's "
+                f"sliding layers were trained with {block.sliding_window}",
+                "its sliding layers see another context",
+                "re-export with the window",
+            )
+        )
     return out
 
 
@@ -303,10 +424,16 @@ def gguf_block(gi: GGUFInspection) -> list[Finding]:
 def gguf_contract(gi: GGUFInspection) -> list[Finding]:
     if gi.contract is not None:
         return []
-    return [_f("info", "contract", "no eaglewire_contract.json beside the GGUF: the training-side truth is "
-               "unknown", "target layers and norms can only be checked for internal consistency, or measured",
-               f"give --target to measure the trained boundaries (eaglewire doctor {gi.draft.path} --engine "
-               "llamacpp --target T), or keep the export's contract file beside the GGUF")]
+    return [
+        _f(
+            "info",
+            "contract",
+            "no eaglewire_contract.json beside the GGUF: the training-side truth is unknown",
+            "target layers and norms can only be checked for internal consistency, or measured",
+            f"give --target to measure the trained boundaries (eaglewire doctor {gi.draft.path} --engine "
+            "llamacpp --target T), or keep the export's contract file beside the GGUF",
+        )
+    ]
 
 
 def gguf_findings(gi: GGUFInspection) -> list[Finding]:

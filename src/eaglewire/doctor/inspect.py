@@ -39,8 +39,11 @@ class Inspection:
 
     @property
     def layer_config(self) -> dict[str, Any]:
-        return self.config.get("transformer_layer_config", self.config) if self.is_speculators else \
-            self.config.get("draft", self.config)
+        return (
+            self.config.get("transformer_layer_config", self.config)
+            if self.is_speculators
+            else self.config.get("draft", self.config)
+        )
 
     def get(self, dotted: str) -> Any:
         node: Any = self.config
@@ -55,8 +58,12 @@ def inspect_dir(directory: Path, engine: str | None, engine_version: str | None 
     directory = Path(directory)
     cfg_path = directory / "config.json"
     if not cfg_path.is_file():
-        raise EaglewireError(f"{directory} has no config.json", expected="a draft directory", found="no config.json",
-                             fix="point the doctor at the exported draft directory")
+        raise EaglewireError(
+            f"{directory} has no config.json",
+            expected="a draft directory",
+            found="no config.json",
+            fix="point the doctor at the exported draft directory",
+        )
     config = read_draft_config(cfg_path)  # the values import refuses, the doctor refuses too
     name = engine or detect_engine(config)
     record = engine_for(name, engine_version)

@@ -54,8 +54,12 @@ def _get(url: str, timeout: float = 30.0) -> str:
         with urllib.request.urlopen(url, timeout=timeout) as r:
             return r.read().decode()
     except (urllib.error.URLError, OSError) as err:
-        raise EaglewireError(f"cannot read {url}", expected="a running engine answering on that address",
-                             found=str(err), fix="check --url (http://127.0.0.1:PORT) and that the server is up") from None
+        raise EaglewireError(
+            f"cannot read {url}",
+            expected="a running engine answering on that address",
+            found=str(err),
+            fix="check --url (http://127.0.0.1:PORT) and that the server is up",
+        ) from None
 
 
 def snapshot(url: str, engine: str | None = None) -> Counters:
@@ -88,10 +92,19 @@ class Answer:
 
 def chat(url: str, model: str, messages: list[dict[str, str]], max_tokens: int) -> Answer:
     """One greedy streamed chat completion (the server applies its chat template, as for any client)."""
-    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
-            "stream_options": {"include_usage": True}}
-    req = urllib.request.Request(server_root(url) + "/v1/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    body = {
+        "model": model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    req = urllib.request.Request(
+        server_root(url) + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     parts, usage, timings, first, last = [], {}, {}, None, None
     try:
         with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT_S) as r:
@@ -108,11 +121,16 @@ def chat(url: str, model: str, messages: list[dict[str, str]], max_tokens: int) 
                         first, last = first or time.perf_counter(), time.perf_counter()
                         parts.append(piece)
     except (urllib.error.URLError, OSError) as err:
-        raise EaglewireError("the engine did not answer a chat completion", expected="200 with a streamed answer",
-                             found=str(err)) from None
-    return Answer("".join(parts), usage.get("prompt_tokens"), usage.get("completion_tokens"),
-                  (last - first) if first is not None else 0.0,
-                  {k: int(timings[k]) for k in LLAMACPP_TIMINGS if k in timings})
+        raise EaglewireError(
+            "the engine did not answer a chat completion", expected="200 with a streamed answer", found=str(err)
+        ) from None
+    return Answer(
+        "".join(parts),
+        usage.get("prompt_tokens"),
+        usage.get("completion_tokens"),
+        (last - first) if first is not None else 0.0,
+        {k: int(timings[k]) for k in LLAMACPP_TIMINGS if k in timings},
+    )
 
 
 @dataclass
@@ -122,8 +140,9 @@ class EngineWindow:
     seconds: float
 
 
-def probe_engine(url: str, chats: list[list[dict[str, str]]], max_tokens: int, engine: str | None = None,
-                 model: str | None = None) -> EngineWindow:
+def probe_engine(
+    url: str, chats: list[list[dict[str, str]]], max_tokens: int, engine: str | None = None, model: str | None = None
+) -> EngineWindow:
     """Snapshot, the prompts one at a time, snapshot: the window's counters and the engine's answers."""
     before = snapshot(url, engine)
     model = model or served_model(url)
@@ -150,8 +169,9 @@ class Reference:
     dtype: str = "float32"  # the target's, as the reference decoded it
 
 
-def reference(target: RunnableTarget, draft: Any, contract: Any, shape: Any, chats: list[list[dict[str, str]]],
-              max_tokens: int) -> Reference:
+def reference(
+    target: RunnableTarget, draft: Any, contract: Any, shape: Any, chats: list[list[dict[str, str]]], max_tokens: int
+) -> Reference:
     """Our engine on the chats at `shape`, with the proposer of the draft's family (eaglewire.compose); any
     family whose proposer drafts shape.num_steps tokens a round gets per-position figures the engines'
     counters compare with."""
@@ -161,8 +181,16 @@ def reference(target: RunnableTarget, draft: Any, contract: Any, shape: Any, cha
     tok = target.tokenizer
     prompts = chat_prompts(tok, chats)
     # tau does not depend on how fast the GEMMs run: the plain runtime
-    dec = decoder(target, draft, shape, max_tokens, context=max(p.shape[1] for p in prompts) + max_tokens,
-                  accelerate=False, calibrate=False, contract=contract)
+    dec = decoder(
+        target,
+        draft,
+        shape,
+        max_tokens,
+        context=max(p.shape[1] for p in prompts) + max_tokens,
+        accelerate=False,
+        calibrate=False,
+        contract=contract,
+    )
     eos, pooled, answers, tokens = {tok.eos_token_id}, SpecStats(), [], []
     for ids in prompts:
         # our speculative decoder's greedy answer IS the target's own greedy answer (lossless by construction,
@@ -171,8 +199,14 @@ def reference(target: RunnableTarget, draft: Any, contract: Any, shape: Any, cha
         pooled.accepted += st.accepted
         answers.append(tok.decode(toks, skip_special_tokens=True))
         tokens.append([int(t) for t in toks])
-    return Reference(pooled.tau if pooled.accepted else 0.0, pooled.per_position(shape.num_steps), answers,
-                     [int(p.shape[1]) for p in prompts], tokens, str(target.dtype).removeprefix("torch."))
+    return Reference(
+        pooled.tau if pooled.accepted else 0.0,
+        pooled.per_position(shape.num_steps),
+        answers,
+        [int(p.shape[1]) for p in prompts],
+        tokens,
+        str(target.dtype).removeprefix("torch."),
+    )
 
 
 @dataclass
@@ -197,7 +231,7 @@ def low_positions(counters: Counters, predicted: list[float]) -> list[PositionFi
     Wilson interval (over the rounds that reached that position) more than POS_MARGIN below."""
     pred_c, out = conditional(predicted), []
     reached = counters.drafts or 0.0
-    for i, acc in enumerate(counters.accepted_per_pos[:len(pred_c)]):
+    for i, acc in enumerate(counters.accepted_per_pos[: len(pred_c)]):
         if reached <= 0:
             break
         rate = acc / reached
@@ -212,14 +246,18 @@ def pointer(low: list[PositionFinding], draft: str, target: str | None, k: int) 
     """What the per-position pattern points at, and the doctor command to run next."""
     t = f" --target {target}" if target else ""
     if any(f.position == 0 for f in low):
-        return ("the first draft position is lost: the draft does not get what it was trained on — taps (layer ids), "
-                "fc / aux hidden states, the vocabulary map (d2t), embedding or lm_head replaced",
-                f"eaglewire doctor check {draft}{t}   (then: eaglewire doctor dump-vllm {draft} --out d.safetensors; "
-                f"eaglewire doctor probe --dump d.safetensors --contract {draft}{t})")
-    return ("the first position holds, later ones fall: the draft's recurrence differs from training — norm flags on "
-            "the state fed back (norm_output / norm_before_residual), TTT depth trained shorter than the engine "
-            "drafts, a block drafter's block layout",
-            f"eaglewire doctor check {draft}{t} --num-speculative-tokens {k}")
+        return (
+            "the first draft position is lost: the draft does not get what it was trained on — taps (layer ids), "
+            "fc / aux hidden states, the vocabulary map (d2t), embedding or lm_head replaced",
+            f"eaglewire doctor check {draft}{t}   (then: eaglewire doctor dump-vllm {draft} --out d.safetensors; "
+            f"eaglewire doctor probe --dump d.safetensors --contract {draft}{t})",
+        )
+    return (
+        "the first position holds, later ones fall: the draft's recurrence differs from training — norm flags on "
+        "the state fed back (norm_output / norm_before_residual), TTT depth trained shorter than the engine "
+        "drafts, a block drafter's block layout",
+        f"eaglewire doctor check {draft}{t} --num-speculative-tokens {k}",
+    )
 
 
 @dataclass
@@ -242,28 +280,57 @@ class LiveReport:
         return asdict(self)
 
 
-def lossless_check(window: EngineWindow, ref: Reference, divs: list[Divergence] | None = None,
-                   tol: float = TIE_LOGITS["bfloat16"], numerics: str = "") -> dict[str, Any]:
+def lossless_check(
+    window: EngineWindow,
+    ref: Reference,
+    divs: list[Divergence] | None = None,
+    tol: float = TIE_LOGITS["bfloat16"],
+    numerics: str = "",
+) -> dict[str, Any]:
     """The engine's greedy answers against the target's own (text; the server's prompt length against ours),
     and every difference's cause (doctor/live_lossless.py): `ok` False where one is not a near-tie."""
     same = [a.text == b for a, b in zip(window.answers, ref.answers)]
-    first = [next((i for i, (x, y) in enumerate(zip(a.text, b)) if x != y), min(len(a.text), len(b)))
-             for a, b, s in zip(window.answers, ref.answers, same) if not s]
-    template = [a.prompt_tokens for a in window.answers] == ref.prompt_tokens or \
-        all(a.prompt_tokens is None for a in window.answers)
+    first = [
+        next((i for i, (x, y) in enumerate(zip(a.text, b)) if x != y), min(len(a.text), len(b)))
+        for a, b, s in zip(window.answers, ref.answers, same)
+        if not s
+    ]
+    template = [a.prompt_tokens for a in window.answers] == ref.prompt_tokens or all(
+        a.prompt_tokens is None for a in window.answers
+    )
     if divs is None and not all(same):  # nobody measured the margins: a difference is not explained
-        ok, cause = False, (f"{len(same) - sum(same)} answer(s) differ from the target's greedy answers and their "
-                            "margins were not measured")
+        ok, cause = (
+            False,
+            (
+                f"{len(same) - sum(same)} answer(s) differ from the target's greedy answers and their "
+                "margins were not measured"
+            ),
+        )
     else:
         ok, cause = lossless_judge(divs or [], template, tol, numerics)
-    return {"identical": sum(same), "prompts": len(same), "first_difference_chars": first,
-            "engine_prompt_tokens": [a.prompt_tokens for a in window.answers], "our_prompt_tokens": ref.prompt_tokens,
-            "same_template": template, "ok": ok, "cause": cause, "divergences": [vars(d) for d in divs or []]}
+    return {
+        "identical": sum(same),
+        "prompts": len(same),
+        "first_difference_chars": first,
+        "engine_prompt_tokens": [a.prompt_tokens for a in window.answers],
+        "our_prompt_tokens": ref.prompt_tokens,
+        "same_template": template,
+        "ok": ok,
+        "cause": cause,
+        "divergences": [vars(d) for d in divs or []],
+    }
 
 
-def compare(window: EngineWindow, ref: Reference, k: int, draft: str, target: str | None,
-            divs: list[Divergence] | None = None, tol: float = TIE_LOGITS["bfloat16"],
-            numerics: str = "") -> LiveReport:
+def compare(
+    window: EngineWindow,
+    ref: Reference,
+    k: int,
+    draft: str,
+    target: str | None,
+    divs: list[Divergence] | None = None,
+    tol: float = TIE_LOGITS["bfloat16"],
+    numerics: str = "",
+) -> LiveReport:
     """The verdict (module docstring); an answer that differs from the target's beyond a near-tie makes it
     `not_lossless` whatever the counters say (divs: live_lossless.divergences of the answers that differ)."""
     c = window.counters
@@ -273,26 +340,54 @@ def compare(window: EngineWindow, ref: Reference, k: int, draft: str, target: st
     predicted = {"tau": round(ref.tau, 4), "per_position": [round(p, 4) for p in ref.per_position]}
     lossless = lossless_check(window, ref, divs, tol, numerics)
     if not lossless["ok"]:
-        return LiveReport(c.engine, "not_lossless", "the engine's answers are not the target's: " + lossless["cause"],
-                          k, measured, predicted, lossless, next_command="serve at the dtype the answers must match "
-                          "(eaglewire serve --dtype float32), greedy (temperature 0), with the target's chat template")
+        return LiveReport(
+            c.engine,
+            "not_lossless",
+            "the engine's answers are not the target's: " + lossless["cause"],
+            k,
+            measured,
+            predicted,
+            lossless,
+            next_command="serve at the dtype the answers must match "
+            "(eaglewire serve --dtype float32), greedy (temperature 0), with the target's chat template",
+        )
     if not c.exposed or (c.drafts is not None and c.drafts == 0):
-        why = ("the engine exposes no speculative counters" if not c.exposed else
-               "the engine's speculative counters did not move while the probe ran: it is not speculating")
-        return LiveReport(c.engine, "no_counters", f"{why} (our engine predicts tau {ref.tau:.2f})", k, measured,
-                          predicted, lossless, next_command="start the engine with its speculative config "
-                          "(vLLM --speculative-config, SGLang --speculative-algorithm EAGLE3, llama-server "
-                          "-md DRAFT.gguf --spec-type draft-eagle3)")
+        why = (
+            "the engine exposes no speculative counters"
+            if not c.exposed
+            else "the engine's speculative counters did not move while the probe ran: it is not speculating"
+        )
+        return LiveReport(
+            c.engine,
+            "no_counters",
+            f"{why} (our engine predicts tau {ref.tau:.2f})",
+            k,
+            measured,
+            predicted,
+            lossless,
+            next_command="start the engine with its speculative config "
+            "(vLLM --speculative-config, SGLang --speculative-algorithm EAGLE3, llama-server "
+            "-md DRAFT.gguf --spec-type draft-eagle3)",
+        )
     counts = Counts(c.drafts, list(c.accepted_per_pos)) if c.drafts and c.accepted_per_pos else None
     exp = judge(ref.tau, ref.per_position, c.tau, counts)
     low = low_positions(c, ref.per_position) if counts else []
     flagged = exp.flagged or bool(low)
-    msg = exp.message + ("" if not c.gauge_only else " (SGLang's gauge: the mean of its last log interval, no "
-                                                     "per-position counters)")
+    msg = exp.message + (
+        "" if not c.gauge_only else " (SGLang's gauge: the mean of its last log interval, no per-position counters)"
+    )
     if lossless["cause"]:  # every difference a near-tie: the verdict stands, and names it
         msg += "; " + lossless["cause"]
-    rep = LiveReport(c.engine, "below_expectation" if flagged else "healthy", msg, k, measured, predicted, lossless,
-                     [vars(f) for f in low])
+    rep = LiveReport(
+        c.engine,
+        "below_expectation" if flagged else "healthy",
+        msg,
+        k,
+        measured,
+        predicted,
+        lossless,
+        [vars(f) for f in low],
+    )
     if flagged:
         if low:
             rep.points_at, rep.next_command = pointer(low, draft, target, k)
@@ -300,6 +395,8 @@ def compare(window: EngineWindow, ref: Reference, k: int, draft: str, target: st
             rep.points_at = "tau far below the prediction, no single position stands out: " + "; ".join(exp.causes[:3])
             rep.next_command = f"eaglewire doctor check {draft}" + (f" --target {target}" if target else "")
         by = ref.tau - (c.tau or 0.0)
-        rep.message = (f"below expectation by {by:.2f} tau ({by / max(ref.tau - 1, 1e-9):.0%} of the draft's "
-                       f"predicted gain): " + rep.message)
+        rep.message = (
+            f"below expectation by {by:.2f} tau ({by / max(ref.tau - 1, 1e-9):.0%} of the draft's "
+            f"predicted gain): " + rep.message
+        )
     return rep

@@ -45,17 +45,19 @@ class Divergence:
 def _shared_prefix(tok: Any, ref: list[int], text: str) -> int:
     """The most reference tokens whose decoded text starts the engine's text."""
     k = 0
-    while k < len(ref) and text.startswith(tok.decode(ref[:k + 1], skip_special_tokens=True)):
+    while k < len(ref) and text.startswith(tok.decode(ref[: k + 1], skip_special_tokens=True)):
         k += 1
     return k
 
 
-def first_divergence(target: RunnableTarget, prompt: torch.Tensor, ref: list[int], text: str, answer: int) -> Divergence:
+def first_divergence(
+    target: RunnableTarget, prompt: torch.Tensor, ref: list[int], text: str, answer: int
+) -> Divergence:
     """Where the engine's text leaves the reference tokens `ref`, and the target's margin against its token
     there (prompt [1, P]: the chat-rendered prompt both sides decoded from)."""
     tok = target.tokenizer
     k = _shared_prefix(tok, ref, text)
-    rest = text[len(tok.decode(ref[:k], skip_special_tokens=True)):]
+    rest = text[len(tok.decode(ref[:k], skip_special_tokens=True)) :]
     pieces = tok(rest, add_special_tokens=False)["input_ids"] if rest else []
     theirs = pieces[0] if pieces else tok.eos_token_id
     ids = torch.cat([prompt, torch.tensor([ref[:k]], dtype=prompt.dtype)], dim=1)  # [1, P + k]
@@ -67,11 +69,19 @@ def first_divergence(target: RunnableTarget, prompt: torch.Tensor, ref: list[int
     return Divergence(answer, k, name(ours), name(theirs), max(margin, 0.0))
 
 
-def divergences(target: RunnableTarget, prompts: list[torch.Tensor], ref_tokens: list[list[int]],
-                engine_texts: list[str], ref_texts: list[str]) -> list[Divergence]:
+def divergences(
+    target: RunnableTarget,
+    prompts: list[torch.Tensor],
+    ref_tokens: list[list[int]],
+    engine_texts: list[str],
+    ref_texts: list[str],
+) -> list[Divergence]:
     """One Divergence per answer whose text differs from the reference's."""
-    return [first_divergence(target, p, r, e, i)
-            for i, (p, r, e, o) in enumerate(zip(prompts, ref_tokens, engine_texts, ref_texts)) if e != o]
+    return [
+        first_divergence(target, p, r, e, i)
+        for i, (p, r, e, o) in enumerate(zip(prompts, ref_tokens, engine_texts, ref_texts))
+        if e != o
+    ]
 
 
 def tie_tolerance(ours: str, engine: str | None) -> float:
@@ -83,22 +93,33 @@ def numerics_line(ours: str, engine: dict[str, Any] | None) -> str:
     """What each side computed in, for the verdict."""
     if not engine or not engine.get("dtype"):
         return f"our reference: target {ours}, plain runtime; the engine does not report its dtype"
-    return (f"our reference: target {ours}, plain runtime; the engine: target {engine['dtype']}, "
-            f"{engine.get('runtime', 'its')} runtime, verifying {engine.get('shape', 'its shape')}")
+    return (
+        f"our reference: target {ours}, plain runtime; the engine: target {engine['dtype']}, "
+        f"{engine.get('runtime', 'its')} runtime, verifying {engine.get('shape', 'its shape')}"
+    )
 
 
 def judge(divs: list[Divergence], same_template: bool, tol: float, numerics: str) -> tuple[bool, str]:
     """(lossless, the cause named): every difference a tie within `tol`, or the reason it is not."""
     if not divs:
         return True, ""
-    where = "; ".join(f"answer {d.answer + 1} at token {d.token}: the engine's {d.theirs!r} is {d.margin:.2g} "
-                      f"logits below the target's {d.ours!r}" for d in divs)
+    where = "; ".join(
+        f"answer {d.answer + 1} at token {d.token}: the engine's {d.theirs!r} is {d.margin:.2g} "
+        f"logits below the target's {d.ours!r}"
+        for d in divs
+    )
     if not same_template:
-        return False, (f"{len(divs)} answer(s) differ and the engine's prompt lengths differ from ours: another chat "
-                       f"template (compare the server's template with the target's) — {where}")
+        return False, (
+            f"{len(divs)} answer(s) differ and the engine's prompt lengths differ from ours: another chat "
+            f"template (compare the server's template with the target's) — {where}"
+        )
     if all(d.margin <= tol for d in divs):
-        return True, (f"{len(divs)} answer(s) part at a near-tie of the target, within the rounding of the two "
-                      f"sides' arithmetic (<= {tol:g} logits; {numerics}) — {where}")
-    return False, (f"{len(divs)} answer(s) differ beyond rounding (> {tol:g} logits; {numerics}): the engine did "
-                   f"not return the target's greedy tokens — a lossless fault, sampling where greedy was asked, or "
-                   f"another model — {where}")
+        return True, (
+            f"{len(divs)} answer(s) part at a near-tie of the target, within the rounding of the two "
+            f"sides' arithmetic (<= {tol:g} logits; {numerics}) — {where}"
+        )
+    return False, (
+        f"{len(divs)} answer(s) differ beyond rounding (> {tol:g} logits; {numerics}): the engine did "
+        f"not return the target's greedy tokens — a lossless fault, sampling where greedy was asked, or "
+        f"another model — {where}"
+    )

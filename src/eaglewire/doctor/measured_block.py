@@ -75,8 +75,12 @@ def block_entries(bounds: Boundaries, block_size: int, label_offset: int) -> Blo
         blocks.append(b * 10_000 + anchors[a_idx] // BLOCK)
         full.append(ok.all(-1)[a_idx])
     if not rows:
-        raise EaglewireError("no position to score a block drafter on", expected="scored positions >= 1",
-                             found="none", fix="capture the target's boundaries on longer prompts")
+        raise EaglewireError(
+            "no position to score a block drafter on",
+            expected="scored positions >= 1",
+            found="none",
+            fix="capture the target's boundaries on longer prompts",
+        )
     return BlockPositions(rows, torch.cat(blocks), torch.cat(full), drafts)
 
 
@@ -89,10 +93,15 @@ def block_score(draft: DFlashDraft, bounds: Boundaries, pos: BlockPositions, tap
     nll, hit = [], []
     for b, anchors, a_idx, slot, label in pos.rows:
         for c0 in range(0, len(anchors), CHUNK):
-            a = anchors[None, c0:c0 + CHUNK]  # [1, A]
+            a = anchors[None, c0 : c0 + CHUNK]  # [1, A]
             S = int(a.max())  # no query sees context at or after its anchor
-            hidden = draft(ctx[b:b + 1, :S], torch.arange(S)[None], block_inputs(bounds.input_ids[b:b + 1], a, Bk,
-                           mask_id), block_positions(a, Bk), block_mask(a, S, Bk))  # [1, A*Bk, H]
+            hidden = draft(
+                ctx[b : b + 1, :S],
+                torch.arange(S)[None],
+                block_inputs(bounds.input_ids[b : b + 1], a, Bk, mask_id),
+                block_positions(a, Bk),
+                block_mask(a, S, Bk),
+            )  # [1, A*Bk, H]
             sel = (a_idx >= c0) & (a_idx < c0 + CHUNK)
             logits = draft.logits(hidden[0, (a_idx[sel] - c0) * Bk + slot[sel]]).float()  # [E, V] or [E, V_d]
             want, known = _draft_labels(index, label[sel])  # [E] each
@@ -162,8 +171,9 @@ def read_ids(config: dict[str, Any], engine: str) -> tuple[list[int] | None, Eng
     config's aux ids (vLLM's updater copies them); the engine's first field where none is set."""
     rows = _fields_by_engine(get_family(block_family_of(config)).name)
     if engine not in rows:
-        raise ContractMismatch(f"no {engine!r} tap field for this block family", expected=" / ".join(rows),
-                               found=engine)
+        raise ContractMismatch(
+            f"no {engine!r} tap field for this block family", expected=" / ".join(rows), found=engine
+        )
     own = sorted(rows[engine], key=lambda f: f.field not in OVERRIDES)
     extra = rows.get("speculators", ()) if "speculators_model_type" in config else ()
     for f in (*own, *extra):
@@ -185,8 +195,9 @@ def delivered_block_taps(config: dict[str, Any], engine: str, L: int, n: int) ->
     return taps, f"{f.field}={ids} read by {engine} ({f.note})"
 
 
-def block_candidates(config: dict[str, Any], engine: str, L: int, n: int,
-                     ) -> tuple[dict[Taps, list[str]], tuple[Taps, ...], Taps | None, str]:
+def block_candidates(
+    config: dict[str, Any], engine: str, L: int, n: int
+) -> tuple[dict[Taps, list[str]], tuple[Taps, ...], Taps | None, str]:
     """(suspects with why, the sets a reading of the config gives, delivered, how it is delivered)."""
     delivered, how = delivered_block_taps(config, engine, L, n)
     ids, f = read_ids(config, engine)
@@ -217,34 +228,62 @@ def backbone_for_measure(ins: Inspection, target: Any, n: int) -> DFlashDraft:
     family, layout = read_block_layout(ins.config) or ("dflash", "zlab")
     record, fmt = READ_FAMILIES[family], LAYOUT_FORMATS.get(layout)
     if record.backbone_heads is None or fmt is None:
-        raise EaglewireError(f"eaglewire computes no backbone of a {family} draft in the {layout} layout",
-                             expected="a DFlash or DSpark draft in the z-lab, SGLang or speculators layout",
-                             found=f"{family}, {layout}", fix="measure it where its own trainer runs")
-    draft = import_block_backbone(ins.directory, fmt, target=target, taps=tuple(range(1, n + 1)),
-                                  anchor_layout=record.anchor_layout(ins.config), heads=record.backbone_heads)
+        raise EaglewireError(
+            f"eaglewire computes no backbone of a {family} draft in the {layout} layout",
+            expected="a DFlash or DSpark draft in the z-lab, SGLang or speculators layout",
+            found=f"{family}, {layout}",
+            fix="measure it where its own trainer runs",
+        )
+    draft = import_block_backbone(
+        ins.directory,
+        fmt,
+        target=target,
+        taps=tuple(range(1, n + 1)),
+        anchor_layout=record.anchor_layout(ins.config),
+        heads=record.backbone_heads,
+    )
     draft = draft.float().cpu()  # scored on the CPU beside the Boundaries; the engine run moves it
     draft.move_attached("cpu")
     return draft
 
 
-def run_block_measurement(ins: Inspection, target: Any, engine: str | None = None, bounds: Boundaries | None = None,
-                          chain_steps: int = 3, shape: TreeShape | None = None,
-                          progress: Callable[[str], None] = lambda phase: None,
-                          ) -> tuple[Measurement | None, list[Finding]]:
+def run_block_measurement(
+    ins: Inspection,
+    target: Any,
+    engine: str | None = None,
+    bounds: Boundaries | None = None,
+    chain_steps: int = 3,
+    shape: TreeShape | None = None,
+    progress: Callable[[str], None] = lambda phase: None,
+) -> tuple[Measurement | None, list[Finding]]:
     """measured_wiring.run_measurement for a block drafter: (measurement, findings). `chain_steps` is unused
     (the block's own slots are the chain); `shape` (the engine's knobs): our engine also decodes at them with
     the delivered and the best sets (`engine_run`), and the finding gives its tau beside the teacher-forced one."""
     L, H = target.num_layers, target.hidden_size
     fc = ins.shapes.get("fc.weight")
     if fc is None or fc[1] % H:
-        return None, [Finding("info", "measured_wiring", "the wiring was not measured: fc does not read whole "
-                              "target states", "see the fc finding", "fix fc first")]
+        return None, [
+            Finding(
+                "info",
+                "measured_wiring",
+                "the wiring was not measured: fc does not read whole target states",
+                "see the fc finding",
+                "fix fc first",
+            )
+        ]
     n, engine = fc[1] // H, engine_of(ins.config, engine)
     try:
         draft = backbone_for_measure(ins, target, n)
     except EaglewireError as err:
-        return None, [Finding("warn", "measured_wiring", f"the wiring was not measured: the draft does not load "
-                              f"({err.what})", "the empirical check runs the draft's own weights", err.fix or "")]
+        return None, [
+            Finding(
+                "warn",
+                "measured_wiring",
+                f"the wiring was not measured: the draft does not load ({err.what})",
+                "the empirical check runs the draft's own weights",
+                err.fix or "",
+            )
+        ]
     reasons, priors, delivered, how = block_candidates(ins.config, engine, L, n)
     if bounds is None and isinstance(target, DumpTarget):
         bounds = target.bounds
@@ -259,18 +298,24 @@ def run_block_measurement(ins: Inspection, target: Any, engine: str | None = Non
     return m, [block_finding(m, ins.config, engine, L, how)]
 
 
-def measure_block(draft: DFlashDraft, bounds: Boundaries, delivered: Taps | None, reasons: dict[Taps, list[str]],
-                  priors: tuple[Taps, ...] = (), where: str = "the draft") -> Measurement:
+def measure_block(
+    draft: DFlashDraft,
+    bounds: Boundaries,
+    delivered: Taps | None,
+    reasons: dict[Taps, list[str]],
+    priors: tuple[Taps, ...] = (),
+    where: str = "the draft",
+) -> Measurement:
     """trained_taps.measure for a block drafter, whatever file it was read from (a directory's config, a GGUF):
     every labelled candidate scored by teacher-forced block NLL, the search, the rule, and each set's tau."""
     assert draft.embed_weight is not None and draft.head_weight is not None  # the loader attached the target's
     # every token the block embeds is one of the Boundaries' own or the mask token: a NaN row read anyway
     # (a dump's stand-in holds only those rows) would poison every score without a word
-    require_finite_rows(draft.embed_weight, torch.cat([bounds.input_ids.flatten(),
-                        torch.tensor([draft.block.mask_token_id])]), where)
+    require_finite_rows(
+        draft.embed_weight, torch.cat([bounds.input_ids.flatten(), torch.tensor([draft.block.mask_token_id])]), where
+    )
     pos = block_entries(bounds, draft.block.block_size, draft.block.label_offset)
-    m = compare(lambda taps: block_score(draft, bounds, pos, taps), pos, bounds.num_layers, delivered, reasons,
-                priors)
+    m = compare(lambda taps: block_score(draft, bounds, pos, taps), pos, bounds.num_layers, delivered, reasons, priors)
     m.tau["best"] = block_tau(m.scores[m.best], pos)
     if delivered is not None:
         m.tau["delivered"] = block_tau(m.scores[delivered], pos)
@@ -301,8 +346,10 @@ def block_fmt(m: Measurement, taps: Taps) -> str:
 def block_where(m: Measurement) -> str:
     """What was scored, and each set's teacher-forced tau of a round (and our engine's, when it ran)."""
     tau = ", ".join(f"{k} {v[0]:.2f}" for k, v in sorted(m.tau.items()))
-    return f" ({m.tokens} block slots scored; teacher-forced tau of a round: {tau}" \
+    return (
+        f" ({m.tokens} block slots scored; teacher-forced tau of a round: {tau}"
         f"{m.engine.text() if m.engine is not None else ''})"
+    )
 
 
 def block_fix(m: Measurement, config: dict[str, Any], engine: str, L: int) -> str:
@@ -311,13 +358,24 @@ def block_fix(m: Measurement, config: dict[str, Any], engine: str, L: int) -> st
         ids = list(to_engine(m.best, f.convention, L))
     except EaglewireError as err:
         return f"{engine} cannot capture boundaries {list(m.best)} through {f.field} ({err.what})"
-    drop = " and drop eagle_aux_hidden_state_layer_ids" if f.field not in OVERRIDES and \
-        _get(config, OVERRIDES[0]) is not None else ""
+    drop = (
+        " and drop eagle_aux_hidden_state_layer_ids"
+        if f.field not in OVERRIDES and _get(config, OVERRIDES[0]) is not None
+        else ""
+    )
     return f"write {f.field}: {ids} (boundaries {list(m.best)} in {engine}'s numbering){drop}, re-run the doctor"
 
 
 def block_finding(m: Measurement, config: dict[str, Any], engine: str, L: int, how: str) -> Finding:
     """error when the delivered set is clearly worse than the best (trained_taps.py's rule), else info."""
     delivered = block_fmt(m, m.delivered) if m.delivered is not None else ""
-    return wiring_finding(m, engine, f"this block drafter predicts best from boundaries {block_fmt(m, m.best)}",
-                          delivered, block_where(m), block_fix(m, config, engine, L), cannot=how, how=f" ({how})")
+    return wiring_finding(
+        m,
+        engine,
+        f"this block drafter predicts best from boundaries {block_fmt(m, m.best)}",
+        delivered,
+        block_where(m),
+        block_fix(m, config, engine, L),
+        cannot=how,
+        how=f" ({how})",
+    )

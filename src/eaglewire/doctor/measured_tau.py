@@ -38,8 +38,10 @@ def engine_prompts(target: Target) -> list[torch.Tensor]:
 
 def knobs(shape: TreeShape) -> str:
     """The shape in the engines' own spelling (what the user launches with)."""
-    sglang = (f"SGLang --speculative-num-steps {shape.num_steps} --speculative-eagle-topk {shape.topk} "
-              f"--speculative-num-draft-tokens {shape.num_draft_tokens}")
+    sglang = (
+        f"SGLang --speculative-num-steps {shape.num_steps} --speculative-eagle-topk {shape.topk} "
+        f"--speculative-num-draft-tokens {shape.num_draft_tokens}"
+    )
     return f"vLLM num_speculative_tokens={shape.num_steps} = {sglang}" if shape.is_chain else sglang
 
 
@@ -57,25 +59,47 @@ class EngineRun:
         """Entries for Measurement.to_dict's tau: "<name>_engine" each, with the shape and the prompts."""
         if self.skipped:
             return {"delivered_engine": None, "best_engine": None, "engine_skipped": self.skipped}
-        shape = {"num_steps": self.shape.num_steps, "topk": self.shape.topk,
-                 "num_draft_tokens": self.shape.num_draft_tokens}
-        return {f"{name}_engine": None if v is None else
-                {"tau": round(v[0], 3), "per_position": [round(x, 3) for x in v[1]], "shape": shape,
-                 "prompts": self.prompts, "new_tokens": self.new_tokens} for name, v in self.tau.items()}
+        shape = {
+            "num_steps": self.shape.num_steps,
+            "topk": self.shape.topk,
+            "num_draft_tokens": self.shape.num_draft_tokens,
+        }
+        return {
+            f"{name}_engine": None
+            if v is None
+            else {
+                "tau": round(v[0], 3),
+                "per_position": [round(x, 3) for x in v[1]],
+                "shape": shape,
+                "prompts": self.prompts,
+                "new_tokens": self.new_tokens,
+            }
+            for name, v in self.tau.items()
+        }
 
     def text(self) -> str:
         """The finding's sentence: which knobs, on what, the τ of each set."""
         head = f"; our engine at {knobs(self.shape)}"
         if self.skipped:
             return f"{head}: not run ({self.skipped})"
-        parts = [f"{name} {v[0]:.2f}" if v is not None else f"{name}: none (the engine cannot capture it)"
-                 for name, v in sorted(self.tau.items())]
-        return (f"{head} ({self.prompts} built-in prompts x {self.new_tokens} greedy tokens) predicts tau (doctor's engine) "
-                + ", ".join(parts))
+        parts = [
+            f"{name} {v[0]:.2f}" if v is not None else f"{name}: none (the engine cannot capture it)"
+            for name, v in sorted(self.tau.items())
+        ]
+        return (
+            f"{head} ({self.prompts} built-in prompts x {self.new_tokens} greedy tokens) predicts tau (doctor's engine) "
+            + ", ".join(parts)
+        )
 
 
-def run_engine(target: Target, draft: Any, contract: WiringContract, shape: TreeShape, sets: dict[str, Taps | None],
-               new_tokens: int = ENGINE_NEW_TOKENS) -> EngineRun:
+def run_engine(
+    target: Target,
+    draft: Any,
+    contract: WiringContract,
+    shape: TreeShape,
+    sets: dict[str, Taps | None],
+    new_tokens: int = ENGINE_NEW_TOKENS,
+) -> EngineRun:
     """Our engine on the target once per distinct tap set in `sets` (name -> boundaries, None = cannot be
     captured), the draft fed that set: `contract` with its taps replaced (its vocab map, norm flags and
     target stay the draft's)."""

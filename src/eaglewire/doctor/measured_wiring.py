@@ -50,16 +50,18 @@ def _own_convention(ins: Inspection, arch: str | None) -> str:
         return ins.engine.convention
 
 
-def candidates(ins: Inspection, L: int, n: int, arch: str | None = None,
-               ) -> tuple[dict[Taps, list[str]], tuple[Taps, ...]]:
+def candidates(
+    ins: Inspection, L: int, n: int, arch: str | None = None
+) -> tuple[dict[Taps, list[str]], tuple[Taps, ...]]:
     """Tap sets worth scoring, each with why it is a suspect (only sets of the draft's width n), and the
     ones a reading of the config gives (delivered first: measure's tie-break)."""
     delivered, how = delivered_taps(ins, L, arch)
     return candidates_from(delivered, how, engine_ids(ins)[0], _own_convention(ins, arch), L, n)
 
 
-def candidates_from(delivered: Taps | None, how: str, ids: list[int] | None, own: str, L: int, n: int,
-                    ) -> tuple[dict[Taps, list[str]], tuple[Taps, ...]]:
+def candidates_from(
+    delivered: Taps | None, how: str, ids: list[int] | None, own: str, L: int, n: int
+) -> tuple[dict[Taps, list[str]], tuple[Taps, ...]]:
     """candidates() for any reader of a draft: the delivered set and how it was read, the raw ids, the
     convention `own` they are read in by the engine checked for (a GGUF draft's llama.cpp, say)."""
     out: dict[Taps, list[str]] = {}
@@ -86,8 +88,11 @@ def load_for_measure(ins: Inspection, target: TargetInfo, n: int) -> tuple[Eagle
     (not the engine it is checked for), boundaries given (the config's ids are what is under test: the
     contract's taps are a placeholder, its vocab map and norm flags the draft's; the engine run replaces them
     with each set it feeds), fp32 on the CPU."""
-    style = "speculators" if ins.is_speculators else \
-        ("eagle3" if "LlamaForCausalLMEagle3" in (ins.config.get("architectures") or []) else "llama")
+    style = (
+        "speculators"
+        if ins.is_speculators
+        else ("eagle3" if "LlamaForCausalLMEagle3" in (ins.config.get("architectures") or []) else "llama")
+    )
     # the engine it is checked for reads its config fields its own way (SpecForge's norm_output) when the
     # file is in that engine's style; otherwise the style the file is written in decides
     layout = ins.engine.name if ins.engine.config_style == style else detect_engine(ins.config)
@@ -96,9 +101,14 @@ def load_for_measure(ins: Inspection, target: TargetInfo, n: int) -> tuple[Eagle
     return draft.cpu(), draft.contract  # scored on the CPU beside the Boundaries; the engine run moves it
 
 
-def run_measurement(ins: Inspection, target: TargetInfo, bounds: Boundaries | None = None, chain_steps: int = 3,
-                    shape: TreeShape | None = None,
-                    progress: Callable[[str], None] = lambda phase: None) -> tuple[Measurement | None, list[Finding]]:
+def run_measurement(
+    ins: Inspection,
+    target: TargetInfo,
+    bounds: Boundaries | None = None,
+    chain_steps: int = 3,
+    shape: TreeShape | None = None,
+    progress: Callable[[str], None] = lambda phase: None,
+) -> tuple[Measurement | None, list[Finding]]:
     """Measure (capturing the target's boundaries unless given; a DumpTarget brings its own) and turn the
     result into findings. `shape`: the engine's knobs; then our engine also runs on the target with the
     delivered and the best set (measured_tau.py: a generation per tap set, so on request). `progress` is
@@ -106,19 +116,32 @@ def run_measurement(ins: Inspection, target: TargetInfo, bounds: Boundaries | No
     L, H = target.num_layers, target.hidden_size
     fc = ins.shapes.get("fc.weight")
     if fc is None or fc[1] % H:
-        return None, [Finding("info", "measured_wiring", "the wiring was not measured: fc does not read whole "
-                              "target states", "see the fc finding", "fix fc first")]
+        return None, [
+            Finding(
+                "info",
+                "measured_wiring",
+                "the wiring was not measured: fc does not read whole target states",
+                "see the fc finding",
+                "fix fc first",
+            )
+        ]
     n = fc[1] // H
     try:
         draft, contract = load_for_measure(ins, target, n)
     except EaglewireError as err:
-        return None, [Finding("warn", "measured_wiring", f"the wiring was not measured: the draft does not load "
-                              f"({err.what})", "the empirical check runs the draft's own weights", err.fix or "")]
+        return None, [
+            Finding(
+                "warn",
+                "measured_wiring",
+                f"the wiring was not measured: the draft does not load ({err.what})",
+                "the empirical check runs the draft's own weights",
+                err.fix or "",
+            )
+        ]
     arch = architecture(ins, target)
     reasons, priors = candidates(ins, L, n, arch)
     if not reasons:
-        return None, [Finding("info", "measured_wiring", f"the wiring was not measured: no {n}-tap candidate",
-                              "", "")]
+        return None, [Finding("info", "measured_wiring", f"the wiring was not measured: no {n}-tap candidate", "", "")]
     bounds = boundaries_for(target, bounds, progress)
     progress(f"scoring {len(reasons)} candidate tap sets, then a search around the best")
     # every token the draft embeds is one of the Boundaries' own (measure._normed): a dump's stand-in
@@ -126,8 +149,10 @@ def run_measurement(ins: Inspection, target: TargetInfo, bounds: Boundaries | No
     require_finite_rows(draft.embed_tokens.weight, bounds.input_ids, str(ins.directory))
     m = measure(draft, bounds, delivered_taps(ins, L, arch)[0], reasons, chain_steps, priors)
     if shape is not None:
-        progress(f"our engine decodes the prompts at S={shape.num_steps} K={shape.topk} N={shape.num_draft_tokens} "
-                 "with the delivered and the best tap sets")
+        progress(
+            f"our engine decodes the prompts at S={shape.num_steps} K={shape.topk} N={shape.num_draft_tokens} "
+            "with the delivered and the best tap sets"
+        )
         m.engine = _engine(target, draft, contract, shape, m)
     return m, [finding(m, ins.engine, L, arch)]
 
@@ -142,7 +167,9 @@ def boundaries_for(target: TargetInfo, bounds: Boundaries | None, progress: Call
     return sample_target(target)
 
 
-def _engine(target: TargetInfo, draft: Eagle3Draft, contract: WiringContract, shape: TreeShape, m: Measurement) -> EngineRun:
+def _engine(
+    target: TargetInfo, draft: Eagle3Draft, contract: WiringContract, shape: TreeShape, m: Measurement
+) -> EngineRun:
     if isinstance(target, DumpTarget):  # decoding needs the target's weights, which a dump does not hold
         return EngineRun(shape, 0, 0, skipped="a boundaries dump holds no target to decode with: use --target")
     return run_engine(target, draft, contract, shape, {"delivered": m.delivered, "best": m.best})
@@ -160,8 +187,10 @@ def _tau(m: Measurement) -> str:
         return engine
     parts = [f"{k} {v[0]:.2f}" for k, v in sorted(m.tau.items())]
     steps = len(next(iter(m.tau.values()))[1])
-    return (f"; predicted tau for a {steps}-draft greedy chain, teacher-forced (vLLM num_speculative_tokens="
-            f"{steps}, SGLang topk 1): " + ", ".join(parts) + engine)
+    return (
+        f"; predicted tau for a {steps}-draft greedy chain, teacher-forced (vLLM num_speculative_tokens="
+        f"{steps}, SGLang topk 1): " + ", ".join(parts) + engine
+    )
 
 
 def _fix(m: Measurement, engine: Engine, L: int, arch: str | None = None) -> str:
@@ -179,5 +208,12 @@ def finding(m: Measurement, engine: Engine, L: int, arch: str | None = None) -> 
     """error when the delivered set is clearly worse than the best (trained_taps.py's rule), else info."""
     delivered = _fmt(m, m.delivered) if m.delivered is not None else ""
     where = f" ({m.tokens} target tokens, draft vocab covers {m.coverage:.0%}){_tau(m)}"
-    return wiring_finding(m, engine.name, f"this draft predicts best from boundaries {_fmt(m, m.best)}", delivered,
-                          where, _fix(m, engine, L, arch), cannot=f"{engine.name} cannot capture the ids it is given")
+    return wiring_finding(
+        m,
+        engine.name,
+        f"this draft predicts best from boundaries {_fmt(m, m.best)}",
+        delivered,
+        where,
+        _fix(m, engine, L, arch),
+        cannot=f"{engine.name} cannot capture the ids it is given",
+    )

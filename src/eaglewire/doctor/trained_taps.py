@@ -71,10 +71,21 @@ def positions(bounds: Boundaries, draft: Eagle3Draft, steps: int) -> Positions:
         if s:
             ok &= shift_left(greedy, s, False)
     crow, ccol = ok.nonzero(as_tuple=True)
-    chain = torch.stack([lab[crow, ccol + 1 + s] for s in range(steps)], dim=-1) if len(crow) else \
-        torch.zeros((0, steps), dtype=torch.long)
-    return Positions(rows, cols, nxt[rows, cols], rows * 10_000 + cols // BLOCK, crow, ccol, chain,
-                     float((nxt >= 0).sum()) / max(1, int((nxt > -2).sum())))
+    chain = (
+        torch.stack([lab[crow, ccol + 1 + s] for s in range(steps)], dim=-1)
+        if len(crow)
+        else torch.zeros((0, steps), dtype=torch.long)
+    )
+    return Positions(
+        rows,
+        cols,
+        nxt[rows, cols],
+        rows * 10_000 + cols // BLOCK,
+        crow,
+        ccol,
+        chain,
+        float((nxt >= 0).sum()) / max(1, int((nxt > -2).sum())),
+    )
 
 
 @torch.no_grad()
@@ -90,8 +101,9 @@ def _normed(draft: Eagle3Draft, bounds: Boundaries, taps: Taps, steps: int) -> l
     # a dump may hold bf16 states (big targets): the draft is scored in its own (fp32) dtype
     hidden, past, out = draft.fuse(bounds.taps(taps).to(draft.fc.weight.dtype)), None, []  # [B, T, H]
     for k in range(steps):
-        o = draft.step(shift_left(ids, 1 + k, fill), hidden, pos + k, ttt_attention_mask(T, k), past,
-                       compute_logits=False)
+        o = draft.step(
+            shift_left(ids, 1 + k, fill), hidden, pos + k, ttt_attention_mask(T, k), past, compute_logits=False
+        )
         hidden, past = o.hidden, o.kv
         out.append(o.normed)
     return out
@@ -169,7 +181,7 @@ def search(score: Callable[[Taps], Score], start: Taps, L: int, rounds: int = 3)
                 hi = best[i + 1] - 1 if i + 1 < len(best) else L
                 values = range(lo, hi + 1, step) if step > 1 else range(max(lo, best[i] - 1), min(hi, best[i] + 1) + 1)
                 for v in values:
-                    cand = best[:i] + (v,) + best[i + 1:]
+                    cand = best[:i] + (v,) + best[i + 1 :]
                     if _ascending(cand, L) and score(cand).mean_nll < score(best).mean_nll:
                         best = cand
         if best == before:
@@ -205,32 +217,61 @@ class Measurement:
 
     def row(self, taps: Taps) -> dict[str, object]:
         s = self.scores[taps]
-        return {"taps": list(taps), "nll": round(s.mean_nll, 3), "agreement": round(s.agreement, 3),
-                "why": self.reasons.get(taps, ["search"])}
+        return {
+            "taps": list(taps),
+            "nll": round(s.mean_nll, 3),
+            "agreement": round(s.agreement, 3),
+            "why": self.reasons.get(taps, ["search"]),
+        }
 
     def to_dict(self) -> dict[str, object]:
         order = sorted(self.scores, key=lambda t: self.scores[t].mean_nll)
-        return {"delivered": list(self.delivered) if self.delivered else None, "best": list(self.best),
-                "nll_gap": self.gap and [round(x, 3) for x in self.gap], "interval_level": LEVEL,
-                "margin": MARGIN, "spread": round(self.spread, 3), "weak_evidence": self.weak,
-                "coverage": round(self.coverage, 3), "tokens": self.tokens, "error": self.clearly_worse,
-                "tau": {**{k: {"tau": round(v[0], 3), "per_step": [round(x, 3) for x in v[1]]}
-                           for k, v in self.tau.items()}, **(self.engine.to_dict() if self.engine else {})},
-                "candidates": [self.row(t) for t in order]}
+        return {
+            "delivered": list(self.delivered) if self.delivered else None,
+            "best": list(self.best),
+            "nll_gap": self.gap and [round(x, 3) for x in self.gap],
+            "interval_level": LEVEL,
+            "margin": MARGIN,
+            "spread": round(self.spread, 3),
+            "weak_evidence": self.weak,
+            "coverage": round(self.coverage, 3),
+            "tokens": self.tokens,
+            "error": self.clearly_worse,
+            "tau": {
+                **{k: {"tau": round(v[0], 3), "per_step": [round(x, 3) for x in v[1]]} for k, v in self.tau.items()},
+                **(self.engine.to_dict() if self.engine else {}),
+            },
+            "candidates": [self.row(t) for t in order],
+        }
 
 
-def measure(draft: Eagle3Draft, bounds: Boundaries, delivered: Taps | None, reasons: dict[Taps, list[str]],
-            chain_steps: int = 3, priors: tuple[Taps, ...] = ()) -> Measurement:
+def measure(
+    draft: Eagle3Draft,
+    bounds: Boundaries,
+    delivered: Taps | None,
+    reasons: dict[Taps, list[str]],
+    chain_steps: int = 3,
+    priors: tuple[Taps, ...] = (),
+) -> Measurement:
     """Score every labelled candidate, search around the best, and compare the delivered set with it.
     `priors`: the sets a reading of the config gives (delivered, other conventions, defaults), in order."""
     pos = positions(bounds, draft, chain_steps)
     if not pos.rows.numel():  # no paired entries: every score and interval below would be empty
-        raise EaglewireError("nothing to measure: the draft's vocabulary holds none of the target's answer "
-                             "tokens", expected="answer positions whose target token the draft can name",
-                             found=f"coverage {pos.coverage:.0%} of {bounds.input_ids.numel()} tokens",
-                             fix="measure on prompts in the draft's domain, or check its vocab map (d2t)")
-    m = compare(lambda taps: first_step(draft, bounds, pos, taps), pos, bounds.num_layers, delivered, reasons,
-                priors, pos.coverage)
+        raise EaglewireError(
+            "nothing to measure: the draft's vocabulary holds none of the target's answer tokens",
+            expected="answer positions whose target token the draft can name",
+            found=f"coverage {pos.coverage:.0%} of {bounds.input_ids.numel()} tokens",
+            fix="measure on prompts in the draft's domain, or check its vocab map (d2t)",
+        )
+    m = compare(
+        lambda taps: first_step(draft, bounds, pos, taps),
+        pos,
+        bounds.num_layers,
+        delivered,
+        reasons,
+        priors,
+        pos.coverage,
+    )
     if chain_steps:
         m.tau["best"] = chain(draft, bounds, pos, m.best)
         if delivered is not None:
@@ -238,8 +279,15 @@ def measure(draft: Eagle3Draft, bounds: Boundaries, delivered: Taps | None, reas
     return m
 
 
-def compare(scorer: Callable[[Taps], Score], pos: Blocked, L: int, delivered: Taps | None,
-            reasons: dict[Taps, list[str]], priors: tuple[Taps, ...] = (), coverage: float = 1.0) -> Measurement:
+def compare(
+    scorer: Callable[[Taps], Score],
+    pos: Blocked,
+    L: int,
+    delivered: Taps | None,
+    reasons: dict[Taps, list[str]],
+    priors: tuple[Taps, ...] = (),
+    coverage: float = 1.0,
+) -> Measurement:
     """The rule every family's measurement shares: score the labelled candidates (and the delivered set) with
     `scorer` (paired: every Score over the same entries, grouped by `pos.blocks`), search around the best,
     name a prior that the best does not beat by MARGIN, and the delivered set's paired gap to the best."""
@@ -263,40 +311,71 @@ def compare(scorer: Callable[[Taps], Score], pos: Blocked, L: int, delivered: Ta
             break
     nlls = sorted(s.mean_nll for s in scores.values())
     gap = paired_interval(scores[delivered], scores[best], pos) if delivered is not None else None
-    return Measurement(delivered, best, scores, reasons, gap, nlls[-1] - nlls[0], coverage,
-                       len(scores[best].nll))
+    return Measurement(delivered, best, scores, reasons, gap, nlls[-1] - nlls[0], coverage, len(scores[best].nll))
 
 
-def wiring_finding(m: Measurement, engine: str, best: str, delivered: str, where: str, fix: str, *,
-                   cannot: str, how: str = "") -> Finding:
+def wiring_finding(
+    m: Measurement, engine: str, best: str, delivered: str, where: str, fix: str, *, cannot: str, how: str = ""
+) -> Finding:
     """The measured wiring's verdict, one rule for every drafter family: error when the engine delivers no
     set the draft can be scored on (`cannot` says why) or a set clearly worse than the best (MARGIN, LEVEL),
     else info. The family says what was measured in its own words: `best` (the best set), `delivered` (the
     delivered set's scores), `where` (what was scored, and its tau), `how` (the engine rule applied)."""
-    weak = (f" Weak evidence: the draft predicts almost as well from any states (worst - best = "
-            f"{m.spread:.2f} nats); a better-trained draft gives a sharper answer." if m.weak else "")
-    rule = (f"rule: error when the low end of the {LEVEL:.0%} paired block-bootstrap interval of "
-            f"NLL(delivered) - NLL(best) exceeds {MARGIN} nats")
+    weak = (
+        f" Weak evidence: the draft predicts almost as well from any states (worst - best = "
+        f"{m.spread:.2f} nats); a better-trained draft gives a sharper answer."
+        if m.weak
+        else ""
+    )
+    rule = (
+        f"rule: error when the low end of the {LEVEL:.0%} paired block-bootstrap interval of "
+        f"NLL(delivered) - NLL(best) exceeds {MARGIN} nats"
+    )
     if m.delivered is None:
-        return Finding("error", "measured_wiring", f"{best}; {cannot}{where}",
-                       "the engine feeds other or fewer states than the draft was trained on" + weak, fix)
+        return Finding(
+            "error",
+            "measured_wiring",
+            f"{best}; {cannot}{where}",
+            "the engine feeds other or fewer states than the draft was trained on" + weak,
+            fix,
+        )
     mean, lo, hi = m.gap or (0.0, 0.0, 0.0)
     gap = f"NLL gap {mean:.2f} [{lo:.2f}, {hi:.2f}] at {LEVEL:.0%}"
     if m.clearly_worse:
-        return Finding("error", "measured_wiring", f"{best}; {engine} will deliver {delivered}{how} — {gap}{where}",
-                       "the draft was trained on other states than the engine delivers: acceptance falls with no "
-                       "error message (" + rule + ")." + weak, fix)
-    verdict = ("the delivered taps are the best measured" if m.delivered == m.best else
-               f"the best set {list(m.best)} is not clearly better ({gap})")
-    return Finding("info", "measured_wiring", f"measured: {engine} will deliver {delivered}; {verdict}{where}",
-                   rule + "." + weak, "nothing to fix")
+        return Finding(
+            "error",
+            "measured_wiring",
+            f"{best}; {engine} will deliver {delivered}{how} — {gap}{where}",
+            "the draft was trained on other states than the engine delivers: acceptance falls with no "
+            "error message (" + rule + ")." + weak,
+            fix,
+        )
+    verdict = (
+        "the delivered taps are the best measured"
+        if m.delivered == m.best
+        else f"the best set {list(m.best)} is not clearly better ({gap})"
+    )
+    return Finding(
+        "info",
+        "measured_wiring",
+        f"measured: {engine} will deliver {delivered}; {verdict}{where}",
+        rule + "." + weak,
+        "nothing to fix",
+    )
 
 
 def suspect_adder(out: dict[Taps, list[str]], n: int, L: int) -> Callable[[Taps | None, str], None]:
     """add(taps, why): records a candidate tap set with why it is a suspect, for every family's measurement:
     only sets of the draft's width n whose boundaries rise strictly inside [0, L]."""
+
     def add(taps: Taps | None, why: str) -> None:
-        if taps is not None and len(taps) == n and all(0 <= a < b <= L for a, b in zip(taps, taps[1:])) \
-                and 0 <= taps[0] and taps[-1] <= L:
+        if (
+            taps is not None
+            and len(taps) == n
+            and all(0 <= a < b <= L for a, b in zip(taps, taps[1:]))
+            and 0 <= taps[0]
+            and taps[-1] <= L
+        ):
             out.setdefault(tuple(taps), []).append(why)
+
     return add

@@ -27,15 +27,24 @@ def export_layer_ids(export_dir: Path) -> list[int]:
     """The ids vLLM reads from a draft directory's config.json (top-level key, else eagle_config's)."""
     ids, _key, _others = engine_ids(inspect_dir(export_dir, "vllm"))
     if not ids:
-        raise EaglewireError(f"{export_dir}/config.json has no layer ids vLLM reads",
-                             expected="eagle_aux_hidden_state_layer_ids (or eagle_config.…)",
-                             found="none: vLLM would tap its model's default layers",
-                             fix="pass the ids explicitly (--layer-ids)")
+        raise EaglewireError(
+            f"{export_dir}/config.json has no layer ids vLLM reads",
+            expected="eagle_aux_hidden_state_layer_ids (or eagle_config.…)",
+            found="none: vLLM would tap its model's default layers",
+            fix="pass the ids explicitly (--layer-ids)",
+        )
     return ids
 
 
-def dump_through_vllm(target_dir: str | Path, prompt: list[int], out: Path, *, export_dir: Path | None = None,
-                      layer_ids: Sequence[int] | None = None, dtype: str = "float32") -> list[int]:
+def dump_through_vllm(
+    target_dir: str | Path,
+    prompt: list[int],
+    out: Path,
+    *,
+    export_dir: Path | None = None,
+    layer_ids: Sequence[int] | None = None,
+    dtype: str = "float32",
+) -> list[int]:
     """Write the probe dump (`hidden` [T, n*H], `input_ids` [T]) of what vLLM delivers to a draft exported
     for it: the ids in `export_dir`'s config (or `layer_ids`), concatenated in vLLM's (ascending) order.
     Returns the ids as vLLM uses them."""
@@ -46,6 +55,9 @@ def dump_through_vllm(target_dir: str | Path, prompt: list[int], out: Path, *, e
     ids = sorted(set(layer_ids))
     hs = capture_through_vllm(target_dir, [prompt], ids, dtype)[0]
     meta = {"format": DUMP_FORMAT, "engine": f"vllm {VLLM_VERSION}", "layer_ids": json.dumps(ids), "dtype": dtype}
-    atomic_save_safetensors({"hidden": hs.reshape(hs.shape[0], -1).contiguous(),
-                             "input_ids": torch.tensor(prompt, dtype=torch.long)}, Path(out), metadata=meta)
+    atomic_save_safetensors(
+        {"hidden": hs.reshape(hs.shape[0], -1).contiguous(), "input_ids": torch.tensor(prompt, dtype=torch.long)},
+        Path(out),
+        metadata=meta,
+    )
     return ids

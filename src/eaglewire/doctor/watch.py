@@ -35,8 +35,11 @@ MIN_DRAFTS = 20  # rounds a window needs before its tau is judged
 def break_even_tau(round_s: float, plain_token_s: float) -> float:
     """tau at which a speculative round's tokens take as long as plain decoding's (module docstring)."""
     if round_s <= 0 or plain_token_s <= 0:
-        raise EaglewireError("break-even tau needs two positive times", expected="seconds per round and per plain "
-                             "token", found=f"{round_s}, {plain_token_s}")
+        raise EaglewireError(
+            "break-even tau needs two positive times",
+            expected="seconds per round and per plain token",
+            found=f"{round_s}, {plain_token_s}",
+        )
     return round_s / plain_token_s
 
 
@@ -75,18 +78,31 @@ def judge_window(window: Counters, alarm_tau: float, min_drafts: int = MIN_DRAFT
     if (window.drafts or 0) < min_drafts:
         return "quiet", f"{window.drafts or 0:.0f} rounds in the window (< {min_drafts}): judged with the next"
     tau = window.tau
-    return ("alarm", f"tau {tau:.2f} < {alarm_tau:.2f} over {window.drafts:.0f} rounds") if tau < alarm_tau else \
-        ("ok", f"tau {tau:.2f} over {window.drafts:.0f} rounds")
+    return (
+        ("alarm", f"tau {tau:.2f} < {alarm_tau:.2f} over {window.drafts:.0f} rounds")
+        if tau < alarm_tau
+        else ("ok", f"tau {tau:.2f} over {window.drafts:.0f} rounds")
+    )
 
 
-def watch(read: Callable[[], Counters], alarm_tau: float, interval_s: float, iterations: int,
-          min_drafts: int = MIN_DRAFTS, one_shot: bool = False, on_reading: Callable[[Reading], None] | None = None,
-          sleep: Callable[[float], None] = time.sleep) -> WatchReport:
+def watch(
+    read: Callable[[], Counters],
+    alarm_tau: float,
+    interval_s: float,
+    iterations: int,
+    min_drafts: int = MIN_DRAFTS,
+    one_shot: bool = False,
+    on_reading: Callable[[Reading], None] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> WatchReport:
     """Poll `read` `iterations` times (the first reading is the baseline); a quiet window is carried into the
     next. one_shot: stop at the first alarm."""
     if iterations < 1 or interval_s < 0:
-        raise EaglewireError("watch needs iterations >= 1 and interval >= 0", expected="bounded polling",
-                             found=f"iterations={iterations}, interval={interval_s}")
+        raise EaglewireError(
+            "watch needs iterations >= 1 and interval >= 0",
+            expected="bounded polling",
+            found=f"iterations={iterations}, interval={interval_s}",
+        )
     report, t0 = WatchReport(alarm_tau), time.perf_counter()
     base = read()
     for _ in range(iterations):  # bounded

@@ -39,31 +39,71 @@ def weight_findings(ins: Inspection, target: TargetInfo | None) -> list[Finding]
                 continue
             bad = int((~torch.isfinite(t)).sum())
             if bad:
-                out.append(Finding("error", "weights", f"{k} holds {bad} NaN/Inf value(s)",
-                                   "the engine loads them silently: every drafted token is garbage",
-                                   "re-export from a healthy checkpoint (training diverged or the file is damaged)"))
+                out.append(
+                    Finding(
+                        "error",
+                        "weights",
+                        f"{k} holds {bad} NaN/Inf value(s)",
+                        "the engine loads them silently: every drafted token is garbage",
+                        "re-export from a healthy checkpoint (training diverged or the file is damaged)",
+                    )
+                )
             elif t.numel() and not bool(t.abs().gt(0).any()):
-                why = ("the norm erases its input: the draft sees nothing there" if k.endswith("norm.weight") else
-                       "an embedding of zeros (speculators' save_pretrained writes one for a draft saved without "
-                       "its embedding) is used as it is: vLLM takes the draft's own embed_tokens when the file "
-                       "has one" if k == "embed_tokens.weight" else "a matrix of zeros outputs zeros")
-                out.append(Finding("error", "weights", f"{k} is all zeros", why,
-                                   "re-export with the real weight (eaglewire export --with-embedding for the "
-                                   "embedding), or drop the tensor" if k == "embed_tokens.weight" else
-                                   "re-export; the weight was never trained or set"))
+                why = (
+                    "the norm erases its input: the draft sees nothing there"
+                    if k.endswith("norm.weight")
+                    else "an embedding of zeros (speculators' save_pretrained writes one for a draft saved without "
+                    "its embedding) is used as it is: vLLM takes the draft's own embed_tokens when the file "
+                    "has one"
+                    if k == "embed_tokens.weight"
+                    else "a matrix of zeros outputs zeros"
+                )
+                out.append(
+                    Finding(
+                        "error",
+                        "weights",
+                        f"{k} is all zeros",
+                        why,
+                        "re-export with the real weight (eaglewire export --with-embedding for the "
+                        "embedding), or drop the tensor"
+                        if k == "embed_tokens.weight"
+                        else "re-export; the weight was never trained or set",
+                    )
+                )
             elif k == "lm_head.weight" and loaded(target) and _copied_head(t, ins, target):
-                out.append(Finding("warn", "weights", "lm_head equals the target's lm_head rows bit for bit",
-                                   "a copied head, not a trained one: acceptance is that of the target's head on "
-                                   "the draft's state", "train the draft head (eaglewire train)"))
+                out.append(
+                    Finding(
+                        "warn",
+                        "weights",
+                        "lm_head equals the target's lm_head rows bit for bit",
+                        "a copied head, not a trained one: acceptance is that of the target's head on "
+                        "the draft's state",
+                        "train the draft head (eaglewire train)",
+                    )
+                )
             elif (init := at_init(k, t)) is not None:
-                out.append(Finding("warn", "weights", f"{k} looks never trained: {init}", "training moves every "
-                                   "weight off its init's distribution; this one still has it, so the engine "
-                                   "runs a random part", "export from the trained checkpoint (or train it)"))
+                out.append(
+                    Finding(
+                        "warn",
+                        "weights",
+                        f"{k} looks never trained: {init}",
+                        "training moves every "
+                        "weight off its init's distribution; this one still has it, so the engine "
+                        "runs a random part",
+                        "export from the trained checkpoint (or train it)",
+                    )
+                )
             if bad == 0 and float(t.float().abs().max()) > FP16_MAX:
                 big = float(t.float().abs().max())
-                out.append(Finding("warn", "dtype", f"{k} holds |w| up to {big:.3g}, beyond float16's {FP16_MAX:g}",
-                                   "engines cast the draft to the target's serving dtype: a float16 server "
-                                   "turns these into Inf", "serve in bfloat16 or float32"))
+                out.append(
+                    Finding(
+                        "warn",
+                        "dtype",
+                        f"{k} holds |w| up to {big:.3g}, beyond float16's {FP16_MAX:g}",
+                        "engines cast the draft to the target's serving dtype: a float16 server turns these into Inf",
+                        "serve in bfloat16 or float32",
+                    )
+                )
     return out
 
 
@@ -87,8 +127,11 @@ def at_init(name: str, t: torch.Tensor) -> str | None:
     if float(x.abs().max()) <= bound * 1.001 and kurt < 2.2:
         return f"U(±1/sqrt({t.shape[1]})) (PyTorch's Linear default: max |w| {float(x.abs().max()):.4g}, kurtosis {kurt:.2f})"
     n = x.numel()  # 4-sigma sampling tolerances of a true N(0, 0.02): std 1/sqrt(2n) relative, kurtosis sqrt(24/n)
-    if abs(std / HF_INIT_STD - 1) < 4 / (2 * n) ** 0.5 and abs(kurt - 3) < 4 * (24 / n) ** 0.5 \
-            and abs(float(x.mean())) < 4 * HF_INIT_STD / n ** 0.5:
+    if (
+        abs(std / HF_INIT_STD - 1) < 4 / (2 * n) ** 0.5
+        and abs(kurt - 3) < 4 * (24 / n) ** 0.5
+        and abs(float(x.mean())) < 4 * HF_INIT_STD / n**0.5
+    ):
         return f"N(0, {HF_INIT_STD}) (transformers' initializer_range: std {std:.5f}, kurtosis {kurt:.2f})"
     return None
 

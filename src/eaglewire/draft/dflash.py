@@ -61,8 +61,9 @@ class BlockAttention(nn.Module):
         v = self.v_proj(x).view(n, t, -1, hd).transpose(1, 2)
         return rotate(k, cos, ssin), v
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, ssin: torch.Tensor, ctx: KV,
-                mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, ssin: torch.Tensor, ctx: KV, mask: torch.Tensor | None
+    ) -> torch.Tensor:
         """x [N, Q, H] (input-normed block); ctx: the context's keys/values [N, kv, S, D];
         mask bool [N, 1, Q, S+Q] (True = may attend) or None (every key) -> [N, Q, H]."""
         n, q_len, _ = x.shape
@@ -82,8 +83,9 @@ class BlockLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, ssin: torch.Tensor, ctx: KV,
-                mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, ssin: torch.Tensor, ctx: KV, mask: torch.Tensor | None
+    ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, ssin, ctx, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -93,8 +95,9 @@ class DFlashCache:
     ([layers, 1, kv_heads, max_len, D]), and the RoPE rows of every position it can hold. Slot j holds
     target position j; `n` slots are filled."""
 
-    def __init__(self, cfg: DraftConfig, max_len: int, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self, cfg: DraftConfig, max_len: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+    ) -> None:
         shape = (cfg.num_layers, 1, cfg.num_key_value_heads, max_len, cfg.head_dim)
         self.k, self.v = torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
         self.max_len, self.n = max_len, 0
@@ -109,13 +112,18 @@ class DFlashDraft(nn.Module):
     def __init__(self, cfg: DraftConfig, contract: WiringContract) -> None:
         super().__init__()
         if contract.block is None:
-            raise ContractMismatch("a DFlash draft needs block wiring in its contract", expected="a contract with "
-                                   "block wiring (family 'dflash')", found=f"family={contract.family!r}, no block",
-                                   fix="make the contract with dflash_contract()")
+            raise ContractMismatch(
+                "a DFlash draft needs block wiring in its contract",
+                expected="a contract with block wiring (family 'dflash')",
+                found=f"family={contract.family!r}, no block",
+                fix="make the contract with dflash_contract()",
+            )
         if not 0 < cfg.draft_vocab_size <= cfg.vocab_size:
-            raise CheckpointError("a DFlash draft's vocabulary must be the target's or a part of it",
-                                  expected=f"0 < draft_vocab_size <= vocab_size = {cfg.vocab_size}",
-                                  found=f"draft_vocab_size={cfg.draft_vocab_size}")
+            raise CheckpointError(
+                "a DFlash draft's vocabulary must be the target's or a part of it",
+                expected=f"0 < draft_vocab_size <= vocab_size = {cfg.vocab_size}",
+                found=f"draft_vocab_size={cfg.draft_vocab_size}",
+            )
         contract.block.layer_types(cfg.num_layers)  # refuses sliding-layer indices beyond the draft's layers
         self.cfg = cfg
         self.contract: WiringContract = contract  # the wiring, the block included; the loaders replace it
@@ -141,9 +149,12 @@ class DFlashDraft(nn.Module):
         """The block wiring, read from the contract (its one holder)."""
         block = self.contract.block
         if block is None:
-            raise ContractMismatch("this DFlash draft's contract lost its block wiring", expected="contract.block",
-                                   found=f"family={self.contract.family!r}, no block",
-                                   fix="attach the draft's own contract (a dflash one)")
+            raise ContractMismatch(
+                "this DFlash draft's contract lost its block wiring",
+                expected="contract.block",
+                found=f"family={self.contract.family!r}, no block",
+                fix="attach the draft's own contract (a dflash one)",
+            )
         return block
 
     # ---- initialisation ----------------------------------------------------------------------
@@ -167,9 +178,12 @@ class DFlashDraft(nn.Module):
         """A reduced-vocabulary draft's map, and its head started as the target's rows `head[target ids]` [V_d, H]
         when the target's head [V, H] is given."""
         if not self.reduced or vmap.draft_vocab_size != self.cfg.draft_vocab_size:
-            raise CheckpointError("the vocab map does not fit this DFlash draft",
-                                  expected=f"V_d = {self.cfg.draft_vocab_size} < V = {self.cfg.vocab_size}",
-                                  found=f"V_d = {vmap.draft_vocab_size}", fix="build the draft for this vocab map")
+            raise CheckpointError(
+                "the vocab map does not fit this DFlash draft",
+                expected=f"V_d = {self.cfg.draft_vocab_size} < V = {self.cfg.vocab_size}",
+                found=f"V_d = {vmap.draft_vocab_size}",
+                fix="build the draft for this vocab map",
+            )
         assert self.lm_head is not None
         with torch.no_grad():
             self.d2t.copy_(vmap.d2t)
@@ -186,8 +200,9 @@ class DFlashDraft(nn.Module):
         want = (self.cfg.vocab_size, self.cfg.hidden_size)
         for name, w in (("embedding", embedding), ("head", head)):
             if tuple(w.shape) != want:
-                raise CheckpointError(f"target {name} has the wrong shape for this draft", expected=str(want),
-                                      found=str(tuple(w.shape)))
+                raise CheckpointError(
+                    f"target {name} has the wrong shape for this draft", expected=str(want), found=str(tuple(w.shape))
+                )
         self.embed_weight, self.head_weight = embedding.detach(), head.detach()
 
     def move_attached(self, device: torch.device | str) -> None:
@@ -198,9 +213,12 @@ class DFlashDraft(nn.Module):
 
     def _attached(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.embed_weight is None or self.head_weight is None:
-            raise CheckpointError("the DFlash draft has no target embedding/head attached",
-                                  expected="the target's (a DFlash draft shares both, frozen)", found="none",
-                                  fix="build it with build_dflash_draft, load it with target=..., or attach_target()")
+            raise CheckpointError(
+                "the DFlash draft has no target embedding/head attached",
+                expected="the target's (a DFlash draft shares both, frozen)",
+                found="none",
+                fix="build it with build_dflash_draft, load it with target=..., or attach_target()",
+            )
         return self.embed_weight, self.head_weight
 
     # ---- pieces ------------------------------------------------------------------------------
@@ -208,9 +226,12 @@ class DFlashDraft(nn.Module):
         """taps [N, S, n*H_t] -> the context states [N, S, H]; any other width is refused."""
         n, ht = self.cfg.num_taps, self.cfg.target_hidden_size
         if taps.shape[-1] != n * ht:
-            raise TapWidthError("target taps fed to the DFlash draft have the wrong width",
-                                expected=f"{n} taps x {ht} = {n * ht} channels", found=f"{taps.shape[-1]} channels",
-                                fix="feed the taps the draft's contract names (run `eaglewire doctor`)")
+            raise TapWidthError(
+                "target taps fed to the DFlash draft have the wrong width",
+                expected=f"{n} taps x {ht} = {n * ht} channels",
+                found=f"{taps.shape[-1]} channels",
+                fix="feed the taps the draft's contract names (run `eaglewire doctor`)",
+            )
         return self.hidden_norm(self.fc(taps.to(self.fc.weight.device, self.fc.weight.dtype)))
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
@@ -222,7 +243,9 @@ class DFlashDraft(nn.Module):
         head = self.lm_head.weight if self.lm_head is not None else self._attached()[1]
         return F.linear(hidden.to(head.dtype), head)
 
-    def layer_masks(self, mask: torch.Tensor | None, kv_pos: torch.Tensor, q_pos: torch.Tensor) -> list[torch.Tensor | None]:
+    def layer_masks(
+        self, mask: torch.Tensor | None, kv_pos: torch.Tensor, q_pos: torch.Tensor
+    ) -> list[torch.Tensor | None]:
         """Each layer's mask from the full-attention one: mask bool [N, 1, Q, S+Q] or None (every key),
         kv_pos [N, S+Q], q_pos [N, Q]. Sliding layers add query - key < sliding_window; causal ones (per the
         block wiring: sliding layers unless `causal` overrides) key position <= query position."""
@@ -243,8 +266,14 @@ class DFlashDraft(nn.Module):
         return rope_tables(pos, self.cfg.head_dim, self.cfg.rope_theta, self.fc.weight.dtype)
 
     # ---- training-time forward ---------------------------------------------------------------
-    def forward(self, ctx_taps: torch.Tensor, ctx_pos: torch.Tensor, block_ids: torch.Tensor, block_pos: torch.Tensor,
-                mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        ctx_taps: torch.Tensor,
+        ctx_pos: torch.Tensor,
+        block_ids: torch.Tensor,
+        block_pos: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
         """ctx_taps [N, S, n*H_t], ctx_pos [N, S] long, block_ids [N, Q] long, block_pos [N, Q] long,
         mask [N, Q, S+Q] bool (True = may attend; keys are the S context positions then the Q block tokens)
         -> hidden [N, Q, H] after the draft's final norm (`logits(hidden)` gives [N, Q, V])."""
@@ -276,7 +305,7 @@ class DFlashDraft(nn.Module):
         cos, ssin = rope_rows(cache.rope, torch.arange(cache.n, cache.n + t, device=cache.k.device)[None])
         for i, layer in enumerate(self.layers):
             k, v = layer.self_attn.kv(ctx, cos, ssin)
-            cache.k[i, :, :, cache.n:cache.n + t], cache.v[i, :, :, cache.n:cache.n + t] = k, v
+            cache.k[i, :, :, cache.n : cache.n + t], cache.v[i, :, :, cache.n : cache.n + t] = k, v
         cache.n += t
 
     @torch.no_grad()
@@ -298,16 +327,21 @@ class DFlashDraft(nn.Module):
         return self.norm(x)
 
 
-def build_dflash_draft(target: TargetTensors, contract: WiringContract, num_layers: int, *, seed: int = 0,
-                       vmap: VocabMap | None = None) -> DFlashDraft:
+def build_dflash_draft(
+    target: TargetTensors, contract: WiringContract, num_layers: int, *, seed: int = 0, vmap: VocabMap | None = None
+) -> DFlashDraft:
     """A random DFlash draft for `target` (a TargetInfo with text_config, head_rows and final_norm_weight):
     architecture from the target (hidden size, heads, MLP width, RoPE base), its final norm started from the
     target's (the head it shares then reads states of the scale it was trained on), the target's embedding
     and head attached, `contract` attached. With `vmap` (the contract's reduced vocabulary) its own head
     starts as the target head's rows of the kept ids."""
     if contract.block is None:
-        raise CheckpointError("a DFlash draft needs a block-drafter contract", expected="contract.family='dflash'",
-                              found=f"family={contract.family!r}", fix="make the contract with dflash_contract()")
+        raise CheckpointError(
+            "a DFlash draft needs a block-drafter contract",
+            expected="contract.family='dflash'",
+            found=f"family={contract.family!r}",
+            fix="make the contract with dflash_contract()",
+        )
     cfg = DraftConfig.from_target(target.text_config, contract, num_layers=num_layers)
     draft = DFlashDraft(cfg, contract).init_random(seed)
     norm_w = target.final_norm_weight()
@@ -317,16 +351,20 @@ def build_dflash_draft(target: TargetTensors, contract: WiringContract, num_laye
     draft.attach_target(target.embedding(), target.head_rows())
     if draft.reduced:
         if vmap is None or vmap.sha256() != contract.vocab_map_sha256:
-            raise CheckpointError("a reduced-vocabulary DFlash draft needs its contract's vocab map",
-                                  expected=f"vocab_map_sha256={contract.vocab_map_sha256}",
-                                  found="none" if vmap is None else vmap.sha256(), fix="pass the map the contract names")
+            raise CheckpointError(
+                "a reduced-vocabulary DFlash draft needs its contract's vocab map",
+                expected=f"vocab_map_sha256={contract.vocab_map_sha256}",
+                found="none" if vmap is None else vmap.sha256(),
+                fix="pass the map the contract names",
+            )
         draft.set_vocab(vmap, target.head_rows())
     draft.contract = contract
     return draft
 
 
-def dflash_contract(target: TargetInfo, taps: tuple[int, ...], block: BlockWiring,
-                    vmap: VocabMap | None = None) -> WiringContract:
+def dflash_contract(
+    target: TargetInfo, taps: tuple[int, ...], block: BlockWiring, vmap: VocabMap | None = None
+) -> WiringContract:
     """The contract of a DFlash draft for `target` (anything with .contract(taps)): the full vocabulary (no
     d2t), or the reduced one `vmap` names (its size and hash, as an EAGLE-3 draft's)."""
     base = target.contract(tuple(taps))
@@ -334,8 +372,9 @@ def dflash_contract(target: TargetInfo, taps: tuple[int, ...], block: BlockWirin
     return dataclasses.replace(base, family="dflash", block=block, draft_vocab_size=size, vocab_map_sha256=sha)
 
 
-def default_dflash_contract(target: TargetTensors, block_size: int, *, taps: tuple[int, ...] | None = None,
-                            num_taps: int = 5) -> WiringContract:
+def default_dflash_contract(
+    target: TargetTensors, block_size: int, *, taps: tuple[int, ...] | None = None, num_taps: int = 5
+) -> WiringContract:
     """A DFlash contract for a loaded target (with its tokenizer): the mask token `pick_mask_token` chooses, and
     taps given as boundaries or, by default, z-lab's `num_taps` (`build_target_layer_ids`, as boundaries)."""
     from eaglewire.contract import from_engine
@@ -363,10 +402,16 @@ def pick_mask_token(tokenizer: Any) -> int:
     used = {getattr(tokenizer, a, None) for a in _NEVER_MASK}
     template = getattr(tokenizer, "chat_template", None) or ""
     added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
-    candidates = [i for i, tok in added.items()
-                  if getattr(tok, "special", False) and tok.content not in used and tok.content not in template]
+    candidates = [
+        i
+        for i, tok in added.items()
+        if getattr(tok, "special", False) and tok.content not in used and tok.content not in template
+    ]
     if not candidates:
-        raise CheckpointError("the tokenizer has no mask token and no spare special token",
-                              expected="a <|MASK|> token or an unused added special token", found="none",
-                              fix="pass an explicit mask token id (an id no training text contains)")
+        raise CheckpointError(
+            "the tokenizer has no mask token and no spare special token",
+            expected="a <|MASK|> token or an unused added special token",
+            found="none",
+            fix="pass an explicit mask token id (an id no training text contains)",
+        )
     return int(max(candidates))

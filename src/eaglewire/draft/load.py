@@ -35,10 +35,12 @@ def _check_keys(expected: set[str], found: set[str], optional: set[str], where: 
     for k in unexpected:
         close = difflib.get_close_matches(k, missing, n=1)
         hints.append(f"{k!r} -> did you mean {close[0]!r}?" if close else f"{k!r} is not a draft weight")
-    raise CheckpointError(f"{where} has the wrong set of tensors",
-                          expected=f"missing {missing}" if missing else "no missing keys",
-                          found=f"unexpected {unexpected}" if unexpected else "no unexpected keys",
-                          fix="; ".join(hints) or "re-export the checkpoint; nothing is loaded non-strictly")
+    raise CheckpointError(
+        f"{where} has the wrong set of tensors",
+        expected=f"missing {missing}" if missing else "no missing keys",
+        found=f"unexpected {unexpected}" if unexpected else "no unexpected keys",
+        fix="; ".join(hints) or "re-export the checkpoint; nothing is loaded non-strictly",
+    )
 
 
 def _float_dtype(tensors: dict[str, torch.Tensor], where: str) -> str:
@@ -50,23 +52,28 @@ def _float_dtype(tensors: dict[str, torch.Tensor], where: str) -> str:
 
 def _check_tensor(key: str, t: torch.Tensor, ref: torch.Tensor, float_dtype: str, where: str) -> None:
     if tuple(t.shape) != tuple(ref.shape):
-        raise CheckpointError(f"{where}: tensor {key!r} has the wrong shape",
-                              expected=str(tuple(ref.shape)), found=str(tuple(t.shape)))
+        raise CheckpointError(
+            f"{where}: tensor {key!r} has the wrong shape", expected=str(tuple(ref.shape)), found=str(tuple(t.shape))
+        )
     want = str(ref.dtype).removeprefix("torch.") if not ref.is_floating_point() else float_dtype
     got = str(t.dtype).removeprefix("torch.")
     if got != want:
         raise CheckpointError(f"{where}: tensor {key!r} has the wrong dtype", expected=want, found=got)
 
 
-def check_vocab_tensors(tensors: dict[str, torch.Tensor], cfg: DraftConfig, contract: WiringContract,
-                        where: str) -> None:
+def check_vocab_tensors(
+    tensors: dict[str, torch.Tensor], cfg: DraftConfig, contract: WiringContract, where: str
+) -> None:
     """A checkpoint's d2t/t2d keep the vocab map's invariants and are the map the contract names (its hash)."""
     with about_file(where):  # the map's own checks see tensors, not the file they came from
         validate_vocab_map(tensors["d2t"], tensors["t2d"], cfg.vocab_size)
     found = vocab_map_sha256(tensors["d2t"], cfg.vocab_size)
     if found != contract.vocab_map_sha256:
-        raise ContractMismatch(f"{where}: d2t is not the vocab map named by the contract",
-                               expected=f"vocab_map_sha256={contract.vocab_map_sha256}", found=found)
+        raise ContractMismatch(
+            f"{where}: d2t is not the vocab map named by the contract",
+            expected=f"vocab_map_sha256={contract.vocab_map_sha256}",
+            found=found,
+        )
 
 
 def vocab_from_tensors(tensors: dict[str, torch.Tensor], where: str) -> VocabMap | None:
@@ -74,15 +81,27 @@ def vocab_from_tensors(tensors: dict[str, torch.Tensor], where: str) -> VocabMap
     if "d2t" not in tensors and "t2d" not in tensors:
         return None
     if "d2t" not in tensors or "t2d" not in tensors:
-        raise CheckpointError(f"{where}: half a vocab map", expected="d2t and t2d, or neither",
-                              found=f"only {'d2t' if 'd2t' in tensors else 't2d'}", fix="re-export the draft")
+        raise CheckpointError(
+            f"{where}: half a vocab map",
+            expected="d2t and t2d, or neither",
+            found=f"only {'d2t' if 'd2t' in tensors else 't2d'}",
+            fix="re-export the draft",
+        )
     with about_file(where):
         return VocabMap(d2t=tensors["d2t"], t2d=tensors["t2d"])
 
 
-def load_strict(cfg: DraftConfig, contract: WiringContract, tensors: dict[str, torch.Tensor], where: str, *,
-                embedding: bool | None, float_dtype: str | None = None, target: TargetInfo | None = None,
-                dtype: torch.dtype | None = None) -> Eagle3Draft:
+def load_strict(
+    cfg: DraftConfig,
+    contract: WiringContract,
+    tensors: dict[str, torch.Tensor],
+    where: str,
+    *,
+    embedding: bool | None,
+    float_dtype: str | None = None,
+    target: TargetInfo | None = None,
+    dtype: torch.dtype | None = None,
+) -> Eagle3Draft:
     """An Eagle3Draft holding exactly `tensors` (native names), in eval mode, with `contract` attached.
 
     embedding: True = the tensors must hold embed_tokens, False = they must not, None = either.
@@ -119,17 +138,32 @@ def load_strict(cfg: DraftConfig, contract: WiringContract, tensors: dict[str, t
     return draft.eval()
 
 
-def load_dflash_strict(cfg: DraftConfig, contract: WiringContract, tensors: dict[str, torch.Tensor], where: str, *,
-                       embedding: bool | None = None, float_dtype: str | None = None, target: TargetInfo | None = None,
-                       dtype: torch.dtype | None = None) -> DFlashDraft:
+def load_dflash_strict(
+    cfg: DraftConfig,
+    contract: WiringContract,
+    tensors: dict[str, torch.Tensor],
+    where: str,
+    *,
+    embedding: bool | None = None,
+    float_dtype: str | None = None,
+    target: TargetInfo | None = None,
+    dtype: torch.dtype | None = None,
+) -> DFlashDraft:
     """A DFlashDraft holding exactly `tensors` (z-lab's names), in eval mode, `contract` attached; the target's
     embedding and head attached when `target` is given (they are never in a DFlash checkpoint)."""
     if embedding:
-        raise CheckpointError(f"{where}: a DFlash checkpoint holds no embedding", expected="saved_embedding=false",
-                              found="saved_embedding=true", fix="save it again without the embedding")
+        raise CheckpointError(
+            f"{where}: a DFlash checkpoint holds no embedding",
+            expected="saved_embedding=false",
+            found="saved_embedding=true",
+            fix="save it again without the embedding",
+        )
     if contract.block is None:
-        raise ContractMismatch(f"{where}: a DFlash draft needs block wiring in its contract",
-                               expected="contract.family='dflash'", found=f"family={contract.family!r}")
+        raise ContractMismatch(
+            f"{where}: a DFlash draft needs block wiring in its contract",
+            expected="contract.family='dflash'",
+            found=f"family={contract.family!r}",
+        )
     cfg.require_matches(contract)
     draft = DFlashDraft(cfg, contract).fill_nan()
     reference = draft.state_dict()

@@ -41,8 +41,14 @@ class DraftCache:
     """The draft's KV cache for decoding, allocated once ([layers, B, kv_heads, max_len, head_dim]), and the
     RoPE rows of every position it can hold (a decoding position never exceeds its slot)."""
 
-    def __init__(self, cfg: "DraftConfig", batch: int, max_len: int, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        cfg: "DraftConfig",
+        batch: int,
+        max_len: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
         shape = (cfg.num_layers, batch, cfg.num_key_value_heads, max_len, cfg.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
@@ -89,8 +95,9 @@ class Attention(nn.Module):
         self.qkv: nn.Module | None = None
         self.qkv_widths = [cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd, cfg.num_key_value_heads * hd]
 
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None,
-                past: KV | SlotWrite | None) -> tuple[torch.Tensor, KV]:
+    def forward(
+        self, x: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None, past: KV | SlotWrite | None
+    ) -> tuple[torch.Tensor, KV]:
         """x: [B, T, in]; mask: bool [B, 1, T, S] (True = may attend) or None for plain causal."""
         b, t, _ = x.shape
         hd, theta = self.cfg.head_dim, self.cfg.rope_theta
@@ -107,7 +114,7 @@ class Attention(nn.Module):
         v = v.reshape(b, t, -1, hd).transpose(1, 2)
         if isinstance(past, SlotWrite):  # decoding: static cache, no re-allocation
             end = past.start + t
-            past.k[:b, :, past.start:end], past.v[:b, :, past.start:end] = k, v
+            past.k[:b, :, past.start : end], past.v[:b, :, past.start : end] = k, v
             k, v = past.k[:b, :, :end], past.v[:b, :, :end]
             if mask is None and t > 1:  # one row sees every slot up to itself: SDPA unmasked is exactly that
                 mask = torch.ones(t, end, dtype=torch.bool, device=x.device).tril(past.start)[None, None]
@@ -151,8 +158,14 @@ class DraftLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, hidden: torch.Tensor, embeds: torch.Tensor | None, position_ids: torch.Tensor,
-                mask: torch.Tensor | None, past: KV | SlotWrite | None) -> tuple[torch.Tensor, KV]:
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        embeds: torch.Tensor | None,
+        position_ids: torch.Tensor,
+        mask: torch.Tensor | None,
+        past: KV | SlotWrite | None,
+    ) -> tuple[torch.Tensor, KV]:
         if self.first:
             normed = self.hidden_norm(hidden)
             # EAGLE-3 keeps the un-normed hidden as residual; speculators' norm_before_residual does not.
@@ -217,9 +230,11 @@ class Eagle3Draft(nn.Module):
     def attach_embedding(self, weight: torch.Tensor) -> None:
         """Use the target's input embedding [V, H] (shared storage, frozen)."""
         if tuple(weight.shape) != (self.cfg.vocab_size, self.cfg.hidden_size):
-            raise CheckpointError("target embedding has the wrong shape for this draft",
-                                expected=str((self.cfg.vocab_size, self.cfg.hidden_size)),
-                                found=str(tuple(weight.shape)))
+            raise CheckpointError(
+                "target embedding has the wrong shape for this draft",
+                expected=str((self.cfg.vocab_size, self.cfg.hidden_size)),
+                found=str(tuple(weight.shape)),
+            )
         self.embed_tokens.weight = nn.Parameter(weight.detach(), requires_grad=False)
         self.embedding_attached = True
 
@@ -243,26 +258,42 @@ class Eagle3Draft(nn.Module):
             taps = torch.cat([norm(c) for norm, c in zip(self.fc_norm, taps.split(ht, dim=-1))], dim=-1)
         return self.fc(taps)
 
-    def step(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor | None = None,
-             mask: torch.Tensor | None = None, past: list[KV] | None = None, *,
-             compute_logits: bool = True, cache: DraftCache | None = None, start: int = 0) -> DraftOutput:
+    def step(
+        self,
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        past: list[KV] | None = None,
+        *,
+        compute_logits: bool = True,
+        cache: DraftCache | None = None,
+        start: int = 0,
+    ) -> DraftOutput:
         """One draft pass on H-wide states (fused taps, or the draft's own previous output).
 
         input_ids [B, T] target ids (token t+1 paired with state t); hidden [B, T, H];
         position_ids [B, T] (default 0..T-1 after the cache); mask bool [B, 1, T, S] or None (causal).
         """
         if hidden.shape[-1] != self.cfg.hidden_size:
-            raise TapWidthError("draft step fed a state of the wrong width",
-                                expected=f"{self.cfg.hidden_size} (fused or the draft's own hidden)",
-                                found=str(hidden.shape[-1]), fix="pass target taps through forward()/fuse()")
+            raise TapWidthError(
+                "draft step fed a state of the wrong width",
+                expected=f"{self.cfg.hidden_size} (fused or the draft's own hidden)",
+                found=str(hidden.shape[-1]),
+                fix="pass target taps through forward()/fuse()",
+            )
         if not self.embedding_attached:
-            raise CheckpointError("the draft has no input embedding attached",
-                                  expected="the target's embedding (EAGLE-3 drafts share it, frozen)",
-                                  found="a placeholder", fix="load with target=... or call attach_embedding()")
+            raise CheckpointError(
+                "the draft has no input embedding attached",
+                expected="the target's embedding (EAGLE-3 drafts share it, frozen)",
+                found="a placeholder",
+                fix="load with target=... or call attach_embedding()",
+            )
         if position_ids is None:
             first = start if cache is not None else (0 if past is None else past[0][0].shape[2])
-            position_ids = torch.arange(first, first + input_ids.shape[1],
-                                        device=input_ids.device).expand(input_ids.shape[0], -1)
+            position_ids = torch.arange(first, first + input_ids.shape[1], device=input_ids.device).expand(
+                input_ids.shape[0], -1
+            )
         embeds = self.embed_tokens(input_ids)
         kv: list[KV] = []
         h = hidden
@@ -273,15 +304,36 @@ class Eagle3Draft(nn.Module):
         normed = self.norm(h)
         # Training computes the head only where it is supervised (compute_logits=False): the V_d-wide head
         # is most of a small draft's cost.
-        return DraftOutput(logits=self.lm_head(normed) if compute_logits else None,
-                           hidden=normed if self.cfg.norm.norm_output else h, normed=normed, kv=kv)
+        return DraftOutput(
+            logits=self.lm_head(normed) if compute_logits else None,
+            hidden=normed if self.cfg.norm.norm_output else h,
+            normed=normed,
+            kv=kv,
+        )
 
-    def forward(self, input_ids: torch.Tensor, taps: torch.Tensor, position_ids: torch.Tensor | None = None,
-                mask: torch.Tensor | None = None, past: list[KV] | None = None, *, compute_logits: bool = True,
-                cache: DraftCache | None = None, start: int = 0) -> DraftOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        taps: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        past: list[KV] | None = None,
+        *,
+        compute_logits: bool = True,
+        cache: DraftCache | None = None,
+        start: int = 0,
+    ) -> DraftOutput:
         """First draft step from target taps [B, T, n*H_t]."""
-        return self.step(input_ids, self.fuse(taps), position_ids, mask, past, compute_logits=compute_logits,
-                         cache=cache, start=start)
+        return self.step(
+            input_ids,
+            self.fuse(taps),
+            position_ids,
+            mask,
+            past,
+            compute_logits=compute_logits,
+            cache=cache,
+            start=start,
+        )
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft vocabulary ids -> target ids (d2t holds offsets)."""

@@ -28,30 +28,44 @@ class VocabMapError(EaglewireError):
 def validate_vocab_map(d2t: torch.Tensor, t2d: torch.Tensor, vocab_size: int) -> None:
     """Raise VocabMapError naming the broken invariant, the expected and the found value."""
     if d2t.dtype != torch.int64 or d2t.dim() != 1:
-        raise VocabMapError("d2t must be a 1-D int64 tensor of offsets", expected="int64 [V_d]",
-                            found=f"{d2t.dtype} {tuple(d2t.shape)}")
+        raise VocabMapError(
+            "d2t must be a 1-D int64 tensor of offsets", expected="int64 [V_d]", found=f"{d2t.dtype} {tuple(d2t.shape)}"
+        )
     if t2d.dtype != torch.bool or t2d.shape != (vocab_size,):
-        raise VocabMapError("t2d must be a bool mask over the target vocabulary",
-                            expected=f"bool [{vocab_size}]", found=f"{t2d.dtype} {tuple(t2d.shape)}")
+        raise VocabMapError(
+            "t2d must be a bool mask over the target vocabulary",
+            expected=f"bool [{vocab_size}]",
+            found=f"{t2d.dtype} {tuple(t2d.shape)}",
+        )
     n_draft = d2t.numel()
     if int(t2d.sum()) != n_draft:
-        raise VocabMapError("t2d.sum() must equal the draft vocab size len(d2t)", expected=str(n_draft),
-                            found=str(int(t2d.sum())), fix="rebuild the vocab map (eaglewire vocab build)")
+        raise VocabMapError(
+            "t2d.sum() must equal the draft vocab size len(d2t)",
+            expected=str(n_draft),
+            found=str(int(t2d.sum())),
+            fix="rebuild the vocab map (eaglewire vocab build)",
+        )
     target_ids = torch.arange(n_draft, device=d2t.device) + d2t
     if n_draft and (int(target_ids.min()) < 0 or int(target_ids.max()) >= vocab_size):
-        raise VocabMapError("d2t maps draft ids outside the target vocabulary",
-                            expected=f"i + d2t[i] in [0, {vocab_size})",
-                            found=f"range [{int(target_ids.min())}, {int(target_ids.max())}]",
-                            fix="d2t must hold OFFSETS (target - draft id), not absolute target ids")
+        raise VocabMapError(
+            "d2t maps draft ids outside the target vocabulary",
+            expected=f"i + d2t[i] in [0, {vocab_size})",
+            found=f"range [{int(target_ids.min())}, {int(target_ids.max())}]",
+            fix="d2t must hold OFFSETS (target - draft id), not absolute target ids",
+        )
     if n_draft > 1 and not bool((target_ids[1:] > target_ids[:-1]).all()):
-        raise VocabMapError("draft ids must map to strictly ascending target ids",
-                            expected="i + d2t[i] strictly increasing",
-                            found="a decreasing or repeated target id (frequency-ordered map?)",
-                            fix="sort the kept target ids ascending before computing offsets")
+        raise VocabMapError(
+            "draft ids must map to strictly ascending target ids",
+            expected="i + d2t[i] strictly increasing",
+            found="a decreasing or repeated target id (frequency-ordered map?)",
+            fix="sort the kept target ids ascending before computing offsets",
+        )
     if not bool(t2d[target_ids].all()):
-        raise VocabMapError("t2d and d2t disagree on which target ids are in the draft vocab",
-                            expected="t2d[i + d2t[i]] True for every draft id",
-                            found=f"{int((~t2d[target_ids]).sum())} mapped ids missing from t2d")
+        raise VocabMapError(
+            "t2d and d2t disagree on which target ids are in the draft vocab",
+            expected="t2d[i + d2t[i]] True for every draft id",
+            found=f"{int((~t2d[target_ids]).sum())} mapped ids missing from t2d",
+        )
 
 
 @dataclass(frozen=True)
@@ -119,8 +133,9 @@ def count_masked_tokens(samples, vocab_size: int) -> torch.Tensor:
 def build_vocab_map(counts: torch.Tensor, draft_vocab_size: int) -> VocabMap:
     """Keep the V_d most frequent ids (ties by lower id), ordered by ascending target id."""
     if not 0 < draft_vocab_size <= counts.numel():
-        raise VocabMapError("draft vocab size out of range", expected=f"1 .. {counts.numel()}",
-                            found=str(draft_vocab_size))
+        raise VocabMapError(
+            "draft vocab size out of range", expected=f"1 .. {counts.numel()}", found=str(draft_vocab_size)
+        )
     # Stable descending sort keeps ascending id order among equal counts: ties go to the lower id.
     order = torch.sort(counts, descending=True, stable=True).indices
     return VocabMap.from_target_ids(order[:draft_vocab_size], counts.numel())
@@ -130,9 +145,12 @@ def grow_vocab_map(keep: VocabMap, counts: torch.Tensor, draft_vocab_size: int) 
     """`keep`'s ids plus the most frequent other ids (ties by lower id) up to V_d: a warm start's map
     widened, so every head row it trained stays and only the added rows start fresh."""
     if not keep.draft_vocab_size <= draft_vocab_size <= counts.numel():
-        raise VocabMapError("cannot grow the draft vocabulary to this size",
-                            expected=f"{keep.draft_vocab_size} (the kept map's size) .. {counts.numel()}",
-                            found=str(draft_vocab_size), fix="pass a --draft-vocab-size at least the warm start's")
+        raise VocabMapError(
+            "cannot grow the draft vocabulary to this size",
+            expected=f"{keep.draft_vocab_size} (the kept map's size) .. {counts.numel()}",
+            found=str(draft_vocab_size),
+            fix="pass a --draft-vocab-size at least the warm start's",
+        )
     others = counts.clone()
     others[keep.target_ids] = -1  # never picked twice: every real count is >= 0
     order = torch.sort(others, descending=True, stable=True).indices
@@ -151,8 +169,11 @@ def save_vocab(path, vmap: VocabMap, counts: torch.Tensor, meta: dict) -> None:
 
     from eaglewire.safeio import atomic_save_safetensors
 
-    atomic_save_safetensors({"d2t": vmap.d2t, "t2d": vmap.t2d, "counts": counts}, path,
-                            metadata={"format": "eaglewire.vocab/1", "sha256": vmap.sha256(), "meta": json.dumps(meta)})
+    atomic_save_safetensors(
+        {"d2t": vmap.d2t, "t2d": vmap.t2d, "counts": counts},
+        path,
+        metadata={"format": "eaglewire.vocab/1", "sha256": vmap.sha256(), "meta": json.dumps(meta)},
+    )
 
 
 def load_vocab(path) -> tuple[VocabMap, torch.Tensor, dict]:
@@ -164,21 +185,33 @@ def load_vocab(path) -> tuple[VocabMap, torch.Tensor, dict]:
     with open_safetensors(path, what="a vocab map", error=VocabMapError) as f:
         md = f.metadata()
         if md.get("format") != "eaglewire.vocab/1":
-            raise VocabMapError(f"{path} is not an eaglewire vocab map", expected="format eaglewire.vocab/1",
-                                found=str(md.get("format")), fix="build one with `eaglewire vocab build`")
+            raise VocabMapError(
+                f"{path} is not an eaglewire vocab map",
+                expected="format eaglewire.vocab/1",
+                found=str(md.get("format")),
+                fix="build one with `eaglewire vocab build`",
+            )
         d2t, t2d, counts = f.get_tensor("d2t"), f.get_tensor("t2d"), f.get_tensor("counts")
     try:
         vmap = VocabMap(d2t=d2t, t2d=t2d)
     except VocabMapError as err:  # the same check, with the file named
         raise VocabMapError(f"{path}: {err.what}", expected=err.expected, found=err.found, fix=err.fix) from None
     if vmap.sha256() != md.get("sha256"):
-        raise VocabMapError(f"{path}: vocab map does not match its recorded hash", expected=md.get("sha256"),
-                            found=vmap.sha256(), fix="rebuild it with `eaglewire vocab build`; it was altered")
+        raise VocabMapError(
+            f"{path}: vocab map does not match its recorded hash",
+            expected=md.get("sha256"),
+            found=vmap.sha256(),
+            fix="rebuild it with `eaglewire vocab build`; it was altered",
+        )
     try:
         meta = json.loads(md.get("meta", "{}"))
     except (json.JSONDecodeError, RecursionError):
         meta = None
     if not isinstance(meta, dict):
-        raise VocabMapError(f"{path}: the 'meta' metadata is not a JSON object", expected="a JSON object",
-                            found=repr(md.get("meta"))[:80], fix="rebuild it with `eaglewire vocab build`")
+        raise VocabMapError(
+            f"{path}: the 'meta' metadata is not a JSON object",
+            expected="a JSON object",
+            found=repr(md.get("meta"))[:80],
+            fix="rebuild it with `eaglewire vocab build`",
+        )
     return vmap, counts, meta

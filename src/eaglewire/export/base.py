@@ -16,8 +16,13 @@ import torch
 from eaglewire.contract import WiringContract
 from eaglewire.errors import CheckpointError, ContractMismatch
 from eaglewire.outputs import replace_dir
-from eaglewire.safeio import about_file, atomic_save_safetensors, atomic_write_json, read_json_object, \
-    read_safetensors_file
+from eaglewire.safeio import (
+    about_file,
+    atomic_save_safetensors,
+    atomic_write_json,
+    read_json_object,
+    read_safetensors_file,
+)
 
 CONTRACT_FILE = "eaglewire_contract.json"
 WEIGHTS = "model.safetensors"
@@ -30,8 +35,12 @@ def rename_all(tensors: dict[str, torch.Tensor], fn: Callable[[str], str], where
         try:
             new = fn(k)
         except KeyError:
-            raise CheckpointError(f"{where}: unexpected tensor {k!r}", expected="only draft weights this format "
-                                  "defines", found=k, fix="the checkpoint is not of this format, or is damaged") from None
+            raise CheckpointError(
+                f"{where}: unexpected tensor {k!r}",
+                expected="only draft weights this format defines",
+                found=k,
+                fix="the checkpoint is not of this format, or is damaged",
+            ) from None
         if new in out:
             raise CheckpointError(f"{where}: two tensors map to {new!r}", found=k)
         out[new] = v
@@ -40,8 +49,12 @@ def rename_all(tensors: dict[str, torch.Tensor], fn: Callable[[str], str], where
 
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     if not path.is_file():
-        raise CheckpointError(f"no weights at {path}", expected=f"{path.name} (safetensors)", found="missing",
-                              fix="point at the exported draft directory")
+        raise CheckpointError(
+            f"no weights at {path}",
+            expected=f"{path.name} (safetensors)",
+            found="missing",
+            fix="point at the exported draft directory",
+        )
     return read_safetensors_file(path, what="draft weights", error=CheckpointError)
 
 
@@ -52,8 +65,12 @@ def read_draft_config(path: Path) -> dict[str, Any]:
     from eaglewire.limits import check_config_values
 
     if not path.is_file():
-        raise CheckpointError(f"missing {path.name} in {path.parent}", expected=path.name, found="no such file",
-                              fix="point at the exported draft directory (it holds config.json and the weights)")
+        raise CheckpointError(
+            f"missing {path.name} in {path.parent}",
+            expected=path.name,
+            found="no such file",
+            fix="point at the exported draft directory (it holds config.json and the weights)",
+        )
     config = read_json_object(path, what="a draft config", error=CheckpointError)
     check_config_values(config, str(path), CheckpointError)
     return config
@@ -67,8 +84,16 @@ def read_contract(directory: Path) -> WiringContract | None:
         return WiringContract.from_dict(read_json_object(p, what="a wiring contract", error=ContractMismatch))
 
 
-def write_dir(out: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor], contract: WiringContract,
-              weights_name: str = WEIGHTS, *, force: bool = False, inputs: tuple[Path, ...] = ()) -> Path:
+def write_dir(
+    out: Path,
+    config: dict[str, Any],
+    tensors: dict[str, torch.Tensor],
+    contract: WiringContract,
+    weights_name: str = WEIGHTS,
+    *,
+    force: bool = False,
+    inputs: tuple[Path, ...] = (),
+) -> Path:
     """Write config.json + weights + contract side file into a temp dir, then swap it into place: an existing
     `out` must be an earlier export (or `force`), and is never one of `inputs` (eaglewire.outputs)."""
 
@@ -77,8 +102,15 @@ def write_dir(out: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor
         atomic_write_json(tmp / "config.json", config)
         atomic_write_json(tmp / CONTRACT_FILE, contract.to_dict())
 
-    return replace_dir(Path(out), fill, names=(weights_name, "config.json", CONTRACT_FILE), owned=is_export,
-                       force=force, inputs=inputs, what="export")
+    return replace_dir(
+        Path(out),
+        fill,
+        names=(weights_name, "config.json", CONTRACT_FILE),
+        owned=is_export,
+        force=force,
+        inputs=inputs,
+        what="export",
+    )
 
 
 def is_export(directory: Path) -> bool:
@@ -87,4 +119,6 @@ def is_export(directory: Path) -> bool:
 
 
 def cast_floats(tensors: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
-    return {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).contiguous() for k, v in tensors.items()}
+    return {
+        k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).contiguous() for k, v in tensors.items()
+    }

@@ -41,8 +41,7 @@ from eaglewire.draft.dflash import DFlashDraft
 from eaglewire.draft.load import _check_keys, _check_tensor, _float_dtype, check_vocab_tensors, vocab_from_tensors
 from eaglewire.draft.vocab import VocabMap
 from eaglewire.errors import CheckpointError, ContractMismatch, EaglewireError
-from eaglewire.export.base import WEIGHTS, cast_floats, read_contract, read_draft_config, \
-    read_safetensors, write_dir
+from eaglewire.export.base import WEIGHTS, cast_floats, read_contract, read_draft_config, read_safetensors, write_dir
 from eaglewire.export.block_formats import DFLASH_FORMATS, BlockFormat, block_format
 from eaglewire.export.layouts import SPECULATORS_VERSION, _rope_theta
 from eaglewire.families import FULL, BlockWiring
@@ -70,8 +69,13 @@ def is_speculators_config(config: dict[str, Any]) -> bool:
 
 # Block drafters of families eaglewire reads (the doctor) but does not compute: speculators_model_type or
 # architecture -> family. Importing one is refused by name instead of failing in the EAGLE-3 reader.
-FOREIGN_BLOCK = {"dspark": "dspark", "dflash2": "dflash2", "DFlash2DraftModel": "dflash2",
-                 "DSparkSpeculator": "dspark", "Qwen3DSparkModel": "dspark (DeepSpec)"}
+FOREIGN_BLOCK = {
+    "dspark": "dspark",
+    "dflash2": "dflash2",
+    "DFlash2DraftModel": "dflash2",
+    "DSparkSpeculator": "dspark",
+    "Qwen3DSparkModel": "dspark (DeepSpec)",
+}
 
 
 def foreign_block_family(config: dict[str, Any]) -> str | None:
@@ -87,7 +91,11 @@ def block_family(config_path: Path) -> str | None:
         archs = read_json_object(config_path, what="a draft config").get("architectures")
     except EaglewireError:
         return None
-    found = {FAMILY_OF_ARCH[a] for a in archs if isinstance(a, str) and a in FAMILY_OF_ARCH} if isinstance(archs, list) else set()
+    found = (
+        {FAMILY_OF_ARCH[a] for a in archs if isinstance(a, str) and a in FAMILY_OF_ARCH}
+        if isinstance(archs, list)
+        else set()
+    )
     return found.pop() if len(found) == 1 else None
 
 
@@ -112,67 +120,124 @@ def _refuse_unportable(block: BlockWiring, cfg: DraftConfig, fmt: str) -> None:
     if block.anchor_layout != "bonus":
         problems.append(("anchor_layout", "bonus (slot k predicts p+k, as z-lab's DFlash)", block.anchor_layout))
     if block.causal or block.sliding_layers:
-        problems.append(("attention", "bidirectional full attention in every block layer",
-                         f"causal={block.causal}, sliding_layers={list(block.sliding_layers)}"))
+        problems.append(
+            (
+                "attention",
+                "bidirectional full attention in every block layer",
+                f"causal={block.causal}, sliding_layers={list(block.sliding_layers)}",
+            )
+        )
     if cfg.draft_vocab_size != cfg.vocab_size and fmt != "vllm":  # only vLLM's loader reads lm_head and d2t
-        problems.append(("vocabulary", f"the full vocabulary ({cfg.vocab_size}); a reduced one is written as "
-                         "vllm/speculators only", f"{cfg.draft_vocab_size}"))
+        problems.append(
+            (
+                "vocabulary",
+                f"the full vocabulary ({cfg.vocab_size}); a reduced one is written as vllm/speculators only",
+                f"{cfg.draft_vocab_size}",
+            )
+        )
     if problems:
-        raise CheckpointError(f"this DFlash draft cannot be written as {fmt}",
-                              expected="; ".join(f"{k}: {e}" for k, e, _ in problems),
-                              found="; ".join(f"{k}: {f}" for k, _, f in problems),
-                              fix="these engines' DFlash loaders would run a different function; retrain with "
-                                  "the default block wiring (a reduced vocabulary: export as vllm)")
+        raise CheckpointError(
+            f"this DFlash draft cannot be written as {fmt}",
+            expected="; ".join(f"{k}: {e}" for k, e, _ in problems),
+            found="; ".join(f"{k}: {f}" for k, _, f in problems),
+            fix="these engines' DFlash loaders would run a different function; retrain with "
+            "the default block wiring (a reduced vocabulary: export as vllm)",
+        )
 
 
 def _qwen3_fields(cfg: DraftConfig, num_layers: int, dtype: str) -> dict[str, Any]:
     """A complete Qwen3 config for the draft's decoder layers (z-lab's drafts are Qwen3 layers: q/k norms)."""
-    return {"model_type": "qwen3", "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
-            "num_attention_heads": cfg.num_attention_heads, "num_key_value_heads": cfg.num_key_value_heads,
-            "head_dim": cfg.head_dim, "num_hidden_layers": num_layers, "rms_norm_eps": cfg.rms_norm_eps,
-            "rope_theta": cfg.rope_theta, "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
-            "rope_scaling": None, "max_position_embeddings": cfg.max_position_embeddings,
-            "vocab_size": cfg.vocab_size, "hidden_act": "silu", "attention_bias": False,
-            "tie_word_embeddings": False, "torch_dtype": dtype, "layer_types": [FULL] * num_layers,
-            "sliding_window": None, "use_sliding_window": False, "is_neox_style": True}
+    return {
+        "model_type": "qwen3",
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "num_hidden_layers": num_layers,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "rope_scaling": None,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "vocab_size": cfg.vocab_size,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "torch_dtype": dtype,
+        "layer_types": [FULL] * num_layers,
+        "sliding_window": None,
+        "use_sliding_window": False,
+        "is_neox_style": True,
+    }
 
 
-def make_block_config(fmt: BlockFormat, cfg: DraftConfig, contract: WiringContract, dtype: str,
-                      verifier: str | None = None) -> dict[str, Any]:
+def make_block_config(
+    fmt: BlockFormat, cfg: DraftConfig, contract: WiringContract, dtype: str, verifier: str | None = None
+) -> dict[str, Any]:
     block = contract.block
     assert block is not None
     ids = list(to_engine(contract.taps, fmt.convention, contract.target.num_layers))
     layer = _qwen3_fields(cfg, cfg.num_layers, dtype)
     if fmt.style == "speculators":
-        return {"architectures": [SPECULATORS_ARCH], "speculators_model_type": "dflash",
-                "speculators_version": SPECULATORS_VERSION, "transformer_layer_config": layer,
-                "draft_vocab_size": cfg.draft_vocab_size, "block_size": block.block_size,
-                "target_hidden_size": cfg.target_hidden_size, "aux_hidden_state_layer_ids": ids,
-                "mask_token_id": block.mask_token_id, "sliding_window_non_causal": True,
-                "sample_from_anchor": False, "torch_dtype": dtype,
-                "speculators_config": {"algorithm": "dflash", "default_proposal_method": "greedy",
-                                       "proposal_methods": [{"proposal_type": "greedy",
-                                                             "speculative_tokens": block.drafts_per_round}],
-                                       "verifier": {"name_or_path": verifier or contract.target.name,
-                                                    "architectures": [contract.target.architecture]}}}
+        return {
+            "architectures": [SPECULATORS_ARCH],
+            "speculators_model_type": "dflash",
+            "speculators_version": SPECULATORS_VERSION,
+            "transformer_layer_config": layer,
+            "draft_vocab_size": cfg.draft_vocab_size,
+            "block_size": block.block_size,
+            "target_hidden_size": cfg.target_hidden_size,
+            "aux_hidden_state_layer_ids": ids,
+            "mask_token_id": block.mask_token_id,
+            "sliding_window_non_causal": True,
+            "sample_from_anchor": False,
+            "torch_dtype": dtype,
+            "speculators_config": {
+                "algorithm": "dflash",
+                "default_proposal_method": "greedy",
+                "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": block.drafts_per_round}],
+                "verifier": {
+                    "name_or_path": verifier or contract.target.name,
+                    "architectures": [contract.target.architecture],
+                },
+            },
+        }
     dflash: dict[str, Any] = {"mask_token_id": block.mask_token_id, "target_layer_ids": ids}
     if fmt.block_in_dflash_config:
         dflash.update(block_size=block.block_size, num_target_layers=contract.target.num_layers)
-    return {**layer, "architectures": [ZLAB_ARCH], "block_size": block.block_size,
-            "num_target_layers": contract.target.num_layers, "target_hidden_size": cfg.target_hidden_size,
-            "dflash_config": dflash}
+    return {
+        **layer,
+        "architectures": [ZLAB_ARCH],
+        "block_size": block.block_size,
+        "num_target_layers": contract.target.num_layers,
+        "target_hidden_size": cfg.target_hidden_size,
+        "dflash_config": dflash,
+    }
 
 
-def export_block_draft(draft: DFlashDraft, contract: WiringContract, out: Path, fmt_name: str, *,
-                       dtype: torch.dtype | None = None, verifier: str | None = None, force: bool = False,
-                       inputs: tuple[Path, ...] = ()) -> Path:
+def export_block_draft(
+    draft: DFlashDraft,
+    contract: WiringContract,
+    out: Path,
+    fmt_name: str,
+    *,
+    dtype: torch.dtype | None = None,
+    verifier: str | None = None,
+    force: bool = False,
+    inputs: tuple[Path, ...] = (),
+) -> Path:
     """Write a block drafter in format `fmt_name` (its family record's block_formats) plus the contract side file; an
     existing `out` must be an earlier export (or `force`) and never one of `inputs` (eaglewire.outputs)."""
     fmt = block_format(contract.family, fmt_name)
     block = contract.block
     if block is None or draft.contract.block != block:  # the draft's wiring is its own contract's
-        raise ContractMismatch("the contract given is not the draft's block wiring", expected=repr(draft.contract.block),
-                               found=repr(block), fix="export the draft with the contract it was trained with")
+        raise ContractMismatch(
+            "the contract given is not the draft's block wiring",
+            expected=repr(draft.contract.block),
+            found=repr(block),
+            fix="export the draft with the contract it was trained with",
+        )
     draft.cfg.require_matches(contract)
     _refuse_unportable(block, draft.cfg, fmt.name)
     tensors = cast_floats(dict(draft.state_dict()), dtype)
@@ -197,18 +262,28 @@ def _refuse_semantics(fmt: BlockFormat, config: dict[str, Any], layer: dict[str,
     dflash = config.get("dflash_config")
     if fmt.style == "hf":
         if not isinstance(dflash, dict):
-            raise CheckpointError(f"{where}: no dflash_config object", expected="dflash_config {mask_token_id, "
-                                  "target_layer_ids}", found=repr(dflash)[:80], fix="the directory is not a DFlash export")
+            raise CheckpointError(
+                f"{where}: no dflash_config object",
+                expected="dflash_config {mask_token_id, target_layer_ids}",
+                found=repr(dflash)[:80],
+                fix="the directory is not a DFlash export",
+            )
         found += [f"dflash_config.{k}" for k in sorted(dflash.keys() - _DFLASH_CONFIG_KEYS)]
         aux, ids = config.get("eagle_aux_hidden_state_layer_ids"), dflash.get("target_layer_ids")
         # vLLM's own edit (its speculators updater) writes aux as the same boundaries in its EAGLE-3 numbering
-        if aux is not None and not (isinstance(ids, list) and all(isinstance(i, int) for i in ids)
-                                    and aux == list(renumber(ids, "vllm-dflash", "vllm", None))):
-            found.append("eagle_aux_hidden_state_layer_ids other than target_layer_ids + 1 (vLLM reads it instead "
-                         "of dflash_config.target_layer_ids)")
+        if aux is not None and not (
+            isinstance(ids, list)
+            and all(isinstance(i, int) for i in ids)
+            and aux == list(renumber(ids, "vllm-dflash", "vllm", None))
+        ):
+            found.append(
+                "eagle_aux_hidden_state_layer_ids other than target_layer_ids + 1 (vLLM reads it instead "
+                "of dflash_config.target_layer_ids)"
+            )
     elif config.get("sliding_window_non_causal") is not True:
-        found.append(f"sliding_window_non_causal={config.get('sliding_window_non_causal')!r} (vLLM then runs every "
-                     "layer causal)")
+        found.append(
+            f"sliding_window_non_causal={config.get('sliding_window_non_causal')!r} (vLLM then runs every layer causal)"
+        )
     if fmt.style == "speculators" and config.get("sample_from_anchor", False):
         found.append("sample_from_anchor=true (anchor-first slots)")
     if layer.get("is_causal") or config.get("is_causal"):
@@ -222,10 +297,13 @@ def _refuse_semantics(fmt: BlockFormat, config: dict[str, Any], layer: dict[str,
     if layer.get("rope_scaling") or rope.get("rope_type", "default") != "default":
         found.append("scaled RoPE")
     if found:
-        raise CheckpointError(f"{where} asks for semantics eaglewire's DFlash does not compute",
-                              expected="a bidirectional, neox, full-attention, bonus-anchor DFlash draft",
-                              found="; ".join(found), fix="this draft needs the engine that trained it; "
-                              "eaglewire would decode (and the doctor check) another function")
+        raise CheckpointError(
+            f"{where} asks for semantics eaglewire's DFlash does not compute",
+            expected="a bidirectional, neox, full-attention, bonus-anchor DFlash draft",
+            found="; ".join(found),
+            fix="this draft needs the engine that trained it; "
+            "eaglewire would decode (and the doctor check) another function",
+        )
 
 
 def _block_from(fmt: BlockFormat, config: dict[str, Any], where: str) -> BlockWiring:
@@ -242,33 +320,58 @@ def _block_from(fmt: BlockFormat, config: dict[str, Any], where: str) -> BlockWi
 def _ids_from(fmt: BlockFormat, config: dict[str, Any], where: str) -> list[int]:
     ids = _path(config, fmt.ids_at)
     if not isinstance(ids, list) or not ids or any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
-        raise CheckpointError(f"{where}: the layer-id list is missing or not a list of ints", expected=fmt.ids_at,
-                              found=repr(ids)[:80], fix="without it engines silently use a default tap formula; "
-                              "re-export with eaglewire")
+        raise CheckpointError(
+            f"{where}: the layer-id list is missing or not a list of ints",
+            expected=fmt.ids_at,
+            found=repr(ids)[:80],
+            fix="without it engines silently use a default tap formula; re-export with eaglewire",
+        )
     return ids
 
 
 def _draft_config(fmt: BlockFormat, config: dict[str, Any], contract: WiringContract, where: str) -> DraftConfig:
     layer = config.get("transformer_layer_config") if fmt.style == "speculators" else config
     if not isinstance(layer, dict):
-        raise CheckpointError(f"{where}: transformer_layer_config is not an object", expected="a Qwen3 config",
-                              found=repr(layer)[:80], fix="the directory is not a speculators DFlash export")
+        raise CheckpointError(
+            f"{where}: transformer_layer_config is not an object",
+            expected="a Qwen3 config",
+            found=repr(layer)[:80],
+            fix="the directory is not a speculators DFlash export",
+        )
     try:
-        return DraftConfig(hidden_size=layer["hidden_size"], intermediate_size=layer["intermediate_size"],
-                           num_attention_heads=layer["num_attention_heads"],
-                           num_key_value_heads=layer.get("num_key_value_heads") or layer["num_attention_heads"],
-                           head_dim=layer["head_dim"], target_hidden_size=config.get("target_hidden_size")
-                           or layer["hidden_size"], num_taps=contract.num_taps, vocab_size=layer["vocab_size"],
-                           draft_vocab_size=config.get("draft_vocab_size") or layer["vocab_size"],
-                           num_layers=layer["num_hidden_layers"], rms_norm_eps=layer["rms_norm_eps"],
-                           rope_theta=_rope_theta(layer), max_position_embeddings=layer.get("max_position_embeddings", 2048))
+        return DraftConfig(
+            hidden_size=layer["hidden_size"],
+            intermediate_size=layer["intermediate_size"],
+            num_attention_heads=layer["num_attention_heads"],
+            num_key_value_heads=layer.get("num_key_value_heads") or layer["num_attention_heads"],
+            head_dim=layer["head_dim"],
+            target_hidden_size=config.get("target_hidden_size") or layer["hidden_size"],
+            num_taps=contract.num_taps,
+            vocab_size=layer["vocab_size"],
+            draft_vocab_size=config.get("draft_vocab_size") or layer["vocab_size"],
+            num_layers=layer["num_hidden_layers"],
+            rms_norm_eps=layer["rms_norm_eps"],
+            rope_theta=_rope_theta(layer),
+            max_position_embeddings=layer.get("max_position_embeddings", 2048),
+        )
     except KeyError as err:
-        raise CheckpointError(f"{where} lacks a required field", expected=str(err), found="missing",
-                              fix="the directory is not an export of this format") from None
+        raise CheckpointError(
+            f"{where} lacks a required field",
+            expected=str(err),
+            found="missing",
+            fix="the directory is not an export of this format",
+        ) from None
 
 
-def _contract_for(fmt: BlockFormat, config: dict[str, Any], directory: Path, target: TargetInfo | None, where: str,
-                  taps: tuple[int, ...] | None = None, vmap: VocabMap | None = None) -> WiringContract:
+def _contract_for(
+    fmt: BlockFormat,
+    config: dict[str, Any],
+    directory: Path,
+    target: TargetInfo | None,
+    where: str,
+    taps: tuple[int, ...] | None = None,
+    vmap: VocabMap | None = None,
+) -> WiringContract:
     from eaglewire.draft.dflash import dflash_contract
 
     if taps is not None:  # the caller's boundaries (measured ones, or the doctor's placeholder): ids not read
@@ -280,20 +383,33 @@ def _contract_for(fmt: BlockFormat, config: dict[str, Any], directory: Path, tar
     if side is not None:
         want = list(to_engine(side.taps, fmt.convention, side.target.num_layers))
         if side.family != fmt.family or side.block != block or want != ids:
-            raise ContractMismatch(f"{where}: config.json disagrees with the wiring contract",
-                                   expected=f"{fmt.convention} ids {want}, {side.block}", found=f"ids {ids}, {block}",
-                                   fix="the config was edited after export; re-export from the native draft")
+            raise ContractMismatch(
+                f"{where}: config.json disagrees with the wiring contract",
+                expected=f"{fmt.convention} ids {want}, {side.block}",
+                found=f"ids {ids}, {block}",
+                fix="the config was edited after export; re-export from the native draft",
+            )
         return side
     if target is None:
-        raise CheckpointError(f"{directory} has no eaglewire_contract.json", expected="the contract side file, or "
-                              "--target to rebuild the contract", found="neither", fix="pass --target")
+        raise CheckpointError(
+            f"{directory} has no eaglewire_contract.json",
+            expected="the contract side file, or --target to rebuild the contract",
+            found="neither",
+            fix="pass --target",
+        )
     taps = from_engine(ids, fmt.convention, target.num_layers)
     return dflash_contract(target, taps, block, vmap)
 
 
-def import_block_draft(directory: Path, fmt_name: str, *, family: str = "dflash", target: TargetInfo | None = None,
-                       dtype: torch.dtype | None = None,
-                       taps: tuple[int, ...] | None = None) -> tuple[DFlashDraft, WiringContract]:
+def import_block_draft(
+    directory: Path,
+    fmt_name: str,
+    *,
+    family: str = "dflash",
+    target: TargetInfo | None = None,
+    dtype: torch.dtype | None = None,
+    taps: tuple[int, ...] | None = None,
+) -> tuple[DFlashDraft, WiringContract]:
     """Load a block-drafter export strictly: exact key set, shapes, one float dtype, finite weights, the ids and
     block wiring against the contract side file (or rebuilt on `target`). The target's embedding and head
     are attached when `target` is given. `taps` (with `target`): the contract's boundaries instead of the
@@ -303,16 +419,24 @@ def import_block_draft(directory: Path, fmt_name: str, *, family: str = "dflash"
     where = f"{fmt.name} {family} export {directory}"
     config = read_draft_config(directory / "config.json")
     if fmt.style == "speculators":
-        ok, expected = is_speculators_config(config), (f"speculators_model_type {SPECULATORS_TYPE!r}, architectures "
-                                                       f"[{SPECULATORS_ARCH!r}] or [{ZLAB_ARCH!r}]")
+        ok, expected = (
+            is_speculators_config(config),
+            (f"speculators_model_type {SPECULATORS_TYPE!r}, architectures [{SPECULATORS_ARCH!r}] or [{ZLAB_ARCH!r}]"),
+        )
     else:
         ok = config.get("architectures") == [ZLAB_ARCH] and "speculators_model_type" not in config
         expected = f"architectures [{ZLAB_ARCH!r}], no speculators_model_type"
     if not ok:
-        found = f"architectures {config.get('architectures')!r}, speculators_model_type " \
-                f"{config.get('speculators_model_type')!r}"
-        raise CheckpointError(f"{where} is not a {fmt.name} DFlash config", expected=expected, found=found,
-                              fix="import it with the format that wrote it")
+        found = (
+            f"architectures {config.get('architectures')!r}, speculators_model_type "
+            f"{config.get('speculators_model_type')!r}"
+        )
+        raise CheckpointError(
+            f"{where} is not a {fmt.name} DFlash config",
+            expected=expected,
+            found=found,
+            fix="import it with the format that wrote it",
+        )
     layer = config.get("transformer_layer_config") if fmt.style == "speculators" else config
     _refuse_semantics(fmt, config, layer if isinstance(layer, dict) else {}, where)
     tensors = read_safetensors(directory / WEIGHTS)
@@ -324,8 +448,15 @@ def import_block_draft(directory: Path, fmt_name: str, *, family: str = "dflash"
     return _load_weights(DFlashDraft(cfg, contract), tensors, where, dtype, target, contract), contract
 
 
-def import_block_backbone(directory: Path, fmt_name: str, *, target: TargetInfo, taps: tuple[int, ...],
-                          anchor_layout: str = "bonus", heads: tuple[str, ...] = ()) -> DFlashDraft:
+def import_block_backbone(
+    directory: Path,
+    fmt_name: str,
+    *,
+    target: TargetInfo,
+    taps: tuple[int, ...],
+    anchor_layout: str = "bonus",
+    heads: tuple[str, ...] = (),
+) -> DFlashDraft:
     """The DFlash backbone of a block drafter, for the doctor's measured wiring: of a DFlash draft, or of a
     family built on it (speculators' DSparkDraftModel is its DFlashDraftModel plus heads that bias the logits).
     The config read through format `fmt_name`'s fields, its block in the family's `anchor_layout` (the family
@@ -347,8 +478,14 @@ def import_block_backbone(directory: Path, fmt_name: str, *, target: TargetInfo,
     return _load_weights(DFlashDraft(cfg, contract), tensors, where, None, target, contract)
 
 
-def _load_weights(draft: DFlashDraft, tensors: dict[str, torch.Tensor], where: str, dtype: torch.dtype | None,
-                  target: TargetInfo | None, contract: WiringContract) -> DFlashDraft:
+def _load_weights(
+    draft: DFlashDraft,
+    tensors: dict[str, torch.Tensor],
+    where: str,
+    dtype: torch.dtype | None,
+    target: TargetInfo | None,
+    contract: WiringContract,
+) -> DFlashDraft:
     """`tensors` into `draft` strictly: exact key set, shapes, one float dtype, finite values, a vocab map the
     contract names; `contract` attached."""
     draft = draft.fill_nan()

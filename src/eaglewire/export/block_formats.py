@@ -37,14 +37,28 @@ class BlockFormat:
         return self.tap.convention
 
 
-DFLASH_FORMATS: dict[str, BlockFormat] = {f.name: f for f in (
-    BlockFormat("zlab", "hf", ("zlab", "zlab"), False,
-                "z-lab dflash/model.py extract_context_feature; vllm qwen3_dflash.py"),
-    BlockFormat("sglang", "hf", ("sglang", "sglang"), True,
-                "sglang srt/speculative/dflash_utils.py parse_dflash_draft_config; srt/models/dflash.py"),
-    BlockFormat("vllm", "speculators", ("vllm", "speculators"), False,
-                "speculators models/dflash/config.py; vllm transformers_utils/configs/speculators/algos.py"),
-)}
+DFLASH_FORMATS: dict[str, BlockFormat] = {
+    f.name: f
+    for f in (
+        BlockFormat(
+            "zlab", "hf", ("zlab", "zlab"), False, "z-lab dflash/model.py extract_context_feature; vllm qwen3_dflash.py"
+        ),
+        BlockFormat(
+            "sglang",
+            "hf",
+            ("sglang", "sglang"),
+            True,
+            "sglang srt/speculative/dflash_utils.py parse_dflash_draft_config; srt/models/dflash.py",
+        ),
+        BlockFormat(
+            "vllm",
+            "speculators",
+            ("vllm", "speculators"),
+            False,
+            "speculators models/dflash/config.py; vllm transformers_utils/configs/speculators/algos.py",
+        ),
+    )
+}
 register_part("dflash", "block_formats", DFLASH_FORMATS)  # the DFlash family record's formats
 BLOCK_ALIASES = {"speculators": "vllm"}
 
@@ -56,12 +70,18 @@ def is_block_family(family: str) -> bool:
 
 def block_format(family: str, name: str) -> BlockFormat:
     if not is_block_family(family):
-        raise CheckpointError(f"no block-drafter formats for family {family!r}",
-                              expected=", ".join(f.name for f in families_with("block_formats")), found=family)
+        raise CheckpointError(
+            f"no block-drafter formats for family {family!r}",
+            expected=", ".join(f.name for f in families_with("block_formats")),
+            found=family,
+        )
     formats: dict[str, BlockFormat] = get_family(family).part("block_formats")
     record = formats.get(BLOCK_ALIASES.get(name, name))
     if record is None:
-        raise CheckpointError(f"{family} drafts have no {name!r} format", found=name,
-                              expected=", ".join([*formats, *BLOCK_ALIASES]),
-                              fix="pick one of the formats listed (native is eaglewire's own checkpoint)")
+        raise CheckpointError(
+            f"{family} drafts have no {name!r} format",
+            found=name,
+            expected=", ".join([*formats, *BLOCK_ALIASES]),
+            fix="pick one of the formats listed (native is eaglewire's own checkpoint)",
+        )
     return record

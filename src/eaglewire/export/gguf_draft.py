@@ -49,25 +49,43 @@ def check_gguf_exportable(draft: Any, contract: WiringContract, version: str | N
     """The family record, after refusing what llama.cpp `version` would load but run differently."""
     rel = lay.release(version)
     if contract.family not in lay.FAMILIES or contract.family not in rel.families:
-        raise _refuse(f"llama.cpp {rel.version} has no {contract.family} drafter", " or ".join(rel.families),
-                      contract.family, f"use a llama.cpp release that serves it ({', '.join(lay.RELEASES)})")
+        raise _refuse(
+            f"llama.cpp {rel.version} has no {contract.family} drafter",
+            " or ".join(rel.families),
+            contract.family,
+            f"use a llama.cpp release that serves it ({', '.join(lay.RELEASES)})",
+        )
     fam, cfg = lay.FAMILIES[contract.family], draft.cfg
     if fam.num_taps is not None and contract.num_taps != fam.num_taps:
-        raise _refuse(f"{fam.arch} reads exactly {fam.num_taps} target layers", f"{fam.num_taps} taps",
-                      f"{contract.num_taps} taps", "retrain with 3 taps, or serve on vLLM / SGLang")
+        raise _refuse(
+            f"{fam.arch} reads exactly {fam.num_taps} target layers",
+            f"{fam.num_taps} taps",
+            f"{contract.num_taps} taps",
+            "retrain with 3 taps, or serve on vLLM / SGLang",
+        )
     if fam.max_layers is not None and cfg.num_layers > fam.max_layers:
-        raise _refuse(f"{fam.arch} builds {fam.max_layers} decoder layer", f"num_layers <= {fam.max_layers}",
-                      f"num_layers={cfg.num_layers}", "serve a multi-layer EAGLE-3 draft on vLLM")
+        raise _refuse(
+            f"{fam.arch} builds {fam.max_layers} decoder layer",
+            f"num_layers <= {fam.max_layers}",
+            f"num_layers={cfg.num_layers}",
+            "serve a multi-layer EAGLE-3 draft on vLLM",
+        )
     norms = fam.norms_read(rel)
     if missing := sorted(cfg.norm.on - norms):
-        raise _refuse(f"llama.cpp {rel.version} does not implement {missing}", f"only {sorted(norms)}",
-                      f"draft trained with {sorted(cfg.norm.on)}", "retrain with `eaglewire train --norms eagle3`, "
-                      "or serve on vLLM (every norm flag)")
+        raise _refuse(
+            f"llama.cpp {rel.version} does not implement {missing}",
+            f"only {sorted(norms)}",
+            f"draft trained with {sorted(cfg.norm.on)}",
+            "retrain with `eaglewire train --norms eagle3`, or serve on vLLM (every norm flag)",
+        )
     block = contract.block
     if block is not None and (block.anchor_layout != "bonus" or block.sliding_layers):
-        raise _refuse("llama.cpp's DFlash runs every layer with one attention rule over a bonus-anchor block",
-                      "anchor_layout bonus, no sliding_attention layers", f"anchor_layout={block.anchor_layout}, "
-                      f"sliding_layers={list(block.sliding_layers)}", "retrain with the default block wiring")
+        raise _refuse(
+            "llama.cpp's DFlash runs every layer with one attention rule over a bonus-anchor block",
+            "anchor_layout bonus, no sliding_attention layers",
+            f"anchor_layout={block.anchor_layout}, sliding_layers={list(block.sliding_layers)}",
+            "retrain with the default block wiring",
+        )
     contract.engine_ids("llamacpp")  # refuses a tap llama.cpp cannot capture (the final boundary)
     return fam
 
@@ -76,10 +94,16 @@ def _hparams(w: Any, fam: lay.GGUFFamily, cfg: Any, contract: WiringContract, dt
     import gguf
 
     k = fam.key
-    for key, value in (("block_count", cfg.num_layers), ("context_length", cfg.max_position_embeddings),
-                       ("embedding_length", cfg.hidden_size), ("feed_forward_length", cfg.intermediate_size),
-                       ("head_count", cfg.num_attention_heads), ("head_count_kv", cfg.num_key_value_heads),
-                       ("key_length", cfg.head_dim), ("value_length", cfg.head_dim)):
+    for key, value in (
+        ("block_count", cfg.num_layers),
+        ("context_length", cfg.max_position_embeddings),
+        ("embedding_length", cfg.hidden_size),
+        ("feed_forward_length", cfg.intermediate_size),
+        ("head_count", cfg.num_attention_heads),
+        ("head_count_kv", cfg.num_key_value_heads),
+        ("key_length", cfg.head_dim),
+        ("value_length", cfg.head_dim),
+    ):
         w.add_uint32(k(lay.HPARAMS[key]), int(value))
     w.add_float32(k(lay.HPARAMS["rope_freq_base"]), float(cfg.rope_theta))
     w.add_float32(k(lay.HPARAMS["rms_eps"]), float(cfg.rms_norm_eps))
@@ -105,9 +129,12 @@ def _copy_vocab(w: Any, vocab_from: Path) -> None:
     reader = gguf.GGUFReader(str(vocab_from))
     fields = [f for name, f in reader.fields.items() if name.startswith(lay.TOKENIZER_PREFIX)]
     if not any(f.name == "tokenizer.ggml.model" for f in fields):
-        raise CheckpointError(f"{vocab_from} holds no vocabulary", expected="a GGUF with tokenizer.ggml.* keys (the "
-                              "target GGUF llama-server will load with -m)", found=f"{len(fields)} tokenizer keys",
-                              fix="pass the target's GGUF (a --vocab-only conversion of the target also works)")
+        raise CheckpointError(
+            f"{vocab_from} holds no vocabulary",
+            expected="a GGUF with tokenizer.ggml.* keys (the target GGUF llama-server will load with -m)",
+            found=f"{len(fields)} tokenizer keys",
+            fix="pass the target's GGUF (a --vocab-only conversion of the target also works)",
+        )
     for f in fields:
         sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
         w.add_key_value(f.name, f.contents(), f.types[0], sub_type=sub)
@@ -124,9 +151,12 @@ def _weights(fam: lay.GGUFFamily, draft: Any, dtype: str, with_embedding: bool) 
             continue
         gname = fam.gguf_name(name)
         if gname is None:
-            raise CheckpointError(f"the {fam.arch} GGUF layout has no place for {name!r}", expected="the weights "
-                                  "llama.cpp reads", found=name, fix="a draft built by this eaglewire has none: "
-                                  "the checkpoint is from another version")
+            raise CheckpointError(
+                f"the {fam.arch} GGUF layout has no place for {name!r}",
+                expected="the weights llama.cpp reads",
+                found=name,
+                fix="a draft built by this eaglewire has none: the checkpoint is from another version",
+            )
         t = t.detach().cpu()
         if name == lay.D2T:  # llama.cpp scatters logits to d2t's ABSOLUTE target ids (int64)
             out.append((gname, (t.to(torch.int64) + torch.arange(t.numel())).numpy(), q.I64))
@@ -141,14 +171,26 @@ def _weights(fam: lay.GGUFFamily, draft: Any, dtype: str, with_embedding: bool) 
         else:
             kind = {"bf16": q.BF16, "q8_0": q.Q8_0, "q4_0": q.Q4_0}[dtype]
             if kind != q.BF16 and data.shape[-1] % Q8_BLOCK:  # Q4_0's block is Q8_0's 32 too
-                raise CheckpointError(f"{gname} cannot be stored as {kind.name}", expected=f"rows a multiple of {Q8_BLOCK}",
-                                      found=f"shape {list(data.shape)}", fix="export with --dtype f16 or bf16")
+                raise CheckpointError(
+                    f"{gname} cannot be stored as {kind.name}",
+                    expected=f"rows a multiple of {Q8_BLOCK}",
+                    found=f"shape {list(data.shape)}",
+                    fix="export with --dtype f16 or bf16",
+                )
             out.append((gname, gguf.quants.quantize(data, kind), kind))
     return out
 
 
-def write_gguf(path: Path, draft: Any, contract: WiringContract, *, dtype: str = "f32",
-               vocab_from: Path | None = None, with_embedding: bool = False, version: str | None = None) -> None:
+def write_gguf(
+    path: Path,
+    draft: Any,
+    contract: WiringContract,
+    *,
+    dtype: str = "f32",
+    vocab_from: Path | None = None,
+    with_embedding: bool = False,
+    version: str | None = None,
+) -> None:
     """The GGUF file of `draft` at `path`. vocab_from: the target GGUF whose vocabulary the draft carries (None:
     none; llama-server then refuses the pair, so only tests and the doctor write such a file)."""
     import gguf
@@ -174,9 +216,18 @@ def write_gguf(path: Path, draft: Any, contract: WiringContract, *, dtype: str =
     w.close()
 
 
-def export_gguf(draft: Any, contract: WiringContract, out: Path, *, dtype: str = "f32", vocab_from: Path | None = None,
-                with_embedding: bool = False, version: str | None = None, force: bool = False,
-                inputs: tuple[Path, ...] = ()) -> Path:
+def export_gguf(
+    draft: Any,
+    contract: WiringContract,
+    out: Path,
+    *,
+    dtype: str = "f32",
+    vocab_from: Path | None = None,
+    with_embedding: bool = False,
+    version: str | None = None,
+    force: bool = False,
+    inputs: tuple[Path, ...] = (),
+) -> Path:
     """DIR/draft.gguf + DIR/eaglewire_contract.json, swapped into place whole (eaglewire.outputs)."""
     from eaglewire.outputs import replace_dir
     from eaglewire.safeio import atomic_write_json
@@ -184,12 +235,26 @@ def export_gguf(draft: Any, contract: WiringContract, out: Path, *, dtype: str =
     check_gguf_exportable(draft, contract, version)  # before any work
 
     def fill(tmp: Path) -> None:
-        write_gguf(tmp / lay.GGUF_FILE, draft, contract, dtype=dtype, vocab_from=vocab_from,
-                   with_embedding=with_embedding, version=version)
+        write_gguf(
+            tmp / lay.GGUF_FILE,
+            draft,
+            contract,
+            dtype=dtype,
+            vocab_from=vocab_from,
+            with_embedding=with_embedding,
+            version=version,
+        )
         atomic_write_json(tmp / CONTRACT_FILE, contract.to_dict())
 
-    return replace_dir(Path(out), fill, names=(lay.GGUF_FILE, CONTRACT_FILE), owned=is_export, force=force,
-                       inputs=inputs, what="export")
+    return replace_dir(
+        Path(out),
+        fill,
+        names=(lay.GGUF_FILE, CONTRACT_FILE),
+        owned=is_export,
+        force=force,
+        inputs=inputs,
+        what="export",
+    )
 
 
 def server_line(contract: WiringContract, out: Path, target_gguf: Path | str | None = None, n_max: int = 3) -> str:
@@ -197,5 +262,7 @@ def server_line(contract: WiringContract, out: Path, target_gguf: Path | str | N
     fam = lay.FAMILIES[contract.family]
     if contract.block is not None:
         n_max = contract.block.drafts_per_round
-    return (f"llama-server -m {target_gguf or 'TARGET.gguf'} -md {Path(out) / lay.GGUF_FILE} "
-            f"--spec-type {fam.spec_type} --spec-draft-n-max {n_max}")
+    return (
+        f"llama-server -m {target_gguf or 'TARGET.gguf'} -md {Path(out) / lay.GGUF_FILE} "
+        f"--spec-type {fam.spec_type} --spec-draft-n-max {n_max}"
+    )

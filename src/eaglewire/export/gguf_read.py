@@ -18,9 +18,22 @@ import numpy as np
 import torch
 
 from eaglewire.errors import CheckpointError
-from eaglewire.export.llamacpp_layout import (ARCH_KEY, BLOCK_SIZE, BY_ARCH, CAUSAL, D2T, GGUF_FILE, HPARAMS,
-                                              MASK_TOKEN_KEY, NORM_BEFORE_FC, NORM_BEFORE_RESIDUAL,
-                                              SLIDING_WINDOW, TARGET_HIDDEN_SIZE, TARGET_LAYERS, GGUFFamily)
+from eaglewire.export.llamacpp_layout import (
+    ARCH_KEY,
+    BLOCK_SIZE,
+    BY_ARCH,
+    CAUSAL,
+    D2T,
+    GGUF_FILE,
+    HPARAMS,
+    MASK_TOKEN_KEY,
+    NORM_BEFORE_FC,
+    NORM_BEFORE_RESIDUAL,
+    SLIDING_WINDOW,
+    TARGET_HIDDEN_SIZE,
+    TARGET_LAYERS,
+    GGUFFamily,
+)
 
 TOKENS_KEY = "tokenizer.ggml.tokens"  # the vocabulary's token texts (llama-server compares draft and target)
 TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id")
@@ -43,15 +56,23 @@ class GGUFModel:
         if v is None:
             return None
         if isinstance(v, bool) or not isinstance(v, int):
-            raise CheckpointError(f"{self.path}: {key} is not an integer", expected=f"{key}: an integer",
-                                  found=repr(v)[:80], fix="re-convert the GGUF; it is damaged or hand-edited")
+            raise CheckpointError(
+                f"{self.path}: {key} is not an integer",
+                expected=f"{key}: an integer",
+                found=repr(v)[:80],
+                fix="re-convert the GGUF; it is damaged or hand-edited",
+            )
         return v
 
     def flag(self, key: str) -> bool | None:
         v = self.metadata.get(key)
         if v is not None and not isinstance(v, bool):
-            raise CheckpointError(f"{self.path}: {key} is not a boolean", expected=f"{key}: true or false",
-                                  found=repr(v)[:80], fix="re-convert the GGUF; it is damaged or hand-edited")
+            raise CheckpointError(
+                f"{self.path}: {key} is not a boolean",
+                expected=f"{key}: true or false",
+                found=repr(v)[:80],
+                fix="re-convert the GGUF; it is damaged or hand-edited",
+            )
         return v
 
     @property
@@ -80,10 +101,15 @@ class GGUFDraft(GGUFModel):
     def target_layers(self) -> list[int] | None:
         key = self.family.key(TARGET_LAYERS)
         v = self.metadata.get(key)
-        if v is not None and not (isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool)
-                                                               for i in v)):
-            raise CheckpointError(f"{self.path}: {key} is not a list of layer ids", expected=f"{key}: integers",
-                                  found=repr(v)[:80], fix="re-convert the GGUF; it is damaged or hand-edited")
+        if v is not None and not (
+            isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in v)
+        ):
+            raise CheckpointError(
+                f"{self.path}: {key} is not a list of layer ids",
+                expected=f"{key}: integers",
+                found=repr(v)[:80],
+                fix="re-convert the GGUF; it is damaged or hand-edited",
+            )
         return v
 
     @property
@@ -137,11 +163,18 @@ def find_gguf(path: Path) -> Path:
         found = sorted(path.glob("*.gguf"))
         if len(found) == 1:
             return found[0]
-        raise CheckpointError(f"{path} holds {len(found)} GGUF files", expected="one GGUF draft file",
-                              found=", ".join(p.name for p in found) or "none",
-                              fix="point at the draft's .gguf file itself")
-    raise CheckpointError(f"{path} does not exist", expected="a GGUF file or a directory holding one",
-                          found="nothing", fix="check the path")
+        raise CheckpointError(
+            f"{path} holds {len(found)} GGUF files",
+            expected="one GGUF draft file",
+            found=", ".join(p.name for p in found) or "none",
+            fix="point at the draft's .gguf file itself",
+        )
+    raise CheckpointError(
+        f"{path} does not exist",
+        expected="a GGUF file or a directory holding one",
+        found="nothing",
+        fix="check the path",
+    )
 
 
 def _open(path: Path) -> Any:
@@ -150,30 +183,43 @@ def _open(path: Path) -> Any:
     try:
         return GGUFReader(path)
     except (ValueError, OSError, KeyError, IndexError) as err:  # bad magic, truncated, unknown types
-        raise CheckpointError(f"{path} is not a readable GGUF file ({err})", expected="a GGUF file "
-                              "(llama.cpp's format: the magic bytes GGUF)", found=path.name,
-                              fix="re-convert the draft (eaglewire export --format llamacpp)") from err
+        raise CheckpointError(
+            f"{path} is not a readable GGUF file ({err})",
+            expected="a GGUF file (llama.cpp's format: the magic bytes GGUF)",
+            found=path.name,
+            fix="re-convert the draft (eaglewire export --format llamacpp)",
+        ) from err
 
 
 def _value(fld: Any) -> Any:
     v = fld.contents()
-    return [x.item() if isinstance(x, np.generic) else x for x in v] if isinstance(v, list) else \
-        (v.item() if isinstance(v, np.generic) else v)
+    return (
+        [x.item() if isinstance(x, np.generic) else x for x in v]
+        if isinstance(v, list)
+        else (v.item() if isinstance(v, np.generic) else v)
+    )
 
 
 def read_gguf(path: Path) -> tuple[GGUFModel, Any]:
     """Any GGUF's metadata and tensor shapes (tensors are not read), and the reader for the tensors."""
     path = find_gguf(path)
     reader = _open(path)
-    meta = {k: _value(f) for k, f in reader.fields.items()
-            if not k.startswith("GGUF.") and k not in (TOKENS_KEY, "tokenizer.ggml.merges",
-                                                       "tokenizer.ggml.token_type", "tokenizer.ggml.scores")}
+    meta = {
+        k: _value(f)
+        for k, f in reader.fields.items()
+        if not k.startswith("GGUF.")
+        and k not in (TOKENS_KEY, "tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.ggml.scores")
+    }
     tokens = reader.fields[TOKENS_KEY].contents() if TOKENS_KEY in reader.fields else None
     shapes = {t.name: tuple(int(n) for n in reversed(t.shape)) for t in reader.tensors}
     arch = meta.get(ARCH_KEY)
     if not isinstance(arch, str):
-        raise CheckpointError(f"{path} has no {ARCH_KEY}", expected="a GGUF model file", found="no architecture",
-                              fix="re-convert it with llama.cpp's convert_hf_to_gguf.py")
+        raise CheckpointError(
+            f"{path} has no {ARCH_KEY}",
+            expected="a GGUF model file",
+            found="no architecture",
+            fix="re-convert it with llama.cpp's convert_hf_to_gguf.py",
+        )
     return GGUFModel(path, arch, meta, tokens, shapes), reader
 
 
@@ -195,10 +241,11 @@ def read_gguf_draft(path: Path, *, with_tensors: bool = True) -> GGUFDraft:
     model, reader = read_gguf(path)
     family = BY_ARCH.get(model.arch)
     if family is None:
-        raise CheckpointError(f"{model.path} is a GGUF of architecture {model.arch!r}, not a draft",
-                              expected="a draft GGUF: general.architecture " + " or ".join(map(repr, BY_ARCH)),
-                              found=f"general.architecture = {model.arch!r}",
-                              fix="point the doctor at the draft GGUF (llama-server -md); a target GGUF goes to "
-                                  "--target-gguf")
+        raise CheckpointError(
+            f"{model.path} is a GGUF of architecture {model.arch!r}, not a draft",
+            expected="a draft GGUF: general.architecture " + " or ".join(map(repr, BY_ARCH)),
+            found=f"general.architecture = {model.arch!r}",
+            fix="point the doctor at the draft GGUF (llama-server -md); a target GGUF goes to --target-gguf",
+        )
     tensors = {t.name: _tensor(t) for t in reader.tensors} if with_tensors else {}
     return GGUFDraft(model.path, model.arch, model.metadata, model.tokens, model.tensor_shapes, family, tensors)

@@ -127,11 +127,11 @@ class GGUFFamily:
 
 
 def _match(pattern: str, name: str) -> str | None:
-    """"" when `name` is `pattern` (no {bid}), the layer index when it is `pattern` with {bid} filled, else None."""
+    """ "" when `name` is `pattern` (no {bid}), the layer index when it is `pattern` with {bid} filled, else None."""
     if "{bid}" not in pattern:
         return "" if name == pattern else None
     head, tail = pattern.split("{bid}")
-    mid = name[len(head):len(name) - len(tail)] if name.startswith(head) and name.endswith(tail) else ""
+    mid = name[len(head) : len(name) - len(tail)] if name.startswith(head) and name.endswith(tail) else ""
     return mid if mid.isdigit() and str(int(mid)) == mid else None
 
 
@@ -146,35 +146,64 @@ _LAYER = (  # llama's decoder-layer names: HF -> GGUF (constants.py TENSOR_NAMES
     ("layers.{bid}.mlp.up_proj.weight", "blk.{bid}.ffn_up.weight"),
     ("layers.{bid}.mlp.down_proj.weight", "blk.{bid}.ffn_down.weight"),
 )
-_HEAD = (("norm.weight", "output_norm.weight"), ("lm_head.weight", "output.weight"),
-         ("embed_tokens.weight", "token_embd.weight"), ("fc.weight", "fc.weight"), (D2T, D2T))
+_HEAD = (
+    ("norm.weight", "output_norm.weight"),
+    ("lm_head.weight", "output.weight"),
+    ("embed_tokens.weight", "token_embd.weight"),
+    ("fc.weight", "fc.weight"),
+    (D2T, D2T),
+)
 
 EAGLE3 = GGUFFamily(
-    family="eagle3", arch="eagle3", spec_type="draft-eagle3",
+    family="eagle3",
+    arch="eagle3",
+    spec_type="draft-eagle3",
     hf_architectures=("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Eagle3Speculator", "Eagle3DraftModel"),
-    tensors=(*_HEAD, ("input_norm.weight", "enc.output_norm.weight"),
-             ("layers.{bid}.hidden_norm.weight", "blk.{bid}.attn_norm_2.weight"), *_LAYER),
-    layer_prefix="layers.{bid}.", permute_qk=True, num_taps=3, max_layers=1,
-    norms=frozenset({"norm_before_fc", "norm_before_residual"}), dropped=("t2d",),
+    tensors=(
+        *_HEAD,
+        ("input_norm.weight", "enc.output_norm.weight"),
+        ("layers.{bid}.hidden_norm.weight", "blk.{bid}.attn_norm_2.weight"),
+        *_LAYER,
+    ),
+    layer_prefix="layers.{bid}.",
+    permute_qk=True,
+    num_taps=3,
+    max_layers=1,
+    norms=frozenset({"norm_before_fc", "norm_before_residual"}),
+    dropped=("t2d",),
     keys=(TARGET_LAYERS, TARGET_HIDDEN_SIZE, NORM_BEFORE_RESIDUAL, NORM_BEFORE_FC),
     final_tap="the target's t_h_nextn, set only by model files with a next-token head (gpt-oss, deepseek2, "
-              "qwen3.5, ...) and there the pre-norm output; a llama target never sets it",
+    "qwen3.5, ...) and there the pre-norm output; a llama target never sets it",
     converter_ids="the draft config's top-level eagle_aux_hidden_state_layer_ids, as is",
     converter_default="[2, n//2, n-3] (n = the target's num_hidden_layers), with only an INFO log line",
-    default_ids=lambda n: [2, n // 2, n - 3], norms_per_release=True, measured=True,
+    default_ids=lambda n: [2, n // 2, n - 3],
+    norms_per_release=True,
+    measured=True,
 )
 
 DFLASH = GGUFFamily(
-    family="dflash", arch="dflash", spec_type="draft-dflash",
+    family="dflash",
+    arch="dflash",
+    spec_type="draft-dflash",
     hf_architectures=("DFlashDraftModel", "DFlash2DraftModel"),
-    tensors=(*_HEAD, ("hidden_norm.weight", "enc.output_norm.weight"),
-             ("layers.{bid}.self_attn.q_norm.weight", "blk.{bid}.attn_q_norm.weight"),
-             ("layers.{bid}.self_attn.k_norm.weight", "blk.{bid}.attn_k_norm.weight"), *_LAYER),
-    layer_prefix="layers.{bid}.", permute_qk=False, num_taps=None, max_layers=None, norms=frozenset(),
-    dropped=("t2d",), keys=(TARGET_LAYERS, BLOCK_SIZE, CAUSAL, SLIDING_WINDOW),
+    tensors=(
+        *_HEAD,
+        ("hidden_norm.weight", "enc.output_norm.weight"),
+        ("layers.{bid}.self_attn.q_norm.weight", "blk.{bid}.attn_q_norm.weight"),
+        ("layers.{bid}.self_attn.k_norm.weight", "blk.{bid}.attn_k_norm.weight"),
+        *_LAYER,
+    ),
+    layer_prefix="layers.{bid}.",
+    permute_qk=False,
+    num_taps=None,
+    max_layers=None,
+    norms=frozenset(),
+    dropped=("t2d",),
+    keys=(TARGET_LAYERS, BLOCK_SIZE, CAUSAL, SLIDING_WINDOW),
     final_tap="nothing: DFlash turns on layer inputs only (the graph has no input of layer n_layer)",
     converter_ids="dflash_config.target_layer_ids + 1 (z-lab's 'output of layer k' ids made layer inputs)",
-    converter_default="no target_layers key at all (llama.cpp then refuses to load the draft)", measured=True,
+    converter_default="no target_layers key at all (llama.cpp then refuses to load the draft)",
+    measured=True,
     block_drafted="n_max + 1",
 )
 
@@ -192,19 +221,26 @@ class Release:
     converter_reads_ids: bool  # conversion/llama.py writes the draft config's ids (else always the default)
 
 
-RELEASES: dict[str, Release] = {r.version: r for r in (
-    Release("0.3.36", ("eagle3", "dflash"), EAGLE3.norms, converter_reads_ids=True),
-    # 0.3.30: no dflash.cpp; eagle3.cpp reads norm_before_residual only; conversion/llama.py writes
-    # [2, n//2, n-3] whatever the draft config says (only a GGUF written with the ids keeps them)
-    Release("0.3.30", ("eagle3",), frozenset({"norm_before_residual"}), converter_reads_ids=False),
-)}
+RELEASES: dict[str, Release] = {
+    r.version: r
+    for r in (
+        Release("0.3.36", ("eagle3", "dflash"), EAGLE3.norms, converter_reads_ids=True),
+        # 0.3.30: no dflash.cpp; eagle3.cpp reads norm_before_residual only; conversion/llama.py writes
+        # [2, n//2, n-3] whatever the draft config says (only a GGUF written with the ids keeps them)
+        Release("0.3.30", ("eagle3",), frozenset({"norm_before_residual"}), converter_reads_ids=False),
+    )
+}
 NEWEST = "0.3.36"
 
 
 def release(version: str | None) -> Release:
     """The record of a llama.cpp release (None: the newest read)."""
     if (version or NEWEST) not in RELEASES:
-        raise CheckpointError(f"llama.cpp release {version!r} was not read", expected=", ".join(RELEASES),
-                              found=str(version), fix="name a llama-cpp-python version whose llama.cpp was read "
-                              "(tests/export/test_llamacpp_rules.py), or omit --engine-version for the newest")
+        raise CheckpointError(
+            f"llama.cpp release {version!r} was not read",
+            expected=", ".join(RELEASES),
+            found=str(version),
+            fix="name a llama-cpp-python version whose llama.cpp was read "
+            "(tests/export/test_llamacpp_rules.py), or omit --engine-version for the newest",
+        )
     return RELEASES[version or NEWEST]

@@ -72,8 +72,14 @@ class SGLangRule:
 
     def describe(self) -> str:
         via = f" via {self.via.split(':')[0]}" if self.via else ""
-        unread = (f"; {self.release} not read, the rule of {self.read_as[0]} and {self.read_as[1]}, the read "
-                  f"releases either side, which agree for {self.model_file}") if self.read_as else ""
+        unread = (
+            (
+                f"; {self.release} not read, the rule of {self.read_as[0]} and {self.read_as[1]}, the read "
+                f"releases either side, which agree for {self.model_file}"
+            )
+            if self.read_as
+            else ""
+        )
         return f"SGLang {self.release} {self.model_file}{via} ({self.rule}{unread})"
 
 
@@ -102,13 +108,19 @@ def check_release(version: str | None) -> str:
     if version not in RELEASES and neighbours(version) is None:
         v = _version(version)
         newer = v is not None and v > Version(NEWEST)
-        raise TranslationError(f"SGLang {version} is not a release eaglewire has read" +
-                               (f" and is newer than the newest read ({NEWEST})" if newer else ""),
-                               expected=f"a read release ({', '.join(RELEASES)}) or one between two of them",
-                               found=version, fix=(f"pass --engine-version {NEWEST} to apply the newest rules read "
-                                                   "after checking that your release's model file "
-                                                   "(sglang/srt/models/*.py) still sets the capture ids the same way"
-                                                   if newer else f"pass one of {', '.join(RELEASES)}"))
+        raise TranslationError(
+            f"SGLang {version} is not a release eaglewire has read"
+            + (f" and is newer than the newest read ({NEWEST})" if newer else ""),
+            expected=f"a read release ({', '.join(RELEASES)}) or one between two of them",
+            found=version,
+            fix=(
+                f"pass --engine-version {NEWEST} to apply the newest rules read "
+                "after checking that your release's model file "
+                "(sglang/srt/models/*.py) still sets the capture ids the same way"
+                if newer
+                else f"pass one of {', '.join(RELEASES)}"
+            ),
+        )
     return version
 
 
@@ -125,30 +137,42 @@ def rule_for(architecture: str | None, release: str | None = None, kind: str = "
     if release not in RELEASES:
         return _between(architecture, release, kind)
     if not architecture:
-        raise TranslationError("SGLang's layer-id rule depends on the target's architecture",
-                               expected="an architecture (config.json `architectures[0]`)", found="none",
-                               fix="pass --arch ARCH or --target TARGET")
+        raise TranslationError(
+            "SGLang's layer-id rule depends on the target's architecture",
+            expected="an architecture (config.json `architectures[0]`)",
+            found="none",
+            fix="pass --arch ARCH or --target TARGET",
+        )
     homes, via = _homes(kind, release), None
     for _ in range(3):  # a wrapper delegates at most once or twice
         home = next((h for h, v in homes.items() if architecture in v["archs"]), None)
         if home is None:
             known = sorted(a for v in homes.values() for a in v["archs"])
-            raise TranslationError(f"SGLang {release} has no {kind} layer capture for {architecture}",
-                                   expected=f"one of {len(known)} architectures, e.g. {', '.join(known[:6])}, ...",
-                                   found=architecture, fix="serve the target on vLLM, or check its config's "
-                                   "`architectures` (docs: guides/export.md, the SGLang rule table)")
+            raise TranslationError(
+                f"SGLang {release} has no {kind} layer capture for {architecture}",
+                expected=f"one of {len(known)} architectures, e.g. {', '.join(known[:6])}, ...",
+                found=architecture,
+                fix="serve the target on vLLM, or check its config's "
+                "`architectures` (docs: guides/export.md, the SGLang rule table)",
+            )
         rule = homes[home]["rule"]
         if rule != "delegate":
             if rule not in (EAGLE3_RULES if kind == "eagle3" else DFLASH_CONVENTIONS):
-                raise TranslationError(f"SGLang {release}'s {home} reads {kind} layer ids in a way eaglewire "
-                                       "cannot translate", expected=", ".join(EAGLE3_RULES), found=rule,
-                                       fix="serve the target on vLLM, or on an SGLang release with a known rule")
+                raise TranslationError(
+                    f"SGLang {release}'s {home} reads {kind} layer ids in a way eaglewire cannot translate",
+                    expected=", ".join(EAGLE3_RULES),
+                    found=rule,
+                    fix="serve the target on vLLM, or on an SGLang release with a known rule",
+                )
             return SGLangRule(release, architecture, kind, home, rule, via)
         if home not in DELEGATES:
-            raise TranslationError(f"SGLang {release}'s {home} hands the ids to a model eaglewire has not read",
-                                   expected="a wrapper listed in eaglewire.export.sglang_rules.DELEGATES",
-                                   found=home, fix="serve the language model's own architecture, or add the "
-                                   "wrapper to DELEGATES after reading its source")
+            raise TranslationError(
+                f"SGLang {release}'s {home} hands the ids to a model eaglewire has not read",
+                expected="a wrapper listed in eaglewire.export.sglang_rules.DELEGATES",
+                found=home,
+                fix="serve the language model's own architecture, or add the "
+                "wrapper to DELEGATES after reading its source",
+            )
         via, architecture = home, DELEGATES[home]
     raise TranslationError("SGLang delegation loop", expected="a model that captures", found=architecture)
 
@@ -158,11 +182,14 @@ def _between(architecture: str | None, release: str, kind: str) -> SGLangRule:
     low, high = neighbours(release) or (NEWEST, NEWEST)
     a, b = rule_for(architecture, low, kind), rule_for(architecture, high, kind)
     if (a.home, a.rule, a.via) != (b.home, b.rule, b.via):
-        raise TranslationError(f"SGLang {release} is not a release eaglewire has read, and the read releases either "
-                               f"side read {architecture}'s {kind} layer ids differently",
-                               expected=f"a release whose rule is known: {a.describe()} or {b.describe()}",
-                               found=release, fix=f"read your release's {a.model_file} (set_{kind}_layers_to_capture), "
-                               f"then pass --engine-version {low} or {high}, whichever it matches")
+        raise TranslationError(
+            f"SGLang {release} is not a release eaglewire has read, and the read releases either "
+            f"side read {architecture}'s {kind} layer ids differently",
+            expected=f"a release whose rule is known: {a.describe()} or {b.describe()}",
+            found=release,
+            fix=f"read your release's {a.model_file} (set_{kind}_layers_to_capture), "
+            f"then pass --engine-version {low} or {high}, whichever it matches",
+        )
     return dataclasses.replace(a, release=release, read_as=(low, high))
 
 
@@ -175,14 +202,20 @@ def used_rules(kind: str = "eagle3") -> tuple[str, ...]:
 def dflash_boundaries(ids: Sequence[int], rule: SGLangRule, num_layers: int) -> tuple[int, ...]:
     """The boundaries SGLang captures for DFlash target layer ids under `rule` (kind dflash)."""
     if rule.rule not in DFLASH_CONVENTIONS:
-        raise TranslationError(f"{rule.describe()} captures DFlash layers in a way eaglewire cannot translate",
-                               expected=" or ".join(DFLASH_CONVENTIONS), found=rule.rule,
-                               fix="serve the target on another SGLang release or engine")
+        raise TranslationError(
+            f"{rule.describe()} captures DFlash layers in a way eaglewire cannot translate",
+            expected=" or ".join(DFLASH_CONVENTIONS),
+            found=rule.rule,
+            fix="serve the target on another SGLang release or engine",
+        )
     out = renumber(ids, DFLASH_CONVENTIONS[rule.rule], CANONICAL, num_layers)
     if any(not 1 <= b < num_layers for b in out):
-        raise TranslationError(f"{rule.describe()} would capture boundaries {list(out)}",
-                               expected=f"boundaries in [1, {num_layers - 1}] (states entering a decoder layer)",
-                               found=str(list(out)), fix="choose DFlash target layers inside the target")
+        raise TranslationError(
+            f"{rule.describe()} would capture boundaries {list(out)}",
+            expected=f"boundaries in [1, {num_layers - 1}] (states entering a decoder layer)",
+            found=str(list(out)),
+            fix="choose DFlash target layers inside the target",
+        )
     return out
 
 
@@ -193,8 +226,9 @@ def table() -> list[dict[str, Any]]:
         for release in RELEASES:
             for home, v in _homes(kind, release).items():
                 rule = DELEGATES.get(home, v["rule"]) if v["rule"] == "delegate" else v["rule"]
-                row = rows.setdefault((kind, home, rule), {"kind": kind, "home": home, "rule": rule,
-                                                           "releases": [], "archs": set()})
+                row = rows.setdefault(
+                    (kind, home, rule), {"kind": kind, "home": home, "rule": rule, "releases": [], "archs": set()}
+                )
                 row["releases"].append(release)
                 row["archs"] |= set(v["archs"])
     return sorted(rows.values(), key=lambda r: (r["kind"], r["home"], RELEASES.index(r["releases"][0])))

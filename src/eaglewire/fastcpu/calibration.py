@@ -54,23 +54,38 @@ class _Unusable(Exception):
 def _target_shapes(target: Target) -> dict[str, Any]:
     """What a fast runtime's GEMM and graph shapes depend on, read off the target (not its weights)."""
     cfg = target.text_config
-    return {"model_type": cfg.model_type, "hidden_size": int(cfg.hidden_size),
-            "intermediate_size": int(cfg.intermediate_size), "num_layers": len(target.layers),
-            "heads": int(cfg.num_attention_heads), "kv_heads": int(cfg.num_key_value_heads),
-            "head_dim": head_dim(cfg), "vocab_size": int(target.model.get_output_embeddings().weight.shape[0]),
-            "dtype": str(target.dtype).removeprefix("torch."),
-            "qkv_bias": target.layers[0].self_attn.q_proj.bias is not None}
+    return {
+        "model_type": cfg.model_type,
+        "hidden_size": int(cfg.hidden_size),
+        "intermediate_size": int(cfg.intermediate_size),
+        "num_layers": len(target.layers),
+        "heads": int(cfg.num_attention_heads),
+        "kv_heads": int(cfg.num_key_value_heads),
+        "head_dim": head_dim(cfg),
+        "vocab_size": int(target.model.get_output_embeddings().weight.shape[0]),
+        "dtype": str(target.dtype).removeprefix("torch."),
+        "qkv_bias": target.layers[0].self_attn.q_proj.bias is not None,
+    }
 
 
 def calibration_key(rt: FastRuntime, ks: tuple[int, ...], reps: int, refine: int = REFINE_REPS) -> dict[str, Any]:
     """Everything the measured policy depends on (and nothing it does not: weights, max_len)."""
     cpu = describe_cpu()  # model, isa, threads, native_bf16, torch_capability
-    return {"format": FORMAT, "cpu": cpu, "torch": torch.__version__, "target": _target_shapes(rt.target),
-            "layouts": list(rt.candidates), "heads": list(rt.head_candidates), "screen_revision": SCREEN_REVISION,
-            "ks": list(row_counts(ks, rt.candidates)), "reps": reps, "refine": refine,
-            "cached_tokens": CALIBRATION_PREFIX,
-            # the panel kernel's build (its source, compiler, torch): a changed kernel is timed anew
-            "panel_gemm": {lay: panel_gemm.build_dir(k).name for lay, k in PANELS.items() if lay in rt.candidates}}
+    return {
+        "format": FORMAT,
+        "cpu": cpu,
+        "torch": torch.__version__,
+        "target": _target_shapes(rt.target),
+        "layouts": list(rt.candidates),
+        "heads": list(rt.head_candidates),
+        "screen_revision": SCREEN_REVISION,
+        "ks": list(row_counts(ks, rt.candidates)),
+        "reps": reps,
+        "refine": refine,
+        "cached_tokens": CALIBRATION_PREFIX,
+        # the panel kernel's build (its source, compiler, torch): a changed kernel is timed anew
+        "panel_gemm": {lay: panel_gemm.build_dir(k).name for lay, k in PANELS.items() if lay in rt.candidates},
+    }
 
 
 def calibration_dir() -> Path:
@@ -99,8 +114,11 @@ def _read(path: Path, key: dict[str, Any]) -> tuple[dict[int, str], dict[int, st
     offered = [g for g in GRAPH_GEMMS if g in key["layouts"]] if GRAPH in key["layouts"] else [None]
     if gemm not in offered:
         raise _Unusable(f"graph_gemm {gemm!r} is not one of {offered} (offered here: {key['layouts']})")
-    return (_policy(data, "policy", key["ks"], key["layouts"]), _policy(data, "head_policy", key["ks"], key["heads"]),
-            gemm)
+    return (
+        _policy(data, "policy", key["ks"], key["layouts"]),
+        _policy(data, "head_policy", key["ks"], key["heads"]),
+        gemm,
+    )
 
 
 def _policy(data: dict, field: str, ks: list[int], allowed: list[str]) -> dict[int, str]:
@@ -117,8 +135,13 @@ def _policy(data: dict, field: str, ks: list[int], allowed: list[str]) -> dict[i
     return policy
 
 
-def calibrate_cached(rt: FastRuntime, log: Callable[[str], None] | None = None, ks: tuple[int, ...] = CALIBRATION_KS,
-                     reps: int = CALIBRATION_REPS, refine: int = REFINE_REPS) -> tuple[dict[int, str], Path, bool]:
+def calibrate_cached(
+    rt: FastRuntime,
+    log: Callable[[str], None] | None = None,
+    ks: tuple[int, ...] = CALIBRATION_KS,
+    reps: int = CALIBRATION_REPS,
+    refine: int = REFINE_REPS,
+) -> tuple[dict[int, str], Path, bool]:
     """Set rt's layout policy from this machine's cached calibration, measuring (and caching) it when
     there is none. Returns (policy, cache file, reused). `log` hears which of the two happened."""
     say = log or (lambda _msg: None)
@@ -126,20 +149,28 @@ def calibrate_cached(rt: FastRuntime, log: Callable[[str], None] | None = None, 
     path = calibration_path(key)
     if _reuse(rt, key, path, say, then="calibrating again"):
         return rt.policy, path, True
-    say(f"calibrating GEMM layouts {', '.join(key['layouts'])} for {len(ks)} row counts (one-off for this "
-        f"machine; cached at {path})")
+    say(
+        f"calibrating GEMM layouts {', '.join(key['layouts'])} for {len(ks)} row counts (one-off for this "
+        f"machine; cached at {path})"
+    )
     t0 = time.perf_counter()
     policy = rt.calibrate(ks, reps, refine)
-    record = {"key": key, "policy": {str(k): v for k, v in policy.items()},
-              "median_ms": {str(k): v for k, v in rt.calibration_ms.items()},
-              "head_policy": {str(k): v for k, v in rt.head_policy.items()},
-              "head_median_ms": {str(k): v for k, v in rt.head_ms.items()},
-              "graph_gemm": rt.graph_gemm if rt.graph is not None else None,
-              "graph_gemm_ms": {str(k): v for k, v in rt.graph_gemm_ms.items()},
-              "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "seconds": round(time.perf_counter() - t0, 2)}
+    record = {
+        "key": key,
+        "policy": {str(k): v for k, v in policy.items()},
+        "median_ms": {str(k): v for k, v in rt.calibration_ms.items()},
+        "head_policy": {str(k): v for k, v in rt.head_policy.items()},
+        "head_median_ms": {str(k): v for k, v in rt.head_ms.items()},
+        "graph_gemm": rt.graph_gemm if rt.graph is not None else None,
+        "graph_gemm_ms": {str(k): v for k, v in rt.graph_gemm_ms.items()},
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
     atomic_write_text(path, json.dumps(record, indent=2, sort_keys=True))
-    say(f"calibrated in {record['seconds']:.1f} s: {_describe(policy)}; greedy head {_describe(rt.head_policy)}"
-        f"{_graph_note(rt)} (delete {path} to measure again)")
+    say(
+        f"calibrated in {record['seconds']:.1f} s: {_describe(policy)}; greedy head {_describe(rt.head_policy)}"
+        f"{_graph_note(rt)} (delete {path} to measure again)"
+    )
     return policy, path, False
 
 
@@ -152,9 +183,11 @@ def reuse_cached(rt: FastRuntime, log: Callable[[str], None] | None = None) -> P
     path = calibration_path(key)
     if _reuse(rt, key, path, say, then="not used"):
         return path
-    say("no GEMM layout calibration for this machine yet: default layouts this time (the same tokens, slower "
+    say(
+        "no GEMM layout calibration for this machine yet: default layouts this time (the same tokens, slower "
         "decode steps); `eaglewire generate --calibrate always` measures them once (seconds to minutes) and "
-        f"every later start reuses them ({path})")
+        f"every later start reuses them ({path})"
+    )
     return None
 
 
@@ -170,8 +203,10 @@ def _reuse(rt: FastRuntime, key: dict[str, Any], path: Path, say: Callable[[str]
     rt.policy, rt.head_policy = policy, head_policy
     if rt.graph is not None:
         rt.set_graph_gemm(gemm)
-    say(f"reusing GEMM layout calibration from {path}: {_describe(rt.policy)}; greedy head "
-        f"{_describe(rt.head_policy)}{_graph_note(rt)}")
+    say(
+        f"reusing GEMM layout calibration from {path}: {_describe(rt.policy)}; greedy head "
+        f"{_describe(rt.head_policy)}{_graph_note(rt)}"
+    )
     return True
 
 
@@ -198,6 +233,11 @@ def compiled_marker(target: Target, max_len: int) -> Path:
     so that inductor's cache holds them and a later start loads them in seconds instead of compiling for
     a minute (start.make_fast_runtime writes and reads it). Its name hashes what the compiled code
     depends on."""
-    key = {"format": FORMAT, "cpu": describe_cpu(), "torch": torch.__version__, "target": _target_shapes(target),
-           "cache_slots": cache_slots(max_len, graph=True)}  # the size a compiled runtime's graphs saw
+    key = {
+        "format": FORMAT,
+        "cpu": describe_cpu(),
+        "torch": torch.__version__,
+        "target": _target_shapes(target),
+        "cache_slots": cache_slots(max_len, graph=True),
+    }  # the size a compiled runtime's graphs saw
     return compiled_marker_dir() / f"{_digest(key)}.json"

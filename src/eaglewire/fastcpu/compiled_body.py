@@ -57,10 +57,18 @@ class LayerStack(Protocol):
 
     def prepare_copies(self, layouts: tuple[str, ...] | None = None) -> None: ...
 
-    def layers_forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int,
-                       mask: torch.Tensor | None, taps: tuple[int, ...],
-                       linear: Callable[[Gemm, torch.Tensor], torch.Tensor],
-                       attend: Callable) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+    def layers_forward(
+        self,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        start: int,
+        mask: torch.Tensor | None,
+        taps: tuple[int, ...],
+        linear: Callable[[Gemm, torch.Tensor], torch.Tensor],
+        attend: Callable,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+
 
 # An op inductor treats as opaque: oneDNN's prepacked linear on a weight the graph receives as an input.
 # The Meta kernel gives the output's shape (the packed weight reports its logical [out, in] size).
@@ -75,8 +83,9 @@ _LIB.define("packed_linear(Tensor x, Tensor packed, Tensor? bias) -> Tensor")
 # whole step and can make the calibration time the graph slower than eager dnnl. The graph's C++ wrapper
 # (GRAPH_OPTIONS) calls the op through the dispatcher from C++ (torch 2.13's inductor; older ones called
 # custom ops back through Python), so no Python frame is left per GEMM (tests/fastcpu/test_fastcpu_runtime.py checks it).
-_packed_linear = functools.partial(torch.ops.mkldnn._linear_pointwise.default._op, attr="none", scalars=[],
-                                   algorithm="")
+_packed_linear = functools.partial(
+    torch.ops.mkldnn._linear_pointwise.default._op, attr="none", scalars=[], algorithm=""
+)
 
 
 def _packed_linear_shape(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -147,31 +156,44 @@ def _keep_guard(entries: list) -> list[bool]:
     return [not e.name.startswith(attrs) for e in entries]
 
 
-def _body(rt: LayerStack, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-          mask: torch.Tensor, gemm: str = PACKED) -> tuple[torch.Tensor, torch.Tensor]:
+def _body(
+    rt: LayerStack, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, gemm: str = PACKED
+) -> tuple[torch.Tensor, torch.Tensor]:
     """gemm: the multi-row GEMM, fixed per compiled copy (`_compile`'s default argument), not a guarded
     attribute of rt (`_keep_guard` drops those): a runtime that changes it compiles a new copy."""
     start = mask.shape[-1] - h.shape[1]  # the cache slots before these rows (symbolic: dynamic length)
     # every boundary's state, whatever taps the caller wants: taps are then no part of the graph (a
     # vanilla step, a proposer's verify and a warm-up share it); the write is (L+1) * H floats a row
-    return rt.layers_forward(h, cos, sin, start, mask, tuple(range(len(rt.layers) + 1)),
-                             functools.partial(graph_linear, gemm=gemm), graph_attention)
+    return rt.layers_forward(
+        h,
+        cos,
+        sin,
+        start,
+        mask,
+        tuple(range(len(rt.layers) + 1)),
+        functools.partial(graph_linear, gemm=gemm),
+        graph_attention,
+    )
 
 
-def _fused_body(rt: LayerStack, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _fused_body(
+    rt: LayerStack, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """_body with fused_linear: compiled for one static row count each (FUSED)."""
     start = mask.shape[-1] - h.shape[1]
-    return rt.layers_forward(h, cos, sin, start, mask, tuple(range(len(rt.layers) + 1)), fused_linear,
-                             graph_attention)
+    return rt.layers_forward(h, cos, sin, start, mask, tuple(range(len(rt.layers) + 1)), fused_linear, graph_attention)
 
 
 def _compile(body: Callable, name: str, defaults: tuple | None = None) -> tuple[types.CodeType, Callable]:
     """torch.compile of a renamed copy of `body` (its code object, where dynamo keeps its graphs), its
     default arguments `defaults` (else body's)."""
     code = body.__code__.replace(co_name=name)
-    fn = types.FunctionType(code, body.__globals__, code.co_name, defaults if defaults is not None else body.__defaults__)
-    return code, torch.compile(fn, fullgraph=True, dynamic=False, options={**GRAPH_OPTIONS, "guard_filter_fn": _keep_guard})
+    fn = types.FunctionType(
+        code, body.__globals__, code.co_name, defaults if defaults is not None else body.__defaults__
+    )
+    return code, torch.compile(
+        fn, fullgraph=True, dynamic=False, options={**GRAPH_OPTIONS, "guard_filter_fn": _keep_guard}
+    )
 
 
 class CompiledBody:
@@ -191,8 +213,15 @@ class CompiledBody:
         self.fused: set[int] = set()  # row counts run by fused_fn (FastRuntime.compile_graphs chooses)
         self.prepared = False  # whether the weight copies of `gemm` are built (the graph reads them)
 
-    def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int, mask: torch.Tensor | None,
-                 taps: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def __call__(
+        self,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        start: int,
+        mask: torch.Tensor | None,
+        taps: tuple[int, ...],
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         B, T, _ = h.shape  # h [B, T, H]; cos, sin [B, 1, T, D]; mask additive [B or 1, 1, T, start+T] or None
         if not self.prepared:  # built before tracing (inside the trace a build would be part of the graph)
             self.rt.prepare_copies((self.gemm,))

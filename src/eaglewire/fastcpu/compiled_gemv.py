@@ -58,15 +58,21 @@ def available(dtype: torch.dtype) -> bool:
         with torch.no_grad():
             y = kernel((8, 16), dtype)(w, x)
     except (RuntimeError, OSError, ImportError) as err:  # dynamo wraps compiler failures in RuntimeErrors
-        print(f"eaglewire: the compiled GEMV layout is not offered here: inductor could not build its probe "
-              f"kernel ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})", file=sys.stderr)
+        print(
+            f"eaglewire: the compiled GEMV layout is not offered here: inductor could not build its probe "
+            f"kernel ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})",
+            file=sys.stderr,
+        )
         return False
     err = float((y - x @ w.t()).abs().max())
     if not err <= 1e-5 * (1 + float((x @ w.t()).abs().max())):  # also catches NaN
         # seen with ATEN_CPU_CAPABILITY=avx2 on an AVX-512 machine whose inductor cache held the kernels
         # compiled without the cap (max error 4.3 on this probe; a fresh cache computed it right)
-        print(f"eaglewire: the compiled GEMV layout is not offered here: inductor's probe kernel computed a "
-              f"wrong product (max abs error {err:.3g}); the other layouts are used", file=sys.stderr)
+        print(
+            f"eaglewire: the compiled GEMV layout is not offered here: inductor's probe kernel computed a "
+            f"wrong product (max abs error {err:.3g}); the other layouts are used",
+            file=sys.stderr,
+        )
         return False
     return True
 

@@ -17,8 +17,16 @@ import copy
 import torch
 from torch import nn
 
-from eaglewire.fastcpu.gemm import (CacheFlush, Gemm, candidate_layouts, hold_only, initial_policy, pick,
-                                     row_counts, time_layouts)
+from eaglewire.fastcpu.gemm import (
+    CacheFlush,
+    Gemm,
+    candidate_layouts,
+    hold_only,
+    initial_policy,
+    pick,
+    row_counts,
+    time_layouts,
+)
 from eaglewire.fastcpu.screened_head import SCREENED, ScreenedHead, default_head, greedy_heads
 from eaglewire.draft.model import DraftCache, Eagle3Draft
 from eaglewire.hw import return_freed_memory
@@ -110,9 +118,13 @@ class FastDraft:
         cfg, w = self.model.cfg, self.model.fc.lin.w
         rows = row_counts(rows, self.candidates)
         cache = DraftCache(cfg, 1, 16 + max(rows), dtype=w.dtype, device=w.device)
-        inputs = {r: (torch.zeros(1, r, dtype=torch.long, device=w.device),  # [1, r] ids, [1, r, n*H_t] taps
-                      torch.zeros(1, r, cfg.num_taps * cfg.target_hidden_size, dtype=w.dtype, device=w.device))
-                  for r in rows}
+        inputs = {
+            r: (
+                torch.zeros(1, r, dtype=torch.long, device=w.device),  # [1, r] ids, [1, r, n*H_t] taps
+                torch.zeros(1, r, cfg.num_taps * cfg.target_hidden_size, dtype=w.dtype, device=w.device),
+            )
+            for r in rows
+        }
         flush = CacheFlush()
 
         def run(layout: str, r: int) -> None:

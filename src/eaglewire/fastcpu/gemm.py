@@ -37,8 +37,10 @@ def pick(policy: dict[int, str], rows: int) -> str:
     """The policy's layout for the largest row count <= rows."""
     layout = policy[max(k for k in policy if k <= rows)]
     if not applies(layout, rows):
-        raise ValueError(f"layout policy {policy} gives {layout!r} to {rows} rows, which it does not apply to "
-                         "(gemm.fixed_policy / a calibration of every row count used gives a policy that works)")
+        raise ValueError(
+            f"layout policy {policy} gives {layout!r} to {rows} rows, which it does not apply to "
+            "(gemm.fixed_policy / a calibration of every row count used gives a policy that works)"
+        )
     return layout
 
 
@@ -86,8 +88,14 @@ class CacheFlush:
 REFINE_MARGIN, REFINE_REPS = 0.15, 8
 
 
-def _sample(layouts: list[str], k: int, reps: int, run: Callable[[str, int], None],
-            before: Callable[[], None] | None, samples: dict[str, list[float]]) -> None:
+def _sample(
+    layouts: list[str],
+    k: int,
+    reps: int,
+    run: Callable[[str, int], None],
+    before: Callable[[], None] | None,
+    samples: dict[str, list[float]],
+) -> None:
     """Append `reps` timings of run(layout, k) per layout to samples, the layouts alternating."""
     for _ in range(reps):
         for lay in layouts:
@@ -102,9 +110,14 @@ def _median(v: list[float]) -> float:
     return sorted(v)[len(v) // 2]
 
 
-def time_layouts(candidates: tuple[str, ...], ks: tuple[int, ...], reps: int,
-                 run: Callable[[str, int], None], before: Callable[[], None] | None = None,
-                 refine: int = REFINE_REPS) -> tuple[dict[int, str], dict[int, dict[str, float]]]:
+def time_layouts(
+    candidates: tuple[str, ...],
+    ks: tuple[int, ...],
+    reps: int,
+    run: Callable[[str, int], None],
+    before: Callable[[], None] | None = None,
+    refine: int = REFINE_REPS,
+) -> tuple[dict[int, str], dict[int, dict[str, float]]]:
     """Time `run(layout, rows)` for every candidate layout and row count; return the fastest layout per row
     count and the medians {rows: {layout: ms}}. Layouts alternate within each repetition (machine noise
     drifts; back-to-back blocks biased it); a runner-up within REFINE_MARGIN is timed `refine` more
@@ -120,7 +133,11 @@ def time_layouts(candidates: tuple[str, ...], ks: tuple[int, ...], reps: int,
             run(lay, k)
         _sample(layouts, k, reps, run, before, samples)
         ranked = sorted(layouts, key=lambda lay: _median(samples[lay]))
-        if refine and len(ranked) > 1 and _median(samples[ranked[1]]) <= (1 + REFINE_MARGIN) * _median(samples[ranked[0]]):
+        if (
+            refine
+            and len(ranked) > 1
+            and _median(samples[ranked[1]]) <= (1 + REFINE_MARGIN) * _median(samples[ranked[0]])
+        ):
             _sample(ranked[:2], k, refine, run, before, samples)
         timing = {lay: _median(v) for lay, v in samples.items()}
         best[k] = min(timing, key=timing.get)
@@ -139,10 +156,12 @@ def candidate_layouts(dtype: torch.dtype, compiled: bool = True) -> tuple[str, .
 
     ops = torch.ops.mkldnn
     exposed = torch.backends.mkldnn.is_available() and all(
-        hasattr(ops, op) for op in ("_reorder_linear_weight", "_linear_pointwise"))
+        hasattr(ops, op) for op in ("_reorder_linear_weight", "_linear_pointwise")
+    )
     native = dtype == torch.float32 or (dtype == torch.bfloat16 and native_bf16())
-    panels = tuple(lay for lay, k in PANELS.items()
-                   if (compiled or panel_gemm.built(k)) and panel_gemm.available(k, dtype))
+    panels = tuple(
+        lay for lay, k in PANELS.items() if (compiled or panel_gemm.built(k)) and panel_gemm.available(k, dtype)
+    )
     gemv = compiled and compiled_gemv.available(dtype)
     return LAYOUTS + ((PACKED,) if exposed and native else ()) + panels + ((COMPILED,) if gemv else ())
 
@@ -183,11 +202,15 @@ class Gemm(Dense):
         graph builds its GEMM's copies first: compiled_body.CompiledBody.__call__)."""
         if layout not in self.copies:
             if layout not in self.offered:
-                raise ValueError(f"the {layout!r} copy of this weight was never offered (this Gemm offers "
-                                 f"{self.offered}: its runtime's candidate layouts)")
+                raise ValueError(
+                    f"the {layout!r} copy of this weight was never offered (this Gemm offers "
+                    f"{self.offered}: its runtime's candidate layouts)"
+                )
             if torch.compiler.is_compiling():
-                raise ValueError(f"the {layout!r} copy of this weight is absent while a graph is traced: build it "
-                                 "before (Gemm.prepare)")
+                raise ValueError(
+                    f"the {layout!r} copy of this weight is absent while a graph is traced: build it "
+                    "before (Gemm.prepare)"
+                )
             self.copies[layout] = self._copy(layout)
         return self.copies[layout]
 
@@ -219,8 +242,10 @@ class Gemm(Dense):
             return panel_gemm.linear(PANELS[layout], x, self.copy(layout), self.b, self.w.shape[0])
         if layout == COMPILED:
             if x.numel() != x.shape[-1]:
-                raise ValueError(f"the {COMPILED} layout is a one-row GEMV; got {x.numel() // x.shape[-1]} rows "
-                                 "(gemm.pick never gives it more)")
+                raise ValueError(
+                    f"the {COMPILED} layout is a one-row GEMV; got {x.numel() // x.shape[-1]} rows "
+                    "(gemm.pick never gives it more)"
+                )
             if self.gemv is None:  # compiled (or loaded from inductor's cache) on first use: only shapes used
                 self.gemv = compiled_gemv.kernel(tuple(self.w.shape), self.w.dtype)
             y = self.gemv(self.w, x.reshape(1, -1)).view(*x.shape[:-1], -1)

@@ -74,8 +74,15 @@ class Kernel:
         """The compiler's flags: -fopenmp, or at::parallel_for's loop (compiled into the caller) runs on
         one thread; the contraction makes `acc += w * s` one FMA whatever the compiler's default; the -D
         flags give the source its width, block and namespace."""
-        return ("-O3", *self.isa_flags, "-ffp-contract=fast", "-fopenmp", f"-DEAGLEWIRE_PANEL_NR={self.nr}",
-                f"-DEAGLEWIRE_PANEL_MR={self.mr}", f"-DEAGLEWIRE_PANEL_NS={self.namespace}")
+        return (
+            "-O3",
+            *self.isa_flags,
+            "-ffp-contract=fast",
+            "-fopenmp",
+            f"-DEAGLEWIRE_PANEL_NR={self.nr}",
+            f"-DEAGLEWIRE_PANEL_MR={self.mr}",
+            f"-DEAGLEWIRE_PANEL_NS={self.namespace}",
+        )
 
 
 AVX2 = Kernel("panel", "avx2", ("avx2", "fma"), ("-mavx2", "-mfma"), nr=8, mr=8)
@@ -90,8 +97,16 @@ def compiler() -> str | None:
 
 def _digest(kernel: Kernel) -> str:
     """What a build depends on: the source, the flags, the compiler, this torch install and Python."""
-    key = "\n".join((SOURCE.read_text(), *kernel.flags(), str(compiler()), torch.__version__,
-                     str(Path(torch.__file__).parent), sys.version))
+    key = "\n".join(
+        (
+            SOURCE.read_text(),
+            *kernel.flags(),
+            str(compiler()),
+            torch.__version__,
+            str(Path(torch.__file__).parent),
+            sys.version,
+        )
+    )
     return hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
@@ -160,11 +175,22 @@ def _build(kernel: Kernel, out: Path) -> None:
     if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
         print(f"eaglewire: removing a stale build lock {lock} (a build killed part-way)", file=sys.stderr)
         lock.unlink(missing_ok=True)
-    print(f"eaglewire: building the {kernel.isa} panel GEMM kernel into {out} (once per machine, torch and "
-          "source: seconds)", file=sys.stderr, flush=True)
+    print(
+        f"eaglewire: building the {kernel.isa} panel GEMM kernel into {out} (once per machine, torch and "
+        "source: seconds)",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
-        load(name=kernel.name, sources=[str(SOURCE)], build_directory=str(out), extra_cflags=list(kernel.flags()),
-             extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
+        load(
+            name=kernel.name,
+            sources=[str(SOURCE)],
+            build_directory=str(out),
+            extra_cflags=list(kernel.flags()),
+            extra_ldflags=["-fopenmp"],
+            is_python_module=False,
+            verbose=False,
+        )
     except (RuntimeError, OSError) as err:
         (out / "build.log").write_text(str(err))
         raise RuntimeError(f"the build failed (the compiler's output: {out / 'build.log'})") from err
@@ -194,15 +220,19 @@ def available(kernel: Kernel, dtype: torch.dtype) -> bool:
         w, b = torch.randn(n, 24, generator=g), torch.randn(n, generator=g)  # [N, K], [N]
         x = torch.randn(rows, 24, generator=g)  # [M, K]
         panels = pack(w, kernel.nr)  # [5, K, nr]
-        err = max(float((linear(kernel, x[:m], panels, b, n) - (x[:m].double() @ w.double().t() + b.double())
-                         ).abs().max()) for m in range(1, rows + 1))
+        err = max(
+            float((linear(kernel, x[:m], panels, b, n) - (x[:m].double() @ w.double().t() + b.double())).abs().max())
+            for m in range(1, rows + 1)
+        )
         if not err <= 1e-4:  # also catches NaN
             why = f"its probe product was wrong (max abs error {err:.3g})"
     # said, except for a wider kernel on a CPU without its instruction set (an AVX2-only CPU, every start:
     # the AVX2 kernel is the one for it)
     if why is not None and not (kernel is not KERNELS[0] and why.startswith("the CPU lacks")):
-        print(f"eaglewire: the {kernel.layout} GEMM layout is not offered here: {why}; the other layouts are "
-              "used", file=sys.stderr)
+        print(
+            f"eaglewire: the {kernel.layout} GEMM layout is not offered here: {why}; the other layouts are used",
+            file=sys.stderr,
+        )
     return why is None
 
 
@@ -216,8 +246,9 @@ def pack(w: torch.Tensor, nr: int) -> torch.Tensor:
     return (w if padded is None else padded).reshape(p, nr, k).transpose(1, 2).contiguous()  # [P, K, nr]
 
 
-def linear(kernel: Kernel, x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None,
-           out_features: int) -> torch.Tensor:
+def linear(
+    kernel: Kernel, x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None, out_features: int
+) -> torch.Tensor:
     """x [..., K] @ W.T + bias -> [..., out_features], W given as `pack(W, kernel.nr)`. `available` must
     be True for `kernel`."""
     return getattr(torch.ops, kernel.namespace).linear(x, panels, bias, out_features)

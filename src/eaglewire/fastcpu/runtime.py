@@ -18,10 +18,26 @@ import torch
 from eaglewire.decoding.runtime import Out, StaticRuntime
 from eaglewire.errors import TargetError
 from eaglewire.fastcpu import panel_gemm
-from eaglewire.fastcpu.compiled_body import (FUSED, FUSED_ROWS, GRAPH, GRAPH_GEMMS, INDUCTOR_LAYOUTS, CompiledBody,
-                                             target_layouts)
-from eaglewire.fastcpu.gemm import (REFINE_REPS, PACKED, PANELS, Gemm, hold_only, initial_policy, pick,
-                                    row_counts, time_layouts)
+from eaglewire.fastcpu.compiled_body import (
+    FUSED,
+    FUSED_ROWS,
+    GRAPH,
+    GRAPH_GEMMS,
+    INDUCTOR_LAYOUTS,
+    CompiledBody,
+    target_layouts,
+)
+from eaglewire.fastcpu.gemm import (
+    REFINE_REPS,
+    PACKED,
+    PANELS,
+    Gemm,
+    hold_only,
+    initial_policy,
+    pick,
+    row_counts,
+    time_layouts,
+)
 from eaglewire.fastcpu.screened_head import PLAIN, SCREENED, ScreenedHead, default_head, greedy_heads
 from eaglewire.hw import return_freed_memory
 from eaglewire.ops import sdpa
@@ -35,8 +51,15 @@ CALIBRATION_PREFIX = 128
 
 
 class FastRuntime(StaticRuntime):
-    def __init__(self, target: Target, max_len: int, batch: int = 1, layout: str = "auto", head: str = "auto",
-                 compiled: bool = True) -> None:
+    def __init__(
+        self,
+        target: Target,
+        max_len: int,
+        batch: int = 1,
+        layout: str = "auto",
+        head: str = "auto",
+        compiled: bool = True,
+    ) -> None:
         """layout: one of `target_layouts(target.dtype, compiled)` for every call, or "auto": tn for one row,
         nt otherwise, until `calibrate()` measures the fastest per row count on the machine. head: the
         greedy head (`greedy_heads(target.dtype)`: plain, or screened where offered) for every call, or
@@ -48,8 +71,12 @@ class FastRuntime(StaticRuntime):
         self.calibrated = False
         self.candidates = target_layouts(target.dtype, compiled)
         if layout != "auto" and layout not in self.candidates:
-            raise TargetError(f"GEMM layout {layout!r} is not available here", expected=" / ".join(
-                ("auto",) + self.candidates), found=layout, fix=_layout_fix(layout, target.dtype))
+            raise TargetError(
+                f"GEMM layout {layout!r} is not available here",
+                expected=" / ".join(("auto",) + self.candidates),
+                found=layout,
+                fix=_layout_fix(layout, target.dtype),
+            )
         super().__init__(target, max_len, batch)
         self.policy: dict[int, str] = initial_policy(layout)
         # the graph's GEMM for two or more rows: the first offered of GRAPH_GEMMS (a panel GEMM, else oneDNN's)
@@ -59,9 +86,14 @@ class FastRuntime(StaticRuntime):
         self.graph = CompiledBody(self, self.graph_gemm) if GRAPH in self.candidates else None  # compiles on first use
         self.head_candidates = greedy_heads(target.dtype)
         if head != "auto" and head not in self.head_candidates:
-            raise TargetError(f"greedy head {head!r} is not available here", expected=" / ".join(
-                ("auto",) + self.head_candidates), found=head, fix="the screened head needs an fp32 target, a torch "
-                "build with oneDNN and a CPU with native bf16" if head == SCREENED else None)
+            raise TargetError(
+                f"greedy head {head!r} is not available here",
+                expected=" / ".join(("auto",) + self.head_candidates),
+                found=head,
+                fix="the screened head needs an fp32 target, a torch build with oneDNN and a CPU with native bf16"
+                if head == SCREENED
+                else None,
+            )
         # the greedy head's bf16 screen (screened_head.py), where it is offered and may be used
         self.screen_usable = SCREENED in self.head_candidates and head in ("auto", SCREENED)
         self.screen = self._new_screen() if self.screen_usable else None
@@ -79,10 +111,19 @@ class FastRuntime(StaticRuntime):
     def cache_slots(self, max_len: int) -> int:
         return cache_slots(max_len, GRAPH in self.candidates)
 
-    def _layers(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int,
-                mask: torch.Tensor | None, taps: tuple[int, ...]) -> Out:
+    def _layers(
+        self,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        start: int,
+        mask: torch.Tensor | None,
+        taps: tuple[int, ...],
+    ) -> Out:
         rows = h.shape[0] * h.shape[1]
-        if self.layout(rows) == GRAPH and start > 0:  # a prefill runs eager: traced at start 0, inductor specialises on it
+        if (
+            self.layout(rows) == GRAPH and start > 0
+        ):  # a prefill runs eager: traced at start 0, inductor specialises on it
             return self.graph(h, cos, sin, start, mask, taps)
         eager = self.eager_layout(rows)
         return self.layers_forward(h, cos, sin, start, mask, taps, lambda lin, x: lin(x, eager), sdpa)
@@ -106,8 +147,10 @@ class FastRuntime(StaticRuntime):
         """Make `gemm` (compiled_body.GRAPH_GEMMS, offered here) the graph's multi-row GEMM; a change gets a
         new CompiledBody (its graphs compile anew: the old ones do not guard on this choice)."""
         if gemm not in GRAPH_GEMMS or gemm not in self.candidates or self.graph is None:
-            raise ValueError(f"the graph's GEMM {gemm!r} is not offered here (graph: {self.graph is not None}, "
-                             f"candidates {self.candidates})")
+            raise ValueError(
+                f"the graph's GEMM {gemm!r} is not offered here (graph: {self.graph is not None}, "
+                f"candidates {self.candidates})"
+            )
         if gemm != self.graph_gemm:
             self.graph_gemm, self.graph = gemm, CompiledBody(self, gemm)
 
@@ -152,20 +195,25 @@ class FastRuntime(StaticRuntime):
         return ScreenedHead(self.head.w, packed=True)  # offered only where bf16 runs natively: packed
 
     @torch.no_grad()
-    def calibrate(self, ks: tuple[int, ...] = CALIBRATION_KS, reps: int = CALIBRATION_REPS,
-                  refine: int = REFINE_REPS) -> dict[int, str]:
+    def calibrate(
+        self, ks: tuple[int, ...] = CALIBRATION_KS, reps: int = CALIBRATION_REPS, refine: int = REFINE_REPS
+    ) -> dict[int, str]:
         """Time a whole verify forward per layout and row count on the machine it runs on; keep the fastest.
         Small-M GEMM speed depends on the weight's layout, and which one wins differs between machines.
         The medians are kept in `calibration_ms` {rows: {layout: ms}} (fastcpu/calibration.py stores them).
         refine: repetitions more for a close runner-up (gemm.time_layouts)."""
         prefix, ks = CALIBRATION_PREFIX, row_counts(ks, self.candidates)
         if prefix + max(ks) > self.max_len:
-            raise ValueError(f"calibrate() writes {prefix}+{max(ks)} cache slots; this runtime has max_len "
-                             f"{self.max_len} (make_runtime allocates the room)")
+            raise ValueError(
+                f"calibrate() writes {prefix}+{max(ks)} cache slots; this runtime has max_len "
+                f"{self.max_len} (make_runtime allocates the room)"
+            )
 
         dev = self.embed.device
-        inputs = {k: (torch.zeros(1, k, dtype=torch.long, device=dev), torch.arange(prefix, prefix + k, device=dev)[None])
-                  for k in ks}  # built before timing: [1, k] ids and positions after the prefix
+        inputs = {
+            k: (torch.zeros(1, k, dtype=torch.long, device=dev), torch.arange(prefix, prefix + k, device=dev)[None])
+            for k in ks
+        }  # built before timing: [1, k] ids and positions after the prefix
 
         def run(layout: str, k: int) -> None:
             self.policy = {1: layout}
@@ -189,8 +237,9 @@ class FastRuntime(StaticRuntime):
         if self.graph is None or not rows or len(gemms) < 2:
             return
         lins = self.linears()[:-1]  # the layer stack's (the graph's); not the head
-        xs = {k: {n: torch.zeros(1, k, n, dtype=self.embed.dtype) for n in {lin.w.shape[1] for lin in lins}}
-              for k in rows}  # [1, k, in] per input width
+        xs = {
+            k: {n: torch.zeros(1, k, n, dtype=self.embed.dtype) for n in {lin.w.shape[1] for lin in lins}} for k in rows
+        }  # [1, k, in] per input width
 
         def run(gemm: str, k: int) -> None:
             for lin in lins:
@@ -210,13 +259,21 @@ class FastRuntime(StaticRuntime):
         GEMM is the graph's (then no fused graph is built). Only the sizes asked for compile, each once per
         machine and cache size (a minute or more cold; inductor's cache serves later starts). Returns the
         row counts run. The slots written (after CALIBRATION_PREFIX) are overwritten by any prefill."""
-        rows = sorted({min(k, 2) for k in self.policy if self.layout(k) in INDUCTOR_LAYOUTS
-                       and CALIBRATION_PREFIX + min(k, 2) <= self.max_len})
+        rows = sorted(
+            {
+                min(k, 2)
+                for k in self.policy
+                if self.layout(k) in INDUCTOR_LAYOUTS and CALIBRATION_PREFIX + min(k, 2) <= self.max_len
+            }
+        )
         dev = self.embed.device
 
         def run(k: int) -> None:
-            self.forward(torch.zeros(1, k, dtype=torch.long, device=dev),
-                         torch.arange(CALIBRATION_PREFIX, CALIBRATION_PREFIX + k, device=dev)[None], CALIBRATION_PREFIX)
+            self.forward(
+                torch.zeros(1, k, dtype=torch.long, device=dev),
+                torch.arange(CALIBRATION_PREFIX, CALIBRATION_PREFIX + k, device=dev)[None],
+                CALIBRATION_PREFIX,
+            )
 
         for k in rows:
             run(k)
@@ -225,8 +282,12 @@ class FastRuntime(StaticRuntime):
         # graphs lose to it, and each costs a minute or more of compile
         fused_sizes = () if self.graph_gemm in PANELS else sorted(set(verify_rows))
         for k in fused_sizes:
-            if (self.graph is None or k not in FUSED_ROWS or self.layout(k) != GRAPH
-                    or CALIBRATION_PREFIX + k > self.max_len):
+            if (
+                self.graph is None
+                or k not in FUSED_ROWS
+                or self.layout(k) != GRAPH
+                or CALIBRATION_PREFIX + k > self.max_len
+            ):
                 continue
 
             def variant(name: str, k: int) -> None:
@@ -239,8 +300,9 @@ class FastRuntime(StaticRuntime):
             rows.append(k)
         return rows
 
-    def _calibrate_head(self, inputs: dict[int, tuple[torch.Tensor, torch.Tensor]], prefix: int, reps: int,
-                        refine: int) -> None:
+    def _calibrate_head(
+        self, inputs: dict[int, tuple[torch.Tensor, torch.Tensor]], prefix: int, reps: int, refine: int
+    ) -> None:
         """Time the greedy head both ways (plain fp32 argmax, bf16 screen + recompute) on the final-norm
         states of the calibration's own forwards (real states: the screen's cost depends on how many
         tokens it keeps); keep the faster per row count. Both give the fp32 argmax: this is speed only."""
@@ -266,8 +328,11 @@ def _layout_fix(layout: str, dtype: torch.dtype) -> str | None:
     if layout == PACKED:
         return "dnnl needs a torch build with oneDNN (mkldnn) and, in bf16, a CPU with native bf16"
     if layout in PANELS:
-        why = ("it is fp32 only" if dtype != torch.float32 else panel_gemm.missing(PANELS[layout])
-               or "see the line on stderr")
+        why = (
+            "it is fp32 only"
+            if dtype != torch.float32
+            else panel_gemm.missing(PANELS[layout]) or "see the line on stderr"
+        )
         return f"the {layout} GEMM is not offered here: {why}"
     return None
 

@@ -39,7 +39,7 @@ import torch
 
 from eaglewire.fastcpu.gemm import PACKED, candidate_layouts
 
-U_BF16 = 2.0 ** -8  # bf16's unit roundoff: 8 significand bits, round to nearest
+U_BF16 = 2.0**-8  # bf16's unit roundoff: 8 significand bits, round to nearest
 PLAIN, SCREENED = "plain", "screened"  # the greedy heads a runtime can calibrate between
 # 2: one uniform threshold per row (was a per-token test); 3: the per-token test prunes a large uniform set.
 # Bump when the screen's cost changes: cached calibrations (calibration.py keys on it) timed it
@@ -62,8 +62,8 @@ def default_head(heads: tuple[str, ...]) -> str:
 def screen_coefficient(hidden: int) -> float:
     """c in err_j = c ||w_j|| ||h|| + ...: both inputs' rounding, two fp32 accumulations of `hidden`
     products (the screen's and the reference's), and a 2^-10 margin for evaluating the bound in fp32."""
-    gamma = hidden * 2.0 ** -23 / (1 - hidden * 2.0 ** -23)
-    return (2 * U_BF16 + U_BF16 ** 2 + 2 * gamma * (1 + U_BF16) ** 2) * (1 + 2.0 ** -10)
+    gamma = hidden * 2.0**-23 / (1 - hidden * 2.0**-23)
+    return (2 * U_BF16 + U_BF16**2 + 2 * gamma * (1 + U_BF16) ** 2) * (1 + 2.0**-10)
 
 
 class ScreenedHead:
@@ -74,8 +74,10 @@ class ScreenedHead:
         """packed: hold the bf16 copy as oneDNN's prepacked weight (where torch exposes it and the CPU runs
         bf16 natively: `gemm.candidate_layouts(torch.bfloat16)`), else as a plain bf16 matrix (tests)."""
         if weight.dtype != torch.float32 or weight.dim() != 2:
-            raise ValueError(f"a screened head needs an fp32 [V, H] weight, got {weight.dtype} "
-                             f"{list(weight.shape)} (in bf16 the plain head already reads bf16)")
+            raise ValueError(
+                f"a screened head needs an fp32 [V, H] weight, got {weight.dtype} "
+                f"{list(weight.shape)} (in bf16 the plain head already reads bf16)"
+            )
         self.w = weight.detach().contiguous()  # [V, H] fp32: the rows recomputed
         low = self.w.to(torch.bfloat16)  # [V, H] bf16: the screen (one copy, packed or plain)
         self.packed = torch.ops.mkldnn._reorder_linear_weight(low, None) if packed else None
@@ -84,7 +86,7 @@ class ScreenedHead:
         self.max_row_norm = float(self.row_norm.max())
         n = self.w.shape[1]
         self.c = screen_coefficient(n)
-        self.underflow_scale = (n + 2) * 2.0 ** -126
+        self.underflow_scale = (n + 2) * 2.0**-126
 
     def nbytes(self) -> int:
         """The memory this head holds beside the fp32 weight it shares: the bf16 copy and the row norms."""
@@ -122,9 +124,12 @@ class ScreenedHead:
             if not all(math.isfinite(v) for v in (lo, hi, n)):
                 return None
             big = max(abs(lo), abs(hi))
-            e = self.c * n * self.max_row_norm + (U_BF16 / (1 - U_BF16)) * big \
+            e = (
+                self.c * n * self.max_row_norm
+                + (U_BF16 / (1 - U_BF16)) * big
                 + self.underflow_scale * (1 + n + self.max_row_norm)
-            out.append(hi - 2 * e - 2.0 ** -20 * (big + 2 * e))
+            )
+            out.append(hi - 2 * e - 2.0**-20 * (big + 2 * e))
         return out
 
     def bound(self, h: torch.Tensor, y: torch.Tensor, cols: torch.Tensor | None = None) -> torch.Tensor:

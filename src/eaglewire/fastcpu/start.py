@@ -25,9 +25,15 @@ def compiles_on_start(target: Target, max_len: int) -> bool:
     return not compiled_marker(target, max(max_len, CALIBRATION_PREFIX + max(CALIBRATION_KS))).exists()
 
 
-def make_fast_runtime(target: Target, max_len: int, *, calibrate: bool | str = False,
-                      log: Callable[[str], None] | None = None, compile: str = "always",
-                      verify_rows: tuple[int, ...] = ()) -> Runtime:
+def make_fast_runtime(
+    target: Target,
+    max_len: int,
+    *,
+    calibrate: bool | str = False,
+    log: Callable[[str], None] | None = None,
+    compile: str = "always",
+    verify_rows: tuple[int, ...] = (),
+) -> Runtime:
     """The accelerated runtime where the architecture is supported, else the HF fallback. calibrate: set the
     fast runtime's GEMM layouts from the machine's cached calibration, measuring it (seconds) the first time
     (calibration.py); "cached": only a calibration measured before on this machine, else the default
@@ -48,8 +54,10 @@ def make_fast_runtime(target: Target, max_len: int, *, calibrate: bool | str = F
     calibrate = mode != "never"
     if target.text_config.model_type not in SUPPORTED:
         if log and calibrate:
-            log(f"model_type {target.text_config.model_type!r}: HF transformers' forward (the fallback runtime), "
-                "no GEMM layouts to calibrate")
+            log(
+                f"model_type {target.text_config.model_type!r}: HF transformers' forward (the fallback runtime), "
+                "no GEMM layouts to calibrate"
+            )
         return HFRuntime(target, max_len)
     # a calibration times verifies of up to max(CALIBRATION_KS) rows after a prefix: room for them even
     # where the requests need less (a short `generate`); the extra slots are a few KB per token
@@ -59,8 +67,10 @@ def make_fast_runtime(target: Target, max_len: int, *, calibrate: bool | str = F
     # an uncalibrated runtime never picks an inductor layout: leave inductor (and its probe) out of it
     compiled = marker is not None and (compile == "always" or marker.exists())
     if compile == "cached" and not compiled:
-        say(f"no compiled layouts built on this machine yet for this target and a {cache_slots(n, True)}-slot "
-            "cache: eager layouts this time (a start with --compile always builds them once, one to a few minutes)")
+        say(
+            f"no compiled layouts built on this machine yet for this target and a {cache_slots(n, True)}-slot "
+            "cache: eager layouts this time (a start with --compile always builds them once, one to a few minutes)"
+        )
     rt = FastRuntime(target, n, compiled=compiled)
     if calibrate and mode == "always":
         calibrate_cached(rt, log)
@@ -72,12 +82,16 @@ def make_fast_runtime(target: Target, max_len: int, *, calibrate: bool | str = F
     # before compiling: the compile's own memory then comes on top of what decoding holds, not of 4x the weights
     freed = rt.settle_copies()
     if freed:
-        say(f"freed {freed / 2**20:.0f} MB of weight copies that no chosen layout reads (layouts in use: "
-            f"{', '.join(sorted(rt.used_layouts()))})")
+        say(
+            f"freed {freed / 2**20:.0f} MB of weight copies that no chosen layout reads (layouts in use: "
+            f"{', '.join(sorted(rt.used_layouts()))})"
+        )
     if calibrate:
         # the fused verify graphs only where the caller accepts compiling (FastRuntime.compile_graphs: their cost):
         # the marker promises a "cached" start the shared graphs, not these
-        if compiled and _compile(rt, say, verify_rows if compile == "always" else ()):  # only a start that built something can promise it to the next
+        if compiled and _compile(
+            rt, say, verify_rows if compile == "always" else ()
+        ):  # only a start that built something can promise it to the next
             atomic_write_text(marker, json.dumps({"compiled_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}))
     return rt
 
@@ -88,16 +102,21 @@ def _compile(rt, say: Callable[[str], None], verify_rows: tuple[int, ...]) -> li
     returns the row counts warmed up ([] where the policy uses none)."""
     if not any(rt.layout(k) in INDUCTOR_LAYOUTS for k in rt.policy):
         return []
-    say("compiling the layouts the calibration chose (compiled_body.py, compiled_gemv.py: one to a "
-        "few minutes the first time a machine sees this cache size, seconds once inductor has cached them)")
+    say(
+        "compiling the layouts the calibration chose (compiled_body.py, compiled_gemv.py: one to a "
+        "few minutes the first time a machine sees this cache size, seconds once inductor has cached them)"
+    )
     t0 = time.perf_counter()
     rows = rt.compile_graphs(verify_rows)
-    shared = rows[:len(rows) - len(rt.fused_ms)]  # compile_graphs runs the fused verify sizes last
+    shared = rows[: len(rows) - len(rt.fused_ms)]  # compile_graphs runs the fused verify sizes last
     fused = f", and the fused graphs of {', '.join(map(str, sorted(rt.fused_ms)))}-row verifies" if rt.fused_ms else ""
-    say(f"compiled layouts for {' and '.join(f'{k}+' if k > 1 else '1' for k in shared)} rows{fused}, ready in "
-        f"{time.perf_counter() - t0:.1f} s")
+    say(
+        f"compiled layouts for {' and '.join(f'{k}+' if k > 1 else '1' for k in shared)} rows{fused}, ready in "
+        f"{time.perf_counter() - t0:.1f} s"
+    )
     for k, ms in rt.fused_ms.items():
         kept = "kept" if k in rt.graph.fused else "not kept"
-        say(f"{k}-row verify: its fused graph {ms[FUSED]:.1f} ms against the shared graph's {ms[GRAPH]:.1f} ms "
-            f"({kept})")
+        say(
+            f"{k}-row verify: its fused graph {ms[FUSED]:.1f} ms against the shared graph's {ms[GRAPH]:.1f} ms ({kept})"
+        )
     return rows

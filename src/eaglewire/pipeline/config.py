@@ -46,29 +46,47 @@ class DataCfg(_Strict):
     max_prompt_tokens: int = G.max_prompt_tokens
     batch_size: int = Field(16, ge=1, description="HF generate's regeneration batch (throughput only)")
     max_length: int = DEFAULT_MAX_LENGTH
-    use_shipped: bool = Field(True, description="start from the regenerated conversations shipped for the "
-                              "embedded target when target, source and settings are the same (a resume)")
-    engine: Literal["auto", "local", "vllm"] = Field("auto", description="who regenerates what is missing: "
-                                                     "vLLM's CPU build when installed (auto), or HF generate")
+    use_shipped: bool = Field(
+        True,
+        description="start from the regenerated conversations shipped for the "
+        "embedded target when target, source and settings are the same (a resume)",
+    )
+    engine: Literal["auto", "local", "vllm"] = Field(
+        "auto", description="who regenerates what is missing: vLLM's CPU build when installed (auto), or HF generate"
+    )
     engine_dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="vLLM's dtype for regeneration")
-    engine_in_flight: int = Field(SERVER_IN_FLIGHT, ge=1, description="conversations vLLM keeps in flight, a "
-                                  "rolling pool (throughput only: the results' data-engine throughput page)")
-    server: str = Field("", description="an OpenAI-compatible server already serving the target (vLLM or SGLang "
-                        "on GPUs, e.g. http://127.0.0.1:8000/v1): regeneration goes through it, engine_in_flight "
-                        "requests at a time, instead of data.engine; '' = none")
+    engine_in_flight: int = Field(
+        SERVER_IN_FLIGHT,
+        ge=1,
+        description="conversations vLLM keeps in flight, a "
+        "rolling pool (throughput only: the results' data-engine throughput page)",
+    )
+    server: str = Field(
+        "",
+        description="an OpenAI-compatible server already serving the target (vLLM or SGLang "
+        "on GPUs, e.g. http://127.0.0.1:8000/v1): regeneration goes through it, engine_in_flight "
+        "requests at a time, instead of data.engine; '' = none",
+    )
     server_model: str = Field("", description="the model name to send to data.server ('' = 'default')")
 
     def generation(self) -> GenerationSettings:
-        return GenerationSettings(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
-                                  max_turns=self.max_turns, max_prompt_tokens=self.max_prompt_tokens,
-                                  batch_size=self.batch_size)
+        return GenerationSettings(
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            max_turns=self.max_turns,
+            max_prompt_tokens=self.max_prompt_tokens,
+            batch_size=self.batch_size,
+        )
 
 
 class VocabCfg(_Strict):
     draft_vocab_size: int = Field(DEFAULT_DRAFT_VOCAB, ge=1)
-    from_init: bool = Field(True, description="when train.init_from warm-starts a draft of this draft_vocab_size, "
-                            "keep its vocabulary (all its head rows are trained) instead of building one from "
-                            "the run's data")
+    from_init: bool = Field(
+        True,
+        description="when train.init_from warm-starts a draft of this draft_vocab_size, "
+        "keep its vocabulary (all its head rows are trained) instead of building one from "
+        "the run's data",
+    )
 
 
 class _TrainSection(_Strict):
@@ -79,8 +97,14 @@ class _TrainSection(_Strict):
 # the train section's own fields; every other one is a training knob (train/config.py) with run=True
 _RUN_ONLY: dict[str, Any] = {
     "features": (Literal["offline", "online"], "offline"),
-    "capture_dtype": (Literal[RUNTIME_DTYPES], Field("auto", description="the dtype the target runs in while "  # type: ignore[valid-type]
-                      "offline features are captured (auto = bfloat16 where the CPU has it natively)")),
+    "capture_dtype": (
+        Literal[RUNTIME_DTYPES],
+        Field(
+            "auto",
+            description="the dtype the target runs in while "  # type: ignore[valid-type]
+            "offline features are captured (auto = bfloat16 where the CPU has it natively)",
+        ),
+    ),
     "heldout_fraction": (float, Field(DEFAULT_HELDOUT_FRACTION, ge=0.0, lt=1.0)),
 }
 
@@ -97,14 +121,22 @@ def _train_fields() -> dict[str, Any]:
 
 # The drafter family and its block objective: TrainConfig's CLI-only knobs (train/config.py), a section of their
 # own so the train section (and with it every EAGLE-3 run's cache keys) stays as it was. `name` is the `family` knob.
-FAMILY_KNOBS = {"name": "family", "block_size": "block_size", "anchors": "anchors", "block_gamma": "block_gamma",
-                "init_from_target": "init_layers_from_target"}
+FAMILY_KNOBS = {
+    "name": "family",
+    "block_size": "block_size",
+    "anchors": "anchors",
+    "block_gamma": "block_gamma",
+    "init_from_target": "init_layers_from_target",
+}
 
 
 class _FamilySection(_Strict):
-    reduced_vocab: bool = Field(False, description="dflash: draft over the run's reduced vocabulary (vocab."
-                                "draft_vocab_size ids, its own head; vLLM's DFlash loader reads it) instead of the "
-                                "target's full one (EAGLE-3 always drafts a reduced vocabulary)")
+    reduced_vocab: bool = Field(
+        False,
+        description="dflash: draft over the run's reduced vocabulary (vocab."
+        "draft_vocab_size ids, its own head; vLLM's DFlash loader reads it) instead of the "
+        "target's full one (EAGLE-3 always drafts a reduced vocabulary)",
+    )
 
     def knobs(self) -> dict[str, Any]:
         """{TrainConfig knob: value} of this section."""
@@ -118,51 +150,83 @@ class _FamilySection(_Strict):
 
 
 _ALL_KNOBS = knob_fields("cli")
-FamilyCfg = create_model("FamilyCfg", __base__=_FamilySection, __doc__="The drafter family trained "
-                         "(train/objectives.py) and, for a block drafter, its block objective.",
-                         **{name: _ALL_KNOBS[knob] for name, knob in FAMILY_KNOBS.items()})
+FamilyCfg = create_model(
+    "FamilyCfg",
+    __base__=_FamilySection,
+    __doc__="The drafter family trained (train/objectives.py) and, for a block drafter, its block objective.",
+    **{name: _ALL_KNOBS[knob] for name, knob in FAMILY_KNOBS.items()},
+)
 
 
-TrainCfg = create_model("TrainCfg", __base__=_TrainSection, __doc__="The run's training: how features are made, "
-                        "the held-out split, and the run=True training knobs.", **_train_fields())
+TrainCfg = create_model(
+    "TrainCfg",
+    __base__=_TrainSection,
+    __doc__="The run's training: how features are made, the held-out split, and the run=True training knobs.",
+    **_train_fields(),
+)
 
 
 class BenchCfg(_Strict):
-    source: str = Field(B.QUESTIONS, description="question file (FastChat/MT-bench format), 'mtbench' or "
-                        "a named prompt set ('humaneval', 'mtbench-math')")
+    source: str = Field(
+        B.QUESTIONS,
+        description="question file (FastChat/MT-bench format), 'mtbench' or "
+        "a named prompt set ('humaneval', 'mtbench-math')",
+    )
     prompts: int = Field(B.PROMPTS, ge=1)
     max_new_tokens: int = Field(B.MAX_NEW_TOKENS, ge=1)
     chain_k: int = Field(B.CHAIN_K, ge=1, description="vLLM num_speculative_tokens of the chain run")
     num_steps: int = DEFAULT_TREE.num_steps
     topk: int = DEFAULT_TREE.topk
     num_draft_tokens: int = DEFAULT_TREE.num_draft_tokens
-    methods: tuple[Literal[B.METHODS + B.BLOCK_METHODS], ...] = Field(B.DEFAULT_METHODS, description="the rows "  # type: ignore[valid-type]
-                                                    "on our runtime (vanilla is the lossless reference; hf_generate "
-                                                    "and prompt_lookup run HF generate and are slow; dflash: a "
-                                                    "block drafter's row)")
-    draft_dtype: Literal[DRAFT_DTYPES] = Field("auto", description="the dtype our EAGLE rows' draft runs in "  # type: ignore[valid-type]
-                                               "(auto = bfloat16 where the CPU has it natively; output stays the target's)")
-    tau_prompts: int = Field(8, ge=0, description="the first this many bench prompts decode with the draft "
-                             "training started from and with the trained one (chain_k, the same tokens and dtype): "
-                             "the report's tau before -> after; 0: not measured")
-    vllm: Literal["auto", "on", "off"] = Field("off", description="peer rows on the real vLLM CPU build "
-                                               "(~1-2 min per server start): auto = when its "
-                                               "venv is installed; on = required")
-    llamacpp: Literal["auto", "on", "off"] = Field("auto", description="rows on llama.cpp's llama-server, alone and "
-                                                   "with the EAGLE-3 draft as a GGUF (seconds per server start): "
-                                                   "auto = when a llama-server is found and the target ships a GGUF "
-                                                   "(the embedded one); on = required")
-    llamacpp_target: Literal["q4_1", "f32"] = Field("q4_1", description="the llama.cpp rows' target GGUF: the "
-                                                    "embedded target's shipped Q4_1, or f32 (llama.cpp's conversion)")
+    methods: tuple[Literal[B.METHODS + B.BLOCK_METHODS], ...] = Field(
+        B.DEFAULT_METHODS,
+        description="the rows "  # type: ignore[valid-type]
+        "on our runtime (vanilla is the lossless reference; hf_generate "
+        "and prompt_lookup run HF generate and are slow; dflash: a "
+        "block drafter's row)",
+    )
+    draft_dtype: Literal[DRAFT_DTYPES] = Field(
+        "auto",
+        description="the dtype our EAGLE rows' draft runs in "  # type: ignore[valid-type]
+        "(auto = bfloat16 where the CPU has it natively; output stays the target's)",
+    )
+    tau_prompts: int = Field(
+        8,
+        ge=0,
+        description="the first this many bench prompts decode with the draft "
+        "training started from and with the trained one (chain_k, the same tokens and dtype): "
+        "the report's tau before -> after; 0: not measured",
+    )
+    vllm: Literal["auto", "on", "off"] = Field(
+        "off",
+        description="peer rows on the real vLLM CPU build "
+        "(~1-2 min per server start): auto = when its "
+        "venv is installed; on = required",
+    )
+    llamacpp: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="rows on llama.cpp's llama-server, alone and "
+        "with the EAGLE-3 draft as a GGUF (seconds per server start): "
+        "auto = when a llama-server is found and the target ships a GGUF "
+        "(the embedded one); on = required",
+    )
+    llamacpp_target: Literal["q4_1", "f32"] = Field(
+        "q4_1",
+        description="the llama.cpp rows' target GGUF: the "
+        "embedded target's shipped Q4_1, or f32 (llama.cpp's conversion)",
+    )
 
     @model_validator(mode="after")
     def _shapes(self) -> "BenchCfg":
         try:
             B.check_methods(self.methods)
             if not any(m in rows for rows in B.family_rows().values() for m in self.methods):
-                raise EaglewireError("no draft row in bench.methods", expected="eagle_chain and/or eagle_tree, or "
-                                     "dflash (a run of another family benchmarks its own rows in their place)",
-                                     found=str(list(self.methods)))
+                raise EaglewireError(
+                    "no draft row in bench.methods",
+                    expected="eagle_chain and/or eagle_tree, or "
+                    "dflash (a run of another family benchmarks its own rows in their place)",
+                    found=str(list(self.methods)),
+                )
             self.tree(), self.chain()
         except EaglewireError as err:  # as ValueError, pydantic reports it under the field path "bench"
             raise ValueError(str(err).replace("\n", ";")) from None
@@ -177,24 +241,32 @@ class BenchCfg(_Strict):
 
 class RunConfig(_Strict):
     target: Optional[str] = Field(None, description="local HF dir; None = the embedded SmolLM2-135M")
-    taps: Optional[tuple[int, ...]] = Field(None, description="residual-stream boundaries (eaglewire's "
-                                            "convention); None = the family's default taps (EAGLE-3: [2, L//2, "
-                                            "L-3]; DFlash: z-lab's five), stated in the report")
+    taps: Optional[tuple[int, ...]] = Field(
+        None,
+        description="residual-stream boundaries (eaglewire's "
+        "convention); None = the family's default taps (EAGLE-3: [2, L//2, "
+        "L-3]; DFlash: z-lab's five), stated in the report",
+    )
     family: FamilyCfg = FamilyCfg()  # type: ignore[valid-type]
     data: DataCfg = DataCfg()
     vocab: VocabCfg = VocabCfg()
     train: TrainCfg = TrainCfg()
     bench: BenchCfg = BenchCfg()
     formats: tuple[Literal[ENGINE_FORMATS], ...] = DEFAULT_FORMATS  # type: ignore[valid-type]  # engines.py
-    target_gguf: Optional[str] = Field(None, description="the target as a GGUF file (llama-server -m): a llamacpp "
-                                       "export carries its vocabulary; None = the embedded target's shipped GGUF")
+    target_gguf: Optional[str] = Field(
+        None,
+        description="the target as a GGUF file (llama-server -m): a llamacpp "
+        "export carries its vocabulary; None = the embedded target's shipped GGUF",
+    )
 
     @model_validator(mode="after")
     def _gguf_at_hand(self) -> "RunConfig":
         if GGUF_FORMAT in self.formats and self.target_gguf is None and not _embedded(self.target):
-            raise ValueError("a llamacpp export carries the vocabulary of the target's GGUF (llama-server refuses a "
-                             "draft whose vocabulary differs): set target_gguf to the file llama-server loads with -m "
-                             "(llama.cpp's convert_hf_to_gguf.py makes it), or drop llamacpp from formats")
+            raise ValueError(
+                "a llamacpp export carries the vocabulary of the target's GGUF (llama-server refuses a "
+                "draft whose vocabulary differs): set target_gguf to the file llama-server loads with -m "
+                "(llama.cpp's convert_hf_to_gguf.py makes it), or drop llamacpp from formats"
+            )
         return self
 
     def gguf(self) -> Path:
@@ -202,6 +274,7 @@ class RunConfig(_Strict):
         from eaglewire.target.loader import DEFAULT_TARGET, embedded_gguf_path
 
         return Path(self.target_gguf) if self.target_gguf else embedded_gguf_path(self.target or DEFAULT_TARGET)
+
     # where every stage runs (--device is the same knob): not in any stage's key, so a run started on one
     # machine resumes on another; the dtype a GPU computes in is (train.capture_dtype)
     device: str = Field(DEVICE_DEFAULT, description=DEVICE_HELP)
@@ -243,21 +316,43 @@ class RunConfig(_Strict):
 # judged by at 256 new tokens (tau at 128 tokens reads ~0.1 lower for the same draft) on 4 spread MT-bench
 # questions; standard trains from scratch on 292 conversations.
 _QUICK: dict[str, Any] = {
-    "data": {"conversations": 96}, "vocab": {"draft_vocab_size": 8000},
-    "train": {"max_steps": 40, "ttt_steps": 3, "lr": 2e-4, "warmup_steps": 5, "eval_every": 20, "ckpt_every": 20,
-              "init_from": "released", "supervise": "all"},
-    "bench": {"prompts": 4, "max_new_tokens": 256, "chain_k": 3, "methods": ("vanilla", "eagle_chain")}}
+    "data": {"conversations": 96},
+    "vocab": {"draft_vocab_size": 8000},
+    "train": {
+        "max_steps": 40,
+        "ttt_steps": 3,
+        "lr": 2e-4,
+        "warmup_steps": 5,
+        "eval_every": 20,
+        "ckpt_every": 20,
+        "init_from": "released",
+        "supervise": "all",
+    },
+    "bench": {"prompts": 4, "max_new_tokens": 256, "chain_k": 3, "methods": ("vanilla", "eagle_chain")},
+}
 BUDGETS: dict[str, dict[str, Any]] = {
     "quick": _QUICK,
     # the released draft: 292 conversations' features, 400 steps from scratch, issue-4 benchmark protocol
-    "standard": {**_QUICK, "data": {"conversations": 292},
-                 "train": {"max_steps": 400, "ttt_steps": 3, "warmup_steps": 20, "eval_every": 50, "ckpt_every": 50,
-                           "supervise": "all"},
-                 "bench": {"prompts": 6, "max_new_tokens": 256, "methods": B.METHODS, "vllm": "auto"}},
+    "standard": {
+        **_QUICK,
+        "data": {"conversations": 292},
+        "train": {
+            "max_steps": 400,
+            "ttt_steps": 3,
+            "warmup_steps": 20,
+            "eval_every": 50,
+            "ckpt_every": 50,
+            "supervise": "all",
+        },
+        "bench": {"prompts": 6, "max_new_tokens": 256, "methods": B.METHODS, "vllm": "auto"},
+    },
     # hours of regeneration on a CPU (a GPU or `data regenerate --server` makes it practical)
-    "full": {"data": {"conversations": 4000}, "vocab": {"draft_vocab_size": 16000},
-             "train": {"max_steps": 4000, "ttt_steps": 4, "eval_every": 250, "ckpt_every": 250},
-             "bench": {"prompts": 80, "max_new_tokens": 256, "methods": B.METHODS, "vllm": "auto"}},
+    "full": {
+        "data": {"conversations": 4000},
+        "vocab": {"draft_vocab_size": 16000},
+        "train": {"max_steps": 4000, "ttt_steps": 4, "eval_every": 250, "ckpt_every": 250},
+        "bench": {"prompts": 80, "max_new_tokens": 256, "methods": B.METHODS, "vllm": "auto"},
+    },
 }
 
 
@@ -284,19 +379,26 @@ def _refuse_yaml_aliases(path: Path, text: str) -> None:
     for event in yaml.parse(text, Loader=yaml.SafeLoader):
         depth += isinstance(event, yaml.CollectionStartEvent) - isinstance(event, yaml.CollectionEndEvent)
         if depth > MAX_CONFIG_DEPTH:
-            raise EaglewireError(f"run config {path} nests deeper than {MAX_CONFIG_DEPTH} levels",
-                                 expected=f"sections of plain values (at most {MAX_CONFIG_DEPTH} levels: "
-                                 "MAX_CONFIG_DEPTH)", found=f"level {depth} at line {event.start_mark.line + 1}",
-                                 fix="point --config at the run's YAML config (eaglewire run --help lists its sections)")
+            raise EaglewireError(
+                f"run config {path} nests deeper than {MAX_CONFIG_DEPTH} levels",
+                expected=f"sections of plain values (at most {MAX_CONFIG_DEPTH} levels: MAX_CONFIG_DEPTH)",
+                found=f"level {depth} at line {event.start_mark.line + 1}",
+                fix="point --config at the run's YAML config (eaglewire run --help lists its sections)",
+            )
         if isinstance(event, yaml.AliasEvent):
-            raise EaglewireError(f"run config {path} uses a YAML alias (*{event.anchor})",
-                                 expected="plain values (no anchors or aliases)", found=f"*{event.anchor}",
-                                 fix="write the value out where it is used")
+            raise EaglewireError(
+                f"run config {path} uses a YAML alias (*{event.anchor})",
+                expected="plain values (no anchors or aliases)",
+                found=f"*{event.anchor}",
+                fix="write the value out where it is used",
+            )
         if getattr(event, "tag", None) is not None:  # only a tag written in the file is set: !!set, !!binary, ...
-            raise EaglewireError(f"run config {path} uses a YAML tag ({event.tag})",
-                                 expected="plain values, lists and mappings (no tags)",
-                                 found=f"{event.tag} at line {event.start_mark.line + 1}",
-                                 fix="write the value as a plain list or mapping (a set is a list here)")
+            raise EaglewireError(
+                f"run config {path} uses a YAML tag ({event.tag})",
+                expected="plain values, lists and mappings (no tags)",
+                found=f"{event.tag} at line {event.start_mark.line + 1}",
+                fix="write the value as a plain list or mapping (a set is a list here)",
+            )
     _refuse_yaml_duplicates(path, yaml.compose(text, Loader=yaml.SafeLoader))
 
 
@@ -310,10 +412,12 @@ def _refuse_yaml_duplicates(path: Path, node: Any) -> None:
             seen = set()
             for k, v in n.value:
                 if isinstance(k, yaml.ScalarNode) and k.value in seen:
-                    raise EaglewireError(f"run config {path} names {k.value!r} twice in one mapping",
-                                         expected="each key once",
-                                         found=f"{k.value!r} again at line {k.start_mark.line + 1}",
-                                         fix="keep one of them (YAML would silently keep the last)")
+                    raise EaglewireError(
+                        f"run config {path} names {k.value!r} twice in one mapping",
+                        expected="each key once",
+                        found=f"{k.value!r} again at line {k.start_mark.line + 1}",
+                        fix="keep one of them (YAML would silently keep the last)",
+                    )
                 seen.add(k.value if isinstance(k, yaml.ScalarNode) else id(k))
                 stack.append(v)
         elif isinstance(n, yaml.SequenceNode):
@@ -322,16 +426,23 @@ def _refuse_yaml_duplicates(path: Path, node: Any) -> None:
 
 def _read_file(path: Path) -> dict[str, Any]:
     if not path.is_file():
-        raise EaglewireError(f"run config {path} not found", expected="a YAML or JSON file", found="nothing",
-                             fix="check the --config path")
+        raise EaglewireError(
+            f"run config {path} not found",
+            expected="a YAML or JSON file",
+            found="nothing",
+            fix="check the --config path",
+        )
     import yaml  # a transformers dependency
 
     from eaglewire.safeio import DuplicateKey, unique_keys
 
     if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise EaglewireError(f"run config {path} is too large", expected=f"at most {MAX_CONFIG_BYTES} bytes "
-                             "(MAX_CONFIG_BYTES)", found=f"{path.stat().st_size} bytes",
-                             fix="point --config at the run's YAML/JSON config")
+        raise EaglewireError(
+            f"run config {path} is too large",
+            expected=f"at most {MAX_CONFIG_BYTES} bytes (MAX_CONFIG_BYTES)",
+            found=f"{path.stat().st_size} bytes",
+            fix="point --config at the run's YAML/JSON config",
+        )
     try:
         text = path.read_bytes().decode("utf-8")
         if path.suffix in (".yaml", ".yml"):
@@ -340,13 +451,19 @@ def _read_file(path: Path) -> dict[str, Any]:
         else:
             data = json.loads(text, object_pairs_hook=unique_keys)
     except (yaml.YAMLError, json.JSONDecodeError, DuplicateKey, UnicodeDecodeError, RecursionError, OSError) as err:
-        raise EaglewireError(f"cannot parse run config {path}", expected="valid UTF-8 YAML/JSON",
-                             found=f"{type(err).__name__}: {str(err)[:300]}",
-                             fix="correct the file (YAML tags like !!python/object are refused)") from None
+        raise EaglewireError(
+            f"cannot parse run config {path}",
+            expected="valid UTF-8 YAML/JSON",
+            found=f"{type(err).__name__}: {str(err)[:300]}",
+            fix="correct the file (YAML tags like !!python/object are refused)",
+        ) from None
     if not isinstance(data, dict):
-        raise EaglewireError(f"run config {path} is not a mapping", expected="sections data/vocab/train/bench/...",
-                             found=type(data).__name__, fix="write the config as a mapping of sections "
-                             "(README: run config)")
+        raise EaglewireError(
+            f"run config {path} is not a mapping",
+            expected="sections data/vocab/train/bench/...",
+            found=type(data).__name__,
+            fix="write the config as a mapping of sections (README: run config)",
+        )
     return data
 
 
@@ -356,8 +473,14 @@ def _family_defaults(given: dict[str, Any], flags: dict[str, Any]) -> dict[str, 
     from eaglewire.families import FAMILIES
     from eaglewire.train.objectives import objective
 
-    name = next((s["name"] for s in (flags.get("family"), given.get("family"))
-                 if isinstance(s, dict) and isinstance(s.get("name"), str)), "eagle3")
+    name = next(
+        (
+            s["name"]
+            for s in (flags.get("family"), given.get("family"))
+            if isinstance(s, dict) and isinstance(s.get("name"), str)
+        ),
+        "eagle3",
+    )
     known = name in FAMILIES and FAMILIES[name].has("objective")  # an unknown name: the schema says so
     return dict(objective(name).run_defaults) if known else {}
 
@@ -377,8 +500,12 @@ def resolve(budget: str = "quick", config: Path | None = None, **flags: Any) -> 
         return RunConfig.model_validate(merged)
     except ValidationError as err:
         lines = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']} (got {e.get('input')!r})" for e in err.errors()]
-        raise EaglewireError(f"invalid run config{f' {config}' if config is not None else ''}", expected="fields of the RunConfig schema (README: run config)",
-                             found="; ".join(lines), fix="fix or remove the named fields") from None
+        raise EaglewireError(
+            f"invalid run config{f' {config}' if config is not None else ''}",
+            expected="fields of the RunConfig schema (README: run config)",
+            found="; ".join(lines),
+            fix="fix or remove the named fields",
+        ) from None
 
 
 def _embedded(target: object) -> bool:  # the run config's target spec (a str, or None), before validation

@@ -76,22 +76,39 @@ def launch_commands(ctx: Ctx) -> dict[str, str]:
     # EAGLE-3: the shape the bench ran, the tree where its row ran, else the chain (as SGLang spells a chain)
     ran = ctx.results.get("bench", {}).get("result", {}).get("methods", {})
     shape = b.tree() if "eagle_tree" in ran else b.chain()
-    sglang_knobs = [f"--speculative-num-draft-tokens {block.block_size}"] if block else [
-        f"--speculative-num-steps {shape.num_steps}", f"--speculative-eagle-topk {shape.topk}",
-        f"--speculative-num-draft-tokens {shape.num_draft_tokens}"]
+    sglang_knobs = (
+        [f"--speculative-num-draft-tokens {block.block_size}"]
+        if block
+        else [
+            f"--speculative-num-steps {shape.num_steps}",
+            f"--speculative-eagle-topk {shape.topk}",
+            f"--speculative-num-draft-tokens {shape.num_draft_tokens}",
+        ]
+    )
     out = {}
     if "sglang" in exports:
         try:  # the layer ids in the export were written for one SGLang release's model-file rule
             rule = f"# layer ids written for {engine_for('sglang').rule_note(ctx.contract.target.architecture)}\n"
         except TranslationError as err:
             rule = f"# {err.what}\n"
-        out["sglang"] = rule + " ".join([
-            "python -m sglang.launch_server", f"--model-path {shlex.quote(target)}",
-            f"--speculative-algorithm {fam.sglang_algorithm}",
-            f"--speculative-draft-model-path {shlex.quote(exports['sglang'])}", *sglang_knobs, "--dtype float32"])
+        out["sglang"] = rule + " ".join(
+            [
+                "python -m sglang.launch_server",
+                f"--model-path {shlex.quote(target)}",
+                f"--speculative-algorithm {fam.sglang_algorithm}",
+                f"--speculative-draft-model-path {shlex.quote(exports['sglang'])}",
+                *sglang_knobs,
+                "--dtype float32",
+            ]
+        )
     if "vllm" in exports:
-        spec = json.dumps({"method": fam.vllm_method, "model": exports["vllm"],
-                           "num_speculative_tokens": block.drafts_per_round if block else b.chain_k})
+        spec = json.dumps(
+            {
+                "method": fam.vllm_method,
+                "model": exports["vllm"],
+                "num_speculative_tokens": block.drafts_per_round if block else b.chain_k,
+            }
+        )
         out["vllm"] = f"vllm serve {shlex.quote(target)} --speculative-config {shlex.quote(spec)} --dtype float32"
     if "llamacpp" in exports or ("vllm" in exports and not block):
         out["llamacpp"] = _llamacpp_line(ctx, exports, block.drafts_per_round if block else b.chain_k)
@@ -110,31 +127,48 @@ def _llamacpp_line(ctx: Ctx, exports: dict[str, str], n_max: int) -> str:
     if "llamacpp" in exports:
         return server_line(gguf, shlex.quote(exports["llamacpp"]), spec_type, n_max)
     target = shlex.quote(str(ctx.target.path)) if ctx.target.path else "TARGET_HF_DIR"
-    return (f"# the GGUF draft: llama.cpp's converter on the vLLM export\npython convert_hf_to_gguf.py "
-            f"{shlex.quote(exports['vllm'])} --target-model-dir {target} --outfile draft.gguf --outtype f32\n"
-            + server_line(gguf, "draft.gguf", spec_type, n_max))
+    return (
+        f"# the GGUF draft: llama.cpp's converter on the vLLM export\npython convert_hf_to_gguf.py "
+        f"{shlex.quote(exports['vllm'])} --target-model-dir {target} --outfile draft.gguf --outtype f32\n"
+        + server_line(gguf, "draft.gguf", spec_type, n_max)
+    )
 
 
 def _block_words(contract: WiringContract) -> str:
     """', block size 8 (7 drafts per pass), mask token 2' for a block drafter, '' otherwise."""
     b = contract.block
-    return "" if b is None else (f", block size {b.block_size} ({b.drafts_per_round} drafts per pass, anchor layout "
-                                 f"{b.anchor_layout}), mask token {b.mask_token_id}, RoPE {b.rope_style}")
+    return (
+        ""
+        if b is None
+        else (
+            f", block size {b.block_size} ({b.drafts_per_round} drafts per pass, anchor layout "
+            f"{b.anchor_layout}), mask token {b.mask_token_id}, RoPE {b.rope_style}"
+        )
+    )
 
 
 def _bench_rows(res: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     from eaglewire.serve.bench import label
 
-    bases = [b for b in ("vanilla", "prompt_lookup", "hf_generate", "vllm_vanilla", "llamacpp_vanilla")
-             if b in res["methods"]]
-    head = ["method", "median tok/s"] + [f"× {b}" for b in bases] + ["τ (bench)", "per-position acceptance",
-                                                                     "= vanilla"]
+    bases = [
+        b
+        for b in ("vanilla", "prompt_lookup", "hf_generate", "vllm_vanilla", "llamacpp_vanilla")
+        if b in res["methods"]
+    ]
+    head = (
+        ["method", "median tok/s"] + [f"× {b}" for b in bases] + ["τ (bench)", "per-position acceptance", "= vanilla"]
+    )
     rows = []
     for name, m in res["methods"].items():
-        rows.append([label(name, res), f"{m['median_tok_s']:.2f}"] + [f"{m[f'speedup_vs_{b}']:.2f}×" for b in bases]
-                    + [f"{m['tau']:.2f}" if "tau" in m else "–",
-                       ", ".join(f"{p:.2f}" for p in m.get("per_position", [])) or "–",
-                       f"{m['matches_vanilla']}/{res['prompts']}"])
+        rows.append(
+            [label(name, res), f"{m['median_tok_s']:.2f}"]
+            + [f"{m[f'speedup_vs_{b}']:.2f}×" for b in bases]
+            + [
+                f"{m['tau']:.2f}" if "tau" in m else "–",
+                ", ".join(f"{p:.2f}" for p in m.get("per_position", [])) or "–",
+                f"{m['matches_vanilla']}/{res['prompts']}",
+            ]
+        )
     return head, rows
 
 
@@ -143,9 +177,11 @@ def tau_change(res: dict[str, Any]) -> str:
     t = res.get("tau_before_after")
     if not t:
         return ""
-    return (f"Training started from {t['start']}: τ (bench) {t['before']:.2f} before -> {t['after']:.2f} after "
-            f"(chain k = {t['chain_k']}, the same {t['prompts']} prompts × {t['max_new_tokens']} new tokens, "
-            "float32 drafts on the plain runtime).")
+    return (
+        f"Training started from {t['start']}: τ (bench) {t['before']:.2f} before -> {t['after']:.2f} after "
+        f"(chain k = {t['chain_k']}, the same {t['prompts']} prompts × {t['max_new_tokens']} new tokens, "
+        "float32 drafts on the plain runtime)."
+    )
 
 
 def verdict(res: dict[str, Any], family: str = "eagle3") -> str:
@@ -158,15 +194,22 @@ def verdict(res: dict[str, Any], family: str = "eagle3") -> str:
     best = max((n for n in m if n in family_rows()[family] and n not in engines), key=lambda n: m[n]["median_tok_s"])
     r = m[best]["speedup_vs_vanilla"]
     word = "faster" if r > 1 else "slower"
-    return (f"Best {get_family(family).title} setting: {label(best, res)} at {m[best]['median_tok_s']:.2f} tok/s = {r:.2f}× the "
-            f"tokens/s of vanilla decoding ({word}), τ (bench) {m[best]['tau']:.2f}" +
-            (f", {m[best]['speedup_vs_prompt_lookup']:.2f}× prompt lookup" if "prompt_lookup" in m else "") + "." +
-            (f" The real vLLM CPU build with the same draft: {label('vllm_eagle_chain', res)} "
-             f"{m['vllm_eagle_chain']['median_tok_s']:.2f} tok/s ({m['vllm_eagle_chain']['speedup_vs_vllm_vanilla']:.2f}× "
-             f"its vanilla, τ {m['vllm_eagle_chain']['tau']:.2f}); ours is "
-             f"{m[best]['speedup_vs_vllm_vanilla'] / m['vllm_eagle_chain']['speedup_vs_vllm_vanilla']:.2f}× its tok/s."
-             if "vllm_eagle_chain" in m and "vllm_vanilla" in m else "") + _llamacpp_words(res) +
-            (" " + tau_change(res) if tau_change(res) else ""))
+    return (
+        f"Best {get_family(family).title} setting: {label(best, res)} at {m[best]['median_tok_s']:.2f} tok/s = {r:.2f}× the "
+        f"tokens/s of vanilla decoding ({word}), τ (bench) {m[best]['tau']:.2f}"
+        + (f", {m[best]['speedup_vs_prompt_lookup']:.2f}× prompt lookup" if "prompt_lookup" in m else "")
+        + "."
+        + (
+            f" The real vLLM CPU build with the same draft: {label('vllm_eagle_chain', res)} "
+            f"{m['vllm_eagle_chain']['median_tok_s']:.2f} tok/s ({m['vllm_eagle_chain']['speedup_vs_vllm_vanilla']:.2f}× "
+            f"its vanilla, τ {m['vllm_eagle_chain']['tau']:.2f}); ours is "
+            f"{m[best]['speedup_vs_vllm_vanilla'] / m['vllm_eagle_chain']['speedup_vs_vllm_vanilla']:.2f}× its tok/s."
+            if "vllm_eagle_chain" in m and "vllm_vanilla" in m
+            else ""
+        )
+        + _llamacpp_words(res)
+        + (" " + tau_change(res) if tau_change(res) else "")
+    )
 
 
 def _llamacpp_words(res: dict[str, Any]) -> str:
@@ -177,70 +220,138 @@ def _llamacpp_words(res: dict[str, Any]) -> str:
     if "llamacpp_eagle_chain" not in m or "llamacpp_vanilla" not in m:
         return ""
     r = m["llamacpp_eagle_chain"]
-    same = f"; {r['matches_llamacpp_vanilla']}/{len(r['tok_s'])} answers equal its own plain ones" \
-        if "matches_llamacpp_vanilla" in r else ""
-    return (f" llama.cpp with the same draft, {label('llamacpp_eagle_chain', res)}: τ {r['tau']:.2f}, "
-            f"{r['median_tok_s']:.2f} tok/s = {r['speedup_vs_llamacpp_vanilla']:.2f}× llama.cpp alone "
-            f"({m['llamacpp_vanilla']['median_tok_s']:.2f} tok/s){same}.")
+    same = (
+        f"; {r['matches_llamacpp_vanilla']}/{len(r['tok_s'])} answers equal its own plain ones"
+        if "matches_llamacpp_vanilla" in r
+        else ""
+    )
+    return (
+        f" llama.cpp with the same draft, {label('llamacpp_eagle_chain', res)}: τ {r['tau']:.2f}, "
+        f"{r['median_tok_s']:.2f} tok/s = {r['speedup_vs_llamacpp_vanilla']:.2f}× llama.cpp alone "
+        f"({m['llamacpp_vanilla']['median_tok_s']:.2f} tok/s){same}."
+    )
 
 
 def _sections(ctx: Ctx, timings: dict[str, dict[str, Any]], pngs: dict[str, Path]) -> list[Section]:
     r, cfg = ctx.results, ctx.cfg
     words, ids = wiring_words(ctx)
-    sec = [Section("Wiring contract", [
-        f"{words[0].upper()}{words[1:]}: residual-stream boundaries {list(ctx.contract.taps)} of "
-        f"{ctx.target.num_layers} layers (hidden {ctx.target.hidden_size}, so fc reads "
-        f"{len(ctx.contract.taps)}×{ctx.target.hidden_size} = {len(ctx.contract.taps) * ctx.target.hidden_size}).",
-        "; ".join(f"{e} ids {v}" for e, v in ids.items()) + ".",
-        (f"Draft vocabulary {cfg.vocab.draft_vocab_size} of {ctx.target.vocab_size} tokens "
-         f"(vocab map {r['vocab']['sha256'][:16]})" if trained_contract(ctx).vocab_map_sha256 else
-         f"The draft predicts the target's full vocabulary ({ctx.target.vocab_size} tokens)")
-        + f"; {family(ctx).title} draft{_block_words(trained_contract(ctx))}; contract fingerprint "
-        f"{WiringContract.from_dict(r['train']['contract']).fingerprint()} (eaglewire_contract.json in every export)."])]
+    sec = [
+        Section(
+            "Wiring contract",
+            [
+                f"{words[0].upper()}{words[1:]}: residual-stream boundaries {list(ctx.contract.taps)} of "
+                f"{ctx.target.num_layers} layers (hidden {ctx.target.hidden_size}, so fc reads "
+                f"{len(ctx.contract.taps)}×{ctx.target.hidden_size} = {len(ctx.contract.taps) * ctx.target.hidden_size}).",
+                "; ".join(f"{e} ids {v}" for e, v in ids.items()) + ".",
+                (
+                    f"Draft vocabulary {cfg.vocab.draft_vocab_size} of {ctx.target.vocab_size} tokens "
+                    f"(vocab map {r['vocab']['sha256'][:16]})"
+                    if trained_contract(ctx).vocab_map_sha256
+                    else f"The draft predicts the target's full vocabulary ({ctx.target.vocab_size} tokens)"
+                )
+                + f"; {family(ctx).title} draft{_block_words(trained_contract(ctx))}; contract fingerprint "
+                f"{WiringContract.from_dict(r['train']['contract']).fingerprint()} (eaglewire_contract.json in every export).",
+            ],
+        )
+    ]
     v = r["vocab"]
-    sec.append(Section("Data", [
-        f"{r['regenerate']['conversations']} conversations from {cfg.data.source} answered by the target "
-        f"(its regeneration file holds {r['regenerate']['in_file']}, {r['regenerate']['from_shipped']} of them "
-        f"from the shipped data; {r['regenerate']['new_tokens_this_run']} tokens generated in this run); "
-        f"{v['samples']} samples, "
-        f"{v['tokens']} tokens, {v['trained_tokens']} trained (assistant) tokens.",
-        "Vocab coverage: " + ", ".join(f"{k} {c:.2%}" for k, c in v["coverage"].items())
-        + f" of trained tokens ({v['distinct_trained_tokens']} distinct)."]))
+    sec.append(
+        Section(
+            "Data",
+            [
+                f"{r['regenerate']['conversations']} conversations from {cfg.data.source} answered by the target "
+                f"(its regeneration file holds {r['regenerate']['in_file']}, {r['regenerate']['from_shipped']} of them "
+                f"from the shipped data; {r['regenerate']['new_tokens_this_run']} tokens generated in this run); "
+                f"{v['samples']} samples, "
+                f"{v['tokens']} tokens, {v['trained_tokens']} trained (assistant) tokens.",
+                "Vocab coverage: "
+                + ", ".join(f"{k} {c:.2%}" for k, c in v["coverage"].items())
+                + f" of trained tokens ({v['distinct_trained_tokens']} distinct).",
+            ],
+        )
+    )
     h = r["train"]["heldout"]
-    objective = (f"block {cfg.family.block_size}, {cfg.family.anchors} anchors per sequence"
-                 if trained_contract(ctx).block else f"TTT {cfg.train.ttt_steps} steps")
-    sec.append(Section("Training", [
-        f"{family(ctx).title}: {cfg.train.max_steps} steps, batch {cfg.train.batch_size}, {objective}, lr {cfg.train.lr}, "
-        f"features {cfg.train.features}; {r['train']['train_samples']} training / {r['train']['heldout_samples']} "
-        f"held-out samples.",
-        "Held-out top-1 accuracy per draft position: " + ", ".join(f"{a:.3f}" for a in h.get("acc", []))]
-        + [p for p in [tau_change(r["bench"]["result"])] if p],
-        images=[("loss and per-position accuracy", pngs["training"])]))
+    objective = (
+        f"block {cfg.family.block_size}, {cfg.family.anchors} anchors per sequence"
+        if trained_contract(ctx).block
+        else f"TTT {cfg.train.ttt_steps} steps"
+    )
+    sec.append(
+        Section(
+            "Training",
+            [
+                f"{family(ctx).title}: {cfg.train.max_steps} steps, batch {cfg.train.batch_size}, {objective}, lr {cfg.train.lr}, "
+                f"features {cfg.train.features}; {r['train']['train_samples']} training / {r['train']['heldout_samples']} "
+                f"held-out samples.",
+                "Held-out top-1 accuracy per draft position: " + ", ".join(f"{a:.3f}" for a in h.get("acc", [])),
+            ]
+            + [p for p in [tau_change(r["bench"]["result"])] if p],
+            images=[("loss and per-position accuracy", pngs["training"])],
+        )
+    )
     reps = r["doctor"]["reports"]
     rows = [[f["level"], fmt, f["check"], f["what"], f["fix"]] for fmt, rep in reps.items() for f in rep["findings"]]
-    sec.append(Section("Doctor", [f"{r['doctor']['errors']} error(s): " + "; ".join(
-        f"{fmt} export ({rep['directory']}) checked as {rep['engine']}: {rep['errors']} error(s), "
-        f"{len(rep['findings'])} finding(s)" for fmt, rep in reps.items()) + "."],
-        tables=[(["level", "export", "check", "what", "fix"], rows)] if rows else []))
+    sec.append(
+        Section(
+            "Doctor",
+            [
+                f"{r['doctor']['errors']} error(s): "
+                + "; ".join(
+                    f"{fmt} export ({rep['directory']}) checked as {rep['engine']}: {rep['errors']} error(s), "
+                    f"{len(rep['findings'])} finding(s)"
+                    for fmt, rep in reps.items()
+                )
+                + "."
+            ],
+            tables=[(["level", "export", "check", "what", "fix"], rows)] if rows else [],
+        )
+    )
     res = r["bench"]["result"]
-    sec.append(Section("Benchmark", [
-        f"{res['prompts']} prompts from {res['questions']} (first turns), {res['max_new_tokens']} new tokens, greedy, "
-        "one process, methods interleaved, medians; every method's tokens are compared with vanilla's.",
-        verdict(res, cfg.family.name)],
-        tables=[_bench_rows(res)], images=[("per-position acceptance (draft position 1, 2, 3 as in the training plot)", pngs["bench"])]))
-    sec.append(Section("Deploy", ["Launch commands with the exported drafts and the benchmark's knobs "
-                                  "(check first: eaglewire doctor DIR --engine sglang|vllm). On a GPU a verify "
-                                  "of many tokens costs about one decode step, so deeper knobs pay off there; "
-                                  "eaglewire doctor expect --draft DIR predicts τ for any knobs."],
-                       code=list(launch_commands(ctx).values())))
+    sec.append(
+        Section(
+            "Benchmark",
+            [
+                f"{res['prompts']} prompts from {res['questions']} (first turns), {res['max_new_tokens']} new tokens, greedy, "
+                "one process, methods interleaved, medians; every method's tokens are compared with vanilla's.",
+                verdict(res, cfg.family.name),
+            ],
+            tables=[_bench_rows(res)],
+            images=[("per-position acceptance (draft position 1, 2, 3 as in the training plot)", pngs["bench"])],
+        )
+    )
+    sec.append(
+        Section(
+            "Deploy",
+            [
+                "Launch commands with the exported drafts and the benchmark's knobs "
+                "(check first: eaglewire doctor DIR --engine sglang|vllm). On a GPU a verify "
+                "of many tokens costs about one decode step, so deeper knobs pay off there; "
+                "eaglewire doctor expect --draft DIR predicts τ for any knobs."
+            ],
+            code=list(launch_commands(ctx).values()),
+        )
+    )
     ran = sum(t["seconds"] for t in timings.values() if not t["reused"])
     kept = [n for n, t in timings.items() if t["reused"]]
-    sec.append(Section("Stages", [f"Command: {ctx.command or 'eaglewire run'}. Total: "
-                                  f"{sum(t['seconds'] for t in timings.values()):.0f} s over every stage, {ran:.0f} s "
-                                  "in this invocation" + (f" ({len(kept)} stage(s) kept from an earlier run)"
-                                                          if kept else "") + "."], tables=[(["stage", "seconds", "status", "directory"],
-                                          [[n, f"{t['seconds']:.0f}", "kept from earlier run" if t["reused"] else "ran",
-                                            t["dir"]] for n, t in timings.items()])]))
+    sec.append(
+        Section(
+            "Stages",
+            [
+                f"Command: {ctx.command or 'eaglewire run'}. Total: "
+                f"{sum(t['seconds'] for t in timings.values()):.0f} s over every stage, {ran:.0f} s "
+                "in this invocation" + (f" ({len(kept)} stage(s) kept from an earlier run)" if kept else "") + "."
+            ],
+            tables=[
+                (
+                    ["stage", "seconds", "status", "directory"],
+                    [
+                        [n, f"{t['seconds']:.0f}", "kept from earlier run" if t["reused"] else "ran", t["dir"]]
+                        for n, t in timings.items()
+                    ],
+                )
+            ],
+        )
+    )
     return sec
 
 
@@ -249,10 +360,19 @@ def machine() -> dict[str, Any]:
     report means little without them."""
     cpu = hw.describe_cpu()
     caps = "".join(f", {k}={v}" for k, v in cpu["isa_caps"].items())  # a capped run must say so
-    isa = str(cpu["torch_capability"]) + (", native bf16" if cpu["native_bf16"] else "") + \
-        (", AMX" if hw.amx_usable() else "") + caps
-    return {"cpu": cpu["model"], "isa": isa, "cores": os.cpu_count(), "threads": cpu["threads"],
-            "eaglewire": __version__}
+    isa = (
+        str(cpu["torch_capability"])
+        + (", native bf16" if cpu["native_bf16"] else "")
+        + (", AMX" if hw.amx_usable() else "")
+        + caps
+    )
+    return {
+        "cpu": cpu["model"],
+        "isa": isa,
+        "cores": os.cpu_count(),
+        "threads": cpu["threads"],
+        "eaglewire": __version__,
+    }
 
 
 def machine_line(m: dict[str, Any]) -> str:
@@ -277,8 +397,12 @@ def per_position_figure(result: dict[str, Any]) -> Any:
             ax.plot(range(1, len(pp) + 1), pp, "o-", label=label(name, result))
             depth = max(depth, len(pp))
     ax.set_xticks(range(1, depth + 1))
-    ax.set(xlabel="draft position", ylabel="accepted at this position / verify steps", ylim=(0, 1),
-           title="per-position acceptance")
+    ax.set(
+        xlabel="draft position",
+        ylabel="accepted at this position / verify steps",
+        ylim=(0, 1),
+        title="per-position acceptance",
+    )
     if depth:
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -310,16 +434,20 @@ def _md(title: str, sections: list[Section], out: Path, header: str = "") -> str
     return "\n".join(lines)
 
 
-CSS = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
-       "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left}"
-       "th{background:#f3f3f3}pre{background:#f6f8fa;padding:.8em;overflow-x:auto;white-space:pre-wrap}"
-       "img{max-width:100%}.error{color:#b00020;font-weight:bold}.machine{color:#555}")
+CSS = (
+    "body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
+    "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left}"
+    "th{background:#f3f3f3}pre{background:#f6f8fa;padding:.8em;overflow-x:auto;white-space:pre-wrap}"
+    "img{max-width:100%}.error{color:#b00020;font-weight:bold}.machine{color:#555}"
+)
 
 
 def _html(title: str, sections: list[Section], header: str = "") -> str:
     e = html.escape
-    parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{e(title)}</title>"
-             f"<style>{CSS}</style></head><body><h1>{e(title)}</h1>"]
+    parts = [
+        f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{e(title)}</title>"
+        f"<style>{CSS}</style></head><body><h1>{e(title)}</h1>"
+    ]
     if header:
         parts.append(f"<p class='machine'>{e(header)}</p>")
     for s in sections:
@@ -333,8 +461,10 @@ def _html(title: str, sections: list[Section], header: str = "") -> str:
             parts.append("</table>")
         for cap, png in s.images:
             data = base64.b64encode(png.read_bytes()).decode()
-            parts.append(f"<figure><img alt='{e(cap)}' src='data:image/png;base64,{data}'>"
-                         f"<figcaption>{e(cap)}</figcaption></figure>")
+            parts.append(
+                f"<figure><img alt='{e(cap)}' src='data:image/png;base64,{data}'>"
+                f"<figcaption>{e(cap)}</figcaption></figure>"
+            )
         parts += [f"<pre><code>{e(c)}</code></pre>" for c in s.code]
     parts.append("</body></html>")
     return "\n".join(parts)
@@ -343,18 +473,28 @@ def _html(title: str, sections: list[Section], header: str = "") -> str:
 def summary(ctx: Ctx, timings: dict[str, dict[str, Any]]) -> dict[str, Any]:
     words, ids = wiring_words(ctx)
     res = ctx.results["bench"]["result"]
-    return {"format": "eaglewire.run-summary/1", "target": ctx.target.identity.__dict__,
-            "family": ctx.cfg.family.name, "taps": list(ctx.contract.taps), "wiring": words, "engine_ids": ids,
-            "config": ctx.cfg.model_dump(mode="json"),
-            "data": {k: ctx.results["regenerate"][k] for k in ("conversations", "from_shipped", "new_tokens_this_run")},
-            "vocab": {k: ctx.results["vocab"][k] for k in ("coverage", "sha256", "samples", "tokens", "trained_tokens")},
-            "heldout": ctx.results["train"]["heldout"], "draft": ctx.results["train"]["draft"],
-            "exports": ctx.results["export"]["exports"],
-            "doctor_errors": {f: r["errors"] for f, r in ctx.results["doctor"]["reports"].items()},
-            "bench": {n: {k: m[k] for k in m if k not in ("tok_s",)} for n, m in res["methods"].items()},
-            "tau_before_after": res.get("tau_before_after"),
-            "verdict": verdict(res, ctx.cfg.family.name), "launch": launch_commands(ctx), "stages": timings,
-            "command": ctx.command, "total_s": round(sum(t["seconds"] for t in timings.values()), 1)}
+    return {
+        "format": "eaglewire.run-summary/1",
+        "target": ctx.target.identity.__dict__,
+        "family": ctx.cfg.family.name,
+        "taps": list(ctx.contract.taps),
+        "wiring": words,
+        "engine_ids": ids,
+        "config": ctx.cfg.model_dump(mode="json"),
+        "data": {k: ctx.results["regenerate"][k] for k in ("conversations", "from_shipped", "new_tokens_this_run")},
+        "vocab": {k: ctx.results["vocab"][k] for k in ("coverage", "sha256", "samples", "tokens", "trained_tokens")},
+        "heldout": ctx.results["train"]["heldout"],
+        "draft": ctx.results["train"]["draft"],
+        "exports": ctx.results["export"]["exports"],
+        "doctor_errors": {f: r["errors"] for f, r in ctx.results["doctor"]["reports"].items()},
+        "bench": {n: {k: m[k] for k in m if k not in ("tok_s",)} for n, m in res["methods"].items()},
+        "tau_before_after": res.get("tau_before_after"),
+        "verdict": verdict(res, ctx.cfg.family.name),
+        "launch": launch_commands(ctx),
+        "stages": timings,
+        "command": ctx.command,
+        "total_s": round(sum(t["seconds"] for t in timings.values()), 1),
+    }
 
 
 def write_report(ctx: Ctx, timings: dict[str, dict[str, Any]]) -> dict[str, Any]:

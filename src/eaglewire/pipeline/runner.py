@@ -50,20 +50,48 @@ def _data_key(c: RunConfig, leave_out: set[str]) -> dict[str, Any]:
     unset = {"server", "server_model"} if not c.data.server else set()
     return c.data.model_dump(exclude=THROUGHPUT_ONLY | leave_out | unset)
 
+
 STAGES: tuple[Stage, ...] = (
     Stage("prompts", "check the prompt source", S.prompts, (), lambda c: (c.data.source, c.data.conversations)),
-    Stage("regenerate", "regenerate answers with the target", S.regenerate, (),
-          lambda c: (_data_key(c, set()),), lambda c: (_data_key(c, {"conversations"}),)),
-    Stage("vocab", "build the draft vocabulary", S.vocab, ("regenerate",),
-          lambda c: (c.vocab.model_dump(), c.data.max_length, c.train.heldout_fraction, c.train.init_from)),
+    Stage(
+        "regenerate",
+        "regenerate answers with the target",
+        S.regenerate,
+        (),
+        lambda c: (_data_key(c, set()),),
+        lambda c: (_data_key(c, {"conversations"}),),
+    ),
+    Stage(
+        "vocab",
+        "build the draft vocabulary",
+        S.vocab,
+        ("regenerate",),
+        lambda c: (c.vocab.model_dump(), c.data.max_length, c.train.heldout_fraction, c.train.init_from),
+    ),
     # the capture dtype as resolved on this machine: "auto" captures bf16 on one machine and fp32 on another
-    Stage("features", "capture target features", S.features, ("regenerate",),
-          lambda c: (c.data.max_length, c.train.features, str(runtime_dtype(c.train.capture_dtype)))),
+    Stage(
+        "features",
+        "capture target features",
+        S.features,
+        ("regenerate",),
+        lambda c: (c.data.max_length, c.train.features, str(runtime_dtype(c.train.capture_dtype))),
+    ),
     # the family section's non-default knobs (none for EAGLE-3, whose keys predate the section); the stages
     # after train see them through its key, the features only through the taps the family chose
-    Stage("train", "train the draft", S.train, ("vocab", "features"),
-          lambda c: {**c.train.model_dump(), **c.family.changed()}),
-    Stage("export", "export for the engines", S.export, ("train",), lambda c: list(c.formats) + ([f"target_gguf={c.target_gguf}"] if c.target_gguf else [])),
+    Stage(
+        "train",
+        "train the draft",
+        S.train,
+        ("vocab", "features"),
+        lambda c: {**c.train.model_dump(), **c.family.changed()},
+    ),
+    Stage(
+        "export",
+        "export for the engines",
+        S.export,
+        ("train",),
+        lambda c: list(c.formats) + ([f"target_gguf={c.target_gguf}"] if c.target_gguf else []),
+    ),
     Stage("doctor", "doctor every export", S.doctor, ("export",), lambda c: None),
     Stage("bench", "benchmark", S.bench, ("train",), lambda c: c.bench.model_dump()),
 )
@@ -97,7 +125,7 @@ def _to_run(obj: Any, roots: tuple[str, ...]) -> Any:
     if isinstance(obj, str):
         for root in roots:
             if obj == root or obj.startswith(root + "/"):
-                return RUN + obj[len(root):]
+                return RUN + obj[len(root) :]
     return obj
 
 
@@ -107,7 +135,7 @@ def _from_run(obj: Any, out: Path) -> Any:
     if isinstance(obj, list):
         return [_from_run(v, out) for v in obj]
     if isinstance(obj, str) and (obj == RUN or obj.startswith(RUN + "/")):
-        return str(out) + obj[len(RUN):]
+        return str(out) + obj[len(RUN) :]
     return obj
 
 
@@ -125,12 +153,20 @@ class RunState:
         self.data: dict[str, Any] = {"format": STATE_FORMAT, "stages": {}}
         if self.path.is_file():
             found = read_json_object(self.path, what="a run state")
-            if found.get("format") != STATE_FORMAT or not isinstance(found.get("stages"), dict) or \
-                    not all(isinstance(r, dict) and isinstance(r.get("dir"), str) and "key" in r
-                            for r in found["stages"].values()):
-                raise EaglewireError(f"{self.path} is not an eaglewire run state", expected=f"{STATE_FORMAT} with a "
-                                     "record (key, dir) per stage", found=str(found.get("format"))[:80],
-                                     fix="use another --out directory")
+            if (
+                found.get("format") != STATE_FORMAT
+                or not isinstance(found.get("stages"), dict)
+                or not all(
+                    isinstance(r, dict) and isinstance(r.get("dir"), str) and "key" in r
+                    for r in found["stages"].values()
+                )
+            ):
+                raise EaglewireError(
+                    f"{self.path} is not an eaglewire run state",
+                    expected=f"{STATE_FORMAT} with a record (key, dir) per stage",
+                    found=str(found.get("format"))[:80],
+                    fix="use another --out directory",
+                )
             for name, rec in found["stages"].items():  # an older state wrote paths as the first run saw them
                 if not rec["dir"].startswith(RUN):
                     found["stages"][name] = _to_run(rec, (str(Path(rec["dir"]).parent.parent),))
@@ -144,13 +180,22 @@ class RunState:
         rec = self.data["stages"].get(name)
         return _from_run(rec, self.out) if rec is not None and rec["key"] == key else None
 
-    def record(self, name: str, key: str, directory: Path, result: dict[str, Any], seconds: float,
-               deps: tuple[str, ...] = ()) -> None:
+    def record(
+        self, name: str, key: str, directory: Path, result: dict[str, Any], seconds: float, deps: tuple[str, ...] = ()
+    ) -> None:
         files = tree_digest(directory)
         self.data["stages"][name] = _to_run(
-            {"key": key, "dir": str(directory), "result": result, "seconds": seconds, "files": files,
-             "inputs": {d: self.data["stages"][d].get("digest") for d in deps}, "digest": _digest(files)},
-            (str(self.out), str(self.out.resolve())))
+            {
+                "key": key,
+                "dir": str(directory),
+                "result": result,
+                "seconds": seconds,
+                "files": files,
+                "inputs": {d: self.data["stages"][d].get("digest") for d in deps},
+                "digest": _digest(files),
+            },
+            (str(self.out), str(self.out.resolve())),
+        )
         atomic_write_json(self.path, self.data)
 
     def require_unchanged(self, name: str, directory: Path, deps: tuple[str, ...]) -> None:
@@ -160,18 +205,27 @@ class RunState:
         if "files" in rec:  # (a state written before digests were recorded has none to compare)
             now = tree_digest(directory)
             was = rec["files"]
-            changed = [f"{k} ({'removed' if k not in now else 'added' if k not in was else 'changed'})"
-                       for k in sorted(was.keys() | now.keys()) if was.get(k) != now.get(k)]
+            changed = [
+                f"{k} ({'removed' if k not in now else 'added' if k not in was else 'changed'})"
+                for k in sorted(was.keys() | now.keys())
+                if was.get(k) != now.get(k)
+            ]
             if changed:
-                raise EaglewireError(f"stage {name}'s output in {directory} changed on disk since it finished",
-                                     expected="the files the stage wrote, unchanged (size and sampled sha256)",
-                                     found=", ".join(changed[:4]) + (" ..." if len(changed) > 4 else ""), fix=redo)
+                raise EaglewireError(
+                    f"stage {name}'s output in {directory} changed on disk since it finished",
+                    expected="the files the stage wrote, unchanged (size and sampled sha256)",
+                    found=", ".join(changed[:4]) + (" ..." if len(changed) > 4 else ""),
+                    fix=redo,
+                )
         for d in deps:
             used, now_d = rec.get("inputs", {}).get(d), self.data["stages"].get(d, {}).get("digest")
             if used is not None and used != now_d:
-                raise EaglewireError(f"stage {name} was made from another output of stage {d} than the one "
-                                     "on disk", expected=f"{d}'s output as {name} read it",
-                                     found=f"{d} was redone or changed since", fix=redo)
+                raise EaglewireError(
+                    f"stage {name} was made from another output of stage {d} than the one on disk",
+                    expected=f"{d}'s output as {name} read it",
+                    found=f"{d} was redone or changed since",
+                    fix=redo,
+                )
 
 
 def resolve_taps(cfg: RunConfig, target: Target) -> tuple[int, ...]:
@@ -193,8 +247,15 @@ def _load_run_target(cfg: RunConfig, log: Callable[[str], None]) -> Target:
     return load_target(cfg.target, device=where, dtype=getattr(torch, default_dtype_name(where)))
 
 
-def run_pipeline(cfg: RunConfig, out: Path, *, progress: Callable[[str, float, float | None, str], None],
-                 log: Callable[[str], None], target: Target | None = None, command: str = "") -> dict[str, Any]:
+def run_pipeline(
+    cfg: RunConfig,
+    out: Path,
+    *,
+    progress: Callable[[str, float, float | None, str], None],
+    log: Callable[[str], None],
+    target: Target | None = None,
+    command: str = "",
+) -> dict[str, Any]:
     """Run (or resume) every stage, then write the report (naming `command`, the line that ran it). Returns
     summary.json's content."""
     out = Path(out)
@@ -203,8 +264,14 @@ def run_pipeline(cfg: RunConfig, out: Path, *, progress: Callable[[str, float, f
         return _run(cfg, out, progress, log, target, command)
 
 
-def _run(cfg: RunConfig, out: Path, progress: Callable[[str, float, float | None, str], None],
-         log: Callable[[str], None], target: Target | None, command: str = "") -> dict[str, Any]:
+def _run(
+    cfg: RunConfig,
+    out: Path,
+    progress: Callable[[str, float, float | None, str], None],
+    log: Callable[[str], None],
+    target: Target | None,
+    command: str = "",
+) -> dict[str, Any]:
     from eaglewire.pipeline.report import write_report
 
     atomic_write_json(out / "run_config.json", cfg.model_dump(mode="json"))

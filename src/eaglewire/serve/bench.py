@@ -66,10 +66,19 @@ def _hf(target: RunnableTarget, ids: torch.Tensor, max_new: int, eos: int, **kw:
     t0 = time.perf_counter()
     ids = ids.to(target.device)  # HF generate runs where the target is
     with torch.no_grad():
-        out = target.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
-                                    do_sample=False, temperature=None, top_p=None, top_k=None, eos_token_id=eos,
-                                    pad_token_id=eos, **kw)
-    return Run(out[0, ids.shape[1]:].tolist(), time.perf_counter() - t0)
+        out = target.model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new,
+            do_sample=False,
+            temperature=None,
+            top_p=None,
+            top_k=None,
+            eos_token_id=eos,
+            pad_token_id=eos,
+            **kw,
+        )
+    return Run(out[0, ids.shape[1] :].tolist(), time.perf_counter() - t0)
 
 
 def rows_for(family: str, names: Sequence[str]) -> tuple[str, ...]:
@@ -88,18 +97,32 @@ def check_methods(names: Sequence[str]) -> None:
     known = METHODS + BLOCK_METHODS + PEER_METHODS + LLAMACPP_METHODS
     unknown = [n for n in names if n not in known]
     if unknown or "vanilla" not in names:
-        raise EaglewireError("unknown benchmark methods", expected=f"a subset of {known} "
-                             "including vanilla (the lossless reference)", found=str(list(names)))
+        raise EaglewireError(
+            "unknown benchmark methods",
+            expected=f"a subset of {known} including vanilla (the lossless reference)",
+            found=str(list(names)),
+        )
 
 
-def make_methods(target: RunnableTarget, draft: Any, chain: TreeShape, tree: TreeShape, max_len: int, eos: int,
-                 names: Sequence[str] = METHODS, log: Callable[[str], None] | None = None,
-                 block_draft: Any | None = None) -> dict[str, Callable[[torch.Tensor, int], Run]]:
+def make_methods(
+    target: RunnableTarget,
+    draft: Any,
+    chain: TreeShape,
+    tree: TreeShape,
+    max_len: int,
+    eos: int,
+    names: Sequence[str] = METHODS,
+    log: Callable[[str], None] | None = None,
+    block_draft: Any | None = None,
+) -> dict[str, Callable[[torch.Tensor, int], Run]]:
     """block_draft: the block drafter the BLOCK_METHODS rows decode with (None: those rows are refused)."""
     check_methods(names)
     block = block_shape_of(block_draft, names)
-    verify_rows = tuple(s.num_draft_tokens for s, m in ((chain, "eagle_chain"), (tree, "eagle_tree"), (block, "dflash"))
-                        if m in names and s is not None)
+    verify_rows = tuple(
+        s.num_draft_tokens
+        for s, m in ((chain, "eagle_chain"), (tree, "eagle_tree"), (block, "dflash"))
+        if m in names and s is not None
+    )
     # one KV cache, reused by every method on our runtime
     rt = runtime(target, max_len, calibrate=True, log=log, verify_rows=verify_rows)
 
@@ -114,13 +137,17 @@ def make_methods(target: RunnableTarget, draft: Any, chain: TreeShape, tree: Tre
         def run(ids: torch.Tensor, n: int) -> Run:
             toks, st = SpecDecoder(rt, prop).generate(ids, n, eos={eos})
             return Run(toks, st.total_s, st)
+
         return run
 
-    make = {"hf_generate": lambda: lambda ids, n: _hf(target, ids, n, eos),
-            "vanilla": lambda: vanilla,
-            "prompt_lookup": lambda: lambda ids, n: _hf(target, ids, n, eos, prompt_lookup_num_tokens=10),
-            "eagle_chain": lambda: eagle(chain), "eagle_tree": lambda: eagle(tree),
-            "dflash": lambda: eagle(block, block_draft)}
+    make = {
+        "hf_generate": lambda: lambda ids, n: _hf(target, ids, n, eos),
+        "vanilla": lambda: vanilla,
+        "prompt_lookup": lambda: lambda ids, n: _hf(target, ids, n, eos, prompt_lookup_num_tokens=10),
+        "eagle_chain": lambda: eagle(chain),
+        "eagle_tree": lambda: eagle(tree),
+        "dflash": lambda: eagle(block, block_draft),
+    }
     return {n: make[n]() for n in METHODS + BLOCK_METHODS if n in names}
 
 
@@ -129,9 +156,12 @@ def block_shape_of(block_draft: Any | None, names: Sequence[str]) -> TreeShape |
     if not any(n in BLOCK_METHODS for n in names):
         return None
     if block_draft is None:
-        raise EaglewireError("a block-drafter row needs a block draft", expected="--dflash-draft DIR",
-                             found=f"methods {[n for n in names if n in BLOCK_METHODS]} without one",
-                             fix="pass --dflash-draft (a DFlash checkpoint) or drop the row")
+        raise EaglewireError(
+            "a block-drafter row needs a block draft",
+            expected="--dflash-draft DIR",
+            found=f"methods {[n for n in names if n in BLOCK_METHODS]} without one",
+            fix="pass --dflash-draft (a DFlash checkpoint) or drop the row",
+        )
     return proposal_shape(block_draft.contract, None)
 
 
@@ -170,8 +200,9 @@ def spread_over_categories(questions: str, limit: int) -> list[Any]:
     return picked
 
 
-def bench_prompts(target: RunnableTarget, questions: str, limit: int, turns: int = 1,
-                  answers: str = "smollm2-mtbench-regen") -> list[torch.Tensor]:
+def bench_prompts(
+    target: RunnableTarget, questions: str, limit: int, turns: int = 1, answers: str = "smollm2-mtbench-regen"
+) -> list[torch.Tensor]:
     """Chat-templated prompts [1, P]: first turns of `limit` questions spread over the categories; with
     turns=2 also the second turns after the target's own regenerated first answers (from `answers`)."""
     convs = spread_over_categories(questions, limit)
@@ -180,17 +211,31 @@ def bench_prompts(target: RunnableTarget, questions: str, limit: int, turns: int
         regen = {c.id: c for c in read_conversations(answers)}
         missing = [c.id for c in convs if c.id not in regen or len(regen[c.id].turns) < 3]
         if missing:
-            raise EaglewireError("--turns 2 needs the target's regenerated first answers",
-                                 expected=f"answers for ids {missing[:5]} in {answers}", found="missing",
-                                 fix="eaglewire data regenerate --source mtbench --out FILE, then --answers FILE")
+            raise EaglewireError(
+                "--turns 2 needs the target's regenerated first answers",
+                expected=f"answers for ids {missing[:5]} in {answers}",
+                found="missing",
+                fix="eaglewire data regenerate --source mtbench --out FILE, then --answers FILE",
+            )
         chats += [regen[c.id].messages()[:2] + [{"role": "user", "content": c.user_turns[1]}] for c in convs]
     return [chat_ids(target.tokenizer, m) for m in chats]
 
 
-def run_bench(target: RunnableTarget, draft: Any, prompts: list[torch.Tensor], max_new: int, chain: TreeShape,
-              tree: TreeShape, log: Callable[[str], None] = print, methods: Sequence[str] = METHODS,
-              on_prompt: Callable[[int, int], None] | None = None, peer_eager: bool = False,
-              repeats: int = 1, block_draft: Any | None = None, llamacpp_gguf: tuple[str, str] = ("q4_1", "f32")) -> dict:
+def run_bench(
+    target: RunnableTarget,
+    draft: Any,
+    prompts: list[torch.Tensor],
+    max_new: int,
+    chain: TreeShape,
+    tree: TreeShape,
+    log: Callable[[str], None] = print,
+    methods: Sequence[str] = METHODS,
+    on_prompt: Callable[[int, int], None] | None = None,
+    peer_eager: bool = False,
+    repeats: int = 1,
+    block_draft: Any | None = None,
+    llamacpp_gguf: tuple[str, str] = ("q4_1", "f32"),
+) -> dict:
     """Every method on every prompt, interleaved prompt by prompt, the peer rows (vLLM, llama.cpp: their
     servers paused between their requests) included. With `repeats` R every prompt runs R times:
     `repeats` in the result holds each repetition's medians and its ours / peer ratios, the method rows
@@ -209,14 +254,15 @@ def run_bench(target: RunnableTarget, draft: Any, prompts: list[torch.Tensor], m
     runs: dict[str, list[Run]] = {m: [] for m in (*ours, *peers)}
     per_repeat = []
     with ExitStack() as stack:
-        servers = _peer_servers(stack, target, draft, prompts, max_new, chain.num_steps, peers, dtype, log,
-                                peer_eager, llamacpp_gguf)
+        servers = _peer_servers(
+            stack, target, draft, prompts, max_new, chain.num_steps, peers, dtype, log, peer_eager, llamacpp_gguf
+        )
         every = {**ours, **{name: _timed(servers[name].method(name)) for name in peers}}
         for r in range(repeats):
             if repeats > 1:
                 log(f"repetition {r + 1}/{repeats}")
             _run_all(every, prompts, max_new, runs, log, on_prompt, offset=r * len(prompts))
-            per_repeat.append(_repeat_summary({m: rs[-len(prompts):] for m, rs in runs.items()}))
+            per_repeat.append(_repeat_summary({m: rs[-len(prompts) :] for m, rs in runs.items()}))
         reported = {name: servers[name].acceptance(name) for name in peers}  # the engines' own counters
     out = summarize(runs, chain, tree, max_new, reported, block)
     if repeats > 1:  # the method rows pool every repetition: `prompts` runs each time
@@ -224,9 +270,19 @@ def run_bench(target: RunnableTarget, draft: Any, prompts: list[torch.Tensor], m
     return {**out, "dtype": dtype, "draft_dtype": str(draft.fc.weight.dtype).removeprefix("torch.")}
 
 
-def _peer_servers(stack: ExitStack, target: RunnableTarget, draft: Any, prompts: list[torch.Tensor], max_new: int, k: int,
-                  peers: list[str], dtype: str, log: Callable[[str], None], eager: bool,
-                  gguf: tuple[str, str]) -> dict[str, Any]:
+def _peer_servers(
+    stack: ExitStack,
+    target: RunnableTarget,
+    draft: Any,
+    prompts: list[torch.Tensor],
+    max_new: int,
+    k: int,
+    peers: list[str],
+    dtype: str,
+    log: Callable[[str], None],
+    eager: bool,
+    gguf: tuple[str, str],
+) -> dict[str, Any]:
     """Each peer row's server group (vLLM's, llama.cpp's), started and paused, entered on `stack`."""
     groups = []
     if rows := [m for m in peers if m in PEER_METHODS]:
@@ -240,9 +296,15 @@ def _timed(fn: Callable[[torch.Tensor, int], tuple[list[int], float]]) -> Callab
     return lambda ids, n: Run(*fn(ids, n))
 
 
-def _run_all(methods: dict[str, Callable[[torch.Tensor, int], Run]], prompts: list[torch.Tensor], max_new: int,
-             runs: dict[str, list[Run]], log: Callable[[str], None],
-             on_prompt: Callable[[int, int], None] | None, offset: int = 0) -> None:
+def _run_all(
+    methods: dict[str, Callable[[torch.Tensor, int], Run]],
+    prompts: list[torch.Tensor],
+    max_new: int,
+    runs: dict[str, list[Run]],
+    log: Callable[[str], None],
+    on_prompt: Callable[[int, int], None] | None,
+    offset: int = 0,
+) -> None:
     """Every method over every prompt; the order rotates per prompt (continuing across repetitions from
     `offset`), so no method always runs first."""
     names = list(methods)
@@ -250,14 +312,21 @@ def _run_all(methods: dict[str, Callable[[torch.Tensor, int], Run]], prompts: li
         turn = (offset + i) % len(names)
         for name in names[turn:] + names[:turn]:
             runs[name].append(methods[name](ids, max_new))
-        log(f"prompt {i + 1}/{len(prompts)}: " + ", ".join(
-            f"{m} {len(runs[m][-1].tokens) / runs[m][-1].seconds:.1f}" for m in names) + " tok/s")
+        log(
+            f"prompt {i + 1}/{len(prompts)}: "
+            + ", ".join(f"{m} {len(runs[m][-1].tokens) / runs[m][-1].seconds:.1f}" for m in names)
+            + " tok/s"
+        )
         if on_prompt:
             on_prompt(i + 1, len(prompts))
 
 
-PEER_PAIRS = (("eagle_chain", "vllm_eagle_chain"), ("vanilla", "vllm_vanilla"),  # ours, the peer's same row
-              ("eagle_chain", "llamacpp_eagle_chain"), ("vanilla", "llamacpp_vanilla"))
+PEER_PAIRS = (
+    ("eagle_chain", "vllm_eagle_chain"),
+    ("vanilla", "vllm_vanilla"),  # ours, the peer's same row
+    ("eagle_chain", "llamacpp_eagle_chain"),
+    ("vanilla", "llamacpp_vanilla"),
+)
 
 
 def _repeat_summary(runs: dict[str, list[Run]]) -> dict:
@@ -272,23 +341,38 @@ def _repeat_summary(runs: dict[str, list[Run]]) -> dict:
     return out
 
 
-def summarize(runs: dict[str, list[Run]], chain: TreeShape, tree: TreeShape, max_new: int,
-              reported: dict[str, dict] | None = None, block: TreeShape | None = None) -> dict:
+def summarize(
+    runs: dict[str, list[Run]],
+    chain: TreeShape,
+    tree: TreeShape,
+    max_new: int,
+    reported: dict[str, dict] | None = None,
+    block: TreeShape | None = None,
+) -> dict:
     """`reported`: tau / per-position counted by an engine itself (the vLLM rows), by method; `block`: the
     chain the block-drafter rows verify."""
     from eaglewire.hw import describe_cpu
 
     ref = [r.tokens for r in runs["vanilla"]]
-    out: dict[str, Any] = {"max_new_tokens": max_new, "prompts": len(ref), "cpu": describe_cpu(),
-                           "chain": chain.__dict__, "tree": tree.__dict__, "methods": {}}
+    out: dict[str, Any] = {
+        "max_new_tokens": max_new,
+        "prompts": len(ref),
+        "cpu": describe_cpu(),
+        "chain": chain.__dict__,
+        "tree": tree.__dict__,
+        "methods": {},
+    }
     if block is not None:
         out["block"] = block.__dict__
     depth = {"eagle_chain": chain.num_steps, **{m: block.num_steps for m in BLOCK_METHODS if block is not None}}
     base = None
     for name, rs in runs.items():
         rates = [len(r.tokens) / r.seconds for r in rs]
-        m: dict[str, Any] = {"median_tok_s": statistics.median(rates), "tok_s": rates,
-                             "matches_vanilla": sum(r.tokens == t for r, t in zip(rs, ref))}
+        m: dict[str, Any] = {
+            "median_tok_s": statistics.median(rates),
+            "tok_s": rates,
+            "matches_vanilla": sum(r.tokens == t for r, t in zip(rs, ref)),
+        }
         if rs[0].stats is not None:
             pooled = SpecStats(accepted=[a for r in rs for a in r.stats.accepted])  # every prompt's verify steps
             m["tau"] = pooled.tau
@@ -324,49 +408,72 @@ def label(name: str, result: dict) -> str:
     """'eagle_tree (S=4, K=2, N=6)' etc.: the knobs belong next to the numbers."""
     c, t = result["chain"], result["tree"]
     gguf = result["methods"].get("llamacpp_eagle_chain", {}).get("gguf", {})
-    knobs = {"eagle_chain": f" (k={c['num_steps']})", "vllm_eagle_chain": f" (k={c['num_steps']})",
-             "llamacpp_eagle_chain": f" (k={c['num_steps']}, {gguf.get('target')} target, {gguf.get('draft')} draft)",
-             "eagle_tree": f" (S={t['num_steps']}, K={t['topk']}, N={t['num_draft_tokens']})",
-             **{m: f" (k={result['block']['num_steps']} per block)" for m in BLOCK_METHODS if "block" in result}}
+    knobs = {
+        "eagle_chain": f" (k={c['num_steps']})",
+        "vllm_eagle_chain": f" (k={c['num_steps']})",
+        "llamacpp_eagle_chain": f" (k={c['num_steps']}, {gguf.get('target')} target, {gguf.get('draft')} draft)",
+        "eagle_tree": f" (S={t['num_steps']}, K={t['topk']}, N={t['num_draft_tokens']})",
+        **{m: f" (k={result['block']['num_steps']} per block)" for m in BLOCK_METHODS if "block" in result},
+    }
     return name + knobs.get(name, "")
 
 
 def markdown(result: dict) -> str:
     bases = [b for b in BASES if b in result["methods"]]
-    lines = ["| method | median tok/s | " + " | ".join(f"speedup vs {b}" for b in bases)
-             + " | τ | per-position acceptance | same tokens as vanilla |",
-             "|---|---|" + "---|" * len(bases) + "---|---|---|"]
+    lines = [
+        "| method | median tok/s | "
+        + " | ".join(f"speedup vs {b}" for b in bases)
+        + " | τ | per-position acceptance | same tokens as vanilla |",
+        "|---|---|" + "---|" * len(bases) + "---|---|---|",
+    ]
     for name, m in result["methods"].items():
         tau = f"{m['tau']:.2f}" if "tau" in m else "–"
         pp = ", ".join(f"{p:.2f}" for p in m.get("per_position", [])) or "–"
         ratios = " | ".join(f"{m[f'speedup_vs_{b}']:.2f}×" for b in bases)
-        lines.append(f"| {label(name, result)} | {m['median_tok_s']:.2f} | {ratios} | {tau} | {pp} | "
-                     f"{m['matches_vanilla']}/{result['prompts'] * result.get('repetitions', 1)} |")
+        lines.append(
+            f"| {label(name, result)} | {m['median_tok_s']:.2f} | {ratios} | {tau} | {pp} | "
+            f"{m['matches_vanilla']}/{result['prompts'] * result.get('repetitions', 1)} |"
+        )
     for name, m in result["methods"].items():
         if "round_vs_decode_step" in m:
-            split = (f": draft {m['draft_ms_per_round']:.1f} + verify {m['verify_ms_per_round']:.1f} ms per round"
-                     if "draft_ms_per_round" in m else "")
-            lines.append(f"\n{label(name, result)}: one round / one decode step ({m['decode_step_ms']:.1f} ms) "
-                         f"= {m['round_vs_decode_step']:.2f}{split}")
+            split = (
+                f": draft {m['draft_ms_per_round']:.1f} + verify {m['verify_ms_per_round']:.1f} ms per round"
+                if "draft_ms_per_round" in m
+                else ""
+            )
+            lines.append(
+                f"\n{label(name, result)}: one round / one decode step ({m['decode_step_ms']:.1f} ms) "
+                f"= {m['round_vs_decode_step']:.2f}{split}"
+            )
     for name, m in result["methods"].items():
         if "matches_llamacpp_vanilla" in m:  # llama.cpp's losslessness: against its own plain answers
-            lines.append(f"\n{label(name, result)}: {m['matches_llamacpp_vanilla']}/{len(m['tok_s'])} answers equal "
-                         "llamacpp_vanilla's")
+            lines.append(
+                f"\n{label(name, result)}: {m['matches_llamacpp_vanilla']}/{len(m['tok_s'])} answers equal "
+                "llamacpp_vanilla's"
+            )
     cpu = result.get("cpu")
     if cpu:
         ddt = result.get("draft_dtype", result["dtype"])
         drafted = f" (our EAGLE rows' draft: {ddt})" if ddt != result["dtype"] else ""
         reps = f" x {result['repetitions']} repetitions" if result.get("repetitions", 1) > 1 else ""
-        lines.append(f"\n{result['prompts']} prompts{reps}, {result['max_new_tokens']} new tokens, greedy, {result['dtype']}{drafted}; "
-                     f"CPU: {cpu['model']}, "
-                     f"{cpu['threads']} threads, native bf16 {'yes' if cpu['native_bf16'] else 'no'}")
+        lines.append(
+            f"\n{result['prompts']} prompts{reps}, {result['max_new_tokens']} new tokens, greedy, {result['dtype']}{drafted}; "
+            f"CPU: {cpu['model']}, "
+            f"{cpu['threads']} threads, native bf16 {'yes' if cpu['native_bf16'] else 'no'}"
+        )
     for r, rep in enumerate(result.get("repeats", [])):
-        pairs = "; ".join(f"{label(a, result)} / {label(b, result)} {rep[f'{a}_vs_{b}']:.2f}× (per prompt "
-                          f"{rep[f'{a}_vs_{b}_per_prompt']:.2f}×)" for a, b in PEER_PAIRS if f"{a}_vs_{b}" in rep)
+        pairs = "; ".join(
+            f"{label(a, result)} / {label(b, result)} {rep[f'{a}_vs_{b}']:.2f}× (per prompt "
+            f"{rep[f'{a}_vs_{b}_per_prompt']:.2f}×)"
+            for a, b in PEER_PAIRS
+            if f"{a}_vs_{b}" in rep
+        )
         lines.append(f"{'' if r else chr(10)}repetition {r + 1}: {pairs or 'no peer rows'}")
     if result["dtype"] == "bfloat16":
-        lines.append("bfloat16: 'same tokens as vanilla' can fall short of all without a loss: a verify of k rows "
-                     "rounds unlike a 1-row step, and where two tokens tie in bf16 the runs may take different ones.")
+        lines.append(
+            "bfloat16: 'same tokens as vanilla' can fall short of all without a loss: a verify of k rows "
+            "rounds unlike a 1-row step, and where two tokens tie in bf16 the runs may take different ones."
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -381,8 +488,12 @@ def plot(result: dict, png: Path) -> None:
         pp = result["methods"].get(name, {}).get("per_position", [])
         if pp:
             a.plot(range(1, len(pp) + 1), pp, "o-", label=label(name, result))
-    a.set(xlabel="draft position", ylabel="accepted at this depth / verify steps", ylim=(0, 1),
-          title="per-position acceptance")
+    a.set(
+        xlabel="draft position",
+        ylabel="accepted at this depth / verify steps",
+        ylim=(0, 1),
+        title="per-position acceptance",
+    )
     a.legend()
     names = list(result["methods"])
     b.bar(names, [result["methods"][n]["median_tok_s"] for n in names])

@@ -26,16 +26,39 @@ ROLES = ("system", "user", "assistant")
 MESSAGE_KEYS = {"role", "content"}
 # Fields accepted as they are, and fields accepted only at the value that means "not used": anything else is
 # refused, so a client never believes a parameter took effect when it did not.
-COMMON = {"model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stream", "user",
-          "stream_options"}
-NEUTRAL = {"n": (1,), "stop": (None, [], ""), "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
-           "logprobs": (None, False), "top_logprobs": (None, 0), "logit_bias": (None, {}), "best_of": (None, 1),
-           "echo": (None, False), "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none"),
-           "response_format": (None, {"type": "text"}), "parallel_tool_calls": (None,)}
+COMMON = {
+    "model",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stream",
+    "user",
+    "stream_options",
+}
+NEUTRAL = {
+    "n": (1,),
+    "stop": (None, [], ""),
+    "presence_penalty": (0, 0.0),
+    "frequency_penalty": (0, 0.0),
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "logit_bias": (None, {}),
+    "best_of": (None, 1),
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "response_format": (None, {"type": "text"}),
+    "parallel_tool_calls": (None,),
+}
 
 
 class BadRequest(Exception):
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.kind, self.param = status, message, kind, param
 
@@ -52,23 +75,36 @@ def content_length(headers: list[str] | str | None, transfer: list[str] | None =
     Two of them, or a Transfer-Encoding (with one or without), are refused: servers and proxies disagree on
     which wins (request smuggling's classic pairs), so no reading is safe."""
     if transfer:
-        raise BadRequest(400 if headers else 411, f"Transfer-Encoding: {transfer[0][:40]!r} is not accepted; send "
-                         "the body with one Content-Length header alone", param="Transfer-Encoding")
+        raise BadRequest(
+            400 if headers else 411,
+            f"Transfer-Encoding: {transfer[0][:40]!r} is not accepted; send "
+            "the body with one Content-Length header alone",
+            param="Transfer-Encoding",
+        )
     if isinstance(headers, list) and len(headers) > 1:
-        raise BadRequest(400, f"Content-Length: given {len(headers)} times ({', '.join(h[:20] for h in headers[:4])})"
-                         "; send it once", param="Content-Length")
+        raise BadRequest(
+            400,
+            f"Content-Length: given {len(headers)} times ({', '.join(h[:20] for h in headers[:4])}); send it once",
+            param="Content-Length",
+        )
     header = (headers[0] if headers else None) if isinstance(headers, list) else headers
     if header is None:
-        raise BadRequest(411, "Content-Length: required (chunked request bodies are not accepted)",
-                         param="Content-Length")
+        raise BadRequest(
+            411, "Content-Length: required (chunked request bodies are not accepted)", param="Content-Length"
+        )
     text = header.strip()
     if not (text.isascii() and text.isdigit()) or len(text) > 19:  # '٣'.isdigit() is true, int() of it works
-        raise BadRequest(400, f"Content-Length: must be a non-negative integer, got {header[:40]!r}",
-                         param="Content-Length")
+        raise BadRequest(
+            400, f"Content-Length: must be a non-negative integer, got {header[:40]!r}", param="Content-Length"
+        )
     n = int(text)
     if n > MAX_BODY_BYTES:
-        raise BadRequest(413, f"Content-Length: {n} bytes is over this server's limit of {MAX_BODY_BYTES}",
-                         "request_too_large", "Content-Length")
+        raise BadRequest(
+            413,
+            f"Content-Length: {n} bytes is over this server's limit of {MAX_BODY_BYTES}",
+            "request_too_large",
+            "Content-Length",
+        )
     return n
 
 
@@ -143,14 +179,14 @@ def check_params(body: dict, path: str, max_tokens_limit: int) -> Params:
         mt = body.get(name)
         if name in body and (isinstance(mt, bool) or not isinstance(mt, int) or not 1 <= mt <= max_tokens_limit):
             raise _bad(name, f"must be an integer in [1, {max_tokens_limit}], got {mt!r}"[:200])
-    if "max_tokens" in body and "max_completion_tokens" in body and \
-            body["max_tokens"] != body["max_completion_tokens"]:
+    if "max_tokens" in body and "max_completion_tokens" in body and body["max_tokens"] != body["max_completion_tokens"]:
         raise _bad("max_completion_tokens", "disagrees with max_tokens (give one, or both equal)")
     mt = body.get("max_tokens", body.get("max_completion_tokens", min(256, max_tokens_limit)))
     temperature, top_p = _number(body, "temperature", 0.0), _number(body, "top_p", 1.0)
     if not (temperature == 0 or MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE):
-        raise _bad("temperature", f"must be 0 (greedy) or in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}], got "
-                                  f"{temperature!r}")
+        raise _bad(
+            "temperature", f"must be 0 (greedy) or in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}], got {temperature!r}"
+        )
     if not MIN_TOP_P <= top_p <= 1:
         raise _bad("top_p", f"must be in [{MIN_TOP_P}, 1] (use temperature 0 for the top token), got {top_p!r}")
     seed = body.get("seed", 0)
@@ -162,10 +198,13 @@ def check_params(body: dict, path: str, max_tokens_limit: int) -> Params:
     if not isinstance(stream, bool):
         raise _bad("stream", f"must be true or false (a JSON boolean), got {stream!r}"[:120])
     opts = body.get("stream_options")
-    if opts is not None and not (isinstance(opts, dict) and set(opts) <= {"include_usage"} and
-                                 isinstance(opts.get("include_usage", False), bool)):
-        raise _bad("stream_options", "only {\"include_usage\": true or false} is supported (usage is always sent), "
-                   f"got {opts!r}"[:200])
+    if opts is not None and not (
+        isinstance(opts, dict) and set(opts) <= {"include_usage"} and isinstance(opts.get("include_usage", False), bool)
+    ):
+        raise _bad(
+            "stream_options",
+            f'only {{"include_usage": true or false}} is supported (usage is always sent), got {opts!r}'[:200],
+        )
     if body.get("user") is not None and not isinstance(body["user"], str):
         raise _bad("user", "must be a string")
     return Params(mt, temperature, top_p, seed, stream)
@@ -193,18 +232,22 @@ def render_chat(tok: Any, msgs: list[dict[str, str]]) -> list[int]:
     a placeholder for each content; its own parts are tokenized with special tokens, the contents without."""
     tag = uuid.uuid4().hex
     marks = [f"EWMSG{tag}N{i}E" for i in range(len(msgs))]
-    rendered = tok.apply_chat_template([{"role": m["role"], "content": k} for m, k in zip(msgs, marks)],
-                                       tokenize=False, add_generation_prompt=True)
+    rendered = tok.apply_chat_template(
+        [{"role": m["role"], "content": k} for m, k in zip(msgs, marks)], tokenize=False, add_generation_prompt=True
+    )
     found = [(int(x.group(1)), x.start(), x.end()) for x in re.finditer(f"EWMSG{tag}N(\\d+)E", rendered)]
     if [i for i, _, _ in found] != list(range(len(msgs))):  # a template that edits or repeats content
-        raise RuntimeError("the chat template does not place each message's text verbatim once; refusing to "
-                           "render user text into it")
+        raise RuntimeError(
+            "the chat template does not place each message's text verbatim once; refusing to render user text into it"
+        )
     ids: list[int] = []
     pos = 0  # one pass over the rendered text: linear in its length, whatever the number of messages
     for m, (_, start, end) in zip(msgs, found):
         head = rendered[pos:start]
         ids += tok(head, add_special_tokens=False)["input_ids"] if head else []
-        ids += tok(m["content"], add_special_tokens=False, split_special_tokens=True)["input_ids"] if m["content"] else []
+        ids += (
+            tok(m["content"], add_special_tokens=False, split_special_tokens=True)["input_ids"] if m["content"] else []
+        )
         pos = end
     rest = rendered[pos:]
     ids += tok(rest, add_special_tokens=False)["input_ids"] if rest else []
@@ -240,6 +283,9 @@ class Histogram:
         with self.lock:
             rows = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
             rows += [f'{self.name}_bucket{{le="{b}"}} {c}' for b, c in zip(self.BUCKETS, self.counts)]
-            rows += [f'{self.name}_bucket{{le="+Inf"}} {self.count}', f"{self.name}_sum {self.sum:.6f}",
-                     f"{self.name}_count {self.count}"]
+            rows += [
+                f'{self.name}_bucket{{le="+Inf"}} {self.count}',
+                f"{self.name}_sum {self.sum:.6f}",
+                f"{self.name}_count {self.count}",
+            ]
         return "\n".join(rows) + "\n"

@@ -57,8 +57,12 @@ class ConnectionTable:
                 return False
             del self.reading[sock]
         try:  # an answer, not a bare reset; never blocking the accepting thread on a client that does not read
-            sock.send(_response(408, "the request was not complete when the server, full, needed its "
-                                     "connection; retry", "timeout"), socket.MSG_DONTWAIT)
+            sock.send(
+                _response(
+                    408, "the request was not complete when the server, full, needed its connection; retry", "timeout"
+                ),
+                socket.MSG_DONTWAIT,
+            )
         except OSError:
             pass
         try:
@@ -160,8 +164,10 @@ def _response(status: int, message: str, kind: str) -> bytes:
     from http import HTTPStatus
 
     body = json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
-    return (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n"
-            f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+    return (
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n"
+        f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
 
 
 def refuse_busy(sock: socket.socket) -> None:

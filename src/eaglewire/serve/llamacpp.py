@@ -36,8 +36,10 @@ from eaglewire.cache import cache_root
 from eaglewire.errors import EaglewireError
 from eaglewire.vllm_client.server import _WATCHDOG, ServerProcess, _die_with_parent, free_port
 
-BUILD_HINT = ("bash scripts/llamacpp_build.sh   (builds llama-server from the llama-cpp-python sdist into the user "
-              "cache; or point EAGLEWIRE_LLAMA_SERVER at a llama-server binary)")
+BUILD_HINT = (
+    "bash scripts/llamacpp_build.sh   (builds llama-server from the llama-cpp-python sdist into the user "
+    "cache; or point EAGLEWIRE_LLAMA_SERVER at a llama-server binary)"
+)
 
 
 def llamacpp_root() -> Path:
@@ -69,9 +71,14 @@ def find_llama_server() -> Path | None:
 def llama_server_path() -> Path:
     path = find_llama_server()
     if path is None or not path.is_file():
-        raise EaglewireError("llama.cpp's llama-server is not built", expected="a llama-server binary",
-                             found=f"none at {path}" if path else "EAGLEWIRE_LLAMA_SERVER unset, no build in "
-                             f"{llamacpp_root()}, none on PATH", fix=BUILD_HINT)
+        raise EaglewireError(
+            "llama.cpp's llama-server is not built",
+            expected="a llama-server binary",
+            found=f"none at {path}"
+            if path
+            else f"EAGLEWIRE_LLAMA_SERVER unset, no build in {llamacpp_root()}, none on PATH",
+            fix=BUILD_HINT,
+        )
     return path
 
 
@@ -81,13 +88,18 @@ def llamacpp_source(version: str | None = None) -> Path:
     versions = _versions(root)
     v = version or (versions[0] if versions else None)
     if v is None or not (root / v / "src" / "convert_hf_to_gguf.py").is_file():
-        raise EaglewireError("llama.cpp's source is not unpacked", expected=f"{root}/<version>/src",
-                             found=f"versions {versions}", fix=BUILD_HINT)
+        raise EaglewireError(
+            "llama.cpp's source is not unpacked",
+            expected=f"{root}/<version>/src",
+            found=f"versions {versions}",
+            fix=BUILD_HINT,
+        )
     return root / v / "src"
 
 
-def convert_hf(model_dir: Path, out: Path, outtype: str = "f32", target_dir: Path | None = None,
-               version: str | None = None) -> Path:
+def convert_hf(
+    model_dir: Path, out: Path, outtype: str = "f32", target_dir: Path | None = None, version: str | None = None
+) -> Path:
     """llama.cpp's own convert_hf_to_gguf.py on an HF directory (a target, or a draft with `target_dir`, its
     --target-model-dir). Its gguf-py comes from the same source; `sentencepiece`, which its llama vocabulary
     path imports even for a tokenizer.json model, from <llamacpp_root>/converter-deps (scripts/llamacpp_build.sh) when the venv lacks it."""
@@ -99,9 +111,12 @@ def convert_hf(model_dir: Path, out: Path, outtype: str = "f32", target_dir: Pat
         cmd += ["--target-model-dir", str(target_dir)]
     done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(path)})
     if done.returncode != 0 or not out.is_file():
-        raise EaglewireError(f"llama.cpp's converter failed on {model_dir}", expected=f"a GGUF at {out}",
-                             found=f"exit {done.returncode}:\n{done.stderr[-1500:]}",
-                             fix="pip install sentencepiece (the converter imports it) or read the message above")
+        raise EaglewireError(
+            f"llama.cpp's converter failed on {model_dir}",
+            expected=f"a GGUF at {out}",
+            found=f"exit {done.returncode}:\n{done.stderr[-1500:]}",
+            fix="pip install sentencepiece (the converter imports it) or read the message above",
+        )
     return out
 
 
@@ -117,8 +132,11 @@ def target_gguf(precision: str = "q4_1", name: str = "smollm2-135m") -> Path:
     if precision == "q4_1":
         return embedded_gguf_path(name)
     if precision not in ("f32", "f16", "bf16", "q8_0"):
-        raise EaglewireError(f"unknown target GGUF precision {precision!r}", expected="q4_1 (shipped), f32, f16, "
-                             "bf16 or q8_0 (converted)", found=precision)
+        raise EaglewireError(
+            f"unknown target GGUF precision {precision!r}",
+            expected="q4_1 (shipped), f32, f16, bf16 or q8_0 (converted)",
+            found=precision,
+        )
     out = llamacpp_root() / "gguf" / f"{name}-{precision}.gguf"
     if not out.is_file():
         tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
@@ -141,9 +159,21 @@ class LlamaServer(ServerProcess):
 
     LOG_LINES = 30
 
-    def __init__(self, model: Path, draft: Path | None = None, *, spec_type: str = "draft-eagle3", n_max: int = 3,
-                 ctx: int = 2048, threads: int = 2, seed: int = 0, poll: int = 0, startup_timeout: float = 300.0,
-                 extra_args: Sequence[str] = (), log_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        model: Path,
+        draft: Path | None = None,
+        *,
+        spec_type: str = "draft-eagle3",
+        n_max: int = 3,
+        ctx: int = 2048,
+        threads: int = 2,
+        seed: int = 0,
+        poll: int = 0,
+        startup_timeout: float = 300.0,
+        extra_args: Sequence[str] = (),
+        log_path: Path | None = None,
+    ) -> None:
         self.model, self.draft, self.spec_type, self.n_max = Path(model), draft, spec_type, n_max
         self.ctx, self.threads, self.seed, self.poll = ctx, threads, seed, poll
         self.startup_timeout, self.extra_args = startup_timeout, list(extra_args)
@@ -159,26 +189,69 @@ class LlamaServer(ServerProcess):
     def command(self) -> list[str]:
         """The llama-server line (also what `eaglewire export --format llamacpp` tells a user to run)."""
         t = str(self.threads)
-        cmd = [str(llama_server_path()), "-m", str(self.model), "--host", "127.0.0.1", "--port", str(self.port),
-               "-c", str(self.ctx), "--parallel", "1", "--threads", t, "--threads-batch", t, "--poll", str(self.poll),
-               "--seed", str(self.seed), "--temp", "0", "--top-k", "1", "--metrics", "--no-webui"]
+        cmd = [
+            str(llama_server_path()),
+            "-m",
+            str(self.model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "-c",
+            str(self.ctx),
+            "--parallel",
+            "1",
+            "--threads",
+            t,
+            "--threads-batch",
+            t,
+            "--poll",
+            str(self.poll),
+            "--seed",
+            str(self.seed),
+            "--temp",
+            "0",
+            "--top-k",
+            "1",
+            "--metrics",
+            "--no-webui",
+        ]
         if self.draft is not None:
-            cmd += ["-md", str(self.draft), "--spec-type", self.spec_type, "--spec-draft-n-max", str(self.n_max),
-                    "--spec-draft-p-min", "0", "--threads-draft", t, "--threads-batch-draft", t,
-                    "--poll-draft", "0" if self.poll == 0 else "1"]
+            cmd += [
+                "-md",
+                str(self.draft),
+                "--spec-type",
+                self.spec_type,
+                "--spec-draft-n-max",
+                str(self.n_max),
+                "--spec-draft-p-min",
+                "0",
+                "--threads-draft",
+                t,
+                "--threads-batch-draft",
+                t,
+                "--poll-draft",
+                "0" if self.poll == 0 else "1",
+            ]
         return cmd + self.extra_args
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
             # own session (stop() signals the group); the parent-death signal ends it if we die unstopped
-            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True, preexec_fn=partial(_die_with_parent, 0))
+            self.proc = subprocess.Popen(
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=partial(_die_with_parent, 0),
+            )
         # a server paused by the bench (SIGSTOP) holds the parent-death SIGTERM pending: the watchdog (vLLM's, see
         # vllm_client/server.py) resumes and kills it when this process ends however it ends (seen: a bench killed
         # by `timeout` left its paused llama-server behind)
-        self.watchdog = subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(self.proc.pid)],
-                                         stdin=subprocess.PIPE, start_new_session=True)
+        self.watchdog = subprocess.Popen(
+            [sys.executable, "-c", _WATCHDOG, str(self.proc.pid)], stdin=subprocess.PIPE, start_new_session=True
+        )
         try:
             self._wait_ready()
         except BaseException:
@@ -189,9 +262,12 @@ class LlamaServer(ServerProcess):
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:  # bounded: the deadline
             if self.proc is not None and self.proc.poll() is not None:
-                raise EaglewireError("llama-server exited while starting", expected="a server answering /health",
-                                     found=f"exit code {self.proc.returncode}; log {self.log_path}:\n{self.log_tail()}",
-                                     fix="read the log (a draft GGUF llama.cpp refuses names its fault there)")
+                raise EaglewireError(
+                    "llama-server exited while starting",
+                    expected="a server answering /health",
+                    found=f"exit code {self.proc.returncode}; log {self.log_path}:\n{self.log_tail()}",
+                    fix="read the log (a draft GGUF llama.cpp refuses names its fault there)",
+                )
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
                     if r.status == 200:
@@ -199,9 +275,11 @@ class LlamaServer(ServerProcess):
             except (urllib.error.URLError, OSError):  # 503 while loading, refused before listening
                 pass
             time.sleep(0.5)
-        raise EaglewireError("llama-server did not become ready in time",
-                             expected=f"/health within {self.startup_timeout:.0f} s",
-                             found=f"no answer; log {self.log_path}:\n{self.log_tail()}")
+        raise EaglewireError(
+            "llama-server did not become ready in time",
+            expected=f"/health within {self.startup_timeout:.0f} s",
+            found=f"no answer; log {self.log_path}:\n{self.log_tail()}",
+        )
 
     def stop(self, grace: float = 20.0) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -222,15 +300,28 @@ class LlamaServer(ServerProcess):
     def complete(self, prompt_ids: list[int], n_predict: int, timeout: float = 600.0) -> Completion:
         """Greedy completion of a token-id prompt (the exact ids our engine used, no template), its own
         prompt cache off so every request prefills the same way."""
-        body = {"prompt": prompt_ids, "n_predict": n_predict, "temperature": 0.0, "top_k": 1, "seed": self.seed,
-                "cache_prompt": False, "return_tokens": True}
+        body = {
+            "prompt": prompt_ids,
+            "n_predict": n_predict,
+            "temperature": 0.0,
+            "top_k": 1,
+            "seed": self.seed,
+            "cache_prompt": False,
+            "return_tokens": True,
+        }
         data = _post(self.url + "/completion", body, timeout)
         t = data.get("timings") or {}
         if "tokens" not in data:
-            raise EaglewireError("llama-server did not return the generated token ids", expected="tokens",
-                                 found=json.dumps(data)[:300])
-        return Completion(list(data["tokens"]), int(t.get("draft_n", 0)), int(t.get("draft_n_accepted", 0)),
-                          float(t.get("predicted_per_second", 0.0)), float(t.get("predicted_ms", 0.0)))
+            raise EaglewireError(
+                "llama-server did not return the generated token ids", expected="tokens", found=json.dumps(data)[:300]
+            )
+        return Completion(
+            list(data["tokens"]),
+            int(t.get("draft_n", 0)),
+            int(t.get("draft_n_accepted", 0)),
+            float(t.get("predicted_per_second", 0.0)),
+            float(t.get("predicted_ms", 0.0)),
+        )
 
     def counters(self) -> Any:
         """Its speculative counters now (eaglewire.doctor.counters.Counters, engine "llamacpp")."""
@@ -246,8 +337,11 @@ def _post(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return json.loads(r.read())
     except urllib.error.HTTPError as err:
-        raise EaglewireError(f"llama-server refused {url}", expected="200", found=f"{err.code}: "
-                             f"{err.read().decode(errors='replace')[:300]}") from None
+        raise EaglewireError(
+            f"llama-server refused {url}",
+            expected="200",
+            found=f"{err.code}: {err.read().decode(errors='replace')[:300]}",
+        ) from None
 
 
 def server_line(target: str, draft: str, spec_type: str = "draft-eagle3", n_max: int = 3) -> str:

@@ -31,13 +31,24 @@ LLAMACPP_METHODS = ("llamacpp_vanilla", "llamacpp_eagle_chain")
 TARGET_PRECISIONS, DRAFT_PRECISIONS = ("q4_1", "f32"), ("f32", "f16", "bf16", "q8_0", "q4_0")
 
 
-def draft_gguf(target: RunnableTarget, draft: Any, out: Path, precision: str = "f32", vocab_from: Path | None = None) -> Path:
+def draft_gguf(
+    target: RunnableTarget, draft: Any, out: Path, precision: str = "f32", vocab_from: Path | None = None
+) -> Path:
     """Our EAGLE-3 draft as a GGUF llama-server loads (`export --format llamacpp`), carrying the vocabulary of the
     target GGUF it will be served with (`vocab_from`; llama-server refuses a draft whose vocabulary differs)."""
     from eaglewire.export.convert import export_draft
 
-    return export_draft(draft, draft.contract, out.parent / "llamacpp-export", "llamacpp", gguf_dtype=precision,
-                        vocab_from=vocab_from) / "draft.gguf"
+    return (
+        export_draft(
+            draft,
+            draft.contract,
+            out.parent / "llamacpp-export",
+            "llamacpp",
+            gguf_dtype=precision,
+            vocab_from=vocab_from,
+        )
+        / "draft.gguf"
+    )
 
 
 def _target_gguf(target: RunnableTarget, precision: str, tmp: Path) -> Path:
@@ -47,23 +58,39 @@ def _target_gguf(target: RunnableTarget, precision: str, tmp: Path) -> Path:
     if (key := embedded_key(target.path)) is not None:
         return target_gguf(precision, key)
     if precision == "q4_1":
-        raise EaglewireError("only the embedded target ships a Q4_1 GGUF", expected="--llamacpp-target f32 for "
-                             "another target", found=f"target {target.name!r} with q4_1")
+        raise EaglewireError(
+            "only the embedded target ships a Q4_1 GGUF",
+            expected="--llamacpp-target f32 for another target",
+            found=f"target {target.name!r} with q4_1",
+        )
     return convert_hf(Path(target.path), tmp / "target.gguf", precision)
 
 
 class LlamacppPeers:
     """The llama.cpp rows' servers, all up and paused (module docstring)."""
 
-    def __init__(self, target: RunnableTarget, draft: Any, prompts: list[torch.Tensor], max_new: int, k: int,
-                 names: Sequence[str], log: Callable[[str], None] = print, target_precision: str = "q4_1",
-                 draft_precision: str = "f32", threads: int | None = None) -> None:
+    def __init__(
+        self,
+        target: RunnableTarget,
+        draft: Any,
+        prompts: list[torch.Tensor],
+        max_new: int,
+        k: int,
+        names: Sequence[str],
+        log: Callable[[str], None] = print,
+        target_precision: str = "q4_1",
+        draft_precision: str = "f32",
+        threads: int | None = None,
+    ) -> None:
         unknown = [n for n in names if n not in LLAMACPP_METHODS]
         if unknown:
             raise ValueError(f"unknown llama.cpp rows {unknown}: expected some of {LLAMACPP_METHODS}")
         if target_precision not in TARGET_PRECISIONS or draft_precision not in DRAFT_PRECISIONS:
-            raise EaglewireError("unknown GGUF precision", expected=f"target {TARGET_PRECISIONS}, draft "
-                                 f"{DRAFT_PRECISIONS}", found=f"target {target_precision}, draft {draft_precision}")
+            raise EaglewireError(
+                "unknown GGUF precision",
+                expected=f"target {TARGET_PRECISIONS}, draft {DRAFT_PRECISIONS}",
+                found=f"target {target_precision}, draft {draft_precision}",
+            )
         self.target, self.draft, self.max_new, self.k, self.names = target, draft, max_new, k, list(names)
         self.precision = (target_precision, draft_precision)
         self.spec_type = get_family(draft.contract.family).llamacpp_spec_type
@@ -83,13 +110,21 @@ class LlamacppPeers:
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="eaglewire-llamacpp-")))
             model = _target_gguf(self.target, self.precision[0], tmp)
             for name in self.names:
-                dgguf = draft_gguf(self.target, self.draft, tmp / "draft.gguf", self.precision[1], vocab_from=model) \
-                    if name == "llamacpp_eagle_chain" else None
-                self.log(f"{name}: starting llama-server ({self.precision[0]} target"
-                         + (f", {self.precision[1]} EAGLE-3 draft, k={self.k}" if dgguf else ", no draft")
-                         + f", {self.threads} threads); paused between its requests")
-                srv = stack.enter_context(LlamaServer(model, dgguf, spec_type=self.spec_type, n_max=self.k,
-                                                      ctx=self.ctx, threads=self.threads))
+                dgguf = (
+                    draft_gguf(self.target, self.draft, tmp / "draft.gguf", self.precision[1], vocab_from=model)
+                    if name == "llamacpp_eagle_chain"
+                    else None
+                )
+                self.log(
+                    f"{name}: starting llama-server ({self.precision[0]} target"
+                    + (f", {self.precision[1]} EAGLE-3 draft, k={self.k}" if dgguf else ", no draft")
+                    + f", {self.threads} threads); paused between its requests"
+                )
+                srv = stack.enter_context(
+                    LlamaServer(
+                        model, dgguf, spec_type=self.spec_type, n_max=self.k, ctx=self.ctx, threads=self.threads
+                    )
+                )
                 srv.complete(self.warmup, min(16, self.max_new))  # not counted
                 if dgguf:
                     self.before[name] = srv.counters()
@@ -115,9 +150,10 @@ class LlamacppPeers:
                 seconds = time.perf_counter() - t0
             finally:
                 _signal(srv, signal.SIGSTOP)
-            toks = toks[:toks.index(self.eos) + 1] if self.eos in toks else toks
+            toks = toks[: toks.index(self.eos) + 1] if self.eos in toks else toks
             self.answers[name].append(toks)
             return toks, seconds
+
         return run
 
     def acceptance(self, name: str) -> dict[str, Any]:
@@ -131,10 +167,17 @@ class LlamacppPeers:
         finally:
             _signal(srv, signal.SIGSTOP)
         if not window.drafts:
-            raise EaglewireError("llama.cpp ran no speculative steps", expected="spec_decode_num_drafts to grow",
-                                 found=str(window.to_dict()), fix=f"read the server log {srv.log_path}")
-        out: dict[str, Any] = {"tau": window.tau, "per_position": window.per_position,
-                               "gguf": {"target": self.precision[0], "draft": self.precision[1]}}
+            raise EaglewireError(
+                "llama.cpp ran no speculative steps",
+                expected="spec_decode_num_drafts to grow",
+                found=str(window.to_dict()),
+                fix=f"read the server log {srv.log_path}",
+            )
+        out: dict[str, Any] = {
+            "tau": window.tau,
+            "per_position": window.per_position,
+            "gguf": {"target": self.precision[0], "draft": self.precision[1]},
+        }
         plain = self.answers.get("llamacpp_vanilla")
         if plain:
             out["matches_llamacpp_vanilla"] = sum(a == b for a, b in zip(self.answers[name], plain))

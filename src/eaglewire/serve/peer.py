@@ -42,8 +42,12 @@ def acceptance_between(before: dict[str, Any], after: dict[str, Any], k: int) ->
     d1, a1, p1 = _counts(after)
     drafts = d1 - d0
     if drafts <= 0:
-        raise EaglewireError("vLLM ran no speculative steps", expected="spec_decode_num_drafts to grow",
-                             found=f"{d0} -> {d1}", fix="check the server log: the draft may not have loaded")
+        raise EaglewireError(
+            "vLLM ran no speculative steps",
+            expected="spec_decode_num_drafts to grow",
+            found=f"{d0} -> {d1}",
+            fix="check the server log: the draft may not have loaded",
+        )
     p0 = p0 + [0.0] * (k - len(p0))
     return acceptance_length(a1 - a0, drafts), [(b - a) / drafts for a, b in zip(p0, p1)]
 
@@ -51,7 +55,7 @@ def acceptance_between(before: dict[str, Any], after: dict[str, Any], k: int) ->
 def _with_eos(tokens: list[int], eos: int, max_new: int) -> list[int]:
     """Our loops keep the EOS they stop at; vLLM may leave it out of token_ids."""
     if eos in tokens:
-        return tokens[:tokens.index(eos) + 1]
+        return tokens[: tokens.index(eos) + 1]
     return tokens + [eos] if len(tokens) < max_new else tokens
 
 
@@ -59,20 +63,34 @@ class PeerServers:
     """The peer rows' servers, all up and paused (module docstring): `method(name)` runs one prompt on a row,
     `acceptance(name)` reads vLLM's counters over the row's measured requests so far."""
 
-    def __init__(self, target: RunnableTarget, draft: Any, prompts: list[torch.Tensor], max_new: int, k: int,
-                 names: Sequence[str], dtype: str = "float32", log: Callable[[str], None] = print,
-                 enforce_eager: bool = False) -> None:
+    def __init__(
+        self,
+        target: RunnableTarget,
+        draft: Any,
+        prompts: list[torch.Tensor],
+        max_new: int,
+        k: int,
+        names: Sequence[str],
+        dtype: str = "float32",
+        log: Callable[[str], None] = print,
+        enforce_eager: bool = False,
+    ) -> None:
         """prompts [1, P] each: the longest sizes the servers' context, the first is each server's warm-up
         request (not counted). enforce_eager skips vLLM's compile (start ~40 s instead of ~1-2 min) and slows its decode: for tests
         of the rows' bookkeeping, never for a speed comparison."""
         from eaglewire.vllm_client.server import BUILD_HINT, vllm_available
 
         if not vllm_available():
-            raise EaglewireError("the vLLM peer rows need vLLM's CPU build", expected="its venv", found="none",
-                                 fix=BUILD_HINT)
+            raise EaglewireError(
+                "the vLLM peer rows need vLLM's CPU build", expected="its venv", found="none", fix=BUILD_HINT
+            )
         if target.path is None:
-            raise EaglewireError("vLLM loads the target from a model directory", expected="a target with a path",
-                                 found="an in-memory model", fix="pass --target DIR")
+            raise EaglewireError(
+                "vLLM loads the target from a model directory",
+                expected="a target with a path",
+                found="an in-memory model",
+                fix="pass --target DIR",
+            )
         unknown = [n for n in names if n not in PEER_METHODS]
         if unknown:
             raise ValueError(f"unknown peer rows {unknown}: expected some of {PEER_METHODS}")
@@ -91,16 +109,29 @@ class PeerServers:
 
         with self._stack as stack:  # on a failed start, everything started so far is stopped
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="eaglewire-peer-"))
-            export = export_draft(self.draft, self.draft.contract, Path(tmp) / "vllm", "vllm",
-                                  verifier=str(self.target.path))
+            export = export_draft(
+                self.draft, self.draft.contract, Path(tmp) / "vllm", "vllm", verifier=str(self.target.path)
+            )
             for name in self.names:
-                spec = {"method": "eagle3", "model": str(export), "num_speculative_tokens": self.k} \
-                    if name == "vllm_eagle_chain" else None
-                self.log(f"{name}: starting vLLM {'with the EAGLE-3 draft' if spec else 'without a draft'} "
-                         f"({self.dtype}); paused between its requests")
-                srv = stack.enter_context(VllmServer(self.target.path, dtype=self.dtype, max_model_len=self.max_len,
-                                                     speculative_config=spec, max_num_seqs=1,
-                                                     enforce_eager=self.enforce_eager))
+                spec = (
+                    {"method": "eagle3", "model": str(export), "num_speculative_tokens": self.k}
+                    if name == "vllm_eagle_chain"
+                    else None
+                )
+                self.log(
+                    f"{name}: starting vLLM {'with the EAGLE-3 draft' if spec else 'without a draft'} "
+                    f"({self.dtype}); paused between its requests"
+                )
+                srv = stack.enter_context(
+                    VllmServer(
+                        self.target.path,
+                        dtype=self.dtype,
+                        max_model_len=self.max_len,
+                        speculative_config=spec,
+                        max_num_seqs=1,
+                        enforce_eager=self.enforce_eager,
+                    )
+                )
                 complete_ids(srv.base_url, srv.model_name, self.warmup, min(16, self.max_new))  # not counted
                 if spec:
                     self.before[name] = spec_metrics(srv.base_url)
@@ -124,6 +155,7 @@ class PeerServers:
                 toks = complete_ids(srv.base_url, srv.model_name, ids[0].tolist(), max_new)
                 seconds = time.perf_counter() - t0
             return _with_eos(toks, self.eos, max_new), seconds
+
         return run
 
     def acceptance(self, name: str) -> dict:

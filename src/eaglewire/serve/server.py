@@ -22,14 +22,33 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
-from eaglewire.serve.connections import EVICT_AFTER_S, MAX_CONNECTION_BYTES, MAX_REQUESTS_PER_CONNECTION, \
-    REQUEST_DEADLINE_S, SSE_PROBE, ConnectionTable, PeerWatch, RequestReader, refuse_busy
+from eaglewire.serve.connections import (
+    EVICT_AFTER_S,
+    MAX_CONNECTION_BYTES,
+    MAX_REQUESTS_PER_CONNECTION,
+    REQUEST_DEADLINE_S,
+    SSE_PROBE,
+    ConnectionTable,
+    PeerWatch,
+    RequestReader,
+    refuse_busy,
+)
 from eaglewire.serve.chat_requests import BadRequest, content_length, parse_body
 from eaglewire.serve.worker import Cancelled, Job, Metrics, SpecServer, finish_reason
 from eaglewire.target.protocol import RunnableTarget
 
-__all__ = ["Cancelled", "Handler", "Job", "Metrics", "SpecServer", "bind", "build_server", "finish_reason", "make_handler",
-           "serve"]  # the model side (Job, SpecServer, Metrics) lives in serve/worker.py; importable from here too
+__all__ = [
+    "Cancelled",
+    "Handler",
+    "Job",
+    "Metrics",
+    "SpecServer",
+    "bind",
+    "build_server",
+    "finish_reason",
+    "make_handler",
+    "serve",
+]  # the model side (Job, SpecServer, Metrics) lives in serve/worker.py; importable from here too
 
 ROUTES = ("/v1/chat/completions", "/v1/completions")
 LISTEN_BACKLOG = 256  # socketserver's default of 5 reset connections of a burst before they were accepted
@@ -39,9 +58,14 @@ POLL_S = 0.05  # how often a waiting request checks that its client is still the
 
 
 def _usage(job: Job, stats: Any) -> dict:
-    return {"prompt_tokens": int(job.prompt_ids.shape[1]), "completion_tokens": stats.new_tokens,
-            "total_tokens": int(job.prompt_ids.shape[1]) + stats.new_tokens, "verify_steps": stats.verify_steps,
-            "accepted_draft_tokens": sum(stats.accepted), "tau": stats.tau if stats.accepted else None}
+    return {
+        "prompt_tokens": int(job.prompt_ids.shape[1]),
+        "completion_tokens": stats.new_tokens,
+        "total_tokens": int(job.prompt_ids.shape[1]) + stats.new_tokens,
+        "verify_steps": stats.verify_steps,
+        "accepted_draft_tokens": sum(stats.accepted),
+        "tau": stats.tau if stats.accepted else None,
+    }
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -73,8 +97,11 @@ class Handler(BaseHTTPRequestHandler):
 
     def _send(self, status: int, body: Any, ctype: str = "application/json") -> None:
         data = (json.dumps(body) if ctype == "application/json" else body).encode()
-        if self.served + 1 >= MAX_REQUESTS_PER_CONNECTION or self.reader.bytes >= MAX_CONNECTION_BYTES or \
-                self.watch.half_closed:  # the connection's budget is spent, or it can send nothing more
+        if (
+            self.served + 1 >= MAX_REQUESTS_PER_CONNECTION
+            or self.reader.bytes >= MAX_CONNECTION_BYTES
+            or self.watch.half_closed
+        ):  # the connection's budget is spent, or it can send nothing more
             self.close_connection = True
         self.send_response(status)
         self.send_header("Content-Type", ctype)
@@ -101,8 +128,11 @@ class Handler(BaseHTTPRequestHandler):
         self.close_connection = True
         kinds = {408: "timeout", 413: "request_too_large", 414: "request_too_large", 431: "request_too_large"}
         text = message or HTTPStatus(code).phrase
-        self._error(BadRequest(code, f"{text}{f' ({explain})' if explain else ''}"[:300],
-                               kinds.get(code, "invalid_request_error")))
+        self._error(
+            BadRequest(
+                code, f"{text}{f' ({explain})' if explain else ''}"[:300], kinds.get(code, "invalid_request_error")
+            )
+        )
 
     def parse_request(self) -> bool:
         """http.server's parse, with only HTTP/1.0 and 1.1 accepted: it would answer HTTP/0.9 with a bare body
@@ -130,8 +160,11 @@ class Handler(BaseHTTPRequestHandler):
         self.reader.end()
         self.close_connection = True  # a body it may have sent is not read
         allowed = "POST" if self.path.split("?")[0] in ROUTES else "GET"
-        self._error(BadRequest(405, f"method {self.command} is not allowed on {self.path[:100]}; use {allowed}",
-                               "method_not_allowed"))
+        self._error(
+            BadRequest(
+                405, f"method {self.command} is not allowed on {self.path[:100]}; use {allowed}", "method_not_allowed"
+            )
+        )
 
     def _route(self) -> str:
         """The request target's path: an absolute-form target (http://host/path) names its path; a query string
@@ -141,8 +174,12 @@ class Handler(BaseHTTPRequestHandler):
         parts = urlsplit(self.path)
         path = parts.path if parts.scheme in ("http", "https") or self.path.startswith("/") else self.path
         if parts.query or self.path.endswith("?"):
-            raise BadRequest(400, f"the target {self.path[:100]!r} has a query string; this server takes "
-                             "parameters in the JSON body only", param="query")
+            raise BadRequest(
+                400,
+                f"the target {self.path[:100]!r} has a query string; this server takes "
+                "parameters in the JSON body only",
+                param="query",
+            )
         return path
 
     def do_GET(self) -> None:  # noqa: N802
@@ -159,8 +196,9 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, {"status": "ok", "queued": self.srv.jobs.qsize()})
         elif route == "/v1/models":
             model = {"id": self.srv.model_name, "object": "model"}
-            self._send(200, {"object": "list", "data": [{**model, "eaglewire": self.srv.about} if self.srv.about
-                                                        else model]})
+            self._send(
+                200, {"object": "list", "data": [{**model, "eaglewire": self.srv.about} if self.srv.about else model]}
+            )
         else:
             self._error(BadRequest(404, f"no route {self.path[:100]}", "not_found"))
 
@@ -173,8 +211,9 @@ class Handler(BaseHTTPRequestHandler):
             self.reader.end()  # read in full (or not): no longer held to the request's deadline
             body_read = len(raw) == n
             if not body_read:
-                raise BadRequest(400, f"Content-Length: declared {n} bytes, the body had {len(raw)}",
-                                 param="Content-Length")
+                raise BadRequest(
+                    400, f"Content-Length: declared {n} bytes, the body had {len(raw)}", param="Content-Length"
+                )
             route = self._route()
             if route not in ROUTES:
                 raise BadRequest(404, f"no route {self.path[:100]}", "not_found")
@@ -188,8 +227,14 @@ class Handler(BaseHTTPRequestHandler):
             return self._error(err)
         except socket.timeout:
             self.close_connection = True
-            return self._error(BadRequest(408, f"body: not received within the request's deadline of "
-                                          f"{self.request_deadline_s:g} s", "timeout", "body"))
+            return self._error(
+                BadRequest(
+                    408,
+                    f"body: not received within the request's deadline of {self.request_deadline_s:g} s",
+                    "timeout",
+                    "body",
+                )
+            )
         try:
             (self._stream if job.stream else self._complete)(job)
         except (BrokenPipeError, ConnectionResetError, socket.timeout):
@@ -223,11 +268,22 @@ class Handler(BaseHTTPRequestHandler):
                 text = self.srv.tok.decode(toks, skip_special_tokens=True)
                 chat = self.route == "/v1/chat/completions"
                 finish = finish_reason(toks, job.max_tokens, self.srv.eos)
-                choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
-                          if chat else {"index": 0, "text": text, "finish_reason": finish})
-                self._send(200, {"id": f"cmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion" if chat
-                                 else "text_completion", "created": int(time.time()), "model": self.srv.model_name,
-                                 "choices": [choice], "usage": _usage(job, payload)})
+                choice = (
+                    {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+                    if chat
+                    else {"index": 0, "text": text, "finish_reason": finish}
+                )
+                self._send(
+                    200,
+                    {
+                        "id": f"cmpl-{uuid.uuid4().hex[:12]}",
+                        "object": "chat.completion" if chat else "text_completion",
+                        "created": int(time.time()),
+                        "model": self.srv.model_name,
+                        "choices": [choice],
+                        "usage": _usage(job, payload),
+                    },
+                )
 
     def _stream(self, job: Job) -> None:
         self.send_response(200)
@@ -242,15 +298,25 @@ class Handler(BaseHTTPRequestHandler):
             if kind == "tokens":
                 before = self.srv.tok.decode(sent, skip_special_tokens=True)
                 sent += payload
-                delta = self.srv.tok.decode(sent, skip_special_tokens=True)[len(before):]
+                delta = self.srv.tok.decode(sent, skip_special_tokens=True)[len(before) :]
                 chunk = {"index": 0, "delta": {"content": delta}} if chat else {"index": 0, "text": delta}
                 self._event({"id": cid, "object": label, "model": self.srv.model_name, "choices": [chunk]})
             elif kind == "done":
                 end = finish_reason(sent, job.max_tokens, self.srv.eos)
-                last = {"index": 0, "delta": {}, "finish_reason": end} if chat else \
-                    {"index": 0, "text": "", "finish_reason": end}
-                self._event({"id": cid, "object": label, "model": self.srv.model_name, "choices": [last],
-                             "usage": _usage(job, payload)})
+                last = (
+                    {"index": 0, "delta": {}, "finish_reason": end}
+                    if chat
+                    else {"index": 0, "text": "", "finish_reason": end}
+                )
+                self._event(
+                    {
+                        "id": cid,
+                        "object": label,
+                        "model": self.srv.model_name,
+                        "choices": [last],
+                        "usage": _usage(job, payload),
+                    }
+                )
             else:
                 self._event({"error": {"message": payload, "type": "server_error"}})
         self.wfile.write(b"data: [DONE]\n\n")
@@ -321,10 +387,18 @@ def bind(host: str, port: int) -> ThreadingHTTPServer:
         raise os_error(err, f"listening on --host {host} --port {port}") from None
 
 
-def build_server(target: RunnableTarget, draft: Any, shape: Any, model_name: str | None, max_context: int,
-                 max_tokens_limit: int, host: str, port: int,
-                 log: Callable[[str], None] | None = None, httpd: ThreadingHTTPServer | None = None
-                 ) -> ThreadingHTTPServer:
+def build_server(
+    target: RunnableTarget,
+    draft: Any,
+    shape: Any,
+    model_name: str | None,
+    max_context: int,
+    max_tokens_limit: int,
+    host: str,
+    port: int,
+    log: Callable[[str], None] | None = None,
+    httpd: ThreadingHTTPServer | None = None,
+) -> ThreadingHTTPServer:
     """The `eaglewire serve` server: a loaded draft (in the target's dtype) on the target's runtime, bound to
     host:port (or on `httpd`, from `bind`, taken before loading). `log` hears what the start does (GEMM layout
     calibration measured, or reused from the cache)."""
@@ -345,18 +419,38 @@ def build_server(target: RunnableTarget, draft: Any, shape: Any, model_name: str
     say(f"decoder ready in {time.perf_counter() - t1:.1f} s; binding {host}:{port}")
 
     def generate(job: Job, on_tokens: Callable[[list[int]], None]) -> Any:  # on the server's single worker thread
-        _, stats = decoder.generate(job.prompt_ids, job.max_tokens, eos, temperature=job.temperature,
-                                    top_p=job.top_p, seed=job.seed, on_tokens=on_tokens)
+        _, stats = decoder.generate(
+            job.prompt_ids,
+            job.max_tokens,
+            eos,
+            temperature=job.temperature,
+            top_p=job.top_p,
+            seed=job.seed,
+            on_tokens=on_tokens,
+        )
         return stats
 
-    about = {"dtype": str(target.dtype).removeprefix("torch."), "runtime": type(rt).__name__,
-             "shape": f"S{shape.num_steps} K{shape.topk} N{shape.num_draft_tokens}"}
-    srv = SpecServer(generate, target.tokenizer, model_name or target.name, max_tokens_limit, max_context, eos=eos,
-                     draft_depth=shape.num_steps, about=about)
+    about = {
+        "dtype": str(target.dtype).removeprefix("torch."),
+        "runtime": type(rt).__name__,
+        "shape": f"S{shape.num_steps} K{shape.topk} N{shape.num_draft_tokens}",
+    }
+    srv = SpecServer(
+        generate,
+        target.tokenizer,
+        model_name or target.name,
+        max_tokens_limit,
+        max_context,
+        eos=eos,
+        draft_depth=shape.num_steps,
+        about=about,
+    )
     if httpd is None:
         httpd = serve(srv, host, port)
     else:
         httpd.RequestHandlerClass = make_handler(srv)
-    say(f"listening on {host}:{httpd.server_address[1]} (backlog {LISTEN_BACKLOG}, queue {srv.jobs.maxsize}); "
-        f"start took {time.perf_counter() - t0:.1f} s")
+    say(
+        f"listening on {host}:{httpd.server_address[1]} (backlog {LISTEN_BACKLOG}, queue {srv.jobs.maxsize}); "
+        f"start took {time.perf_counter() - t0:.1f} s"
+    )
     return httpd

@@ -45,9 +45,15 @@ class VllmSpecCounters:
             return ""  # not speculating: no speculative series, as vLLM without a speculative config
         with self.lock:
             per_pos = self.per_pos + [0] * (self.depth - len(self.per_pos))
-            rows = [(f"{PREFIX}num_drafts", self.drafts), (f"{PREFIX}num_draft_tokens", self.draft_tokens),
-                    (f"{PREFIX}num_accepted_tokens", self.accepted)]
+            rows = [
+                (f"{PREFIX}num_drafts", self.drafts),
+                (f"{PREFIX}num_draft_tokens", self.draft_tokens),
+                (f"{PREFIX}num_accepted_tokens", self.accepted),
+            ]
         text = "".join(f"# TYPE {n} counter\n{n}_total {v}\n" for n, v in rows)
         name = f"{PREFIX}num_accepted_tokens_per_pos"
-        return text + f"# TYPE {name} counter\n" + "".join(f'{name}_total{{position="{i}"}} {v}\n'
-                                                            for i, v in enumerate(per_pos))
+        return (
+            text
+            + f"# TYPE {name} counter\n"
+            + "".join(f'{name}_total{{position="{i}"}} {v}\n' for i, v in enumerate(per_pos))
+        )

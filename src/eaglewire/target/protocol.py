@@ -44,8 +44,9 @@ class TargetInfo(Protocol):
 
     def embedding(self) -> torch.Tensor: ...  # [V, H] the input embedding (a draft shares it, frozen)
 
-    def contract(self, taps: tuple[int, ...], *, norm: NormFlags | None = None,
-                 vocab_map: Any | None = None) -> WiringContract: ...  # a wiring contract for this target
+    def contract(
+        self, taps: tuple[int, ...], *, norm: NormFlags | None = None, vocab_map: Any | None = None
+    ) -> WiringContract: ...  # a wiring contract for this target
 
     def head_rows(self, ids: torch.Tensor | None = None) -> torch.Tensor: ...  # [len(ids), H] the output head's rows
 

@@ -39,16 +39,20 @@ class TargetWeights(Target):
         for name, p in self.model.named_parameters():
             if p is tensor:
                 return name
-        raise TargetError("a target tensor has no parameter name", expected="a parameter of the model",
-                          found=f"a tensor of shape {tuple(tensor.shape)}")
+        raise TargetError(
+            "a target tensor has no parameter name",
+            expected="a parameter of the model",
+            found=f"a tensor of shape {tuple(tensor.shape)}",
+        )
 
     def _read(self, name: str) -> torch.Tensor:
         if name not in self.files:
-            raise TargetError(f"target {self.path} has no tensor {name!r} in its safetensors files",
-                              expected=f"{name} (the name transformers gives this parameter)",
-                              found=f"{len(self.files)} tensors, e.g. {sorted(self.files)[:3]}",
-                              fix="train with the target loaded (online, --data), or re-save the target with "
-                              "save_pretrained")
+            raise TargetError(
+                f"target {self.path} has no tensor {name!r} in its safetensors files",
+                expected=f"{name} (the name transformers gives this parameter)",
+                found=f"{len(self.files)} tensors, e.g. {sorted(self.files)[:3]}",
+                fix="train with the target loaded (online, --data), or re-save the target with save_pretrained",
+            )
         with open_safetensors(self.files[name], what="target weights", error=TargetError) as f:
             return f.get_tensor(name).to(self.dtype)
 
@@ -76,7 +80,7 @@ class TargetWeights(Target):
             for a in range(0, head.shape[0], _HEAD_CHUNK_ROWS):
                 sel = (ids >= a) & (ids < a + _HEAD_CHUNK_ROWS)
                 if sel.any():
-                    out[sel] = rows[a:a + _HEAD_CHUNK_ROWS][ids[sel] - a].to(self.dtype)
+                    out[sel] = rows[a : a + _HEAD_CHUNK_ROWS][ids[sel] - a].to(self.dtype)
         return out
 
     def final_norm_weight(self) -> torch.Tensor | None:
@@ -97,8 +101,9 @@ def _tensor_files(path: Path) -> dict[str, Path]:
     return files
 
 
-def load_target_weights(spec: str | None = None, *, dtype: torch.dtype = torch.float32,
-                        with_tokenizer: bool = True) -> TargetWeights:
+def load_target_weights(
+    spec: str | None = None, *, dtype: torch.dtype = torch.float32, with_tokenizer: bool = True
+) -> TargetWeights:
     """The target `spec` (as `load_target` resolves it) without loading its weights: config, tokenizer,
     a meta skeleton and an index of its safetensors files. Refused where it has no safetensors files
     (a .bin checkpoint would have to be unpickled whole)."""
@@ -107,27 +112,43 @@ def load_target_weights(spec: str | None = None, *, dtype: torch.dtype = torch.f
     name, path = resolve_target(spec)
     files = _tensor_files(path)
     if not files:
-        raise TargetError(f"target {str(path)!r} has no safetensors weights to read tensors from",
-                          expected="*.safetensors files", found=str(sorted(p.name for p in path.iterdir())[:8]),
-                          fix="re-save the target with save_pretrained (safetensors), or train online (--data)")
+        raise TargetError(
+            f"target {str(path)!r} has no safetensors weights to read tensors from",
+            expected="*.safetensors files",
+            found=str(sorted(p.name for p in path.iterdir())[:8]),
+            fix="re-save the target with save_pretrained (safetensors), or train online (--data)",
+        )
     read_target_config(path)  # sizes and physics checked before transformers reads the config
     try:
         config = AutoConfig.from_pretrained(path)
         with torch.device("meta"):  # structure only: no storage is allocated, no weight is read
             skeleton = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]  # untyped upstream
     except Exception as err:  # any failure of transformers on an untrusted config is this error
-        raise TargetError(f"transformers cannot build target {str(path)!r} as a causal LM",
-                          expected="a config AutoModelForCausalLM knows",
-                          found=f"model_type={getattr(config, 'model_type', '?')!r}: {err}") from None
+        raise TargetError(
+            f"transformers cannot build target {str(path)!r} as a causal LM",
+            expected="a config AutoModelForCausalLM knows",
+            found=f"model_type={getattr(config, 'model_type', '?')!r}: {err}",
+        ) from None
     # Checkpoints whose names transformers maps on load (older or foreign layouts) cannot be read by
     # parameter name: refused here, before training starts, rather than at the first missing tensor.
     missing = [n for n, _ in skeleton.named_parameters() if n not in files]
     if missing:
-        raise TargetError(f"target {str(path)!r} names its tensors otherwise than {type(skeleton).__name__} does",
-                          expected=f"every parameter by name, e.g. {missing[0]!r}",
-                          found=f"{len(missing)} of them absent; the files hold e.g. {sorted(files)[:3]}",
-                          fix="re-save the target with save_pretrained, or let `train` load it whole")
+        raise TargetError(
+            f"target {str(path)!r} names its tensors otherwise than {type(skeleton).__name__} does",
+            expected=f"every parameter by name, e.g. {missing[0]!r}",
+            found=f"{len(missing)} of them absent; the files hold e.g. {sorted(files)[:3]}",
+            fix="re-save the target with save_pretrained, or let `train` load it whole",
+        )
     t = wrap_model(skeleton, name, load_tokenizer(path) if with_tokenizer else None, path)
-    return TargetWeights(name=t.name, model=t.model, tokenizer=t.tokenizer, layers_path=t.layers_path,
-                         layers=t.layers, final_norm=t.final_norm, embed_tokens=t.embed_tokens, path=path,
-                         dtype=dtype, files=files)
+    return TargetWeights(
+        name=t.name,
+        model=t.model,
+        tokenizer=t.tokenizer,
+        layers_path=t.layers_path,
+        layers=t.layers,
+        final_norm=t.final_norm,
+        embed_tokens=t.embed_tokens,
+        path=path,
+        dtype=dtype,
+        files=files,
+    )

@@ -56,7 +56,9 @@ def valid_anchors(trained: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def sample_anchors(valid: torch.Tensor, num_anchors: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_anchors(
+    valid: torch.Tensor, num_anchors: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Up to `num_anchors` valid positions per row, drawn without replacement and sorted.
 
     valid [B, T] bool -> (anchors [B, N] long, keep [B, N] bool), N = min(num_anchors, the most valid positions
@@ -67,12 +69,13 @@ def sample_anchors(valid: torch.Tensor, num_anchors: int, generator: torch.Gener
     keep = torch.zeros(len(rows), n, dtype=torch.bool, device="cpu")
     for i, cand in enumerate(rows):
         pick = cand[torch.randperm(len(cand), generator=generator)[:n]].sort().values
-        anchors[i, :len(pick)], keep[i, :len(pick)] = pick, True
+        anchors[i, : len(pick)], keep[i, : len(pick)] = pick, True
     return anchors.to(valid.device), keep.to(valid.device)
 
 
-def block_labels(trained: torch.Tensor, anchors: torch.Tensor, keep: torch.Tensor,
-                 block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def block_labels(
+    trained: torch.Tensor, anchors: torch.Tensor, keep: torch.Tensor, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(supervised [B, Q] bool, source [B, Q] long): slot k >= 1 of a kept block is supervised where p+k < T
     and trained[p+k]; its label is the target's prediction from position p+k-1 (`source`, clamped in range)."""
     B, T = trained.shape
@@ -94,10 +97,21 @@ class BlockModel(nn.Module):
     its labels are the target's distribution renormalised over the draft vocabulary, and a row whose target
     top-1 lies outside it is not trained on but counts as a miss (no draft can propose that token)."""
 
-    def __init__(self, draft: nn.Module, target_head: torch.Tensor, *, block_size: int, mask_token_id: int,
-                 num_anchors: int, gamma: float, loss: str = "soft_ce", seed: int = 0, world_size: int = 1,
-                 reduce_count: Reducer | None = None,
-                 vocab: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    def __init__(
+        self,
+        draft: nn.Module,
+        target_head: torch.Tensor,
+        *,
+        block_size: int,
+        mask_token_id: int,
+        num_anchors: int,
+        gamma: float,
+        loss: str = "soft_ce",
+        seed: int = 0,
+        world_size: int = 1,
+        reduce_count: Reducer | None = None,
+        vocab: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> None:
         super().__init__()
         if loss not in LOSSES:
             raise ValueError(f"loss must be one of {', '.join(LOSSES)}, not {loss!r}")
@@ -128,8 +142,13 @@ class BlockModel(nn.Module):
         trained = (fb.attention_mask if all_positions else fb.loss_mask) > 0  # [B, T]
         anchors, keep = self.anchors(fb, trained, draw)  # [B, N] each
         ctx_pos = torch.arange(T, device=fb.input_ids.device).expand(B, T)
-        hidden = self.draft(fb.taps, ctx_pos, block_inputs(fb.input_ids, anchors, Bk, self.mask_token_id),
-                            block_positions(anchors, Bk), block_mask(anchors, T, Bk))  # [B, Q, H]
+        hidden = self.draft(
+            fb.taps,
+            ctx_pos,
+            block_inputs(fb.input_ids, anchors, Bk, self.mask_token_id),
+            block_positions(anchors, Bk),
+            block_mask(anchors, T, Bk),
+        )  # [B, Q, H]
         sup, source = block_labels(trained, anchors, keep, Bk)  # [B, Q] each
         rows = sup.nonzero(as_tuple=True)
         slot = rows[1] % Bk  # [R] the slot of each supervised row
@@ -142,8 +161,9 @@ class BlockModel(nn.Module):
         total = (self.weights[slot] * per_row * used).sum() / n.to(per_row.dtype) * self.world_size
         return total, self._stats(per_row.detach(), used, hit, slot, sup, rows, anchors.shape[1], keep)
 
-    def _loss(self, fb: FeatureBatch, src: tuple[torch.Tensor, torch.Tensor],
-              logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _loss(
+        self, fb: FeatureBatch, src: tuple[torch.Tensor, torch.Tensor], logits: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(the target's top-1 [R], loss per row [R], rows in the loss [R] bool) for the supervised rows whose
         labels sit at `src`; a reduced vocabulary leaves out rows whose top-1 it lacks."""
         with torch.no_grad(), torch.autocast(logits.device.type, enabled=False):
@@ -160,8 +180,17 @@ class BlockModel(nn.Module):
             return top1, F.cross_entropy(logits, label, reduction="none"), used
         return top1, LOSSES[self.loss_kind](logits, want), used
 
-    def _stats(self, per_row: torch.Tensor, used: torch.Tensor, hit: torch.Tensor, slot: torch.Tensor,
-               sup: torch.Tensor, rows: tuple[torch.Tensor, torch.Tensor], n_blocks: int, keep: torch.Tensor) -> TTTStats:
+    def _stats(
+        self,
+        per_row: torch.Tensor,
+        used: torch.Tensor,
+        hit: torch.Tensor,
+        slot: torch.Tensor,
+        sup: torch.Tensor,
+        rows: tuple[torch.Tensor, torch.Tensor],
+        n_blocks: int,
+        keep: torch.Tensor,
+    ) -> TTTStats:
         Bk, st = self.block_size, TTTStats()
         for k in range(1, Bk):
             at, trained = slot == k, (slot == k) & used
@@ -176,4 +205,3 @@ class BlockModel(nn.Module):
         st.chain = [int(c) for c in run.sum((0, 1)).tolist()]
         st.anchors = int(full.sum())
         return st
-

@@ -37,7 +37,9 @@ def default_taps(num_layers: int, num_taps: int = DEFAULT_NUM_TAPS) -> tuple[int
     return from_engine(zlab_default_ids(num_layers, num_taps), "zlab", num_layers)
 
 
-def make_contract(target: TargetTensors, taps: tuple[int, ...], vmap: VocabMap | None, c: TrainConfig) -> WiringContract:
+def make_contract(
+    target: TargetTensors, taps: tuple[int, ...], vmap: VocabMap | None, c: TrainConfig
+) -> WiringContract:
     """A DFlash draft's contract: the taps, the full vocabulary or `vmap`'s, block_size from the knob, and the
     mask token chosen for the target's tokenizer (draft/dflash.py pick_mask_token)."""
     block = BlockWiring(block_size=c.block_size, mask_token_id=pick_mask_token(target.tokenizer))
@@ -48,19 +50,24 @@ def _refuse_eagle3_knobs(c: TrainConfig) -> None:
     defaults = TrainConfig()
     set_ = [k for k in _EAGLE3_ONLY if getattr(c, k) != getattr(defaults, k)]
     if set_:
-        raise ContractMismatch("training knobs of EAGLE-3 set for a DFlash draft",
-                               expected=f"{', '.join(_EAGLE3_ONLY)} at their defaults (EAGLE-3 only)",
-                               found=", ".join(f"{k}={getattr(c, k)!r}" for k in set_),
-                               fix="drop them, or train an EAGLE-3 draft (--family eagle3)")
+        raise ContractMismatch(
+            "training knobs of EAGLE-3 set for a DFlash draft",
+            expected=f"{', '.join(_EAGLE3_ONLY)} at their defaults (EAGLE-3 only)",
+            found=", ".join(f"{k}={getattr(c, k)!r}" for k in set_),
+            fix="drop them, or train an EAGLE-3 draft (--family eagle3)",
+        )
 
 
 def build_draft(target: TargetTensors, contract: WiringContract, vmap: VocabMap | None, c: TrainConfig) -> DFlashDraft:
     """A fresh DFlash draft of `c.num_layers` layers for the contract's block wiring."""
     _refuse_eagle3_knobs(c)
     if contract.block is None or contract.block.block_size != c.block_size:
-        raise ContractMismatch("the training block size is not the contract's",
-                               expected=f"block_size {c.block_size} (the knob)",
-                               found=f"contract block {contract.block}", fix="build the contract from the knob")
+        raise ContractMismatch(
+            "the training block size is not the contract's",
+            expected=f"block_size {c.block_size} (the knob)",
+            found=f"contract block {contract.block}",
+            fix="build the contract from the knob",
+        )
     draft = build_dflash_draft(target, contract, c.num_layers, seed=c.seed, vmap=vmap)
     if c.init_layers_from_target:
         init_from_target(draft, target)
@@ -78,28 +85,42 @@ def init_from_target(draft: DFlashDraft, target: TargetTensors) -> None:
     assert draft.contract is not None, "build_dflash_draft attaches the contract"
     taps = draft.contract.taps
     if draft.cfg.hidden_size != H:
-        raise ContractMismatch("cannot start the DFlash draft from the target's layers",
-                               expected=f"draft hidden size = target's ({H})", found=str(draft.cfg.hidden_size),
-                               fix="drop init_layers_from_target")
+        raise ContractMismatch(
+            "cannot start the DFlash draft from the target's layers",
+            expected=f"draft hidden size = target's ({H})",
+            found=str(draft.cfg.hidden_size),
+            fix="drop init_layers_from_target",
+        )
     start = min(taps[-1], L - n)
     with torch.no_grad():
         for i, layer in enumerate(draft.layers):
-            copy_target_layer(layer, target.layer_parameters(start + i), f"DFlash layer {i} from target layer "
-                              f"{start + i}")
+            copy_target_layer(
+                layer, target.layer_parameters(start + i), f"DFlash layer {i} from target layer {start + i}"
+            )
         draft.hidden_norm.weight.copy_(target.layer_parameters(start)["input_layernorm.weight"])
         draft.fc.weight.zero_()
-        draft.fc.weight[:, (len(taps) - 1) * H:].copy_(torch.eye(H))  # [H, n*H]: the last tap, as is
+        draft.fc.weight[:, (len(taps) - 1) * H :].copy_(torch.eye(H))  # [H, n*H]: the last tap, as is
 
 
-def block_model(draft: DFlashDraft, target: TargetTensors, vmap: VocabMap | None, features: Any, c: TrainConfig,
-                info: DistInfo) -> BlockModel:
+def block_model(
+    draft: DFlashDraft, target: TargetTensors, vmap: VocabMap | None, features: Any, c: TrainConfig, info: DistInfo
+) -> BlockModel:
     """The draft and its block loss; the attached target embedding and head follow it to the device."""
     emb, head = draft.embed_weight, draft.head_weight
     assert emb is not None and head is not None, "build_dflash_draft attaches the target's embedding and head"
     draft.attach_target(emb.to(info.device), head.to(info.device))  # .to() is a no-op where they already are
     block = draft.block
     vocab = (draft.d2t, draft.t2d) if draft.reduced else None
-    return BlockModel(draft, head.to(info.device), vocab=vocab, block_size=block.block_size,
-                      mask_token_id=block.mask_token_id, num_anchors=c.anchors, gamma=c.block_gamma, loss=c.loss, seed=c.seed,
-                      world_size=info.world_size, reduce_count=lambda x: all_reduce_sum(x, info))
-
+    return BlockModel(
+        draft,
+        head.to(info.device),
+        vocab=vocab,
+        block_size=block.block_size,
+        mask_token_id=block.mask_token_id,
+        num_anchors=c.anchors,
+        gamma=c.block_gamma,
+        loss=c.loss,
+        seed=c.seed,
+        world_size=info.world_size,
+        reduce_count=lambda x: all_reduce_sum(x, info),
+    )

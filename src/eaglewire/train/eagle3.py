@@ -20,11 +20,17 @@ from eaglewire.train.warm import freeze, head_affine, init_layers_from_target, w
 from eaglewire.target.protocol import TargetTensors
 
 
-def make_contract(target: TargetTensors, taps: tuple[int, ...], vmap: VocabMap | None, c: TrainConfig) -> WiringContract:
+def make_contract(
+    target: TargetTensors, taps: tuple[int, ...], vmap: VocabMap | None, c: TrainConfig
+) -> WiringContract:
     """An EAGLE-3 draft's contract: the taps, its reduced vocabulary and its norm flags (`draft_norms`)."""
     if vmap is None:
-        raise ContractMismatch("an EAGLE-3 draft needs a vocab map", expected="--vocab (from `eaglewire vocab build`)",
-                               found="none", fix="build one with `eaglewire vocab build` and pass --vocab")
+        raise ContractMismatch(
+            "an EAGLE-3 draft needs a vocab map",
+            expected="--vocab (from `eaglewire vocab build`)",
+            found="none",
+            fix="build one with `eaglewire vocab build` and pass --vocab",
+        )
     return target.contract(tuple(taps), vocab_map=vmap, norm=draft_norms(c))
 
 
@@ -33,7 +39,9 @@ def build_draft(target: TargetTensors, contract: WiringContract, vmap: VocabMap,
     draft then begins by predicting what the target's head would from a similar state, which matters
     when CPU data is scarce. With `init_from`, the weights then come from that draft (warm start); with
     `train_only`, what does not train is frozen (`warm.freeze`)."""
-    draft = Eagle3Draft(DraftConfig.from_target(target.text_config, contract, num_layers=c.num_layers)).init_random(c.seed)
+    draft = Eagle3Draft(DraftConfig.from_target(target.text_config, contract, num_layers=c.num_layers)).init_random(
+        c.seed
+    )
     with torch.no_grad():
         draft.d2t.copy_(vmap.d2t)
         draft.t2d.copy_(vmap.t2d)
@@ -49,21 +57,32 @@ def build_draft(target: TargetTensors, contract: WiringContract, vmap: VocabMap,
     return draft
 
 
-def ttt_model(draft: Eagle3Draft, target: TargetTensors, vmap: VocabMap, features: Any, c: TrainConfig,
-               info: DistInfo) -> TTTModel:
+def ttt_model(
+    draft: Eagle3Draft, target: TargetTensors, vmap: VocabMap, features: Any, c: TrainConfig, info: DistInfo
+) -> TTTModel:
     """The draft and its TTT loss. Shards that store the target's top-1 need only the draft vocab's head rows
     ([V_d, H]); the full [V, H] head (its argmax) only for shards captured before top-1 was stored, and online."""
     full = not getattr(features, "stores_target_top1", False)
     head = target.head_rows(None if full else vmap.target_ids).detach().to(info.device)
-    return TTTModel(draft, head if full else None, draft_head=None if full else head, steps=c.ttt_steps,
-                    decay=c.ttt_decay, loss=c.loss, world_size=info.world_size,
-                    reduce_count=lambda x: all_reduce_sum(x, info), round_weight=c.round_weight,
-                    feature_weight=c.feature_weight,
-                    feature_space=feature_space(draft, target, vmap, info.device) if c.feature_weight > 0 else None)
+    return TTTModel(
+        draft,
+        head if full else None,
+        draft_head=None if full else head,
+        steps=c.ttt_steps,
+        decay=c.ttt_decay,
+        loss=c.loss,
+        world_size=info.world_size,
+        reduce_count=lambda x: all_reduce_sum(x, info),
+        round_weight=c.round_weight,
+        feature_weight=c.feature_weight,
+        feature_space=feature_space(draft, target, vmap, info.device) if c.feature_weight > 0 else None,
+    )
 
 
 @torch.no_grad()
-def feature_space(draft: Eagle3Draft, target: TargetTensors, vmap: VocabMap, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def feature_space(
+    draft: Eagle3Draft, target: TargetTensors, vmap: VocabMap, device: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(G, A) for the feature loss (train.ttt): G [H, H] the Gram matrix of the centred full target head over V
     (s^T G s is the mean squared centred logit of state s), and A [H, H] the least-squares linear part of the
     affine map from the target's head rows to the draft's on the draft vocab (draft row = target row @ A + c,

@@ -49,6 +49,7 @@ from eaglewire.train.optim import build_optimizer
 from eaglewire.train.ttt import TTTStats
 from eaglewire.target.protocol import TargetTensors
 
+
 def lr_at(step: int, c: TrainConfig) -> float:
     """Linear warm-up to lr, then cosine down to lr * min_lr_ratio at max_steps."""
     if step < c.warmup_steps:
@@ -65,10 +66,10 @@ def global_batches(samples: list[Sample], c: TrainConfig, info: DistInfo, epoch:
     gb = c.batch_size * info.world_size
     window = gb * 8
     for w in range(0, len(order), window):
-        order[w:w + window] = sorted(order[w:w + window], key=lambda s: len(s.input_ids))
-    batches = [order[i:i + gb] for i in range(0, len(order) - gb + 1, gb)]
+        order[w : w + window] = sorted(order[w : w + window], key=lambda s: len(s.input_ids))
+    batches = [order[i : i + gb] for i in range(0, len(order) - gb + 1, gb)]
     perm = torch.randperm(len(batches), generator=g, device="cpu").tolist()  # host-side draws
-    return [batches[i][info.rank * c.batch_size:(info.rank + 1) * c.batch_size] for i in perm]
+    return [batches[i][info.rank * c.batch_size : (info.rank + 1) * c.batch_size] for i in perm]
 
 
 class MicroBatches:
@@ -78,8 +79,9 @@ class MicroBatches:
         self.samples, self.c, self.info = samples, c, info
         self.per_epoch = len(global_batches(samples, c, info, 0))
         if self.per_epoch == 0:
-            raise ValueError(f"{len(samples)} training samples cannot fill one global batch of "
-                             f"{c.batch_size * info.world_size}")
+            raise ValueError(
+                f"{len(samples)} training samples cannot fill one global batch of {c.batch_size * info.world_size}"
+            )
         self._epoch, self._cache = -1, []
 
     def get(self, index: int) -> list[Sample]:
@@ -105,10 +107,12 @@ def _truncate_metrics(path: Path, step: int) -> None:
 def _acc(stats_list: list[TTTStats], info: DistInfo) -> tuple[list[float], list[int]]:
     steps = len(stats_list[0].correct)
     # on the rank's device: NCCL reduces CUDA tensors only
-    correct = torch.tensor([sum(s.correct[k] for s in stats_list) for k in range(steps)], dtype=torch.float64,
-                           device=info.device)
-    counts = torch.tensor([sum(s.counts[k] for s in stats_list) for k in range(steps)], dtype=torch.float64,
-                          device=info.device)
+    correct = torch.tensor(
+        [sum(s.correct[k] for s in stats_list) for k in range(steps)], dtype=torch.float64, device=info.device
+    )
+    counts = torch.tensor(
+        [sum(s.counts[k] for s in stats_list) for k in range(steps)], dtype=torch.float64, device=info.device
+    )
     correct, counts = all_reduce_sum(correct, info), all_reduce_sum(counts, info)
     return [float(a / n) if n else float("nan") for a, n in zip(correct, counts)], [int(n) for n in counts]
 
@@ -118,12 +122,14 @@ def evaluate(model: Any, features: Any, heldout: list[Sample], c: TrainConfig, i
     """Held-out per-position top-1 accuracy and loss over the first eval_batches of this rank's share. Draws
     (an objective's random choices, DFlash's anchors) are fixed negative numbers: every evaluation scores the
     same positions."""
-    mine = heldout[info.rank::info.world_size]
+    mine = heldout[info.rank :: info.world_size]
     stats, losses = [], []
     for i in range(0, min(len(mine), c.eval_batches * c.batch_size), c.batch_size):
         with _autocast(info, c.dtype):
-            loss, st = model(features.batch(mine[i:i + c.batch_size]).to(info.device),
-                             draw=-1 - (i // c.batch_size) * info.world_size - info.rank)
+            loss, st = model(
+                features.batch(mine[i : i + c.batch_size]).to(info.device),
+                draw=-1 - (i // c.batch_size) * info.world_size - info.rank,
+            )
         stats.append(st)
         losses.append(float(loss))
     if not stats:
@@ -133,29 +139,72 @@ def evaluate(model: Any, features: Any, heldout: list[Sample], c: TrainConfig, i
     chain = all_reduce_sum(torch.tensor([sum(s.chain[k] for s in stats) for k in range(len(acc))], **on), info)
     anchors = float(all_reduce_sum(torch.tensor([float(sum(s.anchors for s in stats))], **on), info))
     chain_acc = [float(a / anchors) if anchors else float("nan") for a in chain]
-    tokens, rounds = all_reduce_sum(torch.tensor([float(sum(s.round_tokens for s in stats)),
-                                                  float(sum(s.rounds for s in stats))], **on), info).tolist()
+    tokens, rounds = all_reduce_sum(
+        torch.tensor([float(sum(s.round_tokens for s in stats)), float(sum(s.rounds for s in stats))], **on), info
+    ).tolist()
     # tau_chain: the teacher-forced tau of a greedy chain as long as the TTT unroll, anchored at every
     # position (see TTTStats.chain); tau_rounds: the same chains walked round by round as a decoder does
-    return {"loss": sum(losses) / len(losses), "acc": acc, "positions": counts, "chain": chain_acc,
-            "tau_chain": 1 + sum(chain_acc), "tau_rounds": tokens / rounds if rounds else float("nan"),
-            "anchors": int(anchors)}
+    return {
+        "loss": sum(losses) / len(losses),
+        "acc": acc,
+        "positions": counts,
+        "chain": chain_acc,
+        "tau_chain": 1 + sum(chain_acc),
+        "tau_rounds": tokens / rounds if rounds else float("nan"),
+        "anchors": int(anchors),
+    }
 
 
-def train(target: TargetTensors, contract: WiringContract, vmap: VocabMap | None, features: Any, train_samples: list[Sample],
-          heldout: list[Sample], c: TrainConfig, out: Path, info: DistInfo = DistInfo(), *, resume: bool = False,
-          on_step: Callable[[dict], None] | None = None, stop_at: int | None = None) -> dict:
+def train(
+    target: TargetTensors,
+    contract: WiringContract,
+    vmap: VocabMap | None,
+    features: Any,
+    train_samples: list[Sample],
+    heldout: list[Sample],
+    c: TrainConfig,
+    out: Path,
+    info: DistInfo = DistInfo(),
+    *,
+    resume: bool = False,
+    on_step: Callable[[dict], None] | None = None,
+    stop_at: int | None = None,
+) -> dict:
     """Train a draft of the contract's family (train/objectives.py); returns the last held-out evaluation.
     `vmap`: the draft vocabulary (EAGLE-3; DFlash optionally), None for the full one. `stop_at` simulates a kill (tests).
     The main rank holds `out`'s write lock throughout: a second run into the same folder is refused, naming this one."""
     with output_lock(out) if info.is_main else nullcontext():
-        return _train(target, contract, vmap, features, train_samples, heldout, c, out, info, resume=resume,
-                      on_step=on_step, stop_at=stop_at)
+        return _train(
+            target,
+            contract,
+            vmap,
+            features,
+            train_samples,
+            heldout,
+            c,
+            out,
+            info,
+            resume=resume,
+            on_step=on_step,
+            stop_at=stop_at,
+        )
 
 
-def _train(target: TargetTensors, contract: WiringContract, vmap: VocabMap | None, features: Any, train_samples: list[Sample],
-           heldout: list[Sample], c: TrainConfig, out: Path, info: DistInfo, *, resume: bool,
-           on_step: Callable[[dict], None] | None, stop_at: int | None) -> dict:
+def _train(
+    target: TargetTensors,
+    contract: WiringContract,
+    vmap: VocabMap | None,
+    features: Any,
+    train_samples: list[Sample],
+    heldout: list[Sample],
+    c: TrainConfig,
+    out: Path,
+    info: DistInfo,
+    *,
+    resume: bool,
+    on_step: Callable[[dict], None] | None,
+    stop_at: int | None,
+) -> dict:
     if c.supervise not in ("answers", "all"):
         raise ValueError(f"supervise must be 'answers' or 'all', not {c.supervise!r}")
     out = Path(out)
@@ -182,8 +231,11 @@ def _train(target: TargetTensors, contract: WiringContract, vmap: VocabMap | Non
     elif info.is_main:
         out.mkdir(parents=True, exist_ok=True)
         metrics.unlink(missing_ok=True)
-    ddp = (DDP(model, device_ids=[info.local_rank]) if info.device.startswith("cuda") else DDP(model)) \
-        if info.enabled else model
+    ddp = (
+        (DDP(model, device_ids=[info.local_rank]) if info.device.startswith("cuda") else DDP(model))
+        if info.enabled
+        else model
+    )
     stream = MicroBatches(train_samples, c, info)
     last_eval: dict = {}
     t0, tokens = time.perf_counter(), 0
@@ -214,8 +266,17 @@ def _train(target: TargetTensors, contract: WiringContract, vmap: VocabMap | Non
     return last_eval
 
 
-def _train_step(ddp: Any, model: Any, opt: Any, params: list, stream: MicroBatches,
-                features: Any, step: int, c: TrainConfig, info: DistInfo) -> dict:
+def _train_step(
+    ddp: Any,
+    model: Any,
+    opt: Any,
+    params: list,
+    stream: MicroBatches,
+    features: Any,
+    step: int,
+    c: TrainConfig,
+    info: DistInfo,
+) -> dict:
     lr = lr_at(step, c)
     for g in opt.param_groups:
         g["lr"] = lr
@@ -237,10 +298,18 @@ def _train_step(ddp: Any, model: Any, opt: Any, params: list, stream: MicroBatch
     acc, counts = _acc(stats, info)
     losses = [sum(s.losses[k] for s in stats) / len(stats) for k in range(len(stats[0].losses))]
     # Each rank's loss is its share of the global-batch loss (times world size): average for the log.
-    loss_sum = float(all_reduce_sum(torch.tensor(loss_sum, dtype=torch.float64, device=info.device), info)) \
-        / info.world_size
-    return {"lr": lr, "loss": loss_sum, "loss_k": losses, "acc": acc, "positions": counts,
-            "grad_norm": grad_norm, "_tokens": tokens * info.world_size}
+    loss_sum = (
+        float(all_reduce_sum(torch.tensor(loss_sum, dtype=torch.float64, device=info.device), info)) / info.world_size
+    )
+    return {
+        "lr": lr,
+        "loss": loss_sum,
+        "loss_k": losses,
+        "acc": acc,
+        "positions": counts,
+        "grad_norm": grad_norm,
+        "_tokens": tokens * info.world_size,
+    }
 
 
 def _autocast(info: DistInfo, dtype: str = "auto"):

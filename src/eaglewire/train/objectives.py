@@ -46,27 +46,49 @@ class Objective:
 # DFlash's best measured recipe on a CPU (benchmarks/results/dflash/*-data-vocab, *-levers: block 4, 64 anchors,
 # lr 3e-3, layers from the target, its own 16k head); its bench rows are the block's, not EAGLE-3's chain/tree.
 # A draft with its own head is read by vLLM's DFlash loader only (export/block.py refuses the others): vllm alone.
-DFLASH_RUN = {"family": {"block_size": 4, "anchors": 64, "init_from_target": True, "reduced_vocab": True},
-              "train": {"lr": 3e-3, "init_from": ""}, "vocab": {"draft_vocab_size": 16000},
-              "bench": {"methods": ("vanilla", "dflash")}, "formats": ("vllm",)}
+DFLASH_RUN = {
+    "family": {"block_size": 4, "anchors": 64, "init_from_target": True, "reduced_vocab": True},
+    "train": {"lr": 3e-3, "init_from": ""},
+    "vocab": {"draft_vocab_size": 16000},
+    "bench": {"methods": ("vanilla", "dflash")},
+    "formats": ("vllm",),
+}
 # Each family's training record is its record's "objective" part (families.py)
-register_part("eagle3", "objective", Objective("eagle3", default_taps, eagle3.make_contract, eagle3.build_draft,
-                                               eagle3.ttt_model))
-register_part("dflash", "objective", Objective("dflash", dflash.default_taps, dflash.make_contract,
-                                               dflash.build_draft, dflash.block_model, reduced_vocab=False,
-                                               run_defaults=DFLASH_RUN,
-                                               unused_run_fields=("train.ttt_steps", "train.ttt_decay",
-                                                                  "bench.num_steps", "bench.topk",
-                                                                  "bench.num_draft_tokens")))
+register_part(
+    "eagle3", "objective", Objective("eagle3", default_taps, eagle3.make_contract, eagle3.build_draft, eagle3.ttt_model)
+)
+register_part(
+    "dflash",
+    "objective",
+    Objective(
+        "dflash",
+        dflash.default_taps,
+        dflash.make_contract,
+        dflash.build_draft,
+        dflash.block_model,
+        reduced_vocab=False,
+        run_defaults=DFLASH_RUN,
+        unused_run_fields=(
+            "train.ttt_steps",
+            "train.ttt_decay",
+            "bench.num_steps",
+            "bench.topk",
+            "bench.num_draft_tokens",
+        ),
+    ),
+)
 
 
 def objective(family: str) -> Objective:
     """The training record of `family`; a family with no training here is a clear error."""
     fam = get_family(family)
     if not fam.has("objective"):
-        raise ContractMismatch(f"eaglewire cannot train a {family!r} draft",
-                               expected=" / ".join(f.name for f in families_with("objective")),
-                               found=repr(family), fix="train one of the families eaglewire has an objective for")
+        raise ContractMismatch(
+            f"eaglewire cannot train a {family!r} draft",
+            expected=" / ".join(f.name for f in families_with("objective")),
+            found=repr(family),
+            fix="train one of the families eaglewire has an objective for",
+        )
     found: Objective = fam.part("objective")
     return found
 

@@ -56,16 +56,21 @@ class Optimizers:
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         groups, k = sd["param_groups"], 0
         for opt, where in self.parts:
-            mine, k = groups[k:k + len(opt.param_groups)], k + len(opt.param_groups)
+            mine, k = groups[k : k + len(opt.param_groups)], k + len(opt.param_groups)
             local = {g: i for i, g in enumerate(where)}
-            opt.load_state_dict({"state": {local[g]: st for g, st in sd["state"].items() if g in local},
-                                 "param_groups": [{**g, "params": [local[p] for p in g["params"]]} for g in mine]})
+            opt.load_state_dict(
+                {
+                    "state": {local[g]: st for g, st in sd["state"].items() if g in local},
+                    "param_groups": [{**g, "params": [local[p] for p in g["params"]]} for g in mine],
+                }
+            )
         if k != len(groups):
             raise ValueError(f"{len(groups)} saved param groups for {k} in this run's optimizers")
 
 
-def build_optimizer(named: list[tuple[str, torch.Tensor]], kind: str, lr: float, betas: tuple[float, float],
-                    weight_decay: float) -> torch.optim.Optimizer | Optimizers:
+def build_optimizer(
+    named: list[tuple[str, torch.Tensor]], kind: str, lr: float, betas: tuple[float, float], weight_decay: float
+) -> torch.optim.Optimizer | Optimizers:
     """The run's optimizer over its trained parameters `named` (in the order the state is indexed by)."""
     params = [p for _, p in named]
     adamw = dict(lr=lr, betas=betas, weight_decay=weight_decay, eps=1e-8)
@@ -77,8 +82,14 @@ def build_optimizer(named: list[tuple[str, torch.Tensor]], kind: str, lr: float,
     rest = sorted(set(range(len(named))) - set(muon))
     parts: list[tuple[torch.optim.Optimizer, list[int]]] = []
     if muon:
-        parts.append((torch.optim.Muon([params[i] for i in muon], lr=lr, weight_decay=weight_decay,
-                                       adjust_lr_fn="match_rms_adamw"), muon))
+        parts.append(
+            (
+                torch.optim.Muon(
+                    [params[i] for i in muon], lr=lr, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw"
+                ),
+                muon,
+            )
+        )
     if rest:
         parts.append((torch.optim.AdamW([params[i] for i in rest], **adamw), rest))
     return Optimizers(parts)

@@ -32,10 +32,15 @@ def plot_metrics(metrics: Path, png: Path) -> Path:
     ax_loss.legend()
     n_pos = len(train[0]["acc"]) if train else 0
     for k in range(n_pos):
-        line, = ax_acc.plot(steps, _smooth([r["acc"][k] for r in train]), alpha=0.5)
+        (line,) = ax_acc.plot(steps, _smooth([r["acc"][k] for r in train]), alpha=0.5)
         if held:
-            ax_acc.plot([r["step"] for r in held], [r["acc"][k] for r in held], "o-", color=line.get_color(),
-                        label=f"draft position {k + 1} (held-out)")  # numbered as the report's acceptance plot
+            ax_acc.plot(
+                [r["step"] for r in held],
+                [r["acc"][k] for r in held],
+                "o-",
+                color=line.get_color(),
+                label=f"draft position {k + 1} (held-out)",
+            )  # numbered as the report's acceptance plot
     ax_acc.set(xlabel="step", ylabel="top-1 accuracy", title="per-position accuracy (lines: train)", ylim=(0, 1))
     if held:
         ax_acc.legend(fontsize=7)

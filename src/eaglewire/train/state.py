@@ -20,21 +20,37 @@ from eaglewire.export.checkpoint import load_checkpoint, save_checkpoint
 from eaglewire.contract import WiringContract
 from eaglewire.errors import CheckpointError
 from eaglewire.train.config import TrainConfig
-from eaglewire.safeio import atomic_save_safetensors, atomic_write_json, atomic_write_text, field_of, \
-    open_safetensors, read_json_object
+from eaglewire.safeio import (
+    atomic_save_safetensors,
+    atomic_write_json,
+    atomic_write_text,
+    field_of,
+    open_safetensors,
+    read_json_object,
+)
 from eaglewire.target.protocol import TargetTensors
 
 
 def _optim_tensors(opt: torch.optim.Optimizer, names: dict[int, str]) -> tuple[dict[str, torch.Tensor], dict]:
     sd = opt.state_dict()
     tensors = {f"state.{names[i]}.{k}": v for i, st in sd["state"].items() for k, v in st.items()}
-    groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [names[i] for i in g["params"]]}
-              for g in sd["param_groups"]]
+    groups = [
+        {**{k: v for k, v in g.items() if k != "params"}, "params": [names[i] for i in g["params"]]}
+        for g in sd["param_groups"]
+    ]
     return tensors, {"param_groups": groups}
 
 
-def save_state(out: Path, step: int, draft: Any, contract: WiringContract, opt: torch.optim.Optimizer,
-               param_names: list[str], config: dict[str, Any], keep: int = 2) -> Path:
+def save_state(
+    out: Path,
+    step: int,
+    draft: Any,
+    contract: WiringContract,
+    opt: torch.optim.Optimizer,
+    param_names: list[str],
+    config: dict[str, Any],
+    keep: int = 2,
+) -> Path:
     root = Path(out) / "checkpoints"
     d = root / f"step-{step:06d}"
     if d.exists():
@@ -55,9 +71,8 @@ def prunable(root: Path, current: Path, keep: int) -> list[Path]:
     `latest` names) is never among them, and neither is a directory with a later step: such a one is not this
     run's history (a different run's, copied in), so it is not ours to delete."""
     step = _step_of(current)
-    older = sorted(p for p in root.glob("step-*") if p != current and _step_of(p) is not None
-                   and _step_of(p) < step)
-    return older[:max(0, len(older) - (keep - 1))]
+    older = sorted(p for p in root.glob("step-*") if p != current and _step_of(p) is not None and _step_of(p) < step)
+    return older[: max(0, len(older) - (keep - 1))]
 
 
 def _step_of(d: Path) -> int | None:
@@ -75,18 +90,27 @@ def refuse_to_overwrite(out: Path, *, any_entry: bool) -> None:
     the metrics of a run killed before its first checkpoint, which a fresh start may replace)."""
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise CheckpointError(f"--out {out} is a file, not a run directory", expected="a new or empty directory",
-                              found="a file", fix="pass a new --out directory")
+        raise CheckpointError(
+            f"--out {out} is a file, not a run directory",
+            expected="a new or empty directory",
+            found="a file",
+            fix="pass a new --out directory",
+        )
     if not out.is_dir():
         return
-    found = sorted(p.name for p in out.iterdir()) if any_entry else \
-        [n for n in ("checkpoints", "draft") if (out / n).exists() and any((out / n).iterdir())]
+    found = (
+        sorted(p.name for p in out.iterdir())
+        if any_entry
+        else [n for n in ("checkpoints", "draft") if (out / n).exists() and any((out / n).iterdir())]
+    )
     if found:
-        raise CheckpointError(f"--out {out} already holds a run; a fresh run there would overwrite it",
-                              expected="an empty or new --out directory (or --resume to continue that run)",
-                              found=f"{out} contains {', '.join(found[:6])}" + (" ..." if len(found) > 6 else ""),
-                              fix=f"pass a new --out (eaglewire refuses rather than writing beside it), add "
-                                  f"--resume to continue the run in {out}, or remove {out} yourself")
+        raise CheckpointError(
+            f"--out {out} already holds a run; a fresh run there would overwrite it",
+            expected="an empty or new --out directory (or --resume to continue that run)",
+            found=f"{out} contains {', '.join(found[:6])}" + (" ..." if len(found) > 6 else ""),
+            fix=f"pass a new --out (eaglewire refuses rather than writing beside it), add "
+            f"--resume to continue the run in {out}, or remove {out} yourself",
+        )
 
 
 def latest_state(out: Path) -> Path | None:
@@ -98,21 +122,31 @@ def latest_state(out: Path) -> Path | None:
     try:
         name = pointer.read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"cannot read the checkpoint pointer {pointer}", expected="a step-NNNNNN name",
-                              found=f"{type(err).__name__}: {err}", fix="write the newest complete "
-                              "checkpoint's directory name into it, or start a new --out") from None
+        raise CheckpointError(
+            f"cannot read the checkpoint pointer {pointer}",
+            expected="a step-NNNNNN name",
+            found=f"{type(err).__name__}: {err}",
+            fix="write the newest complete checkpoint's directory name into it, or start a new --out",
+        ) from None
     d = pointer.parent / name
     if _step_of(d) is None or not (d / "trainer.json").is_file():
-        raise CheckpointError(f"{pointer} names a checkpoint that is not there",
-                              expected=f"a complete checkpoint directory {d} (with trainer.json)",
-                              found=f"latest = {name!r}; present: "
-                                    f"{sorted(p.name for p in pointer.parent.glob('step-*')) or 'none'}",
-                              fix="point latest at a complete step-NNNNNN directory, or start a new --out")
+        raise CheckpointError(
+            f"{pointer} names a checkpoint that is not there",
+            expected=f"a complete checkpoint directory {d} (with trainer.json)",
+            found=f"latest = {name!r}; present: {sorted(p.name for p in pointer.parent.glob('step-*')) or 'none'}",
+            fix="point latest at a complete step-NNNNNN directory, or start a new --out",
+        )
     return d
 
 
-def load_state(d: Path, draft: Any, target: TargetTensors, opt: torch.optim.Optimizer, param_names: list[str],
-               config: dict[str, Any]) -> int:
+def load_state(
+    d: Path,
+    draft: Any,
+    target: TargetTensors,
+    opt: torch.optim.Optimizer,
+    param_names: list[str],
+    config: dict[str, Any],
+) -> int:
     """Restore weights into `draft` and state into `opt` (built on draft's parameters); returns the step."""
     meta = read_json_object(d / "trainer.json", what="a trainer state", error=CheckpointError)
     for key, kind in (("step", int), ("config", dict), ("optimizer", dict)):
@@ -121,10 +155,12 @@ def load_state(d: Path, draft: Any, target: TargetTensors, opt: torch.optim.Opti
     stored = {**{k: v for k, v in TrainConfig().to_dict().items() if k not in meta["config"]}, **meta["config"]}
     if stored != config:
         diff = sorted(k for k in {*config, *stored} if stored.get(k) != config.get(k))
-        raise CheckpointError(f"--resume from {d} with different training settings",
-                              expected=json.dumps({k: stored.get(k) for k in diff}),
-                              found=json.dumps({k: config.get(k) for k in diff}),
-                              fix="resume with the settings of the interrupted run, or start a new --out")
+        raise CheckpointError(
+            f"--resume from {d} with different training settings",
+            expected=json.dumps({k: stored.get(k) for k in diff}),
+            found=json.dumps({k: config.get(k) for k in diff}),
+            fix="resume with the settings of the interrupted run, or start a new --out",
+        )
     loaded = load_checkpoint(d / "draft", target=target)  # strict: keys, shapes, contract, vocab map
     with torch.no_grad():
         for name, p in draft.state_dict().items():
@@ -135,15 +171,21 @@ def load_state(d: Path, draft: Any, target: TargetTensors, opt: torch.optim.Opti
         for key in f.keys():
             name, _, field = key.removeprefix("state.").rpartition(".")
             if name not in index:
-                raise CheckpointError(f"{d / 'optim.safetensors'}: state for an unknown parameter",
-                                      expected=f"state.<one of {len(index)} parameters>.<field>", found=key,
-                                      fix="resume with the code and settings that wrote it, or a new --out")
+                raise CheckpointError(
+                    f"{d / 'optim.safetensors'}: state for an unknown parameter",
+                    expected=f"state.<one of {len(index)} parameters>.<field>",
+                    found=key,
+                    fix="resume with the code and settings that wrote it, or a new --out",
+                )
             state.setdefault(index[name], {})[field] = f.get_tensor(key)
     try:
         groups = [{**g, "params": [index[n] for n in g["params"]]} for g in meta["optimizer"]["param_groups"]]
         opt.load_state_dict({"state": state, "param_groups": groups})
     except (KeyError, TypeError, ValueError) as err:  # torch's own checks of the groups' shape and sizes
-        raise CheckpointError(f"{d / 'trainer.json'}: optimizer state does not fit this draft",
-                              expected="the param groups this run's optimizer has", found=f"{type(err).__name__}: "
-                              f"{err}", fix="resume with the code and settings that wrote it, or a new --out") from None
+        raise CheckpointError(
+            f"{d / 'trainer.json'}: optimizer state does not fit this draft",
+            expected="the param groups this run's optimizer has",
+            found=f"{type(err).__name__}: {err}",
+            fix="resume with the code and settings that wrote it, or a new --out",
+        ) from None
     return int(meta["step"])

@@ -82,7 +82,10 @@ def greedy_ce_loss(draft: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    "soft_ce": soft_ce_loss, "forward_kl": forward_kl_loss, "nla": nla_loss, "lk_hybrid": lk_hybrid_loss,
+    "soft_ce": soft_ce_loss,
+    "forward_kl": forward_kl_loss,
+    "nla": nla_loss,
+    "lk_hybrid": lk_hybrid_loss,
     "greedy_ce": greedy_ce_loss,
 }
 
@@ -137,10 +140,21 @@ Reducer = Callable[[torch.Tensor], torch.Tensor]  # sums a count over ranks (ide
 class TTTModel(nn.Module):
     """The draft plus its TTT loss, as one module so DDP sees a single forward."""
 
-    def __init__(self, draft: Eagle3Draft, target_head: torch.Tensor | None, *, steps: int, decay: float,
-                 loss: str = "soft_ce", world_size: int = 1, reduce_count: Reducer | None = None,
-                 draft_head: torch.Tensor | None = None, round_weight: float = 0.0,
-                 feature_weight: float = 0.0, feature_space: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    def __init__(
+        self,
+        draft: Eagle3Draft,
+        target_head: torch.Tensor | None,
+        *,
+        steps: int,
+        decay: float,
+        loss: str = "soft_ce",
+        world_size: int = 1,
+        reduce_count: Reducer | None = None,
+        draft_head: torch.Tensor | None = None,
+        round_weight: float = 0.0,
+        feature_weight: float = 0.0,
+        feature_space: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> None:
         """`target_head` [V, H_t] the full frozen head; or None with `draft_head` [V_d, H_t], its rows for
         the draft vocab, when every batch brings the target's top-1 (offline training keeps V_d rows only).
         `round_weight` w: in training, the chains anchored where a greedy decoder would start a round under
@@ -155,8 +169,9 @@ class TTTModel(nn.Module):
         # The loss reads the target's logits over the draft vocab only: slicing the head to those rows
         # once (ascending target id = draft order) costs V_d/V of the full [B, T, V] product (1/6 here).
         if draft_head is None:
-            draft_head = target_head[torch.arange(draft.cfg.draft_vocab_size, device=target_head.device)
-                                     + draft.d2t.to(target_head.device)]
+            draft_head = target_head[
+                torch.arange(draft.cfg.draft_vocab_size, device=target_head.device) + draft.d2t.to(target_head.device)
+            ]
         self.draft_head = draft_head  # [V_d, H_t]
         self.world_size, self.reduce_count = world_size, reduce_count or (lambda x: x)
         if round_weight < 0:
@@ -197,8 +212,14 @@ class TTTModel(nn.Module):
         stats.anchors = int(anchor.sum())
         base_pos = torch.arange(T, device=fb.input_ids.device).expand(B, T)
         for k in range(self.steps):
-            out = d.step(shift_left(fb.input_ids, 1 + k), hidden, base_pos + k,
-                         ttt_attention_mask(T, k, fb.input_ids.device), past, compute_logits=False)
+            out = d.step(
+                shift_left(fb.input_ids, 1 + k),
+                hidden,
+                base_pos + k,
+                ttt_attention_mask(T, k, fb.input_ids.device),
+                past,
+                compute_logits=False,
+            )
             hidden, past = out.hidden, out.kv
             trained = fb.attention_mask if all_positions else fb.loss_mask
             mask = (shift_left(trained, 2 + k) > 0) & shift_left(in_vocab, 1 + k, False)  # [B, T]
@@ -228,8 +249,15 @@ class TTTModel(nn.Module):
             stats.round_tokens, stats.rounds = simulate_rounds(anchor, accepted)
         return total, stats
 
-    def _with_feature_loss(self, per_pos: torch.Tensor, rows: tuple[torch.Tensor, ...], normed: torch.Tensor,
-                           fb: FeatureBatch, trained: torch.Tensor, k: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    def _with_feature_loss(
+        self,
+        per_pos: torch.Tensor,
+        rows: tuple[torch.Tensor, ...],
+        normed: torch.Tensor,
+        fb: FeatureBatch,
+        trained: torch.Tensor,
+        k: int,
+    ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
         """(every trained row, loss per row): per_pos [N] (the distribution loss at `rows`) placed on the trained
         rows ⊇ rows (zero where the target's top-1 is outside V_d) plus w times the centred-logit MSE of the
         mapped draft state against h_{t+1+k} (module docstring), so one reduction counts every trained position

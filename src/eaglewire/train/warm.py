@@ -20,8 +20,12 @@ from eaglewire.draft.vocab import VocabMap
 from eaglewire.target.protocol import TargetTensors
 
 
-def copy_target_layer(layer: torch.nn.Module, src: dict[str, torch.Tensor], what: str,
-                      place: Callable[[str, torch.Tensor, torch.Tensor], bool] | None = None) -> None:
+def copy_target_layer(
+    layer: torch.nn.Module,
+    src: dict[str, torch.Tensor],
+    what: str,
+    place: Callable[[str, torch.Tensor, torch.Tensor], bool] | None = None,
+) -> None:
     """Start a draft layer from a target layer: each parameter the target layer holds by the same name (`src`,
     target.layer_parameters) is copied; the others (the draft's own norms) keep their init. `place(name, p, w)`
     may write a weight of another shape itself and return True; any other shape mismatch is refused, naming
@@ -33,8 +37,12 @@ def copy_target_layer(layer: torch.nn.Module, src: dict[str, torch.Tensor], what
         if place is not None and place(name, p, w):
             continue
         if tuple(p.shape) != tuple(w.shape):
-            raise CheckpointError(f"cannot start {what}", expected=f"{name} of shape {tuple(p.shape)}",
-                                  found=str(tuple(w.shape)), fix="drop init_layers_from_target for this target")
+            raise CheckpointError(
+                f"cannot start {what}",
+                expected=f"{name} of shape {tuple(p.shape)}",
+                found=str(tuple(w.shape)),
+                fix="drop init_layers_from_target for this target",
+            )
         p.copy_(w)
 
 
@@ -52,8 +60,12 @@ def init_layers_from_target(draft: Eagle3Draft, target: TargetTensors) -> None:
 
     with torch.no_grad():
         for i, layer in enumerate(draft.layers):
-            copy_target_layer(layer, target.layer_parameters(L - n + i), f"draft layer {i} from target layer "
-                              f"{L - n + i}", hidden_half if layer.first else None)
+            copy_target_layer(
+                layer,
+                target.layer_parameters(L - n + i),
+                f"draft layer {i} from target layer {L - n + i}",
+                hidden_half if layer.first else None,
+            )
 
 
 GROWN_OUT_SCALE = 0.01  # an added layer's output projections start at this fraction of their random init
@@ -84,7 +96,9 @@ def _with_ones(rows: torch.Tensor) -> torch.Tensor:
     return torch.cat([rows.float(), rows.new_ones(len(rows), 1, dtype=torch.float32)], 1)  # [N, H+1]
 
 
-def warm_start(draft: Eagle3Draft, path: Path, target: TargetTensors, vmap: VocabMap, taps: tuple[int, ...]) -> torch.Tensor:
+def warm_start(
+    draft: Eagle3Draft, path: Path, target: TargetTensors, vmap: VocabMap, taps: tuple[int, ...]
+) -> torch.Tensor:
     """Copy a trained draft's weights into `draft` (a run continues an earlier one's training); returns
     [V_d] bool, the head rows of ids new to this vocab (what `freeze` may train alone).
 
@@ -106,24 +120,31 @@ def warm_start(draft: Eagle3Draft, path: Path, target: TargetTensors, vmap: Voca
 
     src = load_checkpoint(path, target=target)
     if tuple(src.contract.taps) != taps:
-        raise CheckpointError(f"cannot warm-start from {path}: it reads other target boundaries",
-                              expected=f"taps {list(taps)}", found=f"taps {list(src.contract.taps)}",
-                              fix="train with the warm-start draft's taps, or drop init_from")
+        raise CheckpointError(
+            f"cannot warm-start from {path}: it reads other target boundaries",
+            expected=f"taps {list(taps)}",
+            found=f"taps {list(src.contract.taps)}",
+            fix="train with the warm-start draft's taps, or drop init_from",
+        )
     if src.cfg.norm != draft.cfg.norm:
         theirs_name = norm_preset_name(src.cfg.norm)
-        raise CheckpointError(f"cannot warm-start from {path}: it was trained with other norm flags",
-                              expected=f"{draft.cfg.norm}", found=f"{src.cfg.norm}",
-                              fix=f"train with --norms {theirs_name or 'auto'} (the warm-start draft's own), "
-                                  "or drop init_from")
+        raise CheckpointError(
+            f"cannot warm-start from {path}: it was trained with other norm flags",
+            expected=f"{draft.cfg.norm}",
+            found=f"{src.cfg.norm}",
+            fix=f"train with --norms {theirs_name or 'auto'} (the warm-start draft's own), or drop init_from",
+        )
     mine, theirs = draft.state_dict(), src.state_dict()
     added = range(src.cfg.num_layers, draft.cfg.num_layers)  # empty unless the draft grows
     skip = {"lm_head.weight", "d2t", "t2d", "embed_tokens.weight"} | {k for k in mine if _layer_of(k) in added}
     bad = sorted(k for k in mine if k not in skip and (k not in theirs or theirs[k].shape != mine[k].shape))
     if bad or src.cfg.num_layers > draft.cfg.num_layers or src.cfg.num_taps != draft.cfg.num_taps:
-        raise CheckpointError(f"cannot warm-start from {path}", expected=f"a draft of the same shape "
-                              f"({draft.cfg.num_layers} layer(s), {draft.cfg.num_taps} taps)",
-                              found=f"{src.cfg.num_layers} layer(s), {src.cfg.num_taps} taps; differing: {bad[:5]}",
-                              fix="drop init_from, or train with the warm-start draft's shape")
+        raise CheckpointError(
+            f"cannot warm-start from {path}",
+            expected=f"a draft of the same shape ({draft.cfg.num_layers} layer(s), {draft.cfg.num_taps} taps)",
+            found=f"{src.cfg.num_layers} layer(s), {src.cfg.num_taps} taps; differing: {bad[:5]}",
+            fix="drop init_from, or train with the warm-start draft's shape",
+        )
     with torch.no_grad():
         for k in mine:
             if k not in skip:
@@ -173,6 +194,8 @@ def freeze(draft: Eagle3Draft, train_only: str, new_rows: torch.Tensor | None, w
     if new_rows is None or weight_decay:
         raise ValueError("train_only='new_head_rows' needs init_from (whose head rows stay) and weight_decay 0")
     if not new_rows.any():
-        raise ValueError("train_only='new_head_rows': the vocab adds no id to init_from; grow it "
-                         "(vocab build --keep-from INIT --draft-vocab-size N, N above the init's)")
+        raise ValueError(
+            "train_only='new_head_rows': the vocab adds no id to init_from; grow it "
+            "(vocab build --keep-from INIT --draft-vocab-size N, N above the init's)"
+        )
     draft.lm_head.weight.register_hook(lambda g: g * new_rows.to(g.device, g.dtype)[:, None])

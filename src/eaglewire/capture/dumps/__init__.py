@@ -1,7 +1,7 @@
 """Hidden-state dumps written by other tools: read them, say what they hold, import them as feature shards.
 
-    import_dump(src, "specforge"|"speculators"|"auto", target, out, taps=..., taps_from=...) -> manifest
-    open_dump(src, fmt) -> a streaming reader (ids(), read(id) -> DumpSample)
+import_dump(src, "specforge"|"speculators"|"auto", target, out, taps=..., taps_from=...) -> manifest
+open_dump(src, fmt) -> a streaming reader (ids(), read(id) -> DumpSample)
 """
 
 from eaglewire.capture.dumps.importer import import_dump

@@ -51,26 +51,42 @@ def _row(target: Target, head: torch.Tensor, sample: DumpSample, dtype: torch.dt
             last = target.final_norm(last)  # speculators' last layer is pre-norm: reach the head's input
     bad = {n: int((~torch.isfinite(t.float())).sum()) for n, t in (("taps", sample.taps), ("last state", last))}
     if any(bad.values()):
-        raise EaglewireError(f"{sample.path}: non-finite hidden states", expected="finite values",
-                             found=", ".join(f"{v} NaN/Inf in {k}" for k, v in bad.items() if v),
-                             fix="re-create this sample (both tools skip NaN samples when they write)")
-    return {"input_ids": sample.input_ids, "loss_mask": sample.loss_mask,
-            "taps": sample.taps.flatten(1).to(dtype),  # [T, k*H] in stored (ascending) order
-            "final_hidden": last.to(dtype), "target_top1": target_top1(head, last)}
+        raise EaglewireError(
+            f"{sample.path}: non-finite hidden states",
+            expected="finite values",
+            found=", ".join(f"{v} NaN/Inf in {k}" for k, v in bad.items() if v),
+            fix="re-create this sample (both tools skip NaN samples when they write)",
+        )
+    return {
+        "input_ids": sample.input_ids,
+        "loss_mask": sample.loss_mask,
+        "taps": sample.taps.flatten(1).to(dtype),  # [T, k*H] in stored (ascending) order
+        "final_hidden": last.to(dtype),
+        "target_top1": target_top1(head, last),
+    }
 
 
 def _check_layout(dump: Dump, first: DumpSample, target: Target, taps: tuple[int, ...]) -> None:
     k, H = first.taps.shape[1], first.taps.shape[2]
     if H != target.hidden_size:
-        raise ContractMismatch(f"{first.path}: states of another width than the target's hidden size",
-                               expected=f"H = {target.hidden_size} ({target.name})", found=f"H = {H}",
-                               fix="import with the target the dump was made from")
+        raise ContractMismatch(
+            f"{first.path}: states of another width than the target's hidden size",
+            expected=f"H = {target.hidden_size} ({target.name})",
+            found=f"H = {H}",
+            fix="import with the target the dump was made from",
+        )
     if k != len(taps):
-        what = (f"ONE state where {len(taps)} taps were expected: aux capture was off" if k == 1
-                else f"{k} stored taps, {len(taps)} declared")
-        raise ContractMismatch(f"{first.path}: {what}", expected=f"{len(taps)} taps (boundaries {list(taps)})",
-                               found=f"{k} H-wide states in {dump.layout()}",
-                               fix="pass --taps with the layer ids the dump was captured with, or re-capture")
+        what = (
+            f"ONE state where {len(taps)} taps were expected: aux capture was off"
+            if k == 1
+            else f"{k} stored taps, {len(taps)} declared"
+        )
+        raise ContractMismatch(
+            f"{first.path}: {what}",
+            expected=f"{len(taps)} taps (boundaries {list(taps)})",
+            found=f"{k} H-wide states in {dump.layout()}",
+            fix="pass --taps with the layer ids the dump was captured with, or re-capture",
+        )
 
 
 def _verify(dump: Dump, ids: list[str], first: DumpSample, target: Target, bounds: tuple[int, ...]) -> None:
@@ -84,16 +100,29 @@ def _verify(dump: Dump, ids: list[str], first: DumpSample, target: Target, bound
                 also = f" ({dump.format} ids {list(to_engine(bounds, CONVENTION[dump.format], target.num_layers))})"
             except TranslationError:  # declared in another convention, inexpressible in the tool's own
                 also = ""
-            raise ContractMismatch(f"{sample.path}: the dump does not hold what was declared",
-                                   expected=f"taps {list(bounds)}{also}", found=why,
-                                   fix="inspect it (inspect_dump / eaglewire data inspect) and pass the taps "
-                                   "it really holds, or re-capture it")
+            raise ContractMismatch(
+                f"{sample.path}: the dump does not hold what was declared",
+                expected=f"taps {list(bounds)}{also}",
+                found=why,
+                fix="inspect it (inspect_dump / eaglewire data inspect) and pass the taps "
+                "it really holds, or re-capture it",
+            )
 
 
-def import_dump(src: Path, fmt: str, target: Target, out: Path, *, taps: Sequence[int] | None = None,
-                taps_from: str | None = None, shard_samples: int = 256, dtype: torch.dtype = DEFAULT_STORE_DTYPE,
-                verify: int = 2, on_shard: Callable[[int, int, int], None] | None = None,
-                states_dir: Path | None = None) -> dict:
+def import_dump(
+    src: Path,
+    fmt: str,
+    target: Target,
+    out: Path,
+    *,
+    taps: Sequence[int] | None = None,
+    taps_from: str | None = None,
+    shard_samples: int = 256,
+    dtype: torch.dtype = DEFAULT_STORE_DTYPE,
+    verify: int = 2,
+    on_shard: Callable[[int, int, int], None] | None = None,
+    states_dir: Path | None = None,
+) -> dict:
     """Convert (or resume converting) the dump at `src` into feature shards in `out`; returns the manifest.
 
     fmt: "specforge", "speculators" or "auto". taps: the layer ids the tool was configured with, in
@@ -104,12 +133,15 @@ def import_dump(src: Path, fmt: str, target: Target, out: Path, *, taps: Sequenc
     hs_*.safetensors when they are not under `src`/hidden_states (its generate step's --output)."""
     dump = open_dump(Path(src), fmt, states_dir)
     if dump.format == "eaglewire":
-        raise EaglewireError(f"{src} is already an eaglewire feature directory", expected="a tool's dump",
-                             found="manifest.json", fix="use it directly (train --features DIR)")
+        raise EaglewireError(
+            f"{src} is already an eaglewire feature directory",
+            expected="a tool's dump",
+            found="manifest.json",
+            fix="use it directly (train --features DIR)",
+        )
     ids = dump.ids()
     if not ids:
-        raise EaglewireError(f"{src}: the dump has no samples with hidden states", expected="at least one",
-                             found="0")
+        raise EaglewireError(f"{src}: the dump has no samples with hidden states", expected="at least one", found="0")
     first = dump.read(ids[0])
     bounds = declared_boundaries(dump.format, target.num_layers, taps, taps_from, stored=first.taps.shape[1])
     _check_layout(dump, first, target, bounds)
@@ -121,10 +153,23 @@ def import_dump(src: Path, fmt: str, target: Target, out: Path, *, taps: Sequenc
     def build(_k: int, chunk: list[str]) -> dict[str, torch.Tensor]:
         return pack_rows([_row(target, head, dump.read(sids[c]), dtype) for c in chunk])
 
-    source = {"format": dump.format, "path": str(Path(src).resolve()), "layout": dump.layout(),
-              "taps_from": taps_from or CONVENTION[dump.format], "verified_samples": min(verify, len(ids)),
-              "last_state": "stored post-norm" if dump.last_kind == POST_NORM else "pre-norm + target final norm",
-              "rows_without_states": dump.missing_rows}
-    return write_feature_dir(Path(out), features_view(contract), list(sids), build, shard_samples=shard_samples,
-                             target_dtype=str(first.taps.dtype).removeprefix("torch."), store_dtype=dtype,
-                             on_shard=on_shard, extra={"source": source})
+    source = {
+        "format": dump.format,
+        "path": str(Path(src).resolve()),
+        "layout": dump.layout(),
+        "taps_from": taps_from or CONVENTION[dump.format],
+        "verified_samples": min(verify, len(ids)),
+        "last_state": "stored post-norm" if dump.last_kind == POST_NORM else "pre-norm + target final norm",
+        "rows_without_states": dump.missing_rows,
+    }
+    return write_feature_dir(
+        Path(out),
+        features_view(contract),
+        list(sids),
+        build,
+        shard_samples=shard_samples,
+        target_dtype=str(first.taps.dtype).removeprefix("torch."),
+        store_dtype=dtype,
+        on_shard=on_shard,
+        extra={"source": source},
+    )

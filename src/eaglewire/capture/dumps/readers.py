@@ -91,8 +91,12 @@ def _bad(path: Path, what: str, expected: str, found: str, fix: str | None = Non
 
 def _tokens(path: Path, name: str, t: object) -> torch.Tensor:
     """A [T] (or [1, T]) integer tensor as int64 [T]."""
-    if not isinstance(t, torch.Tensor) or t.is_floating_point() or t.dim() not in (1, 2) \
-            or (t.dim() == 2 and t.shape[0] != 1):
+    if (
+        not isinstance(t, torch.Tensor)
+        or t.is_floating_point()
+        or t.dim() not in (1, 2)
+        or (t.dim() == 2 and t.shape[0] != 1)
+    ):
         found = f"{type(t).__name__} {tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
         raise _bad(path, f"{name} is not a token vector", f"{name}: an integer tensor [T]", found)
     return t.reshape(-1).long()
@@ -100,10 +104,13 @@ def _tokens(path: Path, name: str, t: object) -> torch.Tensor:
 
 def _check_lengths(path: Path, shapes: dict[str, int]) -> None:
     if len(set(shapes.values())) > 1:
-        raise _bad(path, "the stored tensors disagree on the number of positions",
-                   "one length T for input_ids, loss_mask and every state",
-                   ", ".join(f"{k}: {v}" for k, v in shapes.items()),
-                   "the dump is damaged or was written padded; re-create this sample")
+        raise _bad(
+            path,
+            "the stored tensors disagree on the number of positions",
+            "one length T for input_ids, loss_mask and every state",
+            ", ".join(f"{k}: {v}" for k, v in shapes.items()),
+            "the dump is damaged or was written padded; re-create this sample",
+        )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -123,22 +130,34 @@ def load_torch_file(path: Path) -> dict:
             src = path
         unsafe = get_unsafe_globals_in_checkpoint(src)
         if unsafe:
-            raise _bad(path, "refused: the file needs more than weights_only unpickling",
-                       "a torch.save dict of tensors (weights_only=True loads it)",
-                       f"pickled objects of {unsafe}", "re-create the sample with the tool's writer; eaglewire "
-                       "never unpickles arbitrary objects")
+            raise _bad(
+                path,
+                "refused: the file needs more than weights_only unpickling",
+                "a torch.save dict of tensors (weights_only=True loads it)",
+                f"pickled objects of {unsafe}",
+                "re-create the sample with the tool's writer; eaglewire never unpickles arbitrary objects",
+            )
         if isinstance(src, io.BytesIO):
             src.seek(0)
             obj = torch.load(src, map_location="cpu", weights_only=True)
         else:  # mmap: tensors are paged in when used, not all at once
             obj = torch.load(src, map_location="cpu", weights_only=True, mmap=True)
     # torch's weights_only unpickler raises UnpicklingError for a pickle that names more than plain tensors
-    except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, torch.serialization.pickle.UnpicklingError,
-            ValueError) as err:
-        raise _bad(path, "cannot be read (truncated or not a torch.save file)",
-                   "a complete torch.save file", f"{type(err).__name__}: {str(err).splitlines()[0]}",
-                   "re-create this sample (SpecForge's prepare_hidden_states.py skips existing files: "
-                   "delete it first)") from None
+    except (
+        RuntimeError,
+        EOFError,
+        OSError,
+        zipfile.BadZipFile,
+        torch.serialization.pickle.UnpicklingError,
+        ValueError,
+    ) as err:
+        raise _bad(
+            path,
+            "cannot be read (truncated or not a torch.save file)",
+            "a complete torch.save file",
+            f"{type(err).__name__}: {str(err).splitlines()[0]}",
+            "re-create this sample (SpecForge's prepare_hidden_states.py skips existing files: delete it first)",
+        ) from None
     if not isinstance(obj, dict):
         raise _bad(path, "is not a SpecForge sample", "a dict of tensors", type(obj).__name__)
     return obj
@@ -148,11 +167,18 @@ def _states(path: Path, data: dict, key: str) -> torch.Tensor:
     """`key` as [T, W] from SpecForge's [1, T, W] (the writer's unsqueeze(0))."""
     t = data.get(key)
     if t is None:
-        extra = (" (written without --enable-aux-hidden-states: EAGLE-3 needs the aux taps)"
-                 if key == "aux_hidden_state" else "")
+        extra = (
+            " (written without --enable-aux-hidden-states: EAGLE-3 needs the aux taps)"
+            if key == "aux_hidden_state"
+            else ""
+        )
         raise _bad(path, f"has no {key}{extra}", f"{key} [1, T, W]", f"keys {sorted(data)}")
-    if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dim() not in (2, 3) \
-            or (t.dim() == 3 and t.shape[0] != 1):
+    if (
+        not isinstance(t, torch.Tensor)
+        or not t.is_floating_point()
+        or t.dim() not in (2, 3)
+        or (t.dim() == 3 and t.shape[0] != 1)
+    ):
         found = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
         raise _bad(path, f"{key} has the wrong shape", f"{key}: floating [1, T, W]", found)
     return t.reshape(-1, t.shape[-1])
@@ -165,14 +191,20 @@ class SpecForgeDump:
         self.root = Path(root)
         files = [p for p in self.root.rglob("*") if p.is_file() and _CKPT.search(p.name)]
         if not files:
-            raise _bad(self.root, "holds no SpecForge sample files", "rows_*/data_*.ckpt or .ckpt.gz",
-                       "none", "point at the --output-path of SpecForge's prepare_hidden_states.py")
+            raise _bad(
+                self.root,
+                "holds no SpecForge sample files",
+                "rows_*/data_*.ckpt or .ckpt.gz",
+                "none",
+                "point at the --output-path of SpecForge's prepare_hidden_states.py",
+            )
         self._files = {_CKPT.sub("", str(p.relative_to(self.root))): p for p in files}
 
     def ids(self) -> list[str]:
         def key(sid: str) -> tuple[int, str]:  # data_{idx}: the writer's global sample index
             m = re.search(r"(\d+)$", sid)
             return (int(m.group(1)) if m else -1, sid)
+
         return sorted(self._files, key=key)
 
     def layout(self) -> str:
@@ -185,10 +217,21 @@ class SpecForgeDump:
         aux, last = _states(path, data, "aux_hidden_state"), _states(path, data, "hidden_state")  # [T, kH], [T, H]
         H = last.shape[-1]
         if aux.shape[-1] % H:
-            raise _bad(path, "aux_hidden_state is not a concatenation of H-wide states",
-                       f"a width that is a multiple of hidden_state's {H}", f"width {aux.shape[-1]}")
-        _check_lengths(path, {"input_ids": len(ids), "loss_mask": len(mask), "aux_hidden_state": aux.shape[0],
-                              "hidden_state": last.shape[0]})
+            raise _bad(
+                path,
+                "aux_hidden_state is not a concatenation of H-wide states",
+                f"a width that is a multiple of hidden_state's {H}",
+                f"width {aux.shape[-1]}",
+            )
+        _check_lengths(
+            path,
+            {
+                "input_ids": len(ids),
+                "loss_mask": len(mask),
+                "aux_hidden_state": aux.shape[0],
+                "hidden_state": last.shape[0],
+            },
+        )
         return DumpSample(sid, path, ids, mask, aux.reshape(len(ids), -1, H), last, POST_NORM)
 
 
@@ -203,30 +246,46 @@ def _arrow_table(root: Path):  # -> pyarrow.Table (memory-mapped: rows are read 
         import pyarrow.ipc as ipc
     except ImportError:
         # datasets.load_from_disk reads the same files through pyarrow, so pyarrow alone is enough
-        raise EaglewireError("reading a speculators dump needs pyarrow (its Arrow dataset holds the loss masks)",
-                             expected="pyarrow importable", found="not installed",
-                             fix="pip install 'eaglewire[dumps]' (or pip install pyarrow)") from None
+        raise EaglewireError(
+            "reading a speculators dump needs pyarrow (its Arrow dataset holds the loss masks)",
+            expected="pyarrow importable",
+            found="not installed",
+            fix="pip install 'eaglewire[dumps]' (or pip install pyarrow)",
+        ) from None
     state = read_json_object(root / "state.json", what="a datasets state.json")
     tables = []
     for entry in state.get("_data_files", []):
         name = entry.get("filename") if isinstance(entry, dict) else None
         if not isinstance(name, str) or Path(name).name != name:  # an Arrow file of this directory
-            raise _bad(root / "state.json", "lists an Arrow file that is not a plain file name",
-                       "_data_files: [{filename: data-*.arrow}]", repr(entry)[:80])
+            raise _bad(
+                root / "state.json",
+                "lists an Arrow file that is not a plain file name",
+                "_data_files: [{filename: data-*.arrow}]",
+                repr(entry)[:80],
+            )
         path = root / name
         try:
             tables.append(ipc.open_stream(pa.memory_map(str(path))).read_all())
         except (OSError, pa.ArrowInvalid) as err:
-            raise _bad(path, "is not a readable Arrow stream", "a datasets save_to_disk shard",
-                       f"{type(err).__name__}: {err}") from None
+            raise _bad(
+                path, "is not a readable Arrow stream", "a datasets save_to_disk shard", f"{type(err).__name__}: {err}"
+            ) from None
     if not tables:
-        raise _bad(root / "state.json", "lists no Arrow files", "_data_files: [{filename: data-*.arrow}]",
-                   str(state.get("_data_files")))
+        raise _bad(
+            root / "state.json",
+            "lists no Arrow files",
+            "_data_files: [{filename: data-*.arrow}]",
+            str(state.get("_data_files")),
+        )
     table = pa.concat_tables(tables)
     missing = {"input_ids", "loss_mask"} - set(table.column_names)
     if missing:
-        raise _bad(root, "the Arrow dataset lacks columns", "input_ids and loss_mask (speculators prepare-data)",
-                   f"columns {table.column_names}")
+        raise _bad(
+            root,
+            "the Arrow dataset lacks columns",
+            "input_ids and loss_mask (speculators prepare-data)",
+            f"columns {table.column_names}",
+        )
     return table
 
 
@@ -237,8 +296,13 @@ class SpeculatorsDump:
         self.root = Path(root)
         self.states_dir = Path(states_dir) if states_dir else self.root / "hidden_states"
         if not (self.root / "state.json").is_file():
-            raise _bad(self.root, "is not a speculators dataset", "state.json and data-*.arrow (save_to_disk)",
-                       "no state.json", "point at the --output of speculators prepare-data")
+            raise _bad(
+                self.root,
+                "is not a speculators dataset",
+                "state.json and data-*.arrow (save_to_disk)",
+                "no state.json",
+                "point at the --output of speculators prepare-data",
+            )
         self._table = _arrow_table(self.root)
         files = self.states_dir.glob("hs_*.safetensors") if self.states_dir.is_dir() else []
         present = {int(m.group(1)) for p in files if (m := re.fullmatch(r"hs_(\d+)\.safetensors", p.name))}
@@ -264,18 +328,33 @@ class SpeculatorsDump:
         hs = data.get("hidden_states")
         if hs is None or "token_ids" not in data or hs.dim() != 3 or hs.shape[1] < 2:
             found = f"keys {sorted(data)}" + (f", hidden_states {tuple(hs.shape)}" if hs is not None else "")
-            raise _bad(path, "is not a speculators hidden-state file",
-                       "hidden_states [T, k+1, H] (taps, then the last layer) and token_ids [T]", found)
+            raise _bad(
+                path,
+                "is not a speculators hidden-state file",
+                "hidden_states [T, k+1, H] (taps, then the last layer) and token_ids [T]",
+                found,
+            )
         if "hidden_states_scales" in data:  # the fp8 connector's payload (hs_connectors/fp8_utils.py)
             hs = hs.float() * data["hidden_states_scales"].float()  # [T, k+1, H] * [T, 1, 1]
         ids, mask = self._row(i)
         token_ids = _tokens(path, "token_ids", data["token_ids"])
-        _check_lengths(path, {"input_ids (Arrow row)": len(ids), "loss_mask (Arrow row)": len(mask),
-                              "token_ids": len(token_ids), "hidden_states": hs.shape[0]})
+        _check_lengths(
+            path,
+            {
+                "input_ids (Arrow row)": len(ids),
+                "loss_mask (Arrow row)": len(mask),
+                "token_ids": len(token_ids),
+                "hidden_states": hs.shape[0],
+            },
+        )
         if not torch.equal(token_ids, ids):
-            raise _bad(path, f"token_ids differ from Arrow row {i}'s input_ids (speculators drops such rows)",
-                       "the same tokens", f"first difference at position {int((token_ids != ids).nonzero()[0])}",
-                       "the hidden states were generated for another dataset; regenerate them")
+            raise _bad(
+                path,
+                f"token_ids differ from Arrow row {i}'s input_ids (speculators drops such rows)",
+                "the same tokens",
+                f"first difference at position {int((token_ids != ids).nonzero()[0])}",
+                "the hidden states were generated for another dataset; regenerate them",
+            )
         return DumpSample(sid, path, ids, mask, hs[:, :-1], hs[:, -1], PRE_NORM)
 
 
@@ -310,8 +389,15 @@ class FeatureDirDump:
         k, _j = self._features.index[sid]
         row = self._features.rows([Sample(sid, torch.empty(0), torch.empty(0))])[0]
         T, H = row["final_hidden"].shape
-        return DumpSample(sid, self.root / self.manifest["shards"][k]["file"], row["input_ids"], row["loss_mask"],
-                          row["taps"].reshape(T, -1, H), row["final_hidden"], POST_NORM)
+        return DumpSample(
+            sid,
+            self.root / self.manifest["shards"][k]["file"],
+            row["input_ids"],
+            row["loss_mask"],
+            row["taps"].reshape(T, -1, H),
+            row["final_hidden"],
+            POST_NORM,
+        )
 
 
 def detect_format(src: Path) -> str:
@@ -322,9 +408,12 @@ def detect_format(src: Path) -> str:
         return "speculators"
     if src.is_dir() and any(_CKPT.search(p.name) for p in src.rglob("*")):
         return "specforge"
-    raise EaglewireError(f"{src}: not a dump this version can read", expected=", ".join(FORMATS),
-                         found="no manifest.json, state.json or *.ckpt(.gz) files",
-                         fix="pass the dump's top directory (SpecForge --output-path, speculators --output)")
+    raise EaglewireError(
+        f"{src}: not a dump this version can read",
+        expected=", ".join(FORMATS),
+        found="no manifest.json, state.json or *.ckpt(.gz) files",
+        fix="pass the dump's top directory (SpecForge --output-path, speculators --output)",
+    )
 
 
 def open_dump(src: Path, fmt: str = "auto", states_dir: Path | None = None) -> Dump:
@@ -335,7 +424,10 @@ def open_dump(src: Path, fmt: str = "auto", states_dir: Path | None = None) -> D
         raise EaglewireError(f"unknown dump format {fmt!r}", expected=", ".join(FORMATS) + " or auto", found=fmt)
     if states_dir is not None:
         if fmt != "speculators":
-            raise EaglewireError(f"a separate hidden-state directory is a speculators layout, not {fmt}",
-                                 expected="--states-dir only with speculators dumps", found=str(states_dir))
+            raise EaglewireError(
+                f"a separate hidden-state directory is a speculators layout, not {fmt}",
+                expected="--states-dir only with speculators dumps",
+                found=str(states_dir),
+            )
         return SpeculatorsDump(Path(src), states_dir)
     return readers[fmt](Path(src))

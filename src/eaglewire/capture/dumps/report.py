@@ -63,21 +63,27 @@ class DumpReport:
         return {**asdict(self), "loss_coverage": self.loss_coverage}
 
     def lines(self) -> list[str]:
-        out = [f"{self.path}: {self.layout}",
-               f"  samples {self.samples} (scanned {self.scanned}), tokens {self.tokens}, "
-               f"loss-mask coverage {self.loss_coverage:.1%}, hidden size {self.hidden_size}, taps {self.num_taps}",
-               "  dtypes " + ", ".join(f"{k} {v}" for k, v in self.dtypes.items())]
+        out = [
+            f"{self.path}: {self.layout}",
+            f"  samples {self.samples} (scanned {self.scanned}), tokens {self.tokens}, "
+            f"loss-mask coverage {self.loss_coverage:.1%}, hidden size {self.hidden_size}, taps {self.num_taps}",
+            "  dtypes " + ", ".join(f"{k} {v}" for k, v in self.dtypes.items()),
+        ]
         if self.rows_without_states:
             out.append(f"  {self.rows_without_states} dataset rows have no hidden-state file")
-        out += [f"  {s.name}: " + (f"{boundary_label(s.found)} — {s.meaning}" if s.meaning else
-                                   "not identified (pass a target)") for s in self.stored]
+        out += [
+            f"  {s.name}: "
+            + (f"{boundary_label(s.found)} — {s.meaning}" if s.meaning else "not identified (pass a target)")
+            for s in self.stored
+        ]
         out += [f"  ! {f}" for f in self.findings] + [f"  error: {e}" for e in self.errors]
         out.append("  OK" if self.ok else "  NOT OK")
         return out
 
 
-def declared_boundaries(fmt: str, num_layers: int, taps: Sequence[int] | None,
-                        taps_from: str | None, stored: int | None = None) -> tuple[int, ...]:
+def declared_boundaries(
+    fmt: str, num_layers: int, taps: Sequence[int] | None, taps_from: str | None, stored: int | None = None
+) -> tuple[int, ...]:
     """The boundaries a dump is declared to hold: `taps` in convention `taps_from` (default: the format's
     own), or the tools' default. For speculators a trailing id L (the verifier state, which the dump always
     appends) may be listed or not; `stored` (taps found in the dump) tells which."""
@@ -103,8 +109,9 @@ def identify_sample(target: Target, sample: DumpSample) -> tuple[list[int | str 
     return names[:-1], names[-1]
 
 
-def describe_mismatch(declared: list[int], found: list[int | str | None], last: int | str,
-                      found_last: int | str | None, num_layers: int) -> str:
+def describe_mismatch(
+    declared: list[int], found: list[int | str | None], last: int | str, found_last: int | str | None, num_layers: int
+) -> str:
     """The finding in words: which boundaries are stored where others were declared, and the usual cause."""
     label = "[" + ", ".join(boundary_label(f) for f in found) + "]"
     parts = []
@@ -115,18 +122,28 @@ def describe_mismatch(declared: list[int], found: list[int | str | None], last: 
         if all(isinstance(f, int) for f in found) and len(found) == len(declared):
             shift = {d - f for d, f in zip(declared, found)}  # type: ignore[operator]
             if shift == {1}:
-                msg += (" (one boundary early: each tap is the INPUT of the declared layer — an off-by-one "
-                        "between layer-id conventions" + (", and the embedding was stored as a tap" if 0 in found
-                                                          else "") + ")")
+                msg += (
+                    " (one boundary early: each tap is the INPUT of the declared layer — an off-by-one "
+                    "between layer-id conventions"
+                    + (", and the embedding was stored as a tap" if 0 in found else "")
+                    + ")"
+                )
             elif shift == {-1}:
                 msg += " (one boundary late: an off-by-one between layer-id conventions)"
         if 0 in found and "embedding" not in msg:
             msg += "; the embedding output (boundary 0) is stored as a tap"
         parts.append(msg)
     if found_last != last:
+
         def words(b: int | str | None) -> str:
-            return ("the final-norm output" if b == POST_NORM else "unrecognised" if b is None
-                    else describe_boundary(int(b), num_layers))
+            return (
+                "the final-norm output"
+                if b == POST_NORM
+                else "unrecognised"
+                if b is None
+                else describe_boundary(int(b), num_layers)
+            )
+
         parts.append(f"the last state is {words(found_last)}, the format says {words(last)}")
     return "; ".join(parts)
 
@@ -175,8 +192,13 @@ def _identify(dump: Dump, rep: DumpReport, target: Target, samples: int) -> None
     L = target.num_layers
     for s, b in zip(rep.stored, [*found_taps, found_last]):
         s.found = b
-        s.meaning = ("the final-norm output (LM-head input)" if b == POST_NORM else "matches no boundary of "
-                     "this target" if b is None else describe_boundary(int(b), L))
+        s.meaning = (
+            "the final-norm output (LM-head input)"
+            if b == POST_NORM
+            else "matches no boundary of this target"
+            if b is None
+            else describe_boundary(int(b), L)
+        )
     last = expected_last(dump, L)
     if rep.declared is not None and (found_taps != rep.declared or found_last != last):
         rep.findings.append(describe_mismatch(rep.declared, found_taps, last, found_last, L))
@@ -184,16 +206,25 @@ def _identify(dump: Dump, rep: DumpReport, target: Target, samples: int) -> None
         rep.findings.append("the embedding output (boundary 0) is stored as a tap")
 
 
-def inspect_dump(src: Path, fmt: str = "auto", target: Target | None = None,
-                 declared_taps: Sequence[int] | None = None, taps_from: str | None = None, *,
-                 limit: int | None = None, probe_samples: int = 2, states_dir: Path | None = None) -> DumpReport:
+def inspect_dump(
+    src: Path,
+    fmt: str = "auto",
+    target: Target | None = None,
+    declared_taps: Sequence[int] | None = None,
+    taps_from: str | None = None,
+    *,
+    limit: int | None = None,
+    probe_samples: int = 2,
+    states_dir: Path | None = None,
+) -> DumpReport:
     """Report what the dump at `src` holds. `declared_taps` are layer ids in `taps_from` (default: the
     format's own convention); our feature dirs declare their contract's taps themselves. `limit` caps the
     samples scanned for statistics (None: all); `probe_samples` are compared with the target; `states_dir`
     as in import_dump."""
     dump = open_dump(Path(src), fmt, states_dir)
-    rep = DumpReport(str(src), dump.format, dump.layout(), samples=len(dump.ids()),
-                     rows_without_states=dump.missing_rows)
+    rep = DumpReport(
+        str(src), dump.format, dump.layout(), samples=len(dump.ids()), rows_without_states=dump.missing_rows
+    )
     first = _scan(dump, rep, limit)
     if first is None:
         rep.ok = False
@@ -213,8 +244,11 @@ def inspect_dump(src: Path, fmt: str = "auto", target: Target | None = None,
             rep.findings.append(f"states are {H} wide, the target's hidden size is {target.hidden_size}")
         else:
             if declared_taps is not None:
-                rep.declared = list(declared_boundaries(dump.format, target.num_layers, declared_taps,
-                                                        taps_from or CONVENTION[dump.format], stored=k))
+                rep.declared = list(
+                    declared_boundaries(
+                        dump.format, target.num_layers, declared_taps, taps_from or CONVENTION[dump.format], stored=k
+                    )
+                )
             elif dump.declared_taps is not None:
                 rep.declared = list(dump.declared_taps)
             _identify(dump, rep, target, probe_samples)
