@@ -5,6 +5,8 @@
 # run our GGUF exports in real llama.cpp). Each version is done once; a finished one is kept.
 #   bash scripts/llamacpp_build.sh [VERSION ...] && export EAGLEWIRE_LLAMACPP=~/.cache/eaglewire/llamacpp
 # Layout: $D/<version>/src (llama.cpp's source), $D/<version>/bin/llama-server (the first version's build).
+# LLAMACPP_TOOLS="llama-batched-bench ..." builds more of llama.cpp's tools beside llama-server (the benchmarks'
+# step costs, benchmarks/llamacpp/parts.py); CI builds llama-server alone. A tool already built is kept.
 # CPU features come from /proc/cpuinfo at build time, never -march=native: AMX stays off, since on some VMs the
 # CPU flags list AMX while the kernel does not grant its tile state and ggml's AMX kernels die with SIGILL.
 set -euo pipefail
@@ -24,9 +26,10 @@ unpack() {  # $1 version -> $D/$1/src
     rm -rf "$tmp"
 }
 
-build() {  # $1 version -> $D/$1/bin/llama-server
-    local v="$1" flags f
-    [ -x "$D/$v/bin/llama-server" ] && return 0
+build() {  # $1 version -> $D/$1/bin/llama-server (and $LLAMACPP_TOOLS)
+    local v="$1" flags f t missing=()
+    for t in llama-server ${LLAMACPP_TOOLS:-}; do [ -x "$D/$v/bin/$t" ] || missing+=("$t"); done
+    [ ${#missing[@]} -eq 0 ] && return 0
     flags="-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
     for f in avx avx2 fma f16c avx512f avx512_vnni avx512_bf16 avx512vbmi; do
         if grep -qw "$f" /proc/cpuinfo; then
@@ -44,10 +47,12 @@ build() {  # $1 version -> $D/$1/bin/llama-server
     cmake -S "$D/$v/src" -B "$D/$v/build" $gen -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF $flags >"$D/$v/cmake.log" 2>&1 \
         || { tail -30 "$D/$v/cmake.log"; exit 1; }
-    cmake --build "$D/$v/build" --target llama-server -j "$(nproc)" >"$D/$v/build.log" 2>&1 \
+    cmake --build "$D/$v/build" --target "${missing[@]}" -j "$(nproc)" >"$D/$v/build.log" 2>&1 \
         || { tail -30 "$D/$v/build.log"; exit 1; }
-    mkdir -p "$D/$v/bin" && cp "$D/$v/build/bin/llama-server" "$D/$v/bin/llama-server.tmp"
-    mv "$D/$v/bin/llama-server.tmp" "$D/$v/bin/llama-server"   # present only once whole
+    mkdir -p "$D/$v/bin"
+    for t in "${missing[@]}"; do
+        cp "$D/$v/build/bin/$t" "$D/$v/bin/$t.tmp" && mv "$D/$v/bin/$t.tmp" "$D/$v/bin/$t"   # present only once whole
+    done
     echo "$flags" >"$D/$v/bin/cmake-flags.txt"
     rm -rf "$D/$v/build"
 }

@@ -5,7 +5,8 @@ as a verify of k+1 rows needs them), (b) the draft's own cost per round per GGUF
 overhead, the overhead the measured remainder, and the tau each arm needs to break even with Q4_1 alone.
 
     python -m benchmarks.llamacpp.parts serve --out DIR     # the served arms -> DIR/served.json
-    python -m benchmarks.llamacpp.parts steps --batched-bench BUILD/bin/llama-batched-bench --out DIR  # steps.json
+    LLAMACPP_TOOLS=llama-batched-bench bash scripts/llamacpp_build.sh   # builds it beside llama-server, once
+    python -m benchmarks.llamacpp.parts steps --batched-bench ~/.cache/eaglewire/llamacpp/0.3.36/bin/llama-batched-bench --out DIR
     python -m benchmarks.llamacpp.parts model --out DIR     # both joined: DIR/parts.json
 
 Arms are PRECISION:HEAD:K (the head cut to its HEAD most frequent rows, benchmarks/llamacpp/head.py). Each
