@@ -26,6 +26,7 @@ class OracleProposer:
     def propose(self) -> DraftTree:
         nxt = self.ref[self.done : self.done + self.shape.num_steps] or [self.wrong]
         tokens, parents = [], []
+        last = -1  # the previous chain token's index (a root has none)
         for d, tok in enumerate(nxt):
             if self.shape.topk > 1 and len(tokens) + 2 <= self.shape.num_draft_tokens - 1:
                 tokens.append((tok + 1) % 50)  # a wrong sibling first

@@ -1,4 +1,4 @@
-"""The linter and the formatter as tests: `ruff check src` and `ruff format --check` (the whole tree: src, tests,
+"""The linter and the formatter as tests: `ruff check .` and `ruff format --check .` (the whole tree: src, tests,
 benchmarks, scripts, docs) pass with the configuration in pyproject.toml ([tool.ruff]). A change that is not
 formatted fails here; `ruff format` formats it.
 
@@ -37,12 +37,12 @@ def test_the_configuration_is_the_one_in_pyproject():
     )
 
 
-def test_ruff_check_passes_on_src():
+def test_ruff_check_passes_on_the_tree():
     ruff = _ruff()
     if ruff is None:
         pytest.skip("ruff is not installed (pip install -e '.[dev]')")
     out = subprocess.run(
-        [*ruff, "check", "src", "--output-format", "concise"], cwd=ROOT, capture_output=True, text=True, timeout=300
+        [*ruff, "check", ".", "--output-format", "concise"], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
 

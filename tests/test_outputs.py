@@ -4,13 +4,11 @@ byte as it was; `--force` replaces it but never an input, a folder holding one o
 replacement killed at any point leaves the old output or the new one, and the next write cleans up; a second
 writer is refused naming the first, and a killed holder's lock is free again."""
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest

@@ -9,8 +9,8 @@ and the doctor read only what a hand-edited config says) served by `python -m vl
 HEALTHY` runs (doctor.live: probe_engine, reference, compare; the CLI's printer for the text form), the user's
 draft being the healthy one (the draft is right, the engine's wiring is not). In-process rather than through the
 CLI so that our engine's reference decode runs once for all cases and after the server is stopped (an idle vLLM
-engine core spins a core, which on 2 cores halves the reference's speed). Writes OUT/<case>.json, OUT/<case>.txt, OUT/vllm_metrics.txt (the healthy server's /metrics after the
-probe) and OUT/README.md with the commands. Needs scripts/vllm_venv.sh.
+engine core spins a core, which on 2 cores halves the reference's speed). Writes OUT/<case>.json, OUT/<case>.txt,
+OUT/vllm_metrics.txt (the healthy server's /metrics after the probe) and OUT/README.md with the commands. Needs scripts/vllm_venv.sh.
 """
 
 from __future__ import annotations

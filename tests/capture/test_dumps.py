@@ -18,7 +18,6 @@ from dump_writers import (
     client_python,
     run_client,
     save_specforge_sample,
-    specforge_path,
     write_specforge,
     write_speculators_arrow,
     write_speculators_states,

@@ -17,7 +17,7 @@ from eaglewire.contract import WiringContract, from_engine, to_engine
 from eaglewire.export.engines import block_fields
 from eaglewire.draft.dflash import DFlashDraft, build_dflash_draft, dflash_contract, pick_mask_token
 from eaglewire.errors import ContractMismatch, TapWidthError
-from eaglewire.families import BlockWiring, get_family, zlab_default_ids
+from eaglewire.families import BlockWiring, zlab_default_ids
 from eaglewire.norms import NORM_PRESETS
 
 ASSET = Path(eaglewire.__file__).parent / "assets" / "drafts" / "smollm2-135m" / "config.json"

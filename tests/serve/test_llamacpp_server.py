@@ -5,9 +5,9 @@ at the same precision, and the seeds' wiring faults served as llama.cpp serves t
 
 The healthy GGUF draft is our own `export --format llamacpp`; the faulty ones are llama.cpp's own converter run
 on a vLLM export with wrong ids (convert_hf_to_gguf.py --target-model-dir), how another tool's draft reaches
-llama.cpp (tests/export/test_llamacpp_converter.py holds our GGUF equal to the converter's). Locally a missing build skips these tests with the command to build it; in CI (CI=true) its absence
-is a failure. One thread per server (the machine's other tests keep running) and few tokens: this checks wiring,
-never speed.
+llama.cpp (tests/export/test_llamacpp_converter.py holds our GGUF equal to the converter's). Locally a missing
+build skips these tests with the command to build it; in CI (CI=true) its absence is a failure. One thread per
+server (the machine's other tests keep running) and few tokens: this checks wiring, never speed.
 """
 
 from __future__ import annotations

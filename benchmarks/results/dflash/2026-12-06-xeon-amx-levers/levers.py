@@ -19,7 +19,7 @@ orig = D.build_draft
 
 
 def init_from_target(draft, target):
-    n, taps = draft.cfg.num_layers, draft.contract.taps
+    taps = draft.contract.taps
     last = taps[-1]  # boundary read by the last tap = input of target layer `last`
     H = draft.cfg.target_hidden_size
     with torch.no_grad():
