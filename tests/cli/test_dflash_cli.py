@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 from eaglewire.cli.app import app
 from eaglewire.decoding.engine import greedy_reference
 from eaglewire.decoding.runtime import StaticRuntime
-from eaglewire.draft.dflash import build_dflash_draft, dflash_contract, pick_mask_token
+from eaglewire.draft.dflash import build_dflash_draft
+from eaglewire.draft.dflash_contract import dflash_contract, pick_mask_token
 from eaglewire.export.checkpoint import load_checkpoint, save_checkpoint
 from eaglewire.families import BlockWiring
 from eaglewire.target.loader import load_target

@@ -26,7 +26,8 @@ def target():
 
 
 def _draft(target, taps=(1, 3, 5, 7), layers=2, block=BlockWiring(block_size=4, mask_token_id=VOCAB - 1), seed=3):
-    from eaglewire.draft.dflash import build_dflash_draft, dflash_contract
+    from eaglewire.draft.dflash import build_dflash_draft
+    from eaglewire.draft.dflash_contract import dflash_contract
 
     return build_dflash_draft(target, dflash_contract(target, taps, block), layers, seed=seed)
 
@@ -195,7 +196,8 @@ def test_unportable_wiring_refused_on_export(tmp_path, target):
 
 
 def _reduced(target, kept):
-    from eaglewire.draft.dflash import build_dflash_draft, dflash_contract
+    from eaglewire.draft.dflash import build_dflash_draft
+    from eaglewire.draft.dflash_contract import dflash_contract
     from eaglewire.draft.vocab import VocabMap
 
     vmap = VocabMap.from_target_ids(torch.tensor(sorted(kept)), VOCAB)

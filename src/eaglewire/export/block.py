@@ -372,7 +372,7 @@ def _contract_for(
     taps: tuple[int, ...] | None = None,
     vmap: VocabMap | None = None,
 ) -> WiringContract:
-    from eaglewire.draft.dflash import dflash_contract
+    from eaglewire.draft.dflash_contract import dflash_contract
 
     if taps is not None:  # the caller's boundaries (measured ones, or the doctor's placeholder): ids not read
         if target is None:
