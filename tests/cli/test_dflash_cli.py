@@ -138,7 +138,7 @@ def test_export_writes_a_dflash_draft_in_every_block_format_and_names_its_ids(tm
     """`eaglewire export` of a DFlash draft: each of its formats is written, the summary line names the config
     field and the ids in that format's numbering (an EAGLE-3 engine record used to be looked up for it, and
     the command failed after writing), and the export reads back to the same contract."""
-    from eaglewire.export.block import import_block_draft
+    from eaglewire.export.block_import import import_block_draft
 
     tdir, target, _ = _setup(tmp_path)
     block = BlockWiring(block_size=4, mask_token_id=pick_mask_token(target.tokenizer))

@@ -13,7 +13,8 @@ from tiny import VOCAB, build_target
 from eaglewire.errors import CheckpointError, ContractMismatch, TranslationError
 from eaglewire.export.base import CONTRACT_FILE
 from eaglewire.export.block_formats import DFLASH_FORMATS
-from eaglewire.export.block import export_block_draft, import_block_draft
+from eaglewire.export.block import export_block_draft
+from eaglewire.export.block_import import import_block_draft
 from eaglewire.families import BlockWiring
 
 FORMATS = (*DFLASH_FORMATS, "speculators")
