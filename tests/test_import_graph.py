@@ -20,10 +20,12 @@ SRC = Path(__file__).parents[1] / "src"
 ROOT = "eaglewire"
 
 # base: errors, safe file IO, canonical records, guarded output writers, input limits, the user cache, CPU features, tensor ops, the
-# tau formula -> the norm flags -> the drafter families -> what a valid tap list is -> the wiring contract -> the target and the draft -> export
+# tau formula -> the norm flags -> the drafter families -> what a valid tap list is -> the engines' layer-id
+# conventions (what each can express) -> the wiring contract -> the target and the draft -> export
 # (native checkpoint, engine records, formats) -> data -> the vLLM client -> capture -> train -> the speculative
-# decoder -> its CPU acceleration -> decoding assembled (runtime choice, drafter families' proposers and loaders, any
-# draft directory) -> text generation (a chat prompt decoded: `eaglewire generate` and `ew.generate`) -> the doctor
+# decoder -> its CPU acceleration -> each drafter family's decoding record (its proposer, export layout, default
+# tree) -> decoding assembled (runtime choice, any draft directory) -> text generation (a chat prompt decoded:
+# `eaglewire generate` and `ew.generate`) -> the doctor
 # -> the workflows the CLI and `run` share (vocab, training, import) -> the Python front door (eaglewire.api) -> the
 # product surfaces (bench, serve, peer rows) -> the `eaglewire run` pipeline -> the command line
 LAYERS = (
@@ -41,6 +43,7 @@ LAYERS = (
     "norms",
     "families",
     "taps",
+    "conventions",
     "contract",
     "target",
     "draft",
@@ -51,6 +54,7 @@ LAYERS = (
     "train",
     "decoding",
     "fastcpu",
+    "drafters",
     "compose",
     "generation",
     "doctor",

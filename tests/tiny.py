@@ -141,7 +141,8 @@ def build_dflash(
 ):
     """A random-init DFlash draft for `target` (mask token default the last id), target attached: over the full
     vocabulary, or (vocab_every k) a reduced one of every k-th id with its own head."""
-    from eaglewire.draft.dflash import build_dflash_draft, dflash_contract
+    from eaglewire.draft.dflash import build_dflash_draft
+    from eaglewire.draft.dflash_contract import dflash_contract
     from eaglewire.draft.vocab import VocabMap
     from eaglewire.families import BlockWiring
 

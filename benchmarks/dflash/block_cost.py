@@ -27,7 +27,8 @@ from benchmarks.results_dir import run_dir
 
 
 def random_dflash(target: Any, block_size: int, dtype: Any) -> Any:
-    from eaglewire.draft.dflash import build_dflash_draft, default_dflash_contract
+    from eaglewire.draft.dflash import build_dflash_draft
+    from eaglewire.draft.dflash_contract import default_dflash_contract
 
     contract = default_dflash_contract(target, block_size)
     return build_dflash_draft(target, contract, num_layers=1).to(dtype).eval()

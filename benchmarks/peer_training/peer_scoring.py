@@ -39,7 +39,7 @@ class Scorer:
         (taps given: they are the features' own, not re-measured). A DFlash draft of speculators': its
         DFlashSpeculator checkpoint through eaglewire's import of the vLLM/speculators block layout."""
         if arm == "speculators" and self.dflash:
-            from eaglewire.export.block import import_block_draft
+            from eaglewire.export.block_import import import_block_draft
 
             draft, contract = import_block_draft(run / "draft", "vllm", family="dflash", target=self.target)
             want = self.a.contract.block

@@ -106,7 +106,7 @@ def target_settings(a: argparse.Namespace, target) -> None:
         target.model.save_pretrained(a.verifier)  # speculators reads the verifier's config, weights and
         target.tokenizer.save_pretrained(a.verifier)  # tokenizer here
     if is_dflash(a):  # z-lab's five default taps, the mask token eaglewire picks: the one contract both arms use
-        from eaglewire.draft.dflash import default_dflash_contract
+        from eaglewire.draft.dflash_contract import default_dflash_contract
         from eaglewire.export.block import block_format
 
         a.contract = default_dflash_contract(target, a.block_size)

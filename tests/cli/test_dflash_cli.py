@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 from eaglewire.cli.app import app
 from eaglewire.decoding.engine import greedy_reference
 from eaglewire.decoding.runtime import StaticRuntime
-from eaglewire.draft.dflash import build_dflash_draft, dflash_contract, pick_mask_token
+from eaglewire.draft.dflash import build_dflash_draft
+from eaglewire.draft.dflash_contract import dflash_contract, pick_mask_token
 from eaglewire.export.checkpoint import load_checkpoint, save_checkpoint
 from eaglewire.families import BlockWiring
 from eaglewire.target.loader import load_target
@@ -137,7 +138,7 @@ def test_export_writes_a_dflash_draft_in_every_block_format_and_names_its_ids(tm
     """`eaglewire export` of a DFlash draft: each of its formats is written, the summary line names the config
     field and the ids in that format's numbering (an EAGLE-3 engine record used to be looked up for it, and
     the command failed after writing), and the export reads back to the same contract."""
-    from eaglewire.export.block import import_block_draft
+    from eaglewire.export.block_import import import_block_draft
 
     tdir, target, _ = _setup(tmp_path)
     block = BlockWiring(block_size=4, mask_token_id=pick_mask_token(target.tokenizer))

@@ -32,7 +32,8 @@ def target():
 
 @pytest.fixture(scope="module")
 def drafted(target):
-    from eaglewire.draft.dflash import build_dflash_draft, dflash_contract
+    from eaglewire.draft.dflash import build_dflash_draft
+    from eaglewire.draft.dflash_contract import dflash_contract
 
     return build_dflash_draft(
         target, dflash_contract(target, TAPS, BlockWiring(block_size=4, mask_token_id=MASK)), 2, seed=3
@@ -163,7 +164,8 @@ def test_engine_versions_apply_their_own_rules(tmp_path, target, drafted):
 def test_sglang_guesses_missing_ids_and_a_count_collision_is_caught(tmp_path, target):
     """SGLang's guess takes as many ids as the draft has LAYERS (build_target_layer_ids, sglang #37475): with as
     many taps as layers it loads silently on the wrong layers."""
-    from eaglewire.draft.dflash import build_dflash_draft, dflash_contract
+    from eaglewire.draft.dflash import build_dflash_draft
+    from eaglewire.draft.dflash_contract import dflash_contract
 
     d = build_dflash_draft(target, dflash_contract(target, (2, 4), BlockWiring(4, MASK)), 2, seed=1)
     out = _export(d, tmp_path, "sglang", _no_ids)
@@ -224,7 +226,8 @@ def test_dflash2_reduced_vocab_and_v2_runner(tmp_path, target, drafted):
 def reduced(target):
     import torch
 
-    from eaglewire.draft.dflash import build_dflash_draft, dflash_contract
+    from eaglewire.draft.dflash import build_dflash_draft
+    from eaglewire.draft.dflash_contract import dflash_contract
     from eaglewire.draft.vocab import VocabMap
 
     vmap = VocabMap.from_target_ids(torch.arange(0, VOCAB, 2), VOCAB)
@@ -305,7 +308,8 @@ def test_an_eagle3_directory_is_not_a_block_drafter(tmp_path, target):
 def test_property_any_clean_export_passes_and_any_shift_is_caught(tmp_path_factory, target, taps, fmt_engine, shift):
     """The class, not the case: for any taps, each format on each engine it serves reads clean, and the same
     config with every id moved by one is an error naming the shift (contract side file as the reference)."""
-    from eaglewire.draft.dflash import build_dflash_draft, dflash_contract
+    from eaglewire.draft.dflash import build_dflash_draft
+    from eaglewire.draft.dflash_contract import dflash_contract
 
     fmt, engine = fmt_engine
     d = build_dflash_draft(target, dflash_contract(target, tuple(taps), BlockWiring(4, MASK)), 1, seed=0)
@@ -335,7 +339,8 @@ def test_cli_exit_codes_and_stable_json(tmp_path, drafted):
 
     tdir = _tiny_target_dir(tmp_path)
     t = load_target(str(tdir))
-    from eaglewire.draft.dflash import build_dflash_draft, dflash_contract
+    from eaglewire.draft.dflash import build_dflash_draft
+    from eaglewire.draft.dflash_contract import dflash_contract
 
     d = build_dflash_draft(t, dflash_contract(t, (1, 2, 3), BlockWiring(4, t.vocab_size - 1)), 1, seed=0)
     runner = CliRunner()

@@ -25,7 +25,7 @@ def dflash_export(tiny_dir, tmp_path_factory):  # noqa: F811
     learnable, so the draft accepts something), exported in z-lab's layout with its contract."""
     from eaglewire.capture.features import OnlineFeatures
     from eaglewire.data.samples import Sample
-    from eaglewire.draft.dflash import dflash_contract
+    from eaglewire.draft.dflash_contract import dflash_contract
     from eaglewire.export.checkpoint import load_checkpoint
     from eaglewire.export.convert import export_draft
     from eaglewire.families import BlockWiring

@@ -44,7 +44,7 @@ def target():
 
 
 def _train(target, tmp_path_factory, vmap=None):
-    from eaglewire.draft.dflash import dflash_contract
+    from eaglewire.draft.dflash_contract import dflash_contract
     from eaglewire.export.checkpoint import load_checkpoint
     from eaglewire.families import BlockWiring
     from eaglewire.train.loop import TrainConfig, train

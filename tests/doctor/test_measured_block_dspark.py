@@ -29,7 +29,8 @@ B, MASK, RANK = 4, VOCAB - 1, 8
 
 def _train_anchor_first(target, steps=500, seed=0):
     """A one-layer draft whose slot k learns the target's token after p+k (~15 s on one thread)."""
-    from eaglewire.draft.dflash import build_dflash_draft, dflash_contract
+    from eaglewire.draft.dflash import build_dflash_draft
+    from eaglewire.draft.dflash_contract import dflash_contract
 
     block = BlockWiring(B, MASK, anchor_layout="anchor_first")
     draft = build_dflash_draft(target, dflash_contract(target, TRAINED, block), 1, seed=seed)
@@ -63,7 +64,8 @@ def _train_anchor_first(target, steps=500, seed=0):
 
 @pytest.fixture(scope="module")
 def dspark_dir(target, tmp_path_factory):
-    from eaglewire.draft.dflash import build_dflash_draft, dflash_contract
+    from eaglewire.draft.dflash import build_dflash_draft
+    from eaglewire.draft.dflash_contract import dflash_contract
     from eaglewire.export.convert import export_draft
 
     trained = _train_anchor_first(target)

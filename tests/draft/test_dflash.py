@@ -15,7 +15,8 @@ from tiny import HIDDEN, VOCAB, build_target
 import eaglewire
 from eaglewire.contract import WiringContract, from_engine, to_engine
 from eaglewire.export.engines import block_fields
-from eaglewire.draft.dflash import DFlashDraft, build_dflash_draft, dflash_contract, pick_mask_token
+from eaglewire.draft.dflash import DFlashDraft, build_dflash_draft
+from eaglewire.draft.dflash_contract import dflash_contract, pick_mask_token
 from eaglewire.errors import ContractMismatch, TapWidthError
 from eaglewire.families import BlockWiring, zlab_default_ids
 from eaglewire.norms import NORM_PRESETS
@@ -347,7 +348,7 @@ def test_native_checkpoint_round_trip_is_strict(tmp_path):
 @pytest.mark.real_target
 def test_default_contract_for_the_embedded_target():
     """SmolLM2 (30 layers) gets z-lab's five taps as boundaries and the reserved <empty_output> as mask."""
-    from eaglewire.draft.dflash import default_dflash_contract
+    from eaglewire.draft.dflash_contract import default_dflash_contract
     from eaglewire.target.loader import load_target
 
     target = load_target()

@@ -13,7 +13,8 @@ from tiny import VOCAB, build_target
 from eaglewire.errors import CheckpointError, ContractMismatch, TranslationError
 from eaglewire.export.base import CONTRACT_FILE
 from eaglewire.export.block_formats import DFLASH_FORMATS
-from eaglewire.export.block import export_block_draft, import_block_draft
+from eaglewire.export.block import export_block_draft
+from eaglewire.export.block_import import import_block_draft
 from eaglewire.families import BlockWiring
 
 FORMATS = (*DFLASH_FORMATS, "speculators")
@@ -26,7 +27,8 @@ def target():
 
 
 def _draft(target, taps=(1, 3, 5, 7), layers=2, block=BlockWiring(block_size=4, mask_token_id=VOCAB - 1), seed=3):
-    from eaglewire.draft.dflash import build_dflash_draft, dflash_contract
+    from eaglewire.draft.dflash import build_dflash_draft
+    from eaglewire.draft.dflash_contract import dflash_contract
 
     return build_dflash_draft(target, dflash_contract(target, taps, block), layers, seed=seed)
 
@@ -195,7 +197,8 @@ def test_unportable_wiring_refused_on_export(tmp_path, target):
 
 
 def _reduced(target, kept):
-    from eaglewire.draft.dflash import build_dflash_draft, dflash_contract
+    from eaglewire.draft.dflash import build_dflash_draft
+    from eaglewire.draft.dflash_contract import dflash_contract
     from eaglewire.draft.vocab import VocabMap
 
     vmap = VocabMap.from_target_ids(torch.tensor(sorted(kept)), VOCAB)

@@ -110,7 +110,8 @@ def test_eagle3_gguf_equals_the_converters(tmp_path, target, vocab):
 
 
 def test_dflash_gguf_equals_the_converters(tmp_path, target, vocab):
-    from eaglewire.draft.dflash import build_dflash_draft, dflash_contract
+    from eaglewire.draft.dflash import build_dflash_draft
+    from eaglewire.draft.dflash_contract import dflash_contract
     from eaglewire.families import BlockWiring
 
     contract = dflash_contract(target, (2, 9, 15, 21, 28), BlockWiring(8, target.vocab_size - 1))

@@ -85,7 +85,8 @@ def test_eagle3_gguf_serves_losslessly(tmp_path, target, target_gguf, plain):
 
 
 def test_dflash_gguf_serves_losslessly(tmp_path, target, target_gguf, plain):
-    from eaglewire.draft.dflash import build_dflash_draft, dflash_contract
+    from eaglewire.draft.dflash import build_dflash_draft
+    from eaglewire.draft.dflash_contract import dflash_contract
     from eaglewire.families import BlockWiring
 
     contract = dflash_contract(target, (2, 9, 15, 21, 28), BlockWiring(8, target.vocab_size - 1))

@@ -133,7 +133,8 @@ def test_specforge_training_head_gives_equal_logits(specforge_result, case):
 def test_speculators_loads_our_dflash_export(tmp_path):
     """speculators' own DFlash config and model read our vLLM/speculators DFlash export: the ids in its
     numbering, block size, mask token, RoPE base, non-causal flag, and every weight as written."""
-    from eaglewire.draft.dflash import build_dflash_draft, dflash_contract
+    from eaglewire.draft.dflash import build_dflash_draft
+    from eaglewire.draft.dflash_contract import dflash_contract
     from eaglewire.families import BlockWiring
 
     target = build_target("llama", layers=8)

@@ -42,7 +42,7 @@ def _samples(n, seed, T=24):
 def setup(tmp_path_factory):
     """(target, its f32 GGUF, the trained draft, the draft's GGUF, prompts)."""
     from eaglewire.capture.features import OnlineFeatures
-    from eaglewire.draft.dflash import dflash_contract
+    from eaglewire.draft.dflash_contract import dflash_contract
     from eaglewire.export.checkpoint import load_checkpoint
     from eaglewire.export.convert import export_draft
     from eaglewire.families import BlockWiring

@@ -189,7 +189,7 @@ def _dflash_setup(block_size=4):
     from tiny import VOCAB, build_target
 
     from eaglewire.capture.features import OnlineFeatures
-    from eaglewire.draft.dflash import dflash_contract
+    from eaglewire.draft.dflash_contract import dflash_contract
     from eaglewire.families import BlockWiring
 
     target = build_target("llama")
@@ -278,7 +278,7 @@ def test_a_reduced_vocabulary_dflash_draft_trains_resumes_and_loads_with_its_map
 
     from eaglewire.draft.vocab import VocabMap
     from eaglewire.export.checkpoint import load_checkpoint
-    from eaglewire.draft.dflash import dflash_contract
+    from eaglewire.draft.dflash_contract import dflash_contract
     from eaglewire.train.dflash import build_draft
     from eaglewire.train.loop import TrainConfig, train
 

@@ -476,7 +476,8 @@ def dflash(setup, dflash_continuations, request):
     from dflash_ref import fit, greedy_acceptance
 
     from eaglewire.contract import from_engine
-    from eaglewire.draft.dflash import build_dflash_draft, dflash_contract, pick_mask_token
+    from eaglewire.draft.dflash import build_dflash_draft
+    from eaglewire.draft.dflash_contract import dflash_contract, pick_mask_token
     from eaglewire.draft.vocab import VocabMap
     from eaglewire.families import BlockWiring, zlab_default_ids
 

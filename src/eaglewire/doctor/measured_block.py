@@ -38,7 +38,8 @@ from eaglewire.draft.blocks import block_inputs, block_mask, block_positions
 from eaglewire.draft.dflash import DFlashDraft
 from eaglewire.draft.vocab import draft_index
 from eaglewire.errors import ContractMismatch, EaglewireError
-from eaglewire.export.block import FAMILY_OF_ARCH, block_layout, import_block_backbone
+from eaglewire.export.block import FAMILY_OF_ARCH, block_layout
+from eaglewire.export.block_import import import_block_backbone
 from eaglewire.export.engines import block_fields
 from eaglewire.families import EngineField, get_family, zlab_default_ids
 

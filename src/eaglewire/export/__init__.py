@@ -6,4 +6,6 @@ EAGLE, SpecForge), each written and read strictly.
     base.py        strict renaming, the contract side file, atomic export directories
     layouts.py     each engine's config and weight names, written and read from its engines.py record
     convert.py     export_draft / import_draft; imports load through draft/load.py, the native checkpoint's loader
+    block.py       block drafters' (DFlash) formats: which layout a config is, and each one written
+    block_import.py  a block drafter's export read back strictly (config, semantics, contract, weights)
 """

@@ -21,7 +21,8 @@ from eaglewire.draft.dflash import DFlashDraft
 from eaglewire.draft.model import Eagle3Draft
 from eaglewire.errors import CheckpointError, ContractMismatch, EaglewireError
 from eaglewire.export.engines import ENGINE_FORMATS, FORMATS, NATIVE, Engine, engine_for
-from eaglewire.export.block import block_family, export_block_draft, foreign_block_family, import_block_draft
+from eaglewire.export.block import block_family, export_block_draft, foreign_block_family
+from eaglewire.export.block_import import import_block_draft
 from eaglewire.export.block_formats import is_block_family
 from eaglewire.export.base import (
     cast_floats,

@@ -187,7 +187,7 @@ def _block(g: GGUFDraft) -> BlockWiring:
 def _contract(
     g: GGUFDraft, target: TargetInfo | None, taps: tuple[int, ...] | None, vmap: VocabMap | None, norm: NormFlags
 ) -> WiringContract:
-    from eaglewire.draft.dflash import dflash_contract
+    from eaglewire.draft.dflash_contract import dflash_contract
 
     side = read_contract(g.path.parent)
     if taps is None and side is not None:

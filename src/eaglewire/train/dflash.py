@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from eaglewire.contract import WiringContract, from_engine
-from eaglewire.draft.dflash import DFlashDraft, build_dflash_draft, dflash_contract, pick_mask_token
+from eaglewire.draft.dflash import DFlashDraft, build_dflash_draft
+from eaglewire.draft.dflash_contract import dflash_contract, pick_mask_token
 from eaglewire.draft.vocab import VocabMap
 from eaglewire.errors import ContractMismatch
 from eaglewire.families import BlockWiring, zlab_default_ids
