@@ -25,6 +25,7 @@ TAPS_FROM_HELP = (
 
 # the target and where it runs
 TargetOpt = Annotated[Optional[str], typer.Option("--target", "-t", help=TARGET_HELP)]
+# every command that runs the target takes --device (default hw.DEVICE_DEFAULT); its value goes to load_target
 DeviceOpt = Annotated[str, typer.Option("--device", help=DEVICE_HELP)]
 TapsFromOpt = Annotated[str, typer.Option("--taps-from", help=TAPS_FROM_HELP)]
 
