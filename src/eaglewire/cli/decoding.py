@@ -82,8 +82,10 @@ REPEATS_HELP = (
     "repetition's ours / vLLM ratios."
 )
 
-# the options generate, bench and serve share: the draft, and the dtypes target and draft run in
+# the options generate, bench and serve share: the draft, and the dtypes target and draft run in (bench's
+# --dtype help says more than DTYPE_HELP, so bench declares its own)
 DraftOpt = Annotated[Optional[Path], typer.Option("--draft", "-d", help=DRAFT_HELP)]
+DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help=DTYPE_HELP)]
 DraftDtypeOpt = Annotated[str, typer.Option("--draft-dtype", help=DRAFT_DTYPE_HELP)]
 
 
@@ -131,7 +133,7 @@ def generate_cmd(
     ),
     num_speculative_tokens: Optional[int] = typer.Option(None, "--num-speculative-tokens", help="vLLM chain k."),
     as_json: JsonOpt = False,
-    dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP),
+    dtype: DtypeOpt = None,
     draft_dtype: DraftDtypeOpt = "auto",
     device: DeviceOpt = DEVICE_DEFAULT,
     compile: str = typer.Option("cached", "--compile", help=COMPILE_HELP),
@@ -283,7 +285,7 @@ def serve_cmd(
         "--num-speculative-tokens",
         help="vLLM's k: a chain of k drafted tokens per round (= --num-steps k --topk 1 --num-draft-tokens k+1).",
     ),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP),
+    dtype: DtypeOpt = None,
     draft_dtype: DraftDtypeOpt = "auto",
     device: DeviceOpt = DEVICE_DEFAULT,
 ) -> None:
