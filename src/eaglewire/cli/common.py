@@ -22,7 +22,7 @@ from rich.text import Text
 
 from eaglewire.contract import CANONICAL, CONVENTIONS, default_taps, from_engine
 from eaglewire.errors import EaglewireError
-from eaglewire.hw import DEVICE_DEFAULT, DEVICE_HELP
+from eaglewire.hw import DEVICE_DEFAULT
 
 if typing.TYPE_CHECKING:  # types only: the light commands (wiring translate, --help) never import torch
     from eaglewire.target.protocol import RunnableTarget, TargetInfo
@@ -40,9 +40,7 @@ def styled(*parts: str | tuple[str, str]) -> Text:
     return Text.assemble(*parts)
 
 
-TARGET_HELP = "Local HF model directory, or 'smollm2-135m' (the embedded default) when omitted."
 CONV_NAMES = ", ".join(CONVENTIONS)
-DATA_HELP = "Regenerated conversations (.jsonl.gz from `data regenerate`) or any conversation file."
 
 
 def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -76,9 +74,6 @@ def _check_paths(kwargs: dict[str, Any]) -> None:
                 check_path(v, f"--{name.replace('_', '-')}")
 
 
-TARGET_HELP = "The target: a local HF directory or hub id (default: the embedded SmolLM2-135M)."
-
-
 def add_command(group: typer.Typer, fn: Callable[..., Any], name: str, **kwargs: Any) -> None:
     """Register `fn` as `name` on `group` with the error formatting every command gets."""
     group.command(name, **kwargs)(friendly(fn))
@@ -101,11 +96,6 @@ def progress(title: str) -> Iterator[Callable[[str], None]]:
     say("started")
     yield say
     say("done")
-
-
-def device_option() -> Any:
-    """`--device` (hw.DEVICE_HELP): every command that runs the target takes it; its value goes to load_target."""
-    return typer.Option(DEVICE_DEFAULT, "--device", help=DEVICE_HELP)
 
 
 def decide_device(device: str = DEVICE_DEFAULT) -> str:

@@ -6,20 +6,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
-from eaglewire.cli.common import (
-    TARGET_HELP,
-    add_command,
-    decide_device,
-    device_option,
-    err_console,
-    load_target,
-    out_console,
-    parse_dtype,
-)
+from eaglewire.cli.common import add_command, decide_device, err_console, load_target, out_console, parse_dtype
+from eaglewire.cli.options import DeviceOpt, JsonOpt, MaxNewTokensOpt, TargetOpt
+from eaglewire.hw import DEVICE_DEFAULT
 from eaglewire.serve import bench as B
 from eaglewire.serve.llamacpp_peer import DRAFT_PRECISIONS, LLAMACPP_METHODS, TARGET_PRECISIONS
 from eaglewire.serve.peer import PEER_METHODS
@@ -45,6 +38,55 @@ DRAFT_DTYPE_HELP = (
     "bf16, else the target's dtype. Output stays the target's (it verifies every token); a bf16 "
     "draft only proposes slightly differently, at half the bytes read per weight."
 )
+COMPILE_HELP = (
+    "The compiled layouts of the target's forward (inductor): "
+    "'cached' uses them once a start on this machine has built them for this cache "
+    "size (a power of two above prompt + --max-new-tokens), else the eager layouts, "
+    "so that a start takes seconds; 'always' builds them now (one to a few minutes, "
+    "once per cache size); 'never'."
+)
+CALIBRATE_HELP = (
+    "The GEMM layouts of the target's forward: "
+    "'cached' uses the ones a start on this machine measured before, else the "
+    "default layouts (the same tokens; the first token comes in seconds); 'always' "
+    "measures them now where none are cached (seconds to minutes, once per "
+    "machine); 'never'."
+)
+QUESTIONS_HELP = "'mtbench', a named prompt set ('humaneval', 'mtbench-math') or a FastChat/any conversation file."
+BENCH_DTYPE_HELP = DTYPE_HELP + " Every row runs in it (HF generate, vanilla, EAGLE, vLLM's); bench.json records it."
+TURNS_HELP = "1: first turns. 2: also second turns, after the target's own regenerated first answer (from --answers)."
+METHODS_HELP = (
+    "Comma list of "
+    + ", ".join(B.METHODS)
+    + ", "
+    + ", ".join(B.BLOCK_METHODS + PEER_METHODS + LLAMACPP_METHODS)
+    + " (vanilla is always needed: "
+    "the lossless reference and the speedup base; dflash needs --dflash-draft)."
+)
+VLLM_ROWS_HELP = (
+    "Add the peer rows " + " and ".join(PEER_METHODS) + ": the "
+    "real vLLM CPU build on the same prompts, draft, k and dtype (scripts/vllm_venv.sh)."
+)
+LLAMACPP_ROWS_HELP = (
+    "Add the rows " + " and ".join(LLAMACPP_METHODS) + ": "
+    "llama.cpp's llama-server alone and with the draft as a GGUF, same prompts and k "
+    "(scripts/llamacpp_build.sh or EAGLEWIRE_LLAMA_SERVER)."
+)
+LLAMACPP_TARGET_HELP = (
+    "The llama.cpp rows' target GGUF: " + " or ".join(TARGET_PRECISIONS) + " (q4_1: the file the embedded target "
+    "ships; f32: llama.cpp's conversion of the float target)."
+)
+REPEATS_HELP = (
+    "Run every prompt this many times (every row, the "
+    "vLLM ones included, interleaved prompt by prompt); bench.md gives each "
+    "repetition's ours / vLLM ratios."
+)
+
+# the options generate, bench and serve share: the draft, and the dtypes target and draft run in (bench's
+# --dtype help says more than DTYPE_HELP, so bench declares its own)
+DraftOpt = Annotated[Optional[Path], typer.Option("--draft", "-d", help=DRAFT_HELP)]
+DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help=DTYPE_HELP)]
+DraftDtypeOpt = Annotated[str, typer.Option("--draft-dtype", help=DRAFT_DTYPE_HELP)]
 
 
 def _say(message: str) -> None:
@@ -81,39 +123,21 @@ def _load(target: Optional[str], draft: Optional[Path], dtype: Optional[str], dr
 
 def generate_cmd(
     prompt: str = typer.Option(..., "--prompt", "-p", help="User message (rendered with the chat template)."),
-    draft: Optional[Path] = typer.Option(None, "--draft", "-d", help=DRAFT_HELP),
-    target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_HELP),
-    max_new_tokens: int = typer.Option(
-        256, "--max-new-tokens", help="Tokens generated per prompt (greedy unless a temperature is given)."
-    ),
+    draft: DraftOpt = None,
+    target: TargetOpt = None,
+    max_new_tokens: MaxNewTokensOpt = 256,
     num_steps: Optional[int] = typer.Option(None, "--num-steps", help=f"S (default {SHAPE.num_steps}). " + TREE_HELP),
     topk: Optional[int] = typer.Option(None, "--topk", help=f"K (default {SHAPE.topk})."),
     num_draft_tokens: Optional[int] = typer.Option(
         None, "--num-draft-tokens", help=f"N incl. the root (default {SHAPE.num_draft_tokens})."
     ),
     num_speculative_tokens: Optional[int] = typer.Option(None, "--num-speculative-tokens", help="vLLM chain k."),
-    as_json: bool = typer.Option(False, "--json", help="JSON on stdout, for scripts and CI."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP),
-    draft_dtype: str = typer.Option("auto", "--draft-dtype", help=DRAFT_DTYPE_HELP),
-    device: str = device_option(),
-    compile: str = typer.Option(
-        "cached",
-        "--compile",
-        help="The compiled layouts of the target's forward (inductor): "
-        "'cached' uses them once a start on this machine has built them for this cache "
-        "size (a power of two above prompt + --max-new-tokens), else the eager layouts, "
-        "so that a start takes seconds; 'always' builds them now (one to a few minutes, "
-        "once per cache size); 'never'.",
-    ),
-    calibrate: str = typer.Option(
-        "cached",
-        "--calibrate",
-        help="The GEMM layouts of the target's forward: "
-        "'cached' uses the ones a start on this machine measured before, else the "
-        "default layouts (the same tokens; the first token comes in seconds); 'always' "
-        "measures them now where none are cached (seconds to minutes, once per "
-        "machine); 'never'.",
-    ),
+    as_json: JsonOpt = False,
+    dtype: DtypeOpt = None,
+    draft_dtype: DraftDtypeOpt = "auto",
+    device: DeviceOpt = DEVICE_DEFAULT,
+    compile: str = typer.Option("cached", "--compile", help=COMPILE_HELP),
+    calibrate: str = typer.Option("cached", "--calibrate", help=CALIBRATE_HELP),
 ) -> None:
     """Greedy speculative decoding (lossless: in float32 the text equals plain greedy decoding; in bfloat16
     every token is a greedy choice up to bf16 rounding, so the texts may part where two tokens tie)."""
@@ -149,28 +173,18 @@ def generate_cmd(
 
 
 def bench_cmd(
-    draft: Optional[Path] = typer.Option(None, "--draft", "-d", help=DRAFT_HELP),
+    draft: DraftOpt = None,
     out: Path = typer.Option(Path("out/bench"), "--out", "-o", help="Writes bench.json, bench.md, bench.png."),
-    target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_HELP),
-    questions: str = typer.Option(
-        B.QUESTIONS,
-        "--questions",
-        help="'mtbench', a named prompt set ('humaneval', 'mtbench-math') or a FastChat/any conversation file.",
-    ),
+    target: TargetOpt = None,
+    questions: str = typer.Option(B.QUESTIONS, "--questions", help=QUESTIONS_HELP),
     limit: int = typer.Option(B.PROMPTS, "--limit", help="Number of questions."),
-    turns: int = typer.Option(
-        1,
-        "--turns",
-        help="1: first turns. 2: also second turns, after the target's own regenerated first answer (from --answers).",
-    ),
+    turns: int = typer.Option(1, "--turns", help=TURNS_HELP),
     answers: str = typer.Option(
         "smollm2-mtbench-regen",
         "--answers",
         help="Regenerated answers for --turns 2 (`data regenerate --source mtbench` output).",
     ),
-    max_new_tokens: int = typer.Option(
-        B.MAX_NEW_TOKENS, "--max-new-tokens", help="Tokens generated per prompt (greedy unless a temperature is given)."
-    ),
+    max_new_tokens: MaxNewTokensOpt = B.MAX_NEW_TOKENS,
     chain_k: int = typer.Option(
         B.CHAIN_K, "--num-speculative-tokens", help="Chain length for the chain run (vLLM's k)."
     ),
@@ -179,69 +193,26 @@ def bench_cmd(
     num_draft_tokens: int = typer.Option(
         SHAPE.num_draft_tokens, "--num-draft-tokens", help="Tree run: N including the root."
     ),
-    methods: str = typer.Option(
-        ",".join(B.METHODS),
-        "--methods",
-        help="Comma list of "
-        + ", ".join(B.METHODS)
-        + ", "
-        + ", ".join(B.BLOCK_METHODS + PEER_METHODS + LLAMACPP_METHODS)
-        + " (vanilla is always needed: "
-        "the lossless reference and the speedup base; dflash needs --dflash-draft).",
-    ),
+    methods: str = typer.Option(",".join(B.METHODS), "--methods", help=METHODS_HELP),
     dflash_draft: Optional[Path] = typer.Option(
         None, "--dflash-draft", help="A DFlash draft checkpoint for the dflash row (its whole block per round)."
     ),
-    vllm: bool = typer.Option(
-        False,
-        "--vllm",
-        help="Add the peer rows " + " and ".join(PEER_METHODS) + ": the "
-        "real vLLM CPU build on the same prompts, draft, k and dtype (scripts/vllm_venv.sh).",
-    ),
-    llamacpp: bool = typer.Option(
-        False,
-        "--llamacpp",
-        help="Add the rows " + " and ".join(LLAMACPP_METHODS) + ": "
-        "llama.cpp's llama-server alone and with the draft as a GGUF, same prompts and k "
-        "(scripts/llamacpp_build.sh or EAGLEWIRE_LLAMA_SERVER).",
-    ),
-    llamacpp_target: str = typer.Option(
-        "q4_1",
-        "--llamacpp-target",
-        help="The llama.cpp rows' target GGUF: "
-        + " or ".join(TARGET_PRECISIONS)
-        + " (q4_1: the file the embedded target "
-        "ships; f32: llama.cpp's conversion of the float target).",
-    ),
+    vllm: bool = typer.Option(False, "--vllm", help=VLLM_ROWS_HELP),
+    llamacpp: bool = typer.Option(False, "--llamacpp", help=LLAMACPP_ROWS_HELP),
+    llamacpp_target: str = typer.Option("q4_1", "--llamacpp-target", help=LLAMACPP_TARGET_HELP),
     llamacpp_draft: str = typer.Option(
         "f32", "--llamacpp-draft", help="The draft GGUF's precision: " + ", ".join(DRAFT_PRECISIONS) + "."
     ),
-    dtype: Optional[str] = typer.Option(
-        None,
-        "--dtype",
-        help=DTYPE_HELP + " Every row runs in it (HF generate, vanilla, EAGLE, vLLM's); bench.json records it.",
-    ),
-    draft_dtype: str = typer.Option("auto", "--draft-dtype", help=DRAFT_DTYPE_HELP),
-    device: str = device_option(),
-    repeats: int = typer.Option(
-        1,
-        "--repeats",
-        min=1,
-        help="Run every prompt this many times (every row, the "
-        "vLLM ones included, interleaved prompt by prompt); bench.md gives each "
-        "repetition's ours / vLLM ratios.",
-    ),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help=BENCH_DTYPE_HELP),
+    draft_dtype: DraftDtypeOpt = "auto",
+    device: DeviceOpt = DEVICE_DEFAULT,
+    repeats: int = typer.Option(1, "--repeats", min=1, help=REPEATS_HELP),
 ) -> None:
     """HF generate vs vanilla vs prompt lookup vs EAGLE-3 chain vs tree, interleaved in one process.
 
     Questions are taken round-robin over the file's categories (MT-bench: one of each of its 8 first)."""
     tgt, d = _load(target, draft, dtype, draft_dtype, device)
-    block_draft = None
-    if dflash_draft is not None:
-        from eaglewire.compose import load_draft
-
-        _say(f"loading block draft {dflash_draft}")
-        block_draft = load_draft(dflash_draft, tgt, dtype=d.fc.weight.dtype)
+    block_draft = _block_draft(dflash_draft, tgt, d) if dflash_draft is not None else None
     prompts = B.bench_prompts(tgt, questions, limit, turns, answers)
     result = B.run_bench(
         tgt,
@@ -256,6 +227,19 @@ def bench_cmd(
         llamacpp_gguf=(llamacpp_target, llamacpp_draft),
         methods=_rows(methods, vllm, llamacpp),
     )
+    _report(result, out, questions, draft, turns)
+
+
+def _block_draft(path: Path, tgt: Any, d: Any) -> Any:
+    """--dflash-draft, loaded in the dtype the EAGLE draft runs in."""
+    from eaglewire.compose import load_draft
+
+    _say(f"loading block draft {path}")
+    return load_draft(path, tgt, dtype=d.fc.weight.dtype)
+
+
+def _report(result: dict, out: Path, questions: str, draft: Optional[Path], turns: int) -> None:
+    """The bench's result, with what it ran on, written to OUT (json, markdown, plot) and printed."""
     from eaglewire.export.checkpoint import resolve_draft
 
     result["questions"], result["draft"], result["turns"] = questions, str(resolve_draft(draft)), turns
@@ -273,8 +257,8 @@ def _rows(methods: str, vllm: bool, llamacpp: bool) -> list[str]:
 
 
 def serve_cmd(
-    draft: Optional[Path] = typer.Option(None, "--draft", "-d", help=DRAFT_HELP),
-    target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_HELP),
+    draft: DraftOpt = None,
+    target: TargetOpt = None,
     host: str = typer.Option("127.0.0.1", "--host", help="Bind address (loopback by default)."),
     port: int = typer.Option(8000, "--port", help="TCP port to listen on (0: any free port, printed at start)."),
     model_name: Optional[str] = typer.Option(
@@ -301,9 +285,9 @@ def serve_cmd(
         "--num-speculative-tokens",
         help="vLLM's k: a chain of k drafted tokens per round (= --num-steps k --topk 1 --num-draft-tokens k+1).",
     ),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP),
-    draft_dtype: str = typer.Option("auto", "--draft-dtype", help=DRAFT_DTYPE_HELP),
-    device: str = device_option(),
+    dtype: DtypeOpt = None,
+    draft_dtype: DraftDtypeOpt = "auto",
+    device: DeviceOpt = DEVICE_DEFAULT,
 ) -> None:
     """OpenAI-compatible server (/v1/chat/completions, /v1/completions, /metrics) with speculative decoding."""
     from eaglewire.serve.server import bind, build_server

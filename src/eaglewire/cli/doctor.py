@@ -10,27 +10,57 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
 import click
 import typer
 from typer.core import TyperGroup
 
-from eaglewire.cli.common import (
-    add_command,
-    device_option,
-    err_console,
-    load_target,
-    out_console,
-    parse_ints,
-    progress,
-    styled,
-)
+from eaglewire.cli.common import add_command, err_console, load_target, out_console, parse_ints, progress, styled
+from eaglewire.cli.options import CiJsonOpt, DeviceOpt, NumDraftTokensOpt, NumStepsOpt, TopkOpt
 from eaglewire.export.engines import ENGINES
 from eaglewire.errors import EaglewireError
+from eaglewire.hw import DEVICE_DEFAULT
 
 STYLE = {"error": "bold red", "warn": "yellow", "info": "cyan"}
-TARGET_OPTION_HELP = "The target it will be served with."
+# --target of check, probe, expect and dump-vllm: the target the draft will be served with
+ServedTargetOpt = Annotated[Optional[str], typer.Option("--target", "-t", help="The target it will be served with.")]
+TARGET_GGUF_HELP = "A GGUF draft's target GGUF (llama-server -m): its sizes and vocabulary against the draft's."
+BOUNDARIES_HELP = (
+    "A dump of every boundary of the "
+    "target from `eaglewire doctor sample` (run where the target runs): "
+    "measure on it, no target loaded here. Not with --target."
+)
+ENGINE_HELP = (
+    f"{', '.join(ENGINES)} (default: "
+    "detected from config.json, llamacpp for a .gguf; sglang = the layer-id "
+    "rule of the target's SGLang model file)"
+)
+CHECK_VERSION_HELP = (
+    "Recorded in the report; for "
+    "sglang, the release whose per-model-file layer-id rule applies "
+    "(default: the newest verified); for a block drafter (DFlash, "
+    "DSpark) the engine release whose rules apply, e.g. vllm "
+    "0.30.0 (doctor/block_rules.json)."
+)
+MEASURE_HELP = (
+    "Measure which boundaries the "
+    "draft was trained on by running it on the target (default: on when "
+    "--target is given and the draft has no eaglewire_contract.json, "
+    "always with --boundaries)."
+)
+STEPS_HELP = (
+    "Drafts per round for the teacher-forced tau "
+    "of a greedy chain (vLLM num_speculative_tokens; SGLang "
+    "--speculative-num-steps at topk 1). Default: the knobs' depth, else 3."
+)
+CHECK_NUM_STEPS_HELP = (
+    "SGLang --speculative-num-steps: with --topk/--num-draft-tokens, our engine predicts tau at this shape."
+)
+LOG_HELP = "An SGLang/vLLM/llama-server log to read accept lengths from (llama-server's per-position rates need -lv 4)."
+EXPECT_VERSION_HELP = (
+    "SGLang release whose per-model-file layer-id rule reads an export's ids (default: the newest verified)."
+)
 
 
 class _CheckByDefault(TyperGroup):
@@ -44,66 +74,21 @@ class _CheckByDefault(TyperGroup):
 
 def check_cmd(
     draft: Path = typer.Argument(..., help="An exported draft directory (any engine layout) or a GGUF draft."),
-    target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_OPTION_HELP),
-    target_gguf: Optional[Path] = typer.Option(
-        None,
-        "--target-gguf",
-        help="A GGUF draft's target GGUF (llama-server -m): its sizes and vocabulary against the draft's.",
-    ),
-    boundaries: Optional[Path] = typer.Option(
-        None,
-        "--boundaries",
-        "-b",
-        help="A dump of every boundary of the "
-        "target from `eaglewire doctor sample` (run where the target runs): "
-        "measure on it, no target loaded here. Not with --target.",
-    ),
-    engine: Optional[str] = typer.Option(
-        None,
-        "--engine",
-        "-e",
-        help=f"{', '.join(ENGINES)} (default: "
-        "detected from config.json, llamacpp for a .gguf; sglang = the layer-id "
-        "rule of the target's SGLang model file)",
-    ),
-    engine_version: Optional[str] = typer.Option(
-        None,
-        "--engine-version",
-        help="Recorded in the report; for "
-        "sglang, the release whose per-model-file layer-id rule applies "
-        "(default: the newest verified); for a block drafter (DFlash, "
-        "DSpark) the engine release whose rules apply, e.g. vllm "
-        "0.30.0 (doctor/block_rules.json).",
-    ),
-    measure: Optional[bool] = typer.Option(
-        None,
-        "--measure/--no-measure",
-        help="Measure which boundaries the "
-        "draft was trained on by running it on the target (default: on when "
-        "--target is given and the draft has no eaglewire_contract.json, "
-        "always with --boundaries).",
-    ),
-    steps: Optional[int] = typer.Option(
-        None,
-        "--steps",
-        help="Drafts per round for the teacher-forced tau "
-        "of a greedy chain (vLLM num_speculative_tokens; SGLang "
-        "--speculative-num-steps at topk 1). Default: the knobs' depth, else 3.",
-    ),
-    num_steps: Optional[int] = typer.Option(
-        None,
-        "--num-steps",
-        help="SGLang --speculative-num-steps: with --topk/--num-draft-tokens, our engine predicts tau at this shape.",
-    ),
+    target: ServedTargetOpt = None,
+    target_gguf: Optional[Path] = typer.Option(None, "--target-gguf", help=TARGET_GGUF_HELP),
+    boundaries: Optional[Path] = typer.Option(None, "--boundaries", "-b", help=BOUNDARIES_HELP),
+    engine: Optional[str] = typer.Option(None, "--engine", "-e", help=ENGINE_HELP),
+    engine_version: Optional[str] = typer.Option(None, "--engine-version", help=CHECK_VERSION_HELP),
+    measure: Optional[bool] = typer.Option(None, "--measure/--no-measure", help=MEASURE_HELP),
+    steps: Optional[int] = typer.Option(None, "--steps", help=STEPS_HELP),
+    num_steps: Optional[int] = typer.Option(None, "--num-steps", help=CHECK_NUM_STEPS_HELP),
     topk: Optional[int] = typer.Option(None, "--topk", help="SGLang --speculative-eagle-topk (> 1: a tree)."),
-    num_draft_tokens: Optional[int] = typer.Option(
-        None, "--num-draft-tokens", help="SGLang --speculative-num-draft-tokens (counts the root)."
-    ),
+    num_draft_tokens: NumDraftTokensOpt = None,
     num_speculative_tokens: Optional[int] = typer.Option(
         None, "--num-speculative-tokens", help="vLLM k: our engine predicts tau for this chain."
     ),
-    as_json: bool = typer.Option(False, "--json", help="JSON for CI."),
-    device: str = device_option(),
+    as_json: CiJsonOpt = False,
+    device: DeviceOpt = DEVICE_DEFAULT,
 ) -> None:
     """Find silent wiring failures: key names, vocab map, fc width, layer ids, norm flags, target mismatch,
     and (measured on the target, or on its boundaries dump) the boundaries the draft's weights were trained on.
@@ -245,8 +230,8 @@ def probe_cmd(
         ..., "--contract", help="eaglewire_contract.json or a draft directory holding one."
     ),
     ids: Optional[str] = typer.Option(None, "--ids", help="Token ids if the dump lacks them."),
-    target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_OPTION_HELP),
-    as_json: bool = typer.Option(False, "--json", help="JSON for CI."),
+    target: ServedTargetOpt = None,
+    as_json: CiJsonOpt = False,
 ) -> None:
     """Name the boundaries an engine delivered to the draft (from a dump of what it fed it)."""
     from eaglewire.contract import WiringContract
@@ -281,31 +266,20 @@ def _first_turn_prompts(tgt: Any, questions: str, limit: int) -> list[Any]:
 
 def expect_cmd(
     draft_dir: Path = typer.Option(..., "--draft", help="The draft (native or any export)."),
-    target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_OPTION_HELP),
+    target: ServedTargetOpt = None,
     measured_tau: Optional[float] = typer.Option(None, "--measured-tau", help="The engine's accept length."),
-    log: Optional[Path] = typer.Option(
-        None,
-        "--log",
-        help="An SGLang/vLLM/llama-server log to read accept "
-        "lengths from (llama-server's per-position rates need -lv 4).",
-    ),
-    num_steps: Optional[int] = typer.Option(None, "--num-steps", help="SGLang --speculative-num-steps."),
-    topk: Optional[int] = typer.Option(None, "--topk", help="SGLang --speculative-eagle-topk."),
-    num_draft_tokens: Optional[int] = typer.Option(
-        None, "--num-draft-tokens", help="SGLang --speculative-num-draft-tokens (counts the root)."
-    ),
+    log: Optional[Path] = typer.Option(None, "--log", help=LOG_HELP),
+    num_steps: NumStepsOpt = None,
+    topk: TopkOpt = None,
+    num_draft_tokens: NumDraftTokensOpt = None,
     num_speculative_tokens: Optional[int] = typer.Option(
         None, "--num-speculative-tokens", help="vLLM k (llama.cpp: --spec-draft-n-max)."
     ),
     questions: str = typer.Option("mtbench", "--questions", help="Prompts (first user turns)."),
     limit: int = typer.Option(4, "--limit", help="Number of prompts."),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Tokens per prompt."),
-    engine_version: Optional[str] = typer.Option(
-        None,
-        "--engine-version",
-        help="SGLang release whose per-model-file layer-id rule reads an export's ids (default: the newest verified).",
-    ),
-    as_json: bool = typer.Option(False, "--json", help="JSON for CI."),
+    engine_version: Optional[str] = typer.Option(None, "--engine-version", help=EXPECT_VERSION_HELP),
+    as_json: CiJsonOpt = False,
 ) -> None:
     """Predict tau for the engine's knobs; flag a measured tau far below the prediction."""
     from eaglewire.compose import load_draft
@@ -350,7 +324,7 @@ def expect_cmd(
 def dump_vllm_cmd(
     draft: Path = typer.Argument(..., help="A vLLM export (its config.json's eagle_aux_hidden_state_layer_ids)."),
     out: Path = typer.Option(..., "--out", "-o", help="The dump to write (safetensors: hidden, input_ids)."),
-    target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_OPTION_HELP),
+    target: ServedTargetOpt = None,
     prompt: str = typer.Option("Hello, how are you today?", "--prompt", help="Text, tokenized without a template."),
     ids: Optional[str] = typer.Option(None, "--ids", help="Token ids instead of --prompt."),
     layer_ids: Optional[str] = typer.Option(None, "--layer-ids", help="vLLM ids instead of the config's."),

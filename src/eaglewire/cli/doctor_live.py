@@ -9,12 +9,23 @@ from typing import Any, Optional
 import typer
 
 from eaglewire.cli.common import err_console, load_target, out_console, styled
+from eaglewire.cli.options import CiJsonOpt, NumDraftTokensOpt, NumStepsOpt, TopkOpt
 from eaglewire.errors import EaglewireError
 
 ENGINE_HELP = (
     "vllm, sglang, llamacpp or eaglewire (default: detected from the server's /metrics; llama-server needs --metrics)."
 )
 URL_HELP = "The running server, http://127.0.0.1:PORT (with or without /v1)."
+PROMPTS_HELP = (
+    "A named prompt set (mtbench, ...) or a FastChat/conversation file; first user turns, spread over its categories."
+)
+LIVE_K_HELP = "vLLM k, llama.cpp --spec-draft-n-max (default: read from the server's per-position counters)."
+PLAIN_URL_HELP = "A plain server of the same target: measures the round cost (= break-even tau) for `doctor watch`."
+ROUND_COST_HELP = (
+    "One speculative round's cost in plain "
+    "target steps (measured: `doctor live --plain-url`): alarm below "
+    "this break-even tau too."
+)
 
 
 def _chats(prompts: str, limit: int) -> list[list[dict[str, str]]]:
@@ -67,62 +78,31 @@ def live_cmd(
     draft: Path = typer.Option(..., "--draft", help="The draft the server runs (native or any export)."),
     target: Optional[str] = typer.Option(None, "--target", "-t", help="The target the server runs."),
     engine: Optional[str] = typer.Option(None, "--engine", "-e", help=ENGINE_HELP),
-    prompts: str = typer.Option(
-        "mtbench",
-        "--prompts",
-        help="A named prompt set (mtbench, ...) or a FastChat/"
-        "conversation file; first user turns, spread over its categories.",
-    ),
+    prompts: str = typer.Option("mtbench", "--prompts", help=PROMPTS_HELP),
     limit: int = typer.Option(4, "--limit", help="Number of prompts (sent one at a time)."),
     max_tokens: int = typer.Option(64, "--max-tokens", help="Greedy tokens per prompt."),
-    num_speculative_tokens: Optional[int] = typer.Option(
-        None,
-        "--num-speculative-tokens",
-        help="vLLM k, llama.cpp --spec-draft-n-max (default: read from the server's per-position counters).",
-    ),
-    num_steps: Optional[int] = typer.Option(None, "--num-steps", help="SGLang --speculative-num-steps."),
-    topk: Optional[int] = typer.Option(None, "--topk", help="SGLang --speculative-eagle-topk."),
-    num_draft_tokens: Optional[int] = typer.Option(
-        None, "--num-draft-tokens", help="SGLang --speculative-num-draft-tokens (counts the root)."
-    ),
-    plain_url: Optional[str] = typer.Option(
-        None,
-        "--plain-url",
-        help="A plain server of the same target: measures the round cost (= break-even tau) for `doctor watch`.",
-    ),
-    as_json: bool = typer.Option(False, "--json", help="JSON for CI."),
+    num_speculative_tokens: Optional[int] = typer.Option(None, "--num-speculative-tokens", help=LIVE_K_HELP),
+    num_steps: NumStepsOpt = None,
+    topk: TopkOpt = None,
+    num_draft_tokens: NumDraftTokensOpt = None,
+    plain_url: Optional[str] = typer.Option(None, "--plain-url", help=PLAIN_URL_HELP),
+    as_json: CiJsonOpt = False,
 ) -> None:
     """Probe a RUNNING engine: its speculative counters before and after greedy requests (deltas), against our
     engine on the same prompts at the same shape. Verdict healthy / below expectation (where, and what to run
     next) / no speculative counters / not lossless: an answer that differs from the target's greedy answer
     beyond a near-tie of the target's logits (each difference's cause is named; the reference decodes in the
     dtype the server reports). Exit 1 unless healthy."""
-    import torch
-
-    from eaglewire.compose import load_draft
-    from eaglewire.doctor.live import chat_prompts, compare, probe_engine, reference, served_numerics
-    from eaglewire.doctor.live_lossless import divergences, numerics_line, tie_tolerance
+    from eaglewire.doctor.live import compare, probe_engine, served_numerics
+    from eaglewire.doctor.live_lossless import numerics_line, tie_tolerance
 
     chats = _chats(prompts, limit)
     with err_console.status(f"probing {url}: {len(chats)} prompts x {max_tokens} greedy tokens"):
         window = probe_engine(url, chats, max_tokens, engine)
     shape = _shape(num_speculative_tokens, (num_steps, topk, num_draft_tokens), window)
     numerics = served_numerics(url)
-    dtype = numerics.get("dtype") if numerics.get("dtype") in ("float32", "bfloat16") else "float32"
-    err_console.print(
-        f"our reference decodes in {dtype}"
-        + (" (the server's dtype)" if numerics.get("dtype") else " (the engine does not report its dtype)"),
-        highlight=False,
-    )
-    tgt = load_target(target, dtype=getattr(torch, dtype))
-    d = load_draft(draft, tgt)
-    contract = d.contract
-    with err_console.status(f"our engine on the same prompts at {shape.num_steps} draft positions"):
-        ref = reference(tgt, d, contract, shape, chats, max_tokens)
-    with err_console.status("reading the target's margins where an answer differs"):
-        divs = divergences(
-            tgt, chat_prompts(tgt.tokenizer, chats), ref.tokens, [a.text for a in window.answers], ref.answers
-        )
+    dtype = _reference_dtype(numerics)
+    ref, divs = _our_engine(target, draft, dtype, shape, chats, max_tokens, window)
     rep = compare(
         window,
         ref,
@@ -138,6 +118,40 @@ def live_cmd(
         rep.timing.update(_plain_timing(plain_url, chats, max_tokens, window))
     _print_live(rep, as_json)
     raise typer.Exit(0 if rep.verdict == "healthy" else 1)
+
+
+def _reference_dtype(numerics: dict[str, Any]) -> str:
+    """The dtype our reference decodes in: the server's where it reports float32 or bfloat16, else float32."""
+    dtype = numerics.get("dtype") if numerics.get("dtype") in ("float32", "bfloat16") else "float32"
+    err_console.print(
+        f"our reference decodes in {dtype}"
+        + (" (the server's dtype)" if numerics.get("dtype") else " (the engine does not report its dtype)"),
+        highlight=False,
+    )
+    return dtype
+
+
+def _our_engine(
+    target: Optional[str], draft: Path, dtype: str, shape: Any, chats: list[Any], max_tokens: int, window: Any
+) -> tuple[Any, Any]:
+    """Our engine's answers on the same prompts at the engine's shape, and the target's margins where the
+    server's answers differ from them."""
+    import torch
+
+    from eaglewire.compose import load_draft
+    from eaglewire.doctor.live import chat_prompts, reference
+    from eaglewire.doctor.live_lossless import divergences
+
+    tgt = load_target(target, dtype=getattr(torch, dtype))
+    d = load_draft(draft, tgt)
+    contract = d.contract
+    with err_console.status(f"our engine on the same prompts at {shape.num_steps} draft positions"):
+        ref = reference(tgt, d, contract, shape, chats, max_tokens)
+    with err_console.status("reading the target's margins where an answer differs"):
+        divs = divergences(
+            tgt, chat_prompts(tgt.tokenizer, chats), ref.tokens, [a.text for a in window.answers], ref.answers
+        )
+    return ref, divs
 
 
 def _print_live(rep: Any, as_json: bool) -> None:
@@ -187,16 +201,10 @@ def watch_cmd(
     interval: float = typer.Option(60.0, "--interval", help="Seconds between readings."),
     iterations: int = typer.Option(60, "--iterations", help="Readings after the first (bounded)."),
     min_tau: float = typer.Option(1.0, "--min-tau", help="Alarm below this tau."),
-    round_cost: Optional[float] = typer.Option(
-        None,
-        "--round-cost",
-        help="One speculative round's cost in plain "
-        "target steps (measured: `doctor live --plain-url`): alarm below "
-        "this break-even tau too.",
-    ),
+    round_cost: Optional[float] = typer.Option(None, "--round-cost", help=ROUND_COST_HELP),
     min_drafts: int = typer.Option(20, "--min-drafts", help="Rounds a window needs to be judged."),
     once: bool = typer.Option(False, "--once", help="One-shot: stop at the first alarm, exit 1."),
-    as_json: bool = typer.Option(False, "--json", help="JSON for CI."),
+    as_json: CiJsonOpt = False,
 ) -> None:
     """Watch a live server's speculative counters: every --interval s, tau over the window since the last
     reading (deltas); an alarm when it falls below --min-tau or the break-even tau (--round-cost). Exit 1 on

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 
@@ -28,34 +28,38 @@ FORCE_HELP = (
     "Replace an existing --out that is not an earlier output of this command (its content is deleted); "
     "never the input or a folder holding it."
 )
+EXPORT_DTYPE_HELP = (
+    "bf16 | fp16 | fp32 (default: as trained); llamacpp also q8_0 and q4_0 (the 2-D weights; norms stay f32)."
+)
+VERIFIER_HELP = (
+    "vllm/speculators: the target path or hub id vLLM should load (default: the --target path, else its name)."
+)
+N_MAX_HELP = (
+    "llamacpp EAGLE-3: the chain length the printed llama-server line asks for (DFlash: the block's drafts per round)."
+)
+IMPORT_TARGET_HELP = "Needed when the export has no contract file: the trained boundaries are then measured on it."
+IMPORT_MEASURE_HELP = (
+    "Without a contract file: measure the trained boundaries (default), or take the config's layer ids as they are."
+)
+
+# the options export and import share
+FormatOpt = Annotated[str, typer.Option("--format", "-f", help=FORMAT_HELP)]
+EngineVersionOpt = Annotated[Optional[str], typer.Option("--engine-version", help=VERSION_HELP)]
+ForceOpt = Annotated[bool, typer.Option("--force", help=FORCE_HELP)]
 
 
 def export_cmd(
     draft: Path = typer.Argument(..., help="Native draft checkpoint directory (from `eaglewire train`)."),
-    fmt: str = typer.Option(..., "--format", "-f", help=FORMAT_HELP),
+    fmt: FormatOpt = ...,
     out: Path = typer.Option(..., "--out", "-o", help="The export's output directory."),
     target: Optional[str] = typer.Option(None, "--target", "-t", help="Checks the draft belongs to this target."),
-    dtype: Optional[str] = typer.Option(
-        None,
-        "--dtype",
-        help="bf16 | fp16 | fp32 (default: as trained); llamacpp also q8_0 and q4_0 (the 2-D weights; norms stay f32).",
-    ),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help=EXPORT_DTYPE_HELP),
     with_embedding: bool = typer.Option(False, "--with-embedding", help="Also write the (frozen) target embedding."),
-    verifier: Optional[str] = typer.Option(
-        None,
-        "--verifier",
-        help="vllm/speculators: the target path or hub id "
-        "vLLM should load (default: the --target path, else its name).",
-    ),
-    engine_version: Optional[str] = typer.Option(None, "--engine-version", help=VERSION_HELP),
-    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
+    verifier: Optional[str] = typer.Option(None, "--verifier", help=VERIFIER_HELP),
+    engine_version: EngineVersionOpt = None,
+    force: ForceOpt = False,
     target_gguf: Optional[Path] = typer.Option(None, "--target-gguf", help=GGUF_HELP),
-    n_max: int = typer.Option(
-        3,
-        "--spec-draft-n-max",
-        help="llamacpp EAGLE-3: the chain length the printed "
-        "llama-server line asks for (DFlash: the block's drafts per round).",
-    ),
+    n_max: int = typer.Option(3, "--spec-draft-n-max", help=N_MAX_HELP),
 ) -> None:
     """Write a draft in an engine's layout, plus eaglewire_contract.json (engines ignore it)."""
     import torch
@@ -111,22 +115,12 @@ def _embedded_gguf(target: Optional[str]) -> Path:
 
 def import_cmd(
     directory: Path = typer.Argument(..., help="An exported draft directory."),
-    fmt: str = typer.Option(..., "--format", "-f", help=FORMAT_HELP),
+    fmt: FormatOpt = ...,
     out: Path = typer.Option(..., "--out", "-o", help="Native checkpoint directory to write."),
-    target: Optional[str] = typer.Option(
-        None,
-        "--target",
-        "-t",
-        help="Needed when the export has no contract file: the trained boundaries are then measured on it.",
-    ),
-    measure: bool = typer.Option(
-        True,
-        "--measure/--no-measure",
-        help="Without a contract file: measure the "
-        "trained boundaries (default), or take the config's layer ids as they are.",
-    ),
-    engine_version: Optional[str] = typer.Option(None, "--engine-version", help=VERSION_HELP),
-    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help=IMPORT_TARGET_HELP),
+    measure: bool = typer.Option(True, "--measure/--no-measure", help=IMPORT_MEASURE_HELP),
+    engine_version: EngineVersionOpt = None,
+    force: ForceOpt = False,
 ) -> None:
     """Read an engine-layout draft strictly into a native checkpoint; a draft from another tool gets a
     contract marked as inferred, with the evidence."""

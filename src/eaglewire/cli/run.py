@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -56,13 +56,23 @@ def run_cmd(
     ),
 ) -> None:
     from eaglewire.pipeline.config import resolve
-    from eaglewire.pipeline.runner import STAGES, run_pipeline
 
     cfg = resolve(budget, config, target=target, family={"name": family} if family is not None else None, device=device)
     if show_config:
         out_console.print_json(json.dumps(cfg.shown()))
         return
-    command = shlex.join(
+    command = _command_line(out, budget, config, target, family)
+    summary = _run_with_progress(cfg, out, load_target(cfg.target, cfg.device), command)
+    out_console.print(summary["verdict"], highlight=False)
+    errors = sum(summary["doctor_errors"].values())
+    out_console.print(f"report -> {out / 'report.html'} (also report.md, summary.json); doctor errors: {errors}")
+    if errors:
+        raise typer.Exit(1)
+
+
+def _command_line(out: Path, budget: str, config: Optional[Path], target: Optional[str], family: Optional[str]) -> str:
+    """The line that ran this run, as the report names it: the options given, not the resolved config."""
+    return shlex.join(
         ["eaglewire", "run", "--out", str(out), "--budget", budget]
         + [
             x
@@ -71,7 +81,12 @@ def run_cmd(
             for x in (flag, str(v))
         ]
     )
-    tgt = load_target(cfg.target, cfg.device)
+
+
+def _run_with_progress(cfg: Any, out: Path, tgt: Any, command: str) -> dict[str, Any]:
+    """The pipeline with a progress bar per stage and one for the whole run (stages done of all)."""
+    from eaglewire.pipeline.runner import STAGES, run_pipeline
+
     cols = [TextColumn("{task.description:<12}"), BarColumn(), TextColumn("{task.fields[detail]}"), TimeElapsedColumn()]
     with Progress(*cols, console=err_console) as bar:
         overall = bar.add_task("run", total=len(STAGES), detail="")
@@ -84,14 +99,9 @@ def run_cmd(
             finished = sum(1 for t in bar.tasks if t.id != overall and t.finished)
             bar.update(overall, completed=finished, detail=f"stage {stage}")
 
-        summary = run_pipeline(
+        return run_pipeline(
             cfg, out, progress=progress, log=lambda s: bar.console.print(s), target=tgt, command=command
         )
-    out_console.print(summary["verdict"], highlight=False)
-    errors = sum(summary["doctor_errors"].values())
-    out_console.print(f"report -> {out / 'report.html'} (also report.md, summary.json); doctor errors: {errors}")
-    if errors:
-        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:

@@ -9,29 +9,18 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
-from eaglewire.cli.common import (
-    CONV_NAMES,
-    TARGET_HELP,
-    add_command,
-    device_option,
-    load_target,
-    out_console,
-    parse_ints,
-    parse_taps,
-    styled,
-)
+from eaglewire.cli.common import CONV_NAMES, add_command, load_target, out_console, parse_ints, parse_taps, styled
+from eaglewire.cli.options import DeviceOpt, PrintJsonOpt, TargetOpt
 from eaglewire.contract import CANONICAL, CONVENTIONS, default_taps, describe_boundary, from_engine, to_engine
 from eaglewire.errors import EaglewireError, TranslationError
 from eaglewire.export.engines import ENGINES, SGLANG, block_fields, engine_for
 from eaglewire.export.sglang_rules import RELEASES as SGLANG_RELEASES
 from eaglewire.export.sglang_rules import used_rules
 from eaglewire.families import FAMILIES, get_family, zlab_default_ids
+from eaglewire.hw import DEVICE_DEFAULT
 
 
-def target_info(
-    target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_HELP),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-) -> None:
+def target_info(target: TargetOpt = None, as_json: PrintJsonOpt = False) -> None:
     """Architecture, decoder layers, hidden size, vocab, dtype, tied embeddings, chat template."""
     info = load_target(target).info()
     if as_json:
@@ -198,7 +187,7 @@ def wiring_translate(
         "--engine-version",
         help=f"SGLang release whose rule applies ({', '.join(SGLANG_RELEASES)}; default: the newest).",
     ),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    as_json: PrintJsonOpt = False,
     family: Optional[str] = typer.Option(
         None,
         "--family",
@@ -223,6 +212,11 @@ def wiring_translate(
     if as_json:
         print(json.dumps(result, indent=2))
         return
+    _print_translation(result, to, layers, arch)
+
+
+def _print_translation(result: dict[str, Any], to: str, layers: int, arch: Optional[str]) -> None:
+    """A translation as a table (boundary, state, id), the SGLang rules applied, and the releases it holds for."""
     table = Table(title=f"L={layers}: {result['from']} -> {result['to']}")
     for col in ("boundary", "physical state", f"{to} id"):
         table.add_column(col)
@@ -252,12 +246,12 @@ def wiring_conventions() -> None:
 def capture_cmd(
     text: str = typer.Option(..., "--text", help="Text to run through the target."),
     out: Path = typer.Option(..., "--out", "-o", help="Output .safetensors file (carries the contract)."),
-    target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_HELP),
+    target: TargetOpt = None,
     taps: Optional[str] = typer.Option(None, "--taps", help="Comma-separated tap ids (default [2, L//2, L-3])."),
     source: str = typer.Option(CANONICAL, "--taps-from", help=f"Convention of --taps: {CONV_NAMES}."),
     chat: bool = typer.Option(False, "--chat", help="Wrap the text as a user turn with the chat template."),
     logits: bool = typer.Option(False, "--logits", help="Also store the target's logits [1, T, V]."),
-    device: str = device_option(),
+    device: DeviceOpt = DEVICE_DEFAULT,
 ) -> None:
     """Capture the tapped hidden states of one text and write them with the wiring contract."""
     import torch

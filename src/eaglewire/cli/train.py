@@ -9,11 +9,8 @@ from typing import Any, Callable, Optional
 import typer
 
 from eaglewire.cli.common import (
-    TARGET_HELP,
-    DATA_HELP,
     add_command,
     decide_device,
-    device_option,
     err_console,
     field_options,
     field_values,
@@ -23,47 +20,70 @@ from eaglewire.cli.common import (
     parse_taps,
     read_samples,
 )
+from eaglewire.cli.options import (
+    DATA_HELP,
+    DataOpt,
+    DeviceOpt,
+    HeldoutFractionOpt,
+    JsonOpt,
+    LimitOpt,
+    MaxLengthOpt,
+    SplitTurnsOpt,
+    TapsFromOpt,
+    TargetOpt,
+)
 from eaglewire.data.samples import DEFAULT_HELDOUT_FRACTION, DEFAULT_MAX_LENGTH
 from eaglewire.errors import EaglewireError, TargetError
 from eaglewire.tau import named_tau
 from eaglewire.train.config import TrainConfig, knob_fields
 from eaglewire.draft.vocab import DEFAULT_DRAFT_VOCAB
+from eaglewire.hw import DEVICE_DEFAULT
 
-TAPS_FROM_HELP = (
-    "The numbering --taps is given in: boundary (eaglewire's), or an engine's layer ids (vllm, sglang, specforge, ...)."
-)
-HELDOUT_HELP = "Share of the conversations held out for evaluation (never trained on)."
 KNOBS = knob_fields("cli")  # the training knobs that are options of `eaglewire train`
+KEEP_FROM_HELP = (
+    "Keep this draft's map (a warm start's: "
+    "all its head rows are trained) and report its coverage of --data; "
+    "a larger --draft-vocab-size adds the most frequent other ids)."
+)
+VOCAB_HELP = (
+    "Vocab map from `vocab build` (EAGLE-3: required; "
+    "DFlash: optional, its own head over that vocabulary instead of the "
+    "target's full one)."
+)
+TRAIN_TAPS_HELP = (
+    "Online: the taps to capture (default: the family's, "
+    "[2, L//2, L-3] for eagle3, z-lab's five for dflash). Offline: read from "
+    "the features' manifest; if given, it must agree."
+)
+TRAIN_LIMIT_HELP = (
+    "Train on only the first N training samples of --features (held-out set unchanged): data-scaling experiments."
+)
+ALSO_FEATURES_HELP = "Extra feature dirs (same taps): every sample trains; held-out comes from --features."
+EVAL_DRAFT_HELP = (
+    "Draft directory: native checkpoint or any engine export (default: the draft shipped for the embedded target)."
+)
+EVAL_SPLIT_HELP = (
+    "heldout: the split `train` holds out (by conversation "
+    "id hash, --heldout-fraction); all: every sample (an evaluation set)."
+)
 
 
 def vocab_build(
-    data: str = typer.Option(..., "--data", help=DATA_HELP),
+    data: DataOpt = ...,
     out: Path = typer.Option(..., "--out", "-o", help="Output vocab map (.safetensors)."),
-    target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_HELP),
+    target: TargetOpt = None,
     draft_vocab_size: Optional[int] = typer.Option(
         None,
         "--draft-vocab-size",
         help=f"V_d (default {DEFAULT_DRAFT_VOCAB}; with --keep-from, the kept draft's, or larger to grow its map).",
     ),
-    max_length: int = typer.Option(
-        DEFAULT_MAX_LENGTH, "--max-length", help="Tokens per sample; longer conversations are cut at this length."
-    ),
+    max_length: MaxLengthOpt = DEFAULT_MAX_LENGTH,
     limit: Optional[int] = typer.Option(None, "--limit", help="Use the first N conversations."),
     eval_data: Optional[str] = typer.Option(
         None, "--eval-data", help="Also report coverage on this data (e.g. regenerated MT-bench answers)."
     ),
-    split_turns: bool = typer.Option(
-        False,
-        "--split-turns",
-        help="One sample per assistant turn (each with its history) instead of one per conversation.",
-    ),
-    keep_from: Optional[Path] = typer.Option(
-        None,
-        "--keep-from",
-        help="Keep this draft's map (a warm start's: "
-        "all its head rows are trained) and report its coverage of --data; "
-        "a larger --draft-vocab-size adds the most frequent other ids).",
-    ),
+    split_turns: SplitTurnsOpt = False,
+    keep_from: Optional[Path] = typer.Option(None, "--keep-from", help=KEEP_FROM_HELP),
 ) -> None:
     """Count trained target tokens of the training split (held-out samples, as `train` splits them with the
     default --heldout-fraction, are left out), keep the most frequent, write d2t/t2d, report coverage."""
@@ -87,47 +107,19 @@ def vocab_build(
 def train_cmd(
     data: Optional[str] = typer.Option(None, "--data", help=DATA_HELP + " (online mode)."),
     features: Optional[Path] = typer.Option(None, "--features", help="Offline feature dir from `data capture`."),
-    vocab: Optional[Path] = typer.Option(
-        None,
-        "--vocab",
-        help="Vocab map from `vocab build` (EAGLE-3: required; "
-        "DFlash: optional, its own head over that vocabulary instead of the "
-        "target's full one).",
-    ),
+    vocab: Optional[Path] = typer.Option(None, "--vocab", help=VOCAB_HELP),
     out: Path = typer.Option(..., "--out", "-o", help="Run directory: metrics, checkpoints, final draft."),
-    target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_HELP),
-    taps: Optional[str] = typer.Option(
-        None,
-        "--taps",
-        help="Online: the taps to capture (default: the family's, "
-        "[2, L//2, L-3] for eagle3, z-lab's five for dflash). Offline: read from "
-        "the features' manifest; if given, it must agree.",
-    ),
-    taps_from: str = typer.Option("boundary", "--taps-from", help=TAPS_FROM_HELP),
-    max_length: int = typer.Option(
-        DEFAULT_MAX_LENGTH, "--max-length", help="Tokens per sample; longer conversations are cut at this length."
-    ),
-    limit: Optional[int] = typer.Option(None, "--limit", help="Use only the first N conversations (default: all)."),
-    heldout_fraction: float = typer.Option(DEFAULT_HELDOUT_FRACTION, "--heldout-fraction", help=HELDOUT_HELP),
-    train_limit: Optional[int] = typer.Option(
-        None,
-        "--train-limit",
-        help="Train on only the first N training "
-        "samples of --features (held-out set unchanged): data-scaling "
-        "experiments.",
-    ),
-    split_turns: bool = typer.Option(
-        False,
-        "--split-turns",
-        help="One sample per assistant turn (each with its history) instead of one per conversation.",
-    ),
-    also_features: Optional[list[Path]] = typer.Option(
-        None,
-        "--also-features",
-        help="Extra feature dirs (same taps): every sample trains; held-out comes from --features.",
-    ),
+    target: TargetOpt = None,
+    taps: Optional[str] = typer.Option(None, "--taps", help=TRAIN_TAPS_HELP),
+    taps_from: TapsFromOpt = "boundary",
+    max_length: MaxLengthOpt = DEFAULT_MAX_LENGTH,
+    limit: LimitOpt = None,
+    heldout_fraction: HeldoutFractionOpt = DEFAULT_HELDOUT_FRACTION,
+    train_limit: Optional[int] = typer.Option(None, "--train-limit", help=TRAIN_LIMIT_HELP),
+    split_turns: SplitTurnsOpt = False,
+    also_features: Optional[list[Path]] = typer.Option(None, "--also-features", help=ALSO_FEATURES_HELP),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoints/latest."),
-    device: str = device_option(),
+    device: DeviceOpt = DEVICE_DEFAULT,
     **knobs: Any,  # one option per training knob (train/config.py), added by field_options
 ) -> None:
     """Train a draft: EAGLE-3 with training-time test, or (--family dflash) a DFlash block drafter with the
@@ -137,16 +129,7 @@ def train_cmd(
     from eaglewire.train.objectives import objective as train_objective
 
     cfg = TrainConfig(**field_values(KNOBS, knobs))
-    if (data is None) == (features is None):
-        raise EaglewireError(
-            "give exactly one data source",
-            expected="--data (online) or --features (offline)",
-            found=f"--data={data}, --features={features}",
-        )
-    if not resume:  # before the minutes of loading: a fresh run never lands on an earlier one
-        from eaglewire.train.state import refuse_to_overwrite
-
-        refuse_to_overwrite(out, any_entry=True)
+    _refuse_sources(data, features, out, resume)
     objective = train_objective(cfg.family)
     info = dist.setup(decide_device(device))
     tgt, tap_list = _target_and_taps(target, features, taps, taps_from, info.device, objective.default_taps)
@@ -174,20 +157,40 @@ def train_cmd(
         on_step=lambda r: _print_step(r, info.is_main),
     )
     if info.is_main:
-        acc = summary["heldout"].get("acc", [float("nan")])
-        tau, rounds = summary["heldout"].get("tau_chain"), summary["heldout"].get("tau_rounds")
-        out_console.print(
-            f"draft -> {out / 'draft'}; held-out top-1 accuracy per position: "
-            + ", ".join(f"{a:.3f}" for a in acc)
-            + (
-                f"; {named_tau('teacher-forced', tau, 3)} (chain k={len(acc)}) at every position"
-                + (f", {rounds:.3f} round by round" if rounds is not None and not math.isnan(rounds) else "")
-                if tau is not None
-                else ""
-            )
-            + f"; curves -> {out / 'training.png'}"
-        )
+        _print_summary(summary, out)
     dist.teardown(info)
+
+
+def _refuse_sources(data: Optional[str], features: Optional[Path], out: Path, resume: bool) -> None:
+    """Exactly one of --data and --features; a fresh run (no --resume) never lands on an earlier one. Checked
+    before the minutes of loading."""
+    if (data is None) == (features is None):
+        raise EaglewireError(
+            "give exactly one data source",
+            expected="--data (online) or --features (offline)",
+            found=f"--data={data}, --features={features}",
+        )
+    if not resume:
+        from eaglewire.train.state import refuse_to_overwrite
+
+        refuse_to_overwrite(out, any_entry=True)
+
+
+def _print_summary(summary: dict[str, Any], out: Path) -> None:
+    """Where the draft went, its held-out top-1 per position and teacher-forced tau, and the curves' file."""
+    acc = summary["heldout"].get("acc", [float("nan")])
+    tau, rounds = summary["heldout"].get("tau_chain"), summary["heldout"].get("tau_rounds")
+    out_console.print(
+        f"draft -> {out / 'draft'}; held-out top-1 accuracy per position: "
+        + ", ".join(f"{a:.3f}" for a in acc)
+        + (
+            f"; {named_tau('teacher-forced', tau, 3)} (chain k={len(acc)}) at every position"
+            + (f", {rounds:.3f} round by round" if rounds is not None and not math.isnan(rounds) else "")
+            if tau is not None
+            else ""
+        )
+        + f"; curves -> {out / 'training.png'}"
+    )
 
 
 def _target_and_taps(
@@ -215,33 +218,20 @@ def _target_and_taps(
 
 
 def eval_cmd(
-    draft: Optional[Path] = typer.Option(
-        None,
-        "--draft",
-        "-d",
-        help="Draft directory: native checkpoint or any "
-        "engine export (default: the draft shipped for the embedded target).",
-    ),
-    target: Optional[str] = typer.Option(None, "--target", "-t", help=TARGET_HELP),
+    draft: Optional[Path] = typer.Option(None, "--draft", "-d", help=EVAL_DRAFT_HELP),
+    target: TargetOpt = None,
     data: str = typer.Option(
         "smollm2-regen+smollm2-regen-vllm",
         "--data",
         help=DATA_HELP + " Default: the released draft's training data (its held-out split was never trained on).",
     ),
-    split: str = typer.Option(
-        "heldout",
-        "--split",
-        help="heldout: the split `train` holds out (by conversation "
-        "id hash, --heldout-fraction); all: every sample (an evaluation set).",
-    ),
-    heldout_fraction: float = typer.Option(DEFAULT_HELDOUT_FRACTION, "--heldout-fraction", help=HELDOUT_HELP),
+    split: str = typer.Option("heldout", "--split", help=EVAL_SPLIT_HELP),
+    heldout_fraction: HeldoutFractionOpt = DEFAULT_HELDOUT_FRACTION,
     samples: int = typer.Option(48, "--samples", help="Samples scored (the first of the split)."),
     positions: int = typer.Option(3, "--positions", help="Drafted positions scored (the chain length)."),
-    max_length: int = typer.Option(
-        DEFAULT_MAX_LENGTH, "--max-length", help="Tokens per sample; longer conversations are cut at this length."
-    ),
-    as_json: bool = typer.Option(False, "--json", help="JSON on stdout, for scripts and CI."),
-    device: str = device_option(),
+    max_length: MaxLengthOpt = DEFAULT_MAX_LENGTH,
+    as_json: JsonOpt = False,
+    device: DeviceOpt = DEVICE_DEFAULT,
 ) -> None:
     """Score a draft offline, as `train` does at each held-out evaluation: teacher-forced top-1 per drafted
     position and the greedy chain's tau, on a data split, without decoding (seconds to minutes)."""
