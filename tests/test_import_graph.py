@@ -19,8 +19,9 @@ from pathlib import Path
 SRC = Path(__file__).parents[1] / "src"
 ROOT = "eaglewire"
 
-# base: errors, safe file IO, canonical records, guarded output writers, input limits, the user cache, CPU features, tensor ops, the
-# tau formula -> the norm flags -> the drafter families -> what a valid tap list is -> the wiring contract -> the target and the draft -> export
+# base: errors, safe file IO, file digests, canonical records, guarded output writers, input limits, the user cache,
+# CPU features, tensor ops, the tau formula -> the norm flags -> the drafter families -> what a valid tap list is ->
+# the wiring contract -> the target and the draft -> export
 # (native checkpoint, engine records, formats) -> data -> the vLLM client -> capture -> train -> the speculative
 # decoder -> its CPU acceleration -> decoding assembled (runtime choice, drafter families' proposers and loaders, any
 # draft directory) -> text generation (a chat prompt decoded: `eaglewire generate` and `ew.generate`) -> the doctor
@@ -31,6 +32,7 @@ LAYERS = (
     "errors",
     "paths",
     "safeio",
+    "digests",
     "records",
     "outputs",
     "limits",

@@ -31,6 +31,7 @@ from eaglewire.contract import WiringContract
 from eaglewire.families import DEFAULT_FAMILY
 from eaglewire.norms import NormFlags
 from eaglewire.data.samples import Sample
+from eaglewire.digests import sampled_digest
 from eaglewire.errors import ContractMismatch
 from eaglewire.safeio import (
     about_file,
@@ -39,7 +40,6 @@ from eaglewire.safeio import (
     field_of,
     open_safetensors,
     read_json_object,
-    sampled_digest,
 )
 from eaglewire.capture.hooks import capture
 from eaglewire.capture.shards import SHARD_GLOB, check_feature_dir, shard_sample_ids
