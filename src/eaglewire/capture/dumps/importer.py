@@ -30,7 +30,8 @@ import torch
 from eaglewire.contract import to_engine
 from eaglewire.capture.dumps.readers import CONVENTION, POST_NORM, PRE_NORM, Dump, DumpSample, open_dump
 from eaglewire.capture.dumps.report import declared_boundaries, describe_mismatch, expected_last, identify_sample
-from eaglewire.capture.features import DEFAULT_STORE_DTYPE, features_view, pack_rows, target_top1, write_feature_dir
+from eaglewire.capture.feature_dir import write_feature_dir
+from eaglewire.capture.features import DEFAULT_STORE_DTYPE, features_view, pack_rows, target_top1
 from eaglewire.errors import ContractMismatch, EaglewireError, TranslationError
 from eaglewire.target.loader import Target
 

@@ -47,7 +47,7 @@ from typing import Protocol
 import torch
 from torch.serialization import get_unsafe_globals_in_checkpoint
 
-from eaglewire.capture.features import read_manifest
+from eaglewire.capture.feature_dir import read_manifest
 from eaglewire.data.samples import Sample
 from eaglewire.errors import EaglewireError
 from eaglewire.safeio import read_json_object, read_safetensors_file
