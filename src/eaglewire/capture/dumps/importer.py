@@ -28,7 +28,8 @@ from typing import Callable, Sequence
 import torch
 
 from eaglewire.contract import to_engine
-from eaglewire.capture.dumps.readers import CONVENTION, POST_NORM, PRE_NORM, Dump, DumpSample, open_dump
+from eaglewire.capture.dumps.readers import CONVENTION, open_dump
+from eaglewire.capture.dumps.sample import POST_NORM, PRE_NORM, Dump, DumpSample
 from eaglewire.capture.dumps.report import declared_boundaries, describe_mismatch, expected_last, identify_sample
 from eaglewire.capture.feature_dir import write_feature_dir
 from eaglewire.capture.features import DEFAULT_STORE_DTYPE, features_view, pack_rows, target_top1
