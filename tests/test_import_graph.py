@@ -19,9 +19,9 @@ from pathlib import Path
 SRC = Path(__file__).parents[1] / "src"
 ROOT = "eaglewire"
 
-# base: errors, safe file IO, canonical records, guarded output writers, input limits, the user cache, CPU features, tensor ops, the
-# tau formula -> the norm flags -> the drafter families -> what a valid tap list is -> the engines' layer-id
-# conventions (what each can express) -> the wiring contract -> the target and the draft -> export
+# base: errors, safe file IO, file digests, canonical records, guarded output writers, input limits, the user cache,
+# CPU features, tensor ops, the tau formula -> the norm flags -> the drafter families -> what a valid tap list is ->
+# the engines' layer-id conventions (what each can express) -> the wiring contract -> the target and the draft -> export
 # (native checkpoint, engine records, formats) -> data -> the vLLM client -> capture -> train -> the speculative
 # decoder -> its CPU acceleration -> each drafter family's decoding record (its proposer, export layout, default
 # tree) -> decoding assembled (runtime choice, any draft directory) -> text generation (a chat prompt decoded:
@@ -33,6 +33,7 @@ LAYERS = (
     "errors",
     "paths",
     "safeio",
+    "digests",
     "records",
     "outputs",
     "limits",

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from eaglewire import cache
 from eaglewire.hw import describe_cpu
-from eaglewire.safeio import atomic_write_text, full_digest, sampled_digest
+from eaglewire.digests import full_digest, sampled_digest
+from eaglewire.safeio import atomic_write_text
 from benchmarks.results_dir import run_dir
 
 

@@ -30,13 +30,13 @@ from eaglewire.outputs import swap_in
 
 
 def sampled_digest(path: Path) -> str:
-    from eaglewire.safeio import sampled_digest as digest  # safeio imports torch; this module stays light
+    from eaglewire.digests import sampled_digest as digest  # late: importing the cache module stays light
 
     return digest(path)
 
 
 def full_digest(path: Path) -> str:
-    from eaglewire.safeio import full_digest as digest
+    from eaglewire.digests import full_digest as digest
 
     return digest(path)
 

@@ -23,7 +23,7 @@ from eaglewire.capture.features import OfflineFeatures, capture_features
 from eaglewire.cli.app import app
 from eaglewire.draft.vocab import VocabMap, save_vocab
 from eaglewire.errors import EaglewireError
-from eaglewire.safeio import sampled_digest
+from eaglewire.digests import sampled_digest
 
 CASES = 20
 TAPS = (1, 2, 3)

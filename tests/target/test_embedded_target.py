@@ -123,7 +123,8 @@ def test_the_embedded_target_decodes_the_same_through_the_screen(smollm):
 def test_embedded_key_names_the_embedded_target_by_its_directory_only(tmp_path):
     """What ships a GGUF llama.cpp can serve as is: the embedded target's cached directory, under any spelling
     of its path; any other directory, or an in-memory model, is no embedded target."""
-    from eaglewire.target.loader import embedded_gguf_path, embedded_key, resolve_target
+    from eaglewire.target.embedded import embedded_gguf_path, embedded_key
+    from eaglewire.target.loader import resolve_target
 
     path = resolve_target(None)[1]
     assert embedded_key(path) == embedded_key(str(path / ".." / path.name)) == "smollm2-135m"

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from eaglewire.errors import ContractMismatch
-from eaglewire.safeio import GuardedSafetensors, damaged, open_safetensors, sampled_digest
+from eaglewire.digests import sampled_digest
+from eaglewire.safeio import GuardedSafetensors, damaged, open_safetensors
 
 WHAT = "a feature shard"
 SHARD_GLOB = "shard-*.safetensors"

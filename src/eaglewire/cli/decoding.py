@@ -107,7 +107,7 @@ def _load(target: Optional[str], draft: Optional[Path], dtype: Optional[str], dr
     from eaglewire import hw
     from eaglewire.compose import load_draft
     from eaglewire.export.checkpoint import resolve_draft
-    from eaglewire.target.loader import DEFAULT_TARGET
+    from eaglewire.target.embedded import DEFAULT_TARGET
 
     where = decide_device(device)
     dtype = dtype or hw.default_dtype_name(where)

@@ -100,7 +100,7 @@ def export_cmd(
 
 def _embedded_gguf(target: Optional[str]) -> Path:
     """The embedded target's shipped GGUF (llama-server's -m), or a refusal naming --target-gguf."""
-    from eaglewire.target.loader import DEFAULT_TARGET, EMBEDDED, _package_dir
+    from eaglewire.target.embedded import DEFAULT_TARGET, EMBEDDED, _package_dir
 
     emb = EMBEDDED.get(target or DEFAULT_TARGET)
     if emb is None:

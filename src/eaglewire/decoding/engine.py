@@ -31,7 +31,7 @@ import torch
 
 from eaglewire.tau import acceptance_length
 from eaglewire.decoding.propose import Proposer
-from eaglewire.decoding.runtime import Runtime
+from eaglewire.decoding.runtime import Out, Runtime
 from eaglewire.decoding.tree import DraftTree, greedy_accept, sample_accept, target_probs
 
 
@@ -80,16 +80,8 @@ class SpecDecoder:
         # greedy needs only each row's argmax (rt.greedy: the screened head where calibrated); sampling every logit
         target = self.rt.greedy if pick.greedy else self.rt.forward
         taps, dev = self.proposer.taps, self.rt.target.device  # every tensor made here goes to the target's device
-        prompt, P = prompt.to(dev), prompt.shape[1]
-        out0, prompt_taps = target(
-            prompt, torch.arange(P, device=dev)[None], 0, taps=taps, logit_rows=torch.tensor([P - 1], device=dev)
-        )
-        x = pick.first(out0)  # an int: the prefill has finished on any device
-        st.prefill_s = time.perf_counter() - t0
-        n, out = P, []
-        t = time.perf_counter()
-        self.proposer.start(prompt, prompt_taps, x)
-        st.draft_s += time.perf_counter() - t
+        x, n = self._prefill(target, pick, prompt.to(dev), st, t0)
+        out: list[int] = []
 
         def emit(toks: list[int]) -> None:
             out.extend(toks)
@@ -113,20 +105,39 @@ class SpecDecoder:
             st.accepted.append(len(path))
             accepted = [tree.tokens[i] for i in path]
             t3 = time.perf_counter()
+            st.draft_s, st.verify_s = st.draft_s + t2 - t, st.verify_s + t3 - t2
             stop = _stop_index(accepted, eos, max_new_tokens - len(out))
             if stop is not None:
                 emit(accepted[: stop + 1])
-                st.draft_s, st.verify_s = st.draft_s + t2 - t, st.verify_s + t3 - t2
                 break
             emit(accepted)
             rows = torch.tensor([0] + [1 + i for i in path], device=dev)  # the root and the path in the verify batch
             n += len(slots)
             self.proposer.accept(vtaps[:, rows] if vtaps is not None else None, accepted + [bonus])
             x = bonus
-            st.draft_s += (t2 - t) + (time.perf_counter() - t3)
-            st.verify_s += t3 - t2
+            st.draft_s += time.perf_counter() - t3  # the proposer's accept is drafting work too
         st.new_tokens, st.total_s = len(out), time.perf_counter() - t0
         return out, st
+
+    def _prefill(
+        self, target: Callable[..., Out], pick: _Pick, prompt: torch.Tensor, st: SpecStats, t0: float
+    ) -> tuple[int, int]:
+        """The prompt's forward, its first new token x (pending: not in the KV cache) and the proposer's start;
+        prompt [1, P] on the target's device -> (x, P: the next free cache slot). Times go into `st`."""
+        dev, P = self.rt.target.device, prompt.shape[1]
+        out0, prompt_taps = target(
+            prompt,
+            torch.arange(P, device=dev)[None],
+            0,
+            taps=self.proposer.taps,
+            logit_rows=torch.tensor([P - 1], device=dev),
+        )
+        x = pick.first(out0)  # an int: the prefill has finished on any device
+        st.prefill_s = time.perf_counter() - t0
+        t = time.perf_counter()
+        self.proposer.start(prompt, prompt_taps, x)
+        st.draft_s += time.perf_counter() - t
+        return x, P
 
 
 @dataclass

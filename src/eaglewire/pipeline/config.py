@@ -271,7 +271,7 @@ class RunConfig(_Strict):
 
     def gguf(self) -> Path:
         """The target GGUF a llamacpp export carries the vocabulary of: target_gguf, else the embedded target's."""
-        from eaglewire.target.loader import DEFAULT_TARGET, embedded_gguf_path
+        from eaglewire.target.embedded import DEFAULT_TARGET, embedded_gguf_path
 
         return Path(self.target_gguf) if self.target_gguf else embedded_gguf_path(self.target or DEFAULT_TARGET)
 
@@ -509,6 +509,6 @@ def resolve(budget: str = "quick", config: Path | None = None, **flags: Any) -> 
 
 
 def _embedded(target: object) -> bool:  # the run config's target spec (a str, or None), before validation
-    from eaglewire.target.loader import EMBEDDED
+    from eaglewire.target.embedded import EMBEDDED
 
     return target is None or target in EMBEDDED

@@ -119,7 +119,7 @@ def _llamacpp_line(ctx: Ctx, exports: dict[str, str], n_max: int) -> str:
     """llama-server's line: the GGUF export when the run wrote one, else llama.cpp's converter on the vLLM export
     first (an EAGLE-3 draft; llama.cpp's own converter reads the vLLM layout's top-level ids)."""
     from eaglewire.serve.llamacpp import server_line
-    from eaglewire.target.loader import embedded_gguf_path, embedded_key
+    from eaglewire.target.embedded import embedded_gguf_path, embedded_key
 
     spec_type = family(ctx).llamacpp_spec_type
     key = embedded_key(ctx.target.path)

@@ -25,7 +25,8 @@ from eaglewire.hw import runtime_dtype
 from eaglewire.pipeline import stages as S
 from eaglewire.pipeline.config import RunConfig
 from eaglewire.outputs import output_lock
-from eaglewire.safeio import atomic_write_json, tree_digest
+from eaglewire.digests import tree_digest
+from eaglewire.safeio import atomic_write_json
 from eaglewire.target.loader import Target, load_target
 
 STATE_FORMAT = "eaglewire.run/1"

@@ -439,7 +439,7 @@ def _llamacpp_rows(ctx: Ctx) -> list[str]:
     """llama.cpp's rows when bench.llamacpp asks for them (auto: a llama-server found and a target GGUF at hand)."""
     from eaglewire.serve.llamacpp import BUILD_HINT, find_llama_server
     from eaglewire.serve.llamacpp_peer import LLAMACPP_METHODS
-    from eaglewire.target.loader import embedded_key
+    from eaglewire.target.embedded import embedded_key
 
     b = ctx.cfg.bench
     found = find_llama_server()

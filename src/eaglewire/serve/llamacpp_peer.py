@@ -53,7 +53,7 @@ def draft_gguf(
 
 def _target_gguf(target: RunnableTarget, precision: str, tmp: Path) -> Path:
     from eaglewire.serve.llamacpp import convert_hf, target_gguf
-    from eaglewire.target.loader import embedded_key
+    from eaglewire.target.embedded import embedded_key
 
     if (key := embedded_key(target.path)) is not None:
         return target_gguf(precision, key)

@@ -28,9 +28,11 @@ from typing import Callable, Sequence
 import torch
 
 from eaglewire.contract import to_engine
-from eaglewire.capture.dumps.readers import CONVENTION, POST_NORM, PRE_NORM, Dump, DumpSample, open_dump
+from eaglewire.capture.dumps.readers import CONVENTION, open_dump
+from eaglewire.capture.dumps.sample import POST_NORM, PRE_NORM, Dump, DumpSample
 from eaglewire.capture.dumps.report import declared_boundaries, describe_mismatch, expected_last, identify_sample
-from eaglewire.capture.features import DEFAULT_STORE_DTYPE, features_view, pack_rows, target_top1, write_feature_dir
+from eaglewire.capture.feature_dir import write_feature_dir
+from eaglewire.capture.features import DEFAULT_STORE_DTYPE, features_view, pack_rows, target_top1
 from eaglewire.errors import ContractMismatch, EaglewireError, TranslationError
 from eaglewire.target.loader import Target
 
@@ -109,6 +111,35 @@ def _verify(dump: Dump, ids: list[str], first: DumpSample, target: Target, bound
             )
 
 
+def _open_samples(src: Path, fmt: str, states_dir: Path | None) -> tuple[Dump, list[str]]:
+    """The dump at `src` and its sample ids; refused when it is our own feature directory or holds no sample."""
+    dump = open_dump(Path(src), fmt, states_dir)
+    if dump.format == "eaglewire":
+        raise EaglewireError(
+            f"{src} is already an eaglewire feature directory",
+            expected="a tool's dump",
+            found="manifest.json",
+            fix="use it directly (train --features DIR)",
+        )
+    ids = dump.ids()
+    if not ids:
+        raise EaglewireError(f"{src}: the dump has no samples with hidden states", expected="at least one", found="0")
+    return dump, ids
+
+
+def _source(dump: Dump, src: Path, taps_from: str | None, verified: int) -> dict:
+    """The manifest's `source`: which dump the shards were imported from, and how its states were read."""
+    return {
+        "format": dump.format,
+        "path": str(Path(src).resolve()),
+        "layout": dump.layout(),
+        "taps_from": taps_from or CONVENTION[dump.format],
+        "verified_samples": verified,
+        "last_state": "stored post-norm" if dump.last_kind == POST_NORM else "pre-norm + target final norm",
+        "rows_without_states": dump.missing_rows,
+    }
+
+
 def import_dump(
     src: Path,
     fmt: str,
@@ -131,17 +162,7 @@ def import_dump(
     verify: how many samples to check against the target's own forward before writing (0 skips it, for a
     target too large to run here; the manifest records how many were checked). states_dir: speculators'
     hs_*.safetensors when they are not under `src`/hidden_states (its generate step's --output)."""
-    dump = open_dump(Path(src), fmt, states_dir)
-    if dump.format == "eaglewire":
-        raise EaglewireError(
-            f"{src} is already an eaglewire feature directory",
-            expected="a tool's dump",
-            found="manifest.json",
-            fix="use it directly (train --features DIR)",
-        )
-    ids = dump.ids()
-    if not ids:
-        raise EaglewireError(f"{src}: the dump has no samples with hidden states", expected="at least one", found="0")
+    dump, ids = _open_samples(src, fmt, states_dir)
     first = dump.read(ids[0])
     bounds = declared_boundaries(dump.format, target.num_layers, taps, taps_from, stored=first.taps.shape[1])
     _check_layout(dump, first, target, bounds)
@@ -153,15 +174,6 @@ def import_dump(
     def build(_k: int, chunk: list[str]) -> dict[str, torch.Tensor]:
         return pack_rows([_row(target, head, dump.read(sids[c]), dtype) for c in chunk])
 
-    source = {
-        "format": dump.format,
-        "path": str(Path(src).resolve()),
-        "layout": dump.layout(),
-        "taps_from": taps_from or CONVENTION[dump.format],
-        "verified_samples": min(verify, len(ids)),
-        "last_state": "stored post-norm" if dump.last_kind == POST_NORM else "pre-norm + target final norm",
-        "rows_without_states": dump.missing_rows,
-    }
     return write_feature_dir(
         Path(out),
         features_view(contract),
@@ -171,5 +183,5 @@ def import_dump(
         target_dtype=str(first.taps.dtype).removeprefix("torch."),
         store_dtype=dtype,
         on_shard=on_shard,
-        extra={"source": source},
+        extra={"source": _source(dump, src, taps_from, min(verify, len(ids)))},
     )

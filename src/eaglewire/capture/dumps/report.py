@@ -17,7 +17,8 @@ from typing import Any, Sequence
 import torch
 
 from eaglewire.contract import default_taps, describe_boundary, from_engine
-from eaglewire.capture.dumps.readers import CONVENTION, POST_NORM, Dump, DumpSample, open_dump
+from eaglewire.capture.dumps.readers import CONVENTION, open_dump
+from eaglewire.capture.dumps.sample import POST_NORM, Dump, DumpSample
 from eaglewire.capture.identify import boundary_label, identify
 from eaglewire.errors import EaglewireError
 from eaglewire.target.loader import Target
