@@ -148,7 +148,7 @@ def _block_words(contract: WiringContract) -> str:
 
 
 def _bench_rows(res: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    from eaglewire.serve.bench import label
+    from eaglewire.serve.bench_summary import label
 
     bases = [
         b
@@ -185,7 +185,8 @@ def tau_change(res: dict[str, Any]) -> str:
 
 
 def verdict(res: dict[str, Any], family: str = "eagle3") -> str:
-    from eaglewire.serve.bench import family_rows, label
+    from eaglewire.serve.bench import family_rows
+    from eaglewire.serve.bench_summary import label
     from eaglewire.serve.llamacpp_peer import LLAMACPP_METHODS
     from eaglewire.serve.peer import PEER_METHODS
 
@@ -214,7 +215,7 @@ def verdict(res: dict[str, Any], family: str = "eagle3") -> str:
 
 def _llamacpp_words(res: dict[str, Any]) -> str:
     """llama.cpp's measured tau and speed with the draft, against llama.cpp alone ('' without its rows)."""
-    from eaglewire.serve.bench import label
+    from eaglewire.serve.bench_summary import label
 
     m = res["methods"]
     if "llamacpp_eagle_chain" not in m or "llamacpp_vanilla" not in m:
@@ -387,7 +388,7 @@ def per_position_figure(result: dict[str, Any]) -> Any:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from eaglewire.serve.bench import label
+    from eaglewire.serve.bench_summary import label
 
     fig, ax = plt.subplots(figsize=(7, 4))
     depth = 0
