@@ -1,6 +1,8 @@
 """`eaglewire run`: the whole pipeline from a target to a verified, exported, benchmarked draft.
 
-    config.py     the run config schema (pydantic; `eaglewire run --config`, `--show-config`)
+    config.py     the run config schema (pydantic; `eaglewire run --config`, `--show-config`) and its resolution
+    budgets.py    the budget presets (quick|standard|full), each a partial run config
+    config_file.py  a --config file read as plain YAML/JSON (size, depth, aliases, tags, duplicate keys refused)
     runner.py     the keyed, resumable stage runner: a stage reruns only when its key changes
     stages.py     the stages: prompts, regenerate, vocab, features, train, export, doctor, bench
     report.py     OUT/report.html, self-contained
