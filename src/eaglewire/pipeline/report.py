@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from eaglewire.export.engines import engine_for
 from eaglewire.families import Family, get_family
 from eaglewire.pipeline.render import Section, html_page, markdown
 from eaglewire.pipeline.report_bench import bench_rows, tau_change, verdict
-from eaglewire.pipeline.stages import Ctx, copy_into
+from eaglewire.pipeline.context import Ctx
 from eaglewire.safeio import atomic_write_json, atomic_write_text
 
 ENGINE_IDS = ("sglang", "vllm")
@@ -370,7 +371,7 @@ def summary(ctx: Ctx, timings: dict[str, dict[str, Any]]) -> dict[str, Any]:
 def write_report(ctx: Ctx, timings: dict[str, dict[str, Any]]) -> dict[str, Any]:
     out = ctx.out
     pngs = {"training": out / "report-training.png", "bench": out / "report-bench.png"}
-    copy_into(Path(ctx.results["train"]["png"]), pngs["training"])
+    _copy_into(Path(ctx.results["train"]["png"]), pngs["training"])
     per_position_png(ctx.results["bench"]["result"], pngs["bench"])
     title = f"eaglewire run: {family(ctx).title} draft for {ctx.target.name}"
     sections = _sections(ctx, timings, pngs)
@@ -380,3 +381,8 @@ def write_report(ctx: Ctx, timings: dict[str, dict[str, Any]]) -> dict[str, Any]
     atomic_write_text(out / "report.md", markdown(title, sections, out, header))
     atomic_write_text(out / "report.html", html_page(title, sections, header))
     return data
+
+
+def _copy_into(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dst)
