@@ -114,7 +114,7 @@ def test_generate_bench_and_serve_take_a_dflash_draft(tmp_path):
 
 def test_server_decodes_with_a_dflash_draft(tmp_path):
     from eaglewire.compose import proposal_shape
-    from eaglewire.serve.server import build_server
+    from eaglewire.serve.start import build_server
 
     _, target, ddir = _setup(tmp_path)
     draft = load_checkpoint(ddir, target=target)

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from eaglewire.cli.app import app
-from eaglewire.pipeline.config import BUDGETS, resolve
+from eaglewire.pipeline.budgets import BUDGETS
+from eaglewire.pipeline.config import resolve
 from eaglewire.train.objectives import objective
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from eaglewire import __version__
-from eaglewire.pipeline import report
+from eaglewire.pipeline import render, report
 
 
 def test_header_names_the_machine_and_the_version() -> None:
@@ -16,7 +16,7 @@ def test_header_names_the_machine_and_the_version() -> None:
     assert m["eaglewire"] == __version__ and m["cores"] >= 1 and m["cpu"] and m["isa"]
     line = report.machine_line(m)
     assert f"eaglewire {__version__}" in line and f"{m['cores']} cores" in line and m["isa"] in line
-    html = report._html("t", [], line)
+    html = render.html_page("t", [], line)
     assert "class='machine'" in html and f"eaglewire {__version__}" in html
 
 

@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 from eaglewire.cli.app import app
 from eaglewire.errors import EaglewireError
 from eaglewire.pipeline import runner, stages
-from eaglewire.pipeline.config import BUDGETS, RunConfig, resolve
+from eaglewire.pipeline.budgets import BUDGETS
+from eaglewire.pipeline.config import RunConfig, resolve
 from eaglewire.target.loader import resolve_target
 
 CONVS = [

@@ -2,7 +2,7 @@
 
 import pytest
 
-from eaglewire.serve.bench import Run, markdown, summarize
+from eaglewire.serve.bench_summary import Run, markdown, summarize
 from eaglewire.decoding.engine import SpecStats
 from eaglewire.decoding.tree import TreeShape
 
@@ -51,7 +51,7 @@ def test_round_cost_is_tau_over_speed_against_the_same_engines_vanilla():
 def test_each_repetition_compares_the_engines_on_the_same_prompts():
     """A repetition's ours / peer: the ratio of the medians, and the median of the per-prompt ratios (one
     prompt in both engines); markdown lists every repetition."""
-    from eaglewire.serve.bench import _repeat_summary
+    from eaglewire.serve.bench_summary import repeat_summary as _repeat_summary
 
     toks = list(range(10))
     runs = {

@@ -26,7 +26,7 @@ def test_vllm_tokens_keep_the_eos_our_loops_keep():
 
 
 def test_run_report_quotes_the_peer_rows():
-    from eaglewire.pipeline.report import _bench_rows, verdict
+    from eaglewire.pipeline.report_bench import bench_rows as _bench_rows, verdict
 
     def row(tok_s, **kw):
         return {"median_tok_s": tok_s, "matches_vanilla": 2, **kw}

@@ -12,7 +12,7 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 import torch
 
 from eaglewire.export.checkpoint import load_checkpoint, save_checkpoint
-from eaglewire.serve.server import build_server
+from eaglewire.serve.start import build_server
 from eaglewire.decoding.engine import greedy_reference
 from eaglewire.decoding.runtime import StaticRuntime
 from eaglewire.decoding.tree import TreeShape

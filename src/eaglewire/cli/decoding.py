@@ -290,7 +290,8 @@ def serve_cmd(
     device: DeviceOpt = DEVICE_DEFAULT,
 ) -> None:
     """OpenAI-compatible server (/v1/chat/completions, /v1/completions, /metrics) with speculative decoding."""
-    from eaglewire.serve.server import bind, build_server
+    from eaglewire.serve.server import bind
+    from eaglewire.serve.start import build_server
 
     TreeShape.from_knobs(num_steps, topk, num_draft_tokens, num_speculative_tokens)  # bad knobs fail before loading
     httpd = bind(host, port)  # a port in use fails before loading too

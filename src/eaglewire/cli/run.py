@@ -12,7 +12,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from eaglewire.cli.common import add_command, err_console, load_target, out_console
 from eaglewire.hw import DEVICE_HELP
-from eaglewire.pipeline.config import BUDGETS
+from eaglewire.pipeline.budgets import BUDGETS
 
 RUN_HELP = (
     "One command from a target to a verified, exported, benchmarked draft, with OUT/report.html. "

@@ -46,11 +46,7 @@ def make_fast_runtime(
     that a first start takes seconds), "never". verify_rows: the verify sizes (a TreeShape's
     num_draft_tokens) the caller's proposers will use; under "always" each in compiled_body.FUSED_ROWS gets
     its own fused graph where that times faster (FastRuntime.compile_graphs)."""
-    if compile not in COMPILE_MODES:
-        raise ValueError(f"compile must be one of {COMPILE_MODES}, got {compile!r}")
-    mode = ("always" if calibrate else "never") if isinstance(calibrate, bool) else calibrate
-    if mode not in CALIBRATE_MODES:
-        raise ValueError(f"calibrate must be a bool or one of {CALIBRATE_MODES}, got {calibrate!r}")
+    mode = _calibrate_mode(calibrate, compile)
     calibrate = mode != "never"
     if target.text_config.model_type not in SUPPORTED:
         if log and calibrate:
@@ -77,15 +73,8 @@ def make_fast_runtime(
     elif calibrate and reuse_cached(rt, log) is None:
         calibrate = False  # the default layouts: nothing the calibration chose to compile
     rt.calibrated = calibrate
-    # the weight copies the policy reads, and no others (a calibration built them all; a cached one only the
-    # head's bf16 screen, where offered),
     # before compiling: the compile's own memory then comes on top of what decoding holds, not of 4x the weights
-    freed = rt.settle_copies()
-    if freed:
-        say(
-            f"freed {freed / 2**20:.0f} MB of weight copies that no chosen layout reads (layouts in use: "
-            f"{', '.join(sorted(rt.used_layouts()))})"
-        )
+    _settle_copies(rt, say)
     if calibrate:
         # the fused verify graphs only where the caller accepts compiling (FastRuntime.compile_graphs: their cost):
         # the marker promises a "cached" start the shared graphs, not these
@@ -94,6 +83,28 @@ def make_fast_runtime(
         ):  # only a start that built something can promise it to the next
             atomic_write_text(marker, json.dumps({"compiled_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}))
     return rt
+
+
+def _calibrate_mode(calibrate: bool | str, compile: str) -> str:
+    """make_fast_runtime's `calibrate` as one of CALIBRATE_MODES (True: "always", False: "never"); an unknown
+    calibrate or compile mode is refused."""
+    if compile not in COMPILE_MODES:
+        raise ValueError(f"compile must be one of {COMPILE_MODES}, got {compile!r}")
+    mode = ("always" if calibrate else "never") if isinstance(calibrate, bool) else calibrate
+    if mode not in CALIBRATE_MODES:
+        raise ValueError(f"calibrate must be a bool or one of {CALIBRATE_MODES}, got {calibrate!r}")
+    return mode
+
+
+def _settle_copies(rt: FastRuntime, say: Callable[[str], None]) -> None:
+    """Keep the weight copies the policy reads, and no others (a calibration built them all; a cached one only
+    the head's bf16 screen, where offered)."""
+    freed = rt.settle_copies()
+    if freed:
+        say(
+            f"freed {freed / 2**20:.0f} MB of weight copies that no chosen layout reads (layouts in use: "
+            f"{', '.join(sorted(rt.used_layouts()))})"
+        )
 
 
 def _compile(rt, say: Callable[[str], None], verify_rows: tuple[int, ...]) -> list[int]:

@@ -5,6 +5,7 @@ Resolution order (later wins): schema defaults -> budget preset (quick|standard|
 types are refused with the field's dotted path named. Every default is defined once: the train section's
 knobs are TrainConfig's fields (train/config.py: default, bounds, description), derived rather than
 declared again; the tree defaults are TreeShape's, the generation defaults are GenerationSettings'.
+The budgets are pipeline/budgets.py's; a --config file is read by pipeline/config_file.py.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from eaglewire.errors import EaglewireError
 from eaglewire.decoding.tree import DEFAULT_TREE, TreeShape
 from eaglewire.serve import bench as B
 from eaglewire.train.config import TrainConfig, knob_fields
+from eaglewire.pipeline.budgets import BUDGETS
+from eaglewire.pipeline.config_file import read_config_file
 from eaglewire.draft.vocab import DEFAULT_DRAFT_VOCAB
 
 G = GenerationSettings()
@@ -307,164 +310,11 @@ class RunConfig(_Strict):
         return hashlib.sha256(json.dumps({k: d[k] for k in (parts or d)}, sort_keys=True).encode()).hexdigest()
 
 
-# Budgets (README: measured times and tau). Each is a partial RunConfig. Their conversations are a contiguous
-# prefix of ShareGPT that the shipped regeneration file covers (a resume: nothing is regenerated for the
-# embedded target). quick is the newcomer's first run, sized to finish in ten minutes on 2 CPU cores: it
-# continues the released draft's training (warm start, init_from "released") with a short, low-lr pass, TTT 3,
-# on the first 96 conversations (the release already saw them: what the pass changes, if anything, is the
-# report's tau before -> after, measured on the same prompts), and benchmarks the vLLM-style chain k=3 it is
-# judged by at 256 new tokens (tau at 128 tokens reads ~0.1 lower for the same draft) on 4 spread MT-bench
-# questions; standard trains from scratch on 292 conversations.
-_QUICK: dict[str, Any] = {
-    "data": {"conversations": 96},
-    "vocab": {"draft_vocab_size": 8000},
-    "train": {
-        "max_steps": 40,
-        "ttt_steps": 3,
-        "lr": 2e-4,
-        "warmup_steps": 5,
-        "eval_every": 20,
-        "ckpt_every": 20,
-        "init_from": "released",
-        "supervise": "all",
-    },
-    "bench": {"prompts": 4, "max_new_tokens": 256, "chain_k": 3, "methods": ("vanilla", "eagle_chain")},
-}
-BUDGETS: dict[str, dict[str, Any]] = {
-    "quick": _QUICK,
-    # the released draft: 292 conversations' features, 400 steps from scratch, issue-4 benchmark protocol
-    "standard": {
-        **_QUICK,
-        "data": {"conversations": 292},
-        "train": {
-            "max_steps": 400,
-            "ttt_steps": 3,
-            "warmup_steps": 20,
-            "eval_every": 50,
-            "ckpt_every": 50,
-            "supervise": "all",
-        },
-        "bench": {"prompts": 6, "max_new_tokens": 256, "methods": B.METHODS, "vllm": "auto"},
-    },
-    # hours of regeneration on a CPU (a GPU or `data regenerate --server` makes it practical)
-    "full": {
-        "data": {"conversations": 4000},
-        "vocab": {"draft_vocab_size": 16000},
-        "train": {"max_steps": 4000, "ttt_steps": 4, "eval_every": 250, "ckpt_every": 250},
-        "bench": {"prompts": 80, "max_new_tokens": 256, "methods": B.METHODS, "vllm": "auto"},
-    },
-}
-
-
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for k, v in over.items():
         out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
-
-
-MAX_CONFIG_BYTES = 1 << 20  # a run config is a few hundred bytes
-MAX_CONFIG_DEPTH = 32  # a run config nests sections two or three deep
-
-
-def _refuse_yaml_aliases(path: Path, text: str) -> None:
-    """Aliases (`*a`) are refused: nested ones expand exponentially (a 'billion laughs' file), and a run
-    config has no use for them; so are tags (`!!set`, `!!binary`, ...): a run config holds plain values.
-    Nesting deeper than MAX_CONFIG_DEPTH is refused while the events stream, so a hostile file costs a few events,
-    not a full pure-Python parse of every level (three of them below).
-    Duplicate mapping keys are refused too (YAML keeps the last silently)."""
-    import yaml
-
-    depth = 0
-    for event in yaml.parse(text, Loader=yaml.SafeLoader):
-        depth += isinstance(event, yaml.CollectionStartEvent) - isinstance(event, yaml.CollectionEndEvent)
-        if depth > MAX_CONFIG_DEPTH:
-            raise EaglewireError(
-                f"run config {path} nests deeper than {MAX_CONFIG_DEPTH} levels",
-                expected=f"sections of plain values (at most {MAX_CONFIG_DEPTH} levels: MAX_CONFIG_DEPTH)",
-                found=f"level {depth} at line {event.start_mark.line + 1}",
-                fix="point --config at the run's YAML config (eaglewire run --help lists its sections)",
-            )
-        if isinstance(event, yaml.AliasEvent):
-            raise EaglewireError(
-                f"run config {path} uses a YAML alias (*{event.anchor})",
-                expected="plain values (no anchors or aliases)",
-                found=f"*{event.anchor}",
-                fix="write the value out where it is used",
-            )
-        if getattr(event, "tag", None) is not None:  # only a tag written in the file is set: !!set, !!binary, ...
-            raise EaglewireError(
-                f"run config {path} uses a YAML tag ({event.tag})",
-                expected="plain values, lists and mappings (no tags)",
-                found=f"{event.tag} at line {event.start_mark.line + 1}",
-                fix="write the value as a plain list or mapping (a set is a list here)",
-            )
-    _refuse_yaml_duplicates(path, yaml.compose(text, Loader=yaml.SafeLoader))
-
-
-def _refuse_yaml_duplicates(path: Path, node: Any) -> None:
-    import yaml
-
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, yaml.MappingNode):
-            seen = set()
-            for k, v in n.value:
-                if isinstance(k, yaml.ScalarNode) and k.value in seen:
-                    raise EaglewireError(
-                        f"run config {path} names {k.value!r} twice in one mapping",
-                        expected="each key once",
-                        found=f"{k.value!r} again at line {k.start_mark.line + 1}",
-                        fix="keep one of them (YAML would silently keep the last)",
-                    )
-                seen.add(k.value if isinstance(k, yaml.ScalarNode) else id(k))
-                stack.append(v)
-        elif isinstance(n, yaml.SequenceNode):
-            stack.extend(n.value)
-
-
-def _read_file(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise EaglewireError(
-            f"run config {path} not found",
-            expected="a YAML or JSON file",
-            found="nothing",
-            fix="check the --config path",
-        )
-    import yaml  # a transformers dependency
-
-    from eaglewire.safeio import DuplicateKey, unique_keys
-
-    if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise EaglewireError(
-            f"run config {path} is too large",
-            expected=f"at most {MAX_CONFIG_BYTES} bytes (MAX_CONFIG_BYTES)",
-            found=f"{path.stat().st_size} bytes",
-            fix="point --config at the run's YAML/JSON config",
-        )
-    try:
-        text = path.read_bytes().decode("utf-8")
-        if path.suffix in (".yaml", ".yml"):
-            _refuse_yaml_aliases(path, text)
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text, object_pairs_hook=unique_keys)
-    except (yaml.YAMLError, json.JSONDecodeError, DuplicateKey, UnicodeDecodeError, RecursionError, OSError) as err:
-        raise EaglewireError(
-            f"cannot parse run config {path}",
-            expected="valid UTF-8 YAML/JSON",
-            found=f"{type(err).__name__}: {str(err)[:300]}",
-            fix="correct the file (YAML tags like !!python/object are refused)",
-        ) from None
-    if not isinstance(data, dict):
-        raise EaglewireError(
-            f"run config {path} is not a mapping",
-            expected="sections data/vocab/train/bench/...",
-            found=type(data).__name__,
-            fix="write the config as a mapping of sections (README: run config)",
-        )
-    return data
 
 
 def _family_defaults(given: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:
@@ -490,7 +340,7 @@ def resolve(budget: str = "quick", config: Path | None = None, **flags: Any) -> 
     if budget not in BUDGETS:
         raise EaglewireError(f"unknown budget {budget!r}", expected=" | ".join(BUDGETS), found=budget)
     merged = dict(BUDGETS[budget])
-    given = _read_file(Path(config)) if config is not None else {}
+    given = read_config_file(Path(config)) if config is not None else {}
     flags = {k: v for k, v in flags.items() if v is not None}
     merged = _merge(_merge(merged, _family_defaults(given, flags)), given)
     merged = _merge(merged, flags)

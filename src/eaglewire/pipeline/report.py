@@ -1,18 +1,16 @@
 """The run report: OUT/summary.json (machine-readable), OUT/report.md and a self-contained
 OUT/report.html (pictures inlined as PNG data URIs; no scripts, no external files).
 
-Both documents are rendered from the same list of sections (title, paragraphs, tables, images), so
-they can never disagree.
+Both documents are rendered (pipeline/render.py) from the same list of sections (title, paragraphs, tables,
+images), so they can never disagree; the benchmark's words are pipeline/report_bench.py's.
 """
 
 from __future__ import annotations
 
-import base64
-import html
 import json
 import os
 import shlex
-from dataclasses import dataclass, field
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -22,19 +20,12 @@ from eaglewire.contract import WiringContract, describe_boundary, to_engine
 from eaglewire.errors import TranslationError
 from eaglewire.export.engines import engine_for
 from eaglewire.families import Family, get_family
-from eaglewire.pipeline.stages import Ctx, copy_into
+from eaglewire.pipeline.render import Section, html_page, markdown
+from eaglewire.pipeline.report_bench import bench_rows, tau_change, verdict
+from eaglewire.pipeline.context import Ctx
 from eaglewire.safeio import atomic_write_json, atomic_write_text
 
 ENGINE_IDS = ("sglang", "vllm")
-
-
-@dataclass
-class Section:
-    title: str
-    text: list[str] = field(default_factory=list)  # paragraphs (plain text)
-    tables: list[tuple[list[str], list[list[str]]]] = field(default_factory=list)
-    images: list[tuple[str, Path]] = field(default_factory=list)  # (caption, png)
-    code: list[str] = field(default_factory=list)
 
 
 def wiring_words(ctx: Ctx) -> tuple[str, dict[str, list[int] | str]]:
@@ -147,212 +138,144 @@ def _block_words(contract: WiringContract) -> str:
     )
 
 
-def _bench_rows(res: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    from eaglewire.serve.bench import label
-
-    bases = [
-        b
-        for b in ("vanilla", "prompt_lookup", "hf_generate", "vllm_vanilla", "llamacpp_vanilla")
-        if b in res["methods"]
-    ]
-    head = (
-        ["method", "median tok/s"] + [f"× {b}" for b in bases] + ["τ (bench)", "per-position acceptance", "= vanilla"]
-    )
-    rows = []
-    for name, m in res["methods"].items():
-        rows.append(
-            [label(name, res), f"{m['median_tok_s']:.2f}"]
-            + [f"{m[f'speedup_vs_{b}']:.2f}×" for b in bases]
-            + [
-                f"{m['tau']:.2f}" if "tau" in m else "–",
-                ", ".join(f"{p:.2f}" for p in m.get("per_position", [])) or "–",
-                f"{m['matches_vanilla']}/{res['prompts']}",
-            ]
-        )
-    return head, rows
-
-
-def tau_change(res: dict[str, Any]) -> str:
-    """'Training started from X: τ 1.97 -> 2.01 ...' (bench.tau_prompts), or '' where it was not measured."""
-    t = res.get("tau_before_after")
-    if not t:
-        return ""
-    return (
-        f"Training started from {t['start']}: τ (bench) {t['before']:.2f} before -> {t['after']:.2f} after "
-        f"(chain k = {t['chain_k']}, the same {t['prompts']} prompts × {t['max_new_tokens']} new tokens, "
-        "float32 drafts on the plain runtime)."
-    )
-
-
-def verdict(res: dict[str, Any], family: str = "eagle3") -> str:
-    from eaglewire.serve.bench import family_rows, label
-    from eaglewire.serve.llamacpp_peer import LLAMACPP_METHODS
-    from eaglewire.serve.peer import PEER_METHODS
-
-    m = res["methods"]
-    engines = PEER_METHODS + LLAMACPP_METHODS  # another engine's rows: quoted beside ours, never as our best
-    best = max((n for n in m if n in family_rows()[family] and n not in engines), key=lambda n: m[n]["median_tok_s"])
-    r = m[best]["speedup_vs_vanilla"]
-    word = "faster" if r > 1 else "slower"
-    return (
-        f"Best {get_family(family).title} setting: {label(best, res)} at {m[best]['median_tok_s']:.2f} tok/s = {r:.2f}× the "
-        f"tokens/s of vanilla decoding ({word}), τ (bench) {m[best]['tau']:.2f}"
-        + (f", {m[best]['speedup_vs_prompt_lookup']:.2f}× prompt lookup" if "prompt_lookup" in m else "")
-        + "."
-        + (
-            f" The real vLLM CPU build with the same draft: {label('vllm_eagle_chain', res)} "
-            f"{m['vllm_eagle_chain']['median_tok_s']:.2f} tok/s ({m['vllm_eagle_chain']['speedup_vs_vllm_vanilla']:.2f}× "
-            f"its vanilla, τ {m['vllm_eagle_chain']['tau']:.2f}); ours is "
-            f"{m[best]['speedup_vs_vllm_vanilla'] / m['vllm_eagle_chain']['speedup_vs_vllm_vanilla']:.2f}× its tok/s."
-            if "vllm_eagle_chain" in m and "vllm_vanilla" in m
-            else ""
-        )
-        + _llamacpp_words(res)
-        + (" " + tau_change(res) if tau_change(res) else "")
-    )
-
-
-def _llamacpp_words(res: dict[str, Any]) -> str:
-    """llama.cpp's measured tau and speed with the draft, against llama.cpp alone ('' without its rows)."""
-    from eaglewire.serve.bench import label
-
-    m = res["methods"]
-    if "llamacpp_eagle_chain" not in m or "llamacpp_vanilla" not in m:
-        return ""
-    r = m["llamacpp_eagle_chain"]
-    same = (
-        f"; {r['matches_llamacpp_vanilla']}/{len(r['tok_s'])} answers equal its own plain ones"
-        if "matches_llamacpp_vanilla" in r
-        else ""
-    )
-    return (
-        f" llama.cpp with the same draft, {label('llamacpp_eagle_chain', res)}: τ {r['tau']:.2f}, "
-        f"{r['median_tok_s']:.2f} tok/s = {r['speedup_vs_llamacpp_vanilla']:.2f}× llama.cpp alone "
-        f"({m['llamacpp_vanilla']['median_tok_s']:.2f} tok/s){same}."
-    )
-
-
 def _sections(ctx: Ctx, timings: dict[str, dict[str, Any]], pngs: dict[str, Path]) -> list[Section]:
+    return [
+        _wiring_section(ctx),
+        _data_section(ctx),
+        _training_section(ctx, pngs["training"]),
+        _doctor_section(ctx),
+        _bench_section(ctx, pngs["bench"]),
+        _deploy_section(ctx),
+        _stages_section(ctx, timings),
+    ]
+
+
+def _wiring_section(ctx: Ctx) -> Section:
     r, cfg = ctx.results, ctx.cfg
     words, ids = wiring_words(ctx)
-    sec = [
-        Section(
-            "Wiring contract",
-            [
-                f"{words[0].upper()}{words[1:]}: residual-stream boundaries {list(ctx.contract.taps)} of "
-                f"{ctx.target.num_layers} layers (hidden {ctx.target.hidden_size}, so fc reads "
-                f"{len(ctx.contract.taps)}×{ctx.target.hidden_size} = {len(ctx.contract.taps) * ctx.target.hidden_size}).",
-                "; ".join(f"{e} ids {v}" for e, v in ids.items()) + ".",
-                (
-                    f"Draft vocabulary {cfg.vocab.draft_vocab_size} of {ctx.target.vocab_size} tokens "
-                    f"(vocab map {r['vocab']['sha256'][:16]})"
-                    if trained_contract(ctx).vocab_map_sha256
-                    else f"The draft predicts the target's full vocabulary ({ctx.target.vocab_size} tokens)"
-                )
-                + f"; {family(ctx).title} draft{_block_words(trained_contract(ctx))}; contract fingerprint "
-                f"{WiringContract.from_dict(r['train']['contract']).fingerprint()} (eaglewire_contract.json in every export).",
-            ],
-        )
-    ]
-    v = r["vocab"]
-    sec.append(
-        Section(
-            "Data",
-            [
-                f"{r['regenerate']['conversations']} conversations from {cfg.data.source} answered by the target "
-                f"(its regeneration file holds {r['regenerate']['in_file']}, {r['regenerate']['from_shipped']} of them "
-                f"from the shipped data; {r['regenerate']['new_tokens_this_run']} tokens generated in this run); "
-                f"{v['samples']} samples, "
-                f"{v['tokens']} tokens, {v['trained_tokens']} trained (assistant) tokens.",
-                "Vocab coverage: "
-                + ", ".join(f"{k} {c:.2%}" for k, c in v["coverage"].items())
-                + f" of trained tokens ({v['distinct_trained_tokens']} distinct).",
-            ],
-        )
+    return Section(
+        "Wiring contract",
+        [
+            f"{words[0].upper()}{words[1:]}: residual-stream boundaries {list(ctx.contract.taps)} of "
+            f"{ctx.target.num_layers} layers (hidden {ctx.target.hidden_size}, so fc reads "
+            f"{len(ctx.contract.taps)}×{ctx.target.hidden_size} = {len(ctx.contract.taps) * ctx.target.hidden_size}).",
+            "; ".join(f"{e} ids {v}" for e, v in ids.items()) + ".",
+            (
+                f"Draft vocabulary {cfg.vocab.draft_vocab_size} of {ctx.target.vocab_size} tokens "
+                f"(vocab map {r['vocab']['sha256'][:16]})"
+                if trained_contract(ctx).vocab_map_sha256
+                else f"The draft predicts the target's full vocabulary ({ctx.target.vocab_size} tokens)"
+            )
+            + f"; {family(ctx).title} draft{_block_words(trained_contract(ctx))}; contract fingerprint "
+            f"{WiringContract.from_dict(r['train']['contract']).fingerprint()} (eaglewire_contract.json in every export).",
+        ],
     )
+
+
+def _data_section(ctx: Ctx) -> Section:
+    r, v = ctx.results, ctx.results["vocab"]
+    return Section(
+        "Data",
+        [
+            f"{r['regenerate']['conversations']} conversations from {ctx.cfg.data.source} answered by the target "
+            f"(its regeneration file holds {r['regenerate']['in_file']}, {r['regenerate']['from_shipped']} of them "
+            f"from the shipped data; {r['regenerate']['new_tokens_this_run']} tokens generated in this run); "
+            f"{v['samples']} samples, "
+            f"{v['tokens']} tokens, {v['trained_tokens']} trained (assistant) tokens.",
+            "Vocab coverage: "
+            + ", ".join(f"{k} {c:.2%}" for k, c in v["coverage"].items())
+            + f" of trained tokens ({v['distinct_trained_tokens']} distinct).",
+        ],
+    )
+
+
+def _training_section(ctx: Ctx, png: Path) -> Section:
+    r, cfg = ctx.results, ctx.cfg
     h = r["train"]["heldout"]
     objective = (
         f"block {cfg.family.block_size}, {cfg.family.anchors} anchors per sequence"
         if trained_contract(ctx).block
         else f"TTT {cfg.train.ttt_steps} steps"
     )
-    sec.append(
-        Section(
-            "Training",
-            [
-                f"{family(ctx).title}: {cfg.train.max_steps} steps, batch {cfg.train.batch_size}, {objective}, lr {cfg.train.lr}, "
-                f"features {cfg.train.features}; {r['train']['train_samples']} training / {r['train']['heldout_samples']} "
-                f"held-out samples.",
-                "Held-out top-1 accuracy per draft position: " + ", ".join(f"{a:.3f}" for a in h.get("acc", [])),
-            ]
-            + [p for p in [tau_change(r["bench"]["result"])] if p],
-            images=[("loss and per-position accuracy", pngs["training"])],
-        )
+    return Section(
+        "Training",
+        [
+            f"{family(ctx).title}: {cfg.train.max_steps} steps, batch {cfg.train.batch_size}, {objective}, lr {cfg.train.lr}, "
+            f"features {cfg.train.features}; {r['train']['train_samples']} training / {r['train']['heldout_samples']} "
+            f"held-out samples.",
+            "Held-out top-1 accuracy per draft position: " + ", ".join(f"{a:.3f}" for a in h.get("acc", [])),
+        ]
+        + [p for p in [tau_change(r["bench"]["result"])] if p],
+        images=[("loss and per-position accuracy", png)],
     )
-    reps = r["doctor"]["reports"]
+
+
+def _doctor_section(ctx: Ctx) -> Section:
+    doctor = ctx.results["doctor"]
+    reps = doctor["reports"]
     rows = [[f["level"], fmt, f["check"], f["what"], f["fix"]] for fmt, rep in reps.items() for f in rep["findings"]]
-    sec.append(
-        Section(
-            "Doctor",
-            [
-                f"{r['doctor']['errors']} error(s): "
-                + "; ".join(
-                    f"{fmt} export ({rep['directory']}) checked as {rep['engine']}: {rep['errors']} error(s), "
-                    f"{len(rep['findings'])} finding(s)"
-                    for fmt, rep in reps.items()
-                )
-                + "."
-            ],
-            tables=[(["level", "export", "check", "what", "fix"], rows)] if rows else [],
-        )
+    return Section(
+        "Doctor",
+        [
+            f"{doctor['errors']} error(s): "
+            + "; ".join(
+                f"{fmt} export ({rep['directory']}) checked as {rep['engine']}: {rep['errors']} error(s), "
+                f"{len(rep['findings'])} finding(s)"
+                for fmt, rep in reps.items()
+            )
+            + "."
+        ],
+        tables=[(["level", "export", "check", "what", "fix"], rows)] if rows else [],
     )
-    res = r["bench"]["result"]
-    sec.append(
-        Section(
-            "Benchmark",
-            [
-                f"{res['prompts']} prompts from {res['questions']} (first turns), {res['max_new_tokens']} new tokens, greedy, "
-                "one process, methods interleaved, medians; every method's tokens are compared with vanilla's.",
-                verdict(res, cfg.family.name),
-            ],
-            tables=[_bench_rows(res)],
-            images=[("per-position acceptance (draft position 1, 2, 3 as in the training plot)", pngs["bench"])],
-        )
+
+
+def _bench_section(ctx: Ctx, png: Path) -> Section:
+    res = ctx.results["bench"]["result"]
+    return Section(
+        "Benchmark",
+        [
+            f"{res['prompts']} prompts from {res['questions']} (first turns), {res['max_new_tokens']} new tokens, greedy, "
+            "one process, methods interleaved, medians; every method's tokens are compared with vanilla's.",
+            verdict(res, ctx.cfg.family.name),
+        ],
+        tables=[bench_rows(res)],
+        images=[("per-position acceptance (draft position 1, 2, 3 as in the training plot)", png)],
     )
-    sec.append(
-        Section(
-            "Deploy",
-            [
-                "Launch commands with the exported drafts and the benchmark's knobs "
-                "(check first: eaglewire doctor DIR --engine sglang|vllm). On a GPU a verify "
-                "of many tokens costs about one decode step, so deeper knobs pay off there; "
-                "eaglewire doctor expect --draft DIR predicts τ for any knobs."
-            ],
-            code=list(launch_commands(ctx).values()),
-        )
+
+
+def _deploy_section(ctx: Ctx) -> Section:
+    return Section(
+        "Deploy",
+        [
+            "Launch commands with the exported drafts and the benchmark's knobs "
+            "(check first: eaglewire doctor DIR --engine sglang|vllm). On a GPU a verify "
+            "of many tokens costs about one decode step, so deeper knobs pay off there; "
+            "eaglewire doctor expect --draft DIR predicts τ for any knobs."
+        ],
+        code=list(launch_commands(ctx).values()),
     )
+
+
+def _stages_section(ctx: Ctx, timings: dict[str, dict[str, Any]]) -> Section:
     ran = sum(t["seconds"] for t in timings.values() if not t["reused"])
     kept = [n for n, t in timings.items() if t["reused"]]
-    sec.append(
-        Section(
-            "Stages",
-            [
-                f"Command: {ctx.command or 'eaglewire run'}. Total: "
-                f"{sum(t['seconds'] for t in timings.values()):.0f} s over every stage, {ran:.0f} s "
-                "in this invocation" + (f" ({len(kept)} stage(s) kept from an earlier run)" if kept else "") + "."
-            ],
-            tables=[
-                (
-                    ["stage", "seconds", "status", "directory"],
-                    [
-                        [n, f"{t['seconds']:.0f}", "kept from earlier run" if t["reused"] else "ran", t["dir"]]
-                        for n, t in timings.items()
-                    ],
-                )
-            ],
-        )
+    return Section(
+        "Stages",
+        [
+            f"Command: {ctx.command or 'eaglewire run'}. Total: "
+            f"{sum(t['seconds'] for t in timings.values()):.0f} s over every stage, {ran:.0f} s "
+            "in this invocation" + (f" ({len(kept)} stage(s) kept from an earlier run)" if kept else "") + "."
+        ],
+        tables=[
+            (
+                ["stage", "seconds", "status", "directory"],
+                [
+                    [n, f"{t['seconds']:.0f}", "kept from earlier run" if t["reused"] else "ran", t["dir"]]
+                    for n, t in timings.items()
+                ],
+            )
+        ],
     )
-    return sec
 
 
 def machine() -> dict[str, Any]:
@@ -387,7 +310,7 @@ def per_position_figure(result: dict[str, Any]) -> Any:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from eaglewire.serve.bench import label
+    from eaglewire.serve.bench_summary import label
 
     fig, ax = plt.subplots(figsize=(7, 4))
     depth = 0
@@ -416,58 +339,6 @@ def per_position_png(result: dict[str, Any], png: Path) -> Path:
     fig.savefig(png, dpi=100)
     plt.close(fig)
     return png
-
-
-def _md(title: str, sections: list[Section], out: Path, header: str = "") -> str:
-    lines = [f"# {title}", ""] + ([header, ""] if header else [])
-    for s in sections:
-        lines += [f"## {s.title}", ""]
-        for p in s.text:
-            lines += [p, ""]
-        for head, rows in s.tables:
-            lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-            lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows] + [""]
-        for cap, png in s.images:
-            lines += [f"![{cap}]({png.relative_to(out)})", ""]
-        for c in s.code:
-            lines += ["```bash", c, "```", ""]
-    return "\n".join(lines)
-
-
-CSS = (
-    "body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
-    "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left}"
-    "th{background:#f3f3f3}pre{background:#f6f8fa;padding:.8em;overflow-x:auto;white-space:pre-wrap}"
-    "img{max-width:100%}.error{color:#b00020;font-weight:bold}.machine{color:#555}"
-)
-
-
-def _html(title: str, sections: list[Section], header: str = "") -> str:
-    e = html.escape
-    parts = [
-        f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{e(title)}</title>"
-        f"<style>{CSS}</style></head><body><h1>{e(title)}</h1>"
-    ]
-    if header:
-        parts.append(f"<p class='machine'>{e(header)}</p>")
-    for s in sections:
-        parts.append(f"<h2>{e(s.title)}</h2>")
-        parts += [f"<p>{e(p)}</p>" for p in s.text]
-        for head, rows in s.tables:
-            parts.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>")
-            for row in rows:
-                cls = " class='error'" if row and row[0] == "error" else ""
-                parts.append(f"<tr{cls}>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>")
-            parts.append("</table>")
-        for cap, png in s.images:
-            data = base64.b64encode(png.read_bytes()).decode()
-            parts.append(
-                f"<figure><img alt='{e(cap)}' src='data:image/png;base64,{data}'>"
-                f"<figcaption>{e(cap)}</figcaption></figure>"
-            )
-        parts += [f"<pre><code>{e(c)}</code></pre>" for c in s.code]
-    parts.append("</body></html>")
-    return "\n".join(parts)
 
 
 def summary(ctx: Ctx, timings: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -500,13 +371,18 @@ def summary(ctx: Ctx, timings: dict[str, dict[str, Any]]) -> dict[str, Any]:
 def write_report(ctx: Ctx, timings: dict[str, dict[str, Any]]) -> dict[str, Any]:
     out = ctx.out
     pngs = {"training": out / "report-training.png", "bench": out / "report-bench.png"}
-    copy_into(Path(ctx.results["train"]["png"]), pngs["training"])
+    _copy_into(Path(ctx.results["train"]["png"]), pngs["training"])
     per_position_png(ctx.results["bench"]["result"], pngs["bench"])
     title = f"eaglewire run: {family(ctx).title} draft for {ctx.target.name}"
     sections = _sections(ctx, timings, pngs)
     data = {**summary(ctx, timings), "machine": machine()}
     header = machine_line(data["machine"])
     atomic_write_json(out / "summary.json", data)
-    atomic_write_text(out / "report.md", _md(title, sections, out, header))
-    atomic_write_text(out / "report.html", _html(title, sections, header))
+    atomic_write_text(out / "report.md", markdown(title, sections, out, header))
+    atomic_write_text(out / "report.html", html_page(title, sections, header))
     return data
+
+
+def _copy_into(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dst)

@@ -3,58 +3,24 @@ JSON-able result. The runner (`pipeline/runner.py`) decides what to skip; stages
 and the long ones (regenerate, capture, train) resume from what their directory already holds.
 
     prompts -> regenerate -> vocab -> features -> train -> export -> doctor -> bench -> report
+
+What every stage is handed (Ctx) and what several read through it are pipeline/context.py's; the bench
+stage is pipeline/bench_stage.py's, importable from here with the others (the runner reads them here).
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from eaglewire.contract import WiringContract
 from eaglewire.errors import EaglewireError
-from eaglewire.pipeline.config import GGUF_FORMAT, RunConfig
-from eaglewire.target.loader import Target
-
-Progress = Callable[[float, float | None, str], None]  # (completed, total, detail)
-
-
-@dataclass
-class Ctx:
-    cfg: RunConfig
-    out: Path
-    target: Target
-    contract: WiringContract  # taps chosen, no vocab map yet
-    results: dict[str, dict[str, Any]] = field(default_factory=dict)  # finished stages' results
-    dirs: dict[str, Path] = field(default_factory=dict)  # finished stages' work directories
-    progress: Progress = lambda done, total, detail: None
-    log: Callable[[str], None] = print
-    command: str = ""  # the command line that ran (the report names it)
-
-    @property
-    def device(self) -> str:
-        """Where the stages run: the run's target's device (the run config's `device` put it there)."""
-        return str(self.target.device)
-
-
-def _regen_file(ctx: Ctx) -> Path:
-    return ctx.dirs["regenerate"] / "regen.jsonl.gz"
-
-
-def _samples(ctx: Ctx) -> list:
-    """Training samples: the regenerated versions of the FIRST `conversations` of the source. Selected by
-    id, not by file position: a file grown by a larger earlier run (or shipped) is ordered by generation
-    batches, and the data a config trains on must not depend on that history."""
-    from eaglewire.data.conversations import read_conversations
-    from eaglewire.data.samples import tokenize_conversations
-
-    wanted = {c.id for _, c in zip(range(ctx.cfg.data.conversations), read_conversations(ctx.cfg.data.source))}
-    convs = (c for c in read_conversations(_regen_file(ctx)) if c.id in wanted)
-    return tokenize_conversations(ctx.target.tokenizer, convs, max_length=ctx.cfg.data.max_length)
-
+from eaglewire.pipeline.bench_stage import bench as bench
+from eaglewire.pipeline.config import GGUF_FORMAT
+from eaglewire.pipeline.context import Ctx as Ctx
+from eaglewire.pipeline.context import draft_vocab_file, regen_file, resolve_init, run_samples
 
 # ---------------------------------------------------------------------------------------------- data
 
@@ -192,7 +158,7 @@ def _regen_vllm(ctx: Ctx, out: Path, s: Any, on_batch: Callable) -> Any:
 def vocab(ctx: Ctx, work: Path) -> dict[str, Any]:
     from eaglewire.workflows import build_vocab
 
-    samples = _samples(ctx)
+    samples = run_samples(ctx)
     keep = _warm_start_vocab(ctx)
     built = build_vocab(
         ctx.target,
@@ -200,7 +166,7 @@ def vocab(ctx: Ctx, work: Path) -> dict[str, Any]:
         ctx.cfg.vocab.draft_vocab_size,
         ctx.cfg.train.heldout_fraction,
         work / "vocab.safetensors",
-        data=str(_regen_file(ctx)),
+        data=str(regen_file(ctx)),
         keep=keep,
     )
     return {
@@ -222,7 +188,7 @@ def _warm_start_vocab(ctx: Ctx) -> Any:
     for untrained ones (quick's 292 conversations keep 4,775 of the release's 8,000 ids) and cover less."""
     from eaglewire.workflows import draft_vocab
 
-    init = _resolve_init(ctx, ctx.cfg.train_config()).init_from
+    init = resolve_init(ctx, ctx.cfg.train_config()).init_from
     if not (ctx.cfg.vocab.from_init and init):
         return None
     vmap = draft_vocab(Path(init))
@@ -253,7 +219,7 @@ def features(ctx: Ctx, work: Path) -> dict[str, Any]:
     manifest = capture_features(
         target,
         ctx.contract,
-        _samples(ctx),
+        run_samples(ctx),
         work,
         pad_id=ctx.target.pad_id,
         on_shard=lambda k, n, _t: ctx.progress(k, n, "shards"),
@@ -276,15 +242,10 @@ def train(ctx: Ctx, work: Path) -> dict[str, Any]:
     from eaglewire.api import train_draft
     from eaglewire.train import state as trainer_state
     from eaglewire.train.dist import DistInfo
-    from eaglewire.train.objectives import objective
 
     t = ctx.cfg.train
-    cfg = _resolve_init(ctx, ctx.cfg.train_config())  # before the contract: a warm start keeps its norm flags
-    vocab = (
-        Path(ctx.results["vocab"]["file"])
-        if objective(cfg.family).reduced_vocab or ctx.cfg.family.reduced_vocab
-        else None
-    )  # DFlash: its own head over the run's vocabulary when asked
+    cfg = resolve_init(ctx, ctx.cfg.train_config())  # before the contract: a warm start keeps its norm flags
+    vocab = draft_vocab_file(ctx, cfg)
     features_dir = ctx.dirs["features"] if t.features == "offline" else None
     resume = trainer_state.latest_state(work) is not None
     if resume:
@@ -298,7 +259,7 @@ def train(ctx: Ctx, work: Path) -> dict[str, Any]:
         vocab,
         cfg,
         work,
-        samples=lambda: _samples(ctx),
+        samples=lambda: run_samples(ctx),
         features=features_dir,
         heldout_fraction=t.heldout_fraction,
         resume=resume,
@@ -316,27 +277,6 @@ def train(ctx: Ctx, work: Path) -> dict[str, Any]:
         "png": str(work / "training.png"),
         "contract": summary["contract"],
     }
-
-
-def _resolve_init(ctx: Ctx, cfg: Any) -> Any:
-    """init_from 'released': the released draft for this target when the
-    package has one for it, the run's taps and its family; otherwise a fresh draft, said in the log."""
-    from dataclasses import replace
-
-    from eaglewire.export.checkpoint import read_checkpoint_config, released_draft_dir
-
-    if cfg.init_from != "released":
-        return cfg
-    path = released_draft_dir()
-    _, contract, _ = read_checkpoint_config(path)
-    if (
-        contract.target.config_sha256 != ctx.target.identity.config_sha256
-        or tuple(contract.taps) != ctx.contract.taps
-        or contract.family != cfg.family
-    ):
-        ctx.log(f"no released {cfg.family} draft for this target and taps: training starts from a fresh draft")
-        return replace(cfg, init_from="")
-    return replace(cfg, init_from=str(path))
 
 
 def _train_progress(ctx: Ctx, r: dict[str, Any], total: int) -> None:
@@ -382,119 +322,3 @@ def doctor(ctx: Ctx, work: Path) -> dict[str, Any]:
         }
     (work / "doctor.json").write_text(json.dumps(reports, indent=2))
     return {"reports": reports, "errors": sum(r["errors"] for r in reports.values())}
-
-
-# ------------------------------------------------------------------------------------------- bench
-
-
-def bench(ctx: Ctx, work: Path) -> dict[str, Any]:
-    from eaglewire.compose import load_draft
-    from eaglewire.vllm_client.server import vllm_available
-    from eaglewire.serve import bench as spec_bench
-    from eaglewire.serve.peer import PEER_METHODS
-    from eaglewire.hw import draft_dtype
-
-    b = ctx.cfg.bench
-    draft = load_draft(
-        Path(ctx.results["train"]["draft"]), ctx.target, dtype=draft_dtype(b.draft_dtype, ctx.target.dtype, ctx.device)
-    )
-    prompts = spec_bench.bench_prompts(ctx.target, b.source, b.prompts)
-    methods = list(b.methods)
-    if b.vllm == "on" or (b.vllm == "auto" and vllm_available()):
-        methods += list(PEER_METHODS)
-        ctx.log(
-            "bench: vLLM's CPU build is "
-            + ("required (bench.vllm on)" if b.vllm == "on" else "installed")
-            + ": adding its peer rows"
-        )
-    elif b.vllm == "auto":
-        ctx.log("bench: vLLM's CPU build is not installed: no peer rows (bash scripts/vllm_venv.sh adds them)")
-    methods += _llamacpp_rows(ctx)
-    family = draft.contract.family
-    rows = spec_bench.rows_for(family, methods)
-    if dropped := [m for m in methods if m not in rows]:
-        ctx.log(f"bench: a {family} draft: rows {dropped} (other families' drafts) are not run")
-    block = draft if any(m in spec_bench.BLOCK_METHODS for m in rows) else None  # the block rows' drafter
-    result = spec_bench.run_bench(
-        ctx.target,
-        draft,
-        prompts,
-        b.max_new_tokens,
-        b.chain(),
-        b.tree(),
-        log=lambda s: None,
-        methods=rows,
-        block_draft=block,
-        on_prompt=lambda i, n: ctx.progress(i, n, "prompts"),
-        llamacpp_gguf=(b.llamacpp_target, "f32"),
-    )
-    result.update(questions=b.source, draft=ctx.results["train"]["draft"], turns=1)
-    if b.tau_prompts:
-        result["tau_before_after"] = _tau_before_after(ctx, prompts[: b.tau_prompts])
-    spec_bench.write(result, work)
-    return {"result": result, "json": str(work / "bench.json"), "png": str(work / "bench.png")}
-
-
-def _llamacpp_rows(ctx: Ctx) -> list[str]:
-    """llama.cpp's rows when bench.llamacpp asks for them (auto: a llama-server found and a target GGUF at hand)."""
-    from eaglewire.serve.llamacpp import BUILD_HINT, find_llama_server
-    from eaglewire.serve.llamacpp_peer import LLAMACPP_METHODS
-    from eaglewire.target.embedded import embedded_key
-
-    b = ctx.cfg.bench
-    found = find_llama_server()
-    if b.llamacpp == "off":
-        return []
-    if b.llamacpp == "on" and found is None:
-        raise EaglewireError(
-            "bench.llamacpp is on but no llama-server is found",
-            expected="a llama-server binary",
-            found="EAGLEWIRE_LLAMA_SERVER unset, none built, none on PATH",
-            fix=BUILD_HINT,
-        )
-    if b.llamacpp == "auto" and (
-        found is None or (embedded_key(ctx.target.path) is None and b.llamacpp_target == "q4_1")
-    ):
-        why = "no llama-server found (" + BUILD_HINT + ")" if found is None else "the target ships no Q4_1 GGUF"
-        ctx.log(f"bench: no llama.cpp rows: {why}")
-        return []
-    ctx.log(f"bench: llama-server {found}: adding llama.cpp's rows ({b.llamacpp_target} target, f32 draft GGUF)")
-    return list(LLAMACPP_METHODS)
-
-
-def _tau_before_after(ctx: Ctx, prompts: list) -> dict[str, Any]:
-    """τ of the draft training started from (the warm start, or the fresh initial weights) and of the trained
-    draft: the same prompts, chain, new tokens and dtype (float32 drafts on the plain runtime, the target's
-    dtype), so the difference is the training's alone."""
-    from eaglewire.compose import load_draft, measure_tau
-    from eaglewire.train.objectives import objective
-    from eaglewire.workflows import start_draft
-
-    b = ctx.cfg.bench
-    cfg = _resolve_init(ctx, ctx.cfg.train_config())  # the run's family section merged in, as the train stage's
-    vocab = (
-        Path(ctx.results["vocab"]["file"])
-        if objective(cfg.family).reduced_vocab or ctx.cfg.family.reduced_vocab
-        else None
-    )  # DFlash: its own head over the run's vocabulary when asked
-    before, contract = start_draft(ctx.target, ctx.contract.taps, vocab, cfg)
-    after = load_draft(Path(ctx.results["train"]["draft"]), ctx.target)
-    taus = {}
-    for i, (name, draft, con) in enumerate((("before", before, contract), ("after", after, None))):
-        ctx.progress(i, 2, f"τ {name} training")
-        taus[name] = measure_tau(ctx.target, draft, prompts, b.chain(), b.max_new_tokens, contract=con).tau
-    start = f"the warm start {cfg.init_from}" if cfg.init_from else f"a fresh draft (seed {cfg.seed})"
-    return {
-        **taus,
-        "start": start,
-        "family": contract.family,
-        "released": bool(cfg.init_from),
-        "chain_k": b.chain_k,
-        "prompts": len(prompts),
-        "max_new_tokens": b.max_new_tokens,
-    }
-
-
-def copy_into(src: Path, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(src, dst)

@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 
 from eaglewire.serve.connections import (
     EVICT_AFTER_S,
@@ -35,7 +35,6 @@ from eaglewire.serve.connections import (
 )
 from eaglewire.serve.chat_requests import BadRequest, content_length, parse_body
 from eaglewire.serve.worker import Cancelled, Job, Metrics, SpecServer, finish_reason
-from eaglewire.target.protocol import RunnableTarget
 
 __all__ = [
     "Cancelled",
@@ -44,7 +43,6 @@ __all__ = [
     "Metrics",
     "SpecServer",
     "bind",
-    "build_server",
     "finish_reason",
     "make_handler",
     "serve",
@@ -376,7 +374,7 @@ def serve(srv: SpecServer, host: str = "127.0.0.1", port: int = 8000) -> Threadi
 
 
 def bind(host: str, port: int) -> ThreadingHTTPServer:
-    """The listening socket, taken before the model loads (build_server(..., httpd=) answers on it): a port in
+    """The listening socket, taken before the model loads (serve/start.py's build_server(..., httpd=) answers on it): a port in
     use or an address this machine does not have is an error at once, not after minutes of loading.
     Connections that arrive while the model loads wait in the listen backlog."""
     from eaglewire.paths import os_error
@@ -385,72 +383,3 @@ def bind(host: str, port: int) -> ThreadingHTTPServer:
         return _Server((host, port), Handler)
     except OSError as err:  # in use, not this machine's address, a privileged port, a name that does not resolve
         raise os_error(err, f"listening on --host {host} --port {port}") from None
-
-
-def build_server(
-    target: RunnableTarget,
-    draft: Any,
-    shape: Any,
-    model_name: str | None,
-    max_context: int,
-    max_tokens_limit: int,
-    host: str,
-    port: int,
-    log: Callable[[str], None] | None = None,
-    httpd: ThreadingHTTPServer | None = None,
-) -> ThreadingHTTPServer:
-    """The `eaglewire serve` server: a loaded draft (in the target's dtype) on the target's runtime, bound to
-    host:port (or on `httpd`, from `bind`, taken before loading). `log` hears what the start does (GEMM layout
-    calibration measured, or reused from the cache)."""
-    from eaglewire.compose import FIRST_START_NOTE, cache_len, first_start_builds, proposer, runtime
-    from eaglewire.decoding.engine import SpecDecoder
-
-    say = log or (lambda _m: None)
-    t0 = time.perf_counter()
-    max_len = cache_len(max_context, shape)
-    if first_start_builds(target, max_len):  # said before the minutes start, not after
-        say(FIRST_START_NOTE)
-    say(f"building the target runtime (context {max_context} + {shape.num_draft_tokens} draft tokens)")
-    rt = runtime(target, max_len, calibrate=True, log=log, verify_rows=(shape.num_draft_tokens,))
-    say(f"target runtime ready in {time.perf_counter() - t0:.1f} s; building the decoder")
-    t1 = time.perf_counter()
-    decoder = SpecDecoder(rt, proposer(draft, shape, max_len, rt))
-    eos = {target.tokenizer.eos_token_id}
-    say(f"decoder ready in {time.perf_counter() - t1:.1f} s; binding {host}:{port}")
-
-    def generate(job: Job, on_tokens: Callable[[list[int]], None]) -> Any:  # on the server's single worker thread
-        _, stats = decoder.generate(
-            job.prompt_ids,
-            job.max_tokens,
-            eos,
-            temperature=job.temperature,
-            top_p=job.top_p,
-            seed=job.seed,
-            on_tokens=on_tokens,
-        )
-        return stats
-
-    about = {
-        "dtype": str(target.dtype).removeprefix("torch."),
-        "runtime": type(rt).__name__,
-        "shape": f"S{shape.num_steps} K{shape.topk} N{shape.num_draft_tokens}",
-    }
-    srv = SpecServer(
-        generate,
-        target.tokenizer,
-        model_name or target.name,
-        max_tokens_limit,
-        max_context,
-        eos=eos,
-        draft_depth=shape.num_steps,
-        about=about,
-    )
-    if httpd is None:
-        httpd = serve(srv, host, port)
-    else:
-        httpd.RequestHandlerClass = make_handler(srv)
-    say(
-        f"listening on {host}:{httpd.server_address[1]} (backlog {LISTEN_BACKLOG}, queue {srv.jobs.maxsize}); "
-        f"start took {time.perf_counter() - t0:.1f} s"
-    )
-    return httpd

@@ -212,30 +212,9 @@ def _train(
     torch.manual_seed(c.seed)
     if c.family != contract.family:  # the resumable config and the checkpoint must name the same family
         raise ValueError(f"the config trains family {c.family!r}, the contract is a {contract.family!r} draft's")
-    objective = objective_for(contract)
-    with torch.device("cpu"):  # built on the host, seeded as on any device, then moved
-        draft = objective.build_draft(target, contract, vmap, c)
-    draft = draft.to(info.device)
-    model = objective.build_model(draft, target, vmap, features, c, info)
-    named = [(n, p) for n, p in draft.named_parameters() if p.requires_grad]
-    names, params = [n for n, _ in named], [p for _, p in named]
-    opt = build_optimizer(named, c.optimizer, c.lr, (c.beta1, c.beta2), c.weight_decay)
-    step = 0
-    if not resume:
-        trainer_state.refuse_to_overwrite(out, any_entry=False)
-    latest = trainer_state.latest_state(out) if resume else None
-    if latest is not None:
-        step = trainer_state.load_state(latest, draft, target, opt, names, c.to_dict())
-        if info.is_main:
-            _truncate_metrics(metrics, step)
-    elif info.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        metrics.unlink(missing_ok=True)
-    ddp = (
-        (DDP(model, device_ids=[info.local_rank]) if info.device.startswith("cuda") else DDP(model))
-        if info.enabled
-        else model
-    )
+    draft, model, opt, names, params = _build(target, contract, vmap, features, c, info)
+    step = _first_step(out, metrics, resume, draft, target, opt, names, c, info)
+    ddp = _wrap_ddp(model, info)
     stream = MicroBatches(train_samples, c, info)
     last_eval: dict = {}
     t0, tokens = time.perf_counter(), 0
@@ -246,24 +225,91 @@ def _train(
         tokens += record.pop("_tokens")
         step += 1
         record.update(step=step, split="train", tok_per_s=tokens / (time.perf_counter() - t0))
-        _log_line(metrics, record, info)
-        if on_step:
-            on_step(record)
+        _record(record, metrics, on_step, info)
         if step % c.eval_every == 0 or step == c.max_steps:
             model.eval()
             last_eval = {"step": step, "split": "heldout", **evaluate(model, features, heldout, c, info)}
             model.train()
-            _log_line(metrics, last_eval, info)
-            if on_step:
-                on_step(last_eval)
-        if info.is_main and (step % c.ckpt_every == 0 or step == c.max_steps):
-            trainer_state.save_state(out, step, draft, contract, opt, names, c.to_dict())
-        if info.is_main and step in c.snapshot_steps:
-            save_checkpoint(draft, contract, out / "snapshots" / f"step-{step:06d}")
+            _record(last_eval, metrics, on_step, info)
+        if info.is_main:
+            _save_step(out, step, draft, contract, opt, names, c)
         barrier(info)
     if info.is_main:
         save_checkpoint(draft, contract, out / "draft")
     return last_eval
+
+
+def _build(
+    target: TargetTensors,
+    contract: WiringContract,
+    vmap: VocabMap | None,
+    features: Any,
+    c: TrainConfig,
+    info: DistInfo,
+) -> tuple[Any, Any, Any, list[str], list]:
+    """The family's draft (built on the host, seeded as on any device, then moved), the objective's module
+    around it, and the optimizer over the draft's trainable parameters: (draft, model, opt, names, params)."""
+    objective = objective_for(contract)
+    with torch.device("cpu"):
+        draft = objective.build_draft(target, contract, vmap, c)
+    draft = draft.to(info.device)
+    model = objective.build_model(draft, target, vmap, features, c, info)
+    named = [(n, p) for n, p in draft.named_parameters() if p.requires_grad]
+    names, params = [n for n, _ in named], [p for _, p in named]
+    opt = build_optimizer(named, c.optimizer, c.lr, (c.beta1, c.beta2), c.weight_decay)
+    return draft, model, opt, names, params
+
+
+def _first_step(
+    out: Path,
+    metrics: Path,
+    resume: bool,
+    draft: Any,
+    target: TargetTensors,
+    opt: Any,
+    names: list[str],
+    c: TrainConfig,
+    info: DistInfo,
+) -> int:
+    """The step training starts at: a resume's checkpointed one (weights and optimizer state restored, the
+    metrics logged after it dropped), else 0 in a fresh `out` (a finished run's folder is refused)."""
+    if not resume:
+        trainer_state.refuse_to_overwrite(out, any_entry=False)
+    latest = trainer_state.latest_state(out) if resume else None
+    if latest is not None:
+        step = trainer_state.load_state(latest, draft, target, opt, names, c.to_dict())
+        if info.is_main:
+            _truncate_metrics(metrics, step)
+        return step
+    if info.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        metrics.unlink(missing_ok=True)
+    return 0
+
+
+def _wrap_ddp(model: Any, info: DistInfo) -> Any:
+    """The module a step runs: DDP around the objective's module when several processes train, else itself."""
+    if not info.enabled:
+        return model
+    return DDP(model, device_ids=[info.local_rank]) if info.device.startswith("cuda") else DDP(model)
+
+
+def _record(record: dict, metrics: Path, on_step: Callable[[dict], None] | None, info: DistInfo) -> None:
+    """One line of the metrics log (main rank), and the caller's progress hook."""
+    _log_line(metrics, record, info)
+    if on_step:
+        on_step(record)
+
+
+def _save_step(
+    out: Path, step: int, draft: Any, contract: WiringContract, opt: Any, names: list[str], c: TrainConfig
+) -> None:
+    """The main rank's saves after a step: the resumable state every ckpt_every steps (and at the end), a
+    snapshot checkpoint at each of snapshot_steps."""
+    if step % c.ckpt_every == 0 or step == c.max_steps:
+        trainer_state.save_state(out, step, draft, contract, opt, names, c.to_dict())
+    if step in c.snapshot_steps:
+        save_checkpoint(draft, contract, out / "snapshots" / f"step-{step:06d}")
 
 
 def _train_step(

@@ -9,7 +9,7 @@ alone (`freeze`), leaving every weight the warm start had exactly as it was.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -119,6 +119,24 @@ def warm_start(
     from eaglewire.export.checkpoint import load_checkpoint
 
     src = load_checkpoint(path, target=target)
+    _refuse_other_wiring(src, draft, path, taps)
+    mine, theirs = draft.state_dict(), src.state_dict()
+    added = range(src.cfg.num_layers, draft.cfg.num_layers)  # empty unless the draft grows
+    skip = {"lm_head.weight", "d2t", "t2d", "embed_tokens.weight"} | {k for k in mine if _layer_of(k) in added}
+    bad = sorted(k for k in mine if k not in skip and (k not in theirs or theirs[k].shape != mine[k].shape))
+    _refuse_other_shape(src, draft, path, bad)
+    with torch.no_grad():
+        for k in mine:
+            if k not in skip:
+                mine[k].copy_(theirs[k].to(mine[k].dtype))
+        for i in added:  # near-zero output projections: the added layer starts near the identity
+            draft.layers[i].self_attn.o_proj.weight.mul_(GROWN_OUT_SCALE)
+            draft.layers[i].mlp.down_proj.weight.mul_(GROWN_OUT_SCALE)
+        return _remap_head(draft, src, vmap, theirs["lm_head.weight"])
+
+
+def _refuse_other_wiring(src: Any, draft: Eagle3Draft, path: Path, taps: tuple[int, ...]) -> None:
+    """A warm start reads the same target boundaries with the same norm flags, or it is no warm start."""
     if tuple(src.contract.taps) != taps:
         raise CheckpointError(
             f"cannot warm-start from {path}: it reads other target boundaries",
@@ -134,10 +152,11 @@ def warm_start(
             found=f"{src.cfg.norm}",
             fix=f"train with --norms {theirs_name or 'auto'} (the warm-start draft's own), or drop init_from",
         )
-    mine, theirs = draft.state_dict(), src.state_dict()
-    added = range(src.cfg.num_layers, draft.cfg.num_layers)  # empty unless the draft grows
-    skip = {"lm_head.weight", "d2t", "t2d", "embed_tokens.weight"} | {k for k in mine if _layer_of(k) in added}
-    bad = sorted(k for k in mine if k not in skip and (k not in theirs or theirs[k].shape != mine[k].shape))
+
+
+def _refuse_other_shape(src: Any, draft: Eagle3Draft, path: Path, bad: list[str]) -> None:
+    """`bad`: the weights to copy that the source lacks or holds in another shape; a source deeper than the
+    draft, or with another tap count, is refused too (a draft only grows)."""
     if bad or src.cfg.num_layers > draft.cfg.num_layers or src.cfg.num_taps != draft.cfg.num_taps:
         raise CheckpointError(
             f"cannot warm-start from {path}",
@@ -145,23 +164,22 @@ def warm_start(
             found=f"{src.cfg.num_layers} layer(s), {src.cfg.num_taps} taps; differing: {bad[:5]}",
             fix="drop init_from, or train with the warm-start draft's shape",
         )
-    with torch.no_grad():
-        for k in mine:
-            if k not in skip:
-                mine[k].copy_(theirs[k].to(mine[k].dtype))
-        for i in added:  # near-zero output projections: the added layer starts near the identity
-            draft.layers[i].self_attn.o_proj.weight.mul_(GROWN_OUT_SCALE)
-            draft.layers[i].mlp.down_proj.weight.mul_(GROWN_OUT_SCALE)
-        old_rows = {int(t): i for i, t in enumerate(src.to_target_ids(torch.arange(src.cfg.draft_vocab_size)))}
-        kept = [(i, old_rows[int(t)]) for i, t in enumerate(vmap.target_ids) if int(t) in old_rows]
-        head = draft.lm_head.weight  # [V_d, H]: the target's rows (build_draft) until copied over
-        fresh = torch.ones(len(head), dtype=torch.bool)  # ids new to this vocab
-        if kept:
-            new_idx, old_idx = map(torch.tensor, zip(*kept))
-            fresh[new_idx] = False
-            if fresh.any():
-                head[fresh] = mapped_head_rows(head, ~fresh, theirs["lm_head.weight"][old_idx]).to(head.dtype)
-            head[new_idx] = theirs["lm_head.weight"][old_idx].to(head.dtype)
+
+
+def _remap_head(draft: Eagle3Draft, src: Any, vmap: VocabMap, trained: torch.Tensor) -> torch.Tensor:
+    """The head rows by target id: the source's `trained` rows [V_src, H] copied for the ids both vocabularies
+    keep, the others mapped from the target's rows (`mapped_head_rows`); returns [V_d] bool, the ids new to this
+    vocab. Call under torch.no_grad()."""
+    old_rows = {int(t): i for i, t in enumerate(src.to_target_ids(torch.arange(src.cfg.draft_vocab_size)))}
+    kept = [(i, old_rows[int(t)]) for i, t in enumerate(vmap.target_ids) if int(t) in old_rows]
+    head = draft.lm_head.weight  # [V_d, H]: the target's rows (build_draft) until copied over
+    fresh = torch.ones(len(head), dtype=torch.bool)  # ids new to this vocab
+    if kept:
+        new_idx, old_idx = map(torch.tensor, zip(*kept))
+        fresh[new_idx] = False
+        if fresh.any():
+            head[fresh] = mapped_head_rows(head, ~fresh, trained[old_idx]).to(head.dtype)
+        head[new_idx] = trained[old_idx].to(head.dtype)
     return fresh
 
 
