@@ -2,7 +2,7 @@
 
 The states are the target's own (eaglewire capture of every boundary on one unpadded sequence), stored
 as each tool stores them; `stored` picks which boundaries go where the tool puts its taps, so a dump of
-the seeds' shifted taps is one argument away. Layouts (see eaglewire/capture/dumps/readers.py for the tools'
+the seeds' shifted taps is one argument away. Layouts (see eaglewire/capture/dumps/specforge.py and speculators.py for the tools'
 source files): SpecForge's writer (scripts/prepare_hidden_states.py) needs SGLang and a GPU, so the .ckpt
 files are written here as it writes them (torch.save of {input_ids [T], loss_mask [T], hidden_state
 [1, T, H] post-norm, aux_hidden_state [1, T, k*H]}), and SpecForge's own loader reads them back in a test.

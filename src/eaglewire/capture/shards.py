@@ -4,7 +4,7 @@ sample ids, offsets and token counts disagree is refused naming the shard, befor
 
 Each check reads the safetensors header (shapes, dtypes, metadata) and the small `offsets` tensor only, so
 checking a directory costs a few kB per shard, not its gigabytes; the per-shard digest the manifest records
-(size plus a sampled hash, `safeio.sampled_digest`) catches a replaced or edited file of the same layout.
+(size plus a sampled hash, `digests.sampled_digest`) catches a replaced or edited file of the same layout.
 """
 
 from __future__ import annotations
