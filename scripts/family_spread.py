@@ -47,6 +47,10 @@ def _keys_family(node: ast.AST) -> bool:
     return False
 
 
+# the contract's own modules: the conventions' records (conventions.py) and the one off-by-one (contract.py)
+CONTRACT_MODULES = {"contract.py", "conventions.py"}
+
+
 def scan(src: Path) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {"tables": [], "taps": [], "taps-modules": [], "files": [], "family-classes": []}
     for path in sorted(src.rglob("*.py")):
@@ -55,7 +59,7 @@ def scan(src: Path) -> dict[str, list[str]]:
         docs = _docstrings(tree)
         if any(isinstance(n, ast.Constant) and n.value in FAMILY_NAMES and id(n) not in docs for n in ast.walk(tree)):
             found["files"].append(rel)
-        if not rel.endswith("contract.py") and any(
+        if rel not in CONTRACT_MODULES and any(
             isinstance(n, ast.Constant) and n.value in CONVENTION_NAMES and id(n) not in docs for n in ast.walk(tree)
         ):
             found["taps-modules"].append(rel)
@@ -68,12 +72,12 @@ def scan(src: Path) -> dict[str, list[str]]:
                 fields = {
                     s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
                 }
-                if "convention" in fields and not rel.endswith("contract.py"):
+                if "convention" in fields and rel not in CONTRACT_MODULES:
                     found["taps"].append(f"{rel}:{node.lineno} class {node.name}")
             if (
                 isinstance(node, ast.Dict)
                 and node.keys
-                and not rel.endswith("contract.py")
+                and rel not in CONTRACT_MODULES
                 and all(isinstance(k, ast.Constant) and isinstance(k.value, str) for k in node.keys)
                 and all(isinstance(v, ast.Constant) and type(v.value) is int for v in node.values)
                 and any(

@@ -156,7 +156,7 @@ PARTS = {
     "checkpoint holds",
     "block_formats": "export/block.py: its export formats by name (a block family)",
     "objective": "train/objectives.py: its training Objective",
-    "decoding": "compose.py: its Decoding (proposer, export layout, default tree)",
+    "decoding": "drafters.py: its Decoding (proposer, export layout, default tree)",
     "bench_rows": "serve/bench.py: the benchmark rows that decode with its draft",
 }
 

@@ -2,7 +2,7 @@
 
 A block family's formats are its family record's "block_formats" part (families.py); each format names the
 engine row (export/engines.py `block_fields`) whose field and convention it writes, so the numbering is the
-engine's, written once. The writers and readers are export/block.py's.
+engine's, written once. The writers are export/block.py's, the readers export/block_import.py's.
 """
 
 from __future__ import annotations

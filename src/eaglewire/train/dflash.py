@@ -42,7 +42,7 @@ def make_contract(
     target: TargetTensors, taps: tuple[int, ...], vmap: VocabMap | None, c: TrainConfig
 ) -> WiringContract:
     """A DFlash draft's contract: the taps, the full vocabulary or `vmap`'s, block_size from the knob, and the
-    mask token chosen for the target's tokenizer (draft/dflash.py pick_mask_token)."""
+    mask token chosen for the target's tokenizer (draft/dflash_contract.py pick_mask_token)."""
     block = BlockWiring(block_size=c.block_size, mask_token_id=pick_mask_token(target.tokenizer))
     return dflash_contract(target, tuple(taps), block, vmap)
 
