@@ -2,8 +2,13 @@
 
 inspect.py          reads a draft directory without trusting it; the engine's rules are its export/engines.py record
 config_types.py     each config number's JSON type, refused by field name before any check reads it
-checks.py           the findings (error/warn/info, why, fix)             findings.py  the Finding record
+checks.py           the findings (error/warn/info, why, fix): names, heads, contract; CHECKS, every check in order
+findings.py         the Finding record and the Report
 geometry.py         head counts and every weight's shape against the config
+vocab_checks.py     draft_vocab_size, lm_head rows, the d2t offsets and t2d mask (every family with its own head)
+tap_checks.py       the boundaries the engine's layer ids deliver against the trained taps; fc's width
+norm_checks.py      the trained norm flags against those the engine implements and its config applies
+target_checks.py    the draft against the target it is served with: hidden size, rope, context, chat template
 weights.py          NaN/Inf, zero norms, a copied lm_head                expect.py    predicted vs measured tau
 trained_taps.py     which boundaries a draft was trained on: tap sets scored on the target's boundaries
                     (capture/boundaries.py; paired NLL, bootstrap margin)

@@ -16,7 +16,8 @@ from typing import Callable
 import torch
 
 from eaglewire.contract import CANONICAL, CONVENTIONS, WiringContract, to_engine
-from eaglewire.doctor.checks import decodes, vocab_map_findings
+from eaglewire.doctor.tap_checks import decodes
+from eaglewire.doctor.vocab_checks import vocab_map_findings
 from eaglewire.doctor.findings import Finding
 from eaglewire.doctor.trained_taps import Measurement
 from eaglewire.errors import CheckpointError, EaglewireError

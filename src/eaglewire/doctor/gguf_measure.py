@@ -15,7 +15,7 @@ from eaglewire.capture.boundaries import Boundaries
 from eaglewire.capture.boundary_file import require_finite_rows
 from eaglewire.compose import GGUF_ENGINE, load_draft
 from eaglewire.contract import default_taps
-from eaglewire.doctor.checks import decodes
+from eaglewire.doctor.tap_checks import decodes
 from eaglewire.doctor.findings import Finding, Report, by_level
 from eaglewire.doctor.gguf_checks import (
     ENGINE,
