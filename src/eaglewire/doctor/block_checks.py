@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from eaglewire.contract import renumber
-from eaglewire.doctor.block_inspect import BlockInspection, Delivery, delivery, field_convention
+from eaglewire.doctor.block_delivery import Delivery, delivery
+from eaglewire.doctor.block_inspect import BlockInspection, field_convention
 from eaglewire.doctor.vocab_checks import vocab_map_findings
 from eaglewire.doctor.findings import Finding, Report, by_level
 from eaglewire.export.checkpoint import FORMAT as NATIVE_FORMAT
