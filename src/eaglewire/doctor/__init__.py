@@ -14,6 +14,11 @@ trained_taps.py     which boundaries a draft was trained on: tap sets scored on 
                     (capture/boundaries.py; paired NLL, bootstrap margin)
 measured_wiring.py  that score against what the engine will deliver: the `measured_wiring` finding
 measured_block.py   the same for block drafters (DFlash): teacher-forced block NLL, the same rule
+block_inspect.py    what the doctor reads of a block drafter (DFlash, DFlash2, DSpark): family, layout, engine rule
+block_delivery.py   the boundaries an engine captures from a block drafter's config (or guesses without ids)
+block_checks.py     the block drafters' findings: BLOCK_CHECKS, vocabulary and engine path, the BlockReport
+block_tap_checks.py the engine's boundaries against the trained taps, missing ids, vLLM's eagle aux ids
+block_slot_checks.py how the engine runs the block: RoPE, block size and knobs, mask token, attention, anchor
 measures.py         each family's measured check, keyed by family: what check and import call
 measured_tau.py     our engine's tau under the engine's own knobs (tree shapes), on request
 vllm_dump.py        what real vLLM delivers to an export (capture/identify.py names each state)
