@@ -19,9 +19,12 @@ block_delivery.py   the boundaries an engine captures from a block drafter's con
 block_checks.py     the block drafters' findings: BLOCK_CHECKS, vocabulary and engine path, the BlockReport
 block_tap_checks.py the engine's boundaries against the trained taps, missing ids, vLLM's eagle aux ids
 block_slot_checks.py how the engine runs the block: RoPE, block size and knobs, mask token, attention, anchor
+gguf_inspect.py     what the doctor reads of a GGUF draft: the file, its contract, the target GGUF, the release
+gguf_checks.py      a GGUF draft's findings as llama.cpp loads it      gguf_measure.py  its measured wiring
 measures.py         each family's measured check, keyed by family: what check and import call
 measured_tau.py     our engine's tau under the engine's own knobs (tree shapes), on request
 vllm_dump.py        what real vLLM delivers to an export (capture/identify.py names each state)
 counters.py         a running engine's speculative counters, one reader per engine format, and their deltas
 live.py, watch.py   `doctor live` (a running engine against our prediction) and `doctor watch` (the alarm)
+live_positions.py   where a running engine loses acceptance: conditional acceptance per draft position
 """
