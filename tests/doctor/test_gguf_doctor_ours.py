@@ -13,7 +13,8 @@ from tiny import build_dflash, build_draft
 
 from eaglewire.api import check
 from eaglewire.contract import CANONICAL, CONVENTIONS, to_engine
-from eaglewire.doctor.gguf_checks import gguf_layer_ids, inspect_gguf
+from eaglewire.doctor.gguf_checks import gguf_layer_ids
+from eaglewire.doctor.gguf_inspect import inspect_gguf
 from eaglewire.doctor.gguf_measure import check_gguf, run_gguf_measurement
 from eaglewire.errors import EaglewireError
 from eaglewire.export.gguf_draft import export_gguf

@@ -14,7 +14,7 @@ from tiny import build_dflash, build_draft, build_target
 
 from eaglewire.api import check
 from eaglewire.capture.boundaries import sample_target
-from eaglewire.doctor.gguf_checks import inspect_gguf
+from eaglewire.doctor.gguf_inspect import inspect_gguf
 from eaglewire.doctor.gguf_measure import run_gguf_measurement
 from eaglewire.errors import CheckpointError
 from eaglewire.export.gguf_draft import export_gguf

@@ -9,7 +9,7 @@ from llamacpp_gguf import rewrite
 from test_measured_block import TRAINED, bounds, target, trained  # noqa: F401  (the trained draft's fixtures)
 
 from eaglewire.contract import to_engine
-from eaglewire.doctor.gguf_checks import inspect_gguf
+from eaglewire.doctor.gguf_inspect import inspect_gguf
 from eaglewire.doctor.gguf_measure import run_gguf_measurement
 from eaglewire.export.gguf_draft import export_gguf
 from eaglewire.export.llamacpp_layout import DFLASH

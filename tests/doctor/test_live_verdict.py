@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from eaglewire.doctor.counters import Counters
-from eaglewire.doctor.live import Answer, EngineWindow, Reference, compare, conditional
+from eaglewire.doctor.live import Answer, EngineWindow, Reference, compare
+from eaglewire.doctor.live_positions import conditional
 from eaglewire.doctor.watch import break_even_tau, judge_window, watch
 from eaglewire.errors import EaglewireError
 

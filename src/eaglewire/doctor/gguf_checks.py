@@ -3,85 +3,31 @@ silently (`eaglewire doctor DRAFT.gguf --engine llamacpp`).
 
 What llama.cpp reads is its layout record (export/llamacpp_layout.py), the file is read by
 export/gguf_read.py, the training side's truth is the contract side file beside the GGUF (or, given the
-target, the measurement: gguf_measure.py). The checks shared with every other format are called, not
-copied: the vocabulary's (checks.vocab_map_findings) and the layer-id conventions' (eaglewire.contract).
+target, the measurement: gguf_measure.py); gguf_inspect.py gathers them. The checks shared with every other
+format are called, not copied: the vocabulary's (vocab_checks.vocab_map_findings) and the layer-id conventions'
+(eaglewire.contract).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import torch
 
-from eaglewire.contract import CANONICAL, CONVENTIONS, WiringContract, to_engine
-from eaglewire.doctor.checks import decodes, vocab_map_findings
+from eaglewire.contract import CANONICAL, CONVENTIONS, to_engine
+from eaglewire.doctor.tap_checks import decodes
+from eaglewire.doctor.vocab_checks import vocab_map_findings
 from eaglewire.doctor.findings import Finding
-from eaglewire.doctor.trained_taps import Measurement
-from eaglewire.errors import CheckpointError, EaglewireError
-from eaglewire.export.base import read_contract
+from eaglewire.doctor.gguf_inspect import GGUFInspection
+from eaglewire.errors import EaglewireError
 from eaglewire.export.engines import engine_for
-from eaglewire.export.gguf_read import GGUFDraft, GGUFModel, read_gguf, read_gguf_draft
-from eaglewire.export.llamacpp_layout import BY_ARCH, TARGET_LAYERS, release
-from eaglewire.target.protocol import TargetInfo
+from eaglewire.export.gguf_read import GGUFDraft
+from eaglewire.export.llamacpp_layout import TARGET_LAYERS, release
 
 RECORD = engine_for("llamacpp")  # llama.cpp's engine record (export/engines.py)
 NAME = RECORD.name  # what --engine names it
 LLAMACPP = RECORD.convention  # the layer-id convention of a GGUF's <arch>.target_layers (EAGLE-3 and DFlash)
 ENGINE = "llama.cpp"  # how messages name it
-
-
-@dataclass
-class GGUFInspection:
-    """A GGUF draft, what is known of its training (contract beside it), and what it will be served with."""
-
-    draft: GGUFDraft
-    contract: WiringContract | None
-    target_gguf: GGUFModel | None
-    target: TargetInfo | None  # a loaded target or a boundaries dump's stand-in (capture.boundary_file.DumpTarget)
-    measured: Measurement | None = None  # the empirical check's result, when it ran
-    version: str | None = None  # the llama.cpp release (llama-cpp-python version) whose rules apply; None: newest
-
-    @property
-    def num_layers(self) -> int | None:
-        """The target's depth: the loaded target's, the target GGUF's, else the one the contract names."""
-        if self.target is not None:
-            return int(self.target.num_layers)
-        if self.target_gguf is not None and self.target_gguf.num_layers is not None:
-            return int(self.target_gguf.num_layers)
-        return self.contract.target.num_layers if self.contract is not None else None
-
-    @property
-    def vocab_size(self) -> int | None:
-        for source in (self.target, self.target_gguf):
-            if source is not None and source.vocab_size is not None:
-                return int(source.vocab_size)
-        return self.contract.target.vocab_size if self.contract is not None else self.draft.vocab_size
-
-    @property
-    def trained(self) -> tuple[int, ...] | None:
-        return tuple(self.contract.taps) if self.contract is not None else None
-
-
-def inspect_gguf(
-    path: Path, target: TargetInfo | None = None, target_gguf: Path | None = None, version: str | None = None
-) -> GGUFInspection:
-    """Read the draft GGUF, the contract side file beside it (if any) and the target GGUF (if given);
-    `version`: the llama.cpp release whose rules apply (refused unless read: llamacpp_layout.RELEASES)."""
-    release(version)
-    draft = read_gguf_draft(path)
-    tg = None
-    if target_gguf is not None:
-        tg = read_gguf(target_gguf)[0]
-        if tg.arch in BY_ARCH:
-            raise CheckpointError(
-                f"--target-gguf {target_gguf} is a {tg.arch} draft, not a target model",
-                expected="the target GGUF llama-server loads with -m",
-                found=f"arch {tg.arch!r}",
-                fix="pass the target model's GGUF to --target-gguf",
-            )
-    return GGUFInspection(draft, read_contract(draft.path.parent), tg, target, version=version)
 
 
 def _f(level: str, code: str, what: str, why: str, fix: str) -> Finding:

@@ -15,17 +15,10 @@ from eaglewire.capture.boundaries import Boundaries
 from eaglewire.capture.boundary_file import require_finite_rows
 from eaglewire.compose import GGUF_ENGINE, load_draft
 from eaglewire.contract import default_taps
-from eaglewire.doctor.checks import decodes
+from eaglewire.doctor.tap_checks import decodes
 from eaglewire.doctor.findings import Finding, Report, by_level
-from eaglewire.doctor.gguf_checks import (
-    ENGINE,
-    LLAMACPP,
-    NAME,
-    GGUFInspection,
-    gguf_findings,
-    inspect_gguf,
-    right_ids_fix,
-)
+from eaglewire.doctor.gguf_checks import ENGINE, LLAMACPP, NAME, gguf_findings, right_ids_fix
+from eaglewire.doctor.gguf_inspect import GGUFInspection, inspect_gguf
 from eaglewire.doctor.measured_block import block_fmt, block_where, measure_block
 from eaglewire.doctor.measured_wiring import _fmt, _tau, boundaries_for, candidates_from
 from eaglewire.doctor.trained_taps import Measurement, Taps, measure, wiring_finding
@@ -117,20 +110,26 @@ def run_gguf_measurement(
                 "warn", "measured_wiring", f"the wiring was not measured: {err.what}", err.found or "", err.fix or ""
             )
         ]
-    return m, [
-        wiring_finding(
-            m,
-            ENGINE,
-            f"this draft predicts best from boundaries {best(m, m.best)}",
-            best(m, m.delivered) if m.delivered is not None else "",
-            where,
-            right_ids_fix(gi, L, m.best) + ", re-run the doctor",
-            cannot=f"{ENGINE} cannot capture the ids it is given",
-        )
-    ]
+    return m, [_wiring(gi, m, best, where, L)]
 
 
 Scored = tuple[Measurement, Callable[[Measurement, Taps], str], str]  # (measurement, a set's scores as text, where)
+
+
+def _wiring(
+    gi: GGUFInspection, m: Measurement, best: Callable[[Measurement, Taps], str], where: str, L: int
+) -> Finding:
+    """The measurement's verdict (trained_taps.wiring_finding, the rule every format shares), with the
+    target_layers that would deliver the best-scoring taps as its fix."""
+    return wiring_finding(
+        m,
+        ENGINE,
+        f"this draft predicts best from boundaries {best(m, m.best)}",
+        best(m, m.delivered) if m.delivered is not None else "",
+        where,
+        right_ids_fix(gi, L, m.best) + ", re-run the doctor",
+        cannot=f"{ENGINE} cannot capture the ids it is given",
+    )
 
 
 def _chain(

@@ -12,7 +12,7 @@ that is otherwise idle, or read the result as "the server's acceptance over that
 
 The verdict reuses `doctor expect`'s rule (doctor/expect.py: tau below RATIO x predicted and MARGIN below
 it, or the first position's Wilson interval below the prediction) and adds WHERE acceptance is lost, from
-the conditional acceptance at each draft position (rounds accepted at i / rounds accepted at i-1):
+the conditional acceptance at each draft position (rounds accepted at i / rounds accepted at i-1; live_positions.py):
 - the first position low: the draft does not see what it was trained on at all (taps, fc, the vocabulary map,
   embedding / lm_head): `eaglewire doctor check`, then `doctor dump-vllm` + `doctor probe`;
 - the first fine, later ones low: the draft's own recurrence differs (norm flags applied to the state fed
@@ -33,9 +33,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eaglewire.doctor.counters import LLAMACPP_TIMINGS, Counters, detect_engine, read_counters
-from eaglewire.doctor.expect import POS_MARGIN, Counts, judge, wilson
+from eaglewire.doctor.expect import Counts, Expectation, judge
 from eaglewire.doctor.live_lossless import TIE_LOGITS, Divergence
 from eaglewire.doctor.live_lossless import judge as lossless_judge
+from eaglewire.doctor.live_positions import PositionFinding, low_positions, pointer
 from eaglewire.errors import EaglewireError
 from eaglewire.target.protocol import RunnableTarget
 from eaglewire.data.template import chat_ids
@@ -210,57 +211,6 @@ def reference(
 
 
 @dataclass
-class PositionFinding:
-    position: int  # 0-based draft position
-    measured: float  # conditional acceptance there: accepted at i / accepted at i-1 (rounds, for i = 0)
-    interval: tuple[float, float]
-    predicted: float
-
-
-def conditional(per_position: list[float]) -> list[float]:
-    """Acceptance at position i given the round reached it (prefix acceptance): p_i / p_(i-1), p_(-1) = 1."""
-    prev, out = 1.0, []
-    for p in per_position:
-        out.append(p / prev if prev > 0 else 0.0)
-        prev = p
-    return out
-
-
-def low_positions(counters: Counters, predicted: list[float]) -> list[PositionFinding]:
-    """Draft positions whose conditional acceptance is below our prediction beyond noise: the upper end of its
-    Wilson interval (over the rounds that reached that position) more than POS_MARGIN below."""
-    pred_c, out = conditional(predicted), []
-    reached = counters.drafts or 0.0
-    for i, acc in enumerate(counters.accepted_per_pos[: len(pred_c)]):
-        if reached <= 0:
-            break
-        rate = acc / reached
-        lo, hi = wilson(rate, reached)
-        if hi < pred_c[i] - POS_MARGIN:
-            out.append(PositionFinding(i, rate, (lo, hi), pred_c[i]))
-        reached = acc
-    return out
-
-
-def pointer(low: list[PositionFinding], draft: str, target: str | None, k: int) -> tuple[str, str]:
-    """What the per-position pattern points at, and the doctor command to run next."""
-    t = f" --target {target}" if target else ""
-    if any(f.position == 0 for f in low):
-        return (
-            "the first draft position is lost: the draft does not get what it was trained on — taps (layer ids), "
-            "fc / aux hidden states, the vocabulary map (d2t), embedding or lm_head replaced",
-            f"eaglewire doctor check {draft}{t}   (then: eaglewire doctor dump-vllm {draft} --out d.safetensors; "
-            f"eaglewire doctor probe --dump d.safetensors --contract {draft}{t})",
-        )
-    return (
-        "the first position holds, later ones fall: the draft's recurrence differs from training — norm flags on "
-        "the state fed back (norm_output / norm_before_residual), TTT depth trained shorter than the engine "
-        "drafts, a block drafter's block layout",
-        f"eaglewire doctor check {draft}{t} --num-speculative-tokens {k}",
-    )
-
-
-@dataclass
 class LiveReport:
     engine: str
     verdict: str
@@ -352,32 +302,16 @@ def compare(
             "(eaglewire serve --dtype float32), greedy (temperature 0), with the target's chat template",
         )
     if not c.exposed or (c.drafts is not None and c.drafts == 0):
-        why = (
-            "the engine exposes no speculative counters"
-            if not c.exposed
-            else "the engine's speculative counters did not move while the probe ran: it is not speculating"
-        )
-        return LiveReport(
-            c.engine,
-            "no_counters",
-            f"{why} (our engine predicts tau {ref.tau:.2f})",
-            k,
-            measured,
-            predicted,
-            lossless,
-            next_command="start the engine with its speculative config "
-            "(vLLM --speculative-config, SGLang --speculative-algorithm EAGLE3, llama-server "
-            "-md DRAFT.gguf --spec-type draft-eagle3)",
-        )
+        return _no_counters(c, ref, k, measured, predicted, lossless)
     counts = Counts(c.drafts, list(c.accepted_per_pos)) if c.drafts and c.accepted_per_pos else None
     exp = judge(ref.tau, ref.per_position, c.tau, counts)
     low = low_positions(c, ref.per_position) if counts else []
-    flagged = exp.flagged or bool(low)
     msg = exp.message + (
         "" if not c.gauge_only else " (SGLang's gauge: the mean of its last log interval, no per-position counters)"
     )
     if lossless["cause"]:  # every difference a near-tie: the verdict stands, and names it
         msg += "; " + lossless["cause"]
+    flagged = exp.flagged or bool(low)
     rep = LiveReport(
         c.engine,
         "below_expectation" if flagged else "healthy",
@@ -389,14 +323,44 @@ def compare(
         [vars(f) for f in low],
     )
     if flagged:
-        if low:
-            rep.points_at, rep.next_command = pointer(low, draft, target, k)
-        else:  # tau alone: no per-position counters (SGLang), or every position a little low
-            rep.points_at = "tau far below the prediction, no single position stands out: " + "; ".join(exp.causes[:3])
-            rep.next_command = f"eaglewire doctor check {draft}" + (f" --target {target}" if target else "")
-        by = ref.tau - (c.tau or 0.0)
-        rep.message = (
-            f"below expectation by {by:.2f} tau ({by / max(ref.tau - 1, 1e-9):.0%} of the draft's "
-            f"predicted gain): " + rep.message
-        )
+        _say_where(rep, exp, low, ref.tau - (c.tau or 0.0), ref.tau, draft, target)
     return rep
+
+
+def _no_counters(
+    c: Counters, ref: Reference, k: int, measured: dict[str, Any], predicted: dict[str, Any], lossless: dict[str, Any]
+) -> LiveReport:
+    """The engine exposes no speculative counters, or they did not move: nothing to judge tau by."""
+    why = (
+        "the engine exposes no speculative counters"
+        if not c.exposed
+        else "the engine's speculative counters did not move while the probe ran: it is not speculating"
+    )
+    return LiveReport(
+        c.engine,
+        "no_counters",
+        f"{why} (our engine predicts tau {ref.tau:.2f})",
+        k,
+        measured,
+        predicted,
+        lossless,
+        next_command="start the engine with its speculative config "
+        "(vLLM --speculative-config, SGLang --speculative-algorithm EAGLE3, llama-server "
+        "-md DRAFT.gguf --spec-type draft-eagle3)",
+    )
+
+
+def _say_where(
+    rep: LiveReport, exp: Expectation, low: list[PositionFinding], by: float, tau: float, draft: str, target: str | None
+) -> None:
+    """A flagged report: what the loss points at, the command to run next, and how far below (`by` tau of the
+    predicted `tau`)."""
+    if low:
+        rep.points_at, rep.next_command = pointer(low, draft, target, rep.k)
+    else:  # tau alone: no per-position counters (SGLang), or every position a little low
+        rep.points_at = "tau far below the prediction, no single position stands out: " + "; ".join(exp.causes[:3])
+        rep.next_command = f"eaglewire doctor check {draft}" + (f" --target {target}" if target else "")
+    rep.message = (
+        f"below expectation by {by:.2f} tau ({by / max(tau - 1, 1e-9):.0%} of the draft's "
+        f"predicted gain): " + rep.message
+    )

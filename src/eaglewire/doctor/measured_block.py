@@ -29,7 +29,7 @@ from eaglewire.contract import CONVENTIONS, from_engine, misnumbered, to_engine
 from eaglewire.decoding.block import block_shape
 from eaglewire.decoding.tree import TreeShape
 from eaglewire.doctor.block_inspect import LAYOUT_FORMATS, READ_FAMILIES, block_layout as read_block_layout
-from eaglewire.doctor.checks import decodes
+from eaglewire.doctor.tap_checks import decodes
 from eaglewire.doctor.findings import Finding
 from eaglewire.doctor.inspect import Inspection
 from eaglewire.doctor.measured_tau import EngineRun, knobs, run_engine

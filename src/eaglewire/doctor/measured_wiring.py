@@ -16,7 +16,7 @@ import torch
 from eaglewire.compose import load_draft
 from eaglewire.contract import CANONICAL, CONVENTIONS, WiringContract, default_taps, misnumbered, to_engine
 from eaglewire.decoding.tree import TreeShape
-from eaglewire.doctor.checks import architecture, decodes, engine_ids
+from eaglewire.doctor.tap_checks import architecture, decodes, engine_ids
 from eaglewire.capture.boundary_file import DumpTarget, require_finite_rows
 from eaglewire.doctor.measured_tau import EngineRun, run_engine
 from eaglewire.doctor.findings import Finding

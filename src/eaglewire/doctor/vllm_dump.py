@@ -14,7 +14,7 @@ from typing import Sequence
 import torch
 
 from eaglewire.capture.vllm import capture_through_vllm
-from eaglewire.doctor.checks import engine_ids
+from eaglewire.doctor.tap_checks import engine_ids
 from eaglewire.doctor.inspect import inspect_dir
 from eaglewire.errors import EaglewireError
 from eaglewire.safeio import atomic_save_safetensors

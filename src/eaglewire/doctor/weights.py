@@ -35,76 +35,86 @@ def weight_findings(ins: Inspection, target: TargetInfo | None) -> list[Finding]
     with open_safetensors(path, what="draft weights") as f:
         for k in f.keys():
             t = f.get_tensor(k)
-            if not t.is_floating_point():
-                continue
-            bad = int((~torch.isfinite(t)).sum())
-            if bad:
-                out.append(
-                    Finding(
-                        "error",
-                        "weights",
-                        f"{k} holds {bad} NaN/Inf value(s)",
-                        "the engine loads them silently: every drafted token is garbage",
-                        "re-export from a healthy checkpoint (training diverged or the file is damaged)",
-                    )
-                )
-            elif t.numel() and not bool(t.abs().gt(0).any()):
-                why = (
-                    "the norm erases its input: the draft sees nothing there"
-                    if k.endswith("norm.weight")
-                    else "an embedding of zeros (speculators' save_pretrained writes one for a draft saved without "
-                    "its embedding) is used as it is: vLLM takes the draft's own embed_tokens when the file "
-                    "has one"
-                    if k == "embed_tokens.weight"
-                    else "a matrix of zeros outputs zeros"
-                )
-                out.append(
-                    Finding(
-                        "error",
-                        "weights",
-                        f"{k} is all zeros",
-                        why,
-                        "re-export with the real weight (eaglewire export --with-embedding for the "
-                        "embedding), or drop the tensor"
-                        if k == "embed_tokens.weight"
-                        else "re-export; the weight was never trained or set",
-                    )
-                )
-            elif k == "lm_head.weight" and loaded(target) and _copied_head(t, ins, target):
-                out.append(
-                    Finding(
-                        "warn",
-                        "weights",
-                        "lm_head equals the target's lm_head rows bit for bit",
-                        "a copied head, not a trained one: acceptance is that of the target's head on "
-                        "the draft's state",
-                        "train the draft head (eaglewire train)",
-                    )
-                )
-            elif (init := at_init(k, t)) is not None:
-                out.append(
-                    Finding(
-                        "warn",
-                        "weights",
-                        f"{k} looks never trained: {init}",
-                        "training moves every "
-                        "weight off its init's distribution; this one still has it, so the engine "
-                        "runs a random part",
-                        "export from the trained checkpoint (or train it)",
-                    )
-                )
-            if bad == 0 and float(t.float().abs().max()) > FP16_MAX:
-                big = float(t.float().abs().max())
-                out.append(
-                    Finding(
-                        "warn",
-                        "dtype",
-                        f"{k} holds |w| up to {big:.3g}, beyond float16's {FP16_MAX:g}",
-                        "engines cast the draft to the target's serving dtype: a float16 server turns these into Inf",
-                        "serve in bfloat16 or float32",
-                    )
-                )
+            if t.is_floating_point():
+                out += _tensor_findings(k, t, ins, target)
     return out
+
+
+def _tensor_findings(k: str, t: torch.Tensor, ins: Inspection, target: TargetInfo | None) -> list[Finding]:
+    """One float tensor's findings: the first of non-finite, all zeros, a copied head or an init still in place
+    (each hides the next), then values float16 cannot hold (only where all are finite)."""
+    bad = int((~torch.isfinite(t)).sum())
+    first = _non_finite(k, bad) if bad else _untrained(k, t, ins, target)
+    out = [first] if first is not None else []
+    if bad == 0 and float(t.float().abs().max()) > FP16_MAX:
+        out.append(_beyond_fp16(k, float(t.float().abs().max())))
+    return out
+
+
+def _non_finite(k: str, bad: int) -> Finding:
+    return Finding(
+        "error",
+        "weights",
+        f"{k} holds {bad} NaN/Inf value(s)",
+        "the engine loads them silently: every drafted token is garbage",
+        "re-export from a healthy checkpoint (training diverged or the file is damaged)",
+    )
+
+
+def _untrained(k: str, t: torch.Tensor, ins: Inspection, target: TargetInfo | None) -> Finding | None:
+    """A finite tensor that was never trained: all zeros, the target's own head rows, or its init's statistics."""
+    if t.numel() and not bool(t.abs().gt(0).any()):
+        return _all_zeros(k)
+    if k == "lm_head.weight" and loaded(target) and _copied_head(t, ins, target):
+        return Finding(
+            "warn",
+            "weights",
+            "lm_head equals the target's lm_head rows bit for bit",
+            "a copied head, not a trained one: acceptance is that of the target's head on the draft's state",
+            "train the draft head (eaglewire train)",
+        )
+    if (init := at_init(k, t)) is not None:
+        return Finding(
+            "warn",
+            "weights",
+            f"{k} looks never trained: {init}",
+            "training moves every "
+            "weight off its init's distribution; this one still has it, so the engine "
+            "runs a random part",
+            "export from the trained checkpoint (or train it)",
+        )
+    return None
+
+
+def _all_zeros(k: str) -> Finding:
+    why = (
+        "the norm erases its input: the draft sees nothing there"
+        if k.endswith("norm.weight")
+        else "an embedding of zeros (speculators' save_pretrained writes one for a draft saved without "
+        "its embedding) is used as it is: vLLM takes the draft's own embed_tokens when the file "
+        "has one"
+        if k == "embed_tokens.weight"
+        else "a matrix of zeros outputs zeros"
+    )
+    return Finding(
+        "error",
+        "weights",
+        f"{k} is all zeros",
+        why,
+        "re-export with the real weight (eaglewire export --with-embedding for the embedding), or drop the tensor"
+        if k == "embed_tokens.weight"
+        else "re-export; the weight was never trained or set",
+    )
+
+
+def _beyond_fp16(k: str, big: float) -> Finding:
+    return Finding(
+        "warn",
+        "dtype",
+        f"{k} holds |w| up to {big:.3g}, beyond float16's {FP16_MAX:g}",
+        "engines cast the draft to the target's serving dtype: a float16 server turns these into Inf",
+        "serve in bfloat16 or float32",
+    )
 
 
 FP16_MAX = 65504.0
