@@ -242,7 +242,7 @@ def _weights(out, fn):
 
 
 def test_a_reduced_vocabulary_is_clean_on_vllm_and_its_vocab_map_faults_are_caught(tmp_path, target, reduced):
-    """The vocab-map checks are EAGLE-3's own (checks.vocab_map_findings), on a block drafter with its own head:
+    """The vocab-map checks are EAGLE-3's own (vocab_checks.vocab_map_findings), on a block drafter with its own head:
     a clean vLLM export passes; SGLang (no head of its own: it skips lm_head and d2t) is an error; absolute ids,
     a lost d2t (vLLM's zeros: draft id i drafts target id i) and a head of other rows each get their finding."""
     out = _export(reduced, tmp_path, "vllm")
