@@ -37,6 +37,23 @@ def _calibrations_in_tmp(tmp_path_factory):
         yield
 
 
+@pytest.fixture
+def kept_calibrations(monkeypatch):
+    """For a test whose subject is not the calibration (the real target's run, whose bench calibrates it): its
+    runtimes' GEMM layout calibrations kept between sessions in the user cache's test-calibrations/, not the
+    session's temp dir. Timing the real target's layouts (every candidate, compiled ones included) is most of
+    such a test; its file's name hashes all the answer depends on (CPU, torch, threads, the target's shapes,
+    the layouts), so a session reuses one only where it would time the same thing. Never the users'
+    calibration/: these are timed with the tests' small cache flush (`_calibrations_in_tmp`)."""
+    from eaglewire import fastcpu
+    from eaglewire.cache import cache_root
+
+    if fastcpu.available() is None:
+        from eaglewire.fastcpu import calibration
+
+        monkeypatch.setattr(calibration, "cache_root", lambda: cache_root() / "test-calibrations")
+
+
 # `EAGLEWIRE_RECORD_FINDINGS=FILE pytest tests/doctor/ ...` records every doctor finding the broken
 # cases of the tests really produce (with the test that built each), for the findings catalogue's examples
 # (docs/gen_reference.py reads docs/doctor-examples.json; docs/gen_doctor_examples.sh rewrites it).
