@@ -37,6 +37,48 @@ def _calibrations_in_tmp(tmp_path_factory):
         yield
 
 
+@pytest.fixture
+def kept_calibrations(monkeypatch):
+    """For a test whose subject is not the calibration (the real target's run, whose bench calibrates it): its
+    runtimes' GEMM layout calibrations kept between sessions in the user cache's test-calibrations/, not the
+    session's temp dir. Timing the real target's layouts (every candidate, compiled ones included) is most of
+    such a test; its file's name hashes all the answer depends on (CPU, torch, threads, the target's shapes,
+    the layouts), so a session reuses one only where it would time the same thing. Never the users'
+    calibration/: these are timed with the tests' small cache flush (`_calibrations_in_tmp`)."""
+    from eaglewire import fastcpu
+    from eaglewire.cache import cache_root
+
+    if fastcpu.available() is None:
+        from eaglewire.fastcpu import calibration
+
+        monkeypatch.setattr(calibration, "cache_root", lambda: cache_root() / "test-calibrations")
+
+
+RELEASED_VLLM_K = 3  # the draft tokens a round of `released_vllm_speculator`
+
+
+@pytest.fixture(scope="session")
+def released_vllm_speculator(tmp_path_factory):
+    """Real vLLM serving the embedded target with the released draft's vLLM export as its EAGLE-3 speculator
+    (k=RELEASED_VLLM_K, fp32, one sequence at a time, compiled: the path users run), started once for the
+    session. Two test files serve exactly this (tests/vllm_client/test_vllm_client.py: losslessness and vLLM's
+    acceptance against ours; tests/doctor/test_live_vllm.py: `doctor live` finds it healthy), and a start costs
+    minutes on a small CPU. Yields (server, the export's directory); the server is paused (SIGSTOP: no CPU)
+    outside `with srv.resumed():`, and its counters are cumulative, so each test reads them before and after
+    its own requests. Only modules that checked vLLM's venv is there ask for it."""
+    from eaglewire.export.checkpoint import load_checkpoint, resolve_draft
+    from eaglewire.export.convert import export_draft
+    from eaglewire.target.loader import load_target, resolve_target
+    from eaglewire.vllm_client.server import VllmServer
+
+    draft = load_checkpoint(resolve_draft(None), target=load_target())
+    export = export_draft(draft, draft.contract, tmp_path_factory.mktemp("released-vllm") / "vllm", "vllm")
+    spec = {"method": "eagle3", "model": str(export), "num_speculative_tokens": RELEASED_VLLM_K}
+    with VllmServer(resolve_target(None)[1], dtype="float32", speculative_config=spec, max_num_seqs=1) as srv:
+        srv.pause()
+        yield srv, export
+
+
 # `EAGLEWIRE_RECORD_FINDINGS=FILE pytest tests/doctor/ ...` records every doctor finding the broken
 # cases of the tests really produce (with the test that built each), for the findings catalogue's examples
 # (docs/gen_reference.py reads docs/doctor-examples.json; docs/gen_doctor_examples.sh rewrites it).

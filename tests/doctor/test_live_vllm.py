@@ -1,8 +1,10 @@
-"""`eaglewire doctor live` against real vLLM (its CPU build): one OpenAI server start per draft.
+"""`eaglewire doctor live` against real vLLM (its CPU build): one OpenAI server per draft.
 
 The released draft's vLLM export served healthy, and served with its tap list shifted by one slot (ids
 [0, 2, 15]: the embedding shifted in, the last tap dropped; the wiring fault of the doctor's results table).
-The user's draft is the healthy one in both runs: the draft is right, the engine is not. The healthy server is
+The user's draft is the healthy one in both runs: the draft is right, the engine is not. The healthy export is
+served by the session's compiled server (tests/conftest.py `released_vllm_speculator`, shared with
+tests/vllm_client/test_vllm_client.py), the broken one by an eager server of its own. The healthy server is
 found healthy with vLLM's tau within TOLERANCE of our engine's prediction on the same prompts (fp32 both:
 the margin covers the rare greedy divergence between two fp32 kernels); the broken one is below expectation,
 the first position pointed at (the wiring). Our prediction is computed once for both.
@@ -59,23 +61,44 @@ def setup(tmp_path_factory):
 
 def _probe(setup, served):
     """One server for `served` (k=K, fp32, one sequence at a time, eager: no compile), probed once."""
-    from eaglewire.doctor.live import compare, probe_engine
-
-    target_dir, healthy, _broken, chats, ref = setup
+    target_dir = setup[0]
     spec = {"method": "eagle3", "model": str(served), "num_speculative_tokens": K}
     with VllmServer(target_dir, dtype="float32", speculative_config=spec, max_num_seqs=1, enforce_eager=True) as srv:
-        window = probe_engine(srv.base_url, chats, MAX_TOKENS)  # engine detected from its /metrics
+        return _probe_running(setup, srv)
+
+
+def _probe_running(setup, srv):
+    """`doctor live`'s probe of a running server: its counters over these requests only (a window: before and
+    after them), compared with our prediction."""
+    from eaglewire.doctor.live import compare, probe_engine
+
+    _target_dir, healthy, _broken, chats, ref = setup
+    window = probe_engine(srv.base_url, chats, MAX_TOKENS)  # engine detected from its /metrics
     return window, compare(window, ref, K, str(healthy), None)
 
 
-def test_vllm_serving_the_healthy_export_is_healthy(setup):
-    window, rep = _probe(setup, setup[1])
+def test_vllm_serving_the_healthy_export_is_healthy(setup, released_vllm_speculator):
+    """The healthy export on the session's compiled EAGLE-3 server (tests/conftest.py; test_vllm_client.py serves
+    the same): the released draft's vLLM export, the same export_draft call as `setup`'s healthy one."""
+    srv, served = released_vllm_speculator
+    assert srv.speculative_config["num_speculative_tokens"] == K and srv.dtype == "float32"  # what this test served
+    assert _same_files(served, setup[1])
+    with srv.resumed():
+        window, rep = _probe_running(setup, srv)
     print("healthy:", rep.measured, rep.predicted, rep.lossless)
     assert window.counters.engine == "vllm" and window.counters.k == K  # k read from vLLM's own series
     assert rep.verdict == "healthy", rep.to_dict()
     assert abs(rep.measured["tau"] - rep.predicted["tau"]) < TOLERANCE, rep.to_dict()
     assert rep.measured["draft_tokens"] == K * rep.measured["drafts"]
     assert rep.lossless["same_template"] and rep.lossless["identical"] >= LIMIT - 1, rep.lossless
+
+
+def _same_files(a, b) -> bool:
+    """Whether two export directories hold the same files, byte for byte."""
+    names = sorted(p.name for p in a.iterdir())
+    return names == sorted(p.name for p in b.iterdir()) and all(
+        (a / n).read_bytes() == (b / n).read_bytes() for n in names
+    )
 
 
 def test_vllm_serving_taps_shifted_by_one_is_below_expectation_at_the_wiring(setup):

@@ -484,8 +484,10 @@ def test_a_dflash_run_resumes_and_its_keys_name_the_family_and_block(dflash_run,
 
 
 @pytest.mark.real_target
-def test_short_run_on_the_real_embedded_target(tmp_path):
-    """Every stage on SmolLM2-135M with tiny sizes; regeneration starts from the shipped conversations."""
+def test_short_run_on_the_real_embedded_target(tmp_path, kept_calibrations):
+    """Every stage on SmolLM2-135M with tiny sizes; regeneration starts from the shipped conversations. The bench's
+    runtime is calibrated as a user's run calibrates it, from the tests' kept calibration of this target where a
+    session on this machine measured one (tests/conftest.py `kept_calibrations`), else measured now."""
     cfg = {
         "data": {"conversations": 3, "max_length": 256},
         "train": {

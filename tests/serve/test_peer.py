@@ -83,7 +83,7 @@ def test_a_paused_server_is_frozen_resumes_and_still_stops(tmp_path):
 def test_pause_waits_for_every_process_and_names_one_that_does_not_stop(monkeypatch):
     """pause() polls the group's threads until none runs; a thread still running after the timeout is an
     error naming it (SIGSTOP cannot be ignored, so this stands in a thread stuck in state D)."""
-    from eaglewire.vllm_client import server as vllm
+    from eaglewire.vllm_client import process as vllm
 
     seen = iter([{10: "R", 11: "T"}, {10: "T", 11: "T"}])
     monkeypatch.setattr(vllm, "_group_states", lambda pgid: next(seen))

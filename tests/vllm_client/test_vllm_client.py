@@ -69,20 +69,32 @@ def ours(setup):
 
 
 def _serve_and_check(setup, vllm_vanilla, ours, draft_dir, **server):
-    """Serve `draft_dir` as vLLM's EAGLE-3 speculator (k=K, fp32, one sequence at a time): its greedy output
-    equals vLLM's vanilla output, and vLLM's own tau / first-position acceptance equal our engine's."""
-    target, _draft, _export, prompts, target_dir = setup
+    """Serve `draft_dir` as vLLM's EAGLE-3 speculator (k=K, fp32, one sequence at a time) and `_check_served`."""
+    target_dir = setup[4]
     spec = {"method": "eagle3", "model": str(draft_dir), "num_speculative_tokens": K}
     with VllmServer(target_dir, dtype="float32", speculative_config=spec, max_num_seqs=1, **server) as srv:
-        vllm_spec = [complete_ids(srv.base_url, srv.model_name, p[0].tolist(), MAX_NEW) for p in prompts]
-        metrics = spec_metrics(srv.base_url)
+        return _check_served(setup, vllm_vanilla, ours, srv)
+
+
+def _check_served(setup, vllm_vanilla, ours, srv):
+    """On a running EAGLE-3 server (k=K, fp32, one sequence at a time): its greedy output equals vLLM's vanilla
+    output, and vLLM's own tau / first-position acceptance over these requests (its counters read before and
+    after them: a shared server has served others) equal our engine's."""
+    from eaglewire.serve.peer import acceptance_between
+
+    target, _draft, _export, prompts, _target_dir = setup
+    before = spec_metrics(srv.base_url)
+    vllm_spec = [complete_ids(srv.base_url, srv.model_name, p[0].tolist(), MAX_NEW) for p in prompts]
+    after = spec_metrics(srv.base_url)
     ours_vanilla, tau, per_pos = ours
     eos = target.tokenizer.eos_token_id
     strip = lambda t: t[: t.index(eos) + 1] if eos in t else t  # noqa: E731 (vLLM returns the EOS too, or not)
     assert [strip(t) for t in vllm_spec] == [strip(t) for t in vllm_vanilla]  # lossless in the real engine
     same_as_ours = sum(strip(a) == strip(b) for a, b in zip(vllm_vanilla, ours_vanilla))
     assert same_as_ours >= 2, "vLLM fp32 greedy should follow our fp32 greedy on most prompts"
-    assert metrics["num_drafts"] > 0, metrics
+    metrics = {"num_drafts": after.get("num_drafts", 0.0) - before.get("num_drafts", 0.0)}
+    assert metrics["num_drafts"] > 0, (before, after)
+    metrics["tau"], metrics["per_position"] = acceptance_between(before, after, K)
     # vLLM's own counters against our engine on the same prompts and knobs (fp32 both); tolerance covers
     # the rare greedy divergence between two fp32 kernels
     assert abs(metrics["tau"] - tau) < 0.15, (metrics, tau)
@@ -90,8 +102,13 @@ def _serve_and_check(setup, vllm_vanilla, ours, draft_dir, **server):
     return metrics
 
 
-def test_vllm_runs_our_export_losslessly_with_our_acceptance(setup, vllm_vanilla_ids, ours):
-    _serve_and_check(setup, vllm_vanilla_ids, ours, setup[2])
+def test_vllm_runs_our_export_losslessly_with_our_acceptance(setup, vllm_vanilla_ids, ours, released_vllm_speculator):
+    """The released draft's export on the session's compiled EAGLE-3 server (tests/conftest.py: the live doctor's
+    test serves the same; `setup`'s export is the same call of export_draft)."""
+    srv, _export = released_vllm_speculator
+    assert srv.speculative_config["num_speculative_tokens"] == K and not srv.enforce_eager  # what this test served
+    with srv.resumed():
+        _check_served(setup, vllm_vanilla_ids, ours, srv)
 
 
 @pytest.fixture(scope="module")

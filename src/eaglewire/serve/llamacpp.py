@@ -34,7 +34,7 @@ from typing import Any, Sequence
 
 from eaglewire.cache import cache_root
 from eaglewire.errors import EaglewireError
-from eaglewire.vllm_client.server import _WATCHDOG, ServerProcess, _die_with_parent, free_port
+from eaglewire.vllm_client.process import _WATCHDOG, ServerProcess, _die_with_parent, free_port
 
 BUILD_HINT = (
     "bash scripts/llamacpp_build.sh   (builds llama-server from the llama-cpp-python sdist into the user "

