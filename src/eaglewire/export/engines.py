@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from eaglewire.errors import CheckpointError, ContractMismatch
 from eaglewire.export.sglang_rules import LEGACY_RELEASE
 from eaglewire.export.sglang_rules import SGLangRule, check_release, rule_for
-from eaglewire.families import DEFAULT_FAMILY, EngineField
+from eaglewire.families import DEFAULT_FAMILY, EngineField, get_family
 from eaglewire.export import llamacpp_layout as gguf_layout
 
 IDS_KEY = "eagle_aux_hidden_state_layer_ids"
@@ -71,15 +72,23 @@ class Engine:
     block_fields: tuple[EngineField, ...] = ()
     serves_eagle3: bool = True  # False: a block-only engine; its EAGLE-3 facts above are unused
 
+    @cached_property
+    def rows_by_family(self) -> dict[str, tuple[EngineField, ...]]:
+        """block_fields grouped by the family whose taps they carry, in the record's order."""
+        grouped: dict[str, list[EngineField]] = {}
+        for f in self.block_fields:
+            grouped.setdefault(f.family, []).append(f)
+        return {family: tuple(rows) for family, rows in grouped.items()}
+
     @property
     def families(self) -> tuple[str, ...]:
         """The drafter families this engine serves."""
-        block = tuple(dict.fromkeys(f.family for f in self.block_fields))
+        block = tuple(self.rows_by_family)
         return (DEFAULT_FAMILY, *block) if self.serves_eagle3 else block
 
     def fields(self, family: str) -> tuple[EngineField, ...]:
         """The config fields this engine reads a block `family`'s taps from, each in its convention."""
-        rows = tuple(f for f in self.block_fields if f.family == family)
+        rows = self.rows_by_family.get(family, ())
         if not rows:
             raise ContractMismatch(
                 f"{self.name} reads no {family} tap field",
@@ -106,7 +115,7 @@ class Engine:
         """The layer-id convention (eaglewire.contract) of the ids this engine reads for a `family` draft of
         such a target: EAGLE-3's from the record (SGLang's per model file), a block family's from the field an
         export writes (its first row)."""
-        if family != DEFAULT_FAMILY:
+        if get_family(family).block:
             return self.fields(family)[0].convention
         rule = self.rule(architecture)
         return rule.rule if rule is not None else self.convention
@@ -286,7 +295,7 @@ FORMATS = (NATIVE, *ENGINE_FORMATS)  # every name `eaglewire export` / `import -
 
 def block_fields(family: str) -> tuple[EngineField, ...]:
     """Every engine's fields for a block `family`'s taps, engine by engine (`wiring translate --family`)."""
-    return tuple(f for e in ENGINES.values() for f in e.block_fields if f.family == family)
+    return tuple(f for e in ENGINES.values() for f in e.rows_by_family.get(family, ()))
 
 
 def engine_field(engine: str, row: str, family: str) -> EngineField:
